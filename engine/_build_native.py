@@ -1,0 +1,33 @@
+"""cffi out-of-line API build of the core: the one public header, the core's C sources compiled in."""
+
+import re
+from pathlib import Path
+
+from cffi import FFI
+
+ROOT = Path(__file__).resolve().parent.parent
+NATIVE = ROOT / "native"
+HEADER = NATIVE / "include" / "expertbench.h"
+
+
+def _cdef() -> str:
+    text = HEADER.read_text()
+    match = re.search(r"/\* EB_CDEF_BEGIN \*/(.*)/\* EB_CDEF_END \*/", text, re.S)
+    if not match:
+        raise RuntimeError(f"{HEADER}: EB_CDEF_BEGIN/EB_CDEF_END markers not found")
+    return match.group(1)
+
+
+ffibuilder = FFI()
+ffibuilder.cdef(_cdef())
+ffibuilder.set_source(
+    "engine._native",
+    '#include "expertbench.h"',
+    sources=[str(p.relative_to(ROOT)) for p in sorted((NATIVE / "src").glob("*.c"))],
+    include_dirs=[str(NATIVE / "include"), str(NATIVE / "src")],
+    extra_compile_args=["-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-ffp-contract=off"],
+    libraries=["dl", "m", "pthread"],
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

@@ -1,0 +1,301 @@
+"""Reading a Hugging Face model folder: config.json, safetensors (single or sharded), tokenizer.json.
+
+Everything is validated here before the core sees it; the core then memory-maps the files and checks every
+descriptor again. Nothing is copied: a tensor is a (file, offset, dtype, shape) descriptor.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import CheckpointError, UnsupportedError
+
+ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe"}
+DTYPES = {"F32": (0, 4), "F16": (1, 2), "BF16": (2, 2)}
+# Every dtype the safetensors format defines, with its element size, to check byte counts of any tensor.
+ALL_DTYPE_SIZES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
+}  # fmt: skip
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    file: Path
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int  # absolute byte offset in the file
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str  # "qwen3" or "qwen3_moe"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rope_theta: float
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+    attention_bias: bool
+    num_experts: int = 0
+    top_k: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+    eos_token_id: tuple[int, ...] = ()
+    synthetic: bool = False
+
+    def is_moe_layer(self, layer: int) -> bool:
+        if self.architecture != "qwen3_moe" or self.num_experts <= 0 or layer in self.mlp_only_layers:
+            return False
+        return (layer + 1) % self.decoder_sparse_step == 0
+
+    @property
+    def moe_layers(self) -> list[int]:
+        return [i for i in range(self.num_layers) if self.is_moe_layer(i)]
+
+
+@dataclass
+class Checkpoint:
+    folder: Path
+    config: ModelConfig
+    tensors: dict[str, TensorInfo]
+    files: list[Path]
+    tokenizer: Any = None  # tokenizers.Tokenizer, or None when the folder has no tokenizer.json
+    raw_config: dict = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, folder: str | Path) -> Checkpoint:
+        folder = Path(folder)
+        if not folder.is_dir():
+            raise CheckpointError(f"model folder '{folder}' does not exist or is not a folder")
+        raw = read_config_json(folder / "config.json")
+        config = parse_config(raw, folder / "config.json")
+        tensors, files = read_weights(folder)
+        tokenizer = read_tokenizer(folder / "tokenizer.json", config)
+        return cls(folder, config, tensors, files, tokenizer, raw)
+
+
+def read_config_json(path: Path) -> dict:
+    if not path.is_file():
+        raise CheckpointError(f"'{path}' is missing: a model folder needs a config.json")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"'{path}' is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"'{path}': expected a JSON object, got {type(raw).__name__}")
+    return raw
+
+
+def _get(raw: dict, key: str, kind: type, path: Path, default: Any = ..., check=None, expect: str = "") -> Any:
+    if key not in raw or raw[key] is None:
+        if default is ...:
+            raise CheckpointError(f"'{path}': '{key}' is missing")
+        return default
+    value = raw[key]
+    ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok = float(value), True
+    if not ok:
+        raise CheckpointError(f"'{path}': '{key}' = {value!r}, expected {kind.__name__}")
+    if check is not None and not check(value):
+        raise CheckpointError(f"'{path}': '{key}' = {value!r}, expected {expect}")
+    return value
+
+
+def parse_config(raw: dict, path: Path) -> ModelConfig:
+    archs = raw.get("architectures")
+    if not isinstance(archs, list) or not archs or not all(isinstance(a, str) for a in archs):
+        raise CheckpointError(f"'{path}': 'architectures' is missing or not a list of names")
+    known = [a for a in archs if a in ARCHITECTURES]
+    if not known:
+        raise UnsupportedError(
+            f"'{path}': architecture {', '.join(archs)} is not supported (expected one of {', '.join(ARCHITECTURES)})"
+        )
+    arch = ARCHITECTURES[known[0]]
+    positive = (lambda v: v > 0, "a positive integer")
+
+    def pos_int(key: str, default: Any = ...) -> int:
+        return _get(raw, key, int, path, default, *positive)
+
+    if raw.get("rope_scaling") not in (None, {}):
+        raise UnsupportedError(f"'{path}': rope_scaling {raw['rope_scaling']!r} is not supported (expected null)")
+    if raw.get("use_sliding_window"):
+        raise UnsupportedError(f"'{path}': use_sliding_window = true is not supported (expected false)")
+    act = raw.get("hidden_act", "silu")
+    if act != "silu":
+        raise UnsupportedError(f"'{path}': hidden_act {act!r} is not supported (expected 'silu')")
+    hidden = pos_int("hidden_size")
+    heads = pos_int("num_attention_heads")
+    layers = pos_int("num_hidden_layers")
+    kw: dict[str, Any] = {}
+    if arch == "qwen3_moe":
+        kw["num_experts"] = pos_int("num_experts")
+        kw["top_k"] = _get(
+            raw, "num_experts_per_tok", int, path, ..., lambda v: 1 <= v <= kw["num_experts"], "1..num_experts"
+        )
+        kw["moe_intermediate_size"] = pos_int("moe_intermediate_size")
+        kw["norm_topk_prob"] = _get(raw, "norm_topk_prob", bool, path, False)
+        kw["decoder_sparse_step"] = pos_int("decoder_sparse_step", 1)
+        only = _get(raw, "mlp_only_layers", list, path, [])
+        for v in only:
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < layers:
+                raise CheckpointError(f"'{path}': 'mlp_only_layers' contains {v!r}, expected layers 0..{layers - 1}")
+        kw["mlp_only_layers"] = tuple(sorted(set(only)))
+    eos = raw.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
+    bos = raw.get("bos_token_id")
+    config = ModelConfig(
+        architecture=arch,
+        vocab_size=pos_int("vocab_size"),
+        hidden_size=hidden,
+        intermediate_size=pos_int("intermediate_size"),
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=pos_int("num_key_value_heads", heads),
+        head_dim=pos_int("head_dim", hidden // heads if hidden % heads == 0 else ...),
+        max_position_embeddings=pos_int("max_position_embeddings"),
+        rope_theta=_get(raw, "rope_theta", float, path, 10000.0, lambda v: v > 0, "> 0"),
+        rms_norm_eps=_get(raw, "rms_norm_eps", float, path, 1e-6, lambda v: v > 0, "> 0"),
+        tie_word_embeddings=_get(raw, "tie_word_embeddings", bool, path, False),
+        attention_bias=_get(raw, "attention_bias", bool, path, False),
+        bos_token_id=bos if isinstance(bos, int) else None,
+        eos_token_id=eos_ids,
+        synthetic=bool(raw.get("expertbench_synthetic", False)),
+        **kw,
+    )
+    if config.num_heads % config.num_kv_heads:
+        raise CheckpointError(
+            f"'{path}': num_attention_heads = {heads} is not a multiple of num_key_value_heads = {config.num_kv_heads}"
+        )
+    return config
+
+
+def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
+    """Parse and validate one safetensors file's header; returns its tensors with absolute offsets."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise CheckpointError(f"'{path}': {size} bytes, too short for a safetensors file (needs an 8-byte header length)")
+            (hlen,) = struct.unpack("<Q", head)
+            if hlen > size - 8 or hlen > MAX_HEADER_BYTES:
+                raise CheckpointError(
+                    f"'{path}': header length {hlen} is larger than the file allows ({size - 8} bytes after the length)"
+                )
+            header_bytes = f.read(hlen)
+    except OSError as exc:
+        raise CheckpointError(f"'{path}': cannot read: {exc.strerror or exc}") from None
+    try:
+        header = json.loads(header_bytes.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"'{path}': the safetensors header is not valid JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"'{path}': the safetensors header is not a JSON object")
+    data_start = 8 + hlen
+    data_size = size - data_start
+    tensors: dict[str, TensorInfo] = {}
+    spans = []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        where = f"'{path}': tensor '{name}'"
+        if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
+            raise CheckpointError(f"{where}: expected an object with dtype, shape and data_offsets")
+        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+        if not isinstance(dtype, str) or dtype not in ALL_DTYPE_SIZES:
+            raise CheckpointError(f"{where}: unknown dtype {dtype!r}")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise CheckpointError(f"{where}: shape {shape!r} is not a list of non-negative integers")
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1]
+        ):
+            raise CheckpointError(f"{where}: data_offsets {offsets!r} is not [begin, end] with 0 <= begin <= end")
+        begin, end = offsets
+        if end > data_size:
+            raise CheckpointError(
+                f"{where}: data_offsets [{begin}, {end}] lie past the end of the data ({data_size} bytes)"
+            )
+        expected = math.prod(shape) * ALL_DTYPE_SIZES[dtype]
+        if end - begin != expected:
+            raise CheckpointError(
+                f"{where}: {end - begin} bytes for {dtype} of shape {shape}, expected {expected} bytes"
+            )
+        spans.append((begin, end, name))
+        tensors[name] = TensorInfo(name, path, dtype, tuple(shape), data_start + begin, end - begin)
+    spans.sort()
+    reach, holder = 0, ""
+    for begin, end, name in spans:
+        if begin < reach:
+            raise CheckpointError(f"'{path}': tensors '{holder}' and '{name}' overlap (from byte {begin} of the data)")
+        if end > reach:
+            reach, holder = end, name
+    return tensors
+
+
+def read_weights(folder: Path) -> tuple[dict[str, TensorInfo], list[Path]]:
+    index = folder / "model.safetensors.index.json"
+    single = folder / "model.safetensors"
+    if index.is_file():
+        try:
+            data = json.loads(index.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CheckpointError(f"'{index}' is not valid JSON: {exc}") from None
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"'{index}': 'weight_map' is missing or empty")
+        shard_names = sorted(set(weight_map.values()), key=str)
+        for shard in shard_names:
+            if not isinstance(shard, str) or "/" in shard or "\\" in shard or shard in ("", ".", ".."):
+                raise CheckpointError(f"'{index}': shard name {shard!r} is not a file name in the model folder")
+            if not (folder / shard).is_file():
+                raise CheckpointError(f"'{index}' names shard '{shard}', which does not exist in '{folder}'")
+        files = [folder / s for s in shard_names]
+        tensors: dict[str, TensorInfo] = {}
+        by_file = {f.name: read_safetensors_header(f) for f in files}
+        for name, shard in weight_map.items():
+            found = by_file[shard].get(name)
+            if found is None:
+                raise CheckpointError(f"'{index}' puts tensor '{name}' in '{shard}', which does not hold it")
+            tensors[name] = found
+        return tensors, files
+    if single.is_file():
+        return read_safetensors_header(single), [single]
+    raise CheckpointError(f"'{folder}' has neither model.safetensors nor model.safetensors.index.json")
+
+
+def read_tokenizer(path: Path, config: ModelConfig):
+    if not path.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as exc:  # the tokenizers library raises plain Exception subclasses
+        raise CheckpointError(f"'{path}' could not be read as a tokenizer: {exc}") from None
+    if tok.get_vocab_size(with_added_tokens=True) > config.vocab_size:
+        raise CheckpointError(
+            f"'{path}' has {tok.get_vocab_size(with_added_tokens=True)} tokens, more than the model's vocab_size "
+            f"({config.vocab_size})"
+        )
+    return tok

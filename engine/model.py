@@ -1,0 +1,344 @@
+"""The engine API: runtimes and devices (Engine), a loaded checkpoint (Model), a KV cache (Context).
+
+Native handles are released by close() or a with-block, never left to the garbage collector: device memory
+and mapped files are too valuable to free at an unknown time.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .checkpoint import DTYPES, Checkpoint, ModelConfig
+from .errors import ArgumentError, RangeError, StateError, UnsupportedError
+from .native import check, ffi, lib, text
+
+ARCH_CODES = {"qwen3": 1, "qwen3_moe": 2}
+
+
+@dataclass(frozen=True)
+class RuntimeInfo:
+    name: str
+    path: str
+    kernel_variant: str
+    abi_version: int
+    n_devices: int
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    index: int
+    name: str  # "cpu:0"
+    kind: str
+    description: str
+    memory_total: int
+    memory_free: int
+    threads: int
+
+
+class _Handle:
+    """A native handle with an explicit close()."""
+
+    _ptr = ffi.NULL
+
+    def _live(self):
+        if self._ptr == ffi.NULL:
+            raise StateError(f"this {type(self).__name__} is closed")
+        return self._ptr
+
+    @property
+    def closed(self) -> bool:
+        return self._ptr == ffi.NULL
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Engine(_Handle):
+    """The runtimes loaded in this process and their devices.
+
+    runtimes: names of modules to load ("cpu"); module_paths: explicit files for some of them (authoritative).
+    cpu_devices / cpu_threads split the CPU into devices of worker threads; portable forces the C kernels.
+    A runtime that fails to load is recorded in load_errors (name -> reason) unless strict is set.
+    """
+
+    def __init__(
+        self,
+        runtimes: tuple[str, ...] = ("cpu",),
+        module_paths: dict[str, str] | None = None,
+        cpu_devices: int = 0,
+        cpu_threads: int = 0,
+        portable: bool | None = None,
+        strict: bool = True,
+    ):
+        ptr = ffi.new("eb_engine **")
+        check(lib.eb_engine_create(ptr))
+        self._ptr = ptr[0]
+        self._models: list[Model] = []
+        self.load_errors: dict[str, str] = {}
+        if portable is None:
+            portable = os.environ.get("EXPERTBENCH_CPU_KERNELS", "") == "portable"
+        self._options = ffi.new("eb_runtime_options *", {
+            "n_devices": cpu_devices, "threads_per_device": cpu_threads, "force_portable": int(portable)
+        })  # fmt: skip
+        try:
+            for name in runtimes:
+                try:
+                    self.load_runtime(name, (module_paths or {}).get(name))
+                except Exception as exc:
+                    if strict:
+                        raise
+                    self.load_errors[name] = str(exc)
+        except BaseException:
+            self.close()
+            raise
+
+    def load_runtime(self, name: str, path: str | os.PathLike | None = None) -> None:
+        cpath = ffi.NULL if path is None else ffi.new("char[]", os.fsencode(path))
+        check(lib.eb_engine_load_runtime(self._live(), name.encode(), cpath, self._options))
+
+    @property
+    def runtimes(self) -> list[RuntimeInfo]:
+        out = []
+        info = ffi.new("eb_runtime_info *")
+        for i in range(lib.eb_engine_runtime_count(self._live())):
+            check(lib.eb_engine_runtime_info(self._ptr, i, info))
+            out.append(
+                RuntimeInfo(text(info.name), text(info.path), text(info.kernel_variant), info.abi_version, info.n_devices)
+            )
+        return out
+
+    @property
+    def devices(self) -> list[DeviceInfo]:
+        out = []
+        info = ffi.new("eb_device_info *")
+        for i in range(lib.eb_engine_device_count(self._live())):
+            check(lib.eb_engine_device_info(self._ptr, i, info))
+            out.append(
+                DeviceInfo(i, text(info.name), text(info.kind), text(info.description), info.memory_total,
+                           info.memory_free, info.threads)
+            )  # fmt: skip
+        return out
+
+    def device_index(self, name: str) -> int:
+        idx = ffi.new("int32_t *")
+        check(lib.eb_engine_find_device(self._live(), name.encode(), idx))
+        return idx[0]
+
+    def load(self, model: str | os.PathLike | Checkpoint, device: str = "cpu:0") -> Model:
+        return Model(self, model, device)
+
+    def close(self) -> None:
+        for m in list(self._models):
+            m.close()
+        if self._ptr != ffi.NULL:
+            lib.eb_engine_destroy(self._ptr)
+            self._ptr = ffi.NULL
+
+
+class Model(_Handle):
+    """A checkpoint bound to an engine: weights memory-mapped, the primary device chosen."""
+
+    def __init__(self, engine: Engine, source: str | os.PathLike | Checkpoint, device: str = "cpu:0"):
+        self.checkpoint = source if isinstance(source, Checkpoint) else Checkpoint.open(source)
+        self.engine = engine
+        cfg = self.checkpoint.config
+        self._keep = []  # cffi buffers that must outlive the call
+        files = [ffi.new("char[]", os.fsencode(f)) for f in self.checkpoint.files]
+        file_index = {f: i for i, f in enumerate(self.checkpoint.files)}
+        usable = [t for t in self.checkpoint.tensors.values() if t.name.startswith(("model.", "lm_head."))]
+        for t in usable:
+            if t.dtype not in DTYPES:
+                raise UnsupportedError(
+                    f"tensor '{t.name}' in '{t.file}' has dtype {t.dtype}, expected one of {', '.join(DTYPES)}"
+                )
+            if not 1 <= len(t.shape) <= 4:
+                raise UnsupportedError(f"tensor '{t.name}' in '{t.file}' has {len(t.shape)} dimensions, expected 1 to 4")
+        descs = ffi.new("eb_tensor_desc[]", max(1, len(usable)))
+        names = []
+        for d, t in zip(descs, usable, strict=False):
+            names.append(ffi.new("char[]", t.name.encode()))
+            d.name = names[-1]
+            d.file_index = file_index[t.file]
+            d.dtype = DTYPES[t.dtype][0]
+            d.ndim = len(t.shape)
+            for i, s in enumerate(t.shape):
+                d.shape[i] = s
+            d.offset = t.offset
+            d.nbytes = t.nbytes
+        mlp_only = ffi.new("int32_t[]", list(cfg.mlp_only_layers) or [0])
+        c = ffi.new("eb_model_config *")
+        c.arch = ARCH_CODES[cfg.architecture]
+        for field in ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_layers",
+                      "num_heads", "num_kv_heads", "head_dim", "num_experts", "top_k", "decoder_sparse_step",
+                      "max_position_embeddings"):  # fmt: skip
+            setattr(c, field, getattr(cfg, field))
+        c.norm_topk_prob = int(cfg.norm_topk_prob)
+        c.tie_word_embeddings = int(cfg.tie_word_embeddings)
+        c.attention_bias = int(cfg.attention_bias)
+        c.rope_theta = cfg.rope_theta
+        c.rms_norm_eps = cfg.rms_norm_eps
+        c.mlp_only_layers = mlp_only
+        c.n_mlp_only_layers = len(cfg.mlp_only_layers)
+        out = ffi.new("eb_model **")
+        dev = engine.device_index(device)
+        file_array = ffi.new("char *[]", files)
+        check(lib.eb_model_load(engine._live(), c, file_array, len(files), descs, len(usable), dev, out))
+        self._ptr = out[0]
+        self.device = device
+        self._contexts: list[Context] = []
+        engine._models.append(self)
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.checkpoint.config
+
+    @property
+    def tokenizer(self):
+        return self.checkpoint.tokenizer
+
+    @property
+    def info(self) -> dict:
+        info = ffi.new("eb_model_info *")
+        check(lib.eb_model_get_info(self._live(), info))
+        return {k: getattr(info, k) for k in ("n_layers", "n_moe_layers", "weight_bytes", "expert_bytes",
+                                              "bytes_per_token")}  # fmt: skip
+
+    def context(self, n_ctx: int | None = None, n_batch: int = 512) -> Context:
+        return Context(self, n_ctx or self.config.max_position_embeddings, n_batch)
+
+    def encode(self, text_: str) -> list[int]:
+        if self.tokenizer is None:
+            raise StateError(f"model '{self.checkpoint.folder}' has no tokenizer.json: pass token ids instead")
+        return self.tokenizer.encode(text_, add_special_tokens=False).ids
+
+    def decode_text(self, ids) -> str:
+        if self.tokenizer is None:
+            return " ".join(str(i) for i in ids)
+        return self.tokenizer.decode(list(ids))
+
+    def close(self) -> None:
+        for ctx in list(self._contexts):
+            ctx.close()
+        if self._ptr != ffi.NULL:
+            lib.eb_model_free(self._ptr)
+            self._ptr = ffi.NULL
+            self.engine._models.remove(self)
+
+
+def _ids_array(ids) -> np.ndarray:
+    arr = np.asarray(ids)
+    if arr.ndim != 1:
+        raise ArgumentError(f"token ids must be a 1-D sequence, got shape {arr.shape}")
+    if arr.size == 0:
+        raise ArgumentError("token ids are empty: expected at least one token")
+    if arr.dtype.kind not in "iu":
+        raise ArgumentError(f"token ids must be integers, got dtype {arr.dtype}")
+    if arr.min() < -(2**31) or arr.max() >= 2**31:
+        raise RangeError(f"token id {int(arr.max() if arr.max() >= 2**31 else arr.min())} does not fit in int32")
+    return np.ascontiguousarray(arr, dtype=np.int32)
+
+
+@dataclass
+class GenerateResult:
+    ids: list[int]
+    prefill_tokens: int
+    prefill_seconds: float
+    decode_tokens: int
+    decode_seconds: float
+
+    @property
+    def prefill_tokens_per_second(self) -> float:
+        return self.prefill_tokens / self.prefill_seconds if self.prefill_seconds > 0 else float("nan")
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else float("nan")
+
+
+class Context(_Handle):
+    """A KV cache over one sequence: prefill, decode (one logits row per input position), truncate."""
+
+    def __init__(self, model: Model, n_ctx: int, n_batch: int = 512):
+        out = ffi.new("eb_context **")
+        check(lib.eb_context_create(model._live(), n_ctx, n_batch, out))
+        self._ptr = out[0]
+        self.model = model
+        self.vocab_size = model.config.vocab_size
+        model._contexts.append(self)
+
+    @property
+    def position(self) -> int:
+        return lib.eb_context_position(self._live())
+
+    @property
+    def capacity(self) -> int:
+        return lib.eb_context_capacity(self._live())
+
+    def _eval(self, ids, all_rows: bool) -> np.ndarray:
+        arr = _ids_array(ids)
+        rows = len(arr) if all_rows else 1
+        logits = np.empty((rows, self.vocab_size), dtype=np.float32)
+        check(
+            lib.eb_context_eval(
+                self._live(),
+                ffi.from_buffer("int32_t[]", arr),
+                len(arr),
+                ffi.from_buffer("float[]", logits, require_writable=True),
+                int(all_rows),
+            )
+        )
+        return logits
+
+    def prefill(self, ids, all_rows: bool = True) -> np.ndarray:
+        """Append a prompt. Returns logits [len(ids), vocab] (or [vocab] for the last position only)."""
+        logits = self._eval(ids, all_rows)
+        return logits if all_rows else logits[0]
+
+    def decode(self, ids) -> np.ndarray:
+        """Append positions (one, or q+1 to verify a draft); returns one logits row per position."""
+        return self._eval(ids, True)
+
+    def truncate(self, pos: int) -> None:
+        """Forget every position from pos on."""
+        if not isinstance(pos, (int, np.integer)) or isinstance(pos, bool):
+            raise ArgumentError(f"truncate position must be an integer, got {pos!r}")
+        check(lib.eb_context_truncate(self._live(), int(pos)))
+
+    def generate(self, prompt_ids, n: int, stop_ids=()) -> GenerateResult:
+        """Greedy decoding of up to n tokens after the prompt (appended at the current position)."""
+        if not isinstance(n, int) or n < 1:
+            raise ArgumentError(f"number of tokens to generate must be a positive integer, got {n!r}")
+        prompt = _ids_array(prompt_ids)
+        if self.position + len(prompt) + n - 1 > self.capacity:
+            raise RangeError(
+                f"prompt of {len(prompt)} tokens plus {n} generated needs {self.position + len(prompt) + n - 1} "
+                f"positions, more than the KV cache ({self.capacity})"
+            )
+        t0 = time.perf_counter()
+        last = self.prefill(prompt, all_rows=False)
+        t1 = time.perf_counter()
+        out = [int(np.argmax(last))]
+        stops = set(stop_ids)
+        while len(out) < n and out[-1] not in stops:
+            out.append(int(np.argmax(self.decode([out[-1]])[0])))
+        t2 = time.perf_counter()
+        return GenerateResult(out, len(prompt), t1 - t0, len(out) - 1, t2 - t1)
+
+    def close(self) -> None:
+        if self._ptr != ffi.NULL:
+            lib.eb_context_free(self._ptr)
+            self._ptr = ffi.NULL
+            self.model._contexts.remove(self)
+
+
+def default_model_path() -> Path:
+    """The model used when none is given: the bundled fixture until the demo model exists."""
+    return Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "qwen3moe-f32"

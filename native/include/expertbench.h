@@ -1,0 +1,164 @@
+/* expertbench native core: the one public header.
+ *
+ * Opaque handles; every call returns an eb_status (EB_OK == 0). When a call fails, the text of the error
+ * is readable with eb_last_error() on the same thread until the next failing call. Nothing in the library
+ * aborts, exits or prints on bad input.
+ *
+ * This header is parsed by cffi (engine/_build_native.py): keep it free of preprocessor logic that cffi
+ * cannot read between the EB_CDEF_BEGIN / EB_CDEF_END markers.
+ */
+#ifndef EXPERTBENCH_H
+#define EXPERTBENCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* EB_CDEF_BEGIN */
+enum {
+    EB_API_VERSION = 1,
+    EB_MAX_NAME = 64,
+    EB_MAX_TEXT = 256,
+    EB_MAX_PATH = 1024,
+};
+
+typedef enum {
+    EB_OK = 0,
+    EB_ERR_ARGUMENT = 1,    /* a bad value passed by the caller */
+    EB_ERR_IO = 2,          /* a file could not be opened, read or mapped */
+    EB_ERR_FORMAT = 3,      /* a file or tensor is damaged or of the wrong shape */
+    EB_ERR_UNSUPPORTED = 4, /* valid, but not something this engine runs */
+    EB_ERR_RANGE = 5,       /* an index, token id or length out of range */
+    EB_ERR_MODULE = 6,      /* a runtime module failed to load or has the wrong ABI */
+    EB_ERR_MEMORY = 7,      /* an allocation failed */
+    EB_ERR_DEVICE = 8,      /* a device reported an error */
+    EB_ERR_STATE = 9        /* the call is not valid in the object's current state */
+} eb_status;
+
+typedef enum {
+    EB_DTYPE_F32 = 0,
+    EB_DTYPE_F16 = 1,
+    EB_DTYPE_BF16 = 2
+} eb_dtype;
+
+typedef enum {
+    EB_ARCH_QWEN3 = 1,    /* Qwen3ForCausalLM (dense) */
+    EB_ARCH_QWEN3_MOE = 2 /* Qwen3MoeForCausalLM */
+} eb_arch;
+
+typedef struct eb_engine eb_engine;
+typedef struct eb_model eb_model;
+typedef struct eb_context eb_context;
+
+typedef struct {
+    int32_t n_devices;          /* CPU runtime: number of devices (worker groups); 0 = default */
+    int32_t threads_per_device; /* CPU runtime: worker threads per device; 0 = all cores / devices */
+    int32_t force_portable;     /* CPU runtime: 1 = use the portable C kernels even where AVX2 exists */
+} eb_runtime_options;
+
+typedef struct {
+    char name[EB_MAX_NAME];         /* "cpu" */
+    char path[EB_MAX_PATH];         /* the file it was loaded from */
+    char kernel_variant[EB_MAX_NAME]; /* e.g. "avx2+fma+f16c" or "portable" */
+    uint32_t abi_version;
+    int32_t n_devices;
+} eb_runtime_info;
+
+typedef struct {
+    char name[EB_MAX_NAME];         /* "cpu:0" */
+    char kind[EB_MAX_NAME];         /* "cpu", "gpu" */
+    char description[EB_MAX_TEXT];  /* human readable */
+    uint64_t memory_total;
+    uint64_t memory_free;
+    int32_t runtime_index;
+    int32_t local_index;
+    int32_t threads;
+} eb_device_info;
+
+typedef struct {
+    int32_t arch;                 /* eb_arch */
+    int32_t vocab_size;
+    int32_t hidden_size;
+    int32_t intermediate_size;     /* dense MLP layers */
+    int32_t moe_intermediate_size; /* each expert (MoE only) */
+    int32_t num_layers;
+    int32_t num_heads;
+    int32_t num_kv_heads;
+    int32_t head_dim;
+    int32_t num_experts;           /* 0 for dense models */
+    int32_t top_k;
+    int32_t norm_topk_prob;
+    int32_t decoder_sparse_step;
+    int32_t tie_word_embeddings;
+    int32_t attention_bias;
+    int32_t max_position_embeddings;
+    double rope_theta;
+    double rms_norm_eps;
+    const int32_t *mlp_only_layers;
+    int32_t n_mlp_only_layers;
+} eb_model_config;
+
+/* One tensor of a checkpoint: where its bytes are in which file. */
+typedef struct {
+    const char *name;     /* Hugging Face tensor name */
+    int32_t file_index;   /* index into the files array of eb_model_load */
+    int32_t dtype;        /* eb_dtype */
+    int32_t ndim;
+    int64_t shape[4];
+    uint64_t offset;      /* absolute byte offset of the data in the file */
+    uint64_t nbytes;
+} eb_tensor_desc;
+
+typedef struct {
+    int32_t n_layers;
+    int32_t n_moe_layers;
+    uint64_t weight_bytes;        /* all weights as stored */
+    uint64_t expert_bytes;        /* weights of routed experts */
+    uint64_t bytes_per_token;     /* weights read per decoded token (top-k experts, no lm_head sharing) */
+    int32_t primary_device;
+} eb_model_info;
+
+const char *eb_last_error(void);
+const char *eb_status_name(int status);
+
+int eb_engine_create(eb_engine **out);
+void eb_engine_destroy(eb_engine *engine);
+/* Load the runtime module `name` (e.g. "cpu"). path NULL: the file expertbench_rt_<name>.so in the folder of
+ * the core library itself. A given path is authoritative: if it cannot be loaded, that is the error. */
+int eb_engine_load_runtime(eb_engine *engine, const char *name, const char *path,
+                           const eb_runtime_options *options);
+int eb_engine_runtime_count(const eb_engine *engine);
+int eb_engine_runtime_info(const eb_engine *engine, int index, eb_runtime_info *out);
+int eb_engine_device_count(const eb_engine *engine);
+int eb_engine_device_info(const eb_engine *engine, int index, eb_device_info *out);
+/* Index of a device by its name ("cpu:0"), or -1 with an error. */
+int eb_engine_find_device(const eb_engine *engine, const char *name, int32_t *index);
+/* The folder the core library was loaded from (where runtime modules are looked for). */
+int eb_core_location(char *buf, size_t len);
+
+/* Map the files and bind the tensors: validates every offset, size, dtype and shape first. */
+int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *const *files, int32_t n_files,
+                  const eb_tensor_desc *tensors, int32_t n_tensors, int32_t primary_device, eb_model **out);
+void eb_model_free(eb_model *model);
+int eb_model_get_info(const eb_model *model, eb_model_info *out);
+
+/* A decoding context: a KV cache of n_ctx positions and scratch for batches of up to n_batch positions.
+ * Everything it needs is allocated here; eval allocates nothing. */
+int eb_context_create(eb_model *model, int32_t n_ctx, int32_t n_batch, eb_context **out);
+void eb_context_free(eb_context *ctx);
+/* Append n positions. logits: NULL, or room for n rows of vocab_size floats (all_rows = 1) or one row (the
+ * last position, all_rows = 0). On error nothing is appended. */
+int eb_context_eval(eb_context *ctx, const int32_t *ids, int32_t n, float *logits, int32_t all_rows);
+/* Forget every position from pos on (0 <= pos <= current position). */
+int eb_context_truncate(eb_context *ctx, int32_t pos);
+int32_t eb_context_position(const eb_context *ctx);
+int32_t eb_context_capacity(const eb_context *ctx);
+/* EB_CDEF_END */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,47 @@
+/* Internal structures of the core, shared by its translation units. */
+#ifndef EB_INTERNAL_H
+#define EB_INTERNAL_H
+
+#include <stdarg.h>
+
+#include "eb_runtime.h"
+#include "expertbench.h"
+
+#define EB_MAX_RUNTIMES 8
+#define EB_MAX_DEVICES 64
+
+typedef struct {
+    const eb_runtime_table *table;
+    void *rt;
+    void *dl;
+    char name[EB_MAX_NAME];
+    char path[EB_MAX_PATH];
+    int first_device; /* engine-wide index of its device 0 */
+    int n_devices;
+} eb_runtime;
+
+typedef struct {
+    int runtime;      /* index into engine->runtimes */
+    int local;        /* device index inside its runtime */
+    char name[EB_MAX_NAME];
+} eb_device;
+
+struct eb_engine {
+    eb_runtime runtimes[EB_MAX_RUNTIMES];
+    int n_runtimes;
+    eb_device devices[EB_MAX_DEVICES];
+    int n_devices;
+    int n_models; /* models alive; the engine outlives them */
+};
+
+/* Copy a string, truncating to fit size (always NUL-terminated). */
+void eb_copy_str(char *dst, size_t size, const char *src);
+
+/* Set the calling thread's last error and return status. */
+int eb_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Run w (dtype, rows x cols) times n rows of x into y on a device. */
+int eb_device_matmul(const eb_engine *engine, int device, const void *w, int dtype, int64_t rows, int64_t cols,
+                     const float *x, int64_t n, float *y);
+
+#endif

@@ -1,0 +1,351 @@
+/* The decoding context and the forward pass of Qwen3 / Qwen3-MoE.
+ *
+ * One function, eval_batch, reads top to bottom like the architecture. Every buffer is allocated when the
+ * context is created; evaluating tokens allocates nothing.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "eb_convert.h"
+#include "eb_model.h"
+
+struct eb_context {
+    eb_model *model;
+    int32_t n_ctx, n_batch, pos;
+    float *k_cache, *v_cache; /* [layer][n_ctx][kv_dim] */
+    float *rope_cos, *rope_sin; /* [n_ctx][head_dim / 2] */
+    /* scratch, n_batch rows each */
+    float *x, *xn, *q, *k, *v, *att, *proj, *gate, *up, *moe_out, *xe, *ye;
+    float *router, *scores;
+    int32_t *topk_id;
+    float *topk_w;
+    int32_t *route_rows; /* rows routed to the current expert */
+    float *route_w;
+};
+
+static void *zalloc(size_t n, size_t size, int *failed) {
+    void *p = calloc(n ? n : 1, size);
+    if (!p) *failed = 1;
+    return p;
+}
+
+void eb_context_free(eb_context *c) {
+    if (!c) return;
+    float *bufs[] = {c->k_cache, c->v_cache, c->rope_cos, c->rope_sin, c->x, c->xn, c->q, c->k, c->v, c->att,
+                     c->proj, c->gate, c->up, c->moe_out, c->xe, c->ye, c->router, c->scores, c->topk_w, c->route_w};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
+    free(c->topk_id);
+    free(c->route_rows);
+    free(c);
+}
+
+int eb_context_create(eb_model *m, int32_t n_ctx, int32_t n_batch, eb_context **out) {
+    if (!m || !out) return eb_fail(EB_ERR_ARGUMENT, "context: NULL argument");
+    *out = NULL;
+    const eb_model_config *cf = &m->cfg;
+    if (n_ctx <= 0 || n_ctx > cf->max_position_embeddings)
+        return eb_fail(EB_ERR_RANGE, "context length %d out of range: expected 1..%d (max_position_embeddings)", n_ctx,
+                       cf->max_position_embeddings);
+    if (n_batch <= 0 || n_batch > 65536)
+        return eb_fail(EB_ERR_RANGE, "batch size %d out of range: expected 1..65536", n_batch);
+    if (n_batch > n_ctx) n_batch = n_ctx;
+    eb_context *c = calloc(1, sizeof *c);
+    if (!c) return eb_fail(EB_ERR_MEMORY, "out of memory");
+    c->model = m;
+    c->n_ctx = n_ctx;
+    c->n_batch = n_batch;
+    size_t B = (size_t)n_batch, H = (size_t)cf->hidden_size, hd = (size_t)cf->head_dim;
+    size_t qd = (size_t)cf->num_heads * hd, kvd = (size_t)cf->num_kv_heads * hd;
+    size_t I = (size_t)(cf->intermediate_size > cf->moe_intermediate_size ? cf->intermediate_size
+                                                                           : cf->moe_intermediate_size);
+    size_t E = cf->num_experts > 0 ? (size_t)cf->num_experts : 1, K = cf->top_k > 0 ? (size_t)cf->top_k : 1;
+    int failed = 0;
+    c->k_cache = zalloc((size_t)cf->num_layers * (size_t)n_ctx * kvd, sizeof(float), &failed);
+    c->v_cache = zalloc((size_t)cf->num_layers * (size_t)n_ctx * kvd, sizeof(float), &failed);
+    c->rope_cos = zalloc((size_t)n_ctx * hd / 2, sizeof(float), &failed);
+    c->rope_sin = zalloc((size_t)n_ctx * hd / 2, sizeof(float), &failed);
+    c->x = zalloc(B * H, sizeof(float), &failed);
+    c->xn = zalloc(B * H, sizeof(float), &failed);
+    c->q = zalloc(B * qd, sizeof(float), &failed);
+    c->k = zalloc(B * kvd, sizeof(float), &failed);
+    c->v = zalloc(B * kvd, sizeof(float), &failed);
+    c->att = zalloc(B * qd, sizeof(float), &failed);
+    c->proj = zalloc(B * H, sizeof(float), &failed);
+    c->gate = zalloc(B * I, sizeof(float), &failed);
+    c->up = zalloc(B * I, sizeof(float), &failed);
+    c->moe_out = zalloc(B * H, sizeof(float), &failed);
+    c->xe = zalloc(B * H, sizeof(float), &failed);
+    c->ye = zalloc(B * H, sizeof(float), &failed);
+    c->router = zalloc(B * E, sizeof(float), &failed);
+    c->scores = zalloc((size_t)n_ctx, sizeof(float), &failed);
+    c->topk_id = zalloc(B * K, sizeof(int32_t), &failed);
+    c->topk_w = zalloc(B * K, sizeof(float), &failed);
+    c->route_rows = zalloc(B, sizeof(int32_t), &failed);
+    c->route_w = zalloc(B, sizeof(float), &failed);
+    if (failed) {
+        eb_context_free(c);
+        return eb_fail(EB_ERR_MEMORY, "out of memory for a context of %d positions", n_ctx);
+    }
+    /* RoPE tables computed as transformers does, in f32: inv_freq = 1 / theta^(2i/d), angle = pos * inv_freq. */
+    size_t half = hd / 2;
+    for (size_t i = 0; i < half; i++) {
+        float inv_freq = 1.0f / powf((float)cf->rope_theta, (float)(2 * i) / (float)hd);
+        for (int32_t p = 0; p < n_ctx; p++) {
+            float angle = (float)p * inv_freq;
+            c->rope_cos[(size_t)p * half + i] = cosf(angle);
+            c->rope_sin[(size_t)p * half + i] = sinf(angle);
+        }
+    }
+    *out = c;
+    return EB_OK;
+}
+
+int32_t eb_context_position(const eb_context *c) { return c ? c->pos : -1; }
+int32_t eb_context_capacity(const eb_context *c) { return c ? c->n_ctx : -1; }
+
+int eb_context_truncate(eb_context *c, int32_t pos) {
+    if (!c) return eb_fail(EB_ERR_ARGUMENT, "truncate: context is NULL");
+    if (pos < 0 || pos > c->pos)
+        return eb_fail(EB_ERR_RANGE, "truncate to position %d: expected 0..%d (the current position)", pos, c->pos);
+    c->pos = pos;
+    return EB_OK;
+}
+
+static void rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * (double)x[i];
+    float inv = 1.0f / sqrtf((float)(ss / (double)n) + eps);
+    for (int64_t i = 0; i < n; i++) out[i] = w[i] * (x[i] * inv);
+}
+
+/* Rotate-half RoPE on one head vector (as transformers' apply_rotary_pos_emb). */
+static void rope(float *v, const float *cs, const float *sn, int64_t hd) {
+    int64_t half = hd / 2;
+    for (int64_t i = 0; i < half; i++) {
+        float a = v[i], b = v[i + half];
+        v[i] = a * cs[i] - b * sn[i];
+        v[i + half] = b * cs[i] + a * sn[i];
+    }
+}
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+static void add_bias(float *y, const float *bias, int64_t n, int64_t dim) {
+    if (!bias) return;
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t i = 0; i < dim; i++) y[t * dim + i] += bias[i];
+}
+
+static int matmul(eb_context *c, int device, const eb_weight *w, const float *x, int64_t n, float *y) {
+    return eb_device_matmul(c->model->engine, device, w->data, w->dtype, w->rows, w->cols, x, n, y);
+}
+
+static void attention(eb_context *c, int layer, int64_t n) {
+    const eb_model_config *cf = &c->model->cfg;
+    int64_t hd = cf->head_dim, nh = cf->num_heads, group = cf->num_heads / cf->num_kv_heads;
+    int64_t qd = nh * hd, kvd = (int64_t)cf->num_kv_heads * hd;
+    const float *kc = c->k_cache + (size_t)layer * (size_t)c->n_ctx * (size_t)kvd;
+    const float *vc = c->v_cache + (size_t)layer * (size_t)c->n_ctx * (size_t)kvd;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int64_t t = 0; t < n; t++) {
+        int64_t p = c->pos + t; /* attends to positions 0..p */
+        for (int64_t h = 0; h < nh; h++) {
+            const float *q = c->q + t * qd + h * hd;
+            int64_t kvh = h / group;
+            float mx = -INFINITY;
+            for (int64_t j = 0; j <= p; j++) {
+                const float *k = kc + j * kvd + kvh * hd;
+                float s = 0.0f;
+                for (int64_t i = 0; i < hd; i++) s += q[i] * k[i];
+                s *= scale;
+                c->scores[j] = s;
+                if (s > mx) mx = s;
+            }
+            float sum = 0.0f;
+            for (int64_t j = 0; j <= p; j++) {
+                c->scores[j] = expf(c->scores[j] - mx);
+                sum += c->scores[j];
+            }
+            float inv = 1.0f / sum;
+            float *o = c->att + t * qd + h * hd;
+            memset(o, 0, (size_t)hd * sizeof *o);
+            for (int64_t j = 0; j <= p; j++) {
+                const float *v = vc + j * kvd + kvh * hd;
+                float pj = c->scores[j] * inv;
+                for (int64_t i = 0; i < hd; i++) o[i] += pj * v[i];
+            }
+        }
+    }
+}
+
+/* softmax over the experts in f32, top-k (ties to the lower id), optional renormalisation. */
+static void route(eb_context *c, int64_t n) {
+    const eb_model_config *cf = &c->model->cfg;
+    int64_t E = cf->num_experts, K = cf->top_k;
+    for (int64_t t = 0; t < n; t++) {
+        float *p = c->router + t * E;
+        float mx = p[0];
+        for (int64_t e = 1; e < E; e++)
+            if (p[e] > mx) mx = p[e];
+        float sum = 0.0f;
+        for (int64_t e = 0; e < E; e++) {
+            p[e] = expf(p[e] - mx);
+            sum += p[e];
+        }
+        for (int64_t e = 0; e < E; e++) p[e] /= sum;
+        int32_t *ids = c->topk_id + t * K;
+        float *w = c->topk_w + t * K;
+        for (int64_t k = 0; k < K; k++) {
+            int32_t best = -1;
+            for (int64_t e = 0; e < E; e++) {
+                int taken = 0;
+                for (int64_t j = 0; j < k; j++) taken |= ids[j] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = (int32_t)e;
+            }
+            ids[k] = best;
+            w[k] = p[best];
+        }
+        if (cf->norm_topk_prob) {
+            float s = 0.0f;
+            for (int64_t k = 0; k < K; k++) s += w[k];
+            for (int64_t k = 0; k < K; k++) w[k] /= s;
+        }
+    }
+}
+
+/* y = down(silu(gate(x)) * up(x)) for n rows. */
+static int ffn(eb_context *c, int device, const eb_weight *gate, const eb_weight *up, const eb_weight *down,
+               const float *x, int64_t n, float *y) {
+    int st;
+    if ((st = matmul(c, device, gate, x, n, c->gate)) || (st = matmul(c, device, up, x, n, c->up))) return st;
+    int64_t I = gate->rows;
+    for (int64_t i = 0; i < n * I; i++) c->gate[i] = silu(c->gate[i]) * c->up[i];
+    return matmul(c, device, down, c->gate, n, y);
+}
+
+/* Experts summed in ascending expert id per token, each scaled by its routing weight, as transformers does. */
+static int moe(eb_context *c, const eb_layer *L, int64_t n) {
+    const eb_model_config *cf = &c->model->cfg;
+    int64_t H = cf->hidden_size, K = cf->top_k;
+    int st;
+    if ((st = matmul(c, c->model->primary, &L->router, c->xn, n, c->router))) return st;
+    route(c, n);
+    memset(c->moe_out, 0, (size_t)(n * H) * sizeof(float));
+    for (int32_t e = 0; e < cf->num_experts; e++) {
+        int64_t m = 0;
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t k = 0; k < K; k++)
+                if (c->topk_id[t * K + k] == e) {
+                    c->route_rows[m] = (int32_t)t;
+                    c->route_w[m] = c->topk_w[t * K + k];
+                    memcpy(c->xe + m * H, c->xn + t * H, (size_t)H * sizeof(float));
+                    m++;
+                }
+        if (m == 0) continue;
+        const eb_expert *ex = &L->experts[e];
+        if ((st = ffn(c, ex->owner, &ex->gate, &ex->up, &ex->down, c->xe, m, c->ye))) return st;
+        for (int64_t i = 0; i < m; i++) {
+            float *o = c->moe_out + (int64_t)c->route_rows[i] * H;
+            const float *y = c->ye + i * H;
+            for (int64_t j = 0; j < H; j++) o[j] += y[j] * c->route_w[i];
+        }
+    }
+    return EB_OK;
+}
+
+static void embed_row(const eb_model *m, int32_t id, float *out) {
+    int64_t H = m->cfg.hidden_size;
+    const unsigned char *row = (const unsigned char *)m->embed.data + (size_t)id * (size_t)H * eb_dtype_size(m->embed.dtype);
+    for (int64_t i = 0; i < H; i++) out[i] = eb_load_as_f32(row, m->embed.dtype, i);
+}
+
+/* n <= n_batch positions starting at c->pos; logits rows for all (all_rows) or only the last position. */
+static int eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logits, int all_rows) {
+    const eb_model *m = c->model;
+    const eb_model_config *cf = &m->cfg;
+    int64_t H = cf->hidden_size, hd = cf->head_dim, nh = cf->num_heads, nkv = cf->num_kv_heads;
+    int64_t qd = nh * hd, kvd = nkv * hd, half = hd / 2;
+    float eps = (float)cf->rms_norm_eps;
+    int dev = m->primary, st;
+
+    for (int64_t t = 0; t < n; t++) embed_row(m, ids[t], c->x + t * H);
+
+    for (int l = 0; l < cf->num_layers; l++) {
+        const eb_layer *L = &m->layers[l];
+        /* attention block */
+        for (int64_t t = 0; t < n; t++) rmsnorm(c->xn + t * H, c->x + t * H, L->input_norm, H, eps);
+        if ((st = matmul(c, dev, &L->q, c->xn, n, c->q)) || (st = matmul(c, dev, &L->k, c->xn, n, c->k)) ||
+            (st = matmul(c, dev, &L->v, c->xn, n, c->v)))
+            return st;
+        add_bias(c->q, L->q_bias, n, qd);
+        add_bias(c->k, L->k_bias, n, kvd);
+        add_bias(c->v, L->v_bias, n, kvd);
+        float *kc = c->k_cache + (size_t)l * (size_t)c->n_ctx * (size_t)kvd;
+        float *vc = c->v_cache + (size_t)l * (size_t)c->n_ctx * (size_t)kvd;
+        for (int64_t t = 0; t < n; t++) {
+            int64_t p = c->pos + t;
+            const float *cs = c->rope_cos + p * half, *sn = c->rope_sin + p * half;
+            for (int64_t h = 0; h < nh; h++) {
+                float *q = c->q + t * qd + h * hd;
+                rmsnorm(q, q, L->q_norm, hd, eps);
+                rope(q, cs, sn, hd);
+            }
+            for (int64_t h = 0; h < nkv; h++) {
+                float *k = c->k + t * kvd + h * hd;
+                rmsnorm(k, k, L->k_norm, hd, eps);
+                rope(k, cs, sn, hd);
+            }
+            memcpy(kc + p * kvd, c->k + t * kvd, (size_t)kvd * sizeof(float));
+            memcpy(vc + p * kvd, c->v + t * kvd, (size_t)kvd * sizeof(float));
+        }
+        attention(c, l, n);
+        if ((st = matmul(c, dev, &L->o, c->att, n, c->proj))) return st;
+        add_bias(c->proj, L->o_bias, n, H);
+        for (int64_t i = 0; i < n * H; i++) c->x[i] += c->proj[i];
+
+        /* MLP block: dense or mixture of experts */
+        for (int64_t t = 0; t < n; t++) rmsnorm(c->xn + t * H, c->x + t * H, L->post_norm, H, eps);
+        if (L->is_moe) {
+            if ((st = moe(c, L, n))) return st;
+            for (int64_t i = 0; i < n * H; i++) c->x[i] += c->moe_out[i];
+        } else {
+            if ((st = ffn(c, dev, &L->gate, &L->up, &L->down, c->xn, n, c->proj))) return st;
+            for (int64_t i = 0; i < n * H; i++) c->x[i] += c->proj[i];
+        }
+    }
+    if (!logits) return EB_OK;
+    int64_t first = all_rows ? 0 : n - 1;
+    for (int64_t t = first; t < n; t++) rmsnorm(c->xn + t * H, c->x + t * H, m->final_norm, H, eps);
+    return matmul(c, dev, &m->lm_head, c->xn + first * H, n - first, logits);
+}
+
+int eb_context_eval(eb_context *c, const int32_t *ids, int32_t n, float *logits, int32_t all_rows) {
+    if (!c || !ids) return eb_fail(EB_ERR_ARGUMENT, "eval: NULL argument");
+    if (n <= 0) return eb_fail(EB_ERR_ARGUMENT, "eval: %d tokens, expected at least one", n);
+    const eb_model_config *cf = &c->model->cfg;
+    for (int32_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= cf->vocab_size)
+            return eb_fail(EB_ERR_RANGE, "token id %d (at index %d) out of range: the vocabulary has %d tokens "
+                                         "(ids 0..%d)", ids[i], i, cf->vocab_size, cf->vocab_size - 1);
+    if ((int64_t)c->pos + n > c->n_ctx)
+        return eb_fail(EB_ERR_RANGE, "context of %lld positions is longer than the KV cache (%d positions); "
+                                     "truncate or create a larger context", (long long)c->pos + n, c->n_ctx);
+    int32_t start = c->pos;
+    int64_t V = cf->vocab_size;
+    for (int32_t done = 0; done < n;) {
+        int32_t chunk = n - done < c->n_batch ? n - done : c->n_batch;
+        int last_chunk = done + chunk == n;
+        float *out = NULL;
+        if (logits && all_rows) out = logits + (int64_t)done * V;
+        else if (logits && last_chunk) out = logits;
+        int st = eval_batch(c, ids + done, chunk, out, all_rows);
+        if (st) {
+            c->pos = start;
+            return st;
+        }
+        c->pos += chunk;
+        done += chunk;
+    }
+    return EB_OK;
+}

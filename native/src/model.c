@@ -1,0 +1,379 @@
+/* Loading a checkpoint: map the files, validate every tensor descriptor, bind the weights of each layer. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "eb_convert.h"
+#include "eb_internal.h"
+#include "eb_model.h"
+
+#define EB_MAX_DIM (1 << 20)
+
+static int is_moe_layer(const eb_model_config *c, int layer) {
+    if (c->arch != EB_ARCH_QWEN3_MOE || c->num_experts <= 0) return 0;
+    for (int i = 0; i < c->n_mlp_only_layers; i++)
+        if (c->mlp_only_layers[i] == layer) return 0;
+    return (layer + 1) % c->decoder_sparse_step == 0;
+}
+
+static int check_config(const eb_model_config *c) {
+    if (c->arch != EB_ARCH_QWEN3 && c->arch != EB_ARCH_QWEN3_MOE)
+        return eb_fail(EB_ERR_UNSUPPORTED, "config: architecture code %d is not supported (expected %d Qwen3 or %d "
+                                           "Qwen3-MoE)", c->arch, EB_ARCH_QWEN3, EB_ARCH_QWEN3_MOE);
+#define POSITIVE(field)                                                                                          \
+    if (c->field <= 0 || c->field > EB_MAX_DIM)                                                                  \
+        return eb_fail(EB_ERR_FORMAT, "config: " #field " = %d, expected 1..%d", (int)c->field, EB_MAX_DIM);
+    POSITIVE(vocab_size)
+    POSITIVE(hidden_size)
+    POSITIVE(num_layers)
+    POSITIVE(num_heads)
+    POSITIVE(num_kv_heads)
+    POSITIVE(head_dim)
+    POSITIVE(max_position_embeddings)
+#undef POSITIVE
+    if (c->head_dim % 2)
+        return eb_fail(EB_ERR_FORMAT, "config: head_dim = %d, expected an even number (RoPE rotates pairs)", c->head_dim);
+    if (c->num_heads % c->num_kv_heads)
+        return eb_fail(EB_ERR_FORMAT, "config: num_attention_heads = %d is not a multiple of num_key_value_heads = %d",
+                       c->num_heads, c->num_kv_heads);
+    if (!(c->rope_theta > 0.0)) return eb_fail(EB_ERR_FORMAT, "config: rope_theta = %g, expected > 0", c->rope_theta);
+    if (!(c->rms_norm_eps > 0.0))
+        return eb_fail(EB_ERR_FORMAT, "config: rms_norm_eps = %g, expected > 0", c->rms_norm_eps);
+    if (c->n_mlp_only_layers < 0 || (c->n_mlp_only_layers > 0 && !c->mlp_only_layers))
+        return eb_fail(EB_ERR_ARGUMENT, "config: mlp_only_layers is inconsistent");
+    for (int i = 0; i < c->n_mlp_only_layers; i++)
+        if (c->mlp_only_layers[i] < 0 || c->mlp_only_layers[i] >= c->num_layers)
+            return eb_fail(EB_ERR_FORMAT, "config: mlp_only_layers contains %d, expected layers 0..%d",
+                           c->mlp_only_layers[i], c->num_layers - 1);
+    int any_dense = 0, any_moe = 0;
+    for (int l = 0; l < c->num_layers; l++) {
+        if (c->arch == EB_ARCH_QWEN3_MOE && c->decoder_sparse_step <= 0)
+            return eb_fail(EB_ERR_FORMAT, "config: decoder_sparse_step = %d, expected >= 1", c->decoder_sparse_step);
+        if (is_moe_layer(c, l)) any_moe = 1;
+        else any_dense = 1;
+    }
+    if (any_dense && (c->intermediate_size <= 0 || c->intermediate_size > EB_MAX_DIM))
+        return eb_fail(EB_ERR_FORMAT, "config: intermediate_size = %d, expected 1..%d", c->intermediate_size,
+                       EB_MAX_DIM);
+    if (any_moe) {
+        if (c->moe_intermediate_size <= 0 || c->moe_intermediate_size > EB_MAX_DIM)
+            return eb_fail(EB_ERR_FORMAT, "config: moe_intermediate_size = %d, expected 1..%d",
+                           c->moe_intermediate_size, EB_MAX_DIM);
+        if (c->num_experts > 4096)
+            return eb_fail(EB_ERR_FORMAT, "config: num_experts = %d, expected at most 4096", c->num_experts);
+        if (c->top_k <= 0 || c->top_k > c->num_experts)
+            return eb_fail(EB_ERR_FORMAT, "config: num_experts_per_tok = %d, expected 1..num_experts (%d)", c->top_k,
+                           c->num_experts);
+    }
+    return EB_OK;
+}
+
+static int cmp_desc_name(const void *a, const void *b) {
+    const eb_tensor_desc *x = *(const eb_tensor_desc *const *)a, *y = *(const eb_tensor_desc *const *)b;
+    return strcmp(x->name, y->name);
+}
+
+typedef struct {
+    const eb_tensor_desc **sorted;
+    int32_t n;
+    eb_model *m;
+} binder;
+
+static const eb_tensor_desc *find_tensor(const binder *b, const char *name) {
+    eb_tensor_desc key = {.name = name};
+    const eb_tensor_desc *kp = &key;
+    const eb_tensor_desc **hit = bsearch(&kp, b->sorted, (size_t)b->n, sizeof *b->sorted, cmp_desc_name);
+    return hit ? *hit : NULL;
+}
+
+static int bind(const binder *b, const char *name, int64_t d0, int64_t d1, eb_weight *out) {
+    const eb_tensor_desc *t = find_tensor(b, name);
+    if (!t) return eb_fail(EB_ERR_FORMAT, "tensor '%s' is missing from the checkpoint", name);
+    int ndim = d1 > 0 ? 2 : 1;
+    if (t->ndim != ndim || t->shape[0] != d0 || (ndim == 2 && t->shape[1] != d1)) {
+        char got[96] = "";
+        int off = 0;
+        for (int i = 0; i < t->ndim && i < 4; i++)
+            off += snprintf(got + off, sizeof got - (size_t)off, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+        if (ndim == 2)
+            return eb_fail(EB_ERR_FORMAT, "tensor '%s' has shape [%s], expected [%lld, %lld]", name, got,
+                           (long long)d0, (long long)d1);
+        return eb_fail(EB_ERR_FORMAT, "tensor '%s' has shape [%s], expected [%lld]", name, got, (long long)d0);
+    }
+    out->data = (const unsigned char *)b->m->files[t->file_index].addr + t->offset;
+    out->dtype = t->dtype;
+    out->rows = d0;
+    out->cols = ndim == 2 ? d1 : 1;
+    b->m->info.weight_bytes += t->nbytes;
+    return EB_OK;
+}
+
+/* A 1-D tensor converted to an owned f32 array (norm weights and biases are small and read often). */
+static int bind_vector(const binder *b, const char *name, int64_t d0, float **out) {
+    eb_weight w;
+    int st = bind(b, name, d0, 0, &w);
+    if (st) return st;
+    float *v = malloc((size_t)d0 * sizeof *v);
+    if (!v) return eb_fail(EB_ERR_MEMORY, "out of memory for tensor '%s'", name);
+    for (int64_t i = 0; i < d0; i++) v[i] = eb_load_as_f32(w.data, w.dtype, i);
+    *out = v;
+    return EB_OK;
+}
+
+static int check_descriptors(const eb_model *m, const eb_tensor_desc *tensors, int32_t n) {
+    for (int32_t i = 0; i < n; i++) {
+        const eb_tensor_desc *t = &tensors[i];
+        if (!t->name) return eb_fail(EB_ERR_ARGUMENT, "tensor descriptor %d has no name", i);
+        if (t->file_index < 0 || t->file_index >= m->n_files)
+            return eb_fail(EB_ERR_ARGUMENT, "tensor '%s': file index %d out of range (%d files)", t->name,
+                           t->file_index, m->n_files);
+        const char *file = m->files[t->file_index].path;
+        size_t es = eb_dtype_size(t->dtype);
+        if (es == 0)
+            return eb_fail(EB_ERR_UNSUPPORTED, "tensor '%s' in '%s': dtype code %d is not supported (expected F32, "
+                                               "F16 or BF16)", t->name, file, t->dtype);
+        if (t->ndim < 1 || t->ndim > 4)
+            return eb_fail(EB_ERR_FORMAT, "tensor '%s' in '%s': %d dimensions, expected 1 to 4", t->name, file, t->ndim);
+        uint64_t count = 1;
+        for (int d = 0; d < t->ndim; d++) {
+            if (t->shape[d] <= 0 || t->shape[d] > (int64_t)1 << 40)
+                return eb_fail(EB_ERR_FORMAT, "tensor '%s' in '%s': dimension %d is %lld", t->name, file, d,
+                               (long long)t->shape[d]);
+            if (count > UINT64_MAX / (uint64_t)t->shape[d])
+                return eb_fail(EB_ERR_FORMAT, "tensor '%s' in '%s': shape overflows", t->name, file);
+            count *= (uint64_t)t->shape[d];
+        }
+        if (count > UINT64_MAX / es || count * es != t->nbytes)
+            return eb_fail(EB_ERR_FORMAT, "tensor '%s' in '%s': %llu bytes, expected %llu for %s with %llu elements",
+                           t->name, file, (unsigned long long)t->nbytes, (unsigned long long)(count * es),
+                           eb_dtype_name(t->dtype), (unsigned long long)count);
+        uint64_t size = m->files[t->file_index].size;
+        if (t->offset > size || t->nbytes > size - t->offset)
+            return eb_fail(EB_ERR_FORMAT, "tensor '%s' in '%s': bytes %llu..%llu lie past the end of the file (%llu "
+                                          "bytes)", t->name, file, (unsigned long long)t->offset,
+                           (unsigned long long)(t->offset + t->nbytes), (unsigned long long)size);
+    }
+    return EB_OK;
+}
+
+static int map_files(eb_model *m, const char *const *files, int32_t n_files) {
+    m->files = calloc((size_t)n_files, sizeof *m->files);
+    if (!m->files) return eb_fail(EB_ERR_MEMORY, "out of memory");
+    for (int32_t i = 0; i < n_files; i++) {
+        eb_mapped_file *f = &m->files[i];
+        if (!files[i]) return eb_fail(EB_ERR_ARGUMENT, "file %d has no path", i);
+        f->path = strdup(files[i]);
+        m->n_files = i + 1;
+        if (!f->path) return eb_fail(EB_ERR_MEMORY, "out of memory");
+        int fd = open(files[i], O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return eb_fail(EB_ERR_IO, "cannot open '%s': %s", files[i], strerror(errno));
+        struct stat sb;
+        if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+            close(fd);
+            return eb_fail(EB_ERR_IO, "'%s' is not a regular file", files[i]);
+        }
+        f->size = (uint64_t)sb.st_size;
+        if (f->size > 0) {
+            void *a = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
+            if (a == MAP_FAILED) {
+                int e = errno;
+                close(fd);
+                return eb_fail(EB_ERR_IO, "cannot map '%s': %s", files[i], strerror(e));
+            }
+            f->addr = a;
+        }
+        close(fd);
+    }
+    return EB_OK;
+}
+
+void eb_model_free(eb_model *m) {
+    if (!m) return;
+    if (m->layers) {
+        for (int l = 0; l < m->cfg.num_layers; l++) {
+            eb_layer *L = &m->layers[l];
+            free(L->input_norm);
+            free(L->post_norm);
+            free(L->q_norm);
+            free(L->k_norm);
+            free(L->q_bias);
+            free(L->k_bias);
+            free(L->v_bias);
+            free(L->o_bias);
+            free(L->experts);
+        }
+        free(m->layers);
+    }
+    free(m->final_norm);
+    for (int i = 0; i < m->n_files; i++) {
+        if (m->files[i].addr) munmap(m->files[i].addr, m->files[i].size);
+        free(m->files[i].path);
+    }
+    free(m->files);
+    free(m->mlp_only);
+    if (m->engine) m->engine->n_models--;
+    free(m);
+}
+
+static int bind_layer(const binder *b, int l) {
+    eb_model *m = b->m;
+    const eb_model_config *c = &m->cfg;
+    eb_layer *L = &m->layers[l];
+    char name[256];
+    int64_t H = c->hidden_size, qd = (int64_t)c->num_heads * c->head_dim, kvd = (int64_t)c->num_kv_heads * c->head_dim;
+    int st;
+#define NAME(fmt, ...) (snprintf(name, sizeof name, "model.layers.%d." fmt, l, ##__VA_ARGS__), name)
+#define TRY(x)                                                                                                   \
+    if ((st = (x)) != EB_OK) return st;
+    TRY(bind_vector(b, NAME("input_layernorm.weight"), H, &L->input_norm))
+    TRY(bind_vector(b, NAME("post_attention_layernorm.weight"), H, &L->post_norm))
+    TRY(bind(b, NAME("self_attn.q_proj.weight"), qd, H, &L->q))
+    TRY(bind(b, NAME("self_attn.k_proj.weight"), kvd, H, &L->k))
+    TRY(bind(b, NAME("self_attn.v_proj.weight"), kvd, H, &L->v))
+    TRY(bind(b, NAME("self_attn.o_proj.weight"), H, qd, &L->o))
+    TRY(bind_vector(b, NAME("self_attn.q_norm.weight"), c->head_dim, &L->q_norm))
+    TRY(bind_vector(b, NAME("self_attn.k_norm.weight"), c->head_dim, &L->k_norm))
+    if (c->attention_bias) {
+        TRY(bind_vector(b, NAME("self_attn.q_proj.bias"), qd, &L->q_bias))
+        TRY(bind_vector(b, NAME("self_attn.k_proj.bias"), kvd, &L->k_bias))
+        TRY(bind_vector(b, NAME("self_attn.v_proj.bias"), kvd, &L->v_bias))
+        TRY(bind_vector(b, NAME("self_attn.o_proj.bias"), H, &L->o_bias))
+    }
+    L->is_moe = is_moe_layer(c, l);
+    if (!L->is_moe) {
+        int64_t I = c->intermediate_size;
+        TRY(bind(b, NAME("mlp.gate_proj.weight"), I, H, &L->gate))
+        TRY(bind(b, NAME("mlp.up_proj.weight"), I, H, &L->up))
+        TRY(bind(b, NAME("mlp.down_proj.weight"), H, I, &L->down))
+        return EB_OK;
+    }
+    int64_t I = c->moe_intermediate_size;
+    TRY(bind(b, NAME("mlp.gate.weight"), c->num_experts, H, &L->router))
+    L->experts = calloc((size_t)c->num_experts, sizeof *L->experts);
+    if (!L->experts) return eb_fail(EB_ERR_MEMORY, "out of memory");
+    uint64_t before = m->info.weight_bytes;
+    for (int e = 0; e < c->num_experts; e++) {
+        TRY(bind(b, NAME("mlp.experts.%d.gate_proj.weight", e), I, H, &L->experts[e].gate))
+        TRY(bind(b, NAME("mlp.experts.%d.up_proj.weight", e), I, H, &L->experts[e].up))
+        TRY(bind(b, NAME("mlp.experts.%d.down_proj.weight", e), H, I, &L->experts[e].down))
+        L->experts[e].owner = m->primary;
+    }
+    m->info.expert_bytes += m->info.weight_bytes - before;
+    m->info.n_moe_layers++;
+    return EB_OK;
+#undef NAME
+#undef TRY
+}
+
+static uint64_t weight_size(const eb_weight *w) { return (uint64_t)w->rows * (uint64_t)w->cols * eb_dtype_size(w->dtype); }
+
+static void compute_bytes_per_token(eb_model *m) {
+    const eb_model_config *c = &m->cfg;
+    uint64_t total = (uint64_t)c->hidden_size * eb_dtype_size(m->embed.dtype) + weight_size(&m->lm_head);
+    for (int l = 0; l < c->num_layers; l++) {
+        const eb_layer *L = &m->layers[l];
+        total += weight_size(&L->q) + weight_size(&L->k) + weight_size(&L->v) + weight_size(&L->o);
+        if (L->is_moe) {
+            total += weight_size(&L->router);
+            const eb_expert *e = &L->experts[0];
+            total += (uint64_t)c->top_k * (weight_size(&e->gate) + weight_size(&e->up) + weight_size(&e->down));
+        } else {
+            total += weight_size(&L->gate) + weight_size(&L->up) + weight_size(&L->down);
+        }
+    }
+    m->info.bytes_per_token = total;
+}
+
+int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *const *files, int32_t n_files,
+                  const eb_tensor_desc *tensors, int32_t n_tensors, int32_t primary_device, eb_model **out) {
+    if (!engine || !config || !out || (n_files > 0 && !files) || (n_tensors > 0 && !tensors))
+        return eb_fail(EB_ERR_ARGUMENT, "eb_model_load: NULL argument");
+    *out = NULL;
+    if (n_files <= 0 || n_files > 100000) return eb_fail(EB_ERR_ARGUMENT, "eb_model_load: %d files", n_files);
+    if (n_tensors <= 0) return eb_fail(EB_ERR_FORMAT, "the checkpoint has no tensors");
+    if (primary_device < 0 || primary_device >= engine->n_devices)
+        return eb_fail(EB_ERR_RANGE, "primary device index %d out of range (%d devices loaded)", primary_device,
+                       engine->n_devices);
+    int st = check_config(config);
+    if (st) return st;
+    eb_device_info dinfo;
+    const eb_device *dev = &engine->devices[primary_device];
+    const eb_runtime *rt = &engine->runtimes[dev->runtime];
+    eb_rt_device_info rinfo;
+    char err[256] = "";
+    if ((st = rt->table->device_info(rt->rt, dev->local, &rinfo, err, sizeof err)) != 0)
+        return eb_fail(st, "device %s: %s", dev->name, err);
+    (void)dinfo;
+    if (!rinfo.host_addressable)
+        return eb_fail(EB_ERR_UNSUPPORTED, "primary device %s: the primary device must be a CPU device", dev->name);
+
+    eb_model *m = calloc(1, sizeof *m);
+    if (!m) return eb_fail(EB_ERR_MEMORY, "out of memory");
+    m->engine = engine;
+    engine->n_models++;
+    m->cfg = *config;
+    m->primary = primary_device;
+    if (config->n_mlp_only_layers > 0) {
+        m->mlp_only = malloc((size_t)config->n_mlp_only_layers * sizeof *m->mlp_only);
+        if (!m->mlp_only) {
+            eb_model_free(m);
+            return eb_fail(EB_ERR_MEMORY, "out of memory");
+        }
+        memcpy(m->mlp_only, config->mlp_only_layers, (size_t)config->n_mlp_only_layers * sizeof *m->mlp_only);
+    }
+    m->cfg.mlp_only_layers = m->mlp_only;
+    binder b = {NULL, n_tensors, m};
+    if ((st = map_files(m, files, n_files)) || (st = check_descriptors(m, tensors, n_tensors))) {
+        eb_model_free(m);
+        return st;
+    }
+    b.sorted = malloc((size_t)n_tensors * sizeof *b.sorted);
+    if (!b.sorted) {
+        eb_model_free(m);
+        return eb_fail(EB_ERR_MEMORY, "out of memory");
+    }
+    for (int32_t i = 0; i < n_tensors; i++) b.sorted[i] = &tensors[i];
+    qsort(b.sorted, (size_t)n_tensors, sizeof *b.sorted, cmp_desc_name);
+    for (int32_t i = 1; i < n_tensors; i++)
+        if (strcmp(b.sorted[i - 1]->name, b.sorted[i]->name) == 0) {
+            st = eb_fail(EB_ERR_FORMAT, "tensor '%s' appears twice in the checkpoint", b.sorted[i]->name);
+            goto fail;
+        }
+    const eb_model_config *c = &m->cfg;
+    if ((st = bind(&b, "model.embed_tokens.weight", c->vocab_size, c->hidden_size, &m->embed))) goto fail;
+    if ((st = bind_vector(&b, "model.norm.weight", c->hidden_size, &m->final_norm))) goto fail;
+    if (c->tie_word_embeddings) {
+        m->lm_head = m->embed;
+    } else if ((st = bind(&b, "lm_head.weight", c->vocab_size, c->hidden_size, &m->lm_head))) {
+        goto fail;
+    }
+    m->layers = calloc((size_t)c->num_layers, sizeof *m->layers);
+    if (!m->layers) {
+        st = eb_fail(EB_ERR_MEMORY, "out of memory");
+        goto fail;
+    }
+    for (int l = 0; l < c->num_layers; l++)
+        if ((st = bind_layer(&b, l))) goto fail;
+    free(b.sorted);
+    m->info.n_layers = c->num_layers;
+    m->info.primary_device = primary_device;
+    compute_bytes_per_token(m);
+    *out = m;
+    return EB_OK;
+fail:
+    free(b.sorted);
+    eb_model_free(m);
+    return st;
+}
+
+int eb_model_get_info(const eb_model *m, eb_model_info *out) {
+    if (!m || !out) return eb_fail(EB_ERR_ARGUMENT, "model info: NULL argument");
+    *out = m->info;
+    return EB_OK;
+}
