@@ -194,7 +194,9 @@ def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
         with path.open("rb") as f:
             head = f.read(8)
             if len(head) < 8:
-                raise CheckpointError(f"'{path}': {size} bytes, too short for a safetensors file (needs an 8-byte header length)")
+                raise CheckpointError(
+                    f"'{path}': {size} bytes, too short for a safetensors file (needs an 8-byte header length)"
+                )
             (hlen,) = struct.unpack("<Q", head)
             if hlen > size - 8 or hlen > MAX_HEADER_BYTES:
                 raise CheckpointError(
@@ -222,7 +224,9 @@ def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
         if not isinstance(dtype, str) or dtype not in ALL_DTYPE_SIZES:
             raise CheckpointError(f"{where}: unknown dtype {dtype!r}")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
             raise CheckpointError(f"{where}: shape {shape!r} is not a list of non-negative integers")
         if (
             not isinstance(offsets, list)

@@ -111,7 +111,9 @@ class Engine(_Handle):
         for i in range(lib.eb_engine_runtime_count(self._live())):
             check(lib.eb_engine_runtime_info(self._ptr, i, info))
             out.append(
-                RuntimeInfo(text(info.name), text(info.path), text(info.kernel_variant), info.abi_version, info.n_devices)
+                RuntimeInfo(
+                    text(info.name), text(info.path), text(info.kernel_variant), info.abi_version, info.n_devices
+                )
             )
         return out
 
@@ -160,7 +162,9 @@ class Model(_Handle):
                     f"tensor '{t.name}' in '{t.file}' has dtype {t.dtype}, expected one of {', '.join(DTYPES)}"
                 )
             if not 1 <= len(t.shape) <= 4:
-                raise UnsupportedError(f"tensor '{t.name}' in '{t.file}' has {len(t.shape)} dimensions, expected 1 to 4")
+                raise UnsupportedError(
+                    f"tensor '{t.name}' in '{t.file}' has {len(t.shape)} dimensions, expected 1 to 4"
+                )
         descs = ffi.new("eb_tensor_desc[]", max(1, len(usable)))
         names = []
         for d, t in zip(descs, usable, strict=False):

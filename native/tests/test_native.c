@@ -1,0 +1,310 @@
+/* Native tests of the core and the cpu module, without Python: built plain and under ASan + UBSan
+ * (make -C native test / sanitize). A synthetic Qwen3-MoE checkpoint with mixed dtypes is written to a
+ * temporary file; the tests check batch == single steps, truncation, kernel variants and every bad-input
+ * path the core validates. Usage: test_native BUILD_DIR
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "eb_convert.h"
+#include "expertbench.h"
+
+static int failures = 0, checks = 0;
+
+#define CHECK(cond, ...)                                                                                        \
+    do {                                                                                                        \
+        checks++;                                                                                               \
+        if (!(cond)) {                                                                                          \
+            failures++;                                                                                         \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                                \
+            fprintf(stderr, __VA_ARGS__);                                                                       \
+            fprintf(stderr, " [last error: %s]\n", eb_last_error());                                            \
+        }                                                                                                       \
+    } while (0)
+
+#define CHECK_ERR(call, status, needle)                                                                         \
+    do {                                                                                                        \
+        int st_ = (call);                                                                                       \
+        CHECK(st_ == (status), "%s returned %d, expected %d", #call, st_, (int)(status));                       \
+        CHECK(strstr(eb_last_error(), (needle)) != NULL, "message of %s lacks '%s'", #call, (needle));           \
+    } while (0)
+
+enum { V = 64, H = 32, NH = 2, NKV = 1, HD = 16, E = 4, K = 2, IM = 24, ID = 40, L = 2, MAXT = 64 };
+
+typedef struct {
+    eb_tensor_desc d[MAXT];
+    char names[MAXT][96];
+    int n;
+    uint64_t offset;
+    FILE *f;
+    unsigned seed;
+} builder;
+
+static float rnd(builder *b) {
+    b->seed = b->seed * 1664525u + 1013904223u;
+    return ((float)(b->seed >> 8) / (float)(1u << 24) - 0.5f) * 0.4f;
+}
+
+static void add(builder *b, const char *name, int dtype, int64_t d0, int64_t d1, int norm) {
+    eb_tensor_desc *t = &b->d[b->n];
+    snprintf(b->names[b->n], sizeof b->names[0], "%s", name);
+    t->name = b->names[b->n];
+    t->file_index = 0;
+    t->dtype = dtype;
+    t->ndim = d1 ? 2 : 1;
+    t->shape[0] = d0;
+    t->shape[1] = d1;
+    int64_t count = d0 * (d1 ? d1 : 1);
+    t->offset = b->offset;
+    t->nbytes = (uint64_t)count * eb_dtype_size(dtype);
+    for (int64_t i = 0; i < count; i++) {
+        float v = norm ? 1.0f + rnd(b) : rnd(b);
+        if (dtype == EB_DTYPE_F32) {
+            fwrite(&v, 4, 1, b->f);
+        } else if (dtype == EB_DTYPE_BF16) {
+            uint32_t u;
+            memcpy(&u, &v, 4);
+            uint16_t h = (uint16_t)(u >> 16);
+            fwrite(&h, 2, 1, b->f);
+        } else { /* f16: values here are small and normal; plain truncating conversion is enough */
+            uint32_t u;
+            memcpy(&u, &v, 4);
+            uint32_t sign = (u >> 16) & 0x8000u;
+            int32_t exp = (int32_t)((u >> 23) & 0xff) - 127 + 15;
+            uint16_t h = (uint16_t)(exp <= 0 ? sign : sign | (uint32_t)exp << 10 | ((u >> 13) & 0x3ffu));
+            fwrite(&h, 2, 1, b->f);
+        }
+    }
+    b->offset += t->nbytes;
+    b->n++;
+}
+
+static void write_model(const char *path, eb_model_config *cfg, builder *b, int32_t *mlp_only) {
+    memset(b, 0, sizeof *b);
+    b->seed = 12345;
+    b->f = fopen(path, "wb");
+    char n[96];
+    add(b, "model.embed_tokens.weight", EB_DTYPE_BF16, V, H, 0);
+    add(b, "model.norm.weight", EB_DTYPE_F32, H, 0, 1);
+    add(b, "lm_head.weight", EB_DTYPE_F16, V, H, 0);
+    for (int l = 0; l < L; l++) {
+        int wt = l == 0 ? EB_DTYPE_BF16 : EB_DTYPE_F32;
+#define ADD(fmt, ...) (snprintf(n, sizeof n, "model.layers.%d." fmt, l), add(b, n, __VA_ARGS__))
+        ADD("input_layernorm.weight", EB_DTYPE_BF16, H, 0, 1);
+        ADD("post_attention_layernorm.weight", EB_DTYPE_F32, H, 0, 1);
+        ADD("self_attn.q_proj.weight", wt, NH * HD, H, 0);
+        ADD("self_attn.k_proj.weight", wt, NKV * HD, H, 0);
+        ADD("self_attn.v_proj.weight", wt, NKV * HD, H, 0);
+        ADD("self_attn.o_proj.weight", wt, H, NH * HD, 0);
+        ADD("self_attn.q_norm.weight", EB_DTYPE_F32, HD, 0, 1);
+        ADD("self_attn.k_norm.weight", EB_DTYPE_F32, HD, 0, 1);
+        if (l == 0) {
+            ADD("mlp.gate.weight", EB_DTYPE_F32, E, H, 0);
+            for (int e = 0; e < E; e++) {
+                int et = e % 3 == 0 ? EB_DTYPE_BF16 : (e % 3 == 1 ? EB_DTYPE_F16 : EB_DTYPE_F32);
+                snprintf(n, sizeof n, "model.layers.0.mlp.experts.%d.gate_proj.weight", e);
+                add(b, n, et, IM, H, 0);
+                snprintf(n, sizeof n, "model.layers.0.mlp.experts.%d.up_proj.weight", e);
+                add(b, n, et, IM, H, 0);
+                snprintf(n, sizeof n, "model.layers.0.mlp.experts.%d.down_proj.weight", e);
+                add(b, n, et, H, IM, 0);
+            }
+        } else {
+            ADD("mlp.gate_proj.weight", wt, ID, H, 0);
+            ADD("mlp.up_proj.weight", wt, ID, H, 0);
+            ADD("mlp.down_proj.weight", wt, H, ID, 0);
+        }
+#undef ADD
+    }
+    fclose(b->f);
+    b->f = NULL;
+    mlp_only[0] = 1;
+    *cfg = (eb_model_config){.arch = EB_ARCH_QWEN3_MOE, .vocab_size = V, .hidden_size = H, .intermediate_size = ID,
+                             .moe_intermediate_size = IM, .num_layers = L, .num_heads = NH, .num_kv_heads = NKV,
+                             .head_dim = HD, .num_experts = E, .top_k = K, .norm_topk_prob = 1,
+                             .decoder_sparse_step = 1, .tie_word_embeddings = 0, .attention_bias = 0,
+                             .max_position_embeddings = 32, .rope_theta = 10000.0, .rms_norm_eps = 1e-6,
+                             .mlp_only_layers = mlp_only, .n_mlp_only_layers = 1};
+}
+
+static int find(builder *b, const char *name) {
+    for (int i = 0; i < b->n; i++)
+        if (strcmp(b->names[i], name) == 0) return i;
+    return -1;
+}
+
+static eb_engine *new_engine(const char *module, int portable, int threads) {
+    eb_engine *e = NULL;
+    CHECK(eb_engine_create(&e) == EB_OK, "engine create");
+    eb_runtime_options o = {.n_devices = 2, .threads_per_device = threads, .force_portable = portable};
+    CHECK(eb_engine_load_runtime(e, "cpu", module, &o) == EB_OK, "load cpu runtime %s", module ? module : "(default)");
+    return e;
+}
+
+static float max_abs_diff(const float *a, const float *b, size_t n) {
+    float m = 0.0f;
+    for (size_t i = 0; i < n; i++) m = fmaxf(m, fabsf(a[i] - b[i]));
+    return m;
+}
+
+static void test_forward(const char *module, const char *file, eb_model_config *cfg, builder *b) {
+    const char *files[] = {file};
+    float ref[8 * V];
+    for (int variant = 0; variant < 2; variant++) {
+        eb_engine *e = new_engine(module, variant, 2);
+        eb_runtime_info ri;
+        CHECK(eb_engine_runtime_info(e, 0, &ri) == EB_OK, "runtime info");
+        eb_model *m = NULL;
+        CHECK(eb_model_load(e, cfg, files, 1, b->d, b->n, 1, &m) == EB_OK, "model load on cpu:1");
+        eb_context *c = NULL;
+        CHECK(eb_context_create(m, 16, 4, &c) == EB_OK, "context");
+        int32_t prompt[5] = {3, 17, 42, 5, 63}, next[3] = {9, 1, 30};
+        float batch[8 * V], single[3 * V], last[V];
+        CHECK(eb_context_eval(c, prompt, 5, batch, 1) == EB_OK, "prefill");
+        CHECK(eb_context_eval(c, next, 3, batch + 5 * V, 1) == EB_OK, "batch of 3");
+        CHECK(eb_context_position(c) == 8, "position after 8");
+        CHECK(eb_context_truncate(c, 5) == EB_OK, "truncate");
+        for (int i = 0; i < 3; i++) CHECK(eb_context_eval(c, next + i, 1, single + i * V, 1) == EB_OK, "single");
+        CHECK(memcmp(single, batch + 5 * V, sizeof single) == 0, "batch rows differ from single steps (%s)",
+              ri.kernel_variant);
+        CHECK(eb_context_truncate(c, 0) == EB_OK, "truncate 0");
+        CHECK(eb_context_eval(c, prompt, 5, last, 0) == EB_OK, "prefill last row");
+        CHECK(memcmp(last, batch + 4 * V, sizeof last) == 0, "last-row prefill differs");
+        float finite = 0.0f;
+        for (int i = 0; i < 8 * V; i++) finite += batch[i];
+        CHECK(isfinite(finite), "non-finite logits");
+        if (variant == 0) memcpy(ref, batch, sizeof ref);
+        else CHECK(max_abs_diff(ref, batch, 8 * V) < 1e-4f, "portable and SIMD kernels disagree");
+        /* bad inputs leave the context where it was */
+        int32_t bad[2] = {1, V};
+        CHECK_ERR(eb_context_eval(c, bad, 2, NULL, 0), EB_ERR_RANGE, "token id 64");
+        int32_t neg = -1;
+        CHECK_ERR(eb_context_eval(c, &neg, 1, NULL, 0), EB_ERR_RANGE, "out of range");
+        int32_t many[12] = {0};
+        CHECK_ERR(eb_context_eval(c, many, 12, NULL, 0), EB_ERR_RANGE, "longer than the KV cache");
+        CHECK_ERR(eb_context_truncate(c, 6), EB_ERR_RANGE, "expected 0..5");
+        CHECK(eb_context_position(c) == 5, "position unchanged after errors");
+        eb_context *too_long = NULL;
+        CHECK_ERR(eb_context_create(m, 33, 4, &too_long), EB_ERR_RANGE, "max_position_embeddings");
+        CHECK(too_long == NULL, "no context on failure");
+        eb_context_free(c);
+        eb_model_free(m);
+        eb_engine_destroy(e);
+    }
+}
+
+static void expect_load_error(const char *module, const char *file, const eb_model_config *cfg, builder *b,
+                              int status, const char *needle, const char *what) {
+    const char *files[] = {file};
+    eb_engine *e = new_engine(module, 0, 1);
+    eb_model *m = NULL;
+    int st = eb_model_load(e, cfg, files, 1, b->d, b->n, 0, &m);
+    CHECK(st == status && m == NULL, "%s: status %d, expected %d", what, st, status);
+    CHECK(strstr(eb_last_error(), needle) != NULL, "%s: message lacks '%s'", what, needle);
+    eb_model_free(m);
+    eb_engine_destroy(e);
+}
+
+static void test_bad_checkpoints(const char *module, const char *file, eb_model_config *cfg, builder *b) {
+    builder saved = *b;
+    int i = find(b, "model.layers.0.mlp.experts.2.up_proj.weight");
+    for (int k = 0; k < b->n; k++) b->d[k].name = b->names[k];
+
+    b->d[i].offset = saved.offset; /* past the end */
+    expect_load_error(module, file, cfg, b, EB_ERR_FORMAT, "past the end of the file", "offset past end");
+    *b = saved;
+    for (int k = 0; k < b->n; k++) b->d[k].name = b->names[k];
+    b->d[i].nbytes -= 2;
+    expect_load_error(module, file, cfg, b, EB_ERR_FORMAT, "expected", "wrong byte count");
+    b->d[i].nbytes += 2;
+    b->d[i].dtype = 7;
+    expect_load_error(module, file, cfg, b, EB_ERR_UNSUPPORTED, "dtype code 7", "unknown dtype");
+    b->d[i].dtype = saved.d[i].dtype;
+    b->d[i].shape[0] = H, b->d[i].shape[1] = IM; /* transposed, same byte count */
+    expect_load_error(module, file, cfg, b, EB_ERR_FORMAT, "expected [24, 32]", "mis-shaped");
+    b->d[i].shape[0] = IM, b->d[i].shape[1] = H;
+    snprintf(b->names[i], sizeof b->names[i], "model.layers.0.mlp.experts.2.up_proj.weightX");
+    expect_load_error(module, file, cfg, b, EB_ERR_FORMAT, "'model.layers.0.mlp.experts.2.up_proj.weight' is missing",
+                      "missing tensor");
+    snprintf(b->names[i], sizeof b->names[i], "model.layers.0.mlp.experts.1.up_proj.weight");
+    expect_load_error(module, file, cfg, b, EB_ERR_FORMAT, "appears twice", "duplicate tensor");
+    *b = saved;
+    for (int k = 0; k < b->n; k++) b->d[k].name = b->names[k];
+
+    eb_model_config bad = *cfg;
+    bad.arch = 99;
+    expect_load_error(module, file, &bad, b, EB_ERR_UNSUPPORTED, "architecture code 99", "architecture");
+    bad = *cfg;
+    bad.top_k = E + 1;
+    expect_load_error(module, file, &bad, b, EB_ERR_FORMAT, "num_experts_per_tok = 5", "top_k");
+    bad = *cfg;
+    bad.num_kv_heads = 3;
+    expect_load_error(module, file, &bad, b, EB_ERR_FORMAT, "not a multiple of num_key_value_heads", "heads");
+    expect_load_error(module, "/nonexistent/model.safetensors", cfg, b, EB_ERR_IO, "cannot open", "missing file");
+
+    /* a truncated copy of the file */
+    char small[] = "/tmp/eb_native_small_XXXXXX";
+    int fd = mkstemp(small);
+    CHECK(fd >= 0, "mkstemp");
+    CHECK(write(fd, "\0\0\0\0\0\0\0\0", 8) == 8, "write");
+    close(fd);
+    expect_load_error(module, small, cfg, b, EB_ERR_FORMAT, "past the end of the file", "truncated file");
+    unlink(small);
+}
+
+static void test_modules(const char *build) {
+    eb_engine *e = NULL;
+    CHECK(eb_engine_create(&e) == EB_OK, "create");
+    CHECK_ERR(eb_engine_load_runtime(e, "cpu", "/nonexistent/expertbench_rt_cpu.so", NULL), EB_ERR_MODULE,
+              "does not exist");
+    char notlib[] = "/tmp/eb_native_notlib_XXXXXX";
+    int fd = mkstemp(notlib);
+    CHECK(write(fd, "garbage", 7) == 7, "write");
+    close(fd);
+    CHECK_ERR(eb_engine_load_runtime(e, "cpu", notlib, NULL), EB_ERR_MODULE, "could not load");
+    unlink(notlib);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/libexpertbench.so", build); /* a library without the entry symbol */
+    CHECK_ERR(eb_engine_load_runtime(e, "cpu", path, NULL), EB_ERR_MODULE, "does not export");
+    snprintf(path, sizeof path, "%s/expertbench_rt_cpu.so", build);
+    CHECK_ERR(eb_engine_load_runtime(e, "cuda", path, NULL), EB_ERR_MODULE, "identifies itself as 'cpu'");
+    CHECK_ERR(eb_engine_load_runtime(e, "Bad/Name", NULL, NULL), EB_ERR_ARGUMENT, "not a runtime name");
+    /* the default location is the core library's folder */
+    CHECK(eb_engine_load_runtime(e, "cpu", NULL, NULL) == EB_OK, "default load");
+    eb_runtime_info ri;
+    CHECK(eb_engine_runtime_info(e, 0, &ri) == EB_OK && strstr(ri.path, build) != NULL, "module from %s", ri.path);
+    CHECK_ERR(eb_engine_load_runtime(e, "cpu", NULL, NULL), EB_ERR_STATE, "already loaded");
+    eb_device_info di;
+    CHECK(eb_engine_device_info(e, 0, &di) == EB_OK && strcmp(di.name, "cpu:0") == 0, "device name");
+    CHECK_ERR(eb_engine_device_info(e, 5, &di), EB_ERR_RANGE, "out of range");
+    int32_t idx;
+    CHECK_ERR(eb_engine_find_device(e, "hip:0", &idx), EB_ERR_RANGE, "no device named 'hip:0'");
+    eb_engine_destroy(e);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s BUILD_DIR\n", argv[0]);
+        return 2;
+    }
+    char module[1024];
+    snprintf(module, sizeof module, "%s/expertbench_rt_cpu.so", argv[1]);
+    char file[] = "/tmp/eb_native_model_XXXXXX";
+    int fd = mkstemp(file);
+    if (fd < 0) return 2;
+    close(fd);
+    eb_model_config cfg;
+    int32_t mlp_only[1];
+    static builder b;
+    write_model(file, &cfg, &b, mlp_only);
+    test_modules(argv[1]);
+    test_forward(module, file, &cfg, &b);
+    test_bad_checkpoints(module, file, &cfg, &b);
+    unlink(file);
+    printf("%d passed, %d failed\n", checks - failures, failures);
+    return failures ? 1 : 0;
+}

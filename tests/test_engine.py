@@ -1,0 +1,108 @@
+"""Runtime modules, devices, handle lifetimes."""
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import FIXTURES
+
+from engine.errors import ArgumentError, StateError
+from engine.model import Engine
+from engine.native import core_location
+
+
+def test_cpu_module_found_next_to_the_core():
+    with Engine() as eng:
+        (rt,) = eng.runtimes
+        assert rt.name == "cpu"
+        assert Path(rt.path).parent == Path(core_location())
+        assert rt.abi_version == 1
+        assert [d.name for d in eng.devices] == ["cpu:0"]
+        assert eng.devices[0].memory_total > 0
+
+
+def test_module_never_taken_from_the_current_directory(tmp_path, monkeypatch):
+    (tmp_path / "expertbench_rt_cpu.so").write_bytes(b"not a library")
+    monkeypatch.chdir(tmp_path)
+    with Engine() as eng:
+        assert Path(eng.runtimes[0].path).parent == Path(core_location())
+
+
+def test_explicit_module_path_is_used(tmp_path):
+    copy = tmp_path / "my_cpu_module.so"
+    shutil.copy(Path(core_location()) / "expertbench_rt_cpu.so", copy)
+    with Engine(module_paths={"cpu": str(copy)}) as eng:
+        assert eng.runtimes[0].path == str(copy)
+
+
+def test_failed_runtime_is_reported_not_fatal_when_not_strict():
+    with Engine(runtimes=("cpu", "nosuchruntime"), strict=False) as eng:
+        assert [r.name for r in eng.runtimes] == ["cpu"]
+        assert "nosuchruntime" in eng.load_errors
+        assert "does not exist" in eng.load_errors["nosuchruntime"]
+
+
+def test_loading_a_runtime_twice_is_refused():
+    with Engine() as eng, pytest.raises(StateError, match="already loaded"):
+        eng.load_runtime("cpu")
+
+
+def test_bad_runtime_name():
+    with pytest.raises(ArgumentError, match="not a runtime name"):
+        Engine(runtimes=("../evil",))
+
+
+def test_several_cpu_devices():
+    with Engine(cpu_devices=2, cpu_threads=1) as eng:
+        assert [d.name for d in eng.devices] == ["cpu:0", "cpu:1"]
+        assert eng.device_index("cpu:1") == 1
+        model = eng.load(FIXTURES / "qwen3-f32", device="cpu:1")
+        with model.context() as ctx:
+            assert ctx.prefill([1, 2, 3]).shape == (3, model.config.vocab_size)
+
+
+def test_unknown_device():
+    from engine.errors import RangeError
+
+    with Engine() as eng, pytest.raises(RangeError, match="no device named 'cuda:0'"):
+        eng.load(FIXTURES / "qwen3-f32", device="cuda:0")
+
+
+def test_closed_handles_raise_instead_of_crashing():
+    eng = Engine()
+    model = eng.load(FIXTURES / "qwen3-f32")
+    ctx = model.context()
+    eng.close()  # closes the model and its context too
+    assert model.closed and ctx.closed
+    with pytest.raises(StateError, match="closed"):
+        ctx.decode([1])
+    with pytest.raises(StateError, match="closed"):
+        model.context()
+    eng.close()  # twice is fine
+
+
+def test_model_info_counts_bytes():
+    with Engine() as eng:
+        model = eng.load(FIXTURES / "qwen3moe-f32")
+        info = model.info
+        assert info["n_layers"] == 3 and info["n_moe_layers"] == 2
+        files = sum(os.path.getsize(f) for f in model.checkpoint.files)
+        assert 0 < info["expert_bytes"] < info["weight_bytes"] <= files
+        # per token: everything but the unselected experts (6 of 8 per MoE layer) and all but one embedding row
+        cfg = model.config
+        expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size * 4
+        embed_rest = (cfg.vocab_size - 1) * cfg.hidden_size * 4
+        norms = (cfg.hidden_size * (2 * cfg.num_layers + 1) + 2 * cfg.head_dim * cfg.num_layers) * 4
+        assert info["bytes_per_token"] == info["weight_bytes"] - 2 * 6 * expert - embed_rest - norms
+
+
+def test_decode_returns_independent_arrays():
+    with Engine() as eng:
+        model = eng.load(FIXTURES / "qwen3-f32")
+        with model.context() as ctx:
+            a = ctx.prefill([1, 2, 3])
+            b = ctx.decode([4])
+            assert a.flags.owndata and b.flags.owndata
+            assert not np.shares_memory(a, b)
