@@ -129,7 +129,7 @@ def parse_config(raw: dict, path: Path) -> ModelConfig:
             f"'{path}': architecture {', '.join(archs)} is not supported (expected one of {', '.join(ARCHITECTURES)})"
         )
     arch = ARCHITECTURES[known[0]]
-    positive = (lambda v: v > 0, "a positive integer")
+    positive = (lambda v: 0 < v < 2**31, "a positive integer below 2**31")
 
     def pos_int(key: str, default: Any = ...) -> int:
         return _get(raw, key, int, path, default, *positive)
@@ -223,7 +223,7 @@ def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
             raise CheckpointError(f"{where}: expected an object with dtype, shape and data_offsets")
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
         if not isinstance(dtype, str) or dtype not in ALL_DTYPE_SIZES:
-            raise CheckpointError(f"{where}: unknown dtype {dtype!r}")
+            raise CheckpointError(f"{where}: unknown dtype {dtype!r} (expected one of {', '.join(ALL_DTYPE_SIZES)})")
         if not isinstance(shape, list) or not all(
             isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
         ):

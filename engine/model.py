@@ -216,7 +216,8 @@ class Model(_Handle):
                                               "bytes_per_token")}  # fmt: skip
 
     def context(self, n_ctx: int | None = None, n_batch: int = 512) -> Context:
-        return Context(self, n_ctx or self.config.max_position_embeddings, n_batch)
+        """A KV cache of n_ctx positions (default: max_position_embeddings)."""
+        return Context(self, self.config.max_position_embeddings if n_ctx is None else n_ctx, n_batch)
 
     def encode(self, text_: str) -> list[int]:
         if self.tokenizer is None:
@@ -235,6 +236,10 @@ class Model(_Handle):
             lib.eb_model_free(self._ptr)
             self._ptr = ffi.NULL
             self.engine._models.remove(self)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
 def _ids_array(ids) -> np.ndarray:
@@ -272,6 +277,11 @@ class Context(_Handle):
 
     def __init__(self, model: Model, n_ctx: int, n_batch: int = 512):
         out = ffi.new("eb_context **")
+        limit = model.config.max_position_embeddings
+        if not _is_int(n_ctx) or not 1 <= n_ctx <= limit:
+            raise RangeError(f"context length {n_ctx!r} out of range: expected 1..{limit} (max_position_embeddings)")
+        if not _is_int(n_batch) or not 1 <= n_batch <= 65536:
+            raise RangeError(f"batch size {n_batch!r} out of range: expected 1..65536")
         check(lib.eb_context_create(model._live(), n_ctx, n_batch, out))
         self._ptr = out[0]
         self.model = model
@@ -312,8 +322,10 @@ class Context(_Handle):
 
     def truncate(self, pos: int) -> None:
         """Forget every position from pos on."""
-        if not isinstance(pos, (int, np.integer)) or isinstance(pos, bool):
+        if not _is_int(pos):
             raise ArgumentError(f"truncate position must be an integer, got {pos!r}")
+        if not 0 <= pos <= self.position:
+            raise RangeError(f"truncate to position {pos}: expected 0..{self.position} (the current position)")
         check(lib.eb_context_truncate(self._live(), int(pos)))
 
     def generate(self, prompt_ids, n: int, stop_ids=()) -> GenerateResult:

@@ -111,8 +111,11 @@ int eb_engine_load_runtime(eb_engine *engine, const char *name, const char *path
         snprintf(file, sizeof file, "%.900s/expertbench_rt_%.31s.so", dir, name);
     }
     struct stat sb;
-    if (stat(file, &sb) != 0 || !S_ISREG(sb.st_mode))
+    if (stat(file, &sb) != 0)
         return eb_fail(EB_ERR_MODULE, "runtime module '%s': file '%s' does not exist", name, file);
+    if (!S_ISREG(sb.st_mode))
+        return eb_fail(EB_ERR_MODULE, "runtime module '%s': '%s' is not a regular file (expected a shared library)",
+                       name, file);
     void *dl = dlopen(file, RTLD_NOW | RTLD_LOCAL);
     if (!dl) {
         const char *why = dlerror();

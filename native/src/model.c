@@ -101,10 +101,12 @@ static int bind(const binder *b, const char *name, int64_t d0, int64_t d1, eb_we
         int off = 0;
         for (int i = 0; i < t->ndim && i < 4; i++)
             off += snprintf(got + off, sizeof got - (size_t)off, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+        const char *file = b->m->files[t->file_index].path;
         if (ndim == 2)
-            return eb_fail(EB_ERR_FORMAT, "tensor '%s' has shape [%s], expected [%lld, %lld]", name, got,
+            return eb_fail(EB_ERR_FORMAT, "tensor '%s' in '%s' has shape [%s], expected [%lld, %lld]", name, file, got,
                            (long long)d0, (long long)d1);
-        return eb_fail(EB_ERR_FORMAT, "tensor '%s' has shape [%s], expected [%lld]", name, got, (long long)d0);
+        return eb_fail(EB_ERR_FORMAT, "tensor '%s' in '%s' has shape [%s], expected [%lld]", name, file, got,
+                       (long long)d0);
     }
     out->data = (const unsigned char *)b->m->files[t->file_index].addr + t->offset;
     out->dtype = t->dtype;

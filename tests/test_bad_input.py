@@ -1,0 +1,594 @@
+"""Bad input gets a clear error and nothing crashes.
+
+Every case damages a copy of a fixture (or passes a bad value, or a bad runtime module), expects the most specific
+EngineError subclass with a message naming the file / tensor / value and what was expected, and then proves the
+process survives: an autouse fixture loads a good model with a fresh Engine and checks one prefill against the
+transformers reference.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.checkpoint import Checkpoint
+from engine.errors import CheckpointError, EngineError, ModuleLoadError, RangeError, UnsupportedError
+from engine.model import Engine
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+GOOD = FIXTURES / "qwen3-f32"
+NATIVE_INCLUDE = ROOT / "native" / "include"
+VOCAB = 512  # every fixture's vocab_size
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Helpers
+
+
+def q(value: object) -> str:
+    """A regex matching str(value) literally."""
+    return re.escape(str(value))
+
+
+def read_st(path: Path) -> tuple[dict, bytes]:
+    """A safetensors file as (header JSON object, data bytes)."""
+    raw = path.read_bytes()
+    (hlen,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8 : 8 + hlen]), raw[8 + hlen :]
+
+
+def write_st(path: Path, header: dict, data: bytes, align: int = 8) -> None:
+    """Re-serialise header + 8-byte little-endian length + data (header padded with spaces to `align`)."""
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * ((-(8 + len(blob))) % align)
+    path.write_bytes(struct.pack("<Q", len(blob)) + blob + data)
+
+
+def edit_header(path: Path, edit) -> None:
+    header, data = read_st(path)
+    edit(header)
+    write_st(path, header, data)
+
+
+def edit_config(folder: Path, edit) -> Path:
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    edit(config)
+    path.write_text(json.dumps(config, indent=2))
+    return path
+
+
+def copy_fixture(tmp_path: Path, name: str) -> Path:
+    dst = tmp_path / name
+    shutil.copytree(FIXTURES / name, dst)
+    return dst
+
+
+def load(folder: Path | Checkpoint) -> None:
+    """Load a model (expected to fail); closes everything if it unexpectedly succeeds."""
+    with Engine() as eng:
+        eng.load(folder).close()
+
+
+def prefill_ok(folder: Path, n_ctx: int = 64) -> None:
+    """Load a model and check one prefill against its transformers reference."""
+    ref = np.load(folder / "reference.npz")
+    prompt = ref["prompt_ids"]
+    with Engine() as eng, eng.load(folder) as model, model.context(n_ctx) as ctx:
+        logits = ctx.prefill(prompt)
+        assert ctx.position == len(prompt)
+    np.testing.assert_allclose(logits, ref["logits"][: len(prompt)], rtol=1e-3, atol=1e-3)
+
+
+@pytest.fixture(autouse=True)
+def process_survives():
+    """After every bad case, the same process loads a good model with a fresh Engine and runs a prefill."""
+    yield
+    prefill_ok(GOOD)
+
+
+def cut_tensors(header: dict, data_size: int) -> str:
+    """A regex matching the name of any tensor that reaches past data_size bytes of data."""
+    names = [k for k in header if k != "__metadata__" and header[k]["data_offsets"][1] > data_size]
+    assert names
+    return "(" + "|".join(q(n) for n in names) + ")"
+
+
+def cut_file(path: Path, remove: int) -> int:
+    """Cut `remove` bytes off the end of a file; returns its new size."""
+    size = path.stat().st_size - remove
+    with path.open("r+b") as f:
+        f.truncate(size)
+    return size
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Truncated files and safetensors headers that lie
+
+
+def test_truncated_in_data(tmp_path):
+    folder = copy_fixture(tmp_path, "qwen3moe-f32")
+    st = folder / "model.safetensors"
+    header, data = read_st(st)
+    cut_file(st, 1000)
+    left = len(data) - 1000
+    expected = rf"{q(st)}.*tensor '{cut_tensors(header, left)}'.*past the end of the data \({left} bytes\)"
+    with pytest.raises(CheckpointError, match=expected):
+        load(folder)
+
+
+def test_truncated_inside_header(tmp_path):
+    folder = copy_fixture(tmp_path, "qwen3-f32")
+    st = folder / "model.safetensors"
+    (hlen,) = struct.unpack("<Q", st.read_bytes()[:8])
+    with st.open("r+b") as f:
+        f.truncate(8 + hlen // 2)
+    with pytest.raises(CheckpointError, match=rf"{q(st)}.*header length {hlen} is larger than the file allows"):
+        load(folder)
+
+
+def test_truncated_inside_header_length(tmp_path):
+    folder = copy_fixture(tmp_path, "qwen3-f32")
+    st = folder / "model.safetensors"
+    with st.open("r+b") as f:
+        f.truncate(5)
+    with pytest.raises(CheckpointError, match=rf"{q(st)}.*5 bytes, too short.*8-byte header length"):
+        load(folder)
+
+
+def test_truncated_shard(tmp_path):
+    folder = copy_fixture(tmp_path, "qwen3moe-bf16")
+    shard = folder / "model-00003-of-00006.safetensors"
+    header, data = read_st(shard)
+    cut_file(shard, 2)
+    expected = rf"{q(shard)}.*tensor '{cut_tensors(header, len(data) - 2)}'.*past the end of the data"
+    with pytest.raises(CheckpointError, match=expected):
+        load(folder)
+
+
+def test_truncated_after_header_was_read(tmp_path):
+    """The file shrinks between reading the header and loading: the core's own descriptor check catches it."""
+    folder = copy_fixture(tmp_path, "qwen3-f32")
+    st = folder / "model.safetensors"
+    checkpoint = Checkpoint.open(folder)
+    header, data = read_st(st)
+    new_size = cut_file(st, 100)
+    names = cut_tensors(header, len(data) - 100)
+    with pytest.raises(
+        CheckpointError, match=rf"tensor '{names}' in '{q(st)}'.*past the end of the file \({new_size} bytes\)"
+    ):
+        load(checkpoint)
+
+
+def test_header_offsets_past_end(tmp_path):
+    folder = copy_fixture(tmp_path, "qwen3-f32")
+    st = folder / "model.safetensors"
+    header, data = read_st(st)
+    name = "model.layers.0.mlp.gate_proj.weight"
+    begin, end = header[name]["data_offsets"]
+    size = len(data)
+    header[name]["data_offsets"] = [size, size + end - begin]
+    write_st(st, header, data)
+    expected = rf"{q(st)}.*tensor '{q(name)}'.*\[{size}, {size + end - begin}\].*past the end.*{size} bytes"
+    with pytest.raises(CheckpointError, match=expected):
+        load(folder)
+
+
+def test_header_overlapping_tensors(tmp_path):
+    folder = copy_fixture(tmp_path, "qwen3-f32")
+    st = folder / "model.safetensors"
+    a, b = "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"
+
+    def edit(header):
+        assert header[a]["shape"] == header[b]["shape"]
+        header[b]["data_offsets"] = list(header[a]["data_offsets"])
+
+    edit_header(st, edit)
+    with pytest.raises(CheckpointError, match=rf"{q(st)}.*overlap") as err:
+        load(folder)
+    assert f"'{a}'" in str(err.value) and f"'{b}'" in str(err.value)
+
+
+def test_header_partially_overlapping_tensors(tmp_path):
+    folder = copy_fixture(tmp_path, "qwen3moe-f32")
+    st = folder / "model.safetensors"
+    name = "model.norm.weight"
+
+    def edit(header):
+        begin, end = header[name]["data_offsets"]
+        header[name]["data_offsets"] = [begin - 4, end - 4]  # its first element lies in the tensor before it
+
+    edit_header(st, edit)
+    with pytest.raises(CheckpointError, match=rf"{q(st)}.*tensors '.*' and '.*' overlap") as err:
+        load(folder)
+    assert f"'{name}'" in str(err.value)
+
+
+def test_header_byte_count_wrong_for_shape(tmp_path):
+    folder = copy_fixture(tmp_path, "qwen3-f32")
+    st = folder / "model.safetensors"
+    name = "model.norm.weight"
+    edit_header(st, lambda h: h[name].update(shape=[65]))  # 256 bytes hold 64 F32 values, not 65
+    with pytest.raises(
+        CheckpointError, match=rf"{q(st)}.*tensor '{q(name)}'.*256 bytes for F32 of shape \[65\], expected 260 bytes"
+    ):
+        load(folder)
+
+
+def test_header_byte_count_wrong_for_dtype(tmp_path):
+    folder = copy_fixture(tmp_path, "qwen3-f32")
+    st = folder / "model.safetensors"
+    name = "model.embed_tokens.weight"
+    edit_header(st, lambda h: h[name].update(dtype="BF16"))  # 131072 bytes of F32, but BF16 needs 65536
+    with pytest.raises(CheckpointError, match=rf"{q(st)}.*tensor '{q(name)}'.*131072 bytes.*BF16.*expected 65536"):
+        load(folder)
+
+
+def test_header_not_json(tmp_path):
+    folder = copy_fixture(tmp_path, "qwen3-f32")
+    st = folder / "model.safetensors"
+    raw = st.read_bytes()
+    st.write_bytes(raw[:8] + b"{not json" + raw[17:])
+    with pytest.raises(CheckpointError, match=rf"{q(st)}.*header is not valid JSON"):
+        load(folder)
+
+
+def test_header_length_absurd(tmp_path):
+    folder = copy_fixture(tmp_path, "qwen3-f32")
+    st = folder / "model.safetensors"
+    raw = st.read_bytes()
+    st.write_bytes(struct.pack("<Q", 2**63) + raw[8:])
+    with pytest.raises(CheckpointError, match=rf"{q(st)}.*header length {2**63} is larger than the file allows"):
+        load(folder)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Missing or mis-shaped tensors, dtypes
+
+
+def test_missing_tensor(tmp_path):
+    folder = copy_fixture(tmp_path, "qwen3moe-f32")
+    name = "model.layers.0.mlp.experts.3.up_proj.weight"
+    edit_header(folder / "model.safetensors", lambda h: h.pop(name))
+    with pytest.raises(CheckpointError, match=rf"tensor '{q(name)}' is missing"):
+        load(folder)
+
+
+def test_missing_tensor_sharded(tmp_path):
+    folder = copy_fixture(tmp_path, "qwen3moe-bf16")
+    index = folder / "model.safetensors.index.json"
+    name = "model.layers.2.self_attn.k_norm.weight"
+    data = json.loads(index.read_text())
+    del data["weight_map"][name]
+    index.write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match=rf"tensor '{q(name)}' is missing"):
+        load(folder)
+
+
+def test_index_puts_tensor_in_wrong_shard(tmp_path):
+    folder = copy_fixture(tmp_path, "qwen3moe-bf16")
+    index = folder / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    name = "lm_head.weight"
+    wrong = next(s for s in sorted(set(data["weight_map"].values())) if s != data["weight_map"][name])
+    data["weight_map"][name] = wrong
+    index.write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match=rf"{q(index)}.*tensor '{q(name)}' in '{q(wrong)}'.*does not hold it"):
+        load(folder)
+
+
+def test_misshaped_tensor_swapped_dims(tmp_path):
+    """Shape changed consistently with the byte count: only the core's shape check can catch it."""
+    folder = copy_fixture(tmp_path, "qwen3moe-f32")
+    name = "model.layers.0.mlp.experts.0.down_proj.weight"  # [hidden 64, moe_intermediate 32]
+
+    def edit(header):
+        assert header[name]["shape"] == [64, 32]
+        header[name]["shape"] = [32, 64]
+
+    edit_header(folder / "model.safetensors", edit)
+    with pytest.raises(CheckpointError, match=rf"tensor '{q(name)}'.*shape \[32, 64\], expected \[64, 32\]"):
+        load(folder)
+
+
+def test_misshaped_tensor_extra_dim(tmp_path):
+    folder = copy_fixture(tmp_path, "qwen3-f32")
+    name = "model.layers.1.self_attn.q_norm.weight"  # [head_dim 16]
+    edit_header(folder / "model.safetensors", lambda h: h[name].update(shape=[2, 8]))
+    with pytest.raises(CheckpointError, match=rf"tensor '{q(name)}'.*shape \[2, 8\], expected \[16\]"):
+        load(folder)
+
+
+def test_config_disagrees_with_tensor_shapes(tmp_path):
+    folder = copy_fixture(tmp_path, "qwen3-f32")
+    edit_config(folder, lambda c: c.update(intermediate_size=100))  # the tensors are [128, 64]
+    with pytest.raises(CheckpointError, match=r"tensor 'model\.layers\.0\.mlp\.\w+_proj\.weight'.*expected \[.*100"):
+        load(folder)
+
+
+@pytest.mark.parametrize(("dtype", "shape"), [("F64", [32]), ("I8", [256]), ("I32", [64])])
+def test_unsupported_dtype(tmp_path, dtype, shape):
+    """A dtype the format knows but the engine does not run; byte count consistent with the shape."""
+    folder = copy_fixture(tmp_path, "qwen3-f32")
+    st = folder / "model.safetensors"
+    name = "model.norm.weight"  # F32 [64]: 256 bytes
+    edit_header(st, lambda h: h[name].update(dtype=dtype, shape=shape))
+    with pytest.raises(
+        UnsupportedError, match=rf"tensor '{q(name)}' in '{q(st)}'.*dtype {dtype}, expected.*F32.*F16.*BF16"
+    ):
+        load(folder)
+
+
+def test_dtype_not_in_format(tmp_path):
+    folder = copy_fixture(tmp_path, "qwen3-f32")
+    st = folder / "model.safetensors"
+    name = "model.layers.0.self_attn.o_proj.weight"
+    edit_header(st, lambda h: h[name].update(dtype="F33"))
+    with pytest.raises(CheckpointError, match=rf"{q(st)}.*tensor '{q(name)}'.*'F33'.*expected") as err:
+        load(folder)
+    assert "F32" in str(err.value).split("'F33'", 1)[1]  # says which dtypes would have been valid
+
+
+def test_unaligned_data_still_loads(tmp_path):
+    """Not bad input: a header whose length leaves the data unaligned is valid and must load and run correctly."""
+    folder = copy_fixture(tmp_path, "qwen3-f32")
+    st = folder / "model.safetensors"
+    header, data = read_st(st)
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    if (8 + len(blob)) % 4 == 0:
+        blob += b" "
+    st.write_bytes(struct.pack("<Q", len(blob)) + blob + data)
+    assert (8 + len(blob)) % 4 != 0
+    prefill_ok(folder)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# config.json and the sharded index
+
+
+def test_unsupported_architecture(tmp_path):
+    folder = copy_fixture(tmp_path, "qwen3-f32")
+    config = edit_config(folder, lambda c: c.update(architectures=["LlamaForCausalLM"]))
+    with pytest.raises(
+        UnsupportedError, match=rf"{q(config)}.*LlamaForCausalLM is not supported.*expected.*Qwen3ForCausalLM"
+    ):
+        load(folder)
+
+
+def test_config_not_json(tmp_path):
+    folder = copy_fixture(tmp_path, "qwen3-f32")
+    config = folder / "config.json"
+    config.write_text('{"architectures": ["Qwen3ForCausalLM"], "hidden_size": 64,,}')
+    with pytest.raises(CheckpointError, match=rf"{q(config)}.*is not valid JSON"):
+        load(folder)
+
+
+def test_config_missing(tmp_path):
+    folder = copy_fixture(tmp_path, "qwen3-f32")
+    config = folder / "config.json"
+    config.unlink()
+    with pytest.raises(CheckpointError, match=rf"{q(config)}.*is missing"):
+        load(folder)
+
+
+def test_config_missing_key(tmp_path):
+    folder = copy_fixture(tmp_path, "qwen3moe-f32")
+    config = edit_config(folder, lambda c: c.pop("num_experts"))
+    with pytest.raises(CheckpointError, match=rf"{q(config)}.*'num_experts' is missing"):
+        load(folder)
+
+
+def test_config_value_wrong_type(tmp_path):
+    folder = copy_fixture(tmp_path, "qwen3-f32")
+    config = edit_config(folder, lambda c: c.update(hidden_size="64"))
+    with pytest.raises(CheckpointError, match=rf"{q(config)}.*'hidden_size' = '64', expected int"):
+        load(folder)
+
+
+@pytest.mark.parametrize("key", ["vocab_size", "hidden_size", "max_position_embeddings"])
+def test_config_value_too_large(tmp_path, key):
+    """An integer that does not fit the core's int32 fields is bad input, not an OverflowError from cffi."""
+    folder = copy_fixture(tmp_path, "qwen3-f32")
+    config = edit_config(folder, lambda c: c.update({key: 2**31}))
+    with pytest.raises(CheckpointError, match=rf"{q(config)}.*'{key}' = {2**31}.*expected"):
+        load(folder)
+
+
+def test_model_folder_missing(tmp_path):
+    folder = tmp_path / "no-such-model"
+    with pytest.raises(CheckpointError, match=rf"{q(folder)}.*does not exist"):
+        load(folder)
+
+
+def test_no_weights(tmp_path):
+    folder = copy_fixture(tmp_path, "qwen3-f32")
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=rf"{q(folder)}.*neither model\.safetensors nor"):
+        load(folder)
+
+
+def test_index_names_missing_shard(tmp_path):
+    folder = copy_fixture(tmp_path, "qwen3moe-bf16")
+    shard = "model-00004-of-00006.safetensors"
+    (folder / shard).unlink()
+    index = folder / "model.safetensors.index.json"
+    with pytest.raises(CheckpointError, match=rf"{q(index)}.*names shard '{q(shard)}', which does not exist"):
+        load(folder)
+
+
+def test_index_not_json(tmp_path):
+    folder = copy_fixture(tmp_path, "qwen3moe-bf16")
+    index = folder / "model.safetensors.index.json"
+    index.write_text(index.read_text()[:-20])
+    with pytest.raises(CheckpointError, match=rf"{q(index)}.*is not valid JSON"):
+        load(folder)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Token ids, context length, truncate
+
+
+@pytest.fixture
+def ctx():
+    with Engine() as eng, eng.load(GOOD) as model, model.context(8) as context:
+        yield context
+
+
+@pytest.mark.parametrize("method", ["prefill", "decode"])
+@pytest.mark.parametrize("bad", [-1, VOCAB, VOCAB + 1000, -(2**31)])
+def test_token_id_out_of_range(ctx, method, bad):
+    ctx.prefill([1, 2, 3])
+    before = ctx.decode([4])
+    ctx.truncate(3)
+    with pytest.raises(RangeError, match=rf"token id {bad}\b.*{VOCAB} tokens"):
+        getattr(ctx, method)([5, bad] if method == "prefill" else [bad])
+    assert ctx.position == 3
+    np.testing.assert_array_equal(ctx.decode([4]), before)  # the cache is as it was
+
+
+def test_token_id_beyond_int32(ctx):
+    ctx.prefill([1, 2])
+    with pytest.raises(RangeError, match=rf"token id {2**40}\b.*int32"):
+        ctx.prefill([3, 2**40])
+    assert ctx.position == 2
+
+
+def test_context_longer_than_kv_cache(ctx):
+    ctx.prefill([1, 2, 3, 4, 5])
+    with pytest.raises(RangeError, match=r"9 positions is longer than the KV cache \(8 positions\)"):
+        ctx.prefill([6, 7, 8, 9])
+    assert ctx.position == 5
+    ctx.prefill([6, 7, 8])  # exactly full is fine
+    with pytest.raises(RangeError, match=r"9 positions is longer than the KV cache \(8 positions\)"):
+        ctx.decode([9])
+    assert ctx.position == 8
+
+
+def test_context_larger_than_model_allows():
+    with Engine() as eng, eng.load(GOOD) as model:
+        limit = model.config.max_position_embeddings
+        with pytest.raises(RangeError, match=rf"context length {limit + 1} out of range: expected 1\.\.{limit}"):
+            model.context(limit + 1)
+
+
+def test_context_length_beyond_int32():
+    """A length that does not fit the core's int32 is out of range too, not an OverflowError from cffi."""
+    with Engine() as eng, eng.load(GOOD) as model:
+        limit = model.config.max_position_embeddings
+        with pytest.raises(RangeError, match=rf"context length {2**31} out of range: expected 1\.\.{limit}"):
+            model.context(2**31)
+
+
+def test_truncate_beyond_position(ctx):
+    ctx.prefill([1, 2, 3])
+    with pytest.raises(RangeError, match=r"truncate to position 4: expected 0\.\.3"):
+        ctx.truncate(4)
+    with pytest.raises(RangeError, match=r"truncate to position -1: expected 0\.\.3"):
+        ctx.truncate(-1)
+    assert ctx.position == 3
+
+
+def test_truncate_beyond_int32(ctx):
+    ctx.prefill([1, 2, 3])
+    with pytest.raises(RangeError, match=rf"truncate to position {2**40}: expected 0\.\.3"):
+        ctx.truncate(2**40)
+    assert ctx.position == 3
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Runtime modules
+
+
+def build_module(tmp_path: Path, source: str, name: str = "mod.so") -> Path:
+    cc = shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler (cc) to build a test module")
+    src = tmp_path / (name + ".c")
+    src.write_text(source)
+    out = tmp_path / name
+    subprocess.run([cc, "-shared", "-fPIC", f"-I{NATIVE_INCLUDE}", "-o", str(out), str(src)], check=True)
+    return out
+
+
+MODULE_WITH_TABLE = """
+#include "eb_runtime.h"
+static const eb_runtime_table table = {.abi_version = %s, .table_size = sizeof(eb_runtime_table), .name = "cpu"};
+EB_EXPORT const eb_runtime_table *eb_runtime_module(void) { return %s; }
+"""
+
+
+def test_module_path_does_not_exist():
+    path = "/nonexistent/x.so"
+    with pytest.raises(ModuleLoadError, match=rf"'cpu'.*{q(path)}.*does not exist"):
+        Engine(module_paths={"cpu": path})
+
+
+def test_module_path_does_not_exist_no_fallback():
+    """An explicit path is authoritative: no fallback to the bundled module, even when not strict."""
+    path = "/nonexistent/x.so"
+    with Engine(module_paths={"cpu": path}, strict=False) as eng:
+        assert eng.runtimes == [] and eng.devices == []
+        assert path in eng.load_errors["cpu"]
+
+
+def test_module_wrong_abi_version(tmp_path):
+    so = build_module(tmp_path, MODULE_WITH_TABLE % ("EB_RUNTIME_ABI_VERSION + 1", "&table"))
+    with pytest.raises(ModuleLoadError, match=rf"{q(so)}.*ABI version 2, expected 1"):
+        Engine(module_paths={"cpu": str(so)})
+
+
+def test_module_without_entry_symbol(tmp_path):
+    so = build_module(tmp_path, "int not_the_entry(void) { return 1; }\n")
+    with pytest.raises(ModuleLoadError, match=rf"{q(so)}.*does not export eb_runtime_module"):
+        Engine(module_paths={"cpu": str(so)})
+
+
+def test_module_returns_no_table(tmp_path):
+    so = build_module(tmp_path, MODULE_WITH_TABLE % ("EB_RUNTIME_ABI_VERSION", "(const eb_runtime_table *)0"))
+    with pytest.raises(ModuleLoadError, match=rf"{q(so)}.*returned no table"):
+        Engine(module_paths={"cpu": str(so)})
+
+
+def test_module_incomplete_table(tmp_path):
+    so = build_module(tmp_path, MODULE_WITH_TABLE % ("EB_RUNTIME_ABI_VERSION", "&table"))
+    with pytest.raises(ModuleLoadError, match=rf"{q(so)}.*incomplete function table"):
+        Engine(module_paths={"cpu": str(so)})
+
+
+def test_module_not_a_shared_library(tmp_path):
+    so = tmp_path / "fake.so"
+    so.write_text("this is not an ELF file\n" * 10)
+    with pytest.raises(ModuleLoadError, match=rf"'cpu'.*could not load '{q(so)}'"):
+        Engine(module_paths={"cpu": str(so)})
+
+
+def test_module_path_is_a_folder(tmp_path):
+    with pytest.raises(ModuleLoadError, match=rf"'cpu'.*{q(tmp_path)}' is not a regular file"):
+        Engine(module_paths={"cpu": str(tmp_path)})
+
+
+def test_engine_usable_after_failed_module(tmp_path):
+    """A failed load leaves the same Engine able to load the real module and run a model."""
+    so = build_module(tmp_path, MODULE_WITH_TABLE % ("EB_RUNTIME_ABI_VERSION + 1", "&table"))
+    with Engine(runtimes=()) as eng:
+        with pytest.raises(ModuleLoadError, match="ABI version"):
+            eng.load_runtime("cpu", so)
+        with pytest.raises(ModuleLoadError, match="does not exist"):
+            eng.load_runtime("cpu", tmp_path / "missing.so")
+        eng.load_runtime("cpu")
+        with eng.load(GOOD) as model, model.context(8) as ctx:
+            assert ctx.prefill([1, 2, 3]).shape == (3, VOCAB)
+
+
+def test_every_error_is_an_engine_error():
+    """The specific classes used above all derive from EngineError, so one except clause catches them."""
+    for cls in (CheckpointError, UnsupportedError, RangeError, ModuleLoadError):
+        assert issubclass(cls, EngineError)
