@@ -17,16 +17,19 @@ class BuildWithRuntimes(build_ext):
     def run(self):
         super().run()
         core = Path(self.get_ext_fullpath("engine._native"))
-        self.build_cpu_runtime(core.parent)
+        self.build_cpu_runtime(core.parent, "cpu", [])
+        # The cpu sources again as an isolated runtime whose devices act like a discrete accelerator.
+        self.build_cpu_runtime(core.parent, "hostsim", [("EB_CPU_HOSTSIM", "1")])
 
-    def build_cpu_runtime(self, out_dir: Path):
+    def build_cpu_runtime(self, out_dir: Path, name: str, macros: list):
         cc = self.compiler
         include = [str(NATIVE / "include"), str(NATIVE / "runtime" / "cpu")]
-        tmp = Path(self.build_temp) / "rt_cpu"
+        tmp = Path(self.build_temp) / f"rt_{name}"
         objects = cc.compile(
             [str(NATIVE / "runtime/cpu/cpu_runtime.c"), str(NATIVE / "runtime/cpu/cpu_kernels_portable.c")],
             output_dir=str(tmp),
             include_dirs=include,
+            macros=macros,
             extra_postargs=CFLAGS,
         )
         if platform.machine() in ("x86_64", "AMD64"):
@@ -38,7 +41,7 @@ class BuildWithRuntimes(build_ext):
             )
         out_dir.mkdir(parents=True, exist_ok=True)
         cc.link_shared_object(
-            objects, str(out_dir / "expertbench_rt_cpu.so"), libraries=["pthread", "m"], extra_postargs=["-shared"]
+            objects, str(out_dir / f"expertbench_rt_{name}.so"), libraries=["pthread", "m"], extra_postargs=["-shared"]
         )
 
 

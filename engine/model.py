@@ -16,6 +16,7 @@ import numpy as np
 from .checkpoint import DTYPES, Checkpoint, ModelConfig
 from .errors import ArgumentError, RangeError, StateError, UnsupportedError
 from .native import check, ffi, lib, text
+from .placement import Placement
 
 ARCH_CODES = {"qwen3": 1, "qwen3_moe": 2}
 
@@ -66,7 +67,9 @@ class Engine(_Handle):
 
     runtimes: names of modules to load ("cpu"); module_paths: explicit files for some of them (authoritative).
     cpu_devices / cpu_threads split the CPU into devices of worker threads; portable forces the C kernels.
-    A runtime that fails to load is recorded in load_errors (name -> reason) unless strict is set.
+    runtime_options: per runtime name, any of n_devices, threads_per_device, memory_limit (bytes).
+    The "hostsim" runtime (CPU-backed devices that behave like a discrete accelerator) defaults to one device
+    of one thread. A runtime that fails to load is recorded in load_errors (name -> reason) unless strict.
     """
 
     def __init__(
@@ -77,6 +80,7 @@ class Engine(_Handle):
         cpu_threads: int = 0,
         portable: bool | None = None,
         strict: bool = True,
+        runtime_options: dict[str, dict] | None = None,
     ):
         ptr = ffi.new("eb_engine **")
         check(lib.eb_engine_create(ptr))
@@ -85,9 +89,13 @@ class Engine(_Handle):
         self.load_errors: dict[str, str] = {}
         if portable is None:
             portable = os.environ.get("EXPERTBENCH_CPU_KERNELS", "") == "portable"
-        self._options = ffi.new("eb_runtime_options *", {
-            "n_devices": cpu_devices, "threads_per_device": cpu_threads, "force_portable": int(portable)
-        })  # fmt: skip
+        self._portable = bool(portable)
+        self._runtime_options = {
+            "cpu": {"n_devices": cpu_devices, "threads_per_device": cpu_threads},
+            "hostsim": {"n_devices": 1, "threads_per_device": 1},
+        }
+        for name, opts in (runtime_options or {}).items():
+            self._runtime_options.setdefault(name, {}).update(opts)
         try:
             for name in runtimes:
                 try:
@@ -102,7 +110,13 @@ class Engine(_Handle):
 
     def load_runtime(self, name: str, path: str | os.PathLike | None = None) -> None:
         cpath = ffi.NULL if path is None else ffi.new("char[]", os.fsencode(path))
-        check(lib.eb_engine_load_runtime(self._live(), name.encode(), cpath, self._options))
+        given = self._runtime_options.get(name, {})
+        unknown = set(given) - {"n_devices", "threads_per_device", "memory_limit"}
+        if unknown:
+            raise ArgumentError(f"runtime {name!r}: unknown option {sorted(unknown)[0]!r} (expected n_devices, "
+                                "threads_per_device, memory_limit)")  # fmt: skip
+        opts = ffi.new("eb_runtime_options *", {**given, "force_portable": int(self._portable)})
+        check(lib.eb_engine_load_runtime(self._live(), name.encode(), cpath, opts))
 
     @property
     def runtimes(self) -> list[RuntimeInfo]:
@@ -215,6 +229,70 @@ class Model(_Handle):
         return {k: getattr(info, k) for k in ("n_layers", "n_moe_layers", "weight_bytes", "expert_bytes",
                                               "bytes_per_token")}  # fmt: skip
 
+    # ---- placement -----------------------------------------------------------------------------------
+
+    def _owner_count(self) -> int:
+        return self.config.num_layers * max(self.config.num_experts, 0)
+
+    @property
+    def placement(self) -> Placement:
+        n = self._owner_count()
+        if n == 0:
+            raise UnsupportedError(f"model '{self.checkpoint.folder}' has no experts to place")
+        owners = np.empty(n, dtype=np.int32)
+        check(lib.eb_model_get_placement(self._live(), ffi.from_buffer("int32_t[]", owners, require_writable=True), n))
+        names = [d.name for d in self.engine.devices]
+        E = self.config.num_experts
+        return Placement(
+            [[names[o] if o >= 0 else None for o in owners[layer * E : (layer + 1) * E]]
+             for layer in range(self.config.num_layers)]
+        )  # fmt: skip
+
+    def _owners(self, placement: Placement | str) -> np.ndarray:
+        if isinstance(placement, str):
+            placement = Placement.parse(placement, self.config, default=self.device)
+        if len(placement.owners) != self.config.num_layers or any(
+            len(row) != self.config.num_experts for row in placement.owners
+        ):
+            raise ArgumentError(
+                f"placement has {len(placement.owners)} layers, expected {self.config.num_layers} layers of "
+                f"{self.config.num_experts} experts"
+            )
+        return placement.to_owner_array(self.engine.device_index)
+
+    def set_placement(self, placement: Placement | str) -> None:
+        """Move experts; checked first, and on any failure the previous placement stays intact."""
+        owners = self._owners(placement)
+        check(lib.eb_model_set_placement(self._live(), ffi.from_buffer("int32_t[]", owners), len(owners)))
+
+    def placement_bytes(self, placement: Placement | str) -> dict[str, int]:
+        """Expert weight bytes each device would own under a placement (nothing is moved)."""
+        owners = self._owners(placement)
+        devices = self.engine.devices
+        out = np.zeros(len(devices), dtype=np.uint64)
+        cowners = ffi.from_buffer("int32_t[]", owners)
+        cout = ffi.from_buffer("uint64_t[]", out, require_writable=True)
+        check(lib.eb_model_placement_bytes(self._live(), cowners, len(owners), cout, len(out)))
+        return {d.name: int(b) for d, b in zip(devices, out, strict=True)}
+
+    def counters(self) -> dict:
+        """Scheduler counters since load or reset_counters(); busy_seconds is the device's running total."""
+        mc = ffi.new("eb_model_counters *")
+        check(lib.eb_model_get_counters(self._live(), mc))
+        out = {k: int(getattr(mc, k)) for k in ("joins", "layer_steps", "arena_allocations", "uploads")}
+        dc = ffi.new("eb_device_counters *")
+        devices = {}
+        for d in self.engine.devices:
+            check(lib.eb_model_device_counters(self._ptr, d.index, dc))
+            devices[d.name] = {k: int(getattr(dc, k)) for k in ("experts_run", "rows", "bytes_to_device",
+                               "bytes_from_device", "waits", "weight_bytes", "allocated_bytes")}  # fmt: skip
+            devices[d.name]["busy_seconds"] = dc.busy_ns / 1e9
+        out["devices"] = devices
+        return out
+
+    def reset_counters(self) -> None:
+        lib.eb_model_reset_counters(self._live())
+
     def context(self, n_ctx: int | None = None, n_batch: int = 512) -> Context:
         """A KV cache of n_ctx positions (default: max_position_embeddings)."""
         return Context(self, self.config.max_position_embeddings if n_ctx is None else n_ctx, n_batch)
@@ -284,6 +362,7 @@ class Context(_Handle):
             raise RangeError(f"batch size {n_batch!r} out of range: expected 1..65536")
         check(lib.eb_context_create(model._live(), n_ctx, n_batch, out))
         self._ptr = out[0]
+        self._mode = "reference"
         self.model = model
         self.vocab_size = model.config.vocab_size
         model._contexts.append(self)
@@ -295,6 +374,20 @@ class Context(_Handle):
     @property
     def capacity(self) -> int:
         return lib.eb_context_capacity(self._live())
+
+    MODES = {"reference": 0, "owner_local": 1}
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @mode.setter
+    def mode(self, mode: str) -> None:
+        """How expert outputs are reduced: "reference" (placement-invariant) or "owner_local" (faster)."""
+        if mode not in self.MODES:
+            raise ArgumentError(f"reduction mode {mode!r}: expected 'reference' or 'owner_local'")
+        check(lib.eb_context_set_mode(self._live(), self.MODES[mode]))
+        self._mode = mode
 
     def _eval(self, ids, all_rows: bool) -> np.ndarray:
         arr = _ids_array(ids)

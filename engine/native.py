@@ -12,6 +12,10 @@ except ImportError as exc:  # pragma: no cover - only on a broken install
     ) from exc
 
 
+# The runtime-module ABI the core was built against (for messages and tests).
+RUNTIME_ABI_VERSION = lib.eb_runtime_abi_version()
+
+
 def last_error() -> str:
     return ffi.string(lib.eb_last_error()).decode("utf-8", "replace")
 

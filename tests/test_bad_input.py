@@ -541,7 +541,9 @@ def test_module_path_does_not_exist_no_fallback():
 
 def test_module_wrong_abi_version(tmp_path):
     so = build_module(tmp_path, MODULE_WITH_TABLE % ("EB_RUNTIME_ABI_VERSION + 1", "&table"))
-    with pytest.raises(ModuleLoadError, match=rf"{q(so)}.*ABI version 2, expected 1"):
+    from engine.native import RUNTIME_ABI_VERSION as abi
+
+    with pytest.raises(ModuleLoadError, match=rf"{q(so)}.*ABI version {abi + 1}, expected {abi}"):
         Engine(module_paths={"cpu": str(so)})
 
 

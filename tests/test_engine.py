@@ -10,7 +10,7 @@ from conftest import FIXTURES
 
 from engine.errors import ArgumentError, StateError
 from engine.model import Engine
-from engine.native import core_location
+from engine.native import RUNTIME_ABI_VERSION, core_location
 
 
 def test_cpu_module_found_next_to_the_core():
@@ -18,7 +18,7 @@ def test_cpu_module_found_next_to_the_core():
         (rt,) = eng.runtimes
         assert rt.name == "cpu"
         assert Path(rt.path).parent == Path(core_location())
-        assert rt.abi_version == 1
+        assert rt.abi_version == RUNTIME_ABI_VERSION
         assert [d.name for d in eng.devices] == ["cpu:0"]
         assert eng.devices[0].memory_total > 0
 

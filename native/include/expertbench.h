@@ -54,9 +54,10 @@ typedef struct eb_model eb_model;
 typedef struct eb_context eb_context;
 
 typedef struct {
-    int32_t n_devices;          /* CPU runtime: number of devices (worker groups); 0 = default */
+    int32_t n_devices;          /* CPU runtime: number of devices (worker groups); 0 = one per NUMA node */
     int32_t threads_per_device; /* CPU runtime: worker threads per device; 0 = all cores / devices */
     int32_t force_portable;     /* CPU runtime: 1 = use the portable C kernels even where AVX2 exists */
+    uint64_t memory_limit;      /* bytes a device may allocate; 0 = what the hardware has */
 } eb_runtime_options;
 
 typedef struct {
@@ -112,6 +113,30 @@ typedef struct {
     uint64_t nbytes;
 } eb_tensor_desc;
 
+typedef enum {
+    EB_MODE_REFERENCE = 0,  /* expert outputs summed on the primary in ascending expert id: placement-invariant */
+    EB_MODE_OWNER_LOCAL = 1 /* each owner pre-sums its experts: fewer bytes back, another float association */
+} eb_reduction_mode;
+
+/* Per-device counters of a model, since load or the last reset (busy_ns: since the runtime started). */
+typedef struct {
+    uint64_t experts_run;       /* expert invocations: an expert with at least one row in a layer step */
+    uint64_t rows;              /* (token, expert) pairs computed */
+    uint64_t bytes_to_device;   /* staged from the primary to this device (inputs and routing plan) */
+    uint64_t bytes_from_device; /* copied back to the primary */
+    uint64_t waits;             /* times the primary waited for this device to finish a layer's branch */
+    uint64_t busy_ns;           /* time the device spent running kernels (monotonic, all models) */
+    uint64_t weight_bytes;      /* expert weights this device owns under the current placement */
+    uint64_t allocated_bytes;   /* device memory this model holds there: weight copies and staging arenas */
+} eb_device_counters;
+
+typedef struct {
+    uint64_t joins;             /* MoE layer steps whose experts ran on more than one device */
+    uint64_t layer_steps;       /* MoE layer steps */
+    uint64_t arena_allocations; /* staging arena (re)allocations: zero on the hot path once warmed up */
+    uint64_t uploads;           /* experts copied to a device by placement changes */
+} eb_model_counters;
+
 typedef struct {
     int32_t n_layers;
     int32_t n_moe_layers;
@@ -123,6 +148,7 @@ typedef struct {
 
 const char *eb_last_error(void);
 const char *eb_status_name(int status);
+uint32_t eb_runtime_abi_version(void); /* the runtime-module ABI this core loads */
 
 int eb_engine_create(eb_engine **out);
 void eb_engine_destroy(eb_engine *engine);
@@ -145,6 +171,19 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
 void eb_model_free(eb_model *model);
 int eb_model_get_info(const eb_model *model, eb_model_info *out);
 
+/* Expert placement. owners has num_layers * num_experts entries (row-major by layer): the engine device index
+ * owning each expert; -1 for every entry of a layer that is not an MoE layer. Every new placement is checked
+ * first (devices, ranges, memory on each device); if anything fails, the previous placement stays intact.
+ * Moving experts uploads only what moved and frees the old copies. No context may be evaluating meanwhile. */
+int eb_model_set_placement(eb_model *model, const int32_t *owners, int64_t n);
+int eb_model_get_placement(const eb_model *model, int32_t *owners, int64_t n);
+/* Expert weight bytes each device would own under owners (out has one entry per engine device). */
+int eb_model_placement_bytes(const eb_model *model, const int32_t *owners, int64_t n, uint64_t *out,
+                             int32_t n_devices);
+int eb_model_device_counters(const eb_model *model, int32_t device, eb_device_counters *out);
+int eb_model_get_counters(const eb_model *model, eb_model_counters *out);
+void eb_model_reset_counters(eb_model *model);
+
 /* A decoding context: a KV cache of n_ctx positions and scratch for batches of up to n_batch positions.
  * Everything it needs is allocated here; eval allocates nothing. */
 int eb_context_create(eb_model *model, int32_t n_ctx, int32_t n_batch, eb_context **out);
@@ -155,6 +194,7 @@ int eb_context_eval(eb_context *ctx, const int32_t *ids, int32_t n, float *logit
 /* Forget every position from pos on (0 <= pos <= current position). */
 int eb_context_truncate(eb_context *ctx, int32_t pos);
 int32_t eb_context_position(const eb_context *ctx);
+int eb_context_set_mode(eb_context *ctx, int32_t mode); /* eb_reduction_mode; reference by default */
 int32_t eb_context_capacity(const eb_context *ctx);
 /* EB_CDEF_END */
 

@@ -23,6 +23,7 @@ typedef struct {
 typedef struct {
     int runtime;      /* index into engine->runtimes */
     int local;        /* device index inside its runtime */
+    int host_addressable;
     char name[EB_MAX_NAME];
 } eb_device;
 
@@ -39,6 +40,10 @@ void eb_copy_str(char *dst, size_t size, const char *src);
 
 /* Set the calling thread's last error and return status. */
 int eb_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static inline const eb_runtime *eb_device_runtime(const eb_engine *e, int device) {
+    return &e->runtimes[e->devices[device].runtime];
+}
 
 /* Run w (dtype, rows x cols) times n rows of x into y on a device. */
 int eb_device_matmul(const eb_engine *engine, int device, const void *w, int dtype, int64_t rows, int64_t cols,

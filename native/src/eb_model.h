@@ -12,8 +12,10 @@ typedef struct {
 } eb_weight;
 
 typedef struct {
-    eb_weight gate, up, down;
-    int owner; /* engine device index */
+    eb_weight gate, up, down; /* where the owner reads them: the mapped file, or the owner's copy */
+    const void *host_gate, *host_up, *host_down; /* always the mapped file */
+    void *dev_mem;            /* the owner's copy (gate | up | down), NULL when it reads the mapped file */
+    int owner;                /* engine device index */
 } eb_expert;
 
 typedef struct {
@@ -33,6 +35,11 @@ typedef struct {
     uint64_t size;
 } eb_mapped_file;
 
+typedef struct {
+    eb_device_counters dev[EB_MAX_DEVICES];
+    eb_model_counters model;
+} eb_counters;
+
 struct eb_model {
     eb_engine *engine;
     eb_model_config cfg;
@@ -44,6 +51,49 @@ struct eb_model {
     float *final_norm;
     eb_layer *layers;
     eb_model_info info;
+    eb_counters counters;
+    uint64_t arena_bytes[EB_MAX_DEVICES]; /* device memory held by contexts' staging arenas */
 };
+
+/* A staging arena: host memory (pinned where the owner's runtime can) and device memory, grown on demand. */
+typedef struct {
+    void *host;
+    size_t host_cap;
+    void *dev;
+    size_t dev_cap;
+} eb_arena;
+
+typedef struct {
+    int32_t n_pairs, n_tokens, n_experts;
+    float *y;            /* host: where this owner's outputs are read by the reduction */
+    int staged;          /* inputs went through host staging */
+} eb_owner_step;
+
+struct eb_context {
+    eb_model *model;
+    int32_t n_ctx, n_batch, pos, mode, n_devices;
+    float *k_cache, *v_cache;   /* [layer][n_ctx][kv_dim] */
+    float *rope_cos, *rope_sin; /* [n_ctx][head_dim / 2] */
+    /* scratch, n_batch rows each */
+    float *x, *xn, *q, *k, *v, *att, *proj, *gate, *up, *moe_out;
+    float *router, *scores;
+    int32_t *topk_id;
+    float *topk_w;
+    /* scheduler: per device plans and arenas (index = engine device) */
+    eb_arena arena[EB_MAX_DEVICES];
+    eb_owner_step step[EB_MAX_DEVICES];
+    eb_rt_expert *plan_experts;  /* n_batch * top_k */
+    int32_t *plan_start;         /* n_batch * top_k + 1 */
+    int32_t *pair_slot;          /* per (token, k): the row of its owner's y */
+    int32_t *token_local;        /* per token: its row in the owner's staged x, -1 if none */
+    int32_t *local_tokens;       /* the owner's staged tokens */
+};
+
+/* The MoE block of one layer for n positions: c->xn in, c->moe_out out. */
+int eb_moe_forward(eb_context *c, int layer, int64_t n);
+/* Free staging arenas of a context. */
+void eb_scheduler_release(eb_context *c);
+/* Free device copies of the model's experts. */
+void eb_placement_release(eb_model *m);
 
 #endif

@@ -44,6 +44,8 @@ const char *eb_status_name(int status) {
     }
 }
 
+uint32_t eb_runtime_abi_version(void) { return EB_RUNTIME_ABI_VERSION; }
+
 int eb_engine_create(eb_engine **out) {
     if (!out) return eb_fail(EB_ERR_ARGUMENT, "eb_engine_create: out is NULL");
     *out = calloc(1, sizeof **out);
@@ -140,8 +142,8 @@ int eb_engine_load_runtime(eb_engine *engine, const char *name, const char *path
                        EB_RUNTIME_ABI_VERSION);
     }
     if (t->table_size < sizeof(eb_runtime_table) || !t->name || !t->init || !t->shutdown || !t->device_count ||
-        !t->device_info || !t->mem_alloc || !t->mem_free || !t->copy_to_device || !t->copy_to_host ||
-        !t->synchronize || !t->matmul || !t->kernel_variant) {
+        !t->device_info || !t->mem_alloc || !t->mem_free || !t->host_alloc || !t->host_free || !t->copy_to_device ||
+        !t->copy_to_host || !t->synchronize || !t->matmul || !t->expert_ffn || !t->busy_ns || !t->kernel_variant) {
         dlclose(dl);
         return eb_fail(EB_ERR_MODULE, "runtime module '%s' ('%s') has an incomplete function table", name, file);
     }
@@ -179,11 +181,19 @@ int eb_engine_load_runtime(eb_engine *engine, const char *name, const char *path
     r->first_device = engine->n_devices;
     r->n_devices = nd;
     for (int i = 0; i < nd; i++) {
-        eb_device *d = &engine->devices[engine->n_devices++];
+        eb_rt_device_info info;
+        if ((st = t->device_info(rt, i, &info, err, sizeof err)) != 0) {
+            t->shutdown(rt);
+            dlclose(dl);
+            return eb_fail(st, "runtime module '%s', device %d: %s", name, i, err);
+        }
+        eb_device *d = &engine->devices[engine->n_devices + i];
         d->runtime = engine->n_runtimes;
         d->local = i;
+        d->host_addressable = info.host_addressable;
         snprintf(d->name, sizeof d->name, "%s:%d", name, i);
     }
+    engine->n_devices += nd;
     engine->n_runtimes++;
     return EB_OK;
 }

@@ -10,20 +10,6 @@
 #include "eb_convert.h"
 #include "eb_model.h"
 
-struct eb_context {
-    eb_model *model;
-    int32_t n_ctx, n_batch, pos;
-    float *k_cache, *v_cache; /* [layer][n_ctx][kv_dim] */
-    float *rope_cos, *rope_sin; /* [n_ctx][head_dim / 2] */
-    /* scratch, n_batch rows each */
-    float *x, *xn, *q, *k, *v, *att, *proj, *gate, *up, *moe_out, *xe, *ye;
-    float *router, *scores;
-    int32_t *topk_id;
-    float *topk_w;
-    int32_t *route_rows; /* rows routed to the current expert */
-    float *route_w;
-};
-
 static void *zalloc(size_t n, size_t size, int *failed) {
     void *p = calloc(n ? n : 1, size);
     if (!p) *failed = 1;
@@ -32,11 +18,15 @@ static void *zalloc(size_t n, size_t size, int *failed) {
 
 void eb_context_free(eb_context *c) {
     if (!c) return;
+    eb_scheduler_release(c);
     float *bufs[] = {c->k_cache, c->v_cache, c->rope_cos, c->rope_sin, c->x, c->xn, c->q, c->k, c->v, c->att,
-                     c->proj, c->gate, c->up, c->moe_out, c->xe, c->ye, c->router, c->scores, c->topk_w, c->route_w};
+                     c->proj, c->gate, c->up, c->moe_out, c->router, c->scores, c->topk_w};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(c->topk_id);
-    free(c->route_rows);
+    free(c->plan_experts);
+    free(c->plan_start);
+    free(c->pair_slot);
+    free(c->token_local);
     free(c);
 }
 
@@ -75,14 +65,15 @@ int eb_context_create(eb_model *m, int32_t n_ctx, int32_t n_batch, eb_context **
     c->gate = zalloc(B * I, sizeof(float), &failed);
     c->up = zalloc(B * I, sizeof(float), &failed);
     c->moe_out = zalloc(B * H, sizeof(float), &failed);
-    c->xe = zalloc(B * H, sizeof(float), &failed);
-    c->ye = zalloc(B * H, sizeof(float), &failed);
     c->router = zalloc(B * E, sizeof(float), &failed);
     c->scores = zalloc((size_t)n_ctx, sizeof(float), &failed);
     c->topk_id = zalloc(B * K, sizeof(int32_t), &failed);
     c->topk_w = zalloc(B * K, sizeof(float), &failed);
-    c->route_rows = zalloc(B, sizeof(int32_t), &failed);
-    c->route_w = zalloc(B, sizeof(float), &failed);
+    c->n_devices = m->engine->n_devices;
+    c->plan_experts = zalloc(B * K, sizeof(eb_rt_expert), &failed);
+    c->plan_start = zalloc(B * K + 1, sizeof(int32_t), &failed);
+    c->pair_slot = zalloc(B * K, sizeof(int32_t), &failed);
+    c->token_local = zalloc((size_t)c->n_devices * B, sizeof(int32_t), &failed);
     if (failed) {
         eb_context_free(c);
         return eb_fail(EB_ERR_MEMORY, "out of memory for a context of %d positions", n_ctx);
@@ -102,6 +93,15 @@ int eb_context_create(eb_model *m, int32_t n_ctx, int32_t n_batch, eb_context **
 }
 
 int32_t eb_context_position(const eb_context *c) { return c ? c->pos : -1; }
+
+int eb_context_set_mode(eb_context *c, int32_t mode) {
+    if (!c) return eb_fail(EB_ERR_ARGUMENT, "set mode: context is NULL");
+    if (mode != EB_MODE_REFERENCE && mode != EB_MODE_OWNER_LOCAL)
+        return eb_fail(EB_ERR_ARGUMENT, "reduction mode %d: expected %d (reference) or %d (owner_local)", mode,
+                       EB_MODE_REFERENCE, EB_MODE_OWNER_LOCAL);
+    c->mode = mode;
+    return EB_OK;
+}
 int32_t eb_context_capacity(const eb_context *c) { return c ? c->n_ctx : -1; }
 
 int eb_context_truncate(eb_context *c, int32_t pos) {
@@ -179,42 +179,7 @@ static void attention(eb_context *c, int layer, int64_t n) {
     }
 }
 
-/* softmax over the experts in f32, top-k (ties to the lower id), optional renormalisation. */
-static void route(eb_context *c, int64_t n) {
-    const eb_model_config *cf = &c->model->cfg;
-    int64_t E = cf->num_experts, K = cf->top_k;
-    for (int64_t t = 0; t < n; t++) {
-        float *p = c->router + t * E;
-        float mx = p[0];
-        for (int64_t e = 1; e < E; e++)
-            if (p[e] > mx) mx = p[e];
-        float sum = 0.0f;
-        for (int64_t e = 0; e < E; e++) {
-            p[e] = expf(p[e] - mx);
-            sum += p[e];
-        }
-        for (int64_t e = 0; e < E; e++) p[e] /= sum;
-        int32_t *ids = c->topk_id + t * K;
-        float *w = c->topk_w + t * K;
-        for (int64_t k = 0; k < K; k++) {
-            int32_t best = -1;
-            for (int64_t e = 0; e < E; e++) {
-                int taken = 0;
-                for (int64_t j = 0; j < k; j++) taken |= ids[j] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = (int32_t)e;
-            }
-            ids[k] = best;
-            w[k] = p[best];
-        }
-        if (cf->norm_topk_prob) {
-            float s = 0.0f;
-            for (int64_t k = 0; k < K; k++) s += w[k];
-            for (int64_t k = 0; k < K; k++) w[k] /= s;
-        }
-    }
-}
-
-/* y = down(silu(gate(x)) * up(x)) for n rows. */
+/* y = down(silu(gate(x)) * up(x)) for n rows (dense MLP layers, on the primary). */
 static int ffn(eb_context *c, int device, const eb_weight *gate, const eb_weight *up, const eb_weight *down,
                const float *x, int64_t n, float *y) {
     int st;
@@ -222,36 +187,6 @@ static int ffn(eb_context *c, int device, const eb_weight *gate, const eb_weight
     int64_t I = gate->rows;
     for (int64_t i = 0; i < n * I; i++) c->gate[i] = silu(c->gate[i]) * c->up[i];
     return matmul(c, device, down, c->gate, n, y);
-}
-
-/* Experts summed in ascending expert id per token, each scaled by its routing weight, as transformers does. */
-static int moe(eb_context *c, const eb_layer *L, int64_t n) {
-    const eb_model_config *cf = &c->model->cfg;
-    int64_t H = cf->hidden_size, K = cf->top_k;
-    int st;
-    if ((st = matmul(c, c->model->primary, &L->router, c->xn, n, c->router))) return st;
-    route(c, n);
-    memset(c->moe_out, 0, (size_t)(n * H) * sizeof(float));
-    for (int32_t e = 0; e < cf->num_experts; e++) {
-        int64_t m = 0;
-        for (int64_t t = 0; t < n; t++)
-            for (int64_t k = 0; k < K; k++)
-                if (c->topk_id[t * K + k] == e) {
-                    c->route_rows[m] = (int32_t)t;
-                    c->route_w[m] = c->topk_w[t * K + k];
-                    memcpy(c->xe + m * H, c->xn + t * H, (size_t)H * sizeof(float));
-                    m++;
-                }
-        if (m == 0) continue;
-        const eb_expert *ex = &L->experts[e];
-        if ((st = ffn(c, ex->owner, &ex->gate, &ex->up, &ex->down, c->xe, m, c->ye))) return st;
-        for (int64_t i = 0; i < m; i++) {
-            float *o = c->moe_out + (int64_t)c->route_rows[i] * H;
-            const float *y = c->ye + i * H;
-            for (int64_t j = 0; j < H; j++) o[j] += y[j] * c->route_w[i];
-        }
-    }
-    return EB_OK;
 }
 
 static void embed_row(const eb_model *m, int32_t id, float *out) {
@@ -307,7 +242,7 @@ static int eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logit
         /* MLP block: dense or mixture of experts */
         for (int64_t t = 0; t < n; t++) rmsnorm(c->xn + t * H, c->x + t * H, L->post_norm, H, eps);
         if (L->is_moe) {
-            if ((st = moe(c, L, n))) return st;
+            if ((st = eb_moe_forward(c, l, n))) return st;
             for (int64_t i = 0; i < n * H; i++) c->x[i] += c->moe_out[i];
         } else {
             if ((st = ffn(c, dev, &L->gate, &L->up, &L->down, c->xn, n, c->proj))) return st;

@@ -197,6 +197,7 @@ static int map_files(eb_model *m, const char *const *files, int32_t n_files) {
 
 void eb_model_free(eb_model *m) {
     if (!m) return;
+    eb_placement_release(m);
     if (m->layers) {
         for (int l = 0; l < m->cfg.num_layers; l++) {
             eb_layer *L = &m->layers[l];
@@ -264,7 +265,11 @@ static int bind_layer(const binder *b, int l) {
         TRY(bind(b, NAME("mlp.experts.%d.gate_proj.weight", e), I, H, &L->experts[e].gate))
         TRY(bind(b, NAME("mlp.experts.%d.up_proj.weight", e), I, H, &L->experts[e].up))
         TRY(bind(b, NAME("mlp.experts.%d.down_proj.weight", e), H, I, &L->experts[e].down))
-        L->experts[e].owner = m->primary;
+        eb_expert *x = &L->experts[e];
+        x->host_gate = x->gate.data;
+        x->host_up = x->up.data;
+        x->host_down = x->down.data;
+        x->owner = m->primary;
     }
     m->info.expert_bytes += m->info.weight_bytes - before;
     m->info.n_moe_layers++;
@@ -366,6 +371,11 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
     m->info.n_layers = c->num_layers;
     m->info.primary_device = primary_device;
     compute_bytes_per_token(m);
+    for (int l = 0; l < c->num_layers; l++)
+        if (m->layers[l].is_moe)
+            for (int e = 0; e < c->num_experts; e++)
+                m->counters.dev[primary_device].weight_bytes += weight_size(&m->layers[l].experts[e].gate) * 2 +
+                                                                weight_size(&m->layers[l].experts[e].down);
     *out = m;
     return EB_OK;
 fail:

@@ -286,6 +286,67 @@ static void test_modules(const char *build) {
     eb_engine_destroy(e);
 }
 
+/* Experts across cpu:0, cpu:1 and the host-staged hostsim:0; the scheduler's threads and queues run here. */
+static void test_placement(const char *build, const char *file, eb_model_config *cfg, builder *b) {
+    char cpu[1024], sim[1024];
+    snprintf(cpu, sizeof cpu, "%s/expertbench_rt_cpu.so", build);
+    snprintf(sim, sizeof sim, "%s/expertbench_rt_hostsim.so", build);
+    eb_engine *e = new_engine(cpu, 0, 1);
+    /* room for two 16-bit experts and a staging arena, not for all four experts */
+    eb_runtime_options so = {.n_devices = 1, .threads_per_device = 1, .memory_limit = 24 * 1024};
+    CHECK(eb_engine_load_runtime(e, "hostsim", sim, &so) == EB_OK, "load hostsim");
+    CHECK(eb_engine_device_count(e) == 3, "three devices");
+    const char *files[] = {file};
+    eb_model *m = NULL;
+    CHECK(eb_model_load(e, cfg, files, 1, b->d, b->n, 0, &m) == EB_OK, "load");
+    eb_context *c = NULL;
+    CHECK(eb_context_create(m, 16, 8, &c) == EB_OK, "context");
+    int32_t prompt[6] = {3, 17, 42, 5, 63, 8}, next[2] = {9, 1};
+    float base[8 * V], out[8 * V];
+    CHECK(eb_context_eval(c, prompt, 6, base, 1) == EB_OK && eb_context_eval(c, next, 2, base + 6 * V, 1) == EB_OK,
+          "base");
+    /* layer 0: experts 0,1 on hostsim, 2 on cpu:1, 3 on cpu:0; layer 1 is dense */
+    int32_t owners[L * E] = {2, 2, 1, 0, -1, -1, -1, -1};
+    for (int round = 0; round < 20; round++) {
+        int32_t home[L * E] = {0, 0, 0, 0, -1, -1, -1, -1};
+        CHECK(eb_model_set_placement(m, round % 2 ? home : owners, L * E) == EB_OK, "set placement %d", round);
+        for (int mode = 0; mode < 2; mode++) {
+            CHECK(eb_context_set_mode(c, mode) == EB_OK, "mode");
+            CHECK(eb_context_truncate(c, 0) == EB_OK, "truncate");
+            CHECK(eb_context_eval(c, prompt, 6, out, 1) == EB_OK && eb_context_eval(c, next, 2, out + 6 * V, 1) == EB_OK,
+                  "eval");
+            if (mode == 0) CHECK(memcmp(out, base, sizeof out) == 0, "reference mode differs (round %d)", round);
+            else CHECK(max_abs_diff(out, base, 8 * V) < 1e-4f, "owner_local too far (round %d)", round);
+        }
+    }
+    CHECK(eb_context_set_mode(c, 7) == EB_ERR_ARGUMENT, "bad mode");
+    CHECK(eb_context_set_mode(c, 0) == EB_OK, "mode back");
+    CHECK(eb_model_set_placement(m, owners, L * E) == EB_OK, "placement");
+    eb_device_counters dc;
+    CHECK(eb_model_device_counters(m, 2, &dc) == EB_OK, "counters");
+    /* experts 0 (bf16) and 1 (f16) of layer 0: 2 bytes per weight */
+    CHECK(dc.weight_bytes == (uint64_t)2 * 3 * IM * H * 2, "hostsim owns %llu bytes", (unsigned long long)dc.weight_bytes);
+    CHECK(dc.allocated_bytes >= dc.weight_bytes && dc.rows > 0 && dc.bytes_to_device > 0, "hostsim counters");
+    /* bad placements leave the current one in force */
+    int32_t bad[L * E];
+    memcpy(bad, owners, sizeof bad);
+    bad[1] = 3;
+    CHECK_ERR(eb_model_set_placement(m, bad, L * E), EB_ERR_RANGE, "expected 0..2");
+    bad[1] = 2;
+    bad[5] = 0;
+    CHECK_ERR(eb_model_set_placement(m, bad, L * E), EB_ERR_ARGUMENT, "layer 1 is not an MoE layer");
+    CHECK_ERR(eb_model_set_placement(m, owners, L * E - 1), EB_ERR_ARGUMENT, "expected 2 layers x 4 experts");
+    int32_t all_sim[L * E] = {2, 2, 2, 2, -1, -1, -1, -1};
+    CHECK_ERR(eb_model_set_placement(m, all_sim, L * E), EB_ERR_MEMORY, "more on hostsim:0");
+    int32_t now[L * E];
+    CHECK(eb_model_get_placement(m, now, L * E) == EB_OK && memcmp(now, owners, sizeof now) == 0, "placement kept");
+    CHECK(eb_context_truncate(c, 0) == EB_OK && eb_context_eval(c, prompt, 6, out, 1) == EB_OK, "still runs");
+    CHECK(memcmp(out, base, 6 * V * sizeof(float)) == 0, "still identical after refused placements");
+    eb_context_free(c);
+    eb_model_free(m);
+    eb_engine_destroy(e);
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: %s BUILD_DIR\n", argv[0]);
@@ -304,6 +365,7 @@ int main(int argc, char **argv) {
     test_modules(argv[1]);
     test_forward(module, file, &cfg, &b);
     test_bad_checkpoints(module, file, &cfg, &b);
+    test_placement(argv[1], file, &cfg, &b);
     unlink(file);
     printf("%d passed, %d failed\n", checks - failures, failures);
     return failures ? 1 : 0;

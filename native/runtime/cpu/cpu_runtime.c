@@ -1,10 +1,20 @@
 /* The cpu runtime module: devices are groups of worker threads over host memory.
  *
- * Each device owns a small thread pool; the calling thread works too. Work is split by output rows, and
- * each row is computed entirely by one thread, so results do not depend on the number of threads.
+ * Each device owns a thread pool and a queue. Synchronous work (matmul, inline expert batches) is run by the
+ * calling thread with the pool's workers; queued work (async copies and expert batches, submitted by the
+ * scheduler for an owner that is not the primary) is run by the device's own thread with the same workers,
+ * so two devices compute at once. Work is split by output rows and each row is computed entirely by one
+ * thread, so results do not depend on the number of threads or on which device ran them.
+ *
+ * Built twice: as "cpu" (host-addressable devices), and as "hostsim" (-DEB_CPU_HOSTSIM), a CPU-backed runtime
+ * whose devices behave like a discrete accelerator (weights uploaded, inputs staged through host arenas), so
+ * the unlike-runtime path of the scheduler runs and is tested on a machine with no GPU.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
+#include <math.h>
+#include <stdarg.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -12,18 +22,28 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/sysinfo.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cpu_kernels.h"
 #include "eb_convert.h"
 #include "eb_runtime.h"
 
+#ifdef EB_CPU_HOSTSIM
+#define RUNTIME_NAME "hostsim"
+#define HOST_ADDRESSABLE 0
+#else
+#define RUNTIME_NAME "cpu"
+#define HOST_ADDRESSABLE 1
+#endif
+
 #define SPIN_ITERATIONS 20000
+#define QUEUE_CAPACITY 16
 
 typedef void (*pool_fn)(void *arg, int64_t begin, int64_t end);
 
 typedef struct {
-    int n_threads; /* including the calling thread */
+    int n_threads; /* including the thread that drives it */
     pthread_t *workers;
     pthread_mutex_t mu;
     pthread_cond_t cv_work;
@@ -38,21 +58,52 @@ typedef struct {
     int64_t chunk;
 } pool;
 
-typedef struct {
-    pool pool;
-    int index;
-} cpu_device;
+enum { CMD_COPY, CMD_FFN };
 
 typedef struct {
+    int kind;
+    void *dst;
+    const void *src;
+    size_t bytes;
+    eb_rt_expert_batch batch; /* experts and pair_start point into the storage below */
+    eb_rt_expert *experts;
+    int32_t *pair_start;
+    int32_t capacity; /* experts storage, grown on demand and kept */
+} command;
+
+struct cpu_runtime;
+
+typedef struct {
+    struct cpu_runtime *rt;
+    int index;
+    pool pool;
+    pthread_mutex_t run_lock; /* one driver of the pool at a time */
+    /* the queue */
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t qmu;
+    pthread_cond_t q_nonempty, q_idle;
+    command queue[QUEUE_CAPACITY];
+    int head, count, busy, stop;
+    int error;
+    char error_text[256];
+    _Atomic uint64_t busy_ns;
+    _Atomic uint64_t allocated;
+} cpu_device;
+
+typedef struct cpu_runtime {
     int n_devices;
     cpu_device *devices;
     eb_cpu_matmul_rows_fn matmul_rows;
     const char *variant;
     char cpu_name[EB_MAX_NAME];
+    uint64_t memory_limit;
 } cpu_runtime;
 
-static void set_err(char *err, size_t errlen, const char *fmt, const char *detail) {
-    if (err && errlen) snprintf(err, errlen, fmt, detail);
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 static inline void cpu_relax(void) {
@@ -60,6 +111,8 @@ static inline void cpu_relax(void) {
     __builtin_ia32_pause();
 #endif
 }
+
+/* ---- thread pool ------------------------------------------------------------------------------------- */
 
 static void pool_work(pool *p) {
     for (;;) {
@@ -132,7 +185,10 @@ static int pool_init(pool *p, int n_threads) {
     pthread_cond_init(&p->cv_done, NULL);
     if (p->n_threads == 1) return 0;
     p->workers = calloc((size_t)p->n_threads - 1, sizeof *p->workers);
-    if (!p->workers) return EB_ERR_MEMORY;
+    if (!p->workers) {
+        p->n_threads = 1;
+        return EB_ERR_MEMORY;
+    }
     for (int i = 0; i < p->n_threads - 1; i++) {
         if (pthread_create(&p->workers[i], NULL, pool_worker, p) != 0) {
             p->n_threads = i + 1; /* the ones started are joined by pool_destroy */
@@ -156,6 +212,125 @@ static void pool_destroy(pool *p) {
     pthread_mutex_destroy(&p->mu);
 }
 
+/* ---- kernels ----------------------------------------------------------------------------------------- */
+
+typedef struct {
+    eb_cpu_matmul_rows_fn fn;
+    const void *w;
+    int dtype;
+    int64_t cols;
+    const float *x;
+    int64_t n;
+    float *y;
+    int64_t ldy;
+} matmul_job;
+
+static void matmul_chunk(void *arg, int64_t begin, int64_t end) {
+    matmul_job *j = (matmul_job *)arg;
+    j->fn(j->w, j->dtype, begin, end, j->cols, j->x, j->n, j->y, j->ldy);
+}
+
+static void run_matmul(cpu_runtime *rt, cpu_device *d, const void *w, int dtype, int64_t rows, int64_t cols,
+                       const float *x, int64_t n, float *y) {
+    matmul_job job = {rt->matmul_rows, w, dtype, cols, x, n, y, rows};
+    /* Enough chunks for load balance, each big enough (about 16 KiB of weights) to amortise the hand-off. */
+    int64_t min_rows = (int64_t)(16384 / ((size_t)cols * eb_dtype_size(dtype) + 1)) + 1;
+    int64_t chunk = rows / ((int64_t)d->pool.n_threads * 4);
+    if (chunk < min_rows) chunk = min_rows;
+    pool_run(&d->pool, matmul_chunk, &job, rows, chunk);
+}
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* The same arithmetic as the core's single-device path: matmul per expert over its gathered rows. */
+static void run_expert_batch(cpu_runtime *rt, cpu_device *d, const eb_rt_expert_batch *b) {
+    int64_t H = b->hidden, I = b->inter;
+    float *xe = (float *)b->scratch;
+    float *g = xe + (size_t)b->n_pairs * (size_t)H;
+    float *u = g + (size_t)b->n_pairs * (size_t)I;
+    float *yp = u + (size_t)b->n_pairs * (size_t)I;
+    if (b->mode == EB_REDUCE_OWNER_LOCAL) memset(b->y, 0, (size_t)b->n_tokens * (size_t)H * sizeof(float));
+    for (int32_t i = 0; i < b->n_experts; i++) {
+        int64_t p0 = b->pair_start[i], m = b->pair_start[i + 1] - p0;
+        if (m <= 0) continue;
+        const eb_rt_expert *e = &b->experts[i];
+        for (int64_t p = 0; p < m; p++)
+            memcpy(xe + p * H, b->x + (int64_t)b->pair_token[p0 + p] * H, (size_t)H * sizeof(float));
+        run_matmul(rt, d, e->gate, e->dtype, I, H, xe, m, g);
+        run_matmul(rt, d, e->up, e->dtype, I, H, xe, m, u);
+        for (int64_t k = 0; k < m * I; k++) g[k] = silu(g[k]) * u[k];
+        float *out = b->mode == EB_REDUCE_REFERENCE ? b->y + p0 * H : yp;
+        run_matmul(rt, d, e->down, e->dtype, H, I, g, m, out);
+        if (b->mode == EB_REDUCE_OWNER_LOCAL) {
+            for (int64_t p = 0; p < m; p++) {
+                float *o = b->y + (int64_t)b->pair_token[p0 + p] * H;
+                float w = b->pair_weight[p0 + p];
+                for (int64_t j = 0; j < H; j++) o[j] += yp[p * H + j] * w;
+            }
+        }
+    }
+}
+
+/* ---- the device queue -------------------------------------------------------------------------------- */
+
+static void execute(cpu_device *d, command *c) {
+    uint64_t t0 = now_ns();
+    pthread_mutex_lock(&d->run_lock);
+    if (c->kind == CMD_COPY) {
+        if (c->bytes) memcpy(c->dst, c->src, c->bytes);
+    } else {
+        run_expert_batch(d->rt, d, &c->batch);
+    }
+    pthread_mutex_unlock(&d->run_lock);
+    atomic_fetch_add(&d->busy_ns, now_ns() - t0);
+}
+
+static void *device_thread(void *arg) {
+    cpu_device *d = (cpu_device *)arg;
+    pthread_mutex_lock(&d->qmu);
+    for (;;) {
+        while (d->count == 0 && !d->stop) pthread_cond_wait(&d->q_nonempty, &d->qmu);
+        if (d->count == 0 && d->stop) break;
+        command *c = &d->queue[d->head];
+        d->busy = 1;
+        pthread_mutex_unlock(&d->qmu);
+        execute(d, c);
+        pthread_mutex_lock(&d->qmu);
+        d->busy = 0;
+        d->head = (d->head + 1) % QUEUE_CAPACITY;
+        d->count--;
+        pthread_cond_broadcast(&d->q_idle);
+    }
+    pthread_mutex_unlock(&d->qmu);
+    return NULL;
+}
+
+/* Reserve the next queue slot (waits while the queue is full); returns it with qmu held. */
+static command *queue_slot(cpu_device *d) {
+    pthread_mutex_lock(&d->qmu);
+    while (d->count == QUEUE_CAPACITY) pthread_cond_wait(&d->q_idle, &d->qmu);
+    return &d->queue[(d->head + d->count) % QUEUE_CAPACITY];
+}
+
+static void queue_push(cpu_device *d) {
+    d->count++;
+    pthread_cond_signal(&d->q_nonempty);
+    pthread_mutex_unlock(&d->qmu);
+}
+
+/* ---- the table's functions --------------------------------------------------------------------------- */
+
+static int fail(char *err, size_t errlen, int status, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int fail(char *err, size_t errlen, int status, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return status;
+}
+
 static int available_cores(void) {
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) == 0) {
@@ -164,6 +339,17 @@ static int available_cores(void) {
     }
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
+}
+
+static int numa_nodes(void) {
+    DIR *dir = opendir("/sys/devices/system/node");
+    if (!dir) return 1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(dir)) != NULL)
+        if (strncmp(e->d_name, "node", 4) == 0 && e->d_name[4] >= '0' && e->d_name[4] <= '9') n++;
+    closedir(dir);
+    return n > 0 ? n : 1;
 }
 
 static void read_cpu_name(char *out, size_t len) {
@@ -178,7 +364,7 @@ static void read_cpu_name(char *out, size_t len) {
                 colon++;
                 while (*colon == ' ') colon++;
                 colon[strcspn(colon, "\n")] = 0;
-                snprintf(out, len, "%s", colon);
+                snprintf(out, len, "%.40s", colon);
             }
             break;
         }
@@ -201,7 +387,25 @@ static uint64_t mem_available(void) {
 static void cpu_shutdown(void *rtp) {
     cpu_runtime *rt = (cpu_runtime *)rtp;
     if (!rt) return;
-    for (int i = 0; i < rt->n_devices; i++) pool_destroy(&rt->devices[i].pool);
+    for (int i = 0; i < rt->n_devices; i++) {
+        cpu_device *d = &rt->devices[i];
+        if (d->thread_started) {
+            pthread_mutex_lock(&d->qmu);
+            d->stop = 1;
+            pthread_cond_broadcast(&d->q_nonempty);
+            pthread_mutex_unlock(&d->qmu);
+            pthread_join(d->thread, NULL);
+        }
+        for (int k = 0; k < QUEUE_CAPACITY; k++) {
+            free(d->queue[k].experts);
+            free(d->queue[k].pair_start);
+        }
+        pool_destroy(&d->pool);
+        pthread_mutex_destroy(&d->run_lock);
+        pthread_mutex_destroy(&d->qmu);
+        pthread_cond_destroy(&d->q_nonempty);
+        pthread_cond_destroy(&d->q_idle);
+    }
     free(rt->devices);
     free(rt);
 }
@@ -209,19 +413,21 @@ static void cpu_shutdown(void *rtp) {
 static int cpu_init(const eb_runtime_options *opt, void **out, char *err, size_t errlen) {
     *out = NULL;
     cpu_runtime *rt = calloc(1, sizeof *rt);
-    if (!rt) {
-        set_err(err, errlen, "%s", "cpu runtime: out of memory");
-        return EB_ERR_MEMORY;
-    }
+    if (!rt) return fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
     int cores = available_cores();
-    int n_dev = opt && opt->n_devices > 0 ? opt->n_devices : 1;
+    int n_dev = opt && opt->n_devices > 0 ? opt->n_devices : numa_nodes();
     if (n_dev > 64) {
         free(rt);
-        set_err(err, errlen, "%s", "cpu runtime: n_devices must be between 1 and 64");
-        return EB_ERR_ARGUMENT;
+        return fail(err, errlen, EB_ERR_ARGUMENT, RUNTIME_NAME " runtime: n_devices = %d, expected 1..64", n_dev);
+    }
+    if (opt && opt->threads_per_device > 1024) {
+        free(rt);
+        return fail(err, errlen, EB_ERR_ARGUMENT, RUNTIME_NAME " runtime: threads_per_device = %d, expected 0..1024",
+                    opt->threads_per_device);
     }
     int threads = opt && opt->threads_per_device > 0 ? opt->threads_per_device : cores / n_dev;
     if (threads < 1) threads = 1;
+    rt->memory_limit = opt ? opt->memory_limit : 0;
     int portable = opt && opt->force_portable;
 #ifdef EB_CPU_HAVE_AVX2_BUILD
     __builtin_cpu_init();
@@ -239,17 +445,22 @@ static int cpu_init(const eb_runtime_options *opt, void **out, char *err, size_t
     rt->devices = calloc((size_t)n_dev, sizeof *rt->devices);
     if (!rt->devices) {
         free(rt);
-        set_err(err, errlen, "%s", "cpu runtime: out of memory");
-        return EB_ERR_MEMORY;
+        return fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
     }
     for (int i = 0; i < n_dev; i++) {
-        rt->devices[i].index = i;
+        cpu_device *d = &rt->devices[i];
+        d->rt = rt;
+        d->index = i;
+        pthread_mutex_init(&d->run_lock, NULL);
+        pthread_mutex_init(&d->qmu, NULL);
+        pthread_cond_init(&d->q_nonempty, NULL);
+        pthread_cond_init(&d->q_idle, NULL);
         rt->n_devices = i + 1;
-        if (pool_init(&rt->devices[i].pool, threads) != 0) {
+        if (pool_init(&d->pool, threads) != 0 || pthread_create(&d->thread, NULL, device_thread, d) != 0) {
             cpu_shutdown(rt);
-            set_err(err, errlen, "%s", "cpu runtime: could not start worker threads");
-            return EB_ERR_DEVICE;
+            return fail(err, errlen, EB_ERR_DEVICE, RUNTIME_NAME " runtime: could not start worker threads");
         }
+        d->thread_started = 1;
     }
     *out = rt;
     return 0;
@@ -259,97 +470,183 @@ static const char *cpu_kernel_variant(void *rtp) { return ((cpu_runtime *)rtp)->
 
 static int cpu_device_count(void *rtp) { return ((cpu_runtime *)rtp)->n_devices; }
 
-static int check_dev(cpu_runtime *rt, int dev, char *err, size_t errlen) {
+static cpu_device *get_dev(cpu_runtime *rt, int dev, char *err, size_t errlen) {
     if (dev < 0 || dev >= rt->n_devices) {
-        if (err && errlen) snprintf(err, errlen, "cpu runtime: no device %d (it has %d)", dev, rt->n_devices);
-        return EB_ERR_RANGE;
+        fail(err, errlen, EB_ERR_RANGE, RUNTIME_NAME " runtime: no device %d (it has %d)", dev, rt->n_devices);
+        return NULL;
     }
-    return 0;
+    return &rt->devices[dev];
+}
+
+static uint64_t device_total(cpu_runtime *rt) {
+    struct sysinfo si;
+    uint64_t total = sysinfo(&si) == 0 ? (uint64_t)si.totalram * si.mem_unit : 0;
+    return rt->memory_limit && rt->memory_limit < total ? rt->memory_limit : total;
 }
 
 static int cpu_device_info(void *rtp, int dev, eb_rt_device_info *info, char *err, size_t errlen) {
     cpu_runtime *rt = (cpu_runtime *)rtp;
-    int st = check_dev(rt, dev, err, errlen);
-    if (st) return st;
+    cpu_device *d = get_dev(rt, dev, err, errlen);
+    if (!d) return EB_ERR_RANGE;
     memset(info, 0, sizeof *info);
     snprintf(info->name, sizeof info->name, "%.40s", rt->cpu_name);
-    snprintf(info->kind, sizeof info->kind, "cpu");
-    struct sysinfo si;
-    if (sysinfo(&si) == 0) info->memory_total = (uint64_t)si.totalram * si.mem_unit;
-    info->memory_free = mem_available();
-    info->threads = rt->devices[dev].pool.n_threads;
-    info->host_addressable = 1;
+    snprintf(info->kind, sizeof info->kind, "%s", HOST_ADDRESSABLE ? "cpu" : "sim");
+    info->memory_total = device_total(rt);
+    uint64_t avail = mem_available();
+    if (rt->memory_limit) {
+        uint64_t used = atomic_load(&d->allocated);
+        uint64_t left = used < rt->memory_limit ? rt->memory_limit - used : 0;
+        avail = left < avail ? left : avail;
+    }
+    info->memory_free = avail;
+    info->threads = d->pool.n_threads;
+    info->host_addressable = HOST_ADDRESSABLE;
     return 0;
 }
 
+/* Each allocation carries its size in a 64-byte header, for the memory limit's accounting. */
 static int cpu_mem_alloc(void *rtp, int dev, size_t bytes, void **ptr, char *err, size_t errlen) {
-    int st = check_dev((cpu_runtime *)rtp, dev, err, errlen);
-    if (st) return st;
-    size_t rounded = (bytes + 63) / 64 * 64;
-    *ptr = aligned_alloc(64, rounded ? rounded : 64);
-    if (!*ptr) {
-        if (err && errlen) snprintf(err, errlen, "cpu runtime: could not allocate %zu bytes", bytes);
-        return EB_ERR_MEMORY;
-    }
+    cpu_runtime *rt = (cpu_runtime *)rtp;
+    cpu_device *d = get_dev(rt, dev, err, errlen);
+    *ptr = NULL;
+    if (!d) return EB_ERR_RANGE;
+    uint64_t used = atomic_load(&d->allocated);
+    if (rt->memory_limit && (bytes > rt->memory_limit || used > rt->memory_limit - bytes))
+        return fail(err, errlen, EB_ERR_MEMORY, "%s:%d: cannot allocate %zu bytes: %llu of %llu in use", RUNTIME_NAME,
+                    dev, bytes, (unsigned long long)used, (unsigned long long)rt->memory_limit);
+    size_t rounded = (bytes + 63) / 64 * 64 + 64;
+    unsigned char *p = aligned_alloc(64, rounded);
+    if (!p) return fail(err, errlen, EB_ERR_MEMORY, "%s:%d: could not allocate %zu bytes", RUNTIME_NAME, dev, bytes);
+    memcpy(p, &bytes, sizeof bytes);
+    atomic_fetch_add(&d->allocated, bytes);
+    *ptr = p + 64;
     return 0;
 }
 
 static void cpu_mem_free(void *rtp, int dev, void *ptr) {
+    cpu_runtime *rt = (cpu_runtime *)rtp;
+    if (!ptr || dev < 0 || dev >= rt->n_devices) return;
+    unsigned char *p = (unsigned char *)ptr - 64;
+    size_t bytes;
+    memcpy(&bytes, p, sizeof bytes);
+    atomic_fetch_sub(&rt->devices[dev].allocated, bytes);
+    free(p);
+}
+
+static int cpu_host_alloc(void *rtp, size_t bytes, void **ptr, char *err, size_t errlen) {
     (void)rtp;
-    (void)dev;
+    *ptr = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    return *ptr ? 0 : fail(err, errlen, EB_ERR_MEMORY, "could not allocate %zu bytes of host memory", bytes);
+}
+
+static void cpu_host_free(void *rtp, void *ptr) {
+    (void)rtp;
     free(ptr);
 }
 
-static int cpu_copy(void *rtp, int dev, void *dst, const void *src, size_t bytes, char *err, size_t errlen) {
-    int st = check_dev((cpu_runtime *)rtp, dev, err, errlen);
-    if (st) return st;
-    if (bytes) memcpy(dst, src, bytes);
+static int cpu_copy(void *rtp, int dev, void *dst, const void *src, size_t bytes, int async, char *err,
+                    size_t errlen) {
+    cpu_device *d = get_dev((cpu_runtime *)rtp, dev, err, errlen);
+    if (!d) return EB_ERR_RANGE;
+    if (!async) {
+        /* in order with queued work */
+        pthread_mutex_lock(&d->qmu);
+        while (d->count > 0) pthread_cond_wait(&d->q_idle, &d->qmu);
+        pthread_mutex_unlock(&d->qmu);
+        if (bytes) memcpy(dst, src, bytes);
+        return 0;
+    }
+    command *c = queue_slot(d);
+    c->kind = CMD_COPY;
+    c->dst = dst;
+    c->src = src;
+    c->bytes = bytes;
+    queue_push(d);
     return 0;
 }
 
 static int cpu_synchronize(void *rtp, int dev, char *err, size_t errlen) {
-    return check_dev((cpu_runtime *)rtp, dev, err, errlen);
-}
-
-typedef struct {
-    eb_cpu_matmul_rows_fn fn;
-    const void *w;
-    int dtype;
-    int64_t cols;
-    const float *x;
-    int64_t n;
-    float *y;
-    int64_t ldy;
-} matmul_job;
-
-static void matmul_chunk(void *arg, int64_t begin, int64_t end) {
-    matmul_job *j = (matmul_job *)arg;
-    j->fn(j->w, j->dtype, begin, end, j->cols, j->x, j->n, j->y, j->ldy);
+    cpu_device *d = get_dev((cpu_runtime *)rtp, dev, err, errlen);
+    if (!d) return EB_ERR_RANGE;
+    /* spin briefly: a join usually follows the work it waits for by microseconds */
+    for (int spins = 0; spins < SPIN_ITERATIONS; spins++) {
+        pthread_mutex_lock(&d->qmu);
+        int idle = d->count == 0;
+        pthread_mutex_unlock(&d->qmu);
+        if (idle) return 0;
+        cpu_relax();
+    }
+    pthread_mutex_lock(&d->qmu);
+    while (d->count > 0) pthread_cond_wait(&d->q_idle, &d->qmu);
+    pthread_mutex_unlock(&d->qmu);
+    return 0;
 }
 
 static int cpu_matmul(void *rtp, int dev, const void *w, int dtype, int64_t rows, int64_t cols, const float *x,
                       int64_t n, float *y, char *err, size_t errlen) {
     cpu_runtime *rt = (cpu_runtime *)rtp;
-    int st = check_dev(rt, dev, err, errlen);
-    if (st) return st;
-    if (eb_dtype_size(dtype) == 0) {
-        if (err && errlen) snprintf(err, errlen, "cpu runtime: unknown weight dtype %d", dtype);
-        return EB_ERR_UNSUPPORTED;
-    }
-    matmul_job job = {rt->matmul_rows, w, dtype, cols, x, n, y, rows};
-    pool *p = &rt->devices[dev].pool;
-    /* Enough chunks for load balance, each big enough (about 16 KiB of weights) to amortise the hand-off. */
-    int64_t min_rows = (int64_t)(16384 / ((size_t)cols * eb_dtype_size(dtype) + 1)) + 1;
-    int64_t chunk = rows / ((int64_t)p->n_threads * 4);
-    if (chunk < min_rows) chunk = min_rows;
-    pool_run(p, matmul_chunk, &job, rows, chunk);
+    cpu_device *d = get_dev(rt, dev, err, errlen);
+    if (!d) return EB_ERR_RANGE;
+    if (eb_dtype_size(dtype) == 0)
+        return fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d", dtype);
+    uint64_t t0 = now_ns();
+    pthread_mutex_lock(&d->run_lock);
+    run_matmul(rt, d, w, dtype, rows, cols, x, n, y);
+    pthread_mutex_unlock(&d->run_lock);
+    atomic_fetch_add(&d->busy_ns, now_ns() - t0);
     return 0;
+}
+
+static int cpu_expert_ffn(void *rtp, int dev, const eb_rt_expert_batch *b, int async, char *err, size_t errlen) {
+    cpu_runtime *rt = (cpu_runtime *)rtp;
+    cpu_device *d = get_dev(rt, dev, err, errlen);
+    if (!d) return EB_ERR_RANGE;
+    if (b->scratch_bytes < eb_rt_expert_scratch_bytes(b->n_pairs, b->hidden, b->inter))
+        return fail(err, errlen, EB_ERR_ARGUMENT, RUNTIME_NAME " runtime: expert scratch of %zu bytes is too small",
+                    b->scratch_bytes);
+    for (int32_t i = 0; i < b->n_experts; i++)
+        if (eb_dtype_size(b->experts[i].dtype) == 0)
+            return fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d",
+                        b->experts[i].dtype);
+    if (!async) {
+        pthread_mutex_lock(&d->qmu);
+        while (d->count > 0) pthread_cond_wait(&d->q_idle, &d->qmu);
+        pthread_mutex_unlock(&d->qmu);
+        command c = {.kind = CMD_FFN, .batch = *b};
+        execute(d, &c);
+        return 0;
+    }
+    command *c = queue_slot(d);
+    if (c->capacity < b->n_experts) {
+        eb_rt_expert *ex = realloc(c->experts, (size_t)b->n_experts * sizeof *ex);
+        int32_t *ps = ex ? realloc(c->pair_start, ((size_t)b->n_experts + 1) * sizeof *ps) : NULL;
+        if (ex) c->experts = ex;
+        if (ps) c->pair_start = ps;
+        if (!ex || !ps) {
+            pthread_mutex_unlock(&d->qmu);
+            return fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
+        }
+        c->capacity = b->n_experts;
+    }
+    memcpy(c->experts, b->experts, (size_t)b->n_experts * sizeof *c->experts);
+    memcpy(c->pair_start, b->pair_start, ((size_t)b->n_experts + 1) * sizeof *c->pair_start);
+    c->kind = CMD_FFN;
+    c->batch = *b;
+    c->batch.experts = c->experts;
+    c->batch.pair_start = c->pair_start;
+    queue_push(d);
+    return 0;
+}
+
+static uint64_t cpu_busy_ns(void *rtp, int dev) {
+    cpu_runtime *rt = (cpu_runtime *)rtp;
+    return dev >= 0 && dev < rt->n_devices ? atomic_load(&rt->devices[dev].busy_ns) : 0;
 }
 
 static const eb_runtime_table cpu_table = {
     .abi_version = EB_RUNTIME_ABI_VERSION,
     .table_size = sizeof(eb_runtime_table),
-    .name = "cpu",
+    .name = RUNTIME_NAME,
     .init = cpu_init,
     .shutdown = cpu_shutdown,
     .kernel_variant = cpu_kernel_variant,
@@ -357,10 +654,14 @@ static const eb_runtime_table cpu_table = {
     .device_info = cpu_device_info,
     .mem_alloc = cpu_mem_alloc,
     .mem_free = cpu_mem_free,
+    .host_alloc = cpu_host_alloc,
+    .host_free = cpu_host_free,
     .copy_to_device = cpu_copy,
     .copy_to_host = cpu_copy,
     .synchronize = cpu_synchronize,
     .matmul = cpu_matmul,
+    .expert_ffn = cpu_expert_ffn,
+    .busy_ns = cpu_busy_ns,
 };
 
 EB_EXPORT const eb_runtime_table *eb_runtime_module(void) { return &cpu_table; }

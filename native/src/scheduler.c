@@ -1,0 +1,507 @@
+/* Expert placement and the per-layer expert scheduler.
+ *
+ * Per MoE layer: route on the primary; group the selected (token, expert) pairs by owner device, experts in
+ * ascending id; for each owner that is not the primary, stage what it needs (one copy of its input rows and
+ * routing plan when it cannot read host memory) and queue its branch; run the primary's own experts inline
+ * meanwhile; join on each peer; reduce on the primary.
+ *
+ * reference mode: the primary sums every pair's output in ascending expert id (f32), exactly as the
+ * single-device path does, so the result does not depend on the placement when the kernels are the same.
+ * owner_local mode: each owner pre-sums its own experts and the primary adds the owners in device order.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "eb_convert.h"
+#include "eb_model.h"
+
+#define ALIGN 256
+
+static size_t align_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
+
+static uint64_t wsize(const eb_weight *w) { return (uint64_t)w->rows * (uint64_t)w->cols * eb_dtype_size(w->dtype); }
+
+static uint64_t expert_bytes(const eb_expert *e) { return wsize(&e->gate) + wsize(&e->up) + wsize(&e->down); }
+
+static uint64_t expert_copy_bytes(const eb_expert *e) {
+    return align_up(wsize(&e->gate)) + align_up(wsize(&e->up)) + align_up(wsize(&e->down));
+}
+
+/* ---- placement --------------------------------------------------------------------------------------- */
+
+static int validate_owners(const eb_model *m, const int32_t *owners, int64_t n) {
+    const eb_model_config *c = &m->cfg;
+    int64_t E = c->num_experts > 0 ? c->num_experts : 0, want = (int64_t)c->num_layers * E;
+    if (!owners && n > 0) return eb_fail(EB_ERR_ARGUMENT, "placement: owners is NULL");
+    if (E == 0) return eb_fail(EB_ERR_UNSUPPORTED, "placement: this model has no experts to place");
+    if (n != want)
+        return eb_fail(EB_ERR_ARGUMENT, "placement has %lld entries, expected %d layers x %lld experts = %lld",
+                       (long long)n, c->num_layers, (long long)E, (long long)want);
+    for (int l = 0; l < c->num_layers; l++) {
+        for (int64_t e = 0; e < E; e++) {
+            int32_t o = owners[l * E + e];
+            if (!m->layers[l].is_moe) {
+                if (o != -1)
+                    return eb_fail(EB_ERR_ARGUMENT, "placement: layer %d is not an MoE layer, its entries must be -1 "
+                                                    "(expert %lld has %d)", l, (long long)e, o);
+                continue;
+            }
+            if (o < 0 || o >= m->engine->n_devices)
+                return eb_fail(EB_ERR_RANGE, "placement: expert %lld of layer %d is given device index %d, expected "
+                                             "0..%d (the engine's devices)", (long long)e, l, o,
+                               m->engine->n_devices - 1);
+        }
+    }
+    return EB_OK;
+}
+
+int eb_model_placement_bytes(const eb_model *m, const int32_t *owners, int64_t n, uint64_t *out, int32_t n_devices) {
+    if (!m || !out) return eb_fail(EB_ERR_ARGUMENT, "placement bytes: NULL argument");
+    if (n_devices < m->engine->n_devices)
+        return eb_fail(EB_ERR_ARGUMENT, "placement bytes: room for %d devices, the engine has %d", n_devices,
+                       m->engine->n_devices);
+    int st = validate_owners(m, owners, n);
+    if (st) return st;
+    memset(out, 0, (size_t)n_devices * sizeof *out);
+    int64_t E = m->cfg.num_experts;
+    for (int l = 0; l < m->cfg.num_layers; l++)
+        if (m->layers[l].is_moe)
+            for (int64_t e = 0; e < E; e++) out[owners[l * E + e]] += expert_bytes(&m->layers[l].experts[e]);
+    return EB_OK;
+}
+
+int eb_model_get_placement(const eb_model *m, int32_t *owners, int64_t n) {
+    if (!m || !owners) return eb_fail(EB_ERR_ARGUMENT, "get placement: NULL argument");
+    int64_t E = m->cfg.num_experts;
+    if (E <= 0) return eb_fail(EB_ERR_UNSUPPORTED, "placement: this model has no experts to place");
+    if (n != (int64_t)m->cfg.num_layers * E)
+        return eb_fail(EB_ERR_ARGUMENT, "get placement: room for %lld entries, expected %lld", (long long)n,
+                       (long long)m->cfg.num_layers * E);
+    for (int l = 0; l < m->cfg.num_layers; l++)
+        for (int64_t e = 0; e < E; e++) owners[l * E + e] = m->layers[l].is_moe ? m->layers[l].experts[e].owner : -1;
+    return EB_OK;
+}
+
+static void point_at_host(eb_expert *x) {
+    x->gate.data = x->host_gate;
+    x->up.data = x->host_up;
+    x->down.data = x->host_down;
+}
+
+static void point_at_copy(eb_expert *x, void *mem) {
+    unsigned char *p = (unsigned char *)mem;
+    x->gate.data = p;
+    x->up.data = p + align_up(wsize(&x->gate));
+    x->down.data = p + align_up(wsize(&x->gate)) + align_up(wsize(&x->up));
+}
+
+static void refresh_weight_counters(eb_model *m) {
+    for (int d = 0; d < EB_MAX_DEVICES; d++) m->counters.dev[d].weight_bytes = 0;
+    for (int l = 0; l < m->cfg.num_layers; l++)
+        if (m->layers[l].is_moe)
+            for (int e = 0; e < m->cfg.num_experts; e++) {
+                const eb_expert *x = &m->layers[l].experts[e];
+                m->counters.dev[x->owner].weight_bytes += expert_bytes(x);
+            }
+}
+
+int eb_model_set_placement(eb_model *m, const int32_t *owners, int64_t n) {
+    if (!m) return eb_fail(EB_ERR_ARGUMENT, "set placement: model is NULL");
+    int st = validate_owners(m, owners, n);
+    if (st) return st;
+    eb_engine *eng = m->engine;
+    int64_t E = m->cfg.num_experts;
+    int L = m->cfg.num_layers;
+    /* memory needed on each device that cannot read the mapped files, before any allocation */
+    uint64_t need[EB_MAX_DEVICES] = {0};
+    for (int l = 0; l < L; l++) {
+        if (!m->layers[l].is_moe) continue;
+        for (int64_t e = 0; e < E; e++) {
+            int32_t o = owners[l * E + e];
+            const eb_expert *x = &m->layers[l].experts[e];
+            if (o != x->owner && !eng->devices[o].host_addressable) need[o] += expert_copy_bytes(x);
+        }
+    }
+    char err[512] = "";
+    for (int d = 0; d < eng->n_devices; d++) {
+        if (!need[d]) continue;
+        const eb_runtime *r = eb_device_runtime(eng, d);
+        eb_rt_device_info info;
+        if ((st = r->table->device_info(r->rt, eng->devices[d].local, &info, err, sizeof err)) != 0)
+            return eb_fail(st, "placement: device %s: %s", eng->devices[d].name, err);
+        if (need[d] > info.memory_free)
+            return eb_fail(EB_ERR_MEMORY, "placement needs %.1f MiB more on %s, which has %.1f MiB free (of %.1f MiB)",
+                           need[d] / 1048576.0, eng->devices[d].name, info.memory_free / 1048576.0,
+                           info.memory_total / 1048576.0);
+    }
+    /* phase 1: allocate and upload every copy; on any failure free them all and keep the old placement */
+    void **fresh = calloc((size_t)(L * E), sizeof *fresh);
+    if (!fresh) return eb_fail(EB_ERR_MEMORY, "placement: out of memory");
+    for (int l = 0; l < L && st == EB_OK; l++) {
+        if (!m->layers[l].is_moe) continue;
+        for (int64_t e = 0; e < E && st == EB_OK; e++) {
+            int32_t o = owners[l * E + e];
+            eb_expert *x = &m->layers[l].experts[e];
+            if (o == x->owner || eng->devices[o].host_addressable) continue;
+            const eb_runtime *r = eb_device_runtime(eng, o);
+            int local = eng->devices[o].local;
+            void *mem = NULL;
+            if ((st = r->table->mem_alloc(r->rt, local, expert_copy_bytes(x), &mem, err, sizeof err)) != 0) {
+                st = eb_fail(st, "placement: expert %lld of layer %d on %s: %s", (long long)e, l, eng->devices[o].name,
+                             err);
+                break;
+            }
+            fresh[l * E + e] = mem;
+            eb_expert tmp = *x;
+            point_at_copy(&tmp, mem);
+            const void *src[3] = {x->host_gate, x->host_up, x->host_down};
+            void *dst[3] = {(void *)tmp.gate.data, (void *)tmp.up.data, (void *)tmp.down.data};
+            uint64_t sz[3] = {wsize(&x->gate), wsize(&x->up), wsize(&x->down)};
+            for (int k = 0; k < 3 && st == EB_OK; k++)
+                if ((st = r->table->copy_to_device(r->rt, local, dst[k], src[k], sz[k], 0, err, sizeof err)) != 0)
+                    st = eb_fail(st, "placement: uploading expert %lld of layer %d to %s: %s", (long long)e, l,
+                                 eng->devices[o].name, err);
+        }
+    }
+    if (st) {
+        for (int64_t i = 0; i < (int64_t)L * E; i++)
+            if (fresh[i]) {
+                int32_t o = owners[i];
+                const eb_runtime *r = eb_device_runtime(eng, o);
+                r->table->mem_free(r->rt, eng->devices[o].local, fresh[i]);
+            }
+        free(fresh);
+        return st;
+    }
+    /* phase 2: commit, freeing the old copies */
+    for (int l = 0; l < L; l++) {
+        if (!m->layers[l].is_moe) continue;
+        for (int64_t e = 0; e < E; e++) {
+            int32_t o = owners[l * E + e];
+            eb_expert *x = &m->layers[l].experts[e];
+            if (o == x->owner) continue;
+            if (x->dev_mem) {
+                const eb_runtime *r = eb_device_runtime(eng, x->owner);
+                r->table->mem_free(r->rt, eng->devices[x->owner].local, x->dev_mem);
+                m->counters.dev[x->owner].allocated_bytes -= expert_copy_bytes(x);
+                x->dev_mem = NULL;
+            }
+            x->owner = o;
+            if (fresh[l * E + e]) {
+                x->dev_mem = fresh[l * E + e];
+                point_at_copy(x, x->dev_mem);
+                m->counters.dev[o].allocated_bytes += expert_copy_bytes(x);
+                m->counters.model.uploads++;
+            } else {
+                point_at_host(x);
+            }
+        }
+    }
+    free(fresh);
+    refresh_weight_counters(m);
+    return EB_OK;
+}
+
+void eb_placement_release(eb_model *m) {
+    if (!m->layers) return;
+    for (int l = 0; l < m->cfg.num_layers; l++) {
+        if (!m->layers[l].experts) continue;
+        for (int e = 0; e < m->cfg.num_experts; e++) {
+            eb_expert *x = &m->layers[l].experts[e];
+            if (!x->dev_mem) continue;
+            const eb_runtime *r = eb_device_runtime(m->engine, x->owner);
+            r->table->mem_free(r->rt, m->engine->devices[x->owner].local, x->dev_mem);
+            x->dev_mem = NULL;
+        }
+    }
+}
+
+/* ---- counters ---------------------------------------------------------------------------------------- */
+
+int eb_model_device_counters(const eb_model *m, int32_t device, eb_device_counters *out) {
+    if (!m || !out) return eb_fail(EB_ERR_ARGUMENT, "device counters: NULL argument");
+    if (device < 0 || device >= m->engine->n_devices)
+        return eb_fail(EB_ERR_RANGE, "device index %d out of range (%d devices)", device, m->engine->n_devices);
+    *out = m->counters.dev[device];
+    out->allocated_bytes += m->arena_bytes[device];
+    const eb_runtime *r = eb_device_runtime(m->engine, device);
+    out->busy_ns = r->table->busy_ns(r->rt, m->engine->devices[device].local);
+    return EB_OK;
+}
+
+int eb_model_get_counters(const eb_model *m, eb_model_counters *out) {
+    if (!m || !out) return eb_fail(EB_ERR_ARGUMENT, "model counters: NULL argument");
+    *out = m->counters.model;
+    return EB_OK;
+}
+
+void eb_model_reset_counters(eb_model *m) {
+    if (!m) return;
+    for (int d = 0; d < EB_MAX_DEVICES; d++) {
+        eb_device_counters *c = &m->counters.dev[d];
+        c->experts_run = c->rows = c->bytes_to_device = c->bytes_from_device = c->waits = 0;
+    }
+    m->counters.model.joins = m->counters.model.layer_steps = 0;
+}
+
+/* ---- the scheduler ----------------------------------------------------------------------------------- */
+
+void eb_scheduler_release(eb_context *c) {
+    eb_engine *eng = c->model->engine;
+    for (int d = 0; d < eng->n_devices; d++) {
+        eb_arena *a = &c->arena[d];
+        const eb_runtime *r = eb_device_runtime(eng, d);
+        if (a->host) r->table->host_free(r->rt, a->host);
+        if (a->dev) {
+            r->table->mem_free(r->rt, eng->devices[d].local, a->dev);
+            c->model->arena_bytes[d] -= a->dev_cap;
+        }
+        memset(a, 0, sizeof *a);
+    }
+}
+
+static int grow(eb_context *c, int d, size_t host_bytes, size_t dev_bytes) {
+    eb_model *m = c->model;
+    eb_engine *eng = m->engine;
+    eb_arena *a = &c->arena[d];
+    const eb_runtime *r = eb_device_runtime(eng, d);
+    int local = eng->devices[d].local;
+    char err[512] = "";
+    int st;
+    if (host_bytes > a->host_cap) {
+        size_t cap = align_up(host_bytes + host_bytes / 2);
+        if (a->host) r->table->host_free(r->rt, a->host);
+        a->host = NULL;
+        a->host_cap = 0;
+        if ((st = r->table->host_alloc(r->rt, cap, &a->host, err, sizeof err)) != 0)
+            return eb_fail(st, "staging arena for %s: %s", eng->devices[d].name, err);
+        a->host_cap = cap;
+        m->counters.model.arena_allocations++;
+    }
+    if (dev_bytes > a->dev_cap) {
+        size_t cap = align_up(dev_bytes + dev_bytes / 2);
+        if (a->dev) {
+            r->table->mem_free(r->rt, local, a->dev);
+            m->arena_bytes[d] -= a->dev_cap;
+        }
+        a->dev = NULL;
+        a->dev_cap = 0;
+        if ((st = r->table->mem_alloc(r->rt, local, cap, &a->dev, err, sizeof err)) != 0)
+            return eb_fail(st, "device staging arena on %s: %s", eng->devices[d].name, err);
+        a->dev_cap = cap;
+        m->arena_bytes[d] += cap;
+        m->counters.model.arena_allocations++;
+    }
+    return EB_OK;
+}
+
+/* softmax over the experts in f32, top-k (ties to the lower id), optional renormalisation. */
+static void route(eb_context *c, int64_t n) {
+    const eb_model_config *cf = &c->model->cfg;
+    int64_t E = cf->num_experts, K = cf->top_k;
+    for (int64_t t = 0; t < n; t++) {
+        float *p = c->router + t * E;
+        float mx = p[0];
+        for (int64_t e = 1; e < E; e++)
+            if (p[e] > mx) mx = p[e];
+        float sum = 0.0f;
+        for (int64_t e = 0; e < E; e++) {
+            p[e] = expf(p[e] - mx);
+            sum += p[e];
+        }
+        for (int64_t e = 0; e < E; e++) p[e] /= sum;
+        int32_t *ids = c->topk_id + t * K;
+        float *w = c->topk_w + t * K;
+        for (int64_t k = 0; k < K; k++) {
+            int32_t best = -1;
+            for (int64_t e = 0; e < E; e++) {
+                int taken = 0;
+                for (int64_t j = 0; j < k; j++) taken |= ids[j] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = (int32_t)e;
+            }
+            ids[k] = best;
+            w[k] = p[best];
+        }
+        if (cf->norm_topk_prob) {
+            float s = 0.0f;
+            for (int64_t k = 0; k < K; k++) s += w[k];
+            for (int64_t k = 0; k < K; k++) w[k] /= s;
+        }
+    }
+}
+
+/* Build one owner's plan (experts ascending, their pairs, its staged tokens), stage and submit its branch. */
+static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int inline_run) {
+    eb_model *m = c->model;
+    eb_engine *eng = m->engine;
+    const eb_model_config *cf = &m->cfg;
+    int64_t H = cf->hidden_size, I = cf->moe_intermediate_size, K = cf->top_k, E = cf->num_experts;
+    int staged = !eng->devices[d].host_addressable;
+    int owner_local = c->mode == EB_MODE_OWNER_LOCAL;
+    eb_owner_step *s = &c->step[d];
+    int32_t *tl = c->token_local + (size_t)d * (size_t)c->n_batch;
+
+    /* count pairs and tokens */
+    int64_t n_pairs = 0, n_tokens = 0;
+    for (int64_t t = 0; t < n; t++) {
+        int used = 0;
+        for (int64_t k = 0; k < K; k++)
+            if (L->experts[c->topk_id[t * K + k]].owner == d) n_pairs++, used = 1;
+        tl[t] = used ? (int32_t)(staged ? n_tokens : t) : -1;
+        n_tokens += used;
+    }
+    s->n_pairs = (int32_t)n_pairs;
+    s->staged = staged;
+    if (n_pairs == 0) return EB_OK;
+    int64_t x_rows = staged ? n_tokens : n; /* rows of x the owner indexes */
+    int64_t y_rows = owner_local ? x_rows : n_pairs;
+    s->n_tokens = (int32_t)x_rows;
+
+    /* host arena: [x (staged only) | pair_token | pair_weight] [y] [scratch (host-addressable only)] */
+    size_t x_bytes = staged ? align_up((size_t)(n_tokens * H) * sizeof(float)) : 0;
+    size_t pt_bytes = align_up((size_t)n_pairs * sizeof(int32_t)), pw_bytes = align_up((size_t)n_pairs * sizeof(float));
+    size_t in_bytes = x_bytes + pt_bytes + pw_bytes;
+    size_t y_bytes = align_up((size_t)(y_rows * H) * sizeof(float));
+    size_t scratch = align_up(eb_rt_expert_scratch_bytes(n_pairs, H, I));
+    int st = grow(c, d, in_bytes + y_bytes + (staged ? 0 : scratch), staged ? in_bytes + y_bytes + scratch : 0);
+    if (st) return st;
+    unsigned char *hb = (unsigned char *)c->arena[d].host;
+    float *hx = (float *)hb;
+    int32_t *pt = (int32_t *)(hb + x_bytes);
+    float *pw = (float *)(hb + x_bytes + pt_bytes);
+    s->y = (float *)(hb + in_bytes);
+
+    /* experts ascending; pairs of each expert in ascending token order */
+    int64_t p = 0;
+    int32_t ne = 0;
+    for (int32_t e = 0; e < E; e++) {
+        const eb_expert *x = &L->experts[e];
+        if (x->owner != d) continue;
+        int64_t first = p;
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t k = 0; k < K; k++)
+                if (c->topk_id[t * K + k] == e) {
+                    pt[p] = tl[t];
+                    pw[p] = c->topk_w[t * K + k];
+                    c->pair_slot[t * K + k] = (int32_t)p;
+                    p++;
+                }
+        if (p == first) continue;
+        c->plan_experts[ne] = (eb_rt_expert){x->gate.data, x->up.data, x->down.data, x->gate.dtype, e};
+        c->plan_start[ne] = (int32_t)first;
+        ne++;
+    }
+    c->plan_start[ne] = (int32_t)p;
+    s->n_experts = ne;
+    if (staged)
+        for (int64_t t = 0; t < n; t++)
+            if (tl[t] >= 0) memcpy(hx + (int64_t)tl[t] * H, c->xn + t * H, (size_t)H * sizeof(float));
+
+    const eb_runtime *r = eb_device_runtime(eng, d);
+    int local = eng->devices[d].local;
+    eb_rt_expert_batch b = {.n_experts = ne, .experts = c->plan_experts, .pair_start = c->plan_start,
+                            .n_pairs = (int32_t)n_pairs, .n_tokens = (int32_t)x_rows, .hidden = (int32_t)H,
+                            .inter = (int32_t)I, .mode = owner_local ? EB_REDUCE_OWNER_LOCAL : EB_REDUCE_REFERENCE};
+    char err[512] = "";
+    eb_device_counters *ctr = &m->counters.dev[d];
+    ctr->experts_run += (uint64_t)ne;
+    ctr->rows += (uint64_t)n_pairs;
+    if (!staged) {
+        b.x = c->xn;
+        b.pair_token = pt;
+        b.pair_weight = pw;
+        b.y = s->y;
+        b.scratch = hb + in_bytes + y_bytes;
+        b.scratch_bytes = scratch;
+        st = r->table->expert_ffn(r->rt, local, &b, !inline_run, err, sizeof err);
+    } else {
+        unsigned char *db = (unsigned char *)c->arena[d].dev;
+        b.x = (const float *)db;
+        b.pair_token = (const int32_t *)(db + x_bytes);
+        b.pair_weight = (const float *)(db + x_bytes + pt_bytes);
+        b.y = (float *)(db + in_bytes);
+        b.scratch = db + in_bytes + y_bytes;
+        b.scratch_bytes = scratch;
+        size_t y_used = (size_t)(y_rows * H) * sizeof(float);
+        if (!(st = r->table->copy_to_device(r->rt, local, db, hb, in_bytes, 1, err, sizeof err)) &&
+            !(st = r->table->expert_ffn(r->rt, local, &b, 1, err, sizeof err)))
+            st = r->table->copy_to_host(r->rt, local, s->y, b.y, y_used, 1, err, sizeof err);
+        ctr->bytes_to_device += in_bytes;
+        ctr->bytes_from_device += y_used;
+    }
+    if (st) return eb_fail(st, "layer experts on %s: %s", eng->devices[d].name, err);
+    return EB_OK;
+}
+
+int eb_moe_forward(eb_context *c, int layer, int64_t n) {
+    eb_model *m = c->model;
+    eb_engine *eng = m->engine;
+    const eb_model_config *cf = &m->cfg;
+    const eb_layer *L = &m->layers[layer];
+    int64_t H = cf->hidden_size, K = cf->top_k;
+    int prim = m->primary, st;
+    if ((st = eb_device_matmul(eng, prim, L->router.data, L->router.dtype, L->router.rows, L->router.cols, c->xn, n,
+                               c->router)))
+        return st;
+    route(c, n);
+
+    if (eng->n_devices > c->n_devices)
+        return eb_fail(EB_ERR_STATE, "a runtime was loaded after this context was created: create a new context");
+    /* peers first, queued; then the primary's own experts inline while they run; then join */
+    int peers = 0, first_error = EB_OK;
+    for (int d = 0; d < eng->n_devices; d++) c->step[d].n_pairs = 0;
+    for (int d = 0; d < eng->n_devices; d++) {
+        if (d == prim) continue;
+        if ((st = submit_owner(c, L, d, n, 0))) {
+            first_error = st;
+            break;
+        }
+        peers += c->step[d].n_pairs > 0;
+    }
+    if (first_error == EB_OK && (st = submit_owner(c, L, prim, n, 1))) first_error = st;
+    for (int d = 0; d < eng->n_devices; d++) {
+        if (d == prim || c->step[d].n_pairs == 0) continue;
+        const eb_runtime *r = eb_device_runtime(eng, d);
+        char err[512] = "";
+        m->counters.dev[d].waits++;
+        if ((st = r->table->synchronize(r->rt, eng->devices[d].local, err, sizeof err)) && first_error == EB_OK)
+            first_error = eb_fail(st, "waiting for %s: %s", eng->devices[d].name, err);
+    }
+    if (first_error) return first_error;
+    m->counters.model.layer_steps++;
+    if (peers) m->counters.model.joins++;
+
+    memset(c->moe_out, 0, (size_t)(n * H) * sizeof(float));
+    if (c->mode == EB_MODE_REFERENCE) {
+        for (int64_t t = 0; t < n; t++) {
+            float *o = c->moe_out + t * H;
+            const int32_t *ids = c->topk_id + t * K;
+            int32_t done = -1;
+            for (int64_t j = 0; j < K; j++) { /* ascending expert id */
+                int64_t k = -1;
+                for (int64_t i = 0; i < K; i++)
+                    if (ids[i] > done && (k < 0 || ids[i] < ids[k])) k = i;
+                done = ids[k];
+                const eb_owner_step *s = &c->step[L->experts[ids[k]].owner];
+                const float *y = s->y + (int64_t)c->pair_slot[t * K + k] * H;
+                float w = c->topk_w[t * K + k];
+                for (int64_t h = 0; h < H; h++) o[h] += y[h] * w;
+            }
+        }
+    } else {
+        for (int d = 0; d < eng->n_devices; d++) {
+            const eb_owner_step *s = &c->step[d];
+            if (s->n_pairs == 0) continue;
+            const int32_t *tl = c->token_local + (size_t)d * (size_t)c->n_batch;
+            for (int64_t t = 0; t < n; t++) {
+                if (tl[t] < 0) continue;
+                const float *y = s->y + (int64_t)tl[t] * H;
+                float *o = c->moe_out + t * H;
+                for (int64_t h = 0; h < H; h++) o[h] += y[h];
+            }
+        }
+    }
+    return EB_OK;
+}
