@@ -1,7 +1,10 @@
 """Build glue: setuptools refuses cffi_modules in pyproject.toml, and the CPU runtime module is a separate
 shared library that must land next to the core (the cffi extension), where the core looks for it."""
 
+import os
 import platform
+import shutil
+import subprocess
 from pathlib import Path
 
 from setuptools import setup
@@ -20,6 +23,31 @@ class BuildWithRuntimes(build_ext):
         self.build_cpu_runtime(core.parent, "cpu", [])
         # The cpu sources again as an isolated runtime whose devices act like a discrete accelerator.
         self.build_cpu_runtime(core.parent, "hostsim", [("EB_CPU_HOSTSIM", "1")])
+        if os.environ.get("EXPERTBENCH_NO_GPU") != "1":
+            self.build_gpu_runtimes(core.parent)
+
+    def build_gpu_runtimes(self, out_dir: Path):
+        """The cuda and hip modules from one source, each where its compiler exists."""
+        source = str(NATIVE / "runtime/gpu/gpu_runtime.cu")
+        common = ["-O3", "-std=c++17", "-shared", f"-I{NATIVE / 'include'}"]
+        nvcc = shutil.which("nvcc") or next((p for p in ["/usr/local/cuda/bin/nvcc"] if Path(p).exists()), None)
+        if nvcc:
+            archs = os.environ.get("EXPERTBENCH_CUDA_ARCHS", "80 86 89 90").split()
+            gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+            gencode.append(f"-gencode=arch=compute_{archs[-1]},code=compute_{archs[-1]}")
+            flags = ["-Xcompiler", "-fPIC,-fvisibility=hidden,-Wall,-Wextra"]
+            self._compile_gpu([nvcc, *common, *flags, *gencode, "-o", str(out_dir / "expertbench_rt_cuda.so"), source])
+        hipcc = shutil.which("hipcc")
+        if hipcc:
+            archs = os.environ.get("EXPERTBENCH_HIP_ARCHS", "gfx906 gfx908 gfx90a gfx1030").split()
+            flags = ["-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-DEB_GPU_HIP"]
+            flags += [f"--offload-arch={a}" for a in archs]
+            out = str(out_dir / "expertbench_rt_hip.so")
+            self._compile_gpu([hipcc, *common, *flags, "-o", out, source], {"HIP_PLATFORM": "amd"})
+
+    def _compile_gpu(self, cmd: list[str], env: dict | None = None):
+        print(" ".join(cmd))
+        subprocess.run(cmd, check=True, env={**os.environ, **(env or {})})
 
     def build_cpu_runtime(self, out_dir: Path, name: str, macros: list):
         cc = self.compiler

@@ -33,6 +33,10 @@ struct eb_engine {
     eb_device devices[EB_MAX_DEVICES];
     int n_devices;
     int n_models; /* models alive; the engine outlives them */
+    /* modules that loaded but found no device: kept mapped until the engine goes, so runtimes that load
+     * side by side are really side by side in the process */
+    void *idle_dl[EB_MAX_RUNTIMES];
+    int n_idle;
 };
 
 /* Copy a string, truncating to fit size (always NUL-terminated). */

@@ -60,6 +60,7 @@ void eb_engine_destroy(eb_engine *engine) {
         if (r->table && r->rt) r->table->shutdown(r->rt);
         if (r->dl) dlclose(r->dl);
     }
+    for (int i = 0; i < engine->n_idle; i++) dlclose(engine->idle_dl[i]);
     free(engine);
 }
 
@@ -156,14 +157,12 @@ int eb_engine_load_runtime(eb_engine *engine, const char *name, const char *path
     char err[512] = "";
     void *rt = NULL;
     int st = t->init(options, &rt, err, sizeof err);
-    if (st) {
-        dlclose(dl);
-        return eb_fail(st, "runtime module '%s': %s", name, err);
-    }
-    int nd = t->device_count(rt);
-    if (nd <= 0) {
-        t->shutdown(rt);
-        dlclose(dl);
+    int nd = st ? 0 : t->device_count(rt);
+    if (st || nd <= 0) {
+        if (!st) t->shutdown(rt);
+        if (engine->n_idle < EB_MAX_RUNTIMES) engine->idle_dl[engine->n_idle++] = dl;
+        else dlclose(dl);
+        if (st) return eb_fail(st, "runtime module '%s': %s", name, err);
         return eb_fail(EB_ERR_DEVICE, "runtime module '%s' found no device", name);
     }
     if (engine->n_devices + nd > EB_MAX_DEVICES) {

@@ -1,0 +1,104 @@
+"""Decode speed with 0, 25, 50, 75 and 100 % of the expert layers on a GPU, CPU primary, reference mode.
+
+For each split: greedy-decode the same tokens as the CPU-only run (checked: the ids must be identical), the largest
+logits difference from the CPU-only run, and decode tokens/s (median of --repeats). Writes a JSON report and
+prints a Markdown table. Run on a machine with the cuda (or hip) module built:
+
+    python bench/gpu_split.py --size bench --tokens 64 --repeats 3 --json bench/results/gpu_split.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine.demo import DEMO_PROMPTS, ensure_demo_pair  # noqa: E402
+from engine.model import Engine  # noqa: E402
+
+
+def decode(model, prompt_ids, n_tokens):
+    """Greedy ids, every step's logits, and decode seconds (prefill excluded)."""
+    with model.context(len(prompt_ids) + n_tokens + 1) as ctx:
+        last = ctx.prefill(prompt_ids, all_rows=False)
+        ids, rows = [int(np.argmax(last))], [last]
+        t0 = time.perf_counter()
+        while len(ids) < n_tokens:
+            row = ctx.decode([ids[-1]])[0]
+            rows.append(row)
+            ids.append(int(np.argmax(row)))
+        return ids, np.stack(rows), time.perf_counter() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="model folder (default: the demo target of --size)")
+    ap.add_argument("--size", default="bench")
+    ap.add_argument("--gpu", default="cuda:0")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads (default: all cores)")
+    ap.add_argument("--json", help="write the report here")
+    args = ap.parse_args()
+    model_dir = Path(args.model) if args.model else ensure_demo_pair(args.size).target
+    runtime = args.gpu.split(":")[0]
+    with Engine(runtimes=("cpu", runtime), cpu_threads=args.threads) as eng:
+        model = eng.load(model_dir)
+        prompt = model.encode(DEMO_PROMPTS[0])
+        moe = model.config.moe_layers
+        info = {d.name: d.description for d in eng.devices}
+        rows = []
+        base_ids = base_logits = None
+        for percent in (0, 25, 50, 75, 100):
+            k = round(len(moe) * percent / 100)
+            rules = "; ".join(f"{layer}={args.gpu}" for layer in moe[:k])
+            model.set_placement(f"*=cpu:0; {rules}" if rules else "*=cpu:0")
+            decode(model, prompt, 8)  # warm up: arenas, weights in cache
+            speeds, ids = [], None
+            for _ in range(args.repeats):
+                ids, logits, seconds = decode(model, prompt, args.tokens)
+                speeds.append((len(ids) - 1) / seconds)
+            if base_ids is None:
+                base_ids, base_logits = ids, logits
+            rows.append({
+                "gpu_layers": k, "percent": percent, "placement": model.placement.describe(),
+                "decode_tokens_per_second": statistics.median(speeds), "min": min(speeds), "max": max(speeds),
+                "tokens_identical_to_cpu": ids == base_ids,
+                "max_abs_logit_diff": float(np.abs(logits - base_logits).max()),
+                "max_rel_logit_diff": float((np.linalg.norm(logits - base_logits, axis=1)
+                                             / np.linalg.norm(base_logits, axis=1)).max()),
+                "counters": model.counters()["devices"],
+            })  # fmt: skip
+            model.reset_counters()
+    report = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "model": str(model_dir),
+        "devices": info,
+        "host": platform.node(),
+        "cpu_threads": args.threads or os.cpu_count(),
+        "tokens": args.tokens,
+        "repeats": args.repeats,
+        "results": rows,
+    }
+    print(f"| {args.gpu} expert layers | decode tok/s (median, min-max) | ids == CPU-only | max abs logit diff |")
+    print("| --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['gpu_layers']}/{len(moe)} ({r['percent']} %) | {r['decode_tokens_per_second']:.1f} "
+              f"({r['min']:.1f}-{r['max']:.1f}) | {r['tokens_identical_to_cpu']} | {r['max_abs_logit_diff']:.2e} |")  # fmt: skip
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0 if all(r["tokens_identical_to_cpu"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""The cuda and hip runtime modules: built wherever their compilers exist, loadable side by side in one process.
+
+On a machine without the GPU, each must load and report "no device" with its own runtime's reason; the CPU keeps
+working. With a GPU present (the device machine), bench/gpu/ checks tokens and speed.
+"""
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import FIXTURES
+
+from engine.model import Engine
+from engine.native import core_location
+
+MODULES = Path(core_location())
+
+
+def compiler(name: str) -> bool:
+    return shutil.which(name) is not None or (name == "nvcc" and Path("/usr/local/cuda/bin/nvcc").exists())
+
+
+@pytest.mark.parametrize(("runtime", "tool"), [("cuda", "nvcc"), ("hip", "hipcc")])
+def test_module_is_built_where_its_compiler_exists(runtime, tool):
+    if not compiler(tool):
+        pytest.skip(f"{tool} is not installed here")
+    assert (MODULES / f"expertbench_rt_{runtime}.so").is_file()
+
+
+def built(runtime: str) -> bool:
+    return (MODULES / f"expertbench_rt_{runtime}.so").is_file()
+
+
+@pytest.mark.parametrize("order", [("cuda", "hip"), ("hip", "cuda")])
+def test_cuda_and_hip_load_side_by_side_and_report_their_reason(order):
+    if not (built("cuda") and built("hip")):
+        pytest.skip("needs both the cuda and the hip module built (nvcc and hipcc)")
+    with Engine(runtimes=("cpu", *order), strict=False) as eng:
+        names = [d.name for d in eng.devices]
+        for runtime in order:
+            if any(n.startswith(f"{runtime}:") for n in names):
+                continue  # a real GPU of this kind is present
+            reason = eng.load_errors[runtime]
+            api = "CUDA" if runtime == "cuda" else "HIP"
+            assert f"runtime module '{runtime}': no device: {api} reports" in reason
+        # the CPU still runs a model in the same process
+        model = eng.load(FIXTURES / "qwen3-f32")
+        with model.context(8) as ctx:
+            assert np.isfinite(ctx.prefill([1, 2, 3])).all()
+
+
+def test_gpu_cannot_be_the_primary_device():
+    if not built("cuda"):
+        pytest.skip("cuda module not built")
+    with Engine(runtimes=("cpu", "cuda"), strict=False) as eng:
+        if not any(d.name == "cuda:0" for d in eng.devices):
+            pytest.skip("no CUDA device here")
+        from engine.errors import UnsupportedError
+
+        with pytest.raises(UnsupportedError, match="primary device must be a CPU device"):
+            eng.load(FIXTURES / "qwen3-f32", device="cuda:0")
+
+
+@pytest.mark.parametrize("name", ["qwen3moe-f32", "qwen3moe-bf16"])
+@pytest.mark.parametrize("runtime", ["cuda", "hip"])
+def test_gpu_experts_match_transformers_and_cpu_tokens(runtime, name):
+    if not built(runtime):
+        pytest.skip(f"{runtime} module not built")
+    with Engine(runtimes=("cpu", runtime), strict=False) as eng:
+        gpu = f"{runtime}:0"
+        if gpu not in [d.name for d in eng.devices]:
+            pytest.skip(f"no {runtime} device here")
+        ref = np.load(FIXTURES / name / "reference.npz")
+        prompt, generated, logits = ref["prompt_ids"], ref["generated_ids"], ref["logits"]
+        model = eng.load(FIXTURES / name)
+        for text in (f"*={gpu}", f"0={gpu}", f"*=cpu:0; 0.1-3={gpu}; 2.6={gpu}"):
+            for mode in ("reference", "owner_local"):
+                model.set_placement(text)
+                with model.context() as ctx:
+                    ctx.mode = mode
+                    rows = np.concatenate([ctx.prefill(prompt)] + [ctx.decode([t]) for t in generated])
+                    ctx.truncate(0)
+                    assert ctx.generate(prompt, 64).ids == generated.tolist(), f"{text} {mode}"
+                rel = np.linalg.norm(rows - logits, axis=1) / np.linalg.norm(logits, axis=1)
+                assert rel.max() < 1e-4, f"{text} {mode}: {rel.max():.2e}"
+        assert model.counters()["devices"][gpu]["rows"] > 0
