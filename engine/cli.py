@@ -1,6 +1,7 @@
 """The expertbench command line.
 
-Exit codes: 0 success, 1 a regression (later: regress), 2 bad input or usage. Errors are one line on stderr.
+Exit codes: 0 success, 1 a regression (later: regress), 2 bad input or usage, 130 interrupted. Errors are one
+line on stderr. Long work shows progress on stderr when it is a terminal and stays quiet when piped.
 """
 
 from __future__ import annotations
@@ -8,11 +9,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
+from .demo import DEMO_PROMPTS, SIZES, ensure_demo_pair
 from .errors import EngineError
-from .model import Engine, default_model_path
+from .model import Engine
+from .run import REDUCTION_MODES, DecodeRun, RunResult, StepEvent, check_mode
+from .speculative import MAX_DRAFT_TOKENS
 
-DEFAULT_PROMPT = "The quick brown fox jumps over the lazy dog."
+SYNTHETIC_NOTE = "synthetic: random weights, its text is noise by design"
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
@@ -36,40 +41,174 @@ def _make_engine(args) -> Engine:
                   portable=args.portable or None)  # fmt: skip
 
 
-def cmd_run(args) -> int:
+def _tell(message: str) -> None:
+    """A status line for a person at a terminal; nothing when stderr is piped."""
+    if sys.stderr.isatty():
+        print(f"expertbench: {message}", file=sys.stderr, flush=True)
+
+
+class ProgressBar:
+    """One self-overwriting line on stderr, redrawn at most 10 times a second from the run's thread."""
+
+    def __init__(self, total_tokens: int, repeats: int, prompts: int, stream=None):
+        self.total, self.repeats, self.prompts = total_tokens, repeats, prompts
+        self.stream = stream if stream is not None else sys.stderr
+        self.done = self.drafted = self.accepted = 0
+        self.decode_tokens, self.decode_seconds = 0, 0.0
+        self._last_draw = 0.0
+
+    def __call__(self, event: StepEvent) -> None:
+        self.done += event.tokens
+        self.drafted += event.drafted
+        self.accepted += event.accepted
+        if event.phase == "decode":
+            self.decode_tokens += event.tokens
+            self.decode_seconds += event.seconds
+        now = time.monotonic()
+        if now - self._last_draw >= 0.1 or self.done >= self.total:
+            self._last_draw = now
+            self._draw(event)
+
+    def _draw(self, event: StepEvent) -> None:
+        width = 24
+        filled = width * self.done // max(1, self.total)
+        rate = f"{self.decode_tokens / self.decode_seconds:8.1f} tok/s" if self.decode_seconds > 0 else " " * 14
+        accept = f"  accept {100 * self.accepted / self.drafted:5.1f} %" if self.drafted else ""
+        where = f"repeat {event.repeat + 1}/{self.repeats}  prompt {event.prompt + 1}/{self.prompts}"
+        line = f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} tokens  {where}  {rate}{accept}"
+        self.stream.write("\r\033[K" + line)
+        self.stream.flush()
+
+    def clear(self) -> None:
+        self.stream.write("\r\033[K")
+        self.stream.flush()
+
+
+def _check_run_args(args) -> None:
+    """Cheap checks first, so bad input fails before any model is loaded or built."""
     if args.n < 1:
         raise EngineError(f"-n {args.n}: expected a positive number of tokens")
-    model_dir = args.model or default_model_path()
+    if args.repeats < 1:
+        raise EngineError(f"--repeats {args.repeats}: expected a positive number")
+    if not 1 <= args.q <= MAX_DRAFT_TOKENS:
+        raise EngineError(f"--q {args.q}: expected a draft length of 1..{MAX_DRAFT_TOKENS} tokens")
+    for p in args.prompt or ():
+        if not p:
+            raise EngineError("--prompt '' is empty: give some text")
+    check_mode(args.mode)
+
+
+def cmd_run(args) -> int:
+    _check_run_args(args)
+    target_dir, draft_dir = args.model, args.draft
+    if target_dir is None:
+        pair = ensure_demo_pair(args.demo_size, on_build=lambda why: _tell(
+            f"building the synthetic demo model pair ({args.demo_size}; {why}), once..."))  # fmt: skip
+        target_dir = pair.target
+        if draft_dir is None and not args.no_draft:
+            draft_dir = pair.draft
+    prompts = args.prompt or DEMO_PROMPTS
     with _make_engine(args) as eng:
-        model = eng.load(model_dir, device=args.device)
-        ids = model.encode(args.prompt) if args.prompt is not None else []
-        if not ids:
-            raise EngineError("the prompt is empty: give --prompt with some text")
-        n_ctx = min(model.config.max_position_embeddings, len(ids) + args.n)
-        with model.context(n_ctx) as ctx:
-            res = ctx.generate(ids, args.n)
-        text = model.decode_text(res.ids)
-        report = {
-            "model": str(model_dir),
-            "synthetic": model.config.synthetic,
-            "device": args.device,
-            "kernels": eng.runtimes[0].kernel_variant,
-            "prompt_tokens": res.prefill_tokens,
-            "generated_tokens": len(res.ids),
-            "prefill_tokens_per_second": res.prefill_tokens_per_second,
-            "decode_tokens_per_second": res.decode_tokens_per_second,
-            "generated_ids": res.ids,
-            "text": text,
-        }
+        target = eng.load(target_dir, device=args.device)
+        draft = eng.load(draft_dir, device=args.draft_device or args.device) if draft_dir is not None else None
+        run = DecodeRun(target, draft, prompts=prompts, tokens_per_prompt=args.n, repeats=args.repeats, q=args.q,
+                        mode=args.mode)  # fmt: skip
+        progress = None
+        if sys.stderr.isatty():
+            progress = ProgressBar(args.n * len(prompts) * args.repeats, args.repeats, len(prompts))
+            run.on_event = progress
+        # On a worker thread, so that Ctrl-C cancels at the next step and the partial result is still reported.
+        run.start()
+        interrupted = False
+        try:
+            result = run.wait()
+        except KeyboardInterrupt:
+            interrupted = True
+            run.cancel()
+            result = run.wait()
+        finally:
+            if progress is not None:
+                progress.clear()
+        report = _report(result, target, draft, prompts, eng.runtimes[0].kernel_variant)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print_table(report, result, len(prompts))
+    if interrupted:
+        print("expertbench: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _report(result: RunResult, target, draft, prompts, kernels: str) -> dict:
+    report = {
+        "synthetic": target.config.synthetic,
+        "draft_synthetic": None if draft is None else draft.config.synthetic,
+        "kernels": kernels,
+        **result.to_dict(),
+    }
+    report["prompts"] = [
+        {"prompt": text, "text": target.decode_text(p.generated_ids), **entry}
+        for text, p, entry in zip(prompts, result.prompts, report["prompts"], strict=False)
+    ]
+    return report
+
+
+def _rate(median, lo, hi) -> str:
+    if median is None:
+        return "not measured"
+    spread = f"  (min {lo:.1f}, max {hi:.1f})" if lo != hi else ""
+    return f"{median:10.1f} tokens/s{spread}"
+
+
+def _synthetic_note(synthetic) -> str:
+    return f"  ({SYNTHETIC_NOTE})" if synthetic else ""
+
+
+def _print_table(report: dict, result: RunResult, n_prompts: int) -> None:
+    print(f"model     {report['target']}{_synthetic_note(report['synthetic'])}")
+    if report["draft"]:
+        print(f"draft     {report['draft']}  q={report['q']}{_synthetic_note(report['draft_synthetic'])}")
+    else:
+        print("draft     none (target-only greedy decoding)")
+    devices = f"target {report['target_device']}" + (f", draft {report['draft_device']}" if report["draft"] else "")
+    print(f"devices   {devices} ({report['kernels']} kernels)")
+    print(f"mode      {report['mode']}")
+    print(f"run       {n_prompts} prompts x {report['tokens_per_prompt']} tokens x {report['repeats']} repeats"
+          f"{'  (cancelled: partial)' if report['cancelled'] else ''}")  # fmt: skip
+    for what in ("prefill", "decode"):
+        key = f"{what}_tokens_per_second"
+        print(f"{what:9s} {_rate(report[key], report[key + '_min'], report[key + '_max'])}")
+    if report["accept_rate"] is not None:
+        print(f"accept    {100 * report['accept_rate']:10.1f} %  ({report['accepted_tokens']} of "
+              f"{report['drafted_tokens']} drafted tokens)")  # fmt: skip
+    complete = sum(r.complete for r in result.repeat_results)
+    if complete > 1:
+        held = "held over" if report["repeats_agree"] else "CHANGED between"
+        print(f"hashes    {held} {complete} repeats")
+    print()
+    print(f"{'#':>2}  {'prompt':>6}  {'output sha256':16}  output")
+    for i, p in enumerate(report["prompts"]):
+        text = p["text"].replace("\n", " ")
+        text = text if len(text) <= 60 else text[:57] + "..."
+        print(f"{i:>2}  {p['prompt_tokens']:>6}  {p['output_sha256'][:16]}  {text!r}")
+
+
+def cmd_demo_model(args) -> int:
+    t0 = time.perf_counter()
+    pair = ensure_demo_pair(args.size, verify=args.verify, rebuild=args.rebuild, on_build=lambda why: _tell(
+        f"building the synthetic demo model pair ({args.size}; {why})..."))  # fmt: skip
+    seconds = time.perf_counter() - t0
+    report = {"size": pair.size, "target": str(pair.target), "draft": str(pair.draft), "synthetic": True,
+              "built": pair.built, "reason": pair.reason, "checked": "sha256" if args.verify else "sizes",
+              "seconds": seconds}  # fmt: skip
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(f"model    {report['model']}{'  (synthetic)' if report['synthetic'] else ''}")
-    print(f"device   {args.device} ({report['kernels']} kernels)")
-    print(f"prompt   {args.prompt!r} ({res.prefill_tokens} tokens)")
-    print(f"output   {text!r}")
-    print(f"prefill  {res.prefill_tokens_per_second:10.1f} tokens/s")
-    print(f"decode   {res.decode_tokens_per_second:10.1f} tokens/s ({res.decode_tokens} tokens)")
+    state = f"built in {seconds:.1f} s ({pair.reason})" if pair.built else f"intact ({report['checked']} checked)"
+    print(f"demo model pair '{pair.size}' ({SYNTHETIC_NOTE}): {state}")
+    print(f"target    {pair.target}  (Qwen3-MoE)")
+    print(f"draft     {pair.draft}  (dense Qwen3)")
     return 0
 
 
@@ -93,14 +232,48 @@ def cmd_devices(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="expertbench", description="Mixture-of-Experts tuning workbench")
     sub = parser.add_subparsers(dest="command")
-    run = sub.add_parser("run", help="generate text greedily and report prefill / decode tokens/s")
-    run.add_argument("--model", help="Hugging Face model folder (default: the bundled tiny Qwen3-MoE fixture)")
-    run.add_argument("--prompt", default=DEFAULT_PROMPT)
-    run.add_argument("-n", type=int, default=32, help="tokens to generate (default 32)")
-    run.add_argument("--device", default="cpu:0", help="primary device (default cpu:0)")
+    run = sub.add_parser(
+        "run",
+        help="decode runs: tokens/s, draft acceptance and output hashes",
+        description="Greedy decode runs over prompts, with a draft model (speculative decoding) or without. "
+        "With no --model, runs the built-in synthetic demo pair (see 'expertbench demo-model').",
+    )
+    run.add_argument("--model", help="Hugging Face model folder (default: the synthetic demo target)")
+    drafts = run.add_mutually_exclusive_group()
+    drafts.add_argument(
+        "--draft",
+        metavar="DIR",
+        help="draft model folder (default: the demo draft when --model is not given, else none)",
+    )
+    drafts.add_argument("--no-draft", action="store_true", help="target-only greedy decoding")
+    run.add_argument("--q", type=int, default=2, help=f"draft tokens per step, 1..{MAX_DRAFT_TOKENS} (default 2)")
+    run.add_argument("--mode", default="reference", choices=REDUCTION_MODES,
+                     help="expert reduction: reference (identical outputs on any placement; default) or owner_local "
+                          "(not supported by the engine yet)")  # fmt: skip
+    run.add_argument("--prompt", action="append", metavar="TEXT",
+                     help="a prompt; repeat for several (default: 4 built-in prompts)")  # fmt: skip
+    run.add_argument("-n", type=int, default=64, help="tokens to generate per prompt (default 64)")
+    run.add_argument("--repeats", type=int, default=3, help="passes over the prompts (default 3)")
+    run.add_argument("--device", default="cpu:0", help="the target's primary device (default cpu:0)")
+    run.add_argument("--draft-device", help="the draft's device (default: --device)")
+    run.add_argument("--demo-size", default="default", choices=sorted(SIZES),
+                     help="which demo pair to use when no --model is given (default: default)")  # fmt: skip
     run.add_argument("--json", action="store_true", help="print one JSON document")
     _engine_args(run)
     run.set_defaults(func=cmd_run)
+    demo = sub.add_parser(
+        "demo-model",
+        help="build (or check) the synthetic demo model pair in the cache folder",
+        description="Writes a seeded synthetic Qwen3-MoE target and a dense Qwen3 draft built from it into "
+        "$XDG_CACHE_HOME/expertbench (or ~/.cache/expertbench). Random weights: the text they write is noise, "
+        "but the pair behaves like a real target and draft (acceptance about 75 %% at q=2).",
+    )
+    demo.add_argument("--size", default="default", choices=sorted(SIZES),
+                      help="default (about 60 M parameters) or bench (about 1 B)")  # fmt: skip
+    demo.add_argument("--verify", action="store_true", help="re-hash every file (otherwise sizes are checked)")
+    demo.add_argument("--rebuild", action="store_true", help="build again even when intact")
+    demo.add_argument("--json", action="store_true", help="print one JSON document")
+    demo.set_defaults(func=cmd_demo_model)
     dev = sub.add_parser("devices", help="list runtimes and devices")
     dev.add_argument("--json", action="store_true")
     _engine_args(dev)
