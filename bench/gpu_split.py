@@ -20,10 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from engine.demo import DEMO_PROMPTS, ensure_demo_pair  # noqa: E402
-from engine.model import Engine  # noqa: E402
+from engine.demo import DEMO_PROMPTS, ensure_demo_pair
+from engine.model import Engine
 
 
 def decode(model, prompt_ids, n_tokens):

@@ -5,7 +5,7 @@ set -euo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site
+export PYTHONPATH=/tmp/site:$PWD
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 nproc
 export EXPERTBENCH_CUDA_ARCHS=${EXPERTBENCH_CUDA_ARCHS:-90}
