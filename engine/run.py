@@ -1,0 +1,430 @@
+"""Decode runs: greedy generation over a list of prompts, repeated, with or without a draft model.
+
+A DecodeRun checks everything before it starts (prompts, counts, q, the draft's vocabulary, context room),
+streams a StepEvent to a callback after every step, and ends in a RunResult whose field names follow what
+benchmark scripts in this field record: decode_tokens_per_second, accept_rate, output_sha256.
+
+    run = DecodeRun(target, draft, prompts=["Hello"], tokens_per_prompt=64, repeats=3, q=2, on_event=print)
+    result = run.run()               # here, or:
+    run.start(); ...; run.cancel(); result = run.wait()   # on a worker thread (the native calls release the GIL)
+
+A placement given to the run is applied to the target when the run starts (and stays in force after it);
+without one the run uses the target's current placement. The reduction mode is set on the run's own caches.
+
+Cancel stops the run before its next step; the caches are released and the models stay usable. The callback
+runs on the run's own thread, between native calls: it should only copy the event somewhere (a queue, a
+signal), because the next step waits for it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .errors import ArgumentError, RangeError, StateError
+from .model import Model, _ids_array
+from .speculative import GreedyDecoder, SpeculativeDecoder, check_draft_q, check_shared_vocabulary
+
+REDUCTION_MODES = ("reference", "owner_local")
+
+
+@dataclass(frozen=True, slots=True)
+class StepEvent:
+    """One step of a run: the prefill of a prompt (which yields its first token) or one decode step.
+
+    time: seconds from the start of the run to the end of this step; seconds: how long the step took.
+    generated: tokens generated so far for this prompt (this step included). ids: the tokens this step emitted.
+    """
+
+    phase: str  # "prefill" or "decode"
+    repeat: int
+    prompt: int
+    tokens: int
+    drafted: int
+    accepted: int
+    generated: int
+    time: float
+    seconds: float
+    ids: tuple[int, ...]
+    prompt_tokens: int = 0  # prefill steps only
+
+
+@dataclass
+class RepeatResult:
+    """One pass over every prompt. complete is False for a pass cut short by cancel."""
+
+    index: int
+    prefill_tokens: int = 0
+    prefill_seconds: float = 0.0
+    generated_tokens: int = 0  # every token generated, each prompt's first (from the prefill) included
+    decode_tokens: int = 0  # tokens after each prompt's first
+    decode_seconds: float = 0.0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    output_sha256: list[str] = field(default_factory=list)  # one per finished prompt
+    complete: bool = False
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else math.nan
+
+    @property
+    def prefill_tokens_per_second(self) -> float:
+        return self.prefill_tokens / self.prefill_seconds if self.prefill_seconds > 0 else math.nan
+
+
+@dataclass
+class PromptResult:
+    prompt_tokens: int
+    generated_ids: list[int]
+    output_sha256: str
+
+
+@dataclass
+class RunResult:
+    """What a run measured. Speeds are the median over repeats, with min and max; NaN when not measured.
+
+    decode tokens/s counts every generated token after each prompt's first, over the time of the decode steps
+    (draft and verification together); prefill tokens/s counts prompt tokens over the prefill time (the draft's
+    prefill included). accept_rate is accepted / drafted tokens (None without a draft). output_sha256 is the
+    sha256 of each prompt's generated ids as int32 little-endian, from the first complete repeat;
+    repeats_agree says whether every complete repeat produced the same hashes.
+
+    From the engine's counters, over the run: device_busy_share (device -> time it spent running kernels, for
+    any model, over the time of the steps; several threads or streams can make it exceed 1), staging_bytes
+    ("src->dst" -> bytes copied between a model's primary device and an expert owner), joins (MoE layer steps
+    whose experts ran on more than one device) and waits (device -> times the primary waited for it).
+    placement is the target's placement in its text form (None for a dense target).
+    """
+
+    target: str
+    draft: str | None
+    target_device: str
+    draft_device: str | None
+    mode: str
+    placement: str | None
+    q: int | None
+    tokens_per_prompt: int
+    repeats: int
+    prompts: list[PromptResult]
+    output_sha256: list[str]
+    repeats_agree: bool
+    decode_tokens_per_second: float
+    decode_tokens_per_second_min: float
+    decode_tokens_per_second_max: float
+    prefill_tokens_per_second: float
+    prefill_tokens_per_second_min: float
+    prefill_tokens_per_second_max: float
+    generated_tokens: int  # over every repeat, as the events count them
+    drafted_tokens: int
+    accepted_tokens: int
+    accept_rate: float | None
+    repeat_results: list[RepeatResult]
+    cancelled: bool
+    seconds: float
+    device_busy_share: dict[str, float] = field(default_factory=dict)
+    staging_bytes: dict[str, int] = field(default_factory=dict)
+    joins: int = 0
+    waits: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """Plain JSON-ready data (NaN becomes None)."""
+        out = asdict(self)
+        for r, rep in zip(out["repeat_results"], self.repeat_results, strict=True):
+            r["decode_tokens_per_second"] = rep.decode_tokens_per_second
+            r["prefill_tokens_per_second"] = rep.prefill_tokens_per_second
+        return _finite(out)
+
+
+def _finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def output_sha256(ids) -> str:
+    """sha256 of token ids as int32 little-endian: the output hash a run reports."""
+    return hashlib.sha256(np.asarray(ids, dtype="<i4").tobytes()).hexdigest()
+
+
+def check_mode(mode: str) -> str:
+    if mode not in REDUCTION_MODES:
+        raise ArgumentError(f"reduction mode {mode!r} is unknown: expected one of {', '.join(REDUCTION_MODES)}")
+    return mode
+
+
+def _positive(name: str, value) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        raise ArgumentError(f"{name} = {value!r}: expected a positive integer")
+    return int(value)
+
+
+class DecodeRun:
+    """A decode run over prompts (texts or token id lists), tokens_per_prompt tokens each, `repeats` times.
+
+    draft: a model proposing q tokens per step (1..8), verified by the target in one pass; None for
+    target-only decoding. mode: "reference" (expert outputs summed on the primary in a fixed order: outputs
+    identical whatever the placement) or "owner_local" (each owner pre-sums its experts: faster, not the
+    identity mode). placement: a Placement or its text form ("0-7=cuda:0; 8-15=cpu:0"), applied to the target
+    when the run starts; None keeps the target's current one. on_event(StepEvent) is called after every step,
+    on the run's thread. Everything is checked here, before any run starts.
+    """
+
+    def __init__(
+        self,
+        target: Model,
+        draft: Model | None = None,
+        *,
+        prompts=None,
+        tokens_per_prompt: int = 64,
+        repeats: int = 1,
+        q: int = 2,
+        mode: str = "reference",
+        placement=None,
+        on_event=None,
+    ):
+        check_mode(mode)
+        if placement is not None:
+            target.placement_bytes(placement)  # checks devices, layers and experts now; moves nothing yet
+        self.target, self.draft = target, draft
+        self.mode, self.placement = mode, placement
+        self.tokens_per_prompt = _positive("tokens per prompt", tokens_per_prompt)
+        self.repeats = _positive("repeats", repeats)
+        self.q = check_draft_q(q) if draft is not None else None
+        if draft is not None:
+            check_shared_vocabulary(target, draft)
+        if prompts is None:
+            from .demo import DEMO_PROMPTS
+
+            prompts = DEMO_PROMPTS
+        self.prompt_ids = self._encode_prompts(prompts)
+        # The target never holds more than prompt + n - 1 positions (a draft of q is cut to the tokens still due).
+        self.n_ctx = max(len(p) for p in self.prompt_ids) + self.tokens_per_prompt
+        for role, model in (("target", target), ("draft", draft)):
+            if model is not None and self.n_ctx > model.config.max_position_embeddings:
+                raise RangeError(
+                    f"the longest prompt plus {self.tokens_per_prompt} generated tokens needs {self.n_ctx} "
+                    f"positions, more than the {role}'s max_position_embeddings "
+                    f"({model.config.max_position_embeddings})"
+                )
+        self.on_event = on_event
+        self._cancel = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._result: RunResult | None = None
+        self._error: BaseException | None = None
+        self._started = False
+
+    def _encode_prompts(self, prompts) -> list[list[int]]:
+        if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__len__"):
+            raise ArgumentError(f"prompts must be a list of texts or of token id lists, got {type(prompts).__name__}")
+        if len(prompts) == 0:
+            raise ArgumentError("the prompt list is empty: expected at least one prompt")
+        vocab = self.target.config.vocab_size
+        out = []
+        for i, p in enumerate(prompts):
+            if isinstance(p, str):
+                if not p:
+                    raise ArgumentError(f"prompt {i} is empty: expected some text")
+                ids = self.target.encode(p)
+                if not ids:
+                    raise ArgumentError(f"prompt {i} ({p!r}) encodes to no tokens: expected some text")
+            else:
+                try:
+                    ids = _ids_array(p).tolist()
+                except ArgumentError as exc:
+                    raise ArgumentError(f"prompt {i}: {exc}") from None
+                bad = [t for t in ids if not 0 <= t < vocab]
+                if bad:
+                    raise RangeError(f"prompt {i}: token id {bad[0]} out of range: expected 0..{vocab - 1}")
+            out.append(ids)
+        return out
+
+    # -- running --------------------------------------------------------------------------------------------
+
+    def cancel(self) -> None:
+        """Stop before the next step (thread-safe); run() / wait() then return the partial result."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def run(self) -> RunResult:
+        """Run in the calling thread; returns when every step is done or the run is cancelled."""
+        if self._started:
+            raise StateError("this DecodeRun has already been started: make a new one for another run")
+        self._started = True
+        return self._execute()
+
+    def start(self) -> DecodeRun:
+        """Run on a worker thread; wait() for the result."""
+        if self._started:
+            raise StateError("this DecodeRun has already been started: make a new one for another run")
+        self._started = True
+        self._thread = threading.Thread(target=self._worker, name="expertbench-decode-run", daemon=True)
+        self._thread.start()
+        return self
+
+    def wait(self, timeout: float | None = None) -> RunResult | None:
+        """The result of a start()ed run (None if still running after timeout); re-raises the run's error."""
+        if self._thread is None:
+            raise StateError("this DecodeRun was not start()ed")
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            return None
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _worker(self) -> None:
+        try:
+            self._result = self._execute()
+        except BaseException as exc:  # handed to wait(), which re-raises it on the caller's thread
+            self._error = exc
+
+    def _execute(self) -> RunResult:
+        if self.placement is not None:
+            self.target.set_placement(self.placement)
+        target_ctx = self.target.context(self.n_ctx)
+        target_ctx.mode = self.mode
+        draft_ctx = None
+        try:
+            if self.draft is not None:
+                draft_ctx = self.draft.context(self.n_ctx)
+                draft_ctx.mode = self.mode
+                decoder = SpeculativeDecoder(target_ctx, draft_ctx, self.q)
+            else:
+                decoder = GreedyDecoder(target_ctx)
+            models = [m for m in (self.target, self.draft) if m is not None]
+            before = [m.counters() for m in models]
+            result = self._loop(decoder)
+            _add_counters(result, models, before, [m.counters() for m in models])
+            return result
+        finally:
+            if draft_ctx is not None:
+                draft_ctx.close()
+            target_ctx.close()
+
+    def _loop(self, decoder: GreedyDecoder) -> RunResult:
+        n, emit, clock = self.tokens_per_prompt, self.on_event, time.perf_counter
+        t_run = clock()
+        reps: list[RepeatResult] = []
+        outputs: list[list[list[int]]] = []  # per repeat, per finished prompt
+        for r in range(self.repeats):
+            rep = RepeatResult(r)
+            reps.append(rep)
+            outputs.append([])
+            for p, prompt in enumerate(self.prompt_ids):
+                if self._cancel.is_set():
+                    break
+                t0 = clock()
+                out = [decoder.start(prompt)]
+                t1 = clock()
+                rep.prefill_tokens += len(prompt)
+                rep.prefill_seconds += t1 - t0
+                rep.generated_tokens += 1
+                if emit is not None:
+                    emit(StepEvent("prefill", r, p, 1, 0, 0, 1, t1 - t_run, t1 - t0, (out[0],), len(prompt)))
+                while len(out) < n and not self._cancel.is_set():
+                    t0 = clock()
+                    step = decoder.step(n - len(out))
+                    t1 = clock()
+                    out.extend(step.tokens)
+                    rep.decode_tokens += len(step.tokens)
+                    rep.generated_tokens += len(step.tokens)
+                    rep.decode_seconds += t1 - t0
+                    rep.drafted_tokens += step.drafted
+                    rep.accepted_tokens += step.accepted
+                    if emit is not None:
+                        emit(StepEvent("decode", r, p, len(step.tokens), step.drafted, step.accepted, len(out),
+                                       t1 - t_run, t1 - t0, tuple(step.tokens)))  # fmt: skip
+                if len(out) == n:
+                    outputs[r].append(out)
+                    rep.output_sha256.append(output_sha256(out))
+            rep.complete = len(outputs[r]) == len(self.prompt_ids)
+            if self._cancel.is_set():
+                break
+        return self._summary(reps, outputs, clock() - t_run)
+
+    def _summary(self, reps: list[RepeatResult], outputs: list[list[list[int]]], seconds: float) -> RunResult:
+        complete = [r for r in reps if r.complete]
+        measured = complete or [r for r in reps if r.decode_seconds > 0 or r.prefill_seconds > 0]
+        first = next((i for i, r in enumerate(reps) if r.complete), None)
+        prompts = []
+        if first is not None:
+            prompts = [PromptResult(len(ids), out, output_sha256(out))
+                       for ids, out in zip(self.prompt_ids, outputs[first], strict=True)]  # fmt: skip
+        drafted = sum(r.drafted_tokens for r in reps)
+        accepted = sum(r.accepted_tokens for r in reps)
+        decode = _spread([r.decode_tokens_per_second for r in measured])
+        prefill = _spread([r.prefill_tokens_per_second for r in measured])
+        return RunResult(
+            target=str(self.target.checkpoint.folder),
+            draft=None if self.draft is None else str(self.draft.checkpoint.folder),
+            target_device=self.target.device,
+            draft_device=None if self.draft is None else self.draft.device,
+            mode=self.mode,
+            placement=self.target.placement.describe() if self.target.config.num_experts > 0 else None,
+            q=self.q,
+            tokens_per_prompt=self.tokens_per_prompt,
+            repeats=self.repeats,
+            prompts=prompts,
+            output_sha256=[p.output_sha256 for p in prompts],
+            repeats_agree=bool(complete) and all(r.output_sha256 == complete[0].output_sha256 for r in complete),
+            decode_tokens_per_second=decode[0],
+            decode_tokens_per_second_min=decode[1],
+            decode_tokens_per_second_max=decode[2],
+            prefill_tokens_per_second=prefill[0],
+            prefill_tokens_per_second_min=prefill[1],
+            prefill_tokens_per_second_max=prefill[2],
+            generated_tokens=sum(r.generated_tokens for r in reps),
+            drafted_tokens=drafted,
+            accepted_tokens=accepted,
+            accept_rate=(accepted / drafted if drafted else None) if self.draft is not None else None,
+            repeat_results=reps,
+            cancelled=self._cancel.is_set(),
+            seconds=seconds,
+        )
+
+
+def _add_counters(result: RunResult, models: list[Model], before: list[dict], after: list[dict]) -> None:
+    """Fill the result's counter fields from the change in each model's counters over the run."""
+    step_seconds = sum(r.prefill_seconds + r.decode_seconds for r in result.repeat_results)
+    for device, end in after[0]["devices"].items():
+        # busy time is per device, whatever model ran there: one model's view is enough
+        busy = end["busy_seconds"] - before[0]["devices"][device]["busy_seconds"]
+        if busy > 0 and step_seconds > 0:
+            result.device_busy_share[device] = busy / step_seconds
+    for model, start, end in zip(models, before, after, strict=True):
+        result.joins += end["joins"] - start["joins"]
+        for device, c in end["devices"].items():
+            c0 = start["devices"][device]
+            moves = {f"{model.device}->{device}": c["bytes_to_device"] - c0["bytes_to_device"],
+                     f"{device}->{model.device}": c["bytes_from_device"] - c0["bytes_from_device"]}  # fmt: skip
+            for pair, nbytes in moves.items():
+                if nbytes:
+                    result.staging_bytes[pair] = result.staging_bytes.get(pair, 0) + nbytes
+            if c["waits"] - c0["waits"]:
+                result.waits[device] = result.waits.get(device, 0) + c["waits"] - c0["waits"]
+
+
+def _spread(values: list[float]) -> tuple[float, float, float]:
+    """(median, min, max) of the finite values; NaN when there are none."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return math.nan, math.nan, math.nan
+    return statistics.median(finite), min(finite), max(finite)

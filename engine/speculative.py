@@ -1,0 +1,134 @@
+"""Greedy speculative decoding: a draft model proposes q tokens, the target verifies them in one batched pass.
+
+The target checks q+1 positions (the last accepted token plus the q proposals) in one `Context.decode` call,
+which returns every position's logits. Acceptance is greedy: a proposal is kept while it equals the target's
+own argmax, and the target's argmax at the first mismatch (or after the last proposal) is emitted as well.
+The emitted ids are therefore exactly what target-only greedy decoding produces, for every q.
+
+Bookkeeping: `ids` is the whole sequence (prompt and generated tokens). The target's KV cache always holds
+ids[:-1]: the last token is the one the next step feeds. The draft's cache holds a prefix ids[:draft.position];
+on rejection it is truncated back, and after a full acceptance it lags by the last proposal, which the next
+step feeds together with the newest token (one call, no separate re-feed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import ArgumentError, RangeError
+from .model import Context, Model, _ids_array
+
+MAX_DRAFT_TOKENS = 8
+
+
+@dataclass(slots=True)
+class Step:
+    """What one decode step produced: the emitted ids, how many were proposed and how many of those held."""
+
+    tokens: list[int]
+    drafted: int
+    accepted: int
+
+
+def check_draft_q(q) -> int:
+    if not isinstance(q, int) or isinstance(q, bool) or not 1 <= q <= MAX_DRAFT_TOKENS:
+        raise RangeError(f"draft length q = {q!r} out of range: expected an integer 1..{MAX_DRAFT_TOKENS}")
+    return q
+
+
+def check_shared_vocabulary(target: Model, draft: Model) -> None:
+    """A draft is only usable when its token ids mean the same as the target's: same vocab_size, same tokens."""
+    t_size, d_size = target.config.vocab_size, draft.config.vocab_size
+    if t_size != d_size:
+        raise ArgumentError(
+            f"draft '{draft.checkpoint.folder}' has vocab_size {d_size}, the target '{target.checkpoint.folder}' "
+            f"has {t_size}: a draft must share the target's vocabulary"
+        )
+    # Without a tokenizer on one side only the size can be compared; ids are then taken at their word.
+    if target.tokenizer is None or draft.tokenizer is None:
+        return
+    t_vocab = target.tokenizer.get_vocab(with_added_tokens=True)
+    d_vocab = draft.tokenizer.get_vocab(with_added_tokens=True)
+    if t_vocab != d_vocab:
+        differ = sorted(tok for tok in t_vocab.keys() | d_vocab.keys() if t_vocab.get(tok) != d_vocab.get(tok))
+        tok = differ[0]
+        raise ArgumentError(
+            f"draft '{draft.checkpoint.folder}' and target '{target.checkpoint.folder}' have different tokenizers "
+            f"({len(differ)} of {len(t_vocab)} tokens differ, e.g. {tok!r}: id {t_vocab.get(tok)} in the target, "
+            f"{d_vocab.get(tok)} in the draft): a draft must share the target's vocabulary"
+        )
+
+
+class GreedyDecoder:
+    """Target-only greedy decoding, one token per step: the baseline a speculative run must reproduce."""
+
+    def __init__(self, target: Context):
+        self.target = target
+        self.ids: list[int] = []
+
+    def start(self, prompt_ids) -> int:
+        """Prefill the prompt from position 0; returns the first generated token."""
+        prompt = _ids_array(prompt_ids)
+        self.target.truncate(0)
+        first = int(np.argmax(self.target.prefill(prompt, all_rows=False)))
+        self.ids = prompt.tolist() + [first]
+        return first
+
+    def step(self, max_tokens: int) -> Step:
+        token = int(np.argmax(self.target.decode(self.ids[-1:])[0]))
+        self.ids.append(token)
+        return Step([token], 0, 0)
+
+
+class SpeculativeDecoder(GreedyDecoder):
+    """Greedy speculative decoding of one sequence over a target and a draft context."""
+
+    def __init__(self, target: Context, draft: Context, q: int):
+        super().__init__(target)
+        check_shared_vocabulary(target.model, draft.model)
+        self.draft = draft
+        self.q = check_draft_q(q)
+
+    def start(self, prompt_ids) -> int:
+        first = super().start(prompt_ids)
+        self.draft.truncate(0)
+        self.draft.prefill(self.ids[:-1], all_rows=False)
+        return first
+
+    def step(self, max_tokens: int) -> Step:
+        """One draft-and-verify round; emits 1..min(q + 1, max_tokens) tokens."""
+        ids, target, draft = self.ids, self.target, self.draft
+        # Proposing more than max_tokens - 1 would only verify tokens that are never emitted.
+        q = min(self.q, max_tokens - 1)
+        proposals: list[int] = []
+        if q > 0:
+            # Catch the draft up (the newest token, plus the last proposal after a full acceptance), then propose.
+            row = draft.decode(ids[draft.position :])[-1]
+            proposals.append(int(np.argmax(row)))
+            while len(proposals) < q:
+                proposals.append(int(np.argmax(draft.decode(proposals[-1:])[0])))
+        base = target.position
+        predicted = np.argmax(target.decode(ids[-1:] + proposals), axis=1)
+        accepted = 0
+        while accepted < q and int(predicted[accepted]) == proposals[accepted]:
+            accepted += 1
+        emitted = proposals[:accepted] + [int(predicted[accepted])]
+        if accepted < q:
+            target.truncate(base + 1 + accepted)
+        ids.extend(emitted)
+        if draft.position > len(ids) - 1:
+            draft.truncate(len(ids) - 1)
+        return Step(emitted, q, accepted)
+
+
+def generate(target: Context, draft: Context | None, prompt_ids, n: int, q: int = 2) -> list[int]:
+    """Generate n tokens greedily after prompt_ids (both caches restart at position 0); draft None: target only."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ArgumentError(f"number of tokens to generate must be a positive integer, got {n!r}")
+    decoder = GreedyDecoder(target) if draft is None else SpeculativeDecoder(target, draft, q)
+    out = [decoder.start(prompt_ids)]
+    while len(out) < n:
+        out.extend(decoder.step(n - len(out)).tokens)
+    return out
