@@ -103,6 +103,10 @@ typedef struct eb_runtime_table {
     /* The expert FFN down(silu(gate(x)) * up(x)) for an owner's pairs. async = 1: queued on the device;
      * async = 0: done when the call returns (the calling thread may take part). */
     int (*expert_ffn)(void *rt, int dev, const eb_rt_expert_batch *batch, int async, char *err, size_t errlen);
+    /* Run fn(arg, begin, end) over [0, n) in chunks of `chunk` on the device's threads, the caller taking part;
+     * synchronous. Host-addressable devices only (others return EB_ERR_UNSUPPORTED). */
+    int (*parallel_for)(void *rt, int dev, void (*fn)(void *arg, int64_t begin, int64_t end), void *arg, int64_t n,
+                        int64_t chunk);
     /* Nanoseconds the device has spent running kernels since init (monotonic). */
     uint64_t (*busy_ns)(void *rt, int dev);
 } eb_runtime_table;

@@ -144,7 +144,7 @@ int eb_engine_load_runtime(eb_engine *engine, const char *name, const char *path
     }
     if (t->table_size < sizeof(eb_runtime_table) || !t->name || !t->init || !t->shutdown || !t->device_count ||
         !t->device_info || !t->mem_alloc || !t->mem_free || !t->host_alloc || !t->host_free || !t->copy_to_device ||
-        !t->copy_to_host || !t->synchronize || !t->matmul || !t->expert_ffn || !t->busy_ns || !t->kernel_variant) {
+        !t->copy_to_host || !t->synchronize || !t->matmul || !t->expert_ffn || !t->parallel_for || !t->busy_ns || !t->kernel_variant) {
         dlclose(dl);
         return eb_fail(EB_ERR_MODULE, "runtime module '%s' ('%s') has an incomplete function table", name, file);
     }

@@ -66,7 +66,7 @@ int eb_context_create(eb_model *m, int32_t n_ctx, int32_t n_batch, eb_context **
     c->up = zalloc(B * I, sizeof(float), &failed);
     c->moe_out = zalloc(B * H, sizeof(float), &failed);
     c->router = zalloc(B * E, sizeof(float), &failed);
-    c->scores = zalloc((size_t)n_ctx, sizeof(float), &failed);
+    c->scores = zalloc((size_t)cf->num_heads * (size_t)n_ctx, sizeof(float), &failed);
     c->topk_id = zalloc(B * K, sizeof(int32_t), &failed);
     c->topk_w = zalloc(B * K, sizeof(float), &failed);
     c->n_devices = m->engine->n_devices;
@@ -141,42 +141,70 @@ static int matmul(eb_context *c, int device, const eb_weight *w, const float *x,
     return eb_device_matmul(c->model->engine, device, w->data, w->dtype, w->rows, w->cols, x, n, y);
 }
 
-static void attention(eb_context *c, int layer, int64_t n) {
+/* q . k with eight partial sums (a shape the compiler turns into SIMD without reassociating anything). */
+static float dot_qk(const float *q, const float *k, int64_t hd) {
+    float part[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= hd; i += 8)
+        for (int l = 0; l < 8; l++) part[l] += q[i + l] * k[i + l];
+    float s = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+    for (; i < hd; i++) s += q[i] * k[i];
+    return s;
+}
+
+typedef struct {
+    eb_context *c;
+    int layer;
+    int64_t n;
+} attention_job;
+
+/* Causal attention of heads [h0, h1) for the n new positions; each head has its own row of scores. */
+static void attention_heads(void *arg, int64_t h0, int64_t h1) {
+    const attention_job *j = (const attention_job *)arg;
+    eb_context *c = j->c;
     const eb_model_config *cf = &c->model->cfg;
     int64_t hd = cf->head_dim, nh = cf->num_heads, group = cf->num_heads / cf->num_kv_heads;
     int64_t qd = nh * hd, kvd = (int64_t)cf->num_kv_heads * hd;
-    const float *kc = c->k_cache + (size_t)layer * (size_t)c->n_ctx * (size_t)kvd;
-    const float *vc = c->v_cache + (size_t)layer * (size_t)c->n_ctx * (size_t)kvd;
+    const float *kc = c->k_cache + (size_t)j->layer * (size_t)c->n_ctx * (size_t)kvd;
+    const float *vc = c->v_cache + (size_t)j->layer * (size_t)c->n_ctx * (size_t)kvd;
     float scale = 1.0f / sqrtf((float)hd);
-    for (int64_t t = 0; t < n; t++) {
-        int64_t p = c->pos + t; /* attends to positions 0..p */
-        for (int64_t h = 0; h < nh; h++) {
+    for (int64_t h = h0; h < h1; h++) {
+        float *scores = c->scores + h * c->n_ctx;
+        int64_t kvh = h / group;
+        for (int64_t t = 0; t < j->n; t++) {
+            int64_t p = c->pos + t; /* attends to positions 0..p */
             const float *q = c->q + t * qd + h * hd;
-            int64_t kvh = h / group;
             float mx = -INFINITY;
-            for (int64_t j = 0; j <= p; j++) {
-                const float *k = kc + j * kvd + kvh * hd;
-                float s = 0.0f;
-                for (int64_t i = 0; i < hd; i++) s += q[i] * k[i];
-                s *= scale;
-                c->scores[j] = s;
-                if (s > mx) mx = s;
+            for (int64_t s = 0; s <= p; s++) {
+                float v = dot_qk(q, kc + s * kvd + kvh * hd, hd) * scale;
+                scores[s] = v;
+                if (v > mx) mx = v;
             }
             float sum = 0.0f;
-            for (int64_t j = 0; j <= p; j++) {
-                c->scores[j] = expf(c->scores[j] - mx);
-                sum += c->scores[j];
+            for (int64_t s = 0; s <= p; s++) {
+                scores[s] = expf(scores[s] - mx);
+                sum += scores[s];
             }
             float inv = 1.0f / sum;
             float *o = c->att + t * qd + h * hd;
             memset(o, 0, (size_t)hd * sizeof *o);
-            for (int64_t j = 0; j <= p; j++) {
-                const float *v = vc + j * kvd + kvh * hd;
-                float pj = c->scores[j] * inv;
-                for (int64_t i = 0; i < hd; i++) o[i] += pj * v[i];
+            for (int64_t s = 0; s <= p; s++) {
+                const float *v = vc + s * kvd + kvh * hd;
+                float ps = scores[s] * inv;
+                for (int64_t i = 0; i < hd; i++) o[i] += ps * v[i];
             }
         }
     }
+}
+
+static int attention(eb_context *c, int layer, int64_t n) {
+    attention_job job = {c, layer, n};
+    const eb_engine *eng = c->model->engine;
+    const eb_runtime *r = eb_device_runtime(eng, c->model->primary);
+    int64_t nh = c->model->cfg.num_heads;
+    if (r->table->parallel_for(r->rt, eng->devices[c->model->primary].local, attention_heads, &job, nh, 1) != EB_OK)
+        attention_heads(&job, 0, nh);
+    return EB_OK;
 }
 
 /* y = down(silu(gate(x)) * up(x)) for n rows (dense MLP layers, on the primary). */

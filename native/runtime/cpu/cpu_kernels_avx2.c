@@ -70,23 +70,38 @@ static inline void dot_tokens(const unsigned char *row, int dtype, int64_t cols,
     if (ntok == 2) out[1] = hsum(a[1][0], a[1][1], a[1][2], a[1][3]) + tail1;
 }
 
+/* Blocks for batches: a block of rows (about 64 KiB of weights) stays in L2 while blocks of tokens (about
+ * 64 KiB of activations) stream past it, so a prefill reads each weight once from memory. */
+#define ROW_BLOCK_BYTES (64 * 1024)
+#define TOKEN_BLOCK_BYTES (64 * 1024)
+
 void eb_cpu_matmul_rows_avx2(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const float *x,
                              int64_t n, float *y, int64_t ldy) {
     const unsigned char *base = (const unsigned char *)w;
     size_t rowbytes = (size_t)cols * eb_dtype_size(dtype);
-    for (int64_t r = r0; r < r1; r++) {
-        const unsigned char *row = base + (size_t)r * rowbytes;
-        int64_t t = 0;
-        for (; t + 2 <= n; t += 2) {
-            float o[2];
-            dot_tokens(row, dtype, cols, x + t * cols, x + (t + 1) * cols, 2, o);
-            y[t * ldy + r] = o[0];
-            y[(t + 1) * ldy + r] = o[1];
-        }
-        if (t < n) {
-            float o[2];
-            dot_tokens(row, dtype, cols, x + t * cols, x + t * cols, 1, o);
-            y[t * ldy + r] = o[0];
+    int64_t rb = (int64_t)(ROW_BLOCK_BYTES / rowbytes), tb = (int64_t)(TOKEN_BLOCK_BYTES / ((size_t)cols * 4));
+    if (rb < 1) rb = 1;
+    if (tb < 2) tb = 2;
+    tb &= ~(int64_t)1;
+    for (int64_t rs = r0; rs < r1; rs += rb) {
+        int64_t re = rs + rb < r1 ? rs + rb : r1;
+        for (int64_t ts = 0; ts < n; ts += tb) {
+            int64_t te = ts + tb < n ? ts + tb : n;
+            for (int64_t r = rs; r < re; r++) {
+                const unsigned char *row = base + (size_t)r * rowbytes;
+                int64_t t = ts;
+                for (; t + 2 <= te; t += 2) {
+                    float o[2];
+                    dot_tokens(row, dtype, cols, x + t * cols, x + (t + 1) * cols, 2, o);
+                    y[t * ldy + r] = o[0];
+                    y[(t + 1) * ldy + r] = o[1];
+                }
+                if (t < te) {
+                    float o[2];
+                    dot_tokens(row, dtype, cols, x + t * cols, x + t * cols, 1, o);
+                    y[t * ldy + r] = o[0];
+                }
+            }
         }
     }
 }

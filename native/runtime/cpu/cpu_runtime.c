@@ -240,6 +240,28 @@ static void run_matmul(cpu_runtime *rt, cpu_device *d, const void *w, int dtype,
     pool_run(&d->pool, matmul_chunk, &job, rows, chunk);
 }
 
+/* gate and up of one expert in one pass over the pool: rows [0, I) are gate's, [I, 2I) up's. */
+typedef struct {
+    eb_cpu_matmul_rows_fn fn;
+    const void *gate, *up;
+    int dtype;
+    int64_t inter, cols, n;
+    const float *x;
+    float *g, *u;
+} gate_up_job;
+
+static void gate_up_chunk(void *arg, int64_t begin, int64_t end) {
+    gate_up_job *j = (gate_up_job *)arg;
+    if (begin < j->inter) {
+        int64_t e = end < j->inter ? end : j->inter;
+        j->fn(j->gate, j->dtype, begin, e, j->cols, j->x, j->n, j->g, j->inter);
+    }
+    if (end > j->inter) {
+        int64_t b = begin > j->inter ? begin - j->inter : 0;
+        j->fn(j->up, j->dtype, b, end - j->inter, j->cols, j->x, j->n, j->u, j->inter);
+    }
+}
+
 static float silu(float x) { return x / (1.0f + expf(-x)); }
 
 /* The same arithmetic as the core's single-device path: matmul per expert over its gathered rows. */
@@ -256,8 +278,10 @@ static void run_expert_batch(cpu_runtime *rt, cpu_device *d, const eb_rt_expert_
         const eb_rt_expert *e = &b->experts[i];
         for (int64_t p = 0; p < m; p++)
             memcpy(xe + p * H, b->x + (int64_t)b->pair_token[p0 + p] * H, (size_t)H * sizeof(float));
-        run_matmul(rt, d, e->gate, e->dtype, I, H, xe, m, g);
-        run_matmul(rt, d, e->up, e->dtype, I, H, xe, m, u);
+        gate_up_job job = {rt->matmul_rows, e->gate, e->up, e->dtype, I, H, m, xe, g, u};
+        int64_t min_rows = (int64_t)(16384 / ((size_t)H * eb_dtype_size(e->dtype) + 1)) + 1;
+        int64_t chunk = 2 * I / ((int64_t)d->pool.n_threads * 4);
+        pool_run(&d->pool, gate_up_chunk, &job, 2 * I, chunk < min_rows ? min_rows : chunk);
         for (int64_t k = 0; k < m * I; k++) g[k] = silu(g[k]) * u[k];
         float *out = b->mode == EB_REDUCE_REFERENCE ? b->y + p0 * H : yp;
         run_matmul(rt, d, e->down, e->dtype, H, I, g, m, out);
@@ -638,6 +662,19 @@ static int cpu_expert_ffn(void *rtp, int dev, const eb_rt_expert_batch *b, int a
     return 0;
 }
 
+static int cpu_parallel_for(void *rtp, int dev, void (*fn)(void *arg, int64_t begin, int64_t end), void *arg,
+                            int64_t n, int64_t chunk) {
+    cpu_runtime *rt = (cpu_runtime *)rtp;
+    if (dev < 0 || dev >= rt->n_devices) return EB_ERR_RANGE;
+    cpu_device *d = &rt->devices[dev];
+    uint64_t t0 = now_ns();
+    pthread_mutex_lock(&d->run_lock);
+    pool_run(&d->pool, fn, arg, n, chunk < 1 ? 1 : chunk);
+    pthread_mutex_unlock(&d->run_lock);
+    atomic_fetch_add(&d->busy_ns, now_ns() - t0);
+    return 0;
+}
+
 static uint64_t cpu_busy_ns(void *rtp, int dev) {
     cpu_runtime *rt = (cpu_runtime *)rtp;
     return dev >= 0 && dev < rt->n_devices ? atomic_load(&rt->devices[dev].busy_ns) : 0;
@@ -661,6 +698,7 @@ static const eb_runtime_table cpu_table = {
     .synchronize = cpu_synchronize,
     .matmul = cpu_matmul,
     .expert_ffn = cpu_expert_ffn,
+    .parallel_for = cpu_parallel_for,
     .busy_ns = cpu_busy_ns,
 };
 

@@ -379,6 +379,12 @@ static int gpu_expert_ffn(void *rtp, int dev, const eb_rt_expert_batch *b, int a
     return 0;
 }
 
+static int gpu_parallel_for(void *rtp, int dev, void (*fn)(void *, int64_t, int64_t), void *arg, int64_t n,
+                            int64_t chunk) {
+    (void)rtp, (void)dev, (void)fn, (void)arg, (void)n, (void)chunk;
+    return EB_ERR_UNSUPPORTED;
+}
+
 static uint64_t gpu_busy_ns(void *rtp, int dev) {
     gpu_runtime *rt = (gpu_runtime *)rtp;
     return dev >= 0 && dev < rt->n_devices ? rt->devices[dev].busy_ns : 0;
@@ -404,6 +410,7 @@ static eb_runtime_table make_table(void) {
     t.synchronize = gpu_synchronize;
     t.matmul = gpu_matmul;
     t.expert_ffn = gpu_expert_ffn;
+    t.parallel_for = gpu_parallel_for;
     t.busy_ns = gpu_busy_ns;
     return t;
 }

@@ -1,0 +1,133 @@
+/* A STREAM-like measurement of this machine's memory bandwidth ceiling, with 1 thread and with all cores.
+ *
+ * read:  sum of a large array (AVX2, several accumulators): the ceiling for decode, which only reads weights
+ * copy:  b[i] = a[i]              (bytes counted: read + write)
+ * triad: a[i] = b[i] + s * c[i]   (bytes counted: two reads + one write)
+ * Each kernel runs --repeats times over arrays far larger than the caches; the best run is reported, as STREAM
+ * does. Prints a table and, with --json FILE, one JSON document.
+ *
+ *   cc -O2 -mavx2 -mfma -pthread bench/membw/membw.c -o /tmp/membw && /tmp/membw --json out.json
+ */
+#define _GNU_SOURCE
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static size_t N = (size_t)64 << 20; /* floats per array: 256 MiB each */
+static int REPEATS = 10;
+
+typedef struct {
+    int kind, id, n;
+    float *a, *b, *c;
+    double sum;
+    pthread_barrier_t *start, *stop;
+} job;
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void run_part(job *j) {
+    size_t lo = N * (size_t)j->id / (size_t)j->n, hi = N * (size_t)(j->id + 1) / (size_t)j->n;
+    lo &= ~(size_t)31;
+    hi = j->id == j->n - 1 ? N : hi & ~(size_t)31;
+    if (j->kind == 0) {
+        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+        for (size_t i = lo; i < hi; i += 32) {
+            s0 = _mm256_add_ps(s0, _mm256_load_ps(j->a + i));
+            s1 = _mm256_add_ps(s1, _mm256_load_ps(j->a + i + 8));
+            s2 = _mm256_add_ps(s2, _mm256_load_ps(j->a + i + 16));
+            s3 = _mm256_add_ps(s3, _mm256_load_ps(j->a + i + 24));
+        }
+        float t[8];
+        _mm256_storeu_ps(t, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+        j->sum += t[0] + t[7];
+    } else if (j->kind == 1) {
+        memcpy(j->b + lo, j->a + lo, (hi - lo) * sizeof(float));
+    } else {
+        for (size_t i = lo; i < hi; i++) j->a[i] = j->b[i] + 3.0f * j->c[i];
+    }
+}
+
+static void *worker(void *arg) {
+    job *j = (job *)arg;
+    for (int r = 0; r < REPEATS; r++) {
+        pthread_barrier_wait(j->start);
+        run_part(j);
+        pthread_barrier_wait(j->stop);
+    }
+    return NULL;
+}
+
+/* best GB/s of REPEATS runs of kernel `kind` on n threads */
+static double measure(int kind, int n, float *a, float *b, float *c) {
+    pthread_barrier_t start, stop;
+    pthread_barrier_init(&start, NULL, (unsigned)n + 1);
+    pthread_barrier_init(&stop, NULL, (unsigned)n + 1);
+    pthread_t *th = calloc((size_t)n, sizeof *th);
+    job *jobs = calloc((size_t)n, sizeof *jobs);
+    for (int i = 0; i < n; i++) {
+        jobs[i] = (job){kind, i, n, a, b, c, 0.0, &start, &stop};
+        pthread_create(&th[i], NULL, worker, &jobs[i]);
+    }
+    double best = 1e30;
+    for (int r = 0; r < REPEATS; r++) {
+        double t0 = now();
+        pthread_barrier_wait(&start);
+        pthread_barrier_wait(&stop);
+        double dt = now() - t0;
+        if (dt < best) best = dt;
+    }
+    for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
+    free(th);
+    free(jobs);
+    pthread_barrier_destroy(&start);
+    pthread_barrier_destroy(&stop);
+    double bytes = (double)N * sizeof(float) * (kind == 0 ? 1 : kind == 1 ? 2 : 3);
+    return bytes / best / 1e9;
+}
+
+int main(int argc, char **argv) {
+    const char *json = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
+        else if (!strcmp(argv[i], "--repeats") && i + 1 < argc) REPEATS = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--mib") && i + 1 < argc) N = (size_t)atoi(argv[++i]) << 18;
+        else {
+            fprintf(stderr, "usage: %s [--json FILE] [--repeats N] [--mib MiB-per-array]\n", argv[0]);
+            return 2;
+        }
+    }
+    float *a = aligned_alloc(64, N * sizeof(float)), *b = aligned_alloc(64, N * sizeof(float)),
+          *c = aligned_alloc(64, N * sizeof(float));
+    if (!a || !b || !c) return 1;
+    for (size_t i = 0; i < N; i++) a[i] = 1.0f, b[i] = 2.0f, c[i] = 0.5f;
+    int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    const char *names[3] = {"read", "copy", "triad"};
+    double r[3][2];
+    for (int k = 0; k < 3; k++) {
+        r[k][0] = measure(k, 1, a, b, c);
+        r[k][1] = measure(k, cores, a, b, c);
+    }
+    printf("| kernel | 1 thread GB/s | %d threads GB/s |\n| --- | --- | --- |\n", cores);
+    for (int k = 0; k < 3; k++) printf("| %s | %.1f | %.1f |\n", names[k], r[k][0], r[k][1]);
+    if (json) {
+        FILE *f = fopen(json, "w");
+        if (!f) return 1;
+        fprintf(f, "{\"threads\": %d, \"array_mib\": %zu, \"repeats\": %d", cores, N * 4 >> 20, REPEATS);
+        for (int k = 0; k < 3; k++)
+            fprintf(f, ", \"%s_gbs\": {\"1\": %.2f, \"all\": %.2f}", names[k], r[k][0], r[k][1]);
+        fprintf(f, "}\n");
+        fclose(f);
+    }
+    free(a);
+    free(b);
+    free(c);
+    return 0;
+}
