@@ -21,6 +21,8 @@ SYNTHETIC_NOTE = "synthetic: random weights, its text is noise by design"
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--runtime", action="append", default=[], metavar="NAME",
+                   help="load runtime NAME as well as cpu (cuda, hip, hostsim); repeat for several")  # fmt: skip
     p.add_argument("--cpu-devices", type=int, default=0, help="split the CPU into N devices (default 1)")
     p.add_argument("--threads", type=int, default=0, help="worker threads per CPU device (default: all cores)")
     p.add_argument("--portable", action="store_true", help="use the portable C kernels instead of AVX2")
@@ -37,7 +39,8 @@ def _make_engine(args) -> Engine:
         paths[name] = file
     if args.cpu_devices < 0 or args.threads < 0:
         raise EngineError("--cpu-devices and --threads must be >= 0")
-    return Engine(module_paths=paths, cpu_devices=args.cpu_devices, cpu_threads=args.threads,
+    runtimes = ("cpu", *(r for r in dict.fromkeys(args.runtime) if r != "cpu"))
+    return Engine(runtimes=runtimes, module_paths=paths, cpu_devices=args.cpu_devices, cpu_threads=args.threads,
                   portable=args.portable or None)  # fmt: skip
 
 
@@ -112,7 +115,7 @@ def cmd_run(args) -> int:
         target = eng.load(target_dir, device=args.device)
         draft = eng.load(draft_dir, device=args.draft_device or args.device) if draft_dir is not None else None
         run = DecodeRun(target, draft, prompts=prompts, tokens_per_prompt=args.n, repeats=args.repeats, q=args.q,
-                        mode=args.mode)  # fmt: skip
+                        mode=args.mode, placement=args.placement)  # fmt: skip
         progress = None
         if sys.stderr.isatty():
             progress = ProgressBar(args.n * len(prompts) * args.repeats, args.repeats, len(prompts))
@@ -161,6 +164,14 @@ def _rate(median, lo, hi) -> str:
     return f"{median:10.1f} tokens/s{spread}"
 
 
+def _size(nbytes: int) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if nbytes < 1024:
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    return f"{nbytes:.1f} GiB"
+
+
 def _synthetic_note(synthetic) -> str:
     return f"  ({SYNTHETIC_NOTE})" if synthetic else ""
 
@@ -174,6 +185,8 @@ def _print_table(report: dict, result: RunResult, n_prompts: int) -> None:
     devices = f"target {report['target_device']}" + (f", draft {report['draft_device']}" if report["draft"] else "")
     print(f"devices   {devices} ({report['kernels']} kernels)")
     print(f"mode      {report['mode']}")
+    if report["placement"] is not None:
+        print(f"placement {report['placement']}")
     print(f"run       {n_prompts} prompts x {report['tokens_per_prompt']} tokens x {report['repeats']} repeats"
           f"{'  (cancelled: partial)' if report['cancelled'] else ''}")  # fmt: skip
     for what in ("prefill", "decode"):
@@ -182,6 +195,12 @@ def _print_table(report: dict, result: RunResult, n_prompts: int) -> None:
     if report["accept_rate"] is not None:
         print(f"accept    {100 * report['accept_rate']:10.1f} %  ({report['accepted_tokens']} of "
               f"{report['drafted_tokens']} drafted tokens)")  # fmt: skip
+    if report["device_busy_share"]:
+        busy = ", ".join(f"{d} {100 * v:.0f} %" for d, v in report["device_busy_share"].items())
+        print(f"busy      {busy}")
+    if report["staging_bytes"]:
+        staged = ", ".join(f"{pair} {_size(n)}" for pair, n in report["staging_bytes"].items())
+        print(f"staged    {staged}  ({report['joins']} joins)")
     complete = sum(r.complete for r in result.repeat_results)
     if complete > 1:
         held = "held over" if report["repeats_agree"] else "CHANGED between"
@@ -249,7 +268,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--q", type=int, default=2, help=f"draft tokens per step, 1..{MAX_DRAFT_TOKENS} (default 2)")
     run.add_argument("--mode", default="reference", choices=REDUCTION_MODES,
                      help="expert reduction: reference (identical outputs on any placement; default) or owner_local "
-                          "(not supported by the engine yet)")  # fmt: skip
+                          "(each owner pre-sums its experts: fewer bytes, another float association)")  # fmt: skip
+    run.add_argument("--placement", metavar="TEXT",
+                     help="where the target's experts live: rules LAYERS=DEVICE or LAYER.EXPERTS=DEVICE separated by "
+                          "';', applied in order over --device, e.g. '0-7=cuda:0; 12.3=cuda:0' (default: all on "
+                          "--device)")  # fmt: skip
     run.add_argument("--prompt", action="append", metavar="TEXT",
                      help="a prompt; repeat for several (default: 4 built-in prompts)")  # fmt: skip
     run.add_argument("-n", type=int, default=64, help="tokens to generate per prompt (default 64)")

@@ -6,43 +6,131 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from conftest import FIXTURES
 
 from engine.cli import main
+from engine.demo import ensure_demo_pair
+
+REF_PROMPT = "The quick brown fox jumps over the lazy dog. Mixture of experts"
+
+
+@pytest.fixture(scope="session")
+def xdg_cache(tmp_path_factory):
+    # The same folder as the other test files use, so the demo pair is built once per session.
+    cache = tmp_path_factory.getbasetemp() / "xdg-cache"
+    ensure_demo_pair("default", cache_dir=cache / "expertbench")
+    return cache
 
 
 def test_run_prints_text_and_speeds(capsys):
-    assert main(["run", "--model", str(FIXTURES / "qwen3moe-bf16"), "--prompt", "The quick brown fox", "-n", "8"]) == 0
+    model = str(FIXTURES / "qwen3moe-bf16")
+    assert main(["run", "--model", model, "--prompt", "The quick brown fox", "-n", "8", "--repeats", "2"]) == 0
     out = capsys.readouterr().out
-    assert "output" in out
+    assert "output sha256" in out and "draft     none" in out
     assert "prefill" in out and "decode" in out and "tokens/s" in out
+    assert "hashes    held over 2 repeats" in out
+    assert "synthetic" not in out
 
 
-def test_run_json_matches_the_reference_greedy_tokens(capsys):
+@pytest.mark.parametrize("draft", [[], ["--draft", str(FIXTURES / "qwen3-f32"), "--q", "4"]], ids=["plain", "draft"])
+def test_run_json_matches_the_reference_greedy_tokens(capsys, draft):
     ref = np.load(FIXTURES / "qwen3moe-f32" / "reference.npz")
-    prompt = "The quick brown fox jumps over the lazy dog. Mixture of experts"
-    assert main(["run", "--model", str(FIXTURES / "qwen3moe-f32"), "--prompt", prompt, "-n", "16", "--json"]) == 0
+    args = ["run", "--model", str(FIXTURES / "qwen3moe-f32"), "--prompt", REF_PROMPT, "-n", "16", "--json"]
+    assert main(args + draft + ["--repeats", "1"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["prompt_tokens"] == len(ref["prompt_ids"])
-    assert report["generated_ids"] == ref["generated_ids"][:16].tolist()
+    (prompt,) = report["prompts"]
+    assert prompt["prompt_tokens"] == len(ref["prompt_ids"])
+    assert prompt["generated_ids"] == ref["generated_ids"][:16].tolist()
+    assert report["output_sha256"] == [prompt["output_sha256"]]
     assert report["decode_tokens_per_second"] > 0 and report["prefill_tokens_per_second"] > 0
+    if draft:
+        assert report["q"] == 4 and report["drafted_tokens"] > 0 and 0 <= report["accept_rate"] <= 1
+    else:
+        assert report["draft"] is None and report["accept_rate"] is None
 
 
-def test_run_with_no_model_uses_the_default(capsys):
-    assert main(["run", "-n", "4"]) == 0
-    assert "tokens/s" in capsys.readouterr().out
+def test_run_with_no_model_uses_the_demo_pair_with_its_draft(xdg_cache, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg_cache))
+    assert main(["run", "-n", "16", "--repeats", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "synthetic: random weights" in out
+    assert "demo-default-v1/target" in out and "demo-default-v1/draft  q=2" in out
+    assert "accept" in out and "tokens/s" in out and "hashes    held over 2 repeats" in out
+    assert main(["run", "-n", "8", "--repeats", "1", "--no-draft", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["synthetic"] is True and report["draft"] is None and len(report["prompts"]) == 4
+
+
+def test_draft_on_another_cpu_device(capsys):
+    args = ["run", "--model", str(FIXTURES / "qwen3moe-f32"), "--draft", str(FIXTURES / "qwen3-f32"), "-n", "12"]
+    assert main(args + ["--cpu-devices", "2", "--draft-device", "cpu:1", "--repeats", "1", "--json"]) == 0
+    on_two = json.loads(capsys.readouterr().out)
+    assert (on_two["target_device"], on_two["draft_device"]) == ("cpu:0", "cpu:1")
+    assert main(["run", "--model", str(FIXTURES / "qwen3moe-f32"), "-n", "12", "--repeats", "1", "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert on_two["output_sha256"] == plain["output_sha256"]
 
 
 def test_bad_model_folder_exits_2_with_one_line(tmp_path, capsys):
     assert main(["run", "--model", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("expertbench: error: model folder") and "does not exist" in err
-    assert "Traceback" not in err
+    assert "Traceback" not in err and err.count("\n") == 1
 
 
-def test_bad_token_count_exits_2(capsys):
-    assert main(["run", "-n", "0"]) == 2
-    assert "-n 0" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["-n", "0"], "-n 0: expected a positive number of tokens"),
+        (["--q", "0"], "--q 0: expected a draft length of 1..8 tokens"),
+        (["--q", "9"], "--q 9: expected a draft length of 1..8 tokens"),
+        (["--repeats", "0"], "--repeats 0: expected a positive number"),
+        (["--prompt", ""], "--prompt '' is empty"),
+    ],
+)
+def test_bad_run_options_exit_2_before_any_model_loads(args, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # an empty cache: nothing may get built
+    assert main(["run", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("expertbench: error: ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "expertbench").exists()
+
+
+def test_placement_and_mode_options(capsys):
+    model = str(FIXTURES / "qwen3moe-f32")
+    args = ["run", "--model", model, "--draft", str(FIXTURES / "qwen3-f32"), "-n", "12", "--repeats", "1"]
+    extra = [
+        "--cpu-devices",
+        "2",
+        "--runtime",
+        "hostsim",
+        "--placement",
+        "0=cpu:1; 2=hostsim:0",
+        "--mode",
+        "owner_local",
+    ]
+    assert main(args + extra) == 0
+    out = capsys.readouterr().out
+    assert "placement 0=cpu:1; 2=hostsim:0" in out and "mode      owner_local" in out
+    assert "staged    cpu:0->hostsim:0" in out and "busy      cpu:0" in out
+    assert main(args + ["--placement", "0=cpu:9"]) == 2
+    err = capsys.readouterr().err
+    assert err == "expertbench: error: no device named 'cpu:9' (1 devices loaded)\n"
+
+
+def test_vocab_mismatch_exits_2(xdg_cache, capsys):
+    draft = xdg_cache / "expertbench" / "demo-default-v1" / "draft"
+    assert main(["run", "--model", str(FIXTURES / "qwen3moe-f32"), "--draft", str(draft), "-n", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "has vocab_size 4096, the target" in err and "has 512" in err and err.count("\n") == 1
+
+
+def test_draft_and_no_draft_conflict(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--draft", "x", "--no-draft"])
+    assert exc.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
 
 
 def test_devices_json(capsys):
@@ -57,3 +145,20 @@ def test_console_script_and_module_entry_points():
     for cmd in ([script, "devices"], [sys.executable, "-m", "engine", "devices"]):
         out = subprocess.run(cmd, capture_output=True, text=True, check=True)
         assert "cpu:0" in out.stdout
+
+
+def test_piped_run_prints_no_progress():
+    cmd = [
+        sys.executable,
+        "-m",
+        "engine",
+        "run",
+        "--model",
+        str(FIXTURES / "qwen3moe-f32"),
+        "-n",
+        "4",
+        "--repeats",
+        "1",
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    assert out.stderr == "" and "tokens/s" in out.stdout
