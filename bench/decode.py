@@ -1,0 +1,118 @@
+"""Decode and prefill speed of the CPU runtime against this machine's memory-bandwidth ceiling, in one run.
+
+For each dtype of the demo checkpoint: decode tokens/s (median of --repeats, min-max), the weight bytes read per
+decoded token (attention, router, the top-k experts selected, one embedding row, lm_head), the effective GB/s,
+its fraction of the read ceiling measured by bench/membw in the same invocation, and prefill tokens/s for a
+--prefill-token prompt. Prints a table and writes JSON.
+
+    python bench/decode.py --size bench --dtypes bf16 f32 --json bench/results/decode.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from engine.demo import DEMO_PROMPTS
+from engine.model import Engine
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from checkpoints import demo_target  # noqa: E402
+
+
+def memory_ceiling() -> dict:
+    """Build and run bench/membw (read / copy / triad, 1 thread and all cores)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        exe, out = Path(tmp) / "membw", Path(tmp) / "membw.json"
+        subprocess.run(["cc", "-O2", "-mavx2", "-mfma", "-pthread", str(HERE / "membw" / "membw.c"), "-o", str(exe)],
+                       check=True)  # fmt: skip
+        subprocess.run([str(exe), "--json", str(out)], check=True, capture_output=True)
+        return json.loads(out.read_text())
+
+
+def decode_speed(model, prompt, tokens: int, repeats: int) -> tuple[list[float], list[int]]:
+    speeds, ids = [], []
+    with model.context(len(prompt) + tokens + 1) as ctx:
+        for _ in range(repeats + 1):  # the first run warms the page cache and the arenas
+            ctx.truncate(0)
+            res = ctx.generate(prompt, tokens)
+            speeds.append(res.decode_tokens_per_second)
+            ids = res.ids
+    return speeds[1:], ids
+
+
+def prefill_speed(model, n: int, repeats: int) -> list[float]:
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, model.config.vocab_size, n).tolist()
+    out = []
+    with model.context(n + 1) as ctx:
+        for _ in range(repeats):
+            ctx.truncate(0)
+            t0 = time.perf_counter()
+            ctx.prefill(prompt, all_rows=False)
+            out.append(n / (time.perf_counter() - t0))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", default="bench")
+    ap.add_argument("--dtypes", nargs="+", default=["bf16", "f32"])
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--prefill", type=int, default=512)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0, help="worker threads (default: all cores)")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    ceiling = memory_ceiling()
+    read_all = ceiling["read_gbs"]["all"]
+    rows = []
+    for dtype in args.dtypes:
+        path = demo_target(args.size, dtype)
+        with Engine(cpu_threads=args.threads) as eng:
+            model = eng.load(path)
+            prompt = model.encode(DEMO_PROMPTS[0])
+            speeds, ids = decode_speed(model, prompt, args.tokens, args.repeats)
+            prefill = prefill_speed(model, args.prefill, args.repeats)
+            per_token = model.info["bytes_per_token"]
+            kernels = eng.runtimes[0].kernel_variant
+            threads = eng.devices[0].threads
+        tps = statistics.median(speeds)
+        rows.append({
+            "dtype": dtype, "model": str(path), "kernels": kernels, "threads": threads,
+            "decode_tokens_per_second": tps, "decode_min": min(speeds), "decode_max": max(speeds),
+            "bytes_per_token": per_token, "effective_gbs": tps * per_token / 1e9,
+            "fraction_of_read_ceiling": tps * per_token / 1e9 / read_all,
+            "roofline_tokens_per_second": read_all * 1e9 / per_token,
+            "prefill_tokens": args.prefill, "prefill_tokens_per_second": statistics.median(prefill),
+            "generated_ids": ids,
+        })  # fmt: skip
+    report = {"command": " ".join(["python", *sys.argv]), "host": platform.node(), "cpu": platform.processor(),
+              "cores": os.cpu_count(), "memory_ceiling": ceiling, "results": rows}  # fmt: skip
+    print(f"memory read ceiling: {read_all:.1f} GB/s ({ceiling['threads']} threads), "
+          f"{ceiling['read_gbs']['1']:.1f} GB/s (1 thread)")  # fmt: skip
+    print("| dtype | decode tok/s (min-max) | MB/token | GB/s | of ceiling | roofline tok/s | prefill tok/s |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['dtype']} | {r['decode_tokens_per_second']:.1f} ({r['decode_min']:.1f}-{r['decode_max']:.1f}) "
+              f"| {r['bytes_per_token'] / 1e6:.0f} | {r['effective_gbs']:.1f} | {r['fraction_of_read_ceiling']:.0%} "
+              f"| {r['roofline_tokens_per_second']:.0f} | {r['prefill_tokens_per_second']:.1f} |")  # fmt: skip
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""Side by side with llama.cpp on the same checkpoint: decode and prefill speed, and whether greedy tokens agree.
+
+The demo checkpoint (bf16 and f32) is converted to GGUF with llama.cpp's own convert_hf_to_gguf.py (from the
+llama-cpp-python source package) and run by llama.cpp through llama-cpp-python, built from source for this CPU
+(-DGGML_NATIVE=ON), in a virtual environment this script makes under ~/.cache/expertbench/bench-llamacpp (a
+first run builds it: several minutes). Both engines get the same thread count, the same token ids (ours), the
+same prompt and token counts; llama.cpp's KV cache is set to f32 to match ours. Prints our/their ratios, writes JSON.
+
+    python bench/vs_llamacpp.py --size bench --dtypes bf16 f32 --json bench/results/vs_llamacpp.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from engine.demo import DEMO_PROMPTS
+from engine.model import Engine
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from checkpoints import demo_target  # noqa: E402
+
+LLAMA_CPP_PYTHON = "0.3.36"
+WORK = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "expertbench" / "bench-llamacpp"
+VENV = WORK / "venv"
+PY = VENV / "bin" / "python"
+SRC = WORK / "sdist" / f"llama_cpp_python-{LLAMA_CPP_PYTHON}" / "vendor" / "llama.cpp"
+
+# Runs inside the llama-cpp-python environment; prints one JSON document.
+RUNNER = r"""
+import json, sys, time
+import numpy as np
+from llama_cpp import Llama
+cfg = json.loads(sys.argv[1])
+llm = Llama(model_path=cfg["gguf"], n_threads=cfg["threads"], n_threads_batch=cfg["threads"], n_ctx=cfg["n_ctx"],
+            n_batch=512, n_ubatch=512, type_k=0, type_v=0, verbose=False)
+prefill = []
+for _ in range(cfg["repeats"]):
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(cfg["prefill_ids"])
+    prefill.append(len(cfg["prefill_ids"]) / (time.perf_counter() - t0))
+decode, ids = [], []
+for _ in range(cfg["repeats"] + 1):
+    llm.reset()
+    llm.eval(cfg["prompt_ids"])
+    ids = [int(np.argmax(llm.scores[llm.n_tokens - 1]))]
+    t0 = time.perf_counter()
+    while len(ids) < cfg["tokens"]:
+        llm.eval([ids[-1]])
+        ids.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+    decode.append((len(ids) - 1) / (time.perf_counter() - t0))
+print(json.dumps({"prefill": prefill, "decode": decode[1:], "ids": ids}))
+"""
+
+# Runs llama.cpp's converter with the pre-tokenizer named: the demo tokenizer is byte-level BPE with the GPT-2
+# pattern, whose hash the converter cannot know.
+CONVERTER = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, sys.argv[1] + "/gguf-py")
+import conversion.base as base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+import convert_hf_to_gguf
+sys.argv = ["convert_hf_to_gguf.py", *sys.argv[2:]]
+convert_hf_to_gguf.main()
+"""
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    print("+", " ".join(str(c) for c in cmd), file=sys.stderr)
+    return subprocess.run(cmd, check=True, **kw)
+
+
+def setup() -> None:
+    """The llama-cpp-python environment (built for this CPU) and llama.cpp's converter with what it needs."""
+    WORK.mkdir(parents=True, exist_ok=True)
+    if not PY.exists():
+        run([sys.executable, "-m", "venv", str(VENV)])
+    probe = subprocess.run([str(PY), "-c", "import llama_cpp, torch, transformers, gguf"], capture_output=True)
+    if probe.returncode == 0 and SRC.exists():
+        return
+    env = {**os.environ, "CMAKE_ARGS": "-DGGML_NATIVE=ON -DGGML_BLAS=OFF"}
+    run([str(PY), "-m", "pip", "install", "-q", f"llama-cpp-python=={LLAMA_CPP_PYTHON}"], env=env)
+    if not SRC.exists():
+        run([str(PY), "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+             f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(WORK / "sdist")])  # fmt: skip
+        with tarfile.open(WORK / "sdist" / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz") as tar:
+            tar.extractall(WORK / "sdist", filter="data")
+    run([str(PY), "-m", "pip", "install", "-q", "torch==2.13.0", "transformers==4.57.6", "sentencepiece",
+         "protobuf<5", "numpy", str(SRC / "gguf-py")])  # fmt: skip
+
+
+def to_gguf(model_dir: Path, dtype: str) -> Path:
+    out = model_dir.parent / f"{model_dir.name}-{dtype}.gguf"
+    if not out.exists():
+        tmp = out.with_suffix(".partial")
+        run([str(PY), "-c", CONVERTER, str(SRC), str(model_dir), "--outtype", dtype, "--outfile", str(tmp)])
+        tmp.rename(out)
+    return out
+
+
+def ours(model_dir: Path, threads: int, prompt_ids, prefill_ids, tokens: int, repeats: int) -> dict:
+    with Engine(cpu_threads=threads) as eng:
+        model = eng.load(model_dir)
+        prefill = []
+        with model.context(len(prefill_ids) + 1) as ctx:
+            for _ in range(repeats):
+                ctx.truncate(0)
+                t0 = time.perf_counter()
+                ctx.prefill(prefill_ids, all_rows=False)
+                prefill.append(len(prefill_ids) / (time.perf_counter() - t0))
+        decode, ids = [], []
+        with model.context(len(prompt_ids) + tokens + 1) as ctx:
+            for _ in range(repeats + 1):
+                ctx.truncate(0)
+                res = ctx.generate(prompt_ids, tokens)
+                decode.append(res.decode_tokens_per_second)
+                ids = res.ids
+    return {"prefill": prefill, "decode": decode[1:], "ids": ids}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", default="bench")
+    ap.add_argument("--dtypes", nargs="+", default=["bf16", "f32"])
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--prefill", type=int, default=512)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    setup()
+    rows = []
+    for dtype in args.dtypes:
+        model_dir = demo_target(args.size, dtype)
+        with Engine() as eng:
+            tok_model = eng.load(model_dir)
+            prompt_ids = tok_model.encode(DEMO_PROMPTS[0])
+            vocab = tok_model.config.vocab_size
+        prefill_ids = np.random.default_rng(0).integers(0, vocab, args.prefill).tolist()
+        gguf = to_gguf(model_dir, dtype)
+        n_ctx = max(args.prefill, len(prompt_ids) + args.tokens) + 8
+        cfg = {"gguf": str(gguf), "threads": args.threads, "n_ctx": n_ctx, "repeats": args.repeats,
+               "prompt_ids": prompt_ids, "prefill_ids": prefill_ids, "tokens": args.tokens}  # fmt: skip
+        theirs = json.loads(run([str(PY), "-c", RUNNER, json.dumps(cfg)], capture_output=True, text=True).stdout)
+        mine = ours(model_dir, args.threads, prompt_ids, prefill_ids, args.tokens, args.repeats)
+        agree = next((i for i, (a, b) in enumerate(zip(mine["ids"], theirs["ids"], strict=True)) if a != b), None)
+        d_ours, d_theirs = statistics.median(mine["decode"]), statistics.median(theirs["decode"])
+        p_ours, p_theirs = statistics.median(mine["prefill"]), statistics.median(theirs["prefill"])
+        rows.append({
+            "dtype": dtype, "gguf": str(gguf), "threads": args.threads,
+            "decode_tokens_per_second": {"ours": d_ours, "llama_cpp": d_theirs, "ratio": d_ours / d_theirs},
+            "prefill_tokens_per_second": {"ours": p_ours, "llama_cpp": p_theirs, "ratio": p_ours / p_theirs},
+            "greedy_tokens_agree": agree is None, "first_difference": agree,
+            "runs": {"ours": mine, "llama_cpp": theirs},
+        })  # fmt: skip
+    print("| dtype | decode tok/s ours | llama.cpp | ratio | prefill tok/s ours | llama.cpp | ratio | tokens agree |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        d, p = r["decode_tokens_per_second"], r["prefill_tokens_per_second"]
+        agree = "yes" if r["greedy_tokens_agree"] else f"no (from token {r['first_difference']})"
+        print(f"| {r['dtype']} | {d['ours']:.1f} | {d['llama_cpp']:.1f} | {d['ratio']:.2f}x | {p['ours']:.1f} "
+              f"| {p['llama_cpp']:.1f} | {p['ratio']:.2f}x | {agree} |")  # fmt: skip
+    if args.json:
+        report = {"command": " ".join(["python", *sys.argv]), "llama_cpp_python": LLAMA_CPP_PYTHON, "results": rows}
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
