@@ -293,6 +293,20 @@ class Model(_Handle):
     def reset_counters(self) -> None:
         lib.eb_model_reset_counters(self._live())
 
+    def routing_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """(hits [layers, experts], tokens [layers]): how often the router picked each expert since load or
+        reset_routing(), and how many tokens each layer routed."""
+        L, E = self.config.num_layers, max(self.config.num_experts, 0)
+        hits = np.zeros(L * E, dtype=np.uint64)
+        tokens = np.zeros(L, dtype=np.uint64)
+        chits = ffi.from_buffer("uint64_t[]", hits, require_writable=True) if E else ffi.NULL
+        check(lib.eb_model_routing_counts(self._live(), chits, L * E,
+                                          ffi.from_buffer("uint64_t[]", tokens, require_writable=True), L))  # fmt: skip
+        return hits.reshape(L, E), tokens
+
+    def reset_routing(self) -> None:
+        lib.eb_model_reset_routing(self._live())
+
     def context(self, n_ctx: int | None = None, n_batch: int = 512) -> Context:
         """A KV cache of n_ctx positions (default: max_position_embeddings)."""
         return Context(self, self.config.max_position_embeddings if n_ctx is None else n_ctx, n_batch)

@@ -183,6 +183,11 @@ int eb_model_placement_bytes(const eb_model *model, const int32_t *owners, int64
 int eb_model_device_counters(const eb_model *model, int32_t device, eb_device_counters *out);
 int eb_model_get_counters(const eb_model *model, eb_model_counters *out);
 void eb_model_reset_counters(eb_model *model);
+/* Routing statistics since load or the last reset: hits has num_layers * num_experts entries (row-major by
+ * layer), the number of tokens routed to each expert; tokens has num_layers entries, the tokens each layer
+ * routed (0 for dense layers). Either may be NULL. */
+int eb_model_routing_counts(const eb_model *model, uint64_t *hits, int64_t n_hits, uint64_t *tokens, int32_t n_layers);
+void eb_model_reset_routing(eb_model *model);
 
 /* A decoding context: a KV cache of n_ctx positions and scratch for batches of up to n_batch positions.
  * Everything it needs is allocated here; eval allocates nothing. */

@@ -52,6 +52,8 @@ struct eb_model {
     eb_layer *layers;
     eb_model_info info;
     eb_counters counters;
+    uint64_t *route_hits;   /* [layer][expert] */
+    uint64_t *route_tokens; /* [layer] */
     uint64_t arena_bytes[EB_MAX_DEVICES]; /* device memory held by contexts' staging arenas */
 };
 

@@ -214,6 +214,8 @@ void eb_model_free(eb_model *m) {
         free(m->layers);
     }
     free(m->final_norm);
+    free(m->route_hits);
+    free(m->route_tokens);
     for (int i = 0; i < m->n_files; i++) {
         if (m->files[i].addr) munmap(m->files[i].addr, m->files[i].size);
         free(m->files[i].path);
@@ -361,7 +363,9 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
         goto fail;
     }
     m->layers = calloc((size_t)c->num_layers, sizeof *m->layers);
-    if (!m->layers) {
+    m->route_hits = calloc((size_t)c->num_layers * (size_t)(c->num_experts > 0 ? c->num_experts : 1), sizeof(uint64_t));
+    m->route_tokens = calloc((size_t)c->num_layers, sizeof(uint64_t));
+    if (!m->layers || !m->route_hits || !m->route_tokens) {
         st = eb_fail(EB_ERR_MEMORY, "out of memory");
         goto fail;
     }

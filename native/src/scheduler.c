@@ -246,6 +246,31 @@ void eb_model_reset_counters(eb_model *m) {
     m->counters.model.joins = m->counters.model.layer_steps = 0;
 }
 
+int eb_model_routing_counts(const eb_model *m, uint64_t *hits, int64_t n_hits, uint64_t *tokens, int32_t n_layers) {
+    if (!m) return eb_fail(EB_ERR_ARGUMENT, "routing counts: model is NULL");
+    int64_t want = (int64_t)m->cfg.num_layers * (m->cfg.num_experts > 0 ? m->cfg.num_experts : 0);
+    if (hits) {
+        if (n_hits != want)
+            return eb_fail(EB_ERR_ARGUMENT, "routing counts: room for %lld entries, expected %lld", (long long)n_hits,
+                           (long long)want);
+        memcpy(hits, m->route_hits, (size_t)want * sizeof *hits);
+    }
+    if (tokens) {
+        if (n_layers != m->cfg.num_layers)
+            return eb_fail(EB_ERR_ARGUMENT, "routing counts: room for %d layers, expected %d", n_layers,
+                           m->cfg.num_layers);
+        memcpy(tokens, m->route_tokens, (size_t)n_layers * sizeof *tokens);
+    }
+    return EB_OK;
+}
+
+void eb_model_reset_routing(eb_model *m) {
+    if (!m) return;
+    memset(m->route_hits, 0, (size_t)m->cfg.num_layers * (size_t)(m->cfg.num_experts > 0 ? m->cfg.num_experts : 1) *
+                                 sizeof *m->route_hits);
+    memset(m->route_tokens, 0, (size_t)m->cfg.num_layers * sizeof *m->route_tokens);
+}
+
 /* ---- the scheduler ----------------------------------------------------------------------------------- */
 
 void eb_scheduler_release(eb_context *c) {
@@ -446,6 +471,9 @@ int eb_moe_forward(eb_context *c, int layer, int64_t n) {
                                c->router)))
         return st;
     route(c, n);
+    m->route_tokens[layer] += (uint64_t)n;
+    uint64_t *hits = m->route_hits + (size_t)layer * (size_t)cf->num_experts;
+    for (int64_t i = 0; i < n * K; i++) hits[c->topk_id[i]]++;
 
     if (eng->n_devices > c->n_devices)
         return eb_fail(EB_ERR_STATE, "a runtime was loaded after this context was created: create a new context");

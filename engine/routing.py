@@ -1,0 +1,100 @@
+"""Routing statistics: how often the router picks each expert of each MoE layer.
+
+RoutingStats come from a profiling pass (decode runs over a prompt set; the core counts every routed pair) or
+from a hotness CSV as other tools write it:
+
+    # hotness table: n_layer=3 n_expert=8 n_expert_used=2
+    12,0,7,...        one row of n_expert counts per layer (dense layers: zeros)
+
+The placement strategies and the heat map read them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ArgumentError, CheckpointError
+
+_HEADER = re.compile(r"^#\s*hotness table:\s*n_layer=(\d+)\s+n_expert=(\d+)\s+n_expert_used=(\d+)\s*$")
+
+
+@dataclass
+class RoutingStats:
+    hits: np.ndarray  # uint64 [layers, experts]
+    tokens: np.ndarray  # uint64 [layers]: tokens routed per layer (0 for dense layers)
+    top_k: int
+
+    @property
+    def num_layers(self) -> int:
+        return self.hits.shape[0]
+
+    @property
+    def num_experts(self) -> int:
+        return self.hits.shape[1]
+
+    def share(self) -> np.ndarray:
+        """Fraction of each layer's tokens that each expert served (0 where a layer routed nothing)."""
+        t = self.tokens.astype(np.float64)[:, None]
+        return np.divide(self.hits.astype(np.float64), t, out=np.zeros(self.hits.shape), where=t > 0)
+
+    def __add__(self, other: RoutingStats) -> RoutingStats:
+        if self.hits.shape != other.hits.shape or self.top_k != other.top_k:
+            raise ArgumentError(f"cannot add routing statistics of shape {self.hits.shape} and {other.hits.shape}")
+        return RoutingStats(self.hits + other.hits, self.tokens + other.tokens, self.top_k)
+
+    @classmethod
+    def from_model(cls, model) -> RoutingStats:
+        hits, tokens = model.routing_counts()
+        return cls(hits, tokens, model.config.top_k)
+
+    def write_hotness_csv(self, path: str | os.PathLike) -> None:
+        lines = [f"# hotness table: n_layer={self.num_layers} n_expert={self.num_experts} n_expert_used={self.top_k}"]
+        lines += [",".join(str(int(v)) for v in row) for row in self.hits]
+        Path(path).write_text("\n".join(lines) + "\n")
+
+    @classmethod
+    def read_hotness_csv(cls, path: str | os.PathLike) -> RoutingStats:
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"'{path}': cannot read: {exc}") from None
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        if not lines or not (m := _HEADER.match(lines[0].strip())):
+            raise CheckpointError(
+                f"'{path}':1: expected '# hotness table: n_layer=N n_expert=N n_expert_used=N', got {lines[0][:80]!r}"
+                if lines
+                else f"'{path}': empty file, expected a hotness table"
+            )
+        n_layer, n_expert, used = (int(g) for g in m.groups())
+        rows = lines[1:]
+        if len(rows) != n_layer:
+            raise CheckpointError(f"'{path}': {len(rows)} rows of counts, expected n_layer={n_layer}")
+        hits = np.zeros((n_layer, n_expert), dtype=np.uint64)
+        for i, row in enumerate(rows):
+            cells = [c for c in re.split(r"[,\s]+", row.strip()) if c]
+            if len(cells) != n_expert:
+                raise CheckpointError(f"'{path}':{i + 2}: {len(cells)} counts, expected n_expert={n_expert}")
+            for j, c in enumerate(cells):
+                if not c.isdigit():
+                    raise CheckpointError(f"'{path}':{i + 2}: count {c!r} is not a non-negative integer")
+                hits[i, j] = int(c)
+        # each routed token picks n_expert_used experts, so a layer's tokens are its hits / n_expert_used
+        tokens = hits.sum(axis=1) // max(used, 1)
+        return cls(hits, tokens.astype(np.uint64), used)
+
+
+def profile(model, prompts: list[list[int]], tokens_per_prompt: int = 32) -> RoutingStats:
+    """Route the prompts and greedy continuations through the model and count every expert pick."""
+    if not prompts:
+        raise ArgumentError("profiling needs at least one prompt")
+    model.reset_routing()
+    for ids in prompts:
+        with model.context(min(model.config.max_position_embeddings, len(ids) + tokens_per_prompt + 1)) as ctx:
+            ctx.generate(ids, tokens_per_prompt)
+    return RoutingStats.from_model(model)
