@@ -50,15 +50,17 @@ for _ in range(cfg["repeats"]):
     t0 = time.perf_counter()
     llm.eval(cfg["prefill_ids"])
     prefill.append(len(cfg["prefill_ids"]) / (time.perf_counter() - t0))
+def last_logits():  # without logits_all, llama-cpp-python keeps no scores: read the context's last row
+    return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
 decode, ids = [], []
 for _ in range(cfg["repeats"] + 1):
     llm.reset()
     llm.eval(cfg["prompt_ids"])
-    ids = [int(np.argmax(llm.scores[llm.n_tokens - 1]))]
+    ids = [int(np.argmax(last_logits()))]
     t0 = time.perf_counter()
     while len(ids) < cfg["tokens"]:
         llm.eval([ids[-1]])
-        ids.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+        ids.append(int(np.argmax(last_logits())))
     decode.append((len(ids) - 1) / (time.perf_counter() - t0))
 print(json.dumps({"prefill": prefill, "decode": decode[1:], "ids": ids}))
 """

@@ -37,7 +37,10 @@
 #define HOST_ADDRESSABLE 1
 #endif
 
-#define SPIN_ITERATIONS 20000
+/* Waiting: spin briefly (the next piece of work usually follows within microseconds), then yield the core
+ * (so a worker that was descheduled on a busy machine gets it back), then sleep. */
+#define SPIN_ITERATIONS 2000
+#define YIELD_ITERATIONS 200
 #define QUEUE_CAPACITY 16
 
 typedef void (*pool_fn)(void *arg, int64_t begin, int64_t end);
@@ -133,6 +136,10 @@ static void *pool_worker(void *arg) {
                 cpu_relax();
                 continue;
             }
+            if (spins < SPIN_ITERATIONS + YIELD_ITERATIONS) {
+                sched_yield();
+                continue;
+            }
             pthread_mutex_lock(&p->mu);
             while (atomic_load(&p->generation) == seen && !atomic_load(&p->stop)) pthread_cond_wait(&p->cv_work, &p->mu);
             pthread_mutex_unlock(&p->mu);
@@ -169,6 +176,10 @@ static void pool_run(pool *p, pool_fn fn, void *arg, int64_t total, int64_t chun
     while (atomic_load(&p->pending) > 0) {
         if (++spins < SPIN_ITERATIONS) {
             cpu_relax();
+            continue;
+        }
+        if (spins < SPIN_ITERATIONS + YIELD_ITERATIONS) {
+            sched_yield();
             continue;
         }
         pthread_mutex_lock(&p->mu);
