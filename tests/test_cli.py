@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import FIXTURES
+from fixture_paths import FIXTURES
 
 from engine.cli import main
 from engine.demo import ensure_demo_pair

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import FIXTURES
+from fixture_paths import FIXTURES
 
 from engine.errors import ArgumentError, StateError
 from engine.model import Engine

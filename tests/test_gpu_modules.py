@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import FIXTURES
+from fixture_paths import FIXTURES
 
 from engine.model import Engine
 from engine.native import core_location

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from conftest import FIXTURES
+from fixture_paths import FIXTURES
 
 from engine.errors import ArgumentError, OutOfMemoryError, RangeError
 from engine.model import Engine

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, MODELS
+from fixture_paths import FIXTURES, MODELS
 
 from engine.model import Engine
 

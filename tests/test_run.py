@@ -6,7 +6,7 @@ import struct
 import threading
 
 import pytest
-from conftest import FIXTURES
+from fixture_paths import FIXTURES
 
 from engine.demo import ensure_demo_pair
 from engine.errors import ArgumentError, RangeError, StateError

@@ -5,7 +5,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import FIXTURES
+from fixture_paths import FIXTURES
 
 from engine.demo import DEMO_PROMPTS, ensure_demo_pair
 from engine.errors import ArgumentError, RangeError
