@@ -24,7 +24,7 @@ static inline __m256 load8(const unsigned char *w, int dtype, int64_t c) {
     }
 }
 
-static inline float hsum(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+static inline __attribute__((unused)) float hsum(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
     __m256 s = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
     __m128 lo = _mm256_castps256_ps128(s);
     __m128 hi = _mm256_extractf128_ps(s, 1);
@@ -34,44 +34,48 @@ static inline float hsum(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
     return _mm_cvtss_f32(q);
 }
 
-/* ntok is 1 or 2; out[t] = dot(row, x[t]). */
-static inline void dot_tokens(const unsigned char *row, int dtype, int64_t cols, const float *x0, const float *x1,
-                              int ntok, float *out) {
-    __m256 a[2][4];
-    for (int t = 0; t < 2; t++)
-        for (int k = 0; k < 4; k++) a[t][k] = _mm256_setzero_ps();
-    int64_t c = 0;
-    for (; c + 32 <= cols; c += 32) {
-        __m256 w0 = load8(row, dtype, c), w1 = load8(row, dtype, c + 8);
-        __m256 w2 = load8(row, dtype, c + 16), w3 = load8(row, dtype, c + 24);
-        a[0][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x0 + c), a[0][0]);
-        a[0][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x0 + c + 8), a[0][1]);
-        a[0][2] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x0 + c + 16), a[0][2]);
-        a[0][3] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x0 + c + 24), a[0][3]);
-        if (ntok == 2) {
-            a[1][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x1 + c), a[1][0]);
-            a[1][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x1 + c + 8), a[1][1]);
-            a[1][2] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x1 + c + 16), a[1][2]);
-            a[1][3] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x1 + c + 24), a[1][3]);
-        }
-    }
-    for (; c + 8 <= cols; c += 8) {
-        __m256 w0 = load8(row, dtype, c);
-        a[0][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x0 + c), a[0][0]);
-        if (ntok == 2) a[1][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x1 + c), a[1][0]);
-    }
-    float tail0 = 0.0f, tail1 = 0.0f;
-    for (; c < cols; c++) {
-        float wv = eb_load_as_f32(row, dtype, c);
-        tail0 += wv * x0[c];
-        if (ntok == 2) tail1 += wv * x1[c];
-    }
-    out[0] = hsum(a[0][0], a[0][1], a[0][2], a[0][3]) + tail0;
-    if (ntok == 2) out[1] = hsum(a[1][0], a[1][1], a[1][2], a[1][3]) + tail1;
+static inline float tail(const unsigned char *row, int dtype, int64_t c0, int64_t cols, const float *x) {
+    float s = 0.0f;
+    for (int64_t c = c0; c < cols; c++) s += eb_load_as_f32(row, dtype, c) * x[c];
+    return s;
 }
 
-/* Blocks for batches: a block of rows (about 64 KiB of weights) stays in L2 while blocks of tokens (about
- * 64 KiB of activations) stream past it, so a prefill reads each weight once from memory. */
+static inline float hsum1(__m256 s) {
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
+}
+
+/* Fully unrolled so the accumulators live in registers. */
+#define UNROLL _Pragma("GCC unroll 16")
+
+/* R rows x T tokens of dot products, one accumulator each; rows at w + r * rowbytes, tokens at x + t * cols. */
+#define TILE(NAME, R, T)                                                                                         \
+    static inline void NAME(const unsigned char *w, size_t rowbytes, int dtype, int64_t cols, const float *x,     \
+                            float *out) {                                                                        \
+        __m256 acc[R][T];                                                                                        \
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();   \
+        int64_t c8 = cols & ~(int64_t)7;                                                                         \
+        for (int64_t c = 0; c < c8; c += 8) {                                                                    \
+            __m256 xv[T];                                                                                        \
+            UNROLL for (int t = 0; t < T; t++) xv[t] = _mm256_loadu_ps(x + t * cols + c);                        \
+            UNROLL for (int r = 0; r < R; r++) {                                                                 \
+                __m256 wv = load8(w + r * rowbytes, dtype, c);                                                   \
+                UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);            \
+            }                                                                                                    \
+        }                                                                                                        \
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) out[r * T + t] =                   \
+            hsum1(acc[r][t]) + tail(w + r * rowbytes, dtype, c8, cols, x + t * cols);                             \
+    }
+
+TILE(tile_8x1, 8, 1)
+TILE(tile_4x3, 4, 3)
+TILE(tile_4x2, 4, 2)
+TILE(tile_4x1, 4, 1)
+TILE(tile_1x3, 1, 3)
+TILE(tile_1x1, 1, 1)
+
 #define ROW_BLOCK_BYTES (64 * 1024)
 #define TOKEN_BLOCK_BYTES (64 * 1024)
 
@@ -79,26 +83,50 @@ void eb_cpu_matmul_rows_avx2(const void *w, int dtype, int64_t r0, int64_t r1, i
                              int64_t n, float *y, int64_t ldy) {
     const unsigned char *base = (const unsigned char *)w;
     size_t rowbytes = (size_t)cols * eb_dtype_size(dtype);
-    int64_t rb = (int64_t)(ROW_BLOCK_BYTES / rowbytes), tb = (int64_t)(TOKEN_BLOCK_BYTES / ((size_t)cols * 4));
-    if (rb < 1) rb = 1;
-    if (tb < 2) tb = 2;
-    tb &= ~(int64_t)1;
+    float o[16];
+    if (n == 1) {
+        int64_t r = r0;
+        for (; r + 8 <= r1; r += 8) {
+            tile_8x1(base + (size_t)r * rowbytes, rowbytes, dtype, cols, x, o);
+            for (int i = 0; i < 8; i++) y[r + i] = o[i];
+        }
+        for (; r < r1; r++) {
+            tile_1x1(base + (size_t)r * rowbytes, rowbytes, dtype, cols, x, o);
+            y[r] = o[0];
+        }
+        return;
+    }
+    int64_t rb = (int64_t)(ROW_BLOCK_BYTES / rowbytes) & ~(int64_t)3, tb = (int64_t)(TOKEN_BLOCK_BYTES / ((size_t)cols * 4));
+    if (rb < 4) rb = 4;
+    if (tb < 3) tb = 3;
+    tb -= tb % 3;
     for (int64_t rs = r0; rs < r1; rs += rb) {
         int64_t re = rs + rb < r1 ? rs + rb : r1;
         for (int64_t ts = 0; ts < n; ts += tb) {
             int64_t te = ts + tb < n ? ts + tb : n;
-            for (int64_t r = rs; r < re; r++) {
-                const unsigned char *row = base + (size_t)r * rowbytes;
+            int64_t r = rs;
+            for (; r + 4 <= re; r += 4) {
+                const unsigned char *wr = base + (size_t)r * rowbytes;
                 int64_t t = ts;
-                for (; t + 2 <= te; t += 2) {
-                    float o[2];
-                    dot_tokens(row, dtype, cols, x + t * cols, x + (t + 1) * cols, 2, o);
-                    y[t * ldy + r] = o[0];
-                    y[(t + 1) * ldy + r] = o[1];
+                for (; t + 3 <= te; t += 3) {
+                    tile_4x3(wr, rowbytes, dtype, cols, x + t * cols, o);
+                    for (int i = 0; i < 4; i++)
+                        for (int k = 0; k < 3; k++) y[(t + k) * ldy + r + i] = o[3 * i + k];
                 }
-                if (t < te) {
-                    float o[2];
-                    dot_tokens(row, dtype, cols, x + t * cols, x + t * cols, 1, o);
+                for (; t < te; t++) {
+                    tile_4x1(wr, rowbytes, dtype, cols, x + t * cols, o);
+                    for (int i = 0; i < 4; i++) y[t * ldy + r + i] = o[i];
+                }
+            }
+            for (; r < re; r++) {
+                const unsigned char *wr = base + (size_t)r * rowbytes;
+                int64_t t = ts;
+                for (; t + 3 <= te; t += 3) {
+                    tile_1x3(wr, rowbytes, dtype, cols, x + t * cols, o);
+                    for (int k = 0; k < 3; k++) y[(t + k) * ldy + r] = o[k];
+                }
+                for (; t < te; t++) {
+                    tile_1x1(wr, rowbytes, dtype, cols, x + t * cols, o);
                     y[t * ldy + r] = o[0];
                 }
             }
