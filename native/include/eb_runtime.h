@@ -68,6 +68,16 @@ static inline size_t eb_rt_expert_scratch_bytes(int64_t n_pairs, int64_t hidden,
     return (size_t)n_pairs * (size_t)(hidden + 2 * inter + hidden) * sizeof(float) + 256;
 }
 
+/* One matrix product of a group run together: y[t][r] = w[r] . x[t] for t < n, r < rows. */
+typedef struct {
+    const void *w;
+    int32_t dtype;
+    int64_t rows, cols;
+    const float *x;
+    int64_t n;
+    float *y;
+} eb_rt_matmul;
+
 typedef struct eb_runtime_table {
     uint32_t abi_version;          /* EB_RUNTIME_ABI_VERSION */
     uint32_t table_size;           /* sizeof(eb_runtime_table) as the module was built */
@@ -100,6 +110,9 @@ typedef struct eb_runtime_table {
      * host-addressable devices only. Each output element is computed with the same arithmetic whatever n is. */
     int (*matmul)(void *rt, int dev, const void *w, int dtype, int64_t rows, int64_t cols, const float *x,
                   int64_t n, float *y, char *err, size_t errlen);
+    /* Several independent products in one pass over the device's threads (one hand-off instead of one each);
+     * synchronous, host-addressable devices only. Results are those of matmul for each. */
+    int (*matmul_multi)(void *rt, int dev, const eb_rt_matmul *tasks, int n_tasks, char *err, size_t errlen);
     /* The expert FFN down(silu(gate(x)) * up(x)) for an owner's pairs. async = 1: queued on the device;
      * async = 0: done when the call returns (the calling thread may take part). */
     int (*expert_ffn)(void *rt, int dev, const eb_rt_expert_batch *batch, int async, char *err, size_t errlen);

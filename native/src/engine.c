@@ -144,7 +144,7 @@ int eb_engine_load_runtime(eb_engine *engine, const char *name, const char *path
     }
     if (t->table_size < sizeof(eb_runtime_table) || !t->name || !t->init || !t->shutdown || !t->device_count ||
         !t->device_info || !t->mem_alloc || !t->mem_free || !t->host_alloc || !t->host_free || !t->copy_to_device ||
-        !t->copy_to_host || !t->synchronize || !t->matmul || !t->expert_ffn || !t->parallel_for || !t->busy_ns || !t->kernel_variant) {
+        !t->copy_to_host || !t->synchronize || !t->matmul || !t->matmul_multi || !t->expert_ffn || !t->parallel_for || !t->busy_ns || !t->kernel_variant) {
         dlclose(dl);
         return eb_fail(EB_ERR_MODULE, "runtime module '%s' ('%s') has an incomplete function table", name, file);
     }
@@ -245,6 +245,15 @@ int eb_engine_find_device(const eb_engine *engine, const char *name, int32_t *in
             return EB_OK;
         }
     return eb_fail(EB_ERR_RANGE, "no device named '%s' (%d devices loaded)", name, engine->n_devices);
+}
+
+int eb_device_matmul_multi(const eb_engine *engine, int device, const eb_rt_matmul *tasks, int n) {
+    const eb_device *d = &engine->devices[device];
+    const eb_runtime *r = &engine->runtimes[d->runtime];
+    char err[512] = "";
+    int st = r->table->matmul_multi(r->rt, d->local, tasks, n, err, sizeof err);
+    if (st) return eb_fail(st, "device %s: %s", d->name, err);
+    return EB_OK;
 }
 
 int eb_device_matmul(const eb_engine *engine, int device, const void *w, int dtype, int64_t rows, int64_t cols,

@@ -211,7 +211,9 @@ static int attention(eb_context *c, int layer, int64_t n) {
 static int ffn(eb_context *c, int device, const eb_weight *gate, const eb_weight *up, const eb_weight *down,
                const float *x, int64_t n, float *y) {
     int st;
-    if ((st = matmul(c, device, gate, x, n, c->gate)) || (st = matmul(c, device, up, x, n, c->up))) return st;
+    eb_rt_matmul gu[2] = {{gate->data, gate->dtype, gate->rows, gate->cols, x, n, c->gate},
+                          {up->data, up->dtype, up->rows, up->cols, x, n, c->up}};
+    if ((st = eb_device_matmul_multi(c->model->engine, device, gu, 2))) return st;
     int64_t I = gate->rows;
     for (int64_t i = 0; i < n * I; i++) c->gate[i] = silu(c->gate[i]) * c->up[i];
     return matmul(c, device, down, c->gate, n, y);
@@ -238,9 +240,10 @@ static int eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logit
         const eb_layer *L = &m->layers[l];
         /* attention block */
         for (int64_t t = 0; t < n; t++) rmsnorm(c->xn + t * H, c->x + t * H, L->input_norm, H, eps);
-        if ((st = matmul(c, dev, &L->q, c->xn, n, c->q)) || (st = matmul(c, dev, &L->k, c->xn, n, c->k)) ||
-            (st = matmul(c, dev, &L->v, c->xn, n, c->v)))
-            return st;
+        eb_rt_matmul qkv[3] = {{L->q.data, L->q.dtype, L->q.rows, L->q.cols, c->xn, n, c->q},
+                               {L->k.data, L->k.dtype, L->k.rows, L->k.cols, c->xn, n, c->k},
+                               {L->v.data, L->v.dtype, L->v.rows, L->v.cols, c->xn, n, c->v}};
+        if ((st = eb_device_matmul_multi(m->engine, dev, qkv, 3))) return st;
         add_bias(c->q, L->q_bias, n, qd);
         add_bias(c->k, L->k_bias, n, kvd);
         add_bias(c->v, L->v_bias, n, kvd);

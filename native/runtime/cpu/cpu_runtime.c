@@ -251,57 +251,84 @@ static void run_matmul(cpu_runtime *rt, cpu_device *d, const void *w, int dtype,
     pool_run(&d->pool, matmul_chunk, &job, rows, chunk);
 }
 
-/* gate and up of one expert in one pass over the pool: rows [0, I) are gate's, [I, 2I) up's. */
+/* Several products as one pool run over their concatenated rows. */
+#define MAX_TASKS 64
+
 typedef struct {
     eb_cpu_matmul_rows_fn fn;
-    const void *gate, *up;
-    int dtype;
-    int64_t inter, cols, n;
-    const float *x;
-    float *g, *u;
-} gate_up_job;
+    const eb_rt_matmul *tasks;
+    int n_tasks;
+    int64_t start[MAX_TASKS + 1];
+} multi_job;
 
-static void gate_up_chunk(void *arg, int64_t begin, int64_t end) {
-    gate_up_job *j = (gate_up_job *)arg;
-    if (begin < j->inter) {
-        int64_t e = end < j->inter ? end : j->inter;
-        j->fn(j->gate, j->dtype, begin, e, j->cols, j->x, j->n, j->g, j->inter);
+static void multi_chunk(void *arg, int64_t begin, int64_t end) {
+    const multi_job *j = (const multi_job *)arg;
+    for (int i = 0; i < j->n_tasks; i++) {
+        int64_t lo = begin > j->start[i] ? begin : j->start[i], hi = end < j->start[i + 1] ? end : j->start[i + 1];
+        if (lo >= hi) continue;
+        const eb_rt_matmul *t = &j->tasks[i];
+        j->fn(t->w, t->dtype, lo - j->start[i], hi - j->start[i], t->cols, t->x, t->n, t->y, t->rows);
     }
-    if (end > j->inter) {
-        int64_t b = begin > j->inter ? begin - j->inter : 0;
-        j->fn(j->up, j->dtype, b, end - j->inter, j->cols, j->x, j->n, j->u, j->inter);
+}
+
+static void run_multi(cpu_runtime *rt, cpu_device *d, const eb_rt_matmul *tasks, int n_tasks) {
+    for (int first = 0; first < n_tasks; first += MAX_TASKS) {
+        multi_job job = {.fn = rt->matmul_rows, .tasks = tasks + first};
+        job.n_tasks = n_tasks - first < MAX_TASKS ? n_tasks - first : MAX_TASKS;
+        job.start[0] = 0;
+        for (int i = 0; i < job.n_tasks; i++) job.start[i + 1] = job.start[i] + job.tasks[i].rows;
+        int64_t total = job.start[job.n_tasks];
+        /* chunks of whole 8-row tiles, enough of them to balance the threads */
+        int64_t chunk = total / ((int64_t)d->pool.n_threads * 4);
+        chunk = chunk < 8 ? 8 : (chunk + 7) / 8 * 8;
+        pool_run(&d->pool, multi_chunk, &job, total, chunk);
     }
 }
 
 static float silu(float x) { return x / (1.0f + expf(-x)); }
 
 /* The same arithmetic as the core's single-device path: matmul per expert over its gathered rows. */
+/* The same arithmetic as the core's single-device path: every expert's products over its gathered rows; the
+ * gate and up products of all experts in one pass over the pool, then all down products in another. */
 static void run_expert_batch(cpu_runtime *rt, cpu_device *d, const eb_rt_expert_batch *b) {
     int64_t H = b->hidden, I = b->inter;
     float *xe = (float *)b->scratch;
     float *g = xe + (size_t)b->n_pairs * (size_t)H;
     float *u = g + (size_t)b->n_pairs * (size_t)I;
     float *yp = u + (size_t)b->n_pairs * (size_t)I;
-    if (b->mode == EB_REDUCE_OWNER_LOCAL) memset(b->y, 0, (size_t)b->n_tokens * (size_t)H * sizeof(float));
-    for (int32_t i = 0; i < b->n_experts; i++) {
-        int64_t p0 = b->pair_start[i], m = b->pair_start[i + 1] - p0;
-        if (m <= 0) continue;
-        const eb_rt_expert *e = &b->experts[i];
-        for (int64_t p = 0; p < m; p++)
-            memcpy(xe + p * H, b->x + (int64_t)b->pair_token[p0 + p] * H, (size_t)H * sizeof(float));
-        gate_up_job job = {rt->matmul_rows, e->gate, e->up, e->dtype, I, H, m, xe, g, u};
-        int64_t min_rows = (int64_t)(16384 / ((size_t)H * eb_dtype_size(e->dtype) + 1)) + 1;
-        int64_t chunk = 2 * I / ((int64_t)d->pool.n_threads * 4);
-        pool_run(&d->pool, gate_up_chunk, &job, 2 * I, chunk < min_rows ? min_rows : chunk);
-        for (int64_t k = 0; k < m * I; k++) g[k] = silu(g[k]) * u[k];
-        float *out = b->mode == EB_REDUCE_REFERENCE ? b->y + p0 * H : yp;
-        run_matmul(rt, d, e->down, e->dtype, H, I, g, m, out);
-        if (b->mode == EB_REDUCE_OWNER_LOCAL) {
-            for (int64_t p = 0; p < m; p++) {
-                float *o = b->y + (int64_t)b->pair_token[p0 + p] * H;
-                float w = b->pair_weight[p0 + p];
-                for (int64_t j = 0; j < H; j++) o[j] += yp[p * H + j] * w;
-            }
+    int owner_local = b->mode == EB_REDUCE_OWNER_LOCAL;
+    float *down_out = owner_local ? yp : b->y;
+    for (int64_t p = 0; p < b->n_pairs; p++)
+        memcpy(xe + p * H, b->x + (int64_t)b->pair_token[p] * H, (size_t)H * sizeof(float));
+    eb_rt_matmul tasks[MAX_TASKS];
+    for (int32_t first = 0; first < b->n_experts; first += MAX_TASKS / 2) {
+        int32_t last = first + MAX_TASKS / 2 < b->n_experts ? first + MAX_TASKS / 2 : b->n_experts;
+        int n = 0;
+        for (int32_t i = first; i < last; i++) {
+            int64_t p0 = b->pair_start[i], m = b->pair_start[i + 1] - p0;
+            const eb_rt_expert *e = &b->experts[i];
+            if (m <= 0) continue;
+            tasks[n++] = (eb_rt_matmul){e->gate, e->dtype, I, H, xe + p0 * H, m, g + p0 * I};
+            tasks[n++] = (eb_rt_matmul){e->up, e->dtype, I, H, xe + p0 * H, m, u + p0 * I};
+        }
+        run_multi(rt, d, tasks, n);
+        int64_t q0 = b->pair_start[first], q1 = b->pair_start[last];
+        for (int64_t k = q0 * I; k < q1 * I; k++) g[k] = silu(g[k]) * u[k];
+        n = 0;
+        for (int32_t i = first; i < last; i++) {
+            int64_t p0 = b->pair_start[i], m = b->pair_start[i + 1] - p0;
+            const eb_rt_expert *e = &b->experts[i];
+            if (m <= 0) continue;
+            tasks[n++] = (eb_rt_matmul){e->down, e->dtype, H, I, g + p0 * I, m, down_out + p0 * H};
+        }
+        run_multi(rt, d, tasks, n);
+    }
+    if (owner_local) {
+        memset(b->y, 0, (size_t)b->n_tokens * (size_t)H * sizeof(float));
+        for (int64_t p = 0; p < b->n_pairs; p++) { /* pairs are in ascending expert order */
+            float *o = b->y + (int64_t)b->pair_token[p] * H;
+            float w = b->pair_weight[p];
+            for (int64_t j = 0; j < H; j++) o[j] += yp[p * H + j] * w;
         }
     }
 }
@@ -673,6 +700,21 @@ static int cpu_expert_ffn(void *rtp, int dev, const eb_rt_expert_batch *b, int a
     return 0;
 }
 
+static int cpu_matmul_multi(void *rtp, int dev, const eb_rt_matmul *tasks, int n_tasks, char *err, size_t errlen) {
+    cpu_runtime *rt = (cpu_runtime *)rtp;
+    cpu_device *d = get_dev(rt, dev, err, errlen);
+    if (!d) return EB_ERR_RANGE;
+    for (int i = 0; i < n_tasks; i++)
+        if (eb_dtype_size(tasks[i].dtype) == 0)
+            return fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d", tasks[i].dtype);
+    uint64_t t0 = now_ns();
+    pthread_mutex_lock(&d->run_lock);
+    run_multi(rt, d, tasks, n_tasks);
+    pthread_mutex_unlock(&d->run_lock);
+    atomic_fetch_add(&d->busy_ns, now_ns() - t0);
+    return 0;
+}
+
 static int cpu_parallel_for(void *rtp, int dev, void (*fn)(void *arg, int64_t begin, int64_t end), void *arg,
                             int64_t n, int64_t chunk) {
     cpu_runtime *rt = (cpu_runtime *)rtp;
@@ -708,6 +750,7 @@ static const eb_runtime_table cpu_table = {
     .copy_to_host = cpu_copy,
     .synchronize = cpu_synchronize,
     .matmul = cpu_matmul,
+    .matmul_multi = cpu_matmul_multi,
     .expert_ffn = cpu_expert_ffn,
     .parallel_for = cpu_parallel_for,
     .busy_ns = cpu_busy_ns,

@@ -345,6 +345,12 @@ static int gpu_matmul(void *rtp, int dev, const void *w, int dtype, int64_t rows
                 RUNTIME_NAME ":%d cannot be the primary device (attention and the router run on a CPU device)", dev);
 }
 
+static int gpu_matmul_multi(void *rtp, int dev, const eb_rt_matmul *tasks, int n_tasks, char *err, size_t errlen) {
+    (void)rtp, (void)tasks, (void)n_tasks;
+    return fail(err, errlen, EB_ERR_UNSUPPORTED,
+                RUNTIME_NAME ":%d cannot be the primary device (attention and the router run on a CPU device)", dev);
+}
+
 static int gpu_expert_ffn(void *rtp, int dev, const eb_rt_expert_batch *b, int async, char *err, size_t errlen) {
     gpu_device *d = get_dev((gpu_runtime *)rtp, dev, err, errlen);
     if (!d) return EB_ERR_RANGE;
@@ -409,6 +415,7 @@ static eb_runtime_table make_table(void) {
     t.copy_to_host = gpu_copy_to_host;
     t.synchronize = gpu_synchronize;
     t.matmul = gpu_matmul;
+    t.matmul_multi = gpu_matmul_multi;
     t.expert_ffn = gpu_expert_ffn;
     t.parallel_for = gpu_parallel_for;
     t.busy_ns = gpu_busy_ns;
