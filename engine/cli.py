@@ -30,7 +30,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="load runtime module NAME from FILE (authoritative)")  # fmt: skip
 
 
-def _make_engine(args) -> Engine:
+def _make_engine(args, strict: bool = True) -> Engine:
     paths = {}
     for item in args.module_path:
         name, sep, file = item.partition("=")
@@ -41,7 +41,7 @@ def _make_engine(args) -> Engine:
         raise EngineError("--cpu-devices and --threads must be >= 0")
     runtimes = ("cpu", *(r for r in dict.fromkeys(args.runtime) if r != "cpu"))
     return Engine(runtimes=runtimes, module_paths=paths, cpu_devices=args.cpu_devices, cpu_threads=args.threads,
-                  portable=args.portable or None)  # fmt: skip
+                  portable=args.portable or None, strict=strict)  # fmt: skip
 
 
 def _tell(message: str) -> None:
@@ -232,19 +232,27 @@ def cmd_demo_model(args) -> int:
 
 
 def cmd_devices(args) -> int:
-    with _make_engine(args) as eng:
+    """Every runtime this build has, loaded side by side; one that cannot run here is listed with its reason."""
+    if not args.runtime:
+        args.runtime = ["hostsim", "cuda", "hip"]
+    with _make_engine(args, strict=False) as eng:
         runtimes = eng.runtimes
         devices = eng.devices
+        missing = dict(eng.load_errors)
     if args.json:
-        print(json.dumps({"runtimes": [r.__dict__ for r in runtimes], "devices": [d.__dict__ for d in devices]},
-                         indent=2))  # fmt: skip
+        print(json.dumps({"runtimes": [r.__dict__ for r in runtimes], "devices": [d.__dict__ for d in devices],
+                          "unavailable": missing}, indent=2))  # fmt: skip
         return 0
+    gib = 1 << 30
     for r in runtimes:
         print(f"runtime {r.name}: {r.n_devices} device(s), {r.kernel_variant} kernels, ABI {r.abi_version}, {r.path}")
-    for d in devices:
-        gib = 1 << 30
-        print(f"  {d.name:8s} {d.kind:4s} {d.description} - {d.threads} threads, "
-              f"{d.memory_free / gib:.1f} of {d.memory_total / gib:.1f} GiB free")  # fmt: skip
+        for d in devices:
+            if d.name.split(":")[0] == r.name:
+                threads = f"{d.threads} threads, " if d.threads else ""
+                print(f"  {d.name:10s} {d.kind:4s} {d.description} - {threads}"
+                      f"{d.memory_free / gib:.1f} of {d.memory_total / gib:.1f} GiB free")  # fmt: skip
+    for name, reason in missing.items():
+        print(f"runtime {name}: unavailable - {reason}")
     return 0
 
 

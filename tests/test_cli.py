@@ -136,7 +136,20 @@ def test_draft_and_no_draft_conflict(capsys):
 def test_devices_json(capsys):
     assert main(["devices", "--json", "--cpu-devices", "2"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert [d["name"] for d in report["devices"]] == ["cpu:0", "cpu:1"]
+    names = [d["name"] for d in report["devices"]]
+    assert names[:3] == ["cpu:0", "cpu:1", "hostsim:0"]
+    # every GPU runtime is either listed with devices or reported with its reason
+    for runtime in ("cuda", "hip"):
+        assert any(n.startswith(f"{runtime}:") for n in names) or runtime in report["unavailable"]
+
+
+def test_devices_lists_unavailable_runtimes_with_their_reason(capsys):
+    assert main(["devices"]) == 0
+    out = capsys.readouterr().out
+    assert "runtime cpu:" in out and "cpu:0" in out
+    for line in out.splitlines():
+        if "unavailable" in line:
+            assert "no device" in line or "does not exist" in line
 
 
 def test_console_script_and_module_entry_points():
