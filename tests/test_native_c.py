@@ -1,4 +1,4 @@
-"""The native tests (native/tests/test_native.c), built with -Wall -Wextra -Werror: plain, under ASan+UBSan, under TSan."""
+"""The native tests (native/tests/test_native.c), built with -Wall -Wextra -Werror: plain, ASan+UBSan, TSan."""
 
 import shutil
 import subprocess
