@@ -24,17 +24,27 @@ from engine.demo import DEMO_PROMPTS, ensure_demo_pair
 from engine.model import Engine
 
 
-def decode(model, prompt_ids, n_tokens):
-    """Greedy ids, every step's logits, and decode seconds (prefill excluded)."""
+def gpu_state(model, gpu):
+    c = model.counters()["devices"].get(gpu, {})
+    return np.array([c.get("rows", 0), c.get("busy_seconds", 0.0)])
+
+
+def decode(model, prompt_ids, n_tokens, gpu=None, gpu_decode=None):
+    """Greedy ids, every step's logits, and decode seconds (prefill excluded). gpu_decode accumulates the GPU's
+    (rows, busy seconds) over the decode steps alone."""
     with model.context(len(prompt_ids) + n_tokens + 1) as ctx:
         last = ctx.prefill(prompt_ids, all_rows=False)
         ids, rows = [int(np.argmax(last))], [last]
+        before = gpu_state(model, gpu) if gpu_decode is not None else None
         t0 = time.perf_counter()
         while len(ids) < n_tokens:
             row = ctx.decode([ids[-1]])[0]
             rows.append(row)
             ids.append(int(np.argmax(row)))
-        return ids, np.stack(rows), time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        if gpu_decode is not None:
+            gpu_decode += gpu_state(model, gpu) - before
+        return ids, np.stack(rows), seconds
 
 
 def main() -> int:
@@ -62,9 +72,16 @@ def main() -> int:
             model.set_placement(f"*=cpu:0; {rules}" if rules else "*=cpu:0")
             decode(model, prompt, 8)  # warm up: arenas, weights in cache
             speeds, ids = [], None
+            gpu_decode = np.zeros(2)
             for _ in range(args.repeats):
-                ids, logits, seconds = decode(model, prompt, args.tokens)
+                ids, logits, seconds = decode(model, prompt, args.tokens, args.gpu, gpu_decode)
                 speeds.append((len(ids) - 1) / seconds)
+            # GPU-side efficiency while decoding: each routed pair reads one expert's weights (bf16)
+            cfg = model.config
+            expert_bytes = 3 * cfg.hidden_size * cfg.moe_intermediate_size * 2
+            gpu_rows, gpu_busy = gpu_decode
+            positions = args.repeats * (args.tokens - 1)
+            gpu_gbs = gpu_rows * expert_bytes / gpu_busy / 1e9 if gpu_busy > 0 else 0.0
             if base_ids is None:
                 base_ids, base_logits = ids, logits
             rows.append({
@@ -74,9 +91,10 @@ def main() -> int:
                 "max_abs_logit_diff": float(np.abs(logits - base_logits).max()),
                 "max_rel_logit_diff": float((np.linalg.norm(logits - base_logits, axis=1)
                                              / np.linalg.norm(base_logits, axis=1)).max()),
+                "gpu_busy_seconds_per_position": gpu_busy / positions,
+                "gpu_expert_weight_gbs": gpu_gbs,
                 "counters": model.counters()["devices"],
             })  # fmt: skip
-            model.reset_counters()
     report = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "model": str(model_dir),
@@ -87,12 +105,14 @@ def main() -> int:
         "repeats": args.repeats,
         "results": rows,
     }
-    print(f"| {args.gpu} expert layers | decode tok/s (median, min-max) | ids == CPU-only | max abs logit diff |")
-    print("| --- | --- | --- | --- |")
+    print(f"| {args.gpu} expert layers | decode tok/s (median, min-max) | ids == CPU-only | max abs logit diff "
+          "| GPU expert GB/s while busy |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- |")
     for r in rows:
         speed = f"{r['decode_tokens_per_second']:.1f} ({r['min']:.1f}-{r['max']:.1f})"
         same, diff = r["tokens_identical_to_cpu"], r["max_abs_logit_diff"]
-        print(f"| {r['gpu_layers']}/{len(moe)} ({r['percent']} %) | {speed} | {same} | {diff:.2e} |")
+        gbs = r["gpu_expert_weight_gbs"]
+        print(f"| {r['gpu_layers']}/{len(moe)} ({r['percent']} %) | {speed} | {same} | {diff:.2e} | {gbs:.0f} |")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2))
