@@ -101,6 +101,9 @@ typedef struct cpu_runtime {
     const char *variant;
     char cpu_name[EB_MAX_NAME];
     uint64_t memory_limit;
+    /* Work items per thread and product: more balance the load, fewer cost fewer hand-offs. Tunable with
+     * EXPERTBENCH_CHUNKS_PER_THREAD (1..64) for measuring; see bench/RESULTS.md. */
+    int chunks_per_thread;
 } cpu_runtime;
 
 static uint64_t now_ns(void) {
@@ -246,7 +249,7 @@ static void run_matmul(cpu_runtime *rt, cpu_device *d, const void *w, int dtype,
     matmul_job job = {rt->matmul_rows, w, dtype, cols, x, n, y, rows};
     /* Enough chunks for load balance, each big enough (about 16 KiB of weights) to amortise the hand-off. */
     int64_t min_rows = (int64_t)(16384 / ((size_t)cols * eb_dtype_size(dtype) + 1)) + 1;
-    int64_t chunk = rows / ((int64_t)d->pool.n_threads * 4);
+    int64_t chunk = rows / ((int64_t)d->pool.n_threads * rt->chunks_per_thread);
     if (chunk < min_rows) chunk = min_rows;
     pool_run(&d->pool, matmul_chunk, &job, rows, chunk);
 }
@@ -279,7 +282,7 @@ static void run_multi(cpu_runtime *rt, cpu_device *d, const eb_rt_matmul *tasks,
         for (int i = 0; i < job.n_tasks; i++) job.start[i + 1] = job.start[i] + job.tasks[i].rows;
         int64_t total = job.start[job.n_tasks];
         /* chunks of whole 8-row tiles, enough of them to balance the threads */
-        int64_t chunk = total / ((int64_t)d->pool.n_threads * 4);
+        int64_t chunk = total / ((int64_t)d->pool.n_threads * rt->chunks_per_thread);
         chunk = chunk < 8 ? 8 : (chunk + 7) / 8 * 8;
         pool_run(&d->pool, multi_chunk, &job, total, chunk);
     }
@@ -490,6 +493,9 @@ static int cpu_init(const eb_runtime_options *opt, void **out, char *err, size_t
     int threads = opt && opt->threads_per_device > 0 ? opt->threads_per_device : cores / n_dev;
     if (threads < 1) threads = 1;
     rt->memory_limit = opt ? opt->memory_limit : 0;
+    rt->chunks_per_thread = 4;
+    const char *cpt = getenv("EXPERTBENCH_CHUNKS_PER_THREAD");
+    if (cpt && atoi(cpt) >= 1 && atoi(cpt) <= 64) rt->chunks_per_thread = atoi(cpt);
     int portable = opt && opt->force_portable;
 #ifdef EB_CPU_HAVE_AVX2_BUILD
     __builtin_cpu_init();
