@@ -1,0 +1,703 @@
+"""The workbench state: the one object between the engine and the widgets.
+
+Widgets read its plain fields (snapshots: devices, the placement being edited, bytes per device, run history)
+and call its methods (intents: move these experts there, undo, start a run); it answers with signals. Engine
+objects live on the engine thread only (`_EngineSide`), touched by tasks submitted to the EngineWorker; what
+a task learns comes back as plain data and is stored here on the GUI thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PySide6.QtCore import QObject, Signal
+
+from engine.checkpoint import ModelConfig
+from engine.errors import EngineError
+from engine.model import DeviceInfo, Engine, Model, RuntimeInfo
+from engine.placement import Placement
+from engine.run import DecodeRun, RunResult
+from engine.speculative import check_shared_vocabulary
+
+from . import placement_file
+from .live import LiveBuffer
+from .worker import EngineWorker
+
+GPU_RUNTIMES = ("cuda", "hip")
+
+
+def default_engine(cpu_devices: int = 0, runtimes: tuple[str, ...] | None = None) -> Engine:
+    """cpu plus every GPU runtime that loads; with no accelerator at all, a simulated one (hostsim), so
+    that there is a second device to place experts on."""
+    eng = Engine(runtimes=runtimes or ("cpu", *GPU_RUNTIMES), strict=False, cpu_devices=cpu_devices)
+    if runtimes is None and all(d.kind == "cpu" for d in eng.devices):
+        try:
+            eng.load_runtime("hostsim")
+        except EngineError as exc:
+            eng.load_errors["hostsim"] = str(exc)
+    return eng
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def copy_placement(p: Placement) -> Placement:
+    return Placement([list(row) for row in p.owners])
+
+
+@dataclass
+class RunSettings:
+    prompts: list[str]
+    tokens: int = 64
+    repeats: int = 1
+    q: int = 2
+    mode: str = "reference"
+    use_draft: bool = True
+
+    @property
+    def total_tokens(self) -> int:
+        return self.tokens * len(self.prompts) * self.repeats
+
+
+@dataclass
+class RunRecord:
+    """One row of the run history."""
+
+    index: int
+    started: str
+    target: str
+    draft: str | None
+    placement: str
+    mode: str
+    q: int | None
+    tokens: int
+    repeats: int
+    prompts: int
+    decode_tokens_per_second: float
+    prefill_tokens_per_second: float
+    accept_rate: float | None
+    output_hash: str  # sha256 over every prompt's output sha256; "" when no repeat completed
+    reference_hash: str  # the first complete run's hash for the same target, prompts and length
+    cancelled: bool
+    seconds: float
+    is_reference: bool = False  # the first complete run of its target, prompts and length
+
+    @property
+    def short_hash(self) -> str:
+        return self.output_hash[:12] if self.output_hash else "-"
+
+    @property
+    def stable(self) -> bool | None:
+        """True: same output as the reference run; False: changed; None: nothing to compare."""
+        if not self.output_hash or not self.reference_hash:
+            return None
+        return self.output_hash == self.reference_hash
+
+
+@dataclass
+class Edit:
+    label: str
+    before: Placement
+    after: Placement
+
+
+@dataclass
+class ModelSnapshot:
+    """What the GUI knows about the loaded pair (plain data, safe to read on the GUI thread)."""
+
+    target_path: str
+    draft_path: str | None
+    config: ModelConfig
+    primary: str
+    synthetic: bool
+    draft_synthetic: bool
+    weight_bytes: int  # every weight of the target
+    expert_bytes: np.ndarray  # [layer, expert] bytes of each expert (0 for dense layers)
+    placement: Placement
+    devices: list[DeviceInfo]
+    draft_weight_bytes: int = 0
+
+
+class _EngineSide:
+    """Engine objects; read and written by tasks on the engine thread only."""
+
+    def __init__(self):
+        self.engine: Engine | None = None
+        self.target: Model | None = None
+        self.draft: Model | None = None
+        self.applied: Placement | None = None
+        self.run: DecodeRun | None = None
+
+
+def _expert_bytes(model: Model) -> np.ndarray:
+    cfg = model.config
+    out = np.zeros((cfg.num_layers, max(cfg.num_experts, 1)), dtype=np.int64)
+    for name, t in model.checkpoint.tensors.items():
+        parts = name.split(".")
+        if len(parts) > 5 and parts[:2] == ["model", "layers"] and parts[3:5] == ["mlp", "experts"]:
+            out[int(parts[2]), int(parts[5])] += t.nbytes
+    # The engine is the authority: if its count differs (another storage dtype), spread its total evenly.
+    engine_total = sum(model.placement_bytes(model.placement).values())
+    if out.sum() != engine_total and cfg.moe_layers:
+        out[:] = 0
+        out[cfg.moe_layers, : cfg.num_experts] = engine_total // (len(cfg.moe_layers) * cfg.num_experts)
+    return out
+
+
+class WorkbenchState(QObject):
+    sigEngineChanged = Signal()  # runtimes, devices, load errors
+    sigDevicesChanged = Signal()  # memory snapshot refreshed
+    sigModelChanged = Signal()  # a target (and draft) loaded
+    sigPlacementChanged = Signal()  # the placement being edited changed
+    sigPreviewChanged = Signal()  # a drag hovers over a device: bytes it would give
+    sigApplyingChanged = Signal(bool)
+    sigPlacementApplied = Signal()  # the engine now has the edited placement
+    sigUndoChanged = Signal()
+    sigDirtyChanged = Signal(bool)
+    sigPathChanged = Signal()
+    sigMessage = Signal(str)  # a short note for the status bar (a refused drop, a saved file)
+    sigError = Signal(str, str)  # title, text: an engine call failed; the window shows a dialog
+    sigBusyChanged = Signal(str)  # what the engine thread is doing, "" when idle
+    sigRunStarted = Signal()
+    sigRunFinished = Signal(object)  # RunRecord
+    sigHistoryChanged = Signal()
+    sigRoutingChanged = Signal()
+
+    def __init__(self, parent: QObject | None = None):
+        super().__init__(parent)
+        self.worker = EngineWorker(self)
+        self.worker.sigBusyChanged.connect(self.sigBusyChanged)
+        self.worker.sigTaskFailed.connect(lambda task, exc: self._fail(f"{task.label} failed", exc))
+        self._side = _EngineSide()
+        self._run_lock = threading.Lock()
+        self._stop = threading.Event()
+        # snapshots
+        self.runtimes: list[RuntimeInfo] = []
+        self.load_errors: dict[str, str] = {}
+        self.devices: list[DeviceInfo] = []
+        self.model: ModelSnapshot | None = None
+        self.placement: Placement | None = None  # as edited
+        self.applied: Placement | None = None  # as the engine has it
+        self.capacity: dict[str, int] = {}  # bytes of experts each device can hold for this model
+        self.preview: dict[str, int] | None = None
+        self.preview_device: str | None = None
+        self.preview_ok = True
+        self._undo: list[Edit] = []
+        self._redo: list[Edit] = []
+        self._applies = 0  # apply tasks queued and not yet finished
+        self._wanted: Placement | None = None
+        self.saved_placement: Placement | None = None
+        self.placement_path: Path | None = None
+        self.running = False
+        self.live = LiveBuffer()
+        self.history: list[RunRecord] = []
+        self._references: dict[tuple, str] = {}
+        self.routing: np.ndarray | None = None
+        self.routing_provider: Callable[[Model, list[str]], np.ndarray] | None = None
+
+    # ---- engine and models -------------------------------------------------------------------------------
+
+    def _fail(self, title: str, exc: BaseException) -> None:
+        self.sigError.emit(title, str(exc) or type(exc).__name__)
+
+    @property
+    def device_names(self) -> list[str]:
+        return [d.name for d in self.devices]
+
+    @property
+    def busy(self) -> bool:
+        return self.worker.busy
+
+    def open_engine(self, factory: Callable[[], Engine] = default_engine) -> None:
+        """Create the engine (loading runtime modules) on the engine thread; closes a previous one."""
+        side = self._side
+
+        def task():
+            if side.engine is not None:
+                side.engine.close()
+                side.engine = side.target = side.draft = None
+            side.engine = factory()
+            return side.engine.runtimes, side.engine.devices, dict(side.engine.load_errors)
+
+        def done(result):
+            self.runtimes, self.devices, self.load_errors = result
+            self.model = self.placement = self.applied = None
+            self.sigEngineChanged.emit()
+            self.sigModelChanged.emit()
+            self.sigPlacementChanged.emit()
+
+        self.worker.submit(task, done, lambda exc: self._fail("The engine could not start", exc), "starting engine")
+
+    def load_models(self, target, draft=None, primary: str = "cpu:0", demo: str | None = None,
+                    demo_draft: bool = True) -> None:  # fmt: skip
+        """Load a target (and a draft) on the engine thread; the previous pair stays loaded if this fails.
+
+        demo: a demo size ("default") to build or find in the cache and load instead of target/draft.
+        """
+        side = self._side
+
+        def task():
+            nonlocal target, draft
+            if side.engine is None:
+                raise EngineError("the engine is not running")
+            if demo is not None:
+                from engine.demo import ensure_demo_pair
+
+                pair = ensure_demo_pair(demo)
+                target, draft = pair.target, (pair.draft if demo_draft else None)
+            new_target = side.engine.load(target, device=primary)
+            new_draft = None
+            try:
+                if new_target.config.num_experts <= 0:
+                    raise EngineError(f"'{target}' is a dense model: it has no experts to place (open an MoE model)")
+                if draft is not None:
+                    new_draft = side.engine.load(draft, device=primary)
+                    check_shared_vocabulary(new_target, new_draft)
+                snapshot = ModelSnapshot(
+                    target_path=str(target),
+                    draft_path=None if draft is None else str(draft),
+                    config=new_target.config,
+                    primary=primary,
+                    synthetic=bool(new_target.config.synthetic),
+                    draft_synthetic=bool(new_draft is not None and new_draft.config.synthetic),
+                    weight_bytes=new_target.info["weight_bytes"],
+                    expert_bytes=_expert_bytes(new_target),
+                    placement=new_target.placement,
+                    devices=side.engine.devices,
+                    draft_weight_bytes=0 if new_draft is None else new_draft.info["weight_bytes"],
+                )
+            except BaseException:
+                if new_draft is not None:
+                    new_draft.close()
+                new_target.close()
+                raise
+            for old in (side.target, side.draft):
+                if old is not None:
+                    old.close()
+            side.target, side.draft = new_target, new_draft
+            side.applied = snapshot.placement
+            return snapshot
+
+        label = "loading the demo model pair" if demo else f"loading {Path(str(target)).name}"
+        self.worker.submit(task, self._models_loaded, lambda exc: self._fail("The model could not be loaded", exc),
+                           label)  # fmt: skip
+
+    def _models_loaded(self, snapshot: ModelSnapshot) -> None:
+        self.model = snapshot
+        self.placement = copy_placement(snapshot.placement)
+        self.applied = copy_placement(snapshot.placement)
+        self._wanted = copy_placement(snapshot.placement)
+        self.saved_placement = copy_placement(snapshot.placement)
+        self.placement_path = None
+        self._undo.clear()
+        self._redo.clear()
+        self.routing = None
+        self._set_devices(snapshot.devices)
+        self.sigModelChanged.emit()
+        self.sigPlacementChanged.emit()
+        self.sigUndoChanged.emit()
+        self.sigDirtyChanged.emit(False)
+        self.sigPathChanged.emit()
+        self.sigRoutingChanged.emit()
+
+    def _set_devices(self, devices: list[DeviceInfo]) -> None:
+        self.devices = devices
+        applied = self.bytes_on(self.applied) if self.applied is not None else {}
+        self.capacity = {d.name: d.memory_free + applied.get(d.name, 0) for d in devices}
+        self.sigDevicesChanged.emit()
+
+    # ---- bytes -------------------------------------------------------------------------------------------
+
+    def bytes_on(self, placement: Placement | None) -> dict[str, int]:
+        """Expert bytes each device holds under a placement (computed here from the per-expert table)."""
+        out = dict.fromkeys(self.device_names, 0)
+        if placement is None or self.model is None:
+            return out
+        table = self.model.expert_bytes
+        for layer, row in enumerate(placement.owners):
+            for expert, device in enumerate(row):
+                if device is not None:
+                    out[device] = out.get(device, 0) + int(table[layer, expert])
+        return out
+
+    def model_bytes_on(self, device: str) -> int:
+        """Bytes of this model on a device: its experts there, plus every other weight on the primary."""
+        if self.model is None:
+            return 0
+        used = self.bytes_on(self.placement).get(device, 0)
+        if device == self.model.primary:
+            used += self.model.weight_bytes - int(self.model.expert_bytes.sum()) + self.model.draft_weight_bytes
+        return used
+
+    def _overflow(self, new: Placement) -> str:
+        """'' when the placement fits every device it grows, else a sentence saying which does not."""
+        before, after = self.bytes_on(self.placement), self.bytes_on(new)
+        for device, n in after.items():
+            cap = self.capacity.get(device, 0)
+            if n > before.get(device, 0) and n > cap:
+                return (f"{device} would hold {format_bytes(n)} of experts but has room for {format_bytes(cap)}: "
+                        "the move is refused")  # fmt: skip
+        return ""
+
+    # ---- editing -----------------------------------------------------------------------------------------
+
+    def _moved(self, moves: dict[int, list[int]], device: str) -> tuple[Placement | None, str]:
+        """The placement after a move, or (None, why not)."""
+        if self.placement is None or self.model is None:
+            return None, "no model is loaded"
+        if device not in self.device_names:
+            return None, f"device {device} is unknown (devices: {', '.join(self.device_names)})"
+        new = copy_placement(self.placement)
+        cfg = self.model.config
+        changed = 0
+        for layer, experts in moves.items():
+            if not cfg.is_moe_layer(layer):
+                return None, f"layer {layer} is not an MoE layer: it has no experts to move"
+            for e in experts:
+                if not 0 <= e < cfg.num_experts:
+                    return None, f"expert {e} of layer {layer} does not exist (0..{cfg.num_experts - 1})"
+                if new.owners[layer][e] != device:
+                    new.owners[layer][e] = device
+                    changed += 1
+        if not changed:
+            return None, f"already on {device}"
+        return new, ""
+
+    def preview_move(self, moves: dict[int, list[int]], device: str) -> bool:
+        """Show what the bars would read after a move (while a drag hovers); True when it would fit."""
+        new, why = self._moved(moves, device)
+        if new is None:
+            self.clear_preview()
+            return False
+        self.preview = self.bytes_on(new)
+        self.preview_device = device
+        self.preview_ok = not self._overflow(new)
+        self.sigPreviewChanged.emit()
+        return self.preview_ok
+
+    def clear_preview(self) -> None:
+        if self.preview is not None:
+            self.preview = self.preview_device = None
+            self.preview_ok = True
+            self.sigPreviewChanged.emit()
+
+    def move(self, moves: dict[int, list[int]], device: str, label: str | None = None) -> bool:
+        """Move experts ({layer: [expert, ...]}) to a device. Refused (False, with a message) when it would
+        overflow a device; otherwise recorded for undo and applied to the engine on its thread."""
+        self.clear_preview()
+        new, why = self._moved(moves, device)
+        if new is None:
+            self.sigMessage.emit(f"Nothing moved: {why}")
+            return False
+        problem = self._overflow(new)
+        if problem:
+            self.sigMessage.emit(problem)
+            return False
+        if label is None:
+            whole = [layer for layer, ex in moves.items() if len(ex) == self.model.config.num_experts]
+            if len(moves) == len(whole):
+                label = f"move layer{'s' if len(whole) > 1 else ''} {', '.join(map(str, sorted(whole)))} to {device}"
+            else:
+                n = sum(len(ex) for ex in moves.values())
+                label = f"move {n} expert{'s' if n > 1 else ''} to {device}"
+        self._commit(new, label)
+        return True
+
+    def set_placement(self, placement: Placement, label: str = "set placement") -> bool:
+        """Replace the whole placement (a strategy, a file); refused like a move when it would overflow."""
+        if self.placement is None:
+            self.sigMessage.emit("No model is loaded")
+            return False
+        if placement == self.placement:
+            self.sigMessage.emit("The placement is already so")
+            return False
+        unknown = sorted(set(placement.devices()) - set(self.device_names))
+        if unknown:
+            self.sigError.emit("Unknown device", f"the placement names {', '.join(unknown)}, which this engine "
+                               f"does not have (devices: {', '.join(self.device_names)})")  # fmt: skip
+            return False
+        problem = self._overflow(placement)
+        if problem:
+            self.sigMessage.emit(problem.replace("the move is refused", "the placement is refused"))
+            return False
+        self._commit(copy_placement(placement), label)
+        return True
+
+    def _commit(self, new: Placement, label: str) -> None:
+        self._undo.append(Edit(label, copy_placement(self.placement), copy_placement(new)))
+        self._redo.clear()
+        self._edit(new)
+        self.sigMessage.emit(label[0].upper() + label[1:])
+
+    def _edit(self, new: Placement) -> None:
+        self.placement = new
+        self.sigPlacementChanged.emit()
+        self.sigUndoChanged.emit()
+        self.sigDirtyChanged.emit(self.dirty)
+        self._request_apply()
+
+    @property
+    def undo_text(self) -> str:
+        return self._undo[-1].label if self._undo else ""
+
+    @property
+    def redo_text(self) -> str:
+        return self._redo[-1].label if self._redo else ""
+
+    def undo(self) -> None:
+        if self._undo:
+            edit = self._undo.pop()
+            self._redo.append(edit)
+            self._edit(copy_placement(edit.before))
+
+    def redo(self) -> None:
+        if self._redo:
+            edit = self._redo.pop()
+            self._undo.append(edit)
+            self._edit(copy_placement(edit.after))
+
+    @property
+    def dirty(self) -> bool:
+        return self.placement is not None and self.placement != self.saved_placement
+
+    # ---- applying ----------------------------------------------------------------------------------------
+
+    @property
+    def applying(self) -> bool:
+        return self._applies > 0
+
+    def _request_apply(self) -> None:
+        """Queue an apply on the engine thread, in order with runs and other engine calls.
+
+        Each queued task applies the latest edited placement when it runs (`_wanted`), so a burst of edits
+        costs one engine call, and a run started after an edit always decodes with it.
+        """
+        if self.placement is None:
+            return
+        self._wanted = copy_placement(self.placement)
+        self._applies += 1
+        if self._applies == 1:
+            self.sigApplyingChanged.emit(True)
+        side = self._side
+
+        def task():
+            wanted = self._wanted  # one reference read: the GUI thread only ever replaces it
+            if side.target is None or wanted == side.applied:
+                return None
+            side.target.set_placement(wanted)
+            side.applied = side.target.placement
+            return side.applied, side.engine.devices
+
+        def done(result):
+            self._applies -= 1
+            if result is not None:
+                self.applied, devices = result
+                self._set_devices(devices)
+            if self._applies == 0:
+                self.sigApplyingChanged.emit(False)
+                self.sigPlacementApplied.emit()
+
+        def failed(exc):
+            # The engine kept its previous placement: show that one again, and forget the edits it refused.
+            self._applies -= 1
+            while self._undo and self._undo[-1].after != self.applied:
+                self._undo.pop()
+            self._redo.clear()
+            self.placement = self._wanted = copy_placement(self.applied)
+            if self._applies == 0:
+                self.sigApplyingChanged.emit(False)
+            self.sigPlacementChanged.emit()
+            self.sigUndoChanged.emit()
+            self.sigDirtyChanged.emit(self.dirty)
+            self._fail("The engine refused the placement", exc)
+
+        label = "applying placement (waits for the run to end)" if self.running else "applying placement"
+        self.worker.submit(task, done, failed, label)
+
+    # ---- files -------------------------------------------------------------------------------------------
+
+    def save_placement(self, path: str | Path) -> bool:
+        if self.placement is None:
+            return False
+        try:
+            placement_file.save_placement(path, self.placement, self.model.target_path)
+        except OSError as exc:
+            self.sigError.emit("The placement could not be saved", f"'{path}': {exc.strerror or exc}")
+            return False
+        self.saved_placement = copy_placement(self.placement)
+        self.placement_path = Path(path)
+        self.sigDirtyChanged.emit(False)
+        self.sigPathChanged.emit()
+        self.sigMessage.emit(f"Saved {path}")
+        return True
+
+    def open_placement(self, path: str | Path) -> bool:
+        if self.model is None:
+            self.sigMessage.emit("Open a model first")
+            return False
+        try:
+            placement = placement_file.open_placement(path, self.model.config, self.model.primary)
+        except (placement_file.PlacementFileError, EngineError) as exc:
+            self.sigError.emit("The placement could not be opened", str(exc))
+            return False
+        if placement != self.placement and not self.set_placement(placement, f"open {Path(path).name}"):
+            return False
+        self.saved_placement = copy_placement(placement)
+        self.placement_path = Path(path)
+        self.sigDirtyChanged.emit(self.dirty)
+        self.sigPathChanged.emit()
+        return True
+
+    # ---- runs --------------------------------------------------------------------------------------------
+
+    @property
+    def has_draft(self) -> bool:
+        return self.model is not None and self.model.draft_path is not None
+
+    def start_run(self, settings: RunSettings) -> bool:
+        """Start a decode run on the engine thread (after any pending placement); False if one is running."""
+        if self.running or self.model is None:
+            return False
+        self.running = True
+        self._stop.clear()
+        self.live.reset(settings.total_tokens)
+        side, stop, lock = self._side, self._stop, self._run_lock
+        use_draft = settings.use_draft and self.has_draft
+        started = time.strftime("%H:%M:%S")
+
+        def task():
+            run = DecodeRun(side.target, side.draft if use_draft else None, prompts=list(settings.prompts),
+                            tokens_per_prompt=settings.tokens, repeats=settings.repeats, q=settings.q,
+                            mode=settings.mode, on_event=self.live.append)  # fmt: skip
+            placement = side.target.placement.describe()
+            with lock:
+                side.run = run
+            if stop.is_set():
+                run.cancel()
+            try:
+                return run.run(), placement
+            finally:
+                with lock:
+                    side.run = None
+
+        def done(result):
+            self.running = False
+            self._record(*result, settings, started)
+
+        def failed(exc):
+            self.running = False
+            self.sigRunFinished.emit(None)
+            self._fail("The run failed", exc)
+
+        self.worker.submit(task, done, failed, "decoding")
+        self.sigRunStarted.emit()
+        return True
+
+    def stop_run(self) -> None:
+        """Cancel the run at its next step (thread-safe: no engine call here)."""
+        self._stop.set()
+        with self._run_lock:
+            if self._side.run is not None:
+                self._side.run.cancel()
+
+    def _record(self, result: RunResult, placement: str, settings: RunSettings, started: str) -> None:
+        complete = bool(result.output_sha256) and len(result.output_sha256) == len(settings.prompts)
+        output = hashlib.sha256("".join(result.output_sha256).encode()).hexdigest() if complete else ""
+        key = (self.model.target_path, tuple(settings.prompts), settings.tokens)
+        is_reference = bool(output) and key not in self._references
+        if output:
+            self._references.setdefault(key, output)
+        record = RunRecord(
+            index=len(self.history) + 1,
+            started=started,
+            target=Path(result.target).name,
+            draft=None if result.draft is None else Path(result.draft).name,
+            placement=placement,
+            mode=result.mode,
+            q=result.q,
+            tokens=settings.tokens,
+            repeats=settings.repeats,
+            prompts=len(settings.prompts),
+            decode_tokens_per_second=result.decode_tokens_per_second,
+            prefill_tokens_per_second=result.prefill_tokens_per_second,
+            accept_rate=result.accept_rate,
+            output_hash=output,
+            reference_hash=self._references.get(key, ""),
+            cancelled=result.cancelled,
+            seconds=result.seconds,
+            is_reference=is_reference,
+        )
+        self.history.append(record)
+        self.sigHistoryChanged.emit()
+        self.sigRunFinished.emit(record)
+        rate = record.decode_tokens_per_second
+        note = "cancelled" if record.cancelled else (f"{rate:.1f} tokens/s" if math.isfinite(rate) else "done")
+        self.sigMessage.emit(f"Run {record.index}: {note}")
+
+    def clear_history(self) -> None:
+        self.history.clear()
+        self.sigHistoryChanged.emit()
+
+    # ---- routing -----------------------------------------------------------------------------------------
+
+    def set_routing(self, counts: np.ndarray | None) -> None:
+        """Per-layer, per-expert hit counts ([num_layers, num_experts]) for the heat map and the chips."""
+        if counts is not None:
+            counts = np.asarray(counts, dtype=np.float64)
+            cfg = self.model.config if self.model else None
+            if cfg is None or counts.shape != (cfg.num_layers, cfg.num_experts):
+                shape = None if cfg is None else (cfg.num_layers, cfg.num_experts)
+                raise ValueError(f"routing counts of shape {counts.shape}, expected {shape}")
+        self.routing = counts
+        self.sigRoutingChanged.emit()
+
+    def profile_routing(self, prompts: list[str]) -> bool:
+        """Count expert hits over prompts with the injected provider (engine.routing, once it exists)."""
+        if self.routing_provider is None or self.model is None:
+            self.sigMessage.emit("Routing statistics need engine.routing, which the engine does not offer yet")
+            return False
+        provider, side = self.routing_provider, self._side
+        failed = lambda exc: self._fail("Routing could not be profiled", exc)  # noqa: E731
+        self.worker.submit(lambda: provider(side.target, list(prompts)), self.set_routing, failed, "profiling routing")
+        return True
+
+    def layer_heat(self) -> np.ndarray | None:
+        """Each layer's share of the hottest layer's hits (0..1), or None without routing statistics."""
+        if self.routing is None:
+            return None
+        per_layer = self.routing.sum(axis=1)
+        top = per_layer.max()
+        return per_layer / top if top > 0 else per_layer
+
+    def expert_heat(self) -> np.ndarray | None:
+        """Each expert's hits relative to the hottest expert of its layer (0..1)."""
+        if self.routing is None:
+            return None
+        top = self.routing.max(axis=1, keepdims=True)
+        return np.divide(self.routing, top, out=np.zeros_like(self.routing), where=top > 0)
+
+    # ---- shutdown ----------------------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Cancel any run, then close the engine on its thread and stop the thread."""
+        self.stop_run()
+        side = self._side
+
+        def close():
+            if side.engine is not None:
+                side.engine.close()
+            side.engine = side.target = side.draft = None
+
+        self.worker.shutdown(close)
