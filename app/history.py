@@ -1,0 +1,156 @@
+"""The run history: one row per run (placement, speed, acceptance, output hash), exportable as CSV."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import tempfile
+from pathlib import Path
+
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt, Slot
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableView, QVBoxLayout, QWidget
+
+from . import theme
+from .state import RunRecord, WorkbenchState
+
+_ROOT = QModelIndex()  # the invalid index: Qt's default parent
+
+
+def _rate(v: float) -> str:
+    return f"{v:.1f}" if math.isfinite(v) else "-"
+
+
+def _accept(r: RunRecord) -> str:
+    return "-" if r.accept_rate is None else f"{100 * r.accept_rate:.1f} %"
+
+
+def _output(r: RunRecord) -> str:
+    if r.cancelled and not r.output_hash:
+        return "stopped"
+    if r.is_reference:
+        return "reference"
+    return {True: "same", False: "CHANGED", None: "-"}[r.stable]
+
+
+# (header, cell text, csv value)
+COLUMNS = [
+    ("#", lambda r: str(r.index), lambda r: r.index),
+    ("Time", lambda r: r.started, lambda r: r.started),
+    ("Placement", lambda r: r.placement, lambda r: r.placement),
+    ("Mode", lambda r: r.mode, lambda r: r.mode),
+    ("Draft", lambda r: "-" if r.draft is None else f"q={r.q}", lambda r: r.draft or ""),
+    ("Tokens", lambda r: f"{r.prompts}×{r.tokens}×{r.repeats}", lambda r: r.prompts * r.tokens * r.repeats),
+    ("Decode tok/s", lambda r: _rate(r.decode_tokens_per_second), lambda r: r.decode_tokens_per_second),
+    ("Accept", _accept, lambda r: "" if r.accept_rate is None else r.accept_rate),
+    ("Hash", lambda r: r.short_hash, lambda r: r.output_hash),
+    ("Output", _output, _output),
+]
+CSV_HEADER = ["run", "time", "placement", "mode", "draft", "q", "tokens", "decode_tokens_per_second",
+              "prefill_tokens_per_second", "accept_rate", "output_sha256", "output", "cancelled"]  # fmt: skip
+NUMERIC = {"#", "Decode tok/s", "Accept", "Tokens"}
+
+
+class HistoryModel(QAbstractTableModel):
+    def __init__(self, state: WorkbenchState, parent=None):
+        super().__init__(parent)
+        self.state = state
+        self._n = len(state.history)
+        state.sigHistoryChanged.connect(self.refresh)
+
+    @Slot()
+    def refresh(self) -> None:
+        n = len(self.state.history)
+        if n > self._n:
+            self.beginInsertRows(_ROOT, self._n, n - 1)
+            self._n = n
+            self.endInsertRows()
+        elif n != self._n:
+            self.beginResetModel()
+            self._n = n
+            self.endResetModel()
+
+    def rowCount(self, parent: QModelIndex = _ROOT) -> int:
+        return 0 if parent.isValid() else self._n
+
+    def columnCount(self, parent: QModelIndex = _ROOT) -> int:
+        return 0 if parent.isValid() else len(COLUMNS)
+
+    def headerData(self, section: int, orientation, role=Qt.ItemDataRole.DisplayRole):
+        if orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.DisplayRole:
+            return COLUMNS[section][0]
+        return None
+
+    def data(self, index: QModelIndex, role: int = Qt.ItemDataRole.DisplayRole):
+        if not index.isValid():
+            return None
+        r = self.state.history[index.row()]
+        name = COLUMNS[index.column()][0]
+        if role == Qt.ItemDataRole.DisplayRole:
+            return COLUMNS[index.column()][1](r)
+        if role == Qt.ItemDataRole.ToolTipRole:
+            if name == "Hash":
+                return r.output_hash or "no complete output"
+            if name == "Placement":
+                return r.placement
+            if name == "Draft":
+                return r.draft or "target-only greedy decoding"
+            return None
+        if role == Qt.ItemDataRole.TextAlignmentRole and name in NUMERIC:
+            return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        if role == Qt.ItemDataRole.ForegroundRole and name == "Output":
+            key = {True: "ok", False: "bad"}.get(r.stable, "muted") if not r.is_reference else "text"
+            return QColor(theme.colors()[key])
+        return None
+
+    def flags(self, index: QModelIndex) -> Qt.ItemFlag:
+        if not index.isValid():
+            return Qt.ItemFlag.NoItemFlags
+        return Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable
+
+
+def write_csv(path: str | os.PathLike, history: list[RunRecord]) -> None:
+    path = Path(path)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, newline="", suffix=".tmp") as f:
+        writer = csv.writer(f)
+        writer.writerow(CSV_HEADER)
+        for r in history:
+            writer.writerow([r.index, r.started, r.placement, r.mode, r.draft or "", "" if r.q is None else r.q,
+                             r.prompts * r.tokens * r.repeats, r.decode_tokens_per_second,
+                             r.prefill_tokens_per_second, "" if r.accept_rate is None else r.accept_rate,
+                             r.output_hash, _output(r), r.cancelled])  # fmt: skip
+    os.replace(f.name, path)
+
+
+class HistoryPanel(QWidget):
+    def __init__(self, state: WorkbenchState, parent=None):
+        super().__init__(parent)
+        self.model = HistoryModel(state, self)
+        self.view = QTableView()
+        self.view.setModel(self.model)
+        self.view.verticalHeader().hide()
+        self.view.setShowGrid(False)
+        self.view.setAlternatingRowColors(True)
+        self.view.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.view.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.view.setWordWrap(False)
+        self.view.setTextElideMode(Qt.TextElideMode.ElideMiddle)
+        header = self.view.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
+        header.setSectionResizeMode(2, QHeaderView.ResizeMode.Stretch)
+        self.view.verticalHeader().setDefaultSectionSize(24)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(8, 4, 8, 8)
+        layout.addWidget(self.view)
+        self.model.rowsInserted.connect(self._inserted)
+        self._fit()
+
+    def _fit(self) -> None:
+        for col in range(self.model.columnCount()):
+            if col != 2:
+                self.view.resizeColumnToContents(col)
+
+    def _inserted(self, *_args) -> None:
+        self._fit()
+        self.view.scrollToBottom()

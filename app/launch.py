@@ -1,0 +1,68 @@
+"""Opening the window: `python -m app [--model DIR] [--draft DIR] [--placement FILE] [--screenshot PNG]`.
+
+With no model the built-in synthetic demo pair opens (built into the cache the first time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="expertbench", description="The expertbench workbench window")
+    p.add_argument("--model", help="target model folder (default: the synthetic demo pair)")
+    drafts = p.add_mutually_exclusive_group()
+    drafts.add_argument("--draft", metavar="DIR", help="draft model folder (default: the demo draft with the demo)")
+    drafts.add_argument("--no-draft", action="store_true", help="no draft model")
+    p.add_argument("--placement", metavar="FILE", help="open a placement file once the model is loaded")
+    p.add_argument("--device", default="cpu:0", help="the target's primary device (default cpu:0)")
+    p.add_argument("--cpu-devices", type=int, default=0, help="split the CPU into N devices (default: per NUMA node)")
+    p.add_argument("--runtimes", help="runtime modules to load, comma-separated (default: cpu,cuda,hip, and "
+                   "hostsim when no accelerator is found)")  # fmt: skip
+    p.add_argument("--theme", choices=("system", "light", "dark"), default="system")
+    p.add_argument("--screenshot", metavar="PNG", help="open, make a short demo run, save the window as PNG, exit")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.screenshot and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    if args.theme != "system":
+        os.environ["EXPERTBENCH_THEME"] = args.theme
+
+    from PySide6.QtWidgets import QApplication
+
+    from . import theme
+    from .state import default_engine
+    from .window import MainWindow
+
+    app = QApplication.instance() or QApplication([sys.argv[0]])
+    app.setApplicationName("expertbench")
+    app.setOrganizationName("expertbench")
+    app.setWindowIcon(theme.app_icon())
+    theme.apply_theme(app)
+    window = MainWindow()
+    state = window.state
+    runtimes = tuple(r.strip() for r in args.runtimes.split(",")) if args.runtimes else None
+    state.open_engine(lambda: default_engine(args.cpu_devices, runtimes))
+    if args.model:
+        state.load_models(args.model, None if args.no_draft else args.draft, primary=args.device)
+    else:
+        state.load_models(None, primary=args.device, demo="default", demo_draft=not args.no_draft)
+    if args.placement:
+
+        def open_placement():
+            if state.model is not None:
+                state.sigModelChanged.disconnect(open_placement)
+                window.open_placement(args.placement)
+
+        state.sigModelChanged.connect(open_placement)
+    if args.screenshot:
+        from .screenshot import capture
+
+        return capture(window, args.screenshot)
+    window.show()
+    return app.exec()

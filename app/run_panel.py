@@ -1,0 +1,182 @@
+"""The run panel: target and draft, q, reduction mode, tokens, repeats, prompts; Start and Stop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import QTimer, Slot
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.demo import DEMO_PROMPTS
+from engine.errors import EngineError
+from engine.run import REDUCTION_MODES, check_mode
+from engine.speculative import MAX_DRAFT_TOKENS
+
+from . import theme
+from .state import RunSettings, WorkbenchState
+
+MODE_TEXT = {"reference": "reference (identical outputs)", "owner_local": "owner-local (faster sums)"}
+
+
+def _name(folder: str) -> str:
+    """A model folder as a person calls it (the demo pair's folders are called target/ and draft/)."""
+    path = Path(folder)
+    return f"{path.parent.name}/{path.name}" if path.name in ("target", "draft") else path.name
+
+
+class RunPanel(QWidget):
+    def __init__(self, state: WorkbenchState, parent=None):
+        super().__init__(parent)
+        self.state = state
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(10, 6, 10, 10)
+        outer.setSpacing(8)
+        form = QFormLayout()
+        form.setHorizontalSpacing(10)
+        form.setVerticalSpacing(6)
+        self.target_label = QLabel("-")
+        self.target_label.setWordWrap(True)
+        self.draft_check = QCheckBox("-")
+        self.draft_check.setChecked(True)
+        self.draft_check.setToolTip("Speculative decoding with this draft; unchecked: target-only greedy decoding")
+        form.addRow("Target", self.target_label)
+        form.addRow("Draft", self.draft_check)
+        self.q = QSpinBox()
+        self.q.setRange(1, MAX_DRAFT_TOKENS)
+        self.q.setValue(2)
+        self.q.setToolTip("Draft tokens proposed per step, verified by the target in one pass")
+        self.mode = QComboBox()
+        for mode in REDUCTION_MODES:
+            self.mode.addItem(MODE_TEXT.get(mode, mode), mode)
+            try:
+                check_mode(mode)
+            except EngineError as exc:  # listed, but not offered, until the engine supports it
+                item = self.mode.model().item(self.mode.count() - 1)
+                item.setEnabled(False)
+                item.setToolTip(str(exc))
+        self.tokens = QSpinBox()
+        self.tokens.setRange(1, 4096)
+        self.tokens.setValue(64)
+        self.tokens.setSuffix(" per prompt")
+        self.repeats = QSpinBox()
+        self.repeats.setRange(1, 1000)
+        self.repeats.setValue(1)
+        self.repeats.setSuffix(" ×")
+        row = QHBoxLayout()
+        row.setSpacing(6)
+        row.addWidget(self.q)
+        row.addWidget(QLabel("mode"))
+        row.addWidget(self.mode, 1)
+        form.addRow("q", row)
+        row2 = QHBoxLayout()
+        row2.setSpacing(6)
+        row2.addWidget(self.tokens, 1)
+        row2.addWidget(QLabel("repeats"))
+        row2.addWidget(self.repeats)
+        form.addRow("Tokens", row2)
+        outer.addLayout(form)
+        prompts_label = QLabel("Prompts (one per line)")
+        prompts_label.setObjectName("muted")
+        outer.addWidget(prompts_label)
+        self.prompts = QPlainTextEdit("\n".join(DEMO_PROMPTS))
+        self.prompts.setMinimumHeight(48)
+        outer.addWidget(self.prompts, 1)
+        buttons = QHBoxLayout()
+        buttons.setSpacing(6)
+        self.start_button = QPushButton(theme.icon("start"), "Start")
+        self.start_button.setDefault(True)
+        self.stop_button = QPushButton(theme.icon("stop"), "Stop")
+        self.stop_button.setEnabled(False)
+        self.start_button.clicked.connect(self.start)
+        self.stop_button.clicked.connect(state.stop_run)
+        buttons.addWidget(self.start_button, 1)
+        buttons.addWidget(self.stop_button, 1)
+        outer.addLayout(buttons)
+        self.progress = QProgressBar()
+        self.progress.setTextVisible(True)
+        self.progress.setFormat("idle")
+        self.progress.setValue(0)
+        outer.addWidget(self.progress)
+        self.timer = QTimer(self)
+        self.timer.setInterval(100)
+        self.timer.timeout.connect(self._tick)
+        state.sigModelChanged.connect(self._model_changed)
+        state.sigRunStarted.connect(self._run_started)
+        state.sigRunFinished.connect(self._run_finished)
+        self._model_changed()
+
+    def settings(self) -> RunSettings:
+        prompts = [line.strip() for line in self.prompts.toPlainText().splitlines() if line.strip()]
+        return RunSettings(prompts=prompts, tokens=self.tokens.value(), repeats=self.repeats.value(),
+                           q=self.q.value(), mode=self.mode.currentData(),
+                           use_draft=self.draft_check.isChecked())  # fmt: skip
+
+    @Slot()
+    def start(self) -> None:
+        settings = self.settings()
+        if not settings.prompts:
+            self.state.sigMessage.emit("Type at least one prompt")
+            return
+        self.state.start_run(settings)
+
+    @Slot()
+    def _model_changed(self) -> None:
+        m = self.state.model
+        has = m is not None
+        self.start_button.setEnabled(has and not self.state.running)
+        if not has:
+            self.target_label.setText("no model loaded")
+            self.draft_check.setText("none")
+            self.draft_check.setEnabled(False)
+            return
+        warn = theme.colors()["warn"]
+        synthetic = f"<br><span style='color:{warn}'>synthetic demo: random weights, its text is noise</span>"
+        self.target_label.setText(_name(m.target_path) + (synthetic if m.synthetic else ""))
+        self.target_label.setToolTip(m.target_path)
+        self.draft_check.setEnabled(m.draft_path is not None)
+        self.draft_check.setText("none (target only)" if m.draft_path is None else _name(m.draft_path))
+        self.draft_check.setToolTip(m.draft_path or "Open a draft folder from the File menu")
+        self.tokens.setMaximum(max(1, m.config.max_position_embeddings - 64))
+
+    @Slot()
+    def _run_started(self) -> None:
+        self.start_button.setEnabled(False)
+        self.stop_button.setEnabled(True)
+        self.progress.setRange(0, max(1, self.state.live.progress[1]))
+        self.progress.setValue(0)
+        self.progress.setFormat("starting…")
+        self.timer.start()
+
+    @Slot(object)
+    def _run_finished(self, record) -> None:
+        self.timer.stop()
+        self._tick()
+        self.start_button.setEnabled(self.state.model is not None)
+        self.stop_button.setEnabled(False)
+        if record is None:
+            self.progress.setFormat("failed")
+        elif record.cancelled:
+            self.progress.setFormat("stopped at %v of %m tokens")
+        else:
+            self.progress.setValue(self.progress.maximum())
+            self.progress.setFormat("done: %m tokens")
+
+    @Slot()
+    def _tick(self) -> None:
+        done, total = self.state.live.progress
+        self.progress.setMaximum(max(1, total))
+        self.progress.setValue(min(done, max(1, total)))
+        if self.state.running:
+            self.progress.setFormat("%v / %m tokens")

@@ -1,0 +1,155 @@
+"""Look: a light and a dark palette that follow the system, device colours, icons drawn from assets/.
+
+Icons are monochrome SVG files using `currentColor`; they are rendered here in the palette's text colour, so
+one file serves both palettes (the run icons carry their own colours).
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import pyqtgraph as pg
+from PySide6.QtCore import QByteArray, QRectF, Qt
+from PySide6.QtGui import QColor, QGuiApplication, QIcon, QPainter, QPalette, QPixmap
+from PySide6.QtSvg import QSvgRenderer
+from PySide6.QtWidgets import QApplication
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+
+LIGHT = {
+    "window": "#f3f4f6", "base": "#ffffff", "alt": "#f7f8fa", "text": "#1d2430", "muted": "#6b7280",
+    "button": "#eceef2", "highlight": "#2f6fdf", "highlight_text": "#ffffff", "border": "#d5d9e0",
+    "chip": "#eef2f8", "ok": "#2e9d5b", "bad": "#d2463c", "warn": "#c98a14",
+}  # fmt: skip
+DARK = {
+    "window": "#1e2227", "base": "#252a31", "alt": "#2a3038", "text": "#e3e6ea", "muted": "#9aa3ae",
+    "button": "#2f353d", "highlight": "#4c8dff", "highlight_text": "#ffffff", "border": "#3a414b",
+    "chip": "#2f3640", "ok": "#48c07a", "bad": "#ef6a5f", "warn": "#e0a93a",
+}  # fmt: skip
+
+# One colour per device kind, used by columns, bars and plots.
+KIND_COLORS = {"cpu": "#2f6fdf", "gpu": "#2e9d5b", "sim": "#8e5bd6"}
+
+_current = dict(LIGHT)
+
+
+def colors() -> dict[str, str]:
+    return _current
+
+
+def color(name: str) -> QColor:
+    return QColor(_current[name])
+
+
+def device_kind(name: str, kind: str = "") -> str:
+    """'cpu', 'gpu' or 'sim' for a device name such as cuda:0 or hostsim:0."""
+    runtime = name.partition(":")[0]
+    if runtime == "hostsim" or kind == "sim":
+        return "sim"
+    if runtime in ("cuda", "hip") or kind == "gpu":
+        return "gpu"
+    return "cpu"
+
+
+def device_color(name: str, kind: str = "") -> QColor:
+    return QColor(KIND_COLORS[device_kind(name, kind)])
+
+
+def system_is_dark() -> bool:
+    forced = os.environ.get("EXPERTBENCH_THEME", "").lower()
+    if forced in ("dark", "light"):
+        return forced == "dark"
+    app = QGuiApplication.instance()
+    if app is None:
+        return False
+    scheme = app.styleHints().colorScheme()
+    if scheme == Qt.ColorScheme.Dark:
+        return True
+    if scheme == Qt.ColorScheme.Light:
+        return False
+    return app.palette().color(QPalette.ColorRole.Window).lightness() < 128
+
+
+def make_palette(dark: bool) -> QPalette:
+    c = DARK if dark else LIGHT
+    p = QPalette()
+    role = QPalette.ColorRole
+    for r, key in ((role.Window, "window"), (role.WindowText, "text"), (role.Base, "base"),
+                   (role.AlternateBase, "alt"), (role.Text, "text"), (role.Button, "button"),
+                   (role.ButtonText, "text"), (role.Highlight, "highlight"),
+                   (role.HighlightedText, "highlight_text"), (role.ToolTipBase, "base"), (role.ToolTipText, "text"),
+                   (role.PlaceholderText, "muted"), (role.Link, "highlight")):  # fmt: skip
+        p.setColor(r, QColor(c[key]))
+    for r in (role.WindowText, role.Text, role.ButtonText):
+        p.setColor(QPalette.ColorGroup.Disabled, r, QColor(c["muted"]))
+    p.setColor(role.Mid, QColor(c["border"]))
+    p.setColor(role.Midlight, QColor(c["border"]))
+    p.setColor(role.Light, QColor(c["alt"] if dark else "#ffffff"))
+    p.setColor(role.Dark, QColor(c["muted"]))
+    p.setColor(role.Shadow, QColor(c["border"]))
+    return p
+
+
+def apply_theme(app: QApplication, dark: bool | None = None) -> bool:
+    """Fusion style with our palette (light or dark: the system's when dark is None); returns dark."""
+    if dark is None:
+        dark = system_is_dark()
+    app.setStyle("Fusion")
+    _current.clear()
+    _current.update(DARK if dark else LIGHT)
+    app.setPalette(make_palette(dark))
+    app.setStyleSheet(STYLE_SHEET.format(**_current))
+    pg.setConfigOptions(antialias=True, background=_current["base"], foreground=_current["text"])
+    icon.cache_clear()
+    return dark
+
+
+STYLE_SHEET = """
+QDockWidget::title {{ padding: 6px 8px; background: {window}; font-weight: 600; }}
+QToolBar {{ spacing: 4px; padding: 3px 6px; border: none; border-bottom: 1px solid {border}; }}
+QStatusBar {{ border-top: 1px solid {border}; }}
+QGroupBox {{ font-weight: 600; border: 1px solid {border}; border-radius: 6px; margin-top: 10px;
+             padding: 10px 8px 8px 8px; }}
+QGroupBox::title {{ subcontrol-origin: margin; left: 10px; padding: 0 4px; }}
+QFrame#deviceColumn {{ background: {base}; border: 1px solid {border}; border-radius: 8px; }}
+QLabel#muted {{ color: {muted}; }}
+QLabel#heading {{ font-weight: 600; }}
+QLabel#banner {{ color: {warn}; }}
+QTreeView, QTableView, QPlainTextEdit {{ border: 1px solid {border}; border-radius: 4px; }}
+QTreeView#columnView {{ border: none; background: transparent; }}
+QHeaderView::section {{ padding: 4px 6px; border: none; border-bottom: 1px solid {border};
+                        background: {alt}; font-weight: 600; }}
+"""
+
+
+@lru_cache(maxsize=128)
+def icon(name: str) -> QIcon:
+    """An icon from assets/icons/NAME.svg in the current palette's text colour (empty if missing)."""
+    path = ASSETS / "icons" / f"{name}.svg"
+    if not path.is_file():
+        return QIcon()
+    svg = path.read_text(encoding="utf-8")
+    out = QIcon()
+    for mode, key in ((QIcon.Mode.Normal, "text"), (QIcon.Mode.Disabled, "muted")):
+        renderer = QSvgRenderer(QByteArray(svg.replace("currentColor", _current[key]).encode()))
+        for size in (16, 20, 24, 32, 48):
+            pix = QPixmap(size, size)
+            pix.fill(Qt.GlobalColor.transparent)
+            painter = QPainter(pix)
+            renderer.render(painter, QRectF(0, 0, size, size))
+            painter.end()
+            out.addPixmap(pix, mode)
+    return out
+
+
+def app_icon() -> QIcon:
+    path = ASSETS / "expertbench.svg"
+    return QIcon(str(path)) if path.is_file() else QIcon()
+
+
+def heat_color(value: float) -> QColor:
+    """0..1 to a cold-to-hot colour (the heat map's colour map)."""
+    cmap = pg.colormap.get("inferno")
+    return cmap.map(0.15 + 0.8 * min(max(value, 0.0), 1.0), mode="qcolor")

@@ -1,0 +1,410 @@
+"""The main window: the placement editor in the middle, panels in docks around it, menus, status bar."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import QSettings, Qt, Slot
+from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence
+from PySide6.QtWidgets import (
+    QApplication,
+    QDockWidget,
+    QFileDialog,
+    QInputDialog,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QProgressBar,
+    QWidget,
+)
+
+from . import history, placement_file, theme
+from .devices_panel import DevicesPanel
+from .placement_editor import PlacementEditor
+from .plots import LivePlots
+from .routing_panel import RoutingPanel
+from .run_panel import RunPanel
+from .state import WorkbenchState
+
+MAX_RECENT = 8
+LAYOUT_VERSION = 1
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, state: WorkbenchState | None = None, settings: QSettings | None = None, parent=None):
+        super().__init__(parent)
+        self.state = state or WorkbenchState(self)
+        self.settings = settings or QSettings("expertbench", "workbench")
+        self.setWindowTitle("expertbench")
+        self.setWindowIcon(theme.app_icon())
+        self.setDockNestingEnabled(True)
+        self.editor = PlacementEditor(self.state)
+        self.setCentralWidget(self.editor)
+        self.devices = DevicesPanel(self.state)
+        self.run_panel = RunPanel(self.state)
+        self.routing = RoutingPanel(self.state, prompts_source=lambda: self.run_panel.settings().prompts)
+        self.plots = LivePlots(self.state)
+        self.history = history.HistoryPanel(self.state)
+        self.docks: dict[str, QDockWidget] = {}
+        self._dock("devices", "Devices", self.devices, Qt.DockWidgetArea.LeftDockWidgetArea)
+        self._dock("run", "Run", self.run_panel, Qt.DockWidgetArea.LeftDockWidgetArea)
+        self._dock("routing", "Routing and strategies", self.routing, Qt.DockWidgetArea.RightDockWidgetArea)
+        self._dock("plots", "Live plots", self.plots, Qt.DockWidgetArea.BottomDockWidgetArea)
+        self._dock("history", "Run history", self.history, Qt.DockWidgetArea.BottomDockWidgetArea)
+        self.splitDockWidget(self.docks["plots"], self.docks["history"], Qt.Orientation.Horizontal)
+        self._build_actions()
+        self._build_menus()
+        self._build_toolbar()
+        self._build_status()
+        self._connect()
+        self._default_state = self.saveState(LAYOUT_VERSION)
+        self._restore_layout()
+        self._update_title()
+
+    # ---- construction ------------------------------------------------------------------------------------
+
+    def _dock(self, key: str, title: str, widget: QWidget, area) -> None:
+        dock = QDockWidget(title, self)
+        dock.setObjectName(f"dock-{key}")
+        dock.setWidget(widget)
+        dock.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable
+                         | QDockWidget.DockWidgetFeature.DockWidgetFloatable
+                         | QDockWidget.DockWidgetFeature.DockWidgetClosable)  # fmt: skip
+        self.addDockWidget(area, dock)
+        self.docks[key] = dock
+
+    def _action(self, text: str, slot, shortcut=None, icon: str | None = None, tip: str = "") -> QAction:
+        action = QAction(text, self)
+        if icon:
+            action.setIcon(theme.icon(icon))
+        if shortcut is not None:
+            action.setShortcut(shortcut)
+        if tip:
+            action.setStatusTip(tip)
+            action.setToolTip(tip)
+        action.triggered.connect(slot)
+        return action
+
+    def _build_actions(self) -> None:
+        S, a = QKeySequence.StandardKey, self._action
+        self.act_open_model = a("Open model folder…", self.open_model, S.Open, "open", "Open a model folder")
+        self.act_open_draft = a("Open draft folder…", self.open_draft, None, None, "Open a draft model folder")
+        self.act_open_demo = a("Open demo model pair", self.open_demo, None, None, "The built-in synthetic pair")
+        self.act_open_placement = a("Open placement…", self.open_placement, "Ctrl+Shift+O", "open")
+        self.act_save = a("Save placement", self.save, S.Save, "save", "Save the placement")
+        self.act_save_as = a("Save placement as…", self.save_as, S.SaveAs)
+        self.act_export_llama = a("llama.cpp arguments…", self.export_llama, None, "export")
+        self.act_export_hotness = a("Hotness CSV…", self.export_hotness)
+        self.act_export_plots = a("Plots as PNG…", self.export_plots)
+        self.act_export_history = a("Run history as CSV…", self.export_history)
+        self.act_quit = a("Quit", self.close, S.Quit)
+        self.act_undo = a("Undo", self.state.undo, S.Undo, "undo")
+        self.act_redo = a("Redo", self.state.redo, S.Redo, "redo")
+        self.act_start = a("Start run", self.run_panel.start, "Ctrl+R", "start", "Start a decode run")
+        self.act_stop = a("Stop run", self.state.stop_run, "Ctrl+.", "stop", "Stop at the next step")
+        self.act_clear_history = a("Clear run history", self.state.clear_history, None, "clear")
+        self.act_reset_layout = a("Reset layout", self.reset_layout)
+        self.act_stop.setEnabled(False)
+
+    def _build_menus(self) -> None:
+        m = self.menuBar().addMenu("&File")
+        for act in (self.act_open_model, self.act_open_draft, self.act_open_demo):
+            m.addAction(act)
+        m.addSeparator()
+        m.addAction(self.act_open_placement)
+        self.recent_menu = m.addMenu("Open recent")
+        m.addAction(self.act_save)
+        m.addAction(self.act_save_as)
+        m.addSeparator()
+        export = m.addMenu(theme.icon("export"), "Export")
+        for act in (self.act_export_llama, self.act_export_hotness, self.act_export_plots, self.act_export_history):
+            export.addAction(act)
+        m.addSeparator()
+        m.addAction(self.act_quit)
+        e = self.menuBar().addMenu("&Edit")
+        e.addAction(self.act_undo)
+        e.addAction(self.act_redo)
+        r = self.menuBar().addMenu("&Run")
+        r.addAction(self.act_start)
+        r.addAction(self.act_stop)
+        r.addSeparator()
+        r.addAction(self.act_clear_history)
+        v = self.menuBar().addMenu("&View")
+        for dock in self.docks.values():
+            v.addAction(dock.toggleViewAction())
+        v.addSeparator()
+        v.addAction(self.act_reset_layout)
+        self._fill_recent()
+
+    def _build_toolbar(self) -> None:
+        tb = self.addToolBar("Main")
+        tb.setObjectName("toolbar-main")
+        tb.setMovable(False)
+        tb.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        for act in (self.act_open_model, self.act_open_placement, self.act_save, None, self.act_start,
+                    self.act_stop):  # fmt: skip
+            if act is None:
+                tb.addSeparator()
+            else:
+                tb.addAction(act)
+
+    def _build_status(self) -> None:
+        bar = self.statusBar()
+        self.busy_label = QLabel()
+        self.busy_label.setObjectName("muted")
+        self.busy_bar = QProgressBar()
+        self.busy_bar.setRange(0, 0)
+        self.busy_bar.setFixedSize(80, 10)
+        self.busy_bar.setTextVisible(False)
+        self.busy_bar.hide()
+        bar.addPermanentWidget(self.busy_label)
+        bar.addPermanentWidget(self.busy_bar)
+
+    def _connect(self) -> None:
+        s = self.state
+        s.sigError.connect(self.show_error)
+        s.sigMessage.connect(lambda text: self.statusBar().showMessage(text, 8000))
+        s.sigBusyChanged.connect(self._busy)
+        s.sigUndoChanged.connect(self._update_undo)
+        s.sigDirtyChanged.connect(lambda _dirty: self._update_title())
+        s.sigPathChanged.connect(self._update_title)
+        s.sigModelChanged.connect(self._update_title)
+        s.sigModelChanged.connect(self._update_actions)
+        s.sigRoutingChanged.connect(self._update_actions)
+        s.sigRunStarted.connect(self._update_actions)
+        s.sigRunFinished.connect(lambda _r: self._update_actions())
+        s.sigHistoryChanged.connect(self._update_actions)
+        self._update_undo()
+        self._update_actions()
+        hints = QGuiApplication.styleHints()
+        hints.colorSchemeChanged.connect(self._scheme_changed)
+
+    # ---- reactions ---------------------------------------------------------------------------------------
+
+    @Slot(str, str)
+    def show_error(self, title: str, text: str) -> None:
+        QMessageBox.critical(self, title, text)
+
+    @Slot(str)
+    def _busy(self, label: str) -> None:
+        self.busy_label.setText(label + "…" if label else "")
+        self.busy_bar.setVisible(bool(label))
+
+    @Slot()
+    def _update_undo(self) -> None:
+        s = self.state
+        self.act_undo.setEnabled(bool(s.undo_text))
+        self.act_redo.setEnabled(bool(s.redo_text))
+        self.act_undo.setText(f"Undo {s.undo_text}" if s.undo_text else "Undo")
+        self.act_redo.setText(f"Redo {s.redo_text}" if s.redo_text else "Redo")
+
+    @Slot()
+    def _update_actions(self) -> None:
+        s = self.state
+        has = s.model is not None
+        for act in (self.act_save, self.act_save_as, self.act_open_placement, self.act_export_llama,
+                    self.act_open_draft):  # fmt: skip
+            act.setEnabled(has)
+        self.act_export_hotness.setEnabled(has and s.routing is not None)
+        self.act_export_history.setEnabled(bool(s.history))
+        self.act_start.setEnabled(has and not s.running)
+        self.act_stop.setEnabled(s.running)
+
+    @Slot()
+    def _update_title(self) -> None:
+        s = self.state
+        parts = ["expertbench"]
+        if s.model is not None:
+            name = Path(s.model.target_path).name
+            parts.append(f"{name} (synthetic demo)" if s.model.synthetic else name)
+        if s.placement_path is not None:
+            parts.append(s.placement_path.name)
+        self.setWindowTitle(" — ".join(parts) + (" *" if s.dirty else ""))
+
+    def _scheme_changed(self, *_args) -> None:
+        app = QApplication.instance()
+        if app is not None:
+            theme.apply_theme(app)
+            self.update()
+
+    # ---- file actions ------------------------------------------------------------------------------------
+
+    def _directory(self) -> str:
+        return str(self.settings.value("last_directory", str(Path.home())))
+
+    def _remember_directory(self, path: str) -> None:
+        self.settings.setValue("last_directory", str(Path(path).parent if Path(path).is_file() else path))
+
+    @Slot()
+    def open_model(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Open a model folder", self._directory())
+        if folder:
+            self._remember_directory(folder)
+            self._add_recent("model", folder)
+            if self.confirm_discard():
+                self.state.load_models(folder, None)
+
+    @Slot()
+    def open_draft(self) -> None:
+        if self.state.model is None:
+            return
+        folder = QFileDialog.getExistingDirectory(self, "Open a draft model folder", self._directory())
+        if folder:
+            self._remember_directory(folder)
+            if self.confirm_discard():
+                self.state.load_models(self.state.model.target_path, folder)
+
+    @Slot()
+    def open_demo(self) -> None:
+        if self.confirm_discard():
+            self.state.load_models(None, demo="default")
+
+    @Slot()
+    def open_placement(self, path: str | None = None) -> None:
+        if not path:
+            path, _ = QFileDialog.getOpenFileName(self, "Open a placement", self._directory(),
+                                                  "Placement (*.yaml *.yml);;All files (*)")  # fmt: skip
+        if path:
+            self._remember_directory(path)
+            if self.state.open_placement(path):
+                self._add_recent("placement", path)
+
+    @Slot()
+    def save(self) -> bool:
+        if self.state.placement_path is None:
+            return self.save_as()
+        return self.state.save_placement(self.state.placement_path)
+
+    @Slot()
+    def save_as(self) -> bool:
+        if self.state.model is None:
+            return False
+        start = str(Path(self._directory()) / "placement.yaml")
+        path, _ = QFileDialog.getSaveFileName(self, "Save the placement", start, "Placement (*.yaml *.yml)")
+        if not path:
+            return False
+        if not path.endswith((".yaml", ".yml")):
+            path += ".yaml"
+        self._remember_directory(path)
+        ok = self.state.save_placement(path)
+        if ok:
+            self._add_recent("placement", path)
+        return ok
+
+    def _save_path(self, title: str, name: str, filt: str) -> str:
+        path, _ = QFileDialog.getSaveFileName(self, title, str(Path(self._directory()) / name), filt)
+        if path:
+            self._remember_directory(path)
+        return path
+
+    @Slot()
+    def export_llama(self) -> None:
+        if self.state.placement is None:
+            return
+        try:
+            args = placement_file.llama_cpp_arguments(self.state.placement)
+        except ValueError as exc:
+            QMessageBox.warning(self, "Cannot export to llama.cpp", str(exc))
+            return
+        QInputDialog.getMultiLineText(self, "llama.cpp arguments",
+                                      "Expert tensors placed as here (copy these into llama-cli / llama-server):",
+                                      args)  # fmt: skip
+
+    @Slot()
+    def export_hotness(self) -> None:
+        if self.state.routing is None:
+            return
+        path = self._save_path("Export expert hotness", "hotness.csv", "CSV (*.csv)")
+        if path:
+            placement_file.save_hotness_csv(path, self.state.routing, self.state.model.config.moe_layers)
+
+    @Slot()
+    def export_plots(self) -> None:
+        path = self._save_path("Export plots", "plots.png", "PNG image (*.png)")
+        if path and not self.plots.export_png(path):
+            QMessageBox.warning(self, "Cannot export the plots", f"'{path}' could not be written")
+
+    @Slot()
+    def export_history(self) -> None:
+        path = self._save_path("Export the run history", "runs.csv", "CSV (*.csv)")
+        if path:
+            try:
+                history.write_csv(path, self.state.history)
+            except OSError as exc:
+                QMessageBox.warning(self, "Cannot export the history", f"'{path}': {exc.strerror or exc}")
+
+    # ---- recent files ------------------------------------------------------------------------------------
+
+    def _recent(self) -> list[list[str]]:
+        value = self.settings.value("recent", []) or []
+        return [item.split("\t", 1) for item in value if isinstance(item, str) and "\t" in item]
+
+    def _add_recent(self, kind: str, path: str) -> None:
+        items = [f"{k}\t{p}" for k, p in self._recent() if p != str(path)]
+        self.settings.setValue("recent", [f"{kind}\t{path}", *items][:MAX_RECENT])
+        self._fill_recent()
+
+    def _fill_recent(self) -> None:
+        self.recent_menu.clear()
+        recent = self._recent()
+        for kind, path in recent:
+            act = self.recent_menu.addAction(f"{Path(path).name}  ({kind}: {path})")
+            act.triggered.connect(lambda _=False, k=kind, p=path: self._open_recent(k, p))
+        self.recent_menu.setEnabled(bool(recent))
+
+    def _open_recent(self, kind: str, path: str) -> None:
+        if kind == "model":
+            if self.confirm_discard():
+                self.state.load_models(path, None)
+        else:
+            self.open_placement(path)
+
+    # ---- layout and closing ------------------------------------------------------------------------------
+
+    def _restore_layout(self) -> None:
+        geometry = self.settings.value("geometry")
+        layout = self.settings.value("window_state")
+        if geometry is not None:
+            self.restoreGeometry(geometry)
+        else:
+            self.resize(1560, 980)
+        if layout is None or not self.restoreState(layout, LAYOUT_VERSION):
+            self.default_sizes()
+
+    def default_sizes(self) -> None:
+        docks = self.docks
+        self.resizeDocks([docks["devices"], docks["routing"]], [420, 360], Qt.Orientation.Horizontal)
+        self.resizeDocks([docks["devices"], docks["run"]], [200, 420], Qt.Orientation.Vertical)
+        self.resizeDocks([docks["plots"]], [330], Qt.Orientation.Vertical)
+        self.resizeDocks([docks["plots"], docks["history"]], [820, 700], Qt.Orientation.Horizontal)
+
+    def reset_layout(self) -> None:
+        self.restoreState(self._default_state, LAYOUT_VERSION)
+        for dock in self.docks.values():
+            dock.show()
+        self.default_sizes()
+
+    def confirm_discard(self) -> bool:
+        """True when there are no unsaved placement changes, or the user saved or discarded them."""
+        if not self.state.dirty:
+            return True
+        answer = QMessageBox.warning(
+            self,
+            "Unsaved placement",
+            "The placement has changes that are not saved. Save them first?",
+            QMessageBox.StandardButton.Save | QMessageBox.StandardButton.Discard | QMessageBox.StandardButton.Cancel,
+            QMessageBox.StandardButton.Save,
+        )
+        if answer == QMessageBox.StandardButton.Save:
+            return self.save()
+        return answer == QMessageBox.StandardButton.Discard
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        if not self.confirm_discard():
+            event.ignore()
+            return
+        self.settings.setValue("geometry", self.saveGeometry())
+        self.settings.setValue("window_state", self.saveState(LAYOUT_VERSION))
+        self.settings.sync()
+        self.state.shutdown()
+        event.accept()
