@@ -1,0 +1,183 @@
+"""The placement editor: drops move experts in the engine, bars follow, overflow is refused, undo, files."""
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import pytest
+
+pytest.importorskip("PySide6")
+pytest.importorskip("pytestqt")
+pytest.importorskip("pyqtgraph")
+
+import yaml  # noqa: E402
+from app_helpers import LAYER_BYTES, TIMEOUT_MS, on_engine  # noqa: E402
+from PySide6.QtCore import QModelIndex, Qt  # noqa: E402
+
+from app import placement_file  # noqa: E402
+from app.placement_editor import decode_moves  # noqa: E402
+from engine.placement import Placement  # noqa: E402
+
+MOVE = Qt.DropAction.MoveAction
+
+
+def drop(source, target, indexes):
+    """The model's drop path: the source's mimeData, then the target's dropMimeData."""
+    data = source.model.mimeData(indexes)
+    return target.model.dropMimeData(data, MOVE, -1, -1, QModelIndex())
+
+
+def engine_owners(qtbot, state):
+    return on_engine(qtbot, state, lambda side: side.target.placement.owners)
+
+
+def test_drop_moves_a_layer_in_the_engine_and_the_bars(qtbot, make_window):
+    window = make_window()
+    state = window.state
+    cpu, sim = window.editor.columns["cpu:0"], window.editor.columns["hostsim:0"]
+    assert (cpu.model.rowCount(), sim.model.rowCount()) == (2, 0)  # layers 0 and 2; layer 1 is dense
+    assert (cpu.bar.used, sim.bar.used) == (2 * LAYER_BYTES, 0)
+    layer0 = cpu.model.index(0, 0)
+    assert decode_moves(cpu.model.mimeData([layer0])) == ("cpu:0", {0: list(range(8))})
+    assert sim.model.canDropMimeData(cpu.model.mimeData([layer0]), MOVE, -1, -1, QModelIndex())
+    assert not cpu.model.canDropMimeData(cpu.model.mimeData([layer0]), MOVE, -1, -1, QModelIndex())
+
+    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        assert drop(cpu, sim, [layer0])
+    assert engine_owners(qtbot, state)[0] == ["hostsim:0"] * 8
+    assert engine_owners(qtbot, state)[2] == ["cpu:0"] * 8
+    assert (cpu.bar.used, sim.bar.used) == (LAYER_BYTES, LAYER_BYTES)
+    assert sim.bar.text().startswith("192.0 KiB of")
+    assert (cpu.model.rowCount(), sim.model.rowCount()) == (1, 1)
+    assert sim.model.index(0, 0).data() == "Layer 0"
+    devices = window.devices.model
+    assert devices.index(1, 0).data() == "hostsim:0" and devices.index(1, 2).data() == "192.0 KiB"
+    assert state.dirty and window.windowTitle().endswith("*")
+
+    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        window.act_undo.trigger()
+    assert engine_owners(qtbot, state)[0] == ["cpu:0"] * 8
+    assert sim.bar.used == 0 and not state.dirty
+    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        window.act_redo.trigger()
+    assert engine_owners(qtbot, state)[0] == ["hostsim:0"] * 8
+
+
+def test_single_experts_and_multi_selection_drag(qtbot, make_window):
+    window = make_window()
+    state = window.state
+    cpu, sim = window.editor.columns["cpu:0"], window.editor.columns["hostsim:0"]
+    layer0 = cpu.model.index(0, 0)
+    experts = [cpu.model.index(3, 0, layer0), cpu.model.index(5, 0, layer0)]
+    assert [e.data() for e in experts] == ["Expert 3", "Expert 5"]
+    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        assert drop(cpu, sim, experts)
+    owners = engine_owners(qtbot, state)
+    assert [e for e, d in enumerate(owners[0]) if d == "hostsim:0"] == [3, 5]
+    assert sim.bar.used == 2 * LAYER_BYTES // 8
+    assert cpu.model.rowCount(cpu.model.index(0, 0)) == 6
+    assert sim.model.rowCount(sim.model.index(0, 0)) == 2
+    assert "0.3=hostsim:0" in window.editor.text.text()
+    # A chip of a split layer carries only the experts on its own device; a multi-selection carries both layers.
+    both = [sim.model.index(0, 0)]
+    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        assert drop(sim, cpu, both)
+    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        assert drop(cpu, sim, [cpu.model.index(0, 0), cpu.model.index(1, 0)])
+    owners = engine_owners(qtbot, state)
+    assert owners[0] == owners[2] == ["hostsim:0"] * 8 and owners[1] == [None] * 8
+
+
+def test_an_overflowing_drop_is_refused(qtbot, make_window):
+    window = make_window(memory_limit=LAYER_BYTES + 50_000)  # one MoE layer fits on hostsim:0, two do not
+    state = window.state
+    cpu, sim = window.editor.columns["cpu:0"], window.editor.columns["hostsim:0"]
+    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        assert drop(cpu, sim, [cpu.model.index(0, 0)])
+    before = [row[:] for row in state.placement.owners]
+    # While the drag hovers, the bars show it would not fit.
+    assert not state.preview_move({2: list(range(8))}, "hostsim:0")
+    assert sim.bar.preview == 2 * LAYER_BYTES
+    state.clear_preview()
+    with qtbot.waitSignal(state.sigMessage) as message:
+        assert not drop(cpu, sim, [cpu.model.index(0, 0)])
+    assert "refused" in message.args[0] and "hostsim:0" in message.args[0]
+    assert window.editor.banner.isVisibleTo(window) and "refused" in window.editor.banner.text()
+    assert state.placement.owners == before and not state.applying
+    assert engine_owners(qtbot, state)[2] == ["cpu:0"] * 8
+    assert sim.bar.used == LAYER_BYTES
+    assert state.undo_text == "move layer 0 to hostsim:0"
+
+
+def test_a_placement_the_engine_refuses_shows_an_error_and_rolls_back(qtbot, make_window, monkeypatch):
+    from PySide6.QtWidgets import QMessageBox
+
+    shown = []
+    monkeypatch.setattr(QMessageBox, "critical", lambda parent, title, text, *a: shown.append((title, text)))
+    window = make_window(memory_limit=LAYER_BYTES + 50_000)
+    state = window.state
+    state.capacity["hostsim:0"] = 1 << 40  # pretend there is room, so that the engine's own check refuses it
+    state.move({0: list(range(8)), 2: list(range(8))}, "hostsim:0")
+    qtbot.waitUntil(lambda: bool(shown), timeout=TIMEOUT_MS)
+    assert shown[0][0] == "The engine refused the placement"
+    qtbot.waitUntil(lambda: not state.applying, timeout=TIMEOUT_MS)
+    assert state.placement.owners[0] == ["cpu:0"] * 8 and not state.undo_text
+    assert engine_owners(qtbot, state)[0] == ["cpu:0"] * 8
+    # The window is still usable: a move that fits goes through.
+    state.capacity["hostsim:0"] = LAYER_BYTES + 50_000
+    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        assert state.move({2: list(range(8))}, "hostsim:0")
+    assert engine_owners(qtbot, state)[2] == ["hostsim:0"] * 8
+
+
+def test_save_then_reopen_gives_the_same_placement(qtbot, make_window, tmp_path):
+    window = make_window()
+    state = window.state
+    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        state.move({2: list(range(8)), 0: [1, 6]}, "hostsim:0")
+    saved = Placement([row[:] for row in state.placement.owners])
+    path = tmp_path / "split.yaml"
+    assert state.save_placement(path)
+    assert yaml.safe_load(path.read_text())["placement"] == saved.describe()
+    assert not state.dirty and "split.yaml" in window.windowTitle()
+    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        state.set_placement(Placement.single(state.model.config, "cpu:0"), "all on cpu:0")
+    assert state.dirty
+    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        window.open_placement(str(path))
+    assert state.placement == saved and not state.dirty
+    assert engine_owners(qtbot, state) == saved.owners
+    # A fresh window reads the same file to the same placement.
+    other = make_window(settings_file="other.ini")
+    with qtbot.waitSignal(other.state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        other.open_placement(str(path))
+    assert engine_owners(qtbot, other.state) == saved.owners
+
+
+def test_a_bad_placement_file_shows_an_error(qtbot, make_window, tmp_path, monkeypatch):
+    from PySide6.QtWidgets import QMessageBox
+
+    shown = []
+    monkeypatch.setattr(QMessageBox, "critical", lambda parent, title, text, *a: shown.append((title, text)))
+    window = make_window()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("placement: 0-2=cuda:7\n")
+    window.open_placement(str(bad))
+    assert shown and "cuda:7" in shown[-1][1]
+    bad.write_text("placement: [1, 2\n")
+    window.open_placement(str(bad))
+    assert "bad.yaml:" in shown[-1][1] and "not valid YAML" in shown[-1][1]
+    assert window.state.placement.owners[0] == ["cpu:0"] * 8
+
+
+def test_llama_cpp_arguments():
+    from engine.checkpoint import Checkpoint
+
+    config = Checkpoint.open(os.path.join(os.path.dirname(__file__), "..", "fixtures", "qwen3moe-f32")).config
+    p = Placement.parse("0=cuda:0; 2=cpu:0", config)
+    assert placement_file.llama_cpp_arguments(p) == '-ngl 999 -ot "blk\\.(0)\\.ffn_.*_exps\\.=CUDA0" ' \
+        '-ot "blk\\.(2)\\.ffn_.*_exps\\.=CPU"'  # fmt: skip
+    with pytest.raises(ValueError, match="split"):
+        placement_file.llama_cpp_arguments(Placement.parse("0.1=cuda:0", config))
+    with pytest.raises(ValueError, match="hostsim:0"):
+        placement_file.llama_cpp_arguments(Placement.parse("0=hostsim:0", config))

@@ -1,0 +1,114 @@
+"""Runs from the window: points reach the plots, a row reaches the history, Stop cancels, exports."""
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import csv
+
+import pytest
+
+pytest.importorskip("PySide6")
+pytest.importorskip("pytestqt")
+pytest.importorskip("pyqtgraph")
+
+from app_helpers import TIMEOUT_MS  # noqa: E402
+from PySide6.QtCore import Qt  # noqa: E402
+
+from app import history  # noqa: E402
+
+
+def setup_run(window, tokens, repeats, prompts=("The quick brown fox",), q=2):
+    panel = window.run_panel
+    panel.tokens.setValue(tokens)
+    panel.repeats.setValue(repeats)
+    panel.q.setValue(q)
+    panel.prompts.setPlainText("\n".join(prompts))
+    return panel
+
+
+def test_a_run_delivers_points_to_the_plots_and_a_history_row(qtbot, make_window, tmp_path):
+    window = make_window()
+    state = window.state
+    panel = setup_run(window, tokens=24, repeats=2)
+    with qtbot.waitSignal(state.sigRunFinished, timeout=TIMEOUT_MS) as finished:
+        qtbot.mouseClick(panel.start_button, Qt.MouseButton.LeftButton)
+        assert not panel.start_button.isEnabled() and panel.stop_button.isEnabled()
+    record = finished.args[0]
+    assert record.index == 1 and not record.cancelled and record.draft == "qwen3-f32" and record.q == 2
+    assert len(record.output_hash) == 64 and record.is_reference
+    assert record.placement == "0-2=cpu:0"
+    x, y = window.plots.rate_curve.getData()
+    assert len(x) > 0 and len(x) == len(y)
+    assert (x[1:] >= x[:-1]).all()  # time runs forward
+    assert window.plots.accept_curve.getData()[0] is not None
+    rx, ry = window.plots.runs_curve.getData()
+    assert list(rx) == [1.0] and ry[0] == pytest.approx(record.decode_tokens_per_second)
+    assert len(window.plots.hash_marks.data) == 1
+    model = window.history.model
+    assert model.rowCount() == 1
+    assert model.index(0, 8).data() == record.short_hash and model.index(0, 9).data() == "reference"
+    assert panel.start_button.isEnabled() and not panel.stop_button.isEnabled()
+    assert panel.progress.value() == panel.progress.maximum() == 2 * 24
+
+    # Another placement, target only: same output (reference mode), so the hash mark says "same".
+    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        state.move({0: list(range(8))}, "hostsim:0")
+    panel.draft_check.setChecked(False)
+    with qtbot.waitSignal(state.sigRunFinished, timeout=TIMEOUT_MS) as finished:
+        window.act_start.trigger()
+    second = finished.args[0]
+    assert second.placement == "0=hostsim:0; 2=cpu:0" and second.draft is None and second.accept_rate is None
+    assert second.stable is True and model.index(1, 9).data() == "same"
+    assert len(window.plots.runs_curve.getData()[0]) == 2
+
+    path = tmp_path / "runs.csv"
+    history.write_csv(path, state.history)
+    rows = list(csv.DictReader(path.open()))
+    assert [r["run"] for r in rows] == ["1", "2"]
+    assert rows[1]["placement"] == "0=hostsim:0; 2=cpu:0" and rows[1]["output"] == "same"
+    assert window.plots.export_png(str(tmp_path / "plots.png"))
+    assert (tmp_path / "plots.png").stat().st_size > 1000
+
+
+def test_stop_cancels_the_run(qtbot, make_window):
+    window = make_window()
+    state = window.state
+    panel = setup_run(window, tokens=150, repeats=1000)
+    panel.start()
+    qtbot.waitUntil(lambda: len(state.live) > 0, timeout=TIMEOUT_MS)  # decoding has begun
+    assert state.running and window.act_stop.isEnabled()
+    with qtbot.waitSignal(state.sigRunFinished, timeout=TIMEOUT_MS) as finished:
+        qtbot.mouseClick(panel.stop_button, Qt.MouseButton.LeftButton)
+    record = finished.args[0]
+    assert record.cancelled and not state.running
+    done, total = state.live.progress
+    assert done < total
+    assert window.history.model.index(0, 9).data() in ("stopped", "reference")
+    assert panel.start_button.isEnabled() and "stopped" in panel.progress.format()
+    # The models stay usable after a cancel.
+    setup_run(window, tokens=8, repeats=1)
+    with qtbot.waitSignal(state.sigRunFinished, timeout=TIMEOUT_MS) as finished:
+        panel.start()
+    assert not finished.args[0].cancelled
+
+
+def test_a_failing_run_shows_an_error_and_the_window_stays_usable(qtbot, make_window, monkeypatch):
+    from PySide6.QtWidgets import QMessageBox
+
+    shown = []
+    monkeypatch.setattr(QMessageBox, "critical", lambda parent, title, text, *a: shown.append((title, text)))
+    window = make_window()
+    state = window.state
+    setup_run(window, tokens=8, repeats=1)
+    window.run_panel.tokens.setMaximum(100_000)  # the fixture holds 256 positions: ask for more
+    window.run_panel.tokens.setValue(5000)
+    with qtbot.waitSignal(state.sigRunFinished, timeout=TIMEOUT_MS) as finished:
+        window.run_panel.start()
+    assert finished.args[0] is None
+    assert shown and shown[0][0] == "The run failed" and "max_position_embeddings" in shown[0][1]
+    assert window.run_panel.start_button.isEnabled() and not state.running
+    setup_run(window, tokens=8, repeats=1)
+    with qtbot.waitSignal(state.sigRunFinished, timeout=TIMEOUT_MS) as finished:
+        window.run_panel.start()
+    assert finished.args[0] is not None and not finished.args[0].cancelled

@@ -1,0 +1,180 @@
+"""The window as a whole: panels, item models, errors, layout memory, unsaved changes, routing, screenshot."""
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import numpy as np
+import pytest
+
+pytest.importorskip("PySide6")
+pytest.importorskip("pytestqt")
+pytest.importorskip("pyqtgraph")
+
+from app_helpers import LAYER_BYTES, TIMEOUT_MS, on_engine  # noqa: E402
+from PySide6.QtCore import QModelIndex, Qt  # noqa: E402
+from PySide6.QtWidgets import QMessageBox  # noqa: E402
+
+from app import placement_file  # noqa: E402
+from app.placement_editor import HeatRole  # noqa: E402
+
+
+def test_every_item_model_passes_the_model_tester(qtbot, make_window, qtmodeltester):
+    window = make_window(runtimes=("cpu", "hostsim", "nosuch"))
+    state = window.state
+    models = [c.model for c in window.editor.columns.values()] + [window.devices.model, window.history.model]
+    for model in models:
+        qtmodeltester.check(model)
+    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        state.move({0: [1, 2, 7]}, "hostsim:0")
+    window.run_panel.tokens.setValue(4)
+    window.run_panel.repeats.setValue(1)
+    with qtbot.waitSignal(state.sigRunFinished, timeout=TIMEOUT_MS):
+        window.run_panel.start()
+    for model in models:
+        qtmodeltester.check(model)
+
+
+def test_devices_panel_greys_runtimes_that_did_not_load(make_window):
+    window = make_window(runtimes=("cpu", "hostsim", "nosuch"))
+    model = window.devices.model
+    names = [model.index(r, 0).data() for r in range(model.rowCount())]
+    assert names == ["cpu:0", "hostsim:0", "nosuch"]
+    assert model.flags(model.index(2, 0)) == Qt.ItemFlag.NoItemFlags
+    assert model.flags(model.index(0, 0)) & Qt.ItemFlag.ItemIsEnabled
+    assert model.index(2, 1).data() == "not available"
+    assert "nosuch" in model.index(2, 0).data(Qt.ItemDataRole.ToolTipRole)
+    assert "nosuch" in window.devices.reasons.text() and window.devices.reasons.isVisibleTo(window)
+    assert model.index(0, 2).data() != "-"  # the model's bytes on its primary device
+
+
+def test_a_failing_engine_call_shows_an_error_dialog_and_the_window_stays_usable(
+    qtbot, make_window, monkeypatch, tmp_path
+):
+    shown = []
+    monkeypatch.setattr(QMessageBox, "critical", lambda parent, title, text, *a: shown.append((title, text)))
+    window = make_window()
+    state = window.state
+    state.load_models(tmp_path / "no-such-model")
+    qtbot.waitUntil(lambda: bool(shown), timeout=TIMEOUT_MS)
+    assert shown[0][0] == "The model could not be loaded" and "no-such-model" in shown[0][1]
+    qtbot.waitUntil(lambda: not state.busy, timeout=TIMEOUT_MS)
+    # The previous pair is still loaded and the window still works.
+    assert state.model is not None and state.model.target_path.endswith("qwen3moe-f32")
+    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        state.move({2: list(range(8))}, "hostsim:0")
+    assert on_engine(qtbot, state, lambda side: side.target.placement.owners[2]) == ["hostsim:0"] * 8
+    window.run_panel.tokens.setValue(4)
+    with qtbot.waitSignal(state.sigRunFinished, timeout=TIMEOUT_MS) as finished:
+        window.run_panel.start()
+    assert finished.args[0] is not None and len(shown) == 1
+
+
+def test_layout_and_recent_files_are_remembered(qtbot, make_window, tmp_path):
+    window = make_window()
+    window.resize(1234, 777)
+    window.docks["routing"].hide()
+    path = tmp_path / "p.yaml"
+    assert window.state.save_placement(path)
+    window._add_recent("placement", str(path))
+    window.close()
+    again = make_window()
+    # Restored, not the first-launch default (restoreGeometry fits it to the 800 x 800 offscreen screen).
+    assert (again.width(), again.height()) != (1560, 980) and again.height() <= 777
+    assert not again.docks["routing"].isVisibleTo(again)
+    assert [a.text() for a in again.recent_menu.actions()][0].startswith("p.yaml")
+    again.act_reset_layout.trigger()
+    assert again.docks["routing"].isVisibleTo(again)
+
+
+def test_unsaved_changes_are_asked_about_on_close(qtbot, make_window, monkeypatch):
+    window = make_window()
+    state = window.state
+    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        state.move({0: list(range(8))}, "hostsim:0")
+    asked = []
+
+    def answer(button):
+        def warning(parent, title, text, *args):
+            asked.append(title)
+            return button
+
+        return warning
+
+    monkeypatch.setattr(QMessageBox, "warning", answer(QMessageBox.StandardButton.Cancel))
+    assert not window.close()
+    assert asked == ["Unsaved placement"] and window.isVisible()
+    monkeypatch.setattr(QMessageBox, "warning", answer(QMessageBox.StandardButton.Discard))
+    assert window.close()
+
+
+def test_routing_heat_map_from_an_injected_provider_and_the_strategies(qtbot, make_window, tmp_path):
+    window = make_window()
+    state = window.state
+    panel = window.routing
+    assert not panel.profile_button.isEnabled() and "engine.routing" in panel.profile_button.toolTip()
+    assert all(not b.isEnabled() and "routing" in b.toolTip() for b in panel.routing_buttons)
+    cfg = state.model.config
+    counts = np.zeros((cfg.num_layers, cfg.num_experts))
+    counts[0] = np.arange(8)
+    counts[2] = 3
+    state.routing_provider = lambda model, prompts: counts
+    panel.refresh()
+    assert panel.profile_button.isEnabled()
+    with qtbot.waitSignal(state.sigRoutingChanged, timeout=TIMEOUT_MS):
+        panel.profile_button.click()
+    np.testing.assert_array_equal(panel.heatmap.counts, counts)
+    cpu = window.editor.columns["cpu:0"].model
+    assert cpu.index(0, 0).data(HeatRole) == pytest.approx(28 / 28)
+    assert cpu.index(1, 0).data(HeatRole) == pytest.approx(24 / 28)
+    assert cpu.index(7, 0, cpu.index(0, 0)).data(HeatRole) == pytest.approx(1.0)
+    assert window.act_export_hotness.isEnabled()
+    placement_file.save_hotness_csv(tmp_path / "hot.csv", counts, cfg.moe_layers)
+    assert (tmp_path / "hot.csv").read_text().splitlines()[8] == "0,7,7,0.250000"
+
+    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        panel.uniform_button.click()
+    assert state.placement.describe() == "0=cpu:0; 2=hostsim:0"
+    panel.device_combo.setCurrentText("hostsim:0")
+    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        panel.single_button.click()
+    assert state.placement.describe() == "0-2=hostsim:0"
+    assert window.editor.columns["hostsim:0"].bar.used == 2 * LAYER_BYTES
+
+
+def test_drag_hover_previews_the_bars(qtbot, make_window):
+    from PySide6.QtCore import QPoint
+    from PySide6.QtGui import QDragEnterEvent, QDragLeaveEvent
+
+    window = make_window()
+    cpu, sim = window.editor.columns["cpu:0"], window.editor.columns["hostsim:0"]
+    data = cpu.model.mimeData([cpu.model.index(0, 0)])
+    event = QDragEnterEvent(QPoint(10, 10), Qt.DropAction.MoveAction, data, Qt.MouseButton.LeftButton,
+                            Qt.KeyboardModifier.NoModifier)  # fmt: skip
+    sim.view.dragEnterEvent(event)
+    assert event.isAccepted() and sim.bar.preview == LAYER_BYTES and cpu.bar.preview == LAYER_BYTES
+    sim.view.dragLeaveEvent(QDragLeaveEvent())
+    assert sim.bar.preview is None
+    assert sim.model.dropMimeData(data, Qt.DropAction.MoveAction, -1, -1, QModelIndex())
+
+
+def test_screenshot_command_writes_a_png(qtbot, make_window, tmp_path):
+    from PySide6.QtGui import QImage
+
+    from app.screenshot import capture
+
+    window = make_window()
+    path = tmp_path / "shot.png"
+    assert capture(window, str(path), tokens=6, runs=2) == 0
+    image = QImage(str(path))
+    assert (image.width(), image.height()) == (1600, 1000)
+    assert len(window.state.history) == 2
+    assert window.state.history[1].placement == "0.0-3=cpu:0; 0.4-7=hostsim:0; 2=hostsim:0"
+
+
+def test_python_m_app_help():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "app", "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "--screenshot" in out.stdout
