@@ -1,4 +1,4 @@
-"""Files the window reads and writes: a minimal placement file, llama.cpp arguments, a hotness CSV.
+"""Files the window reads and writes: a minimal placement file and llama.cpp arguments.
 
 The placement file is a stand-in for the versioned profile (engine.profile, issue 7): one YAML mapping with
 the placement's text form, plus the model it was made for, for the reader's information only:
@@ -10,12 +10,10 @@ the placement's text form, plus the model it was made for, for the reader's info
 
 from __future__ import annotations
 
-import csv
 import os
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import yaml
 
 from engine.checkpoint import ModelConfig
@@ -98,17 +96,3 @@ def llama_cpp_arguments(placement: Placement) -> str:
         alternatives = "|".join(str(layer) for layer in layers)
         args.append(f'-ot "blk\\.({alternatives})\\.ffn_.*_exps\\.={buffer}"')
     return " ".join(args)
-
-
-def save_hotness_csv(path: str | os.PathLike, counts: np.ndarray, moe_layers: list[int]) -> None:
-    """One row per (layer, expert): hit count and its share of the layer's hits."""
-    path = Path(path)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, newline="", suffix=".tmp") as f:
-        writer = csv.writer(f)
-        writer.writerow(["layer", "expert", "hits", "share"])
-        for layer in moe_layers:
-            row = counts[layer]
-            total = float(row.sum())
-            for expert, hits in enumerate(row):
-                writer.writerow([layer, expert, int(hits), f"{hits / total:.6f}" if total else "0"])
-    os.replace(f.name, path)

@@ -1,8 +1,7 @@
 """Routing heat map (layers by experts) and the placement strategies.
 
-The counts come from `state.routing`, filled by an injected provider (engine.routing, once the engine has
-it: its per-device counters cannot say which expert was hit). Without counts the map says so, and the
-strategies that need them are shown disabled.
+The counts come from `state.routing`, filled by a profiling pass (engine.routing.profile over the run
+panel's prompts). The strategies that need them are shown disabled until the engine's strategies land.
 """
 
 from __future__ import annotations
@@ -128,17 +127,15 @@ class RoutingPanel(QWidget):
         can_profile = has_model and self.state.routing_provider is not None
         self.profile_button.setEnabled(can_profile)
         self.profile_button.setToolTip(
-            "Run the prompts and count which experts each layer's router picks"
+            "Decode the run panel's prompts and count which experts each layer's router picks"
             if can_profile
-            else "Needs engine.routing (per-expert hit counts), which the engine does not offer yet"
+            else "Open a model first"
         )
         shape = (m.config.num_layers, m.config.num_experts) if has_model else None
         if self.state.routing is not None:
             self.heatmap.set_counts(self.state.routing, shape)
         else:
-            note = "No routing statistics yet" if has_model else "No model loaded"
-            if has_model and self.state.routing_provider is None:
-                note += "\n(profiling needs engine.routing)"
+            note = "No routing statistics yet:\nProfile routing fills this map" if has_model else "No model loaded"
             self.heatmap.set_counts(None, shape, note)
 
     @Slot()

@@ -23,6 +23,7 @@ from engine.checkpoint import ModelConfig
 from engine.errors import EngineError
 from engine.model import DeviceInfo, Engine, Model, RuntimeInfo
 from engine.placement import Placement
+from engine.routing import RoutingStats, profile
 from engine.run import DecodeRun, RunResult
 from engine.speculative import check_shared_vocabulary
 
@@ -43,6 +44,14 @@ def default_engine(cpu_devices: int = 0, runtimes: tuple[str, ...] | None = None
         except EngineError as exc:
             eng.load_errors["hostsim"] = str(exc)
     return eng
+
+
+PROFILE_TOKENS = 32  # greedy tokens generated after each prompt when profiling routing
+
+
+def profile_routing(model: Model, prompts: list[str]) -> RoutingStats:
+    """engine.routing's profiling pass over text prompts (runs on the engine thread)."""
+    return profile(model, [model.encode(p) for p in prompts], tokens_per_prompt=PROFILE_TOKENS)
 
 
 def format_bytes(n: float) -> str:
@@ -204,8 +213,10 @@ class WorkbenchState(QObject):
         self.live = LiveBuffer()
         self.history: list[RunRecord] = []
         self._references: dict[tuple, str] = {}
-        self.routing: np.ndarray | None = None
-        self.routing_provider: Callable[[Model, list[str]], np.ndarray] | None = None
+        self.routing: np.ndarray | None = None  # hits [layers, experts]
+        self.routing_stats: RoutingStats | None = None
+        # (model, prompts) -> RoutingStats or a hits array; replaceable (tests inject their own)
+        self.routing_provider: Callable[[Model, list[str]], RoutingStats | np.ndarray] | None = profile_routing
 
     # ---- engine and models -------------------------------------------------------------------------------
 
@@ -303,7 +314,7 @@ class WorkbenchState(QObject):
         self.placement_path = None
         self._undo.clear()
         self._redo.clear()
-        self.routing = None
+        self.routing = self.routing_stats = None
         self._set_devices(snapshot.devices)
         self.sigModelChanged.emit()
         self.sigPlacementChanged.emit()
@@ -652,15 +663,23 @@ class WorkbenchState(QObject):
 
     # ---- routing -----------------------------------------------------------------------------------------
 
-    def set_routing(self, counts: np.ndarray | None) -> None:
+    def set_routing(self, counts: RoutingStats | np.ndarray | None) -> None:
         """Per-layer, per-expert hit counts ([num_layers, num_experts]) for the heat map and the chips."""
+        stats = counts if isinstance(counts, RoutingStats) else None
+        if stats is not None:
+            counts = stats.hits
         if counts is not None:
             counts = np.asarray(counts, dtype=np.float64)
             cfg = self.model.config if self.model else None
             if cfg is None or counts.shape != (cfg.num_layers, cfg.num_experts):
                 shape = None if cfg is None else (cfg.num_layers, cfg.num_experts)
                 raise ValueError(f"routing counts of shape {counts.shape}, expected {shape}")
+            if stats is None:
+                top_k = max(cfg.top_k, 1)
+                hits = counts.astype(np.uint64)
+                stats = RoutingStats(hits, (hits.sum(axis=1) // np.uint64(top_k)).astype(np.uint64), top_k)
         self.routing = counts
+        self.routing_stats = stats
         self.sigRoutingChanged.emit()
 
     def profile_routing(self, prompts: list[str]) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from engine.checkpoint import ModelConfig
 from engine.placement import Placement
 
-NEEDS_ROUTING = "comes with routing statistics (engine.routing), which the engine does not offer yet"
+NEEDS_ROUTING = "comes with the engine's placement strategies over routing statistics (issue 7)"
 
 
 def all_on(config: ModelConfig, device: str) -> Placement:

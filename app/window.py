@@ -316,7 +316,10 @@ class MainWindow(QMainWindow):
             return
         path = self._save_path("Export expert hotness", "hotness.csv", "CSV (*.csv)")
         if path:
-            placement_file.save_hotness_csv(path, self.state.routing, self.state.model.config.moe_layers)
+            try:
+                self.state.routing_stats.write_hotness_csv(path)
+            except OSError as exc:
+                QMessageBox.warning(self, "Cannot export the hotness table", f"'{path}': {exc.strerror or exc}")
 
     @Slot()
     def export_plots(self) -> None:
