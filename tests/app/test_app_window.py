@@ -15,8 +15,8 @@ from app_helpers import LAYER_BYTES, TIMEOUT_MS, on_engine  # noqa: E402
 from PySide6.QtCore import QModelIndex, Qt  # noqa: E402
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
-from app import placement_file  # noqa: E402
 from app.placement_editor import HeatRole  # noqa: E402
+from engine.routing import RoutingStats  # noqa: E402
 
 
 def test_every_item_model_passes_the_model_tester(qtbot, make_window, qtmodeltester):
@@ -112,15 +112,12 @@ def test_routing_heat_map_from_an_injected_provider_and_the_strategies(qtbot, ma
     window = make_window()
     state = window.state
     panel = window.routing
-    assert not panel.profile_button.isEnabled() and "engine.routing" in panel.profile_button.toolTip()
-    assert all(not b.isEnabled() and "routing" in b.toolTip() for b in panel.routing_buttons)
+    assert all(not b.isEnabled() and "issue 7" in b.toolTip() for b in panel.routing_buttons)
     cfg = state.model.config
     counts = np.zeros((cfg.num_layers, cfg.num_experts))
     counts[0] = np.arange(8)
     counts[2] = 3
     state.routing_provider = lambda model, prompts: counts
-    panel.refresh()
-    assert panel.profile_button.isEnabled()
     with qtbot.waitSignal(state.sigRoutingChanged, timeout=TIMEOUT_MS):
         panel.profile_button.click()
     np.testing.assert_array_equal(panel.heatmap.counts, counts)
@@ -129,8 +126,8 @@ def test_routing_heat_map_from_an_injected_provider_and_the_strategies(qtbot, ma
     assert cpu.index(1, 0).data(HeatRole) == pytest.approx(24 / 28)
     assert cpu.index(7, 0, cpu.index(0, 0)).data(HeatRole) == pytest.approx(1.0)
     assert window.act_export_hotness.isEnabled()
-    placement_file.save_hotness_csv(tmp_path / "hot.csv", counts, cfg.moe_layers)
-    assert (tmp_path / "hot.csv").read_text().splitlines()[8] == "0,7,7,0.250000"
+    state.routing_stats.write_hotness_csv(tmp_path / "hot.csv")  # what File > Export > Hotness CSV writes
+    np.testing.assert_array_equal(RoutingStats.read_hotness_csv(tmp_path / "hot.csv").hits, counts)
 
     with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
         panel.uniform_button.click()
@@ -140,6 +137,19 @@ def test_routing_heat_map_from_an_injected_provider_and_the_strategies(qtbot, ma
         panel.single_button.click()
     assert state.placement.describe() == "0-2=hostsim:0"
     assert window.editor.columns["hostsim:0"].bar.used == 2 * LAYER_BYTES
+
+
+def test_profile_routing_with_the_engine_fills_the_heat_map(qtbot, make_window):
+    window = make_window()
+    state = window.state
+    window.run_panel.prompts.setPlainText("The quick brown fox\nHello world")
+    assert window.routing.profile_button.isEnabled()
+    with qtbot.waitSignal(state.sigRoutingChanged, timeout=TIMEOUT_MS):
+        window.routing.profile_button.click()
+    counts = window.routing.heatmap.counts
+    assert counts.shape == (3, 8) and counts[1].sum() == 0  # layer 1 is dense
+    assert counts[0].sum() == counts[2].sum() > 0  # top-2 of every routed token in each MoE layer
+    assert window.editor.columns["cpu:0"].model.index(0, 0).data(HeatRole) is not None
 
 
 def test_drag_hover_previews_the_bars(qtbot, make_window):
@@ -178,3 +188,12 @@ def test_python_m_app_help():
 
     out = subprocess.run([sys.executable, "-m", "app", "--help"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "--screenshot" in out.stdout
+
+
+def test_expertbench_with_no_command_opens_the_window(monkeypatch):
+    import app
+    from engine import cli
+
+    calls = []
+    monkeypatch.setattr(app, "main", lambda argv=None: calls.append(argv) or 0)
+    assert cli.main([]) == 0 and calls == [[]]
