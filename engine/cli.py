@@ -312,12 +312,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _open_window() -> int:
+    """`expertbench` with no command opens the workbench window (app/, which needs PySide6 and pyqtgraph)."""
+    import app
+
+    try:
+        return app.main([])
+    except ModuleNotFoundError as exc:
+        print(f"expertbench: the window needs {exc.name} (pip install PySide6-Essentials pyqtgraph); the commands "
+              "work without it: expertbench --help", file=sys.stderr)  # fmt: skip
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.command:
-        parser.print_help()
-        return 0
+        return _open_window()
     try:
         return args.func(args)
     except EngineError as exc:
