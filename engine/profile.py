@@ -1,0 +1,826 @@
+"""Profiles: a tuned placement with everything needed to replay it and to guard it (profiles/README.md).
+
+A profile is a versioned YAML file: the model (a folder or a demo size, with a content fingerprint), an optional
+draft, the devices it needs, the primary device, the placement (an owner per MoE layer with per-expert
+exceptions), run settings, expectations (output hash per prompt, minimum acceptance, minimum speed as a ratio
+to a baseline profile) and optionally routing statistics.
+
+Reading is strict: yaml's composer gives a node tree with line marks (no object is ever constructed from a
+tag), and every key, type and value is checked here; an error names file:line and the offending value. Checks
+that need the model (layer and expert ranges, routing shape) run in check_model(), with the same line numbers.
+Saving writes the canonical form atomically (temp file, fsync, os.replace): a crash mid-save leaves the old
+file whole. Load-save-load is lossless; comments are not kept (use `description`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from .checkpoint import ModelConfig, read_config_json, read_weights
+from .errors import ArgumentError, CheckpointError
+from .placement import Placement
+from .routing import RoutingStats
+from .run import REDUCTION_MODES
+from .speculative import MAX_DRAFT_TOKENS
+
+FORMAT_VERSION = 1
+VERSION_KEY = "expertbench_profile"
+RUNTIMES = ("cpu", "hostsim", "cuda", "hip")
+DEFAULT_TOKENS = 32
+DEFAULT_REPEATS = 3
+DEFAULT_Q = 2
+_DEVICE = re.compile(r"^([a-z][a-z0-9_]*):(\d+)$")
+_SPAN = re.compile(r"^(\d+)(?:-(\d+))?$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_FINGERPRINT = re.compile(r"^sha256:[0-9a-f]{64}$")
+# config.json keys that change when the same weights are re-saved, and say nothing about the model
+_VOLATILE_CONFIG_KEYS = ("transformers_version", "_name_or_path")
+
+
+class ProfileError(ArgumentError):
+    """A profile that cannot be used: the message starts with file:line and names the offending value."""
+
+
+# ---- the profile as data ------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelRef:
+    """A model folder (`path`, relative to the profile's folder) or a demo pair size (`demo`), exactly one."""
+
+    path: str | None = None
+    demo: str | None = None
+    fingerprint: str | None = None
+    device: str | None = None  # drafts only: the draft's device (default: the profile's primary)
+
+
+@dataclass
+class DeviceSpec:
+    """How many devices of one runtime the profile needs; threads per device and a memory limit (cpu, hostsim)."""
+
+    devices: int = 1
+    threads: int | None = None
+    memory_limit: int | None = None
+
+
+@dataclass
+class PlacementSpec:
+    """Owners as written: a default device, whole layers (first, last, device), exceptions (layer, first, last,
+    device). Layers not listed go to `default`, or to the primary."""
+
+    default: str | None = None
+    layers: list[tuple[int, int, str]] = field(default_factory=list)
+    experts: list[tuple[int, int, int, str]] = field(default_factory=list)
+
+    def to_placement(self, config: ModelConfig, primary: str) -> Placement:
+        placement = Placement.single(config, self.default or primary)
+        for lo, hi, device in self.layers:
+            for layer in range(lo, hi + 1):
+                if config.is_moe_layer(layer):
+                    placement.owners[layer] = [device] * config.num_experts
+        for layer, lo, hi, device in self.experts:
+            for e in range(lo, hi + 1):
+                placement.owners[layer][e] = device
+        return placement
+
+    @classmethod
+    def from_placement(cls, placement: Placement) -> PlacementSpec:
+        """The canonical form: each MoE layer owned by its most common device (ties: the first in name order),
+        runs of consecutive MoE layers with one owner merged, the other experts as exceptions."""
+        moe = [layer for layer, row in enumerate(placement.owners) if row and row[0] is not None]
+        owner = {}
+        for layer in moe:
+            row = placement.owners[layer]
+            owner[layer] = max(sorted(set(row)), key=row.count)
+        layers: list[tuple[int, int, str]] = []
+        for k, layer in enumerate(moe):
+            if layers and layers[-1][2] == owner[layer] and moe[k - 1] == layers[-1][1]:
+                layers[-1] = (layers[-1][0], layer, owner[layer])
+            else:
+                layers.append((layer, layer, owner[layer]))
+        experts: list[tuple[int, int, int, str]] = []
+        for layer in moe:
+            for e, device in enumerate(placement.owners[layer]):
+                if device == owner[layer]:
+                    continue
+                last = experts[-1] if experts else None
+                if last and last[0] == layer and last[2] == e - 1 and last[3] == device:
+                    experts[-1] = (layer, last[1], e, device)
+                else:
+                    experts.append((layer, e, e, device))
+        return cls(None, layers, experts)
+
+
+@dataclass
+class RunSettings:
+    """None means the default (prompts: the demo prompts; tokens 32; repeats 3; q 2; mode reference)."""
+
+    prompts: list[str | list[int]] | None = None
+    tokens: int | None = None
+    repeats: int | None = None
+    q: int | None = None
+    mode: str | None = None
+
+    def resolved(self) -> dict:
+        from .demo import DEMO_PROMPTS
+
+        return {
+            "prompts": list(self.prompts) if self.prompts is not None else list(DEMO_PROMPTS),
+            "tokens_per_prompt": self.tokens or DEFAULT_TOKENS,
+            "repeats": self.repeats or DEFAULT_REPEATS,
+            "q": self.q or DEFAULT_Q,
+            "mode": self.mode or "reference",
+        }
+
+
+@dataclass
+class Expectations:
+    output_sha256: list[str] | None = None  # one per prompt
+    min_accept_rate: float | None = None
+    baseline: str | None = None  # another profile, relative to this one's folder
+    min_speed_ratio: float | None = None  # decode tokens/s of this profile over the baseline's, same invocation
+
+
+@dataclass
+class RoutingSpec:
+    """Routing statistics inline (hits [layers][experts], tokens [layers], top_k) or in a hotness CSV file."""
+
+    hotness_csv: str | None = None
+    top_k: int | None = None
+    tokens: list[int] | None = None
+    hits: list[list[int]] | None = None
+
+    @classmethod
+    def inline(cls, stats: RoutingStats) -> RoutingSpec:
+        return cls(None, int(stats.top_k), [int(v) for v in stats.tokens], [[int(v) for v in r] for r in stats.hits])
+
+
+@dataclass
+class Profile:
+    model: ModelRef
+    draft: ModelRef | None = None
+    description: str | None = None
+    devices: dict[str, DeviceSpec] | None = None  # None: one cpu device
+    primary: str | None = None  # None: cpu:0
+    placement: PlacementSpec = field(default_factory=PlacementSpec)
+    run: RunSettings = field(default_factory=RunSettings)
+    expectations: Expectations = field(default_factory=Expectations)
+    routing: RoutingSpec | None = None
+    version: int = FORMAT_VERSION
+    # where it was read from, and the line of each checked item (for errors found later); not part of the data
+    path: Path | None = field(default=None, compare=False, repr=False)
+    lines: dict[tuple, int] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.path.stem if self.path is not None else "profile"
+
+    @property
+    def primary_device(self) -> str:
+        return self.primary or "cpu:0"
+
+    @property
+    def device_specs(self) -> dict[str, DeviceSpec]:
+        return self.devices if self.devices is not None else {"cpu": DeviceSpec()}
+
+    def device_names(self) -> list[str]:
+        return [f"{rt}:{i}" for rt, spec in self.device_specs.items() for i in range(spec.devices)]
+
+    def where(self, *key) -> str:
+        """file:line of an item (the nearest enclosing item that has a line)."""
+        while key and key not in self.lines:
+            key = key[:-1]
+        line = self.lines.get(key, 1)
+        return f"{self.path or '<profile>'}:{line}"
+
+    def resolve(self, relative: str) -> Path:
+        """A path written in the profile: ~ expanded, relative to the profile's folder."""
+        p = Path(relative).expanduser()
+        return p if p.is_absolute() or self.path is None else self.path.parent / p
+
+    def model_folder(self, ref: ModelRef | None = None, role: str = "target") -> Path:
+        """The folder of the target (or of `ref`); a demo size is built into the cache when missing."""
+        ref = ref or self.model
+        if ref.demo is not None:
+            from .demo import ensure_demo_pair
+
+            pair = ensure_demo_pair(ref.demo)
+            return pair.target if role == "target" else pair.draft
+        return self.resolve(ref.path)
+
+    def placement_for(self, config: ModelConfig) -> Placement:
+        self.check_model(config)
+        return self.placement.to_placement(config, self.primary_device)
+
+    def check_model(self, config: ModelConfig) -> None:
+        """Layer and expert ranges of the placement and the routing shape against the model's config."""
+        if config.num_experts <= 0 and (self.placement.layers or self.placement.experts):
+            raise ProfileError(f"{self.where('placement')}: placement: the model has no experts to place")
+        n, experts = config.num_layers, config.num_experts
+        for i, (lo, hi, _device) in enumerate(self.placement.layers):
+            if hi >= n:
+                raise ProfileError(f"{self.where('placement', 'layers', i)}: placement.layers: layer {hi} out of "
+                                   f"range: the model has layers 0..{n - 1}")  # fmt: skip
+            if not any(config.is_moe_layer(layer) for layer in range(lo, hi + 1)):
+                span = f"{lo}-{hi}" if hi > lo else f"{lo}"
+                raise ProfileError(f"{self.where('placement', 'layers', i)}: placement.layers: {span} holds no MoE "
+                                   f"layer (MoE layers: {_spans(config.moe_layers)})")  # fmt: skip
+        for i, (layer, _lo, hi, _device) in enumerate(self.placement.experts):
+            where = self.where("placement", "experts", i)
+            if layer >= n or not config.is_moe_layer(layer):
+                raise ProfileError(f"{where}: placement.experts: layer {layer} is not an MoE layer of the model "
+                                   f"(MoE layers: {_spans(config.moe_layers)})")  # fmt: skip
+            if hi >= experts:
+                raise ProfileError(f"{where}: placement.experts: expert {hi} out of range: the model has experts "
+                                   f"0..{experts - 1}")  # fmt: skip
+        if self.routing is not None and self.routing.hits is not None:
+            shape = (len(self.routing.hits), len(self.routing.hits[0]) if self.routing.hits else 0)
+            if shape != (n, experts) or self.routing.top_k != config.top_k:
+                raise ProfileError(f"{self.where('routing')}: routing: {shape[0]} layers x {shape[1]} experts, "
+                                   f"top_k {self.routing.top_k}; the model has {n} x {experts}, top_k "
+                                   f"{config.top_k}")  # fmt: skip
+
+    def routing_stats(self) -> RoutingStats | None:
+        r = self.routing
+        if r is None:
+            return None
+        if r.hotness_csv is not None:
+            try:
+                return RoutingStats.read_hotness_csv(self.resolve(r.hotness_csv))
+            except CheckpointError as exc:
+                raise ProfileError(f"{self.where('routing')}: routing: {exc}") from None
+        return RoutingStats(np.array(r.hits, dtype=np.uint64).reshape(len(r.hits), -1),
+                            np.array(r.tokens, dtype=np.uint64), int(r.top_k))  # fmt: skip
+
+    # ---- writing ----------------------------------------------------------------------------------------
+
+    def to_data(self) -> dict:
+        """The canonical YAML data (what save() writes)."""
+        out: dict[str, Any] = {VERSION_KEY: self.version}
+        if self.description is not None:
+            out["description"] = _Text(self.description) if len(self.description) > 80 else self.description
+        out["model"] = _ref_data(self.model)
+        if self.draft is not None:
+            out["draft"] = _ref_data(self.draft)
+        if self.devices is not None:
+            out["devices"] = {rt: _device_data(spec) for rt, spec in self.devices.items()}
+        if self.primary is not None:
+            out["primary"] = self.primary
+        p = self.placement
+        if p.default is not None or p.layers or p.experts:
+            placement: dict[str, Any] = {}
+            if p.default is not None:
+                placement["default"] = p.default
+            if p.layers:
+                placement["layers"] = {_span_key(lo, hi): dev for lo, hi, dev in p.layers}
+            if p.experts:
+                by_layer: dict[int, dict] = {}
+                for layer, lo, hi, dev in p.experts:
+                    by_layer.setdefault(layer, {})[_span_key(lo, hi)] = dev
+                placement["experts"] = {layer: _flow(rules) for layer, rules in by_layer.items()}
+            out["placement"] = placement
+        run = {k: v for k, v in (("prompts", None if self.run.prompts is None else
+                                  [_flow(p) if isinstance(p, list) else p for p in self.run.prompts]),
+                                 ("tokens", self.run.tokens), ("repeats", self.run.repeats), ("q", self.run.q),
+                                 ("mode", self.run.mode)) if v is not None}  # fmt: skip
+        if run:
+            out["run"] = run
+        e = self.expectations
+        exp: dict[str, Any] = {}
+        if e.output_sha256 is not None:
+            exp["output_sha256"] = list(e.output_sha256)
+        if e.min_accept_rate is not None:
+            exp["min_accept_rate"] = e.min_accept_rate
+        if e.baseline is not None or e.min_speed_ratio is not None:
+            speed = {}
+            if e.baseline is not None:
+                speed["baseline"] = e.baseline
+            if e.min_speed_ratio is not None:
+                speed["min_ratio"] = e.min_speed_ratio
+            exp["speed"] = speed
+        if exp:
+            out["expectations"] = exp
+        if self.routing is not None:
+            r = self.routing
+            if r.hotness_csv is not None:
+                out["routing"] = {"hotness_csv": r.hotness_csv}
+            else:
+                out["routing"] = {"top_k": r.top_k, "tokens": _flow(r.tokens), "hits": [_flow(h) for h in r.hits]}
+        return out
+
+    def to_yaml(self) -> str:
+        head = f"# expertbench profile, format {self.version} (see profiles/README.md)\n"
+        return head + yaml.dump(self.to_data(), Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
+
+    def save(self, path: str | os.PathLike | None = None) -> Path:
+        target = Path(path) if path is not None else self.path
+        if target is None:
+            raise ArgumentError("profile.save(): no path given and the profile was not read from a file")
+        atomic_write(target, self.to_yaml())
+        if self.path is None:
+            self.path = target
+        return target
+
+
+def _ref_data(ref: ModelRef) -> dict:
+    out: dict[str, Any] = {}
+    if ref.demo is not None:
+        out["demo"] = ref.demo
+    if ref.path is not None:
+        out["path"] = ref.path
+    if ref.fingerprint is not None:
+        out["fingerprint"] = ref.fingerprint
+    if ref.device is not None:
+        out["device"] = ref.device
+    return out
+
+
+def _device_data(spec: DeviceSpec):
+    if spec.threads is None and spec.memory_limit is None:
+        return spec.devices
+    out: dict[str, Any] = {"devices": spec.devices}
+    if spec.threads is not None:
+        out["threads"] = spec.threads
+    if spec.memory_limit is not None:
+        out["memory_limit"] = spec.memory_limit
+    return out
+
+
+def _span_key(lo: int, hi: int):
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def _spans(values: list[int]) -> str:
+    out: list[list[int]] = []
+    for v in values:
+        if out and out[-1][1] == v - 1:
+            out[-1][1] = v
+        else:
+            out.append([v, v])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in out) or "none"
+
+
+class _FlowSeq(list):
+    """A list written on one line."""
+
+
+class _FlowMap(dict):
+    """A mapping written on one line."""
+
+
+class _Text(str):
+    """A long text, written as a folded block (wrapped at the dumper's width, read back as one line)."""
+
+
+def _flow(value):
+    return _FlowMap(value) if isinstance(value, dict) else _FlowSeq(value)
+
+
+class _Dumper(yaml.SafeDumper):
+    def increase_indent(self, flow=False, indentless=False):  # lists indented under their key
+        return super().increase_indent(flow, False)
+
+
+_Dumper.add_representer(
+    _Text,
+    lambda d, data: d.represent_scalar("tag:yaml.org,2002:str", str(data), style=">" if "\n" not in data else "|"),
+)
+_Dumper.add_representer(
+    _FlowSeq, lambda d, data: d.represent_sequence("tag:yaml.org,2002:seq", list(data), flow_style=True)
+)
+_Dumper.add_representer(
+    _FlowMap, lambda d, data: d.represent_mapping("tag:yaml.org,2002:map", data.items(), flow_style=True)
+)
+
+
+# ---- atomic write -------------------------------------------------------------------------------------------
+
+
+def atomic_write(path: str | os.PathLike, text: str) -> None:
+    """Write text to path so that readers see the old file or the whole new one, never a part: a temp file in
+    the same folder, fsync, os.replace, then fsync of the folder. On any failure the temp file is removed and
+    the old file is untouched. An existing file's permission bits are kept."""
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    try:
+        mode = path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise ArgumentError(f"cannot write '{path}': {exc.strerror or exc}") from None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise ArgumentError(f"cannot write '{path}': {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):  # the rename itself reaches the disk (not possible on every system)
+        dfd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+# ---- fingerprint --------------------------------------------------------------------------------------------
+
+
+def fingerprint(folder: str | os.PathLike) -> str:
+    """'sha256:...' of config.json (parsed, keys sorted, minus transformers_version and _name_or_path) and the
+    tensor table of the safetensors headers (name, dtype, shape; not the files or offsets, so re-sharding the
+    same model keeps it). It changes with the architecture, the sizes, the dtype or any tensor, not with the
+    weights' values: the recorded output hashes catch those."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"model folder '{folder}' does not exist or is not a folder")
+    config = read_config_json(folder / "config.json")
+    config = {k: v for k, v in config.items() if k not in _VOLATILE_CONFIG_KEYS}
+    tensors, _files = read_weights(folder)
+    table = sorted((t.name, t.dtype, list(t.shape)) for t in tensors.values())
+    blob = json.dumps({"config": config, "tensors": table}, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
+
+
+# ---- reading ------------------------------------------------------------------------------------------------
+
+_STR, _INT, _FLOAT, _BOOL, _NULL = (f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null"))
+_MAP, _SEQ = "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"
+
+
+class _Reader:
+    """Walks a composed YAML node tree; every error names file:line and the offending value."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.lines: dict[tuple, int] = {}
+        self._scalars = yaml.constructor.SafeConstructor()
+
+    def fail(self, node, message: str):
+        line = node.start_mark.line + 1 if node is not None else 1
+        raise ProfileError(f"{self.path}:{line}: {message}")
+
+    def mark(self, key: tuple, node) -> None:
+        self.lines[key] = node.start_mark.line + 1
+
+    def scalar(self, node, what: str):
+        if isinstance(node, yaml.MappingNode):
+            self.fail(node, f"{what}: expected a single value, got a mapping")
+        if isinstance(node, yaml.SequenceNode):
+            self.fail(node, f"{what}: expected a single value, got a list")
+        if node.tag not in (_STR, _INT, _FLOAT, _BOOL, _NULL):
+            self.fail(node, f"{what}: tag {node.tag!r} is not allowed (plain strings, numbers, true/false, null)")
+        try:
+            return self._scalars.construct_object(node)
+        except yaml.YAMLError as exc:
+            self.fail(node, f"{what}: {getattr(exc, 'problem', None) or exc} (got {node.value!r})")
+
+    def mapping(self, node, what: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> dict:
+        """{key: (key_node, value_node)} of a mapping with string keys from `allowed`."""
+        if not isinstance(node, yaml.MappingNode) or node.tag != _MAP:
+            self.fail(node, f"{what}: expected a mapping with keys {', '.join(allowed)}, got {self._show(node)}")
+        out: dict[str, tuple] = {}
+        for knode, vnode in node.value:
+            key = self.scalar(knode, f"{what}: key")
+            if key not in allowed:
+                self.fail(knode, f"{what}: unknown key {key!r} (expected one of {', '.join(allowed)})")
+            if key in out:
+                self.fail(knode, f"{what}: key {key!r} appears twice (first on line "
+                                 f"{out[key][0].start_mark.line + 1})")  # fmt: skip
+            out[key] = (knode, vnode)
+        for key in required:
+            if key not in out:
+                self.fail(node, f"{what}: {key!r} is missing")
+        return out
+
+    def pairs(self, node, what: str) -> list[tuple]:
+        """(key_node, value_node) pairs of a mapping with any scalar keys (checked by the caller)."""
+        if not isinstance(node, yaml.MappingNode) or node.tag != _MAP:
+            self.fail(node, f"{what}: expected a mapping, got {self._show(node)}")
+        seen: dict = {}
+        for knode, _ in node.value:
+            key = self.scalar(knode, f"{what}: key")
+            if key in seen:
+                self.fail(knode, f"{what}: key {key!r} appears twice (first on line {seen[key]})")
+            seen[key] = knode.start_mark.line + 1
+        return list(node.value)
+
+    def sequence(self, node, what: str) -> list:
+        if not isinstance(node, yaml.SequenceNode) or node.tag != _SEQ:
+            self.fail(node, f"{what}: expected a list, got {self._show(node)}")
+        return list(node.value)
+
+    def string(self, node, what: str, pattern: re.Pattern | None = None, expect: str = "") -> str:
+        value = self.scalar(node, what)
+        if not isinstance(value, str) or not value:
+            self.fail(node, f"{what}: expected {expect or 'a non-empty string'}, got {value!r}")
+        if pattern is not None and not pattern.match(value):
+            self.fail(node, f"{what}: expected {expect}, got {value!r}")
+        return value
+
+    def integer(self, node, what: str, lo: int | None = None, hi: int | None = None) -> int:
+        value = self.scalar(node, what)
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        if not ok or (lo is not None and value < lo) or (hi is not None and value > hi):
+            rng = f" {lo}..{hi}" if hi is not None else (f" >= {lo}" if lo is not None else "")
+            self.fail(node, f"{what}: expected an integer{rng}, got {value!r}")
+        return value
+
+    def number(self, node, what: str, lo: float, hi: float | None = None, lo_open: bool = False) -> float:
+        value = self.scalar(node, what)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if ok:
+            ok = (value > lo if lo_open else value >= lo) and (hi is None or value <= hi)
+        if not ok:
+            rng = f"> {lo}" if lo_open else f"{lo}..{hi}" if hi is not None else f">= {lo}"
+            self.fail(node, f"{what}: expected a number {rng}, got {value!r}")
+        return value
+
+    def device(self, node, what: str) -> str:
+        return self.string(node, what, _DEVICE, "a device name RUNTIME:INDEX such as 'cpu:0' or 'cuda:0'")
+
+    def span(self, node, what: str) -> tuple[int, int]:
+        value = self.scalar(node, what)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value, value
+        m = _SPAN.match(value) if isinstance(value, str) else None
+        if not m or int(m.group(2) or m.group(1)) < int(m.group(1)):
+            self.fail(node, f"{what}: expected an index N or a range FIRST-LAST (FIRST <= LAST), got {value!r}")
+        return int(m.group(1)), int(m.group(2) or m.group(1))
+
+    @staticmethod
+    def _show(node) -> str:
+        if isinstance(node, yaml.MappingNode):
+            return "a mapping"
+        if isinstance(node, yaml.SequenceNode):
+            return "a list"
+        return repr(node.value)
+
+
+def load(path: str | os.PathLike) -> Profile:
+    """Read and check a profile file (everything that does not need the model; see Profile.check_model)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ProfileError(f"{path}: no such profile file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    return loads(text, path)
+
+
+def loads(text: str, path: str | os.PathLike = "<profile>") -> Profile:
+    path = Path(path)
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else 1
+        raise ProfileError(f"{path}:{line}: not valid YAML: {exc.problem or exc.context}") from None
+    except yaml.YAMLError as exc:
+        raise ProfileError(f"{path}:1: not valid YAML: {exc}") from None
+    r = _Reader(path)
+    if root is None:
+        raise ProfileError(f"{path}:1: the file is empty: expected a profile (see profiles/README.md)")
+    keys = (VERSION_KEY, "description", "model", "draft", "devices", "primary", "placement", "run",
+            "expectations", "routing")  # fmt: skip
+    top = r.mapping(root, "profile", keys, required=(VERSION_KEY, "model"))
+    knode, vnode = top[VERSION_KEY]
+    version = r.scalar(vnode, VERSION_KEY)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        r.fail(vnode, f"{VERSION_KEY}: expected the format version {FORMAT_VERSION}, got {version!r}")
+    if version > FORMAT_VERSION:
+        r.fail(vnode, f"{VERSION_KEY}: format {version} is newer than this expertbench reads ({FORMAT_VERSION})")
+    profile = Profile(model=ModelRef(), version=version, path=path)
+
+    if "description" in top:
+        profile.description = r.string(top["description"][1], "description")
+    profile.model = _read_ref(r, top["model"][1], "model", allow_device=False)
+    if "draft" in top:
+        profile.draft = _read_ref(r, top["draft"][1], "draft", allow_device=True)
+    if "devices" in top:
+        profile.devices = _read_devices(r, top["devices"][1])
+    known = set(profile.device_names())
+
+    def need_device(node, what: str, key: tuple) -> str:
+        device = r.device(node, what)
+        r.mark(key, node)
+        if device not in known:
+            r.fail(node, f"{what}: device {device!r} is not among the profile's devices ({', '.join(sorted(known))}); "
+                         "list its runtime under 'devices'")  # fmt: skip
+        return device
+
+    if "primary" in top:
+        profile.primary = need_device(top["primary"][1], "primary", ("primary",))
+    elif "cpu:0" not in known:
+        r.fail(root, f"primary: not given, and the default 'cpu:0' is not among the profile's devices "
+                     f"({', '.join(sorted(known))})")  # fmt: skip
+    if profile.draft is not None and profile.draft.device is not None:
+        need_device(_find(r, top["draft"][1], "device"), "draft.device", ("draft", "device"))
+    if "placement" in top:
+        profile.placement = _read_placement(r, top["placement"][1], need_device)
+    if "run" in top:
+        profile.run = _read_run(r, top["run"][1], has_draft=profile.draft is not None)
+    if "expectations" in top:
+        profile.expectations = _read_expectations(r, top["expectations"][1], profile)
+    if "routing" in top:
+        profile.routing = _read_routing(r, top["routing"][1])
+    r.mark(("placement",), top["placement"][0] if "placement" in top else root)
+    if "routing" in top:
+        r.mark(("routing",), top["routing"][0])
+    profile.lines = r.lines
+    return profile
+
+
+def _find(r: _Reader, node, key: str):
+    for knode, vnode in node.value:
+        if r.scalar(knode, "key") == key:
+            return vnode
+    raise AssertionError(key)
+
+
+def _read_ref(r: _Reader, node, what: str, allow_device: bool) -> ModelRef:
+    allowed = ("path", "demo", "fingerprint") + (("device",) if allow_device else ())
+    m = r.mapping(node, what, allowed)
+    ref = ModelRef()
+    if ("path" in m) == ("demo" in m):
+        r.fail(node, f"{what}: give exactly one of 'path' (a model folder) or 'demo' (a demo model size)")
+    if "path" in m:
+        ref.path = r.string(m["path"][1], f"{what}.path")
+    if "demo" in m:
+        from .demo import SIZES
+
+        ref.demo = r.string(m["demo"][1], f"{what}.demo")
+        if ref.demo not in SIZES:
+            r.fail(m["demo"][1], f"{what}.demo: unknown demo size {ref.demo!r} (expected one of {', '.join(SIZES)})")
+    if "fingerprint" in m:
+        ref.fingerprint = r.string(m["fingerprint"][1], f"{what}.fingerprint", _FINGERPRINT,
+                                   "'sha256:' and 64 lowercase hex digits")  # fmt: skip
+        r.mark((what, "fingerprint"), m["fingerprint"][1])
+    if "device" in m:
+        ref.device = r.device(m["device"][1], f"{what}.device")
+    r.mark((what,), node)
+    return ref
+
+
+def _read_devices(r: _Reader, node) -> dict[str, DeviceSpec]:
+    out: dict[str, DeviceSpec] = {}
+    for knode, vnode in r.pairs(node, "devices"):
+        runtime = r.scalar(knode, "devices: key")
+        if runtime not in RUNTIMES:
+            r.fail(knode, f"devices: unknown runtime {runtime!r} (expected one of {', '.join(RUNTIMES)})")
+        what = f"devices.{runtime}"
+        if isinstance(vnode, yaml.ScalarNode):
+            out[runtime] = DeviceSpec(r.integer(vnode, what, 1, 64))
+            continue
+        m = r.mapping(vnode, what, ("devices", "threads", "memory_limit"), required=("devices",))
+        spec = DeviceSpec(r.integer(m["devices"][1], f"{what}.devices", 1, 64))
+        if "threads" in m:
+            if runtime not in ("cpu", "hostsim"):
+                r.fail(m["threads"][0], f"{what}.threads: only cpu and hostsim devices have worker threads")
+            spec.threads = r.integer(m["threads"][1], f"{what}.threads", 1, 4096)
+        if "memory_limit" in m:
+            spec.memory_limit = r.integer(m["memory_limit"][1], f"{what}.memory_limit", 1)
+        out[runtime] = spec
+    if not out:
+        r.fail(node, "devices: empty: expected at least one runtime, e.g. 'cpu: 1'")
+    return out
+
+
+def _read_placement(r: _Reader, node, need_device) -> PlacementSpec:
+    m = r.mapping(node, "placement", ("default", "layers", "experts"))
+    spec = PlacementSpec()
+    if "default" in m:
+        spec.default = need_device(m["default"][1], "placement.default", ("placement", "default"))
+    if "layers" in m:
+        taken: dict[int, int] = {}
+        for knode, vnode in r.pairs(m["layers"][1], "placement.layers"):
+            lo, hi = r.span(knode, "placement.layers: key")
+            for layer in range(lo, hi + 1):
+                if layer in taken:
+                    r.fail(knode, f"placement.layers: layer {layer} is listed twice (also on line {taken[layer]})")
+                taken[layer] = knode.start_mark.line + 1
+            i = len(spec.layers)
+            device = need_device(vnode, f"placement.layers.{_span_key(lo, hi)}", ("placement", "layers", i))
+            r.mark(("placement", "layers", i), knode)
+            spec.layers.append((lo, hi, device))
+    if "experts" in m:
+        for lnode, rules in r.pairs(m["experts"][1], "placement.experts"):
+            layer = r.integer(lnode, "placement.experts: key (a layer)", 0)
+            taken = {}
+            for knode, vnode in r.pairs(rules, f"placement.experts.{layer}"):
+                lo, hi = r.span(knode, f"placement.experts.{layer}: key")
+                for e in range(lo, hi + 1):
+                    if e in taken:
+                        r.fail(knode, f"placement.experts.{layer}: expert {e} is listed twice")
+                    taken[e] = True
+                i = len(spec.experts)
+                device = need_device(vnode, f"placement.experts.{layer}.{_span_key(lo, hi)}",
+                                     ("placement", "experts", i))  # fmt: skip
+                r.mark(("placement", "experts", i), knode)
+                spec.experts.append((layer, lo, hi, device))
+    return spec
+
+
+def _read_run(r: _Reader, node, has_draft: bool) -> RunSettings:
+    m = r.mapping(node, "run", ("prompts", "tokens", "repeats", "q", "mode"))
+    run = RunSettings()
+    if "prompts" in m:
+        items = r.sequence(m["prompts"][1], "run.prompts")
+        if not items:
+            r.fail(m["prompts"][1], "run.prompts: empty: expected at least one prompt")
+        run.prompts = []
+        for i, item in enumerate(items):
+            if isinstance(item, yaml.SequenceNode):
+                ids = [r.integer(t, f"run.prompts[{i}]: token id", 0, 2**31 - 1) for t in r.sequence(item, "")]
+                if not ids:
+                    r.fail(item, f"run.prompts[{i}]: empty list of token ids")
+                run.prompts.append(ids)
+            else:
+                run.prompts.append(
+                    r.string(item, f"run.prompts[{i}]", expect="a non-empty text or a list of token ids")
+                )
+        r.mark(("run", "prompts"), m["prompts"][1])
+    if "tokens" in m:
+        run.tokens = r.integer(m["tokens"][1], "run.tokens", 1, 1 << 20)
+    if "repeats" in m:
+        run.repeats = r.integer(m["repeats"][1], "run.repeats", 1, 1000)
+    if "q" in m:
+        if not has_draft:
+            r.fail(m["q"][0], "run.q: a draft length needs a 'draft' model")
+        run.q = r.integer(m["q"][1], "run.q", 1, MAX_DRAFT_TOKENS)
+    if "mode" in m:
+        run.mode = r.string(m["mode"][1], "run.mode")
+        if run.mode not in REDUCTION_MODES:
+            r.fail(m["mode"][1], f"run.mode: expected one of {', '.join(REDUCTION_MODES)}, got {run.mode!r}")
+    return run
+
+
+def _read_expectations(r: _Reader, node, profile: Profile) -> Expectations:
+    m = r.mapping(node, "expectations", ("output_sha256", "min_accept_rate", "speed"))
+    e = Expectations()
+    if "output_sha256" in m:
+        vnode = m["output_sha256"][1]
+        e.output_sha256 = [r.string(h, f"expectations.output_sha256[{i}]", _SHA256, "64 lowercase hex digits")
+                           for i, h in enumerate(r.sequence(vnode, "expectations.output_sha256"))]  # fmt: skip
+        n_prompts = len(profile.run.resolved()["prompts"])
+        if len(e.output_sha256) != n_prompts:
+            r.fail(vnode, f"expectations.output_sha256: {len(e.output_sha256)} hashes, expected one per prompt "
+                          f"({n_prompts})")  # fmt: skip
+        r.mark(("expectations", "output_sha256"), vnode)
+    if "min_accept_rate" in m:
+        if profile.draft is None:
+            r.fail(m["min_accept_rate"][0], "expectations.min_accept_rate: acceptance needs a 'draft' model")
+        e.min_accept_rate = r.number(m["min_accept_rate"][1], "expectations.min_accept_rate", 0.0, 1.0)
+    if "speed" in m:
+        s = r.mapping(m["speed"][1], "expectations.speed", ("baseline", "min_ratio"), required=("baseline",))
+        e.baseline = r.string(s["baseline"][1], "expectations.speed.baseline", expect="a profile file")
+        r.mark(("expectations", "speed", "baseline"), s["baseline"][1])
+        if "min_ratio" in s:
+            e.min_speed_ratio = r.number(s["min_ratio"][1], "expectations.speed.min_ratio", 0.0, lo_open=True)
+    return e
+
+
+def _read_routing(r: _Reader, node) -> RoutingSpec:
+    m = r.mapping(node, "routing", ("hotness_csv", "top_k", "tokens", "hits"))
+    if "hotness_csv" in m:
+        if len(m) > 1:
+            r.fail(node, "routing: give either 'hotness_csv' (a file) or 'top_k', 'tokens' and 'hits' (inline)")
+        return RoutingSpec(hotness_csv=r.string(m["hotness_csv"][1], "routing.hotness_csv"))
+    for key in ("top_k", "tokens", "hits"):
+        if key not in m:
+            r.fail(node, f"routing: {key!r} is missing (or give 'hotness_csv: FILE')")
+    spec = RoutingSpec(top_k=r.integer(m["top_k"][1], "routing.top_k", 1))
+    spec.tokens = [r.integer(v, "routing.tokens", 0) for v in r.sequence(m["tokens"][1], "routing.tokens")]
+    spec.hits = []
+    rows = r.sequence(m["hits"][1], "routing.hits")
+    if len(rows) != len(spec.tokens) or not rows:
+        r.fail(m["hits"][1], f"routing.hits: {len(rows)} rows, expected one per layer as in routing.tokens "
+                             f"({len(spec.tokens)})")  # fmt: skip
+    for i, row in enumerate(rows):
+        counts = [r.integer(v, f"routing.hits[{i}]", 0) for v in r.sequence(row, f"routing.hits[{i}]")]
+        if spec.hits and len(counts) != len(spec.hits[0]):
+            r.fail(row, f"routing.hits[{i}]: {len(counts)} counts, expected {len(spec.hits[0])} like row 0")
+        spec.hits.append(counts)
+    return spec

@@ -1,0 +1,294 @@
+"""Profiles: strict reading with file:line errors, lossless round trips, atomic saves, fingerprints."""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from fixture_paths import FIXTURES
+
+from engine import profile as P
+from engine.checkpoint import Checkpoint
+from engine.placement import Placement
+from engine.profile import Profile, ProfileError
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "profiles"
+
+FULL = """\
+expertbench_profile: 1
+description: every key once
+model:
+  path: ../models/target
+  fingerprint: sha256:{fp}
+draft:
+  demo: default
+  device: cpu:1
+devices:
+  cpu: {{devices: 2, threads: 1}}
+  hostsim: 1
+primary: cpu:0
+placement:
+  default: cpu:0
+  layers:
+    0: cpu:1
+    2-3: hostsim:0
+  experts:
+    2: {{0-1: cpu:0, 7: cpu:1}}
+run:
+  prompts: ["a: b, c", [1, 2, 3]]
+  tokens: 8
+  repeats: 2
+  q: 3
+  mode: owner_local
+expectations:
+  output_sha256: ["{h}", "{h}"]
+  min_accept_rate: 0.5
+  speed: {{baseline: base.yaml, min_ratio: 0.8}}
+routing:
+  top_k: 2
+  tokens: [3, 0]
+  hits:
+    - [1, 2, 3]
+    - [0, 0, 0]
+""".format(fp="a" * 64, h="0123456789abcdef" * 4)
+
+
+def write(tmp_path, text, name="p.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_full_profile_round_trip_is_lossless(tmp_path):
+    first = P.load(write(tmp_path, FULL))
+    assert first.placement.layers == [(0, 0, "cpu:1"), (2, 3, "hostsim:0")]
+    assert first.placement.experts == [(2, 0, 1, "cpu:0"), (2, 7, 7, "cpu:1")]
+    assert first.run.prompts == ["a: b, c", [1, 2, 3]]
+    assert first.devices["cpu"].threads == 1 and first.devices["hostsim"].devices == 1
+    saved = first.save(tmp_path / "again.yaml")
+    second = P.load(saved)
+    assert second == first
+    text = saved.read_text()
+    second.save(tmp_path / "third.yaml")
+    assert (tmp_path / "third.yaml").read_text() == text  # the canonical form is a fixed point
+
+
+@pytest.mark.parametrize("name", ["cpu-only.yaml", "split.yaml", "cold-layers.yaml"])
+def test_example_profiles_round_trip(tmp_path, name):
+    original = P.load(EXAMPLES / name)
+    copy = original.save(tmp_path / name)
+    assert P.load(copy) == original
+    assert copy.read_text() == (EXAMPLES / name).read_text()  # the examples are stored in the canonical form
+
+
+def test_minimal_profile_defaults(tmp_path):
+    p = P.load(write(tmp_path, "expertbench_profile: 1\nmodel: {demo: default}\n"))
+    assert p.primary_device == "cpu:0" and p.device_names() == ["cpu:0"] and p.draft is None
+    settings = p.run.resolved()
+    assert settings["tokens_per_prompt"] == 32 and settings["repeats"] == 3 and settings["mode"] == "reference"
+    assert p.to_data() == {"expertbench_profile": 1, "model": {"demo": "default"}}
+
+
+BAD = [
+    ("expertbench_profile: 1\nmodel: {demo: default}\ncolour: red\n", 3, "unknown key 'colour'"),
+    ("model: {demo: default}\n", 1, "'expertbench_profile' is missing"),
+    ("expertbench_profile: 2\nmodel: {demo: default}\n", 1, "format 2 is newer"),
+    ("expertbench_profile: 1\n", 1, "'model' is missing"),
+    ("expertbench_profile: 1\nmodel: {demo: default, path: x}\n", 2, "exactly one of 'path'"),
+    ("expertbench_profile: 1\nmodel: {demo: huge}\n", 2, "unknown demo size 'huge'"),
+    ("expertbench_profile: 1\nmodel: {demo: default}\nrun:\n  tokens: many\n", 4, "run.tokens: expected an integer"),
+    ("expertbench_profile: 1\nmodel: {demo: default}\nrun:\n  repeats: 0\n", 4, "got 0"),
+    ("expertbench_profile: 1\nmodel: {demo: default}\nrun:\n  q: 2\n", 4, "run.q: a draft length needs a 'draft'"),
+    ("expertbench_profile: 1\nmodel: {demo: default}\nrun:\n  mode: fast\n", 4, "got 'fast'"),
+    ("expertbench_profile: 1\nmodel: {demo: default}\nrun:\n  prompts: []\n", 4, "run.prompts: empty"),
+    ("expertbench_profile: 1\nmodel: {demo: default}\nrun:\n  prompts: [[1, -2]]\n", 4, "token id"),
+    ("expertbench_profile: 1\nmodel: {demo: default}\nplacement:\n  layers:\n    0-3: cpu:1\n", 5,
+     "device 'cpu:1' is not among the profile's devices (cpu:0)"),
+    ("expertbench_profile: 1\nmodel: {demo: default}\nplacement:\n  layers:\n    0: gpu\n", 5,
+     "expected a device name RUNTIME:INDEX"),
+    ("expertbench_profile: 1\nmodel: {demo: default}\nplacement:\n  layers:\n    3-1: cpu:0\n", 5,
+     "FIRST <= LAST"),
+    ("expertbench_profile: 1\nmodel: {demo: default}\nplacement:\n  layers:\n    0-3: cpu:0\n    2: cpu:0\n", 6,
+     "layer 2 is listed twice (also on line 5)"),
+    ("expertbench_profile: 1\nmodel: {demo: default}\nplacement:\n  experts:\n    1: {0-3: cpu:0, 2: cpu:0}\n", 5,
+     "expert 2 is listed twice"),
+    ("expertbench_profile: 1\nmodel: {demo: default}\ndevices:\n  tpu: 1\n", 4, "unknown runtime 'tpu'"),
+    ("expertbench_profile: 1\nmodel: {demo: default}\ndevices:\n  cuda: {devices: 1, threads: 4}\n", 4,
+     "only cpu and hostsim devices have worker threads"),
+    ("expertbench_profile: 1\nmodel: {demo: default}\ndevices:\n  cuda: 1\n", 1,
+     "the default 'cpu:0' is not among the profile's devices"),
+    ("expertbench_profile: 1\nmodel: {demo: default}\nmodel: {demo: bench}\n", 3, "key 'model' appears twice"),
+    ("expertbench_profile: 1\nmodel: {demo: default, fingerprint: abc}\n", 2, "'sha256:' and 64 lowercase hex"),
+    ("expertbench_profile: 1\nmodel: {demo: default}\nexpectations:\n  output_sha256: [abc]\n", 4,
+     "64 lowercase hex digits, got 'abc'"),
+    ("expertbench_profile: 1\nmodel: {demo: default}\nexpectations:\n  output_sha256: [" + "a" * 64 + "]\n", 4,
+     "1 hashes, expected one per prompt (4)"),
+    ("expertbench_profile: 1\nmodel: {demo: default}\nexpectations:\n  min_accept_rate: 0.5\n", 4,
+     "acceptance needs a 'draft'"),
+    ("expertbench_profile: 1\nmodel: {demo: default}\ndraft: {demo: default}\nexpectations:\n"
+     "  min_accept_rate: 1.5\n", 5, "expected a number 0.0..1.0, got 1.5"),
+    ("expertbench_profile: 1\nmodel: {demo: default}\nexpectations:\n  speed: {min_ratio: 0.5}\n", 4,
+     "'baseline' is missing"),
+    ("expertbench_profile: 1\nmodel: {demo: default}\nexpectations:\n  speed: {baseline: b.yaml, min_ratio: 0}\n",
+     4, "expected a number > 0.0, got 0"),
+    ("expertbench_profile: 1\nmodel: {demo: default}\nrouting:\n  top_k: 2\n  tokens: [1]\n  hits: [[1], [2]]\n",
+     6, "2 rows, expected one per layer"),
+    ("expertbench_profile: 1\nmodel: !!python/object/apply:os.system [echo owned]\n", 2, "expected a mapping"),
+    ("expertbench_profile: 1\nmodel: {demo: !!python/name:os.system ''}\n", 2, "tag 'tag:yaml.org,2002:python/name"),
+    ("expertbench_profile: 1\nmodel: {demo: default\n", 3, "not valid YAML"),
+    ("", 1, "the file is empty"),
+    ("- a list\n", 1, "profile: expected a mapping"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "line", "message"), BAD, ids=[f"{i}:{m[:30]}" for i, (_, _, m) in enumerate(BAD)])
+def test_schema_errors_name_file_line_and_value(tmp_path, text, line, message):
+    path = write(tmp_path, text)
+    with pytest.raises(ProfileError) as err:
+        P.load(path)
+    assert str(err.value).startswith(f"{path}:{line}: "), str(err.value)
+    assert message in str(err.value)
+
+
+def test_no_object_is_constructed_from_tags(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(os, "system", lambda *a: calls.append(a))
+    with pytest.raises(ProfileError):
+        P.load(write(tmp_path, "expertbench_profile: 1\nmodel: !!python/object/apply:os.system [echo owned]\n"))
+    assert calls == []
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ProfileError, match="no such profile file"):
+        P.load(tmp_path / "nope.yaml")
+
+
+MODEL_CHECKS = [
+    ("placement:\n  layers:\n    5: cpu:0\n", 6, "layer 5 out of range: the model has layers 0..2"),
+    ("placement:\n  layers:\n    1: cpu:0\n", 6, "1 holds no MoE layer (MoE layers: 0, 2)"),
+    ("placement:\n  experts:\n    1: {0: cpu:0}\n", 6, "layer 1 is not an MoE layer"),
+    ("placement:\n  experts:\n    2: {6-9: cpu:0}\n", 6, "expert 9 out of range: the model has experts 0..7"),
+    ("routing:\n  top_k: 2\n  tokens: [1]\n  hits: [[1, 1]]\n", 4, "routing: 1 layers x 2 experts"),
+]
+
+
+@pytest.mark.parametrize(("text", "line", "message"), MODEL_CHECKS)
+def test_model_checks_name_file_and_line(tmp_path, text, line, message):
+    path = write(tmp_path, "expertbench_profile: 1\nmodel:\n  path: m\n" + text)
+    profile = P.load(path)
+    config = Checkpoint.open(FIXTURES / "qwen3moe-f32").config
+    with pytest.raises(ProfileError) as err:
+        profile.check_model(config)
+    assert str(err.value).startswith(f"{path}:{line}: ") and message in str(err.value), str(err.value)
+
+
+def test_placement_spec_round_trip_on_the_fixture():
+    config = Checkpoint.open(FIXTURES / "qwen3moe-f32").config
+    placement = Placement.parse("0=cpu:1; 2=hostsim:0; 2.1-2=cpu:0; 0.7=cpu:0", config)
+    spec = P.PlacementSpec.from_placement(placement)
+    assert spec.layers == [(0, 0, "cpu:1"), (2, 2, "hostsim:0")]
+    assert spec.experts == [(0, 7, 7, "cpu:0"), (2, 1, 2, "cpu:0")]
+    assert spec.to_placement(config, "cpu:0") == placement
+    # adjacent MoE layers (the dense layer 1 in between) with one owner merge into a range
+    assert P.PlacementSpec.from_placement(Placement.parse("*=cpu:1", config)).layers == [(0, 2, "cpu:1")]
+
+
+# ---- atomic save --------------------------------------------------------------------------------------------
+
+
+def _saved_profile(tmp_path) -> tuple[Profile, Path, str]:
+    path = write(tmp_path, FULL)
+    profile = P.load(path)
+    profile.save()
+    old = path.read_text()
+    profile.description = "changed " * 2000  # a long write, so a crash can come mid-file
+    return profile, path, old
+
+
+def _leftovers(tmp_path, path):
+    return sorted(p.name for p in tmp_path.iterdir() if p.name != path.name)
+
+
+def test_a_crash_before_the_rename_leaves_the_old_file_whole(tmp_path, monkeypatch):
+    profile, path, old = _saved_profile(tmp_path)
+
+    def crash(src, dst):
+        raise OSError(5, "simulated crash")
+
+    monkeypatch.setattr(P.os, "replace", crash)
+    with pytest.raises(OSError, match="simulated crash"):
+        profile.save()
+    assert path.read_text() == old
+    assert _leftovers(tmp_path, path) == []  # the temp file is removed
+    assert P.load(path).description == "every key once"
+
+
+def test_a_crash_mid_write_leaves_the_old_file_whole(tmp_path, monkeypatch):
+    profile, path, old = _saved_profile(tmp_path)
+    real_fdopen = os.fdopen
+
+    class Torn:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, text):
+            self.f.write(text[: len(text) // 2])
+            raise OSError(28, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    monkeypatch.setattr(P.os, "fdopen", lambda fd, *a, **k: Torn(real_fdopen(fd, *a, **k)))
+    with pytest.raises(OSError, match="No space left"):
+        profile.save()
+    assert path.read_text() == old
+    assert _leftovers(tmp_path, path) == []
+
+
+def test_save_keeps_permissions_and_replaces_whole(tmp_path):
+    profile, path, _old = _saved_profile(tmp_path)
+    path.chmod(0o640)
+    profile.save()
+    assert path.stat().st_mode & 0o777 == 0o640
+    assert P.load(path).description == profile.description
+
+
+# ---- fingerprint --------------------------------------------------------------------------------------------
+
+
+def test_fingerprint_follows_the_model_not_its_packaging(tmp_path):
+    f32 = P.fingerprint(FIXTURES / "qwen3moe-f32")
+    assert f32.startswith("sha256:") and len(f32) == 71
+    assert f32 == P.fingerprint(FIXTURES / "qwen3moe-f32")
+    assert f32 != P.fingerprint(FIXTURES / "qwen3moe-bf16")  # dtype in the headers
+    copy = tmp_path / "copy"
+    shutil.copytree(FIXTURES / "qwen3moe-f32", copy)
+    config = (copy / "config.json").read_text()
+    (copy / "config.json").write_text(config.replace('"transformers_version"', '"_name_or_path": "x", '
+                                                     '"transformers_version"', 1))  # fmt: skip
+    assert P.fingerprint(copy) == f32  # bookkeeping keys do not count
+    (copy / "config.json").write_text(config.replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": 1e-05'))
+    assert P.fingerprint(copy) != f32
+
+
+def test_example_profiles_fit_a_freshly_built_demo_pair(tmp_path_factory, monkeypatch):
+    """What 'expertbench regress profiles/*.yaml' checks before running, on a demo pair built here and now."""
+    from engine.demo import ensure_demo_pair
+
+    cache = tmp_path_factory.getbasetemp() / "xdg-cache"  # shared with the other test files
+    pair = ensure_demo_pair("default", cache_dir=cache / "expertbench")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    target, draft = P.fingerprint(pair.target), P.fingerprint(pair.draft)
+    config = Checkpoint.open(pair.target).config
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        profile = P.load(path)
+        assert profile.model.fingerprint == target and profile.draft.fingerprint == draft, path.name
+        assert len(profile.expectations.output_sha256) == 4
+        profile.placement_for(config)
+        assert profile.routing_stats().hits.shape == (8, 16)
