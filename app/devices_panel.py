@@ -141,3 +141,6 @@ class DevicesPanel(QWidget):
         self.reasons.setText("<br>".join(reasons))
         self.reasons.setVisible(bool(reasons))
         self.view.resizeColumnsToContents()
+        # As tall as its rows (no scroll bar for a handful of devices); the reasons sit right below.
+        rows = sum(self.view.rowHeight(r) for r in range(self.model.rowCount()))
+        self.view.setFixedHeight(self.view.horizontalHeader().height() + rows + 2 * self.view.frameWidth() + 6)

@@ -37,7 +37,8 @@ MIME = "application/x-expertbench-experts"
 LayerRole = Qt.ItemDataRole.UserRole + 1  # layer index
 ExpertsRole = Qt.ItemDataRole.UserRole + 2  # experts of that layer in this row (list)
 BytesRole = Qt.ItemDataRole.UserRole + 3
-HeatRole = Qt.ItemDataRole.UserRole + 4  # 0..1, or None without routing statistics
+HeatRole = Qt.ItemDataRole.UserRole + 4  # 0..1 (a layer row: one per expert in it), None without statistics
+ShareRole = Qt.ItemDataRole.UserRole + 6  # share of the layer's routed hits its experts here serve (0..1)
 WholeRole = Qt.ItemDataRole.UserRole + 5  # True when every expert of the layer is on this device
 
 _TOP = 0  # internal id of a layer row; an expert row stores its layer row + 1
@@ -149,11 +150,15 @@ class DeviceColumnModel(QAbstractItemModel):
         if role == WholeRole:
             return model is not None and len(experts) == model.config.num_experts
         if role == HeatRole:
-            if is_layer:
-                heat = self.state.layer_heat()
-                return None if heat is None else float(heat[layer])
             heat = self.state.expert_heat()
-            return None if heat is None else float(heat[layer, experts[0]])
+            if heat is None:
+                return None
+            return [float(h) for h in heat[layer, experts]] if is_layer else float(heat[layer, experts[0]])
+        if role == ShareRole:
+            hits = self.state.routing
+            if hits is None or hits[layer].sum() <= 0:
+                return None
+            return float(hits[layer, experts].sum() / hits[layer].sum())
         if role == Qt.ItemDataRole.ToolTipRole:
             size = format_bytes(0 if model is None else int(model.expert_bytes[layer, experts].sum()))
             if is_layer:
@@ -254,11 +259,16 @@ class ChipDelegate(QStyledItemDelegate):
             painter.setPen(QColor(c["muted"]))
             line2 = QRectF(text_rect.left(), rect.top() + 22, text_rect.width(), 16)
             painter.drawText(line2, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, detail)
-            if heat is not None:
-                bar = QRectF(line2.right() - 52, line2.center().y() - 3, 52, 6)
-                painter.fillRect(bar, QColor(c["border"]))
-                painter.fillRect(QRectF(bar.left(), bar.top(), bar.width() * heat, bar.height()),
-                                 theme.heat_color(heat))  # fmt: skip
+            if heat:  # one cell per expert of the chip, coloured by its hits (relative to the layer's hottest)
+                share = index.data(ShareRole)
+                if share is not None and len(experts) != total:  # a whole layer serves all its hits
+                    painter.drawText(line2.adjusted(0, 0, -88, 0), Qt.AlignmentFlag.AlignRight
+                                     | Qt.AlignmentFlag.AlignVCenter, f"{100 * share:.0f} % of hits")  # fmt: skip
+                strip = QRectF(line2.right() - 80, line2.center().y() - 4, 80, 8)
+                cell = strip.width() / len(heat)
+                for i, h in enumerate(heat):
+                    painter.fillRect(QRectF(strip.left() + i * cell, strip.top(), cell + 0.5, strip.height()),
+                                     theme.heat_color(h))  # fmt: skip
         else:
             painter.setFont(font)
             painter.setPen(QColor(c["text"]))

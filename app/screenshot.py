@@ -1,4 +1,5 @@
-"""The README screenshot: open the window on the demo pair, split the experts, make short runs, save a PNG.
+"""The README screenshot: open the window on the demo pair, profile routing, split the experts, make short runs,
+and save the window as a PNG.
 
     python -m app --screenshot assets/screenshot.png
 
@@ -64,6 +65,8 @@ def capture(window: MainWindow, path: str, tokens: int = 32, runs: int = 3) -> i
     window.show()
     if not _wait(app, state.sigModelChanged, done=lambda: state.model is not None or bool(errors)):
         errors.append("the model did not load in time")
+    if state.model is not None and state.profile_routing(window.run_panel.settings().prompts):
+        _wait(app, state.sigRoutingChanged, done=lambda: state.routing is not None or bool(errors))
     split = state.model is not None and len(state.devices) > 1
     if split:
         state.set_placement(strategies.uniform_split(state.model.config, state.device_names), "uniform split")

@@ -692,14 +692,6 @@ class WorkbenchState(QObject):
         self.worker.submit(lambda: provider(side.target, list(prompts)), self.set_routing, failed, "profiling routing")
         return True
 
-    def layer_heat(self) -> np.ndarray | None:
-        """Each layer's share of the hottest layer's hits (0..1), or None without routing statistics."""
-        if self.routing is None:
-            return None
-        per_layer = self.routing.sum(axis=1)
-        top = per_layer.max()
-        return per_layer / top if top > 0 else per_layer
-
     def expert_heat(self) -> np.ndarray | None:
         """Each expert's hits relative to the hottest expert of its layer (0..1)."""
         if self.routing is None:

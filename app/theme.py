@@ -119,6 +119,12 @@ QLabel#heading {{ font-weight: 600; }}
 QLabel#banner {{ color: {warn}; }}
 QTreeView, QTableView, QPlainTextEdit {{ border: 1px solid {border}; border-radius: 4px; }}
 QTreeView#columnView {{ border: none; background: transparent; }}
+QScrollBar:vertical {{ background: transparent; width: 10px; margin: 0; }}
+QScrollBar:horizontal {{ background: transparent; height: 10px; margin: 0; }}
+QScrollBar::handle {{ background: {border}; border-radius: 4px; min-height: 24px; min-width: 24px; }}
+QScrollBar::handle:hover {{ background: {muted}; }}
+QScrollBar::add-line, QScrollBar::sub-line {{ width: 0; height: 0; }}
+QScrollBar::add-page, QScrollBar::sub-page {{ background: none; }}
 QHeaderView::section {{ padding: 4px 6px; border: none; border-bottom: 1px solid {border};
                         background: {alt}; font-weight: 600; }}
 """
