@@ -15,7 +15,7 @@ from app_helpers import LAYER_BYTES, TIMEOUT_MS, on_engine  # noqa: E402
 from PySide6.QtCore import QModelIndex, Qt  # noqa: E402
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
-from app.placement_editor import HeatRole  # noqa: E402
+from app.placement_editor import HeatRole, ShareRole  # noqa: E402
 from engine.routing import RoutingStats  # noqa: E402
 
 
@@ -122,9 +122,14 @@ def test_routing_heat_map_from_an_injected_provider_and_the_strategies(qtbot, ma
         panel.profile_button.click()
     np.testing.assert_array_equal(panel.heatmap.counts, counts)
     cpu = window.editor.columns["cpu:0"].model
-    assert cpu.index(0, 0).data(HeatRole) == pytest.approx(28 / 28)
-    assert cpu.index(1, 0).data(HeatRole) == pytest.approx(24 / 28)
+    assert cpu.index(0, 0).data(HeatRole) == pytest.approx(list(np.arange(8) / 7))
+    assert cpu.index(1, 0).data(HeatRole) == [1.0] * 8
     assert cpu.index(7, 0, cpu.index(0, 0)).data(HeatRole) == pytest.approx(1.0)
+    assert cpu.index(0, 0).data(ShareRole) == pytest.approx(1.0)
+    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        state.move({0: [6, 7]}, "hostsim:0")
+    sim = window.editor.columns["hostsim:0"].model
+    assert sim.index(0, 0).data(ShareRole) == pytest.approx(13 / 28)
     assert window.act_export_hotness.isEnabled()
     state.routing_stats.write_hotness_csv(tmp_path / "hot.csv")  # what File > Export > Hotness CSV writes
     np.testing.assert_array_equal(RoutingStats.read_hotness_csv(tmp_path / "hot.csv").hits, counts)
