@@ -1,0 +1,219 @@
+"""Placement strategies and the cost model, checked with fixed calibration figures (no timing asserted)."""
+
+import numpy as np
+import pytest
+from fixture_paths import FIXTURES
+
+from engine import strategy as S
+from engine.checkpoint import Checkpoint
+from engine.costmodel import (
+    Calibration,
+    DeviceRate,
+    ModelShape,
+    calibrate,
+    expert_shares,
+    predict_tokens_per_second,
+    step_seconds,
+)
+from engine.errors import ArgumentError
+from engine.model import Engine
+from engine.placement import Placement
+from engine.routing import RoutingStats
+
+MB = 1_000_000
+# 6 layers (layer 3 dense), 8 experts of 1 MB, top-2
+SHAPE = ModelShape(num_layers=6, moe_layers=(0, 1, 2, 4, 5), num_experts=8, top_k=2, expert_bytes=MB)
+# primary gpu:0 at 1000 MB/s; peer cpu:0 at 100 MB/s with a 1 ms join
+CAL = Calibration("cuda:0", 0.002, {"cuda:0": DeviceRate(1000 * MB, 0.0), "cpu:0": DeviceRate(100 * MB, 0.001)})
+
+
+def skewed_stats(shape=SHAPE, seed=0) -> RoutingStats:
+    """Expert e of each layer picked in proportion to 2^-e (layer 4 very concentrated, layer 5 uniform)."""
+    rng = np.random.default_rng(seed)
+    hits = np.zeros((shape.num_layers, shape.num_experts), dtype=np.uint64)
+    tokens = np.zeros(shape.num_layers, dtype=np.uint64)
+    for layer in shape.moe_layers:
+        w = 0.5 ** np.arange(shape.num_experts) if layer != 5 else np.ones(shape.num_experts)
+        if layer == 4:
+            w = np.array([100, 100] + [1] * (shape.num_experts - 2), dtype=float)
+        for _ in range(1000):
+            for e in rng.choice(shape.num_experts, shape.top_k, replace=False, p=w / w.sum()):
+                hits[layer, e] += 1
+        tokens[layer] = 1000
+    return RoutingStats(hits, tokens, shape.top_k)
+
+
+def owners_of(plan, layer):
+    return set(plan.placement.owners[layer])
+
+
+# ---- cost model ---------------------------------------------------------------------------------------------
+
+
+def test_cost_model_single_devices_by_hand():
+    on_gpu = SHAPE.empty_placement("cuda:0")
+    # fixed + 5 layers x 2 experts x 1 MB / 1000 MB/s
+    assert step_seconds(SHAPE, on_gpu, CAL) == pytest.approx(0.002 + 5 * 2 * 0.001)
+    on_cpu = SHAPE.empty_placement("cpu:0")
+    # every layer waits for the peer: 2 MB / 100 MB/s plus one join
+    assert step_seconds(SHAPE, on_cpu, CAL) == pytest.approx(0.002 + 5 * (0.02 + 0.001))
+    assert predict_tokens_per_second(SHAPE, on_gpu, CAL) == pytest.approx(1 / 0.012)
+    # a batch of 4 tokens reads each expert once when any token picks it: 8 * (1 - (1 - 1/4)^4) experts per layer
+    distinct = 8 * (1 - 0.75**4)
+    assert step_seconds(SHAPE, on_gpu, CAL, tokens_per_step=4) == pytest.approx(0.002 + 5 * distinct * 0.001)
+
+
+def test_cost_model_mixed_layer_is_the_slower_side():
+    p = SHAPE.empty_placement("cuda:0")
+    for e in range(4):
+        p.move_expert(0, e, "cpu:0")  # half of layer 0 on the peer: 1 expert per token expected there
+    involved = 1 - (1 - 1 / 2) ** 2  # the peer runs something in 3 of 4 layer steps
+    peer = 1 * MB / (100 * MB) + involved * 0.001
+    expected = 0.002 + peer + 4 * 0.002
+    assert step_seconds(SHAPE, p, CAL) == pytest.approx(expected)
+
+
+def test_shares_follow_the_statistics_and_default_to_uniform():
+    stats = skewed_stats()
+    shares = expert_shares(SHAPE, stats)
+    assert shares[3].sum() == 0  # dense layer
+    for layer in SHAPE.moe_layers:
+        assert shares[layer].sum() == pytest.approx(2)
+    assert shares[0, 0] > shares[0, 7]
+    uniform = expert_shares(SHAPE)
+    assert np.allclose(uniform[SHAPE.moe_layers, :], 0.25)
+    with pytest.raises(ArgumentError, match="do not fit"):
+        expert_shares(SHAPE, RoutingStats(np.zeros((2, 2), np.uint64), np.zeros(2, np.uint64), 2))
+
+
+def test_calibration_round_trips_and_names_missing_devices():
+    assert Calibration.from_dict(CAL.to_dict()) == CAL
+    with pytest.raises(ArgumentError, match="no calibration for device 'hip:0'"):
+        step_seconds(SHAPE, SHAPE.empty_placement("hip:0"), CAL)
+
+
+# ---- strategies ---------------------------------------------------------------------------------------------
+
+
+def test_single_and_uniform():
+    plan = S.single_device(SHAPE, "cuda:0", calibration=CAL)
+    assert plan.device_bytes == {"cuda:0": 40 * MB}
+    assert plan.predicted_tokens_per_second == pytest.approx(1 / 0.012)
+    with pytest.raises(ArgumentError, match="cuda:0 would hold 38.1 MiB of experts, more than its budget"):
+        S.single_device(SHAPE, "cuda:0", budgets={"cuda:0": 10 * MB})
+    split = S.uniform_split(SHAPE, ["cuda:0", "cpu:0"], calibration=CAL)
+    owners = [split.placement.owners[layer][0] for layer in SHAPE.moe_layers]
+    assert owners == ["cuda:0", "cuda:0", "cuda:0", "cpu:0", "cpu:0"]  # the earlier device gets the odd layer
+    assert split.placement.owners[3] == [None] * 8
+    assert split.predicted_tokens_per_second < plan.predicted_tokens_per_second
+
+
+@pytest.mark.parametrize("budget_layers", [0, 1, 3, 5])
+def test_cold_placement_moves_whole_layers(budget_layers):
+    budget = budget_layers * SHAPE.layer_bytes + SHAPE.layer_bytes // 2  # half a layer more never splits one
+    plan = S.cold_layers(SHAPE, "cuda:0", "cpu:0", budgets={"cuda:0": budget}, calibration=CAL)
+    for layer in SHAPE.moe_layers:
+        assert len(owners_of(plan, layer)) == 1, f"layer {layer} split: {plan.placement.owners[layer]}"
+    on_fast = [layer for layer in SHAPE.moe_layers if owners_of(plan, layer) == {"cuda:0"}]
+    assert len(on_fast) == budget_layers
+    assert plan.device_bytes.get("cuda:0", 0) <= budget
+    # one token per step: every layer is as hot as any other, and the cold ones are the first (llama.cpp's order)
+    assert on_fast == list(SHAPE.moe_layers[len(SHAPE.moe_layers) - budget_layers :])
+
+
+def test_cold_layers_for_batches_keeps_concentrated_layers_on_the_peer():
+    stats = skewed_stats()
+    heat = S.layer_heat(SHAPE, stats, tokens_per_step=4)
+    assert heat[4] == min(heat[layer] for layer in SHAPE.moe_layers)  # two experts take almost every pick
+    assert heat[5] == max(heat[layer] for layer in SHAPE.moe_layers)  # uniform: the most distinct experts
+    plan = S.cold_layers(SHAPE, "cuda:0", "cpu:0", budgets={"cuda:0": 4 * SHAPE.layer_bytes}, stats=stats,
+                         tokens_per_step=4)  # fmt: skip
+    assert owners_of(plan, 4) == {"cpu:0"} and owners_of(plan, 5) == {"cuda:0"}
+
+
+def test_hot_first_respects_budgets_and_takes_the_hottest():
+    stats = skewed_stats()
+    budgets = {"cuda:0": 12 * MB, "cpu:0": 20 * MB, "cpu:1": 8 * MB}
+    plan = S.hot_first(SHAPE, ["cuda:0", "cpu:0", "cpu:1"], budgets=budgets, calibration=None, stats=stats)
+    assert plan.predicted_tokens_per_second is None
+    for device, nbytes in plan.device_bytes.items():
+        assert nbytes <= budgets[device]
+    assert sum(plan.device_bytes.values()) == SHAPE.total_bytes
+    shares = expert_shares(SHAPE, stats)
+    on_gpu = [shares[layer, e] for layer in SHAPE.moe_layers for e in range(8)
+              if plan.placement.owners[layer][e] == "cuda:0"]  # fmt: skip
+    elsewhere = [shares[layer, e] for layer in SHAPE.moe_layers for e in range(8)
+                 if plan.placement.owners[layer][e] != "cuda:0"]  # fmt: skip
+    assert len(on_gpu) == 12 and min(on_gpu) >= max(elsewhere)
+    with pytest.raises(ArgumentError, match="hold less than the 38.1 MiB of experts"):
+        S.hot_first(SHAPE, ["cuda:0", "cpu:0"], budgets={"cuda:0": 10 * MB, "cpu:0": 10 * MB})
+
+
+def test_critical_path_only_moves_what_lowers_the_critical_path():
+    stats = skewed_stats()
+    all_peer = step_seconds(SHAPE, SHAPE.empty_placement("cpu:0"), CAL, stats)
+    plan = S.critical_path(SHAPE, "cuda:0", "cpu:0", CAL, budgets={"cuda:0": 15 * MB}, stats=stats)
+    assert plan.device_bytes["cuda:0"] <= 15 * MB
+    assert 1 / plan.predicted_tokens_per_second < all_peer
+    # no single expert moved back to the peer would be faster: each move lowered its layer's max(fast, peer)
+    base = step_seconds(SHAPE, plan.placement, CAL, stats)
+    for layer in SHAPE.moe_layers:
+        for e, device in enumerate(plan.placement.owners[layer]):
+            if device == "cuda:0":
+                plan.placement.owners[layer][e] = "cpu:0"
+                assert step_seconds(SHAPE, plan.placement, CAL, stats) >= base - 1e-12
+                plan.placement.owners[layer][e] = "cuda:0"
+    # the hot experts went first: on a layer, every expert on the fast device is at least as hot as those left
+    shares = expert_shares(SHAPE, stats)
+    for layer in SHAPE.moe_layers:
+        fast = [shares[layer, e] for e, d in enumerate(plan.placement.owners[layer]) if d == "cuda:0"]
+        slow = [shares[layer, e] for e, d in enumerate(plan.placement.owners[layer]) if d == "cpu:0"]
+        if fast and slow:
+            assert min(fast) >= max(slow) - 1e-12
+
+
+def test_critical_path_balances_equal_devices_and_stops_when_moving_no_longer_helps():
+    # fast = the primary, peer as fast with no join cost: the best split of a layer is half and half
+    cal = Calibration("cpu:0", 0.0, {"cpu:0": DeviceRate(100 * MB), "cpu:1": DeviceRate(100 * MB, 0.0)})
+    plan = S.critical_path(SHAPE, "cpu:0", "cpu:1", cal)
+    for layer in SHAPE.moe_layers:
+        assert plan.placement.owners[layer].count("cpu:0") == 4
+    # a peer so slow that everything belongs on the fast device
+    cal = Calibration("cpu:0", 0.0, {"cpu:0": DeviceRate(100 * MB), "cpu:1": DeviceRate(1 * MB, 0.01)})
+    assert S.critical_path(SHAPE, "cpu:0", "cpu:1", cal).device_bytes == {"cpu:0": SHAPE.total_bytes}
+
+
+def test_critical_path_honours_the_peer_budget_too():
+    plan = S.critical_path(SHAPE, "cuda:0", "cpu:0", CAL, budgets={"cuda:0": 30 * MB, "cpu:0": 20 * MB})
+    assert plan.device_bytes["cpu:0"] <= 20 * MB and plan.device_bytes["cuda:0"] <= 30 * MB
+    with pytest.raises(ArgumentError, match="cannot hold"):
+        S.critical_path(SHAPE, "cuda:0", "cpu:0", CAL, budgets={"cuda:0": 10 * MB, "cpu:0": 20 * MB})
+    with pytest.raises(ArgumentError, match="needs a calibration"):
+        S.critical_path(SHAPE, "cuda:0", "cpu:0", None)
+
+
+# ---- on the fixture model ------------------------------------------------------------------------------------
+
+
+def test_shape_from_checkpoint_matches_the_engine():
+    ckpt = Checkpoint.open(FIXTURES / "qwen3moe-f32")
+    shape = ModelShape.from_checkpoint(ckpt)
+    assert shape.moe_layers == (0, 2) and shape.num_experts == 8 and shape.top_k == 2
+    with Engine() as eng:
+        model = eng.load(ckpt)
+        assert ModelShape.from_model(model) == shape
+        assert S.uniform_split(shape, ["cpu:0"]).placement == model.placement
+
+
+def test_calibrate_measures_every_device_and_restores_the_placement():
+    with Engine(cpu_devices=2, cpu_threads=1) as eng:
+        model = eng.load(FIXTURES / "qwen3moe-f32")
+        model.set_placement("2=cpu:1")
+        before = model.placement
+        cal = calibrate(model, tokens=4, repeats=1)
+        assert model.placement == before
+    assert cal.primary == "cpu:0" and set(cal.devices) == {"cpu:0", "cpu:1"}
+    assert all(r.bandwidth > 0 and r.join_seconds >= 0 for r in cal.devices.values())
+    assert cal.fixed_seconds >= 0 and cal.devices["cpu:0"].join_seconds == 0
+    shape = ModelShape.from_checkpoint(Checkpoint.open(FIXTURES / "qwen3moe-f32"))
+    assert predict_tokens_per_second(shape, Placement.parse("0=cpu:1", model.config), cal) > 0
