@@ -12,7 +12,7 @@ pytest.importorskip("pytestqt")
 pytest.importorskip("pyqtgraph")
 
 from app_helpers import LAYER_BYTES, TIMEOUT_MS, on_engine  # noqa: E402
-from PySide6.QtCore import QModelIndex, Qt  # noqa: E402
+from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
 from app.placement_editor import HeatRole, ShareRole  # noqa: E402
@@ -158,8 +158,8 @@ def test_profile_routing_with_the_engine_fills_the_heat_map(qtbot, make_window):
 
 
 def test_drag_hover_previews_the_bars(qtbot, make_window):
-    from PySide6.QtCore import QPoint
-    from PySide6.QtGui import QDragEnterEvent, QDragLeaveEvent
+    from PySide6.QtCore import QPoint, QPointF
+    from PySide6.QtGui import QDragEnterEvent, QDragLeaveEvent, QDropEvent
 
     window = make_window()
     cpu, sim = window.editor.columns["cpu:0"], window.editor.columns["hostsim:0"]
@@ -170,7 +170,11 @@ def test_drag_hover_previews_the_bars(qtbot, make_window):
     assert event.isAccepted() and sim.bar.preview == LAYER_BYTES and cpu.bar.preview == LAYER_BYTES
     sim.view.dragLeaveEvent(QDragLeaveEvent())
     assert sim.bar.preview is None
-    assert sim.model.dropMimeData(data, Qt.DropAction.MoveAction, -1, -1, QModelIndex())
+    drop = QDropEvent(QPointF(10, 10), Qt.DropAction.MoveAction, data, Qt.MouseButton.LeftButton,
+                      Qt.KeyboardModifier.NoModifier)  # fmt: skip
+    with qtbot.waitSignal(window.state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        sim.view.dropEvent(drop)  # the view hands a drop anywhere in the column to its model
+    assert drop.isAccepted() and sim.bar.used == LAYER_BYTES and sim.bar.preview is None
 
 
 def test_screenshot_command_writes_a_png(qtbot, make_window, tmp_path):
