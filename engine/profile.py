@@ -613,6 +613,8 @@ def loads(text: str, path: str | os.PathLike = "<profile>") -> Profile:
     if version > FORMAT_VERSION:
         r.fail(vnode, f"{VERSION_KEY}: format {version} is newer than this expertbench reads ({FORMAT_VERSION})")
     profile = Profile(model=ModelRef(), version=version, path=path)
+    for key, (knode, _vnode) in top.items():
+        r.mark((key,), knode)
 
     if "description" in top:
         profile.description = r.string(top["description"][1], "description")
@@ -646,9 +648,8 @@ def loads(text: str, path: str | os.PathLike = "<profile>") -> Profile:
         profile.expectations = _read_expectations(r, top["expectations"][1], profile)
     if "routing" in top:
         profile.routing = _read_routing(r, top["routing"][1])
-    r.mark(("placement",), top["placement"][0] if "placement" in top else root)
-    if "routing" in top:
-        r.mark(("routing",), top["routing"][0])
+    if "placement" not in top:
+        r.mark(("placement",), root)
     profile.lines = r.lines
     return profile
 
@@ -796,6 +797,9 @@ def _read_expectations(r: _Reader, node, profile: Profile) -> Expectations:
     if "speed" in m:
         s = r.mapping(m["speed"][1], "expectations.speed", ("baseline", "min_ratio"), required=("baseline",))
         e.baseline = r.string(s["baseline"][1], "expectations.speed.baseline", expect="a profile file")
+        if profile.path is not None and profile.resolve(e.baseline).resolve() == profile.path.resolve():
+            r.fail(s["baseline"][1], f"expectations.speed.baseline: {e.baseline!r} is this profile itself: a profile "
+                                     "cannot be its own baseline")  # fmt: skip
         r.mark(("expectations", "speed", "baseline"), s["baseline"][1])
         if "min_ratio" in s:
             e.min_speed_ratio = r.number(s["min_ratio"][1], "expectations.speed.min_ratio", 0.0, lo_open=True)

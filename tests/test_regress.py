@@ -1,0 +1,197 @@
+"""expertbench regress: exit codes, recording, reports. Speeds are injected where a check depends on them."""
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from fixture_paths import FIXTURES
+
+from engine import profile as P
+from engine import regress
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET, DRAFT = FIXTURES / "qwen3moe-f32", FIXTURES / "qwen3-f32"
+RUN = "run: {prompts: [[1, 2, 3, 4], [5, 6, 7]], tokens: 6, repeats: 2, q: 2}\n"
+BASE = f"expertbench_profile: 1\nmodel: {{path: {TARGET}}}\ndraft: {{path: {DRAFT}}}\n" + RUN
+SPLIT = (f"expertbench_profile: 1\nmodel: {{path: {TARGET}}}\ndraft: {{path: {DRAFT}}}\n"
+         "devices: {cpu: {devices: 2, threads: 1}}\n"
+         "placement:\n  layers: {2: cpu:1}\n  experts: {0: {4-7: cpu:1}}\n" + RUN +
+         "expectations:\n  speed: {baseline: base.yaml}\n")  # fmt: skip
+
+
+@pytest.fixture
+def speeds(monkeypatch):
+    """Decode tokens/s per profile name, replacing the measured ones (the decoding itself still runs)."""
+    table: dict[str, float] = {}
+    real = regress.measure_profile
+
+    def measure(profile, portable=False):
+        m = real(profile, portable=portable)
+        if profile.name in table:
+            m.decode_tokens_per_second = table[profile.name]
+        return m
+
+    monkeypatch.setattr(regress, "measure_profile", measure)
+    return table
+
+
+@pytest.fixture
+def recorded(tmp_path, speeds):
+    """base.yaml and split.yaml in tmp_path, recorded with split at 0.8 x base (min_ratio 0.8 * 0.75 = 0.6)."""
+    (tmp_path / "base.yaml").write_text(BASE)
+    (tmp_path / "split.yaml").write_text(SPLIT)
+    speeds.update({"base": 1000.0, "split": 800.0})
+    assert regress.main(["--record", str(tmp_path / "split.yaml"), str(tmp_path / "base.yaml")]) == 0
+    return tmp_path
+
+
+def test_record_writes_expectations_then_replay_passes(recorded, speeds, capsys):
+    split = P.load(recorded / "split.yaml")
+    e = split.expectations
+    assert len(e.output_sha256) == 2 and e.min_speed_ratio == 0.6 and e.baseline == "base.yaml"
+    assert 0 <= e.min_accept_rate <= 1
+    assert split.model.fingerprint == P.fingerprint(TARGET) and split.draft.fingerprint == P.fingerprint(DRAFT)
+    assert split.routing_stats().hits.sum() > 0
+    assert P.load(recorded / "base.yaml").expectations.output_sha256 == e.output_sha256  # placement-invariant
+    capsys.readouterr()
+    # 700 / 1000 = 0.7 >= 0.6
+    speeds.update({"base": 1000.0, "split": 700.0})
+    report, junit = recorded / "r.json", recorded / "r.xml"
+    code = regress.main([str(recorded / "split.yaml"), "--report-json", str(report), "--junit", str(junit)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "split" in out and "0.70 >= 0.60 (base)" in out and "2 held, 2/2 as recorded" in out
+    data = json.loads(report.read_text())
+    assert data["exit_code"] == 0
+    by_name = {p["name"]: p for p in data["profiles"]}
+    assert by_name["base"]["listed"] is False and by_name["split"]["speed_ratio"] == pytest.approx(0.7)
+    assert {c["name"]: c["status"] for c in by_name["split"]["checks"]} == {
+        "repeats agree": "pass", "output hash": "pass", "acceptance": "pass", "speed": "pass"}  # fmt: skip
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite.get("tests") == "4" and suite.get("failures") == "0" and suite.get("errors") == "0"
+
+
+def test_hash_mismatch_is_a_regression(recorded, capsys):
+    profile = P.load(recorded / "split.yaml")
+    good = profile.expectations.output_sha256[1]
+    profile.expectations.output_sha256[1] = "0" * 64
+    profile.save()
+    junit = recorded / "r.xml"
+    assert regress.main([str(recorded / "split.yaml"), "--junit", str(junit)]) == 1
+    out = capsys.readouterr().out
+    assert "1/2 as recorded" in out and f"output hash: prompt 1 gave {good[:16]}, recorded 0000000000000000" in out
+    failure = ET.parse(junit).getroot().find("testsuite/testcase[@name='output hash']/failure")
+    assert failure is not None and "prompt 1 gave" in failure.get("message")
+
+
+def test_speed_regression_against_the_baseline_of_the_same_invocation(recorded, speeds, capsys):
+    speeds.update({"base": 1000.0, "split": 500.0})  # 0.5 < 0.6
+    assert regress.main([str(recorded / "split.yaml"), str(recorded / "base.yaml")]) == 1
+    out = capsys.readouterr().out
+    assert "split: speed: 500.0 tokens/s, 0.500 x base (minimum 0.6)" in out
+    # the same speed is fine when the baseline measured slower in this invocation: a ratio, never a time
+    speeds.update({"base": 700.0, "split": 500.0})
+    assert regress.main([str(recorded / "split.yaml")]) == 0
+
+
+def test_acceptance_below_the_minimum_is_a_regression(recorded, capsys):
+    profile = P.load(recorded / "split.yaml")
+    profile.expectations.min_accept_rate = 1.0  # this random fixture draft agrees far less often
+    profile.save()
+    assert regress.main([str(recorded / "split.yaml")]) == 1
+    assert "split: acceptance:" in capsys.readouterr().out
+
+
+def test_changing_hashes_between_repeats_fail_and_are_never_recorded(recorded, monkeypatch, capsys):
+    real = regress.measure_profile
+
+    def flaky(profile, portable=False):
+        m = real(profile, portable=portable)
+        m.repeat_hashes[1] = ["f" * 64] * len(m.repeat_hashes[1])
+        return m
+
+    monkeypatch.setattr(regress, "measure_profile", flaky)
+    assert regress.main([str(recorded / "split.yaml")]) == 1
+    assert "CHANGED between repeats" in capsys.readouterr().out
+    before = (recorded / "split.yaml").read_text()
+    assert regress.main(["--record", str(recorded / "split.yaml")]) == 1
+    assert (recorded / "split.yaml").read_text() == before
+
+
+FP = (
+    f"model: {{path: {TARGET}, fingerprint: '{P.fingerprint(TARGET)}'}}\n"
+    f"draft: {{path: {DRAFT}, fingerprint: '{P.fingerprint(DRAFT)}'}}\n"
+)
+RECORDED = BASE.split("model:")[0] + FP + RUN  # fingerprints, no expectations
+
+BAD_INPUT = {
+    "syntax": ("expertbench_profile: 1\nmodel: {path: x\n", "bad.yaml:3: not valid YAML"),
+    "no expectations": (RECORDED, "bad.yaml:1: no recorded output hashes: run 'expertbench regress --record"),
+    "no fingerprint": (BASE + "expectations:\n  output_sha256: ['" + "a" * 64 + "', '" + "b" * 64 + "']\n",
+                       "model: no fingerprint recorded"),
+    "wrong model": (BASE.replace(f"path: {TARGET}}}", f"path: {TARGET}, fingerprint: sha256:{'c' * 64}}}"),
+                    "bad.yaml:2: model.fingerprint: the profile was recorded on another model"),
+    "missing folder": (BASE.replace(str(TARGET), "/nonexistent/model"), "does not exist"),
+    "own baseline": (RECORDED + "expectations:\n  speed: {baseline: ./bad.yaml}\n",
+                     "bad.yaml:6: expectations.speed.baseline: './bad.yaml' is this profile itself"),
+    "out of range": (RECORDED + "placement:\n  layers: {7: cpu:0}\n",
+                     "bad.yaml:6: placement.layers: layer 7 out of range"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUT))
+def test_bad_input_exits_2_before_anything_runs(tmp_path, monkeypatch, capsys, case):
+    text, message = BAD_INPUT[case]
+    (tmp_path / "bad.yaml").write_text(text)
+    monkeypatch.setattr(regress, "measure_profile", lambda *a, **k: pytest.fail("nothing may run on bad input"))
+    assert regress.main([str(tmp_path / "bad.yaml")]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_profile_and_unavailable_devices_exit_2(recorded, capsys):
+    assert regress.main([str(recorded / "nope.yaml")]) == 2
+    assert "no such profile file" in capsys.readouterr().err
+    gpu = P.load(recorded / "split.yaml")
+    gpu.devices["cuda"] = P.DeviceSpec(1)
+    gpu.placement.layers = [(2, 2, "cuda:0")]
+    gpu.save(recorded / "gpu.yaml")
+    junit = recorded / "gpu.xml"
+    assert regress.main([str(recorded / "gpu.yaml"), "--junit", str(junit)]) == 2  # this machine has no GPU
+    assert "devices: this machine cannot provide them" in capsys.readouterr().err
+    assert ET.parse(junit).getroot().find("testsuite").get("errors") == "1"
+
+
+def test_example_profiles_pass_here(tmp_path_factory, monkeypatch, capsys):
+    """`expertbench regress profiles/*.yaml`: the recorded hashes and acceptance hold on a freshly built demo pair
+    (speeds set equal, so that a busy test machine cannot fail the ratio checks)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-cache"))
+    real = regress.measure_profile
+
+    def steady(profile, portable=False):
+        m = real(profile, portable=portable)
+        m.decode_tokens_per_second = 100.0
+        return m
+
+    monkeypatch.setattr(regress, "measure_profile", steady)
+    paths = sorted(str(p) for p in (ROOT / "profiles").glob("*.yaml"))
+    assert len(paths) == 3
+    code = regress.main(paths)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert out.count("4 held, 4/4 as recorded") == 3
+
+
+def test_no_qt_on_the_regress_path(recorded):
+    code = (
+        "import sys\n"
+        "from engine.regress import main\n"
+        f"rc = main([{str(recorded / 'base.yaml')!r}])\n"
+        "qt = sorted(m for m in sys.modules if m.split('.')[0] in ('PySide6', 'PyQt5', 'PyQt6', 'shiboken6', "
+        "'pyqtgraph', 'app'))\n"
+        "print(rc, qt)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    assert out.strip().splitlines()[-1] == "0 []"
