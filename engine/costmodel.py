@@ -5,22 +5,26 @@ that is not an expert (attention, router, norms, embeddings, lm_head, the host l
 slowest of the devices that run experts in it (the scheduler runs every owner's branch at once and joins):
 
     step = fixed + sum over MoE layers of max over devices d of  t_d
-    t_d  = expected expert bytes d reads in the layer / bandwidth_d
-           + P(d runs any expert in the layer) * join_seconds_d          (peers only, not the primary)
+    t_d  = expert bytes d reads in the layer / bandwidth_d
+           + [d runs any expert in the layer] * (dispatch_seconds_d + join_seconds_d (peers only))
 
-Expected bytes come from routing statistics (the share of tokens each expert serves; uniform top_k/E without
-them): a batch of n tokens reads expert e once if any token picks it, 1 - (1 - p_e)^n. The chance that a device
-is involved at all is approximated by 1 - (1 - m/k)^(k*n), m its expected picks per token (exact for a device
-that owns the whole layer). Using expected times inside the max slightly flatters mixed layers.
+The shares come from routing statistics (the share of tokens each expert serves; uniform top_k/E without them).
+For one token per step the max is taken per draw: the token's top_k picks fall on the devices as a multinomial
+draw with each device's share of the layer, and the layer waits for the device that got the most work this time
+(taking the max of average times instead would flatter layers split across devices by 10-25 %). For a batch of
+n tokens: expert e is read once if any token picks it, 1 - (1 - p_e)^n, a peer is involved with probability
+1 - (1 - m/k)^(k*n) (m its expected picks per token), and the max is taken over those expected times.
 
 A Calibration holds the measured figures: fixed seconds per step, and per device the expert weight bandwidth
-(bytes/s) and the per-join latency. calibrate() measures them with the engine on the real devices (one short
-decode with every expert on the primary, and one with every expert on each peer, reading the engine's busy-time
-counters); everything else here is a pure function of fixed figures, so tests check the logic without timing.
+(bytes/s), the dispatch time per layer step it runs experts in, and (peers) the per-join latency. calibrate()
+measures them with the engine on the real devices (short decodes with every expert on the primary, and with
+every expert on each peer, one and four positions per step, reading the engine's busy-time and expert counters);
+everything else here is a pure function of fixed figures, so tests check the logic without timing.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -85,7 +89,8 @@ def _require_moe(cfg: ModelConfig) -> None:
 @dataclass(frozen=True)
 class DeviceRate:
     bandwidth: float  # expert weight bytes read per second
-    join_seconds: float = 0.0  # per MoE layer step in which this device runs experts for the primary
+    join_seconds: float = 0.0  # per MoE layer step in which this device runs experts for the primary (peers)
+    dispatch_seconds: float = 0.0  # per MoE layer step in which it runs any expert: waking threads, launching
 
 
 @dataclass(frozen=True)
@@ -149,16 +154,42 @@ def layer_seconds(
 
 
 def _layer_time(shape: ModelShape, picks: dict, distinct: dict, cal: Calibration, n: int) -> float:
+    devices = [d for d, m in picks.items() if m > 1e-12]
+    if n == 1 and len(devices) > 1 and math.comb(shape.top_k + len(devices) - 1, len(devices) - 1) <= 5000:
+        return _expected_max(shape, devices, picks, cal)
     worst = 0.0
-    for device, m in picks.items():
-        if m <= 0.0:
-            continue
+    for device in devices:
         rate = cal.rate(device)
-        t = distinct[device] * shape.expert_bytes / rate.bandwidth
-        if device != cal.primary:
-            t += (1.0 - max(0.0, 1.0 - m / shape.top_k) ** (shape.top_k * n)) * rate.join_seconds
-        worst = max(worst, t)
+        involved = 1.0 - max(0.0, 1.0 - picks[device] / shape.top_k) ** (shape.top_k * n)
+        fixed = rate.dispatch_seconds + (rate.join_seconds if device != cal.primary else 0.0)
+        worst = max(worst, distinct[device] * shape.expert_bytes / rate.bandwidth + involved * fixed)
     return worst
+
+
+def _expected_max(shape: ModelShape, devices: list[str], picks: dict, cal: Calibration) -> float:
+    """E[max over devices] for one token whose top_k picks fall on the devices as a multinomial draw with the
+    devices' shares: the layer waits for whichever device got the most work this token, not the average."""
+    k = shape.top_k
+    probs = [min(max(picks[d] / k, 0.0), 1.0) for d in devices]
+    rates = [cal.rate(d) for d in devices]
+    joins = [r.dispatch_seconds + (0.0 if d == cal.primary else r.join_seconds)
+             for d, r in zip(devices, rates, strict=True)]  # fmt: skip
+    per_expert = [shape.expert_bytes / r.bandwidth for r in rates]
+    total = 0.0
+
+    def walk(i: int, left: int, prob: float, worst: float) -> None:
+        nonlocal total
+        if i == len(devices) - 1:
+            c = left
+            t = c * per_expert[i] + joins[i] if c else 0.0
+            total += prob * probs[i] ** c / math.factorial(c) * max(worst, t)
+            return
+        for c in range(left + 1):
+            t = c * per_expert[i] + joins[i] if c else 0.0
+            walk(i + 1, left - c, prob * probs[i] ** c / math.factorial(c), max(worst, t))
+
+    walk(0, k, float(math.factorial(k)), 0.0)
+    return total
 
 
 def step_seconds(
@@ -190,26 +221,32 @@ def predict_tokens_per_second(
 # ---- calibration ------------------------------------------------------------------------------------------
 
 
-def measure_decode(model, placement: Placement | str, tokens: int = 32, repeats: int = 3, prompt=None) -> dict:
-    """Greedy-decode `tokens` steps after a prompt `repeats` times (after one warm-up) under a placement.
+def measure_decode(model, placement: Placement | str, tokens: int = 32, repeats: int = 3, prompt=None,
+                   warmup_seconds: float = 0.5, batch: int = 1) -> dict:  # fmt: skip
+    """Greedy-decode `tokens` steps after a prompt `repeats` times under a placement, after warming up (at least
+    one pass, and at least warmup_seconds: page cache, staging arenas, and a GPU's clocks, which idle low).
+    batch > 1 feeds that many positions per step (the greedy token and copies of it), like a verification pass.
 
     Returns medians per step: seconds, and per device busy_seconds and experts_run (from the engine's counters,
     over the decode steps only), plus every repeat's seconds per step."""
     model.set_placement(placement)
     ids = list(prompt) if prompt is not None else _default_prompt(model)
     runs = []
-    with model.context(len(ids) + tokens + 1) as ctx:
-        for r in range(repeats + 1):
+    with model.context(len(ids) + tokens * batch + 1) as ctx:
+        warm_until = time.perf_counter() + warmup_seconds
+        r = 0
+        while len(runs) < repeats:
             ctx.truncate(0)
             token = int(np.argmax(ctx.prefill(ids, all_rows=False)))
             before = model.counters()["devices"]
             t0 = time.perf_counter()
             for _ in range(tokens):
-                token = int(np.argmax(ctx.decode([token])[0]))
+                token = int(np.argmax(ctx.decode([token] * batch)[-1]))
             seconds = time.perf_counter() - t0
             after = model.counters()["devices"]
-            if r == 0:
-                continue  # warm-up: page cache, staging arenas
+            r += 1
+            if r == 1 or time.perf_counter() < warm_until:
+                continue
             runs.append({"seconds": seconds / tokens,
                          "busy": {d: (after[d]["busy_seconds"] - before[d]["busy_seconds"]) / tokens for d in after},
                          "experts": {d: (after[d]["experts_run"] - before[d]["experts_run"]) / tokens
@@ -231,38 +268,56 @@ def _default_prompt(model) -> list[int]:
     return [(7 * i + 3) % model.config.vocab_size for i in range(12)]
 
 
-def calibrate(model, devices: list[str] | None = None, tokens: int = 32, repeats: int = 3) -> Calibration:
+def calibrate(model, devices: list[str] | None = None, tokens: int = 32, repeats: int = 3,
+              warmup_seconds: float = 0.5) -> Calibration:  # fmt: skip
     """Measure the figures of the cost model on the real devices (the model's placement is restored after).
 
-    Run A puts every expert on the primary P; run B_d every expert on peer d. The engine's busy time of P in A
-    minus that in B (same dense work, no experts) is P's expert time; fixed = step(A) - that. A peer's bandwidth
-    is its expert bytes over its busy time in B_d; its join latency is what remains of step(B_d) after fixed and
-    its expert time, per MoE layer. With no peer, the primary's bytes per token over step(A) stand for both."""
+    Run A puts every expert on the primary P, run B_d every expert on peer d, each at one and at four positions
+    per step. P's expert time is its busy time in A less its busy time in B (the same dense work, no experts);
+    a peer's is its busy time in B_d. Per device, expert time = layers x dispatch + experts run x expert bytes /
+    bandwidth, at two numbers of experts run (the counters count them), gives dispatch and bandwidth. fixed =
+    step(A) - P's expert time; a peer's join latency is what remains of step(B_d) after fixed and its expert
+    time, per MoE layer. With no peer, the primary's bytes per token over step(A) stand for the bandwidth."""
     shape = ModelShape.from_model(model)
     primary = model.device
     peers = [d for d in (devices or [x.name for x in model.engine.devices]) if d != primary]
     saved = model.placement
+
+    def measure(device: str, batch: int) -> dict:
+        return measure_decode(model, shape.empty_placement(device), tokens, repeats, None, warmup_seconds, batch)
+
     try:
-        a = measure_decode(model, shape.empty_placement(primary), tokens, repeats)
-        b = {d: measure_decode(model, shape.empty_placement(d), tokens, repeats) for d in peers}
+        a = {n: measure(primary, n) for n in (1, 4)}
+        b = {d: {n: measure(d, n) for n in (1, 4)} for d in peers}
     finally:
         model.set_placement(saved)
     n_moe = len(shape.moe_layers)
-    expert_bytes_a = a["experts"][primary] * shape.expert_bytes
     rates: dict[str, DeviceRate] = {}
     if b:
-        dense_busy = statistics.median(m["busy"][primary] for m in b.values())
-        expert_time = max(a["busy"][primary] - dense_busy, 1e-9)
-        fixed = max(a["seconds"] - expert_time, 0.0)
+        expert_time = {n: max(a[n]["busy"][primary] - statistics.median(m[n]["busy"][primary] for m in b.values()),
+                              1e-9) for n in (1, 4)}  # fmt: skip
+        rates[primary] = _rate(shape, {n: a[n]["experts"][primary] for n in (1, 4)}, expert_time, 0.0)
+        fixed = max(a[1]["seconds"] - expert_time[1], 0.0)
     else:
-        total_bytes = model.info["bytes_per_token"]
-        bandwidth = total_bytes / a["seconds"]
-        expert_time = expert_bytes_a / bandwidth
-        fixed = a["seconds"] - expert_time
-    rates[primary] = DeviceRate(expert_bytes_a / expert_time, 0.0)
+        bandwidth = model.info["bytes_per_token"] / a[1]["seconds"]
+        rates[primary] = DeviceRate(bandwidth)
+        fixed = a[1]["seconds"] - a[1]["experts"][primary] * shape.expert_bytes / bandwidth
     for d, m in b.items():
-        busy = max(m["busy"][d], 1e-9)
-        join = max((m["seconds"] - fixed - busy) / n_moe, 0.0)
-        rates[d] = DeviceRate(m["experts"][d] * shape.expert_bytes / busy, join)
+        busy = {n: max(m[n]["busy"][d], 1e-9) for n in (1, 4)}
+        join = max((m[1]["seconds"] - fixed - busy[1]) / n_moe, 0.0)
+        rates[d] = _rate(shape, {n: m[n]["experts"][d] for n in (1, 4)}, busy, join)
     measured = {"tokens": tokens, "repeats": repeats, "all_on_primary": a, "all_on_peer": b}
     return Calibration(primary, fixed, rates, measured)
+
+
+def _rate(shape: ModelShape, experts: dict, seconds: dict, join: float) -> DeviceRate:
+    """Solve seconds[n] = layers * dispatch + experts[n] * expert_bytes / bandwidth from n = 1 and n = 4; when
+    noise makes that meaningless (no more experts, a negative part), all of the time counts as bandwidth."""
+    n_moe = len(shape.moe_layers)
+    more = experts[4] - experts[1]
+    if more > 0.5 * n_moe and seconds[4] > seconds[1]:
+        per_expert = (seconds[4] - seconds[1]) / more
+        dispatch = (seconds[1] - experts[1] * per_expert) / n_moe
+        if dispatch >= 0.0:
+            return DeviceRate(shape.expert_bytes / per_expert, join, dispatch)
+    return DeviceRate(experts[1] * shape.expert_bytes / seconds[1], join, 0.0)

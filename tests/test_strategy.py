@@ -63,14 +63,47 @@ def test_cost_model_single_devices_by_hand():
     assert step_seconds(SHAPE, on_gpu, CAL, tokens_per_step=4) == pytest.approx(0.002 + 5 * distinct * 0.001)
 
 
-def test_cost_model_mixed_layer_is_the_slower_side():
+def test_cost_model_mixed_layer_waits_for_the_busier_device_of_each_token():
     p = SHAPE.empty_placement("cuda:0")
     for e in range(4):
-        p.move_expert(0, e, "cpu:0")  # half of layer 0 on the peer: 1 expert per token expected there
-    involved = 1 - (1 - 1 / 2) ** 2  # the peer runs something in 3 of 4 layer steps
-    peer = 1 * MB / (100 * MB) + involved * 0.001
-    expected = 0.002 + peer + 4 * 0.002
-    assert step_seconds(SHAPE, p, CAL) == pytest.approx(expected)
+        p.move_expert(0, e, "cpu:0")  # half of layer 0 on the peer
+    # a token's 2 picks: both on the GPU (1/4): 2 x 1 ms; one each (1/2): max(1 ms, 10 ms + 1 ms join);
+    # both on the peer (1/4): 2 x 10 ms + 1 ms
+    layer0 = 0.25 * 0.002 + 0.5 * 0.011 + 0.25 * 0.021
+    assert step_seconds(SHAPE, p, CAL) == pytest.approx(0.002 + layer0 + 4 * 0.002)
+    # the max of the average times would say less: the expected peer work (1 expert) plus its expected join
+    assert layer0 > 0.010 + 0.75 * 0.001
+    # batches of several tokens use the expected times
+    distinct = 4 * (1 - 0.75**2)
+    involved = 1 - (1 - 1 / 2) ** 4
+    assert step_seconds(SHAPE, p, CAL, tokens_per_step=2) == pytest.approx(
+        0.002 + (distinct * 0.01 + involved * 0.001) + 4 * 8 * (1 - 0.75**2) * 0.001
+    )
+
+
+def test_dispatch_time_is_paid_once_per_layer_a_device_works_in():
+    cal = Calibration("cuda:0", 0.002, {"cuda:0": DeviceRate(1000 * MB, 0.0, 0.0005),
+                                        "cpu:0": DeviceRate(100 * MB, 0.001, 0.0002)})  # fmt: skip
+    assert step_seconds(SHAPE, SHAPE.empty_placement("cuda:0"), cal) == pytest.approx(0.002 + 5 * (0.002 + 0.0005))
+    p = SHAPE.empty_placement("cuda:0")
+    for e in range(4):
+        p.move_expert(0, e, "cpu:0")
+    # as in the test above, each device that got a pick pays its dispatch (the peer its join too)
+    layer0 = 0.25 * 0.0025 + 0.5 * max(0.0015, 0.0112) + 0.25 * 0.0212
+    assert step_seconds(SHAPE, p, cal) == pytest.approx(0.002 + layer0 + 4 * 0.0025)
+
+
+def test_calibration_solves_bandwidth_and_dispatch_from_two_batch_sizes():
+    from engine.costmodel import _rate
+
+    # 5 layers: 10 experts per step at 1 position, 25 at 4; 2 us dispatch per layer, 1 MB per expert at 1 GB/s
+    seconds = {1: 5 * 2e-6 + 10 * 1e-3, 4: 5 * 2e-6 + 25 * 1e-3}
+    rate = _rate(SHAPE, {1: 10, 4: 25}, seconds, 3e-6)
+    assert rate.bandwidth == pytest.approx(1000 * MB) and rate.dispatch_seconds == pytest.approx(2e-6)
+    assert rate.join_seconds == 3e-6
+    # noise that would make the dispatch negative: everything counts as bandwidth
+    rate = _rate(SHAPE, {1: 10, 4: 25}, {1: 0.010, 4: 0.030}, 0.0)
+    assert rate.dispatch_seconds == 0 and rate.bandwidth == pytest.approx(10 * MB / 0.010)
 
 
 def test_shares_follow_the_statistics_and_default_to_uniform():
@@ -210,7 +243,7 @@ def test_calibrate_measures_every_device_and_restores_the_placement():
         model = eng.load(FIXTURES / "qwen3moe-f32")
         model.set_placement("2=cpu:1")
         before = model.placement
-        cal = calibrate(model, tokens=4, repeats=1)
+        cal = calibrate(model, tokens=4, repeats=1, warmup_seconds=0)
         assert model.placement == before
     assert cal.primary == "cpu:0" and set(cal.devices) == {"cpu:0", "cpu:1"}
     assert all(r.bandwidth > 0 and r.join_seconds >= 0 for r in cal.devices.values())
