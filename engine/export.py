@@ -87,7 +87,13 @@ def to_llama_cpp(placement: Placement, primary: str = "cpu:0") -> LlamaCppExport
         layer_buffers[layer] = llama_cpp_buffer(owner)
         others = [(e, d) for e, d in enumerate(row) if llama_cpp_buffer(d) != layer_buffers[layer]]
         if others:
-            listed = ", ".join(f"{e} on {d}" for e, d in others)
+            runs: list[list] = []  # [first, last, device]
+            for e, d in others:
+                if runs and runs[-1][1] == e - 1 and runs[-1][2] == d:
+                    runs[-1][1] = e
+                else:
+                    runs.append([e, e, d])
+            listed = ", ".join(f"{a}-{b} on {d}" if b > a else f"{a} on {d}" for a, b, d in runs)
             not_expressible.append(f"layer {layer}: experts {listed}: llama.cpp keeps a layer's experts in one "
                                    f"tensor per projection, so the layer goes whole to {layer_buffers[layer]} "
                                    f"({owner})")  # fmt: skip

@@ -97,11 +97,11 @@ def test_gpu_primary_and_hip_names():
 
 def test_per_expert_exceptions_are_reported_not_silently_dropped():
     config = Checkpoint.open(FIXTURES / "qwen3moe-f32").config
-    placement = Placement.parse("2=cuda:0; 2.6-7=cpu:1", config)
+    placement = Placement.parse("2=cuda:0; 2.6-7=cpu:1; 2.3=hip:0", config)
     out = export.to_llama_cpp(placement, "cpu:0")
     assert not out.exact
     (line,) = out.not_expressible
-    assert line.startswith("layer 2: experts 6 on cpu:1, 7 on cpu:1:") and "CUDA0 (cuda:0)" in line
+    assert line.startswith("layer 2: experts 3 on hip:0, 6-7 on cpu:1:") and "CUDA0 (cuda:0)" in line
     assert resolve(out.override_tensor, gguf_tensor_names(3))["blk.2.ffn_up_exps.weight"] == "CUDA0"
     assert out.layer_buffers == {0: "CPU", 2: "CUDA0"}
 
@@ -126,7 +126,7 @@ def test_export_command_llama_cpp(capsys, tmp_path, tmp_path_factory, monkeypatc
     assert export.main([str(gpu), "--format", "llama.cpp"]) == 0
     captured = capsys.readouterr()
     assert captured.out == "-ngl 0 -ot 'blk\\.(2)\\.ffn_(up|down|gate|gate_up)_(ch|)exps=CUDA0'\n"
-    assert "not expressible in llama.cpp: layer 2: experts 6 on cpu:0, 7 on cpu:0" in captured.err
+    assert "not expressible in llama.cpp: layer 2: experts 6-7 on cpu:0" in captured.err
     assert export.main([str(gpu), "--format", "llama.cpp", "--json", "-o", str(tmp_path / "o.json")]) == 0
     data = json.loads((tmp_path / "o.json").read_text())
     assert data["exact"] is False and data["layer_buffers"] == {"0": "CPU", "2": "CUDA0"}

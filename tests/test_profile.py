@@ -292,3 +292,13 @@ def test_example_profiles_fit_a_freshly_built_demo_pair(tmp_path_factory, monkey
         assert len(profile.expectations.output_sha256) == 4
         profile.placement_for(config)
         assert profile.routing_stats().hits.shape == (8, 16)
+
+
+def test_the_full_example_in_the_readme_is_a_valid_profile(tmp_path):
+    import re
+
+    text = (EXAMPLES / "README.md").read_text()
+    block = re.search(r"## A full example.*?```yaml\n(.*?)```", text, re.S).group(1)
+    profile = P.loads(block, tmp_path / "example.yaml")
+    assert profile.placement.experts == [(12, 0, 3, "cpu:0"), (12, 17, 17, "cpu:0")]
+    assert P.loads(profile.to_yaml()) == profile
