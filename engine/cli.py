@@ -1,6 +1,6 @@
 """The expertbench command line.
 
-Exit codes: 0 success, 1 a regression (later: regress), 2 bad input or usage, 130 interrupted. Errors are one
+Exit codes: 0 success, 1 a regression (regress), 2 bad input or usage, 130 interrupted. Errors are one
 line on stderr. Long work shows progress on stderr when it is a terminal and stays quiet when piped.
 """
 
@@ -13,7 +13,9 @@ import time
 
 from .demo import DEMO_PROMPTS, SIZES, ensure_demo_pair
 from .errors import EngineError
+from .export import add_parser as add_export_parser
 from .model import Engine
+from .regress import add_parser as add_regress_parser
 from .run import REDUCTION_MODES, DecodeRun, RunResult, StepEvent, check_mode
 from .speculative import MAX_DRAFT_TOKENS
 
@@ -309,6 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--json", action="store_true")
     _engine_args(dev)
     dev.set_defaults(func=cmd_devices)
+    add_regress_parser(sub)
+    add_export_parser(sub)
     return parser
 
 
