@@ -186,13 +186,30 @@ def test_example_profiles_pass_here(tmp_path_factory, monkeypatch, capsys):
 
 
 def test_no_qt_on_the_regress_path(recorded):
+    """`expertbench regress` through the real command line (engine.cli, which opens the window without a command)
+    imports neither Qt nor the app package."""
     code = (
         "import sys\n"
-        "from engine.regress import main\n"
-        f"rc = main([{str(recorded / 'base.yaml')!r}])\n"
+        "from engine.cli import main\n"
+        f"rc = main(['regress', {str(recorded / 'base.yaml')!r}])\n"
         "qt = sorted(m for m in sys.modules if m.split('.')[0] in ('PySide6', 'PyQt5', 'PyQt6', 'shiboken6', "
         "'pyqtgraph', 'app'))\n"
         "print(rc, qt)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
     assert out.strip().splitlines()[-1] == "0 []"
+
+
+def test_exit_codes_through_the_command_line(recorded, tmp_path, capsys):
+    from engine.cli import main
+
+    assert main(["regress", str(recorded / "split.yaml"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["exit_code"] == 0
+    (tmp_path / "bad.yaml").write_text("expertbench_profile: 1\nmodel: [oops]\n")
+    assert main(["regress", str(tmp_path / "bad.yaml")]) == 2
+    assert "bad.yaml:2: model: expected a mapping" in capsys.readouterr().err
+    assert main(["export", str(recorded / "split.yaml"), "--format", "hotness-csv"]) == 0
+    assert capsys.readouterr().out.startswith("# hotness table: n_layer=3 n_expert=8 n_expert_used=2")
+    with pytest.raises(SystemExit) as usage:
+        main(["regress"])  # no profile: a usage error
+    assert usage.value.code == 2
