@@ -36,6 +36,8 @@ def placements(shape: ModelShape, primary: str, peer: str, cal, stats) -> list[t
     for layer in shape.moe_layers:
         for e in range(shape.num_experts // 2, shape.num_experts):
             mixed.owners[layer][e] = peer
+    fast_primary = S.critical_path(shape, primary, peer, calibration=cal, stats=stats).placement
+    fast_peer = S.critical_path(shape, peer, primary, calibration=cal, stats=stats).placement
     out = [
         (f"all on {primary}", shape.empty_placement(primary), True),
         (f"all on {peer}", shape.empty_placement(peer), True),
@@ -45,8 +47,8 @@ def placements(shape: ModelShape, primary: str, peer: str, cal, stats) -> list[t
         (f"cold layers, {peer} 5/8", S.cold_layers(shape, peer, primary, {peer: five_eighths}).placement, False),
         (f"hot first, {peer} 1/2", S.hot_first(shape, [peer, primary], {peer: half}, stats=stats).placement, False),
         ("half of every layer on the peer", mixed, False),
-        (f"critical path, fast {primary}", S.critical_path(shape, primary, peer, cal, stats=stats).placement, False),
-        (f"critical path, fast {peer}", S.critical_path(shape, peer, primary, cal, stats=stats).placement, False),
+        (f"critical path, fast {primary}", fast_primary, False),
+        (f"critical path, fast {peer}", fast_peer, False),
     ]  # fmt: skip
     return out
 

@@ -140,7 +140,7 @@ def hot_first(shape: ModelShape, devices: list[str], budgets=None, calibration: 
     return _plan("hot experts first", shape, placement, budgets, calibration, stats)
 
 
-def critical_path(shape: ModelShape, fast: str, peer: str, calibration: Calibration, budgets=None,
+def critical_path(shape: ModelShape, fast: str, peer: str, budgets=None, calibration: Calibration | None = None,
                   stats: RoutingStats | None = None, tokens_per_step: int = 1) -> Plan:  # fmt: skip
     """Start with every expert on the peer (moving the hottest to the fast device first while the peer's budget
     is exceeded); then, most used first, move an expert to the fast device only if that lowers the predicted
@@ -196,12 +196,3 @@ def critical_path(shape: ModelShape, fast: str, peer: str, calibration: Calibrat
     notes = [f"{moved + forced} experts on {fast}" + (f" ({forced} because {peer}'s budget required it)"
                                                       if forced else "")]  # fmt: skip
     return _plan("critical-path balance", shape, placement, budgets, calibration, stats, n, notes)
-
-
-STRATEGIES = {
-    "single": single_device,
-    "uniform": uniform_split,
-    "cold-layers": cold_layers,
-    "hot-first": hot_first,
-    "critical-path": critical_path,
-}

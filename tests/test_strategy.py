@@ -185,7 +185,7 @@ def test_hot_first_respects_budgets_and_takes_the_hottest():
 def test_critical_path_only_moves_what_lowers_the_critical_path():
     stats = skewed_stats()
     all_peer = step_seconds(SHAPE, SHAPE.empty_placement("cpu:0"), CAL, stats)
-    plan = S.critical_path(SHAPE, "cuda:0", "cpu:0", CAL, budgets={"cuda:0": 15 * MB}, stats=stats)
+    plan = S.critical_path(SHAPE, "cuda:0", "cpu:0", calibration=CAL, budgets={"cuda:0": 15 * MB}, stats=stats)
     assert plan.device_bytes["cuda:0"] <= 15 * MB
     assert 1 / plan.predicted_tokens_per_second < all_peer
     # no single expert moved back to the peer would be faster: each move lowered its layer's max(fast, peer)
@@ -208,21 +208,21 @@ def test_critical_path_only_moves_what_lowers_the_critical_path():
 def test_critical_path_balances_equal_devices_and_stops_when_moving_no_longer_helps():
     # fast = the primary, peer as fast with no join cost: the best split of a layer is half and half
     cal = Calibration("cpu:0", 0.0, {"cpu:0": DeviceRate(100 * MB), "cpu:1": DeviceRate(100 * MB, 0.0)})
-    plan = S.critical_path(SHAPE, "cpu:0", "cpu:1", cal)
+    plan = S.critical_path(SHAPE, "cpu:0", "cpu:1", calibration=cal)
     for layer in SHAPE.moe_layers:
         assert plan.placement.owners[layer].count("cpu:0") == 4
     # a peer so slow that everything belongs on the fast device
     cal = Calibration("cpu:0", 0.0, {"cpu:0": DeviceRate(100 * MB), "cpu:1": DeviceRate(1 * MB, 0.01)})
-    assert S.critical_path(SHAPE, "cpu:0", "cpu:1", cal).device_bytes == {"cpu:0": SHAPE.total_bytes}
+    assert S.critical_path(SHAPE, "cpu:0", "cpu:1", calibration=cal).device_bytes == {"cpu:0": SHAPE.total_bytes}
 
 
 def test_critical_path_honours_the_peer_budget_too():
-    plan = S.critical_path(SHAPE, "cuda:0", "cpu:0", CAL, budgets={"cuda:0": 30 * MB, "cpu:0": 20 * MB})
+    plan = S.critical_path(SHAPE, "cuda:0", "cpu:0", calibration=CAL, budgets={"cuda:0": 30 * MB, "cpu:0": 20 * MB})
     assert plan.device_bytes["cpu:0"] <= 20 * MB and plan.device_bytes["cuda:0"] <= 30 * MB
     with pytest.raises(ArgumentError, match="cannot hold"):
-        S.critical_path(SHAPE, "cuda:0", "cpu:0", CAL, budgets={"cuda:0": 10 * MB, "cpu:0": 20 * MB})
+        S.critical_path(SHAPE, "cuda:0", "cpu:0", calibration=CAL, budgets={"cuda:0": 10 * MB, "cpu:0": 20 * MB})
     with pytest.raises(ArgumentError, match="needs a calibration"):
-        S.critical_path(SHAPE, "cuda:0", "cpu:0", None)
+        S.critical_path(SHAPE, "cuda:0", "cpu:0")
 
 
 # ---- on the fixture model ------------------------------------------------------------------------------------
