@@ -1,4 +1,4 @@
-"""Files the window reads and writes: a minimal placement file and llama.cpp arguments.
+"""The placement file the window reads and writes.
 
 The placement file is a stand-in for the versioned profile (engine.profile, issue 7): one YAML mapping with
 the placement's text form, plus the model it was made for, for the reader's information only:
@@ -66,33 +66,3 @@ def read_placement_text(path: str | os.PathLike) -> str:
 def open_placement(path: str | os.PathLike, config: ModelConfig, default: str) -> Placement:
     """Read and parse a placement file for a model (engine errors name the bad rule)."""
     return Placement.parse(read_placement_text(path), config, default=default)
-
-
-def llama_cpp_buffer(device: str) -> str | None:
-    """llama.cpp's name for a device's buffer type, or None where llama.cpp has no such device."""
-    runtime, _, index = device.partition(":")
-    return {"cpu": "CPU", "cuda": f"CUDA{index}", "hip": f"ROCm{index}"}.get(runtime)
-
-
-def llama_cpp_arguments(placement: Placement) -> str:
-    """`-ot` overrides that put each MoE layer's expert tensors where this placement has them.
-
-    llama.cpp stores a layer's experts in one fused tensor per projection, so only whole layers can be
-    expressed; a layer split across devices, or a device llama.cpp does not have, raises ValueError.
-    """
-    by_buffer: dict[str, list[int]] = {}
-    for layer, row in enumerate(placement.owners):
-        if not row or row[0] is None:
-            continue
-        if len(set(row)) != 1:
-            raise ValueError(f"layer {layer} is split across devices ({', '.join(sorted(set(row)))}): llama.cpp "
-                             "can only place whole expert layers")  # fmt: skip
-        buffer = llama_cpp_buffer(row[0])
-        if buffer is None:
-            raise ValueError(f"device {row[0]} has no llama.cpp equivalent (it names cpu, cuda and hip devices)")
-        by_buffer.setdefault(buffer, []).append(layer)
-    args = ["-ngl 999"]
-    for buffer, layers in by_buffer.items():
-        alternatives = "|".join(str(layer) for layer in layers)
-        args.append(f'-ot "blk\\.({alternatives})\\.ffn_.*_exps\\.={buffer}"')
-    return " ".join(args)

@@ -18,7 +18,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from . import history, placement_file, theme
+from engine.errors import EngineError
+from engine.export import LlamaCppExport, to_llama_cpp
+
+from . import history, theme
 from .devices_panel import DevicesPanel
 from .placement_editor import PlacementEditor
 from .plots import LivePlots
@@ -28,6 +31,14 @@ from .state import WorkbenchState
 
 MAX_RECENT = 8
 LAYOUT_VERSION = 1
+
+
+def llama_cpp_note(exported: LlamaCppExport) -> str:
+    """What the llama.cpp export dialog says above the arguments: where they go, and what they cannot say."""
+    lines = ["Expert tensors placed as here, for llama-cli / llama-server on the same checkpoint as GGUF:"]
+    lines += [f"Not expressible: {line}" for line in exported.not_expressible]
+    lines += [f"Note: {line}" for line in exported.notes]
+    return "\n".join(lines)
 
 
 class MainWindow(QMainWindow):
@@ -299,16 +310,14 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def export_llama(self) -> None:
-        if self.state.placement is None:
+        if self.state.placement is None or self.state.model is None:
             return
         try:
-            args = placement_file.llama_cpp_arguments(self.state.placement)
-        except ValueError as exc:
+            exported = to_llama_cpp(self.state.placement, self.state.model.primary)
+        except EngineError as exc:
             QMessageBox.warning(self, "Cannot export to llama.cpp", str(exc))
             return
-        QInputDialog.getMultiLineText(self, "llama.cpp arguments",
-                                      "Expert tensors placed as here (copy these into llama-cli / llama-server):",
-                                      args)  # fmt: skip
+        QInputDialog.getMultiLineText(self, "llama.cpp arguments", llama_cpp_note(exported), exported.command_line())
 
     @Slot()
     def export_hotness(self) -> None:

@@ -14,7 +14,6 @@ import yaml  # noqa: E402
 from app_helpers import LAYER_BYTES, TIMEOUT_MS, on_engine  # noqa: E402
 from PySide6.QtCore import QModelIndex, Qt  # noqa: E402
 
-from app import placement_file  # noqa: E402
 from app.placement_editor import decode_moves  # noqa: E402
 from engine.placement import Placement  # noqa: E402
 
@@ -170,14 +169,32 @@ def test_a_bad_placement_file_shows_an_error(qtbot, make_window, tmp_path, monke
     assert window.state.placement.owners[0] == ["cpu:0"] * 8
 
 
-def test_llama_cpp_arguments():
-    from engine.checkpoint import Checkpoint
+def test_llama_cpp_export_shows_the_engines_arguments(qtbot, make_window, monkeypatch):
+    from PySide6.QtWidgets import QInputDialog, QMessageBox
 
-    config = Checkpoint.open(os.path.join(os.path.dirname(__file__), "..", "fixtures", "qwen3moe-f32")).config
-    p = Placement.parse("0=cuda:0; 2=cpu:0", config)
-    assert placement_file.llama_cpp_arguments(p) == '-ngl 999 -ot "blk\\.(0)\\.ffn_.*_exps\\.=CUDA0" ' \
-        '-ot "blk\\.(2)\\.ffn_.*_exps\\.=CPU"'  # fmt: skip
-    with pytest.raises(ValueError, match="split"):
-        placement_file.llama_cpp_arguments(Placement.parse("0.1=cuda:0", config))
-    with pytest.raises(ValueError, match="hostsim:0"):
-        placement_file.llama_cpp_arguments(Placement.parse("0=hostsim:0", config))
+    from engine.export import to_llama_cpp
+
+    shown = []
+    monkeypatch.setattr(QInputDialog, "getMultiLineText", lambda parent, title, label, text, *a: shown.append(
+        (title, label, text)) or (text, True))  # fmt: skip
+    warned = []
+    monkeypatch.setattr(QMessageBox, "warning", lambda parent, title, text, *a: warned.append((title, text)))
+    window = make_window()
+    state = window.state
+    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        state.move({2: list(range(8))}, "hostsim:0")
+    window.act_export_llama.trigger()
+    exported = to_llama_cpp(state.placement, "cpu:0")
+    assert shown == [("llama.cpp arguments", shown[0][1], exported.command_line())]
+    assert exported.notes and all(line in shown[0][1] for line in exported.notes)  # hostsim is the CPU there
+    # A layer split across a GPU and the CPU goes whole to one of them: the engine's reason is in the dialog.
+    # (The fixture engine has no GPU: the placement is swapped under the window, which only reads it.)
+    monkeypatch.setattr(state.placement, "owners", [["cuda:0"] * 7 + ["cpu:0"], [None] * 8, ["cpu:0"] * 8])
+    window.act_export_llama.trigger()
+    exported = to_llama_cpp(state.placement, "cpu:0")
+    assert "CUDA0" in shown[1][2] and shown[1][2] == exported.command_line()
+    assert exported.not_expressible and all(line in shown[1][1] for line in exported.not_expressible)
+    # A device llama.cpp has no buffer type for: the engine's error, in a warning.
+    monkeypatch.setattr(state.placement, "owners", [["nosuch:0"] * 8, [None] * 8, ["cpu:0"] * 8])
+    window.act_export_llama.trigger()
+    assert len(shown) == 2 and warned[0][0] == "Cannot export to llama.cpp" and "nosuch:0" in warned[0][1]
