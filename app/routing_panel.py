@@ -1,7 +1,8 @@
 """Routing heat map (layers by experts) and the placement strategies.
 
 The counts come from `state.routing`, filled by a profiling pass (engine.routing.profile over the run
-panel's prompts). The strategies that need them are shown disabled until the engine's strategies land.
+panel's prompts) and refreshed after every run (the core keeps counting while it decodes). The strategies that
+need them are shown disabled until the engine's strategies land.
 """
 
 from __future__ import annotations
@@ -135,8 +136,8 @@ class RoutingPanel(QWidget):
         if self.state.routing is not None:
             self.heatmap.set_counts(self.state.routing, shape)
         else:
-            note = "No routing statistics yet:\nProfile routing fills this map" if has_model else "No model loaded"
-            self.heatmap.set_counts(None, shape, note)
+            note = "No routing statistics yet:\nProfile routing or a run fills this map"
+            self.heatmap.set_counts(None, shape, note if has_model else "No model loaded")
 
     @Slot()
     def profile(self) -> None:

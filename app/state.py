@@ -598,14 +598,19 @@ class WorkbenchState(QObject):
             if stop.is_set():
                 run.cancel()
             try:
-                return run.run(), placement
+                result = run.run()
             finally:
                 with lock:
                     side.run = None
+            # The core counts every routed pair while decoding (since load or the last profiling pass).
+            return result, placement, RoutingStats.from_model(side.target)
 
         def done(result):
             self.running = False
-            self._record(*result, settings, started)
+            result, placement, routing = result
+            self._record(result, placement, settings, started)
+            if int(routing.tokens.sum()) > 0:
+                self.set_routing(routing)
 
         def failed(exc):
             self.running = False

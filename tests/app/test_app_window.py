@@ -157,6 +157,26 @@ def test_profile_routing_with_the_engine_fills_the_heat_map(qtbot, make_window):
     assert window.editor.columns["cpu:0"].model.index(0, 0).data(HeatRole) is not None
 
 
+def test_the_heat_map_follows_the_engines_counts_after_each_run(qtbot, make_window):
+    window = make_window()
+    state = window.state
+    assert state.routing is None and window.routing.heatmap.counts is None
+    window.run_panel.tokens.setValue(4)
+    window.run_panel.prompts.setPlainText("The quick brown fox")
+    with qtbot.waitSignal(state.sigRoutingChanged, timeout=TIMEOUT_MS):
+        window.run_panel.start()
+    first = on_engine(qtbot, state, lambda side: side.target.routing_counts()[0])  # read on the engine thread
+    assert first.sum() > 0 and first[1].sum() == 0  # layer 1 is dense
+    np.testing.assert_array_equal(window.routing.heatmap.counts, first)
+    np.testing.assert_array_equal(state.routing_stats.hits, first)
+    assert window.editor.columns["cpu:0"].model.index(0, 0).data(HeatRole) is not None
+    with qtbot.waitSignal(state.sigRoutingChanged, timeout=TIMEOUT_MS):
+        window.run_panel.start()
+    second = window.routing.heatmap.counts
+    assert (second >= first).all() and second.sum() > first.sum()  # the core keeps counting across runs
+    np.testing.assert_array_equal(second, on_engine(qtbot, state, lambda side: side.target.routing_counts()[0]))
+
+
 def test_drag_hover_previews_the_bars(qtbot, make_window):
     from PySide6.QtCore import QPoint, QPointF
     from PySide6.QtGui import QDragEnterEvent, QDragLeaveEvent, QDropEvent
