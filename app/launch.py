@@ -1,4 +1,4 @@
-"""Opening the window: `python -m app [--model DIR] [--draft DIR] [--placement FILE] [--screenshot PNG]`.
+"""Opening the window: `python -m app [--model DIR] [--draft DIR] [--profile FILE] [--screenshot PNG]`.
 
 With no model the built-in synthetic demo pair opens (built into the cache the first time).
 """
@@ -16,7 +16,8 @@ def build_parser() -> argparse.ArgumentParser:
     drafts = p.add_mutually_exclusive_group()
     drafts.add_argument("--draft", metavar="DIR", help="draft model folder (default: the demo draft with the demo)")
     drafts.add_argument("--no-draft", action="store_true", help="no draft model")
-    p.add_argument("--placement", metavar="FILE", help="open a placement file once the model is loaded")
+    p.add_argument("--profile", "--placement", metavar="FILE", dest="profile",
+                   help="open a profile once the model is loaded")  # fmt: skip
     p.add_argument("--device", default="cpu:0", help="the target's primary device (default cpu:0)")
     p.add_argument("--cpu-devices", type=int, default=0, help="split the CPU into N devices (default: per NUMA node)")
     p.add_argument("--runtimes", help="runtime modules to load, comma-separated (default: cpu,cuda,hip, and "
@@ -52,14 +53,14 @@ def main(argv: list[str] | None = None) -> int:
         state.load_models(args.model, None if args.no_draft else args.draft, primary=args.device)
     else:
         state.load_models(None, primary=args.device, demo="default", demo_draft=not args.no_draft)
-    if args.placement:
+    if args.profile:
 
-        def open_placement():
+        def open_profile():
             if state.model is not None:
-                state.sigModelChanged.disconnect(open_placement)
-                window.open_placement(args.placement)
+                state.sigModelChanged.disconnect(open_profile)
+                window.open_profile(args.profile)
 
-        state.sigModelChanged.connect(open_placement)
+        state.sigModelChanged.connect(open_profile)
     if args.screenshot:
         from .screenshot import capture
 

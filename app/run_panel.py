@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
 
 from engine.demo import DEMO_PROMPTS
 from engine.errors import EngineError
+from engine.profile import Profile
 from engine.run import REDUCTION_MODES, check_mode
 from engine.speculative import MAX_DRAFT_TOKENS
 
@@ -122,6 +123,23 @@ class RunPanel(QWidget):
         return RunSettings(prompts=prompts, tokens=self.tokens.value(), repeats=self.repeats.value(),
                            q=self.q.value(), mode=self.mode.currentData(),
                            use_draft=self.draft_check.isChecked())  # fmt: skip
+
+    def apply_profile(self, profile: Profile) -> None:
+        """Take a profile's run settings (engine.profile's defaults where it gives none)."""
+        run = profile.run.resolved()
+        prompts = run["prompts"]
+        if all(isinstance(p, str) and "\n" not in p for p in prompts):
+            self.prompts.setPlainText("\n".join(prompts))
+        else:
+            self.state.sigMessage.emit("The profile's prompts are token ids: the prompts here stay as they are")
+        self.tokens.setValue(run["tokens_per_prompt"])
+        self.repeats.setValue(run["repeats"])
+        self.q.setValue(run["q"])
+        index = self.mode.findData(run["mode"])
+        if index >= 0:
+            self.mode.setCurrentIndex(index)
+        if self.state.has_draft:
+            self.draft_check.setChecked(profile.draft is not None)
 
     @Slot()
     def start(self) -> None:

@@ -13,7 +13,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -23,11 +23,12 @@ from engine.checkpoint import ModelConfig
 from engine.errors import EngineError
 from engine.model import DeviceInfo, Engine, Model, RuntimeInfo
 from engine.placement import Placement
+from engine.profile import Profile, fingerprint, load
 from engine.routing import RoutingStats, profile
 from engine.run import DecodeRun, RunResult
 from engine.speculative import check_shared_vocabulary
 
-from . import placement_file
+from . import profiles
 from .live import LiveBuffer
 from .worker import EngineWorker
 
@@ -102,6 +103,11 @@ class RunRecord:
     cancelled: bool
     seconds: float
     is_reference: bool = False  # the first complete run of its target, prompts and length
+    # what a profile saved later may expect (app.profiles): the settings, models and per-prompt hashes
+    settings: RunSettings | None = None
+    target_path: str = ""
+    draft_path: str | None = None
+    output_sha256: list[str] = field(default_factory=list)  # per prompt, when complete and every repeat agreed
 
     @property
     def short_hash(self) -> str:
@@ -137,6 +143,9 @@ class ModelSnapshot:
     placement: Placement
     devices: list[DeviceInfo]
     draft_weight_bytes: int = 0
+    demo: str | None = None  # the demo pair's size, when that is what was loaded
+    fingerprint: str | None = None  # engine.profile.fingerprint of the target folder (None if it cannot be read)
+    draft_fingerprint: str | None = None
 
 
 class _EngineSide:
@@ -148,6 +157,13 @@ class _EngineSide:
         self.draft: Model | None = None
         self.applied: Placement | None = None
         self.run: DecodeRun | None = None
+
+
+def _fingerprint(model: Model) -> str | None:
+    try:
+        return fingerprint(model.checkpoint.folder)
+    except EngineError:
+        return None
 
 
 def _expert_bytes(model: Model) -> np.ndarray:
@@ -208,7 +224,8 @@ class WorkbenchState(QObject):
         self._applies = 0  # apply tasks queued and not yet finished
         self._wanted: Placement | None = None
         self.saved_placement: Placement | None = None
-        self.placement_path: Path | None = None
+        self.profile_path: Path | None = None  # the profile file the placement was opened from or saved to
+        self.profile: Profile | None = None  # that profile (what a save keeps from it: app.profiles)
         self.running = False
         self.live = LiveBuffer()
         self.history: list[RunRecord] = []
@@ -288,6 +305,9 @@ class WorkbenchState(QObject):
                     placement=new_target.placement,
                     devices=side.engine.devices,
                     draft_weight_bytes=0 if new_draft is None else new_draft.info["weight_bytes"],
+                    demo=demo,
+                    fingerprint=_fingerprint(new_target),
+                    draft_fingerprint=None if new_draft is None else _fingerprint(new_draft),
                 )
             except BaseException:
                 if new_draft is not None:
@@ -311,7 +331,7 @@ class WorkbenchState(QObject):
         self.applied = copy_placement(snapshot.placement)
         self._wanted = copy_placement(snapshot.placement)
         self.saved_placement = copy_placement(snapshot.placement)
-        self.placement_path = None
+        self.profile_path = self.profile = None
         self._undo.clear()
         self._redo.clear()
         self.routing = self.routing_stats = None
@@ -539,37 +559,54 @@ class WorkbenchState(QObject):
 
     # ---- files -------------------------------------------------------------------------------------------
 
-    def save_placement(self, path: str | Path) -> bool:
-        if self.placement is None:
+    def save_profile(self, path: str | Path, settings: RunSettings | None = None) -> bool:
+        """Write the placement, with the model, devices, run settings and routing, as an engine.profile file."""
+        if self.placement is None or self.model is None:
             return False
         try:
-            placement_file.save_placement(path, self.placement, self.model.target_path)
-        except OSError as exc:
-            self.sigError.emit("The placement could not be saved", f"'{path}': {exc.strerror or exc}")
+            profile = profiles.build(path, self.model, self.placement, settings, self.routing_stats, self.history,
+                                     self.profile)  # fmt: skip
+            profile.save(path)
+        except (EngineError, OSError) as exc:
+            text = f"'{path}': {exc.strerror or exc}" if isinstance(exc, OSError) else str(exc)
+            self.sigError.emit("The profile could not be saved", text)
             return False
+        self.profile = profile
         self.saved_placement = copy_placement(self.placement)
-        self.placement_path = Path(path)
+        self.profile_path = Path(path)
         self.sigDirtyChanged.emit(False)
         self.sigPathChanged.emit()
-        self.sigMessage.emit(f"Saved {path}")
+        unchecked = "" if profile.expectations.output_sha256 else " (no run of these settings yet: `expertbench " \
+            "regress --record` records what it must give)"  # fmt: skip
+        self.sigMessage.emit(f"Saved {path}{unchecked}")
         return True
 
-    def open_placement(self, path: str | Path) -> bool:
+    def open_profile(self, path: str | Path) -> Profile | None:
+        """Read a profile (engine.profile: file:line errors) and put its placement and routing in the editor.
+        Refused, with the engine's error in a dialog, when it was made for another model or does not fit it."""
         if self.model is None:
             self.sigMessage.emit("Open a model first")
-            return False
+            return None
         try:
-            placement = placement_file.open_placement(path, self.model.config, self.model.primary)
-        except (placement_file.PlacementFileError, EngineError) as exc:
-            self.sigError.emit("The placement could not be opened", str(exc))
-            return False
+            profile = load(path)
+            placement = profiles.placement_for(profile, self.model)
+            routing = profile.routing_stats()
+        except EngineError as exc:
+            self.sigError.emit("The profile could not be opened", str(exc))
+            return None
         if placement != self.placement and not self.set_placement(placement, f"open {Path(path).name}"):
-            return False
+            return None
+        if routing is not None:
+            try:
+                self.set_routing(routing)
+            except ValueError as exc:
+                self.sigMessage.emit(f"The profile's routing statistics were not used: {exc}")
+        self.profile = profile
         self.saved_placement = copy_placement(placement)
-        self.placement_path = Path(path)
+        self.profile_path = Path(path)
         self.sigDirtyChanged.emit(self.dirty)
         self.sigPathChanged.emit()
-        return True
+        return profile
 
     # ---- runs --------------------------------------------------------------------------------------------
 
@@ -654,6 +691,10 @@ class WorkbenchState(QObject):
             cancelled=result.cancelled,
             seconds=result.seconds,
             is_reference=is_reference,
+            settings=settings,
+            target_path=self.model.target_path,
+            draft_path=self.model.draft_path if result.draft is not None else None,
+            output_sha256=list(result.output_sha256) if complete and result.repeats_agree else [],
         )
         self.history.append(record)
         self.sigHistoryChanged.emit()

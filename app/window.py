@@ -101,9 +101,11 @@ class MainWindow(QMainWindow):
         self.act_open_model = a("Open model folder…", self.open_model, S.Open, "open", "Open a model folder")
         self.act_open_draft = a("Open draft folder…", self.open_draft, None, None, "Open a draft model folder")
         self.act_open_demo = a("Open demo model pair", self.open_demo, None, None, "The built-in synthetic pair")
-        self.act_open_placement = a("Open placement…", self.open_placement, "Ctrl+Shift+O", "open")
-        self.act_save = a("Save placement", self.save, S.Save, "save", "Save the placement")
-        self.act_save_as = a("Save placement as…", self.save_as, S.SaveAs)
+        self.act_open_profile = a("Open profile…", self.open_profile, "Ctrl+Shift+O", "open",
+                                  "Open a profile: its placement, run settings and routing")  # fmt: skip
+        replays = "Save the placement and run settings as a profile (expertbench regress replays it)"
+        self.act_save = a("Save profile", self.save, S.Save, "save", replays)
+        self.act_save_as = a("Save profile as…", self.save_as, S.SaveAs)
         self.act_export_llama = a("llama.cpp arguments…", self.export_llama, None, "export")
         self.act_export_hotness = a("Hotness CSV…", self.export_hotness)
         self.act_export_plots = a("Plots as PNG…", self.export_plots)
@@ -122,7 +124,7 @@ class MainWindow(QMainWindow):
         for act in (self.act_open_model, self.act_open_draft, self.act_open_demo):
             m.addAction(act)
         m.addSeparator()
-        m.addAction(self.act_open_placement)
+        m.addAction(self.act_open_profile)
         self.recent_menu = m.addMenu("Open recent")
         m.addAction(self.act_save)
         m.addAction(self.act_save_as)
@@ -152,7 +154,7 @@ class MainWindow(QMainWindow):
         tb.setObjectName("toolbar-main")
         tb.setMovable(False)
         tb.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
-        for act in (self.act_open_model, self.act_open_placement, self.act_save, None, self.act_start,
+        for act in (self.act_open_model, self.act_open_profile, self.act_save, None, self.act_start,
                     self.act_stop):  # fmt: skip
             if act is None:
                 tb.addSeparator()
@@ -213,7 +215,7 @@ class MainWindow(QMainWindow):
     def _update_actions(self) -> None:
         s = self.state
         has = s.model is not None
-        for act in (self.act_save, self.act_save_as, self.act_open_placement, self.act_export_llama,
+        for act in (self.act_save, self.act_save_as, self.act_open_profile, self.act_export_llama,
                     self.act_open_draft):  # fmt: skip
             act.setEnabled(has)
         self.act_export_hotness.setEnabled(has and s.routing is not None)
@@ -228,8 +230,8 @@ class MainWindow(QMainWindow):
         if s.model is not None:
             name = Path(s.model.target_path).name
             parts.append(f"{name} (synthetic demo)" if s.model.synthetic else name)
-        if s.placement_path is not None:
-            parts.append(s.placement_path.name)
+        if s.profile_path is not None:
+            parts.append(s.profile_path.name)
         self.setWindowTitle(" — ".join(parts) + (" *" if s.dirty else ""))
 
     def _scheme_changed(self, *_args) -> None:
@@ -271,35 +273,37 @@ class MainWindow(QMainWindow):
             self.state.load_models(None, demo="default")
 
     @Slot()
-    def open_placement(self, path: str | None = None) -> None:
+    def open_profile(self, path: str | None = None) -> None:
         if not path:
-            path, _ = QFileDialog.getOpenFileName(self, "Open a placement", self._directory(),
-                                                  "Placement (*.yaml *.yml);;All files (*)")  # fmt: skip
+            path, _ = QFileDialog.getOpenFileName(self, "Open a profile", self._directory(),
+                                                  "Profile (*.yaml *.yml);;All files (*)")  # fmt: skip
         if path:
             self._remember_directory(path)
-            if self.state.open_placement(path):
-                self._add_recent("placement", path)
+            profile = self.state.open_profile(path)
+            if profile is not None:
+                self._add_recent("profile", path)
+                self.run_panel.apply_profile(profile)
 
     @Slot()
     def save(self) -> bool:
-        if self.state.placement_path is None:
+        if self.state.profile_path is None:
             return self.save_as()
-        return self.state.save_placement(self.state.placement_path)
+        return self.state.save_profile(self.state.profile_path, self.run_panel.settings())
 
     @Slot()
     def save_as(self) -> bool:
         if self.state.model is None:
             return False
-        start = str(Path(self._directory()) / "placement.yaml")
-        path, _ = QFileDialog.getSaveFileName(self, "Save the placement", start, "Placement (*.yaml *.yml)")
+        start = str(Path(self._directory()) / "profile.yaml")
+        path, _ = QFileDialog.getSaveFileName(self, "Save the profile", start, "Profile (*.yaml *.yml)")
         if not path:
             return False
         if not path.endswith((".yaml", ".yml")):
             path += ".yaml"
         self._remember_directory(path)
-        ok = self.state.save_placement(path)
+        ok = self.state.save_profile(path, self.run_panel.settings())
         if ok:
-            self._add_recent("placement", path)
+            self._add_recent("profile", path)
         return ok
 
     def _save_path(self, title: str, name: str, filt: str) -> str:
@@ -369,7 +373,7 @@ class MainWindow(QMainWindow):
             if self.confirm_discard():
                 self.state.load_models(path, None)
         else:
-            self.open_placement(path)
+            self.open_profile(path)
 
     # ---- layout and closing ------------------------------------------------------------------------------
 

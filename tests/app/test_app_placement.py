@@ -1,4 +1,4 @@
-"""The placement editor: drops move experts in the engine, bars follow, overflow is refused, undo, files."""
+"""The placement editor: drops move experts in the engine, bars follow, overflow is refused, undo, export."""
 
 import os
 
@@ -10,12 +10,10 @@ pytest.importorskip("PySide6")
 pytest.importorskip("pytestqt")
 pytest.importorskip("pyqtgraph")
 
-import yaml  # noqa: E402
 from app_helpers import LAYER_BYTES, TIMEOUT_MS, on_engine  # noqa: E402
 from PySide6.QtCore import QModelIndex, Qt  # noqa: E402
 
 from app.placement_editor import decode_moves  # noqa: E402
-from engine.placement import Placement  # noqa: E402
 
 MOVE = Qt.DropAction.MoveAction
 
@@ -127,46 +125,6 @@ def test_a_placement_the_engine_refuses_shows_an_error_and_rolls_back(qtbot, mak
     with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
         assert state.move({2: list(range(8))}, "hostsim:0")
     assert engine_owners(qtbot, state)[2] == ["hostsim:0"] * 8
-
-
-def test_save_then_reopen_gives_the_same_placement(qtbot, make_window, tmp_path):
-    window = make_window()
-    state = window.state
-    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
-        state.move({2: list(range(8)), 0: [1, 6]}, "hostsim:0")
-    saved = Placement([row[:] for row in state.placement.owners])
-    path = tmp_path / "split.yaml"
-    assert state.save_placement(path)
-    assert yaml.safe_load(path.read_text())["placement"] == saved.describe()
-    assert not state.dirty and "split.yaml" in window.windowTitle()
-    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
-        state.set_placement(Placement.single(state.model.config, "cpu:0"), "all on cpu:0")
-    assert state.dirty
-    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
-        window.open_placement(str(path))
-    assert state.placement == saved and not state.dirty
-    assert engine_owners(qtbot, state) == saved.owners
-    # A fresh window reads the same file to the same placement.
-    other = make_window(settings_file="other.ini")
-    with qtbot.waitSignal(other.state.sigPlacementApplied, timeout=TIMEOUT_MS):
-        other.open_placement(str(path))
-    assert engine_owners(qtbot, other.state) == saved.owners
-
-
-def test_a_bad_placement_file_shows_an_error(qtbot, make_window, tmp_path, monkeypatch):
-    from PySide6.QtWidgets import QMessageBox
-
-    shown = []
-    monkeypatch.setattr(QMessageBox, "critical", lambda parent, title, text, *a: shown.append((title, text)))
-    window = make_window()
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("placement: 0-2=cuda:7\n")
-    window.open_placement(str(bad))
-    assert shown and "cuda:7" in shown[-1][1]
-    bad.write_text("placement: [1, 2\n")
-    window.open_placement(str(bad))
-    assert "bad.yaml:" in shown[-1][1] and "not valid YAML" in shown[-1][1]
-    assert window.state.placement.owners[0] == ["cpu:0"] * 8
 
 
 def test_llama_cpp_export_shows_the_engines_arguments(qtbot, make_window, monkeypatch):

@@ -75,7 +75,7 @@ def test_layout_and_recent_files_are_remembered(qtbot, make_window, tmp_path):
     window.resize(1234, 777)
     window.docks["routing"].hide()
     path = tmp_path / "p.yaml"
-    assert window.state.save_placement(path)
+    assert window.state.save_profile(path)
     window._add_recent("placement", str(path))
     window.close()
     again = make_window()
