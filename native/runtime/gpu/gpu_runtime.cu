@@ -39,6 +39,7 @@
 #define gpuEventRecord hipEventRecord
 #define gpuEventElapsedTime hipEventElapsedTime
 #define gpuEventDestroy hipEventDestroy
+#define gpuEventSynchronize hipEventSynchronize
 #define gpuGetLastError hipGetLastError
 #define SHFL_DOWN(v, o) __shfl_down((v), (o))
 #else
@@ -71,6 +72,7 @@
 #define gpuEventRecord cudaEventRecord
 #define gpuEventElapsedTime cudaEventElapsedTime
 #define gpuEventDestroy cudaEventDestroy
+#define gpuEventSynchronize cudaEventSynchronize
 #define gpuGetLastError cudaGetLastError
 #define SHFL_DOWN(v, o) __shfl_down_sync(0xffffffffu, (v), (o))
 #endif
@@ -82,9 +84,21 @@ extern "C" {
 
 #define BLOCK 256
 
+// One expert of a grouped launch: its weights and its pairs [p0, p0 + m).
+struct gpu_expert_slot {
+    const void *gate, *up, *down;
+    int dtype, p0, m;
+};
+
 struct gpu_device {
     gpuStream_t stream;
     gpuEvent_t start, stop;
+    // The expert table of grouped launches: written on the host (pinned), copied on the stream. slots_copied
+    // marks when the last copy has read the host table, before it is written again.
+    gpu_expert_slot *slots_host, *slots_dev;
+    int slots_capacity;
+    gpuEvent_t slots_copied;
+    int slots_pending;
     int timing; // events recorded since the last synchronize
     int warp;
     unsigned long long busy_ns;
@@ -184,6 +198,33 @@ __global__ void down_kernel(const void *down, int dtype, int hidden, int inter, 
     }
 }
 
+// The same products for every expert of a batch in one launch each (grid.y = expert): reference mode, where every
+// pair writes its own row, so experts never write the same memory.
+__global__ void gate_up_grouped(const gpu_expert_slot *slots, int hidden, int inter, const float *x,
+                                const int *pair_token, float *h, int warp) {
+    const gpu_expert_slot s = slots[blockIdx.y];
+    int lane = threadIdx.x % warp;
+    int i = blockIdx.x * (blockDim.x / warp) + threadIdx.x / warp;
+    if (i >= inter) return;
+    for (int p = 0; p < s.m; p++) {
+        const float *xr = x + (long long)pair_token[s.p0 + p] * hidden;
+        float g = warp_dot(s.gate, s.dtype, i, hidden, xr, lane, warp);
+        float u = warp_dot(s.up, s.dtype, i, hidden, xr, lane, warp);
+        if (lane == 0) h[(long long)(s.p0 + p) * inter + i] = g / (1.0f + expf(-g)) * u;
+    }
+}
+
+__global__ void down_grouped(const gpu_expert_slot *slots, int hidden, int inter, const float *h, float *y, int warp) {
+    const gpu_expert_slot s = slots[blockIdx.y];
+    int lane = threadIdx.x % warp;
+    int j = blockIdx.x * (blockDim.x / warp) + threadIdx.x / warp;
+    if (j >= hidden) return;
+    for (int p = 0; p < s.m; p++) {
+        float v = warp_dot(s.down, s.dtype, j, inter, h + (long long)(s.p0 + p) * inter, lane, warp);
+        if (lane == 0) y[(long long)(s.p0 + p) * hidden + j] = v;
+    }
+}
+
 __global__ void zero_kernel(float *y, long long n) {
     long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i < n) y[i] = 0.0f;
@@ -206,6 +247,9 @@ static void gpu_shutdown(void *rtp) {
     for (int i = 0; i < rt->n_devices; i++) {
         (void)gpuSetDevice(i);
         (void)gpuStreamSynchronize(rt->devices[i].stream);
+        (void)gpuFreeHost(rt->devices[i].slots_host);
+        (void)gpuFree(rt->devices[i].slots_dev);
+        (void)gpuEventDestroy(rt->devices[i].slots_copied);
         (void)gpuEventDestroy(rt->devices[i].start);
         (void)gpuEventDestroy(rt->devices[i].stop);
         (void)gpuStreamDestroy(rt->devices[i].stream);
@@ -235,7 +279,8 @@ static int gpu_init(const eb_runtime_options *opt, void **out, char *err, size_t
         gpuDeviceProp prop;
         if ((e = gpuSetDevice(i)) != gpuSuccess || (e = gpuGetDeviceProperties(&prop, i)) != gpuSuccess ||
             (e = gpuStreamCreateWithFlags(&d->stream, gpuStreamNonBlocking)) != gpuSuccess ||
-            (e = gpuEventCreate(&d->start)) != gpuSuccess || (e = gpuEventCreate(&d->stop)) != gpuSuccess) {
+            (e = gpuEventCreate(&d->start)) != gpuSuccess || (e = gpuEventCreate(&d->stop)) != gpuSuccess ||
+            (e = gpuEventCreate(&d->slots_copied)) != gpuSuccess) {
             rt->n_devices = i;
             gpu_shutdown(rt);
             return fail(err, errlen, EB_ERR_DEVICE, API " device %d: %s (error %d)", i, gpuGetErrorString(e), (int)e);
@@ -362,6 +407,46 @@ static int gpu_expert_ffn(void *rtp, int dev, const eb_rt_expert_batch *b, int a
     float *h = (float *)b->scratch;
     int owner_local = b->mode == EB_REDUCE_OWNER_LOCAL;
     int rows_per_block = BLOCK / d->warp;
+    for (int i = 0; i < b->n_experts; i++)
+        if (eb_dtype_size(b->experts[i].dtype) == 0)
+            return fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d",
+                        b->experts[i].dtype);
+    if (!owner_local && b->n_experts > 0) {
+        // reference mode: two launches for the whole batch
+        if (d->slots_pending) GPU_TRY(gpuEventSynchronize(d->slots_copied), "event");
+        d->slots_pending = 0;
+        if (b->n_experts > d->slots_capacity) {
+            int cap = b->n_experts < 64 ? 64 : b->n_experts;
+            (void)gpuFreeHost(d->slots_host);
+            (void)gpuFree(d->slots_dev);
+            d->slots_host = NULL;
+            d->slots_dev = NULL;
+            d->slots_capacity = 0;
+            GPU_TRY(gpuMallocHost((void **)&d->slots_host, cap * sizeof(gpu_expert_slot)), "pinned expert table");
+            GPU_TRY(gpuMalloc((void **)&d->slots_dev, cap * sizeof(gpu_expert_slot)), "device expert table");
+            d->slots_capacity = cap;
+        }
+        for (int i = 0; i < b->n_experts; i++) {
+            const eb_rt_expert *e = &b->experts[i];
+            d->slots_host[i] = {e->gate, e->up, e->down, e->dtype, b->pair_start[i],
+                                b->pair_start[i + 1] - b->pair_start[i]};
+        }
+        GPU_TRY(gpuMemcpyAsync(d->slots_dev, d->slots_host, b->n_experts * sizeof(gpu_expert_slot),
+                               gpuMemcpyHostToDevice, d->stream),
+                "copy expert table");
+        GPU_TRY(gpuEventRecord(d->slots_copied, d->stream), "event");
+        d->slots_pending = 1;
+        dim3 gu((b->inter + rows_per_block - 1) / rows_per_block, b->n_experts);
+        dim3 dn((b->hidden + rows_per_block - 1) / rows_per_block, b->n_experts);
+        gate_up_grouped<<<gu, BLOCK, 0, d->stream>>>(d->slots_dev, b->hidden, b->inter, b->x, b->pair_token, h,
+                                                     d->warp);
+        down_grouped<<<dn, BLOCK, 0, d->stream>>>(d->slots_dev, b->hidden, b->inter, h, b->y, d->warp);
+        GPU_TRY(gpuGetLastError(), "kernel launch");
+        GPU_TRY(gpuEventRecord(d->stop, d->stream), "event");
+        d->timing = 1;
+        if (!async) return gpu_synchronize(rtp, dev, err, errlen);
+        return 0;
+    }
     if (owner_local) {
         long long n = (long long)b->n_tokens * b->hidden;
         zero_kernel<<<(unsigned)((n + BLOCK - 1) / BLOCK), BLOCK, 0, d->stream>>>(b->y, n);
@@ -370,8 +455,6 @@ static int gpu_expert_ffn(void *rtp, int dev, const eb_rt_expert_batch *b, int a
         int p0 = b->pair_start[i], m = b->pair_start[i + 1] - p0;
         if (m <= 0) continue;
         const eb_rt_expert *e = &b->experts[i];
-        if (eb_dtype_size(e->dtype) == 0)
-            return fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d", e->dtype);
         gate_up_kernel<<<(b->inter + rows_per_block - 1) / rows_per_block, BLOCK, 0, d->stream>>>(
             e->gate, e->up, e->dtype, b->hidden, b->inter, b->x, b->pair_token, p0, m, h, d->warp);
         down_kernel<<<(b->hidden + rows_per_block - 1) / rows_per_block, BLOCK, 0, d->stream>>>(
