@@ -453,6 +453,26 @@ def _kind_text(kind: str) -> str:
     return {"cpu": "CPU", "gpu": "GPU", "sim": "simulated accelerator"}[kind]
 
 
+class PlacementText(QLabel):
+    """The placement's text form. A placement split expert by expert is a long text: it never widens the window;
+    when it does not fit it ends in an ellipsis (the whole text is in the tooltip)."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+
+    def paintEvent(self, event) -> None:
+        room = self.contentsRect()
+        metrics = self.fontMetrics()
+        if metrics.horizontalAdvance(self.text()) <= room.width():
+            super().paintEvent(event)  # fits: QLabel's own painting, with mouse selection
+            return
+        p = QPainter(self)
+        p.setPen(self.palette().color(self.foregroundRole()))
+        elided = metrics.elidedText(self.text(), Qt.TextElideMode.ElideRight, room.width())
+        p.drawText(room, int(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter), elided)
+
+
 class PlacementEditor(QWidget):
     """Undo / redo, the apply indicator, the placement text, and the device columns."""
 
@@ -477,7 +497,7 @@ class PlacementEditor(QWidget):
         bar.addSpacing(8)
         bar.addWidget(self.undo_button)
         bar.addWidget(self.redo_button)
-        self.text = QLabel()
+        self.text = PlacementText()
         self.text.setObjectName("muted")
         self.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         bar.addSpacing(8)
@@ -542,8 +562,9 @@ class PlacementEditor(QWidget):
     @Slot()
     def _update_text(self) -> None:
         p = self.state.placement
-        self.text.setText("" if p is None else p.describe())
-        self.text.setToolTip("The placement in its text form (as `expertbench run --placement` reads it)")
+        text = "" if p is None else p.describe()
+        self.text.setText(text)
+        self.text.setToolTip(f"{text}\n\nThe placement in its text form (as `expertbench run --placement` reads it)")
         self.banner.hide()
 
     @Slot()
