@@ -1,22 +1,26 @@
 """Routing heat map (layers by experts) and the placement strategies.
 
 The counts come from `state.routing`, filled by a profiling pass (engine.routing.profile over the run
-panel's prompts) and refreshed after every run (the core keeps counting while it decodes). The strategies that
-need them are shown disabled until the engine's strategies land.
+panel's prompts) and refreshed after every run (the core keeps counting while it decodes). The strategies
+(app.strategies over engine.strategy) fill the editor as one undoable edit; the ones that rank experts stay
+disabled until there are counts. The predicted tokens/s is the cost model's for the placement in the editor,
+once the devices are measured (on the engine thread, once per model and device set).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Slot
+from PySide6.QtCore import Slot
 from PySide6.QtWidgets import (
     QComboBox,
     QGridLayout,
     QGroupBox,
     QHBoxLayout,
     QLabel,
+    QProgressBar,
     QPushButton,
+    QSpinBox,
     QVBoxLayout,
     QWidget,
 )
@@ -24,7 +28,7 @@ from PySide6.QtWidgets import (
 from engine.errors import EngineError
 
 from . import strategies, theme
-from .state import WorkbenchState
+from .state import WorkbenchState, format_bytes
 
 
 class HeatMap(pg.PlotWidget):
@@ -97,35 +101,68 @@ class RoutingPanel(QWidget):
         grid.addWidget(self.single_button, 0, 0)
         grid.addWidget(self.device_combo, 0, 1)
         grid.addWidget(self.uniform_button, 1, 0, 1, 2)
-        self.routing_buttons = []
-        for i, (name, what) in enumerate((("Cold layers", "whole cold layers off the fast device"),
-                                          ("Hot first", "hot experts first, under a memory budget"),
-                                          ("Critical path", "balance max(t_main, t_peer)"))):  # fmt: skip
-            b = QPushButton(name)
-            b.setEnabled(False)
-            b.setToolTip(f"{name}: {what}. It {strategies.NEEDS_ROUTING}.")
-            grid.addWidget(b, 2 + i // 2, i % 2)
-            self.routing_buttons.append(b)
-        self.predicted = QLabel("Predicted: - tokens/s")
+        fast_row = QHBoxLayout()
+        fast_row.setSpacing(6)
+        fast_label = QLabel("Fast device")
+        self.fast_combo = QComboBox()
+        self.fast_combo.setToolTip("The device the strategies below fill first")
+        self._fast_chosen = ""  # the user's pick, kept while that device exists; else _default_fast()
+        self.fast_combo.activated.connect(lambda _i: setattr(self, "_fast_chosen", self.fast_combo.currentText()))
+        self.budget = QSpinBox()
+        self.budget.setRange(1, 100)
+        self.budget.setValue(100)
+        self.budget.setSuffix(" %")
+        self.budget.valueChanged.connect(self._budget_tip)
+        self.fast_combo.currentTextChanged.connect(self._budget_tip)
+        fast_row.addWidget(fast_label)
+        fast_row.addWidget(self.fast_combo, 1)
+        fast_row.addWidget(QLabel("holds ≤"))
+        fast_row.addWidget(self.budget)
+        grid.addLayout(fast_row, 2, 0, 1, 2)
+        self.routing_buttons: dict[str, QPushButton] = {}
+        for i, (name, (text, _what, _routed)) in enumerate(strategies.STRATEGIES.items()):
+            b = QPushButton(text)
+            b.clicked.connect(lambda _=False, n=name: self.apply(n))
+            grid.addWidget(b, 3 + i // 2, i % 2)
+            self.routing_buttons[name] = b
+        predicted = QHBoxLayout()
+        predicted.setSpacing(6)
+        self.measuring = QProgressBar()
+        self.measuring.setRange(0, 0)
+        self.measuring.setFixedSize(48, 10)
+        self.measuring.setTextVisible(False)
+        self.measuring.hide()
+        self.predicted = QLabel()
         self.predicted.setObjectName("muted")
-        self.predicted.setToolTip("Predictions need measured device rates (the engine's cost model, issue 7)")
-        grid.addWidget(self.predicted, 3, 1, Qt.AlignmentFlag.AlignRight)
+        predicted.addStretch(1)
+        predicted.addWidget(self.measuring)
+        predicted.addWidget(self.predicted)
+        grid.addLayout(predicted, 4, 1)
         outer.addWidget(box)
-        for sig in (state.sigModelChanged, state.sigRoutingChanged, state.sigEngineChanged):
+        for sig in (state.sigModelChanged, state.sigRoutingChanged, state.sigEngineChanged,
+                    state.sigCalibrationChanged):  # fmt: skip
             sig.connect(self.refresh)
+        state.sigPlacementChanged.connect(self._show_prediction)
         self.refresh()
 
     @Slot()
     def refresh(self) -> None:
-        m = self.state.model
+        s = self.state
+        m = s.model
         has_model = m is not None
-        self.device_combo.clear()
-        self.device_combo.addItems(self.state.device_names)
-        if has_model:
-            self.device_combo.setCurrentText(m.primary)
+        names = s.device_names
+        keep = self.device_combo.currentText()
+        fast = self._fast_chosen if self._fast_chosen in names else self._default_fast()
+        for combo, current in ((self.device_combo, keep if keep in names else m.primary if m else ""),
+                               (self.fast_combo, fast)):  # fmt: skip
+            combo.blockSignals(True)
+            combo.clear()
+            combo.addItems(names)
+            combo.setCurrentText(current)
+            combo.blockSignals(False)
         self.single_button.setEnabled(has_model)
-        self.uniform_button.setEnabled(has_model and len(self.state.devices) > 1)
-        can_profile = has_model and self.state.routing_provider is not None
+        self.uniform_button.setEnabled(has_model and len(names) > 1)
+        can_profile = has_model and s.routing_provider is not None
         self.profile_button.setEnabled(can_profile)
         self.profile_button.setToolTip(
             "Decode the run panel's prompts and count which experts each layer's router picks"
@@ -133,30 +170,100 @@ class RoutingPanel(QWidget):
             else "Open a model first"
         )
         shape = (m.config.num_layers, m.config.num_experts) if has_model else None
-        if self.state.routing is not None:
-            self.heatmap.set_counts(self.state.routing, shape)
+        if s.routing is not None:
+            self.heatmap.set_counts(s.routing, shape)
         else:
             note = "No routing statistics yet:\nProfile routing or a run fills this map"
             self.heatmap.set_counts(None, shape, note if has_model else "No model loaded")
+        for name, button in self.routing_buttons.items():
+            text, what, routed = strategies.STRATEGIES[name]
+            if not has_model:
+                why = "Open a model first."
+            elif len(names) < 2:
+                why = "It needs a second device."
+            elif routed and s.routing is None:
+                why = "Profile routing (or make a run) first: it ranks the experts by how often the router picks them."
+            elif s.calibrating:
+                why = "Measuring the devices…"
+            else:
+                why = ""
+            button.setEnabled(not why)
+            measure = "" if s.calibration is not None else " The first use measures the devices (once per model)."
+            button.setToolTip(f"{text}: {what}.{measure}" + (f"\n{why}" if why else ""))
+        self.fast_combo.setEnabled(has_model and len(names) > 1)
+        self.budget.setEnabled(has_model and len(names) > 1)
+        self.measuring.setVisible(s.calibrating)
+        self._budget_tip()
+        self._show_prediction()
+
+    def _default_fast(self) -> str:
+        """An accelerator if there is one, else a device other than the primary, else the primary."""
+        m, devices = self.state.model, self.state.devices
+        if not devices or m is None:
+            return ""
+        gpus = [d.name for d in devices if theme.device_kind(d.name, d.kind) == "gpu"]
+        others = [d.name for d in devices if d.name != m.primary]
+        return (gpus or others or [devices[0].name])[0]
+
+    def fast_budget(self) -> int | None:
+        """Bytes of experts the fast device may hold: the budget's share of the model's experts."""
+        m = self.state.model
+        return None if m is None else self.budget.value() * m.shape.total_bytes // 100
+
+    @Slot()
+    def _budget_tip(self) -> None:
+        m, fast = self.state.model, self.fast_combo.currentText()
+        if m is None or not fast:
+            self.budget.setToolTip("The share of the model's experts the fast device may hold")
+            return
+        room = self.state.capacity.get(fast, 0)
+        self.budget.setToolTip(f"{fast} holds at most {self.budget.value()} % of the model's experts "
+                               f"({format_bytes(self.fast_budget())} of {format_bytes(m.shape.total_bytes)}), "
+                               f"and never more than it has room for ({format_bytes(room)})")  # fmt: skip
+
+    @Slot()
+    def _show_prediction(self) -> None:
+        s = self.state
+        if s.calibrating:
+            self.predicted.setText("measuring devices…")
+            self.predicted.setToolTip("The cost model measures each device once for this model (a few short decodes "
+                                      "on the engine thread)")  # fmt: skip
+            return
+        rate = s.predicted_tokens_per_second()
+        if rate is None:
+            self.predicted.setText("Predicted: - tokens/s")
+            self.predicted.setToolTip("A strategy measures the devices first; then the cost model predicts the "
+                                      "decode speed of every placement in the editor")  # fmt: skip
+            return
+        self.predicted.setText(f"Predicted: {rate:.1f} tokens/s")
+        routing = "weighted by the routing statistics" if s.routing_stats is not None else "every expert equally used"
+        self.predicted.setToolTip(f"The cost model's decode speed for the placement in the editor: target only, one "
+                                  f"token per step, {routing}; from device rates measured once for this model "
+                                  f"({', '.join(s.calibration.devices)})")  # fmt: skip
 
     @Slot()
     def profile(self) -> None:
         prompts = self.prompts_source() if self.prompts_source else []
         self.state.profile_routing(prompts)
 
+    def apply(self, name: str) -> None:
+        fast = self.fast_combo.currentText()
+        if self.state.model is not None and fast:
+            self.state.apply_strategy(name, fast, self.fast_budget())
+
     @Slot()
     def all_on(self) -> None:
         device = self.device_combo.currentText()
         if self.state.model and device:
-            self.state.set_placement(strategies.all_on(self.state.model.config, device), f"all experts on {device}")
+            self.state.set_placement(strategies.all_on(self.state.model.shape, device), f"all experts on {device}")
 
     @Slot()
     def uniform(self) -> None:
         if self.state.model is None:
             return
         try:
-            placement = strategies.uniform_split(self.state.model.config, self.state.device_names)
-        except (ValueError, EngineError) as exc:
+            placement = strategies.uniform_split(self.state.model.shape, self.state.device_names)
+        except EngineError as exc:
             self.state.sigMessage.emit(str(exc))
             return
         self.state.set_placement(placement, "uniform split")

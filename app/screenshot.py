@@ -1,5 +1,5 @@
-"""The README screenshot: open the window on the demo pair, profile routing, split the experts, make short runs,
-and save the window as a PNG.
+"""The README screenshot: open the window on the demo pair, profile routing, place the experts with the strategy
+buttons (the first measures the devices for the cost model), make short runs, and save the window as a PNG.
 
     python -m app --screenshot assets/screenshot.png
 
@@ -14,7 +14,6 @@ import sys
 from PySide6.QtCore import QEventLoop, QTimer
 from PySide6.QtWidgets import QApplication
 
-from . import strategies
 from .placement_editor import WholeRole
 from .state import WorkbenchState
 from .window import MainWindow
@@ -24,7 +23,8 @@ TIME_LIMIT_MS = 15 * 60 * 1000
 
 
 def _wait(app: QApplication, signal, limit_ms: int = TIME_LIMIT_MS, done=None) -> bool:
-    """Spin the event loop until `signal` fires (and `done()` holds, when given) or the limit passes."""
+    """Spin the event loop until `signal` (or one of a list) fires and `done()` holds, or the limit passes."""
+    signals = signal if isinstance(signal, list) else [signal]
     if done is not None and done():
         return True
     loop = QEventLoop()
@@ -35,10 +35,12 @@ def _wait(app: QApplication, signal, limit_ms: int = TIME_LIMIT_MS, done=None) -
             fired.append(True)
             loop.quit()
 
-    signal.connect(on_signal)
+    for sig in signals:
+        sig.connect(on_signal)
     QTimer.singleShot(limit_ms, loop.quit)
     loop.exec()
-    signal.disconnect(on_signal)
+    for sig in signals:
+        sig.disconnect(on_signal)
     return bool(fired)
 
 
@@ -46,15 +48,29 @@ def _idle(state: WorkbenchState) -> bool:
     return not state.busy and not state.running
 
 
-def _expand_split_layers(window: MainWindow) -> None:
+def _expand_first_split_layer(window: MainWindow) -> None:
     for view in (col.view for col in window.editor.columns.values()):
         m = view.model()
         for row in range(m.rowCount()):
             if not m.index(row, 0).data(WholeRole):
                 view.expand(m.index(row, 0))
+                break
 
 
-def capture(window: MainWindow, path: str, tokens: int = 32, runs: int = 3) -> int:
+def _strategy(app: QApplication, window: MainWindow, name: str, errors: list[str]) -> None:
+    """Click a strategy button and wait for its edit to reach the engine (after measuring the devices)."""
+    state = window.state
+    before = state.placement
+    window.routing.routing_buttons[name].click()
+
+    def settled() -> bool:
+        return bool(errors) or (not state.calibrating and not state.applying and state.placement != before)
+
+    if not _wait(app, [state.sigPlacementApplied, state.sigError], done=settled):
+        errors.append(f"the {name} strategy did not apply in time")
+
+
+def capture(window: MainWindow, path: str, tokens: int = 32, runs: int = 3, budget: int = 50) -> int:
     app = QApplication.instance()
     state = window.state
     errors: list[str] = []
@@ -67,20 +83,19 @@ def capture(window: MainWindow, path: str, tokens: int = 32, runs: int = 3) -> i
         errors.append("the model did not load in time")
     if state.model is not None and state.profile_routing(window.run_panel.settings().prompts):
         _wait(app, state.sigRoutingChanged, done=lambda: state.routing is not None or bool(errors))
-    split = state.model is not None and len(state.devices) > 1
-    if split:
-        state.set_placement(strategies.uniform_split(state.model.config, state.device_names), "uniform split")
+    split = state.model is not None and len(state.devices) > 1 and state.routing is not None
+    window.routing.budget.setValue(budget)
+    if split and not errors:  # whole layers first: the fast device holds `budget` % of the experts
+        _strategy(app, window, "cold-layers", errors)
     panel = window.run_panel
     panel.tokens.setValue(tokens)
     panel.repeats.setValue(1)
     for i in range(runs):
         if errors or state.model is None:
             break
-        if i == 1 and split:  # split one layer's experts across devices too: the output must not change
-            layer = state.model.config.moe_layers[0]
-            half = list(range(state.model.config.num_experts // 2, state.model.config.num_experts))
-            state.move({layer: half}, state.device_names[-1])
-            _expand_split_layers(window)
+        if i == 1 and split:  # the hottest experts on the fast device, layers split: the output must not change
+            _strategy(app, window, "hot-first", errors)
+            _expand_first_split_layer(window)
         if i == 2:
             panel.q.setValue(3)
         panel.start()

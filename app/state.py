@@ -20,6 +20,7 @@ import numpy as np
 from PySide6.QtCore import QObject, Signal
 
 from engine.checkpoint import ModelConfig
+from engine.costmodel import Calibration, ModelShape, calibrate, predict_tokens_per_second
 from engine.errors import EngineError
 from engine.model import DeviceInfo, Engine, Model, RuntimeInfo
 from engine.placement import Placement
@@ -28,7 +29,7 @@ from engine.routing import RoutingStats, profile
 from engine.run import DecodeRun, RunResult
 from engine.speculative import check_shared_vocabulary
 
-from . import profiles
+from . import profiles, strategies
 from .live import LiveBuffer
 from .worker import EngineWorker
 
@@ -53,6 +54,12 @@ PROFILE_TOKENS = 32  # greedy tokens generated after each prompt when profiling 
 def profile_routing(model: Model, prompts: list[str]) -> RoutingStats:
     """engine.routing's profiling pass over text prompts (runs on the engine thread)."""
     return profile(model, [model.encode(p) for p in prompts], tokens_per_prompt=PROFILE_TOKENS)
+
+
+def calibrate_devices(model: Model, devices: list[str]) -> Calibration:
+    """engine.costmodel's measurement of every device (runs on the engine thread: a few short decodes with
+    every expert on each device in turn; the placement is restored after)."""
+    return calibrate(model, devices)
 
 
 def format_bytes(n: float) -> str:
@@ -142,6 +149,7 @@ class ModelSnapshot:
     expert_bytes: np.ndarray  # [layer, expert] bytes of each expert (0 for dense layers)
     placement: Placement
     devices: list[DeviceInfo]
+    shape: ModelShape  # what the cost model and the strategies know of the target
     draft_weight_bytes: int = 0
     demo: str | None = None  # the demo pair's size, when that is what was loaded
     fingerprint: str | None = None  # engine.profile.fingerprint of the target folder (None if it cannot be read)
@@ -199,6 +207,7 @@ class WorkbenchState(QObject):
     sigRunFinished = Signal(object)  # RunRecord
     sigHistoryChanged = Signal()
     sigRoutingChanged = Signal()
+    sigCalibrationChanged = Signal()  # measuring started or ended; the cost model's figures changed
 
     def __init__(self, parent: QObject | None = None):
         super().__init__(parent)
@@ -234,6 +243,13 @@ class WorkbenchState(QObject):
         self.routing_stats: RoutingStats | None = None
         # (model, prompts) -> RoutingStats or a hits array; replaceable (tests inject their own)
         self.routing_provider: Callable[[Model, list[str]], RoutingStats | np.ndarray] | None = profile_routing
+        # the cost model's figures for the loaded model and devices (None until measured), and every set measured
+        self.calibration: Calibration | None = None
+        self.calibrating = False
+        self._calibrations: dict[tuple, Calibration] = {}
+        self._after_calibration: list[Callable[[], None]] = []
+        # (model, device names) -> Calibration on the engine thread; replaceable (tests inject fixed figures)
+        self.calibration_provider: Callable[[Model, list[str]], Calibration] = calibrate_devices
 
     # ---- engine and models -------------------------------------------------------------------------------
 
@@ -304,6 +320,7 @@ class WorkbenchState(QObject):
                     expert_bytes=_expert_bytes(new_target),
                     placement=new_target.placement,
                     devices=side.engine.devices,
+                    shape=ModelShape.from_model(new_target),
                     draft_weight_bytes=0 if new_draft is None else new_draft.info["weight_bytes"],
                     demo=demo,
                     fingerprint=_fingerprint(new_target),
@@ -336,12 +353,15 @@ class WorkbenchState(QObject):
         self._redo.clear()
         self.routing = self.routing_stats = None
         self._set_devices(snapshot.devices)
+        self.calibration = self._calibrations.get(self.calibration_key())
+        self._after_calibration.clear()
         self.sigModelChanged.emit()
         self.sigPlacementChanged.emit()
         self.sigUndoChanged.emit()
         self.sigDirtyChanged.emit(False)
         self.sigPathChanged.emit()
         self.sigRoutingChanged.emit()
+        self.sigCalibrationChanged.emit()
 
     def _set_devices(self, devices: list[DeviceInfo]) -> None:
         self.devices = devices
@@ -744,6 +764,95 @@ class WorkbenchState(QObject):
             return None
         top = self.routing.max(axis=1, keepdims=True)
         return np.divide(self.routing, top, out=np.zeros_like(self.routing), where=top > 0)
+
+    # ---- cost model and strategies ----------------------------------------------------------------------
+
+    def calibration_key(self) -> tuple | None:
+        """What a calibration holds for: the model, its primary device and the engine's devices."""
+        if self.model is None:
+            return None
+        return self.model.fingerprint or self.model.target_path, self.model.primary, tuple(self.device_names)
+
+    def calibrate(self, then: Callable[[], None] | None = None) -> bool:
+        """Have the cost model's figures for this model and these devices: measured once on the engine thread
+        (sigCalibrationChanged when it starts and ends), then kept. `then` runs once they are there (at once
+        when they already are); False when there is no model."""
+        key = self.calibration_key()
+        if key is None:
+            return False
+        if self.calibration is not None:
+            if then is not None:
+                then()
+            return True
+        if then is not None:
+            self._after_calibration.append(then)
+        if self.calibrating:
+            return True
+        self.calibrating = True
+        provider, side, devices = self.calibration_provider, self._side, list(self.device_names)
+
+        def done(calibration: Calibration):
+            self._calibrations[key] = calibration
+            self.calibrating = False
+            if key != self.calibration_key():  # another model was loaded meanwhile: measure that one if asked
+                if not (self._after_calibration and self.calibrate()):
+                    self.sigCalibrationChanged.emit()
+                return
+            self.calibration = calibration
+            waiting, self._after_calibration = self._after_calibration, []
+            self.sigCalibrationChanged.emit()
+            for fn in waiting:
+                fn()
+
+        def failed(exc):
+            self.calibrating = False
+            self._after_calibration.clear()
+            self.sigCalibrationChanged.emit()
+            self._fail("The devices could not be measured", exc)
+
+        label = "measuring the devices for the cost model" + (" (after the run)" if self.running else "")
+        self.worker.submit(lambda: provider(side.target, devices), done, failed, label)
+        self.sigCalibrationChanged.emit()
+        return True
+
+    def predicted_tokens_per_second(self, placement: Placement | None = None) -> float | None:
+        """The cost model's decode tokens/s for a placement (the edited one by default), weighted by the
+        routing statistics when there are some; None until the devices are measured."""
+        placement = placement or self.placement
+        if self.calibration is None or self.model is None or placement is None:
+            return None
+        try:
+            return predict_tokens_per_second(self.model.shape, placement, self.calibration, self.routing_stats)
+        except EngineError:
+            return None
+
+    def apply_strategy(self, name: str, fast: str, fast_budget: int | None = None) -> bool:
+        """Fill the editor with a strategy of app.strategies.STRATEGIES (one undoable edit). The fast device holds at
+        most fast_budget bytes of experts; every device at most what it has room for. Measures the devices
+        first when that has not been done (the edit then comes when the measurement ends)."""
+        if self.model is None:
+            return False
+        text, _what, routed = strategies.STRATEGIES[name]
+        if routed and self.routing_stats is None:
+            self.sigMessage.emit(f"{text} needs routing statistics: profile routing or make a run first")
+            return False
+        if self.calibration is None:
+            return self.calibrate(lambda: self.apply_strategy(name, fast, fast_budget))
+        budgets = dict(self.capacity)
+        if fast_budget is not None:
+            budgets[fast] = min(budgets.get(fast, fast_budget), fast_budget)
+        try:
+            plan = strategies.plan(name, self.model.shape, self.device_names, self.model.primary, fast, budgets,
+                                   self.calibration, self.routing_stats)  # fmt: skip
+        except EngineError as exc:
+            self.sigMessage.emit(f"{text}: {exc}")
+            return False
+        label = f"{plan.strategy}, {fast} up to {format_bytes(budgets[fast])}"
+        if not self.set_placement(plan.placement, label):
+            return False
+        if plan.notes:
+            self.sigMessage.emit(f"{label[0].upper()}{label[1:]}: {'; '.join(plan.notes)}")
+        return True
 
     # ---- shutdown ----------------------------------------------------------------------------------------
 

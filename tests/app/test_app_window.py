@@ -112,7 +112,7 @@ def test_routing_heat_map_from_an_injected_provider_and_the_strategies(qtbot, ma
     window = make_window()
     state = window.state
     panel = window.routing
-    assert all(not b.isEnabled() and "issue 7" in b.toolTip() for b in panel.routing_buttons)
+    assert not panel.routing_buttons["hot-first"].isEnabled()
     cfg = state.model.config
     counts = np.zeros((cfg.num_layers, cfg.num_experts))
     counts[0] = np.arange(8)
@@ -130,7 +130,7 @@ def test_routing_heat_map_from_an_injected_provider_and_the_strategies(qtbot, ma
         state.move({0: [6, 7]}, "hostsim:0")
     sim = window.editor.columns["hostsim:0"].model
     assert sim.index(0, 0).data(ShareRole) == pytest.approx(13 / 28)
-    assert window.act_export_hotness.isEnabled()
+    assert window.act_export_hotness.isEnabled() and panel.routing_buttons["hot-first"].isEnabled()
     state.routing_stats.write_hotness_csv(tmp_path / "hot.csv")  # what File > Export > Hotness CSV writes
     np.testing.assert_array_equal(RoutingStats.read_hotness_csv(tmp_path / "hot.csv").hits, counts)
 
@@ -201,14 +201,20 @@ def test_screenshot_command_writes_a_png(qtbot, make_window, tmp_path):
     from PySide6.QtGui import QImage
 
     from app.screenshot import capture
+    from engine.costmodel import Calibration, DeviceRate
 
     window = make_window()
+    cal = Calibration("cpu:0", 0.001, {"cpu:0": DeviceRate(bandwidth=2e9), "hostsim:0": DeviceRate(bandwidth=8e9)})
+    window.state.calibration_provider = lambda model, devices: cal  # fixed figures: no timing here
     path = tmp_path / "shot.png"
     assert capture(window, str(path), tokens=6, runs=2) == 0
     image = QImage(str(path))
     assert (image.width(), image.height()) == (1600, 1000)
-    assert len(window.state.history) == 2
-    assert window.state.history[1].placement == "0.0-3=cpu:0; 0.4-7=hostsim:0; 2=hostsim:0"
+    history = window.state.history
+    assert len(history) == 2
+    assert history[0].placement == "0=cpu:0; 2=hostsim:0"  # cold layers: half of the experts, whole layers
+    assert "hostsim:0" in history[1].placement and history[1].placement.count(".") >= 2  # hot first: split layers
+    assert history[1].stable and window.routing.predicted.text().startswith("Predicted: ")
 
 
 def test_python_m_app_help():
