@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -78,7 +79,7 @@ def _matching_run(
 
 
 def build(path: str | os.PathLike, model: ModelSnapshot, placement: Placement, settings: RunSettings | None,
-          routing: RoutingStats | None = None, history: list[RunRecord] = (), base: Profile | None = None
+          routing: RoutingStats | None = None, history: Sequence[RunRecord] = (), base: Profile | None = None
           ) -> Profile:  # fmt: skip
     """The profile to save at `path`: see the module docstring. Raises ProfileError if engine.profile would
     not read it back."""
