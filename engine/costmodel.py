@@ -17,8 +17,9 @@ n tokens: expert e is read once if any token picks it, 1 - (1 - p_e)^n, a peer i
 
 A Calibration holds the measured figures: fixed seconds per step, and per device the expert weight bandwidth
 (bytes/s), the dispatch time per layer step it runs experts in, and (peers) the per-join latency. calibrate()
-measures them with the engine on the real devices (short decodes with every expert on the primary, and with
-every expert on each peer, one and four positions per step, reading the engine's busy-time and expert counters);
+measures them with the engine on the real devices (short decodes with every expert on the primary, and with as
+many expert layers as fit on each peer, one and four positions per step, reading the engine's busy-time and
+expert counters);
 everything else here is a pure function of fixed figures, so tests check the logic without timing.
 """
 
@@ -268,34 +269,66 @@ def _default_prompt(model) -> list[int]:
     return [(7 * i + 3) % model.config.vocab_size for i in range(12)]
 
 
+def _layers_that_fit(model, shape: ModelShape, device: str) -> int:
+    """How many MoE layers' experts a peer can hold for a calibration run: all of them on a device that reads the
+    mapped checkpoint (a CPU device), else as many as its free memory allows, keeping a tenth of it (and 64 MiB)
+    for staging arenas."""
+    info = {d.name: d for d in model.engine.devices}.get(device)
+    if info is None:
+        raise ArgumentError(f"calibration: no device named {device!r}")
+    n_moe = len(shape.moe_layers)
+    if info.kind == "cpu":
+        return n_moe
+    room = info.memory_free - info.memory_free // 10 - (64 << 20)
+    k = min(n_moe, max(room, 0) // max(shape.layer_bytes, 1))
+    if k < 1:
+        raise ArgumentError(
+            f"calibration: {device} has {info.memory_free / 2**20:.0f} MiB free, not enough for one layer of experts "
+            f"({shape.layer_bytes / 2**20:.0f} MiB) and the staging it needs"
+        )
+    return int(k)
+
+
+def _first_layers_on(shape: ModelShape, primary: str, device: str, k: int) -> Placement:
+    placement = shape.empty_placement(primary)
+    for layer in shape.moe_layers[:k]:
+        placement.owners[layer] = [device] * shape.num_experts
+    return placement
+
+
 def calibrate(model, devices: list[str] | None = None, tokens: int = 32, repeats: int = 3,
               warmup_seconds: float = 0.5) -> Calibration:  # fmt: skip
     """Measure the figures of the cost model on the real devices (the model's placement is restored after).
 
-    Run A puts every expert on the primary P, run B_d every expert on peer d, each at one and at four positions
-    per step. P's expert time is its busy time in A less its busy time in B (the same dense work, no experts);
-    a peer's is its busy time in B_d. Per device, expert time = layers x dispatch + experts run x expert bytes /
-    bandwidth, at two numbers of experts run (the counters count them), gives dispatch and bandwidth. fixed =
-    step(A) - P's expert time; a peer's join latency is what remains of step(B_d) after fixed and its expert
-    time, per MoE layer. With no peer, the primary's bytes per token over step(A) stand for the bandwidth."""
+    Run A puts every expert on the primary P; run B_d puts the first k_d MoE layers' experts on peer d (every
+    layer when they fit, as many as fit otherwise: a GPU smaller than the model is the usual case) and the rest on
+    P; each at one and at four positions per step. Per layer only one device works, so P's expert time for all
+    layers is (busy_P(A) - busy_P(B_d)) x layers / k_d; a peer's is its busy time in B_d. Per device, expert time
+    = layers run x dispatch + experts run x expert bytes / bandwidth, at two numbers of experts run (the counters
+    count them), gives dispatch and bandwidth. fixed = step(A) - P's expert time; a peer's join latency is what
+    remains of step(B_d) after fixed, P's share of B_d and the peer's expert time, per layer it ran. With no
+    peer, the primary's bytes per token over step(A) stand for the bandwidth."""
     shape = ModelShape.from_model(model)
     primary = model.device
     peers = [d for d in (devices or [x.name for x in model.engine.devices]) if d != primary]
+    layers = {d: _layers_that_fit(model, shape, d) for d in peers}
+    n_moe = len(shape.moe_layers)
     saved = model.placement
 
     def measure(device: str, batch: int) -> dict:
-        return measure_decode(model, shape.empty_placement(device), tokens, repeats, None, warmup_seconds, batch)
+        placement = _first_layers_on(shape, primary, device, layers.get(device, n_moe))
+        return measure_decode(model, placement, tokens, repeats, None, warmup_seconds, batch)
 
     try:
         a = {n: measure(primary, n) for n in (1, 4)}
         b = {d: {n: measure(d, n) for n in (1, 4)} for d in peers}
     finally:
         model.set_placement(saved)
-    n_moe = len(shape.moe_layers)
     rates: dict[str, DeviceRate] = {}
+    expert_time = {}
     if b:
-        expert_time = {n: max(a[n]["busy"][primary] - statistics.median(m[n]["busy"][primary] for m in b.values()),
-                              1e-9) for n in (1, 4)}  # fmt: skip
+        expert_time = {n: max(statistics.median((a[n]["busy"][primary] - m[n]["busy"][primary]) * n_moe / layers[d]
+                                                for d, m in b.items()), 1e-9) for n in (1, 4)}  # fmt: skip
         rates[primary] = _rate(shape, {n: a[n]["experts"][primary] for n in (1, 4)}, expert_time, 0.0)
         fixed = max(a[1]["seconds"] - expert_time[1], 0.0)
     else:
@@ -303,17 +336,20 @@ def calibrate(model, devices: list[str] | None = None, tokens: int = 32, repeats
         rates[primary] = DeviceRate(bandwidth)
         fixed = a[1]["seconds"] - a[1]["experts"][primary] * shape.expert_bytes / bandwidth
     for d, m in b.items():
+        k = layers[d]
         busy = {n: max(m[n]["busy"][d], 1e-9) for n in (1, 4)}
-        join = max((m[1]["seconds"] - fixed - busy[1]) / n_moe, 0.0)
-        rates[d] = _rate(shape, {n: m[n]["experts"][d] for n in (1, 4)}, busy, join)
-    measured = {"tokens": tokens, "repeats": repeats, "all_on_primary": a, "all_on_peer": b}
+        rest = expert_time[1] * (n_moe - k) / n_moe  # P's experts in the layers d did not hold
+        join = max((m[1]["seconds"] - fixed - rest - busy[1]) / k, 0.0)
+        rates[d] = _rate(shape, {n: m[n]["experts"][d] for n in (1, 4)}, busy, join, k)
+    measured = {"tokens": tokens, "repeats": repeats, "peer_layers": layers, "all_on_primary": a, "on_peer": b}
     return Calibration(primary, fixed, rates, measured)
 
 
-def _rate(shape: ModelShape, experts: dict, seconds: dict, join: float) -> DeviceRate:
-    """Solve seconds[n] = layers * dispatch + experts[n] * expert_bytes / bandwidth from n = 1 and n = 4; when
-    noise makes that meaningless (no more experts, a negative part), all of the time counts as bandwidth."""
-    n_moe = len(shape.moe_layers)
+def _rate(shape: ModelShape, experts: dict, seconds: dict, join: float, layers: int | None = None) -> DeviceRate:
+    """Solve seconds[n] = layers * dispatch + experts[n] * expert_bytes / bandwidth from n = 1 and n = 4 (layers:
+    the MoE layers the device ran experts in; all by default); when noise makes that meaningless (no more
+    experts, a negative part), all of the time counts as bandwidth."""
+    n_moe = layers if layers is not None else len(shape.moe_layers)
     more = experts[4] - experts[1]
     if more > 0.5 * n_moe and seconds[4] > seconds[1]:
         per_expert = (seconds[4] - seconds[1]) / more
