@@ -151,10 +151,10 @@ def layer_seconds(
     for device, p in zip(owners, shares, strict=True):
         picks[device] = picks.get(device, 0.0) + p
         distinct[device] = distinct.get(device, 0.0) + (1.0 - (1.0 - p) ** tokens_per_step)
-    return _layer_time(shape, picks, distinct, calibration, tokens_per_step)
+    return layer_time(shape, picks, distinct, calibration, tokens_per_step)
 
 
-def _layer_time(shape: ModelShape, picks: dict, distinct: dict, cal: Calibration, n: int) -> float:
+def layer_time(shape: ModelShape, picks: dict, distinct: dict, cal: Calibration, n: int) -> float:
     devices = [d for d, m in picks.items() if m > 1e-12]
     if n == 1 and len(devices) > 1 and math.comb(shape.top_k + len(devices) - 1, len(devices) - 1) <= 5000:
         return _expected_max(shape, devices, picks, cal)

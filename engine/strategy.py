@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .costmodel import Calibration, ModelShape, _layer_time, expert_shares, predict_tokens_per_second
+from .costmodel import Calibration, ModelShape, expert_shares, layer_time, predict_tokens_per_second
 from .errors import ArgumentError
 from .placement import Placement
 from .routing import RoutingStats
@@ -179,9 +179,9 @@ def critical_path(shape: ModelShape, fast: str, peer: str, budgets=None, calibra
             continue
         if room_fast < shape.expert_bytes:
             break
-        before = _layer_time(shape, picks[layer], distinct[layer], calibration, n)
+        before = layer_time(shape, picks[layer], distinct[layer], calibration, n)
         move(layer, e)
-        if _layer_time(shape, picks[layer], distinct[layer], calibration, n) < before - 1e-15:
+        if layer_time(shape, picks[layer], distinct[layer], calibration, n) < before - 1e-15:
             room_fast -= shape.expert_bytes
             need_peer -= shape.expert_bytes
             moved += 1
