@@ -145,7 +145,16 @@ class Engine(_Handle):
 
     def device_index(self, name: str) -> int:
         idx = ffi.new("int32_t *")
-        check(lib.eb_engine_find_device(self._live(), name.encode(), idx))
+        try:
+            check(lib.eb_engine_find_device(self._live(), name.encode(), idx))
+        except RangeError as exc:
+            runtime = name.partition(":")[0]
+            if runtime in self.load_errors:
+                raise RangeError(f"{exc}: runtime '{runtime}' did not load: {self.load_errors[runtime]}") from None
+            if runtime not in [r.name for r in self.runtimes]:
+                hint = f"--runtime {runtime} on the command line, Engine(runtimes=(..., '{runtime}')) from Python"
+                raise RangeError(f"{exc}: runtime '{runtime}' is not loaded (load it too: {hint})") from None
+            raise
         return idx[0]
 
     def load(self, model: str | os.PathLike | Checkpoint, device: str = "cpu:0") -> Model:

@@ -106,3 +106,12 @@ def test_decode_returns_independent_arrays():
             b = ctx.decode([4])
             assert a.flags.owndata and b.flags.owndata
             assert not np.shares_memory(a, b)
+
+
+def test_unknown_device_of_a_runtime_not_loaded_says_how_to_load_it():
+    from engine.errors import RangeError
+
+    with Engine() as eng, pytest.raises(RangeError, match="runtime 'hostsim' is not loaded.*--runtime hostsim"):
+        eng.device_index("hostsim:0")
+    with Engine(runtimes=("cpu", "nosuch"), strict=False) as eng, pytest.raises(RangeError, match="did not load"):
+        eng.device_index("nosuch:0")
