@@ -46,8 +46,16 @@ class BuildWithRuntimes(build_ext):
             self._compile_gpu([hipcc, *common, *flags, "-o", out, source], {"HIP_PLATFORM": "amd"})
 
     def _compile_gpu(self, cmd: list[str], env: dict | None = None):
+        """A GPU module that fails to build is left out with a warning: the CPU engine still installs, and the
+        runtime then reports the module as missing (tests fail where the compiler exists but the module does not)."""
         print(" ".join(cmd))
-        subprocess.run(cmd, check=True, env={**os.environ, **(env or {})})
+        try:
+            subprocess.run(cmd, check=True, env={**os.environ, **(env or {})})
+        except (OSError, subprocess.CalledProcessError) as exc:
+            print(
+                f"warning: {Path(cmd[0]).name} could not build {Path(cmd[-2]).name}: {exc}; set EXPERTBENCH_NO_GPU=1 "
+                "to skip GPU modules"
+            )
 
     def build_cpu_runtime(self, out_dir: Path, name: str, macros: list):
         cc = self.compiler
