@@ -49,6 +49,7 @@ class BuildWithRuntimes(build_ext):
         """A GPU module that fails to build is left out with a warning: the CPU engine still installs, and the
         runtime then reports the module as missing (tests fail where the compiler exists but the module does not)."""
         print(" ".join(cmd))
+        Path(cmd[-2]).unlink(missing_ok=True)  # never leave an older build in place of a failed one
         try:
             subprocess.run(cmd, check=True, env={**os.environ, **(env or {})})
         except (OSError, subprocess.CalledProcessError) as exc:

@@ -4,6 +4,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -143,13 +144,19 @@ def test_devices_json(capsys):
         assert any(n.startswith(f"{runtime}:") for n in names) or runtime in report["unavailable"]
 
 
-def test_devices_lists_unavailable_runtimes_with_their_reason(capsys):
+def test_devices_lists_every_built_runtime_with_devices_or_its_reason(capsys):
+    from engine.native import core_location
+
     assert main(["devices"]) == 0
     out = capsys.readouterr().out
     assert "runtime cpu:" in out and "cpu:0" in out
-    for line in out.splitlines():
-        if "unavailable" in line:
-            assert "no device" in line or "does not exist" in line
+    for runtime in ("hostsim", "cuda", "hip"):
+        if not (Path(core_location()) / f"expertbench_rt_{runtime}.so").is_file():
+            continue
+        listed = f"runtime {runtime}: " in out
+        assert listed, f"{runtime} is built but not listed"
+        line = next(ln for ln in out.splitlines() if ln.startswith(f"runtime {runtime}: "))
+        assert "device(s)" in line or "unavailable - runtime module" in line and "no device" in line
 
 
 def test_console_script_and_module_entry_points():

@@ -85,3 +85,10 @@ def test_gpu_experts_match_transformers_and_cpu_tokens(runtime, name):
                 rel = np.linalg.norm(rows - logits, axis=1) / np.linalg.norm(logits, axis=1)
                 assert rel.max() < 1e-4, f"{text} {mode}: {rel.max():.2e}"
         assert model.counters()["devices"][gpu]["rows"] > 0
+
+
+def test_a_device_that_cannot_read_host_memory_cannot_be_the_primary():
+    from engine.errors import UnsupportedError
+
+    with Engine(runtimes=("cpu", "hostsim")) as eng, pytest.raises(UnsupportedError, match="must be a CPU device"):
+        eng.load(FIXTURES / "qwen3-f32", device="hostsim:0")

@@ -18,17 +18,19 @@ PLACEMENTS = {
 }
 
 
-@pytest.fixture
-def engine():
-    with Engine(runtimes=("cpu", "hostsim"), cpu_devices=2, cpu_threads=1) as eng:
+@pytest.fixture(params=[1, 2], ids=["1-thread devices", "2-thread devices"])
+def engine(request):
+    # with two threads per device the pools' workers run beside the peer branches, as users run it
+    with Engine(runtimes=("cpu", "hostsim"), cpu_devices=2, cpu_threads=request.param) as eng:
         yield eng
 
 
 def trace(model, placement, mode="reference"):
-    """Logits of a prefill, 8 single decode steps and one 4-position batch, under a placement."""
+    """Logits of a prefill, 8 single decode steps and one 4-position batch, under a placement (None: as it is)."""
     ref = np.load(FIXTURES / model.checkpoint.folder.name / "reference.npz")
     prompt, generated = ref["prompt_ids"], ref["generated_ids"]
-    model.set_placement(placement)
+    if placement is not None:
+        model.set_placement(placement)
     with model.context() as ctx:
         ctx.mode = mode
         rows = [ctx.prefill(prompt)] + [ctx.decode([t]) for t in generated[:8]] + [ctx.decode(generated[8:12])]
@@ -141,8 +143,16 @@ def test_placement_bytes_predicts_per_device_memory(engine):
     assert model.placement.describe() == "0-2=cpu:0"  # nothing moved
 
 
-def check_old_placement_still_works(model, expected_logits):
-    assert np.array_equal(trace(model, model.placement), expected_logits)
+def weights_state(model):
+    c = model.counters()
+    return c["uploads"], {d: (v["weight_bytes"], v["allocated_bytes"]) for d, v in c["devices"].items()}
+
+
+def check_old_placement_still_works(model, expected_logits, before):
+    """The refused call changed nothing: no upload, the same bytes per device, the same logits without
+    re-applying anything."""
+    assert weights_state(model) == before
+    assert np.array_equal(trace(model, None), expected_logits)
 
 
 @pytest.mark.parametrize(
@@ -158,11 +168,12 @@ def check_old_placement_still_works(model, expected_logits):
 )
 def test_bad_placement_text_is_refused_and_old_placement_kept(engine, text, error, message):
     model = engine.load(FIXTURES / "qwen3moe-f32")
-    before = trace(model, "0=hostsim:0")
+    logits = trace(model, "0=hostsim:0")
+    state = weights_state(model)
     with pytest.raises(error, match=message):
         model.set_placement(text)
     assert model.placement.describe() == "0=hostsim:0; 2=cpu:0"
-    check_old_placement_still_works(model, before)
+    check_old_placement_still_works(model, logits, state)
 
 
 def test_wrong_shape_and_dense_layer_entries_are_refused(engine):
@@ -182,11 +193,12 @@ def test_overflowing_a_device_is_refused_and_old_placement_kept():
     opts = {"hostsim": {"memory_limit": layer + layer // 2}}  # room for one layer's experts, not two
     with Engine(runtimes=("cpu", "hostsim"), cpu_devices=2, cpu_threads=1, runtime_options=opts) as eng:
         model = eng.load(FIXTURES / "qwen3moe-f32")
-        before = trace(model, "0=hostsim:0")
+        logits = trace(model, "0=hostsim:0")
+        state = weights_state(model)
         with pytest.raises(OutOfMemoryError, match=r"placement needs .* MiB more on hostsim:0, which has .* MiB free"):
             model.set_placement("*=hostsim:0")
         assert model.placement.describe() == "0=hostsim:0; 2=cpu:0"
-        check_old_placement_still_works(model, before)
+        check_old_placement_still_works(model, logits, state)
         assert model.counters()["devices"]["hostsim:0"]["weight_bytes"] == layer
 
 

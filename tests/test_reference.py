@@ -1,5 +1,7 @@
 """The forward pass against transformers' own logits (computed by tests/fixtures/generate.py)."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from fixture_paths import FIXTURES, MODELS
@@ -18,11 +20,26 @@ def relative_error(ours, ref):
     return np.linalg.norm(ours - ref, axis=-1) / np.linalg.norm(ref, axis=-1)
 
 
+def cpu_has_avx2() -> bool:
+    """Read from the kernel, independently of the engine's own detection."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        flags = next(ln for ln in text.splitlines() if ln.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return False
+    return {"avx2", "fma", "f16c"} <= set(flags)
+
+
 @pytest.fixture(params=["avx2", "portable"])
 def engine(request):
     with Engine(portable=request.param == "portable") as eng:
-        if request.param == "avx2" and eng.runtimes[0].kernel_variant == "portable":
-            pytest.skip("this CPU has no AVX2/FMA/F16C")
+        variant = eng.runtimes[0].kernel_variant
+        if request.param == "avx2":
+            if not cpu_has_avx2():
+                pytest.skip("this CPU has no AVX2/FMA/F16C")
+            assert variant == "avx2+fma+f16c", f"the CPU has AVX2/FMA/F16C but the engine chose {variant!r}"
+        else:
+            assert variant == "portable"
         yield eng
 
 
@@ -110,6 +127,8 @@ def test_portable_and_avx2_kernels_agree():
             with model.context() as ctx:
                 out[portable] = (eng.runtimes[0].kernel_variant, ctx.prefill(prompt))
     assert out[True][0] == "portable"
+    if cpu_has_avx2():
+        assert out[False][0] == "avx2+fma+f16c"
     assert relative_error(out[False][1], out[True][1]).max() < 1e-5
 
 
@@ -124,3 +143,45 @@ def test_thread_count_does_not_change_logits():
                 results.append(ctx.prefill(prompt))
     np.testing.assert_array_equal(results[0], results[1])
     np.testing.assert_array_equal(results[0], results[2])
+
+
+def write_f16_copies(tmp_path, name="qwen3moe-f32"):
+    """The fixture with every tensor in f16, and in f32 holding exactly the f16-rounded values."""
+    import json
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    src = FIXTURES / name
+    tensors = load_file(str(src / "model.safetensors"))
+    out = {}
+    for dtype in ("f16", "f16-as-f32"):
+        folder = tmp_path / dtype
+        folder.mkdir()
+        for f in ("config.json", "tokenizer.json"):
+            shutil.copy(src / f, folder / f)
+        rounded = {k: v.astype(np.float16) for k, v in tensors.items()}
+        if dtype == "f16-as-f32":
+            rounded = {k: v.astype(np.float32) for k, v in rounded.items()}
+        save_file(rounded, str(folder / "model.safetensors"))
+        config = json.loads((folder / "config.json").read_text())
+        config["torch_dtype"] = config["dtype"] = "float16" if dtype == "f16" else "float32"
+        (folder / "config.json").write_text(json.dumps(config))
+        out[dtype] = folder
+    return out
+
+
+def test_f16_weights_decode_as_their_exact_values(engine, tmp_path):
+    """f16 checkpoints: the same logits as f32 weights holding the same (f16-rounded) values, and close to
+    transformers' f32 reference (the rounding of the weights is all that differs)."""
+    prompt, generated, ref = reference("qwen3moe-f32")
+    folders = write_f16_copies(tmp_path)
+    rows = {}
+    for dtype, folder in folders.items():
+        model = engine.load(folder)
+        assert {t.dtype for t in model.checkpoint.tensors.values()} == {"F16" if dtype == "f16" else "F32"}
+        with model.context() as ctx:
+            rows[dtype] = np.concatenate([ctx.prefill(prompt)] + [ctx.decode([t]) for t in generated[:16]])
+        model.close()
+    assert relative_error(rows["f16"], rows["f16-as-f32"]).max() < 1e-5
+    assert relative_error(rows["f16"], ref[: len(rows["f16"])]).max() < 1e-2

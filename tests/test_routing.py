@@ -64,3 +64,24 @@ def test_bad_hotness_csv(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(CheckpointError, match=message):
         RoutingStats.read_hotness_csv(path)
+
+
+def test_hits_land_on_the_right_experts():
+    """Cross-check against the scheduler: with one expert alone on cpu:1, the rows cpu:1 computed are exactly
+    the hits counted for that expert."""
+    with Engine(cpu_devices=2, cpu_threads=1) as eng:
+        model = eng.load(FIXTURES / "qwen3moe-f32")
+        first = profile(model, [[11, 12, 13, 14, 15]], tokens_per_prompt=12)
+        for layer in (0, 2):
+            # the busiest expert and a quiet one that still served some tokens
+            served = [e for e in range(8) if first.hits[layer][e] > 0]
+            for expert in (
+                max(served, key=lambda e: first.hits[layer][e]),
+                min(served, key=lambda e: first.hits[layer][e]),
+            ):
+                model.set_placement(f"*=cpu:0; {layer}.{expert}=cpu:1")
+                model.reset_counters()
+                stats = profile(model, [[11, 12, 13, 14, 15]], tokens_per_prompt=12)
+                rows = model.counters()["devices"]["cpu:1"]["rows"]
+                assert rows == stats.hits[layer][expert] > 0
+                assert stats.hits[layer].sum() == stats.tokens[layer] * model.config.top_k

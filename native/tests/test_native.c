@@ -219,7 +219,10 @@ static void test_bad_checkpoints(const char *module, const char *file, eb_model_
     *b = saved;
     for (int k = 0; k < b->n; k++) b->d[k].name = b->names[k];
     b->d[i].nbytes -= 2;
-    expect_load_error(module, file, cfg, b, EB_ERR_FORMAT, "expected", "wrong byte count");
+    char counts[96];
+    snprintf(counts, sizeof counts, "%llu bytes, expected %llu", (unsigned long long)b->d[i].nbytes,
+             (unsigned long long)b->d[i].nbytes + 2);
+    expect_load_error(module, file, cfg, b, EB_ERR_FORMAT, counts, "wrong byte count");
     b->d[i].nbytes += 2;
     b->d[i].dtype = 7;
     expect_load_error(module, file, cfg, b, EB_ERR_UNSUPPORTED, "dtype code 7", "unknown dtype");
@@ -291,7 +294,7 @@ static void test_placement(const char *build, const char *file, eb_model_config 
     char cpu[1024], sim[1024];
     snprintf(cpu, sizeof cpu, "%s/expertbench_rt_cpu.so", build);
     snprintf(sim, sizeof sim, "%s/expertbench_rt_hostsim.so", build);
-    eb_engine *e = new_engine(cpu, 0, 1);
+    eb_engine *e = new_engine(cpu, 0, 2); /* two threads per device: pool workers run beside the peer branches */
     /* room for two 16-bit experts and a staging arena, not for all four experts */
     eb_runtime_options so = {.n_devices = 1, .threads_per_device = 1, .memory_limit = 24 * 1024};
     CHECK(eb_engine_load_runtime(e, "hostsim", sim, &so) == EB_OK, "load hostsim");
