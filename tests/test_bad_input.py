@@ -329,6 +329,21 @@ def test_unsupported_dtype(tmp_path, dtype, shape):
         load(folder)
 
 
+def test_expert_matrices_of_different_dtypes(tmp_path):
+    """The kernels read an expert's three matrices in one dtype: a mixed expert is refused, not misread."""
+    folder = copy_fixture(tmp_path, "qwen3moe-f32")
+    st = folder / "model.safetensors"
+    name = "model.layers.2.mlp.experts.5.gate_proj.weight"
+
+    def as_f16(header):
+        begin, end = header[name]["data_offsets"]
+        header[name].update(dtype="F16", data_offsets=[begin, begin + (end - begin) // 2])
+
+    edit_header(st, as_f16)
+    with pytest.raises(UnsupportedError, match=r"expert 5 of layer 2: gate_proj is F16, up_proj F32, down_proj F32"):
+        load(folder)
+
+
 def test_dtype_not_in_format(tmp_path):
     folder = copy_fixture(tmp_path, "qwen3-f32")
     st = folder / "model.safetensors"

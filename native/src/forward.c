@@ -50,6 +50,17 @@ int eb_context_create(eb_model *m, int32_t n_ctx, int32_t n_batch, eb_context **
     size_t I = (size_t)(cf->intermediate_size > cf->moe_intermediate_size ? cf->intermediate_size
                                                                            : cf->moe_intermediate_size);
     size_t E = cf->num_experts > 0 ? (size_t)cf->num_experts : 1, K = cf->top_k > 0 ? (size_t)cf->top_k : 1;
+    /* every buffer size below is a product of these: refuse what would overflow size_t */
+    size_t kv_elems, probe;
+    if (__builtin_mul_overflow((size_t)cf->num_layers, (size_t)n_ctx, &kv_elems) ||
+        __builtin_mul_overflow(kv_elems, kvd, &kv_elems) || __builtin_mul_overflow(kv_elems, 2 * sizeof(float), &probe) ||
+        __builtin_mul_overflow(B, qd > I ? (qd > H ? qd : H) : (I > H ? I : H), &probe) ||
+        __builtin_mul_overflow(probe, 4 * sizeof(float), &probe) ||
+        __builtin_mul_overflow((size_t)cf->num_heads, (size_t)n_ctx, &probe) ||
+        __builtin_mul_overflow(probe, sizeof(float), &probe)) {
+        eb_context_free(c);
+        return eb_fail(EB_ERR_RANGE, "a context of %d positions for this model's sizes does not fit in memory", n_ctx);
+    }
     int failed = 0;
     c->k_cache = zalloc((size_t)cf->num_layers * (size_t)n_ctx * kvd, sizeof(float), &failed);
     c->v_cache = zalloc((size_t)cf->num_layers * (size_t)n_ctx * kvd, sizeof(float), &failed);

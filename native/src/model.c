@@ -268,6 +268,10 @@ static int bind_layer(const binder *b, int l) {
         TRY(bind(b, NAME("mlp.experts.%d.up_proj.weight", e), I, H, &L->experts[e].up))
         TRY(bind(b, NAME("mlp.experts.%d.down_proj.weight", e), H, I, &L->experts[e].down))
         eb_expert *x = &L->experts[e];
+        if (x->up.dtype != x->gate.dtype || x->down.dtype != x->gate.dtype)
+            return eb_fail(EB_ERR_UNSUPPORTED, "expert %d of layer %d: gate_proj is %s, up_proj %s, down_proj %s; expected "
+                                               "one dtype for the three", e, l, eb_dtype_name(x->gate.dtype),
+                           eb_dtype_name(x->up.dtype), eb_dtype_name(x->down.dtype));
         x->host_gate = x->gate.data;
         x->host_up = x->up.data;
         x->host_down = x->down.data;

@@ -470,13 +470,12 @@ int eb_moe_forward(eb_context *c, int layer, int64_t n) {
     if ((st = eb_device_matmul(eng, prim, L->router.data, L->router.dtype, L->router.rows, L->router.cols, c->xn, n,
                                c->router)))
         return st;
+    if (eng->n_devices > c->n_devices)
+        return eb_fail(EB_ERR_STATE, "a runtime was loaded after this context was created: create a new context");
     route(c, n);
     m->route_tokens[layer] += (uint64_t)n;
     uint64_t *hits = m->route_hits + (size_t)layer * (size_t)cf->num_experts;
     for (int64_t i = 0; i < n * K; i++) hits[c->topk_id[i]]++;
-
-    if (eng->n_devices > c->n_devices)
-        return eb_fail(EB_ERR_STATE, "a runtime was loaded after this context was created: create a new context");
     /* peers first, queued; then the primary's own experts inline while they run; then join */
     int peers = 0, first_error = EB_OK;
     for (int d = 0; d < eng->n_devices; d++) c->step[d].n_pairs = 0;

@@ -18,6 +18,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -578,15 +579,22 @@ static int cpu_mem_alloc(void *rtp, int dev, size_t bytes, void **ptr, char *err
     cpu_device *d = get_dev(rt, dev, err, errlen);
     *ptr = NULL;
     if (!d) return EB_ERR_RANGE;
+    if (bytes > SIZE_MAX - 256)
+        return fail(err, errlen, EB_ERR_MEMORY, "%s:%d: cannot allocate %zu bytes", RUNTIME_NAME, dev, bytes);
+    /* reserve against the limit first (compare-and-swap: two allocating threads cannot both pass) */
     uint64_t used = atomic_load(&d->allocated);
-    if (rt->memory_limit && (bytes > rt->memory_limit || used > rt->memory_limit - bytes))
-        return fail(err, errlen, EB_ERR_MEMORY, "%s:%d: cannot allocate %zu bytes: %llu of %llu in use", RUNTIME_NAME,
-                    dev, bytes, (unsigned long long)used, (unsigned long long)rt->memory_limit);
+    do {
+        if (rt->memory_limit && (bytes > rt->memory_limit || used > rt->memory_limit - bytes))
+            return fail(err, errlen, EB_ERR_MEMORY, "%s:%d: cannot allocate %zu bytes: %llu of %llu in use",
+                        RUNTIME_NAME, dev, bytes, (unsigned long long)used, (unsigned long long)rt->memory_limit);
+    } while (!atomic_compare_exchange_weak(&d->allocated, &used, used + bytes));
     size_t rounded = (bytes + 63) / 64 * 64 + 64;
     unsigned char *p = aligned_alloc(64, rounded);
-    if (!p) return fail(err, errlen, EB_ERR_MEMORY, "%s:%d: could not allocate %zu bytes", RUNTIME_NAME, dev, bytes);
+    if (!p) {
+        atomic_fetch_sub(&d->allocated, bytes);
+        return fail(err, errlen, EB_ERR_MEMORY, "%s:%d: could not allocate %zu bytes", RUNTIME_NAME, dev, bytes);
+    }
     memcpy(p, &bytes, sizeof bytes);
-    atomic_fetch_add(&d->allocated, bytes);
     *ptr = p + 64;
     return 0;
 }

@@ -4,6 +4,8 @@
 // non-blocking stream on which copies and expert batches are queued in order, and a pair of events that time
 // the work queued since the last synchronize (busy time). Staging memory is pinned (cudaMallocHost).
 // Only the expert FFN runs here: attention, router and norms stay on the (CPU) primary device.
+#include <pthread.h>
+
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -91,6 +93,7 @@ struct gpu_expert_slot {
 };
 
 struct gpu_device {
+    pthread_mutex_t lock; // one driver at a time: the expert table, the timing events and busy_ns are per device
     gpuStream_t stream;
     gpuEvent_t start, stop;
     // The expert table of grouped launches: written on the host (pinned), copied on the stream. slots_copied
@@ -253,6 +256,7 @@ static void gpu_shutdown(void *rtp) {
         (void)gpuEventDestroy(rt->devices[i].start);
         (void)gpuEventDestroy(rt->devices[i].stop);
         (void)gpuStreamDestroy(rt->devices[i].stream);
+        pthread_mutex_destroy(&rt->devices[i].lock);
     }
     free(rt->devices);
     free(rt);
@@ -276,6 +280,7 @@ static int gpu_init(const eb_runtime_options *opt, void **out, char *err, size_t
     }
     for (int i = 0; i < count; i++) {
         gpu_device *d = &rt->devices[i];
+        pthread_mutex_init(&d->lock, NULL);
         gpuDeviceProp prop;
         if ((e = gpuSetDevice(i)) != gpuSuccess || (e = gpuGetDeviceProperties(&prop, i)) != gpuSuccess ||
             (e = gpuStreamCreateWithFlags(&d->stream, gpuStreamNonBlocking)) != gpuSuccess ||
@@ -370,7 +375,7 @@ static int gpu_copy_to_host(void *rtp, int dev, void *dst, const void *src, size
     return copy(rtp, dev, dst, src, bytes, async, 0, err, errlen);
 }
 
-static int gpu_synchronize(void *rtp, int dev, char *err, size_t errlen) {
+static int synchronize_locked(void *rtp, int dev, char *err, size_t errlen) {
     gpu_device *d = get_dev((gpu_runtime *)rtp, dev, err, errlen);
     if (!d) return EB_ERR_RANGE;
     GPU_TRY(gpuSetDevice(dev), "set device");
@@ -396,7 +401,7 @@ static int gpu_matmul_multi(void *rtp, int dev, const eb_rt_matmul *tasks, int n
                 RUNTIME_NAME ":%d cannot be the primary device (attention and the router run on a CPU device)", dev);
 }
 
-static int gpu_expert_ffn(void *rtp, int dev, const eb_rt_expert_batch *b, int async, char *err, size_t errlen) {
+static int expert_ffn_locked(void *rtp, int dev, const eb_rt_expert_batch *b, int async, char *err, size_t errlen) {
     gpu_device *d = get_dev((gpu_runtime *)rtp, dev, err, errlen);
     if (!d) return EB_ERR_RANGE;
     if (b->scratch_bytes < eb_rt_expert_scratch_bytes(b->n_pairs, b->hidden, b->inter))
@@ -444,7 +449,7 @@ static int gpu_expert_ffn(void *rtp, int dev, const eb_rt_expert_batch *b, int a
         GPU_TRY(gpuGetLastError(), "kernel launch");
         GPU_TRY(gpuEventRecord(d->stop, d->stream), "event");
         d->timing = 1;
-        if (!async) return gpu_synchronize(rtp, dev, err, errlen);
+        if (!async) return synchronize_locked(rtp, dev, err, errlen);
         return 0;
     }
     if (owner_local) {
@@ -464,8 +469,26 @@ static int gpu_expert_ffn(void *rtp, int dev, const eb_rt_expert_batch *b, int a
     GPU_TRY(gpuGetLastError(), "kernel launch");
     GPU_TRY(gpuEventRecord(d->stop, d->stream), "event");
     d->timing = 1;
-    if (!async) return gpu_synchronize(rtp, dev, err, errlen);
+    if (!async) return synchronize_locked(rtp, dev, err, errlen);
     return 0;
+}
+
+static int gpu_synchronize(void *rtp, int dev, char *err, size_t errlen) {
+    gpu_device *d = get_dev((gpu_runtime *)rtp, dev, err, errlen);
+    if (!d) return EB_ERR_RANGE;
+    pthread_mutex_lock(&d->lock);
+    int st = synchronize_locked(rtp, dev, err, errlen);
+    pthread_mutex_unlock(&d->lock);
+    return st;
+}
+
+static int gpu_expert_ffn(void *rtp, int dev, const eb_rt_expert_batch *b, int async, char *err, size_t errlen) {
+    gpu_device *d = get_dev((gpu_runtime *)rtp, dev, err, errlen);
+    if (!d) return EB_ERR_RANGE;
+    pthread_mutex_lock(&d->lock);
+    int st = expert_ffn_locked(rtp, dev, b, async, err, errlen);
+    pthread_mutex_unlock(&d->lock);
+    return st;
 }
 
 static int gpu_parallel_for(void *rtp, int dev, void (*fn)(void *, int64_t, int64_t), void *arg, int64_t n,
