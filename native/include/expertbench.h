@@ -150,6 +150,8 @@ const char *eb_last_error(void);
 const char *eb_status_name(int status);
 uint32_t eb_runtime_abi_version(void); /* the runtime-module ABI this core loads */
 
+/* Objects may be freed in any order: an engine outlives its models and a model its contexts (a destroy or free
+ * called earlier takes effect when the last dependent object is freed). */
 int eb_engine_create(eb_engine **out);
 void eb_engine_destroy(eb_engine *engine);
 /* Load the runtime module `name` (e.g. "cpu"). path NULL: the file expertbench_rt_<name>.so in the folder of

@@ -32,7 +32,8 @@ struct eb_engine {
     int n_runtimes;
     eb_device devices[EB_MAX_DEVICES];
     int n_devices;
-    int n_models; /* models alive; the engine outlives them */
+    int n_models;          /* models alive; the engine outlives them */
+    int destroy_requested; /* eb_engine_destroy was called while models were alive: done when the last goes */
     /* modules that loaded but found no device: kept mapped until the engine goes, so runtimes that load
      * side by side are really side by side in the process */
     void *idle_dl[EB_MAX_RUNTIMES];
@@ -41,6 +42,9 @@ struct eb_engine {
 
 /* Copy a string, truncating to fit size (always NUL-terminated). */
 void eb_copy_str(char *dst, size_t size, const char *src);
+
+/* Free the engine now (eb_engine_destroy defers to this when no model is alive). */
+void eb_engine_release(eb_engine *engine);
 
 /* Set the calling thread's last error and return status. */
 int eb_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -52,6 +52,8 @@ struct eb_model {
     eb_layer *layers;
     eb_model_info info;
     eb_counters counters;
+    int n_contexts;     /* contexts alive; the model outlives them */
+    int free_requested; /* eb_model_free was called while contexts were alive: done when the last goes */
     uint64_t *route_hits;   /* [layer][expert] */
     uint64_t *route_tokens; /* [layer] */
     uint64_t arena_bytes[EB_MAX_DEVICES]; /* device memory held by contexts' staging arenas */
@@ -90,6 +92,9 @@ struct eb_context {
     int32_t *token_local;        /* per token: its row in the owner's staged x, -1 if none */
     int32_t *local_tokens;       /* the owner's staged tokens */
 };
+
+/* Free the model now (eb_model_free defers to this when no context is alive). */
+void eb_model_release(eb_model *m);
 
 /* The MoE block of one layer for n positions: c->xn in, c->moe_out out. */
 int eb_moe_forward(eb_context *c, int layer, int64_t n);

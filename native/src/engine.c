@@ -55,6 +55,14 @@ int eb_engine_create(eb_engine **out) {
 
 void eb_engine_destroy(eb_engine *engine) {
     if (!engine) return;
+    if (engine->n_models > 0) { /* the models still use its runtimes: the last one to go frees the engine */
+        engine->destroy_requested = 1;
+        return;
+    }
+    eb_engine_release(engine);
+}
+
+void eb_engine_release(eb_engine *engine) {
     for (int i = engine->n_runtimes - 1; i >= 0; i--) {
         eb_runtime *r = &engine->runtimes[i];
         if (r->table && r->rt) r->table->shutdown(r->rt);

@@ -19,6 +19,7 @@ static void *zalloc(size_t n, size_t size, int *failed) {
 void eb_context_free(eb_context *c) {
     if (!c) return;
     eb_scheduler_release(c);
+    eb_model *m = c->model;
     float *bufs[] = {c->k_cache, c->v_cache, c->rope_cos, c->rope_sin, c->x, c->xn, c->q, c->k, c->v, c->att,
                      c->proj, c->gate, c->up, c->moe_out, c->router, c->scores, c->topk_w};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
@@ -28,6 +29,7 @@ void eb_context_free(eb_context *c) {
     free(c->pair_slot);
     free(c->token_local);
     free(c);
+    if (m && --m->n_contexts == 0 && m->free_requested) eb_model_release(m);
 }
 
 int eb_context_create(eb_model *m, int32_t n_ctx, int32_t n_batch, eb_context **out) {
@@ -43,6 +45,7 @@ int eb_context_create(eb_model *m, int32_t n_ctx, int32_t n_batch, eb_context **
     eb_context *c = calloc(1, sizeof *c);
     if (!c) return eb_fail(EB_ERR_MEMORY, "out of memory");
     c->model = m;
+    m->n_contexts++; /* eb_context_free gives it back, on the failure paths below too */
     c->n_ctx = n_ctx;
     c->n_batch = n_batch;
     size_t B = (size_t)n_batch, H = (size_t)cf->hidden_size, hd = (size_t)cf->head_dim;

@@ -197,6 +197,14 @@ static int map_files(eb_model *m, const char *const *files, int32_t n_files) {
 
 void eb_model_free(eb_model *m) {
     if (!m) return;
+    if (m->n_contexts > 0) { /* contexts still read its weights: the last one to go frees the model */
+        m->free_requested = 1;
+        return;
+    }
+    eb_model_release(m);
+}
+
+void eb_model_release(eb_model *m) {
     eb_placement_release(m);
     if (m->layers) {
         for (int l = 0; l < m->cfg.num_layers; l++) {
@@ -222,8 +230,9 @@ void eb_model_free(eb_model *m) {
     }
     free(m->files);
     free(m->mlp_only);
-    if (m->engine) m->engine->n_models--;
+    eb_engine *engine = m->engine;
     free(m);
+    if (engine && --engine->n_models == 0 && engine->destroy_requested) eb_engine_release(engine);
 }
 
 static int bind_layer(const binder *b, int l) {

@@ -350,6 +350,22 @@ static void test_placement(const char *build, const char *file, eb_model_config 
     eb_engine_destroy(e);
 }
 
+/* Freeing in the "wrong" order is safe: the engine outlives its models and a model its contexts. */
+static void test_lifetimes(const char *module, const char *file, eb_model_config *cfg, builder *b) {
+    const char *files[] = {file};
+    eb_engine *e = new_engine(module, 0, 1);
+    eb_model *m = NULL;
+    CHECK(eb_model_load(e, cfg, files, 1, b->d, b->n, 0, &m) == EB_OK, "load");
+    eb_context *c = NULL;
+    CHECK(eb_context_create(m, 8, 4, &c) == EB_OK, "context");
+    eb_engine_destroy(e); /* deferred: the model is alive */
+    eb_model_free(m);     /* deferred: the context is alive */
+    int32_t ids[3] = {1, 2, 3};
+    float last[V];
+    CHECK(eb_context_eval(c, ids, 3, last, 0) == EB_OK, "context still runs after its model and engine were freed");
+    eb_context_free(c); /* frees the model, then the engine */
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: %s BUILD_DIR\n", argv[0]);
@@ -369,6 +385,7 @@ int main(int argc, char **argv) {
     test_forward(module, file, &cfg, &b);
     test_bad_checkpoints(module, file, &cfg, &b);
     test_placement(argv[1], file, &cfg, &b);
+    test_lifetimes(module, file, &cfg, &b);
     unlink(file);
     printf("%d passed, %d failed\n", checks - failures, failures);
     return failures ? 1 : 0;

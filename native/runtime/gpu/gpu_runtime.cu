@@ -248,15 +248,16 @@ static void gpu_shutdown(void *rtp) {
     if (!rt) return;
     // Errors here have nowhere to go: the runtime is going away either way.
     for (int i = 0; i < rt->n_devices; i++) {
+        gpu_device *d = &rt->devices[i];
         (void)gpuSetDevice(i);
-        (void)gpuStreamSynchronize(rt->devices[i].stream);
-        (void)gpuFreeHost(rt->devices[i].slots_host);
-        (void)gpuFree(rt->devices[i].slots_dev);
-        (void)gpuEventDestroy(rt->devices[i].slots_copied);
-        (void)gpuEventDestroy(rt->devices[i].start);
-        (void)gpuEventDestroy(rt->devices[i].stop);
-        (void)gpuStreamDestroy(rt->devices[i].stream);
-        pthread_mutex_destroy(&rt->devices[i].lock);
+        if (d->stream) (void)gpuStreamSynchronize(d->stream);
+        if (d->slots_host) (void)gpuFreeHost(d->slots_host);
+        if (d->slots_dev) (void)gpuFree(d->slots_dev);
+        if (d->slots_copied) (void)gpuEventDestroy(d->slots_copied);
+        if (d->start) (void)gpuEventDestroy(d->start);
+        if (d->stop) (void)gpuEventDestroy(d->stop);
+        if (d->stream) (void)gpuStreamDestroy(d->stream);
+        pthread_mutex_destroy(&d->lock);
     }
     free(rt->devices);
     free(rt);
@@ -286,7 +287,7 @@ static int gpu_init(const eb_runtime_options *opt, void **out, char *err, size_t
             (e = gpuStreamCreateWithFlags(&d->stream, gpuStreamNonBlocking)) != gpuSuccess ||
             (e = gpuEventCreate(&d->start)) != gpuSuccess || (e = gpuEventCreate(&d->stop)) != gpuSuccess ||
             (e = gpuEventCreate(&d->slots_copied)) != gpuSuccess) {
-            rt->n_devices = i;
+            rt->n_devices = i + 1; // shutdown releases what device i did create
             gpu_shutdown(rt);
             return fail(err, errlen, EB_ERR_DEVICE, API " device %d: %s (error %d)", i, gpuGetErrorString(e), (int)e);
         }
