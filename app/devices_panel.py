@@ -16,26 +16,31 @@ KIND_TEXT = {"cpu": "CPU", "gpu": "GPU", "sim": "simulated"}
 
 
 class DevicesModel(QAbstractTableModel):
-    COLUMNS = ["Device", "Kind", "This model", "Free / total"]
+    COLUMNS = ["Device", "Kind", "This model", "Free / total", "Bandwidth"]
 
     def __init__(self, state: WorkbenchState, parent=None):
         super().__init__(parent)
         self.state = state
         self._rows = self._compute()
         for sig in (state.sigEngineChanged, state.sigDevicesChanged, state.sigModelChanged,
-                    state.sigPlacementChanged):  # fmt: skip
+                    state.sigPlacementChanged, state.sigCalibrationChanged):  # fmt: skip
             sig.connect(self.refresh)
 
     def _compute(self) -> list[dict]:
         rows = []
+        calibration = self.state.calibration
         for d in self.state.devices:
             kind = theme.device_kind(d.name, d.kind)
+            # expert-weight bandwidth measured by the cost model's calibration (first strategy use)
+            rate = calibration.devices.get(d.name) if calibration is not None else None
+            gbs = rate.bandwidth / 1e9 if rate is not None else None
+            measured = f"{gbs:.1f} GB/s of expert weights (measured)" if gbs is not None else "not calibrated yet"
             rows.append({
                 "name": d.name, "kind": kind, "ok": True,
                 "model": self.state.model_bytes_on(d.name) if self.state.model else None,
-                "free": d.memory_free, "total": d.memory_total,
+                "free": d.memory_free, "total": d.memory_total, "gbs": gbs,
                 "tip": f"{d.name}: {d.description}, {d.threads} thread{'s' if d.threads != 1 else ''}; "
-                       "bandwidth: not calibrated yet",
+                       f"bandwidth: {measured}",
             })  # fmt: skip
         for runtime, reason in sorted(self.state.load_errors.items()):
             short = reason.removeprefix(f"runtime module '{runtime}': ")
@@ -86,14 +91,16 @@ class DevicesModel(QAbstractTableModel):
         if role != Qt.ItemDataRole.DisplayRole:
             return None
         if not r["ok"]:
-            return [r["name"], "not available", "", ""][col]
+            return [r["name"], "not available", "", "", ""][col]
         if col == 0:
             return r["name"]
         if col == 1:
             return KIND_TEXT[r["kind"]]
         if col == 2:
             return "-" if r["model"] is None else format_bytes(r["model"])
-        return f"{format_bytes(r['free'])} / {format_bytes(r['total'])}"
+        if col == 3:
+            return f"{format_bytes(r['free'])} / {format_bytes(r['total'])}"
+        return "-" if r["gbs"] is None else f"{r['gbs']:.1f} GB/s"
 
     def flags(self, index: QModelIndex) -> Qt.ItemFlag:
         if not index.isValid():
