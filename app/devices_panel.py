@@ -16,7 +16,7 @@ KIND_TEXT = {"cpu": "CPU", "gpu": "GPU", "sim": "simulated"}
 
 
 class DevicesModel(QAbstractTableModel):
-    COLUMNS = ["Device", "Kind", "This model", "Free / total", "Bandwidth"]
+    COLUMNS = ["Device", "Kind", "This model", "Free / total", "GB/s"]
 
     def __init__(self, state: WorkbenchState, parent=None):
         super().__init__(parent)
@@ -100,7 +100,7 @@ class DevicesModel(QAbstractTableModel):
             return "-" if r["model"] is None else format_bytes(r["model"])
         if col == 3:
             return f"{format_bytes(r['free'])} / {format_bytes(r['total'])}"
-        return "-" if r["gbs"] is None else f"{r['gbs']:.1f} GB/s"
+        return "-" if r["gbs"] is None else f"{r['gbs']:.1f}"
 
     def flags(self, index: QModelIndex) -> Qt.ItemFlag:
         if not index.isValid():

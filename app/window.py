@@ -389,7 +389,7 @@ class MainWindow(QMainWindow):
 
     def default_sizes(self) -> None:
         docks = self.docks
-        self.resizeDocks([docks["devices"], docks["routing"]], [420, 360], Qt.Orientation.Horizontal)
+        self.resizeDocks([docks["devices"], docks["routing"]], [460, 340], Qt.Orientation.Horizontal)
         self.resizeDocks([docks["devices"], docks["run"]], [200, 420], Qt.Orientation.Vertical)
         self.resizeDocks([docks["plots"]], [330], Qt.Orientation.Vertical)
         self.resizeDocks([docks["plots"], docks["history"]], [820, 700], Qt.Orientation.Horizontal)

@@ -269,6 +269,10 @@ def _default_prompt(model) -> list[int]:
     return [(7 * i + 3) % model.config.vocab_size for i in range(12)]
 
 
+# A primary (a CPU device) that seems to read expert weights faster than this was mis-measured.
+PLAUSIBLE_PRIMARY_BANDWIDTH = 2e12
+
+
 def _layers_that_fit(model, shape: ModelShape, device: str) -> int:
     """How many MoE layers' experts a peer can hold for a calibration run: all of them on a device that reads the
     mapped checkpoint (a CPU device), else as many as its free memory allows, keeping a tenth of it (and 64 MiB)
@@ -330,6 +334,12 @@ def calibrate(model, devices: list[str] | None = None, tokens: int = 32, repeats
         expert_time = {n: max(statistics.median((a[n]["busy"][primary] - m[n]["busy"][primary]) * n_moe / layers[d]
                                                 for d, m in b.items()), 1e-9) for n in (1, 4)}  # fmt: skip
         rates[primary] = _rate(shape, {n: a[n]["experts"][primary] for n in (1, 4)}, expert_time, 0.0)
+        if rates[primary].bandwidth > PLAUSIBLE_PRIMARY_BANDWIDTH:
+            # noise swamped the difference of busy times (small experts, a busy machine): take the primary's
+            # bytes per step over the whole step instead, as with no peer
+            bandwidth = model.info["bytes_per_token"] / a[1]["seconds"]
+            rates[primary] = DeviceRate(bandwidth)
+            expert_time = {n: a[n]["experts"][primary] * shape.expert_bytes / bandwidth for n in (1, 4)}
         fixed = max(a[1]["seconds"] - expert_time[1], 0.0)
     else:
         bandwidth = model.info["bytes_per_token"] / a[1]["seconds"]

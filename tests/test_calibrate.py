@@ -61,3 +61,22 @@ def test_calibration_recovers_the_figures(monkeypatch, room):
 def test_a_peer_with_no_room_for_one_layer_is_a_clear_error(monkeypatch):
     with pytest.raises(ArgumentError, match=r"hostsim:0 has \d+ MiB free, not enough for one layer of experts"):
         calibrate_with_limit(monkeypatch, 0.2)
+
+
+def test_a_swamped_primary_measurement_falls_back_to_bytes_per_step(monkeypatch):
+    """When noise makes P's busy time in B as large as in A, the difference says nothing: no absurd bandwidth."""
+
+    def noisy(model, placement, tokens, repeats, prompt, warmup_seconds, batch):
+        out = fake_measure(model, placement, tokens, repeats, prompt, warmup_seconds, batch)
+        out["busy"]["cpu:0"] = DENSE + 40 * TP  # the same in every run
+        return out
+
+    monkeypatch.setattr(costmodel, "measure_decode", noisy)
+    with Engine(runtimes=("cpu", "hostsim"), cpu_threads=1) as eng:
+        model = eng.load(FIXTURES / "qwen3moe-f32")
+        cal = costmodel.calibrate(model, ["hostsim:0"], tokens=2, repeats=1)
+        per_step = fake_measure(
+            model, costmodel.ModelShape.from_model(model).empty_placement("cpu:0"), 2, 1, None, 0, 1
+        )
+        assert cal.rate("cpu:0").bandwidth == pytest.approx(model.info["bytes_per_token"] / per_step["seconds"])
+        assert cal.rate("cpu:0").bandwidth < costmodel.PLAUSIBLE_PRIMARY_BANDWIDTH
