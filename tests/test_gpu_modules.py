@@ -24,7 +24,7 @@ def compiler(name: str) -> bool:
 @pytest.mark.parametrize(("runtime", "tool"), [("cuda", "nvcc"), ("hip", "hipcc")])
 def test_module_is_built_where_its_compiler_exists(runtime, tool):
     if not compiler(tool):
-        pytest.skip(f"{tool} is not installed here")
+        pytest.skip(f"{tool} is not installed on this machine, so the {runtime} module is not expected")
     assert (MODULES / f"expertbench_rt_{runtime}.so").is_file()
 
 
@@ -35,7 +35,7 @@ def built(runtime: str) -> bool:
 @pytest.mark.parametrize("order", [("cuda", "hip"), ("hip", "cuda")])
 def test_cuda_and_hip_load_side_by_side_and_report_their_reason(order):
     if not (built("cuda") and built("hip")):
-        pytest.skip("needs both the cuda and the hip module built (nvcc and hipcc)")
+        pytest.skip("needs both GPU modules built: nvcc and hipcc are not both on this machine")
     with Engine(runtimes=("cpu", *order), strict=False) as eng:
         names = [d.name for d in eng.devices]
         for runtime in order:
@@ -52,10 +52,10 @@ def test_cuda_and_hip_load_side_by_side_and_report_their_reason(order):
 
 def test_gpu_cannot_be_the_primary_device():
     if not built("cuda"):
-        pytest.skip("cuda module not built")
+        pytest.skip("the cuda module is not built: no nvcc on this machine")
     with Engine(runtimes=("cpu", "cuda"), strict=False) as eng:
         if not any(d.name == "cuda:0" for d in eng.devices):
-            pytest.skip("no CUDA device here")
+            pytest.skip("no CUDA GPU on this machine (runs on the GPU machine: bench/gpu/run_on_device.sh)")
         from engine.errors import UnsupportedError
 
         with pytest.raises(UnsupportedError, match="primary device must be a CPU device"):
@@ -66,11 +66,14 @@ def test_gpu_cannot_be_the_primary_device():
 @pytest.mark.parametrize("runtime", ["cuda", "hip"])
 def test_gpu_experts_match_transformers_and_cpu_tokens(runtime, name):
     if not built(runtime):
-        pytest.skip(f"{runtime} module not built")
+        pytest.skip(f"the {runtime} module is not built: its compiler is not on this machine")
     with Engine(runtimes=("cpu", runtime), strict=False) as eng:
         gpu = f"{runtime}:0"
         if gpu not in [d.name for d in eng.devices]:
-            pytest.skip(f"no {runtime} device here")
+            pytest.skip(
+                f"no {runtime} GPU on this machine"
+                + (" (runs on the GPU machine: bench/gpu/run_on_device.sh)" if runtime == "cuda" else "")
+            )
         ref = np.load(FIXTURES / name / "reference.npz")
         prompt, generated, logits = ref["prompt_ids"], ref["generated_ids"], ref["logits"]
         model = eng.load(FIXTURES / name)

@@ -4,11 +4,6 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-import pytest
-
-pytest.importorskip("PySide6")
-pytest.importorskip("pytestqt")
-pytest.importorskip("pyqtgraph")
 
 from app_helpers import LAYER_BYTES, TIMEOUT_MS, on_engine  # noqa: E402
 from PySide6.QtCore import QModelIndex, Qt  # noqa: E402

@@ -7,11 +7,6 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 import csv
 
 import pytest
-
-pytest.importorskip("PySide6")
-pytest.importorskip("pytestqt")
-pytest.importorskip("pyqtgraph")
-
 from app_helpers import TIMEOUT_MS  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
 

@@ -10,11 +10,6 @@ import threading  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-
-pytest.importorskip("PySide6")
-pytest.importorskip("pytestqt")
-pytest.importorskip("pyqtgraph")
-
 from app_helpers import TARGET, TIMEOUT_MS, on_engine  # noqa: E402
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
 

@@ -6,11 +6,6 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import numpy as np
 import pytest
-
-pytest.importorskip("PySide6")
-pytest.importorskip("pytestqt")
-pytest.importorskip("pyqtgraph")
-
 from app_helpers import LAYER_BYTES, TIMEOUT_MS, on_engine  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
