@@ -8,8 +8,10 @@
 #ifndef EB_RUNTIME_H
 #define EB_RUNTIME_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "expertbench.h"
 
@@ -125,5 +127,21 @@ typedef struct eb_runtime_table {
 } eb_runtime_table;
 
 typedef const eb_runtime_table *(*eb_runtime_entry_fn)(void);
+
+/* For modules: write a message into err (when given) and return status. */
+static inline int eb_rt_fail(char *err, size_t errlen, int status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+static inline int eb_rt_fail(char *err, size_t errlen, int status, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return status;
+}
 
 #endif

@@ -324,14 +324,12 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
                        engine->n_devices);
     int st = check_config(config);
     if (st) return st;
-    eb_device_info dinfo;
     const eb_device *dev = &engine->devices[primary_device];
     const eb_runtime *rt = &engine->runtimes[dev->runtime];
     eb_rt_device_info rinfo;
     char err[256] = "";
     if ((st = rt->table->device_info(rt->rt, dev->local, &rinfo, err, sizeof err)) != 0)
         return eb_fail(st, "device %s: %s", dev->name, err);
-    (void)dinfo;
     if (!rinfo.host_addressable)
         return eb_fail(EB_ERR_UNSUPPORTED, "primary device %s: the primary device must be a CPU device", dev->name);
 

@@ -1,9 +1,11 @@
 /* AVX2 + FMA + F16C kernels. Compiled with -mavx2 -mfma -mf16c and only called after a run-time check.
  *
- * Every dot product uses four 8-lane accumulators over 32-column steps, then one 8-column step at a time
- * into the first accumulator, then a scalar tail, then a fixed reduction order. Tokens are processed in
- * pairs so each weight load serves two dot products, but each token's arithmetic is the same sequence as
- * when it is alone: a batch of positions gives bit-identical rows to single steps.
+ * Every dot product (one weight row with one token's activations) is computed the same way: one 8-lane
+ * accumulator over 8-column steps, a fixed horizontal sum, then a scalar tail. What changes with the batch is
+ * only how many dot products run side by side: 8 rows x 1 token when decoding (eight independent chains hide
+ * the FMA latency), 4 rows x 3 tokens for batches (each weight load feeds three tokens, each activation load
+ * four rows), in blocks of rows and tokens that stay in L2. So a batch of positions gives bit-identical rows to
+ * single steps, and the thread count never changes a result.
  */
 #include "cpu_kernels.h"
 
@@ -24,23 +26,13 @@ static inline __m256 load8(const unsigned char *w, int dtype, int64_t c) {
     }
 }
 
-static inline __attribute__((unused)) float hsum(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
-    __m256 s = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-    __m128 lo = _mm256_castps256_ps128(s);
-    __m128 hi = _mm256_extractf128_ps(s, 1);
-    __m128 q = _mm_add_ps(lo, hi);
-    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    q = _mm_add_ss(q, _mm_movehdup_ps(q));
-    return _mm_cvtss_f32(q);
-}
-
 static inline float tail(const unsigned char *row, int dtype, int64_t c0, int64_t cols, const float *x) {
     float s = 0.0f;
     for (int64_t c = c0; c < cols; c++) s += eb_load_as_f32(row, dtype, c) * x[c];
     return s;
 }
 
-static inline float hsum1(__m256 s) {
+static inline float hsum(__m256 s) {
     __m128 q = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
     q = _mm_add_ps(q, _mm_movehl_ps(q, q));
     q = _mm_add_ss(q, _mm_movehdup_ps(q));
@@ -66,7 +58,7 @@ static inline float hsum1(__m256 s) {
             }                                                                                                    \
         }                                                                                                        \
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) out[r * T + t] =                   \
-            hsum1(acc[r][t]) + tail(w + r * rowbytes, dtype, c8, cols, x + t * cols);                             \
+            hsum(acc[r][t]) + tail(w + r * rowbytes, dtype, c8, cols, x + t * cols);                             \
     }
 
 TILE(tile_8x1, 8, 1)

@@ -386,16 +386,6 @@ static void queue_push(cpu_device *d) {
 
 /* ---- the table's functions --------------------------------------------------------------------------- */
 
-static int fail(char *err, size_t errlen, int status, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int fail(char *err, size_t errlen, int status, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return status;
-}
 
 static int available_cores(void) {
     cpu_set_t set;
@@ -479,16 +469,16 @@ static void cpu_shutdown(void *rtp) {
 static int cpu_init(const eb_runtime_options *opt, void **out, char *err, size_t errlen) {
     *out = NULL;
     cpu_runtime *rt = calloc(1, sizeof *rt);
-    if (!rt) return fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
+    if (!rt) return eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
     int cores = available_cores();
     int n_dev = opt && opt->n_devices > 0 ? opt->n_devices : numa_nodes();
     if (n_dev > 64) {
         free(rt);
-        return fail(err, errlen, EB_ERR_ARGUMENT, RUNTIME_NAME " runtime: n_devices = %d, expected 1..64", n_dev);
+        return eb_rt_fail(err, errlen, EB_ERR_ARGUMENT, RUNTIME_NAME " runtime: n_devices = %d, expected 1..64", n_dev);
     }
     if (opt && opt->threads_per_device > 1024) {
         free(rt);
-        return fail(err, errlen, EB_ERR_ARGUMENT, RUNTIME_NAME " runtime: threads_per_device = %d, expected 0..1024",
+        return eb_rt_fail(err, errlen, EB_ERR_ARGUMENT, RUNTIME_NAME " runtime: threads_per_device = %d, expected 0..1024",
                     opt->threads_per_device);
     }
     int threads = opt && opt->threads_per_device > 0 ? opt->threads_per_device : cores / n_dev;
@@ -514,7 +504,7 @@ static int cpu_init(const eb_runtime_options *opt, void **out, char *err, size_t
     rt->devices = calloc((size_t)n_dev, sizeof *rt->devices);
     if (!rt->devices) {
         free(rt);
-        return fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
+        return eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
     }
     for (int i = 0; i < n_dev; i++) {
         cpu_device *d = &rt->devices[i];
@@ -527,7 +517,7 @@ static int cpu_init(const eb_runtime_options *opt, void **out, char *err, size_t
         rt->n_devices = i + 1;
         if (pool_init(&d->pool, threads) != 0 || pthread_create(&d->thread, NULL, device_thread, d) != 0) {
             cpu_shutdown(rt);
-            return fail(err, errlen, EB_ERR_DEVICE, RUNTIME_NAME " runtime: could not start worker threads");
+            return eb_rt_fail(err, errlen, EB_ERR_DEVICE, RUNTIME_NAME " runtime: could not start worker threads");
         }
         d->thread_started = 1;
     }
@@ -541,7 +531,7 @@ static int cpu_device_count(void *rtp) { return ((cpu_runtime *)rtp)->n_devices;
 
 static cpu_device *get_dev(cpu_runtime *rt, int dev, char *err, size_t errlen) {
     if (dev < 0 || dev >= rt->n_devices) {
-        fail(err, errlen, EB_ERR_RANGE, RUNTIME_NAME " runtime: no device %d (it has %d)", dev, rt->n_devices);
+        eb_rt_fail(err, errlen, EB_ERR_RANGE, RUNTIME_NAME " runtime: no device %d (it has %d)", dev, rt->n_devices);
         return NULL;
     }
     return &rt->devices[dev];
@@ -580,19 +570,19 @@ static int cpu_mem_alloc(void *rtp, int dev, size_t bytes, void **ptr, char *err
     *ptr = NULL;
     if (!d) return EB_ERR_RANGE;
     if (bytes > SIZE_MAX - 256)
-        return fail(err, errlen, EB_ERR_MEMORY, "%s:%d: cannot allocate %zu bytes", RUNTIME_NAME, dev, bytes);
+        return eb_rt_fail(err, errlen, EB_ERR_MEMORY, "%s:%d: cannot allocate %zu bytes", RUNTIME_NAME, dev, bytes);
     /* reserve against the limit first (compare-and-swap: two allocating threads cannot both pass) */
     uint64_t used = atomic_load(&d->allocated);
     do {
         if (rt->memory_limit && (bytes > rt->memory_limit || used > rt->memory_limit - bytes))
-            return fail(err, errlen, EB_ERR_MEMORY, "%s:%d: cannot allocate %zu bytes: %llu of %llu in use",
+            return eb_rt_fail(err, errlen, EB_ERR_MEMORY, "%s:%d: cannot allocate %zu bytes: %llu of %llu in use",
                         RUNTIME_NAME, dev, bytes, (unsigned long long)used, (unsigned long long)rt->memory_limit);
     } while (!atomic_compare_exchange_weak(&d->allocated, &used, used + bytes));
     size_t rounded = (bytes + 63) / 64 * 64 + 64;
     unsigned char *p = aligned_alloc(64, rounded);
     if (!p) {
         atomic_fetch_sub(&d->allocated, bytes);
-        return fail(err, errlen, EB_ERR_MEMORY, "%s:%d: could not allocate %zu bytes", RUNTIME_NAME, dev, bytes);
+        return eb_rt_fail(err, errlen, EB_ERR_MEMORY, "%s:%d: could not allocate %zu bytes", RUNTIME_NAME, dev, bytes);
     }
     memcpy(p, &bytes, sizeof bytes);
     *ptr = p + 64;
@@ -612,7 +602,7 @@ static void cpu_mem_free(void *rtp, int dev, void *ptr) {
 static int cpu_host_alloc(void *rtp, size_t bytes, void **ptr, char *err, size_t errlen) {
     (void)rtp;
     *ptr = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
-    return *ptr ? 0 : fail(err, errlen, EB_ERR_MEMORY, "could not allocate %zu bytes of host memory", bytes);
+    return *ptr ? 0 : eb_rt_fail(err, errlen, EB_ERR_MEMORY, "could not allocate %zu bytes of host memory", bytes);
 }
 
 static void cpu_host_free(void *rtp, void *ptr) {
@@ -664,7 +654,7 @@ static int cpu_matmul(void *rtp, int dev, const void *w, int dtype, int64_t rows
     cpu_device *d = get_dev(rt, dev, err, errlen);
     if (!d) return EB_ERR_RANGE;
     if (eb_dtype_size(dtype) == 0)
-        return fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d", dtype);
+        return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d", dtype);
     uint64_t t0 = now_ns();
     pthread_mutex_lock(&d->run_lock);
     run_matmul(rt, d, w, dtype, rows, cols, x, n, y);
@@ -678,11 +668,11 @@ static int cpu_expert_ffn(void *rtp, int dev, const eb_rt_expert_batch *b, int a
     cpu_device *d = get_dev(rt, dev, err, errlen);
     if (!d) return EB_ERR_RANGE;
     if (b->scratch_bytes < eb_rt_expert_scratch_bytes(b->n_pairs, b->hidden, b->inter))
-        return fail(err, errlen, EB_ERR_ARGUMENT, RUNTIME_NAME " runtime: expert scratch of %zu bytes is too small",
+        return eb_rt_fail(err, errlen, EB_ERR_ARGUMENT, RUNTIME_NAME " runtime: expert scratch of %zu bytes is too small",
                     b->scratch_bytes);
     for (int32_t i = 0; i < b->n_experts; i++)
         if (eb_dtype_size(b->experts[i].dtype) == 0)
-            return fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d",
+            return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d",
                         b->experts[i].dtype);
     if (!async) {
         pthread_mutex_lock(&d->qmu);
@@ -700,7 +690,7 @@ static int cpu_expert_ffn(void *rtp, int dev, const eb_rt_expert_batch *b, int a
         if (ps) c->pair_start = ps;
         if (!ex || !ps) {
             pthread_mutex_unlock(&d->qmu);
-            return fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
+            return eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
         }
         c->capacity = b->n_experts;
     }
@@ -720,7 +710,7 @@ static int cpu_matmul_multi(void *rtp, int dev, const eb_rt_matmul *tasks, int n
     if (!d) return EB_ERR_RANGE;
     for (int i = 0; i < n_tasks; i++)
         if (eb_dtype_size(tasks[i].dtype) == 0)
-            return fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d", tasks[i].dtype);
+            return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d", tasks[i].dtype);
     uint64_t t0 = now_ns();
     pthread_mutex_lock(&d->run_lock);
     run_multi(rt, d, tasks, n_tasks);

@@ -113,21 +113,12 @@ struct gpu_runtime {
     gpu_device *devices;
 };
 
-static int fail(char *err, size_t errlen, int status, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return status;
-}
 
 #define GPU_TRY(call, what)                                                                                      \
     do {                                                                                                         \
         gpuError_t e_ = (call);                                                                                  \
         if (e_ != gpuSuccess)                                                                                    \
-            return fail(err, errlen, EB_ERR_DEVICE, API " %s: %s (error %d)", what, gpuGetErrorString(e_), (int)e_); \
+            return eb_rt_fail(err, errlen, EB_ERR_DEVICE, API " %s: %s (error %d)", what, gpuGetErrorString(e_), (int)e_); \
     } while (0)
 
 // ---- kernels -------------------------------------------------------------------------------------------
@@ -237,7 +228,7 @@ __global__ void zero_kernel(float *y, long long n) {
 
 static gpu_device *get_dev(gpu_runtime *rt, int dev, char *err, size_t errlen) {
     if (dev < 0 || dev >= rt->n_devices) {
-        fail(err, errlen, EB_ERR_RANGE, RUNTIME_NAME " runtime: no device %d (it has %d)", dev, rt->n_devices);
+        eb_rt_fail(err, errlen, EB_ERR_RANGE, RUNTIME_NAME " runtime: no device %d (it has %d)", dev, rt->n_devices);
         return NULL;
     }
     return &rt->devices[dev];
@@ -269,15 +260,15 @@ static int gpu_init(const eb_runtime_options *opt, void **out, char *err, size_t
     int count = 0;
     gpuError_t e = gpuGetDeviceCount(&count);
     if (e != gpuSuccess)
-        return fail(err, errlen, EB_ERR_DEVICE, "no device: " API " reports %s (error %d)", gpuGetErrorString(e),
+        return eb_rt_fail(err, errlen, EB_ERR_DEVICE, "no device: " API " reports %s (error %d)", gpuGetErrorString(e),
                     (int)e);
-    if (count <= 0) return fail(err, errlen, EB_ERR_DEVICE, "no device: " API " reports 0 devices");
+    if (count <= 0) return eb_rt_fail(err, errlen, EB_ERR_DEVICE, "no device: " API " reports 0 devices");
     gpu_runtime *rt = (gpu_runtime *)calloc(1, sizeof *rt);
-    if (!rt) return fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
+    if (!rt) return eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
     rt->devices = (gpu_device *)calloc((size_t)count, sizeof *rt->devices);
     if (!rt->devices) {
         free(rt);
-        return fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
+        return eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
     }
     for (int i = 0; i < count; i++) {
         gpu_device *d = &rt->devices[i];
@@ -289,7 +280,7 @@ static int gpu_init(const eb_runtime_options *opt, void **out, char *err, size_t
             (e = gpuEventCreate(&d->slots_copied)) != gpuSuccess) {
             rt->n_devices = i + 1; // shutdown releases what device i did create
             gpu_shutdown(rt);
-            return fail(err, errlen, EB_ERR_DEVICE, API " device %d: %s (error %d)", i, gpuGetErrorString(e), (int)e);
+            return eb_rt_fail(err, errlen, EB_ERR_DEVICE, API " device %d: %s (error %d)", i, gpuGetErrorString(e), (int)e);
         }
         d->warp = prop.warpSize > 0 ? prop.warpSize : 32;
         snprintf(d->name, sizeof d->name, "%.60s", prop.name);
@@ -330,7 +321,7 @@ static int gpu_mem_alloc(void *rtp, int dev, size_t bytes, void **ptr, char *err
     if (e != gpuSuccess) {
         (void)gpuGetLastError();
         *ptr = NULL;
-        return fail(err, errlen, EB_ERR_MEMORY, API " could not allocate %zu bytes on device %d: %s", bytes, dev,
+        return eb_rt_fail(err, errlen, EB_ERR_MEMORY, API " could not allocate %zu bytes on device %d: %s", bytes, dev,
                     gpuGetErrorString(e));
     }
     return 0;
@@ -392,13 +383,13 @@ static int synchronize_locked(void *rtp, int dev, char *err, size_t errlen) {
 static int gpu_matmul(void *rtp, int dev, const void *w, int dtype, int64_t rows, int64_t cols, const float *x,
                       int64_t n, float *y, char *err, size_t errlen) {
     (void)rtp, (void)w, (void)dtype, (void)rows, (void)cols, (void)x, (void)n, (void)y;
-    return fail(err, errlen, EB_ERR_UNSUPPORTED,
+    return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED,
                 RUNTIME_NAME ":%d cannot be the primary device (attention and the router run on a CPU device)", dev);
 }
 
 static int gpu_matmul_multi(void *rtp, int dev, const eb_rt_matmul *tasks, int n_tasks, char *err, size_t errlen) {
     (void)rtp, (void)tasks, (void)n_tasks;
-    return fail(err, errlen, EB_ERR_UNSUPPORTED,
+    return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED,
                 RUNTIME_NAME ":%d cannot be the primary device (attention and the router run on a CPU device)", dev);
 }
 
@@ -406,7 +397,7 @@ static int expert_ffn_locked(void *rtp, int dev, const eb_rt_expert_batch *b, in
     gpu_device *d = get_dev((gpu_runtime *)rtp, dev, err, errlen);
     if (!d) return EB_ERR_RANGE;
     if (b->scratch_bytes < eb_rt_expert_scratch_bytes(b->n_pairs, b->hidden, b->inter))
-        return fail(err, errlen, EB_ERR_ARGUMENT, RUNTIME_NAME " runtime: expert scratch of %zu bytes is too small",
+        return eb_rt_fail(err, errlen, EB_ERR_ARGUMENT, RUNTIME_NAME " runtime: expert scratch of %zu bytes is too small",
                     b->scratch_bytes);
     GPU_TRY(gpuSetDevice(dev), "set device");
     if (!d->timing) GPU_TRY(gpuEventRecord(d->start, d->stream), "event");
@@ -415,7 +406,7 @@ static int expert_ffn_locked(void *rtp, int dev, const eb_rt_expert_batch *b, in
     int rows_per_block = BLOCK / d->warp;
     for (int i = 0; i < b->n_experts; i++)
         if (eb_dtype_size(b->experts[i].dtype) == 0)
-            return fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d",
+            return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d",
                         b->experts[i].dtype);
     if (!owner_local && b->n_experts > 0) {
         // reference mode: two launches for the whole batch
