@@ -18,10 +18,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-
-import numpy as np
 
 from engine.demo import DEMO_PROMPTS
 from engine.model import Engine
@@ -29,6 +26,7 @@ from engine.model import Engine
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from checkpoints import demo_target  # noqa: E402
+from measure import decode_speed, prefill_ids, prefill_speed  # noqa: E402
 
 
 def memory_ceiling() -> dict:
@@ -39,30 +37,6 @@ def memory_ceiling() -> dict:
                        check=True)  # fmt: skip
         subprocess.run([str(exe), "--json", str(out)], check=True, capture_output=True)
         return json.loads(out.read_text())
-
-
-def decode_speed(model, prompt, tokens: int, repeats: int) -> tuple[list[float], list[int]]:
-    speeds, ids = [], []
-    with model.context(len(prompt) + tokens + 1) as ctx:
-        for _ in range(repeats + 1):  # the first run warms the page cache and the arenas
-            ctx.truncate(0)
-            res = ctx.generate(prompt, tokens)
-            speeds.append(res.decode_tokens_per_second)
-            ids = res.ids
-    return speeds[1:], ids
-
-
-def prefill_speed(model, n: int, repeats: int) -> list[float]:
-    rng = np.random.default_rng(0)
-    prompt = rng.integers(0, model.config.vocab_size, n).tolist()
-    out = []
-    with model.context(n + 1) as ctx:
-        for _ in range(repeats):
-            ctx.truncate(0)
-            t0 = time.perf_counter()
-            ctx.prefill(prompt, all_rows=False)
-            out.append(n / (time.perf_counter() - t0))
-    return out
 
 
 def main() -> int:
@@ -84,7 +58,7 @@ def main() -> int:
             model = eng.load(path)
             prompt = model.encode(DEMO_PROMPTS[0])
             speeds, ids = decode_speed(model, prompt, args.tokens, args.repeats)
-            prefill = prefill_speed(model, args.prefill, args.repeats)
+            prefill = prefill_speed(model, prefill_ids(model.config.vocab_size, args.prefill), args.repeats)
             per_token = model.info["bytes_per_token"]
             kernels = eng.runtimes[0].kernel_variant
             threads = eng.devices[0].threads

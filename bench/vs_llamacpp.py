@@ -18,17 +18,16 @@ import statistics
 import subprocess
 import sys
 import tarfile
-import time
 from pathlib import Path
 
-import numpy as np
-
+from engine.checkpoint import Checkpoint
 from engine.demo import DEMO_PROMPTS
 from engine.model import Engine
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from checkpoints import demo_target  # noqa: E402
+from measure import decode_speed, prefill_ids, prefill_speed  # noqa: E402
 
 LLAMA_CPP_PYTHON = "0.3.36"
 WORK = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "expertbench" / "bench-llamacpp"
@@ -112,24 +111,12 @@ def to_gguf(model_dir: Path, dtype: str) -> Path:
     return out
 
 
-def ours(model_dir: Path, threads: int, prompt_ids, prefill_ids, tokens: int, repeats: int) -> dict:
+def ours(model_dir: Path, threads: int, prompt_ids, prefill_prompt, tokens: int, repeats: int) -> dict:
     with Engine(cpu_threads=threads) as eng:
         model = eng.load(model_dir)
-        prefill = []
-        with model.context(len(prefill_ids) + 1) as ctx:
-            for _ in range(repeats):
-                ctx.truncate(0)
-                t0 = time.perf_counter()
-                ctx.prefill(prefill_ids, all_rows=False)
-                prefill.append(len(prefill_ids) / (time.perf_counter() - t0))
-        decode, ids = [], []
-        with model.context(len(prompt_ids) + tokens + 1) as ctx:
-            for _ in range(repeats + 1):
-                ctx.truncate(0)
-                res = ctx.generate(prompt_ids, tokens)
-                decode.append(res.decode_tokens_per_second)
-                ids = res.ids
-    return {"prefill": prefill, "decode": decode[1:], "ids": ids}
+        prefill = prefill_speed(model, prefill_prompt, repeats)
+        decode, ids = decode_speed(model, prompt_ids, tokens, repeats)
+    return {"prefill": prefill, "decode": decode, "ids": ids}
 
 
 def main() -> int:
@@ -146,17 +133,15 @@ def main() -> int:
     rows = []
     for dtype in args.dtypes:
         model_dir = demo_target(args.size, dtype)
-        with Engine() as eng:
-            tok_model = eng.load(model_dir)
-            prompt_ids = tok_model.encode(DEMO_PROMPTS[0])
-            vocab = tok_model.config.vocab_size
-        prefill_ids = np.random.default_rng(0).integers(0, vocab, args.prefill).tolist()
+        checkpoint = Checkpoint.open(model_dir)  # the token ids both engines get (no model load for this)
+        prompt_ids = checkpoint.tokenizer.encode(DEMO_PROMPTS[0], add_special_tokens=False).ids
+        prefill_prompt = prefill_ids(checkpoint.config.vocab_size, args.prefill)
         gguf = to_gguf(model_dir, dtype)
         n_ctx = max(args.prefill, len(prompt_ids) + args.tokens) + 8
         cfg = {"gguf": str(gguf), "threads": args.threads, "n_ctx": n_ctx, "repeats": args.repeats,
-               "prompt_ids": prompt_ids, "prefill_ids": prefill_ids, "tokens": args.tokens}  # fmt: skip
+               "prompt_ids": prompt_ids, "prefill_ids": prefill_prompt, "tokens": args.tokens}  # fmt: skip
         theirs = json.loads(run([str(PY), "-c", RUNNER, json.dumps(cfg)], capture_output=True, text=True).stdout)
-        mine = ours(model_dir, args.threads, prompt_ids, prefill_ids, args.tokens, args.repeats)
+        mine = ours(model_dir, args.threads, prompt_ids, prefill_prompt, args.tokens, args.repeats)
         agree = next((i for i, (a, b) in enumerate(zip(mine["ids"], theirs["ids"], strict=True)) if a != b), None)
         d_ours, d_theirs = statistics.median(mine["decode"]), statistics.median(theirs["decode"])
         p_ours, p_theirs = statistics.median(mine["prefill"]), statistics.median(theirs["prefill"])

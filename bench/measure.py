@@ -1,0 +1,36 @@
+"""Speed measurements shared by the benchmarks (decode.py, vs_llamacpp.py): the same loops, so the same figures."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+def prefill_ids(vocab_size: int, n: int) -> list[int]:
+    """A fixed pseudo-random prompt (seed 0), the same for every engine measured."""
+    return np.random.default_rng(0).integers(0, vocab_size, n).tolist()
+
+
+def decode_speed(model, prompt, tokens: int, repeats: int) -> tuple[list[float], list[int]]:
+    """Greedy decode tokens/s of each repeat (after one warm-up run: page cache, arenas) and the last run's ids."""
+    speeds, ids = [], []
+    with model.context(len(prompt) + tokens + 1) as ctx:
+        for _ in range(repeats + 1):
+            ctx.truncate(0)
+            res = ctx.generate(prompt, tokens)
+            speeds.append(res.decode_tokens_per_second)
+            ids = res.ids
+    return speeds[1:], ids
+
+
+def prefill_speed(model, prompt: list[int], repeats: int) -> list[float]:
+    """Prefill tokens/s of each repeat (the last position's logits only, as generation needs)."""
+    out = []
+    with model.context(len(prompt) + 1) as ctx:
+        for _ in range(repeats):
+            ctx.truncate(0)
+            t0 = time.perf_counter()
+            ctx.prefill(prompt, all_rows=False)
+            out.append(len(prompt) / (time.perf_counter() - t0))
+    return out
