@@ -28,6 +28,7 @@ from engine.profile import Profile, fingerprint, load
 from engine.routing import RoutingStats, profile
 from engine.run import DecodeRun, RunResult
 from engine.speculative import check_shared_vocabulary
+from engine.strategy import placement_bytes
 
 from . import profiles, strategies
 from .live import LiveBuffer
@@ -145,8 +146,8 @@ class ModelSnapshot:
     primary: str
     synthetic: bool
     draft_synthetic: bool
-    weight_bytes: int  # every weight of the target
-    expert_bytes: np.ndarray  # [layer, expert] bytes of each expert (0 for dense layers)
+    weight_bytes: int  # every weight of the target (the engine's info["weight_bytes"])
+    all_expert_bytes: int  # the weights of all its experts (the engine's info["expert_bytes"])
     placement: Placement
     devices: list[DeviceInfo]
     shape: ModelShape  # what the cost model and the strategies know of the target
@@ -172,21 +173,6 @@ def _fingerprint(model: Model) -> str | None:
         return fingerprint(model.checkpoint.folder)
     except EngineError:
         return None
-
-
-def _expert_bytes(model: Model) -> np.ndarray:
-    cfg = model.config
-    out = np.zeros((cfg.num_layers, max(cfg.num_experts, 1)), dtype=np.int64)
-    for name, t in model.checkpoint.tensors.items():
-        parts = name.split(".")
-        if len(parts) > 5 and parts[:2] == ["model", "layers"] and parts[3:5] == ["mlp", "experts"]:
-            out[int(parts[2]), int(parts[5])] += t.nbytes
-    # The engine is the authority: if its count differs (another storage dtype), spread its total evenly.
-    engine_total = sum(model.placement_bytes(model.placement).values())
-    if out.sum() != engine_total and cfg.moe_layers:
-        out[:] = 0
-        out[cfg.moe_layers, : cfg.num_experts] = engine_total // (len(cfg.moe_layers) * cfg.num_experts)
-    return out
 
 
 class WorkbenchState(QObject):
@@ -309,6 +295,7 @@ class WorkbenchState(QObject):
                 if draft is not None:
                     new_draft = side.engine.load(draft, device=primary)
                     check_shared_vocabulary(new_target, new_draft)
+                info = new_target.info
                 snapshot = ModelSnapshot(
                     target_path=str(target),
                     draft_path=None if draft is None else str(draft),
@@ -316,8 +303,8 @@ class WorkbenchState(QObject):
                     primary=primary,
                     synthetic=bool(new_target.config.synthetic),
                     draft_synthetic=bool(new_draft is not None and new_draft.config.synthetic),
-                    weight_bytes=new_target.info["weight_bytes"],
-                    expert_bytes=_expert_bytes(new_target),
+                    weight_bytes=info["weight_bytes"],
+                    all_expert_bytes=info["expert_bytes"],
                     placement=new_target.placement,
                     devices=side.engine.devices,
                     shape=ModelShape.from_model(new_target),
@@ -372,15 +359,11 @@ class WorkbenchState(QObject):
     # ---- bytes -------------------------------------------------------------------------------------------
 
     def bytes_on(self, placement: Placement | None) -> dict[str, int]:
-        """Expert bytes each device holds under a placement (computed here from the per-expert table)."""
+        """Expert bytes each device holds under a placement (the engine's figures: engine.strategy)."""
         out = dict.fromkeys(self.device_names, 0)
         if placement is None or self.model is None:
             return out
-        table = self.model.expert_bytes
-        for layer, row in enumerate(placement.owners):
-            for expert, device in enumerate(row):
-                if device is not None:
-                    out[device] = out.get(device, 0) + int(table[layer, expert])
+        out.update(placement_bytes(self.model.shape, placement))
         return out
 
     def model_bytes_on(self, device: str) -> int:
@@ -389,7 +372,7 @@ class WorkbenchState(QObject):
             return 0
         used = self.bytes_on(self.placement).get(device, 0)
         if device == self.model.primary:
-            used += self.model.weight_bytes - int(self.model.expert_bytes.sum()) + self.model.draft_weight_bytes
+            used += self.model.weight_bytes - self.model.all_expert_bytes + self.model.draft_weight_bytes
         return used
 
     def _overflow(self, new: Placement) -> str:
