@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.costmodel import ModelShape
 from engine.demo import DEMO_PROMPTS, ensure_demo_pair
 from engine.model import Engine
 
@@ -76,9 +77,8 @@ def main() -> int:
             for _ in range(args.repeats):
                 ids, logits, seconds = decode(model, prompt, args.tokens, args.gpu, gpu_decode)
                 speeds.append((len(ids) - 1) / seconds)
-            # GPU-side efficiency while decoding: each routed pair reads one expert's weights (bf16)
-            cfg = model.config
-            expert_bytes = 3 * cfg.hidden_size * cfg.moe_intermediate_size * 2
+            # GPU-side efficiency while decoding: each routed pair reads one expert's weights, in the model's dtype
+            expert_bytes = ModelShape.from_model(model).expert_bytes
             gpu_rows, gpu_busy = gpu_decode
             positions = args.repeats * (args.tokens - 1)
             gpu_gbs = gpu_rows * expert_bytes / gpu_busy / 1e9 if gpu_busy > 0 else 0.0

@@ -114,8 +114,8 @@ def to_gguf(model_dir: Path, dtype: str) -> Path:
 def ours(model_dir: Path, threads: int, prompt_ids, prefill_prompt, tokens: int, repeats: int) -> dict:
     with Engine(cpu_threads=threads) as eng:
         model = eng.load(model_dir)
+        decode, ids = decode_speed(model, prompt_ids, tokens, repeats)  # first, as bench/decode.py does: it warms
         prefill = prefill_speed(model, prefill_prompt, repeats)
-        decode, ids = decode_speed(model, prompt_ids, tokens, repeats)
     return {"prefill": prefill, "decode": decode, "ids": ids}
 
 

@@ -6,10 +6,12 @@ descriptor again. Nothing is copied: a tensor is a (file, offset, dtype, shape) 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import struct
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +80,19 @@ class Checkpoint:
     files: list[Path]
     tokenizer: Any = None  # tokenizers.Tokenizer, or None when the folder has no tokenizer.json
     raw_config: dict = field(default_factory=dict)
+
+    @cached_property
+    def vocabulary(self) -> dict[str, int] | None:
+        """Token text -> id (added tokens included), read from the tokenizer once; None without a tokenizer."""
+        return None if self.tokenizer is None else self.tokenizer.get_vocab(with_added_tokens=True)
+
+    @cached_property
+    def vocabulary_digest(self) -> str | None:
+        """sha256 of the vocabulary: two checkpoints with equal digests give every id the same meaning."""
+        if self.vocabulary is None:
+            return None
+        text = json.dumps(sorted(self.vocabulary.items()), ensure_ascii=False)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
     @classmethod
     def open(cls, folder: str | Path) -> Checkpoint:

@@ -329,22 +329,16 @@ def calibrate(model, devices: list[str] | None = None, tokens: int = 32, repeats
     finally:
         model.set_placement(saved)
     rates: dict[str, DeviceRate] = {}
-    expert_time = {}
     if b:
         expert_time = {n: max(statistics.median((a[n]["busy"][primary] - m[n]["busy"][primary]) * n_moe / layers[d]
                                                 for d, m in b.items()), 1e-9) for n in (1, 4)}  # fmt: skip
         rates[primary] = _rate(shape, {n: a[n]["experts"][primary] for n in (1, 4)}, expert_time, 0.0)
-        if rates[primary].bandwidth > PLAUSIBLE_PRIMARY_BANDWIDTH:
-            # noise swamped the difference of busy times (small experts, a busy machine): take the primary's
-            # bytes per step over the whole step instead, as with no peer
-            bandwidth = model.info["bytes_per_token"] / a[1]["seconds"]
-            rates[primary] = DeviceRate(bandwidth)
-            expert_time = {n: a[n]["experts"][primary] * shape.expert_bytes / bandwidth for n in (1, 4)}
-        fixed = max(a[1]["seconds"] - expert_time[1], 0.0)
-    else:
-        bandwidth = model.info["bytes_per_token"] / a[1]["seconds"]
-        rates[primary] = DeviceRate(bandwidth)
-        fixed = a[1]["seconds"] - a[1]["experts"][primary] * shape.expert_bytes / bandwidth
+    if not b or rates[primary].bandwidth > PLAUSIBLE_PRIMARY_BANDWIDTH:
+        # No peer, or noise swamped the difference of busy times (small experts, a busy machine): the primary's
+        # bytes per token over the whole step stand for its bandwidth.
+        rates[primary] = DeviceRate(model.info["bytes_per_token"] / a[1]["seconds"])
+        expert_time = {n: a[n]["experts"][primary] * shape.expert_bytes / rates[primary].bandwidth for n in (1, 4)}
+    fixed = max(a[1]["seconds"] - expert_time[1], 0.0)
     for d, m in b.items():
         k = layers[d]
         busy = {n: max(m[n]["busy"][d], 1e-9) for n in (1, 4)}

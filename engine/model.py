@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -446,7 +445,7 @@ class Context(_Handle):
 
     def generate(self, prompt_ids, n: int, stop_ids=()) -> GenerateResult:
         """Greedy decoding of up to n tokens after the prompt (appended at the current position)."""
-        if not isinstance(n, int) or n < 1:
+        if not _is_int(n) or n < 1:
             raise ArgumentError(f"number of tokens to generate must be a positive integer, got {n!r}")
         prompt = _ids_array(prompt_ids)
         if self.position + len(prompt) + n - 1 > self.capacity:
@@ -469,8 +468,3 @@ class Context(_Handle):
             lib.eb_context_free(self._ptr)
             self._ptr = ffi.NULL
             self.model._contexts.remove(self)
-
-
-def default_model_path() -> Path:
-    """The model used when none is given: the bundled fixture until the demo model exists."""
-    return Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "qwen3moe-f32"

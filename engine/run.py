@@ -28,10 +28,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .errors import ArgumentError, RangeError, StateError
-from .model import Model, _ids_array
+from .model import Context, Model, _ids_array
 from .speculative import GreedyDecoder, SpeculativeDecoder, check_draft_q, check_shared_vocabulary
 
-REDUCTION_MODES = ("reference", "owner_local")
+REDUCTION_MODES = tuple(Context.MODES)  # the context owns the mode names
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,11 +46,12 @@ def check_shared_vocabulary(target: Model, draft: Model) -> None:
             f"draft '{draft.checkpoint.folder}' has vocab_size {d_size}, the target '{target.checkpoint.folder}' "
             f"has {t_size}: a draft must share the target's vocabulary"
         )
-    # Without a tokenizer on one side only the size can be compared; ids are then taken at their word.
-    if target.tokenizer is None or draft.tokenizer is None:
+    # Without a tokenizer on one side only the size can be compared; ids are then taken at their word. The
+    # checkpoints read and digest their vocabularies once, so checking again (each run does) costs nothing.
+    t_digest, d_digest = target.checkpoint.vocabulary_digest, draft.checkpoint.vocabulary_digest
+    if t_digest is None or d_digest is None or t_digest == d_digest:
         return
-    t_vocab = target.tokenizer.get_vocab(with_added_tokens=True)
-    d_vocab = draft.tokenizer.get_vocab(with_added_tokens=True)
+    t_vocab, d_vocab = target.checkpoint.vocabulary, draft.checkpoint.vocabulary
     if t_vocab != d_vocab:
         differ = sorted(tok for tok in t_vocab.keys() | d_vocab.keys() if t_vocab.get(tok) != d_vocab.get(tok))
         tok = differ[0]

@@ -115,3 +115,15 @@ def test_unknown_device_of_a_runtime_not_loaded_says_how_to_load_it():
         eng.device_index("hostsim:0")
     with Engine(runtimes=("cpu", "nosuch"), strict=False) as eng, pytest.raises(RangeError, match="did not load"):
         eng.device_index("nosuch:0")
+
+
+def test_generate_refuses_a_bool_token_count():
+    from engine.errors import ArgumentError
+
+    with (
+        Engine() as eng,
+        eng.load(FIXTURES / "qwen3-f32") as model,
+        model.context(16) as ctx,
+        pytest.raises(ArgumentError, match="positive integer, got True"),
+    ):
+        ctx.generate([1, 2], True)
