@@ -63,9 +63,11 @@ def test_acceptance_at_q2_is_realistic_and_output_varied(demo_pair):
     with Engine() as eng:
         target, draft = eng.load(demo_pair.target), eng.load(demo_pair.draft)
         res = DecodeRun(target, draft, prompts=DEMO_PROMPTS, tokens_per_prompt=64, q=2).run()
-        per_prompt = [round(r, 3) for r in _per_prompt_acceptance(target, draft)]
-    print(f"demo acceptance at q=2: {res.accept_rate:.3f}, per prompt {per_prompt}")
-    assert 0.70 <= res.accept_rate <= 0.85, per_prompt
+        if not 0.70 <= res.accept_rate <= 0.85:  # the per-prompt figures cost four more runs: only on failure
+            per_prompt = [round(r, 3) for r in _per_prompt_acceptance(target, draft)]
+            pytest.fail(
+                f"demo acceptance at q=2 is {res.accept_rate:.3f}, expected 0.70..0.85 (per prompt {per_prompt})"
+            )
     for p in res.prompts:
         assert len(set(p.generated_ids)) >= 32, "greedy output loops instead of varying"
 
