@@ -162,11 +162,7 @@ def cmd_export(args) -> int:
         if args.output:
             _write(stats.write_hotness_csv, args.output)
             return 0
-        import tempfile
-
-        with tempfile.TemporaryDirectory() as tmp:  # the routing module writes the format, to a file
-            stats.write_hotness_csv(Path(tmp) / "hot.csv")
-            text = (Path(tmp) / "hot.csv").read_text()
+        text = stats.to_hotness_csv()
     else:
         folder = profile.model_folder()
         config = parse_config(read_config_json(folder / "config.json"), folder / "config.json")
@@ -191,20 +187,3 @@ def _write(writer, path) -> None:
         writer(path)
     except OSError as exc:
         raise ProfileError(f"cannot write '{path}': {exc.strerror or exc}") from None
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`expertbench export ...` without the rest of the command line (for scripts and tests)."""
-    import argparse
-    import sys
-
-    from .errors import EngineError
-
-    parser = argparse.ArgumentParser(prog="expertbench")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["export", *(argv or [])])
-    try:
-        return args.func(args)
-    except EngineError as exc:
-        print(f"expertbench: error: {exc}", file=sys.stderr)
-        return 2

@@ -457,15 +457,3 @@ def cmd_regress(args) -> int:
         if o.error is not None:
             print(f"expertbench: error: {o.error}", file=sys.stderr)
     return report.exit_code
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`expertbench regress ...` without the rest of the command line (for scripts and tests)."""
-    parser = argparse.ArgumentParser(prog="expertbench")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["regress", *(argv or [])])
-    try:
-        return args.func(args)
-    except EngineError as exc:
-        print(f"expertbench: error: {exc}", file=sys.stderr)
-        return 2

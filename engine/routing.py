@@ -52,10 +52,13 @@ class RoutingStats:
         hits, tokens = model.routing_counts()
         return cls(hits, tokens, model.config.top_k)
 
-    def write_hotness_csv(self, path: str | os.PathLike) -> None:
+    def to_hotness_csv(self) -> str:
         lines = [f"# hotness table: n_layer={self.num_layers} n_expert={self.num_experts} n_expert_used={self.top_k}"]
         lines += [",".join(str(int(v)) for v in row) for row in self.hits]
-        Path(path).write_text("\n".join(lines) + "\n")
+        return "\n".join(lines) + "\n"
+
+    def write_hotness_csv(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(self.to_hotness_csv())
 
     @classmethod
     def read_hotness_csv(cls, path: str | os.PathLike) -> RoutingStats:

@@ -10,6 +10,7 @@ from fixture_paths import FIXTURES
 
 from engine import export
 from engine.checkpoint import Checkpoint
+from engine.cli import main as cli_main
 from engine.errors import ArgumentError
 from engine.placement import Placement
 from engine.routing import RoutingStats
@@ -115,7 +116,7 @@ def test_cpu_devices_collapse_to_one_cpu_buffer():
 
 def test_export_command_llama_cpp(capsys, tmp_path, tmp_path_factory, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-cache"))
-    assert export.main([str(EXAMPLES / "split.yaml"), "--format", "llama.cpp"]) == 0
+    assert cli_main(["export", str(EXAMPLES / "split.yaml"), "--format", "llama.cpp"]) == 0
     captured = capsys.readouterr()
     assert captured.out == "-ngl 0\n"  # cpu:0 and cpu:1 are one CPU for llama.cpp: nothing to override
     assert "cpu:0, cpu:1 are all the CPU" in captured.err
@@ -123,21 +124,24 @@ def test_export_command_llama_cpp(capsys, tmp_path, tmp_path_factory, monkeypatc
     model = FIXTURES / "qwen3moe-f32"
     gpu.write_text(f"expertbench_profile: 1\nmodel: {{path: {model}}}\ndevices: {{cpu: 1, cuda: 1}}\n"
                    "placement:\n  layers: {2: cuda:0}\n  experts: {2: {6-7: cpu:0}}\n")  # fmt: skip
-    assert export.main([str(gpu), "--format", "llama.cpp"]) == 0
+    assert cli_main(["export", str(gpu), "--format", "llama.cpp"]) == 0
     captured = capsys.readouterr()
     assert captured.out == "-ngl 0 -ot 'blk\\.(2)\\.ffn_(up|down|gate|gate_up)_(ch|)exps=CUDA0'\n"
     assert "not expressible in llama.cpp: layer 2: experts 6-7 on cpu:0" in captured.err
-    assert export.main([str(gpu), "--format", "llama.cpp", "--json", "-o", str(tmp_path / "o.json")]) == 0
+    assert cli_main(["export", str(gpu), "--format", "llama.cpp", "--json", "-o", str(tmp_path / "o.json")]) == 0
     data = json.loads((tmp_path / "o.json").read_text())
     assert data["exact"] is False and data["layer_buffers"] == {"0": "CPU", "2": "CUDA0"}
     assert data["args"][-1] == data["override_tensor"]
 
 
 def test_export_command_hotness_csv(tmp_path, capsys):
-    assert export.main([str(EXAMPLES / "split.yaml"), "--format", "hotness-csv", "-o", str(tmp_path / "h.csv")]) == 0
+    assert (
+        cli_main(["export", str(EXAMPLES / "split.yaml"), "--format", "hotness-csv", "-o", str(tmp_path / "h.csv")])
+        == 0
+    )
     stats = RoutingStats.read_hotness_csv(tmp_path / "h.csv")
     assert stats.hits.shape == (8, 16) and stats.top_k == 4
-    assert export.main([str(EXAMPLES / "split.yaml"), "--format", "hotness-csv"]) == 0
+    assert cli_main(["export", str(EXAMPLES / "split.yaml"), "--format", "hotness-csv"]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0] == "# hotness table: n_layer=8 n_expert=16 n_expert_used=4"
     assert np.array_equal(np.array([[int(v) for v in ln.split(",")] for ln in out.splitlines()[1:]]), stats.hits)
@@ -146,6 +150,6 @@ def test_export_command_hotness_csv(tmp_path, capsys):
 def test_export_bad_input_exits_2(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("expertbench_profile: 1\nmodel: {demo: default}\n")
-    assert export.main([str(bad), "--format", "hotness-csv"]) == 2
+    assert cli_main(["export", str(bad), "--format", "hotness-csv"]) == 2
     assert "has no routing statistics" in capsys.readouterr().err
-    assert export.main([str(tmp_path / "missing.yaml"), "--format", "llama.cpp"]) == 2
+    assert cli_main(["export", str(tmp_path / "missing.yaml"), "--format", "llama.cpp"]) == 2

@@ -11,6 +11,7 @@ from fixture_paths import FIXTURES
 
 from engine import profile as P
 from engine import regress
+from engine.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET, DRAFT = FIXTURES / "qwen3moe-f32", FIXTURES / "qwen3-f32"
@@ -44,7 +45,7 @@ def recorded(tmp_path, speeds):
     (tmp_path / "base.yaml").write_text(BASE)
     (tmp_path / "split.yaml").write_text(SPLIT)
     speeds.update({"base": 1000.0, "split": 800.0})
-    assert regress.main(["--record", str(tmp_path / "split.yaml"), str(tmp_path / "base.yaml")]) == 0
+    assert cli_main(["regress", "--record", str(tmp_path / "split.yaml"), str(tmp_path / "base.yaml")]) == 0
     return tmp_path
 
 
@@ -60,7 +61,7 @@ def test_record_writes_expectations_then_replay_passes(recorded, speeds, capsys)
     # 700 / 1000 = 0.7 >= 0.6
     speeds.update({"base": 1000.0, "split": 700.0})
     report, junit = recorded / "r.json", recorded / "r.xml"
-    code = regress.main([str(recorded / "split.yaml"), "--report-json", str(report), "--junit", str(junit)])
+    code = cli_main(["regress", str(recorded / "split.yaml"), "--report-json", str(report), "--junit", str(junit)])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "split" in out and "0.70 >= 0.60 (base)" in out and "2 held, 2/2 as recorded" in out
@@ -80,7 +81,7 @@ def test_hash_mismatch_is_a_regression(recorded, capsys):
     profile.expectations.output_sha256[1] = "0" * 64
     profile.save()
     junit = recorded / "r.xml"
-    assert regress.main([str(recorded / "split.yaml"), "--junit", str(junit)]) == 1
+    assert cli_main(["regress", str(recorded / "split.yaml"), "--junit", str(junit)]) == 1
     out = capsys.readouterr().out
     assert "1/2 as recorded" in out and f"output hash: prompt 1 gave {good[:16]}, recorded 0000000000000000" in out
     failure = ET.parse(junit).getroot().find("testsuite/testcase[@name='output hash']/failure")
@@ -89,19 +90,19 @@ def test_hash_mismatch_is_a_regression(recorded, capsys):
 
 def test_speed_regression_against_the_baseline_of_the_same_invocation(recorded, speeds, capsys):
     speeds.update({"base": 1000.0, "split": 500.0})  # 0.5 < 0.6
-    assert regress.main([str(recorded / "split.yaml"), str(recorded / "base.yaml")]) == 1
+    assert cli_main(["regress", str(recorded / "split.yaml"), str(recorded / "base.yaml")]) == 1
     out = capsys.readouterr().out
     assert "split: speed: 500.0 tokens/s, 0.500 x base (minimum 0.6)" in out
     # the same speed is fine when the baseline measured slower in this invocation: a ratio, never a time
     speeds.update({"base": 700.0, "split": 500.0})
-    assert regress.main([str(recorded / "split.yaml")]) == 0
+    assert cli_main(["regress", str(recorded / "split.yaml")]) == 0
 
 
 def test_acceptance_below_the_minimum_is_a_regression(recorded, capsys):
     profile = P.load(recorded / "split.yaml")
     profile.expectations.min_accept_rate = 1.0  # this random fixture draft agrees far less often
     profile.save()
-    assert regress.main([str(recorded / "split.yaml")]) == 1
+    assert cli_main(["regress", str(recorded / "split.yaml")]) == 1
     assert "split: acceptance:" in capsys.readouterr().out
 
 
@@ -114,10 +115,10 @@ def test_changing_hashes_between_repeats_fail_and_are_never_recorded(recorded, m
         return m
 
     monkeypatch.setattr(regress, "measure_profile", flaky)
-    assert regress.main([str(recorded / "split.yaml")]) == 1
+    assert cli_main(["regress", str(recorded / "split.yaml")]) == 1
     assert "CHANGED between repeats" in capsys.readouterr().out
     before = (recorded / "split.yaml").read_text()
-    assert regress.main(["--record", str(recorded / "split.yaml")]) == 1
+    assert cli_main(["regress", "--record", str(recorded / "split.yaml")]) == 1
     assert (recorded / "split.yaml").read_text() == before
 
 
@@ -147,19 +148,19 @@ def test_bad_input_exits_2_before_anything_runs(tmp_path, monkeypatch, capsys, c
     text, message = BAD_INPUT[case]
     (tmp_path / "bad.yaml").write_text(text)
     monkeypatch.setattr(regress, "measure_profile", lambda *a, **k: pytest.fail("nothing may run on bad input"))
-    assert regress.main([str(tmp_path / "bad.yaml")]) == 2
+    assert cli_main(["regress", str(tmp_path / "bad.yaml")]) == 2
     assert message in capsys.readouterr().err
 
 
 def test_missing_profile_and_unavailable_devices_exit_2(recorded, capsys):
-    assert regress.main([str(recorded / "nope.yaml")]) == 2
+    assert cli_main(["regress", str(recorded / "nope.yaml")]) == 2
     assert "no such profile file" in capsys.readouterr().err
     gpu = P.load(recorded / "split.yaml")
     gpu.devices["cuda"] = P.DeviceSpec(64)  # no machine here has 64 GPUs (most have none: the module says so)
     gpu.placement.layers = [(2, 2, "cuda:63")]
     gpu.save(recorded / "gpu.yaml")
     junit = recorded / "gpu.xml"
-    assert regress.main([str(recorded / "gpu.yaml"), "--junit", str(junit)]) == 2
+    assert cli_main(["regress", str(recorded / "gpu.yaml"), "--junit", str(junit)]) == 2
     err = capsys.readouterr().err
     assert "devices: this machine cannot provide them" in err or "devices: this machine has no cuda:" in err
     assert ET.parse(junit).getroot().find("testsuite").get("errors") == "1"
@@ -179,7 +180,7 @@ def test_example_profiles_pass_here(tmp_path_factory, monkeypatch, capsys):
     monkeypatch.setattr(regress, "measure_profile", steady)
     paths = sorted(str(p) for p in (ROOT / "profiles").glob("*.yaml"))
     assert len(paths) == 3
-    code = regress.main(paths)
+    code = cli_main(["regress", *paths])
     out = capsys.readouterr().out
     assert code == 0, out
     assert out.count("4 held, 4/4 as recorded") == 3
