@@ -27,6 +27,7 @@ def test_every_routed_token_counts_top_k_picks(model):
         else:
             assert stats.tokens[layer] == 0 and stats.hits[layer].sum() == 0
     assert np.allclose(stats.share()[0].sum(), cfg.top_k)
+    assert not stats.share()[1].any()  # the dense layer routed nothing: no division by zero, all zeros
 
 
 def test_counts_do_not_depend_on_the_placement():
