@@ -363,7 +363,7 @@ class MemoryBar(QWidget):
 
     @property
     def used(self) -> int:
-        return self.state.bytes_on(self.state.placement).get(self.device, 0)
+        return self.state.used_bytes.get(self.device, 0)  # counted by the state once per edit
 
     @property
     def capacity(self) -> int:
@@ -387,8 +387,9 @@ class MemoryBar(QWidget):
         label = QRectF(0, 0, self.width(), 14)
         p.setPen(QColor(c["muted"]))
         p.drawText(label, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, "experts")
-        preview, cap = self.preview, max(self.capacity, 1)
-        over = preview is not None and preview > self.capacity and preview > self.used
+        used, preview, capacity = self.used, self.preview, self.capacity  # plain reads: no counting per paint
+        cap = max(capacity, 1)
+        over = preview is not None and preview > capacity and preview > used
         p.setPen(QColor(c["bad"] if over else c["text"]))
         p.drawText(label, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter, self.text())
         track = QRectF(0, 18, self.width(), 10)
@@ -396,11 +397,11 @@ class MemoryBar(QWidget):
         path.addRoundedRect(track, 4, 4)
         p.fillPath(path, QColor(c["border"]))
         p.setClipPath(path)
-        share = min(1.0, self.used / cap)
+        share = min(1.0, used / cap)
         # Very small shares still get a visible sliver, so a device that holds something never looks empty.
-        width = max(3.0, track.width() * share) if self.used else 0.0
+        width = max(3.0, track.width() * share) if used else 0.0
         p.fillRect(QRectF(track.left(), track.top(), width, track.height()), self.accent)
-        if preview is not None and preview != self.used:
+        if preview is not None and preview != used:
             ghost = QColor(c["bad"] if over else c["ok"])
             ghost.setAlpha(150)
             pw = max(3.0, track.width() * min(1.0, preview / cap)) if preview else 0.0

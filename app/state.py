@@ -208,12 +208,14 @@ class WorkbenchState(QObject):
         self.load_errors: dict[str, str] = {}
         self.devices: list[DeviceInfo] = []
         self.model: ModelSnapshot | None = None
-        self.placement: Placement | None = None  # as edited
+        self._placement: Placement | None = None  # as edited (the `placement` property)
+        self.used_bytes: dict[str, int] = {}  # expert bytes on each device under the edited placement
         self.applied: Placement | None = None  # as the engine has it
         self.capacity: dict[str, int] = {}  # bytes of experts each device can hold for this model
         self.preview: dict[str, int] | None = None
         self.preview_device: str | None = None
         self.preview_ok = True
+        self._preview_key: tuple | None = None  # the hover the preview shows, and what preview_move answered
         self._undo: list[Edit] = []
         self._redo: list[Edit] = []
         self._applies = 0  # apply tasks queued and not yet finished
@@ -226,6 +228,7 @@ class WorkbenchState(QObject):
         self.history: list[RunRecord] = []
         self._references: dict[tuple, str] = {}
         self.routing: np.ndarray | None = None  # hits [layers, experts]
+        self._heat: np.ndarray | None = None  # routing relative to each layer's hottest expert (expert_heat)
         self.routing_stats: RoutingStats | None = None
         # (model, prompts) -> RoutingStats or a hits array; replaceable (tests inject their own)
         self.routing_provider: Callable[[Model, list[str]], RoutingStats | np.ndarray] | None = profile_routing
@@ -338,7 +341,7 @@ class WorkbenchState(QObject):
         self.profile_path = self.profile = None
         self._undo.clear()
         self._redo.clear()
-        self.routing = self.routing_stats = None
+        self.routing = self.routing_stats = self._heat = None
         self._set_devices(snapshot.devices)
         self.calibration = self._calibrations.get(self.calibration_key())
         self._after_calibration.clear()
@@ -354,9 +357,23 @@ class WorkbenchState(QObject):
         self.devices = devices
         applied = self.bytes_on(self.applied) if self.applied is not None else {}
         self.capacity = {d.name: d.memory_free + applied.get(d.name, 0) for d in devices}
+        self.used_bytes = self.bytes_on(self.placement)
+        self._preview_key = None  # the room changed: a hover over the same device is judged again
         self.sigDevicesChanged.emit()
 
     # ---- bytes -------------------------------------------------------------------------------------------
+
+    @property
+    def placement(self) -> Placement | None:
+        """The placement as edited (the engine applies it on its thread: `applied`)."""
+        return self._placement
+
+    @placement.setter
+    def placement(self, placement: Placement | None) -> None:
+        # Every edit comes through here: the bytes per device are counted once per edit, not on each repaint.
+        self._placement = placement
+        self.used_bytes = self.bytes_on(placement)
+        self._preview_key = None
 
     def bytes_on(self, placement: Placement | None) -> dict[str, int]:
         """Expert bytes each device holds under a placement (the engine's figures: engine.strategy)."""
@@ -370,14 +387,15 @@ class WorkbenchState(QObject):
         """Bytes of this model on a device: its experts there, plus every other weight on the primary."""
         if self.model is None:
             return 0
-        used = self.bytes_on(self.placement).get(device, 0)
+        used = self.used_bytes.get(device, 0)
         if device == self.model.primary:
             used += self.model.weight_bytes - self.model.all_expert_bytes + self.model.draft_weight_bytes
         return used
 
-    def _overflow(self, new: Placement) -> str:
-        """'' when the placement fits every device it grows, else a sentence saying which does not."""
-        before, after = self.bytes_on(self.placement), self.bytes_on(new)
+    def _overflow(self, new: Placement, after: dict[str, int] | None = None) -> str:
+        """'' when the placement fits every device it grows, else a sentence saying which does not (after: its
+        bytes per device, when already counted)."""
+        before, after = self.used_bytes, self.bytes_on(new) if after is None else after
         for device, n in after.items():
             cap = self.capacity.get(device, 0)
             if n > before.get(device, 0) and n > cap:
@@ -410,18 +428,25 @@ class WorkbenchState(QObject):
         return new, ""
 
     def preview_move(self, moves: dict[int, list[int]], device: str) -> bool:
-        """Show what the bars would read after a move (while a drag hovers); True when it would fit."""
+        """Show what the bars would read after a move (while a drag hovers); True when it would fit.
+        A drag reports every mouse move: the same hover as last time is answered without counting again."""
+        key = (device, tuple((layer, tuple(experts)) for layer, experts in sorted(moves.items())))
+        if self._preview_key is not None and self._preview_key[0] == key:
+            return self._preview_key[1]
         new, why = self._moved(moves, device)
         if new is None:
             self.clear_preview()
-            return False
-        self.preview = self.bytes_on(new)
-        self.preview_device = device
-        self.preview_ok = not self._overflow(new)
-        self.sigPreviewChanged.emit()
-        return self.preview_ok
+            ok = False
+        else:
+            self.preview = self.bytes_on(new)
+            self.preview_device = device
+            self.preview_ok = ok = not self._overflow(new, self.preview)
+            self.sigPreviewChanged.emit()
+        self._preview_key = key, ok
+        return ok
 
     def clear_preview(self) -> None:
+        self._preview_key = None
         if self.preview is not None:
             self.preview = self.preview_device = None
             self.preview_ok = True
@@ -729,6 +754,11 @@ class WorkbenchState(QObject):
                 stats = RoutingStats(hits, (hits.sum(axis=1) // np.uint64(top_k)).astype(np.uint64), top_k)
         self.routing = counts
         self.routing_stats = stats
+        if counts is None:
+            self._heat = None
+        else:
+            top = counts.max(axis=1, keepdims=True)
+            self._heat = np.divide(counts, top, out=np.zeros_like(counts), where=top > 0)
         self.sigRoutingChanged.emit()
 
     def profile_routing(self, prompts: list[str]) -> bool:
@@ -742,11 +772,8 @@ class WorkbenchState(QObject):
         return True
 
     def expert_heat(self) -> np.ndarray | None:
-        """Each expert's hits relative to the hottest expert of its layer (0..1)."""
-        if self.routing is None:
-            return None
-        top = self.routing.max(axis=1, keepdims=True)
-        return np.divide(self.routing, top, out=np.zeros_like(self.routing), where=top > 0)
+        """Each expert's hits relative to the hottest expert of its layer (0..1; computed when routing is set)."""
+        return self._heat
 
     # ---- cost model and strategies ----------------------------------------------------------------------
 

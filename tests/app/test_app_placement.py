@@ -151,3 +151,28 @@ def test_llama_cpp_export_shows_the_engines_arguments(qtbot, make_window, monkey
     monkeypatch.setattr(state.placement, "owners", [["nosuch:0"] * 8, [None] * 8, ["cpu:0"] * 8])
     window.act_export_llama.trigger()
     assert len(shown) == 2 and warned[0][0] == "Cannot export to llama.cpp" and "nosuch:0" in warned[0][1]
+
+
+def test_bytes_are_counted_once_per_edit_and_a_repeated_hover_is_not_counted_again(qtbot, make_window, monkeypatch):
+    window = make_window()
+    state = window.state
+    sim = window.editor.columns["hostsim:0"]
+    assert state.used_bytes == {"cpu:0": 2 * LAYER_BYTES, "hostsim:0": 0}
+    counted = []
+    real = type(state).bytes_on
+    monkeypatch.setattr(type(state), "bytes_on", lambda self, p: counted.append(p) or real(self, p))
+    sim.bar.repaint()
+    sim.bar.text()
+    assert counted == []  # painting reads what the last edit counted
+    previews = []
+    state.sigPreviewChanged.connect(lambda: previews.append(state.preview))
+    for _ in range(3):  # a drag reports every mouse move over the same column
+        assert state.preview_move({0: list(range(8))}, "hostsim:0")
+    assert len(previews) == 1 and previews[0] == {"cpu:0": LAYER_BYTES, "hostsim:0": LAYER_BYTES}
+    assert len(counted) == 1
+    state.clear_preview()
+    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        assert state.move({0: list(range(8))}, "hostsim:0")
+    assert state.used_bytes == {"cpu:0": LAYER_BYTES, "hostsim:0": LAYER_BYTES} and sim.bar.used == LAYER_BYTES
+    # After an edit the same hover is a new question (the move is now a no-op: nothing to preview).
+    assert not state.preview_move({0: list(range(8))}, "hostsim:0") and state.preview is None
