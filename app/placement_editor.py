@@ -69,7 +69,7 @@ class DeviceColumnModel(QAbstractItemModel):
         self.state, self.device = state, device
         self._rows: list[tuple[int, list[int]]] = self._compute()
         state.sigPlacementChanged.connect(self.refresh)
-        state.sigRoutingChanged.connect(self.refresh)
+        state.sigRoutingChanged.connect(self._routing_changed)
 
     def _compute(self) -> list[tuple[int, list[int]]]:
         p = self.state.placement
@@ -85,11 +85,22 @@ class DeviceColumnModel(QAbstractItemModel):
     @Slot()
     def refresh(self) -> None:
         rows = self._compute()
-        if rows == self._rows and self.state.routing is None:
+        if rows == self._rows:
             return
         self.beginResetModel()
         self._rows = rows
         self.endResetModel()
+
+    @Slot()
+    def _routing_changed(self) -> None:
+        """New hit counts change only the heat of the rows there are: every chip and expert repaints."""
+        if not self._rows:
+            return
+        roles = [HeatRole, ShareRole]
+        self.dataChanged.emit(self.index(0, 0), self.index(len(self._rows) - 1, 0), roles)
+        for row, (_layer, experts) in enumerate(self._rows):
+            parent = self.index(row, 0)
+            self.dataChanged.emit(self.index(0, 0, parent), self.index(len(experts) - 1, 0, parent), roles)
 
     # -- structure -----------------------------------------------------------------------------------------
 

@@ -113,10 +113,19 @@ def test_routing_heat_map_from_an_injected_provider_and_the_strategies(qtbot, ma
     counts[0] = np.arange(8)
     counts[2] = 3
     state.routing_provider = lambda model, prompts: counts
+    column = window.editor.columns["cpu:0"]
+    cpu = column.model
+    column.view.expand(cpu.index(0, 0))
+    resets, changed = [], []
+    cpu.modelReset.connect(lambda: resets.append(1))
+    cpu.dataChanged.connect(lambda first, last, roles: changed.append((first.parent().isValid(), list(roles))))
     with qtbot.waitSignal(state.sigRoutingChanged, timeout=TIMEOUT_MS):
         panel.profile_button.click()
     np.testing.assert_array_equal(panel.heatmap.counts, counts)
-    cpu = window.editor.columns["cpu:0"].model
+    # New counts repaint the heat of the rows there are: no reset, the expanded chip stays open.
+    assert not resets and column.view.isExpanded(cpu.index(0, 0))
+    assert changed == [(False, [HeatRole, ShareRole])] + [(True, [HeatRole, ShareRole])] * 2
+    assert state.expert_heat() is state.expert_heat()  # computed once, when the routing was set
     assert cpu.index(0, 0).data(HeatRole) == pytest.approx(list(np.arange(8) / 7))
     assert cpu.index(1, 0).data(HeatRole) == [1.0] * 8
     assert cpu.index(7, 0, cpu.index(0, 0)).data(HeatRole) == pytest.approx(1.0)
