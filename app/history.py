@@ -6,7 +6,9 @@ import csv
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt, Slot
 from PySide6.QtGui import QColor
@@ -34,21 +36,39 @@ def _output(r: RunRecord) -> str:
     return {True: "same", False: "CHANGED", None: "-"}[r.stable]
 
 
-# (header, cell text, csv value)
-COLUMNS = [
-    ("#", lambda r: str(r.index), lambda r: r.index),
-    ("Time", lambda r: r.started, lambda r: r.started),
-    ("Placement", lambda r: r.placement, lambda r: r.placement),
-    ("Mode", lambda r: r.mode, lambda r: r.mode),
-    ("Draft", lambda r: "-" if r.draft is None else f"q={r.q}", lambda r: r.draft or ""),
-    ("Tokens", lambda r: f"{r.prompts}×{r.tokens}×{r.repeats}", lambda r: r.prompts * r.tokens * r.repeats),
-    ("Decode tok/s", lambda r: _rate(r.decode_tokens_per_second), lambda r: r.decode_tokens_per_second),
-    ("Accept", _accept, lambda r: "" if r.accept_rate is None else r.accept_rate),
-    ("Hash", lambda r: r.short_hash, lambda r: r.output_hash),
-    ("Output", _output, _output),
+class Field(NamedTuple):
+    """One value of a run: its column in the table (None: CSV only) and its column in the CSV file."""
+
+    header: str | None  # the table's column heading
+    text: Callable[[RunRecord], str] | None  # the table's cell
+    csv: str  # the CSV column's name
+    value: Callable[[RunRecord], object]  # the CSV cell
+
+
+# The one table of what a run shows: the history table's columns and write_csv's, in their order.
+FIELDS = [
+    Field("#", lambda r: str(r.index), "run", lambda r: r.index),
+    Field("Time", lambda r: r.started, "time", lambda r: r.started),
+    Field("Placement", lambda r: r.placement, "placement", lambda r: r.placement),
+    Field("Mode", lambda r: r.mode, "mode", lambda r: r.mode),
+    Field("Draft", lambda r: "-" if r.draft is None else f"q={r.q}", "draft", lambda r: r.draft or ""),
+    Field(None, None, "q", lambda r: "" if r.q is None else r.q),
+    Field(
+        "Tokens", lambda r: f"{r.prompts}×{r.tokens}×{r.repeats}", "tokens", lambda r: r.prompts * r.tokens * r.repeats
+    ),
+    Field(
+        "Decode tok/s",
+        lambda r: _rate(r.decode_tokens_per_second),
+        "decode_tokens_per_second",
+        lambda r: r.decode_tokens_per_second,
+    ),
+    Field(None, None, "prefill_tokens_per_second", lambda r: r.prefill_tokens_per_second),
+    Field("Accept", _accept, "accept_rate", lambda r: "" if r.accept_rate is None else r.accept_rate),
+    Field("Hash", lambda r: r.short_hash, "output_sha256", lambda r: r.output_hash),
+    Field("Output", _output, "output", _output),
+    Field(None, None, "cancelled", lambda r: r.cancelled),
 ]
-CSV_HEADER = ["run", "time", "placement", "mode", "draft", "q", "tokens", "decode_tokens_per_second",
-              "prefill_tokens_per_second", "accept_rate", "output_sha256", "output", "cancelled"]  # fmt: skip
+COLUMNS = [f for f in FIELDS if f.header is not None]  # the history table's
 NUMERIC = {"#", "Decode tok/s", "Accept", "Tokens"}
 
 
@@ -79,16 +99,16 @@ class HistoryModel(QAbstractTableModel):
 
     def headerData(self, section: int, orientation, role=Qt.ItemDataRole.DisplayRole):
         if orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.DisplayRole:
-            return COLUMNS[section][0]
+            return COLUMNS[section].header
         return None
 
     def data(self, index: QModelIndex, role: int = Qt.ItemDataRole.DisplayRole):
         if not index.isValid():
             return None
         r = self.state.history[index.row()]
-        name = COLUMNS[index.column()][0]
+        name = COLUMNS[index.column()].header
         if role == Qt.ItemDataRole.DisplayRole:
-            return COLUMNS[index.column()][1](r)
+            return COLUMNS[index.column()].text(r)
         if role == Qt.ItemDataRole.ToolTipRole:
             if name == "Hash":
                 return r.output_hash or "no complete output"
@@ -114,12 +134,9 @@ def write_csv(path: str | os.PathLike, history: list[RunRecord]) -> None:
     path = Path(path)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, newline="", suffix=".tmp") as f:
         writer = csv.writer(f)
-        writer.writerow(CSV_HEADER)
+        writer.writerow([f.csv for f in FIELDS])
         for r in history:
-            writer.writerow([r.index, r.started, r.placement, r.mode, r.draft or "", "" if r.q is None else r.q,
-                             r.prompts * r.tokens * r.repeats, r.decode_tokens_per_second,
-                             r.prefill_tokens_per_second, "" if r.accept_rate is None else r.accept_rate,
-                             r.output_hash, _output(r), r.cancelled])  # fmt: skip
+            writer.writerow([f.value(r) for f in FIELDS])
     os.replace(f.name, path)
 
 

@@ -33,7 +33,6 @@ class LiveBuffer:
             self._window: deque[tuple[int, float, int, int]] = deque(maxlen=ROLLING_STEPS)
             self.total_tokens = total_tokens
             self.tokens_done = 0
-            self.generation = getattr(self, "generation", 0) + 1
 
     def append(self, event: StepEvent) -> None:
         """Called on the run's thread after each step: a few additions and three stores."""

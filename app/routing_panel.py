@@ -162,11 +162,10 @@ class RoutingPanel(QWidget):
             combo.blockSignals(False)
         self.single_button.setEnabled(has_model)
         self.uniform_button.setEnabled(has_model and len(names) > 1)
-        can_profile = has_model and s.routing_provider is not None
-        self.profile_button.setEnabled(can_profile)
+        self.profile_button.setEnabled(has_model)
         self.profile_button.setToolTip(
             "Decode the run panel's prompts and count which experts each layer's router picks"
-            if can_profile
+            if has_model
             else "Open a model first"
         )
         shape = (m.config.num_layers, m.config.num_experts) if has_model else None

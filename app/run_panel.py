@@ -20,9 +20,8 @@ from PySide6.QtWidgets import (
 )
 
 from engine.demo import DEMO_PROMPTS
-from engine.errors import EngineError
 from engine.profile import Profile
-from engine.run import REDUCTION_MODES, check_mode
+from engine.run import REDUCTION_MODES
 from engine.speculative import MAX_DRAFT_TOKENS
 
 from . import theme
@@ -61,12 +60,6 @@ class RunPanel(QWidget):
         self.mode = QComboBox()
         for mode in REDUCTION_MODES:
             self.mode.addItem(MODE_TEXT.get(mode, mode), mode)
-            try:
-                check_mode(mode)
-            except EngineError as exc:  # listed, but not offered, until the engine supports it
-                item = self.mode.model().item(self.mode.count() - 1)
-                item.setEnabled(False)
-                item.setToolTip(str(exc))
         self.tokens = QSpinBox()
         self.tokens.setRange(1, 4096)
         self.tokens.setValue(64)

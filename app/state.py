@@ -22,7 +22,7 @@ from PySide6.QtCore import QObject, Signal
 from engine.checkpoint import ModelConfig
 from engine.costmodel import Calibration, ModelShape, calibrate, predict_tokens_per_second
 from engine.errors import EngineError
-from engine.model import DeviceInfo, Engine, Model, RuntimeInfo
+from engine.model import DeviceInfo, Engine, Model
 from engine.placement import Placement
 from engine.profile import Profile, fingerprint, load
 from engine.routing import RoutingStats, profile
@@ -145,7 +145,6 @@ class ModelSnapshot:
     config: ModelConfig
     primary: str
     synthetic: bool
-    draft_synthetic: bool
     weight_bytes: int  # every weight of the target (the engine's info["weight_bytes"])
     all_expert_bytes: int  # the weights of all its experts (the engine's info["expert_bytes"])
     placement: Placement
@@ -176,7 +175,7 @@ def _fingerprint(model: Model) -> str | None:
 
 
 class WorkbenchState(QObject):
-    sigEngineChanged = Signal()  # runtimes, devices, load errors
+    sigEngineChanged = Signal()  # devices, load errors (runtimes that did not load)
     sigDevicesChanged = Signal()  # memory snapshot refreshed
     sigModelChanged = Signal()  # a target (and draft) loaded
     sigPlacementChanged = Signal()  # the placement being edited changed
@@ -204,7 +203,6 @@ class WorkbenchState(QObject):
         self._run_lock = threading.Lock()
         self._stop = threading.Event()
         # snapshots
-        self.runtimes: list[RuntimeInfo] = []
         self.load_errors: dict[str, str] = {}
         self.devices: list[DeviceInfo] = []
         self.model: ModelSnapshot | None = None
@@ -231,7 +229,7 @@ class WorkbenchState(QObject):
         self._heat: np.ndarray | None = None  # routing relative to each layer's hottest expert (expert_heat)
         self.routing_stats: RoutingStats | None = None
         # (model, prompts) -> RoutingStats or a hits array; replaceable (tests inject their own)
-        self.routing_provider: Callable[[Model, list[str]], RoutingStats | np.ndarray] | None = profile_routing
+        self.routing_provider: Callable[[Model, list[str]], RoutingStats | np.ndarray] = profile_routing
         # the cost model's figures for the loaded model and devices (None until measured), and every set measured
         self.calibration: Calibration | None = None
         self.calibrating = False
@@ -262,10 +260,10 @@ class WorkbenchState(QObject):
                 side.engine.close()
                 side.engine = side.target = side.draft = None
             side.engine = factory()
-            return side.engine.runtimes, side.engine.devices, dict(side.engine.load_errors)
+            return side.engine.devices, dict(side.engine.load_errors)
 
         def done(result):
-            self.runtimes, self.devices, self.load_errors = result
+            self.devices, self.load_errors = result
             self.model = self.placement = self.applied = None
             self.sigEngineChanged.emit()
             self.sigModelChanged.emit()
@@ -305,7 +303,6 @@ class WorkbenchState(QObject):
                     config=new_target.config,
                     primary=primary,
                     synthetic=bool(new_target.config.synthetic),
-                    draft_synthetic=bool(new_draft is not None and new_draft.config.synthetic),
                     weight_bytes=info["weight_bytes"],
                     all_expert_bytes=info["expert_bytes"],
                     placement=new_target.placement,
@@ -762,9 +759,9 @@ class WorkbenchState(QObject):
         self.sigRoutingChanged.emit()
 
     def profile_routing(self, prompts: list[str]) -> bool:
-        """Count expert hits over prompts with the injected provider (engine.routing, once it exists)."""
-        if self.routing_provider is None or self.model is None:
-            self.sigMessage.emit("Routing statistics need engine.routing, which the engine does not offer yet")
+        """Count expert hits over prompts with the provider (engine.routing's profiling pass unless replaced)."""
+        if self.model is None:
+            self.sigMessage.emit("Open a model first")
             return False
         provider, side = self.routing_provider, self._side
         failed = lambda exc: self._fail("Routing could not be profiled", exc)  # noqa: E731

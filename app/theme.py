@@ -39,10 +39,6 @@ def colors() -> dict[str, str]:
     return _current
 
 
-def color(name: str) -> QColor:
-    return QColor(_current[name])
-
-
 def device_kind(name: str, kind: str = "") -> str:
     """'cpu', 'gpu' or 'sim' for a device name such as cuda:0 or hostsim:0."""
     runtime = name.partition(":")[0]

@@ -7,15 +7,12 @@ signals; the callbacks given to submit() therefore run on the GUI thread and may
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
-
-_ids = itertools.count(1)
 
 
 @dataclass(eq=False)
@@ -24,7 +21,6 @@ class Task:
     label: str
     on_done: Callable[[Any], None] | None = None
     on_error: Callable[[BaseException], None] | None = None
-    id: int = field(default_factory=lambda: next(_ids))
 
 
 class _Runner(QObject):

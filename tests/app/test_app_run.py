@@ -60,7 +60,14 @@ def test_a_run_delivers_points_to_the_plots_and_a_history_row(qtbot, make_window
     path = tmp_path / "runs.csv"
     history.write_csv(path, state.history)
     rows = list(csv.DictReader(path.open()))
+    assert list(rows[0]) == ["run", "time", "placement", "mode", "draft", "q", "tokens", "decode_tokens_per_second",
+                             "prefill_tokens_per_second", "accept_rate", "output_sha256", "output",
+                             "cancelled"]  # fmt: skip
     assert [r["run"] for r in rows] == ["1", "2"]
+    assert (rows[0]["q"], rows[0]["draft"], rows[1]["q"], rows[1]["draft"]) == ("2", "qwen3-f32", "", "")
+    assert rows[0]["output_sha256"] == record.output_hash and rows[0]["cancelled"] == "False"
+    assert float(rows[1]["prefill_tokens_per_second"]) == pytest.approx(second.prefill_tokens_per_second)
+    assert rows[0]["tokens"] == str(record.prompts * 24 * 2) and rows[1]["accept_rate"] == ""
     assert rows[1]["placement"] == "0=hostsim:0; 2=cpu:0" and rows[1]["output"] == "same"
     assert window.plots.export_png(str(tmp_path / "plots.png"))
     assert (tmp_path / "plots.png").stat().st_size > 1000
