@@ -6,6 +6,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import csv
 
+import numpy as np
 import pytest
 from app_helpers import TIMEOUT_MS  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
@@ -36,7 +37,9 @@ def test_a_run_delivers_points_to_the_plots_and_a_history_row(qtbot, make_window
     x, y = window.plots.rate_curve.getData()
     assert len(x) > 0 and len(x) == len(y)
     assert (x[1:] >= x[:-1]).all()  # time runs forward
-    assert window.plots.accept_curve.getData()[0] is not None
+    ax, ay = window.plots.accept_curve.getData()
+    assert ax is not None and len(ax) > 0 and len(ax) == len(ay)  # a run with a draft has acceptance points
+    assert np.isfinite(ay).all() and ((ay >= 0) & (ay <= 100)).all()  # percent
     rx, ry = window.plots.runs_curve.getData()
     assert list(rx) == [1.0] and ry[0] == pytest.approx(record.decode_tokens_per_second)
     assert len(window.plots.hash_marks.data) == 1

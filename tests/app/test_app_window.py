@@ -11,6 +11,7 @@ from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
 from app.placement_editor import HeatRole, ShareRole  # noqa: E402
+from app.state import format_bytes  # noqa: E402
 from engine.routing import RoutingStats  # noqa: E402
 
 
@@ -30,8 +31,9 @@ def test_every_item_model_passes_the_model_tester(qtbot, make_window, qtmodeltes
         qtmodeltester.check(model)
 
 
-def test_devices_panel_greys_runtimes_that_did_not_load(make_window):
+def test_devices_panel_greys_runtimes_that_did_not_load(qtbot, make_window):
     window = make_window(runtimes=("cpu", "hostsim", "nosuch"))
+    state = window.state
     model = window.devices.model
     names = [model.index(r, 0).data() for r in range(model.rowCount())]
     assert names == ["cpu:0", "hostsim:0", "nosuch"]
@@ -40,7 +42,10 @@ def test_devices_panel_greys_runtimes_that_did_not_load(make_window):
     assert model.index(2, 1).data() == "not available"
     assert "nosuch" in model.index(2, 0).data(Qt.ItemDataRole.ToolTipRole)
     assert "nosuch" in window.devices.reasons.text() and window.devices.reasons.isVisibleTo(window)
-    assert model.index(0, 2).data() != "-"  # the model's bytes on its primary device
+    # The model's bytes on its primary device: every weight of the target and the draft (all experts are there).
+    target, draft = on_engine(qtbot, state, lambda side: (side.target.info, side.draft.info))
+    shown = format_bytes(target["weight_bytes"] + draft["weight_bytes"])
+    assert model.index(0, 2).data() == shown and model.index(1, 2).data() == format_bytes(0)
 
 
 def test_a_failing_engine_call_shows_an_error_dialog_and_the_window_stays_usable(
