@@ -12,7 +12,6 @@ from . import theme
 from .state import WorkbenchState, format_bytes
 
 _ROOT = QModelIndex()  # the invalid index: Qt's default parent
-KIND_TEXT = {"cpu": "CPU", "gpu": "GPU", "sim": "simulated"}
 
 
 class DevicesModel(QAbstractTableModel):
@@ -95,7 +94,7 @@ class DevicesModel(QAbstractTableModel):
         if col == 0:
             return r["name"]
         if col == 1:
-            return KIND_TEXT[r["kind"]]
+            return theme.kind_text(r["kind"])
         if col == 2:
             return "-" if r["model"] is None else format_bytes(r["model"])
         if col == 3:

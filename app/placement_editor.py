@@ -461,10 +461,6 @@ class DeviceColumn(QFrame):
         self.count.setText(text + (f" + {part} split" if part else ""))
 
 
-def _kind_text(kind: str) -> str:
-    return {"cpu": "CPU", "gpu": "GPU", "sim": "simulated accelerator"}[kind]
-
-
 class PlacementText(QLabel):
     """The placement's text form. A placement split expert by expert is a long text: it never widens the window;
     when it does not fit it ends in an ellipsis (the whole text is in the tooltip)."""
@@ -563,7 +559,7 @@ class PlacementEditor(QWidget):
             return
         for d in self.state.devices:
             kind = theme.device_kind(d.name, d.kind)
-            description = f"{_kind_text(kind)} · {d.description}"
+            description = f"{theme.kind_text(kind, long=True)} · {d.description}"
             if d.name == self.state.model.primary:
                 description += " · primary"
             col = DeviceColumn(self.state, d.name, d.kind, description)

@@ -49,6 +49,17 @@ def device_kind(name: str, kind: str = "") -> str:
     return "cpu"
 
 
+# What each kind is called: (short, for the devices table's narrow column; long, where there is room: the placement
+# editor's column heading, where a simulated device's description is the host's CPU and "simulated" alone would read
+# as a simulated CPU).
+KIND_TEXT = {"cpu": ("CPU", "CPU"), "gpu": ("GPU", "GPU"), "sim": ("simulated", "simulated accelerator")}
+
+
+def kind_text(kind: str, long: bool = False) -> str:
+    """The words for a device_kind() ('cpu', 'gpu', 'sim')."""
+    return KIND_TEXT[kind][long]
+
+
 def device_color(name: str, kind: str = "") -> QColor:
     return QColor(KIND_COLORS[device_kind(name, kind)])
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from app_helpers import LAYER_BYTES, TIMEOUT_MS, on_engine  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
-from PySide6.QtWidgets import QMessageBox  # noqa: E402
+from PySide6.QtWidgets import QLabel, QMessageBox  # noqa: E402
 
 from app.placement_editor import HeatRole, ShareRole  # noqa: E402
 from app.state import format_bytes  # noqa: E402
@@ -40,6 +40,10 @@ def test_devices_panel_greys_runtimes_that_did_not_load(qtbot, make_window):
     assert model.flags(model.index(2, 0)) == Qt.ItemFlag.NoItemFlags
     assert model.flags(model.index(0, 0)) & Qt.ItemFlag.ItemIsEnabled
     assert model.index(2, 1).data() == "not available"
+    # One table of kind names (app.theme): the short form in the devices table, the long one in the editor's columns.
+    assert (model.index(0, 1).data(), model.index(1, 1).data()) == ("CPU", "simulated")
+    labels = [label.text() for label in window.editor.columns["hostsim:0"].findChildren(QLabel)]
+    assert any(text.startswith("simulated accelerator · ") for text in labels)
     assert "nosuch" in model.index(2, 0).data(Qt.ItemDataRole.ToolTipRole)
     assert "nosuch" in window.devices.reasons.text() and window.devices.reasons.isVisibleTo(window)
     # The model's bytes on its primary device: every weight of the target and the draft (all experts are there).
