@@ -26,7 +26,7 @@ from engine.model import Engine
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from checkpoints import demo_target  # noqa: E402
-from measure import decode_speed, prefill_ids, prefill_speed  # noqa: E402
+from measure import add_common_arguments, decode_speed, prefill_ids, prefill_speed  # noqa: E402
 
 
 def memory_ceiling() -> dict:
@@ -41,13 +41,7 @@ def memory_ceiling() -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size", default="bench")
-    ap.add_argument("--dtypes", nargs="+", default=["bf16", "f32"])
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--prefill", type=int, default=512)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=0, help="worker threads (default: all cores)")
-    ap.add_argument("--json")
+    add_common_arguments(ap, threads_default=0)
     args = ap.parse_args()
     ceiling = memory_ceiling()
     read_all = ceiling["read_gbs"]["all"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import numpy as np
@@ -34,3 +35,14 @@ def prefill_speed(model, prompt: list[int], repeats: int) -> list[float]:
             ctx.prefill(prompt, all_rows=False)
             out.append(len(prompt) / (time.perf_counter() - t0))
     return out
+
+
+def add_common_arguments(ap: argparse.ArgumentParser, threads_default: int) -> None:
+    """The arguments every CPU speed benchmark takes, with the same defaults."""
+    ap.add_argument("--size", default="bench", help="demo model size (default, bench)")
+    ap.add_argument("--dtypes", nargs="+", default=["bf16", "f32"])
+    ap.add_argument("--tokens", type=int, default=64, help="decode steps per run")
+    ap.add_argument("--prefill", type=int, default=512, help="prompt length for the prefill measurement")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=threads_default, help="worker threads (0: all cores)")
+    ap.add_argument("--json", help="write the report here")

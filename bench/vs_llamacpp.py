@@ -27,7 +27,7 @@ from engine.model import Engine
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from checkpoints import demo_target  # noqa: E402
-from measure import decode_speed, prefill_ids, prefill_speed  # noqa: E402
+from measure import add_common_arguments, decode_speed, prefill_ids, prefill_speed  # noqa: E402
 
 LLAMA_CPP_PYTHON = "0.3.36"
 WORK = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "expertbench" / "bench-llamacpp"
@@ -121,13 +121,7 @@ def ours(model_dir: Path, threads: int, prompt_ids, prefill_prompt, tokens: int,
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size", default="bench")
-    ap.add_argument("--dtypes", nargs="+", default=["bf16", "f32"])
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--prefill", type=int, default=512)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--json")
+    add_common_arguments(ap, threads_default=os.cpu_count())
     args = ap.parse_args()
     setup()
     rows = []
