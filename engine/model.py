@@ -287,7 +287,8 @@ class Model(_Handle):
         """Scheduler counters since load or reset_counters(); busy_seconds is the device's running total."""
         mc = ffi.new("eb_model_counters *")
         check(lib.eb_model_get_counters(self._live(), mc))
-        out = {k: int(getattr(mc, k)) for k in ("joins", "layer_steps", "arena_allocations", "uploads")}
+        out = {k: int(getattr(mc, k)) for k in ("joins", "layer_steps", "arena_allocations", "uploads",
+               "host_round_trips", "graph_captures", "graph_launches")}  # fmt: skip
         dc = ffi.new("eb_device_counters *")
         devices = {}
         for d in self.engine.devices:
@@ -385,6 +386,7 @@ class Context(_Handle):
         check(lib.eb_context_create(model._live(), n_ctx, n_batch, out))
         self._ptr = out[0]
         self._mode = "reference"
+        self._graphs = True
         self.model = model
         self.vocab_size = model.config.vocab_size
         model._contexts.append(self)
@@ -410,6 +412,19 @@ class Context(_Handle):
             raise ArgumentError(f"reduction mode {mode!r}: expected 'reference' or 'owner_local'")
         check(lib.eb_context_set_mode(self._live(), self.MODES[mode]))
         self._mode = mode
+
+    @property
+    def graphs(self) -> bool:
+        return self._graphs
+
+    @graphs.setter
+    def graphs(self, enabled: bool) -> None:
+        """A GPU primary records a one-token step into a graph and replays it while every expert is on it
+        (True, the default); False queues each step's work anew. The results are the same."""
+        if not isinstance(enabled, bool):
+            raise ArgumentError(f"graphs must be True or False, got {enabled!r}")
+        check(lib.eb_context_set_graphs(self._live(), int(enabled)))
+        self._graphs = enabled
 
     def _eval(self, ids, all_rows: bool) -> np.ndarray:
         arr = _ids_array(ids)

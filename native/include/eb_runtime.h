@@ -15,7 +15,7 @@
 
 #include "expertbench.h"
 
-#define EB_RUNTIME_ABI_VERSION 2u
+#define EB_RUNTIME_ABI_VERSION 3u
 #define EB_RUNTIME_ENTRY "eb_runtime_module"
 
 #if defined(__GNUC__)
@@ -80,6 +80,78 @@ typedef struct {
     float *y;
 } eb_rt_matmul;
 
+/* ---- the primary's forward pass on a device that cannot read host memory (a GPU) ----------------------
+ *
+ * Every pointer is device memory of that device unless said otherwise. Every call is queued on the device's
+ * stream in order with its other work and returns without waiting, so that the core can capture a decode step
+ * into a graph; the core synchronizes (and reads results back) itself. Positions are read from device memory
+ * (pos: the position of the first of the n rows) so that one captured step serves every position. */
+
+/* Attention of n new rows at positions *pos .. *pos + n - 1 for one layer. */
+typedef struct {
+    float *q;                         /* n rows of n_heads * head_dim; normalised and rotated in place */
+    float *k;                         /* n rows of n_kv_heads * head_dim; normalised and rotated in place */
+    const float *v;                   /* n rows of n_kv_heads * head_dim */
+    const float *q_norm, *k_norm;     /* head_dim each (Qwen3's per-head RMSNorm) */
+    const float *rope_cos, *rope_sin; /* n_ctx rows of head_dim / 2 */
+    float *k_cache, *v_cache;         /* this layer's: n_ctx rows of n_kv_heads * head_dim */
+    const int32_t *pos;
+    int32_t n, n_heads, n_kv_heads, head_dim, n_ctx;
+    float eps;
+    float *out; /* n rows of n_heads * head_dim */
+} eb_rt_attention;
+
+/* The experts of one MoE layer routed on the device. experts: device memory, n_experts entries, indexed by
+ * expert id; gate == NULL marks an expert this device does not own (its outputs come in `foreign`).
+ *   reference:   x[t] += sum over t's top_k experts in ascending id of weight * output, the sum begun at 0.
+ *   owner_local: x[t] += (that sum over the experts this device owns) + foreign[t].
+ * foreign: reference: n * top_k rows of hidden (row t * top_k + k: the unweighted output of pair (t, k) when
+ * its expert is not owned); owner_local: n rows (the other owners' weighted sums); NULL when every selected
+ * expert is owned. pair_out (n * top_k * hidden) and h (n * top_k * inter) are scratch.
+ * stats (nullable, 2 entries): += experts run, rows computed. */
+typedef struct {
+    const eb_rt_expert *experts;
+    int32_t n_experts, top_k, n, hidden, inter, mode;
+    const float *xn;
+    const int32_t *topk_id;
+    const float *topk_w;
+    const float *foreign;
+    float *pair_out, *h;
+    float *x;
+    unsigned long long *stats;
+} eb_rt_moe;
+
+typedef struct {
+    /* x[t] = row ids[t] of the embedding table (dtype), n rows of hidden */
+    int (*embed)(void *rt, int dev, const void *table, int dtype, int64_t hidden, const int32_t *ids, int64_t n,
+                 float *x, char *err, size_t errlen);
+    /* y[r] = w * x[r] / rms(x[r]) for rows r < n of dim; y may be x */
+    int (*rmsnorm)(void *rt, int dev, const float *x, const float *w, int64_t n, int64_t dim, float eps, float *y,
+                   char *err, size_t errlen);
+    /* The products of matmul (y = w x per task), queued; accumulate = 1: y += w x instead. */
+    int (*matmul)(void *rt, int dev, const eb_rt_matmul *tasks, int n_tasks, int accumulate, char *err,
+                  size_t errlen);
+    /* y[r][i] += b[i] (broadcast = 1) or b[r][i] (broadcast = 0), rows r < n of dim */
+    int (*add)(void *rt, int dev, float *y, const float *b, int64_t n, int64_t dim, int broadcast, char *err,
+               size_t errlen);
+    /* g = silu(g) * u, n elements */
+    int (*silu_mul)(void *rt, int dev, float *g, const float *u, int64_t n, char *err, size_t errlen);
+    /* q/k norm, rotary embedding, k and v into the cache, then causal attention into out. */
+    int (*attention)(void *rt, int dev, const eb_rt_attention *a, char *err, size_t errlen);
+    /* Softmax over n_experts logits per row, top_k (ties to the lower id), renormalised when norm; hits
+     * (nullable, n_experts entries) += one per selection. */
+    int (*route)(void *rt, int dev, const float *logits, int64_t n, int32_t n_experts, int32_t top_k, int32_t norm,
+                 int32_t *topk_id, float *topk_w, unsigned long long *hits, char *err, size_t errlen);
+    int (*moe)(void *rt, int dev, const eb_rt_moe *b, char *err, size_t errlen);
+    /* Graphs (nullable: the core then queues each step's work anew). Between graph_begin and graph_end the
+     * calling thread's work queued on dev is recorded instead of run, and other threads wait; graph_launch
+     * queues a recorded step. graph_end with graph == NULL abandons the recording. */
+    int (*graph_begin)(void *rt, int dev, char *err, size_t errlen);
+    int (*graph_end)(void *rt, int dev, void **graph, char *err, size_t errlen);
+    int (*graph_launch)(void *rt, int dev, void *graph, char *err, size_t errlen);
+    void (*graph_free)(void *rt, int dev, void *graph);
+} eb_rt_primary_ops;
+
 typedef struct eb_runtime_table {
     uint32_t abi_version;          /* EB_RUNTIME_ABI_VERSION */
     uint32_t table_size;           /* sizeof(eb_runtime_table) as the module was built */
@@ -124,6 +196,9 @@ typedef struct eb_runtime_table {
                         int64_t chunk);
     /* Nanoseconds the device has spent running kernels since init (monotonic). */
     uint64_t (*busy_ns)(void *rt, int dev);
+    /* The primary's forward pass on devices that are not host-addressable; NULL where the module cannot run
+     * it (host-addressable devices run the core's own forward pass). */
+    const eb_rt_primary_ops *primary;
 } eb_runtime_table;
 
 typedef const eb_runtime_table *(*eb_runtime_entry_fn)(void);

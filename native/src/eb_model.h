@@ -29,6 +29,26 @@ typedef struct {
     eb_expert *experts;
 } eb_layer;
 
+/* A primary device that cannot read host memory (a GPU) keeps a copy of every weight but the experts' in its
+ * memory (one allocation), and per MoE layer the table of experts its kernels read (owned ones only). */
+typedef struct {
+    eb_weight q, k, v, o, router, gate, up, down;
+    const float *input_norm, *post_norm, *q_norm, *k_norm, *q_bias, *k_bias, *v_bias, *o_bias;
+    eb_rt_expert *experts; /* device memory: num_experts entries, gate NULL where another device owns it */
+    int n_foreign;         /* experts of this layer another device owns */
+} eb_dev_layer;
+
+typedef struct {
+    void *mem;
+    uint64_t bytes;
+    eb_weight embed, lm_head;
+    const float *final_norm;
+    eb_dev_layer *layers;
+    unsigned long long *hits;  /* device memory: [layer][expert] routing hits */
+    unsigned long long *stats; /* device memory: experts run, rows (the primary's own experts) */
+    uint64_t generation;       /* changes whenever the expert tables do */
+} eb_dev_primary;
+
 typedef struct {
     char *path;
     void *addr;
@@ -45,6 +65,8 @@ struct eb_model {
     eb_model_config cfg;
     int32_t *mlp_only;
     int primary;
+    int expert_home;    /* where experts start: the primary, or the first CPU device when the primary is a GPU */
+    eb_dev_primary *dp; /* a primary that is not host-addressable, else NULL */
     eb_mapped_file *files;
     int n_files;
     eb_weight embed, lm_head;
@@ -73,6 +95,19 @@ typedef struct {
     int staged;          /* inputs went through host staging */
 } eb_owner_step;
 
+/* A device primary's context: buffers in its memory (one allocation) and the step's graph. */
+typedef struct {
+    void *mem;
+    size_t bytes;
+    float *k_cache, *v_cache, *rope_cos, *rope_sin;
+    float *x, *xn, *q, *k, *v, *att, *proj, *gate, *up, *router, *topk_w, *pair_out, *h, *foreign, *logits;
+    int32_t *topk_id, *ids; /* ids: n_batch token ids, then the position of the first */
+    int32_t *host_ids;      /* pinned host staging of ids */
+    float *foreign_host;    /* n_batch * top_k rows of hidden: other owners' outputs, host */
+    void *graph;            /* the captured one-token step, or NULL */
+    uint64_t graph_generation;
+} eb_dev_context;
+
 struct eb_context {
     eb_model *model;
     int32_t n_ctx, n_batch, pos, mode, n_devices;
@@ -91,6 +126,8 @@ struct eb_context {
     int32_t *pair_slot;          /* per (token, k): the row of its owner's y */
     int32_t *token_local;        /* per token: its row in the owner's staged x, -1 if none */
     int32_t *local_tokens;       /* the owner's staged tokens */
+    eb_dev_context *dc;          /* a device primary's buffers, else NULL */
+    int use_graphs;              /* capture one-token steps into a graph where the primary's runtime can */
 };
 
 /* Free the model now (eb_model_free defers to this when no context is alive). */
@@ -98,6 +135,22 @@ void eb_model_release(eb_model *m);
 
 /* The MoE block of one layer for n positions: c->xn in, c->moe_out out. */
 int eb_moe_forward(eb_context *c, int layer, int64_t n);
+/* Route the selected pairs of layer `layer` to their owners other than the primary and run them: every owner
+ * with pairs is queued (c->step[d] says where its outputs land); the caller joins. c->xn, c->topk_id and
+ * c->topk_w are read (host memory). */
+int eb_submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int inline_run);
+/* Wait for every owner but the primary that has pairs of this step. */
+int eb_join_owners(eb_context *c);
+
+/* A device primary: upload the weights (model load), refresh the expert tables (after a placement), free. */
+int eb_device_primary_init(eb_model *m);
+int eb_device_primary_refresh(eb_model *m);
+void eb_device_primary_release(eb_model *m);
+/* A device primary's context buffers, and one batch of the forward pass on it. */
+int eb_device_context_init(eb_context *c);
+void eb_device_context_release(eb_context *c);
+int eb_device_eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logits, int all_rows);
+
 /* Free staging arenas of a context. */
 void eb_scheduler_release(eb_context *c);
 /* Free device copies of the model's experts. */

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "eb_convert.h"
+#include "eb_ops.h"
 #include "eb_model.h"
 
 static void *zalloc(size_t n, size_t size, int *failed) {
@@ -19,6 +20,7 @@ static void *zalloc(size_t n, size_t size, int *failed) {
 void eb_context_free(eb_context *c) {
     if (!c) return;
     eb_scheduler_release(c);
+    eb_device_context_release(c);
     eb_model *m = c->model;
     float *bufs[] = {c->k_cache, c->v_cache, c->rope_cos, c->rope_sin, c->x, c->xn, c->q, c->k, c->v, c->att,
                      c->proj, c->gate, c->up, c->moe_out, c->router, c->scores, c->topk_w};
@@ -65,8 +67,9 @@ int eb_context_create(eb_model *m, int32_t n_ctx, int32_t n_batch, eb_context **
         return eb_fail(EB_ERR_RANGE, "a context of %d positions for this model's sizes does not fit in memory", n_ctx);
     }
     int failed = 0;
-    c->k_cache = zalloc((size_t)cf->num_layers * (size_t)n_ctx * kvd, sizeof(float), &failed);
-    c->v_cache = zalloc((size_t)cf->num_layers * (size_t)n_ctx * kvd, sizeof(float), &failed);
+    size_t kv_host = m->dp ? 0 : (size_t)cf->num_layers * (size_t)n_ctx * kvd; /* a device primary's is there */
+    c->k_cache = zalloc(kv_host, sizeof(float), &failed);
+    c->v_cache = zalloc(kv_host, sizeof(float), &failed);
     c->rope_cos = zalloc((size_t)n_ctx * hd / 2, sizeof(float), &failed);
     c->rope_sin = zalloc((size_t)n_ctx * hd / 2, sizeof(float), &failed);
     c->x = zalloc(B * H, sizeof(float), &failed);
@@ -102,6 +105,14 @@ int eb_context_create(eb_model *m, int32_t n_ctx, int32_t n_batch, eb_context **
             c->rope_sin[(size_t)p * half + i] = sinf(angle);
         }
     }
+    c->use_graphs = 1;
+    if (m->dp) {
+        int st = eb_device_context_init(c);
+        if (st) {
+            eb_context_free(c);
+            return st;
+        }
+    }
     *out = c;
     return EB_OK;
 }
@@ -118,6 +129,13 @@ int eb_context_set_mode(eb_context *c, int32_t mode) {
 }
 int32_t eb_context_capacity(const eb_context *c) { return c ? c->n_ctx : -1; }
 
+int eb_context_set_graphs(eb_context *c, int32_t enabled) {
+    if (!c) return eb_fail(EB_ERR_ARGUMENT, "set graphs: context is NULL");
+    if (enabled != 0 && enabled != 1) return eb_fail(EB_ERR_ARGUMENT, "set graphs: %d, expected 0 or 1", enabled);
+    c->use_graphs = enabled;
+    return EB_OK;
+}
+
 int eb_context_truncate(eb_context *c, int32_t pos) {
     if (!c) return eb_fail(EB_ERR_ARGUMENT, "truncate: context is NULL");
     if (pos < 0 || pos > c->pos)
@@ -125,25 +143,6 @@ int eb_context_truncate(eb_context *c, int32_t pos) {
     c->pos = pos;
     return EB_OK;
 }
-
-static void rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
-    double ss = 0.0;
-    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * (double)x[i];
-    float inv = 1.0f / sqrtf((float)(ss / (double)n) + eps);
-    for (int64_t i = 0; i < n; i++) out[i] = w[i] * (x[i] * inv);
-}
-
-/* Rotate-half RoPE on one head vector (as transformers' apply_rotary_pos_emb). */
-static void rope(float *v, const float *cs, const float *sn, int64_t hd) {
-    int64_t half = hd / 2;
-    for (int64_t i = 0; i < half; i++) {
-        float a = v[i], b = v[i + half];
-        v[i] = a * cs[i] - b * sn[i];
-        v[i + half] = b * cs[i] + a * sn[i];
-    }
-}
-
-static float silu(float x) { return x / (1.0f + expf(-x)); }
 
 static void add_bias(float *y, const float *bias, int64_t n, int64_t dim) {
     if (!bias) return;
@@ -153,17 +152,6 @@ static void add_bias(float *y, const float *bias, int64_t n, int64_t dim) {
 
 static int matmul(eb_context *c, int device, const eb_weight *w, const float *x, int64_t n, float *y) {
     return eb_device_matmul(c->model->engine, device, w->data, w->dtype, w->rows, w->cols, x, n, y);
-}
-
-/* q . k with eight partial sums (a shape the compiler turns into SIMD without reassociating anything). */
-static float dot_qk(const float *q, const float *k, int64_t hd) {
-    float part[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= hd; i += 8)
-        for (int l = 0; l < 8; l++) part[l] += q[i + l] * k[i + l];
-    float s = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-    for (; i < hd; i++) s += q[i] * k[i];
-    return s;
 }
 
 typedef struct {
@@ -181,33 +169,11 @@ static void attention_heads(void *arg, int64_t h0, int64_t h1) {
     int64_t qd = nh * hd, kvd = (int64_t)cf->num_kv_heads * hd;
     const float *kc = c->k_cache + (size_t)j->layer * (size_t)c->n_ctx * (size_t)kvd;
     const float *vc = c->v_cache + (size_t)j->layer * (size_t)c->n_ctx * (size_t)kvd;
-    float scale = 1.0f / sqrtf((float)hd);
     for (int64_t h = h0; h < h1; h++) {
-        float *scores = c->scores + h * c->n_ctx;
         int64_t kvh = h / group;
-        for (int64_t t = 0; t < j->n; t++) {
-            int64_t p = c->pos + t; /* attends to positions 0..p */
-            const float *q = c->q + t * qd + h * hd;
-            float mx = -INFINITY;
-            for (int64_t s = 0; s <= p; s++) {
-                float v = dot_qk(q, kc + s * kvd + kvh * hd, hd) * scale;
-                scores[s] = v;
-                if (v > mx) mx = v;
-            }
-            float sum = 0.0f;
-            for (int64_t s = 0; s <= p; s++) {
-                scores[s] = expf(scores[s] - mx);
-                sum += scores[s];
-            }
-            float inv = 1.0f / sum;
-            float *o = c->att + t * qd + h * hd;
-            memset(o, 0, (size_t)hd * sizeof *o);
-            for (int64_t s = 0; s <= p; s++) {
-                const float *v = vc + s * kvd + kvh * hd;
-                float ps = scores[s] * inv;
-                for (int64_t i = 0; i < hd; i++) o[i] += ps * v[i];
-            }
-        }
+        for (int64_t t = 0; t < j->n; t++)
+            eb_attend(c->q + t * qd + h * hd, kc + kvh * hd, vc + kvh * hd, c->pos + t, kvd, hd,
+                      c->scores + h * c->n_ctx, c->att + t * qd + h * hd);
     }
 }
 
@@ -229,7 +195,7 @@ static int ffn(eb_context *c, int device, const eb_weight *gate, const eb_weight
                           {up->data, up->dtype, up->rows, up->cols, x, n, c->up}};
     if ((st = eb_device_matmul_multi(c->model->engine, device, gu, 2))) return st;
     int64_t I = gate->rows;
-    for (int64_t i = 0; i < n * I; i++) c->gate[i] = silu(c->gate[i]) * c->up[i];
+    for (int64_t i = 0; i < n * I; i++) c->gate[i] = eb_silu(c->gate[i]) * c->up[i];
     return matmul(c, device, down, c->gate, n, y);
 }
 
@@ -253,7 +219,7 @@ static int eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logit
     for (int l = 0; l < cf->num_layers; l++) {
         const eb_layer *L = &m->layers[l];
         /* attention block */
-        for (int64_t t = 0; t < n; t++) rmsnorm(c->xn + t * H, c->x + t * H, L->input_norm, H, eps);
+        for (int64_t t = 0; t < n; t++) eb_rmsnorm(c->xn + t * H, c->x + t * H, L->input_norm, H, eps);
         eb_rt_matmul qkv[3] = {{L->q.data, L->q.dtype, L->q.rows, L->q.cols, c->xn, n, c->q},
                                {L->k.data, L->k.dtype, L->k.rows, L->k.cols, c->xn, n, c->k},
                                {L->v.data, L->v.dtype, L->v.rows, L->v.cols, c->xn, n, c->v}};
@@ -268,13 +234,13 @@ static int eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logit
             const float *cs = c->rope_cos + p * half, *sn = c->rope_sin + p * half;
             for (int64_t h = 0; h < nh; h++) {
                 float *q = c->q + t * qd + h * hd;
-                rmsnorm(q, q, L->q_norm, hd, eps);
-                rope(q, cs, sn, hd);
+                eb_rmsnorm(q, q, L->q_norm, hd, eps);
+                eb_rope(q, cs, sn, hd);
             }
             for (int64_t h = 0; h < nkv; h++) {
                 float *k = c->k + t * kvd + h * hd;
-                rmsnorm(k, k, L->k_norm, hd, eps);
-                rope(k, cs, sn, hd);
+                eb_rmsnorm(k, k, L->k_norm, hd, eps);
+                eb_rope(k, cs, sn, hd);
             }
             memcpy(kc + p * kvd, c->k + t * kvd, (size_t)kvd * sizeof(float));
             memcpy(vc + p * kvd, c->v + t * kvd, (size_t)kvd * sizeof(float));
@@ -285,7 +251,7 @@ static int eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logit
         for (int64_t i = 0; i < n * H; i++) c->x[i] += c->proj[i];
 
         /* MLP block: dense or mixture of experts */
-        for (int64_t t = 0; t < n; t++) rmsnorm(c->xn + t * H, c->x + t * H, L->post_norm, H, eps);
+        for (int64_t t = 0; t < n; t++) eb_rmsnorm(c->xn + t * H, c->x + t * H, L->post_norm, H, eps);
         if (L->is_moe) {
             if ((st = eb_moe_forward(c, l, n))) return st;
             for (int64_t i = 0; i < n * H; i++) c->x[i] += c->moe_out[i];
@@ -296,7 +262,7 @@ static int eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logit
     }
     if (!logits) return EB_OK;
     int64_t first = all_rows ? 0 : n - 1;
-    for (int64_t t = first; t < n; t++) rmsnorm(c->xn + t * H, c->x + t * H, m->final_norm, H, eps);
+    for (int64_t t = first; t < n; t++) eb_rmsnorm(c->xn + t * H, c->x + t * H, m->final_norm, H, eps);
     return matmul(c, dev, &m->lm_head, c->xn + first * H, n - first, logits);
 }
 
@@ -319,7 +285,8 @@ int eb_context_eval(eb_context *c, const int32_t *ids, int32_t n, float *logits,
         float *out = NULL;
         if (logits && all_rows) out = logits + (int64_t)done * V;
         else if (logits && last_chunk) out = logits;
-        int st = eval_batch(c, ids + done, chunk, out, all_rows);
+        int st = c->dc ? eb_device_eval_batch(c, ids + done, chunk, out, all_rows)
+                       : eval_batch(c, ids + done, chunk, out, all_rows);
         if (st) {
             c->pos = start;
             return st;

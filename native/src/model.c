@@ -206,6 +206,7 @@ void eb_model_free(eb_model *m) {
 
 void eb_model_release(eb_model *m) {
     eb_placement_release(m);
+    eb_device_primary_release(m);
     if (m->layers) {
         for (int l = 0; l < m->cfg.num_layers; l++) {
             eb_layer *L = &m->layers[l];
@@ -284,7 +285,7 @@ static int bind_layer(const binder *b, int l) {
         x->host_gate = x->gate.data;
         x->host_up = x->up.data;
         x->host_down = x->down.data;
-        x->owner = m->primary;
+        x->owner = m->expert_home;
     }
     m->info.expert_bytes += m->info.weight_bytes - before;
     m->info.n_moe_layers++;
@@ -330,8 +331,21 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
     char err[256] = "";
     if ((st = rt->table->device_info(rt->rt, dev->local, &rinfo, err, sizeof err)) != 0)
         return eb_fail(st, "device %s: %s", dev->name, err);
-    if (!rinfo.host_addressable)
-        return eb_fail(EB_ERR_UNSUPPORTED, "primary device %s: the primary device must be a CPU device", dev->name);
+    int home = primary_device;
+    if (!rinfo.host_addressable) {
+        const eb_rt_primary_ops *ops = rt->table->primary;
+        if (!ops || !ops->embed || !ops->rmsnorm || !ops->matmul || !ops->add || !ops->silu_mul || !ops->attention ||
+            !ops->route || !ops->moe)
+            return eb_fail(EB_ERR_UNSUPPORTED, "primary device %s: the '%s' runtime cannot run the forward pass "
+                                               "(attention, router, norms); choose a CPU device or a GPU runtime",
+                           dev->name, rt->name);
+        /* experts start in host memory (the first CPU device); a placement moves them */
+        for (home = 0; home < engine->n_devices && !engine->devices[home].host_addressable; home++) {
+        }
+        if (home == engine->n_devices)
+            return eb_fail(EB_ERR_UNSUPPORTED, "primary device %s: experts start in host memory, but no CPU device is "
+                                               "loaded; load the cpu runtime too", dev->name);
+    }
 
     eb_model *m = calloc(1, sizeof *m);
     if (!m) return eb_fail(EB_ERR_MEMORY, "out of memory");
@@ -339,6 +353,7 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
     engine->n_models++;
     m->cfg = *config;
     m->primary = primary_device;
+    m->expert_home = home;
     if (config->n_mlp_only_layers > 0) {
         m->mlp_only = malloc((size_t)config->n_mlp_only_layers * sizeof *m->mlp_only);
         if (!m->mlp_only) {
@@ -389,8 +404,12 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
     for (int l = 0; l < c->num_layers; l++)
         if (m->layers[l].is_moe)
             for (int e = 0; e < c->num_experts; e++)
-                m->counters.dev[primary_device].weight_bytes += weight_size(&m->layers[l].experts[e].gate) * 2 +
+                m->counters.dev[home].weight_bytes += weight_size(&m->layers[l].experts[e].gate) * 2 +
                                                                 weight_size(&m->layers[l].experts[e].down);
+    if (!rinfo.host_addressable && (st = eb_device_primary_init(m))) {
+        eb_model_free(m);
+        return st;
+    }
     *out = m;
     return EB_OK;
 fail:

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "eb_convert.h"
+#include "eb_ops.h"
 #include "eb_model.h"
 
 #define ALIGN 256
@@ -201,7 +202,7 @@ int eb_model_set_placement(eb_model *m, const int32_t *owners, int64_t n) {
     }
     free(fresh);
     refresh_weight_counters(m);
-    return EB_OK;
+    return m->dp ? eb_device_primary_refresh(m) : EB_OK;
 }
 
 void eb_placement_release(eb_model *m) {
@@ -218,6 +219,20 @@ void eb_placement_release(eb_model *m) {
     }
 }
 
+/* Synchronous copies from and to the device primary's memory (counters kept there). */
+static int device_read(const eb_model *m, void *dst, const void *src, size_t bytes) {
+    const eb_runtime *r = eb_device_runtime(m->engine, m->primary);
+    char err[512] = "";
+    int st = r->table->copy_to_host(r->rt, m->engine->devices[m->primary].local, dst, src, bytes, 0, err, sizeof err);
+    return st ? eb_fail(st, "reading counters from %s: %s", m->engine->devices[m->primary].name, err) : EB_OK;
+}
+
+static void device_write(const eb_model *m, void *dst, const void *src, size_t bytes) {
+    const eb_runtime *r = eb_device_runtime(m->engine, m->primary);
+    char err[512] = "";
+    (void)r->table->copy_to_device(r->rt, m->engine->devices[m->primary].local, dst, src, bytes, 0, err, sizeof err);
+}
+
 /* ---- counters ---------------------------------------------------------------------------------------- */
 
 int eb_model_device_counters(const eb_model *m, int32_t device, eb_device_counters *out) {
@@ -226,6 +241,15 @@ int eb_model_device_counters(const eb_model *m, int32_t device, eb_device_counte
         return eb_fail(EB_ERR_RANGE, "device index %d out of range (%d devices)", device, m->engine->n_devices);
     *out = m->counters.dev[device];
     out->allocated_bytes += m->arena_bytes[device];
+    if (m->dp && device == m->primary) {
+        /* the primary's own experts are counted on the device */
+        unsigned long long stats[2];
+        int st = device_read(m, stats, m->dp->stats, sizeof stats);
+        if (st) return st;
+        out->experts_run += stats[0];
+        out->rows += stats[1];
+        out->allocated_bytes += m->dp->bytes;
+    }
     const eb_runtime *r = eb_device_runtime(m->engine, device);
     out->busy_ns = r->table->busy_ns(r->rt, m->engine->devices[device].local);
     return EB_OK;
@@ -239,6 +263,10 @@ int eb_model_get_counters(const eb_model *m, eb_model_counters *out) {
 
 void eb_model_reset_counters(eb_model *m) {
     if (!m) return;
+    if (m->dp) {
+        unsigned long long zero[2] = {0, 0};
+        device_write(m, m->dp->stats, zero, sizeof zero);
+    }
     for (int d = 0; d < EB_MAX_DEVICES; d++) {
         eb_device_counters *c = &m->counters.dev[d];
         c->experts_run = c->rows = c->bytes_to_device = c->bytes_from_device = c->waits = 0;
@@ -253,7 +281,12 @@ int eb_model_routing_counts(const eb_model *m, uint64_t *hits, int64_t n_hits, u
         if (n_hits != want)
             return eb_fail(EB_ERR_ARGUMENT, "routing counts: room for %lld entries, expected %lld", (long long)n_hits,
                            (long long)want);
-        memcpy(hits, m->route_hits, (size_t)want * sizeof *hits);
+        if (m->dp) {
+            int st = device_read(m, hits, m->dp->hits, (size_t)want * sizeof *hits);
+            if (st) return st;
+        } else {
+            memcpy(hits, m->route_hits, (size_t)want * sizeof *hits);
+        }
     }
     if (tokens) {
         if (n_layers != m->cfg.num_layers)
@@ -266,6 +299,12 @@ int eb_model_routing_counts(const eb_model *m, uint64_t *hits, int64_t n_hits, u
 
 void eb_model_reset_routing(eb_model *m) {
     if (!m) return;
+    if (m->dp) {
+        size_t bytes = (size_t)m->cfg.num_layers * (size_t)m->cfg.num_experts * sizeof *m->dp->hits;
+        unsigned long long *zero = calloc(1, bytes);
+        if (zero) device_write(m, m->dp->hits, zero, bytes);
+        free(zero);
+    }
     memset(m->route_hits, 0, (size_t)m->cfg.num_layers * (size_t)(m->cfg.num_experts > 0 ? m->cfg.num_experts : 1) *
                                  sizeof *m->route_hits);
     memset(m->route_tokens, 0, (size_t)m->cfg.num_layers * sizeof *m->route_tokens);
@@ -326,39 +365,12 @@ static int grow(eb_context *c, int d, size_t host_bytes, size_t dev_bytes) {
 static void route(eb_context *c, int64_t n) {
     const eb_model_config *cf = &c->model->cfg;
     int64_t E = cf->num_experts, K = cf->top_k;
-    for (int64_t t = 0; t < n; t++) {
-        float *p = c->router + t * E;
-        float mx = p[0];
-        for (int64_t e = 1; e < E; e++)
-            if (p[e] > mx) mx = p[e];
-        float sum = 0.0f;
-        for (int64_t e = 0; e < E; e++) {
-            p[e] = expf(p[e] - mx);
-            sum += p[e];
-        }
-        for (int64_t e = 0; e < E; e++) p[e] /= sum;
-        int32_t *ids = c->topk_id + t * K;
-        float *w = c->topk_w + t * K;
-        for (int64_t k = 0; k < K; k++) {
-            int32_t best = -1;
-            for (int64_t e = 0; e < E; e++) {
-                int taken = 0;
-                for (int64_t j = 0; j < k; j++) taken |= ids[j] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = (int32_t)e;
-            }
-            ids[k] = best;
-            w[k] = p[best];
-        }
-        if (cf->norm_topk_prob) {
-            float s = 0.0f;
-            for (int64_t k = 0; k < K; k++) s += w[k];
-            for (int64_t k = 0; k < K; k++) w[k] /= s;
-        }
-    }
+    for (int64_t t = 0; t < n; t++)
+        eb_route_row(c->router + t * E, E, K, cf->norm_topk_prob, c->topk_id + t * K, c->topk_w + t * K);
 }
 
 /* Build one owner's plan (experts ascending, their pairs, its staged tokens), stage and submit its branch. */
-static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int inline_run) {
+int eb_submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int inline_run) {
     eb_model *m = c->model;
     eb_engine *eng = m->engine;
     const eb_model_config *cf = &m->cfg;
@@ -460,6 +472,21 @@ static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int 
     return EB_OK;
 }
 
+int eb_join_owners(eb_context *c) {
+    eb_model *m = c->model;
+    eb_engine *eng = m->engine;
+    int first_error = EB_OK, st;
+    for (int d = 0; d < eng->n_devices; d++) {
+        if (d == m->primary || c->step[d].n_pairs == 0) continue;
+        const eb_runtime *r = eb_device_runtime(eng, d);
+        char err[512] = "";
+        m->counters.dev[d].waits++;
+        if ((st = r->table->synchronize(r->rt, eng->devices[d].local, err, sizeof err)) && first_error == EB_OK)
+            first_error = eb_fail(st, "waiting for %s: %s", eng->devices[d].name, err);
+    }
+    return first_error;
+}
+
 int eb_moe_forward(eb_context *c, int layer, int64_t n) {
     eb_model *m = c->model;
     eb_engine *eng = m->engine;
@@ -481,21 +508,14 @@ int eb_moe_forward(eb_context *c, int layer, int64_t n) {
     for (int d = 0; d < eng->n_devices; d++) c->step[d].n_pairs = 0;
     for (int d = 0; d < eng->n_devices; d++) {
         if (d == prim) continue;
-        if ((st = submit_owner(c, L, d, n, 0))) {
+        if ((st = eb_submit_owner(c, L, d, n, 0))) {
             first_error = st;
             break;
         }
         peers += c->step[d].n_pairs > 0;
     }
-    if (first_error == EB_OK && (st = submit_owner(c, L, prim, n, 1))) first_error = st;
-    for (int d = 0; d < eng->n_devices; d++) {
-        if (d == prim || c->step[d].n_pairs == 0) continue;
-        const eb_runtime *r = eb_device_runtime(eng, d);
-        char err[512] = "";
-        m->counters.dev[d].waits++;
-        if ((st = r->table->synchronize(r->rt, eng->devices[d].local, err, sizeof err)) && first_error == EB_OK)
-            first_error = eb_fail(st, "waiting for %s: %s", eng->devices[d].name, err);
-    }
+    if (first_error == EB_OK && (st = eb_submit_owner(c, L, prim, n, 1))) first_error = st;
+    if ((st = eb_join_owners(c)) && first_error == EB_OK) first_error = st;
     if (first_error) return first_error;
     m->counters.model.layer_steps++;
     if (peers) m->counters.model.joins++;
@@ -507,9 +527,7 @@ int eb_moe_forward(eb_context *c, int layer, int64_t n) {
             const int32_t *ids = c->topk_id + t * K;
             int32_t done = -1;
             for (int64_t j = 0; j < K; j++) { /* ascending expert id */
-                int64_t k = -1;
-                for (int64_t i = 0; i < K; i++)
-                    if (ids[i] > done && (k < 0 || ids[i] < ids[k])) k = i;
+                int64_t k = eb_next_ascending(ids, K, done);
                 done = ids[k];
                 const eb_owner_step *s = &c->step[L->experts[ids[k]].owner];
                 const float *y = s->y + (int64_t)c->pair_slot[t * K + k] * H;

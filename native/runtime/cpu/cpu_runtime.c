@@ -737,6 +737,251 @@ static uint64_t cpu_busy_ns(void *rtp, int dev) {
     return dev >= 0 && dev < rt->n_devices ? atomic_load(&rt->devices[dev].busy_ns) : 0;
 }
 
+#ifdef EB_CPU_HOSTSIM
+/* ---- the primary's forward pass (hostsim only) ----------------------------------------------------------
+ *
+ * A hostsim device stands in for a GPU primary. Each operation waits for the device's queue to drain, then runs
+ * on the calling thread with the device's workers, with the arithmetic of the core's CPU forward pass (eb_ops.h
+ * and the same kernels): a hostsim primary gives the bits of a cpu primary. There are no graphs. */
+
+#include "eb_ops.h"
+
+static void drain(cpu_device *d) {
+    pthread_mutex_lock(&d->qmu);
+    while (d->count > 0) pthread_cond_wait(&d->q_idle, &d->qmu);
+    pthread_mutex_unlock(&d->qmu);
+}
+
+static cpu_device *op_begin(void *rtp, int dev, uint64_t *t0, char *err, size_t errlen) {
+    cpu_device *d = get_dev((cpu_runtime *)rtp, dev, err, errlen);
+    if (!d) return NULL;
+    drain(d);
+    *t0 = now_ns();
+    pthread_mutex_lock(&d->run_lock);
+    return d;
+}
+
+static int op_end(cpu_device *d, uint64_t t0, int st) {
+    pthread_mutex_unlock(&d->run_lock);
+    atomic_fetch_add(&d->busy_ns, now_ns() - t0);
+    return st;
+}
+
+static int sim_embed(void *rtp, int dev, const void *table, int dtype, int64_t hidden, const int32_t *ids, int64_t n,
+                     float *x, char *err, size_t errlen) {
+    if (eb_dtype_size(dtype) == 0)
+        return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d", dtype);
+    uint64_t t0;
+    cpu_device *d = op_begin(rtp, dev, &t0, err, errlen);
+    if (!d) return EB_ERR_RANGE;
+    for (int64_t t = 0; t < n; t++) {
+        const unsigned char *row = (const unsigned char *)table + (size_t)ids[t] * (size_t)hidden * eb_dtype_size(dtype);
+        for (int64_t i = 0; i < hidden; i++) x[t * hidden + i] = eb_load_as_f32(row, dtype, i);
+    }
+    return op_end(d, t0, 0);
+}
+
+static int sim_rmsnorm(void *rtp, int dev, const float *x, const float *w, int64_t n, int64_t dim, float eps, float *y,
+                       char *err, size_t errlen) {
+    uint64_t t0;
+    cpu_device *d = op_begin(rtp, dev, &t0, err, errlen);
+    if (!d) return EB_ERR_RANGE;
+    for (int64_t r = 0; r < n; r++) eb_rmsnorm(y + r * dim, x + r * dim, w, dim, eps);
+    return op_end(d, t0, 0);
+}
+
+static int sim_matmul(void *rtp, int dev, const eb_rt_matmul *tasks, int n_tasks, int accumulate, char *err,
+                      size_t errlen) {
+    for (int i = 0; i < n_tasks; i++)
+        if (eb_dtype_size(tasks[i].dtype) == 0)
+            return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d",
+                              tasks[i].dtype);
+    uint64_t t0;
+    cpu_device *d = op_begin(rtp, dev, &t0, err, errlen);
+    if (!d) return EB_ERR_RANGE;
+    cpu_runtime *rt = (cpu_runtime *)rtp;
+    if (!accumulate) {
+        run_multi(rt, d, tasks, n_tasks);
+        return op_end(d, t0, 0);
+    }
+    /* y += w x as the CPU path does it: the product first, then one addition per element */
+    for (int i = 0; i < n_tasks; i++) {
+        const eb_rt_matmul *t = &tasks[i];
+        size_t count = (size_t)t->n * (size_t)t->rows;
+        float *tmp = malloc(count * sizeof *tmp);
+        if (!tmp) return op_end(d, t0, eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory"));
+        eb_rt_matmul one = *t;
+        one.y = tmp;
+        run_multi(rt, d, &one, 1);
+        for (size_t k = 0; k < count; k++) t->y[k] += tmp[k];
+        free(tmp);
+    }
+    return op_end(d, t0, 0);
+}
+
+static int sim_add(void *rtp, int dev, float *y, const float *b, int64_t n, int64_t dim, int broadcast, char *err,
+                   size_t errlen) {
+    uint64_t t0;
+    cpu_device *d = op_begin(rtp, dev, &t0, err, errlen);
+    if (!d) return EB_ERR_RANGE;
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t i = 0; i < dim; i++) y[r * dim + i] += b[(broadcast ? 0 : r * dim) + i];
+    return op_end(d, t0, 0);
+}
+
+static int sim_silu_mul(void *rtp, int dev, float *g, const float *u, int64_t n, char *err, size_t errlen) {
+    uint64_t t0;
+    cpu_device *d = op_begin(rtp, dev, &t0, err, errlen);
+    if (!d) return EB_ERR_RANGE;
+    for (int64_t i = 0; i < n; i++) g[i] = eb_silu(g[i]) * u[i];
+    return op_end(d, t0, 0);
+}
+
+static int sim_attention(void *rtp, int dev, const eb_rt_attention *a, char *err, size_t errlen) {
+    float *scores = malloc((size_t)a->n_ctx * sizeof *scores);
+    if (!scores) return eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
+    uint64_t t0;
+    cpu_device *d = op_begin(rtp, dev, &t0, err, errlen);
+    if (!d) {
+        free(scores);
+        return EB_ERR_RANGE;
+    }
+    int64_t hd = a->head_dim, half = hd / 2, nh = a->n_heads, nkv = a->n_kv_heads;
+    int64_t qd = nh * hd, kvd = nkv * hd, group = nh / nkv, pos = *a->pos;
+    for (int64_t t = 0; t < a->n; t++) {
+        int64_t p = pos + t;
+        const float *cs = a->rope_cos + p * half, *sn = a->rope_sin + p * half;
+        for (int64_t h = 0; h < nh; h++) {
+            float *q = a->q + t * qd + h * hd;
+            eb_rmsnorm(q, q, a->q_norm, hd, a->eps);
+            eb_rope(q, cs, sn, hd);
+        }
+        for (int64_t h = 0; h < nkv; h++) {
+            float *k = a->k + t * kvd + h * hd;
+            eb_rmsnorm(k, k, a->k_norm, hd, a->eps);
+            eb_rope(k, cs, sn, hd);
+        }
+        memcpy(a->k_cache + p * kvd, a->k + t * kvd, (size_t)kvd * sizeof(float));
+        memcpy(a->v_cache + p * kvd, a->v + t * kvd, (size_t)kvd * sizeof(float));
+    }
+    for (int64_t h = 0; h < nh; h++)
+        for (int64_t t = 0; t < a->n; t++)
+            eb_attend(a->q + t * qd + h * hd, a->k_cache + (h / group) * hd, a->v_cache + (h / group) * hd, pos + t,
+                      kvd, hd, scores, a->out + t * qd + h * hd);
+    free(scores);
+    return op_end(d, t0, 0);
+}
+
+static int sim_route(void *rtp, int dev, const float *logits, int64_t n, int32_t n_experts, int32_t top_k,
+                     int32_t norm, int32_t *topk_id, float *topk_w, unsigned long long *hits, char *err,
+                     size_t errlen) {
+    float *p = malloc((size_t)n_experts * sizeof *p);
+    if (!p) return eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
+    uint64_t t0;
+    cpu_device *d = op_begin(rtp, dev, &t0, err, errlen);
+    if (!d) {
+        free(p);
+        return EB_ERR_RANGE;
+    }
+    for (int64_t t = 0; t < n; t++) {
+        memcpy(p, logits + t * n_experts, (size_t)n_experts * sizeof *p);
+        eb_route_row(p, n_experts, top_k, norm, topk_id + t * top_k, topk_w + t * top_k);
+        if (hits)
+            for (int32_t k = 0; k < top_k; k++) hits[topk_id[t * top_k + k]]++;
+    }
+    free(p);
+    return op_end(d, t0, 0);
+}
+
+/* The owned experts' pairs as one batch (experts ascending, each expert's pairs in ascending row order, as the
+ * core's scheduler builds them), outputs per pair; then each row's sum in ascending expert id. */
+static int sim_moe(void *rtp, int dev, const eb_rt_moe *b, char *err, size_t errlen) {
+    int64_t n = b->n, K = b->top_k, E = b->n_experts, H = b->hidden, I = b->inter, NK = n * K;
+    size_t scratch_bytes = eb_rt_expert_scratch_bytes(NK, H, I);
+    eb_rt_expert *experts = malloc((size_t)E * sizeof *experts);
+    int32_t *start = malloc(((size_t)E + 1) * sizeof *start);
+    int32_t *pair_token = malloc((size_t)NK * sizeof *pair_token);
+    int32_t *slot = malloc((size_t)NK * sizeof *slot); /* per (t, k): its row of y, -1 when foreign */
+    float *y = malloc((size_t)NK * (size_t)H * sizeof *y);
+    float *s = malloc((size_t)H * sizeof *s);
+    void *scratch = malloc(scratch_bytes);
+    int st = 0;
+    if (!experts || !start || !pair_token || !slot || !y || !s || !scratch)
+        st = eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
+    uint64_t t0 = 0;
+    cpu_device *d = st ? NULL : op_begin(rtp, dev, &t0, err, errlen);
+    if (!st && !d) st = EB_ERR_RANGE;
+    if (!st) {
+        int32_t ne = 0, p = 0;
+        for (int64_t i = 0; i < NK; i++) slot[i] = -1;
+        for (int32_t e = 0; e < E; e++) {
+            if (!b->experts[e].gate) continue;
+            int32_t first = p;
+            for (int64_t i = 0; i < NK; i++)
+                if (b->topk_id[i] == e) {
+                    pair_token[p] = (int32_t)(i / K);
+                    slot[i] = p++;
+                }
+            if (p == first) continue;
+            experts[ne] = b->experts[e];
+            start[ne++] = first;
+        }
+        start[ne] = p;
+        eb_rt_expert_batch batch = {.n_experts = ne, .experts = experts, .pair_start = start, .n_pairs = p,
+                                    .n_tokens = (int32_t)n, .hidden = (int32_t)H, .inter = (int32_t)I,
+                                    .mode = EB_REDUCE_REFERENCE, .x = b->xn, .pair_token = pair_token, .y = y,
+                                    .scratch = scratch, .scratch_bytes = scratch_bytes};
+        if (p > 0) run_expert_batch((cpu_runtime *)rtp, d, &batch);
+        if (b->stats) b->stats[0] += (unsigned long long)ne, b->stats[1] += (unsigned long long)p;
+        int owner_local = b->mode == EB_REDUCE_OWNER_LOCAL, missing = 0;
+        for (int64_t t = 0; t < n; t++) {
+            memset(s, 0, (size_t)H * sizeof *s);
+            int32_t done = -1;
+            for (int64_t j = 0; j < K; j++) { /* ascending expert id */
+                int64_t k = eb_next_ascending(b->topk_id + t * K, K, done);
+                done = b->topk_id[t * K + k];
+                int32_t r = slot[t * K + k];
+                if (r < 0 && owner_local) continue;
+                if (r < 0 && !b->foreign) {
+                    missing = 1;
+                    continue;
+                }
+                const float *row = r >= 0 ? y + (int64_t)r * H : b->foreign + (t * K + k) * H;
+                float w = b->topk_w[t * K + k];
+                for (int64_t h = 0; h < H; h++) s[h] += row[h] * w;
+            }
+            if (owner_local && b->foreign)
+                for (int64_t h = 0; h < H; h++) s[h] += b->foreign[t * H + h];
+            for (int64_t h = 0; h < H; h++) b->x[t * H + h] += s[h];
+        }
+        st = op_end(d, t0, missing ? eb_rt_fail(err, errlen, EB_ERR_ARGUMENT, RUNTIME_NAME " runtime: a selected "
+                                                "expert is not owned and no foreign outputs were given") : 0);
+    }
+    free(experts);
+    free(start);
+    free(pair_token);
+    free(slot);
+    free(y);
+    free(s);
+    free(scratch);
+    return st;
+}
+
+static const eb_rt_primary_ops sim_primary = {
+    .embed = sim_embed,
+    .rmsnorm = sim_rmsnorm,
+    .matmul = sim_matmul,
+    .add = sim_add,
+    .silu_mul = sim_silu_mul,
+    .attention = sim_attention,
+    .route = sim_route,
+    .moe = sim_moe,
+};
+#define PRIMARY_OPS (&sim_primary)
+#else
+#define PRIMARY_OPS NULL
+#endif
+
 static const eb_runtime_table cpu_table = {
     .abi_version = EB_RUNTIME_ABI_VERSION,
     .table_size = sizeof(eb_runtime_table),
@@ -758,6 +1003,7 @@ static const eb_runtime_table cpu_table = {
     .expert_ffn = cpu_expert_ffn,
     .parallel_for = cpu_parallel_for,
     .busy_ns = cpu_busy_ns,
+    .primary = PRIMARY_OPS,
 };
 
 EB_EXPORT const eb_runtime_table *eb_runtime_module(void) { return &cpu_table; }

@@ -1,0 +1,104 @@
+/* The arithmetic of the forward pass that must be the same wherever it runs on a CPU: the core's own forward
+ * pass (a CPU primary) and the hostsim module's primary operations use these, so that a step gives the same
+ * bits on either. Plain C, static inline, no state. */
+#ifndef EB_OPS_H
+#define EB_OPS_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* out = w * x / rms(x), accumulated in double; out may be x. */
+static inline void eb_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * (double)x[i];
+    float inv = 1.0f / sqrtf((float)(ss / (double)n) + eps);
+    for (int64_t i = 0; i < n; i++) out[i] = w[i] * (x[i] * inv);
+}
+
+/* Rotate-half RoPE on one head vector (as transformers' apply_rotary_pos_emb). */
+static inline void eb_rope(float *v, const float *cs, const float *sn, int64_t hd) {
+    int64_t half = hd / 2;
+    for (int64_t i = 0; i < half; i++) {
+        float a = v[i], b = v[i + half];
+        v[i] = a * cs[i] - b * sn[i];
+        v[i + half] = b * cs[i] + a * sn[i];
+    }
+}
+
+static inline float eb_silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* q . k with eight partial sums (a shape the compiler turns into SIMD without reassociating anything). */
+static inline float eb_dot_qk(const float *q, const float *k, int64_t hd) {
+    float part[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= hd; i += 8)
+        for (int l = 0; l < 8; l++) part[l] += q[i + l] * k[i + l];
+    float s = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+    for (; i < hd; i++) s += q[i] * k[i];
+    return s;
+}
+
+/* One head of one row attending to cache positions 0..p: kc, vc point at the head's first cache row (rows
+ * stride kvd apart); scores has room for p + 1 floats. */
+static inline void eb_attend(const float *q, const float *kc, const float *vc, int64_t p, int64_t kvd, int64_t hd,
+                             float *scores, float *o) {
+    float scale = 1.0f / sqrtf((float)hd);
+    float mx = -INFINITY;
+    for (int64_t s = 0; s <= p; s++) {
+        float v = eb_dot_qk(q, kc + s * kvd, hd) * scale;
+        scores[s] = v;
+        if (v > mx) mx = v;
+    }
+    float sum = 0.0f;
+    for (int64_t s = 0; s <= p; s++) {
+        scores[s] = expf(scores[s] - mx);
+        sum += scores[s];
+    }
+    float inv = 1.0f / sum;
+    memset(o, 0, (size_t)hd * sizeof *o);
+    for (int64_t s = 0; s <= p; s++) {
+        const float *v = vc + s * kvd;
+        float ps = scores[s] * inv;
+        for (int64_t i = 0; i < hd; i++) o[i] += ps * v[i];
+    }
+}
+
+/* Softmax of one row of E router logits in place (f32), then the top K (ties to the lower id) and their
+ * weights, renormalised when norm. */
+static inline void eb_route_row(float *p, int64_t E, int64_t K, int norm, int32_t *ids, float *w) {
+    float mx = p[0];
+    for (int64_t e = 1; e < E; e++)
+        if (p[e] > mx) mx = p[e];
+    float sum = 0.0f;
+    for (int64_t e = 0; e < E; e++) {
+        p[e] = expf(p[e] - mx);
+        sum += p[e];
+    }
+    for (int64_t e = 0; e < E; e++) p[e] /= sum;
+    for (int64_t k = 0; k < K; k++) {
+        int32_t best = -1;
+        for (int64_t e = 0; e < E; e++) {
+            int taken = 0;
+            for (int64_t j = 0; j < k; j++) taken |= ids[j] == e;
+            if (!taken && (best < 0 || p[e] > p[best])) best = (int32_t)e;
+        }
+        ids[k] = best;
+        w[k] = p[best];
+    }
+    if (norm) {
+        float s = 0.0f;
+        for (int64_t k = 0; k < K; k++) s += w[k];
+        for (int64_t k = 0; k < K; k++) w[k] /= s;
+    }
+}
+
+/* The next of a row's K selections in ascending expert id after id `done` (-1 to begin): its index k. */
+static inline int64_t eb_next_ascending(const int32_t *ids, int64_t K, int32_t done) {
+    int64_t k = -1;
+    for (int64_t i = 0; i < K; i++)
+        if (ids[i] > done && (k < 0 || ids[i] < ids[k])) k = i;
+    return k;
+}
+
+#endif
