@@ -115,8 +115,13 @@ def cmd_run(args) -> int:
     with _make_engine(args) as eng:
         target = eng.load(target_dir, device=args.device)
         draft = eng.load(draft_dir, device=args.draft_device or args.device) if draft_dir is not None else None
+        if draft is not None and draft.config.num_experts > 0:
+            draft.set_placement(f"*={draft.device}")  # a GPU primary's experts start in host memory
+        placement = args.placement
+        if placement is None and target.config.num_experts > 0:
+            placement = f"*={args.device}"
         run = DecodeRun(target, draft, prompts=prompts, tokens_per_prompt=args.n, repeats=args.repeats, q=args.q,
-                        mode=args.mode, placement=args.placement)  # fmt: skip
+                        mode=args.mode, placement=placement)  # fmt: skip
         progress = None
         if sys.stderr.isatty():
             progress = ProgressBar(args.n * len(prompts) * args.repeats, args.repeats, len(prompts))

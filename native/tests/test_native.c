@@ -350,6 +350,83 @@ static void test_placement(const char *build, const char *file, eb_model_config 
     eb_engine_destroy(e);
 }
 
+/* hostsim:0 as the primary (the path of a GPU primary): the same bits as a cpu primary for every placement, the
+ * primary's own experts without host round trips, its weights and KV cache in its memory. */
+static void test_device_primary(const char *build, const char *file, eb_model_config *cfg, builder *b) {
+    char cpu[1024], sim[1024];
+    snprintf(cpu, sizeof cpu, "%s/expertbench_rt_cpu.so", build);
+    snprintf(sim, sizeof sim, "%s/expertbench_rt_hostsim.so", build);
+    const char *files[] = {file};
+    eb_runtime_options so = {.n_devices = 1, .threads_per_device = 2, .memory_limit = 0};
+    /* no CPU device: experts have nowhere to start */
+    eb_engine *lone = NULL;
+    CHECK(eb_engine_create(&lone) == EB_OK && eb_engine_load_runtime(lone, "hostsim", sim, &so) == EB_OK, "hostsim alone");
+    eb_model *m = NULL;
+    CHECK_ERR(eb_model_load(lone, cfg, files, 1, b->d, b->n, 0, &m), EB_ERR_UNSUPPORTED, "no CPU device is loaded");
+    eb_engine_destroy(lone);
+    /* too little device memory for the weights */
+    eb_engine *small = new_engine(cpu, 0, 1);
+    eb_runtime_options tiny = {.n_devices = 1, .threads_per_device = 1, .memory_limit = 256};
+    CHECK(eb_engine_load_runtime(small, "hostsim", sim, &tiny) == EB_OK, "hostsim small");
+    CHECK_ERR(eb_model_load(small, cfg, files, 1, b->d, b->n, 2, &m), EB_ERR_MEMORY, "the model's weights");
+    CHECK(m == NULL, "no model");
+    eb_engine_destroy(small);
+
+    eb_engine *e = new_engine(cpu, 0, 2);
+    CHECK(eb_engine_load_runtime(e, "hostsim", sim, &so) == EB_OK, "load hostsim");
+    eb_model *host = NULL, *dev = NULL;
+    CHECK(eb_model_load(e, cfg, files, 1, b->d, b->n, 0, &host) == EB_OK, "load on cpu:0");
+    CHECK(eb_model_load(e, cfg, files, 1, b->d, b->n, 2, &dev) == EB_OK, "load on hostsim:0");
+    int32_t now[L * E];
+    CHECK(eb_model_get_placement(dev, now, L * E) == EB_OK && now[0] == 0 && now[3] == 0, "experts start on cpu:0");
+    eb_context *hc = NULL, *dc = NULL;
+    CHECK(eb_context_create(host, 16, 8, &hc) == EB_OK && eb_context_create(dev, 16, 8, &dc) == EB_OK, "contexts");
+    CHECK_ERR(eb_context_set_graphs(dc, 2), EB_ERR_ARGUMENT, "expected 0 or 1");
+    int32_t prompt[6] = {3, 17, 42, 5, 63, 8}, next[2] = {9, 1};
+    float base[8 * V], out[8 * V];
+    int32_t placements[3][L * E] = {{0, 0, 0, 0, -1, -1, -1, -1}, {2, 2, 2, 2, -1, -1, -1, -1}, {2, 2, 1, 0, -1, -1, -1, -1}};
+    for (int i = 0; i < 3; i++) {
+        CHECK(eb_model_set_placement(host, placements[i], L * E) == EB_OK, "placement %d on the cpu model", i);
+        CHECK(eb_model_set_placement(dev, placements[i], L * E) == EB_OK, "placement %d on the hostsim model", i);
+        for (int mode = 0; mode < 2; mode++) {
+            eb_model_counters before, after;
+            CHECK(eb_model_get_counters(dev, &before) == EB_OK, "counters");
+            CHECK(eb_context_set_mode(hc, mode) == EB_OK && eb_context_set_mode(dc, mode) == EB_OK, "mode");
+            CHECK(eb_context_truncate(hc, 0) == EB_OK && eb_context_truncate(dc, 0) == EB_OK, "truncate");
+            CHECK(eb_context_eval(hc, prompt, 6, base, 1) == EB_OK && eb_context_eval(hc, next, 2, base + 6 * V, 1) == EB_OK,
+                  "cpu primary");
+            CHECK(eb_context_eval(dc, prompt, 6, out, 1) == EB_OK && eb_context_eval(dc, next, 1, out + 6 * V, 1) == EB_OK &&
+                      eb_context_eval(dc, next + 1, 1, out + 7 * V, 1) == EB_OK,
+                  "hostsim primary");
+            CHECK(eb_model_get_counters(dev, &after) == EB_OK, "counters");
+            uint64_t trips = after.host_round_trips - before.host_round_trips;
+            if (mode == 0) CHECK(memcmp(out, base, sizeof out) == 0, "placement %d: hostsim primary differs", i);
+            else CHECK(max_abs_diff(out, base, 8 * V) < 1e-4f, "placement %d: owner_local too far", i);
+            /* three evals, one MoE layer: a round trip per eval unless every expert is the primary's */
+            CHECK(trips == (i == 1 ? 0u : 3u), "placement %d: %llu host round trips", i, (unsigned long long)trips);
+        }
+    }
+    eb_device_counters hd, dd;
+    CHECK(eb_model_device_counters(dev, 2, &dd) == EB_OK && eb_model_device_counters(host, 0, &hd) == EB_OK, "device counters");
+    CHECK(dd.rows > 0 && dd.allocated_bytes > dd.weight_bytes, "the primary's rows and weights are counted");
+    uint64_t hits_h[L * E], hits_d[L * E];
+    CHECK(eb_model_routing_counts(host, hits_h, L * E, NULL, 0) == EB_OK &&
+              eb_model_routing_counts(dev, hits_d, L * E, NULL, 0) == EB_OK,
+          "routing counts");
+    CHECK(memcmp(hits_h, hits_d, sizeof hits_h) == 0, "routing counted on the device equals the cpu's");
+    eb_model_reset_routing(dev);
+    CHECK(eb_model_routing_counts(dev, hits_d, L * E, NULL, 0) == EB_OK && hits_d[0] + hits_d[1] + hits_d[2] + hits_d[3] == 0,
+          "routing reset on the device");
+    int32_t bad[1] = {V};
+    CHECK_ERR(eb_context_eval(dc, bad, 1, out, 1), EB_ERR_RANGE, "out of range");
+    eb_context_free(hc);
+    eb_model_free(host);
+    eb_model_free(dev); /* deferred: its context is alive */
+    CHECK(eb_context_truncate(dc, 0) == EB_OK && eb_context_eval(dc, prompt, 6, out, 1) == EB_OK, "after its model was freed");
+    eb_context_free(dc);
+    eb_engine_destroy(e);
+}
+
 /* Freeing in the "wrong" order is safe: the engine outlives its models and a model its contexts. */
 static void test_lifetimes(const char *module, const char *file, eb_model_config *cfg, builder *b) {
     const char *files[] = {file};
@@ -385,6 +462,7 @@ int main(int argc, char **argv) {
     test_forward(module, file, &cfg, &b);
     test_bad_checkpoints(module, file, &cfg, &b);
     test_placement(argv[1], file, &cfg, &b);
+    test_device_primary(argv[1], file, &cfg, &b);
     test_lifetimes(module, file, &cfg, &b);
     unlink(file);
     printf("%d passed, %d failed\n", checks - failures, failures);

@@ -3,7 +3,8 @@
 // Built with nvcc as "cuda" and with hipcc (-DEB_GPU_HIP) as "hip". Devices own their memory; each has one
 // non-blocking stream on which copies and expert batches are queued in order, and a pair of events that time
 // the work queued since the last synchronize (busy time). Staging memory is pinned (cudaMallocHost).
-// Only the expert FFN runs here: attention, router and norms stay on the (CPU) primary device.
+// A device can also be the primary: the whole forward pass (eb_rt_primary_ops) then runs here, and a one-token
+// step can be recorded into a graph and replayed.
 #include <pthread.h>
 
 #include <cstdarg>
@@ -44,6 +45,16 @@
 #define gpuEventSynchronize hipEventSynchronize
 #define gpuGetLastError hipGetLastError
 #define SHFL_DOWN(v, o) __shfl_down((v), (o))
+#define SHFL_XOR32(v, o) __shfl_xor((v), (o), 32)
+#define gpuGraph_t hipGraph_t
+#define gpuGraphExec_t hipGraphExec_t
+#define gpuStreamBeginCapture hipStreamBeginCapture
+#define gpuStreamCaptureModeThreadLocal hipStreamCaptureModeThreadLocal
+#define gpuStreamEndCapture hipStreamEndCapture
+#define gpuGraphInstantiateWithFlags hipGraphInstantiateWithFlags
+#define gpuGraphDestroy hipGraphDestroy
+#define gpuGraphExecDestroy hipGraphExecDestroy
+#define gpuGraphLaunch hipGraphLaunch
 #else
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -77,6 +88,16 @@
 #define gpuEventSynchronize cudaEventSynchronize
 #define gpuGetLastError cudaGetLastError
 #define SHFL_DOWN(v, o) __shfl_down_sync(0xffffffffu, (v), (o))
+#define SHFL_XOR32(v, o) __shfl_xor_sync(0xffffffffu, (v), (o), 32)
+#define gpuGraph_t cudaGraph_t
+#define gpuGraphExec_t cudaGraphExec_t
+#define gpuStreamBeginCapture cudaStreamBeginCapture
+#define gpuStreamCaptureModeThreadLocal cudaStreamCaptureModeThreadLocal
+#define gpuStreamEndCapture cudaStreamEndCapture
+#define gpuGraphInstantiateWithFlags cudaGraphInstantiateWithFlags
+#define gpuGraphDestroy cudaGraphDestroy
+#define gpuGraphExecDestroy cudaGraphExecDestroy
+#define gpuGraphLaunch cudaGraphLaunch
 #endif
 
 extern "C" {
@@ -93,7 +114,10 @@ struct gpu_expert_slot {
 };
 
 struct gpu_device {
-    pthread_mutex_t lock; // one driver at a time: the expert table, the timing events and busy_ns are per device
+    // One driver at a time: the expert table, the timing events and busy_ns are per device. Recursive: a
+    // recording (graph_begin .. graph_end) holds it, so other threads wait instead of being recorded.
+    pthread_mutex_t lock;
+    int capturing;
     gpuStream_t stream;
     gpuEvent_t start, stop;
     // The expert table of grouped launches: written on the host (pinned), copied on the stream. slots_copied
@@ -272,7 +296,11 @@ static int gpu_init(const eb_runtime_options *opt, void **out, char *err, size_t
     }
     for (int i = 0; i < count; i++) {
         gpu_device *d = &rt->devices[i];
-        pthread_mutex_init(&d->lock, NULL);
+        pthread_mutexattr_t attr;
+        pthread_mutexattr_init(&attr);
+        pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
+        pthread_mutex_init(&d->lock, &attr);
+        pthread_mutexattr_destroy(&attr);
         gpuDeviceProp prop;
         if ((e = gpuSetDevice(i)) != gpuSuccess || (e = gpuGetDeviceProperties(&prop, i)) != gpuSuccess ||
             (e = gpuStreamCreateWithFlags(&d->stream, gpuStreamNonBlocking)) != gpuSuccess ||
@@ -350,10 +378,15 @@ static int copy(void *rtp, int dev, void *dst, const void *src, size_t bytes, in
     gpu_device *d = get_dev((gpu_runtime *)rtp, dev, err, errlen);
     if (!d) return EB_ERR_RANGE;
     if (!bytes) return 0;
-    GPU_TRY(gpuSetDevice(dev), "set device");
-    GPU_TRY(gpuMemcpyAsync(dst, src, bytes, to_device ? gpuMemcpyHostToDevice : gpuMemcpyDeviceToHost, d->stream),
-            "copy");
-    if (!async) GPU_TRY(gpuStreamSynchronize(d->stream), "synchronize");
+    pthread_mutex_lock(&d->lock); // never into another thread's recording
+    gpuError_t e = gpuSetDevice(dev);
+    if (e == gpuSuccess)
+        e = gpuMemcpyAsync(dst, src, bytes, to_device ? gpuMemcpyHostToDevice : gpuMemcpyDeviceToHost, d->stream);
+    if (e == gpuSuccess && !async) e = gpuStreamSynchronize(d->stream);
+    pthread_mutex_unlock(&d->lock);
+    if (e != gpuSuccess)
+        return eb_rt_fail(err, errlen, EB_ERR_DEVICE, API " copy of %zu bytes: %s (error %d)", bytes,
+                          gpuGetErrorString(e), (int)e);
     return 0;
 }
 
@@ -494,6 +527,493 @@ static uint64_t gpu_busy_ns(void *rtp, int dev) {
     return dev >= 0 && dev < rt->n_devices ? rt->devices[dev].busy_ns : 0;
 }
 
+// ---- the primary's forward pass ------------------------------------------------------------------------
+
+#define MAX_TOPK 16
+#define MAX_HEAD_DIM 256
+#define DOT_TILE 4 // rows of x one pass over a weight row serves
+#define ATT_GROUPS 8 // groups of 32 lanes per attention block
+
+// Partial dot products of weight row `row` with up to DOT_TILE rows of x (xs[j], j < nt), one load of the
+// weights serving all of them; reduced over the warp (lane 0 holds the sums).
+__device__ __forceinline__ void warp_dot_tile(const void *w, int dtype, long long row, int cols,
+                                              const float *const *xs, int nt, int lane, int warp, float *out) {
+    float s[DOT_TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
+    long long base = row * (long long)cols;
+    if (dtype != EB_DTYPE_F32 && (cols % 8) == 0) {
+        const uint4 *w4 = (const uint4 *)((const unsigned short *)w + base);
+        for (int c = lane; c < cols / 8; c += warp) {
+            uint4 v = w4[c];
+            unsigned int parts[4] = {v.x, v.y, v.z, v.w};
+            float wv[8];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                if (dtype == EB_DTYPE_BF16) {
+                    wv[2 * k] = __uint_as_float(parts[k] << 16);
+                    wv[2 * k + 1] = __uint_as_float(parts[k] & 0xffff0000u);
+                } else {
+                    wv[2 * k] = __half2float(__ushort_as_half((unsigned short)(parts[k] & 0xffffu)));
+                    wv[2 * k + 1] = __half2float(__ushort_as_half((unsigned short)(parts[k] >> 16)));
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < DOT_TILE; j++) {
+                if (j >= nt) continue;
+                const float4 *x4 = (const float4 *)(xs[j] + c * 8);
+                float4 a = x4[0], b = x4[1];
+                s[j] += wv[0] * a.x + wv[1] * a.y + wv[2] * a.z + wv[3] * a.w + wv[4] * b.x + wv[5] * b.y +
+                        wv[6] * b.z + wv[7] * b.w;
+            }
+        }
+    } else if (dtype == EB_DTYPE_F32 && (cols % 4) == 0) {
+        const float4 *w4 = (const float4 *)((const float *)w + base);
+        for (int c = lane; c < cols / 4; c += warp) {
+            float4 v = w4[c];
+#pragma unroll
+            for (int j = 0; j < DOT_TILE; j++) {
+                if (j >= nt) continue;
+                float4 a = ((const float4 *)xs[j])[c];
+                s[j] += v.x * a.x + v.y * a.y + v.z * a.z + v.w * a.w;
+            }
+        }
+    } else {
+        for (int c = lane; c < cols; c += warp) {
+            float v = load_w(w, dtype, base + c);
+            for (int j = 0; j < nt; j++) s[j] += v * xs[j][c];
+        }
+    }
+    for (int o = warp / 2; o > 0; o /= 2)
+#pragma unroll
+        for (int j = 0; j < DOT_TILE; j++) s[j] += SHFL_DOWN(s[j], o);
+    for (int j = 0; j < DOT_TILE; j++) out[j] = s[j];
+}
+
+// Up to four products in one launch: the rows of all tasks are numbered one after another.
+struct mm_task {
+    const void *w;
+    const float *x;
+    float *y;
+    int dtype, rows, cols, n;
+};
+struct mm_batch {
+    mm_task t[4];
+    int start[5];
+    int count, accumulate;
+};
+
+__global__ void matmul_kernel(mm_batch b, int warp) {
+    int lane = threadIdx.x % warp;
+    int g = blockIdx.x * (blockDim.x / warp) + threadIdx.x / warp;
+    if (g >= b.start[b.count]) return;
+    int ti = 0;
+    while (g >= b.start[ti + 1]) ti++;
+    const mm_task &t = b.t[ti];
+    int r = g - b.start[ti];
+    for (int t0 = 0; t0 < t.n; t0 += DOT_TILE) {
+        int nt = t.n - t0 < DOT_TILE ? t.n - t0 : DOT_TILE;
+        const float *xs[DOT_TILE];
+        for (int j = 0; j < DOT_TILE; j++) xs[j] = t.x + (long long)(t0 + (j < nt ? j : 0)) * t.cols;
+        float s[DOT_TILE];
+        warp_dot_tile(t.w, t.dtype, r, t.cols, xs, nt, lane, warp, s);
+        if (lane == 0)
+            for (int j = 0; j < nt; j++) {
+                float *y = t.y + (long long)(t0 + j) * t.rows + r;
+                *y = b.accumulate ? *y + s[j] : s[j];
+            }
+    }
+}
+
+// The sum of v over the block (every thread must call it; blockDim a multiple of the warp).
+__device__ float block_sum(float v, float *sh, int warp) {
+    for (int o = warp / 2; o > 0; o /= 2) v += SHFL_DOWN(v, o);
+    int lane = threadIdx.x % warp, wid = threadIdx.x / warp, nw = blockDim.x / warp;
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.0f;
+        for (int i = 0; i < nw; i++) t += sh[i];
+        sh[32] = t;
+    }
+    __syncthreads();
+    float total = sh[32];
+    __syncthreads();
+    return total;
+}
+
+__global__ void embed_kernel(const void *table, int dtype, int hidden, const int *ids, float *x) {
+    long long row = ids[blockIdx.x];
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x)
+        x[(long long)blockIdx.x * hidden + i] = load_w(table, dtype, row * hidden + i);
+}
+
+__global__ void rmsnorm_kernel(const float *x, const float *w, int dim, float eps, float *y, int warp) {
+    __shared__ float sh[33];
+    const float *xr = x + (long long)blockIdx.x * dim;
+    float *yr = y + (long long)blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+    float inv = rsqrtf(block_sum(ss, sh, warp) / (float)dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = w[i] * (xr[i] * inv);
+}
+
+__global__ void add_kernel(float *y, const float *b, long long n, int dim, int broadcast) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < n) y[i] += b[broadcast ? i % dim : i];
+}
+
+__global__ void silu_mul_kernel(float *g, const float *u, long long n) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < n) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+// Per (row, head): q/k RMSNorm and rotation in place, k and v written into the cache at the row's position.
+// grid.y: n_heads q heads, then n_kv_heads k heads, then n_kv_heads v heads.
+__global__ void qk_rope_store_kernel(eb_rt_attention a, int warp) {
+    __shared__ float sh[33];
+    __shared__ float vec[MAX_HEAD_DIM];
+    int t = blockIdx.x, h = blockIdx.y, hd = a.head_dim, half = hd / 2, i = threadIdx.x;
+    int qd = a.n_heads * hd, kvd = a.n_kv_heads * hd;
+    long long p = *a.pos + t;
+    if (h >= a.n_heads + a.n_kv_heads) { // v: into the cache as it is
+        int vh = h - a.n_heads - a.n_kv_heads;
+        if (i < hd) a.v_cache[p * kvd + vh * hd + i] = a.v[(long long)t * kvd + vh * hd + i];
+        return;
+    }
+    int is_q = h < a.n_heads;
+    float *v = is_q ? a.q + (long long)t * qd + h * hd : a.k + (long long)t * kvd + (h - a.n_heads) * hd;
+    const float *w = is_q ? a.q_norm : a.k_norm;
+    float x = i < hd ? v[i] : 0.0f;
+    float inv = rsqrtf(block_sum(x * x, sh, warp) / (float)hd + a.eps);
+    if (i < hd) vec[i] = w[i] * (x * inv);
+    __syncthreads();
+    if (i < half) {
+        float c = a.rope_cos[p * half + i], sn = a.rope_sin[p * half + i];
+        float lo = vec[i], hi = vec[i + half];
+        float rlo = lo * c - hi * sn, rhi = hi * c + lo * sn;
+        v[i] = rlo;
+        v[i + half] = rhi;
+        if (!is_q) {
+            float *kc = a.k_cache + p * kvd + (h - a.n_heads) * hd;
+            kc[i] = rlo;
+            kc[i + half] = rhi;
+        }
+    }
+}
+
+// One block per (head, row): groups of 32 lanes take positions in turn with a running softmax (each lane holds
+// head_dim / 32 of the output), then the groups are merged.
+__global__ void attention_kernel(eb_rt_attention a) {
+    __shared__ float gm[ATT_GROUPS], gl[ATT_GROUPS];
+    __shared__ float gacc[ATT_GROUPS][MAX_HEAD_DIM];
+    int h = blockIdx.x, t = blockIdx.y, hd = a.head_dim, per = hd / 32;
+    int lane = threadIdx.x % 32, g = threadIdx.x / 32, ng = blockDim.x / 32;
+    int kvd = a.n_kv_heads * hd, kvh = h / (a.n_heads / a.n_kv_heads);
+    long long last = *a.pos + t;
+    float scale = rsqrtf((float)hd);
+    const float *q = a.q + (long long)t * a.n_heads * hd + h * hd;
+    float qv[MAX_HEAD_DIM / 32], acc[MAX_HEAD_DIM / 32];
+    for (int i = 0; i < per; i++) {
+        qv[i] = q[lane + 32 * i] * scale;
+        acc[i] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (long long s = g; s <= last; s += ng) {
+        const float *k = a.k_cache + s * kvd + kvh * hd;
+        const float *v = a.v_cache + s * kvd + kvh * hd;
+        float d = 0.0f;
+        for (int i = 0; i < per; i++) d += qv[i] * k[lane + 32 * i];
+        for (int o = 16; o > 0; o /= 2) d += SHFL_XOR32(d, o);
+        float mn = fmaxf(m, d), corr = expf(m - mn), e = expf(d - mn);
+        l = l * corr + e;
+        for (int i = 0; i < per; i++) acc[i] = acc[i] * corr + e * v[lane + 32 * i];
+        m = mn;
+    }
+    if (lane == 0) gm[g] = m, gl[g] = l;
+    for (int i = 0; i < per; i++) gacc[g][lane + 32 * i] = acc[i];
+    __syncthreads();
+    if (g != 0) return;
+    float M = -INFINITY;
+    for (int j = 0; j < ng; j++) M = fmaxf(M, gm[j]);
+    float L = 0.0f;
+    for (int j = 0; j < ng; j++) L += gl[j] * expf(gm[j] - M);
+    float *out = a.out + (long long)t * a.n_heads * hd + h * hd;
+    for (int i = 0; i < per; i++) {
+        float o = 0.0f;
+        for (int j = 0; j < ng; j++) o += gacc[j][lane + 32 * i] * expf(gm[j] - M);
+        out[lane + 32 * i] = o / L;
+    }
+}
+
+// One thread per row: softmax over the experts, top k by repeated scans (ties to the lower id), renormalised.
+__global__ void route_kernel(const float *logits, int n, int E, int K, int norm, int *topk_id, float *topk_w,
+                             unsigned long long *hits) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n) return;
+    const float *p = logits + (long long)t * E;
+    float mx = p[0];
+    for (int e = 1; e < E; e++) mx = fmaxf(mx, p[e]);
+    float sum = 0.0f;
+    for (int e = 0; e < E; e++) sum += expf(p[e] - mx);
+    int *ids = topk_id + (long long)t * K;
+    float *w = topk_w + (long long)t * K;
+    float total = 0.0f;
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        float bp = 0.0f;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int j = 0; j < k; j++) taken |= ids[j] == e;
+            float pe = expf(p[e] - mx) / sum;
+            if (!taken && (best < 0 || pe > bp)) best = e, bp = pe;
+        }
+        ids[k] = best;
+        w[k] = bp;
+        total += bp;
+        if (hits) atomicAdd(&hits[best], 1ULL);
+    }
+    if (norm)
+        for (int k = 0; k < K; k++) w[k] /= total;
+}
+
+// grid.y = expert: the pairs routed to it (found by scanning the selections), DOT_TILE at a time per weight row.
+__global__ void moe_gate_up_kernel(eb_rt_moe b, int warp) {
+    const eb_rt_expert ex = b.experts[blockIdx.y];
+    if (!ex.gate) return;
+    int lane = threadIdx.x % warp;
+    int i = blockIdx.x * (blockDim.x / warp) + threadIdx.x / warp;
+    int total = b.n * b.top_k, e = blockIdx.y;
+    if (b.stats && blockIdx.x == 0 && threadIdx.x == 0) {
+        int rows = 0;
+        for (int q = 0; q < total; q++) rows += b.topk_id[q] == e;
+        if (rows) atomicAdd(&b.stats[0], 1ULL), atomicAdd(&b.stats[1], (unsigned long long)rows);
+    }
+    if (i >= b.inter) return;
+    int q = 0;
+    while (q < total) {
+        int pairs[DOT_TILE], nt = 0;
+        for (; q < total && nt < DOT_TILE; q++)
+            if (b.topk_id[q] == e) pairs[nt++] = q;
+        if (!nt) break;
+        const float *xs[DOT_TILE];
+        for (int j = 0; j < DOT_TILE; j++) xs[j] = b.xn + (long long)(pairs[j < nt ? j : 0] / b.top_k) * b.hidden;
+        float gs[DOT_TILE], us[DOT_TILE];
+        warp_dot_tile(ex.gate, ex.dtype, i, b.hidden, xs, nt, lane, warp, gs);
+        warp_dot_tile(ex.up, ex.dtype, i, b.hidden, xs, nt, lane, warp, us);
+        if (lane == 0)
+            for (int j = 0; j < nt; j++) b.h[(long long)pairs[j] * b.inter + i] = gs[j] / (1.0f + expf(-gs[j])) * us[j];
+    }
+}
+
+__global__ void moe_down_kernel(eb_rt_moe b, int warp) {
+    const eb_rt_expert ex = b.experts[blockIdx.y];
+    if (!ex.gate) return;
+    int lane = threadIdx.x % warp;
+    int j0 = blockIdx.x * (blockDim.x / warp) + threadIdx.x / warp;
+    if (j0 >= b.hidden) return;
+    int total = b.n * b.top_k, e = blockIdx.y, q = 0;
+    while (q < total) {
+        int pairs[DOT_TILE], nt = 0;
+        for (; q < total && nt < DOT_TILE; q++)
+            if (b.topk_id[q] == e) pairs[nt++] = q;
+        if (!nt) break;
+        const float *hs[DOT_TILE];
+        for (int j = 0; j < DOT_TILE; j++) hs[j] = b.h + (long long)pairs[j < nt ? j : 0] * b.inter;
+        float ys[DOT_TILE];
+        warp_dot_tile(ex.down, ex.dtype, j0, b.inter, hs, nt, lane, warp, ys);
+        if (lane == 0)
+            for (int j = 0; j < nt; j++) b.pair_out[(long long)pairs[j] * b.hidden + j0] = ys[j];
+    }
+}
+
+// x[t] += the row's expert outputs, weighted, in ascending expert id (the other owners' from foreign).
+__global__ void moe_combine_kernel(eb_rt_moe b) {
+    int t = blockIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= b.hidden) return;
+    const int *ids = b.topk_id + (long long)t * b.top_k;
+    int owner_local = b.mode == EB_REDUCE_OWNER_LOCAL;
+    float s = 0.0f;
+    int done = -1;
+    for (int n = 0; n < b.top_k; n++) {
+        int k = -1;
+        for (int i = 0; i < b.top_k; i++)
+            if (ids[i] > done && (k < 0 || ids[i] < ids[k])) k = i;
+        done = ids[k];
+        long long pair = (long long)t * b.top_k + k;
+        const float *row = b.experts[done].gate ? b.pair_out : owner_local ? NULL : b.foreign;
+        if (row) s += row[pair * b.hidden + j] * b.topk_w[pair];
+    }
+    if (owner_local && b.foreign) s += b.foreign[(long long)t * b.hidden + j];
+    b.x[(long long)t * b.hidden + j] += s;
+}
+
+// Timing of queued work: not while recording (events are recorded around a graph's launch instead).
+static int work_begin(gpu_device *d, char *err, size_t errlen) {
+    if (!d->capturing && !d->timing) GPU_TRY(gpuEventRecord(d->start, d->stream), "event");
+    return 0;
+}
+
+static int work_end(gpu_device *d, char *err, size_t errlen) {
+    GPU_TRY(gpuGetLastError(), "kernel launch");
+    if (!d->capturing) {
+        GPU_TRY(gpuEventRecord(d->stop, d->stream), "event");
+        d->timing = 1;
+    }
+    return 0;
+}
+
+// Runs body (which launches on d->stream) with the device held and timed.
+#define PRIMARY_OP(...)                                                                                          \
+    gpu_device *d = get_dev((gpu_runtime *)rtp, dev, err, errlen);                                               \
+    if (!d) return EB_ERR_RANGE;                                                                                 \
+    pthread_mutex_lock(&d->lock);                                                                                \
+    int st = 0;                                                                                                  \
+    gpuError_t e_ = gpuSetDevice(dev);                                                                           \
+    if (e_ != gpuSuccess)                                                                                        \
+        st = eb_rt_fail(err, errlen, EB_ERR_DEVICE, API " set device: %s", gpuGetErrorString(e_));                \
+    if (!st) st = work_begin(d, err, errlen);                                                                    \
+    if (!st) {                                                                                                   \
+        __VA_ARGS__;                                                                                             \
+        if (!st) st = work_end(d, err, errlen);                                                                  \
+    }                                                                                                            \
+    pthread_mutex_unlock(&d->lock);                                                                              \
+    return st;
+
+static unsigned blocks(long long n, int per) { return (unsigned)((n + per - 1) / per); }
+
+static int gpu_embed(void *rtp, int dev, const void *table, int dtype, int64_t hidden, const int32_t *ids, int64_t n,
+                     float *x, char *err, size_t errlen) {
+    if (eb_dtype_size(dtype) == 0)
+        return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d", dtype);
+    PRIMARY_OP(embed_kernel<<<(unsigned)n, BLOCK, 0, d->stream>>>(table, dtype, (int)hidden, ids, x))
+}
+
+static int gpu_rmsnorm(void *rtp, int dev, const float *x, const float *w, int64_t n, int64_t dim, float eps, float *y,
+                       char *err, size_t errlen) {
+    PRIMARY_OP(rmsnorm_kernel<<<(unsigned)n, 1024, 0, d->stream>>>(x, w, (int)dim, eps, y, d->warp))
+}
+
+static int gpu_primary_matmul(void *rtp, int dev, const eb_rt_matmul *tasks, int n_tasks, int accumulate, char *err,
+                              size_t errlen) {
+    for (int i = 0; i < n_tasks; i++)
+        if (eb_dtype_size(tasks[i].dtype) == 0)
+            return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d",
+                              tasks[i].dtype);
+    PRIMARY_OP({
+        int rows_per_block = BLOCK / d->warp;
+        for (int first = 0; first < n_tasks; first += 4) {
+            mm_batch b;
+            memset(&b, 0, sizeof b);
+            b.count = n_tasks - first < 4 ? n_tasks - first : 4;
+            b.accumulate = accumulate;
+            for (int i = 0; i < b.count; i++) {
+                const eb_rt_matmul *t = &tasks[first + i];
+                b.t[i] = {t->w, t->x, t->y, t->dtype, (int)t->rows, (int)t->cols, (int)t->n};
+                b.start[i + 1] = b.start[i] + (int)t->rows;
+            }
+            matmul_kernel<<<blocks(b.start[b.count], rows_per_block), BLOCK, 0, d->stream>>>(b, d->warp);
+        }
+    })
+}
+
+static int gpu_add(void *rtp, int dev, float *y, const float *b, int64_t n, int64_t dim, int broadcast, char *err,
+                   size_t errlen) {
+    PRIMARY_OP(add_kernel<<<blocks(n * dim, BLOCK), BLOCK, 0, d->stream>>>(y, b, n * dim, (int)dim, broadcast))
+}
+
+static int gpu_silu_mul(void *rtp, int dev, float *g, const float *u, int64_t n, char *err, size_t errlen) {
+    PRIMARY_OP(silu_mul_kernel<<<blocks(n, BLOCK), BLOCK, 0, d->stream>>>(g, u, n))
+}
+
+static int gpu_attention(void *rtp, int dev, const eb_rt_attention *a, char *err, size_t errlen) {
+    if (a->head_dim % 32 != 0 || a->head_dim > MAX_HEAD_DIM)
+        return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED,
+                          RUNTIME_NAME " runtime: head_dim %d is not supported: expected a multiple of 32 up to %d",
+                          a->head_dim, MAX_HEAD_DIM);
+    PRIMARY_OP({
+        dim3 rope((unsigned)a->n, (unsigned)(a->n_heads + 2 * a->n_kv_heads));
+        qk_rope_store_kernel<<<rope, MAX_HEAD_DIM, 0, d->stream>>>(*a, d->warp);
+        attention_kernel<<<dim3((unsigned)a->n_heads, (unsigned)a->n), ATT_GROUPS * 32, 0, d->stream>>>(*a);
+    })
+}
+
+static int gpu_route(void *rtp, int dev, const float *logits, int64_t n, int32_t n_experts, int32_t top_k,
+                     int32_t norm, int32_t *topk_id, float *topk_w, unsigned long long *hits, char *err,
+                     size_t errlen) {
+    if (top_k > MAX_TOPK || top_k > n_experts)
+        return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: top_k %d: expected at most %d",
+                          top_k, MAX_TOPK < n_experts ? MAX_TOPK : n_experts);
+    PRIMARY_OP(route_kernel<<<blocks(n, 64), 64, 0, d->stream>>>(logits, (int)n, n_experts, top_k, norm, topk_id,
+                                                                   topk_w, hits))
+}
+
+static int gpu_moe(void *rtp, int dev, const eb_rt_moe *b, char *err, size_t errlen) {
+    if (b->top_k > MAX_TOPK)
+        return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: top_k %d: expected at most %d",
+                          b->top_k, MAX_TOPK);
+    PRIMARY_OP({
+        int rows_per_block = BLOCK / d->warp;
+        moe_gate_up_kernel<<<dim3(blocks(b->inter, rows_per_block), (unsigned)b->n_experts), BLOCK, 0, d->stream>>>(
+            *b, d->warp);
+        moe_down_kernel<<<dim3(blocks(b->hidden, rows_per_block), (unsigned)b->n_experts), BLOCK, 0, d->stream>>>(
+            *b, d->warp);
+        moe_combine_kernel<<<dim3(blocks(b->hidden, BLOCK), (unsigned)b->n), BLOCK, 0, d->stream>>>(*b);
+    })
+}
+
+static int gpu_graph_begin(void *rtp, int dev, char *err, size_t errlen) {
+    gpu_device *d = get_dev((gpu_runtime *)rtp, dev, err, errlen);
+    if (!d) return EB_ERR_RANGE;
+    pthread_mutex_lock(&d->lock); // held until graph_end: other threads wait rather than being recorded
+    gpuError_t e = gpuSetDevice(dev);
+    if (e == gpuSuccess) e = gpuStreamBeginCapture(d->stream, gpuStreamCaptureModeThreadLocal);
+    if (e != gpuSuccess) {
+        pthread_mutex_unlock(&d->lock);
+        return eb_rt_fail(err, errlen, EB_ERR_DEVICE, API " begin recording: %s (error %d)", gpuGetErrorString(e),
+                          (int)e);
+    }
+    d->capturing = 1;
+    return 0;
+}
+
+static int gpu_graph_end(void *rtp, int dev, void **graph, char *err, size_t errlen) {
+    gpu_device *d = get_dev((gpu_runtime *)rtp, dev, err, errlen);
+    if (!d) return EB_ERR_RANGE;
+    gpuGraph_t g = NULL;
+    gpuGraphExec_t exec = NULL;
+    gpuError_t e = gpuStreamEndCapture(d->stream, &g);
+    d->capturing = 0;
+    if (e == gpuSuccess && graph) e = gpuGraphInstantiateWithFlags(&exec, g, 0);
+    if (g) (void)gpuGraphDestroy(g);
+    pthread_mutex_unlock(&d->lock);
+    if (e != gpuSuccess) {
+        (void)gpuGetLastError();
+        return eb_rt_fail(err, errlen, EB_ERR_DEVICE, API " end recording: %s (error %d)", gpuGetErrorString(e),
+                          (int)e);
+    }
+    if (graph) *graph = (void *)exec;
+    return 0;
+}
+
+static int gpu_graph_launch(void *rtp, int dev, void *graph, char *err, size_t errlen) {
+    PRIMARY_OP({
+        gpuError_t ge = gpuGraphLaunch((gpuGraphExec_t)graph, d->stream);
+        if (ge != gpuSuccess)
+            st = eb_rt_fail(err, errlen, EB_ERR_DEVICE, API " graph launch: %s (error %d)", gpuGetErrorString(ge),
+                            (int)ge);
+    })
+}
+
+static void gpu_graph_free(void *rtp, int dev, void *graph) {
+    (void)rtp;
+    (void)dev;
+    if (graph) (void)gpuGraphExecDestroy((gpuGraphExec_t)graph);
+}
+
+static const eb_rt_primary_ops gpu_primary_ops = {
+    gpu_embed,       gpu_rmsnorm, gpu_primary_matmul, gpu_add,           gpu_silu_mul,   gpu_attention,
+    gpu_route,       gpu_moe,     gpu_graph_begin,    gpu_graph_end,     gpu_graph_launch, gpu_graph_free,
+};
+
 static eb_runtime_table make_table(void) {
     eb_runtime_table t;
     memset(&t, 0, sizeof t);
@@ -517,6 +1037,7 @@ static eb_runtime_table make_table(void) {
     t.expert_ffn = gpu_expert_ffn;
     t.parallel_for = gpu_parallel_for;
     t.busy_ns = gpu_busy_ns;
+    t.primary = &gpu_primary_ops;
     return t;
 }
 
