@@ -8,6 +8,7 @@ predicted / measured - 1. A last run of the first placement shows how far the ma
 
     python bench/costmodel.py --size default --peer cpu:1 --json bench/results/costmodel_cpu.json
     python bench/costmodel.py --size default --peer cuda:0 --threads 16        # on a machine with a GPU
+    python bench/costmodel.py --size bench --primary cuda:0 --peer cpu:0      # a GPU primary, experts on the CPU
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ def placements(shape: ModelShape, primary: str, peer: str, cal, stats) -> list[t
     for layer in shape.moe_layers:
         for e in range(shape.num_experts // 2, shape.num_experts):
             mixed.owners[layer][e] = peer
+    first_half = shape.empty_placement(primary)
+    for layer in shape.moe_layers[: len(shape.moe_layers) // 2]:
+        first_half.owners[layer] = [peer] * shape.num_experts
     fast_primary = S.critical_path(shape, primary, peer, calibration=cal, stats=stats).placement
     fast_peer = S.critical_path(shape, peer, primary, calibration=cal, stats=stats).placement
     out = [
@@ -47,6 +51,7 @@ def placements(shape: ModelShape, primary: str, peer: str, cal, stats) -> list[t
         (f"cold layers, {peer} 5/8", S.cold_layers(shape, peer, primary, {peer: five_eighths}).placement, False),
         (f"hot first, {peer} 1/2", S.hot_first(shape, [peer, primary], {peer: half}, stats=stats).placement, False),
         ("half of every layer on the peer", mixed, False),
+        ("first half of the expert layers on the peer", first_half, False),
         (f"critical path, fast {primary}", fast_primary, False),
         (f"critical path, fast {peer}", fast_peer, False),
     ]  # fmt: skip
@@ -56,18 +61,20 @@ def placements(shape: ModelShape, primary: str, peer: str, cal, stats) -> list[t
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="default", help="demo model size (default, bench)")
-    ap.add_argument("--peer", default="cpu:1", help="the second device (cpu:1, hostsim:0, cuda:0, ...)")
+    ap.add_argument("--primary", default="cpu:0", help="the primary device (cpu:0, or a GPU such as cuda:0)")
+    ap.add_argument("--peer", default="cpu:1", help="the second device (cpu:1, hostsim:0, cuda:0, cpu:0, ...)")
     ap.add_argument("--threads", type=int, default=0, help="threads per CPU device (default: cores / CPU devices)")
     ap.add_argument("--tokens", type=int, default=32, help="decode steps per measurement")
     ap.add_argument("--repeats", type=int, default=5, help="measurements per placement (median)")
     ap.add_argument("--json", help="write the report here")
     args = ap.parse_args()
-    runtime = args.peer.split(":")[0]
-    cpu_devices = int(args.peer.split(":")[1]) + 1 if runtime == "cpu" else 1
-    runtimes = ("cpu",) if runtime == "cpu" else ("cpu", runtime)
+    names = [args.primary, args.peer]
+    cpu_devices = max(int(d.split(":")[1]) + 1 for d in names if d.startswith("cpu:")) if any(
+        d.startswith("cpu:") for d in names) else 1  # fmt: skip
+    runtimes = ("cpu", *dict.fromkeys(d.split(":")[0] for d in names if not d.startswith("cpu:")))
     target = ensure_demo_pair(args.size).target
     with Engine(runtimes=runtimes, cpu_devices=cpu_devices, cpu_threads=args.threads) as eng:
-        model = eng.load(target)
+        model = eng.load(target, device=args.primary)
         primary = model.device
         shape = ModelShape.from_model(model)
         devices = {d.name: f"{d.description} ({d.threads} threads)" for d in eng.devices}

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Build, test and time on the NVIDIA machine (run from the repository root there). Needs cffi and pycparser
 # wheels in .whl/ (the machine has no package registry). Writes reports to $OUT.
-#   bash bench/gpu/run_on_device.sh [tests] [split] [cpu] [costmodel]     (default: all four)
+#   bash bench/gpu/run_on_device.sh [tests] [hbm] [primary] [split] [cpu] [costmodel] [costmodel-primary]
+#   (default: tests hbm primary split costmodel-primary)
 set -euo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-steps=${*:-tests split cpu costmodel}
+steps=${*:-tests hbm primary split costmodel-primary}
+HBM_GBS=0
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -14,7 +16,16 @@ export EXPERTBENCH_CUDA_ARCHS=${EXPERTBENCH_CUDA_ARCHS:-90}
 python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 for step in $steps; do
     case $step in
-    tests) python3 -m pytest -q -p no:cacheprovider tests/test_gpu_modules.py tests/test_placement.py 2>&1 | tail -4 ;;
+    tests)
+        python3 -m pytest -q -p no:cacheprovider -x tests/test_gpu_modules.py tests/test_device_primary.py \
+            tests/test_placement.py 2>&1 | tail -25 ;;
+    hbm)
+        nvcc -O3 -gencode=arch=compute_90,code=sm_90 -o /tmp/hbm_read bench/gpu/hbm_read.cu
+        HBM_GBS=$(/tmp/hbm_read | awk '/hbm_read_gbs/ {print $2}')
+        echo "HBM read ceiling: $HBM_GBS GB/s" ;;
+    primary)
+        python3 bench/gpu_primary.py --size bench --tokens 128 --repeats 5 --hbm-gbs "$HBM_GBS" \
+            --json "$OUT/gpu_primary_bench.json" || echo "gpu_primary: ids differ from the CPU-only run" ;;
     split) python3 bench/gpu_split.py --size bench --tokens 64 --repeats 3 --json "$OUT/gpu_split_bench.json" ;;
     cpu)
         for c in 1 2 4; do
@@ -23,5 +34,8 @@ for step in $steps; do
                 --json "$OUT/decode_h200_c$c.json" | tail -3
         done ;;
     costmodel) python3 bench/costmodel.py --size bench --peer cuda:0 --json "$OUT/costmodel_cuda.json" ;;
+    costmodel-primary)
+        python3 bench/costmodel.py --size bench --primary cuda:0 --peer cpu:0 --repeats 3 \
+            --json "$OUT/costmodel_cuda_primary.json" ;;
     esac
 done

@@ -373,6 +373,8 @@ static void gpu_host_free(void *rtp, void *ptr) {
     if (ptr) (void)gpuFreeHost(ptr);
 }
 
+static int synchronize_locked(void *rtp, int dev, char *err, size_t errlen);
+
 static int copy(void *rtp, int dev, void *dst, const void *src, size_t bytes, int async, int to_device, char *err,
                 size_t errlen) {
     gpu_device *d = get_dev((gpu_runtime *)rtp, dev, err, errlen);
@@ -382,12 +384,14 @@ static int copy(void *rtp, int dev, void *dst, const void *src, size_t bytes, in
     gpuError_t e = gpuSetDevice(dev);
     if (e == gpuSuccess)
         e = gpuMemcpyAsync(dst, src, bytes, to_device ? gpuMemcpyHostToDevice : gpuMemcpyDeviceToHost, d->stream);
-    if (e == gpuSuccess && !async) e = gpuStreamSynchronize(d->stream);
-    pthread_mutex_unlock(&d->lock);
+    int st = 0;
     if (e != gpuSuccess)
-        return eb_rt_fail(err, errlen, EB_ERR_DEVICE, API " copy of %zu bytes: %s (error %d)", bytes,
-                          gpuGetErrorString(e), (int)e);
-    return 0;
+        st = eb_rt_fail(err, errlen, EB_ERR_DEVICE, API " copy of %zu bytes: %s (error %d)", bytes, gpuGetErrorString(e),
+                        (int)e);
+    else if (!async)
+        st = synchronize_locked(rtp, dev, err, errlen); // also closes the busy-time interval: idle gaps are not busy
+    pthread_mutex_unlock(&d->lock);
+    return st;
 }
 
 static int gpu_copy_to_device(void *rtp, int dev, void *dst, const void *src, size_t bytes, int async, char *err,
