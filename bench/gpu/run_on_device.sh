@@ -18,7 +18,7 @@ for step in $steps; do
     case $step in
     tests)
         python3 -m pytest -q -p no:cacheprovider -x tests/test_gpu_modules.py tests/test_device_primary.py \
-            tests/test_placement.py 2>&1 | tail -25 ;;
+            tests/test_placement.py 2>&1 | tail -25 || echo "TESTS FAILED" ;;
     hbm)
         nvcc -O3 -gencode=arch=compute_90,code=sm_90 -o /tmp/hbm_read bench/gpu/hbm_read.cu
         HBM_GBS=$(/tmp/hbm_read | awk '/hbm_read_gbs/ {print $2}')
