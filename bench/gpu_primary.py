@@ -41,6 +41,9 @@ def decode(model, prompt_ids, n_tokens, graphs=True):
         seconds = time.perf_counter() - t0
         after = model.counters()
     delta = {k: after[k] - before[k] for k in ("host_round_trips", "graph_launches", "layer_steps")}
+    gpu = model.device if not model.device.startswith("cpu:") else None
+    if gpu:  # the GPU's busy time: from the first to the last piece of queued work of each synchronized stretch
+        delta["gpu_busy_seconds"] = after["devices"][gpu]["busy_seconds"] - before["devices"][gpu]["busy_seconds"]
     return ids, np.stack(rows), seconds, delta
 
 
@@ -91,6 +94,7 @@ def main() -> int:
                 "max_abs_logit_diff": float(np.abs(logits - base_logits).max()),
                 "host_round_trips_per_token": delta["host_round_trips"] / steps,
                 "graph_launches_per_token": delta["graph_launches"] / steps,
+                "gpu_busy_ms_per_token": 1e3 * delta["gpu_busy_seconds"] / steps,
                 "weight_gbs": gbs,
                 "fraction_of_hbm_read_ceiling": gbs / args.hbm_gbs if args.hbm_gbs else None,
             })  # fmt: skip
@@ -107,13 +111,14 @@ def main() -> int:
     print(f"CPU only: {cpu_tps:.1f} tok/s; weights read per token {bytes_per_token / 1e6:.1f} MB; "
           f"HBM read ceiling {args.hbm_gbs:.0f} GB/s")  # fmt: skip
     print(f"| primary {args.gpu}, placement | decode tok/s (median, min-max) | ids == CPU | max abs logit diff "
-          "| host round trips / token | weight GB/s (of ceiling) |")  # fmt: skip
-    print("| --- | --- | --- | --- | --- | --- |")
+          "| host round trips / token | GPU busy ms / token | weight GB/s (of ceiling) |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         speed = f"{r['decode_tokens_per_second']:.1f} ({r['min']:.1f}-{r['max']:.1f})"
         frac = f" ({100 * r['fraction_of_hbm_read_ceiling']:.1f} %)" if r["fraction_of_hbm_read_ceiling"] else ""
         print(f"| {r['placement']} | {speed} | {r['tokens_identical_to_cpu']} | {r['max_abs_logit_diff']:.2e} "
-              f"| {r['host_round_trips_per_token']:.1f} | {r['weight_gbs']:.0f}{frac} |")  # fmt: skip
+              f"| {r['host_round_trips_per_token']:.1f} | {r['gpu_busy_ms_per_token']:.3f} "
+              f"| {r['weight_gbs']:.0f}{frac} |")  # fmt: skip
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build, test and time on the NVIDIA machine (run from the repository root there). Needs cffi and pycparser
 # wheels in .whl/ (the machine has no package registry). Writes reports to $OUT.
-#   bash bench/gpu/run_on_device.sh [tests] [hbm] [primary] [split] [cpu] [costmodel] [costmodel-primary]
+#   bash bench/gpu/run_on_device.sh [tests] [hbm] [primary] [kernels] [split] [cpu] [costmodel] [costmodel-primary]
 #   (default: tests hbm primary split costmodel-primary)
 set -euo pipefail
 OUT=${OUT:-/tmp/out}
@@ -34,6 +34,11 @@ for step in $steps; do
                 --json "$OUT/decode_h200_c$c.json" | tail -3
         done ;;
     costmodel) python3 bench/costmodel.py --size bench --peer cuda:0 --json "$OUT/costmodel_cuda.json" ;;
+    kernels)
+        # the last 2 of 4 decode steps (each about 180 launches) after the prefill and the first 2
+        ncu --clock-control none --metrics gpu__time_duration.sum --csv --launch-skip 560 --launch-count 360 \
+            python3 bench/gpu/kernel_times.py > "$OUT/ncu_kernels.csv" 2> "$OUT/ncu.log" || tail -5 "$OUT/ncu.log"
+        python3 bench/gpu/kernel_summary.py "$OUT/ncu_kernels.csv" 2 ;;
     costmodel-primary)
         python3 bench/costmodel.py --size bench --primary cuda:0 --peer cpu:0 --repeats 3 \
             --json "$OUT/costmodel_cuda_primary.json" ;;

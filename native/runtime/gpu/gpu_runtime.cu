@@ -546,6 +546,7 @@ __device__ __forceinline__ void warp_dot_tile(const void *w, int dtype, long lon
     long long base = row * (long long)cols;
     if (dtype != EB_DTYPE_F32 && (cols % 8) == 0) {
         const uint4 *w4 = (const uint4 *)((const unsigned short *)w + base);
+#pragma unroll 4
         for (int c = lane; c < cols / 8; c += warp) {
             uint4 v = w4[c];
             unsigned int parts[4] = {v.x, v.y, v.z, v.w};
@@ -571,6 +572,7 @@ __device__ __forceinline__ void warp_dot_tile(const void *w, int dtype, long lon
         }
     } else if (dtype == EB_DTYPE_F32 && (cols % 4) == 0) {
         const float4 *w4 = (const float4 *)((const float *)w + base);
+#pragma unroll 4
         for (int c = lane; c < cols / 4; c += warp) {
             float4 v = w4[c];
 #pragma unroll
@@ -583,12 +585,15 @@ __device__ __forceinline__ void warp_dot_tile(const void *w, int dtype, long lon
     } else {
         for (int c = lane; c < cols; c += warp) {
             float v = load_w(w, dtype, base + c);
-            for (int j = 0; j < nt; j++) s[j] += v * xs[j][c];
+#pragma unroll
+            for (int j = 0; j < DOT_TILE; j++)
+                if (j < nt) s[j] += v * xs[j][c];
         }
     }
     for (int o = warp / 2; o > 0; o /= 2)
 #pragma unroll
         for (int j = 0; j < DOT_TILE; j++) s[j] += SHFL_DOWN(s[j], o);
+#pragma unroll
     for (int j = 0; j < DOT_TILE; j++) out[j] = s[j];
 }
 
@@ -609,21 +614,24 @@ __global__ void matmul_kernel(mm_batch b, int warp) {
     int lane = threadIdx.x % warp;
     int g = blockIdx.x * (blockDim.x / warp) + threadIdx.x / warp;
     if (g >= b.start[b.count]) return;
-    int ti = 0;
-    while (g >= b.start[ti + 1]) ti++;
-    const mm_task &t = b.t[ti];
-    int r = g - b.start[ti];
+    // constant indices only: a dynamic index into the parameters would copy them to local memory
+    int ti = (g >= b.start[1]) + (g >= b.start[2]) + (g >= b.start[3]);
+    const mm_task t = ti == 0 ? b.t[0] : ti == 1 ? b.t[1] : ti == 2 ? b.t[2] : b.t[3];
+    int r = g - (ti == 0 ? 0 : ti == 1 ? b.start[1] : ti == 2 ? b.start[2] : b.start[3]);
     for (int t0 = 0; t0 < t.n; t0 += DOT_TILE) {
         int nt = t.n - t0 < DOT_TILE ? t.n - t0 : DOT_TILE;
         const float *xs[DOT_TILE];
+#pragma unroll
         for (int j = 0; j < DOT_TILE; j++) xs[j] = t.x + (long long)(t0 + (j < nt ? j : 0)) * t.cols;
         float s[DOT_TILE];
         warp_dot_tile(t.w, t.dtype, r, t.cols, xs, nt, lane, warp, s);
         if (lane == 0)
-            for (int j = 0; j < nt; j++) {
-                float *y = t.y + (long long)(t0 + j) * t.rows + r;
-                *y = b.accumulate ? *y + s[j] : s[j];
-            }
+#pragma unroll
+            for (int j = 0; j < DOT_TILE; j++)
+                if (j < nt) {
+                    float *y = t.y + (long long)(t0 + j) * t.rows + r;
+                    *y = b.accumulate ? *y + s[j] : s[j];
+                }
     }
 }
 
@@ -704,36 +712,66 @@ __global__ void qk_rope_store_kernel(eb_rt_attention a, int warp) {
     }
 }
 
-// One block per (head, row): groups of 32 lanes take positions in turn with a running softmax (each lane holds
-// head_dim / 32 of the output), then the groups are merged.
+// One block per (head, row): groups of 32 lanes take positions in turn, two at a time (their loads in flight
+// together), with a running softmax (each lane holds head_dim / 32 of the output); then the groups are merged.
+__device__ __forceinline__ void attend_update(float d, const float *v, int lane, int hd, float &m, float &l,
+                                              float *acc) {
+    float mn = fmaxf(m, d), corr = expf(m - mn), e = expf(d - mn);
+    l = l * corr + e;
+#pragma unroll
+    for (int i = 0; i < MAX_HEAD_DIM / 32; i++) {
+        int c = lane + 32 * i;
+        if (c < hd) acc[i] = acc[i] * corr + e * v[c];
+    }
+    m = mn;
+}
+
 __global__ void attention_kernel(eb_rt_attention a) {
     __shared__ float gm[ATT_GROUPS], gl[ATT_GROUPS];
     __shared__ float gacc[ATT_GROUPS][MAX_HEAD_DIM];
-    int h = blockIdx.x, t = blockIdx.y, hd = a.head_dim, per = hd / 32;
+    int h = blockIdx.x, t = blockIdx.y, hd = a.head_dim;
     int lane = threadIdx.x % 32, g = threadIdx.x / 32, ng = blockDim.x / 32;
     int kvd = a.n_kv_heads * hd, kvh = h / (a.n_heads / a.n_kv_heads);
     long long last = *a.pos + t;
     float scale = rsqrtf((float)hd);
     const float *q = a.q + (long long)t * a.n_heads * hd + h * hd;
+    const float *kc = a.k_cache + kvh * hd, *vc = a.v_cache + kvh * hd;
     float qv[MAX_HEAD_DIM / 32], acc[MAX_HEAD_DIM / 32];
-    for (int i = 0; i < per; i++) {
-        qv[i] = q[lane + 32 * i] * scale;
+#pragma unroll
+    for (int i = 0; i < MAX_HEAD_DIM / 32; i++) {
+        int c = lane + 32 * i;
+        qv[i] = c < hd ? q[c] * scale : 0.0f;
         acc[i] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    for (long long s = g; s <= last; s += ng) {
-        const float *k = a.k_cache + s * kvd + kvh * hd;
-        const float *v = a.v_cache + s * kvd + kvh * hd;
-        float d = 0.0f;
-        for (int i = 0; i < per; i++) d += qv[i] * k[lane + 32 * i];
-        for (int o = 16; o > 0; o /= 2) d += SHFL_XOR32(d, o);
-        float mn = fmaxf(m, d), corr = expf(m - mn), e = expf(d - mn);
-        l = l * corr + e;
-        for (int i = 0; i < per; i++) acc[i] = acc[i] * corr + e * v[lane + 32 * i];
-        m = mn;
+    long long s = g;
+    for (; s + ng <= last; s += 2 * ng) {
+        const float *k0 = kc + s * kvd, *k1 = kc + (s + ng) * kvd;
+        float d0 = 0.0f, d1 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MAX_HEAD_DIM / 32; i++) {
+            int c = lane + 32 * i;
+            if (c < hd) d0 += qv[i] * k0[c], d1 += qv[i] * k1[c];
+        }
+        for (int o = 16; o > 0; o /= 2) d0 += SHFL_XOR32(d0, o), d1 += SHFL_XOR32(d1, o);
+        attend_update(d0, vc + s * kvd, lane, hd, m, l, acc);
+        attend_update(d1, vc + (s + ng) * kvd, lane, hd, m, l, acc);
+    }
+    if (s <= last) {
+        const float *k0 = kc + s * kvd;
+        float d0 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MAX_HEAD_DIM / 32; i++) {
+            int c = lane + 32 * i;
+            if (c < hd) d0 += qv[i] * k0[c];
+        }
+        for (int o = 16; o > 0; o /= 2) d0 += SHFL_XOR32(d0, o);
+        attend_update(d0, vc + s * kvd, lane, hd, m, l, acc);
     }
     if (lane == 0) gm[g] = m, gl[g] = l;
-    for (int i = 0; i < per; i++) gacc[g][lane + 32 * i] = acc[i];
+#pragma unroll
+    for (int i = 0; i < MAX_HEAD_DIM / 32; i++)
+        if (lane + 32 * i < hd) gacc[g][lane + 32 * i] = acc[i];
     __syncthreads();
     if (g != 0) return;
     float M = -INFINITY;
@@ -741,42 +779,62 @@ __global__ void attention_kernel(eb_rt_attention a) {
     float L = 0.0f;
     for (int j = 0; j < ng; j++) L += gl[j] * expf(gm[j] - M);
     float *out = a.out + (long long)t * a.n_heads * hd + h * hd;
-    for (int i = 0; i < per; i++) {
+    for (int c = lane; c < hd; c += 32) {
         float o = 0.0f;
-        for (int j = 0; j < ng; j++) o += gacc[j][lane + 32 * i] * expf(gm[j] - M);
-        out[lane + 32 * i] = o / L;
+        for (int j = 0; j < ng; j++) o += gacc[j][c] * expf(gm[j] - M);
+        out[c] = o / L;
     }
 }
 
-// One thread per row: softmax over the experts, top k by repeated scans (ties to the lower id), renormalised.
+// One warp per row: lanes hold experts lane, lane + 32, ...; softmax with warp sums, then top k by k rounds of
+// a warp arg-max (ties to the lower id), renormalised.
+#define ROUTE_PER_LANE 16 // up to 512 experts
 __global__ void route_kernel(const float *logits, int n, int E, int K, int norm, int *topk_id, float *topk_w,
                              unsigned long long *hits) {
-    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (t >= n) return;
     const float *p = logits + (long long)t * E;
-    float mx = p[0];
-    for (int e = 1; e < E; e++) mx = fmaxf(mx, p[e]);
+    float v[ROUTE_PER_LANE];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < ROUTE_PER_LANE; i++) {
+        int e = lane + 32 * i;
+        v[i] = e < E ? p[e] : -INFINITY;
+        mx = fmaxf(mx, v[i]);
+    }
+    for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, SHFL_XOR32(mx, o));
     float sum = 0.0f;
-    for (int e = 0; e < E; e++) sum += expf(p[e] - mx);
-    int *ids = topk_id + (long long)t * K;
-    float *w = topk_w + (long long)t * K;
+#pragma unroll
+    for (int i = 0; i < ROUTE_PER_LANE; i++) {
+        v[i] = lane + 32 * i < E ? expf(v[i] - mx) : 0.0f;
+        sum += v[i];
+    }
+    for (int o = 16; o > 0; o /= 2) sum += SHFL_XOR32(sum, o);
     float total = 0.0f;
     for (int k = 0; k < K; k++) {
-        int best = -1;
-        float bp = 0.0f;
-        for (int e = 0; e < E; e++) {
-            int taken = 0;
-            for (int j = 0; j < k; j++) taken |= ids[j] == e;
-            float pe = expf(p[e] - mx) / sum;
-            if (!taken && (best < 0 || pe > bp)) best = e, bp = pe;
+        float best = -1.0f;
+        int id = E;
+#pragma unroll
+        for (int i = 0; i < ROUTE_PER_LANE; i++) {
+            float pe = v[i] / sum;
+            int e = lane + 32 * i;
+            if (e < E && (pe > best || (pe == best && e < id))) best = pe, id = e;
         }
-        ids[k] = best;
-        w[k] = bp;
-        total += bp;
-        if (hits) atomicAdd(&hits[best], 1ULL);
+        for (int o = 16; o > 0; o /= 2) {
+            float ob = SHFL_XOR32(best, o);
+            int oid = SHFL_XOR32(id, o);
+            if (ob > best || (ob == best && oid < id)) best = ob, id = oid;
+        }
+        if (lane == id % 32) v[id / 32] = -1.0f; // taken (every probability is >= 0)
+        if (lane == 0) {
+            topk_id[(long long)t * K + k] = id;
+            topk_w[(long long)t * K + k] = best;
+            if (hits) atomicAdd(&hits[id], 1ULL);
+        }
+        total += best;
     }
-    if (norm)
-        for (int k = 0; k < K; k++) w[k] /= total;
+    if (norm && lane == 0)
+        for (int k = 0; k < K; k++) topk_w[(long long)t * K + k] /= total;
 }
 
 // grid.y = expert: the pairs routed to it (found by scanning the selections), DOT_TILE at a time per weight row.
@@ -794,17 +852,25 @@ __global__ void moe_gate_up_kernel(eb_rt_moe b, int warp) {
     if (i >= b.inter) return;
     int q = 0;
     while (q < total) {
-        int pairs[DOT_TILE], nt = 0;
+        int pairs[DOT_TILE] = {0, 0, 0, 0}, nt = 0;
         for (; q < total && nt < DOT_TILE; q++)
-            if (b.topk_id[q] == e) pairs[nt++] = q;
+            if (b.topk_id[q] == e) {
+#pragma unroll
+                for (int j = 0; j < DOT_TILE; j++) // constant indices: pairs stays in registers
+                    if (j == nt) pairs[j] = q;
+                nt++;
+            }
         if (!nt) break;
         const float *xs[DOT_TILE];
-        for (int j = 0; j < DOT_TILE; j++) xs[j] = b.xn + (long long)(pairs[j < nt ? j : 0] / b.top_k) * b.hidden;
+#pragma unroll
+        for (int j = 0; j < DOT_TILE; j++) xs[j] = b.xn + (long long)((j < nt ? pairs[j] : pairs[0]) / b.top_k) * b.hidden;
         float gs[DOT_TILE], us[DOT_TILE];
         warp_dot_tile(ex.gate, ex.dtype, i, b.hidden, xs, nt, lane, warp, gs);
         warp_dot_tile(ex.up, ex.dtype, i, b.hidden, xs, nt, lane, warp, us);
         if (lane == 0)
-            for (int j = 0; j < nt; j++) b.h[(long long)pairs[j] * b.inter + i] = gs[j] / (1.0f + expf(-gs[j])) * us[j];
+#pragma unroll
+            for (int j = 0; j < DOT_TILE; j++)
+                if (j < nt) b.h[(long long)pairs[j] * b.inter + i] = gs[j] / (1.0f + expf(-gs[j])) * us[j];
     }
 }
 
@@ -816,16 +882,24 @@ __global__ void moe_down_kernel(eb_rt_moe b, int warp) {
     if (j0 >= b.hidden) return;
     int total = b.n * b.top_k, e = blockIdx.y, q = 0;
     while (q < total) {
-        int pairs[DOT_TILE], nt = 0;
+        int pairs[DOT_TILE] = {0, 0, 0, 0}, nt = 0;
         for (; q < total && nt < DOT_TILE; q++)
-            if (b.topk_id[q] == e) pairs[nt++] = q;
+            if (b.topk_id[q] == e) {
+#pragma unroll
+                for (int j = 0; j < DOT_TILE; j++) // constant indices: pairs stays in registers
+                    if (j == nt) pairs[j] = q;
+                nt++;
+            }
         if (!nt) break;
         const float *hs[DOT_TILE];
-        for (int j = 0; j < DOT_TILE; j++) hs[j] = b.h + (long long)pairs[j < nt ? j : 0] * b.inter;
+#pragma unroll
+        for (int j = 0; j < DOT_TILE; j++) hs[j] = b.h + (long long)(j < nt ? pairs[j] : pairs[0]) * b.inter;
         float ys[DOT_TILE];
         warp_dot_tile(ex.down, ex.dtype, j0, b.inter, hs, nt, lane, warp, ys);
         if (lane == 0)
-            for (int j = 0; j < nt; j++) b.pair_out[(long long)pairs[j] * b.hidden + j0] = ys[j];
+#pragma unroll
+            for (int j = 0; j < DOT_TILE; j++)
+                if (j < nt) b.pair_out[(long long)pairs[j] * b.hidden + j0] = ys[j];
     }
 }
 
@@ -929,9 +1003,9 @@ static int gpu_silu_mul(void *rtp, int dev, float *g, const float *u, int64_t n,
 }
 
 static int gpu_attention(void *rtp, int dev, const eb_rt_attention *a, char *err, size_t errlen) {
-    if (a->head_dim % 32 != 0 || a->head_dim > MAX_HEAD_DIM)
+    if (a->head_dim % 2 != 0 || a->head_dim > MAX_HEAD_DIM)
         return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED,
-                          RUNTIME_NAME " runtime: head_dim %d is not supported: expected a multiple of 32 up to %d",
+                          RUNTIME_NAME " runtime: head_dim %d is not supported: expected an even number up to %d",
                           a->head_dim, MAX_HEAD_DIM);
     PRIMARY_OP({
         dim3 rope((unsigned)a->n, (unsigned)(a->n_heads + 2 * a->n_kv_heads));
@@ -946,8 +1020,11 @@ static int gpu_route(void *rtp, int dev, const float *logits, int64_t n, int32_t
     if (top_k > MAX_TOPK || top_k > n_experts)
         return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: top_k %d: expected at most %d",
                           top_k, MAX_TOPK < n_experts ? MAX_TOPK : n_experts);
-    PRIMARY_OP(route_kernel<<<blocks(n, 64), 64, 0, d->stream>>>(logits, (int)n, n_experts, top_k, norm, topk_id,
-                                                                   topk_w, hits))
+    if (n_experts > 32 * ROUTE_PER_LANE)
+        return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: %d experts: expected at most %d",
+                          n_experts, 32 * ROUTE_PER_LANE);
+    PRIMARY_OP(route_kernel<<<blocks(n, 4), 128, 0, d->stream>>>(logits, (int)n, n_experts, top_k, norm, topk_id,
+                                                                  topk_w, hits))
 }
 
 static int gpu_moe(void *rtp, int dev, const eb_rt_moe *b, char *err, size_t errlen) {
