@@ -10,7 +10,7 @@ total, count = defaultdict(float), defaultdict(int)
 for r in rows:
     if r.get("Metric Name") != "gpu__time_duration.sum":
         continue
-    scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(r["Metric Unit"], 1.0)
+    scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}[r["Metric Unit"]]
     name = r["Kernel Name"].split("(")[0]
     total[name] += float(r["Metric Value"].replace(",", "")) * scale
     count[name] += 1

@@ -967,7 +967,7 @@ static int gpu_embed(void *rtp, int dev, const void *table, int dtype, int64_t h
 
 static int gpu_rmsnorm(void *rtp, int dev, const float *x, const float *w, int64_t n, int64_t dim, float eps, float *y,
                        char *err, size_t errlen) {
-    PRIMARY_OP(rmsnorm_kernel<<<(unsigned)n, 1024, 0, d->stream>>>(x, w, (int)dim, eps, y, d->warp))
+    PRIMARY_OP(rmsnorm_kernel<<<(unsigned)n, BLOCK, 0, d->stream>>>(x, w, (int)dim, eps, y, d->warp))
 }
 
 static int gpu_primary_matmul(void *rtp, int dev, const eb_rt_matmul *tasks, int n_tasks, int accumulate, char *err,
@@ -988,6 +988,7 @@ static int gpu_primary_matmul(void *rtp, int dev, const eb_rt_matmul *tasks, int
                 b.t[i] = {t->w, t->x, t->y, t->dtype, (int)t->rows, (int)t->cols, (int)t->n};
                 b.start[i + 1] = b.start[i] + (int)t->rows;
             }
+            for (int i = b.count + 1; i < 5; i++) b.start[i] = b.start[b.count]; // the kernel's task search needs these
             matmul_kernel<<<blocks(b.start[b.count], rows_per_block), BLOCK, 0, d->stream>>>(b, d->warp);
         }
     })
