@@ -121,16 +121,35 @@ typedef struct {
     unsigned long long *stats;
 } eb_rt_moe;
 
+/* RMSNorm of rows before a product: xn[r] = w * x[r] / rms(x[r]), written, and the products read xn. */
+typedef struct {
+    const float *x, *w;
+    float *xn;
+    int64_t n, dim;
+    float eps;
+} eb_rt_norm;
+
+/* A MoE layer's routing: xn = RMSNorm(x) (written), logits = router . xn (scratch), then per row the softmax over
+ * n_experts, the top_k (ties to the lower id) renormalised when norm_topk; hits (nullable, n_experts entries)
+ * += one per selection. */
+typedef struct {
+    eb_rt_norm norm;
+    const void *router;
+    int32_t router_dtype, n_experts, top_k, norm_topk;
+    float *logits;
+    int32_t *topk_id;
+    float *topk_w;
+    unsigned long long *hits;
+} eb_rt_route;
+
 typedef struct {
     /* x[t] = row ids[t] of the embedding table (dtype), n rows of hidden */
     int (*embed)(void *rt, int dev, const void *table, int dtype, int64_t hidden, const int32_t *ids, int64_t n,
                  float *x, char *err, size_t errlen);
-    /* y[r] = w * x[r] / rms(x[r]) for rows r < n of dim; y may be x */
-    int (*rmsnorm)(void *rt, int dev, const float *x, const float *w, int64_t n, int64_t dim, float eps, float *y,
-                   char *err, size_t errlen);
-    /* The products of matmul (y = w x per task), queued; accumulate = 1: y += w x instead. */
-    int (*matmul)(void *rt, int dev, const eb_rt_matmul *tasks, int n_tasks, int accumulate, char *err,
-                  size_t errlen);
+    /* The products of matmul (y = w x per task), queued; accumulate = 1: y += w x instead. norm (nullable):
+     * first xn = RMSNorm(x), and every task's x is norm->xn (a module may fuse the two). */
+    int (*matmul)(void *rt, int dev, const eb_rt_norm *norm, const eb_rt_matmul *tasks, int n_tasks, int accumulate,
+                  char *err, size_t errlen);
     /* y[r][i] += b[i] (broadcast = 1) or b[r][i] (broadcast = 0), rows r < n of dim */
     int (*add)(void *rt, int dev, float *y, const float *b, int64_t n, int64_t dim, int broadcast, char *err,
                size_t errlen);
@@ -138,10 +157,7 @@ typedef struct {
     int (*silu_mul)(void *rt, int dev, float *g, const float *u, int64_t n, char *err, size_t errlen);
     /* q/k norm, rotary embedding, k and v into the cache, then causal attention into out. */
     int (*attention)(void *rt, int dev, const eb_rt_attention *a, char *err, size_t errlen);
-    /* Softmax over n_experts logits per row, top_k (ties to the lower id), renormalised when norm; hits
-     * (nullable, n_experts entries) += one per selection. */
-    int (*route)(void *rt, int dev, const float *logits, int64_t n, int32_t n_experts, int32_t top_k, int32_t norm,
-                 int32_t *topk_id, float *topk_w, unsigned long long *hits, char *err, size_t errlen);
+    int (*route)(void *rt, int dev, const eb_rt_route *r, char *err, size_t errlen);
     int (*moe)(void *rt, int dev, const eb_rt_moe *b, char *err, size_t errlen);
     /* Graphs (nullable: the core then queues each step's work anew). Between graph_begin and graph_end the
      * calling thread's work queued on dev is recorded instead of run, and other threads wait; graph_launch

@@ -320,11 +320,11 @@ static int queue_step(eb_context *c, int64_t n, int64_t first, int logits) {
     OP(ops->embed(rt, dev, dp->embed.data, dp->embed.dtype, H, dc->ids, n, dc->x, err, sizeof err));
     for (int l = 0; l < cf->num_layers; l++) {
         const eb_dev_layer *D = &dp->layers[l];
-        OP(ops->rmsnorm(rt, dev, dc->x, D->input_norm, n, H, eps, dc->xn, err, sizeof err));
+        eb_rt_norm input = {dc->x, D->input_norm, dc->xn, n, H, eps};
         eb_rt_matmul qkv[3] = {{D->q.data, D->q.dtype, D->q.rows, D->q.cols, dc->xn, n, dc->q},
                                {D->k.data, D->k.dtype, D->k.rows, D->k.cols, dc->xn, n, dc->k},
                                {D->v.data, D->v.dtype, D->v.rows, D->v.cols, dc->xn, n, dc->v}};
-        OP(ops->matmul(rt, dev, qkv, 3, 0, err, sizeof err));
+        OP(ops->matmul(rt, dev, &input, qkv, 3, 0, err, sizeof err));
         if (D->q_bias) {
             OP(ops->add(rt, dev, dc->q, D->q_bias, n, qd, 1, err, sizeof err));
             OP(ops->add(rt, dev, dc->k, D->k_bias, n, kvd, 1, err, sizeof err));
@@ -338,18 +338,17 @@ static int queue_step(eb_context *c, int64_t n, int64_t first, int logits) {
         eb_rt_matmul o = {D->o.data, D->o.dtype, D->o.rows, D->o.cols, dc->att, n, dc->x};
         if (D->o_bias) { /* the CPU path's association: x += (o . att + bias) */
             o.y = dc->proj;
-            OP(ops->matmul(rt, dev, &o, 1, 0, err, sizeof err));
+            OP(ops->matmul(rt, dev, NULL, &o, 1, 0, err, sizeof err));
             OP(ops->add(rt, dev, dc->proj, D->o_bias, n, H, 1, err, sizeof err));
             OP(ops->add(rt, dev, dc->x, dc->proj, n, H, 0, err, sizeof err));
         } else {
-            OP(ops->matmul(rt, dev, &o, 1, 1, err, sizeof err));
+            OP(ops->matmul(rt, dev, NULL, &o, 1, 1, err, sizeof err));
         }
-        OP(ops->rmsnorm(rt, dev, dc->x, D->post_norm, n, H, eps, dc->xn, err, sizeof err));
+        eb_rt_norm post = {dc->x, D->post_norm, dc->xn, n, H, eps};
         if (m->layers[l].is_moe) {
-            eb_rt_matmul r = {D->router.data, D->router.dtype, D->router.rows, D->router.cols, dc->xn, n, dc->router};
-            OP(ops->matmul(rt, dev, &r, 1, 0, err, sizeof err));
-            OP(ops->route(rt, dev, dc->router, n, (int32_t)E, (int32_t)K, cf->norm_topk_prob, dc->topk_id, dc->topk_w,
-                          dp->hits + (size_t)l * (size_t)E, err, sizeof err));
+            eb_rt_route r = {post, D->router.data, D->router.dtype, (int32_t)E, (int32_t)K, cf->norm_topk_prob,
+                             dc->router, dc->topk_id, dc->topk_w, dp->hits + (size_t)l * (size_t)E};
+            OP(ops->route(rt, dev, &r, err, sizeof err));
             if (D->n_foreign && (st = foreign_experts(c, l, n))) return st;
             eb_rt_moe b = {D->experts, (int32_t)E, (int32_t)K, (int32_t)n, (int32_t)H, cf->moe_intermediate_size,
                            c->mode == EB_MODE_OWNER_LOCAL ? EB_REDUCE_OWNER_LOCAL : EB_REDUCE_REFERENCE,
@@ -359,18 +358,17 @@ static int queue_step(eb_context *c, int64_t n, int64_t first, int logits) {
         } else {
             eb_rt_matmul gu[2] = {{D->gate.data, D->gate.dtype, D->gate.rows, D->gate.cols, dc->xn, n, dc->gate},
                                   {D->up.data, D->up.dtype, D->up.rows, D->up.cols, dc->xn, n, dc->up}};
-            OP(ops->matmul(rt, dev, gu, 2, 0, err, sizeof err));
+            OP(ops->matmul(rt, dev, &post, gu, 2, 0, err, sizeof err));
             OP(ops->silu_mul(rt, dev, dc->gate, dc->up, n * D->gate.rows, err, sizeof err));
             eb_rt_matmul dn = {D->down.data, D->down.dtype, D->down.rows, D->down.cols, dc->gate, n, dc->x};
-            OP(ops->matmul(rt, dev, &dn, 1, 1, err, sizeof err));
+            OP(ops->matmul(rt, dev, NULL, &dn, 1, 1, err, sizeof err));
         }
     }
     if (!logits) return EB_OK;
-    OP(ops->rmsnorm(rt, dev, dc->x + first * H, dp->final_norm, n - first, H, eps, dc->xn + first * H, err,
-                    sizeof err));
+    eb_rt_norm final = {dc->x + first * H, dp->final_norm, dc->xn + first * H, n - first, H, eps};
     eb_rt_matmul lm = {dp->lm_head.data, dp->lm_head.dtype, dp->lm_head.rows, dp->lm_head.cols, dc->xn + first * H,
                        n - first, dc->logits};
-    OP(ops->matmul(rt, dev, &lm, 1, 0, err, sizeof err));
+    OP(ops->matmul(rt, dev, &final, &lm, 1, 0, err, sizeof err));
     return EB_OK;
 }
 

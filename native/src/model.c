@@ -334,7 +334,7 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
     int home = primary_device;
     if (!rinfo.host_addressable) {
         const eb_rt_primary_ops *ops = rt->table->primary;
-        if (!ops || !ops->embed || !ops->rmsnorm || !ops->matmul || !ops->add || !ops->silu_mul || !ops->attention ||
+        if (!ops || !ops->embed || !ops->matmul || !ops->add || !ops->silu_mul || !ops->attention ||
             !ops->route || !ops->moe)
             return eb_fail(EB_ERR_UNSUPPORTED, "primary device %s: the '%s' runtime cannot run the forward pass "
                                                "(attention, router, norms); choose a CPU device or a GPU runtime",

@@ -781,17 +781,13 @@ static int sim_embed(void *rtp, int dev, const void *table, int dtype, int64_t h
     return op_end(d, t0, 0);
 }
 
-static int sim_rmsnorm(void *rtp, int dev, const float *x, const float *w, int64_t n, int64_t dim, float eps, float *y,
-                       char *err, size_t errlen) {
-    uint64_t t0;
-    cpu_device *d = op_begin(rtp, dev, &t0, err, errlen);
-    if (!d) return EB_ERR_RANGE;
-    for (int64_t r = 0; r < n; r++) eb_rmsnorm(y + r * dim, x + r * dim, w, dim, eps);
-    return op_end(d, t0, 0);
+static void sim_norm(const eb_rt_norm *norm) {
+    for (int64_t r = 0; r < norm->n; r++)
+        eb_rmsnorm(norm->xn + r * norm->dim, norm->x + r * norm->dim, norm->w, norm->dim, norm->eps);
 }
 
-static int sim_matmul(void *rtp, int dev, const eb_rt_matmul *tasks, int n_tasks, int accumulate, char *err,
-                      size_t errlen) {
+static int sim_matmul(void *rtp, int dev, const eb_rt_norm *norm, const eb_rt_matmul *tasks, int n_tasks,
+                      int accumulate, char *err, size_t errlen) {
     for (int i = 0; i < n_tasks; i++)
         if (eb_dtype_size(tasks[i].dtype) == 0)
             return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d",
@@ -800,6 +796,7 @@ static int sim_matmul(void *rtp, int dev, const eb_rt_matmul *tasks, int n_tasks
     cpu_device *d = op_begin(rtp, dev, &t0, err, errlen);
     if (!d) return EB_ERR_RANGE;
     cpu_runtime *rt = (cpu_runtime *)rtp;
+    if (norm) sim_norm(norm);
     if (!accumulate) {
         run_multi(rt, d, tasks, n_tasks);
         return op_end(d, t0, 0);
@@ -872,24 +869,22 @@ static int sim_attention(void *rtp, int dev, const eb_rt_attention *a, char *err
     return op_end(d, t0, 0);
 }
 
-static int sim_route(void *rtp, int dev, const float *logits, int64_t n, int32_t n_experts, int32_t top_k,
-                     int32_t norm, int32_t *topk_id, float *topk_w, unsigned long long *hits, char *err,
-                     size_t errlen) {
-    float *p = malloc((size_t)n_experts * sizeof *p);
-    if (!p) return eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
+static int sim_route(void *rtp, int dev, const eb_rt_route *r, char *err, size_t errlen) {
+    if (eb_dtype_size(r->router_dtype) == 0)
+        return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d",
+                          r->router_dtype);
     uint64_t t0;
     cpu_device *d = op_begin(rtp, dev, &t0, err, errlen);
-    if (!d) {
-        free(p);
-        return EB_ERR_RANGE;
-    }
+    if (!d) return EB_ERR_RANGE;
+    int64_t n = r->norm.n, E = r->n_experts, K = r->top_k;
+    sim_norm(&r->norm);
+    eb_rt_matmul logits = {r->router, r->router_dtype, E, r->norm.dim, r->norm.xn, n, r->logits};
+    run_multi((cpu_runtime *)rtp, d, &logits, 1);
     for (int64_t t = 0; t < n; t++) {
-        memcpy(p, logits + t * n_experts, (size_t)n_experts * sizeof *p);
-        eb_route_row(p, n_experts, top_k, norm, topk_id + t * top_k, topk_w + t * top_k);
-        if (hits)
-            for (int32_t k = 0; k < top_k; k++) hits[topk_id[t * top_k + k]]++;
+        eb_route_row(r->logits + t * E, E, K, r->norm_topk, r->topk_id + t * K, r->topk_w + t * K);
+        if (r->hits)
+            for (int64_t k = 0; k < K; k++) r->hits[r->topk_id[t * K + k]]++;
     }
-    free(p);
     return op_end(d, t0, 0);
 }
 
@@ -969,7 +964,6 @@ static int sim_moe(void *rtp, int dev, const eb_rt_moe *b, char *err, size_t err
 
 static const eb_rt_primary_ops sim_primary = {
     .embed = sim_embed,
-    .rmsnorm = sim_rmsnorm,
     .matmul = sim_matmul,
     .add = sim_add,
     .silu_mul = sim_silu_mul,

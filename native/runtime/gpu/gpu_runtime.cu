@@ -540,8 +540,16 @@ static uint64_t gpu_busy_ns(void *rtp, int dev) {
 
 // Partial dot products of weight row `row` with up to DOT_TILE rows of x (xs[j], j < nt), one load of the
 // weights serving all of them; reduced over the warp (lane 0 holds the sums).
+// nw (nullable): the rows of x are normalised on the fly, x[c] -> nw[c] * (x[c] * inv[j]), exactly as the
+// rmsnorm kernel writes them.
+__device__ __forceinline__ float4 normed(float4 a, const float *nw, int c, float inv) {
+    float4 n = *(const float4 *)(nw + c);
+    return make_float4(n.x * (a.x * inv), n.y * (a.y * inv), n.z * (a.z * inv), n.w * (a.w * inv));
+}
+
 __device__ __forceinline__ void warp_dot_tile(const void *w, int dtype, long long row, int cols,
-                                              const float *const *xs, int nt, int lane, int warp, float *out) {
+                                              const float *const *xs, int nt, int lane, int warp, float *out,
+                                              const float *nw = NULL, const float *inv = NULL) {
     float s[DOT_TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
     long long base = row * (long long)cols;
     if (dtype != EB_DTYPE_F32 && (cols % 8) == 0) {
@@ -566,6 +574,7 @@ __device__ __forceinline__ void warp_dot_tile(const void *w, int dtype, long lon
                 if (j >= nt) continue;
                 const float4 *x4 = (const float4 *)(xs[j] + c * 8);
                 float4 a = x4[0], b = x4[1];
+                if (nw) a = normed(a, nw, c * 8, inv[j]), b = normed(b, nw, c * 8 + 4, inv[j]);
                 s[j] += wv[0] * a.x + wv[1] * a.y + wv[2] * a.z + wv[3] * a.w + wv[4] * b.x + wv[5] * b.y +
                         wv[6] * b.z + wv[7] * b.w;
             }
@@ -579,6 +588,7 @@ __device__ __forceinline__ void warp_dot_tile(const void *w, int dtype, long lon
             for (int j = 0; j < DOT_TILE; j++) {
                 if (j >= nt) continue;
                 float4 a = ((const float4 *)xs[j])[c];
+                if (nw) a = normed(a, nw, c * 4, inv[j]);
                 s[j] += v.x * a.x + v.y * a.y + v.z * a.z + v.w * a.w;
             }
         }
@@ -587,7 +597,7 @@ __device__ __forceinline__ void warp_dot_tile(const void *w, int dtype, long lon
             float v = load_w(w, dtype, base + c);
 #pragma unroll
             for (int j = 0; j < DOT_TILE; j++)
-                if (j < nt) s[j] += v * xs[j][c];
+                if (j < nt) s[j] += v * (nw ? nw[c] * (xs[j][c] * inv[j]) : xs[j][c]);
         }
     }
     for (int o = warp / 2; o > 0; o /= 2)
@@ -608,32 +618,12 @@ struct mm_batch {
     mm_task t[4];
     int start[5];
     int count, accumulate;
+    // a fused RMSNorm of the tasks' common input (nw non-NULL): x rows nx, at most DOT_TILE of them, written to xn
+    const float *nx, *nw;
+    float *nxn;
+    float eps;
+    int norm_n, norm_dim;
 };
-
-__global__ void matmul_kernel(mm_batch b, int warp) {
-    int lane = threadIdx.x % warp;
-    int g = blockIdx.x * (blockDim.x / warp) + threadIdx.x / warp;
-    if (g >= b.start[b.count]) return;
-    // constant indices only: a dynamic index into the parameters would copy them to local memory
-    int ti = (g >= b.start[1]) + (g >= b.start[2]) + (g >= b.start[3]);
-    const mm_task t = ti == 0 ? b.t[0] : ti == 1 ? b.t[1] : ti == 2 ? b.t[2] : b.t[3];
-    int r = g - (ti == 0 ? 0 : ti == 1 ? b.start[1] : ti == 2 ? b.start[2] : b.start[3]);
-    for (int t0 = 0; t0 < t.n; t0 += DOT_TILE) {
-        int nt = t.n - t0 < DOT_TILE ? t.n - t0 : DOT_TILE;
-        const float *xs[DOT_TILE];
-#pragma unroll
-        for (int j = 0; j < DOT_TILE; j++) xs[j] = t.x + (long long)(t0 + (j < nt ? j : 0)) * t.cols;
-        float s[DOT_TILE];
-        warp_dot_tile(t.w, t.dtype, r, t.cols, xs, nt, lane, warp, s);
-        if (lane == 0)
-#pragma unroll
-            for (int j = 0; j < DOT_TILE; j++)
-                if (j < nt) {
-                    float *y = t.y + (long long)(t0 + j) * t.rows + r;
-                    *y = b.accumulate ? *y + s[j] : s[j];
-                }
-    }
-}
 
 // The sum of v over the block (every thread must call it; blockDim a multiple of the warp).
 __device__ float block_sum(float v, float *sh, int warp) {
@@ -650,6 +640,52 @@ __device__ float block_sum(float v, float *sh, int warp) {
     float total = sh[32];
     __syncthreads();
     return total;
+}
+
+// Every block computes the norms' scales itself; block 0 also writes the normalised rows.
+__device__ void fused_norm_scales(const mm_batch &b, float *inv, float *sh, int warp) {
+    for (int t = 0; t < b.norm_n; t++) {
+        const float *xr = b.nx + (long long)t * b.norm_dim;
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < b.norm_dim; i += blockDim.x) ss += xr[i] * xr[i];
+        float total = block_sum(ss, sh, warp);
+        if (threadIdx.x == 0) inv[t] = rsqrtf(total / (float)b.norm_dim + b.eps);
+    }
+    __syncthreads();
+    if (blockIdx.x == 0)
+        for (int t = 0; t < b.norm_n; t++)
+            for (int i = threadIdx.x; i < b.norm_dim; i += blockDim.x) {
+                long long k = (long long)t * b.norm_dim + i;
+                b.nxn[k] = b.nw[i] * (b.nx[k] * inv[t]);
+            }
+}
+
+__global__ void matmul_kernel(mm_batch b, int warp) {
+    __shared__ float sh[33];
+    __shared__ float inv[DOT_TILE];
+    if (b.nw) fused_norm_scales(b, inv, sh, warp);
+    int lane = threadIdx.x % warp;
+    int g = blockIdx.x * (blockDim.x / warp) + threadIdx.x / warp;
+    if (g >= b.start[b.count]) return;
+    // constant indices only: a dynamic index into the parameters would copy them to local memory
+    int ti = (g >= b.start[1]) + (g >= b.start[2]) + (g >= b.start[3]);
+    const mm_task t = ti == 0 ? b.t[0] : ti == 1 ? b.t[1] : ti == 2 ? b.t[2] : b.t[3];
+    int r = g - (ti == 0 ? 0 : ti == 1 ? b.start[1] : ti == 2 ? b.start[2] : b.start[3]);
+    for (int t0 = 0; t0 < t.n; t0 += DOT_TILE) {
+        int nt = t.n - t0 < DOT_TILE ? t.n - t0 : DOT_TILE;
+        const float *xs[DOT_TILE];
+#pragma unroll
+        for (int j = 0; j < DOT_TILE; j++) xs[j] = (b.nw ? b.nx : t.x) + (long long)(t0 + (j < nt ? j : 0)) * t.cols;
+        float s[DOT_TILE];
+        warp_dot_tile(t.w, t.dtype, r, t.cols, xs, nt, lane, warp, s, b.nw, inv);
+        if (lane == 0)
+#pragma unroll
+            for (int j = 0; j < DOT_TILE; j++)
+                if (j < nt) {
+                    float *y = t.y + (long long)(t0 + j) * t.rows + r;
+                    *y = b.accumulate ? *y + s[j] : s[j];
+                }
+    }
 }
 
 __global__ void embed_kernel(const void *table, int dtype, int hidden, const int *ids, float *x) {
@@ -786,55 +822,59 @@ __global__ void attention_kernel(eb_rt_attention a) {
     }
 }
 
-// One warp per row: lanes hold experts lane, lane + 32, ...; softmax with warp sums, then top k by k rounds of
-// a warp arg-max (ties to the lower id), renormalised.
-#define ROUTE_PER_LANE 16 // up to 512 experts
-__global__ void route_kernel(const float *logits, int n, int E, int K, int norm, int *topk_id, float *topk_w,
-                             unsigned long long *hits) {
-    int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (t >= n) return;
-    const float *p = logits + (long long)t * E;
-    float v[ROUTE_PER_LANE];
-    float mx = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < ROUTE_PER_LANE; i++) {
-        int e = lane + 32 * i;
-        v[i] = e < E ? p[e] : -INFINITY;
-        mx = fmaxf(mx, v[i]);
+// One block per row: its RMSNorm (xn written), the router's logits (a warp per expert, kept in shared memory),
+// then warp 0 takes the softmax and the top k by k rounds of a warp arg-max (ties to the lower id).
+#define MAX_EXPERTS 512
+__global__ void route_kernel(eb_rt_route r, int warp) {
+    __shared__ float sh[33];
+    __shared__ float logits[MAX_EXPERTS];
+    int t = blockIdx.x, H = (int)r.norm.dim, E = r.n_experts, K = r.top_k;
+    const float *xr = r.norm.x + (long long)t * H;
+    float *xn = r.norm.xn + (long long)t * H;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) ss += xr[i] * xr[i];
+    float inv = rsqrtf(block_sum(ss, sh, warp) / (float)H + r.norm.eps);
+    for (int i = threadIdx.x; i < H; i += blockDim.x) xn[i] = r.norm.w[i] * (xr[i] * inv);
+    __syncthreads(); // the block's writes of xn are visible to the block
+    int lane = threadIdx.x % warp, wid = threadIdx.x / warp, nw = blockDim.x / warp;
+    const float *xs[DOT_TILE] = {xn, xn, xn, xn};
+    for (int e = wid; e < E; e += nw) {
+        float v[DOT_TILE];
+        warp_dot_tile(r.router, r.router_dtype, e, H, xs, 1, lane, warp, v);
+        if (lane == 0) logits[e] = v[0], r.logits[(long long)t * E + e] = v[0];
     }
+    __syncthreads();
+    if (threadIdx.x >= 32) return;
+    lane = threadIdx.x;
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, logits[e]);
     for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, SHFL_XOR32(mx, o));
     float sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < ROUTE_PER_LANE; i++) {
-        v[i] = lane + 32 * i < E ? expf(v[i] - mx) : 0.0f;
-        sum += v[i];
-    }
+    for (int e = lane; e < E; e += 32) sum += expf(logits[e] - mx);
     for (int o = 16; o > 0; o /= 2) sum += SHFL_XOR32(sum, o);
     float total = 0.0f;
     for (int k = 0; k < K; k++) {
         float best = -1.0f;
         int id = E;
-#pragma unroll
-        for (int i = 0; i < ROUTE_PER_LANE; i++) {
-            float pe = v[i] / sum;
-            int e = lane + 32 * i;
-            if (e < E && (pe > best || (pe == best && e < id))) best = pe, id = e;
+        for (int e = lane; e < E; e += 32) {
+            float pe = logits[e] == -INFINITY ? -1.0f : expf(logits[e] - mx) / sum;
+            if (pe > best) best = pe, id = e; // ascending e: the first of equals stays
         }
         for (int o = 16; o > 0; o /= 2) {
             float ob = SHFL_XOR32(best, o);
             int oid = SHFL_XOR32(id, o);
             if (ob > best || (ob == best && oid < id)) best = ob, id = oid;
         }
-        if (lane == id % 32) v[id / 32] = -1.0f; // taken (every probability is >= 0)
+        if (lane == id % 32) logits[id] = -INFINITY; // taken; only this lane reads that entry
         if (lane == 0) {
-            topk_id[(long long)t * K + k] = id;
-            topk_w[(long long)t * K + k] = best;
-            if (hits) atomicAdd(&hits[id], 1ULL);
+            r.topk_id[(long long)t * K + k] = id;
+            r.topk_w[(long long)t * K + k] = best;
+            if (r.hits) atomicAdd(&r.hits[id], 1ULL);
         }
         total += best;
     }
-    if (norm && lane == 0)
-        for (int k = 0; k < K; k++) topk_w[(long long)t * K + k] /= total;
+    if (r.norm_topk && lane == 0)
+        for (int k = 0; k < K; k++) r.topk_w[(long long)t * K + k] /= total;
 }
 
 // grid.y = expert: the pairs routed to it (found by scanning the selections), DOT_TILE at a time per weight row.
@@ -924,6 +964,63 @@ __global__ void moe_combine_kernel(eb_rt_moe b) {
     b.x[(long long)t * b.hidden + j] += s;
 }
 
+// Few rows (decode, short verify batches): a block per (rows, selected pair) instead of per (rows, expert).
+__global__ void moe_pair_gate_up_kernel(eb_rt_moe b, int warp) {
+    int pair = blockIdx.y, e = b.topk_id[pair];
+    const eb_rt_expert ex = b.experts[e];
+    if (!ex.gate) return;
+    if (b.stats && blockIdx.x == 0 && threadIdx.x == 0) {
+        int first = 1; // an expert counts once per layer step: at its first pair
+        for (int q = 0; q < pair; q++) first &= b.topk_id[q] != e;
+        atomicAdd(&b.stats[1], 1ULL);
+        if (first) atomicAdd(&b.stats[0], 1ULL);
+    }
+    int lane = threadIdx.x % warp;
+    int i = blockIdx.x * (blockDim.x / warp) + threadIdx.x / warp;
+    if (i >= b.inter) return;
+    const float *x = b.xn + (long long)(pair / b.top_k) * b.hidden;
+    const float *xs[DOT_TILE] = {x, x, x, x};
+    float g[DOT_TILE], u[DOT_TILE];
+    warp_dot_tile(ex.gate, ex.dtype, i, b.hidden, xs, 1, lane, warp, g);
+    warp_dot_tile(ex.up, ex.dtype, i, b.hidden, xs, 1, lane, warp, u);
+    if (lane == 0) b.h[(long long)pair * b.inter + i] = g[0] / (1.0f + expf(-g[0])) * u[0];
+}
+
+// The down products of a row's pairs and their sum in one: a warp per output element j of row t, the pairs
+// taken in ascending expert id (the order moe_combine_kernel adds them in).
+__global__ void moe_down_combine_kernel(eb_rt_moe b, int warp) {
+    int t = blockIdx.y, lane = threadIdx.x % warp;
+    int j = blockIdx.x * (blockDim.x / warp) + threadIdx.x / warp;
+    if (j >= b.hidden) return;
+    const int *ids = b.topk_id + (long long)t * b.top_k;
+    int owner_local = b.mode == EB_REDUCE_OWNER_LOCAL;
+    float s = 0.0f;
+    int done = -1;
+    for (int n = 0; n < b.top_k; n++) {
+        int k = -1;
+        for (int i = 0; i < b.top_k; i++)
+            if (ids[i] > done && (k < 0 || ids[i] < ids[k])) k = i;
+        done = ids[k];
+        long long pair = (long long)t * b.top_k + k;
+        const eb_rt_expert ex = b.experts[done];
+        float v;
+        if (ex.gate) {
+            const float *h = b.h + pair * b.inter;
+            const float *hs[DOT_TILE] = {h, h, h, h};
+            float y[DOT_TILE];
+            warp_dot_tile(ex.down, ex.dtype, j, b.inter, hs, 1, lane, warp, y);
+            v = y[0];
+        } else if (!owner_local) {
+            v = b.foreign[pair * b.hidden + j];
+        } else {
+            continue;
+        }
+        s += v * b.topk_w[pair];
+    }
+    if (owner_local && b.foreign) s += b.foreign[(long long)t * b.hidden + j];
+    if (lane == 0) b.x[(long long)t * b.hidden + j] += s;
+}
+
 // Timing of queued work: not while recording (events are recorded around a graph's launch instead).
 static int work_begin(gpu_device *d, char *err, size_t errlen) {
     if (!d->capturing && !d->timing) GPU_TRY(gpuEventRecord(d->start, d->stream), "event");
@@ -965,24 +1062,27 @@ static int gpu_embed(void *rtp, int dev, const void *table, int dtype, int64_t h
     PRIMARY_OP(embed_kernel<<<(unsigned)n, BLOCK, 0, d->stream>>>(table, dtype, (int)hidden, ids, x))
 }
 
-static int gpu_rmsnorm(void *rtp, int dev, const float *x, const float *w, int64_t n, int64_t dim, float eps, float *y,
-                       char *err, size_t errlen) {
-    PRIMARY_OP(rmsnorm_kernel<<<(unsigned)n, BLOCK, 0, d->stream>>>(x, w, (int)dim, eps, y, d->warp))
-}
-
-static int gpu_primary_matmul(void *rtp, int dev, const eb_rt_matmul *tasks, int n_tasks, int accumulate, char *err,
-                              size_t errlen) {
+static int gpu_primary_matmul(void *rtp, int dev, const eb_rt_norm *norm, const eb_rt_matmul *tasks, int n_tasks,
+                              int accumulate, char *err, size_t errlen) {
     for (int i = 0; i < n_tasks; i++)
         if (eb_dtype_size(tasks[i].dtype) == 0)
             return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d",
                               tasks[i].dtype);
     PRIMARY_OP({
         int rows_per_block = BLOCK / d->warp;
+        int fuse = norm && norm->n <= DOT_TILE; // more rows: a norm launch first (each block would redo them all)
+        if (norm && !fuse)
+            rmsnorm_kernel<<<(unsigned)norm->n, BLOCK, 0, d->stream>>>(norm->x, norm->w, (int)norm->dim, norm->eps,
+                                                                      norm->xn, d->warp);
         for (int first = 0; first < n_tasks; first += 4) {
             mm_batch b;
             memset(&b, 0, sizeof b);
             b.count = n_tasks - first < 4 ? n_tasks - first : 4;
             b.accumulate = accumulate;
+            if (fuse && first == 0) { // later batches read the rows the first one wrote
+                b.nx = norm->x, b.nw = norm->w, b.nxn = norm->xn, b.eps = norm->eps;
+                b.norm_n = (int)norm->n, b.norm_dim = (int)norm->dim;
+            }
             for (int i = 0; i < b.count; i++) {
                 const eb_rt_matmul *t = &tasks[first + i];
                 b.t[i] = {t->w, t->x, t->y, t->dtype, (int)t->rows, (int)t->cols, (int)t->n};
@@ -1015,17 +1115,16 @@ static int gpu_attention(void *rtp, int dev, const eb_rt_attention *a, char *err
     })
 }
 
-static int gpu_route(void *rtp, int dev, const float *logits, int64_t n, int32_t n_experts, int32_t top_k,
-                     int32_t norm, int32_t *topk_id, float *topk_w, unsigned long long *hits, char *err,
-                     size_t errlen) {
-    if (top_k > MAX_TOPK || top_k > n_experts)
-        return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: top_k %d: expected at most %d",
-                          top_k, MAX_TOPK < n_experts ? MAX_TOPK : n_experts);
-    if (n_experts > 32 * ROUTE_PER_LANE)
-        return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: %d experts: expected at most %d",
-                          n_experts, 32 * ROUTE_PER_LANE);
-    PRIMARY_OP(route_kernel<<<blocks(n, 4), 128, 0, d->stream>>>(logits, (int)n, n_experts, top_k, norm, topk_id,
-                                                                  topk_w, hits))
+static int gpu_route(void *rtp, int dev, const eb_rt_route *r, char *err, size_t errlen) {
+    if (eb_dtype_size(r->router_dtype) == 0)
+        return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d",
+                          r->router_dtype);
+    if (r->n_experts > MAX_EXPERTS || r->top_k > MAX_TOPK || r->top_k > r->n_experts)
+        return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED,
+                          RUNTIME_NAME " runtime: %d experts, top_k %d: expected at most %d experts and top_k at most "
+                                       "%d",
+                          r->n_experts, r->top_k, MAX_EXPERTS, MAX_TOPK);
+    PRIMARY_OP(route_kernel<<<(unsigned)r->norm.n, BLOCK, 0, d->stream>>>(*r, d->warp))
 }
 
 static int gpu_moe(void *rtp, int dev, const eb_rt_moe *b, char *err, size_t errlen) {
@@ -1034,11 +1133,18 @@ static int gpu_moe(void *rtp, int dev, const eb_rt_moe *b, char *err, size_t err
                           b->top_k, MAX_TOPK);
     PRIMARY_OP({
         int rows_per_block = BLOCK / d->warp;
-        moe_gate_up_kernel<<<dim3(blocks(b->inter, rows_per_block), (unsigned)b->n_experts), BLOCK, 0, d->stream>>>(
-            *b, d->warp);
-        moe_down_kernel<<<dim3(blocks(b->hidden, rows_per_block), (unsigned)b->n_experts), BLOCK, 0, d->stream>>>(
-            *b, d->warp);
-        moe_combine_kernel<<<dim3(blocks(b->hidden, BLOCK), (unsigned)b->n), BLOCK, 0, d->stream>>>(*b);
+        if (b->n * b->top_k <= b->n_experts) { // fewer pairs than experts: one block column per pair
+            moe_pair_gate_up_kernel<<<dim3(blocks(b->inter, rows_per_block), (unsigned)(b->n * b->top_k)), BLOCK, 0,
+                                      d->stream>>>(*b, d->warp);
+            moe_down_combine_kernel<<<dim3(blocks(b->hidden, rows_per_block), (unsigned)b->n), BLOCK, 0, d->stream>>>(
+                *b, d->warp);
+        } else { // a block column per expert: its weights read once for all of its pairs
+            moe_gate_up_kernel<<<dim3(blocks(b->inter, rows_per_block), (unsigned)b->n_experts), BLOCK, 0,
+                                 d->stream>>>(*b, d->warp);
+            moe_down_kernel<<<dim3(blocks(b->hidden, rows_per_block), (unsigned)b->n_experts), BLOCK, 0, d->stream>>>(
+                *b, d->warp);
+            moe_combine_kernel<<<dim3(blocks(b->hidden, BLOCK), (unsigned)b->n), BLOCK, 0, d->stream>>>(*b);
+        }
     })
 }
 
@@ -1092,7 +1198,7 @@ static void gpu_graph_free(void *rtp, int dev, void *graph) {
 }
 
 static const eb_rt_primary_ops gpu_primary_ops = {
-    gpu_embed,       gpu_rmsnorm, gpu_primary_matmul, gpu_add,           gpu_silu_mul,   gpu_attention,
+    gpu_embed,       gpu_primary_matmul, gpu_add,           gpu_silu_mul,   gpu_attention,
     gpu_route,       gpu_moe,     gpu_graph_begin,    gpu_graph_end,     gpu_graph_launch, gpu_graph_free,
 };
 
