@@ -607,6 +607,50 @@ __device__ __forceinline__ void warp_dot_tile(const void *w, int dtype, long lon
     for (int j = 0; j < DOT_TILE; j++) out[j] = s[j];
 }
 
+// Dot products of distinct weight rows with distinct inputs, their loads in flight together:
+// out[j] = ws[j][row] . xs[j] for j < nt (one dtype); reduced over the warp (lane 0 holds the sums).
+__device__ __forceinline__ void warp_dot_rows(const void *const *ws, int dtype, long long row, int cols,
+                                              const float *const *xs, int nt, int lane, int warp, float *out) {
+    float s[DOT_TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
+    long long base = row * (long long)cols;
+    if (dtype != EB_DTYPE_F32 && (cols % 8) == 0) {
+#pragma unroll 2
+        for (int c = lane; c < cols / 8; c += warp) {
+#pragma unroll
+            for (int j = 0; j < DOT_TILE; j++) {
+                if (j >= nt) continue;
+                uint4 v = ((const uint4 *)((const unsigned short *)ws[j] + base))[c];
+                unsigned int parts[4] = {v.x, v.y, v.z, v.w};
+                const float4 *x4 = (const float4 *)(xs[j] + c * 8);
+                float4 a = x4[0], b = x4[1];
+                float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    float lo, hi;
+                    if (dtype == EB_DTYPE_BF16) {
+                        lo = __uint_as_float(parts[k] << 16);
+                        hi = __uint_as_float(parts[k] & 0xffff0000u);
+                    } else {
+                        lo = __half2float(__ushort_as_half((unsigned short)(parts[k] & 0xffffu)));
+                        hi = __half2float(__ushort_as_half((unsigned short)(parts[k] >> 16)));
+                    }
+                    s[j] += lo * xv[2 * k] + hi * xv[2 * k + 1];
+                }
+            }
+        }
+    } else {
+        for (int c = lane; c < cols; c += warp)
+#pragma unroll
+            for (int j = 0; j < DOT_TILE; j++)
+                if (j < nt) s[j] += load_w(ws[j], dtype, base + c) * xs[j][c];
+    }
+    for (int o = warp / 2; o > 0; o /= 2)
+#pragma unroll
+        for (int j = 0; j < DOT_TILE; j++) s[j] += SHFL_DOWN(s[j], o);
+#pragma unroll
+    for (int j = 0; j < DOT_TILE; j++) out[j] = s[j];
+}
+
 // Up to four products in one launch: the rows of all tasks are numbered one after another.
 struct mm_task {
     const void *w;
@@ -980,42 +1024,79 @@ __global__ void moe_pair_gate_up_kernel(eb_rt_moe b, int warp) {
     if (i >= b.inter) return;
     const float *x = b.xn + (long long)(pair / b.top_k) * b.hidden;
     const float *xs[DOT_TILE] = {x, x, x, x};
-    float g[DOT_TILE], u[DOT_TILE];
-    warp_dot_tile(ex.gate, ex.dtype, i, b.hidden, xs, 1, lane, warp, g);
-    warp_dot_tile(ex.up, ex.dtype, i, b.hidden, xs, 1, lane, warp, u);
-    if (lane == 0) b.h[(long long)pair * b.inter + i] = g[0] / (1.0f + expf(-g[0])) * u[0];
+    const void *ws[DOT_TILE] = {ex.gate, ex.up, ex.up, ex.up};
+    float gu[DOT_TILE];
+    warp_dot_rows(ws, ex.dtype, i, b.hidden, xs, 2, lane, warp, gu); // gate and up rows in one pass
+    if (lane == 0) b.h[(long long)pair * b.inter + i] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
 }
 
-// The down products of a row's pairs and their sum in one: a warp per output element j of row t, the pairs
-// taken in ascending expert id (the order moe_combine_kernel adds them in).
+// The down products of a row's pairs and their sum in one: a warp per output element j of row t. The pairs are
+// put in ascending expert id (the order moe_combine_kernel adds them in), their products computed four at a time
+// with the loads in flight together, then added in that order.
 __global__ void moe_down_combine_kernel(eb_rt_moe b, int warp) {
     int t = blockIdx.y, lane = threadIdx.x % warp;
     int j = blockIdx.x * (blockDim.x / warp) + threadIdx.x / warp;
     if (j >= b.hidden) return;
     const int *ids = b.topk_id + (long long)t * b.top_k;
     int owner_local = b.mode == EB_REDUCE_OWNER_LOCAL;
-    float s = 0.0f;
+    int order[MAX_TOPK];
     int done = -1;
     for (int n = 0; n < b.top_k; n++) {
         int k = -1;
         for (int i = 0; i < b.top_k; i++)
             if (ids[i] > done && (k < 0 || ids[i] < ids[k])) k = i;
+        order[n] = k;
         done = ids[k];
-        long long pair = (long long)t * b.top_k + k;
-        const eb_rt_expert ex = b.experts[done];
-        float v;
-        if (ex.gate) {
-            const float *h = b.h + pair * b.inter;
-            const float *hs[DOT_TILE] = {h, h, h, h};
-            float y[DOT_TILE];
-            warp_dot_tile(ex.down, ex.dtype, j, b.inter, hs, 1, lane, warp, y);
-            v = y[0];
-        } else if (!owner_local) {
-            v = b.foreign[pair * b.hidden + j];
-        } else {
-            continue;
+    }
+    float s = 0.0f;
+    for (int n0 = 0; n0 < b.top_k; n0 += DOT_TILE) {
+        const void *ws[DOT_TILE];
+        const float *hs[DOT_TILE];
+        float v[DOT_TILE];
+        int nt = 0, dtype = -1, same = 1;
+#pragma unroll
+        for (int q = 0; q < DOT_TILE; q++) {
+            int k = n0 + q < b.top_k ? order[n0 + q] : order[n0];
+            const eb_rt_expert ex = b.experts[ids[k]];
+            ws[q] = ex.gate ? ex.down : NULL;
+            hs[q] = b.h + ((long long)t * b.top_k + k) * b.inter;
+            if (n0 + q < b.top_k) {
+                nt = q + 1;
+                if (ex.gate) same &= dtype < 0 || ex.dtype == dtype, dtype = ex.dtype;
+            }
         }
-        s += v * b.topk_w[pair];
+        // experts elsewhere have no weights here: give them an owned row to read (the value is not used)
+        const void *any = NULL;
+#pragma unroll
+        for (int q = 0; q < DOT_TILE; q++)
+            if (!any && ws[q]) any = ws[q];
+        if (any) {
+            if (same) {
+                const void *wr[DOT_TILE];
+#pragma unroll
+                for (int q = 0; q < DOT_TILE; q++) wr[q] = ws[q] ? ws[q] : any;
+                warp_dot_rows(wr, dtype, j, b.inter, hs, nt, lane, warp, v);
+            } else {
+#pragma unroll
+                for (int q = 0; q < DOT_TILE; q++) {
+                    const float *h1[DOT_TILE] = {hs[q], hs[q], hs[q], hs[q]};
+                    float y[DOT_TILE];
+                    const eb_rt_expert ex = b.experts[ids[n0 + q < b.top_k ? order[n0 + q] : order[n0]]];
+                    if (q < nt && ws[q]) warp_dot_tile(ws[q], ex.dtype, j, b.inter, h1, 1, lane, warp, y);
+                    v[q] = q < nt && ws[q] ? y[0] : 0.0f;
+                }
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < DOT_TILE; q++) {
+            if (q >= nt) continue;
+            long long pair = (long long)t * b.top_k + order[n0 + q];
+            float val;
+            if (ws[q]) val = v[q];
+            else if (!owner_local) val = b.foreign[pair * b.hidden + j];
+            else continue;
+            s += val * b.topk_w[pair];
+        }
     }
     if (owner_local && b.foreign) s += b.foreign[(long long)t * b.hidden + j];
     if (lane == 0) b.x[(long long)t * b.hidden + j] += s;
@@ -1124,7 +1205,7 @@ static int gpu_route(void *rtp, int dev, const eb_rt_route *r, char *err, size_t
                           RUNTIME_NAME " runtime: %d experts, top_k %d: expected at most %d experts and top_k at most "
                                        "%d",
                           r->n_experts, r->top_k, MAX_EXPERTS, MAX_TOPK);
-    PRIMARY_OP(route_kernel<<<(unsigned)r->norm.n, BLOCK, 0, d->stream>>>(*r, d->warp))
+    PRIMARY_OP(route_kernel<<<(unsigned)r->norm.n, 1024, 0, d->stream>>>(*r, d->warp)) // a warp per expert row
 }
 
 static int gpu_moe(void *rtp, int dev, const eb_rt_moe *b, char *err, size_t errlen) {
