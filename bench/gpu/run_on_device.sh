@@ -35,8 +35,8 @@ for step in $steps; do
         done ;;
     costmodel) python3 bench/costmodel.py --size bench --peer cuda:0 --json "$OUT/costmodel_cuda.json" ;;
     kernels)
-        # the last 2 of 4 decode steps (114 launches each) after the prefill (146) and the first 2
-        ncu --clock-control none --metrics gpu__time_duration.sum --csv --launch-skip 374 --launch-count 228 \
+        # the last 2 of 4 decode steps (98 launches each) after the prefill (146) and the first 2
+        ncu --clock-control none --metrics gpu__time_duration.sum --csv --launch-skip 342 --launch-count 196 \
             python3 bench/gpu/kernel_times.py > "$OUT/ncu_kernels.csv" 2> "$OUT/ncu.log" || tail -5 "$OUT/ncu.log"
         python3 bench/gpu/kernel_summary.py "$OUT/ncu_kernels.csv" 2 ;;
     costmodel-primary)

@@ -758,11 +758,28 @@ __global__ void silu_mul_kernel(float *g, const float *u, long long n) {
     if (i < n) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+// A head vector's RMSNorm and rotation, by a block of at least head_dim threads (every thread calls it): out
+// (shared memory, head_dim floats) receives the result; vec is shared scratch of head_dim floats.
+__device__ void norm_rope(const float *src, const float *w, const float *cs, const float *sn, int hd, float eps,
+                          float *vec, float *out, float *sh, int warp) {
+    int i = threadIdx.x, half = hd / 2;
+    float x = i < hd ? src[i] : 0.0f;
+    float inv = rsqrtf(block_sum(x * x, sh, warp) / (float)hd + eps);
+    if (i < hd) vec[i] = w[i] * (x * inv);
+    __syncthreads();
+    if (i < half) {
+        float lo = vec[i], hi = vec[i + half];
+        out[i] = lo * cs[i] - hi * sn[i];
+        out[i + half] = hi * cs[i] + lo * sn[i];
+    }
+    __syncthreads();
+}
+
 // Per (row, head): q/k RMSNorm and rotation in place, k and v written into the cache at the row's position.
 // grid.y: n_heads q heads, then n_kv_heads k heads, then n_kv_heads v heads.
 __global__ void qk_rope_store_kernel(eb_rt_attention a, int warp) {
     __shared__ float sh[33];
-    __shared__ float vec[MAX_HEAD_DIM];
+    __shared__ float vec[MAX_HEAD_DIM], out[MAX_HEAD_DIM];
     int t = blockIdx.x, h = blockIdx.y, hd = a.head_dim, half = hd / 2, i = threadIdx.x;
     int qd = a.n_heads * hd, kvd = a.n_kv_heads * hd;
     long long p = *a.pos + t;
@@ -773,22 +790,11 @@ __global__ void qk_rope_store_kernel(eb_rt_attention a, int warp) {
     }
     int is_q = h < a.n_heads;
     float *v = is_q ? a.q + (long long)t * qd + h * hd : a.k + (long long)t * kvd + (h - a.n_heads) * hd;
-    const float *w = is_q ? a.q_norm : a.k_norm;
-    float x = i < hd ? v[i] : 0.0f;
-    float inv = rsqrtf(block_sum(x * x, sh, warp) / (float)hd + a.eps);
-    if (i < hd) vec[i] = w[i] * (x * inv);
-    __syncthreads();
-    if (i < half) {
-        float c = a.rope_cos[p * half + i], sn = a.rope_sin[p * half + i];
-        float lo = vec[i], hi = vec[i + half];
-        float rlo = lo * c - hi * sn, rhi = hi * c + lo * sn;
-        v[i] = rlo;
-        v[i + half] = rhi;
-        if (!is_q) {
-            float *kc = a.k_cache + p * kvd + (h - a.n_heads) * hd;
-            kc[i] = rlo;
-            kc[i + half] = rhi;
-        }
+    norm_rope(v, is_q ? a.q_norm : a.k_norm, a.rope_cos + p * half, a.rope_sin + p * half, hd, a.eps, vec, out, sh,
+              warp);
+    if (i < hd) {
+        v[i] = out[i];
+        if (!is_q) a.k_cache[p * kvd + (h - a.n_heads) * hd + i] = out[i];
     }
 }
 
@@ -806,15 +812,16 @@ __device__ __forceinline__ void attend_update(float d, const float *v, int lane,
     m = mn;
 }
 
-__global__ void attention_kernel(eb_rt_attention a) {
+// q: this head's rotated query; kl, vl (nullable): the last position's key and value, read from there instead of
+// the cache (the fused one-row kernel, whose cache writes other blocks may not have made yet).
+__device__ void attend(const eb_rt_attention &a, int h, int t, const float *q, const float *kl, const float *vl) {
     __shared__ float gm[ATT_GROUPS], gl[ATT_GROUPS];
     __shared__ float gacc[ATT_GROUPS][MAX_HEAD_DIM];
-    int h = blockIdx.x, t = blockIdx.y, hd = a.head_dim;
+    int hd = a.head_dim;
     int lane = threadIdx.x % 32, g = threadIdx.x / 32, ng = blockDim.x / 32;
     int kvd = a.n_kv_heads * hd, kvh = h / (a.n_heads / a.n_kv_heads);
-    long long last = *a.pos + t;
+    long long last = *a.pos + t, cached = kl ? last - 1 : last; // positions read from the cache: 0..cached
     float scale = rsqrtf((float)hd);
-    const float *q = a.q + (long long)t * a.n_heads * hd + h * hd;
     const float *kc = a.k_cache + kvh * hd, *vc = a.v_cache + kvh * hd;
     float qv[MAX_HEAD_DIM / 32], acc[MAX_HEAD_DIM / 32];
 #pragma unroll
@@ -825,7 +832,7 @@ __global__ void attention_kernel(eb_rt_attention a) {
     }
     float m = -INFINITY, l = 0.0f;
     long long s = g;
-    for (; s + ng <= last; s += 2 * ng) {
+    for (; s + ng <= cached; s += 2 * ng) {
         const float *k0 = kc + s * kvd, *k1 = kc + (s + ng) * kvd;
         float d0 = 0.0f, d1 = 0.0f;
 #pragma unroll
@@ -837,7 +844,7 @@ __global__ void attention_kernel(eb_rt_attention a) {
         attend_update(d0, vc + s * kvd, lane, hd, m, l, acc);
         attend_update(d1, vc + (s + ng) * kvd, lane, hd, m, l, acc);
     }
-    if (s <= last) {
+    if (s <= cached) {
         const float *k0 = kc + s * kvd;
         float d0 = 0.0f;
 #pragma unroll
@@ -847,6 +854,16 @@ __global__ void attention_kernel(eb_rt_attention a) {
         }
         for (int o = 16; o > 0; o /= 2) d0 += SHFL_XOR32(d0, o);
         attend_update(d0, vc + s * kvd, lane, hd, m, l, acc);
+    }
+    if (kl && g == (int)(last % ng)) { // the last position, in the turn of the group it falls to
+        float d0 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MAX_HEAD_DIM / 32; i++) {
+            int c = lane + 32 * i;
+            if (c < hd) d0 += qv[i] * kl[c];
+        }
+        for (int o = 16; o > 0; o /= 2) d0 += SHFL_XOR32(d0, o);
+        attend_update(d0, vl, lane, hd, m, l, acc);
     }
     if (lane == 0) gm[g] = m, gl[g] = l;
 #pragma unroll
@@ -864,6 +881,31 @@ __global__ void attention_kernel(eb_rt_attention a) {
         for (int j = 0; j < ng; j++) o += gacc[j][c] * expf(gm[j] - M);
         out[c] = o / L;
     }
+}
+
+__global__ void attention_kernel(eb_rt_attention a) {
+    int h = blockIdx.x, t = blockIdx.y;
+    attend(a, h, t, a.q + (long long)t * a.n_heads * a.head_dim + h * a.head_dim, NULL, NULL);
+}
+
+// One row (decode): every block normalises and rotates its query head and its group's key itself, and reads the
+// new key and value from shared memory; the first block of each group writes them to the cache.
+__global__ void attention_one_row_kernel(eb_rt_attention a, int warp) {
+    __shared__ float sh[33];
+    __shared__ float vec[MAX_HEAD_DIM], qn[MAX_HEAD_DIM], kn[MAX_HEAD_DIM], vn[MAX_HEAD_DIM];
+    int h = blockIdx.x, hd = a.head_dim, half = hd / 2, i = threadIdx.x, group = a.n_heads / a.n_kv_heads;
+    int kvh = h / group, kvd = a.n_kv_heads * hd;
+    long long p = *a.pos;
+    const float *cs = a.rope_cos + p * half, *sn = a.rope_sin + p * half;
+    norm_rope(a.q + h * hd, a.q_norm, cs, sn, hd, a.eps, vec, qn, sh, warp);
+    norm_rope(a.k + kvh * hd, a.k_norm, cs, sn, hd, a.eps, vec, kn, sh, warp);
+    if (i < hd) vn[i] = a.v[kvh * hd + i];
+    if (h % group == 0 && i < hd) {
+        a.k_cache[p * kvd + kvh * hd + i] = kn[i];
+        a.v_cache[p * kvd + kvh * hd + i] = vn[i];
+    }
+    __syncthreads();
+    attend(a, h, 0, qn, kn, vn);
 }
 
 // One block per row: its RMSNorm (xn written), the router's logits (a warp per expert, kept in shared memory),
@@ -1190,9 +1232,13 @@ static int gpu_attention(void *rtp, int dev, const eb_rt_attention *a, char *err
                           RUNTIME_NAME " runtime: head_dim %d is not supported: expected an even number up to %d",
                           a->head_dim, MAX_HEAD_DIM);
     PRIMARY_OP({
-        dim3 rope((unsigned)a->n, (unsigned)(a->n_heads + 2 * a->n_kv_heads));
-        qk_rope_store_kernel<<<rope, MAX_HEAD_DIM, 0, d->stream>>>(*a, d->warp);
-        attention_kernel<<<dim3((unsigned)a->n_heads, (unsigned)a->n), ATT_GROUPS * 32, 0, d->stream>>>(*a);
+        if (a->n == 1) {
+            attention_one_row_kernel<<<(unsigned)a->n_heads, ATT_GROUPS * 32, 0, d->stream>>>(*a, d->warp);
+        } else { // the rows attend to each other's keys: all of them into the cache first
+            dim3 rope((unsigned)a->n, (unsigned)(a->n_heads + 2 * a->n_kv_heads));
+            qk_rope_store_kernel<<<rope, MAX_HEAD_DIM, 0, d->stream>>>(*a, d->warp);
+            attention_kernel<<<dim3((unsigned)a->n_heads, (unsigned)a->n), ATT_GROUPS * 32, 0, d->stream>>>(*a);
+        }
     })
 }
 
