@@ -102,6 +102,25 @@ def test_gpu_primary_matches_transformers_and_cpu_tokens(runtime, name):
         model.close()
 
 
+@pytest.mark.parametrize("runtime", ["cuda", "hip"])
+def test_speculative_run_on_a_gpu_primary_gives_its_greedy_tokens(runtime):
+    """Verification batches (q + 1 rows: the multi-row kernels) against one-row steps (the decode kernels and
+    graphs): a speculative run writes the tokens of target-only greedy decoding on the same GPU."""
+    from engine.run import DecodeRun
+
+    with gpu_engine(runtime) as eng:
+        gpu = f"{runtime}:0"
+        target = eng.load(FIXTURES / "qwen3moe-bf16", device=gpu)
+        draft = eng.load(FIXTURES / "qwen3-f32", device=gpu)
+        prompts = ["hello world", "a b c d"]
+        alone = DecodeRun(target, None, prompts=prompts, tokens_per_prompt=24, placement=f"*={gpu}").run()
+        for q in (1, 3, 8):
+            run = DecodeRun(target, draft, prompts=prompts, tokens_per_prompt=24, q=q, placement=f"*={gpu}").run()
+            assert run.output_sha256 == alone.output_sha256, f"q={q}"
+        target.close()
+        draft.close()
+
+
 @pytest.mark.parametrize("name", ["qwen3moe-f32", "qwen3moe-bf16"])
 @pytest.mark.parametrize("runtime", ["cuda", "hip"])
 def test_gpu_experts_match_transformers_and_cpu_tokens(runtime, name):

@@ -623,19 +623,20 @@ __device__ __forceinline__ void warp_dot_rows(const void *const *ws, int dtype, 
                 unsigned int parts[4] = {v.x, v.y, v.z, v.w};
                 const float4 *x4 = (const float4 *)(xs[j] + c * 8);
                 float4 a = x4[0], b = x4[1];
-                float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+                float wv[8];
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
-                    float lo, hi;
                     if (dtype == EB_DTYPE_BF16) {
-                        lo = __uint_as_float(parts[k] << 16);
-                        hi = __uint_as_float(parts[k] & 0xffff0000u);
+                        wv[2 * k] = __uint_as_float(parts[k] << 16);
+                        wv[2 * k + 1] = __uint_as_float(parts[k] & 0xffff0000u);
                     } else {
-                        lo = __half2float(__ushort_as_half((unsigned short)(parts[k] & 0xffffu)));
-                        hi = __half2float(__ushort_as_half((unsigned short)(parts[k] >> 16)));
+                        wv[2 * k] = __half2float(__ushort_as_half((unsigned short)(parts[k] & 0xffffu)));
+                        wv[2 * k + 1] = __half2float(__ushort_as_half((unsigned short)(parts[k] >> 16)));
                     }
-                    s[j] += lo * xv[2 * k] + hi * xv[2 * k + 1];
                 }
+                // the expression of warp_dot_tile: the same bits whichever of the two computes a product
+                s[j] += wv[0] * a.x + wv[1] * a.y + wv[2] * a.z + wv[3] * a.w + wv[4] * b.x + wv[5] * b.y +
+                        wv[6] * b.z + wv[7] * b.w;
             }
         }
     } else {
