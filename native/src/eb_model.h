@@ -102,8 +102,11 @@ typedef struct {
     float *k_cache, *v_cache, *rope_cos, *rope_sin;
     float *x, *xn, *q, *k, *v, *att, *proj, *gate, *up, *router, *topk_w, *pair_out, *h, *foreign, *logits;
     int32_t *topk_id, *ids; /* ids: n_batch token ids, then the position of the first */
-    int32_t *host_ids;      /* pinned host staging of ids */
-    float *foreign_host;    /* n_batch * top_k rows of hidden: other owners' outputs, host */
+    void *host;             /* pinned host staging, one allocation holding the four below */
+    int32_t *host_ids;      /* n_batch ids, then the position */
+    int32_t *host_topk_id;  /* a layer's routing and rows read back, n_batch * top_k and n_batch * hidden */
+    float *host_topk_w, *host_xn;
+    float *foreign_host;    /* n_batch * top_k rows of hidden: other owners' outputs */
     void *graph;            /* the captured one-token step, or NULL */
     uint64_t graph_generation;
 } eb_dev_context;

@@ -213,12 +213,18 @@ int eb_device_context_init(eb_context *c) {
     a.off = 0;
     lay_out_context(c, &a);
     if (a.st) return a.st;
-    size_t K = cf->top_k > 0 ? (size_t)cf->top_k : 1;
-    if ((st = p.r->table->host_alloc(p.r->rt, ((size_t)c->n_batch + 1) * sizeof(int32_t), (void **)&dc->host_ids, err,
+    size_t K = cf->top_k > 0 ? (size_t)cf->top_k : 1, B = (size_t)c->n_batch, H = (size_t)cf->hidden_size;
+    size_t sizes[5] = {align_up((B + 1) * sizeof(int32_t)), align_up(B * K * sizeof(int32_t)),
+                       align_up(B * K * sizeof(float)), align_up(B * H * sizeof(float)), align_up(B * K * H * sizeof(float))};
+    if ((st = p.r->table->host_alloc(p.r->rt, sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4], &dc->host, err,
                                      sizeof err)))
         return eb_fail(st, "pinned host memory for %s: %s", p.name, err);
-    dc->foreign_host = malloc((size_t)c->n_batch * K * (size_t)cf->hidden_size * sizeof(float));
-    if (!dc->foreign_host) return eb_fail(EB_ERR_MEMORY, "out of memory");
+    unsigned char *h = dc->host;
+    dc->host_ids = (int32_t *)h;
+    dc->host_topk_id = (int32_t *)(h += sizes[0]);
+    dc->host_topk_w = (float *)(h += sizes[1]);
+    dc->host_xn = (float *)(h += sizes[2]);
+    dc->foreign_host = (float *)(h + sizes[3]);
     return EB_OK;
 }
 
@@ -232,8 +238,7 @@ void eb_device_context_release(eb_context *c) {
         p.r->table->mem_free(p.r->rt, p.local, dc->mem);
         m->arena_bytes[m->primary] -= dc->bytes;
     }
-    if (dc->host_ids) p.r->table->host_free(p.r->rt, dc->host_ids);
-    free(dc->foreign_host);
+    if (dc->host) p.r->table->host_free(p.r->rt, dc->host);
     free(dc);
     c->dc = NULL;
 }
@@ -251,20 +256,32 @@ static int foreign_experts(eb_context *c, int layer, int64_t n) {
     int64_t H = m->cfg.hidden_size, K = m->cfg.top_k;
     char err[512] = "";
     int st;
-    if ((st = p.r->table->copy_to_host(p.r->rt, p.local, c->topk_id, dc->topk_id, (size_t)(n * K) * sizeof(int32_t), 1,
-                                       err, sizeof err)) ||
-        (st = p.r->table->copy_to_host(p.r->rt, p.local, c->topk_w, dc->topk_w, (size_t)(n * K) * sizeof(float), 1, err,
-                                       sizeof err)) ||
-        (st = p.r->table->copy_to_host(p.r->rt, p.local, c->xn, dc->xn, (size_t)(n * H) * sizeof(float), 0, err,
-                                       sizeof err)))
+    size_t id_bytes = (size_t)(n * K) * sizeof(int32_t), w_bytes = (size_t)(n * K) * sizeof(float);
+    size_t xn_bytes = (size_t)(n * H) * sizeof(float);
+    /* into pinned memory (pageable copies cost several times more), then where the scheduler reads them */
+    if ((st = p.r->table->copy_to_host(p.r->rt, p.local, dc->host_topk_id, dc->topk_id, id_bytes, 1, err, sizeof err)) ||
+        (st = p.r->table->copy_to_host(p.r->rt, p.local, dc->host_topk_w, dc->topk_w, w_bytes, 1, err, sizeof err)) ||
+        (st = p.r->table->copy_to_host(p.r->rt, p.local, dc->host_xn, dc->xn, xn_bytes, 0, err, sizeof err)))
         return eb_fail(st, "reading layer %d's routing back from %s: %s", layer, p.name, err);
+    memcpy(c->topk_id, dc->host_topk_id, id_bytes);
+    memcpy(c->topk_w, dc->host_topk_w, w_bytes);
+    memcpy(c->xn, dc->host_xn, xn_bytes);
     m->counters.model.host_round_trips++;
     int peers = 0, first_error = EB_OK;
     for (int d = 0; d < eng->n_devices; d++) c->step[d].n_pairs = 0;
+    /* every peer queued on its own threads, but the last CPU device, whose experts this thread runs itself (it
+     * would only wait otherwise) */
+    int inline_peer = -1;
+    for (int d = 0; d < eng->n_devices; d++)
+        if (d != m->primary && eng->devices[d].host_addressable) inline_peer = d;
     for (int d = 0; d < eng->n_devices && first_error == EB_OK; d++) {
-        if (d == m->primary) continue;
+        if (d == m->primary || d == inline_peer) continue;
         if ((st = eb_submit_owner(c, L, d, n, 0))) first_error = st;
         peers += c->step[d].n_pairs > 0;
+    }
+    if (first_error == EB_OK && inline_peer >= 0) {
+        if ((st = eb_submit_owner(c, L, inline_peer, n, 1))) first_error = st;
+        peers += c->step[inline_peer].n_pairs > 0;
     }
     if ((st = eb_join_owners(c)) && first_error == EB_OK) first_error = st;
     if (first_error) return first_error;
