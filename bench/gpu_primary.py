@@ -17,46 +17,31 @@ import os
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
+from measure import add_gpu_arguments, greedy_decode
 
 from engine.demo import DEMO_PROMPTS, ensure_demo_pair
 from engine.model import Engine
 
 
 def decode(model, prompt_ids, n_tokens, graphs=True):
-    """Greedy ids, the logits of every step and decode seconds (prefill excluded), plus counter deltas."""
-    with model.context(len(prompt_ids) + n_tokens + 1) as ctx:
-        ctx.graphs = graphs
-        last = ctx.prefill(prompt_ids, all_rows=False)
-        ids, rows = [int(np.argmax(last))], [last]
-        before = model.counters()
-        t0 = time.perf_counter()
-        while len(ids) < n_tokens:
-            row = ctx.decode([ids[-1]])[0]
-            rows.append(row)
-            ids.append(int(np.argmax(row)))
-        seconds = time.perf_counter() - t0
-        after = model.counters()
+    """Greedy ids, the logits of every step, decode seconds and the counters' changes over the decode steps."""
+    ids, rows, seconds, before, after = greedy_decode(model, prompt_ids, n_tokens, graphs)
     delta = {k: after[k] - before[k] for k in ("host_round_trips", "graph_launches", "layer_steps")}
     gpu = model.device if not model.device.startswith("cpu:") else None
     if gpu:  # the GPU's busy time: from the first to the last piece of queued work of each synchronized stretch
         delta["gpu_busy_seconds"] = after["devices"][gpu]["busy_seconds"] - before["devices"][gpu]["busy_seconds"]
-    return ids, np.stack(rows), seconds, delta
+    return ids, rows, seconds, delta
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", help="model folder (default: the demo target of --size)")
-    ap.add_argument("--size", default="bench")
-    ap.add_argument("--gpu", default="cuda:0")
+    add_gpu_arguments(ap)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=0, help="CPU threads (default: all cores)")
     ap.add_argument("--hbm-gbs", type=float, default=0.0, help="the GPU's measured memory read ceiling, GB/s")
-    ap.add_argument("--json", help="write the report here")
     args = ap.parse_args()
     model_dir = Path(args.model) if args.model else ensure_demo_pair(args.size).target
     runtime = args.gpu.split(":")[0]

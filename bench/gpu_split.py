@@ -15,48 +15,32 @@ import os
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
+from measure import add_gpu_arguments, greedy_decode
 
 from engine.costmodel import ModelShape
 from engine.demo import DEMO_PROMPTS, ensure_demo_pair
 from engine.model import Engine
 
 
-def gpu_state(model, gpu):
-    c = model.counters()["devices"].get(gpu, {})
-    return np.array([c.get("rows", 0), c.get("busy_seconds", 0.0)])
-
-
 def decode(model, prompt_ids, n_tokens, gpu=None, gpu_decode=None):
     """Greedy ids, every step's logits, and decode seconds (prefill excluded). gpu_decode accumulates the GPU's
     (rows, busy seconds) over the decode steps alone."""
-    with model.context(len(prompt_ids) + n_tokens + 1) as ctx:
-        last = ctx.prefill(prompt_ids, all_rows=False)
-        ids, rows = [int(np.argmax(last))], [last]
-        before = gpu_state(model, gpu) if gpu_decode is not None else None
-        t0 = time.perf_counter()
-        while len(ids) < n_tokens:
-            row = ctx.decode([ids[-1]])[0]
-            rows.append(row)
-            ids.append(int(np.argmax(row)))
-        seconds = time.perf_counter() - t0
-        if gpu_decode is not None:
-            gpu_decode += gpu_state(model, gpu) - before
-        return ids, np.stack(rows), seconds
+    ids, rows, seconds, before, after = greedy_decode(model, prompt_ids, n_tokens)
+    if gpu_decode is not None:
+        b, a = before["devices"].get(gpu, {}), after["devices"].get(gpu, {})
+        gpu_decode += np.array([a.get("rows", 0) - b.get("rows", 0),
+                                a.get("busy_seconds", 0.0) - b.get("busy_seconds", 0.0)])  # fmt: skip
+    return ids, rows, seconds
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", help="model folder (default: the demo target of --size)")
-    ap.add_argument("--size", default="bench")
-    ap.add_argument("--gpu", default="cuda:0")
+    add_gpu_arguments(ap)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=0, help="CPU threads (default: all cores)")
-    ap.add_argument("--json", help="write the report here")
     args = ap.parse_args()
     model_dir = Path(args.model) if args.model else ensure_demo_pair(args.size).target
     runtime = args.gpu.split(":")[0]

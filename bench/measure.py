@@ -37,6 +37,33 @@ def prefill_speed(model, prompt: list[int], repeats: int) -> list[float]:
     return out
 
 
+def greedy_decode(model, prompt_ids, n_tokens: int, graphs: bool = True):
+    """Greedy ids, every step's logits and the decode seconds (prefill excluded), with the model's counters just
+    before and after the decode steps (for per-token figures of those steps alone)."""
+    with model.context(len(prompt_ids) + n_tokens + 1) as ctx:
+        ctx.graphs = graphs
+        last = ctx.prefill(prompt_ids, all_rows=False)
+        ids, rows = [int(np.argmax(last))], [last]
+        before = model.counters()
+        t0 = time.perf_counter()
+        while len(ids) < n_tokens:
+            row = ctx.decode([ids[-1]])[0]
+            rows.append(row)
+            ids.append(int(np.argmax(row)))
+        seconds = time.perf_counter() - t0
+        after = model.counters()
+    return ids, np.stack(rows), seconds, before, after
+
+
+def add_gpu_arguments(ap: argparse.ArgumentParser) -> None:
+    """The arguments of the GPU benchmarks (gpu_split.py, gpu_primary.py)."""
+    ap.add_argument("--model", help="model folder (default: the demo target of --size)")
+    ap.add_argument("--size", default="bench")
+    ap.add_argument("--gpu", default="cuda:0")
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads (default: all cores)")
+    ap.add_argument("--json", help="write the report here")
+
+
 def add_common_arguments(ap: argparse.ArgumentParser, threads_default: int) -> None:
     """The arguments every CPU speed benchmark takes, with the same defaults."""
     ap.add_argument("--size", default="bench", help="demo model size (default, bench)")

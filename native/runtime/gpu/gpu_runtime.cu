@@ -964,6 +964,19 @@ __global__ void route_kernel(eb_rt_route r, int warp) {
         for (int k = 0; k < K; k++) r.topk_w[(long long)t * K + k] /= total;
 }
 
+// The next (up to DOT_TILE) selections of expert e from q on: their indices into pairs, q moved past them.
+__device__ __forceinline__ int next_pairs(const int *topk_id, int total, int e, int &q, int *pairs) {
+    int nt = 0;
+    for (; q < total && nt < DOT_TILE; q++)
+        if (topk_id[q] == e) {
+#pragma unroll
+            for (int j = 0; j < DOT_TILE; j++) // constant indices: pairs stays in registers
+                if (j == nt) pairs[j] = q;
+            nt++;
+        }
+    return nt;
+}
+
 // grid.y = expert: the pairs routed to it (found by scanning the selections), DOT_TILE at a time per weight row.
 __global__ void moe_gate_up_kernel(eb_rt_moe b, int warp) {
     const eb_rt_expert ex = b.experts[blockIdx.y];
@@ -979,14 +992,8 @@ __global__ void moe_gate_up_kernel(eb_rt_moe b, int warp) {
     if (i >= b.inter) return;
     int q = 0;
     while (q < total) {
-        int pairs[DOT_TILE] = {0, 0, 0, 0}, nt = 0;
-        for (; q < total && nt < DOT_TILE; q++)
-            if (b.topk_id[q] == e) {
-#pragma unroll
-                for (int j = 0; j < DOT_TILE; j++) // constant indices: pairs stays in registers
-                    if (j == nt) pairs[j] = q;
-                nt++;
-            }
+        int pairs[DOT_TILE] = {0, 0, 0, 0};
+        int nt = next_pairs(b.topk_id, total, e, q, pairs);
         if (!nt) break;
         const float *xs[DOT_TILE];
 #pragma unroll
@@ -1009,14 +1016,8 @@ __global__ void moe_down_kernel(eb_rt_moe b, int warp) {
     if (j0 >= b.hidden) return;
     int total = b.n * b.top_k, e = blockIdx.y, q = 0;
     while (q < total) {
-        int pairs[DOT_TILE] = {0, 0, 0, 0}, nt = 0;
-        for (; q < total && nt < DOT_TILE; q++)
-            if (b.topk_id[q] == e) {
-#pragma unroll
-                for (int j = 0; j < DOT_TILE; j++) // constant indices: pairs stays in registers
-                    if (j == nt) pairs[j] = q;
-                nt++;
-            }
+        int pairs[DOT_TILE] = {0, 0, 0, 0};
+        int nt = next_pairs(b.topk_id, total, e, q, pairs);
         if (!nt) break;
         const float *hs[DOT_TILE];
 #pragma unroll
