@@ -156,6 +156,21 @@ __device__ __forceinline__ float load_w(const void *w, int dtype, long long i) {
     return ((const float *)w)[i];
 }
 
+// Eight 16-bit weights (bf16 or f16) of one 16-byte load as floats.
+__device__ __forceinline__ void unpack8(uint4 v, int dtype, float *wv) {
+    unsigned int parts[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        if (dtype == EB_DTYPE_BF16) {
+            wv[2 * k] = __uint_as_float(parts[k] << 16);
+            wv[2 * k + 1] = __uint_as_float(parts[k] & 0xffff0000u);
+        } else {
+            wv[2 * k] = __half2float(__ushort_as_half((unsigned short)(parts[k] & 0xffffu)));
+            wv[2 * k + 1] = __half2float(__ushort_as_half((unsigned short)(parts[k] >> 16)));
+        }
+    }
+}
+
 // The dot product of weight row `row` (cols long) with x, reduced over one warp; lane 0 holds the result.
 __device__ __forceinline__ float warp_dot(const void *w, int dtype, long long row, int cols, const float *x, int lane,
                                           int warp) {
@@ -165,21 +180,11 @@ __device__ __forceinline__ float warp_dot(const void *w, int dtype, long long ro
         // 8 x 16-bit weights per 16-byte load
         const uint4 *w4 = (const uint4 *)((const unsigned short *)w + base);
         for (int c = lane; c < cols / 8; c += warp) {
-            uint4 v = w4[c];
-            unsigned int parts[4] = {v.x, v.y, v.z, v.w};
+            float wv[8];
+            unpack8(w4[c], dtype, wv);
             const float *xc = x + c * 8;
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                float lo, hi;
-                if (dtype == EB_DTYPE_BF16) {
-                    lo = __uint_as_float(parts[k] << 16);
-                    hi = __uint_as_float(parts[k] & 0xffff0000u);
-                } else {
-                    lo = __half2float(__ushort_as_half((unsigned short)(parts[k] & 0xffffu)));
-                    hi = __half2float(__ushort_as_half((unsigned short)(parts[k] >> 16)));
-                }
-                s += lo * xc[2 * k] + hi * xc[2 * k + 1];
-            }
+            for (int k = 0; k < 4; k++) s += wv[2 * k] * xc[2 * k] + wv[2 * k + 1] * xc[2 * k + 1];
         }
     } else {
         for (int c = lane; c < cols; c += warp) s += load_w(w, dtype, base + c) * x[c];
@@ -557,18 +562,8 @@ __device__ __forceinline__ void warp_dot_tile(const void *w, int dtype, long lon
 #pragma unroll 4
         for (int c = lane; c < cols / 8; c += warp) {
             uint4 v = w4[c];
-            unsigned int parts[4] = {v.x, v.y, v.z, v.w};
             float wv[8];
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                if (dtype == EB_DTYPE_BF16) {
-                    wv[2 * k] = __uint_as_float(parts[k] << 16);
-                    wv[2 * k + 1] = __uint_as_float(parts[k] & 0xffff0000u);
-                } else {
-                    wv[2 * k] = __half2float(__ushort_as_half((unsigned short)(parts[k] & 0xffffu)));
-                    wv[2 * k + 1] = __half2float(__ushort_as_half((unsigned short)(parts[k] >> 16)));
-                }
-            }
+            unpack8(v, dtype, wv);
 #pragma unroll
             for (int j = 0; j < DOT_TILE; j++) {
                 if (j >= nt) continue;
@@ -620,20 +615,10 @@ __device__ __forceinline__ void warp_dot_rows(const void *const *ws, int dtype, 
             for (int j = 0; j < DOT_TILE; j++) {
                 if (j >= nt) continue;
                 uint4 v = ((const uint4 *)((const unsigned short *)ws[j] + base))[c];
-                unsigned int parts[4] = {v.x, v.y, v.z, v.w};
                 const float4 *x4 = (const float4 *)(xs[j] + c * 8);
                 float4 a = x4[0], b = x4[1];
                 float wv[8];
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    if (dtype == EB_DTYPE_BF16) {
-                        wv[2 * k] = __uint_as_float(parts[k] << 16);
-                        wv[2 * k + 1] = __uint_as_float(parts[k] & 0xffff0000u);
-                    } else {
-                        wv[2 * k] = __half2float(__ushort_as_half((unsigned short)(parts[k] & 0xffffu)));
-                        wv[2 * k + 1] = __half2float(__ushort_as_half((unsigned short)(parts[k] >> 16)));
-                    }
-                }
+                unpack8(v, dtype, wv);
                 // the expression of warp_dot_tile: the same bits whichever of the two computes a product
                 s[j] += wv[0] * a.x + wv[1] * a.y + wv[2] * a.z + wv[3] * a.w + wv[4] * b.x + wv[5] * b.y +
                         wv[6] * b.z + wv[7] * b.w;
