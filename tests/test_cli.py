@@ -120,6 +120,20 @@ def test_placement_and_mode_options(capsys):
     assert err == "expertbench: error: no device named 'cpu:9' (1 devices loaded)\n"
 
 
+def test_run_on_a_device_primary_puts_every_expert_there_and_gives_the_reference_tokens(capsys):
+    """--device names a primary that cannot read host memory (hostsim here, a GPU in use): with no --placement,
+    every expert goes there too, and draft and target decode the fixture's greedy tokens."""
+    ref = np.load(FIXTURES / "qwen3moe-f32" / "reference.npz")
+    models = ["--model", str(FIXTURES / "qwen3moe-f32"), "--draft", str(FIXTURES / "qwen3-f32")]
+    devices = ["--runtime", "hostsim", "--device", "hostsim:0"]
+    args = ["run", *models, *devices, "--prompt", REF_PROMPT, "-n", "16", "--repeats", "1", "--json"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["target_device"] == "hostsim:0" and report["draft_device"] == "hostsim:0"
+    assert report["placement"] == "0-2=hostsim:0"
+    assert report["prompts"][0]["generated_ids"] == ref["generated_ids"][:16].tolist()
+
+
 def test_vocab_mismatch_exits_2(xdg_cache, capsys):
     draft = xdg_cache / "expertbench" / "demo-default-v1" / "draft"
     assert main(["run", "--model", str(FIXTURES / "qwen3moe-f32"), "--draft", str(draft), "-n", "4"]) == 2
