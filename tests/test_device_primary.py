@@ -3,7 +3,9 @@ through the runtime's primary operations, with the weights, KV cache and activat
 
 hostsim computes them with the CPU path's arithmetic, so every result must be bit-identical to a cpu primary's,
 for every placement: experts all on the primary (no host round trip), all in host memory (a round trip per MoE
-layer), and scattered over three devices.
+layer), and scattered over three devices. In owner_local mode too here, because hostsim:0 is the last device: the
+CPU path adds the owners' sums in device order, the device path adds its own sum to the others' (commutative for
+two terms, so equal only while the primary comes last).
 """
 
 import numpy as np
@@ -70,6 +72,43 @@ def test_device_primary_gives_the_cpu_primarys_bits_on_every_placement(engine, n
         sim.close()
 
 
+def test_attention_biases_on_a_device_primary(engine, tmp_path):
+    """A checkpoint with attention_bias (q/k/v/o biases, none of the fixtures has them): the device path adds them
+    with the CPU path's association."""
+    import json
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    src = FIXTURES / "qwen3moe-f32"
+    config = json.loads((src / "config.json").read_text())
+    config["attention_bias"] = True
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    shutil.copy(src / "tokenizer.json", tmp_path / "tokenizer.json")
+    tensors = load_file(src / "model.safetensors")
+    rng = np.random.default_rng(7)
+    for layer in range(config["num_hidden_layers"]):
+        for proj in ("q", "k", "v", "o"):
+            rows = tensors[f"model.layers.{layer}.self_attn.{proj}_proj.weight"].shape[0]
+            tensors[f"model.layers.{layer}.self_attn.{proj}_proj.bias"] = rng.normal(0, 0.1, rows).astype(np.float32)
+    save_file(tensors, tmp_path / "model.safetensors")
+    cpu = engine.load(tmp_path)
+    sim = engine.load(tmp_path, device="hostsim:0")
+    try:
+        for text in ("*=hostsim:0", "*=cpu:0"):
+            cpu.set_placement(text)
+            sim.set_placement(text)
+            expected, got = run(cpu, "qwen3moe-f32", "reference"), run(sim, "qwen3moe-f32", "reference")
+            assert np.array_equal(expected, got), text
+        with cpu.context(8) as ctx:  # the biases do move the logits
+            moved = ctx.prefill([1, 2, 3])
+        with engine.load(src) as plain, plain.context(8) as ctx:
+            assert not np.allclose(moved, ctx.prefill([1, 2, 3]))
+    finally:
+        cpu.close()
+        sim.close()
+
+
 def test_dense_model_on_a_device_primary(engine):
     cpu = engine.load(FIXTURES / "qwen3-f32")
     sim = engine.load(FIXTURES / "qwen3-f32", device="hostsim:0")
@@ -98,18 +137,40 @@ def test_speculative_run_on_a_device_primary_matches_the_cpu(engine):
     assert hashes["cpu:0"] == hashes["hostsim:0"]
 
 
-def test_graphs_flag(engine):
-    model = engine.load(FIXTURES / "qwen3moe-f32", device="hostsim:0")
+def test_one_token_steps_run_from_a_recorded_graph_with_the_same_bits(engine):
+    """hostsim records a step's operations (graph_begin .. graph_end) and replays them: the core records a
+    one-token step once per context while every expert is on the primary, replays it for every later token,
+    records again after a placement change, and never while a layer has experts elsewhere."""
+    name = "qwen3moe-f32"
+    model = engine.load(FIXTURES / name, device="hostsim:0")
     try:
+        model.set_placement("*=hostsim:0")
+        results = {}
+        for graphs in (True, False):
+            before = model.counters()
+            with model.context(64) as ctx:
+                ctx.graphs = graphs
+                assert ctx.graphs is graphs
+                ref = np.load(FIXTURES / name / "reference.npz")
+                rows = [ctx.prefill(ref["prompt_ids"])] + [ctx.decode([t]) for t in ref["generated_ids"][:8]]
+                results[graphs] = np.concatenate(rows)
+            after = model.counters()
+            captures = after["graph_captures"] - before["graph_captures"]
+            launches = after["graph_launches"] - before["graph_launches"]
+            assert (captures, launches) == ((1, 8) if graphs else (0, 0)), f"graphs={graphs}"
+        assert np.array_equal(results[True], results[False])
         with model.context(16) as ctx:
-            assert ctx.graphs is True
-            ctx.graphs = False
-            assert ctx.graphs is False
+            ctx.decode([1])
+            model.set_placement("*=hostsim:0; 0=cpu:0")  # a layer with experts elsewhere: no graph
+            before = model.counters()
+            ctx.decode([2])
+            assert model.counters()["graph_launches"] == before["graph_launches"]
+            model.set_placement("*=hostsim:0")  # the tables changed: recorded again
+            ctx.decode([3])
+            after = model.counters()
+            assert after["graph_captures"] == before["graph_captures"] + 1
             with pytest.raises(ArgumentError, match="graphs must be True or False, got 'yes'"):
                 ctx.graphs = "yes"
-            ctx.decode([1])
-        # hostsim records no graphs: every step is queued anew
-        assert model.counters()["graph_captures"] == model.counters()["graph_launches"] == 0
     finally:
         model.close()
 

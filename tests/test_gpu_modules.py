@@ -83,12 +83,15 @@ def test_gpu_primary_matches_transformers_and_cpu_tokens(runtime, name):
                 before = model.counters()
                 decoded = {}
                 for graphs in (True, False):
+                    launched = model.counters()["graph_launches"]
                     with model.context() as ctx:
                         ctx.mode, ctx.graphs = mode, graphs
                         rows = np.concatenate([ctx.prefill(prompt)] + [ctx.decode([t]) for t in generated])
                         ctx.truncate(0)
                         assert ctx.generate(prompt, 64).ids == generated.tolist(), f"{text} {mode} graphs={graphs}"
                     decoded[graphs] = rows
+                    if not graphs:
+                        assert model.counters()["graph_launches"] == launched, "graphs=False still launched graphs"
                     rel = np.linalg.norm(rows - logits, axis=1) / np.linalg.norm(logits, axis=1)
                     assert rel.max() < 1e-4, f"{text} {mode}: {rel.max():.2e}"
                 assert np.array_equal(decoded[True], decoded[False]), f"{text} {mode}: graph steps differ"

@@ -64,6 +64,24 @@ static inline void eb_attend(const float *q, const float *kc, const float *vc, i
     }
 }
 
+/* One row at position p before attention: Qwen3's per-head RMSNorm and rotation of its nh query heads (q) and nkv
+ * key heads (k) in place, then its key and value rows into the caches (rows of kvd = nkv * hd floats). */
+static inline void eb_qk_rope_store(float *q, float *k, const float *v, const float *q_norm, const float *k_norm,
+                                    const float *rope_cos, const float *rope_sin, float *k_cache, float *v_cache,
+                                    int64_t p, int64_t nh, int64_t nkv, int64_t hd, float eps) {
+    const float *cs = rope_cos + p * (hd / 2), *sn = rope_sin + p * (hd / 2);
+    for (int64_t h = 0; h < nh; h++) {
+        eb_rmsnorm(q + h * hd, q + h * hd, q_norm, hd, eps);
+        eb_rope(q + h * hd, cs, sn, hd);
+    }
+    for (int64_t h = 0; h < nkv; h++) {
+        eb_rmsnorm(k + h * hd, k + h * hd, k_norm, hd, eps);
+        eb_rope(k + h * hd, cs, sn, hd);
+    }
+    memcpy(k_cache + p * nkv * hd, k, (size_t)(nkv * hd) * sizeof(float));
+    memcpy(v_cache + p * nkv * hd, v, (size_t)(nkv * hd) * sizeof(float));
+}
+
 /* Softmax of one row of E router logits in place (f32), then the top K (ties to the lower id) and their
  * weights, renormalised when norm. */
 static inline void eb_route_row(float *p, int64_t E, int64_t K, int norm, int32_t *ids, float *w) {

@@ -89,8 +89,8 @@ typedef struct {
 
 /* Attention of n new rows at positions *pos .. *pos + n - 1 for one layer. */
 typedef struct {
-    float *q;                         /* n rows of n_heads * head_dim; normalised and rotated in place */
-    float *k;                         /* n rows of n_kv_heads * head_dim; normalised and rotated in place */
+    float *q;                         /* n rows of n_heads * head_dim; scratch afterwards */
+    float *k;                         /* n rows of n_kv_heads * head_dim; scratch afterwards */
     const float *v;                   /* n rows of n_kv_heads * head_dim */
     const float *q_norm, *k_norm;     /* head_dim each (Qwen3's per-head RMSNorm) */
     const float *rope_cos, *rope_sin; /* n_ctx rows of head_dim / 2 */
@@ -143,6 +143,9 @@ typedef struct {
 } eb_rt_route;
 
 typedef struct {
+    /* Whether the module's kernels take a model of this shape (nullable: any): checked at load, before any
+     * weight is uploaded, so that a limit is reported at once and not at the first evaluation. */
+    int (*check_model)(void *rt, int dev, const eb_model_config *cfg, char *err, size_t errlen);
     /* x[t] = row ids[t] of the embedding table (dtype), n rows of hidden */
     int (*embed)(void *rt, int dev, const void *table, int dtype, int64_t hidden, const int32_t *ids, int64_t n,
                  float *x, char *err, size_t errlen);
@@ -159,7 +162,7 @@ typedef struct {
     int (*attention)(void *rt, int dev, const eb_rt_attention *a, char *err, size_t errlen);
     int (*route)(void *rt, int dev, const eb_rt_route *r, char *err, size_t errlen);
     int (*moe)(void *rt, int dev, const eb_rt_moe *b, char *err, size_t errlen);
-    /* Graphs (nullable: the core then queues each step's work anew). Between graph_begin and graph_end the
+    /* Graphs (all four or none: the core then queues each step's work anew). Between graph_begin and graph_end the
      * calling thread's work queued on dev is recorded instead of run, and other threads wait; graph_launch
      * queues a recorded step. graph_end with graph == NULL abandons the recording. */
     int (*graph_begin)(void *rt, int dev, char *err, size_t errlen);

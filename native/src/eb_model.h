@@ -47,6 +47,7 @@ typedef struct {
     unsigned long long *hits;  /* device memory: [layer][expert] routing hits */
     unsigned long long *stats; /* device memory: experts run, rows (the primary's own experts) */
     uint64_t generation;       /* changes whenever the expert tables do */
+    int stale;                 /* a table update failed: evaluation refuses until a placement succeeds */
 } eb_dev_primary;
 
 typedef struct {
@@ -102,7 +103,7 @@ typedef struct {
     float *k_cache, *v_cache, *rope_cos, *rope_sin;
     float *x, *xn, *q, *k, *v, *att, *proj, *gate, *up, *router, *topk_w, *pair_out, *h, *foreign, *logits;
     int32_t *topk_id, *ids; /* ids: n_batch token ids, then the position of the first */
-    void *host;             /* pinned host staging, one allocation holding the four below */
+    void *host;             /* pinned host staging, one allocation holding the five below */
     int32_t *host_ids;      /* n_batch ids, then the position */
     int32_t *host_topk_id;  /* a layer's routing and rows read back, n_batch * top_k and n_batch * hidden */
     float *host_topk_w, *host_xn;
@@ -138,12 +139,11 @@ void eb_model_release(eb_model *m);
 
 /* The MoE block of one layer for n positions: c->xn in, c->moe_out out. */
 int eb_moe_forward(eb_context *c, int layer, int64_t n);
-/* Route the selected pairs of layer `layer` to their owners other than the primary and run them: every owner
- * with pairs is queued (c->step[d] says where its outputs land); the caller joins. c->xn, c->topk_id and
- * c->topk_w are read (host memory). */
-int eb_submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int inline_run);
-/* Wait for every owner but the primary that has pairs of this step. */
-int eb_join_owners(eb_context *c);
+/* Run one MoE layer step's experts on their owners from the routing in c->topk_id / c->topk_w and the rows in
+ * c->xn (host memory): every owner but inline_dev and skip_dev is queued on its own threads or stream,
+ * inline_dev (-1: none) runs on the calling thread meanwhile, then the queued ones are joined. c->step[d] says
+ * how many pairs each owner ran and where its outputs are. Counts waits and joins. */
+int eb_run_owners(eb_context *c, const eb_layer *L, int64_t n, int inline_dev, int skip_dev);
 
 /* A device primary: upload the weights (model load), refresh the expert tables (after a placement), free. */
 int eb_device_primary_init(eb_model *m);

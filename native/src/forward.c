@@ -210,7 +210,7 @@ static int eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logit
     const eb_model *m = c->model;
     const eb_model_config *cf = &m->cfg;
     int64_t H = cf->hidden_size, hd = cf->head_dim, nh = cf->num_heads, nkv = cf->num_kv_heads;
-    int64_t qd = nh * hd, kvd = nkv * hd, half = hd / 2;
+    int64_t qd = nh * hd, kvd = nkv * hd;
     float eps = (float)cf->rms_norm_eps;
     int dev = m->primary, st;
 
@@ -229,22 +229,9 @@ static int eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logit
         add_bias(c->v, L->v_bias, n, kvd);
         float *kc = c->k_cache + (size_t)l * (size_t)c->n_ctx * (size_t)kvd;
         float *vc = c->v_cache + (size_t)l * (size_t)c->n_ctx * (size_t)kvd;
-        for (int64_t t = 0; t < n; t++) {
-            int64_t p = c->pos + t;
-            const float *cs = c->rope_cos + p * half, *sn = c->rope_sin + p * half;
-            for (int64_t h = 0; h < nh; h++) {
-                float *q = c->q + t * qd + h * hd;
-                eb_rmsnorm(q, q, L->q_norm, hd, eps);
-                eb_rope(q, cs, sn, hd);
-            }
-            for (int64_t h = 0; h < nkv; h++) {
-                float *k = c->k + t * kvd + h * hd;
-                eb_rmsnorm(k, k, L->k_norm, hd, eps);
-                eb_rope(k, cs, sn, hd);
-            }
-            memcpy(kc + p * kvd, c->k + t * kvd, (size_t)kvd * sizeof(float));
-            memcpy(vc + p * kvd, c->v + t * kvd, (size_t)kvd * sizeof(float));
-        }
+        for (int64_t t = 0; t < n; t++)
+            eb_qk_rope_store(c->q + t * qd, c->k + t * kvd, c->v + t * kvd, L->q_norm, L->k_norm, c->rope_cos,
+                             c->rope_sin, kc, vc, c->pos + t, nh, nkv, hd, eps);
         attention(c, l, n);
         if ((st = matmul(c, dev, &L->o, c->att, n, c->proj))) return st;
         add_bias(c->proj, L->o_bias, n, H);

@@ -42,6 +42,7 @@ typedef struct {
     unsigned char *base;
     size_t off;
     int st;
+    const void *zeros; /* host zeros as large as the largest counter array */
 } layout;
 
 static void *place(layout *a, const void *src, size_t bytes) {
@@ -99,8 +100,8 @@ static void lay_out(layout *a) {
         }
     }
     size_t n_hits = (size_t)cf->num_layers * (size_t)(cf->num_experts > 0 ? cf->num_experts : 1);
-    dp->hits = place(a, NULL, n_hits * sizeof *dp->hits);
-    dp->stats = place(a, NULL, 2 * sizeof *dp->stats);
+    dp->hits = place(a, a->zeros, n_hits * sizeof *dp->hits); /* counters start at zero */
+    dp->stats = place(a, a->zeros, 2 * sizeof *dp->stats);
 }
 
 int eb_device_primary_init(eb_model *m) {
@@ -108,24 +109,30 @@ int eb_device_primary_init(eb_model *m) {
     m->dp = calloc(1, sizeof *m->dp);
     if (!m->dp || !(m->dp->layers = calloc((size_t)m->cfg.num_layers, sizeof *m->dp->layers)))
         return eb_fail(EB_ERR_MEMORY, "out of memory");
-    layout a = {m, p, NULL, 0, EB_OK};
+    size_t n_hits = (size_t)m->cfg.num_layers * (size_t)(m->cfg.num_experts > 0 ? m->cfg.num_experts : 1);
+    void *zeros = calloc(n_hits > 2 ? n_hits : 2, sizeof(unsigned long long));
+    if (!zeros) return eb_fail(EB_ERR_MEMORY, "out of memory");
+    layout a = {m, p, NULL, 0, EB_OK, zeros};
     lay_out(&a);
     char err[512] = "";
     int st = p.r->table->mem_alloc(p.r->rt, p.local, a.off, &m->dp->mem, err, sizeof err);
-    if (st) return eb_fail(st, "the model's weights (%.1f MiB but the experts) on %s: %s", a.off / 1048576.0, p.name, err);
+    if (st) {
+        free(zeros);
+        return eb_fail(st, "the model's weights (%.1f MiB but the experts) on %s: %s", a.off / 1048576.0, p.name, err);
+    }
     m->dp->bytes = a.off;
     a.base = m->dp->mem;
     a.off = 0;
     lay_out(&a);
+    free(zeros);
     if (a.st) return a.st;
-    eb_model_reset_routing(m);
-    eb_model_reset_counters(m);
     return eb_device_primary_refresh(m);
 }
 
 int eb_device_primary_refresh(eb_model *m) {
     primary p = get_primary(m);
     const eb_model_config *cf = &m->cfg;
+    m->dp->stale = 1; /* until every table is written: the old ones may point at freed copies */
     eb_rt_expert *table = malloc((size_t)(cf->num_experts > 0 ? cf->num_experts : 1) * sizeof *table);
     if (!table) return eb_fail(EB_ERR_MEMORY, "out of memory");
     int st = EB_OK;
@@ -148,6 +155,7 @@ int eb_device_primary_refresh(eb_model *m) {
     }
     free(table);
     m->dp->generation++;
+    if (st == EB_OK) m->dp->stale = 0;
     return st;
 }
 
@@ -200,7 +208,7 @@ int eb_device_context_init(eb_context *c) {
     const eb_model_config *cf = &m->cfg;
     if (!(c->dc = calloc(1, sizeof *c->dc))) return eb_fail(EB_ERR_MEMORY, "out of memory");
     eb_dev_context *dc = c->dc;
-    layout a = {m, p, NULL, 0, EB_OK};
+    layout a = {m, p, NULL, 0, EB_OK, NULL};
     lay_out_context(c, &a);
     char err[512] = "";
     int st = p.r->table->mem_alloc(p.r->rt, p.local, a.off, &dc->mem, err, sizeof err);
@@ -263,29 +271,19 @@ static int foreign_experts(eb_context *c, int layer, int64_t n) {
         (st = p.r->table->copy_to_host(p.r->rt, p.local, dc->host_topk_w, dc->topk_w, w_bytes, 1, err, sizeof err)) ||
         (st = p.r->table->copy_to_host(p.r->rt, p.local, dc->host_xn, dc->xn, xn_bytes, 0, err, sizeof err)))
         return eb_fail(st, "reading layer %d's routing back from %s: %s", layer, p.name, err);
+    for (int64_t i = 0; i < n * K; i++) /* the host indexes its tables with these: never trust them blindly */
+        if (dc->host_topk_id[i] < 0 || dc->host_topk_id[i] >= m->cfg.num_experts)
+            return eb_fail(EB_ERR_DEVICE, "layer %d's routing on %s chose expert %d, expected 0..%d (NaN activations?)",
+                           layer, p.name, dc->host_topk_id[i], m->cfg.num_experts - 1);
     memcpy(c->topk_id, dc->host_topk_id, id_bytes);
     memcpy(c->topk_w, dc->host_topk_w, w_bytes);
     memcpy(c->xn, dc->host_xn, xn_bytes);
     m->counters.model.host_round_trips++;
-    int peers = 0, first_error = EB_OK;
-    for (int d = 0; d < eng->n_devices; d++) c->step[d].n_pairs = 0;
-    /* every peer queued on its own threads, but the last CPU device, whose experts this thread runs itself (it
-     * would only wait otherwise) */
+    /* the other owners queued, but the last CPU device, whose experts this thread runs (it would only wait) */
     int inline_peer = -1;
     for (int d = 0; d < eng->n_devices; d++)
         if (d != m->primary && eng->devices[d].host_addressable) inline_peer = d;
-    for (int d = 0; d < eng->n_devices && first_error == EB_OK; d++) {
-        if (d == m->primary || d == inline_peer) continue;
-        if ((st = eb_submit_owner(c, L, d, n, 0))) first_error = st;
-        peers += c->step[d].n_pairs > 0;
-    }
-    if (first_error == EB_OK && inline_peer >= 0) {
-        if ((st = eb_submit_owner(c, L, inline_peer, n, 1))) first_error = st;
-        peers += c->step[inline_peer].n_pairs > 0;
-    }
-    if ((st = eb_join_owners(c)) && first_error == EB_OK) first_error = st;
-    if (first_error) return first_error;
-    if (peers) m->counters.model.joins++;
+    if ((st = eb_run_owners(c, L, n, inline_peer, m->primary))) return st;
     float *f = dc->foreign_host;
     size_t rows;
     if (c->mode == EB_MODE_REFERENCE) {
@@ -436,6 +434,9 @@ int eb_device_eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *lo
     int st;
     if (eng->n_devices > c->n_devices)
         return eb_fail(EB_ERR_STATE, "a runtime was loaded after this context was created: create a new context");
+    if (m->dp->stale)
+        return eb_fail(EB_ERR_STATE, "the expert tables on %s are out of date after a placement that failed to "
+                                     "finish: set the placement again", p.name);
     memcpy(dc->host_ids, ids, (size_t)n * sizeof *ids);
     dc->host_ids[c->n_batch] = c->pos;
     if ((st = p.r->table->copy_to_device(p.r->rt, p.local, dc->ids, dc->host_ids,
@@ -444,7 +445,10 @@ int eb_device_eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *lo
     int64_t first = all_rows ? 0 : n - 1;
     if (n == 1 && graphable(c)) st = run_graph(c);
     else st = queue_step(c, n, first, logits != NULL);
-    if (st) return st;
+    if (st) { /* let what was queued finish before the staging memory is written again (its error is st's) */
+        (void)p.r->table->synchronize(p.r->rt, p.local, err, sizeof err);
+        return st;
+    }
     for (int l = 0; l < cf->num_layers; l++)
         if (m->layers[l].is_moe) {
             m->route_tokens[l] += (uint64_t)n;

@@ -339,6 +339,12 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
             return eb_fail(EB_ERR_UNSUPPORTED, "primary device %s: the '%s' runtime cannot run the forward pass "
                                                "(attention, router, norms); choose a CPU device or a GPU runtime",
                            dev->name, rt->name);
+        int graphs = !!ops->graph_begin + !!ops->graph_end + !!ops->graph_launch + !!ops->graph_free;
+        if (graphs != 0 && graphs != 4)
+            return eb_fail(EB_ERR_MODULE, "runtime module '%s': %d of the 4 graph operations; expected all or none",
+                           rt->name, graphs);
+        if (ops->check_model && (st = ops->check_model(rt->rt, dev->local, config, err, sizeof err)) != 0)
+            return eb_fail(st, "primary device %s: %s", dev->name, err);
         /* experts start in host memory (the first CPU device); a placement moves them */
         for (home = 0; home < engine->n_devices && !engine->devices[home].host_addressable; home++) {
         }

@@ -271,7 +271,8 @@ void eb_model_reset_counters(eb_model *m) {
         eb_device_counters *c = &m->counters.dev[d];
         c->experts_run = c->rows = c->bytes_to_device = c->bytes_from_device = c->waits = 0;
     }
-    m->counters.model.joins = m->counters.model.layer_steps = 0;
+    eb_model_counters *mc = &m->counters.model;
+    mc->joins = mc->layer_steps = mc->host_round_trips = mc->graph_captures = mc->graph_launches = 0;
 }
 
 int eb_model_routing_counts(const eb_model *m, uint64_t *hits, int64_t n_hits, uint64_t *tokens, int32_t n_layers) {
@@ -370,7 +371,7 @@ static void route(eb_context *c, int64_t n) {
 }
 
 /* Build one owner's plan (experts ascending, their pairs, its staged tokens), stage and submit its branch. */
-int eb_submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int inline_run) {
+static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int inline_run) {
     eb_model *m = c->model;
     eb_engine *eng = m->engine;
     const eb_model_config *cf = &m->cfg;
@@ -472,18 +473,28 @@ int eb_submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int inli
     return EB_OK;
 }
 
-int eb_join_owners(eb_context *c) {
+int eb_run_owners(eb_context *c, const eb_layer *L, int64_t n, int inline_dev, int skip_dev) {
     eb_model *m = c->model;
     eb_engine *eng = m->engine;
-    int first_error = EB_OK, st;
+    int peers = 0, first_error = EB_OK, st;
+    for (int d = 0; d < eng->n_devices; d++) c->step[d].n_pairs = 0;
+    /* every owner queued first, then the inline one on this thread while they run, then the join */
+    for (int d = 0; d < eng->n_devices && first_error == EB_OK; d++) {
+        if (d == inline_dev || d == skip_dev) continue;
+        first_error = submit_owner(c, L, d, n, 0);
+    }
+    if (first_error == EB_OK && inline_dev >= 0) first_error = submit_owner(c, L, inline_dev, n, 1);
     for (int d = 0; d < eng->n_devices; d++) {
         if (d == m->primary || c->step[d].n_pairs == 0) continue;
+        peers++;
+        if (d == inline_dev) continue; /* done on this thread: nothing to wait for */
         const eb_runtime *r = eb_device_runtime(eng, d);
         char err[512] = "";
         m->counters.dev[d].waits++;
         if ((st = r->table->synchronize(r->rt, eng->devices[d].local, err, sizeof err)) && first_error == EB_OK)
             first_error = eb_fail(st, "waiting for %s: %s", eng->devices[d].name, err);
     }
+    if (first_error == EB_OK && peers) m->counters.model.joins++;
     return first_error;
 }
 
@@ -503,22 +514,9 @@ int eb_moe_forward(eb_context *c, int layer, int64_t n) {
     m->route_tokens[layer] += (uint64_t)n;
     uint64_t *hits = m->route_hits + (size_t)layer * (size_t)cf->num_experts;
     for (int64_t i = 0; i < n * K; i++) hits[c->topk_id[i]]++;
-    /* peers first, queued; then the primary's own experts inline while they run; then join */
-    int peers = 0, first_error = EB_OK;
-    for (int d = 0; d < eng->n_devices; d++) c->step[d].n_pairs = 0;
-    for (int d = 0; d < eng->n_devices; d++) {
-        if (d == prim) continue;
-        if ((st = eb_submit_owner(c, L, d, n, 0))) {
-            first_error = st;
-            break;
-        }
-        peers += c->step[d].n_pairs > 0;
-    }
-    if (first_error == EB_OK && (st = eb_submit_owner(c, L, prim, n, 1))) first_error = st;
-    if ((st = eb_join_owners(c)) && first_error == EB_OK) first_error = st;
-    if (first_error) return first_error;
+    /* peers queued; the primary's own experts on this thread while they run; then join */
+    if ((st = eb_run_owners(c, L, n, prim, -1))) return st;
     m->counters.model.layer_steps++;
-    if (peers) m->counters.model.joins++;
 
     memset(c->moe_out, 0, (size_t)(n * H) * sizeof(float));
     if (c->mode == EB_MODE_REFERENCE) {

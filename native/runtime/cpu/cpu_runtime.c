@@ -93,6 +93,8 @@ typedef struct {
     char error_text[256];
     _Atomic uint64_t busy_ns;
     _Atomic uint64_t allocated;
+    void *_Atomic recording; /* hostsim: the graph being recorded by `recorder`, or NULL */
+    pthread_t recorder;
 } cpu_device;
 
 typedef struct cpu_runtime {
@@ -767,7 +769,7 @@ static int op_end(cpu_device *d, uint64_t t0, int st) {
     return st;
 }
 
-static int sim_embed(void *rtp, int dev, const void *table, int dtype, int64_t hidden, const int32_t *ids, int64_t n,
+static int op_embed(void *rtp, int dev, const void *table, int dtype, int64_t hidden, const int32_t *ids, int64_t n,
                      float *x, char *err, size_t errlen) {
     if (eb_dtype_size(dtype) == 0)
         return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d", dtype);
@@ -786,7 +788,7 @@ static void sim_norm(const eb_rt_norm *norm) {
         eb_rmsnorm(norm->xn + r * norm->dim, norm->x + r * norm->dim, norm->w, norm->dim, norm->eps);
 }
 
-static int sim_matmul(void *rtp, int dev, const eb_rt_norm *norm, const eb_rt_matmul *tasks, int n_tasks,
+static int op_matmul(void *rtp, int dev, const eb_rt_norm *norm, const eb_rt_matmul *tasks, int n_tasks,
                       int accumulate, char *err, size_t errlen) {
     for (int i = 0; i < n_tasks; i++)
         if (eb_dtype_size(tasks[i].dtype) == 0)
@@ -816,7 +818,7 @@ static int sim_matmul(void *rtp, int dev, const eb_rt_norm *norm, const eb_rt_ma
     return op_end(d, t0, 0);
 }
 
-static int sim_add(void *rtp, int dev, float *y, const float *b, int64_t n, int64_t dim, int broadcast, char *err,
+static int op_add(void *rtp, int dev, float *y, const float *b, int64_t n, int64_t dim, int broadcast, char *err,
                    size_t errlen) {
     uint64_t t0;
     cpu_device *d = op_begin(rtp, dev, &t0, err, errlen);
@@ -826,7 +828,7 @@ static int sim_add(void *rtp, int dev, float *y, const float *b, int64_t n, int6
     return op_end(d, t0, 0);
 }
 
-static int sim_silu_mul(void *rtp, int dev, float *g, const float *u, int64_t n, char *err, size_t errlen) {
+static int op_silu_mul(void *rtp, int dev, float *g, const float *u, int64_t n, char *err, size_t errlen) {
     uint64_t t0;
     cpu_device *d = op_begin(rtp, dev, &t0, err, errlen);
     if (!d) return EB_ERR_RANGE;
@@ -834,7 +836,7 @@ static int sim_silu_mul(void *rtp, int dev, float *g, const float *u, int64_t n,
     return op_end(d, t0, 0);
 }
 
-static int sim_attention(void *rtp, int dev, const eb_rt_attention *a, char *err, size_t errlen) {
+static int op_attention(void *rtp, int dev, const eb_rt_attention *a, char *err, size_t errlen) {
     float *scores = malloc((size_t)a->n_ctx * sizeof *scores);
     if (!scores) return eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
     uint64_t t0;
@@ -843,24 +845,11 @@ static int sim_attention(void *rtp, int dev, const eb_rt_attention *a, char *err
         free(scores);
         return EB_ERR_RANGE;
     }
-    int64_t hd = a->head_dim, half = hd / 2, nh = a->n_heads, nkv = a->n_kv_heads;
+    int64_t hd = a->head_dim, nh = a->n_heads, nkv = a->n_kv_heads;
     int64_t qd = nh * hd, kvd = nkv * hd, group = nh / nkv, pos = *a->pos;
-    for (int64_t t = 0; t < a->n; t++) {
-        int64_t p = pos + t;
-        const float *cs = a->rope_cos + p * half, *sn = a->rope_sin + p * half;
-        for (int64_t h = 0; h < nh; h++) {
-            float *q = a->q + t * qd + h * hd;
-            eb_rmsnorm(q, q, a->q_norm, hd, a->eps);
-            eb_rope(q, cs, sn, hd);
-        }
-        for (int64_t h = 0; h < nkv; h++) {
-            float *k = a->k + t * kvd + h * hd;
-            eb_rmsnorm(k, k, a->k_norm, hd, a->eps);
-            eb_rope(k, cs, sn, hd);
-        }
-        memcpy(a->k_cache + p * kvd, a->k + t * kvd, (size_t)kvd * sizeof(float));
-        memcpy(a->v_cache + p * kvd, a->v + t * kvd, (size_t)kvd * sizeof(float));
-    }
+    for (int64_t t = 0; t < a->n; t++)
+        eb_qk_rope_store(a->q + t * qd, a->k + t * kvd, a->v + t * kvd, a->q_norm, a->k_norm, a->rope_cos, a->rope_sin,
+                         a->k_cache, a->v_cache, pos + t, nh, nkv, hd, a->eps);
     for (int64_t h = 0; h < nh; h++)
         for (int64_t t = 0; t < a->n; t++)
             eb_attend(a->q + t * qd + h * hd, a->k_cache + (h / group) * hd, a->v_cache + (h / group) * hd, pos + t,
@@ -869,7 +858,7 @@ static int sim_attention(void *rtp, int dev, const eb_rt_attention *a, char *err
     return op_end(d, t0, 0);
 }
 
-static int sim_route(void *rtp, int dev, const eb_rt_route *r, char *err, size_t errlen) {
+static int op_route(void *rtp, int dev, const eb_rt_route *r, char *err, size_t errlen) {
     if (eb_dtype_size(r->router_dtype) == 0)
         return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d",
                           r->router_dtype);
@@ -890,7 +879,7 @@ static int sim_route(void *rtp, int dev, const eb_rt_route *r, char *err, size_t
 
 /* The owned experts' pairs as one batch (experts ascending, each expert's pairs in ascending row order, as the
  * core's scheduler builds them), outputs per pair; then each row's sum in ascending expert id. */
-static int sim_moe(void *rtp, int dev, const eb_rt_moe *b, char *err, size_t errlen) {
+static int op_moe(void *rtp, int dev, const eb_rt_moe *b, char *err, size_t errlen) {
     int64_t n = b->n, K = b->top_k, E = b->n_experts, H = b->hidden, I = b->inter, NK = n * K;
     size_t scratch_bytes = eb_rt_expert_scratch_bytes(NK, H, I);
     eb_rt_expert *experts = malloc((size_t)E * sizeof *experts);
@@ -962,7 +951,161 @@ static int sim_moe(void *rtp, int dev, const eb_rt_moe *b, char *err, size_t err
     return st;
 }
 
+/* Graphs: between graph_begin and graph_end the recording thread's operations are stored (their arguments
+ * copied) instead of run; graph_launch runs them again in order. Other threads' operations run as usual. */
+enum { OP_EMBED, OP_MATMUL, OP_ADD, OP_SILU_MUL, OP_ATTENTION, OP_ROUTE, OP_MOE };
+#define SIM_MAX_TASKS 8
+
+typedef struct {
+    int kind;
+    const void *in0, *in1;
+    void *out;
+    int64_t n, dim;
+    int flag; /* dtype (embed), accumulate (matmul), broadcast (add) */
+    int has_norm, n_tasks;
+    eb_rt_norm norm;
+    eb_rt_matmul tasks[SIM_MAX_TASKS];
+    eb_rt_attention attention;
+    eb_rt_route route;
+    eb_rt_moe moe;
+} sim_op;
+
+typedef struct {
+    sim_op *ops;
+    int n, cap;
+} sim_graph;
+
+static int run_op(void *rtp, int dev, const sim_op *o, char *err, size_t errlen) {
+    switch (o->kind) {
+    case OP_EMBED:
+        return op_embed(rtp, dev, o->in0, o->flag, o->dim, o->in1, o->n, o->out, err, errlen);
+    case OP_MATMUL:
+        return op_matmul(rtp, dev, o->has_norm ? &o->norm : NULL, o->tasks, o->n_tasks, o->flag, err, errlen);
+    case OP_ADD:
+        return op_add(rtp, dev, o->out, o->in0, o->n, o->dim, o->flag, err, errlen);
+    case OP_SILU_MUL:
+        return op_silu_mul(rtp, dev, o->out, o->in0, o->n, err, errlen);
+    case OP_ATTENTION:
+        return op_attention(rtp, dev, &o->attention, err, errlen);
+    case OP_ROUTE:
+        return op_route(rtp, dev, &o->route, err, errlen);
+    default:
+        return op_moe(rtp, dev, &o->moe, err, errlen);
+    }
+}
+
+/* Record o when this thread is recording on dev (*recorded = 1), else leave it to the caller to run. */
+static int record(void *rtp, int dev, const sim_op *o, int *recorded, char *err, size_t errlen) {
+    *recorded = 0;
+    cpu_device *d = get_dev((cpu_runtime *)rtp, dev, err, errlen);
+    if (!d) return EB_ERR_RANGE;
+    sim_graph *g = atomic_load(&d->recording);
+    if (!g || !pthread_equal(d->recorder, pthread_self())) return 0;
+    if (g->n == g->cap) {
+        int cap = g->cap ? 2 * g->cap : 64;
+        sim_op *ops = realloc(g->ops, (size_t)cap * sizeof *ops);
+        if (!ops) return eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
+        g->ops = ops;
+        g->cap = cap;
+    }
+    g->ops[g->n++] = *o;
+    *recorded = 1;
+    return 0;
+}
+
+static int submit(void *rtp, int dev, const sim_op *o, char *err, size_t errlen) {
+    int recorded, st = record(rtp, dev, o, &recorded, err, errlen);
+    return st || recorded ? st : run_op(rtp, dev, o, err, errlen);
+}
+
+static int sim_embed(void *rtp, int dev, const void *table, int dtype, int64_t hidden, const int32_t *ids, int64_t n,
+                     float *x, char *err, size_t errlen) {
+    sim_op o = {.kind = OP_EMBED, .in0 = table, .in1 = ids, .out = x, .n = n, .dim = hidden, .flag = dtype};
+    return submit(rtp, dev, &o, err, errlen);
+}
+
+static int sim_matmul(void *rtp, int dev, const eb_rt_norm *norm, const eb_rt_matmul *tasks, int n_tasks,
+                      int accumulate, char *err, size_t errlen) {
+    if (n_tasks > SIM_MAX_TASKS) /* the core's steps pass at most three */
+        return eb_rt_fail(err, errlen, EB_ERR_ARGUMENT, RUNTIME_NAME " runtime: %d products in one call, at most %d",
+                          n_tasks, SIM_MAX_TASKS);
+    sim_op o = {.kind = OP_MATMUL, .has_norm = norm != NULL, .n_tasks = n_tasks, .flag = accumulate};
+    if (norm) o.norm = *norm;
+    memcpy(o.tasks, tasks, (size_t)n_tasks * sizeof *tasks);
+    return submit(rtp, dev, &o, err, errlen);
+}
+
+static int sim_add(void *rtp, int dev, float *y, const float *b, int64_t n, int64_t dim, int broadcast, char *err,
+                   size_t errlen) {
+    sim_op o = {.kind = OP_ADD, .in0 = b, .out = y, .n = n, .dim = dim, .flag = broadcast};
+    return submit(rtp, dev, &o, err, errlen);
+}
+
+static int sim_silu_mul(void *rtp, int dev, float *g, const float *u, int64_t n, char *err, size_t errlen) {
+    sim_op o = {.kind = OP_SILU_MUL, .in0 = u, .out = g, .n = n};
+    return submit(rtp, dev, &o, err, errlen);
+}
+
+static int sim_attention(void *rtp, int dev, const eb_rt_attention *a, char *err, size_t errlen) {
+    sim_op o = {.kind = OP_ATTENTION, .attention = *a};
+    return submit(rtp, dev, &o, err, errlen);
+}
+
+static int sim_route(void *rtp, int dev, const eb_rt_route *r, char *err, size_t errlen) {
+    sim_op o = {.kind = OP_ROUTE, .route = *r};
+    return submit(rtp, dev, &o, err, errlen);
+}
+
+static int sim_moe(void *rtp, int dev, const eb_rt_moe *b, char *err, size_t errlen) {
+    sim_op o = {.kind = OP_MOE, .moe = *b};
+    return submit(rtp, dev, &o, err, errlen);
+}
+
+static int sim_graph_begin(void *rtp, int dev, char *err, size_t errlen) {
+    cpu_device *d = get_dev((cpu_runtime *)rtp, dev, err, errlen);
+    if (!d) return EB_ERR_RANGE;
+    sim_graph *g = calloc(1, sizeof *g);
+    if (!g) return eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
+    d->recorder = pthread_self();
+    void *none = NULL;
+    if (!atomic_compare_exchange_strong(&d->recording, &none, g)) {
+        free(g);
+        return eb_rt_fail(err, errlen, EB_ERR_STATE, RUNTIME_NAME ":%d is already recording", dev);
+    }
+    return 0;
+}
+
+static void sim_graph_free(void *rtp, int dev, void *graph) {
+    (void)rtp, (void)dev;
+    sim_graph *g = graph;
+    if (g) free(g->ops);
+    free(g);
+}
+
+static int sim_graph_end(void *rtp, int dev, void **graph, char *err, size_t errlen) {
+    cpu_device *d = get_dev((cpu_runtime *)rtp, dev, err, errlen);
+    if (!d) return EB_ERR_RANGE;
+    sim_graph *g = atomic_exchange(&d->recording, NULL);
+    if (!g) return eb_rt_fail(err, errlen, EB_ERR_STATE, RUNTIME_NAME ":%d is not recording", dev);
+    if (graph) *graph = g;
+    else sim_graph_free(rtp, dev, g);
+    return 0;
+}
+
+static int sim_graph_launch(void *rtp, int dev, void *graph, char *err, size_t errlen) {
+    const sim_graph *g = graph;
+    for (int i = 0; i < g->n; i++) {
+        int st = run_op(rtp, dev, &g->ops[i], err, errlen);
+        if (st) return st;
+    }
+    return 0;
+}
+
 static const eb_rt_primary_ops sim_primary = {
+    .graph_begin = sim_graph_begin,
+    .graph_end = sim_graph_end,
+    .graph_launch = sim_graph_launch,
+    .graph_free = sim_graph_free,
     .embed = sim_embed,
     .matmul = sim_matmul,
     .add = sim_add,

@@ -900,6 +900,7 @@ __global__ void attention_one_row_kernel(eb_rt_attention a, int warp) {
 __global__ void route_kernel(eb_rt_route r, int warp) {
     __shared__ float sh[33];
     __shared__ float logits[MAX_EXPERTS];
+    __shared__ unsigned char taken[MAX_EXPERTS];
     int t = blockIdx.x, H = (int)r.norm.dim, E = r.n_experts, K = r.top_k;
     const float *xr = r.norm.x + (long long)t * H;
     float *xn = r.norm.xn + (long long)t * H;
@@ -924,20 +925,22 @@ __global__ void route_kernel(eb_rt_route r, int warp) {
     float sum = 0.0f;
     for (int e = lane; e < E; e += 32) sum += expf(logits[e] - mx);
     for (int o = 16; o > 0; o /= 2) sum += SHFL_XOR32(sum, o);
+    for (int e = lane; e < E; e += 32) taken[e] = 0;
     float total = 0.0f;
     for (int k = 0; k < K; k++) {
-        float best = -1.0f;
+        // the first candidate is always taken (id == E), so NaN probabilities still select a valid expert
+        float best = 0.0f;
         int id = E;
         for (int e = lane; e < E; e += 32) {
-            float pe = logits[e] == -INFINITY ? -1.0f : expf(logits[e] - mx) / sum;
-            if (pe > best) best = pe, id = e; // ascending e: the first of equals stays
+            float pe = expf(logits[e] - mx) / sum;
+            if (!taken[e] && (id == E || pe > best)) best = pe, id = e; // ascending e: the first of equals stays
         }
         for (int o = 16; o > 0; o /= 2) {
             float ob = SHFL_XOR32(best, o);
             int oid = SHFL_XOR32(id, o);
-            if (ob > best || (ob == best && oid < id)) best = ob, id = oid;
+            if (oid != E && (id == E || ob > best || (ob == best && oid < id))) best = ob, id = oid;
         }
-        if (lane == id % 32) logits[id] = -INFINITY; // taken; only this lane reads that entry
+        if (lane == id % 32) taken[id] = 1; // only this lane reads that entry
         if (lane == 0) {
             r.topk_id[(long long)t * K + k] = id;
             r.topk_w[(long long)t * K + k] = best;
@@ -1311,7 +1314,22 @@ static void gpu_graph_free(void *rtp, int dev, void *graph) {
     if (graph) (void)gpuGraphExecDestroy((gpuGraphExec_t)graph);
 }
 
+static int gpu_check_model(void *rtp, int dev, const eb_model_config *cfg, char *err, size_t errlen) {
+    (void)rtp, (void)dev;
+    if (cfg->head_dim % 2 != 0 || cfg->head_dim > MAX_HEAD_DIM)
+        return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED,
+                          RUNTIME_NAME " runtime: head_dim %d is not supported: expected an even number up to %d",
+                          cfg->head_dim, MAX_HEAD_DIM);
+    if (cfg->num_experts > MAX_EXPERTS || cfg->top_k > MAX_TOPK)
+        return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED,
+                          RUNTIME_NAME " runtime: %d experts, top_k %d: expected at most %d experts and top_k at most "
+                                       "%d",
+                          cfg->num_experts, cfg->top_k, MAX_EXPERTS, MAX_TOPK);
+    return 0;
+}
+
 static const eb_rt_primary_ops gpu_primary_ops = {
+    gpu_check_model,
     gpu_embed,       gpu_primary_matmul, gpu_add,           gpu_silu_mul,   gpu_attention,
     gpu_route,       gpu_moe,     gpu_graph_begin,    gpu_graph_end,     gpu_graph_launch, gpu_graph_free,
 };
