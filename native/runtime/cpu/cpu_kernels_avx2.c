@@ -2,10 +2,17 @@
  *
  * Every dot product (one weight row with one token's activations) is computed the same way: one 8-lane
  * accumulator over 8-column steps, a fixed horizontal sum, then a scalar tail. What changes with the batch is
- * only how many dot products run side by side: 8 rows x 1 token when decoding (eight independent chains hide
- * the FMA latency), 4 rows x 3 tokens for batches (each weight load feeds three tokens, each activation load
- * four rows), in blocks of rows and tokens that stay in L2. So a batch of positions gives bit-identical rows to
- * single steps, and the thread count never changes a result.
+ * only how many dot products run side by side: 4 rows x 1 token when decoding, 4 rows x 3 tokens for batches
+ * (each weight load feeds three tokens, each activation load four rows), in blocks of rows and tokens that stay
+ * in L2. So a batch of positions gives bit-identical rows to single steps, and the thread count never changes a
+ * result.
+ *
+ * Decoding reads every weight once, so it is bound by how fast memory streams in. Its four rows are not
+ * neighbours but the i-th rows of four equal segments of the thread's range: each of the four chains then walks
+ * forward through contiguous memory, four long sequential streams the hardware prefetchers follow across pages,
+ * where eight neighbouring rows (eight short streams, each one page of an f32 row, then a jump) left them
+ * retraining at every tile. Measured on a 2-core EPYC: 4 segments read 15 % (f32) to 40 % (bf16) faster than 8
+ * neighbouring rows, and faster than 2 or 8 segments.
  */
 #include "cpu_kernels.h"
 
@@ -61,7 +68,6 @@ static inline float hsum(__m256 s) {
             hsum(acc[r][t]) + tail(w + r * rowbytes, dtype, c8, cols, x + t * cols);                             \
     }
 
-TILE(tile_8x1, 8, 1)
 TILE(tile_4x3, 4, 3)
 TILE(tile_4x2, 4, 2)
 TILE(tile_4x1, 4, 1)
@@ -77,10 +83,11 @@ void eb_cpu_matmul_rows_avx2(const void *w, int dtype, int64_t r0, int64_t r1, i
     size_t rowbytes = (size_t)cols * eb_dtype_size(dtype);
     float o[16];
     if (n == 1) {
-        int64_t r = r0;
-        for (; r + 8 <= r1; r += 8) {
-            tile_8x1(base + (size_t)r * rowbytes, rowbytes, dtype, cols, x, o);
-            for (int i = 0; i < 8; i++) y[r + i] = o[i];
+        /* rows r0 + i + g * seg for g < 4 side by side, then the remainder one at a time */
+        int64_t seg = (r1 - r0) / 4, r = r0 + 4 * seg;
+        for (int64_t i = 0; i < seg; i++) {
+            tile_4x1(base + (size_t)(r0 + i) * rowbytes, (size_t)seg * rowbytes, dtype, cols, x, o);
+            for (int g = 0; g < 4; g++) y[r0 + g * seg + i] = o[g];
         }
         for (; r < r1; r++) {
             tile_1x1(base + (size_t)r * rowbytes, rowbytes, dtype, cols, x, o);
