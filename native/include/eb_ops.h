@@ -60,7 +60,15 @@ static inline void eb_attend(const float *q, const float *kc, const float *vc, i
     for (int64_t s = 0; s <= p; s++) {
         const float *v = vc + s * kvd;
         float ps = scores[s] * inv;
-        for (int64_t i = 0; i < hd; i++) o[i] += ps * v[i];
+        int64_t i = 0;
+        for (; i + 8 <= hd; i += 8) { /* blocks of eight through locals: a shape the compiler turns into SIMD */
+            float acc[8], vb[8];
+            memcpy(acc, o + i, sizeof acc);
+            memcpy(vb, v + i, sizeof vb);
+            for (int l = 0; l < 8; l++) acc[l] += ps * vb[l];
+            memcpy(o + i, acc, sizeof acc);
+        }
+        for (; i < hd; i++) o[i] += ps * v[i];
     }
 }
 

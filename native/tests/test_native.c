@@ -4,6 +4,7 @@
  * path the core validates. Usage: test_native BUILD_DIR
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include "eb_convert.h"
+#include "eb_runtime.h"
 #include "expertbench.h"
 
 static int failures = 0, checks = 0;
@@ -442,6 +444,86 @@ static void test_lifetimes(const char *module, const char *file, eb_model_config
     eb_context_free(c); /* frees the model, then the engine */
 }
 
+/* The cpu module's products directly: n tokens at once give, row for row, the bits of n single tokens, for
+ * row counts that split unevenly into the kernels' tiles and segments, every dtype, both kernels, 1-3 threads,
+ * alone and in a multi-product run. */
+static void test_kernels(const char *module) {
+    void *h = dlopen(module, RTLD_NOW | RTLD_LOCAL);
+    CHECK(h != NULL, "dlopen %s: %s", module, dlerror());
+    if (!h) return;
+    const eb_runtime_table *(*entry)(void) = (const eb_runtime_table *(*)(void))dlsym(h, EB_RUNTIME_ENTRY);
+    const eb_runtime_table *T = entry ? entry() : NULL;
+    CHECK(T != NULL, "no %s in %s", EB_RUNTIME_ENTRY, module);
+    if (!T) {
+        dlclose(h);
+        return;
+    }
+    enum { MAXN = 7 };
+    static const int rows_list[] = {1, 3, 4, 5, 9, 37, 130, 1030}, cols_list[] = {7, 64, 100};
+    static const int dtypes[] = {EB_DTYPE_F32, EB_DTYPE_BF16, EB_DTYPE_F16};
+    unsigned seed = 7;
+    for (int threads = 1; threads <= 3; threads++)
+        for (int portable = 0; portable <= 1; portable++) {
+            void *rt = NULL;
+            char err[256] = "";
+            eb_runtime_options o;
+            memset(&o, 0, sizeof o);
+            o.n_devices = 1;
+            o.threads_per_device = threads;
+            o.force_portable = portable;
+            CHECK(T->init(&o, &rt, err, sizeof err) == 0, "init: %s", err);
+            if (!rt) continue;
+            int mismatches = 0;
+            for (size_t di = 0; di < sizeof dtypes / sizeof *dtypes; di++)
+                for (size_t ri = 0; ri < sizeof rows_list / sizeof *rows_list; ri++)
+                    for (size_t ci = 0; ci < sizeof cols_list / sizeof *cols_list; ci++) {
+                        int dt = dtypes[di], rows = rows_list[ri], cols = cols_list[ci];
+                        size_t es = eb_dtype_size(dt), count = (size_t)rows * (size_t)cols;
+                        unsigned char *w = malloc(count * es);
+                        float *x = malloc(sizeof(float) * MAXN * (size_t)cols);
+                        float *yb = malloc(sizeof(float) * MAXN * (size_t)rows);
+                        float *ys = malloc(sizeof(float) * (size_t)rows);
+                        if (!w || !x || !yb || !ys) {
+                            CHECK(0, "out of memory");
+                        } else {
+                            for (size_t i = 0; i < count; i++) {
+                                seed = seed * 1664525u + 1013904223u;
+                                float v = ((float)(seed >> 8) / (float)(1u << 24) - 0.5f);
+                                uint32_t bits;
+                                memcpy(&bits, &v, 4);
+                                /* bf16: the top half of an f32; f16: a finite half below 1 */
+                                uint16_t half = (uint16_t)(((seed >> 16) & 0x3bffu) | ((seed & 1u) << 15));
+                                if (dt == EB_DTYPE_BF16) half = (uint16_t)(bits >> 16);
+                                if (dt == EB_DTYPE_F32) memcpy(w + 4 * i, &v, 4);
+                                else memcpy(w + 2 * i, &half, 2);
+                            }
+                            for (int i = 0; i < MAXN * cols; i++) {
+                                seed = seed * 1664525u + 1013904223u;
+                                x[i] = (float)(seed >> 8) / (float)(1u << 24) - 0.5f;
+                            }
+                            for (int n = 1; n <= MAXN; n++) {
+                                T->matmul(rt, 0, w, dt, rows, cols, x, n, yb, err, sizeof err);
+                                for (int t = 0; t < n; t++) {
+                                    T->matmul(rt, 0, w, dt, rows, cols, x + t * cols, 1, ys, err, sizeof err);
+                                    mismatches += memcmp(ys, yb + (size_t)t * rows, sizeof(float) * rows) != 0;
+                                }
+                                eb_rt_matmul two[2] = {{w, dt, rows, cols, x, 1, ys}, {w, dt, rows, cols, x, n, yb}};
+                                T->matmul_multi(rt, 0, two, 2, err, sizeof err);
+                                mismatches += memcmp(ys, yb, sizeof(float) * rows) != 0;
+                            }
+                        }
+                        free(w);
+                        free(x);
+                        free(yb);
+                        free(ys);
+                    }
+            CHECK(mismatches == 0, "%s kernels, %d threads: %d batch rows differ from single steps",
+                  portable ? "portable" : "default", threads, mismatches);
+            T->shutdown(rt);
+        }
+    dlclose(h);
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: %s BUILD_DIR\n", argv[0]);
@@ -458,6 +540,7 @@ int main(int argc, char **argv) {
     static builder b;
     write_model(file, &cfg, &b, mlp_only);
     test_modules(argv[1]);
+    test_kernels(module);
     test_forward(module, file, &cfg, &b);
     test_bad_checkpoints(module, file, &cfg, &b);
     test_placement(argv[1], file, &cfg, &b);

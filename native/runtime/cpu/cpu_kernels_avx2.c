@@ -2,10 +2,18 @@
  *
  * Every dot product (one weight row with one token's activations) is computed the same way: one 8-lane
  * accumulator over 8-column steps, a fixed horizontal sum, then a scalar tail. What changes with the batch is
- * only how many dot products run side by side: 8 rows x 1 token when decoding (eight independent chains hide
- * the FMA latency), 4 rows x 3 tokens for batches (each weight load feeds three tokens, each activation load
- * four rows), in blocks of rows and tokens that stay in L2. So a batch of positions gives bit-identical rows to
- * single steps, and the thread count never changes a result.
+ * only how many dot products run side by side: 4 rows x 1-3 tokens or 2 rows x 4 tokens when decoding or
+ * verifying a short draft, 4 rows x 3 tokens for longer batches (each weight load feeds three tokens, each
+ * activation load four rows), in blocks of rows and tokens that stay in L2. So a batch of positions gives
+ * bit-identical rows to single steps, and the thread count never changes a result.
+ *
+ * Up to four tokens read every weight once, so they are bound by how fast memory streams in. Their rows are not
+ * neighbours but the i-th rows of equal segments of the thread's range: each chain then walks forward through
+ * contiguous memory, long sequential streams the hardware prefetchers follow across pages, where eight
+ * neighbouring rows (eight short streams, each one page of an f32 row, then a jump) left them retraining at
+ * every tile. Measured on a 2-core EPYC: 4 segments read 15 % (f32) to 40 % (bf16) faster than 8 neighbouring
+ * rows, and faster than 2 or 8 segments; two to four tokens in one pass over the segments instead of row blocks
+ * re-read from L2 per token: 1.5x, 1.15x and 1.2x (bf16).
  */
 #include "cpu_kernels.h"
 
@@ -61,12 +69,30 @@ static inline float hsum(__m256 s) {
             hsum(acc[r][t]) + tail(w + r * rowbytes, dtype, c8, cols, x + t * cols);                             \
     }
 
-TILE(tile_8x1, 8, 1)
 TILE(tile_4x3, 4, 3)
 TILE(tile_4x2, 4, 2)
 TILE(tile_4x1, 4, 1)
 TILE(tile_1x3, 1, 3)
+TILE(tile_1x2, 1, 2)
+TILE(tile_2x4, 2, 4)
+TILE(tile_1x4, 1, 4)
 TILE(tile_1x1, 1, 1)
+
+/* Up to four tokens: rows r0 + i + g * seg (g < S segments) side by side for each i < seg, then the rows left
+ * over one at a time. */
+#define SEGMENTS(S, TILE_S, TILE1, T)                                                                            \
+    do {                                                                                                         \
+        int64_t seg = (r1 - r0) / (S);                                                                           \
+        for (int64_t i = 0; i < seg; i++) {                                                                      \
+            TILE_S(base + (size_t)(r0 + i) * rowbytes, (size_t)seg * rowbytes, dtype, cols, x, o);               \
+            for (int g = 0; g < (S); g++)                                                                        \
+                for (int t = 0; t < (T); t++) y[t * ldy + r0 + g * seg + i] = o[g * (T) + t];                    \
+        }                                                                                                        \
+        for (int64_t r = r0 + (S) * seg; r < r1; r++) {                                                         \
+            TILE1(base + (size_t)r * rowbytes, rowbytes, dtype, cols, x, o);                                     \
+            for (int t = 0; t < (T); t++) y[t * ldy + r] = o[t];                                                 \
+        }                                                                                                        \
+    } while (0)
 
 #define ROW_BLOCK_BYTES (64 * 1024)
 #define TOKEN_BLOCK_BYTES (64 * 1024)
@@ -76,17 +102,12 @@ void eb_cpu_matmul_rows_avx2(const void *w, int dtype, int64_t r0, int64_t r1, i
     const unsigned char *base = (const unsigned char *)w;
     size_t rowbytes = (size_t)cols * eb_dtype_size(dtype);
     float o[16];
-    if (n == 1) {
-        int64_t r = r0;
-        for (; r + 8 <= r1; r += 8) {
-            tile_8x1(base + (size_t)r * rowbytes, rowbytes, dtype, cols, x, o);
-            for (int i = 0; i < 8; i++) y[r + i] = o[i];
-        }
-        for (; r < r1; r++) {
-            tile_1x1(base + (size_t)r * rowbytes, rowbytes, dtype, cols, x, o);
-            y[r] = o[0];
-        }
-        return;
+    switch (n) { /* decoding, or verifying a short draft */
+    case 1: SEGMENTS(4, tile_4x1, tile_1x1, 1); return;
+    case 2: SEGMENTS(4, tile_4x2, tile_1x2, 2); return;
+    case 3: SEGMENTS(4, tile_4x3, tile_1x3, 3); return;
+    case 4: SEGMENTS(2, tile_2x4, tile_1x4, 4); return; /* four rows of four would not fit the 16 registers */
+    default: break;
     }
     int64_t rb = (int64_t)(ROW_BLOCK_BYTES / rowbytes) & ~(int64_t)3, tb = (int64_t)(TOKEN_BLOCK_BYTES / ((size_t)cols * 4));
     if (rb < 4) rb = 4;
