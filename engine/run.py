@@ -99,7 +99,9 @@ class RunResult:
     From the engine's counters, over the run: device_busy_share (device -> time it spent running kernels, for
     any model, over the time of the steps; several threads or streams can make it exceed 1), staging_bytes
     ("src->dst" -> bytes copied between a model's primary device and an expert owner), joins (MoE layer steps
-    whose experts ran on more than one device) and waits (device -> times the primary waited for it).
+    whose experts ran on more than one device) and waits (device -> times the primary waited for it). With a
+    primary that cannot read host memory (a GPU): host_round_trips (MoE layer steps that read their routing back
+    to the host because experts lived elsewhere) and graph_launches (one-token steps run from a recorded graph).
     placement is the target's placement in its text form (None for a dense target).
     """
 
@@ -132,6 +134,8 @@ class RunResult:
     staging_bytes: dict[str, int] = field(default_factory=dict)
     joins: int = 0
     waits: dict[str, int] = field(default_factory=dict)
+    host_round_trips: int = 0
+    graph_launches: int = 0
 
     def to_dict(self) -> dict:
         """Plain JSON-ready data (NaN becomes None)."""
@@ -411,6 +415,8 @@ def _add_counters(result: RunResult, models: list[Model], before: list[dict], af
             result.device_busy_share[device] = busy / step_seconds
     for model, start, end in zip(models, before, after, strict=True):
         result.joins += end["joins"] - start["joins"]
+        result.host_round_trips += end["host_round_trips"] - start["host_round_trips"]
+        result.graph_launches += end["graph_launches"] - start["graph_launches"]
         for device, c in end["devices"].items():
             c0 = start["devices"][device]
             moves = {f"{model.device}->{device}": c["bytes_to_device"] - c0["bytes_to_device"],

@@ -132,6 +132,11 @@ def test_run_on_a_device_primary_puts_every_expert_there_and_gives_the_reference
     assert report["target_device"] == "hostsim:0" and report["draft_device"] == "hostsim:0"
     assert report["placement"] == "0-2=hostsim:0"
     assert report["prompts"][0]["generated_ids"] == ref["generated_ids"][:16].tolist()
+    assert report["host_round_trips"] == 0 and report["graph_launches"] > 0
+    assert main([a for a in args if a != "--json"] + ["--placement", "0=cpu:0"]) == 0
+    out = capsys.readouterr().out
+    assert "primary   " in out and " host round trips (MoE layer steps with experts elsewhere)" in out
+    assert "primary   0 host round trips" not in out
 
 
 def test_vocab_mismatch_exits_2(xdg_cache, capsys):
