@@ -5,8 +5,10 @@ llama-cpp-python source package) and run by llama.cpp through llama-cpp-python, 
 (-DGGML_NATIVE=ON), in a virtual environment this script makes under ~/.cache/expertbench/bench-llamacpp (a
 first run builds it: several minutes). Both engines get the same thread count, the same token ids (ours), the
 same prompt and token counts; llama.cpp's KV cache is set to f32 to match ours. Prints our/their ratios, writes JSON.
+With --rounds N both engines are measured N times, alternating which goes first, and the ratio is the median of the
+rounds' ratios (a shared machine's speed drifts over minutes).
 
-    python bench/vs_llamacpp.py --size bench --dtypes bf16 f32 --json bench/results/vs_llamacpp.json
+    python bench/vs_llamacpp.py --size bench --dtypes bf16 f32 --rounds 3 --json bench/results/vs_llamacpp.json
 """
 
 from __future__ import annotations
@@ -119,10 +121,24 @@ def ours(model_dir: Path, threads: int, prompt_ids, prefill_prompt, tokens: int,
     return {"prefill": prefill, "decode": decode, "ids": ids}
 
 
+def round_speeds(rounds: list[dict], what: str) -> dict:
+    """Medians over the rounds of each side's median speed, and the median of the rounds' ratios."""
+    o = [statistics.median(g["ours"][what]) for g in rounds]
+    t = [statistics.median(g["theirs"][what]) for g in rounds]
+    ratios = [a / b for a, b in zip(o, t, strict=True)]
+    return {"ours": statistics.median(o), "llama_cpp": statistics.median(t), "ratio": statistics.median(ratios),
+            "round_ratios": ratios}  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_arguments(ap, threads_default=os.cpu_count())
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure both engines this many times, alternating which goes first; the ratios are the "
+                    "medians of the rounds' ratios (default 1)")  # fmt: skip
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     setup()
     rows = []
     for dtype in args.dtypes:
@@ -134,25 +150,41 @@ def main() -> int:
         n_ctx = max(args.prefill, len(prompt_ids) + args.tokens) + 8
         cfg = {"gguf": str(gguf), "threads": args.threads, "n_ctx": n_ctx, "repeats": args.repeats,
                "prompt_ids": prompt_ids, "prefill_ids": prefill_prompt, "tokens": args.tokens}  # fmt: skip
-        theirs = json.loads(run([str(PY), "-c", RUNNER, json.dumps(cfg)], capture_output=True, text=True).stdout)
-        mine = ours(model_dir, args.threads, prompt_ids, prefill_prompt, args.tokens, args.repeats)
+        # Rounds alternate which engine goes first, so that a machine whose speed drifts over minutes (a shared VM)
+        # does not favour one side; each round's ratio compares two measurements minutes apart at most.
+        rounds = []
+        for r in range(args.rounds):
+            order = ("theirs", "ours") if r % 2 == 0 else ("ours", "theirs")
+            got = {}
+            for side in order:
+                if side == "theirs":
+                    out = run([str(PY), "-c", RUNNER, json.dumps(cfg)], capture_output=True, text=True).stdout
+                    got[side] = json.loads(out)
+                else:
+                    got[side] = ours(model_dir, args.threads, prompt_ids, prefill_prompt, args.tokens, args.repeats)
+            rounds.append(got)
+        mine, theirs = rounds[-1]["ours"], rounds[-1]["theirs"]
         agree = next((i for i, (a, b) in enumerate(zip(mine["ids"], theirs["ids"], strict=True)) if a != b), None)
-        d_ours, d_theirs = statistics.median(mine["decode"]), statistics.median(theirs["decode"])
-        p_ours, p_theirs = statistics.median(mine["prefill"]), statistics.median(theirs["prefill"])
+
         rows.append({
-            "dtype": dtype, "gguf": str(gguf), "threads": args.threads,
-            "decode_tokens_per_second": {"ours": d_ours, "llama_cpp": d_theirs, "ratio": d_ours / d_theirs},
-            "prefill_tokens_per_second": {"ours": p_ours, "llama_cpp": p_theirs, "ratio": p_ours / p_theirs},
+            "dtype": dtype, "gguf": str(gguf), "threads": args.threads, "rounds": args.rounds,
+            "decode_tokens_per_second": round_speeds(rounds, "decode"),
+            "prefill_tokens_per_second": round_speeds(rounds, "prefill"),
             "greedy_tokens_agree": agree is None, "first_difference": agree,
-            "runs": {"ours": mine, "llama_cpp": theirs},
+            "runs": [{"ours": g["ours"], "llama_cpp": g["theirs"]} for g in rounds],
         })  # fmt: skip
-    print("| dtype | decode tok/s ours | llama.cpp | ratio | prefill tok/s ours | llama.cpp | ratio | tokens agree |")
+    print("| dtype | decode tok/s ours | llama.cpp | ratio (per round) | prefill tok/s ours | llama.cpp "
+          "| ratio (per round) | tokens agree |")  # fmt: skip
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         d, p = r["decode_tokens_per_second"], r["prefill_tokens_per_second"]
         agree = "yes" if r["greedy_tokens_agree"] else f"no (from token {r['first_difference']})"
-        print(f"| {r['dtype']} | {d['ours']:.1f} | {d['llama_cpp']:.1f} | {d['ratio']:.2f}x | {p['ours']:.1f} "
-              f"| {p['llama_cpp']:.1f} | {p['ratio']:.2f}x | {agree} |")  # fmt: skip
+
+        def per_round(x):
+            return ", ".join(f"{v:.2f}" for v in x["round_ratios"])
+
+        print(f"| {r['dtype']} | {d['ours']:.1f} | {d['llama_cpp']:.1f} | {d['ratio']:.2f}x ({per_round(d)}) "
+              f"| {p['ours']:.1f} | {p['llama_cpp']:.1f} | {p['ratio']:.2f}x ({per_round(p)}) | {agree} |")  # fmt: skip
     if args.json:
         report = {"command": " ".join(["python", *sys.argv]), "llama_cpp_python": LLAMA_CPP_PYTHON, "results": rows}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
