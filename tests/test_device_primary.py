@@ -139,8 +139,9 @@ def test_speculative_run_on_a_device_primary_matches_the_cpu(engine):
 
 def test_one_token_steps_run_from_a_recorded_graph_with_the_same_bits(engine):
     """hostsim records a step's operations (graph_begin .. graph_end) and replays them: the core records a
-    one-token step once per context while every expert is on the primary, replays it for every later token,
-    records again after a placement change, and never while a layer has experts elsewhere."""
+    one-token step once per context, replays it for every later token, and records again after a placement or
+    reduction mode change; with a layer's experts elsewhere the step is two recorded parts around the host round
+    trip."""
     name = "qwen3moe-f32"
     model = engine.load(FIXTURES / name, device="hostsim:0")
     try:
@@ -161,14 +162,25 @@ def test_one_token_steps_run_from_a_recorded_graph_with_the_same_bits(engine):
         assert np.array_equal(results[True], results[False])
         with model.context(16) as ctx:
             ctx.decode([1])
-            model.set_placement("*=hostsim:0; 0=cpu:0")  # a layer with experts elsewhere: no graph
+            model.set_placement("*=hostsim:0; 0=cpu:0")  # layer 0's experts elsewhere: two parts per step
+            for token, captured in ((2, 2), (3, 0)):
+                before = model.counters()
+                ctx.decode([token])
+                after = model.counters()
+                assert after["graph_launches"] - before["graph_launches"] == 2
+                assert after["graph_captures"] - before["graph_captures"] == captured
+                assert after["host_round_trips"] - before["host_round_trips"] == 1
+            model.set_placement("*=hostsim:0")  # the tables changed: recorded again, one part
             before = model.counters()
-            ctx.decode([2])
-            assert model.counters()["graph_launches"] == before["graph_launches"]
-            model.set_placement("*=hostsim:0")  # the tables changed: recorded again
-            ctx.decode([3])
+            ctx.decode([4])
             after = model.counters()
-            assert after["graph_captures"] == before["graph_captures"] + 1
+            assert (
+                after["graph_captures"] - before["graph_captures"],
+                after["graph_launches"] - before["graph_launches"],
+            ) == (1, 1)
+            ctx.mode = "owner_local"  # the mode is part of the recording
+            ctx.decode([5])
+            assert model.counters()["graph_captures"] - after["graph_captures"] == 1
             with pytest.raises(ArgumentError, match="graphs must be True or False, got 'yes'"):
                 ctx.graphs = "yes"
     finally:

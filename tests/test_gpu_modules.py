@@ -68,8 +68,9 @@ def gpu_engine(runtime: str):
 @pytest.mark.parametrize("runtime", ["cuda", "hip"])
 def test_gpu_primary_matches_transformers_and_cpu_tokens(runtime, name):
     """The whole forward pass on the GPU: logits within 1e-4 of transformers, the 64 greedy tokens of the
-    fixture, recorded steps (graphs) bit-identical to steps queued anew, no host round trip while every expert
-    is on the GPU and one per MoE layer step for each layer with experts elsewhere."""
+    fixture, recorded steps (graphs, in parts around host round trips) bit-identical to steps queued anew, no
+    host round trip while every expert is on the GPU and one per MoE layer step for each layer with experts
+    elsewhere."""
     with gpu_engine(runtime) as eng:
         gpu = f"{runtime}:0"
         ref = np.load(FIXTURES / name / "reference.npz")
@@ -97,11 +98,11 @@ def test_gpu_primary_matches_transformers_and_cpu_tokens(runtime, name):
                 assert np.array_equal(decoded[True], decoded[False]), f"{text} {mode}: graph steps differ"
                 after = model.counters()
                 trips = after["host_round_trips"] - before["host_round_trips"]
+                assert after["graph_launches"] > before["graph_launches"], "no step ran from a graph"
                 if text is None or text == f"*={gpu}":
                     assert trips == 0, f"{text}: {trips} host round trips"
-                    assert after["graph_launches"] > before["graph_launches"], "no step ran from a graph"
-                else:
-                    assert trips > 0 and after["graph_launches"] == before["graph_launches"]
+                else:  # parts recorded around the round trips
+                    assert trips > 0
         model.close()
 
 

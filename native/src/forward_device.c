@@ -5,8 +5,8 @@
  * layer whose experts are all the primary's needs nothing from the host. A layer with experts elsewhere reads
  * its routing and normalised rows back (a host round trip), runs the other owners through the scheduler, and
  * sends their outputs to the primary, which adds every output in ascending expert id (reference mode) or adds
- * the owners' sums to its own (owner_local). A one-token step with every expert on the primary is recorded once
- * into a graph and replayed while the placement stays.
+ * the owners' sums to its own (owner_local). A one-token step is recorded into graphs, one per part between host
+ * round trips (one graph when every expert is the primary's), and replayed while the placement stays.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -208,6 +208,9 @@ int eb_device_context_init(eb_context *c) {
     const eb_model_config *cf = &m->cfg;
     if (!(c->dc = calloc(1, sizeof *c->dc))) return eb_fail(EB_ERR_MEMORY, "out of memory");
     eb_dev_context *dc = c->dc;
+    dc->graphs = calloc((size_t)cf->num_layers + 1, sizeof *dc->graphs);
+    dc->graph_stop = calloc((size_t)cf->num_layers + 1, sizeof *dc->graph_stop);
+    if (!dc->graphs || !dc->graph_stop) return eb_fail(EB_ERR_MEMORY, "out of memory");
     layout a = {m, p, NULL, 0, EB_OK, NULL};
     lay_out_context(c, &a);
     char err[512] = "";
@@ -241,7 +244,10 @@ void eb_device_context_release(eb_context *c) {
     if (!dc) return;
     eb_model *m = c->model;
     primary p = get_primary(m);
-    if (dc->graph) p.ops->graph_free(p.r->rt, p.local, dc->graph);
+    for (int i = 0; dc->graphs && i <= m->cfg.num_layers; i++)
+        if (dc->graphs[i]) p.ops->graph_free(p.r->rt, p.local, dc->graphs[i]);
+    free(dc->graphs);
+    free(dc->graph_stop);
     if (dc->mem) {
         p.r->table->mem_free(p.r->rt, p.local, dc->mem);
         m->arena_bytes[m->primary] -= dc->bytes;
@@ -317,8 +323,11 @@ static int foreign_experts(eb_context *c, int layer, int64_t n) {
         if ((st = (call)) != 0) return eb_fail(st, "%s: %s", p.name, err);                                      \
     } while (0)
 
-/* Queue the forward pass of n rows; the last n - first rows' logits into dc->logits when logits. */
-static int queue_step(eb_context *c, int64_t n, int64_t first, int logits) {
+/* Queue one part of the forward pass of n rows: from the embedding (resume < 0), or from the experts of layer
+ * `resume` (its routing done and its other owners' outputs in dc->foreign). The part ends right after the routing
+ * of the next MoE layer with experts elsewhere (*stop = that layer: the host must run them), or at the end of the
+ * pass (*stop = -1), the last n - first rows' logits then in dc->logits when logits. */
+static int queue_part(eb_context *c, int64_t n, int64_t first, int logits, int resume, int *stop) {
     eb_model *m = c->model;
     const eb_model_config *cf = &m->cfg;
     const eb_dev_primary *dp = m->dp;
@@ -332,9 +341,11 @@ static int queue_step(eb_context *c, int64_t n, int64_t first, int logits) {
     int64_t E = cf->num_experts, K = cf->top_k;
     float eps = (float)cf->rms_norm_eps;
 
-    OP(ops->embed(rt, dev, dp->embed.data, dp->embed.dtype, H, dc->ids, n, dc->x, err, sizeof err));
-    for (int l = 0; l < cf->num_layers; l++) {
+    *stop = -1;
+    if (resume < 0) OP(ops->embed(rt, dev, dp->embed.data, dp->embed.dtype, H, dc->ids, n, dc->x, err, sizeof err));
+    for (int l = resume < 0 ? 0 : resume; l < cf->num_layers; l++) {
         const eb_dev_layer *D = &dp->layers[l];
+        if (l == resume) goto experts;
         eb_rt_norm input = {dc->x, D->input_norm, dc->xn, n, H, eps};
         eb_rt_matmul qkv[3] = {{D->q.data, D->q.dtype, D->q.rows, D->q.cols, dc->xn, n, dc->q},
                                {D->k.data, D->k.dtype, D->k.rows, D->k.cols, dc->xn, n, dc->k},
@@ -364,7 +375,11 @@ static int queue_step(eb_context *c, int64_t n, int64_t first, int logits) {
             eb_rt_route r = {post, D->router.data, D->router.dtype, (int32_t)E, (int32_t)K, cf->norm_topk_prob,
                              dc->router, dc->topk_id, dc->topk_w, dp->hits + (size_t)l * (size_t)E};
             OP(ops->route(rt, dev, &r, err, sizeof err));
-            if (D->n_foreign && (st = foreign_experts(c, l, n))) return st;
+            if (D->n_foreign) {
+                *stop = l;
+                return EB_OK;
+            }
+        experts:;
             eb_rt_moe b = {D->experts, (int32_t)E, (int32_t)K, (int32_t)n, (int32_t)H, cf->moe_intermediate_size,
                            c->mode == EB_MODE_OWNER_LOCAL ? EB_REDUCE_OWNER_LOCAL : EB_REDUCE_REFERENCE,
                            dc->xn, dc->topk_id, dc->topk_w, D->n_foreign ? dc->foreign : NULL, dc->pair_out, dc->h,
@@ -387,40 +402,37 @@ static int queue_step(eb_context *c, int64_t n, int64_t first, int logits) {
     return EB_OK;
 }
 
-/* Whether a one-token step may run from a graph: nothing in it needs the host. */
-static int graphable(const eb_context *c) {
-    const eb_model *m = c->model;
-    if (!c->use_graphs || !get_primary(m).ops->graph_begin) return 0;
-    for (int l = 0; l < m->cfg.num_layers; l++)
-        if (m->layers[l].is_moe && m->dp->layers[l].n_foreign) return 0;
-    return 1;
-}
-
-static int run_graph(eb_context *c) {
+/* Run one part (queue_part): a one-token part from its recorded graph when graphs are on (recorded on first use,
+ * again after a placement change), otherwise queued anew. */
+static int run_part(eb_context *c, int64_t n, int64_t first, int logits, int resume, int part, int *stop) {
     eb_model *m = c->model;
     eb_dev_context *dc = c->dc;
     primary p = get_primary(m);
+    if (n != 1 || !c->use_graphs || !p.ops->graph_begin) return queue_part(c, n, first, logits, resume, stop);
     char err[512] = "";
     int st;
-    if (dc->graph && dc->graph_generation != m->dp->generation) {
-        p.ops->graph_free(p.r->rt, p.local, dc->graph);
-        dc->graph = NULL;
+    if (dc->graph_generation != m->dp->generation || dc->graph_mode != c->mode) {
+        /* the expert tables changed (so may the parts), or the reduction mode (recorded in the expert steps) */
+        for (int i = 0; i <= m->cfg.num_layers; i++)
+            if (dc->graphs[i]) p.ops->graph_free(p.r->rt, p.local, dc->graphs[i]), dc->graphs[i] = NULL;
+        dc->graph_generation = m->dp->generation;
+        dc->graph_mode = c->mode;
     }
-    if (!dc->graph) {
+    if (!dc->graphs[part]) {
         if ((st = p.ops->graph_begin(p.r->rt, p.local, err, sizeof err)))
             return eb_fail(st, "recording a step on %s: %s", p.name, err);
-        int queued = queue_step(c, 1, 0, 1);
+        int queued = queue_part(c, 1, 0, 1, resume, &dc->graph_stop[part]);
         void *graph = NULL;
         if ((st = p.ops->graph_end(p.r->rt, p.local, queued ? NULL : &graph, err, sizeof err)) && !queued)
             return eb_fail(st, "recording a step on %s: %s", p.name, err);
         if (queued) return queued;
-        dc->graph = graph;
-        dc->graph_generation = m->dp->generation;
+        dc->graphs[part] = graph;
         m->counters.model.graph_captures++;
     }
-    if ((st = p.ops->graph_launch(p.r->rt, p.local, dc->graph, err, sizeof err)))
+    if ((st = p.ops->graph_launch(p.r->rt, p.local, dc->graphs[part], err, sizeof err)))
         return eb_fail(st, "running the recorded step on %s: %s", p.name, err);
     m->counters.model.graph_launches++;
+    *stop = dc->graph_stop[part];
     return EB_OK;
 }
 
@@ -443,8 +455,11 @@ int eb_device_eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *lo
                                          ((size_t)c->n_batch + 1) * sizeof(int32_t), 1, err, sizeof err)))
         return eb_fail(st, "sending token ids to %s: %s", p.name, err);
     int64_t first = all_rows ? 0 : n - 1;
-    if (n == 1 && graphable(c)) st = run_graph(c);
-    else st = queue_step(c, n, first, logits != NULL);
+    /* parts between the host round trips of layers with experts elsewhere (one part when there are none) */
+    for (int part = 0, resume = -1, stop; !st; part++, resume = stop) {
+        if ((st = run_part(c, n, first, logits != NULL, resume, part, &stop)) || stop < 0) break;
+        st = foreign_experts(c, stop, n);
+    }
     if (st) { /* let what was queued finish before the staging memory is written again (its error is st's) */
         (void)p.r->table->synchronize(p.r->rt, p.local, err, sizeof err);
         return st;
