@@ -93,8 +93,7 @@ typedef struct {
     char error_text[256];
     _Atomic uint64_t busy_ns;
     _Atomic uint64_t allocated;
-    void *_Atomic recording; /* hostsim: the graph being recorded by `recorder`, or NULL */
-    pthread_t recorder;
+    void *_Atomic recording; /* hostsim: the graph being recorded, or NULL */
 } cpu_device;
 
 typedef struct cpu_runtime {
@@ -971,6 +970,7 @@ typedef struct {
 } sim_op;
 
 typedef struct {
+    pthread_t recorder; /* set before the graph is published in the device's `recording` */
     sim_op *ops;
     int n, cap;
 } sim_graph;
@@ -1000,7 +1000,7 @@ static int record(void *rtp, int dev, const sim_op *o, int *recorded, char *err,
     cpu_device *d = get_dev((cpu_runtime *)rtp, dev, err, errlen);
     if (!d) return EB_ERR_RANGE;
     sim_graph *g = atomic_load(&d->recording);
-    if (!g || !pthread_equal(d->recorder, pthread_self())) return 0;
+    if (!g || !pthread_equal(g->recorder, pthread_self())) return 0;
     if (g->n == g->cap) {
         int cap = g->cap ? 2 * g->cap : 64;
         sim_op *ops = realloc(g->ops, (size_t)cap * sizeof *ops);
@@ -1066,7 +1066,7 @@ static int sim_graph_begin(void *rtp, int dev, char *err, size_t errlen) {
     if (!d) return EB_ERR_RANGE;
     sim_graph *g = calloc(1, sizeof *g);
     if (!g) return eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
-    d->recorder = pthread_self();
+    g->recorder = pthread_self();
     void *none = NULL;
     if (!atomic_compare_exchange_strong(&d->recording, &none, g)) {
         free(g);
