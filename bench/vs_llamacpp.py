@@ -163,8 +163,10 @@ def main() -> int:
                 else:
                     got[side] = ours(model_dir, args.threads, prompt_ids, prefill_prompt, args.tokens, args.repeats)
             rounds.append(got)
-        mine, theirs = rounds[-1]["ours"], rounds[-1]["theirs"]
-        agree = next((i for i, (a, b) in enumerate(zip(mine["ids"], theirs["ids"], strict=True)) if a != b), None)
+        # the first position where the greedy tokens differ, over every round
+        differ = [i for g in rounds for i, (a, b) in enumerate(zip(g["ours"]["ids"], g["theirs"]["ids"], strict=True))
+                  if a != b]  # fmt: skip
+        agree = min(differ) if differ else None
 
         rows.append({
             "dtype": dtype, "gguf": str(gguf), "threads": args.threads, "rounds": args.rounds,

@@ -209,7 +209,7 @@ def _print_table(report: dict, result: RunResult, n_prompts: int) -> None:
         print(f"staged    {staged}  ({report['joins']} joins)")
     if report["host_round_trips"] or report["graph_launches"]:
         print(f"primary   {report['host_round_trips']} host round trips (MoE layer steps with experts elsewhere), "
-              f"{report['graph_launches']} steps from graphs")  # fmt: skip
+              f"{report['graph_launches']} recorded parts launched")  # fmt: skip
     complete = sum(r.complete for r in result.repeat_results)
     if complete > 1:
         held = "held over" if report["repeats_agree"] else "CHANGED between"

@@ -419,8 +419,9 @@ class Context(_Handle):
 
     @graphs.setter
     def graphs(self, enabled: bool) -> None:
-        """A GPU primary records a one-token step into a graph and replays it while every expert is on it
-        (True, the default); False queues each step's work anew. The results are the same."""
+        """A GPU primary records a one-token step into graphs, one per part between host round trips (a single
+        one while every expert is on it), and replays them (True, the default); False queues each step's work
+        anew. The results are the same."""
         if not isinstance(enabled, bool):
             raise ArgumentError(f"graphs must be True or False, got {enabled!r}")
         check(lib.eb_context_set_graphs(self._live(), int(enabled)))

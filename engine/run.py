@@ -101,7 +101,8 @@ class RunResult:
     ("src->dst" -> bytes copied between a model's primary device and an expert owner), joins (MoE layer steps
     whose experts ran on more than one device) and waits (device -> times the primary waited for it). With a
     primary that cannot read host memory (a GPU): host_round_trips (MoE layer steps that read their routing back
-    to the host because experts lived elsewhere) and graph_launches (one-token steps run from a recorded graph).
+    to the host because experts lived elsewhere) and graph_launches (recorded parts of one-token steps launched:
+    one per step while every expert is on the primary, one more per host round trip otherwise).
     placement is the target's placement in its text form (None for a dense target).
     """
 

@@ -163,8 +163,9 @@ typedef struct {
     int (*route)(void *rt, int dev, const eb_rt_route *r, char *err, size_t errlen);
     int (*moe)(void *rt, int dev, const eb_rt_moe *b, char *err, size_t errlen);
     /* Graphs (all four or none: the core then queues each step's work anew). Between graph_begin and graph_end the
-     * calling thread's work queued on dev is recorded instead of run, and other threads wait; graph_launch
-     * queues a recorded step. graph_end with graph == NULL abandons the recording. */
+     * calling thread's work queued on dev is recorded instead of run; other threads' work is never recorded (a
+     * GPU module makes them wait, hostsim runs it); graph_launch queues a recorded step. graph_end with
+     * graph == NULL abandons the recording. */
     int (*graph_begin)(void *rt, int dev, char *err, size_t errlen);
     int (*graph_end)(void *rt, int dev, void **graph, char *err, size_t errlen);
     int (*graph_launch)(void *rt, int dev, void *graph, char *err, size_t errlen);

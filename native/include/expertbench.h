@@ -136,8 +136,9 @@ typedef struct {
     uint64_t arena_allocations; /* staging arena (re)allocations: zero on the hot path once warmed up */
     uint64_t uploads;           /* experts copied to a device by placement changes */
     uint64_t host_round_trips;  /* a device primary's MoE layer steps that read routing back to the host */
-    uint64_t graph_captures;    /* one-token steps recorded into a graph (a device primary) */
-    uint64_t graph_launches;    /* one-token steps run from a recorded graph */
+    uint64_t graph_captures;    /* parts of one-token steps recorded into graphs (a device primary; a step is one
+                                   part while every expert is on the primary, else one per host round trip + 1) */
+    uint64_t graph_launches;    /* recorded parts launched */
 } eb_model_counters;
 
 typedef struct {
@@ -206,7 +207,7 @@ int eb_context_truncate(eb_context *ctx, int32_t pos);
 int32_t eb_context_position(const eb_context *ctx);
 int eb_context_set_mode(eb_context *ctx, int32_t mode); /* eb_reduction_mode; reference by default */
 int32_t eb_context_capacity(const eb_context *ctx);
-/* A device primary records a one-token step into a graph and replays it while every expert is on the primary
+/* A device primary records a one-token step into graphs (one per part between host round trips) and replays them
  * (enabled = 1, the default); 0 queues each step's work anew. Results are the same either way. */
 int eb_context_set_graphs(eb_context *ctx, int32_t enabled);
 /* EB_CDEF_END */

@@ -108,7 +108,8 @@ typedef struct {
     int32_t *host_topk_id;  /* a layer's routing and rows read back, n_batch * top_k and n_batch * hidden */
     float *host_topk_w, *host_xn;
     float *foreign_host;    /* n_batch * top_k rows of hidden: other owners' outputs */
-    void **graphs;          /* per part of a one-token step (num_layers + 1 at most): its recording, or NULL */
+    void **graphs;          /* per part of a one-token step, by resume layer + 1 (0: the first part): its
+                               recording, or NULL */
     int *graph_stop;        /* per part: where it ends (queue_part's stop) */
     uint64_t graph_generation; /* the expert tables' generation and the mode the graphs were recorded with */
     int graph_mode;

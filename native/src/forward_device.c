@@ -6,7 +6,8 @@
  * its routing and normalised rows back (a host round trip), runs the other owners through the scheduler, and
  * sends their outputs to the primary, which adds every output in ascending expert id (reference mode) or adds
  * the owners' sums to its own (owner_local). A one-token step is recorded into graphs, one per part between host
- * round trips (one graph when every expert is the primary's), and replayed while the placement stays.
+ * round trips (one graph when every expert is the primary's), and replayed while the placement and the reduction
+ * mode stay.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -403,8 +404,10 @@ static int queue_part(eb_context *c, int64_t n, int64_t first, int logits, int r
 }
 
 /* Run one part (queue_part): a one-token part from its recorded graph when graphs are on (recorded on first use,
- * again after a placement change), otherwise queued anew. */
-static int run_part(eb_context *c, int64_t n, int64_t first, int logits, int resume, int part, int *stop) {
+ * again after a placement or reduction-mode change; kept per resume layer, so a table cannot mix up parts),
+ * otherwise queued anew. */
+static int run_part(eb_context *c, int64_t n, int64_t first, int logits, int resume, int *stop) {
+    int part = resume + 1;
     eb_model *m = c->model;
     eb_dev_context *dc = c->dc;
     primary p = get_primary(m);
@@ -456,8 +459,8 @@ int eb_device_eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *lo
         return eb_fail(st, "sending token ids to %s: %s", p.name, err);
     int64_t first = all_rows ? 0 : n - 1;
     /* parts between the host round trips of layers with experts elsewhere (one part when there are none) */
-    for (int part = 0, resume = -1, stop; !st; part++, resume = stop) {
-        if ((st = run_part(c, n, first, logits != NULL, resume, part, &stop)) || stop < 0) break;
+    for (int resume = -1, stop; !st; resume = stop) {
+        if ((st = run_part(c, n, first, logits != NULL, resume, &stop)) || stop < 0) break;
         st = foreign_experts(c, stop, n);
     }
     if (st) { /* let what was queued finish before the staging memory is written again (its error is st's) */

@@ -502,13 +502,15 @@ static void test_kernels(const char *module) {
                                 x[i] = (float)(seed >> 8) / (float)(1u << 24) - 0.5f;
                             }
                             for (int n = 1; n <= MAXN; n++) {
-                                T->matmul(rt, 0, w, dt, rows, cols, x, n, yb, err, sizeof err);
+                                /* a failed call counts as a mismatch: its buffers hold nothing to compare */
+                                mismatches += T->matmul(rt, 0, w, dt, rows, cols, x, n, yb, err, sizeof err) != 0;
                                 for (int t = 0; t < n; t++) {
-                                    T->matmul(rt, 0, w, dt, rows, cols, x + t * cols, 1, ys, err, sizeof err);
+                                    mismatches += T->matmul(rt, 0, w, dt, rows, cols, x + t * cols, 1, ys, err,
+                                                            sizeof err) != 0;
                                     mismatches += memcmp(ys, yb + (size_t)t * rows, sizeof(float) * rows) != 0;
                                 }
                                 eb_rt_matmul two[2] = {{w, dt, rows, cols, x, 1, ys}, {w, dt, rows, cols, x, n, yb}};
-                                T->matmul_multi(rt, 0, two, 2, err, sizeof err);
+                                mismatches += T->matmul_multi(rt, 0, two, 2, err, sizeof err) != 0;
                                 mismatches += memcmp(ys, yb, sizeof(float) * rows) != 0;
                             }
                         }

@@ -970,10 +970,13 @@ typedef struct {
 } sim_op;
 
 typedef struct {
-    pthread_t recorder; /* set before the graph is published in the device's `recording` */
     sim_op *ops;
     int n, cap;
 } sim_graph;
+
+/* The graph this thread is recording (compared, never read through, when deciding whether to record: another
+ * thread's graph may be freed at any time). */
+static _Thread_local sim_graph *recording_here;
 
 static int run_op(void *rtp, int dev, const sim_op *o, char *err, size_t errlen) {
     switch (o->kind) {
@@ -1000,7 +1003,7 @@ static int record(void *rtp, int dev, const sim_op *o, int *recorded, char *err,
     cpu_device *d = get_dev((cpu_runtime *)rtp, dev, err, errlen);
     if (!d) return EB_ERR_RANGE;
     sim_graph *g = atomic_load(&d->recording);
-    if (!g || !pthread_equal(g->recorder, pthread_self())) return 0;
+    if (!g || g != recording_here) return 0;
     if (g->n == g->cap) {
         int cap = g->cap ? 2 * g->cap : 64;
         sim_op *ops = realloc(g->ops, (size_t)cap * sizeof *ops);
@@ -1066,12 +1069,12 @@ static int sim_graph_begin(void *rtp, int dev, char *err, size_t errlen) {
     if (!d) return EB_ERR_RANGE;
     sim_graph *g = calloc(1, sizeof *g);
     if (!g) return eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
-    g->recorder = pthread_self();
     void *none = NULL;
     if (!atomic_compare_exchange_strong(&d->recording, &none, g)) {
         free(g);
         return eb_rt_fail(err, errlen, EB_ERR_STATE, RUNTIME_NAME ":%d is already recording", dev);
     }
+    recording_here = g;
     return 0;
 }
 
@@ -1087,6 +1090,7 @@ static int sim_graph_end(void *rtp, int dev, void **graph, char *err, size_t err
     if (!d) return EB_ERR_RANGE;
     sim_graph *g = atomic_exchange(&d->recording, NULL);
     if (!g) return eb_rt_fail(err, errlen, EB_ERR_STATE, RUNTIME_NAME ":%d is not recording", dev);
+    if (g == recording_here) recording_here = NULL;
     if (graph) *graph = g;
     else sim_graph_free(rtp, dev, g);
     return 0;

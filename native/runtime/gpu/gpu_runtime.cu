@@ -920,8 +920,9 @@ __global__ void route_kernel(eb_rt_route r, int warp) {
     int t = blockIdx.x, H = (int)r.norm.dim, E = r.n_experts, K = r.top_k;
     const float *xr = r.norm.x + (long long)t * H;
     float *xn = r.norm.xn + (long long)t * H;
-    for (int e = threadIdx.x / warp; e < E; e += blockDim.x / warp) // router rows on their way meanwhile
-        prefetch_row(r.router, r.router_dtype, e, H, threadIdx.x % warp, warp);
+    if (gridDim.x <= DOT_TILE) // router rows on their way meanwhile (a few rows: not once per row of a prefill)
+        for (int e = threadIdx.x / warp; e < E; e += blockDim.x / warp)
+            prefetch_row(r.router, r.router_dtype, e, H, threadIdx.x % warp, warp);
     float ss = 0.0f;
     for (int i = threadIdx.x; i < H; i += blockDim.x) ss += xr[i] * xr[i];
     float inv = rsqrtf(block_sum(ss, sh, warp) / (float)H + r.norm.eps);
