@@ -39,43 +39,67 @@ def memory_ceiling() -> dict:
         return json.loads(out.read_text())
 
 
+def measure(dtype: str, args) -> dict:
+    path = demo_target(args.size, dtype)
+    with Engine(cpu_threads=args.threads) as eng:
+        model = eng.load(path)
+        prompt = model.encode(DEMO_PROMPTS[0])
+        speeds, ids = decode_speed(model, prompt, args.tokens, args.repeats)
+        prefill = prefill_speed(model, prefill_ids(model.config.vocab_size, args.prefill), args.repeats)
+        return {"dtype": dtype, "model": str(path), "kernels": eng.runtimes[0].kernel_variant,
+                "threads": eng.devices[0].threads, "speeds": speeds, "prefill": prefill, "generated_ids": ids,
+                "bytes_per_token": model.info["bytes_per_token"]}  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_arguments(ap, threads_default=0)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure the ceiling and then every dtype this many times; each round's fraction is its "
+                    "decode over its own ceiling, and the medians are reported (default 1)")  # fmt: skip
     args = ap.parse_args()
-    ceiling = memory_ceiling()
-    read_all = ceiling["read_gbs"]["all"]
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
+    rounds = []
+    for _ in range(args.rounds):  # the ceiling next to the decodes it is compared with: a shared machine drifts
+        ceiling = memory_ceiling()
+        rounds.append({"memory_ceiling": ceiling, "results": [measure(dtype, args) for dtype in args.dtypes]})
     rows = []
-    for dtype in args.dtypes:
-        path = demo_target(args.size, dtype)
-        with Engine(cpu_threads=args.threads) as eng:
-            model = eng.load(path)
-            prompt = model.encode(DEMO_PROMPTS[0])
-            speeds, ids = decode_speed(model, prompt, args.tokens, args.repeats)
-            prefill = prefill_speed(model, prefill_ids(model.config.vocab_size, args.prefill), args.repeats)
-            per_token = model.info["bytes_per_token"]
-            kernels = eng.runtimes[0].kernel_variant
-            threads = eng.devices[0].threads
-        tps = statistics.median(speeds)
+    for i, dtype in enumerate(args.dtypes):
+        per_round = [r["results"][i] for r in rounds]
+        tps = [statistics.median(m["speeds"]) for m in per_round]
+        per_token = per_round[0]["bytes_per_token"]
+        ceilings = [r["memory_ceiling"]["read_gbs"]["all"] for r in rounds]
+        fractions = [t * per_token / 1e9 / c for t, c in zip(tps, ceilings, strict=True)]
+        speeds = [v for m in per_round for v in m["speeds"]]
+        read_all = statistics.median(ceilings)
         rows.append({
-            "dtype": dtype, "model": str(path), "kernels": kernels, "threads": threads,
-            "decode_tokens_per_second": tps, "decode_min": min(speeds), "decode_max": max(speeds),
-            "bytes_per_token": per_token, "effective_gbs": tps * per_token / 1e9,
-            "fraction_of_read_ceiling": tps * per_token / 1e9 / read_all,
-            "roofline_tokens_per_second": read_all * 1e9 / per_token,
-            "prefill_tokens": args.prefill, "prefill_tokens_per_second": statistics.median(prefill),
-            "generated_ids": ids,
+            "dtype": dtype, "model": per_round[0]["model"], "kernels": per_round[0]["kernels"],
+            "threads": per_round[0]["threads"], "decode_tokens_per_second": statistics.median(tps),
+            "decode_min": min(speeds), "decode_max": max(speeds), "bytes_per_token": per_token,
+            "effective_gbs": statistics.median(tps) * per_token / 1e9,
+            "fraction_of_read_ceiling": statistics.median(fractions), "round_fractions": fractions,
+            "round_ceilings_gbs": ceilings, "roofline_tokens_per_second": read_all * 1e9 / per_token,
+            "prefill_tokens": args.prefill,
+            "prefill_tokens_per_second": statistics.median(v for m in per_round for v in m["prefill"]),
+            "generated_ids": per_round[-1]["generated_ids"],
         })  # fmt: skip
     report = {"command": " ".join(["python", *sys.argv]), "host": platform.node(), "cpu": platform.processor(),
-              "cores": os.cpu_count(), "memory_ceiling": ceiling, "results": rows}  # fmt: skip
-    print(f"memory read ceiling: {read_all:.1f} GB/s ({ceiling['threads']} threads), "
-          f"{ceiling['read_gbs']['1']:.1f} GB/s (1 thread)")  # fmt: skip
-    print("| dtype | decode tok/s (min-max) | MB/token | GB/s | of ceiling | roofline tok/s | prefill tok/s |")
+              "cores": os.cpu_count(), "memory_ceiling": rounds[0]["memory_ceiling"],
+              "rounds": [{"memory_ceiling": r["memory_ceiling"]} for r in rounds], "results": rows}  # fmt: skip
+    ceilings = [r["memory_ceiling"]["read_gbs"]["all"] for r in rounds]
+    print(f"memory read ceiling: {', '.join(f'{c:.1f}' for c in ceilings)} GB/s "
+          f"({rounds[0]['memory_ceiling']['threads']} threads; one per round), "
+          f"{rounds[0]['memory_ceiling']['read_gbs']['1']:.1f} GB/s (1 thread)")  # fmt: skip
+    print(
+        "| dtype | decode tok/s (min-max) | MB/token | GB/s | of ceiling (per round) | roofline tok/s | prefill tok/s |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
+        each = ", ".join(f"{f:.0%}" for f in r["round_fractions"])
         print(f"| {r['dtype']} | {r['decode_tokens_per_second']:.1f} ({r['decode_min']:.1f}-{r['decode_max']:.1f}) "
               f"| {r['bytes_per_token'] / 1e6:.0f} | {r['effective_gbs']:.1f} | {r['fraction_of_read_ceiling']:.0%} "
-              f"| {r['roofline_tokens_per_second']:.0f} | {r['prefill_tokens_per_second']:.1f} |")  # fmt: skip
+              f"({each}) | {r['roofline_tokens_per_second']:.0f} | {r['prefill_tokens_per_second']:.1f} |")  # fmt: skip
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2))
