@@ -802,6 +802,18 @@ __global__ void qk_rope_store_kernel(eb_rt_attention a, int warp) {
 
 // One block per (head, row): groups of 32 lanes take positions in turn, two at a time (their loads in flight
 // together), with a running softmax (each lane holds head_dim / 32 of the output); then the groups are merged.
+// q . k for one position, over the 32 lanes of a group (lane holds dims lane, lane + 32, ...; every lane gets it).
+__device__ __forceinline__ float head_dot(const float *qv, const float *k, int lane, int hd) {
+    float d = 0.0f;
+#pragma unroll
+    for (int i = 0; i < MAX_HEAD_DIM / 32; i++) {
+        int c = lane + 32 * i;
+        if (c < hd) d += qv[i] * k[c];
+    }
+    for (int o = 16; o > 0; o /= 2) d += SHFL_XOR32(d, o);
+    return d;
+}
+
 __device__ __forceinline__ void attend_update(float d, const float *v, int lane, int hd, float &m, float &l,
                                               float *acc) {
     float mn = fmaxf(m, d), corr = expf(m - mn), e = expf(d - mn);
@@ -835,38 +847,13 @@ __device__ void attend(const eb_rt_attention &a, int h, int t, const float *q, c
     float m = -INFINITY, l = 0.0f;
     long long s = g;
     for (; s + ng <= cached; s += 2 * ng) {
-        const float *k0 = kc + s * kvd, *k1 = kc + (s + ng) * kvd;
-        float d0 = 0.0f, d1 = 0.0f;
-#pragma unroll
-        for (int i = 0; i < MAX_HEAD_DIM / 32; i++) {
-            int c = lane + 32 * i;
-            if (c < hd) d0 += qv[i] * k0[c], d1 += qv[i] * k1[c];
-        }
-        for (int o = 16; o > 0; o /= 2) d0 += SHFL_XOR32(d0, o), d1 += SHFL_XOR32(d1, o);
+        float d0 = head_dot(qv, kc + s * kvd, lane, hd), d1 = head_dot(qv, kc + (s + ng) * kvd, lane, hd);
         attend_update(d0, vc + s * kvd, lane, hd, m, l, acc);
         attend_update(d1, vc + (s + ng) * kvd, lane, hd, m, l, acc);
     }
-    if (s <= cached) {
-        const float *k0 = kc + s * kvd;
-        float d0 = 0.0f;
-#pragma unroll
-        for (int i = 0; i < MAX_HEAD_DIM / 32; i++) {
-            int c = lane + 32 * i;
-            if (c < hd) d0 += qv[i] * k0[c];
-        }
-        for (int o = 16; o > 0; o /= 2) d0 += SHFL_XOR32(d0, o);
-        attend_update(d0, vc + s * kvd, lane, hd, m, l, acc);
-    }
-    if (kl && g == (int)(last % ng)) { // the last position, in the turn of the group it falls to
-        float d0 = 0.0f;
-#pragma unroll
-        for (int i = 0; i < MAX_HEAD_DIM / 32; i++) {
-            int c = lane + 32 * i;
-            if (c < hd) d0 += qv[i] * kl[c];
-        }
-        for (int o = 16; o > 0; o /= 2) d0 += SHFL_XOR32(d0, o);
-        attend_update(d0, vl, lane, hd, m, l, acc);
-    }
+    if (s <= cached) attend_update(head_dot(qv, kc + s * kvd, lane, hd), vc + s * kvd, lane, hd, m, l, acc);
+    if (kl && g == (int)(last % ng)) // the last position, in the turn of the group it falls to
+        attend_update(head_dot(qv, kl, lane, hd), vl, lane, hd, m, l, acc);
     if (lane == 0) gm[g] = m, gl[g] = l;
 #pragma unroll
     for (int i = 0; i < MAX_HEAD_DIM / 32; i++)
