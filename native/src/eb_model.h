@@ -2,6 +2,7 @@
 #ifndef EB_MODEL_H
 #define EB_MODEL_H
 
+#include "eb_convert.h"
 #include "eb_internal.h"
 
 typedef struct {
@@ -10,6 +11,14 @@ typedef struct {
     int64_t rows;
     int64_t cols;
 } eb_weight;
+
+/* Device allocations are carved into pieces aligned to this many bytes (what GPU vector loads need). */
+#define EB_ALIGN 256
+static inline size_t eb_align(size_t n) { return (n + EB_ALIGN - 1) / EB_ALIGN * EB_ALIGN; }
+
+static inline uint64_t eb_weight_bytes(const eb_weight *w) {
+    return (uint64_t)w->rows * (uint64_t)w->cols * eb_dtype_size(w->dtype);
+}
 
 typedef struct {
     eb_weight gate, up, down; /* where the owner reads them: the mapped file, or the owner's copy */
@@ -102,9 +111,9 @@ typedef struct {
     size_t bytes;
     float *k_cache, *v_cache, *rope_cos, *rope_sin;
     float *x, *xn, *q, *k, *v, *att, *proj, *gate, *up, *router, *topk_w, *pair_out, *h, *foreign, *logits;
-    int32_t *topk_id, *ids; /* ids: n_batch token ids, then the position of the first */
+    int32_t *topk_id, *ids; /* ids: the position of the first row, then n_batch token ids */
     void *host;             /* pinned host staging, one allocation holding the five below */
-    int32_t *host_ids;      /* n_batch ids, then the position */
+    int32_t *host_ids;      /* the position of the first row, then up to n_batch ids */
     int32_t *host_topk_id;  /* a layer's routing and rows read back, n_batch * top_k and n_batch * hidden */
     float *host_topk_w, *host_xn;
     float *foreign_host;    /* n_batch * top_k rows of hidden: other owners' outputs */

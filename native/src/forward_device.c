@@ -15,12 +15,6 @@
 #include "eb_convert.h"
 #include "eb_model.h"
 
-#define ALIGN 256
-
-static size_t align_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
-
-static size_t wbytes(const eb_weight *w) { return (size_t)w->rows * (size_t)w->cols * eb_dtype_size(w->dtype); }
-
 typedef struct {
     const eb_runtime *r;
     const eb_rt_primary_ops *ops;
@@ -48,7 +42,7 @@ typedef struct {
 
 static void *place(layout *a, const void *src, size_t bytes) {
     size_t at = a->off;
-    a->off += align_up(bytes ? bytes : 1);
+    a->off += eb_align(bytes ? bytes : 1);
     if (!a->base) return NULL;
     void *dst = a->base + at;
     char err[512] = "";
@@ -60,7 +54,7 @@ static void *place(layout *a, const void *src, size_t bytes) {
 
 static eb_weight place_weight(layout *a, const eb_weight *w) {
     eb_weight out = *w;
-    out.data = w->data ? place(a, w->data, wbytes(w)) : NULL;
+    out.data = w->data ? place(a, w->data, (size_t)eb_weight_bytes(w)) : NULL;
     return out;
 }
 
@@ -226,8 +220,8 @@ int eb_device_context_init(eb_context *c) {
     lay_out_context(c, &a);
     if (a.st) return a.st;
     size_t K = cf->top_k > 0 ? (size_t)cf->top_k : 1, B = (size_t)c->n_batch, H = (size_t)cf->hidden_size;
-    size_t sizes[5] = {align_up((B + 1) * sizeof(int32_t)), align_up(B * K * sizeof(int32_t)),
-                       align_up(B * K * sizeof(float)), align_up(B * H * sizeof(float)), align_up(B * K * H * sizeof(float))};
+    size_t sizes[5] = {eb_align((B + 1) * sizeof(int32_t)), eb_align(B * K * sizeof(int32_t)),
+                       eb_align(B * K * sizeof(float)), eb_align(B * H * sizeof(float)), eb_align(B * K * H * sizeof(float))};
     if ((st = p.r->table->host_alloc(p.r->rt, sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4], &dc->host, err,
                                      sizeof err)))
         return eb_fail(st, "pinned host memory for %s: %s", p.name, err);
@@ -343,7 +337,7 @@ static int queue_part(eb_context *c, int64_t n, int64_t first, int logits, int r
     float eps = (float)cf->rms_norm_eps;
 
     *stop = -1;
-    if (resume < 0) OP(ops->embed(rt, dev, dp->embed.data, dp->embed.dtype, H, dc->ids, n, dc->x, err, sizeof err));
+    if (resume < 0) OP(ops->embed(rt, dev, dp->embed.data, dp->embed.dtype, H, dc->ids + 1, n, dc->x, err, sizeof err));
     for (int l = resume < 0 ? 0 : resume; l < cf->num_layers; l++) {
         const eb_dev_layer *D = &dp->layers[l];
         if (l == resume) goto experts;
@@ -359,7 +353,7 @@ static int queue_part(eb_context *c, int64_t n, int64_t first, int logits, int r
         }
         size_t layer_kv = (size_t)l * (size_t)c->n_ctx * (size_t)kvd;
         eb_rt_attention at = {dc->q, dc->k, dc->v, D->q_norm, D->k_norm, dc->rope_cos, dc->rope_sin,
-                              dc->k_cache + layer_kv, dc->v_cache + layer_kv, dc->ids + c->n_batch, (int32_t)n,
+                              dc->k_cache + layer_kv, dc->v_cache + layer_kv, dc->ids, (int32_t)n,
                               cf->num_heads, cf->num_kv_heads, cf->head_dim, c->n_ctx, eps, dc->att};
         OP(ops->attention(rt, dev, &at, err, sizeof err));
         eb_rt_matmul o = {D->o.data, D->o.dtype, D->o.rows, D->o.cols, dc->att, n, dc->x};
@@ -452,10 +446,10 @@ int eb_device_eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *lo
     if (m->dp->stale)
         return eb_fail(EB_ERR_STATE, "the expert tables on %s are out of date after a placement that failed to "
                                      "finish: set the placement again", p.name);
-    memcpy(dc->host_ids, ids, (size_t)n * sizeof *ids);
-    dc->host_ids[c->n_batch] = c->pos;
-    if ((st = p.r->table->copy_to_device(p.r->rt, p.local, dc->ids, dc->host_ids,
-                                         ((size_t)c->n_batch + 1) * sizeof(int32_t), 1, err, sizeof err)))
+    dc->host_ids[0] = c->pos; /* the position, then the ids: one copy of n + 1 values */
+    memcpy(dc->host_ids + 1, ids, (size_t)n * sizeof *ids);
+    if ((st = p.r->table->copy_to_device(p.r->rt, p.local, dc->ids, dc->host_ids, ((size_t)n + 1) * sizeof(int32_t), 1,
+                                         err, sizeof err)))
         return eb_fail(st, "sending token ids to %s: %s", p.name, err);
     int64_t first = all_rows ? 0 : n - 1;
     /* parts between the host round trips of layers with experts elsewhere (one part when there are none) */

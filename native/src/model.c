@@ -294,20 +294,18 @@ static int bind_layer(const binder *b, int l) {
 #undef TRY
 }
 
-static uint64_t weight_size(const eb_weight *w) { return (uint64_t)w->rows * (uint64_t)w->cols * eb_dtype_size(w->dtype); }
-
 static void compute_bytes_per_token(eb_model *m) {
     const eb_model_config *c = &m->cfg;
-    uint64_t total = (uint64_t)c->hidden_size * eb_dtype_size(m->embed.dtype) + weight_size(&m->lm_head);
+    uint64_t total = (uint64_t)c->hidden_size * eb_dtype_size(m->embed.dtype) + eb_weight_bytes(&m->lm_head);
     for (int l = 0; l < c->num_layers; l++) {
         const eb_layer *L = &m->layers[l];
-        total += weight_size(&L->q) + weight_size(&L->k) + weight_size(&L->v) + weight_size(&L->o);
+        total += eb_weight_bytes(&L->q) + eb_weight_bytes(&L->k) + eb_weight_bytes(&L->v) + eb_weight_bytes(&L->o);
         if (L->is_moe) {
-            total += weight_size(&L->router);
+            total += eb_weight_bytes(&L->router);
             const eb_expert *e = &L->experts[0];
-            total += (uint64_t)c->top_k * (weight_size(&e->gate) + weight_size(&e->up) + weight_size(&e->down));
+            total += (uint64_t)c->top_k * (eb_weight_bytes(&e->gate) + eb_weight_bytes(&e->up) + eb_weight_bytes(&e->down));
         } else {
-            total += weight_size(&L->gate) + weight_size(&L->up) + weight_size(&L->down);
+            total += eb_weight_bytes(&L->gate) + eb_weight_bytes(&L->up) + eb_weight_bytes(&L->down);
         }
     }
     m->info.bytes_per_token = total;
@@ -410,8 +408,8 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
     for (int l = 0; l < c->num_layers; l++)
         if (m->layers[l].is_moe)
             for (int e = 0; e < c->num_experts; e++)
-                m->counters.dev[home].weight_bytes += weight_size(&m->layers[l].experts[e].gate) * 2 +
-                                                                weight_size(&m->layers[l].experts[e].down);
+                m->counters.dev[home].weight_bytes += eb_weight_bytes(&m->layers[l].experts[e].gate) * 2 +
+                                                                eb_weight_bytes(&m->layers[l].experts[e].down);
     if (!rinfo.host_addressable && (st = eb_device_primary_init(m))) {
         eb_model_free(m);
         return st;

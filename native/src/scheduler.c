@@ -18,16 +18,10 @@
 #include "eb_ops.h"
 #include "eb_model.h"
 
-#define ALIGN 256
-
-static size_t align_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
-
-static uint64_t wsize(const eb_weight *w) { return (uint64_t)w->rows * (uint64_t)w->cols * eb_dtype_size(w->dtype); }
-
-static uint64_t expert_bytes(const eb_expert *e) { return wsize(&e->gate) + wsize(&e->up) + wsize(&e->down); }
+static uint64_t expert_bytes(const eb_expert *e) { return eb_weight_bytes(&e->gate) + eb_weight_bytes(&e->up) + eb_weight_bytes(&e->down); }
 
 static uint64_t expert_copy_bytes(const eb_expert *e) {
-    return align_up(wsize(&e->gate)) + align_up(wsize(&e->up)) + align_up(wsize(&e->down));
+    return eb_align(eb_weight_bytes(&e->gate)) + eb_align(eb_weight_bytes(&e->up)) + eb_align(eb_weight_bytes(&e->down));
 }
 
 /* ---- placement --------------------------------------------------------------------------------------- */
@@ -94,8 +88,8 @@ static void point_at_host(eb_expert *x) {
 static void point_at_copy(eb_expert *x, void *mem) {
     unsigned char *p = (unsigned char *)mem;
     x->gate.data = p;
-    x->up.data = p + align_up(wsize(&x->gate));
-    x->down.data = p + align_up(wsize(&x->gate)) + align_up(wsize(&x->up));
+    x->up.data = p + eb_align(eb_weight_bytes(&x->gate));
+    x->down.data = p + eb_align(eb_weight_bytes(&x->gate)) + eb_align(eb_weight_bytes(&x->up));
 }
 
 static void refresh_weight_counters(eb_model *m) {
@@ -159,7 +153,7 @@ int eb_model_set_placement(eb_model *m, const int32_t *owners, int64_t n) {
             point_at_copy(&tmp, mem);
             const void *src[3] = {x->host_gate, x->host_up, x->host_down};
             void *dst[3] = {(void *)tmp.gate.data, (void *)tmp.up.data, (void *)tmp.down.data};
-            uint64_t sz[3] = {wsize(&x->gate), wsize(&x->up), wsize(&x->down)};
+            uint64_t sz[3] = {eb_weight_bytes(&x->gate), eb_weight_bytes(&x->up), eb_weight_bytes(&x->down)};
             for (int k = 0; k < 3 && st == EB_OK; k++)
                 if ((st = r->table->copy_to_device(r->rt, local, dst[k], src[k], sz[k], 0, err, sizeof err)) != 0)
                     st = eb_fail(st, "placement: uploading expert %lld of layer %d to %s: %s", (long long)e, l,
@@ -336,7 +330,7 @@ static int grow(eb_context *c, int d, size_t host_bytes, size_t dev_bytes) {
     char err[512] = "";
     int st;
     if (host_bytes > a->host_cap) {
-        size_t cap = align_up(host_bytes + host_bytes / 2);
+        size_t cap = eb_align(host_bytes + host_bytes / 2);
         if (a->host) r->table->host_free(r->rt, a->host);
         a->host = NULL;
         a->host_cap = 0;
@@ -346,7 +340,7 @@ static int grow(eb_context *c, int d, size_t host_bytes, size_t dev_bytes) {
         m->counters.model.arena_allocations++;
     }
     if (dev_bytes > a->dev_cap) {
-        size_t cap = align_up(dev_bytes + dev_bytes / 2);
+        size_t cap = eb_align(dev_bytes + dev_bytes / 2);
         if (a->dev) {
             r->table->mem_free(r->rt, local, a->dev);
             m->arena_bytes[d] -= a->dev_cap;
@@ -398,11 +392,11 @@ static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int 
     s->n_tokens = (int32_t)x_rows;
 
     /* host arena: [x (staged only) | pair_token | pair_weight] [y] [scratch (host-addressable only)] */
-    size_t x_bytes = staged ? align_up((size_t)(n_tokens * H) * sizeof(float)) : 0;
-    size_t pt_bytes = align_up((size_t)n_pairs * sizeof(int32_t)), pw_bytes = align_up((size_t)n_pairs * sizeof(float));
+    size_t x_bytes = staged ? eb_align((size_t)(n_tokens * H) * sizeof(float)) : 0;
+    size_t pt_bytes = eb_align((size_t)n_pairs * sizeof(int32_t)), pw_bytes = eb_align((size_t)n_pairs * sizeof(float));
     size_t in_bytes = x_bytes + pt_bytes + pw_bytes;
-    size_t y_bytes = align_up((size_t)(y_rows * H) * sizeof(float));
-    size_t scratch = align_up(eb_rt_expert_scratch_bytes(n_pairs, H, I));
+    size_t y_bytes = eb_align((size_t)(y_rows * H) * sizeof(float));
+    size_t scratch = eb_align(eb_rt_expert_scratch_bytes(n_pairs, H, I));
     int st = grow(c, d, in_bytes + y_bytes + (staged ? 0 : scratch), staged ? in_bytes + y_bytes + scratch : 0);
     if (st) return st;
     unsigned char *hb = (unsigned char *)c->arena[d].host;
