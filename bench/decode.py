@@ -26,7 +26,7 @@ from engine.model import Engine
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from checkpoints import demo_target  # noqa: E402
-from measure import add_common_arguments, decode_speed, prefill_ids, prefill_speed  # noqa: E402
+from measure import add_common_arguments, decode_speed, prefill_ids, prefill_speed, write_report  # noqa: E402
 
 
 def memory_ceiling() -> dict:
@@ -54,12 +54,7 @@ def measure(dtype: str, args) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_arguments(ap, threads_default=0)
-    ap.add_argument("--rounds", type=int, default=1,
-                    help="measure the ceiling and then every dtype this many times; each round's fraction is its "
-                    "decode over its own ceiling, and the medians are reported (default 1)")  # fmt: skip
     args = ap.parse_args()
-    if args.rounds < 1:
-        ap.error("--rounds must be at least 1")
     rounds = []
     for _ in range(args.rounds):  # the ceiling next to the decodes it is compared with: a shared machine drifts
         ceiling = memory_ceiling()
@@ -100,9 +95,7 @@ def main() -> int:
         print(f"| {r['dtype']} | {r['decode_tokens_per_second']:.1f} ({r['decode_min']:.1f}-{r['decode_max']:.1f}) "
               f"| {r['bytes_per_token'] / 1e6:.0f} | {r['effective_gbs']:.1f} | {r['fraction_of_read_ceiling']:.0%} "
               f"({each}) | {r['roofline_tokens_per_second']:.0f} | {r['prefill_tokens_per_second']:.1f} |")  # fmt: skip
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2))
+    write_report(args.json, report)
     return 0
 
 

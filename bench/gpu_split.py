@@ -10,7 +10,6 @@ prints a Markdown table. Run on a machine with the cuda (or hip) module built:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -18,7 +17,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from measure import add_gpu_arguments, greedy_decode
+from measure import add_gpu_arguments, greedy_decode, write_report
 
 from engine.costmodel import ModelShape
 from engine.demo import DEMO_PROMPTS, ensure_demo_pair
@@ -97,9 +96,7 @@ def main() -> int:
         same, diff = r["tokens_identical_to_cpu"], r["max_abs_logit_diff"]
         gbs = r["gpu_expert_weight_gbs"]
         print(f"| {r['gpu_layers']}/{len(moe)} ({r['percent']} %) | {speed} | {same} | {diff:.2e} | {gbs:.0f} |")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2))
+    write_report(args.json, report)
     return 0 if all(r["tokens_identical_to_cpu"] for r in rows) else 1
 
 

@@ -1,9 +1,11 @@
-"""Speed measurements shared by the benchmarks (decode.py, vs_llamacpp.py): the same loops, so the same figures."""
+"""What the benchmarks share (decode.py, vs_llamacpp.py, the GPU ones): the same loops, arguments and reports."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -64,6 +66,20 @@ def add_gpu_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--json", help="write the report here")
 
 
+def write_report(path: str | None, report: dict) -> None:
+    """The benchmark's JSON report, when --json asked for one."""
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(report, indent=2))
+
+
+def _rounds(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: expected at least 1")
+    return value
+
+
 def add_common_arguments(ap: argparse.ArgumentParser, threads_default: int) -> None:
     """The arguments every CPU speed benchmark takes, with the same defaults."""
     ap.add_argument("--size", default="bench", help="demo model size (default, bench)")
@@ -73,3 +89,6 @@ def add_common_arguments(ap: argparse.ArgumentParser, threads_default: int) -> N
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=threads_default, help="worker threads (0: all cores)")
     ap.add_argument("--json", help="write the report here")
+    ap.add_argument("--rounds", type=_rounds, default=1,
+                    help="measure this many times, interleaving what is compared (a shared machine's speed drifts "
+                    "over minutes); the ratios reported are the medians of the rounds' (default 1)")  # fmt: skip

@@ -29,7 +29,7 @@ from engine.model import Engine
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from checkpoints import demo_target  # noqa: E402
-from measure import add_common_arguments, decode_speed, prefill_ids, prefill_speed  # noqa: E402
+from measure import add_common_arguments, decode_speed, prefill_ids, prefill_speed, write_report  # noqa: E402
 
 LLAMA_CPP_PYTHON = "0.3.36"
 WORK = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "expertbench" / "bench-llamacpp"
@@ -133,12 +133,7 @@ def round_speeds(rounds: list[dict], what: str) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_arguments(ap, threads_default=os.cpu_count())
-    ap.add_argument("--rounds", type=int, default=1,
-                    help="measure both engines this many times, alternating which goes first; the ratios are the "
-                    "medians of the rounds' ratios (default 1)")  # fmt: skip
     args = ap.parse_args()
-    if args.rounds < 1:
-        ap.error("--rounds must be at least 1")
     setup()
     rows = []
     for dtype in args.dtypes:
@@ -187,10 +182,8 @@ def main() -> int:
 
         print(f"| {r['dtype']} | {d['ours']:.1f} | {d['llama_cpp']:.1f} | {d['ratio']:.2f}x ({per_round(d)}) "
               f"| {p['ours']:.1f} | {p['llama_cpp']:.1f} | {p['ratio']:.2f}x ({per_round(p)}) | {agree} |")  # fmt: skip
-    if args.json:
-        report = {"command": " ".join(["python", *sys.argv]), "llama_cpp_python": LLAMA_CPP_PYTHON, "results": rows}
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2))
+    report = {"command": " ".join(["python", *sys.argv]), "llama_cpp_python": LLAMA_CPP_PYTHON, "results": rows}
+    write_report(args.json, report)
     return 0
 
 
