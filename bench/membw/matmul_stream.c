@@ -1,0 +1,152 @@
+/* The CPU decode kernel alone against a plain read of the same bytes, in one run: how close the one-token
+ * products come to the memory ceiling before the engine's other work is counted.
+ *
+ * A GiB of weight matrices (expert-sized by default: 512 rows x 1024 columns) is swept as decode sweeps its
+ * weights: every product split into row ranges across the threads, the threads meeting after each product.
+ * The same bytes are then summed plainly (the read kernel of membw.c). Best of --repeats sweeps each, with one
+ * thread and with all cores. Compiled with the engine's kernel sources:
+ *
+ *   cc -O2 -ffp-contract=off -mavx2 -mfma -mf16c -pthread -Inative/include -Inative/runtime/cpu \
+ *      bench/membw/matmul_stream.c native/runtime/cpu/cpu_kernels_avx2.c native/runtime/cpu/cpu_kernels_portable.c \
+ *      -o /tmp/matmul_stream && /tmp/matmul_stream --dtype bf16
+ */
+#define _GNU_SOURCE
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cpu_kernels.h"
+#include "expertbench.h"
+
+static int64_t ROWS = 512, COLS = 1024;
+static size_t TOTAL = (size_t)1 << 30;
+static int REPEATS = 5, DTYPE = EB_DTYPE_BF16;
+
+typedef struct {
+    int id, n, kind; /* kind 0: the decode kernel, 1: a plain read */
+    const unsigned char *w;
+    const float *x;
+    float *y;
+    int64_t n_mat;
+    double sum;
+    _Atomic int *arrived;
+    _Atomic int *round;
+} job;
+
+/* All threads meet: the last to arrive starts the next round. */
+static void meet(job *j) {
+    int r = atomic_load(j->round);
+    if (atomic_fetch_add(j->arrived, 1) == j->n - 1) {
+        atomic_store(j->arrived, 0);
+        atomic_fetch_add(j->round, 1);
+    } else {
+        while (atomic_load(j->round) == r) __builtin_ia32_pause();
+    }
+}
+
+static void *sweep(void *arg) {
+    job *j = (job *)arg;
+    size_t esize = DTYPE == EB_DTYPE_F32 ? 4 : 2, mat = (size_t)ROWS * (size_t)COLS * esize;
+    if (j->kind == 0) {
+        int64_t r0 = ROWS * j->id / j->n, r1 = ROWS * (j->id + 1) / j->n;
+        for (int64_t m = 0; m < j->n_mat; m++) {
+            eb_cpu_matmul_rows_avx2(j->w + (size_t)m * mat, DTYPE, r0, r1, COLS, j->x, 1, j->y + m * ROWS, ROWS);
+            meet(j);
+        }
+    } else {
+        size_t floats = (size_t)j->n_mat * mat / 4, lo = floats * (size_t)j->id / (size_t)j->n,
+               hi = floats * (size_t)(j->id + 1) / (size_t)j->n;
+        lo &= ~(size_t)31;
+        hi = j->id == j->n - 1 ? floats : hi & ~(size_t)31;
+        const float *a = (const float *)j->w;
+        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+        for (size_t i = lo; i + 32 <= hi; i += 32) {
+            s0 = _mm256_add_ps(s0, _mm256_loadu_ps(a + i));
+            s1 = _mm256_add_ps(s1, _mm256_loadu_ps(a + i + 8));
+            s2 = _mm256_add_ps(s2, _mm256_loadu_ps(a + i + 16));
+            s3 = _mm256_add_ps(s3, _mm256_loadu_ps(a + i + 24));
+        }
+        float t[8];
+        _mm256_storeu_ps(t, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+        j->sum = t[0] + t[7];
+    }
+    return NULL;
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* best GB/s of REPEATS sweeps with n threads */
+static double measure(int kind, int n, const unsigned char *w, const float *x, float *y, int64_t n_mat) {
+    double best = 1e30;
+    for (int r = 0; r < REPEATS; r++) {
+        _Atomic int arrived = 0, round = 0;
+        pthread_t th[256];
+        job jobs[256];
+        for (int i = 0; i < n; i++) jobs[i] = (job){i, n, kind, w, x, y, n_mat, 0.0, &arrived, &round};
+        double t0 = now();
+        for (int i = 1; i < n; i++) pthread_create(&th[i], NULL, sweep, &jobs[i]);
+        sweep(&jobs[0]);
+        for (int i = 1; i < n; i++) pthread_join(th[i], NULL);
+        double dt = now() - t0;
+        if (dt < best) best = dt;
+    }
+    size_t esize = DTYPE == EB_DTYPE_F32 ? 4 : 2;
+    return (double)n_mat * (double)ROWS * (double)COLS * (double)esize / best / 1e9;
+}
+
+int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
+            const char *d = argv[++i];
+            DTYPE = !strcmp(d, "f32") ? EB_DTYPE_F32 : !strcmp(d, "f16") ? EB_DTYPE_F16 : !strcmp(d, "bf16") ? EB_DTYPE_BF16 : -1;
+        } else if (!strcmp(argv[i], "--rows") && i + 1 < argc) ROWS = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--cols") && i + 1 < argc) COLS = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--mib") && i + 1 < argc) TOTAL = (size_t)atoll(argv[++i]) << 20;
+        else if (!strcmp(argv[i], "--repeats") && i + 1 < argc) REPEATS = atoi(argv[++i]);
+        else DTYPE = -2;
+    }
+    if (DTYPE < 0 || ROWS < 1 || COLS < 8 || REPEATS < 1 || TOTAL == 0) {
+        fprintf(stderr, "usage: %s [--dtype bf16|f16|f32] [--rows R] [--cols C] [--mib MiB] [--repeats N]\n", argv[0]);
+        return 2;
+    }
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("f16c")) {
+        fprintf(stderr, "this CPU lacks AVX2/FMA/F16C: the engine uses its portable kernels here\n");
+        return 1;
+    }
+    size_t esize = DTYPE == EB_DTYPE_F32 ? 4 : 2, mat = (size_t)ROWS * (size_t)COLS * esize;
+    int64_t n_mat = (int64_t)(TOTAL / mat);
+    if (n_mat < 1) {
+        fprintf(stderr, "--mib %zu holds no %lldx%lld matrix\n", TOTAL >> 20, (long long)ROWS, (long long)COLS);
+        return 2;
+    }
+    unsigned char *w = aligned_alloc(64, ((size_t)n_mat * mat + 63) / 64 * 64);
+    float *x = malloc((size_t)COLS * sizeof(float)), *y = malloc((size_t)n_mat * (size_t)ROWS * sizeof(float));
+    if (!w || !x || !y) return 1;
+    for (size_t i = 0; i < (size_t)n_mat * mat / 2; i++) ((uint16_t *)w)[i] = (uint16_t)(0x3c00 + i % 251);
+    for (int64_t i = 0; i < COLS; i++) x[i] = 0.001f * (float)(i % 97);
+    int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores > 256) cores = 256;
+    printf("%lld matrices of %lldx%lld %s (%zu MiB)\n", (long long)n_mat, (long long)ROWS, (long long)COLS,
+           DTYPE == EB_DTYPE_F32 ? "f32" : DTYPE == EB_DTYPE_F16 ? "f16" : "bf16", (size_t)n_mat * mat >> 20);
+    printf("| threads | plain read GB/s | decode kernel GB/s | kernel / read |\n| --- | --- | --- | --- |\n");
+    int counts[2] = {1, cores};
+    for (int k = 0; k < (cores > 1 ? 2 : 1); k++) {
+        double read = measure(1, counts[k], w, x, y, n_mat), kern = measure(0, counts[k], w, x, y, n_mat);
+        printf("| %d | %.1f | %.1f | %.0f%% |\n", counts[k], read, kern, 100.0 * kern / read);
+    }
+    free(w);
+    free(x);
+    free(y);
+    return 0;
+}
