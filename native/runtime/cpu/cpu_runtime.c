@@ -59,7 +59,8 @@ typedef struct {
     pool_fn fn;
     void *arg;
     int64_t total;
-    int64_t chunk;
+    int64_t step;  /* work items are whole multiples of step */
+    int64_t share; /* 0: items of one step; else each item takes 1/share of the work left (at least one step) */
 } pool;
 
 enum { CMD_COPY, CMD_FFN };
@@ -103,9 +104,9 @@ typedef struct cpu_runtime {
     const char *variant;
     char cpu_name[EB_MAX_NAME];
     uint64_t memory_limit;
-    /* Work items per thread and product: more balance the load, fewer cost fewer hand-offs. Tunable with
-     * EXPERTBENCH_CHUNKS_PER_THREAD (1..64) for measuring; see bench/RESULTS.md. */
-    int chunks_per_thread;
+    /* A product's work items each take 1/(threads x share) of the rows left, down to one step (guided
+     * scheduling). Tunable with EXPERTBENCH_CHUNKS_PER_THREAD (1..64) for measuring; see bench/RESULTS.md. */
+    int share;
 } cpu_runtime;
 
 static uint64_t now_ns(void) {
@@ -122,12 +123,20 @@ static inline void cpu_relax(void) {
 
 /* ---- thread pool ------------------------------------------------------------------------------------- */
 
+/* Take work items until none is left. With a share, items shrink as the work runs out (guided scheduling): long
+ * ones first, for long weight streams, and short ones last, so the threads finish a product close together. */
 static void pool_work(pool *p) {
     for (;;) {
-        int64_t b = atomic_fetch_add(&p->next, p->chunk);
-        if (b >= p->total) break;
-        int64_t e = b + p->chunk < p->total ? b + p->chunk : p->total;
-        p->fn(p->arg, b, e);
+        int64_t b = atomic_load(&p->next), size;
+        do {
+            if (b >= p->total) return;
+            size = p->step;
+            if (p->share) {
+                int64_t steps = (p->total - b) / p->share / p->step;
+                if (steps > 1) size = steps * p->step;
+            }
+        } while (!atomic_compare_exchange_weak(&p->next, &b, b + size));
+        p->fn(p->arg, b, b + size < p->total ? b + size : p->total);
     }
 }
 
@@ -160,16 +169,17 @@ static void *pool_worker(void *arg) {
     }
 }
 
-static void pool_run(pool *p, pool_fn fn, void *arg, int64_t total, int64_t chunk) {
+static void pool_run(pool *p, pool_fn fn, void *arg, int64_t total, int64_t step, int64_t share) {
     if (total <= 0) return;
-    if (p->n_threads <= 1 || total <= chunk) {
+    if (p->n_threads <= 1 || total <= step) {
         fn(arg, 0, total);
         return;
     }
     p->fn = fn;
     p->arg = arg;
     p->total = total;
-    p->chunk = chunk;
+    p->step = step;
+    p->share = share;
     atomic_store(&p->next, 0);
     atomic_store(&p->pending, p->n_threads - 1);
     pthread_mutex_lock(&p->mu);
@@ -246,14 +256,17 @@ static void matmul_chunk(void *arg, int64_t begin, int64_t end) {
     j->fn(j->w, j->dtype, begin, end, j->cols, j->x, j->n, j->y, j->ldy);
 }
 
+/* The smallest work item of a product: whole 8-row tiles and at least 16 KiB of weights, enough to amortise the
+ * hand-off. */
+static int64_t step_rows(int64_t cols, int dtype) {
+    int64_t rows = (int64_t)(16384 / ((size_t)cols * eb_dtype_size(dtype) + 1)) + 1;
+    return (rows + 7) / 8 * 8;
+}
+
 static void run_matmul(cpu_runtime *rt, cpu_device *d, const void *w, int dtype, int64_t rows, int64_t cols,
                        const float *x, int64_t n, float *y) {
     matmul_job job = {rt->matmul_rows, w, dtype, cols, x, n, y, rows};
-    /* Enough chunks for load balance, each big enough (about 16 KiB of weights) to amortise the hand-off. */
-    int64_t min_rows = (int64_t)(16384 / ((size_t)cols * eb_dtype_size(dtype) + 1)) + 1;
-    int64_t chunk = rows / ((int64_t)d->pool.n_threads * rt->chunks_per_thread);
-    if (chunk < min_rows) chunk = min_rows;
-    pool_run(&d->pool, matmul_chunk, &job, rows, chunk);
+    pool_run(&d->pool, matmul_chunk, &job, rows, step_rows(cols, dtype), (int64_t)d->pool.n_threads * rt->share);
 }
 
 /* Several products as one pool run over their concatenated rows. */
@@ -282,11 +295,12 @@ static void run_multi(cpu_runtime *rt, cpu_device *d, const eb_rt_matmul *tasks,
         job.n_tasks = n_tasks - first < MAX_TASKS ? n_tasks - first : MAX_TASKS;
         job.start[0] = 0;
         for (int i = 0; i < job.n_tasks; i++) job.start[i + 1] = job.start[i] + job.tasks[i].rows;
-        int64_t total = job.start[job.n_tasks];
-        /* chunks of whole 8-row tiles, enough of them to balance the threads */
-        int64_t chunk = total / ((int64_t)d->pool.n_threads * rt->chunks_per_thread);
-        chunk = chunk < 8 ? 8 : (chunk + 7) / 8 * 8;
-        pool_run(&d->pool, multi_chunk, &job, total, chunk);
+        int64_t total = job.start[job.n_tasks], step = 8;
+        for (int i = 0; i < job.n_tasks; i++) {
+            int64_t s = step_rows(job.tasks[i].cols, job.tasks[i].dtype);
+            if (s > step) step = s;
+        }
+        pool_run(&d->pool, multi_chunk, &job, total, step, (int64_t)d->pool.n_threads * rt->share);
     }
 }
 
@@ -485,9 +499,9 @@ static int cpu_init(const eb_runtime_options *opt, void **out, char *err, size_t
     int threads = opt && opt->threads_per_device > 0 ? opt->threads_per_device : cores / n_dev;
     if (threads < 1) threads = 1;
     rt->memory_limit = opt ? opt->memory_limit : 0;
-    rt->chunks_per_thread = 4;
+    rt->share = 2;
     const char *cpt = getenv("EXPERTBENCH_CHUNKS_PER_THREAD");
-    if (cpt && atoi(cpt) >= 1 && atoi(cpt) <= 64) rt->chunks_per_thread = atoi(cpt);
+    if (cpt && atoi(cpt) >= 1 && atoi(cpt) <= 64) rt->share = atoi(cpt);
     int portable = opt && opt->force_portable;
 #ifdef EB_CPU_HAVE_AVX2_BUILD
     __builtin_cpu_init();
@@ -727,7 +741,7 @@ static int cpu_parallel_for(void *rtp, int dev, void (*fn)(void *arg, int64_t be
     cpu_device *d = &rt->devices[dev];
     uint64_t t0 = now_ns();
     pthread_mutex_lock(&d->run_lock);
-    pool_run(&d->pool, fn, arg, n, chunk < 1 ? 1 : chunk);
+    pool_run(&d->pool, fn, arg, n, chunk < 1 ? 1 : chunk, 0);
     pthread_mutex_unlock(&d->run_lock);
     atomic_fetch_add(&d->busy_ns, now_ns() - t0);
     return 0;
