@@ -49,8 +49,12 @@ def test_matmul_stream_runs_the_engine_kernel(tmp_path):
                               text=True, check=True)  # fmt: skip
         assert re.search(rf"^\d+ matrices of 512x1024 {dtype} ", proc.stdout, re.M), proc.stdout
         assert re.search(r"^\| 1 \| [0-9.]+ \| [0-9.]+ \| \d+% \|$", proc.stdout, re.M), proc.stdout
-    bad = subprocess.run([str(exe), "--dtype", "int4"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "usage:" in bad.stderr
+    one = subprocess.run([str(exe), "--mib", "8", "--repeats", "1", "--threads", "1"], capture_output=True, text=True,
+                         check=True)  # fmt: skip
+    assert len(re.findall(r"^\| \d+ \| ", one.stdout, re.M)) == 1, one.stdout  # the one-thread row alone
+    for args in (["--dtype", "int4"], ["--threads", "-1"]):
+        bad = subprocess.run([str(exe), *args], capture_output=True, text=True)
+        assert bad.returncode == 2 and "usage:" in bad.stderr, args
     too_small = subprocess.run([str(exe), "--mib", "1", "--rows", "4096", "--cols", "4096"], capture_output=True,
                                text=True)  # fmt: skip
     assert too_small.returncode == 2 and "holds no 4096x4096 matrix" in too_small.stderr

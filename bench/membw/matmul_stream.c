@@ -4,7 +4,7 @@
  * A GiB of weight matrices (expert-sized by default: 512 rows x 1024 columns) is swept as decode sweeps its
  * weights: every product split into row ranges across the threads, the threads meeting after each product.
  * The same bytes are then summed plainly (the read kernel of membw.c). Best of --repeats sweeps each, with one
- * thread and with all cores. Compiled with the engine's kernel sources:
+ * thread and with all cores (or --threads). Compiled with the engine's kernel sources:
  *
  *   cc -O2 -ffp-contract=off -mavx2 -mfma -mf16c -pthread -Inative/include -Inative/runtime/cpu \
  *      bench/membw/matmul_stream.c native/runtime/cpu/cpu_kernels_avx2.c native/runtime/cpu/cpu_kernels_portable.c \
@@ -26,7 +26,7 @@
 
 static int64_t ROWS = 512, COLS = 1024;
 static size_t TOTAL = (size_t)1 << 30;
-static int REPEATS = 5, DTYPE = EB_DTYPE_BF16;
+static int REPEATS = 5, DTYPE = EB_DTYPE_BF16, THREADS = 0; /* 0: all cores */
 
 typedef struct {
     int id, n, kind; /* kind 0: the decode kernel, 1: a plain read */
@@ -113,10 +113,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--cols") && i + 1 < argc) COLS = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--mib") && i + 1 < argc) TOTAL = (size_t)atoll(argv[++i]) << 20;
         else if (!strcmp(argv[i], "--repeats") && i + 1 < argc) REPEATS = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) THREADS = atoi(argv[++i]);
         else DTYPE = -2;
     }
-    if (DTYPE < 0 || ROWS < 1 || COLS < 8 || REPEATS < 1 || TOTAL == 0) {
-        fprintf(stderr, "usage: %s [--dtype bf16|f16|f32] [--rows R] [--cols C] [--mib MiB] [--repeats N]\n", argv[0]);
+    if (DTYPE < 0 || ROWS < 1 || COLS < 8 || REPEATS < 1 || TOTAL == 0 || THREADS < 0 || THREADS > 256) {
+        fprintf(stderr, "usage: %s [--dtype bf16|f16|f32] [--rows R] [--cols C] [--mib MiB] [--repeats N] [--threads T]\n",
+                argv[0]);
         return 2;
     }
     __builtin_cpu_init();
@@ -135,7 +137,7 @@ int main(int argc, char **argv) {
     if (!w || !x || !y) return 1;
     for (size_t i = 0; i < (size_t)n_mat * mat / 2; i++) ((uint16_t *)w)[i] = (uint16_t)(0x3c00 + i % 251);
     for (int64_t i = 0; i < COLS; i++) x[i] = 0.001f * (float)(i % 97);
-    int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    int cores = THREADS ? THREADS : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (cores > 256) cores = 256;
     printf("%lld matrices of %lldx%lld %s (%zu MiB)\n", (long long)n_mat, (long long)ROWS, (long long)COLS,
            DTYPE == EB_DTYPE_F32 ? "f32" : DTYPE == EB_DTYPE_F16 ? "f16" : "bf16", (size_t)n_mat * mat >> 20);
