@@ -39,27 +39,39 @@ def memory_ceiling() -> dict:
         return json.loads(out.read_text())
 
 
-def kernel_alone(dtypes: list[str], threads: int) -> dict | None:
-    """Build bench/membw/matmul_stream.c with the engine's kernel sources and run it for each dtype: the one-token
-    kernel alone against a plain read of the same bytes, on the decode's thread count. It separates the kernel's
-    share of the gap to the ceiling from the rest of the engine's. None where there is no AVX2 kernel (not x86)."""
+def products_alone(dtypes: list[str], threads: int) -> dict | None:
+    """Two measurements that split the gap between decode and the ceiling, each against a plain read in the same
+    run, for each dtype: the one-token kernel alone (bench/membw/matmul_stream.c, built with the engine's kernel
+    sources) and a decode step's products alone through the engine's CPU runtime module, in decode's order
+    (bench/membw/decode_products.c). None where there is no AVX2 kernel (not x86)."""
     if platform.machine() not in ("x86_64", "AMD64"):
         return None
-    native = HERE.parent / "native"
+    native, n = HERE.parent / "native", str(threads or os.cpu_count())
+    with Engine(cpu_threads=threads) as eng:
+        module = eng.runtimes[0].path
     with tempfile.TemporaryDirectory() as tmp:
-        exe = Path(tmp) / "matmul_stream"
+        stream, products = Path(tmp) / "matmul_stream", Path(tmp) / "decode_products"
         sources = [HERE / "membw" / "matmul_stream.c", native / "runtime/cpu/cpu_kernels_avx2.c",
                    native / "runtime/cpu/cpu_kernels_portable.c"]  # fmt: skip
-        subprocess.run(["cc", "-O2", "-ffp-contract=off", "-mavx2", "-mfma", "-mf16c", "-pthread",
-                        f"-I{native / 'include'}", f"-I{native / 'runtime/cpu'}", *map(str, sources), "-o", str(exe)],
-                       check=True)  # fmt: skip
-        out, n = {}, str(threads or os.cpu_count())
+        include = [f"-I{native / 'include'}", f"-I{native / 'runtime/cpu'}"]
+        subprocess.run(["cc", "-O2", "-ffp-contract=off", "-mavx2", "-mfma", "-mf16c", "-pthread", *include,
+                        *map(str, sources), "-o", str(stream)], check=True)  # fmt: skip
+        subprocess.run(["cc", "-O2", "-mavx2", "-pthread", *include, str(HERE / "membw" / "decode_products.c"), "-ldl",
+                        "-o", str(products)], check=True)  # fmt: skip
+        out = {}
         for dtype in dtypes:
-            cmd = [str(exe), "--dtype", dtype, "--mib", "512", "--repeats", "3", "--threads", n]
-            run = subprocess.run(cmd, check=True, capture_output=True, text=True)
-            cells = run.stdout.strip().splitlines()[-1].strip("|").split("|")  # | threads | read | kernel | ratio |
-            out[dtype] = {"read_gbs": float(cells[1]), "kernel_gbs": float(cells[2])}
+            cmd = [str(stream), "--dtype", dtype, "--mib", "512", "--repeats", "3", "--threads", n]
+            kernel = last_row(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+            cmd = [str(products), module, "--dtype", dtype, "--tokens", "64", "--threads", n]
+            steps = last_row(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+            out[dtype] = {"read_gbs": float(kernel[1]), "kernel_gbs": float(kernel[2]),
+                          "products_gbs": float(steps[2]), "products_read_gbs": float(steps[3])}  # fmt: skip
         return out
+
+
+def last_row(table: str) -> list[str]:
+    """The cells of a markdown table's last row."""
+    return [c.strip() for c in table.strip().splitlines()[-1].strip("|").split("|")]
 
 
 def read_ceiling(ceiling: dict, threads: str = "all") -> float:
@@ -87,8 +99,8 @@ def main() -> int:
     rounds = []
     for _ in range(args.rounds):  # the ceiling next to the decodes it is compared with: a shared machine drifts
         ceiling = memory_ceiling()
-        alone = kernel_alone(args.dtypes, args.threads)
-        rounds.append({"memory_ceiling": ceiling, "kernel_alone": alone,
+        alone = products_alone(args.dtypes, args.threads)
+        rounds.append({"memory_ceiling": ceiling, "alone": alone,
                        "results": [measure(dtype, args) for dtype in args.dtypes]})  # fmt: skip
     rows = []
     for i, dtype in enumerate(args.dtypes):
@@ -99,7 +111,7 @@ def main() -> int:
         fractions = [t * per_token / 1e9 / c for t, c in zip(tps, ceilings, strict=True)]
         speeds = [v for m in per_round for v in m["speeds"]]
         read_all = statistics.median(ceilings)
-        alone = [r["kernel_alone"][dtype] for r in rounds if r["kernel_alone"]]
+        alone = [r["alone"][dtype] for r in rounds if r["alone"]]
         rows.append({
             "dtype": dtype, "model": per_round[0]["model"], "kernels": per_round[0]["kernels"],
             "threads": per_round[0]["threads"], "decode_tokens_per_second": statistics.median(tps),
@@ -110,26 +122,29 @@ def main() -> int:
             "prefill_tokens": args.prefill,
             "prefill_tokens_per_second": statistics.median(v for m in per_round for v in m["prefill"]),
             "generated_ids": per_round[-1]["generated_ids"],
-            "round_kernel_alone": alone,
+            "round_alone": alone,
         })  # fmt: skip
     report = {"command": " ".join(["python", *sys.argv]), "host": platform.node(), "cpu": platform.processor(),
               "cores": os.cpu_count(), "memory_ceiling": rounds[0]["memory_ceiling"],
-              "rounds": [{"memory_ceiling": r["memory_ceiling"], "kernel_alone": r["kernel_alone"]} for r in rounds],
+              "rounds": [{"memory_ceiling": r["memory_ceiling"], "alone": r["alone"]} for r in rounds],
               "results": rows}  # fmt: skip
     ceilings = [read_ceiling(r["memory_ceiling"]) for r in rounds]
     print(f"memory read ceiling: {', '.join(f'{c:.1f}' for c in ceilings)} GB/s "
           f"({rounds[0]['memory_ceiling']['threads']} threads; one per round), "
           f"{read_ceiling(rounds[0]['memory_ceiling'], '1'):.1f} GB/s (1 thread); the faster of a plain read and one "
           f"that requests lines ahead")  # fmt: skip
-    print("| dtype | decode tok/s (min-max) | MB/token | GB/s | of ceiling (per round) | kernel alone, of a plain read "
-          "(per round) | roofline tok/s | prefill tok/s |")  # fmt: skip
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(
+        "| dtype | decode tok/s (min-max) | MB/token | GB/s | of ceiling (per round) | products alone, of a "
+        "plain read (per round) | kernel alone, of a plain read (per round) | roofline tok/s | prefill tok/s |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         each = ", ".join(f"{f:.0%}" for f in r["round_fractions"])
-        alone = ", ".join(f"{a['kernel_gbs']:.0f} of {a['read_gbs']:.0f} GB/s" for a in r["round_kernel_alone"]) or "-"
+        steps = ", ".join(f"{a['products_gbs']:.0f} of {a['products_read_gbs']:.0f}" for a in r["round_alone"]) or "-"
+        kernel = ", ".join(f"{a['kernel_gbs']:.0f} of {a['read_gbs']:.0f}" for a in r["round_alone"]) or "-"
         print(f"| {r['dtype']} | {r['decode_tokens_per_second']:.1f} ({r['decode_min']:.1f}-{r['decode_max']:.1f}) "
               f"| {r['bytes_per_token'] / 1e6:.0f} | {r['effective_gbs']:.1f} | {r['fraction_of_read_ceiling']:.0%} "
-              f"({each}) | {alone} | {r['roofline_tokens_per_second']:.0f} "
+              f"({each}) | {steps} GB/s | {kernel} GB/s | {r['roofline_tokens_per_second']:.0f} "
               f"| {r['prefill_tokens_per_second']:.1f} |")  # fmt: skip
     write_report(args.json, report)
     return 0

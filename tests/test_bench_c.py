@@ -16,10 +16,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def build(out: Path, *sources: str, flags: tuple = ()) -> Path:
+def build(out: Path, *sources: str, flags: tuple = (), libs: tuple = ()) -> Path:
     if shutil.which("cc") is None:
         pytest.fail("cc is needed to build the benchmarks (run tests/setup.sh)")
-    cmd = ["cc", "-O2", *WARN, "-mavx2", "-mfma", "-pthread", *flags, *sources, "-o", str(out)]
+    cmd = ["cc", "-O2", *WARN, "-mavx2", "-mfma", "-pthread", *flags, *sources, *libs, "-o", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
     return out
@@ -58,3 +58,22 @@ def test_matmul_stream_runs_the_engine_kernel(tmp_path):
     too_small = subprocess.run([str(exe), "--mib", "1", "--rows", "4096", "--cols", "4096"], capture_output=True,
                                text=True)  # fmt: skip
     assert too_small.returncode == 2 and "holds no 4096x4096 matrix" in too_small.stderr
+
+
+def test_decode_products_runs_through_the_cpu_module(tmp_path):
+    from engine.model import Engine
+
+    with Engine() as eng:
+        module = eng.runtimes[0].path
+    source = "bench/membw/decode_products.c"
+    exe = build(tmp_path / "decode_products", source, flags=("-Inative/include",), libs=("-ldl",))
+    proc = subprocess.run([str(exe), module, "--dtype", "bf16", "--tokens", "2"], capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    row = re.search(r"^\| 352 \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \| \d+% \|$", proc.stdout, re.M)
+    assert row, proc.stdout  # the bench demo target's 352 MB of weights per token
+    assert all(float(v) > 0 for v in row.groups())
+    for args in ([module, "--dtype", "f16"], [module, "--tokens", "0"], []):
+        bad = subprocess.run([str(exe), *args], capture_output=True, text=True)
+        assert bad.returncode == 2 and "usage:" in bad.stderr, args
+    wrong = subprocess.run([str(exe), str(exe)], capture_output=True, text=True)
+    assert wrong.returncode == 1 and "not a runtime module" in wrong.stderr
