@@ -26,15 +26,21 @@ from engine.model import Engine
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from checkpoints import demo_target  # noqa: E402
-from measure import add_common_arguments, decode_speed, prefill_ids, prefill_speed, write_report  # noqa: E402
+from measure import (  # noqa: E402
+    add_common_arguments,
+    build_c,
+    cpu_has_avx2_kernels,
+    decode_speed,
+    prefill_ids,
+    prefill_speed,
+    write_report,
+)
 
 
 def memory_ceiling() -> dict:
     """Build and run bench/membw (read / copy / triad / read_ahead, 1 thread and all cores)."""
     with tempfile.TemporaryDirectory() as tmp:
-        exe, out = Path(tmp) / "membw", Path(tmp) / "membw.json"
-        subprocess.run(["cc", "-O2", "-mavx2", "-mfma", "-pthread", str(HERE / "membw" / "membw.c"), "-o", str(exe)],
-                       check=True)  # fmt: skip
+        exe, out = build_c("membw", Path(tmp)), Path(tmp) / "membw.json"
         subprocess.run([str(exe), "--json", str(out)], check=True, capture_output=True)
         return json.loads(out.read_text())
 
@@ -43,21 +49,14 @@ def products_alone(dtypes: list[str], threads: int) -> dict | None:
     """Two measurements that split the gap between decode and the ceiling, each against a plain read in the same
     run, for each dtype: the one-token kernel alone (bench/membw/matmul_stream.c, built with the engine's kernel
     sources) and a decode step's products alone through the engine's CPU runtime module, in decode's order
-    (bench/membw/decode_products.c). None where there is no AVX2 kernel (not x86)."""
-    if platform.machine() not in ("x86_64", "AMD64"):
+    (bench/membw/decode_products.c). None where the CPU has no AVX2 kernels."""
+    if not cpu_has_avx2_kernels():
         return None
-    native, n = HERE.parent / "native", str(threads or os.cpu_count())
+    n = str(threads or os.cpu_count())
     with Engine(cpu_threads=threads) as eng:
         module = eng.runtimes[0].path
     with tempfile.TemporaryDirectory() as tmp:
-        stream, products = Path(tmp) / "matmul_stream", Path(tmp) / "decode_products"
-        sources = [HERE / "membw" / "matmul_stream.c", native / "runtime/cpu/cpu_kernels_avx2.c",
-                   native / "runtime/cpu/cpu_kernels_portable.c"]  # fmt: skip
-        include = [f"-I{native / 'include'}", f"-I{native / 'runtime/cpu'}"]
-        subprocess.run(["cc", "-O2", "-ffp-contract=off", "-mavx2", "-mfma", "-mf16c", "-pthread", *include,
-                        *map(str, sources), "-o", str(stream)], check=True)  # fmt: skip
-        subprocess.run(["cc", "-O2", "-mavx2", "-pthread", *include, str(HERE / "membw" / "decode_products.c"), "-ldl",
-                        "-o", str(products)], check=True)  # fmt: skip
+        stream, products = build_c("matmul_stream", Path(tmp)), build_c("decode_products", Path(tmp))
         out = {}
         for dtype in dtypes:
             cmd = [str(stream), "--dtype", dtype, "--mib", "512", "--repeats", "3", "--threads", n]
@@ -99,8 +98,7 @@ def main() -> int:
     rounds = []
     for _ in range(args.rounds):  # the ceiling next to the decodes it is compared with: a shared machine drifts
         ceiling = memory_ceiling()
-        alone = products_alone(args.dtypes, args.threads)
-        rounds.append({"memory_ceiling": ceiling, "alone": alone,
+        rounds.append({"memory_ceiling": ceiling, "alone": products_alone(args.dtypes, args.threads),
                        "results": [measure(dtype, args) for dtype in args.dtypes]})  # fmt: skip
     rows = []
     for i, dtype in enumerate(args.dtypes):
@@ -111,7 +109,7 @@ def main() -> int:
         fractions = [t * per_token / 1e9 / c for t, c in zip(tps, ceilings, strict=True)]
         speeds = [v for m in per_round for v in m["speeds"]]
         read_all = statistics.median(ceilings)
-        alone = [r["alone"][dtype] for r in rounds if r["alone"]]
+        round_alone = [r["alone"][dtype] for r in rounds if r["alone"]]
         rows.append({
             "dtype": dtype, "model": per_round[0]["model"], "kernels": per_round[0]["kernels"],
             "threads": per_round[0]["threads"], "decode_tokens_per_second": statistics.median(tps),
@@ -122,7 +120,7 @@ def main() -> int:
             "prefill_tokens": args.prefill,
             "prefill_tokens_per_second": statistics.median(v for m in per_round for v in m["prefill"]),
             "generated_ids": per_round[-1]["generated_ids"],
-            "round_alone": alone,
+            "round_alone": round_alone,
         })  # fmt: skip
     report = {"command": " ".join(["python", *sys.argv]), "host": platform.node(), "cpu": platform.processor(),
               "cores": os.cpu_count(), "memory_ceiling": rounds[0]["memory_ceiling"],

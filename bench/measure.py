@@ -4,10 +4,50 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
+import subprocess
 import time
 from pathlib import Path
 
 import numpy as np
+
+BENCH = Path(__file__).resolve().parent
+NATIVE = BENCH.parent / "native"
+
+# The benchmarks' C programs (bench/membw/): sources, compiler flags, libraries. Their header comments give the
+# same commands for running them by hand.
+C_PROGRAMS = {
+    "membw": ([BENCH / "membw/membw.c"], ["-mavx2", "-mfma"], []),
+    "matmul_stream": (
+        [BENCH / "membw/matmul_stream.c", NATIVE / "runtime/cpu/cpu_kernels_avx2.c",
+         NATIVE / "runtime/cpu/cpu_kernels_portable.c"],
+        ["-ffp-contract=off", "-mavx2", "-mfma", "-mf16c", f"-I{NATIVE / 'include'}", f"-I{NATIVE / 'runtime/cpu'}"],
+        [],
+    ),
+    "decode_products": ([BENCH / "membw/decode_products.c"], ["-mavx2", f"-I{NATIVE / 'include'}"], ["-ldl"]),
+}  # fmt: skip
+
+
+def build_c(name: str, out_dir: Path, extra_flags: tuple = ()) -> Path:
+    """Compile one of C_PROGRAMS into out_dir; a failed build raises with the compiler's messages."""
+    sources, flags, libs = C_PROGRAMS[name]
+    exe = Path(out_dir) / name
+    cmd = ["cc", "-O2", "-pthread", *flags, *extra_flags, *map(str, sources), *libs, "-o", str(exe)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"building {name} failed:\n{' '.join(cmd)}\n{proc.stderr}")
+    return exe
+
+
+def cpu_has_avx2_kernels() -> bool:
+    """Whether this CPU runs the engine's AVX2 kernels (x86 with AVX2, FMA and F16C), which matmul_stream needs."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return False
+    return {"avx2", "fma", "f16c"} <= flags
 
 
 def prefill_ids(vocab_size: int, n: int) -> list[int]:

@@ -1,79 +1,65 @@
 """The benchmarks' C programs build without warnings and run on small inputs (their speeds are not checked here)."""
 
-import platform
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from engine.model import Engine
+
 ROOT = Path(__file__).resolve().parent.parent
-WARN = ["-Wall", "-Wextra", "-Werror"]
+sys.path.insert(0, str(ROOT / "bench"))
+from measure import build_c, cpu_has_avx2_kernels  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
-    platform.machine() not in ("x86_64", "AMD64"), reason="the benchmarks' C programs use x86 AVX2 intrinsics"
+    not cpu_has_avx2_kernels(), reason="the benchmarks' C programs need x86 with AVX2, FMA and F16C"
 )
 
 
-def build(out: Path, *sources: str, flags: tuple = (), libs: tuple = ()) -> Path:
+def build(name: str, out_dir: Path) -> Path:
     if shutil.which("cc") is None:
         pytest.fail("cc is needed to build the benchmarks (run tests/setup.sh)")
-    cmd = ["cc", "-O2", *WARN, "-mavx2", "-mfma", "-pthread", *flags, *sources, *libs, "-o", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
-    return out
+    return build_c(name, out_dir, extra_flags=("-Wall", "-Wextra", "-Werror"))
 
 
-def has_avx2() -> bool:
-    return " avx2 " in Path("/proc/cpuinfo").read_text().replace("\n", " ")
+def run(*cmd, code: int = 0) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+    assert proc.returncode == code, (cmd, proc.stdout, proc.stderr)
+    return proc
 
 
 def test_membw_reports_every_kernel(tmp_path):
-    exe = build(tmp_path / "membw", "bench/membw/membw.c")
-    proc = subprocess.run([str(exe), "--mib", "16", "--repeats", "1"], capture_output=True, text=True, check=True)
+    out = run(build("membw", tmp_path), "--mib", "16", "--repeats", "1").stdout
     for kernel in ("read", "copy", "triad", "read_ahead"):
-        row = re.search(rf"^\| {kernel} \| ([0-9.]+) \| ([0-9.]+) \|$", proc.stdout, re.M)
-        assert row, proc.stdout
+        row = re.search(rf"^\| {kernel} \| ([0-9.]+) \| ([0-9.]+) \|$", out, re.M)
+        assert row, out
         assert float(row.group(1)) > 0 and float(row.group(2)) > 0
 
 
-@pytest.mark.skipif(not has_avx2(), reason="matmul_stream runs the AVX2 decode kernel, which this CPU lacks")
 def test_matmul_stream_runs_the_engine_kernel(tmp_path):
-    flags = ("-ffp-contract=off", "-mf16c", "-Inative/include", "-Inative/runtime/cpu")
-    sources = ("bench/membw/matmul_stream.c", "native/runtime/cpu/cpu_kernels_avx2.c",
-               "native/runtime/cpu/cpu_kernels_portable.c")  # fmt: skip
-    exe = build(tmp_path / "matmul_stream", *sources, flags=flags)
+    exe = build("matmul_stream", tmp_path)
     for dtype in ("bf16", "f16", "f32"):
-        proc = subprocess.run([str(exe), "--dtype", dtype, "--mib", "8", "--repeats", "1"], capture_output=True,
-                              text=True, check=True)  # fmt: skip
-        assert re.search(rf"^\d+ matrices of 512x1024 {dtype} ", proc.stdout, re.M), proc.stdout
-        assert re.search(r"^\| 1 \| [0-9.]+ \| [0-9.]+ \| \d+% \|$", proc.stdout, re.M), proc.stdout
-    one = subprocess.run([str(exe), "--mib", "8", "--repeats", "1", "--threads", "1"], capture_output=True, text=True,
-                         check=True)  # fmt: skip
-    assert len(re.findall(r"^\| \d+ \| ", one.stdout, re.M)) == 1, one.stdout  # the one-thread row alone
-    for args in (["--dtype", "int4"], ["--threads", "-1"]):
-        bad = subprocess.run([str(exe), *args], capture_output=True, text=True)
-        assert bad.returncode == 2 and "usage:" in bad.stderr, args
-    too_small = subprocess.run([str(exe), "--mib", "1", "--rows", "4096", "--cols", "4096"], capture_output=True,
-                               text=True)  # fmt: skip
-    assert too_small.returncode == 2 and "holds no 4096x4096 matrix" in too_small.stderr
+        out = run(exe, "--dtype", dtype, "--mib", "8", "--repeats", "1").stdout
+        assert re.search(rf"^\d+ matrices of 512x1024 {dtype} ", out, re.M), out
+        assert re.search(r"^\| 1 \| [0-9.]+ \| [0-9.]+ \| \d+% \|$", out, re.M), out
+    one = run(exe, "--mib", "8", "--repeats", "1", "--threads", "1").stdout
+    assert len(re.findall(r"^\| \d+ \| ", one, re.M)) == 1, one  # the one-thread row alone
+    for args in (["--dtype", "int4"], ["--threads", "-1"], ["--bogus", "--dtype", "bf16"]):
+        assert "usage:" in run(exe, *args, code=2).stderr, args
+    assert "holds no 4096x4096 matrix" in run(exe, "--mib", "1", "--rows", "4096", "--cols", "4096", code=2).stderr
 
 
 def test_decode_products_runs_through_the_cpu_module(tmp_path):
-    from engine.model import Engine
-
     with Engine() as eng:
         module = eng.runtimes[0].path
-    source = "bench/membw/decode_products.c"
-    exe = build(tmp_path / "decode_products", source, flags=("-Inative/include",), libs=("-ldl",))
-    proc = subprocess.run([str(exe), module, "--dtype", "bf16", "--tokens", "2"], capture_output=True, text=True,
-                          check=True)  # fmt: skip
-    row = re.search(r"^\| 352 \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \| \d+% \|$", proc.stdout, re.M)
-    assert row, proc.stdout  # the bench demo target's 352 MB of weights per token
+    exe = build("decode_products", tmp_path)
+    out = run(exe, module, "--dtype", "bf16", "--tokens", "2").stdout
+    row = re.search(r"^\| 352 \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \| \d+% \|$", out, re.M)
+    assert row, out  # the bench demo target's 352 MB of weights per token
     assert all(float(v) > 0 for v in row.groups())
-    for args in ([module, "--dtype", "f16"], [module, "--tokens", "0"], []):
-        bad = subprocess.run([str(exe), *args], capture_output=True, text=True)
-        assert bad.returncode == 2 and "usage:" in bad.stderr, args
-    wrong = subprocess.run([str(exe), str(exe)], capture_output=True, text=True)
-    assert wrong.returncode == 1 and "not a runtime module" in wrong.stderr
+    for args in ([module, "--dtype", "f16"], [module, "--tokens", "0"], [module, "--bogus"], []):
+        assert "usage:" in run(exe, *args, code=2).stderr, args
+    assert "not a runtime module" in run(exe, exe, code=1).stderr

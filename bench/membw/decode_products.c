@@ -9,7 +9,7 @@
  * makes it. Prints tokens/s, GB/s of weights and the fraction of a plain read of the same bytes (the read of
  * membw.c), measured in the same run:
  *
- *   cc -O2 -pthread -Inative/include bench/membw/decode_products.c -ldl -o /tmp/decode_products && \
+ *   cc -O2 -mavx2 -pthread -Inative/include bench/membw/decode_products.c -ldl -o /tmp/decode_products && \
  *       /tmp/decode_products engine/expertbench_rt_cpu.so --dtype bf16
  *
  * Together with matmul_stream.c (the kernel alone) and decode.py (the whole engine) it splits the gap between
@@ -75,16 +75,16 @@ static void *read_part(void *arg) {
 
 int main(int argc, char **argv) {
     const char *module = argc > 1 ? argv[1] : NULL;
-    int dtype = EB_DTYPE_BF16, tokens = 64, threads = 0;
+    int dtype = EB_DTYPE_BF16, tokens = 64, threads = 0, bad = 0;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
             const char *d = argv[++i];
             dtype = !strcmp(d, "f32") ? EB_DTYPE_F32 : !strcmp(d, "bf16") ? EB_DTYPE_BF16 : -1;
         } else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
-        else dtype = -1;
+        else bad = 1;
     }
-    if (!module || dtype < 0 || tokens < 1 || threads < 0 || threads > 256) {
+    if (!module || bad || dtype < 0 || tokens < 1 || threads < 0 || threads > 256) {
         fprintf(stderr, "usage: %s MODULE.so [--dtype bf16|f32] [--tokens N] [--threads T]\n", argv[0]);
         return 2;
     }
@@ -104,7 +104,10 @@ int main(int argc, char **argv) {
         return 1;
     }
     eb_rt_device_info info;
-    t->device_info(rt, 0, &info, err, sizeof err);
+    if (t->device_info(rt, 0, &info, err, sizeof err)) {
+        fprintf(stderr, "%s: %s\n", module, err);
+        return 1;
+    }
 
     size_t es = dtype == EB_DTYPE_F32 ? 4 : 2;
     enum { PER_LAYER = 5 + 3 * EXPERTS }; /* q, k, v, o, router, then gate/up/down of each expert */
@@ -173,7 +176,7 @@ int main(int argc, char **argv) {
 
     /* the same kinds of arrays read plainly: best of 3 sweeps over every weight */
     int n = info.threads > 0 ? info.threads : 1;
-    double best = 1e30, total = 0.0;
+    double best = 1e30, total = 0.0, sum = 0.0;
     for (int i = 0; i < nw; i++) total += (double)bytes[i];
     for (int r = 0; r < 3; r++) {
         pthread_t th[256];
@@ -186,6 +189,7 @@ int main(int argc, char **argv) {
         read_part(&jobs[0]);
         for (int i = 1; i < n; i++) pthread_join(th[i], NULL);
         double dt = now() - r0;
+        for (int i = 0; i < n; i++) sum += jobs[i].sum;
         if (dt < best) best = dt;
     }
     double read_gbs = total / best / 1e9, gbs = (double)per_token * tokens / seconds / 1e9;
@@ -194,6 +198,7 @@ int main(int argc, char **argv) {
     printf("| --- | --- | --- | --- | --- |\n");
     printf("| %.0f | %.1f | %.1f | %.1f | %.0f%% |\n", per_token / 1e6, tokens / seconds, gbs, read_gbs,
            100.0 * gbs / read_gbs);
+    fprintf(stderr, "(sums %g %g)\n", sum, (double)y[0]); /* the results used, so no loop is dropped */
     for (int i = 0; i < nw; i++) free(w[i]);
     free(x);
     free(y);

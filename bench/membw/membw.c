@@ -14,6 +14,7 @@
 #define _GNU_SOURCE
 #include <immintrin.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,7 @@
 #include <unistd.h>
 
 static size_t N = (size_t)64 << 20; /* floats per array: 256 MiB each */
+#define AHEAD_BYTES 2048           /* as native/runtime/cpu/cpu_kernels_avx2.c */
 static int REPEATS = 10;
 
 typedef struct {
@@ -41,18 +43,24 @@ static void run_part(job *j) {
     lo &= ~(size_t)31;
     hi = j->id == j->n - 1 ? N : hi & ~(size_t)31;
     if (j->kind == 0 || j->kind == 3) {
-        int ahead = j->kind == 3;
         __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-        for (size_t i = lo; i < hi; i += 32) {
-            if (ahead) {
-                _mm_prefetch((const char *)(j->a + i) + 2048, _MM_HINT_T0);
-                _mm_prefetch((const char *)(j->a + i) + 2048 + 64, _MM_HINT_T0);
+#define READ32(i)                                                                                                \
+    s0 = _mm256_add_ps(s0, _mm256_load_ps(j->a + (i)));                                                          \
+    s1 = _mm256_add_ps(s1, _mm256_load_ps(j->a + (i) + 8));                                                      \
+    s2 = _mm256_add_ps(s2, _mm256_load_ps(j->a + (i) + 16));                                                     \
+    s3 = _mm256_add_ps(s3, _mm256_load_ps(j->a + (i) + 24))
+        if (j->kind == 0) {
+            for (size_t i = lo; i < hi; i += 32) {
+                READ32(i);
             }
-            s0 = _mm256_add_ps(s0, _mm256_load_ps(j->a + i));
-            s1 = _mm256_add_ps(s1, _mm256_load_ps(j->a + i + 8));
-            s2 = _mm256_add_ps(s2, _mm256_load_ps(j->a + i + 16));
-            s3 = _mm256_add_ps(s3, _mm256_load_ps(j->a + i + 24));
+        } else { /* the two lines 2 KiB ahead requested too, as the decode kernels request their weights */
+            for (size_t i = lo; i < hi; i += 32) {
+                _mm_prefetch((const char *)((uintptr_t)(j->a + i) + AHEAD_BYTES), _MM_HINT_T0);
+                _mm_prefetch((const char *)((uintptr_t)(j->a + i) + AHEAD_BYTES + 64), _MM_HINT_T0);
+                READ32(i);
+            }
         }
+#undef READ32
         float t[8];
         _mm256_storeu_ps(t, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
         j->sum += t[0] + t[7];

@@ -28,7 +28,11 @@ static inline void eb_rope(float *v, const float *cs, const float *sn, int64_t h
 
 static inline float eb_silu(float x) { return x / (1.0f + expf(-x)); }
 
-/* q . k with eight partial sums (a shape the compiler turns into SIMD without reassociating anything). */
+/* q . k with eight partial sums (a shape the compiler turns into SIMD without reassociating anything). Always
+ * inlined, like eb_attend, so that it runs in its caller's instruction set. */
+#if defined(__GNUC__)
+__attribute__((always_inline))
+#endif
 static inline float eb_dot_qk(const float *q, const float *k, int64_t hd) {
     float part[8] = {0};
     int64_t i = 0;

@@ -184,7 +184,8 @@ static void attention_heads(void *arg, int64_t h0, int64_t h1) { attend_heads(ar
 
 /* The same built for AVX2 where the CPU has it: eb_attend's sums are written as eight lanes with nothing
  * reassociated or contracted (-ffp-contract=off), so the wider build gives the same bits with half the
- * instructions. Chosen at run time rather than through an ifunc, which the sanitizer runtimes do not survive. */
+ * instructions. Chosen at run time rather than through an ifunc, which the sanitizer runtimes do not survive,
+ * and not where the CPU runtime was told to keep to its portable kernels. */
 #if defined(__x86_64__) && defined(__GNUC__)
 #define EB_ATTENTION_AVX2 1
 __attribute__((target("avx2"))) static void attention_heads_avx2(void *arg, int64_t h0, int64_t h1) {
@@ -199,8 +200,8 @@ static int attention(eb_context *c, int layer, int64_t n) {
     int64_t nh = c->model->cfg.num_heads;
     void (*heads)(void *, int64_t, int64_t) = attention_heads;
 #ifdef EB_ATTENTION_AVX2
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2")) heads = attention_heads_avx2;
+    if (__builtin_cpu_supports("avx2") && strcmp(r->table->kernel_variant(r->rt), "portable") != 0)
+        heads = attention_heads_avx2;
 #endif
     if (r->table->parallel_for(r->rt, eng->devices[c->model->primary].local, heads, &job, nh, 1) != EB_OK)
         heads(&job, 0, nh);

@@ -61,7 +61,8 @@ static inline float hsum(__m256 s) {
 
 static inline void ahead(const unsigned char *row, int dtype, int64_t c) {
     int64_t byte = c * (dtype == EB_DTYPE_F32 ? 4 : 2);
-    if ((byte & 63) == 0) _mm_prefetch((const char *)(row + byte + AHEAD_BYTES), _MM_HINT_T0);
+    /* an address, not a pointer into the rows: it may lie past their end */
+    if ((byte & 63) == 0) _mm_prefetch((const char *)((uintptr_t)row + (uintptr_t)byte + AHEAD_BYTES), _MM_HINT_T0);
 }
 
 /* R rows x T tokens of dot products, one accumulator each; rows at w + r * rowbytes, tokens at x + t * cols.
