@@ -52,9 +52,8 @@ def products_alone(dtypes: list[str], threads: int) -> dict | None:
     (bench/membw/decode_products.c). None where the CPU has no AVX2 kernels."""
     if not cpu_has_avx2_kernels():
         return None
-    n = str(threads or os.cpu_count())
-    with Engine(cpu_threads=threads) as eng:
-        module = eng.runtimes[0].path
+    with Engine(cpu_threads=threads) as eng:  # the decode's module and its first device's thread count
+        module, n = eng.runtimes[0].path, str(eng.devices[0].threads)
     with tempfile.TemporaryDirectory() as tmp:
         stream, products = build_c("matmul_stream", Path(tmp)), build_c("decode_products", Path(tmp))
         out = {}
