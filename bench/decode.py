@@ -31,6 +31,7 @@ from measure import (  # noqa: E402
     build_c,
     cpu_has_avx2_kernels,
     decode_speed,
+    greedy_decode,
     prefill_ids,
     prefill_speed,
     write_report,
@@ -84,10 +85,15 @@ def measure(dtype: str, args) -> dict:
         model = eng.load(path)
         prompt = model.encode(DEMO_PROMPTS[0])
         speeds, ids = decode_speed(model, prompt, args.tokens, args.repeats)
+        # one more decode, for the share of its time the device spent in the runtime's operations (products,
+        # attention, experts) rather than in the core's work between them (norms, RoPE, routing, hand-offs)
+        _, _, seconds, before, after = greedy_decode(model, prompt, args.tokens)
+        dev = eng.devices[0].name
+        busy = after["devices"][dev]["busy_seconds"] - before["devices"][dev]["busy_seconds"]
         prefill = prefill_speed(model, prefill_ids(model.config.vocab_size, args.prefill), args.repeats)
         return {"dtype": dtype, "model": str(path), "kernels": eng.runtimes[0].kernel_variant,
                 "threads": eng.devices[0].threads, "speeds": speeds, "prefill": prefill, "generated_ids": ids,
-                "bytes_per_token": model.info["bytes_per_token"]}  # fmt: skip
+                "bytes_per_token": model.info["bytes_per_token"], "runtime_ops_share": busy / seconds}  # fmt: skip
 
 
 def main() -> int:
@@ -120,6 +126,7 @@ def main() -> int:
             "prefill_tokens_per_second": statistics.median(v for m in per_round for v in m["prefill"]),
             "generated_ids": per_round[-1]["generated_ids"],
             "round_alone": round_alone,
+            "round_runtime_ops_share": [m["runtime_ops_share"] for m in per_round],
         })  # fmt: skip
     report = {"command": " ".join(["python", *sys.argv]), "host": platform.node(), "cpu": platform.processor(),
               "cores": os.cpu_count(), "memory_ceiling": rounds[0]["memory_ceiling"],
@@ -143,6 +150,12 @@ def main() -> int:
               f"| {r['bytes_per_token'] / 1e6:.0f} | {r['effective_gbs']:.1f} | {r['fraction_of_read_ceiling']:.0%} "
               f"({each}) | {steps} GB/s | {kernel} GB/s | {r['roofline_tokens_per_second']:.0f} "
               f"| {r['prefill_tokens_per_second']:.1f} |")  # fmt: skip
+    for r in rows:
+        shares = ", ".join(f"{v:.0%}" for v in r["round_runtime_ops_share"])
+        print(
+            f"{r['dtype']}: share of decode time in the runtime's operations (products, attention, experts) per "
+            f"round: {shares}; the rest is the core's work between them"
+        )
     write_report(args.json, report)
     return 0
 
