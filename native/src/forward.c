@@ -34,6 +34,8 @@ void eb_context_free(eb_context *c) {
     if (m && --m->n_contexts == 0 && m->free_requested) eb_model_release(m);
 }
 
+static void (*choose_attention(const eb_model *m))(void *, int64_t, int64_t);
+
 int eb_context_create(eb_model *m, int32_t n_ctx, int32_t n_batch, eb_context **out) {
     if (!m || !out) return eb_fail(EB_ERR_ARGUMENT, "context: NULL argument");
     *out = NULL;
@@ -47,6 +49,7 @@ int eb_context_create(eb_model *m, int32_t n_ctx, int32_t n_batch, eb_context **
     eb_context *c = calloc(1, sizeof *c);
     if (!c) return eb_fail(EB_ERR_MEMORY, "out of memory");
     c->model = m;
+    c->attend = choose_attention(m);
     m->n_contexts++; /* eb_context_free gives it back, on the failure paths below too */
     c->n_ctx = n_ctx;
     c->n_batch = n_batch;
@@ -193,18 +196,26 @@ __attribute__((target("avx2"))) static void attention_heads_avx2(void *arg, int6
 }
 #endif
 
+/* The build of the attention a context uses: AVX2 where the CPU has it and the primary's runtime was not told to
+ * keep to its portable kernels. Chosen once per context, not per layer. */
+static void (*choose_attention(const eb_model *m))(void *, int64_t, int64_t) {
+#ifdef EB_ATTENTION_AVX2
+    const eb_runtime *r = eb_device_runtime(m->engine, m->primary);
+    if (__builtin_cpu_supports("avx2") && strcmp(r->table->kernel_variant(r->rt), "portable") != 0)
+        return attention_heads_avx2;
+#else
+    (void)m;
+#endif
+    return attention_heads;
+}
+
 static int attention(eb_context *c, int layer, int64_t n) {
     attention_job job = {c, layer, n};
     const eb_engine *eng = c->model->engine;
     const eb_runtime *r = eb_device_runtime(eng, c->model->primary);
     int64_t nh = c->model->cfg.num_heads;
-    void (*heads)(void *, int64_t, int64_t) = attention_heads;
-#ifdef EB_ATTENTION_AVX2
-    if (__builtin_cpu_supports("avx2") && strcmp(r->table->kernel_variant(r->rt), "portable") != 0)
-        heads = attention_heads_avx2;
-#endif
-    if (r->table->parallel_for(r->rt, eng->devices[c->model->primary].local, heads, &job, nh, 1) != EB_OK)
-        heads(&job, 0, nh);
+    if (r->table->parallel_for(r->rt, eng->devices[c->model->primary].local, c->attend, &job, nh, 1) != EB_OK)
+        c->attend(&job, 0, nh);
     return EB_OK;
 }
 
