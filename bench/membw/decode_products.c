@@ -26,6 +26,7 @@
 #include <time.h>
 
 #include "eb_runtime.h"
+#include "read_kernels.h"
 #include "expertbench.h"
 
 enum { H = 1024, LAYERS = 16, EXPERTS = 32, TOP_K = 4, INTER = 512, QD = 1024, KVD = 256, VOCAB = 32000 };
@@ -55,21 +56,12 @@ typedef struct {
 
 static void *read_part(void *arg) {
     read_job *j = (read_job *)arg;
-    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    j->sum = 0.0;
     for (int a = 0; a < j->n_arrays; a++) {
         size_t floats = j->bytes[a] / 4, lo = floats * (size_t)j->id / (size_t)j->n & ~(size_t)31,
                hi = j->id == j->n - 1 ? floats : floats * (size_t)(j->id + 1) / (size_t)j->n & ~(size_t)31;
-        const float *p = (const float *)j->arrays[a];
-        for (size_t i = lo; i + 32 <= hi; i += 32) {
-            s0 = _mm256_add_ps(s0, _mm256_loadu_ps(p + i));
-            s1 = _mm256_add_ps(s1, _mm256_loadu_ps(p + i + 8));
-            s2 = _mm256_add_ps(s2, _mm256_loadu_ps(p + i + 16));
-            s3 = _mm256_add_ps(s3, _mm256_loadu_ps(p + i + 24));
-        }
+        j->sum += plain_read((const float *)j->arrays[a], lo, hi);
     }
-    float t[8];
-    _mm256_storeu_ps(t, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-    j->sum = t[0] + t[7];
     return NULL;
 }
 

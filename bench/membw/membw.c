@@ -21,8 +21,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "read_kernels.h"
+
 static size_t N = (size_t)64 << 20; /* floats per array: 256 MiB each */
-#define AHEAD_BYTES 2048           /* as native/runtime/cpu/cpu_kernels_avx2.c */
 static int REPEATS = 10;
 
 typedef struct {
@@ -42,28 +43,10 @@ static void run_part(job *j) {
     size_t lo = N * (size_t)j->id / (size_t)j->n, hi = N * (size_t)(j->id + 1) / (size_t)j->n;
     lo &= ~(size_t)31;
     hi = j->id == j->n - 1 ? N : hi & ~(size_t)31;
-    if (j->kind == 0 || j->kind == 3) {
-        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-#define READ32(i)                                                                                                \
-    s0 = _mm256_add_ps(s0, _mm256_load_ps(j->a + (i)));                                                          \
-    s1 = _mm256_add_ps(s1, _mm256_load_ps(j->a + (i) + 8));                                                      \
-    s2 = _mm256_add_ps(s2, _mm256_load_ps(j->a + (i) + 16));                                                     \
-    s3 = _mm256_add_ps(s3, _mm256_load_ps(j->a + (i) + 24))
-        if (j->kind == 0) {
-            for (size_t i = lo; i < hi; i += 32) {
-                READ32(i);
-            }
-        } else { /* the two lines 2 KiB ahead requested too, as the decode kernels request their weights */
-            for (size_t i = lo; i < hi; i += 32) {
-                _mm_prefetch((const char *)((uintptr_t)(j->a + i) + AHEAD_BYTES), _MM_HINT_T0);
-                _mm_prefetch((const char *)((uintptr_t)(j->a + i) + AHEAD_BYTES + 64), _MM_HINT_T0);
-                READ32(i);
-            }
-        }
-#undef READ32
-        float t[8];
-        _mm256_storeu_ps(t, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-        j->sum += t[0] + t[7];
+    if (j->kind == 0) {
+        j->sum += plain_read(j->a, lo, hi);
+    } else if (j->kind == 3) {
+        j->sum += read_ahead(j->a, lo, hi);
     } else if (j->kind == 1) {
         memcpy(j->b + lo, j->a + lo, (hi - lo) * sizeof(float));
     } else {
