@@ -38,34 +38,36 @@ from measure import (  # noqa: E402
 )
 
 
-def memory_ceiling() -> dict:
-    """Build and run bench/membw (read / copy / triad / read_ahead, 1 thread and all cores)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        exe, out = build_c("membw", Path(tmp)), Path(tmp) / "membw.json"
-        subprocess.run([str(exe), "--json", str(out)], check=True, capture_output=True)
-        return json.loads(out.read_text())
+def build_programs(out_dir: Path) -> dict[str, Path]:
+    """bench/membw's programs, built once per invocation: membw always; matmul_stream and decode_products where the
+    CPU runs the engine's AVX2 kernels."""
+    names = ["membw", "matmul_stream", "decode_products"] if cpu_has_avx2_kernels() else ["membw"]
+    return {name: build_c(name, out_dir) for name in names}
 
 
-def products_alone(dtypes: list[str], threads: int) -> dict | None:
+def memory_ceiling(programs: dict[str, Path]) -> dict:
+    """bench/membw: read / copy / triad / read_ahead, 1 thread and all cores."""
+    out = programs["membw"].with_suffix(".json")
+    subprocess.run([str(programs["membw"]), "--json", str(out)], check=True, capture_output=True)
+    return json.loads(out.read_text())
+
+
+def products_alone(programs: dict[str, Path], dtypes: list[str], module: str, threads: int) -> dict | None:
     """Two measurements that split the gap between decode and the ceiling, each against a plain read in the same
     run, for each dtype: the one-token kernel alone (bench/membw/matmul_stream.c, built with the engine's kernel
     sources) and a decode step's products alone through the engine's CPU runtime module, in decode's order
     (bench/membw/decode_products.c). None where the CPU has no AVX2 kernels."""
-    if not cpu_has_avx2_kernels():
+    if "decode_products" not in programs:
         return None
-    with Engine(cpu_threads=threads) as eng:  # the decode's module and its first device's thread count
-        module, n = eng.runtimes[0].path, str(eng.devices[0].threads)
-    with tempfile.TemporaryDirectory() as tmp:
-        stream, products = build_c("matmul_stream", Path(tmp)), build_c("decode_products", Path(tmp))
-        out = {}
-        for dtype in dtypes:
-            cmd = [str(stream), "--dtype", dtype, "--mib", "512", "--repeats", "3", "--threads", n]
-            kernel = last_row(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-            cmd = [str(products), module, "--dtype", dtype, "--tokens", "64", "--threads", n]
-            steps = last_row(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-            out[dtype] = {"read_gbs": float(kernel[1]), "kernel_gbs": float(kernel[2]),
-                          "products_gbs": float(steps[2]), "products_read_gbs": float(steps[3])}  # fmt: skip
-        return out
+    out, n = {}, str(threads)
+    for dtype in dtypes:
+        cmd = [str(programs["matmul_stream"]), "--dtype", dtype, "--mib", "512", "--repeats", "3", "--threads", n]
+        kernel = last_row(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+        cmd = [str(programs["decode_products"]), module, "--dtype", dtype, "--tokens", "64", "--threads", n]
+        steps = last_row(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+        out[dtype] = {"read_gbs": float(kernel[1]), "kernel_gbs": float(kernel[2]),
+                      "products_gbs": float(steps[2]), "products_read_gbs": float(steps[3])}  # fmt: skip
+    return out
 
 
 def last_row(table: str) -> list[str]:
@@ -100,11 +102,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_arguments(ap, threads_default=0)
     args = ap.parse_args()
+    with Engine(cpu_threads=args.threads) as eng:  # the decode's module and its first device's thread count
+        module, threads = eng.runtimes[0].path, eng.devices[0].threads
     rounds = []
-    for _ in range(args.rounds):  # the ceiling next to the decodes it is compared with: a shared machine drifts
-        ceiling = memory_ceiling()
-        rounds.append({"memory_ceiling": ceiling, "alone": products_alone(args.dtypes, args.threads),
-                       "results": [measure(dtype, args) for dtype in args.dtypes]})  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        programs = build_programs(Path(tmp))
+        for _ in range(args.rounds):  # the ceiling next to the decodes it is compared with: a shared machine drifts
+            rounds.append({"memory_ceiling": memory_ceiling(programs),
+                           "alone": products_alone(programs, args.dtypes, module, threads),
+                           "results": [measure(dtype, args) for dtype in args.dtypes]})  # fmt: skip
     rows = []
     for i, dtype in enumerate(args.dtypes):
         per_round = [r["results"][i] for r in rounds]
