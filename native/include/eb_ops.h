@@ -43,36 +43,79 @@ static inline float eb_dot_qk(const float *q, const float *k, int64_t hd) {
     return s;
 }
 
-/* One head of one row attending to cache positions 0..p: kc, vc point at the head's first cache row (rows
- * stride kvd apart); scores has room for p + 1 floats. Always inlined, so a caller built for a wider instruction
- * set (the core's attention) runs it in that set. */
+/* Request the hd floats at row into the caches (a hint; every 64-byte line of it). */
+#if defined(__GNUC__)
+__attribute__((always_inline))
+#endif
+static inline void eb_prefetch_row(const float *row, int64_t hd) {
+    for (int64_t i = 0; i < hd; i += 16) __builtin_prefetch(row + i, 0, 3);
+}
+
+/* g query heads of one row (at q, hd floats apart; outputs at o likewise) attending to cache positions 0..p of the
+ * key/value head they share (a GQA group): kc, vc point at that head's first cache row (rows stride kvd apart),
+ * and each key and value row is read once for the whole group, requested a few rows ahead (the cache is in
+ * memory, not in the caches, after a step's weights have streamed through). scores has room for g rows of
+ * sstride >= p + 1 floats. Each head's arithmetic is that of the head alone (g = 1), in the same order, so the
+ * bits do not depend on g. Always inlined, so that a caller built for a wider instruction set (the core's
+ * attention) runs it in that set. */
+enum { EB_ATTEND_HEADS = 8, EB_ATTEND_AHEAD = 16 };
+#if defined(__GNUC__)
+__attribute__((always_inline))
+#endif
+static inline void eb_attend_group(const float *q, int64_t g, const float *kc, const float *restrict vc, int64_t p,
+                                   int64_t kvd, int64_t hd, float *scores, int64_t sstride, float *restrict o) {
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int64_t j0 = 0; j0 < g; j0 += EB_ATTEND_HEADS) {
+        int64_t gb = g - j0 < EB_ATTEND_HEADS ? g - j0 : EB_ATTEND_HEADS;
+        const float *qb = q + j0 * hd;
+        float *sb = scores + j0 * sstride, *restrict ob = o + j0 * hd;
+        float mx[EB_ATTEND_HEADS], inv[EB_ATTEND_HEADS];
+        for (int64_t j = 0; j < gb; j++) mx[j] = -INFINITY;
+        for (int64_t s = 0; s < EB_ATTEND_AHEAD && s <= p; s++) {
+            eb_prefetch_row(kc + s * kvd, hd);
+            eb_prefetch_row(vc + s * kvd, hd);
+        }
+        for (int64_t s = 0; s <= p; s++) {
+            if (s + EB_ATTEND_AHEAD <= p) {
+                eb_prefetch_row(kc + (s + EB_ATTEND_AHEAD) * kvd, hd);
+                eb_prefetch_row(vc + (s + EB_ATTEND_AHEAD) * kvd, hd);
+            }
+            const float *kr = kc + s * kvd;
+            for (int64_t j = 0; j < gb; j++) {
+                float v = eb_dot_qk(qb + j * hd, kr, hd) * scale;
+                sb[j * sstride + s] = v;
+                if (v > mx[j]) mx[j] = v;
+            }
+        }
+        for (int64_t j = 0; j < gb; j++) {
+            float *sc = sb + j * sstride, sum = 0.0f;
+            for (int64_t s = 0; s <= p; s++) {
+                sc[s] = expf(sc[s] - mx[j]);
+                sum += sc[s];
+            }
+            inv[j] = 1.0f / sum;
+        }
+        memset(ob, 0, (size_t)(gb * hd) * sizeof *ob);
+        for (int64_t s = 0; s <= p; s++) {
+            const float *restrict v = vc + s * kvd;
+            for (int64_t j = 0; j < gb; j++) {
+                float ps = sb[j * sstride + s] * inv[j], *restrict oj = ob + j * hd;
+                int64_t i = 0;
+                for (; i + 8 <= hd; i += 8) /* blocks of eight independent lanes: a shape the compiler makes SIMD */
+                    for (int l = 0; l < 8; l++) oj[i + l] += ps * v[i + l];
+                for (; i < hd; i++) oj[i] += ps * v[i];
+            }
+        }
+    }
+}
+
+/* One head of one row attending to cache positions 0..p (eb_attend_group of one head). */
 #if defined(__GNUC__)
 __attribute__((always_inline))
 #endif
 static inline void eb_attend(const float *q, const float *kc, const float *restrict vc, int64_t p, int64_t kvd,
                              int64_t hd, float *scores, float *restrict o) {
-    float scale = 1.0f / sqrtf((float)hd);
-    float mx = -INFINITY;
-    for (int64_t s = 0; s <= p; s++) {
-        float v = eb_dot_qk(q, kc + s * kvd, hd) * scale;
-        scores[s] = v;
-        if (v > mx) mx = v;
-    }
-    float sum = 0.0f;
-    for (int64_t s = 0; s <= p; s++) {
-        scores[s] = expf(scores[s] - mx);
-        sum += scores[s];
-    }
-    float inv = 1.0f / sum;
-    memset(o, 0, (size_t)hd * sizeof *o);
-    for (int64_t s = 0; s <= p; s++) {
-        const float *restrict v = vc + s * kvd;
-        float ps = scores[s] * inv;
-        int64_t i = 0;
-        for (; i + 8 <= hd; i += 8) /* blocks of eight independent lanes: a shape the compiler turns into SIMD */
-            for (int l = 0; l < 8; l++) o[i + l] += ps * v[i + l];
-        for (; i < hd; i++) o[i] += ps * v[i];
-    }
+    eb_attend_group(q, 1, kc, vc, p, kvd, hd, scores, p + 1, o);
 }
 
 /* One row at position p before attention: Qwen3's per-head RMSNorm and rotation of its nh query heads (q) and nkv

@@ -132,7 +132,8 @@ struct eb_context {
     /* scratch, n_batch rows each */
     float *x, *xn, *q, *k, *v, *att, *proj, *gate, *up, *moe_out;
     float *router, *scores;
-    void (*attend)(void *job, int64_t h0, int64_t h1); /* the CPU primary's attention, chosen at creation */
+    void (*attend)(void *job, int64_t i0, int64_t i1); /* the CPU primary's attention, chosen at creation */
+    int32_t attend_heads; /* query heads per attention work item: 1, or a whole GQA group */
     int32_t *topk_id;
     float *topk_w;
     /* scheduler: per device plans and arenas (index = engine device) */

@@ -35,6 +35,7 @@ void eb_context_free(eb_context *c) {
 }
 
 static void (*choose_attention(const eb_model *m))(void *, int64_t, int64_t);
+static int32_t attention_heads_per_item(const eb_model *m);
 
 int eb_context_create(eb_model *m, int32_t n_ctx, int32_t n_batch, eb_context **out) {
     if (!m || !out) return eb_fail(EB_ERR_ARGUMENT, "context: NULL argument");
@@ -50,6 +51,7 @@ int eb_context_create(eb_model *m, int32_t n_ctx, int32_t n_batch, eb_context **
     if (!c) return eb_fail(EB_ERR_MEMORY, "out of memory");
     c->model = m;
     c->attend = choose_attention(m);
+    c->attend_heads = attention_heads_per_item(m);
     m->n_contexts++; /* eb_context_free gives it back, on the failure paths below too */
     c->n_ctx = n_ctx;
     c->n_batch = n_batch;
@@ -163,23 +165,24 @@ typedef struct {
     int64_t n;
 } attention_job;
 
-/* Causal attention of heads [h0, h1) for the n new positions; each head has its own row of scores. */
+/* Causal attention of work items [i0, i1) for the n new positions: each item is c->attend_heads query heads of
+ * one GQA group, which read their key and value rows once together; each head has its own row of scores. */
 #if defined(__GNUC__)
 __attribute__((always_inline))
 #endif
-static inline void attend_heads(void *arg, int64_t h0, int64_t h1) {
+static inline void attend_heads(void *arg, int64_t i0, int64_t i1) {
     const attention_job *j = (const attention_job *)arg;
     eb_context *c = j->c;
     const eb_model_config *cf = &c->model->cfg;
-    int64_t hd = cf->head_dim, nh = cf->num_heads, group = cf->num_heads / cf->num_kv_heads;
+    int64_t hd = cf->head_dim, nh = cf->num_heads, group = cf->num_heads / cf->num_kv_heads, g = c->attend_heads;
     int64_t qd = nh * hd, kvd = (int64_t)cf->num_kv_heads * hd;
     const float *kc = c->k_cache + (size_t)j->layer * (size_t)c->n_ctx * (size_t)kvd;
     const float *vc = c->v_cache + (size_t)j->layer * (size_t)c->n_ctx * (size_t)kvd;
-    for (int64_t h = h0; h < h1; h++) {
-        int64_t kvh = h / group;
+    for (int64_t i = i0; i < i1; i++) {
+        int64_t h = i * g, kvh = h / group;
         for (int64_t t = 0; t < j->n; t++)
-            eb_attend(c->q + t * qd + h * hd, kc + kvh * hd, vc + kvh * hd, c->pos + t, kvd, hd,
-                      c->scores + h * c->n_ctx, c->att + t * qd + h * hd);
+            eb_attend_group(c->q + t * qd + h * hd, g, kc + kvh * hd, vc + kvh * hd, c->pos + t, kvd, hd,
+                            c->scores + h * c->n_ctx, c->n_ctx, c->att + t * qd + h * hd);
     }
 }
 
@@ -209,13 +212,25 @@ static void (*choose_attention(const eb_model *m))(void *, int64_t, int64_t) {
     return attention_heads;
 }
 
+/* Query heads per attention work item: a whole GQA group (its key and value rows read once) where the groups keep
+ * the primary's threads busy, else one head (more items than threads). */
+static int32_t attention_heads_per_item(const eb_model *m) {
+    const eb_engine *eng = m->engine;
+    const eb_runtime *r = eb_device_runtime(eng, m->primary);
+    eb_rt_device_info info;
+    char err[64];
+    int32_t groups = m->cfg.num_kv_heads, group = m->cfg.num_heads / m->cfg.num_kv_heads;
+    if (r->table->device_info(r->rt, eng->devices[m->primary].local, &info, err, sizeof err) != 0) return 1;
+    return info.threads <= groups ? group : 1;
+}
+
 static int attention(eb_context *c, int layer, int64_t n) {
     attention_job job = {c, layer, n};
     const eb_engine *eng = c->model->engine;
     const eb_runtime *r = eb_device_runtime(eng, c->model->primary);
-    int64_t nh = c->model->cfg.num_heads;
-    if (r->table->parallel_for(r->rt, eng->devices[c->model->primary].local, c->attend, &job, nh, 1) != EB_OK)
-        c->attend(&job, 0, nh);
+    int64_t items = c->model->cfg.num_heads / c->attend_heads;
+    if (r->table->parallel_for(r->rt, eng->devices[c->model->primary].local, c->attend, &job, items, 1) != EB_OK)
+        c->attend(&job, 0, items);
     return EB_OK;
 }
 

@@ -199,6 +199,32 @@ static void test_forward(const char *module, const char *file, eb_model_config *
     }
 }
 
+/* Attention's work items are a whole GQA group's heads (threads <= groups: one thread here) or single heads (more
+ * threads): the logits are the same bits either way, over more positions than are requested ahead. */
+static void test_attention_items(const char *module, const char *file, eb_model_config *cfg, builder *b) {
+    const char *files[] = {file};
+    enum { N = 24 };
+    static float ref[N * V], got[N * V];
+    int32_t prompt[N];
+    for (int i = 0; i < N; i++) prompt[i] = (i * 37 + 11) % V;
+    for (int threads = 1; threads <= 3; threads++) {
+        eb_engine *e = new_engine(module, 0, threads);
+        eb_model *m = NULL;
+        CHECK(eb_model_load(e, cfg, files, 1, b->d, b->n, 0, &m) == EB_OK, "model load, %d threads", threads);
+        eb_context *c = NULL;
+        CHECK(eb_context_create(m, 32, N, &c) == EB_OK, "context");
+        float *out = threads == 1 ? ref : got;
+        CHECK(eb_context_eval(c, prompt, N - 4, out, 1) == EB_OK, "prefill");
+        for (int i = N - 4; i < N; i++) CHECK(eb_context_eval(c, prompt + i, 1, out + i * V, 1) == EB_OK, "step");
+        if (threads > 1)
+            CHECK(memcmp(ref, got, sizeof ref) == 0, "%d threads (one head per item) differ from 1 (a group per item)",
+                  threads);
+        eb_context_free(c);
+        eb_model_free(m);
+        eb_engine_destroy(e);
+    }
+}
+
 static void expect_load_error(const char *module, const char *file, const eb_model_config *cfg, builder *b,
                               int status, const char *needle, const char *what) {
     const char *files[] = {file};
@@ -544,6 +570,7 @@ int main(int argc, char **argv) {
     test_modules(argv[1]);
     test_kernels(module);
     test_forward(module, file, &cfg, &b);
+    test_attention_items(module, file, &cfg, &b);
     test_bad_checkpoints(module, file, &cfg, &b);
     test_placement(argv[1], file, &cfg, &b);
     test_device_primary(argv[1], file, &cfg, &b);
