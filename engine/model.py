@@ -464,6 +464,11 @@ class Context(_Handle):
         if not _is_int(n) or n < 1:
             raise ArgumentError(f"number of tokens to generate must be a positive integer, got {n!r}")
         prompt = _ids_array(prompt_ids)
+        stop_list = list(stop_ids)
+        if not all(_is_int(s) for s in stop_list):
+            raise ArgumentError(f"stop ids must be integers, got {stop_ids!r}")
+        # ids outside the vocabulary can never be chosen
+        stops = np.array([s for s in stop_list if 0 <= s < self.vocab_size], dtype=np.int32)
         if self.position + len(prompt) + n - 1 > self.capacity:
             raise RangeError(
                 f"prompt of {len(prompt)} tokens plus {n} generated needs {self.position + len(prompt) + n - 1} "
@@ -472,12 +477,23 @@ class Context(_Handle):
         t0 = time.perf_counter()
         last = self.prefill(prompt, all_rows=False)
         t1 = time.perf_counter()
-        out = [int(np.argmax(last))]
-        stops = set(stop_ids)
-        while len(out) < n and out[-1] not in stops:
-            out.append(int(np.argmax(self.decode([out[-1]])[0])))
+        out = np.empty(n, dtype=np.int32)
+        chosen = ffi.new("int32_t *")
+        # the decode loop runs in the core: no return to Python between tokens
+        check(
+            lib.eb_context_greedy(
+                self._live(),
+                int(np.argmax(last)),
+                n,
+                ffi.from_buffer("int32_t[]", stops),
+                len(stops),
+                ffi.from_buffer("int32_t[]", out, require_writable=True),
+                chosen,
+            )
+        )
         t2 = time.perf_counter()
-        return GenerateResult(out, len(prompt), t1 - t0, len(out) - 1, t2 - t1)
+        ids = out[: chosen[0]].tolist()
+        return GenerateResult(ids, len(prompt), t1 - t0, len(ids) - 1, t2 - t1)
 
     def close(self) -> None:
         if self._ptr != ffi.NULL:

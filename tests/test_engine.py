@@ -127,3 +127,50 @@ def test_generate_refuses_a_bool_token_count():
         pytest.raises(ArgumentError, match="positive integer, got True"),
     ):
         ctx.generate([1, 2], True)
+
+
+def test_generate_chooses_the_tokens_a_decode_loop_chooses():
+    """generate's loop runs in the core; it chooses what decode + numpy's argmax choose, stops where they stop, and
+    leaves the same positions appended."""
+    with Engine() as eng, eng.load(FIXTURES / "qwen3-f32") as model, model.context(64) as ctx:
+        prompt = [3, 17, 42, 5]
+        last = ctx.prefill(prompt, all_rows=False)
+        loop = [int(np.argmax(last))]
+        while len(loop) < 12:
+            loop.append(int(np.argmax(ctx.decode([loop[-1]])[0])))
+        ctx.truncate(0)
+        res = ctx.generate(prompt, 12)
+        assert res.ids == loop and res.decode_tokens == 11
+        assert ctx.position == len(prompt) + 11
+        # a stop id: the loop ends on it, which is not appended; ids outside the vocabulary never match
+        stop = loop[5]
+        ctx.truncate(0)
+        res = ctx.generate(prompt, 12, stop_ids=[-1, 10**9, stop])
+        assert res.ids == loop[: loop.index(stop) + 1]
+        assert ctx.position == len(prompt) + loop.index(stop)
+
+
+def test_generate_refuses_stop_ids_that_are_not_integers():
+    with Engine() as eng, eng.load(FIXTURES / "qwen3-f32") as model, model.context(16) as ctx:
+        with pytest.raises(ArgumentError, match="stop ids must be integers, got \\['eos'\\]"):
+            ctx.generate([1, 2], 4, stop_ids=["eos"])
+        assert ctx.position == 0  # refused before anything was appended
+
+
+def test_greedy_in_the_core_reports_bad_arguments():
+    from engine.errors import RangeError
+    from engine.native import check, ffi, lib
+
+    with Engine() as eng, eng.load(FIXTURES / "qwen3-f32") as model, model.context(16) as ctx:
+        out, chosen = ffi.new("int32_t[4]"), ffi.new("int32_t *")
+        with pytest.raises(ArgumentError, match="0 tokens to choose, expected at least one"):
+            check(lib.eb_context_greedy(ctx._live(), 1, 0, ffi.NULL, 0, out, chosen))
+        with pytest.raises(RangeError, match=f"first token id {model.config.vocab_size} out of range"):
+            check(lib.eb_context_greedy(ctx._live(), model.config.vocab_size, 4, ffi.NULL, 0, out, chosen))
+        with pytest.raises(ArgumentError, match="-1 stop ids"):
+            check(lib.eb_context_greedy(ctx._live(), 1, 4, out, -1, out, chosen))
+        assert ctx.position == 0
+        # the KV cache fills up: the tokens chosen so far are kept and reported
+        with pytest.raises(RangeError, match="longer than the KV cache"):
+            check(lib.eb_context_greedy(ctx._live(), 1, 40, ffi.NULL, 0, ffi.new("int32_t[40]"), chosen))
+        assert chosen[0] == 17 and ctx.position == 16

@@ -202,6 +202,12 @@ void eb_context_free(eb_context *ctx);
 /* Append n positions. logits: NULL, or room for n rows of vocab_size floats (all_rows = 1) or one row (the
  * last position, all_rows = 0). On error nothing is appended. */
 int eb_context_eval(eb_context *ctx, const int32_t *ids, int32_t n, float *logits, int32_t all_rows);
+/* Greedy decoding: out[0] = first (chosen by the caller, from the logits of the positions so far); then, until n
+ * tokens are chosen or the last one chosen is one of stop_ids, append the last one chosen and choose the argmax of
+ * its logits (the first of equal values; numpy's argmax). Every chosen token but the last is appended. *n_out: the
+ * tokens chosen (out has room for n), also on an error, which keeps the positions appended before it. */
+int eb_context_greedy(eb_context *ctx, int32_t first, int32_t n, const int32_t *stop_ids, int32_t n_stop,
+                      int32_t *out, int32_t *n_out);
 /* Forget every position from pos on (0 <= pos <= current position). */
 int eb_context_truncate(eb_context *ctx, int32_t pos);
 int32_t eb_context_position(const eb_context *ctx);

@@ -132,6 +132,7 @@ struct eb_context {
     /* scratch, n_batch rows each */
     float *x, *xn, *q, *k, *v, *att, *proj, *gate, *up, *moe_out;
     float *router, *scores;
+    float *logits; /* one row of vocab_size, for greedy decoding */
     void (*attend)(void *job, int64_t i0, int64_t i1); /* the CPU primary's attention, chosen at creation */
     int32_t attend_heads; /* query heads per attention work item: 1, or a whole GQA group */
     int32_t *topk_id;

@@ -23,7 +23,7 @@ void eb_context_free(eb_context *c) {
     eb_device_context_release(c);
     eb_model *m = c->model;
     float *bufs[] = {c->k_cache, c->v_cache, c->rope_cos, c->rope_sin, c->x, c->xn, c->q, c->k, c->v, c->att,
-                     c->proj, c->gate, c->up, c->moe_out, c->router, c->scores, c->topk_w};
+                     c->proj, c->gate, c->up, c->moe_out, c->router, c->scores, c->topk_w, c->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(c->topk_id);
     free(c->plan_experts);
@@ -89,6 +89,7 @@ int eb_context_create(eb_model *m, int32_t n_ctx, int32_t n_batch, eb_context **
     c->moe_out = zalloc(B * H, sizeof(float), &failed);
     c->router = zalloc(B * E, sizeof(float), &failed);
     c->scores = zalloc((size_t)cf->num_heads * (size_t)n_ctx, sizeof(float), &failed);
+    c->logits = zalloc((size_t)cf->vocab_size, sizeof(float), &failed);
     c->topk_id = zalloc(B * K, sizeof(int32_t), &failed);
     c->topk_w = zalloc(B * K, sizeof(float), &failed);
     c->n_devices = m->engine->n_devices;
@@ -329,4 +330,42 @@ int eb_context_eval(eb_context *c, const int32_t *ids, int32_t n, float *logits,
         done += chunk;
     }
     return EB_OK;
+}
+
+/* The index of the largest value, the first of equal ones; the first NaN where there is one (numpy's argmax). Two
+ * passes the compiler can vectorize (the largest value and whether a NaN is there, then its first index) rather
+ * than one that carries the index of the best so far from element to element. */
+static int32_t argmax(const float *v, int32_t n) {
+    float mx = v[0];
+    int nan = 0;
+    for (int32_t i = 0; i < n; i++) {
+        mx = v[i] > mx ? v[i] : mx;
+        nan |= v[i] != v[i];
+    }
+    for (int32_t i = 0; i < n; i++)
+        if (nan ? v[i] != v[i] : v[i] == mx) return i;
+    return 0;
+}
+
+int eb_context_greedy(eb_context *c, int32_t first, int32_t n, const int32_t *stop_ids, int32_t n_stop, int32_t *out,
+                      int32_t *n_out) {
+    if (n_out) *n_out = 0;
+    if (!c || !out || !n_out || (n_stop > 0 && !stop_ids)) return eb_fail(EB_ERR_ARGUMENT, "greedy: NULL argument");
+    if (n < 1) return eb_fail(EB_ERR_ARGUMENT, "greedy: %d tokens to choose, expected at least one", n);
+    if (n_stop < 0) return eb_fail(EB_ERR_ARGUMENT, "greedy: %d stop ids, expected 0 or more", n_stop);
+    int32_t V = c->model->cfg.vocab_size;
+    if (first < 0 || first >= V)
+        return eb_fail(EB_ERR_RANGE, "greedy: first token id %d out of range: the vocabulary has %d tokens (ids 0..%d)",
+                       first, V, V - 1);
+    out[0] = first;
+    *n_out = 1;
+    for (;;) {
+        int32_t last = out[*n_out - 1];
+        for (int32_t i = 0; i < n_stop; i++)
+            if (stop_ids[i] == last) return EB_OK;
+        if (*n_out == n) return EB_OK;
+        int st = eb_context_eval(c, &last, 1, c->logits, 0);
+        if (st) return st;
+        out[(*n_out)++] = argmax(c->logits, V);
+    }
 }

@@ -225,6 +225,36 @@ static void test_attention_items(const char *module, const char *file, eb_model_
     }
 }
 
+/* The core's greedy loop chooses what evaluating one token at a time and taking the argmax chooses. */
+static void test_greedy(const char *module, const char *file, eb_model_config *cfg, builder *b) {
+    const char *files[] = {file};
+    eb_engine *e = new_engine(module, 0, 2);
+    eb_model *m = NULL;
+    CHECK(eb_model_load(e, cfg, files, 1, b->d, b->n, 0, &m) == EB_OK, "model load");
+    eb_context *c = NULL;
+    CHECK(eb_context_create(m, 32, 4, &c) == EB_OK, "context");
+    int32_t want[8] = {7}, got[8] = {0}, n = 0;
+    float row[V];
+    for (int i = 1; i < 8; i++) {
+        CHECK(eb_context_eval(c, want + i - 1, 1, row, 0) == EB_OK, "step");
+        int best = 0;
+        for (int j = 1; j < V; j++)
+            if (row[j] > row[best]) best = j;
+        want[i] = best;
+    }
+    CHECK(eb_context_truncate(c, 0) == EB_OK, "truncate");
+    CHECK(eb_context_greedy(c, 7, 8, NULL, 0, got, &n) == EB_OK && n == 8, "greedy: %d tokens", n);
+    CHECK(memcmp(want, got, sizeof want) == 0 && eb_context_position(c) == 7, "greedy differs from single steps");
+    CHECK(eb_context_truncate(c, 0) == EB_OK, "truncate");
+    int first_stop = 0; /* where want[3] first appears: the loop ends there */
+    while (want[first_stop] != want[3]) first_stop++;
+    CHECK(eb_context_greedy(c, 7, 8, want + 3, 1, got, &n) == EB_OK && n == first_stop + 1, "stop id: %d tokens", n);
+    CHECK_ERR(eb_context_greedy(c, V, 8, NULL, 0, got, &n), EB_ERR_RANGE, "first token id 64 out of range");
+    eb_context_free(c);
+    eb_model_free(m);
+    eb_engine_destroy(e);
+}
+
 static void expect_load_error(const char *module, const char *file, const eb_model_config *cfg, builder *b,
                               int status, const char *needle, const char *what) {
     const char *files[] = {file};
@@ -571,6 +601,7 @@ int main(int argc, char **argv) {
     test_kernels(module);
     test_forward(module, file, &cfg, &b);
     test_attention_items(module, file, &cfg, &b);
+    test_greedy(module, file, &cfg, &b);
     test_bad_checkpoints(module, file, &cfg, &b);
     test_placement(argv[1], file, &cfg, &b);
     test_device_primary(argv[1], file, &cfg, &b);
