@@ -307,6 +307,36 @@ static void run_multi(cpu_runtime *rt, cpu_device *d, const eb_rt_matmul *tasks,
 
 static float silu(float x) { return x / (1.0f + expf(-x)); }
 
+/* The gate and up products of several experts as one pool run over their rows: a work item computes rows [r0, r1)
+ * of an expert's gate and of its up product, then g = silu(g) * u for them, so that the down products can start
+ * at once (no pass over g by the calling thread alone between the two runs). */
+typedef struct {
+    eb_cpu_matmul_rows_fn fn;
+    const eb_rt_expert_batch *b;
+    int32_t expert[MAX_TASKS];     /* indices into b->experts, those with pairs */
+    int64_t start[MAX_TASKS + 1]; /* each contributes inter rows */
+    int n;
+    const float *xe;
+    float *g, *u;
+} gate_up_job;
+
+static void gate_up_chunk(void *arg, int64_t begin, int64_t end) {
+    const gate_up_job *j = (const gate_up_job *)arg;
+    int64_t H = j->b->hidden, I = j->b->inter;
+    for (int i = 0; i < j->n; i++) {
+        int64_t lo = begin > j->start[i] ? begin : j->start[i], hi = end < j->start[i + 1] ? end : j->start[i + 1];
+        if (lo >= hi) continue;
+        int64_t r0 = lo - j->start[i], r1 = hi - j->start[i];
+        const eb_rt_expert *e = &j->b->experts[j->expert[i]];
+        int64_t p0 = j->b->pair_start[j->expert[i]], m = j->b->pair_start[j->expert[i] + 1] - p0;
+        float *g = j->g + p0 * I, *u = j->u + p0 * I;
+        j->fn(e->gate, e->dtype, r0, r1, H, j->xe + p0 * H, m, g, I);
+        j->fn(e->up, e->dtype, r0, r1, H, j->xe + p0 * H, m, u, I);
+        for (int64_t p = 0; p < m; p++)
+            for (int64_t r = r0; r < r1; r++) g[p * I + r] = silu(g[p * I + r]) * u[p * I + r];
+    }
+}
+
 /* The same arithmetic as the core's single-device path: matmul per expert over its gathered rows. */
 /* The same arithmetic as the core's single-device path: every expert's products over its gathered rows; the
  * gate and up products of all experts in one pass over the pool, then all down products in another. */
@@ -321,20 +351,20 @@ static void run_expert_batch(cpu_runtime *rt, cpu_device *d, const eb_rt_expert_
     for (int64_t p = 0; p < b->n_pairs; p++)
         memcpy(xe + p * H, b->x + (int64_t)b->pair_token[p] * H, (size_t)H * sizeof(float));
     eb_rt_matmul tasks[MAX_TASKS];
-    for (int32_t first = 0; first < b->n_experts; first += MAX_TASKS / 2) {
-        int32_t last = first + MAX_TASKS / 2 < b->n_experts ? first + MAX_TASKS / 2 : b->n_experts;
-        int n = 0;
+    for (int32_t first = 0; first < b->n_experts; first += MAX_TASKS) {
+        int32_t last = first + MAX_TASKS < b->n_experts ? first + MAX_TASKS : b->n_experts;
+        gate_up_job job = {.fn = rt->matmul_rows, .b = b, .xe = xe, .g = g, .u = u};
+        int64_t step = 8;
         for (int32_t i = first; i < last; i++) {
-            int64_t p0 = b->pair_start[i], m = b->pair_start[i + 1] - p0;
-            const eb_rt_expert *e = &b->experts[i];
-            if (m <= 0) continue;
-            tasks[n++] = (eb_rt_matmul){e->gate, e->dtype, I, H, xe + p0 * H, m, g + p0 * I};
-            tasks[n++] = (eb_rt_matmul){e->up, e->dtype, I, H, xe + p0 * H, m, u + p0 * I};
+            if (b->pair_start[i + 1] <= b->pair_start[i]) continue;
+            job.expert[job.n] = i;
+            job.start[job.n + 1] = job.start[job.n] + I;
+            job.n++;
+            int64_t s = step_rows(H, b->experts[i].dtype);
+            if (s > step) step = s;
         }
-        run_multi(rt, d, tasks, n);
-        int64_t q0 = b->pair_start[first], q1 = b->pair_start[last];
-        for (int64_t k = q0 * I; k < q1 * I; k++) g[k] = silu(g[k]) * u[k];
-        n = 0;
+        pool_run(&d->pool, gate_up_chunk, &job, job.start[job.n], step, (int64_t)d->pool.n_threads * rt->share);
+        int n = 0;
         for (int32_t i = first; i < last; i++) {
             int64_t p0 = b->pair_start[i], m = b->pair_start[i + 1] - p0;
             const eb_rt_expert *e = &b->experts[i];
