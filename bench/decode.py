@@ -2,8 +2,9 @@
 
 For each dtype of the demo checkpoint: decode tokens/s (median of --repeats, min-max), the weight bytes read per
 decoded token (attention, router, the top-k experts selected, one embedding row, lm_head), the effective GB/s,
-its fraction of the read ceiling measured by bench/membw in the same invocation, and prefill tokens/s for a
---prefill-token prompt. Prints a table and writes JSON.
+its fraction of the read ceiling measured by bench/membw just before and just after that decode (the higher of
+the two: this shared machine's memory speed changes within minutes), and prefill tokens/s for a --prefill-token
+prompt. Prints a table and writes JSON.
 
     python bench/decode.py --size bench --dtypes bf16 f32 --json bench/results/decode.json
 """
@@ -81,21 +82,27 @@ def read_ceiling(ceiling: dict, threads: str = "all") -> float:
     return max(ceiling["read_gbs"][threads], ceiling["read_ahead_gbs"][threads])
 
 
-def measure(dtype: str, args) -> dict:
+def measure(dtype: str, args, ceiling) -> dict:
+    """One dtype's decode with the read ceiling (ceiling(): bench/membw's report) measured just before and just
+    after it, then the share of runtime operations and prefill."""
     path = demo_target(args.size, dtype)
     with Engine(cpu_threads=args.threads) as eng:
         model = eng.load(path)
         prompt = model.encode(DEMO_PROMPTS[0])
+        decode_speed(model, prompt, args.tokens, 0)  # page cache and arenas warm before the first ceiling
+        before = ceiling()
         speeds, ids = decode_speed(model, prompt, args.tokens, args.repeats)
+        after = ceiling()
         # one more decode, for the share of its time the device spent in the runtime's operations (products,
         # attention, experts) rather than in the core's work between them (norms, RoPE, routing, hand-offs)
-        _, _, seconds, before, after = greedy_decode(model, prompt, args.tokens)
+        _, _, seconds, before_c, after_c = greedy_decode(model, prompt, args.tokens)
         dev = eng.devices[0].name
-        busy = after["devices"][dev]["busy_seconds"] - before["devices"][dev]["busy_seconds"]
+        busy = after_c["devices"][dev]["busy_seconds"] - before_c["devices"][dev]["busy_seconds"]
         prefill = prefill_speed(model, prefill_ids(model.config.vocab_size, args.prefill), args.repeats)
         return {"dtype": dtype, "model": str(path), "kernels": eng.runtimes[0].kernel_variant,
                 "threads": eng.devices[0].threads, "speeds": speeds, "prefill": prefill, "generated_ids": ids,
-                "bytes_per_token": model.info["bytes_per_token"], "runtime_ops_share": busy / seconds}  # fmt: skip
+                "bytes_per_token": model.info["bytes_per_token"], "runtime_ops_share": busy / seconds,
+                "ceiling_before": before, "ceiling_after": after}  # fmt: skip
 
 
 def main() -> int:
@@ -107,16 +114,18 @@ def main() -> int:
     rounds = []
     with tempfile.TemporaryDirectory() as tmp:
         programs = build_programs(Path(tmp))
+        ceiling = lambda: memory_ceiling(programs)  # noqa: E731
         for _ in range(args.rounds):  # the ceiling next to the decodes it is compared with: a shared machine drifts
-            rounds.append({"memory_ceiling": memory_ceiling(programs),
+            rounds.append({"memory_ceiling": ceiling(),
                            "alone": products_alone(programs, args.dtypes, module, threads),
-                           "results": [measure(dtype, args) for dtype in args.dtypes]})  # fmt: skip
+                           "results": [measure(dtype, args, ceiling) for dtype in args.dtypes]})  # fmt: skip
     rows = []
     for i, dtype in enumerate(args.dtypes):
         per_round = [r["results"][i] for r in rounds]
         tps = [statistics.median(m["speeds"]) for m in per_round]
         per_token = per_round[0]["bytes_per_token"]
-        ceilings = [read_ceiling(r["memory_ceiling"]) for r in rounds]
+        # each decode against the higher of the reads just before and just after it
+        ceilings = [max(read_ceiling(m["ceiling_before"]), read_ceiling(m["ceiling_after"])) for m in per_round]
         fractions = [t * per_token / 1e9 / c for t, c in zip(tps, ceilings, strict=True)]
         speeds = [v for m in per_round for v in m["speeds"]]
         read_all = statistics.median(ceilings)
@@ -127,7 +136,10 @@ def main() -> int:
             "decode_min": min(speeds), "decode_max": max(speeds), "bytes_per_token": per_token,
             "effective_gbs": statistics.median(tps) * per_token / 1e9,
             "fraction_of_read_ceiling": statistics.median(fractions), "round_fractions": fractions,
-            "round_ceilings_gbs": ceilings, "roofline_tokens_per_second": read_all * 1e9 / per_token,
+            "round_ceilings_gbs": ceilings,
+            "round_ceilings_before_after_gbs": [[read_ceiling(m["ceiling_before"]),
+                                                 read_ceiling(m["ceiling_after"])] for m in per_round],
+            "roofline_tokens_per_second": read_all * 1e9 / per_token,
             "prefill_tokens": args.prefill,
             "prefill_tokens_per_second": statistics.median(v for m in per_round for v in m["prefill"]),
             "generated_ids": per_round[-1]["generated_ids"],
@@ -138,11 +150,12 @@ def main() -> int:
               "cores": os.cpu_count(), "memory_ceiling": rounds[0]["memory_ceiling"],
               "rounds": [{"memory_ceiling": r["memory_ceiling"], "alone": r["alone"]} for r in rounds],
               "results": rows}  # fmt: skip
-    ceilings = [read_ceiling(r["memory_ceiling"]) for r in rounds]
-    print(f"memory read ceiling: {', '.join(f'{c:.1f}' for c in ceilings)} GB/s "
-          f"({rounds[0]['memory_ceiling']['threads']} threads; one per round), "
-          f"{read_ceiling(rounds[0]['memory_ceiling'], '1'):.1f} GB/s (1 thread); the faster of a plain read and one "
-          f"that requests lines ahead")  # fmt: skip
+    print(f"memory read ceiling ({rounds[0]['memory_ceiling']['threads']} threads; the faster of a plain read and "
+          f"one that requests lines ahead; {read_ceiling(rounds[0]['memory_ceiling'], '1'):.1f} GB/s with 1 thread), "
+          "just before / just after each decode; each decode is compared with the higher:")  # fmt: skip
+    for r in rows:
+        pairs = ", ".join(f"{b:.1f} / {a:.1f}" for b, a in r["round_ceilings_before_after_gbs"])
+        print(f"  {r['dtype']}: {pairs} GB/s")
     print(
         "| dtype | decode tok/s (min-max) | MB/token | GB/s | of ceiling (per round) | products alone, of a "
         "plain read (per round) | kernel alone, of a plain read (per round) | roofline tok/s | prefill tok/s |"
