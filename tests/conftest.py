@@ -1,7 +1,17 @@
 import pytest
 from fixture_paths import FIXTURES
 
+from engine.demo import ensure_demo_pair
+
 
 @pytest.fixture(scope="session")
 def fixtures():
     return FIXTURES
+
+
+@pytest.fixture(scope="session")
+def xdg_cache(tmp_path_factory):
+    """One cache folder ($XDG_CACHE_HOME) for every test file, the default demo pair built in it once per session."""
+    cache = tmp_path_factory.getbasetemp() / "xdg-cache"
+    ensure_demo_pair("default", cache_dir=cache / "expertbench")
+    return cache

@@ -11,17 +11,8 @@ import pytest
 from fixture_paths import FIXTURES
 
 from engine.cli import main
-from engine.demo import ensure_demo_pair
 
 REF_PROMPT = "The quick brown fox jumps over the lazy dog. Mixture of experts"
-
-
-@pytest.fixture(scope="session")
-def xdg_cache(tmp_path_factory):
-    # The same folder as the other test files use, so the demo pair is built once per session.
-    cache = tmp_path_factory.getbasetemp() / "xdg-cache"
-    ensure_demo_pair("default", cache_dir=cache / "expertbench")
-    return cache
 
 
 def test_run_prints_text_and_speeds(capsys):

@@ -16,11 +16,6 @@ from engine.run import DecodeRun
 
 
 @pytest.fixture(scope="session")
-def xdg_cache(tmp_path_factory):
-    return tmp_path_factory.getbasetemp() / "xdg-cache"
-
-
-@pytest.fixture(scope="session")
 def demo_pair(xdg_cache):
     # The same folder as the other test files use, so the pair is built once per session.
     return ensure_demo_pair("default", cache_dir=xdg_cache / "expertbench")

@@ -61,6 +61,9 @@ typedef struct {
     int64_t total;
     int64_t step;  /* work items are whole multiples of step */
     int64_t share; /* 0: items of one step; else each item takes 1/share of the work left (at least one step) */
+#ifdef EB_POOL_TRACE
+    long trace_run; /* this run's index in the trace, or -1 */
+#endif
 } pool;
 
 enum { CMD_COPY, CMD_FFN };
@@ -121,6 +124,82 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+/* ---- pool trace (a build for measuring: -DEB_POOL_TRACE; bench/pool_trace.py builds and reads it) -------------
+ *
+ * Every pool run (its kind and weight bytes, when it started, when the driving thread finished its own items, when
+ * the last worker finished) and every work item (thread, rows, start and end), in memory, written when the module
+ * shuts down to the file named by EXPERTBENCH_POOL_TRACE. Not in the normal build. */
+#ifdef EB_POOL_TRACE
+enum { TRACE_RUNS = 1 << 18, TRACE_ITEMS = 1 << 21 };
+typedef struct {
+    uint64_t start, driver_done, end, bytes;
+    int64_t total;
+    int kind;
+} trace_run;
+typedef struct {
+    uint64_t start, end;
+    int64_t begin, stop;
+    long run;
+    int thread;
+} trace_item;
+static trace_run *trace_runs;     /* allocated by cpu_init */
+static trace_item *trace_items;
+static _Atomic long trace_n_runs, trace_n_items, trace_n_workers;
+static _Thread_local int trace_kind; /* set by a pool's driver just before its pool_run */
+static _Thread_local uint64_t trace_bytes;
+static _Thread_local int trace_thread; /* 0: a driver; workers are numbered from 1 as they start */
+static uint64_t trace_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+static void trace_note(int kind, uint64_t bytes) {
+    trace_kind = kind;
+    trace_bytes = bytes;
+}
+static long trace_run_begin(int64_t total) {
+    long k = atomic_fetch_add(&trace_n_runs, 1);
+    if (!trace_runs || k >= TRACE_RUNS) return -1;
+    trace_runs[k] = (trace_run){.start = trace_ns(), .total = total, .kind = trace_kind, .bytes = trace_bytes};
+    trace_kind = 0, trace_bytes = 0;
+    return k;
+}
+static void trace_run_end(long run, uint64_t driver_done) {
+    if (run >= 0) trace_runs[run].driver_done = driver_done, trace_runs[run].end = trace_ns();
+}
+static void trace_item_done(long run, uint64_t start, int64_t begin, int64_t stop) {
+    if (run < 0 || !trace_items) return;
+    long k = atomic_fetch_add(&trace_n_items, 1);
+    if (k < TRACE_ITEMS) trace_items[k] = (trace_item){start, trace_ns(), begin, stop, run, trace_thread};
+}
+static void trace_write(void) {
+    const char *path = getenv("EXPERTBENCH_POOL_TRACE");
+    FILE *f = path ? fopen(path, "w") : NULL;
+    if (f) {
+        long nr = atomic_load(&trace_n_runs), ni = atomic_load(&trace_n_items);
+        for (long i = 0; i < nr && i < TRACE_RUNS; i++)
+            fprintf(f, "run %ld %d %lld %llu %llu %llu %llu\n", i, trace_runs[i].kind, (long long)trace_runs[i].total,
+                    (unsigned long long)trace_runs[i].bytes, (unsigned long long)trace_runs[i].start,
+                    (unsigned long long)trace_runs[i].driver_done, (unsigned long long)trace_runs[i].end);
+        for (long i = 0; i < ni && i < TRACE_ITEMS; i++)
+            fprintf(f, "item %ld %d %lld %lld %llu %llu\n", trace_items[i].run, trace_items[i].thread,
+                    (long long)trace_items[i].begin, (long long)trace_items[i].stop,
+                    (unsigned long long)trace_items[i].start, (unsigned long long)trace_items[i].end);
+        fclose(f);
+    }
+    free(trace_runs), free(trace_items);
+    trace_runs = NULL, trace_items = NULL;
+}
+static void trace_alloc(void) {
+    if (!trace_runs) trace_runs = calloc(TRACE_RUNS, sizeof *trace_runs);
+    if (!trace_items) trace_items = calloc(TRACE_ITEMS, sizeof *trace_items);
+}
+#define TRACE_NOTE(kind, bytes) trace_note(kind, bytes)
+#else
+#define TRACE_NOTE(kind, bytes) ((void)0)
+#endif
+enum { TRACE_PARALLEL_FOR = 1, TRACE_MATMUL, TRACE_MULTI, TRACE_GATE_UP }; /* the kinds of pool run, for the trace */
+
 /* ---- thread pool ------------------------------------------------------------------------------------- */
 
 /* Take work items until none is left. With a share, items shrink as the work runs out (guided scheduling): long
@@ -136,13 +215,22 @@ static void pool_work(pool *p) {
                 if (steps > 1) size = steps * p->step;
             }
         } while (!atomic_compare_exchange_weak(&p->next, &b, b + size));
+#ifdef EB_POOL_TRACE
+        uint64_t t0 = trace_ns();
         p->fn(p->arg, b, b + size < p->total ? b + size : p->total);
+        trace_item_done(p->trace_run, t0, b, b + size < p->total ? b + size : p->total);
+#else
+        p->fn(p->arg, b, b + size < p->total ? b + size : p->total);
+#endif
     }
 }
 
 static void *pool_worker(void *arg) {
     pool *p = (pool *)arg;
     uint64_t seen = 0;
+#ifdef EB_POOL_TRACE
+    trace_thread = (int)atomic_fetch_add(&trace_n_workers, 1) + 1;
+#endif
     for (;;) {
         int spins = 0;
         while (atomic_load(&p->generation) == seen && !atomic_load(&p->stop)) {
@@ -171,10 +259,22 @@ static void *pool_worker(void *arg) {
 
 static void pool_run(pool *p, pool_fn fn, void *arg, int64_t total, int64_t step, int64_t share) {
     if (total <= 0) return;
+#ifdef EB_POOL_TRACE
+    long run = trace_run_begin(total);
+    p->trace_run = run;
+    if (p->n_threads <= 1 || total <= step) {
+        uint64_t t0 = trace_ns();
+        fn(arg, 0, total);
+        trace_item_done(run, t0, 0, total);
+        trace_run_end(run, trace_ns());
+        return;
+    }
+#else
     if (p->n_threads <= 1 || total <= step) {
         fn(arg, 0, total);
         return;
     }
+#endif
     p->fn = fn;
     p->arg = arg;
     p->total = total;
@@ -187,6 +287,9 @@ static void pool_run(pool *p, pool_fn fn, void *arg, int64_t total, int64_t step
     pthread_cond_broadcast(&p->cv_work);
     pthread_mutex_unlock(&p->mu);
     pool_work(p);
+#ifdef EB_POOL_TRACE
+    uint64_t driver_done = trace_ns();
+#endif
     int spins = 0;
     while (atomic_load(&p->pending) > 0) {
         if (++spins < SPIN_ITERATIONS) {
@@ -201,6 +304,9 @@ static void pool_run(pool *p, pool_fn fn, void *arg, int64_t total, int64_t step
         while (atomic_load(&p->pending) > 0) pthread_cond_wait(&p->cv_done, &p->mu);
         pthread_mutex_unlock(&p->mu);
     }
+#ifdef EB_POOL_TRACE
+    trace_run_end(run, driver_done);
+#endif
 }
 
 static int pool_init(pool *p, int n_threads) {
@@ -267,6 +373,7 @@ static int64_t step_rows(int64_t cols, int dtype) {
 static void run_matmul(cpu_runtime *rt, cpu_device *d, const void *w, int dtype, int64_t rows, int64_t cols,
                        const float *x, int64_t n, float *y) {
     matmul_job job = {rt->matmul_rows, w, dtype, cols, x, n, y, rows};
+    TRACE_NOTE(TRACE_MATMUL, (uint64_t)(rows * cols) * eb_dtype_size(dtype));
     pool_run(&d->pool, matmul_chunk, &job, rows, step_rows(cols, dtype), (int64_t)d->pool.n_threads * rt->share);
 }
 
@@ -301,6 +408,11 @@ static void run_multi(cpu_runtime *rt, cpu_device *d, const eb_rt_matmul *tasks,
             int64_t s = step_rows(job.tasks[i].cols, job.tasks[i].dtype);
             if (s > step) step = s;
         }
+#ifdef EB_POOL_TRACE
+        uint64_t bytes = 0;
+        for (int i = 0; i < job.n_tasks; i++) bytes += (uint64_t)(job.tasks[i].rows * job.tasks[i].cols) * eb_dtype_size(job.tasks[i].dtype);
+        TRACE_NOTE(TRACE_MULTI, bytes);
+#endif
         pool_run(&d->pool, multi_chunk, &job, total, step, (int64_t)d->pool.n_threads * rt->share);
     }
 }
@@ -363,6 +475,11 @@ static void run_expert_batch(cpu_runtime *rt, cpu_device *d, const eb_rt_expert_
             int64_t s = step_rows(H, b->experts[i].dtype);
             if (s > step) step = s;
         }
+#ifdef EB_POOL_TRACE
+        uint64_t bytes = 0;
+        for (int i = 0; i < job.n; i++) bytes += (uint64_t)(2 * I * H) * eb_dtype_size(b->experts[job.expert[i]].dtype);
+        TRACE_NOTE(TRACE_GATE_UP, bytes);
+#endif
         pool_run(&d->pool, gate_up_chunk, &job, job.start[job.n], step, (int64_t)d->pool.n_threads * rt->share);
         int n = 0;
         for (int32_t i = first; i < last; i++) {
@@ -510,12 +627,18 @@ static void cpu_shutdown(void *rtp) {
     }
     free(rt->devices);
     free(rt);
+#ifdef EB_POOL_TRACE
+    trace_write();
+#endif
 }
 
 static int cpu_init(const eb_runtime_options *opt, void **out, char *err, size_t errlen) {
     *out = NULL;
     cpu_runtime *rt = calloc(1, sizeof *rt);
     if (!rt) return eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
+#ifdef EB_POOL_TRACE
+    trace_alloc();
+#endif
     int cores = available_cores();
     int n_dev = opt && opt->n_devices > 0 ? opt->n_devices : numa_nodes();
     if (n_dev > 64) {
@@ -772,6 +895,7 @@ static int cpu_parallel_for(void *rtp, int dev, void (*fn)(void *arg, int64_t be
     cpu_device *d = &rt->devices[dev];
     uint64_t t0 = now_ns();
     pthread_mutex_lock(&d->run_lock);
+    TRACE_NOTE(TRACE_PARALLEL_FOR, 0);
     pool_run(&d->pool, fn, arg, n, chunk < 1 ? 1 : chunk, 0);
     pthread_mutex_unlock(&d->run_lock);
     atomic_fetch_add(&d->busy_ns, now_ns() - t0);
