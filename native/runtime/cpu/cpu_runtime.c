@@ -257,7 +257,9 @@ static void *pool_worker(void *arg) {
     }
 }
 
-static void pool_run(pool *p, pool_fn fn, void *arg, int64_t total, int64_t step, int64_t share) {
+/* Run fn over [0, total) on the pool's threads, the caller taking part, in work items of whole steps: of one step
+ * each (per_thread = 0), or guided: each item takes 1/(threads x per_thread) of the work left. */
+static void pool_run(pool *p, pool_fn fn, void *arg, int64_t total, int64_t step, int per_thread) {
     if (total <= 0) return;
 #ifdef EB_POOL_TRACE
     long run = trace_run_begin(total);
@@ -279,7 +281,7 @@ static void pool_run(pool *p, pool_fn fn, void *arg, int64_t total, int64_t step
     p->arg = arg;
     p->total = total;
     p->step = step;
-    p->share = share;
+    p->share = (int64_t)p->n_threads * per_thread;
     atomic_store(&p->next, 0);
     atomic_store(&p->pending, p->n_threads - 1);
     pthread_mutex_lock(&p->mu);
@@ -374,7 +376,7 @@ static void run_matmul(cpu_runtime *rt, cpu_device *d, const void *w, int dtype,
                        const float *x, int64_t n, float *y) {
     matmul_job job = {rt->matmul_rows, w, dtype, cols, x, n, y, rows};
     TRACE_NOTE(TRACE_MATMUL, (uint64_t)(rows * cols) * eb_dtype_size(dtype));
-    pool_run(&d->pool, matmul_chunk, &job, rows, step_rows(cols, dtype), (int64_t)d->pool.n_threads * rt->share);
+    pool_run(&d->pool, matmul_chunk, &job, rows, step_rows(cols, dtype), rt->share);
 }
 
 /* Several products as one pool run over their concatenated rows. */
@@ -413,7 +415,7 @@ static void run_multi(cpu_runtime *rt, cpu_device *d, const eb_rt_matmul *tasks,
         for (int i = 0; i < job.n_tasks; i++) bytes += (uint64_t)(job.tasks[i].rows * job.tasks[i].cols) * eb_dtype_size(job.tasks[i].dtype);
         TRACE_NOTE(TRACE_MULTI, bytes);
 #endif
-        pool_run(&d->pool, multi_chunk, &job, total, step, (int64_t)d->pool.n_threads * rt->share);
+        pool_run(&d->pool, multi_chunk, &job, total, step, rt->share);
     }
 }
 
@@ -480,7 +482,7 @@ static void run_expert_batch(cpu_runtime *rt, cpu_device *d, const eb_rt_expert_
         for (int i = 0; i < job.n; i++) bytes += (uint64_t)(2 * I * H) * eb_dtype_size(b->experts[job.expert[i]].dtype);
         TRACE_NOTE(TRACE_GATE_UP, bytes);
 #endif
-        pool_run(&d->pool, gate_up_chunk, &job, job.start[job.n], step, (int64_t)d->pool.n_threads * rt->share);
+        pool_run(&d->pool, gate_up_chunk, &job, job.start[job.n], step, rt->share);
         int n = 0;
         for (int32_t i = first; i < last; i++) {
             int64_t p0 = b->pair_start[i], m = b->pair_start[i + 1] - p0;
