@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from engine.demo import DEMO_PROMPTS
@@ -32,7 +33,6 @@ from measure import (  # noqa: E402
     build_c,
     cpu_has_avx2_kernels,
     decode_speed,
-    greedy_decode,
     prefill_ids,
     prefill_speed,
     write_report,
@@ -93,9 +93,14 @@ def measure(dtype: str, args, ceiling) -> dict:
         before = ceiling()
         speeds, ids = decode_speed(model, prompt, args.tokens, args.repeats)
         after = ceiling()
-        # one more decode, for the share of its time the device spent in the runtime's operations (products,
-        # attention, experts) rather than in the core's work between them (norms, RoPE, routing, hand-offs)
-        _, _, seconds, before_c, after_c = greedy_decode(model, prompt, args.tokens)
+        # one more decode, the same loop (generate), for the share of its time the device spent in the runtime's
+        # operations (products, attention, experts) rather than in the core's work between them (norms, RoPE,
+        # routing, hand-offs): args.tokens one-token steps after the prompt's first len - 1 positions
+        with model.context(len(prompt) + args.tokens + 1) as ctx:
+            ctx.prefill(prompt[:-1], all_rows=False)
+            before_c, t0 = model.counters(), time.perf_counter()
+            ctx.generate(prompt[-1:], args.tokens)
+            seconds, after_c = time.perf_counter() - t0, model.counters()
         dev = eng.devices[0].name
         busy = after_c["devices"][dev]["busy_seconds"] - before_c["devices"][dev]["busy_seconds"]
         prefill = prefill_speed(model, prefill_ids(model.config.vocab_size, args.prefill), args.repeats)

@@ -62,7 +62,12 @@ def read_trace(path: Path) -> tuple[list[dict], list[dict]]:
     runs, items = [], []
     for line in path.read_text().splitlines():
         f = line.split()
-        if f[0] == "run":
+        if f[0] == "recorded":  # runs and items recorded, against the room the module had for them
+            n_runs, run_room, n_items, item_room = map(int, f[1:5])
+            if n_runs > run_room or n_items > item_room:
+                raise RuntimeError(f"the trace overflowed ({n_runs} runs for {run_room}, {n_items} items for "
+                                   f"{item_room}): trace fewer --tokens")  # fmt: skip
+        elif f[0] == "run":
             runs.append({"kind": int(f[2]), "total": int(f[3]), "bytes": int(f[4]), "start": int(f[5]),
                          "driver_done": int(f[6]), "end": int(f[7])})  # fmt: skip
         elif f[0] == "item":
@@ -136,7 +141,8 @@ def main() -> int:
         module = build_traced_module(Path(tmp))
         trace = Path(tmp) / "trace.txt"
         os.environ["EXPERTBENCH_POOL_TRACE"] = str(trace)
-        with Engine(cpu_threads=args.threads, module_paths={"cpu": str(module)}) as eng:
+        # one cpu device (not one per NUMA node): the trace's runs are then those of one pool, one after another
+        with Engine(cpu_devices=1, cpu_threads=args.threads, module_paths={"cpu": str(module)}) as eng:
             threads = eng.devices[0].threads
             model = eng.load(demo_target(args.size, args.dtype))
             prompt = model.encode(DEMO_PROMPTS[0])

@@ -142,12 +142,13 @@ def test_generate_chooses_the_tokens_a_decode_loop_chooses():
         res = ctx.generate(prompt, 12)
         assert res.ids == loop and res.decode_tokens == 11
         assert ctx.position == len(prompt) + 11
-        # a stop id: the loop ends on it, which is not appended; ids outside the vocabulary never match
-        stop = loop[5]
+        # a stop id first chosen mid-loop: the loop ends on it, which is not appended; ids outside the vocabulary
+        # never match
+        at = next(i for i in range(1, len(loop)) if loop[i] not in loop[:i])
         ctx.truncate(0)
-        res = ctx.generate(prompt, 12, stop_ids=[-1, 10**9, stop])
-        assert res.ids == loop[: loop.index(stop) + 1]
-        assert ctx.position == len(prompt) + loop.index(stop)
+        res = ctx.generate(prompt, 12, stop_ids=[-1, 10**9, loop[at]])
+        assert res.ids == loop[: at + 1]
+        assert ctx.position == len(prompt) + at
 
 
 def test_generate_refuses_stop_ids_that_are_not_integers():
@@ -174,3 +175,28 @@ def test_greedy_in_the_core_reports_bad_arguments():
         with pytest.raises(RangeError, match="longer than the KV cache"):
             check(lib.eb_context_greedy(ctx._live(), 1, 40, ffi.NULL, 0, ffi.new("int32_t[40]"), chosen))
         assert chosen[0] == 17 and ctx.position == 16
+
+
+def test_greedy_chooses_the_first_nan_as_numpy_does(tmp_path):
+    """A broken checkpoint (tied embeddings, row 5 NaN) gives NaN logits for token 5 beside finite ones, then, once
+    5 is fed back, NaN everywhere: the core's argmax chooses as numpy's does (the first NaN), not a finite token."""
+    from safetensors.numpy import load_file, save_file
+
+    from engine.native import check, ffi, lib
+
+    folder = tmp_path / "nan-row"
+    shutil.copytree(FIXTURES / "qwen3-f32", folder)
+    tensors = load_file(folder / "model.safetensors")
+    tensors["model.embed_tokens.weight"][5] = np.nan
+    save_file(tensors, folder / "model.safetensors")
+    with Engine() as eng, eng.load(folder) as model, model.context(16) as ctx:
+        loop = [1]
+        while len(loop) < 3:
+            row = ctx.decode([loop[-1]])[0]
+            assert np.isnan(row).any() and (len(loop) > 1 or np.isfinite(row).sum() > 1)
+            loop.append(int(np.argmax(row)))
+        assert loop == [1, 5, 0]  # NaN at 5 beside finite logits, then NaN everywhere
+        ctx.truncate(0)
+        out, chosen = ffi.new("int32_t[3]"), ffi.new("int32_t *")
+        check(lib.eb_context_greedy(ctx._live(), 1, 3, ffi.NULL, 0, out, chosen))  # the core chooses from token 1
+        assert list(out) == loop and chosen[0] == 3

@@ -187,16 +187,16 @@ static inline void attend_heads(void *arg, int64_t i0, int64_t i1) {
     }
 }
 
-static void attention_heads(void *arg, int64_t h0, int64_t h1) { attend_heads(arg, h0, h1); }
+static void attention_heads(void *arg, int64_t i0, int64_t i1) { attend_heads(arg, i0, i1); }
 
-/* The same built for AVX2 where the CPU has it: eb_attend's sums are written as eight lanes with nothing
+/* The same built for AVX2 where the CPU has it: eb_attend_group's sums are written as eight lanes with nothing
  * reassociated or contracted (-ffp-contract=off), so the wider build gives the same bits with half the
  * instructions. Chosen at run time rather than through an ifunc, which the sanitizer runtimes do not survive,
  * and not where the CPU runtime was told to keep to its portable kernels. */
 #if defined(__x86_64__) && defined(__GNUC__)
 #define EB_ATTENTION_AVX2 1
-__attribute__((target("avx2"))) static void attention_heads_avx2(void *arg, int64_t h0, int64_t h1) {
-    attend_heads(arg, h0, h1);
+__attribute__((target("avx2"))) static void attention_heads_avx2(void *arg, int64_t i0, int64_t i1) {
+    attend_heads(arg, i0, i1);
 }
 #endif
 
@@ -213,8 +213,9 @@ static void (*choose_attention(const eb_model *m))(void *, int64_t, int64_t) {
     return attention_heads;
 }
 
-/* Query heads per attention work item: a whole GQA group (its key and value rows read once) where the groups keep
- * the primary's threads busy, else one head (more items than threads). */
+/* Query heads per attention work item: a whole GQA group (its key and value rows read once per block of eight
+ * heads) where there are at least as many groups as the primary has threads, else one head (more items than
+ * threads). Either way the bits are the same; only the speed differs. */
 static int32_t attention_heads_per_item(const eb_model *m) {
     const eb_engine *eng = m->engine;
     const eb_runtime *r = eb_device_runtime(eng, m->primary);

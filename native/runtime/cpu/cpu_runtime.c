@@ -177,6 +177,7 @@ static void trace_write(void) {
     FILE *f = path ? fopen(path, "w") : NULL;
     if (f) {
         long nr = atomic_load(&trace_n_runs), ni = atomic_load(&trace_n_items);
+        fprintf(f, "recorded %ld %d %ld %d\n", nr, TRACE_RUNS, ni, TRACE_ITEMS);
         for (long i = 0; i < nr && i < TRACE_RUNS; i++)
             fprintf(f, "run %ld %d %lld %llu %llu %llu %llu\n", i, trace_runs[i].kind, (long long)trace_runs[i].total,
                     (unsigned long long)trace_runs[i].bytes, (unsigned long long)trace_runs[i].start,
@@ -190,9 +191,12 @@ static void trace_write(void) {
     free(trace_runs), free(trace_items);
     trace_runs = NULL, trace_items = NULL;
 }
-static void trace_alloc(void) {
+static void trace_alloc(void) { /* one traced runtime at a time: a second one's cpu_init starts a new trace */
     if (!trace_runs) trace_runs = calloc(TRACE_RUNS, sizeof *trace_runs);
     if (!trace_items) trace_items = calloc(TRACE_ITEMS, sizeof *trace_items);
+    atomic_store(&trace_n_runs, 0);
+    atomic_store(&trace_n_items, 0);
+    atomic_store(&trace_n_workers, 0);
 }
 #define TRACE_NOTE(kind, bytes) trace_note(kind, bytes)
 #else
@@ -451,9 +455,9 @@ static void gate_up_chunk(void *arg, int64_t begin, int64_t end) {
     }
 }
 
-/* The same arithmetic as the core's single-device path: matmul per expert over its gathered rows. */
-/* The same arithmetic as the core's single-device path: every expert's products over its gathered rows; the
- * gate and up products of all experts in one pass over the pool, then all down products in another. */
+/* The same arithmetic as the core's single-device path: every expert's products over its gathered rows. Per 64
+ * experts, one pool run computes the gate and up products and silu(g) * u (gate_up_chunk), then another the down
+ * products. */
 static void run_expert_batch(cpu_runtime *rt, cpu_device *d, const eb_rt_expert_batch *b) {
     int64_t H = b->hidden, I = b->inter;
     float *xe = (float *)b->scratch;
