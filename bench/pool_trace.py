@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -81,7 +82,14 @@ def analyse(runs: list[dict], items: list[dict], t0: int, t1: int, steps: int) -
     index = [i for i, r in enumerate(runs) if t0 <= r["start"] <= t1 and r["end"] > 0]
     if not index:
         raise RuntimeError("the trace holds no pool run of the decode steps")
-    groups: dict[tuple, dict] = defaultdict(lambda: {"runs": 0, "ns": 0, "gap_ns": 0, "bytes": 0, "driver_wait_ns": 0})
+    groups: dict[tuple, dict] = defaultdict(
+        lambda: {"runs": 0, "ns": 0, "gap_ns": 0, "bytes": 0, "driver_wait_ns": 0, "tail_ns": 0, "threads": 0}
+    )
+    last_end: dict[int, int] = {}  # per run: when its last work item ended
+    busy_threads: dict[int, set] = defaultdict(set)
+    for it in items:
+        last_end[it["run"]] = max(last_end.get(it["run"], 0), it["end"])
+        busy_threads[it["run"]].add(it["thread"])
     previous_end = t0
     for i in index:
         r = runs[i]
@@ -90,6 +98,8 @@ def analyse(runs: list[dict], items: list[dict], t0: int, t1: int, steps: int) -
         g["ns"] += r["end"] - r["start"]
         g["gap_ns"] += max(0, r["start"] - previous_end)
         g["driver_wait_ns"] += r["end"] - r["driver_done"]
+        g["tail_ns"] += max(0, r["end"] - last_end.get(i, r["end"]))
+        g["threads"] += len(busy_threads.get(i, ()))
         g["bytes"] += r["bytes"]
         previous_end = r["end"]
     rows = []
@@ -98,7 +108,9 @@ def analyse(runs: list[dict], items: list[dict], t0: int, t1: int, steps: int) -
                      "per_step": g["runs"] / steps, "us_per_step": g["ns"] / steps / 1e3,
                      "us_each": g["ns"] / g["runs"] / 1e3, "gbs": g["bytes"] / g["ns"] if g["ns"] else 0.0,
                      "gap_before_us_each": g["gap_ns"] / g["runs"] / 1e3,
-                     "driver_waits_us_each": g["driver_wait_ns"] / g["runs"] / 1e3})  # fmt: skip
+                     "driver_waits_us_each": g["driver_wait_ns"] / g["runs"] / 1e3,
+                     "after_last_item_us_each": g["tail_ns"] / g["runs"] / 1e3,
+                     "threads_with_items": g["threads"] / g["runs"]})  # fmt: skip
     step_us = (t1 - t0) / steps / 1e3
     in_runs = sum(r["us_per_step"] for r in rows)
     # work items of the products, by size: how fast a thread streams an item of that many bytes
@@ -134,6 +146,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=64, help="decode steps traced")
     ap.add_argument("--threads", type=int, default=0, help="worker threads (0: all cores)")
     ap.add_argument("--json", help="write the report here")
+    ap.add_argument("--keep-trace", help="copy the raw trace (one line per run and per work item) here")
     args = ap.parse_args()
     if args.tokens < 2:
         ap.error(f"--tokens {args.tokens}: expected at least 2")
@@ -154,6 +167,8 @@ def main() -> int:
                 ctx.generate(prompt[-1:], args.tokens)  # args.tokens one-token evaluations
                 t1 = time.monotonic_ns()
         runs, items = read_trace(trace)  # written when the engine closed the module
+        if args.keep_trace:
+            shutil.copyfile(trace, args.keep_trace)
     report = analyse(runs, items, t0, t1, args.tokens)
     report.update({"command": " ".join(["python", *sys.argv]), "dtype": args.dtype, "threads": threads,
                    "tokens_per_second": 1e6 / report["step_us"]})  # fmt: skip
@@ -161,12 +176,14 @@ def main() -> int:
           f"{report['step_us']:.0f} us, {report['in_runs_us']:.0f} in pool runs, {report['between_runs_us']:.0f} "
           "between them (the calling thread alone)")  # fmt: skip
     print("| pool run | rows | weight MB | per step | us each | us per step | GB/s | us before each (alone) "
-          "| us the caller waits for the last worker |")  # fmt: skip
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| us the caller waits for the last worker | us from the last item's end to the run's "
+          "| threads with items |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in report["runs"]:
         print(f"| {r['kind']} | {r['rows']} | {r['weight_bytes'] / 1e6:.2f} | {r['per_step']:.1f} | {r['us_each']:.1f} "
               f"| {r['us_per_step']:.0f} | {r['gbs']:.1f} | {r['gap_before_us_each']:.1f} "
-              f"| {r['driver_waits_us_each']:.1f} |")  # fmt: skip
+              f"| {r['driver_waits_us_each']:.1f} | {r['after_last_item_us_each']:.1f} "
+              f"| {r['threads_with_items']:.1f} |")  # fmt: skip
     print("\n| work items of products | per step | share of item time | GB/s per thread (all, median) |")
     print("| --- | --- | --- | --- |")
     for r in report["items"]:
