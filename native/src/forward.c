@@ -334,8 +334,8 @@ int eb_context_eval(eb_context *c, const int32_t *ids, int32_t n, float *logits,
 }
 
 /* The index of the largest value, the first of equal ones; the first NaN where there is one (numpy's argmax). Two
- * passes the compiler can vectorize (the largest value and whether a NaN is there, then its first index) rather
- * than one that carries the index of the best so far from element to element. */
+ * branch-light passes (the largest value and whether a NaN is there, then its first index) rather than one that
+ * carries the index of the best so far from element to element. */
 static int32_t argmax(const float *v, int32_t n) {
     float mx = v[0];
     int nan = 0;
