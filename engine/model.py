@@ -459,6 +459,33 @@ class Context(_Handle):
             raise RangeError(f"truncate to position {pos}: expected 0..{self.position} (the current position)")
         check(lib.eb_context_truncate(self._live(), int(pos)))
 
+    def greedy(self, first: int, n: int, stop_ids=()) -> list[int]:
+        """Greedy decoding from the token first (already chosen): appends it, chooses the argmax of its logits, and so
+        on until n tokens are chosen (first included) or one of stop_ids is; every chosen token but the last is
+        appended. The loop runs in the core, with no return to Python between tokens."""
+        if not _is_int(n) or n < 1:
+            raise ArgumentError(f"number of tokens to choose must be a positive integer, got {n!r}")
+        if not _is_int(first):
+            raise ArgumentError(f"first token must be an integer, got {first!r}")
+        stop_list = list(stop_ids)
+        if not all(_is_int(s) for s in stop_list):
+            raise ArgumentError(f"stop ids must be integers, got {stop_ids!r}")
+        # ids outside the vocabulary can never be chosen
+        stops = np.array([s for s in stop_list if 0 <= s < self.vocab_size], dtype=np.int32)
+        out = np.empty(n, dtype=np.int32)
+        chosen = ffi.new("int32_t *")
+        status = lib.eb_context_greedy(
+            self._live(),
+            int(first),
+            n,
+            ffi.from_buffer("int32_t[]", stops),
+            len(stops),
+            ffi.from_buffer("int32_t[]", out, require_writable=True),
+            chosen,
+        )
+        check(status)
+        return out[: chosen[0]].tolist()
+
     def generate(self, prompt_ids, n: int, stop_ids=()) -> GenerateResult:
         """Greedy decoding of up to n tokens after the prompt (appended at the current position)."""
         if not _is_int(n) or n < 1:
@@ -467,8 +494,6 @@ class Context(_Handle):
         stop_list = list(stop_ids)
         if not all(_is_int(s) for s in stop_list):
             raise ArgumentError(f"stop ids must be integers, got {stop_ids!r}")
-        # ids outside the vocabulary can never be chosen
-        stops = np.array([s for s in stop_list if 0 <= s < self.vocab_size], dtype=np.int32)
         if self.position + len(prompt) + n - 1 > self.capacity:
             raise RangeError(
                 f"prompt of {len(prompt)} tokens plus {n} generated needs {self.position + len(prompt) + n - 1} "
@@ -477,22 +502,8 @@ class Context(_Handle):
         t0 = time.perf_counter()
         last = self.prefill(prompt, all_rows=False)
         t1 = time.perf_counter()
-        out = np.empty(n, dtype=np.int32)
-        chosen = ffi.new("int32_t *")
-        # the decode loop runs in the core: no return to Python between tokens
-        check(
-            lib.eb_context_greedy(
-                self._live(),
-                int(np.argmax(last)),
-                n,
-                ffi.from_buffer("int32_t[]", stops),
-                len(stops),
-                ffi.from_buffer("int32_t[]", out, require_writable=True),
-                chosen,
-            )
-        )
+        ids = self.greedy(int(np.argmax(last)), n, stop_list)
         t2 = time.perf_counter()
-        ids = out[: chosen[0]].tolist()
         return GenerateResult(ids, len(prompt), t1 - t0, len(ids) - 1, t2 - t1)
 
     def close(self) -> None:

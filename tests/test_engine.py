@@ -200,3 +200,21 @@ def test_greedy_chooses_the_first_nan_as_numpy_does(tmp_path):
         out, chosen = ffi.new("int32_t[3]"), ffi.new("int32_t *")
         check(lib.eb_context_greedy(ctx._live(), 1, 3, ffi.NULL, 0, out, chosen))  # the core chooses from token 1
         assert list(out) == loop and chosen[0] == 3
+
+
+def test_greedy_continues_from_a_chosen_token_and_refuses_bad_arguments():
+    from engine.errors import RangeError
+
+    with Engine() as eng, eng.load(FIXTURES / "qwen3-f32") as model, model.context(32) as ctx:
+        ctx.prefill([3, 17, 42], all_rows=False)
+        loop = [9]
+        while len(loop) < 5:
+            loop.append(int(np.argmax(ctx.decode([loop[-1]])[0])))
+        ctx.truncate(3)
+        assert ctx.greedy(9, 5) == loop and ctx.position == 3 + 4  # every chosen token but the last appended
+        for first, n, match in (("9", 5, "first token must be an integer"), (9, 0, "positive integer, got 0")):
+            with pytest.raises(ArgumentError, match=match):
+                ctx.greedy(first, n)
+        with pytest.raises(RangeError, match="first token id 512 out of range"):
+            ctx.greedy(model.config.vocab_size, 2)
+        assert ctx.position == 7  # nothing appended by the refused calls
