@@ -63,9 +63,7 @@ typedef struct {
     int64_t total;
     int64_t step;  /* work items are whole multiples of step */
     int64_t share; /* 0: items of one step; else each item takes 1/share of the work left (at least one step) */
-#ifdef EB_POOL_TRACE
-    long trace_run; /* this run's index in the trace, or -1 */
-#endif
+    long trace_run; /* this run's index in the pool trace, or -1 */
 } pool;
 
 /* A worker's report that it finished a generation, alone in its cache line: the driver reads them all at once
@@ -120,9 +118,9 @@ typedef struct cpu_runtime {
     const char *variant;
     char cpu_name[EB_MAX_NAME];
     uint64_t memory_limit;
-    /* A product's work items each take 1/(threads x share) of the rows left, down to one step (guided
+    /* A product's work items each take 1/(threads x per_thread) of the rows left, down to one step (guided
      * scheduling). Tunable with EXPERTBENCH_CHUNKS_PER_THREAD (1..64) for measuring; see bench/RESULTS.md. */
-    int share;
+    int per_thread;
 } cpu_runtime;
 
 static uint64_t now_ns(void) {
@@ -141,7 +139,8 @@ static inline void cpu_relax(void) {
  *
  * Every pool run (its kind and weight bytes, when it started, when the driving thread finished its own items, when
  * the last worker finished) and every work item (thread, rows, start and end), in memory, written when the module
- * shuts down to the file named by EXPERTBENCH_POOL_TRACE. Not in the normal build. */
+ * shuts down to the file named by EXPERTBENCH_POOL_TRACE. In the normal build the trace_* calls are empty. */
+enum { TRACE_PARALLEL_FOR = 1, TRACE_MATMUL, TRACE_MULTI, TRACE_GATE_UP }; /* the kinds of pool run */
 #ifdef EB_POOL_TRACE
 enum { TRACE_RUNS = 1 << 18, TRACE_ITEMS = 1 << 21 };
 typedef struct {
@@ -155,35 +154,32 @@ typedef struct {
     long run;
     int thread;
 } trace_item;
-static trace_run *trace_runs;     /* allocated by cpu_init */
+static trace_run *trace_runs; /* allocated by cpu_init */
 static trace_item *trace_items;
 static _Atomic long trace_n_runs, trace_n_items, trace_n_workers;
 static _Thread_local int trace_kind; /* set by a pool's driver just before its pool_run */
 static _Thread_local uint64_t trace_bytes;
 static _Thread_local int trace_thread; /* 0: a driver; workers are numbered from 1 as they start */
-static uint64_t trace_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
+static uint64_t trace_clock(void) { return now_ns(); }
 static void trace_note(int kind, uint64_t bytes) {
     trace_kind = kind;
     trace_bytes = bytes;
 }
+static void trace_worker_start(void) { trace_thread = (int)atomic_fetch_add(&trace_n_workers, 1) + 1; }
 static long trace_run_begin(int64_t total) {
     long k = atomic_fetch_add(&trace_n_runs, 1);
     if (!trace_runs || k >= TRACE_RUNS) return -1;
-    trace_runs[k] = (trace_run){.start = trace_ns(), .total = total, .kind = trace_kind, .bytes = trace_bytes};
+    trace_runs[k] = (trace_run){.start = now_ns(), .total = total, .kind = trace_kind, .bytes = trace_bytes};
     trace_kind = 0, trace_bytes = 0;
     return k;
 }
 static void trace_run_end(long run, uint64_t driver_done) {
-    if (run >= 0) trace_runs[run].driver_done = driver_done, trace_runs[run].end = trace_ns();
+    if (run >= 0) trace_runs[run].driver_done = driver_done, trace_runs[run].end = now_ns();
 }
 static void trace_item_done(long run, uint64_t start, int64_t begin, int64_t stop) {
     if (run < 0 || !trace_items) return;
     long k = atomic_fetch_add(&trace_n_items, 1);
-    if (k < TRACE_ITEMS) trace_items[k] = (trace_item){start, trace_ns(), begin, stop, run, trace_thread};
+    if (k < TRACE_ITEMS) trace_items[k] = (trace_item){start, now_ns(), begin, stop, run, trace_thread};
 }
 static void trace_write(void) {
     const char *path = getenv("EXPERTBENCH_POOL_TRACE");
@@ -211,11 +207,18 @@ static void trace_alloc(void) { /* one traced runtime at a time: a second one's 
     atomic_store(&trace_n_items, 0);
     atomic_store(&trace_n_workers, 0);
 }
-#define TRACE_NOTE(kind, bytes) trace_note(kind, bytes)
 #else
-#define TRACE_NOTE(kind, bytes) ((void)0)
+static inline uint64_t trace_clock(void) { return 0; }
+static inline void trace_note(int kind, uint64_t bytes) { (void)kind, (void)bytes; }
+static inline void trace_worker_start(void) {}
+static inline long trace_run_begin(int64_t total) { return (void)total, -1; }
+static inline void trace_run_end(long run, uint64_t driver_done) { (void)run, (void)driver_done; }
+static inline void trace_item_done(long run, uint64_t start, int64_t begin, int64_t stop) {
+    (void)run, (void)start, (void)begin, (void)stop;
+}
+static inline void trace_write(void) {}
+static inline void trace_alloc(void) {}
 #endif
-enum { TRACE_PARALLEL_FOR = 1, TRACE_MATMUL, TRACE_MULTI, TRACE_GATE_UP }; /* the kinds of pool run, for the trace */
 
 /* ---- thread pool ------------------------------------------------------------------------------------- */
 
@@ -232,13 +235,10 @@ static void pool_work(pool *p) {
                 if (steps > 1) size = steps * p->step;
             }
         } while (!atomic_compare_exchange_weak(&p->next, &b, b + size));
-#ifdef EB_POOL_TRACE
-        uint64_t t0 = trace_ns();
-        p->fn(p->arg, b, b + size < p->total ? b + size : p->total);
-        trace_item_done(p->trace_run, t0, b, b + size < p->total ? b + size : p->total);
-#else
-        p->fn(p->arg, b, b + size < p->total ? b + size : p->total);
-#endif
+        int64_t e = b + size < p->total ? b + size : p->total;
+        uint64_t t0 = trace_clock();
+        p->fn(p->arg, b, e);
+        trace_item_done(p->trace_run, t0, b, e);
     }
 }
 
@@ -246,9 +246,7 @@ static void *pool_worker(void *arg) {
     pool *p = ((pool_worker_arg *)arg)->p;
     pool_done *done = &p->done[((pool_worker_arg *)arg)->index];
     uint64_t seen = 0;
-#ifdef EB_POOL_TRACE
-    trace_thread = (int)atomic_fetch_add(&trace_n_workers, 1) + 1;
-#endif
+    trace_worker_start();
     for (;;) {
         int spins = 0;
         while (atomic_load(&p->generation) == seen && !atomic_load(&p->stop)) {
@@ -287,22 +285,15 @@ static int pool_all_done(pool *p, uint64_t gen) {
  * each (per_thread = 0), or guided: each item takes 1/(threads x per_thread) of the work left. */
 static void pool_run(pool *p, pool_fn fn, void *arg, int64_t total, int64_t step, int per_thread) {
     if (total <= 0) return;
-#ifdef EB_POOL_TRACE
     long run = trace_run_begin(total);
-    p->trace_run = run;
     if (p->n_threads <= 1 || total <= step) {
-        uint64_t t0 = trace_ns();
+        uint64_t t0 = trace_clock();
         fn(arg, 0, total);
         trace_item_done(run, t0, 0, total);
-        trace_run_end(run, trace_ns());
+        trace_run_end(run, trace_clock());
         return;
     }
-#else
-    if (p->n_threads <= 1 || total <= step) {
-        fn(arg, 0, total);
-        return;
-    }
-#endif
+    p->trace_run = run;
     p->fn = fn;
     p->arg = arg;
     p->total = total;
@@ -314,9 +305,7 @@ static void pool_run(pool *p, pool_fn fn, void *arg, int64_t total, int64_t step
     pthread_cond_broadcast(&p->cv_work);
     pthread_mutex_unlock(&p->mu);
     pool_work(p);
-#ifdef EB_POOL_TRACE
-    uint64_t driver_done = trace_ns();
-#endif
+    uint64_t driver_done = trace_clock();
     int spins = 0;
     while (!pool_all_done(p, gen)) {
         if (++spins < SPIN_ITERATIONS) {
@@ -333,9 +322,7 @@ static void pool_run(pool *p, pool_fn fn, void *arg, int64_t total, int64_t step
         atomic_store(&p->driver_waiting, 0);
         pthread_mutex_unlock(&p->mu);
     }
-#ifdef EB_POOL_TRACE
     trace_run_end(run, driver_done);
-#endif
 }
 
 static int pool_init(pool *p, int n_threads) {
@@ -411,8 +398,8 @@ static int64_t step_rows(int64_t cols, int dtype) {
 static void run_matmul(cpu_runtime *rt, cpu_device *d, const void *w, int dtype, int64_t rows, int64_t cols,
                        const float *x, int64_t n, float *y) {
     matmul_job job = {rt->matmul_rows, w, dtype, cols, x, n, y, rows};
-    TRACE_NOTE(TRACE_MATMUL, (uint64_t)(rows * cols) * eb_dtype_size(dtype));
-    pool_run(&d->pool, matmul_chunk, &job, rows, step_rows(cols, dtype), rt->share);
+    trace_note(TRACE_MATMUL, (uint64_t)(rows * cols) * eb_dtype_size(dtype));
+    pool_run(&d->pool, matmul_chunk, &job, rows, step_rows(cols, dtype), rt->per_thread);
 }
 
 /* Several products as one pool run over their concatenated rows. */
@@ -442,16 +429,14 @@ static void run_multi(cpu_runtime *rt, cpu_device *d, const eb_rt_matmul *tasks,
         job.start[0] = 0;
         for (int i = 0; i < job.n_tasks; i++) job.start[i + 1] = job.start[i] + job.tasks[i].rows;
         int64_t total = job.start[job.n_tasks], step = 8;
+        uint64_t bytes = 0;
         for (int i = 0; i < job.n_tasks; i++) {
             int64_t s = step_rows(job.tasks[i].cols, job.tasks[i].dtype);
             if (s > step) step = s;
+            bytes += (uint64_t)(job.tasks[i].rows * job.tasks[i].cols) * eb_dtype_size(job.tasks[i].dtype);
         }
-#ifdef EB_POOL_TRACE
-        uint64_t bytes = 0;
-        for (int i = 0; i < job.n_tasks; i++) bytes += (uint64_t)(job.tasks[i].rows * job.tasks[i].cols) * eb_dtype_size(job.tasks[i].dtype);
-        TRACE_NOTE(TRACE_MULTI, bytes);
-#endif
-        pool_run(&d->pool, multi_chunk, &job, total, step, rt->share);
+        trace_note(TRACE_MULTI, bytes);
+        pool_run(&d->pool, multi_chunk, &job, total, step, rt->per_thread);
     }
 }
 
@@ -505,6 +490,7 @@ static void run_expert_batch(cpu_runtime *rt, cpu_device *d, const eb_rt_expert_
         int32_t last = first + MAX_TASKS < b->n_experts ? first + MAX_TASKS : b->n_experts;
         gate_up_job job = {.fn = rt->matmul_rows, .b = b, .xe = xe, .g = g, .u = u};
         int64_t step = 8;
+        uint64_t bytes = 0;
         for (int32_t i = first; i < last; i++) {
             if (b->pair_start[i + 1] <= b->pair_start[i]) continue;
             job.expert[job.n] = i;
@@ -512,13 +498,10 @@ static void run_expert_batch(cpu_runtime *rt, cpu_device *d, const eb_rt_expert_
             job.n++;
             int64_t s = step_rows(H, b->experts[i].dtype);
             if (s > step) step = s;
+            bytes += (uint64_t)(2 * I * H) * eb_dtype_size(b->experts[i].dtype);
         }
-#ifdef EB_POOL_TRACE
-        uint64_t bytes = 0;
-        for (int i = 0; i < job.n; i++) bytes += (uint64_t)(2 * I * H) * eb_dtype_size(b->experts[job.expert[i]].dtype);
-        TRACE_NOTE(TRACE_GATE_UP, bytes);
-#endif
-        pool_run(&d->pool, gate_up_chunk, &job, job.start[job.n], step, rt->share);
+        trace_note(TRACE_GATE_UP, bytes);
+        pool_run(&d->pool, gate_up_chunk, &job, job.start[job.n], step, rt->per_thread);
         int n = 0;
         for (int32_t i = first; i < last; i++) {
             int64_t p0 = b->pair_start[i], m = b->pair_start[i + 1] - p0;
@@ -665,18 +648,14 @@ static void cpu_shutdown(void *rtp) {
     }
     free(rt->devices);
     free(rt);
-#ifdef EB_POOL_TRACE
     trace_write();
-#endif
 }
 
 static int cpu_init(const eb_runtime_options *opt, void **out, char *err, size_t errlen) {
     *out = NULL;
     cpu_runtime *rt = calloc(1, sizeof *rt);
     if (!rt) return eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
-#ifdef EB_POOL_TRACE
     trace_alloc();
-#endif
     int cores = available_cores();
     int n_dev = opt && opt->n_devices > 0 ? opt->n_devices : numa_nodes();
     if (n_dev > 64) {
@@ -691,9 +670,9 @@ static int cpu_init(const eb_runtime_options *opt, void **out, char *err, size_t
     int threads = opt && opt->threads_per_device > 0 ? opt->threads_per_device : cores / n_dev;
     if (threads < 1) threads = 1;
     rt->memory_limit = opt ? opt->memory_limit : 0;
-    rt->share = 1; /* bench/RESULTS.md: products through the module at 95-96 % of a plain read, 86-92 % with 2 */
+    rt->per_thread = 1; /* bench/RESULTS.md: products through the module at 95-96 % of a plain read, 86-92 % with 2 */
     const char *cpt = getenv("EXPERTBENCH_CHUNKS_PER_THREAD");
-    if (cpt && atoi(cpt) >= 1 && atoi(cpt) <= 64) rt->share = atoi(cpt);
+    if (cpt && atoi(cpt) >= 1 && atoi(cpt) <= 64) rt->per_thread = atoi(cpt);
     int portable = opt && opt->force_portable;
 #ifdef EB_CPU_HAVE_AVX2_BUILD
     __builtin_cpu_init();
@@ -933,7 +912,7 @@ static int cpu_parallel_for(void *rtp, int dev, void (*fn)(void *arg, int64_t be
     cpu_device *d = &rt->devices[dev];
     uint64_t t0 = now_ns();
     pthread_mutex_lock(&d->run_lock);
-    TRACE_NOTE(TRACE_PARALLEL_FOR, 0);
+    trace_note(TRACE_PARALLEL_FOR, 0);
     pool_run(&d->pool, fn, arg, n, chunk < 1 ? 1 : chunk, 0);
     pthread_mutex_unlock(&d->run_lock);
     atomic_fetch_add(&d->busy_ns, now_ns() - t0);
