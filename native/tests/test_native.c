@@ -200,6 +200,19 @@ static void test_forward(const char *module, const char *file, eb_model_config *
     }
 }
 
+/* An engine of `threads` threads per cpu device, the test model loaded on cpu:0 and a context of n_ctx positions on
+ * it; *e and *m are set for the caller to free. */
+static eb_context *open_context(const char *module, const char *file, eb_model_config *cfg, builder *b, int threads,
+                                int32_t n_ctx, int32_t n_batch, eb_engine **e, eb_model **m) {
+    const char *files[] = {file};
+    *e = new_engine(module, 0, threads);
+    *m = NULL;
+    CHECK(eb_model_load(*e, cfg, files, 1, b->d, b->n, 0, m) == EB_OK, "model load, %d threads", threads);
+    eb_context *c = NULL;
+    CHECK(eb_context_create(*m, n_ctx, n_batch, &c) == EB_OK, "context of %d positions", n_ctx);
+    return c;
+}
+
 /* eb_attend_group over g heads (blocks of EB_ATTEND_HEADS and a partial one, a head size that is not a multiple of
  * eight, more positions than are requested ahead) gives each head the bits of eb_attend on that head alone. */
 static void test_attend_group_blocks(void) {
@@ -226,17 +239,14 @@ static void test_attend_group_blocks(void) {
 /* Attention's work items are a whole GQA group's heads (threads <= groups: one thread here) or single heads (more
  * threads): the logits are the same bits either way, over more positions than are requested ahead. */
 static void test_attention_items(const char *module, const char *file, eb_model_config *cfg, builder *b) {
-    const char *files[] = {file};
     enum { N = 24 };
     static float ref[N * V], got[N * V];
     int32_t prompt[N];
     for (int i = 0; i < N; i++) prompt[i] = (i * 37 + 11) % V;
     for (int threads = 1; threads <= 3; threads++) {
-        eb_engine *e = new_engine(module, 0, threads);
-        eb_model *m = NULL;
-        CHECK(eb_model_load(e, cfg, files, 1, b->d, b->n, 0, &m) == EB_OK, "model load, %d threads", threads);
-        eb_context *c = NULL;
-        CHECK(eb_context_create(m, 32, N, &c) == EB_OK, "context");
+        eb_engine *e;
+        eb_model *m;
+        eb_context *c = open_context(module, file, cfg, b, threads, 32, N, &e, &m);
         float *out = threads == 1 ? ref : got;
         CHECK(eb_context_eval(c, prompt, N - 4, out, 1) == EB_OK, "prefill");
         for (int i = N - 4; i < N; i++) CHECK(eb_context_eval(c, prompt + i, 1, out + i * V, 1) == EB_OK, "step");
@@ -258,12 +268,9 @@ static int memchr_i32(const int32_t *a, int n, int32_t v) {
 
 /* The core's greedy loop chooses what evaluating one token at a time and taking the argmax chooses. */
 static void test_greedy(const char *module, const char *file, eb_model_config *cfg, builder *b) {
-    const char *files[] = {file};
-    eb_engine *e = new_engine(module, 0, 2);
-    eb_model *m = NULL;
-    CHECK(eb_model_load(e, cfg, files, 1, b->d, b->n, 0, &m) == EB_OK, "model load");
-    eb_context *c = NULL;
-    CHECK(eb_context_create(m, 32, 4, &c) == EB_OK, "context");
+    eb_engine *e;
+    eb_model *m;
+    eb_context *c = open_context(module, file, cfg, b, 2, 32, 4, &e, &m);
     int32_t want[8] = {7}, got[8] = {0}, n = 0;
     float row[V];
     for (int i = 1; i < 8; i++) {
@@ -519,12 +526,9 @@ static void test_device_primary(const char *build, const char *file, eb_model_co
 
 /* Freeing in the "wrong" order is safe: the engine outlives its models and a model its contexts. */
 static void test_lifetimes(const char *module, const char *file, eb_model_config *cfg, builder *b) {
-    const char *files[] = {file};
-    eb_engine *e = new_engine(module, 0, 1);
-    eb_model *m = NULL;
-    CHECK(eb_model_load(e, cfg, files, 1, b->d, b->n, 0, &m) == EB_OK, "load");
-    eb_context *c = NULL;
-    CHECK(eb_context_create(m, 8, 4, &c) == EB_OK, "context");
+    eb_engine *e;
+    eb_model *m;
+    eb_context *c = open_context(module, file, cfg, b, 1, 8, 4, &e, &m);
     eb_engine_destroy(e); /* deferred: the model is alive */
     eb_model_free(m);     /* deferred: the context is alive */
     int32_t ids[3] = {1, 2, 3};
