@@ -91,7 +91,7 @@ def measure(dtype: str, args, ceiling) -> dict:
         prompt = model.encode(DEMO_PROMPTS[0])
         decode_speed(model, prompt, args.tokens, 0)  # page cache and arenas warm before the first ceiling
         before = ceiling()
-        speeds, ids = decode_speed(model, prompt, args.tokens, args.repeats)
+        speeds, ids = decode_speed(model, prompt, args.tokens, args.repeats, warm=False)
         after = ceiling()
         # one more decode, the same loop (generate), for the share of its time the device spent in the runtime's
         # operations (products, attention, experts) rather than in the core's work between them (norms, RoPE,
@@ -121,8 +121,7 @@ def main() -> int:
         programs = build_programs(Path(tmp))
         ceiling = lambda: memory_ceiling(programs)  # noqa: E731
         for _ in range(args.rounds):  # the ceiling next to the decodes it is compared with: a shared machine drifts
-            rounds.append({"memory_ceiling": ceiling(),
-                           "alone": products_alone(programs, args.dtypes, module, threads),
+            rounds.append({"alone": products_alone(programs, args.dtypes, module, threads),
                            "results": [measure(dtype, args, ceiling) for dtype in args.dtypes]})  # fmt: skip
     rows = []
     for i, dtype in enumerate(args.dtypes):
@@ -156,12 +155,13 @@ def main() -> int:
             "round_fractions_of_weights_read": weights_read,
             "round_runtime_ops_share": [m["runtime_ops_share"] for m in per_round],
         })  # fmt: skip
+    first_ceiling = rounds[0]["results"][0]["ceiling_before"]  # membw's whole report, for the 1-thread figure
     report = {"command": " ".join(["python", *sys.argv]), "host": platform.node(), "cpu": platform.processor(),
-              "cores": os.cpu_count(), "memory_ceiling": rounds[0]["memory_ceiling"],
-              "rounds": [{"memory_ceiling": r["memory_ceiling"], "alone": r["alone"]} for r in rounds],
+              "cores": os.cpu_count(), "memory_ceiling": first_ceiling,
+              "rounds": [{"alone": r["alone"]} for r in rounds],
               "results": rows}  # fmt: skip
-    print(f"memory read ceiling ({rounds[0]['memory_ceiling']['threads']} threads; the faster of a plain read and "
-          f"one that requests lines ahead; {read_ceiling(rounds[0]['memory_ceiling'], '1'):.1f} GB/s with 1 thread), "
+    print(f"memory read ceiling ({first_ceiling['threads']} threads; the faster of a plain read and "
+          f"one that requests lines ahead; {read_ceiling(first_ceiling, '1'):.1f} GB/s with 1 thread), "
           "just before / just after each decode; each decode is compared with the higher:")  # fmt: skip
     for r in rows:
         pairs = ", ".join(f"{b:.1f} / {a:.1f}" for b, a in r["round_ceilings_before_after_gbs"])

@@ -55,16 +55,17 @@ def prefill_ids(vocab_size: int, n: int) -> list[int]:
     return np.random.default_rng(0).integers(0, vocab_size, n).tolist()
 
 
-def decode_speed(model, prompt, tokens: int, repeats: int) -> tuple[list[float], list[int]]:
-    """Greedy decode tokens/s of each repeat (after one warm-up run: page cache, arenas) and the last run's ids."""
+def decode_speed(model, prompt, tokens: int, repeats: int, warm: bool = True) -> tuple[list[float], list[int]]:
+    """Greedy decode tokens/s of each repeat (after one warm-up run, page cache and arenas, unless warm is False:
+    the caller warmed them) and the last run's ids."""
     speeds, ids = [], []
     with model.context(len(prompt) + tokens + 1) as ctx:
-        for _ in range(repeats + 1):
+        for _ in range(repeats + int(warm)):
             ctx.truncate(0)
             res = ctx.generate(prompt, tokens)
             speeds.append(res.decode_tokens_per_second)
             ids = res.ids
-    return speeds[1:], ids
+    return speeds[int(warm) :], ids
 
 
 def prefill_speed(model, prompt: list[int], repeats: int) -> list[float]:
