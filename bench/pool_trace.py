@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoints import demo_target  # noqa: E402
 from measure import NATIVE, write_report  # noqa: E402
 
+ITEM_SIZES = ((64 << 10, "< 64 KiB"), (256 << 10, "64-256 KiB"), (1 << 20, "256 KiB-1 MiB"), (float("inf"), ">= 1 MiB"))
 KINDS = {1: "parallel run (attention)", 2: "product", 3: "products together", 4: "experts' gate+up, silu"}
 # the release build's flags (setup.py), and the trace
 FLAGS = ["-std=c11", "-O2", "-fPIC", "-ffp-contract=off", "-fvisibility=hidden", "-DEB_POOL_TRACE", "-pthread",
@@ -121,11 +122,10 @@ def analyse(runs: list[dict], items: list[dict], t0: int, t1: int, steps: int) -
         if it["run"] not in chosen or not r or not r["bytes"] or r["total"] <= 0:
             continue
         nbytes = r["bytes"] * (it["stop"] - it["begin"]) // r["total"]
-        kib = nbytes / 1024
-        label = "< 64 KiB" if kib < 64 else "64-256 KiB" if kib < 256 else "256 KiB-1 MiB" if kib < 1024 else ">= 1 MiB"
+        label = next(name for limit, name in ITEM_SIZES if nbytes < limit)
         buckets[label].append((nbytes, it["end"] - it["start"]))
     item_rows = []
-    for label in ("< 64 KiB", "64-256 KiB", "256 KiB-1 MiB", ">= 1 MiB"):
+    for _, label in ITEM_SIZES:
         b = buckets.get(label)
         if b:
             ns = sum(d for _, d in b)
