@@ -467,16 +467,21 @@ class Context(_Handle):
             raise ArgumentError(f"number of tokens to choose must be a positive integer, got {n!r}")
         if not _is_int(first):
             raise ArgumentError(f"first token must be an integer, got {first!r}")
+        return self._greedy(int(first), n, self._stop_array(stop_ids))
+
+    def _stop_array(self, stop_ids) -> np.ndarray:
         stop_list = list(stop_ids)
         if not all(_is_int(s) for s in stop_list):
             raise ArgumentError(f"stop ids must be integers, got {stop_ids!r}")
         # ids outside the vocabulary can never be chosen
-        stops = np.array([s for s in stop_list if 0 <= s < self.vocab_size], dtype=np.int32)
+        return np.array([s for s in stop_list if 0 <= s < self.vocab_size], dtype=np.int32)
+
+    def _greedy(self, first: int, n: int, stops: np.ndarray) -> list[int]:
         out = np.empty(n, dtype=np.int32)
         chosen = ffi.new("int32_t *")
         status = lib.eb_context_greedy(
             self._live(),
-            int(first),
+            first,
             n,
             ffi.from_buffer("int32_t[]", stops),
             len(stops),
@@ -491,9 +496,7 @@ class Context(_Handle):
         if not _is_int(n) or n < 1:
             raise ArgumentError(f"number of tokens to generate must be a positive integer, got {n!r}")
         prompt = _ids_array(prompt_ids)
-        stop_list = list(stop_ids)
-        if not all(_is_int(s) for s in stop_list):
-            raise ArgumentError(f"stop ids must be integers, got {stop_ids!r}")
+        stops = self._stop_array(stop_ids)  # checked before anything is appended
         if self.position + len(prompt) + n - 1 > self.capacity:
             raise RangeError(
                 f"prompt of {len(prompt)} tokens plus {n} generated needs {self.position + len(prompt) + n - 1} "
@@ -502,7 +505,7 @@ class Context(_Handle):
         t0 = time.perf_counter()
         last = self.prefill(prompt, all_rows=False)
         t1 = time.perf_counter()
-        ids = self.greedy(int(np.argmax(last)), n, stop_list)
+        ids = self._greedy(int(np.argmax(last)), n, stops)
         t2 = time.perf_counter()
         return GenerateResult(ids, len(prompt), t1 - t0, len(ids) - 1, t2 - t1)
 
