@@ -405,11 +405,7 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
     m->info.n_layers = c->num_layers;
     m->info.primary_device = primary_device;
     compute_bytes_per_token(m);
-    for (int l = 0; l < c->num_layers; l++)
-        if (m->layers[l].is_moe)
-            for (int e = 0; e < c->num_experts; e++)
-                m->counters.dev[home].weight_bytes += eb_weight_bytes(&m->layers[l].experts[e].gate) * 2 +
-                                                                eb_weight_bytes(&m->layers[l].experts[e].down);
+    m->counters.dev[home].weight_bytes += m->info.expert_bytes; /* every expert starts at its home */
     if (!rinfo.host_addressable && (st = eb_device_primary_init(m))) {
         eb_model_free(m);
         return st;
