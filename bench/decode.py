@@ -121,7 +121,9 @@ def main() -> int:
         programs = build_programs(Path(tmp))
         ceiling = lambda: memory_ceiling(programs)  # noqa: E731
         for _ in range(args.rounds):  # the ceiling next to the decodes it is compared with: a shared machine drifts
-            rounds.append({"alone": products_alone(programs, args.dtypes, module, threads),
+            # decode_products has the bench target's shapes: its figures belong beside that model only
+            alone = products_alone(programs, args.dtypes, module, threads) if args.size == "bench" else None
+            rounds.append({"alone": alone,
                            "results": [measure(dtype, args, ceiling) for dtype in args.dtypes]})  # fmt: skip
     rows = []
     for i, dtype in enumerate(args.dtypes):

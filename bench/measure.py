@@ -17,14 +17,18 @@ NATIVE = BENCH.parent / "native"
 # The benchmarks' C programs (bench/membw/): sources, compiler flags, libraries. Their header comments give the
 # same commands for running them by hand.
 C_PROGRAMS = {
-    "membw": ([BENCH / "membw/membw.c"], ["-mavx2", "-mfma"], []),
+    "membw": ([BENCH / "membw/membw.c"], ["-mavx2", "-mfma", f"-I{NATIVE / 'runtime/cpu'}"], []),
     "matmul_stream": (
         [BENCH / "membw/matmul_stream.c", NATIVE / "runtime/cpu/cpu_kernels_avx2.c",
          NATIVE / "runtime/cpu/cpu_kernels_portable.c"],
         ["-ffp-contract=off", "-mavx2", "-mfma", "-mf16c", f"-I{NATIVE / 'include'}", f"-I{NATIVE / 'runtime/cpu'}"],
         [],
     ),
-    "decode_products": ([BENCH / "membw/decode_products.c"], ["-mavx2", f"-I{NATIVE / 'include'}"], ["-ldl"]),
+    "decode_products": (
+        [BENCH / "membw/decode_products.c"],
+        ["-mavx2", f"-I{NATIVE / 'include'}", f"-I{NATIVE / 'runtime/cpu'}"],
+        ["-ldl"],
+    ),
 }  # fmt: skip
 
 

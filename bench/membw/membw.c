@@ -9,7 +9,7 @@
  * Each kernel runs --repeats times over arrays far larger than the caches; the best run is reported, as STREAM
  * does. Prints a table and, with --json FILE, one JSON document.
  *
- *   cc -O2 -mavx2 -mfma -pthread bench/membw/membw.c -o /tmp/membw && /tmp/membw --json out.json
+ *   cc -O2 -mavx2 -mfma -pthread -Inative/runtime/cpu bench/membw/membw.c -o /tmp/membw && /tmp/membw --json out.json
  */
 #define _GNU_SOURCE
 #include <immintrin.h>
@@ -33,16 +33,9 @@ typedef struct {
     pthread_barrier_t *start, *stop;
 } job;
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void run_part(job *j) {
-    size_t lo = N * (size_t)j->id / (size_t)j->n, hi = N * (size_t)(j->id + 1) / (size_t)j->n;
-    lo &= ~(size_t)31;
-    hi = j->id == j->n - 1 ? N : hi & ~(size_t)31;
+    size_t lo, hi;
+    bench_part(N, j->id, j->n, &lo, &hi);
     if (j->kind == 0) {
         j->sum += plain_read(j->a, lo, hi);
     } else if (j->kind == 3) {
@@ -77,10 +70,10 @@ static double measure(int kind, int n, float *a, float *b, float *c) {
     }
     double best = 1e30;
     for (int r = 0; r < REPEATS; r++) {
-        double t0 = now();
+        double t0 = bench_now();
         pthread_barrier_wait(&start);
         pthread_barrier_wait(&stop);
-        double dt = now() - t0;
+        double dt = bench_now() - t0;
         if (dt < best) best = dt;
     }
     for (int i = 0; i < n; i++) pthread_join(th[i], NULL);

@@ -4,6 +4,10 @@
 
 #include <stdint.h>
 
+/* How far ahead the streaming decode tiles request each row's weights (bench/RESULTS.md: 2 KiB was the fastest of
+ * 1-4 KiB); bench/membw's read_ahead requests lines as far ahead, so the ceiling keeps in step with the kernels. */
+#define EB_CPU_AHEAD_BYTES 2048
+
 /* y[t * ldy + r] = dot(w row r, x[t * cols ...]) for r in [r0, r1), t < n. */
 typedef void (*eb_cpu_matmul_rows_fn)(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols,
                                       const float *x, int64_t n, float *y, int64_t ldy);

@@ -57,7 +57,7 @@ static inline float hsum(__m256 s) {
  * read of the same bytes; with these requests at 92 % (bench/membw/matmul_stream.c, one thread), and two threads
  * went from 62 to 71 GB/s in this machine's fast memory state. 1 KiB and 4 KiB ahead were slower, and so was
  * the same request in L2 only. A request past the end of the rows is harmless: a prefetch never faults. */
-#define AHEAD_BYTES 2048
+#define AHEAD_BYTES EB_CPU_AHEAD_BYTES
 
 static inline void ahead(const unsigned char *row, int dtype, int64_t c) {
     int64_t byte = c * (dtype == EB_DTYPE_F32 ? 4 : 2);
