@@ -69,6 +69,7 @@ def main() -> int:
                 ids, logits, seconds, delta = decode(model, prompt, args.tokens, graphs)
                 speeds.append((len(ids) - 1) / seconds)
             steps = args.tokens - 1
+            on_cpu = any(owner == "cpu:0" for layer in model.placement.owners for owner in layer)
             tps = statistics.median(speeds)
             gbs = bytes_per_token * tps / 1e9
             rows.append({
@@ -81,8 +82,7 @@ def main() -> int:
                 "gpu_busy_ms_per_token": 1e3 * delta["gpu_busy_seconds"] / steps,
                 "weight_gbs": gbs,
                 # of the HBM ceiling only where the GPU reads every weight: otherwise the CPU reads some of them
-                "fraction_of_hbm_read_ceiling": gbs / args.hbm_gbs if args.hbm_gbs and "cpu:0" not in placement
-                else None,
+                "fraction_of_hbm_read_ceiling": gbs / args.hbm_gbs if args.hbm_gbs and not on_cpu else None,
             })  # fmt: skip
     report = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),

@@ -800,8 +800,6 @@ __global__ void qk_rope_store_kernel(eb_rt_attention a, int warp) {
     }
 }
 
-// One block per (head, row): groups of 32 lanes take positions in turn, two at a time (their loads in flight
-// together), with a running softmax (each lane holds head_dim / 32 of the output); then the groups are merged.
 // q . k for one position, over the 32 lanes of a group (lane holds dims lane, lane + 32, ...; every lane gets it).
 __device__ __forceinline__ float head_dot(const float *qv, const float *k, int lane, int hd) {
     float d = 0.0f;
@@ -826,6 +824,8 @@ __device__ __forceinline__ void attend_update(float d, const float *v, int lane,
     m = mn;
 }
 
+// One block per (head, row): groups of 32 lanes take positions in turn, two at a time (their loads in flight
+// together), with a running softmax (each lane holds head_dim / 32 of the output); then the groups are merged.
 // q: this head's rotated query; kl, vl (nullable): the last position's key and value, read from there instead of
 // the cache (the fused one-row kernel, whose cache writes other blocks may not have made yet).
 __device__ void attend(const eb_rt_attention &a, int h, int t, const float *q, const float *kl, const float *vl) {
