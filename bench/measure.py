@@ -14,6 +14,9 @@ import numpy as np
 BENCH = Path(__file__).resolve().parent
 NATIVE = BENCH.parent / "native"
 
+# The flags of the engine's AVX2 kernel sources (as setup.py builds them).
+AVX2_FLAGS = ["-mavx2", "-mfma", "-mf16c"]
+
 # The benchmarks' C programs (bench/membw/): sources, compiler flags, libraries. Their header comments give the
 # same commands for running them by hand.
 C_PROGRAMS = {
@@ -21,7 +24,7 @@ C_PROGRAMS = {
     "matmul_stream": (
         [BENCH / "membw/matmul_stream.c", NATIVE / "runtime/cpu/cpu_kernels_avx2.c",
          NATIVE / "runtime/cpu/cpu_kernels_portable.c"],
-        ["-ffp-contract=off", "-mavx2", "-mfma", "-mf16c", f"-I{NATIVE / 'include'}", f"-I{NATIVE / 'runtime/cpu'}"],
+        ["-ffp-contract=off", *AVX2_FLAGS, f"-I{NATIVE / 'include'}", f"-I{NATIVE / 'runtime/cpu'}"],
         [],
     ),
     "decode_products": (
@@ -32,14 +35,18 @@ C_PROGRAMS = {
 }  # fmt: skip
 
 
-def build_c(name: str, out_dir: Path, extra_flags: tuple = ()) -> Path:
-    """Compile one of C_PROGRAMS into out_dir; a failed build raises with the compiler's messages."""
-    sources, flags, libs = C_PROGRAMS[name]
-    exe = Path(out_dir) / name
-    cmd = ["cc", "-O2", "-pthread", *flags, *extra_flags, *map(str, sources), *libs, "-o", str(exe)]
+def run_cc(cmd: list[str], what: str) -> None:
+    """Run a compiler command; a failure raises with the command and the compiler's messages."""
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"building {name} failed:\n{' '.join(cmd)}\n{proc.stderr}")
+        raise RuntimeError(f"building {what} failed:\n{' '.join(cmd)}\n{proc.stderr}")
+
+
+def build_c(name: str, out_dir: Path, extra_flags: tuple = ()) -> Path:
+    """Compile one of C_PROGRAMS into out_dir."""
+    sources, flags, libs = C_PROGRAMS[name]
+    exe = Path(out_dir) / name
+    run_cc(["cc", "-O2", "-pthread", *flags, *extra_flags, *map(str, sources), *libs, "-o", str(exe)], name)
     return exe
 
 

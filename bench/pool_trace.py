@@ -17,7 +17,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,7 +28,7 @@ from engine.model import Engine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoints import demo_target  # noqa: E402
-from measure import NATIVE, write_report  # noqa: E402
+from measure import AVX2_FLAGS, NATIVE, run_cc, write_report  # noqa: E402
 
 ITEM_SIZES = ((64 << 10, "< 64 KiB"), (256 << 10, "64-256 KiB"), (1 << 20, "256 KiB-1 MiB"), (float("inf"), ">= 1 MiB"))
 KINDS = {1: "parallel run (attention)", 2: "product", 3: "products together", 4: "experts' gate+up, silu"}
@@ -44,19 +43,13 @@ def build_traced_module(out_dir: Path, extra_flags: tuple = ()) -> Path:
     objects = []
     sources = [(cpu / "cpu_runtime.c", []), (cpu / "cpu_kernels_portable.c", [])]
     if platform.machine() in ("x86_64", "AMD64"):
-        sources.append((cpu / "cpu_kernels_avx2.c", ["-mavx2", "-mfma", "-mf16c"]))
+        sources.append((cpu / "cpu_kernels_avx2.c", AVX2_FLAGS))
     for src, extra in sources:
         obj = out_dir / f"{src.stem}.o"
-        cmd = ["cc", *FLAGS, *extra, *extra_flags, "-c", str(src), "-o", str(obj)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"building the traced module failed:\n{' '.join(cmd)}\n{proc.stderr}")
+        run_cc(["cc", *FLAGS, *extra, *extra_flags, "-c", str(src), "-o", str(obj)], "the traced module")
         objects.append(str(obj))
     module = out_dir / "expertbench_rt_cpu.so"
-    cmd = ["cc", "-shared", "-pthread", *objects, "-lm", "-o", str(module)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"linking the traced module failed:\n{' '.join(cmd)}\n{proc.stderr}")
+    run_cc(["cc", "-shared", "-pthread", *objects, "-lm", "-o", str(module)], "the traced module")
     return module
 
 
