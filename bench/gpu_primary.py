@@ -45,12 +45,12 @@ def main() -> int:
     model_dir = Path(args.model) if args.model else ensure_demo_pair(args.size).target
     runtime = args.gpu.split(":")[0]
     with Engine(runtimes=("cpu", runtime), cpu_threads=args.threads) as eng:
-        cpu = eng.load(model_dir)
+        cpu = eng.load(model_dir, weights=args.weights)
         prompt = cpu.encode(DEMO_PROMPTS[0])
         base_ids, base_logits, cpu_seconds, _ = decode(cpu, prompt, args.tokens)
         cpu_tps = (len(base_ids) - 1) / cpu_seconds
         cpu.close()
-        model = eng.load(model_dir, device=args.gpu)
+        model = eng.load(model_dir, device=args.gpu, weights=args.weights)
         moe = model.config.moe_layers
         half = "; ".join(f"{layer}=cpu:0" for layer in moe[: len(moe) // 2])
         configs = [

@@ -44,7 +44,7 @@ def main() -> int:
     model_dir = Path(args.model) if args.model else ensure_demo_pair(args.size).target
     runtime = args.gpu.split(":")[0]
     with Engine(runtimes=("cpu", runtime), cpu_threads=args.threads) as eng:
-        model = eng.load(model_dir)
+        model = eng.load(model_dir, weights=args.weights)
         prompt = model.encode(DEMO_PROMPTS[0])
         moe = model.config.moe_layers
         info = {d.name: d.description for d in eng.devices}

@@ -109,6 +109,13 @@ def greedy_decode(model, prompt_ids, n_tokens: int, graphs: bool = True):
     return ids, np.stack(rows), seconds, before, after
 
 
+def add_weights_argument(ap: argparse.ArgumentParser) -> None:
+    """--weights: how the engine holds the checkpoint's files (Engine.load's weights)."""
+    ap.add_argument("--weights", choices=("auto", "map", "copy"), default="auto",
+                    help="copied onto huge pages, mapped, or auto: copied where huge pages are enabled and the "
+                    "files take at most half of the memory available")  # fmt: skip
+
+
 def add_gpu_arguments(ap: argparse.ArgumentParser) -> None:
     """The arguments of the GPU benchmarks (gpu_split.py, gpu_primary.py)."""
     ap.add_argument("--model", help="model folder (default: the demo target of --size)")
@@ -116,6 +123,7 @@ def add_gpu_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--gpu", default="cuda:0")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (default: all cores)")
     ap.add_argument("--json", help="write the report here")
+    add_weights_argument(ap)
 
 
 def write_report(path: str | None, report: dict) -> None:
@@ -141,6 +149,7 @@ def add_common_arguments(ap: argparse.ArgumentParser, threads_default: int) -> N
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=threads_default, help="worker threads (0: all cores)")
     ap.add_argument("--json", help="write the report here")
+    add_weights_argument(ap)
     ap.add_argument("--rounds", type=_rounds, default=1,
                     help="measure this many times, interleaving what is compared (a shared machine's speed drifts "
                     "over minutes); the ratios reported are the medians of the rounds' (default 1)")  # fmt: skip

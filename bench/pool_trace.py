@@ -28,7 +28,7 @@ from engine.model import Engine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoints import demo_target  # noqa: E402
-from measure import AVX2_FLAGS, NATIVE, run_cc, write_report  # noqa: E402
+from measure import AVX2_FLAGS, NATIVE, add_weights_argument, run_cc, write_report  # noqa: E402
 
 ITEM_SIZES = ((64 << 10, "< 64 KiB"), (256 << 10, "64-256 KiB"), (1 << 20, "256 KiB-1 MiB"), (float("inf"), ">= 1 MiB"))
 KINDS = {1: "parallel run (attention)", 2: "product", 3: "products together", 4: "experts' gate+up, silu"}
@@ -140,6 +140,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0, help="worker threads (0: all cores)")
     ap.add_argument("--json", help="write the report here")
     ap.add_argument("--keep-trace", help="copy the raw trace (one line per run and per work item) here")
+    add_weights_argument(ap)
     args = ap.parse_args()
     if args.tokens < 2:
         ap.error(f"--tokens {args.tokens}: expected at least 2")
@@ -150,7 +151,7 @@ def main() -> int:
         # one cpu device (not one per NUMA node): the trace's runs are then those of one pool, one after another
         with Engine(cpu_devices=1, cpu_threads=args.threads, module_paths={"cpu": str(module)}) as eng:
             threads = eng.devices[0].threads
-            model = eng.load(demo_target(args.size, args.dtype))
+            model = eng.load(demo_target(args.size, args.dtype), weights=args.weights)
             prompt = model.encode(DEMO_PROMPTS[0])
             with model.context(len(prompt) + 2 * args.tokens + 2) as ctx:
                 ctx.generate(prompt, args.tokens)  # warm: page cache, arenas

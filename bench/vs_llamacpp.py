@@ -113,12 +113,13 @@ def to_gguf(model_dir: Path, dtype: str) -> Path:
     return out
 
 
-def ours(model_dir: Path, threads: int, prompt_ids, prefill_prompt, tokens: int, repeats: int) -> dict:
+def ours(model_dir: Path, threads: int, prompt_ids, prefill_prompt, tokens: int, repeats: int, weights: str) -> dict:
     with Engine(cpu_threads=threads) as eng:
-        model = eng.load(model_dir)
+        model = eng.load(model_dir, weights=weights)
         decode, ids = decode_speed(model, prompt_ids, tokens, repeats)  # first, as bench/decode.py does: it warms
         prefill = prefill_speed(model, prefill_prompt, repeats)
-    return {"prefill": prefill, "decode": decode, "ids": ids}
+        weights = model.info["weights"]
+    return {"prefill": prefill, "decode": decode, "ids": ids, "weights": weights}
 
 
 def round_speeds(rounds: list[dict], what: str) -> dict:
@@ -156,7 +157,9 @@ def main() -> int:
                     out = run([str(PY), "-c", RUNNER, json.dumps(cfg)], capture_output=True, text=True).stdout
                     got[side] = json.loads(out)
                 else:
-                    got[side] = ours(model_dir, args.threads, prompt_ids, prefill_prompt, args.tokens, args.repeats)
+                    got[side] = ours(
+                        model_dir, args.threads, prompt_ids, prefill_prompt, args.tokens, args.repeats, args.weights
+                    )
             rounds.append(got)
         # the first position where the greedy tokens differ, over every round
         differ = [i for g in rounds for i, (a, b) in enumerate(zip(g["ours"]["ids"], g["theirs"]["ids"], strict=True))

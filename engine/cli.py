@@ -113,8 +113,10 @@ def cmd_run(args) -> int:
             draft_dir = pair.draft
     prompts = args.prompt or DEMO_PROMPTS
     with _make_engine(args) as eng:
-        target = eng.load(target_dir, device=args.device)
-        draft = eng.load(draft_dir, device=args.draft_device or args.device) if draft_dir is not None else None
+        target = eng.load(target_dir, device=args.device, weights=args.weights)
+        draft = None
+        if draft_dir is not None:
+            draft = eng.load(draft_dir, device=args.draft_device or args.device, weights=args.weights)
         if draft is not None and draft.config.num_experts > 0:
             draft.set_placement(f"*={draft.device}")  # a GPU primary's experts start in host memory
         placement = args.placement
@@ -139,6 +141,9 @@ def cmd_run(args) -> int:
             if progress is not None:
                 progress.clear()
         report = _report(result, target, draft, prompts, eng.runtimes[0].kernel_variant)
+        info = target.info
+        report["weights"] = {"held": info["weights"], "file_bytes": info["file_bytes"],
+                             "huge_page_bytes": info["huge_page_bytes"]}  # fmt: skip
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -191,6 +196,9 @@ def _print_table(report: dict, result: RunResult, n_prompts: int) -> None:
     devices = f"target {report['target_device']}" + (f", draft {report['draft_device']}" if report["draft"] else "")
     print(f"devices   {devices} ({report['kernels']} kernels)")
     print(f"mode      {report['mode']}")
+    w = report["weights"]
+    huge = f", {_size(w['huge_page_bytes'])} on huge pages" if w["held"] == "copy" else ""
+    print(f"weights   {w['held']} ({_size(w['file_bytes'])}{huge})")
     if report["placement"] is not None:
         print(f"placement {report['placement']}")
     print(f"run       {n_prompts} prompts x {report['tokens_per_prompt']} tokens x {report['repeats']} repeats"
@@ -295,6 +303,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-n", type=int, default=64, help="tokens to generate per prompt (default 64)")
     run.add_argument("--repeats", type=int, default=3, help="passes over the prompts (default 3)")
     run.add_argument("--device", default="cpu:0", help="the target's primary device (default cpu:0)")
+    run.add_argument("--weights", default="auto", choices=("auto", "map", "copy"),
+                     help="hold the checkpoints' files copied onto huge pages (faster to stream), memory-mapped, or "
+                     "auto: copied where huge pages are enabled and the files take at most half of the memory "
+                     "available (default)")  # fmt: skip
     run.add_argument("--draft-device", help="the draft's device (default: --device)")
     run.add_argument("--demo-size", default="default", choices=sorted(SIZES),
                      help="which demo pair to use when no --model is given (default: default)")  # fmt: skip

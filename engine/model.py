@@ -18,6 +18,10 @@ from .native import check, ffi, lib, text
 from .placement import Placement
 
 ARCH_CODES = {"qwen3": 1, "qwen3_moe": 2}
+# How the core holds a model's files in host memory (eb_weights_mode): "copy" reads them into private memory
+# advised for transparent huge pages (faster to stream), "map" memory-maps them, "auto" copies where huge pages
+# are enabled and the files take at most half of the memory available.
+WEIGHTS_MODES = {"auto": 0, "map": 1, "copy": 2}
 
 
 @dataclass(frozen=True)
@@ -156,8 +160,8 @@ class Engine(_Handle):
             raise
         return idx[0]
 
-    def load(self, model: str | os.PathLike | Checkpoint, device: str = "cpu:0") -> Model:
-        return Model(self, model, device)
+    def load(self, model: str | os.PathLike | Checkpoint, device: str = "cpu:0", weights: str = "auto") -> Model:
+        return Model(self, model, device, weights)
 
     def close(self) -> None:
         for m in list(self._models):
@@ -168,9 +172,13 @@ class Engine(_Handle):
 
 
 class Model(_Handle):
-    """A checkpoint bound to an engine: weights memory-mapped, the primary device chosen."""
+    """A checkpoint bound to an engine: weights mapped or copied into host memory (weights: see WEIGHTS_MODES),
+    the primary device chosen."""
 
-    def __init__(self, engine: Engine, source: str | os.PathLike | Checkpoint, device: str = "cpu:0"):
+    def __init__(self, engine: Engine, source: str | os.PathLike | Checkpoint, device: str = "cpu:0",
+                 weights: str = "auto"):  # fmt: skip
+        if weights not in WEIGHTS_MODES:
+            raise ArgumentError(f"weights {weights!r}: expected one of {', '.join(WEIGHTS_MODES)}")
         self.checkpoint = source if isinstance(source, Checkpoint) else Checkpoint.open(source)
         self.engine = engine
         cfg = self.checkpoint.config
@@ -216,7 +224,8 @@ class Model(_Handle):
         out = ffi.new("eb_model **")
         dev = engine.device_index(device)
         file_array = ffi.new("char *[]", files)
-        check(lib.eb_model_load(engine._live(), c, file_array, len(files), descs, len(usable), dev, out))
+        options = ffi.new("eb_load_options *", {"weights": WEIGHTS_MODES[weights]})
+        check(lib.eb_model_load(engine._live(), c, file_array, len(files), descs, len(usable), dev, options, out))
         self._ptr = out[0]
         self.device = device
         self._contexts: list[Context] = []
@@ -234,8 +243,10 @@ class Model(_Handle):
     def info(self) -> dict:
         info = ffi.new("eb_model_info *")
         check(lib.eb_model_get_info(self._live(), info))
-        return {k: getattr(info, k) for k in ("n_layers", "n_moe_layers", "weight_bytes", "expert_bytes",
-                                              "bytes_per_token")}  # fmt: skip
+        out = {k: getattr(info, k) for k in ("n_layers", "n_moe_layers", "weight_bytes", "expert_bytes",
+                                             "bytes_per_token", "file_bytes", "huge_page_bytes")}  # fmt: skip
+        out["weights"] = {v: k for k, v in WEIGHTS_MODES.items()}[info.weights]
+        return out
 
     # ---- placement -----------------------------------------------------------------------------------
 

@@ -98,6 +98,33 @@ def test_model_info_counts_bytes():
         assert info["bytes_per_token"] == info["weight_bytes"] - 2 * 6 * expert - embed_rest - norms
 
 
+def test_weights_copied_or_mapped_give_the_same_logits():
+    """A checkpoint read into private memory (on huge pages where the kernel gives them) or memory-mapped: the same
+    logits bits, and the info says which."""
+    logits, held = {}, {}
+    with Engine() as eng:
+        for weights in ("map", "copy", "auto"):
+            model = eng.load(FIXTURES / "qwen3moe-f32", weights=weights)
+            info = model.info
+            held[weights] = info["weights"]
+            assert info["file_bytes"] == sum(os.path.getsize(f) for f in model.checkpoint.files)
+            assert info["huge_page_bytes"] <= info["file_bytes"]
+            if weights == "map":
+                assert info["huge_page_bytes"] == 0
+            with model.context() as ctx:
+                logits[weights] = ctx.prefill([1, 2, 3, 4, 5])
+            model.close()
+    assert held["map"] == "map" and held["copy"] == "copy" and held["auto"] in ("map", "copy")
+    assert logits["map"].tobytes() == logits["copy"].tobytes() == logits["auto"].tobytes()
+
+
+def test_unknown_weights_mode_is_refused_before_loading():
+    with Engine() as eng:
+        with pytest.raises(ArgumentError, match=r"weights 'cpy': expected one of auto, map, copy"):
+            eng.load(FIXTURES / "qwen3moe-f32", weights="cpy")
+        assert eng.load(FIXTURES / "qwen3moe-f32").info["n_layers"] == 3  # the engine still loads models
+
+
 def test_decode_returns_independent_arrays():
     with Engine() as eng:
         model = eng.load(FIXTURES / "qwen3-f32")

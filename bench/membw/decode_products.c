@@ -7,7 +7,8 @@
  * expert_ffn call: gate and up with silu in one pass over the threads, down in another); then lm_head. The experts
  * are chosen pseudo-randomly per token, so, as in decode, they come from memory and not from the caches. Each
  * call is the one the engine makes. Prints tokens/s, GB/s of weights and their fraction of a read of all the
- * weights (membw.c's read kernels, plain and requesting lines ahead, best of 3 sweeps each, the faster taken),
+ * weights (membw.c's read kernels, plain and requesting lines ahead, best of 3 sweeps each, the faster taken;
+ * the weights lie in one arena on huge pages, as the engine holds a checkpoint it copies),
  * measured in the same run:
  *
  *   cc -O2 -mavx2 -pthread -Inative/include -Inative/runtime/cpu bench/membw/decode_products.c -ldl \
@@ -34,12 +35,10 @@
 
 enum { H = 1024, LAYERS = 16, EXPERTS = 32, TOP_K = 4, INTER = 512, QD = 1024, KVD = 256, VOCAB = 32000 };
 
-static void *weights(size_t bytes, unsigned seed) {
-    unsigned char *w = aligned_alloc(64, (bytes + 63) / 64 * 64);
-    if (!w) return NULL;
+/* Fill bytes of weights at w (one after another in one arena on huge pages, as a copied checkpoint's are). */
+static void fill_weights(void *w, size_t bytes, unsigned seed) {
     for (size_t i = 0; i < bytes / 2; i++) /* small values whatever the dtype's reading of the bits */
         ((uint16_t *)w)[i] = (uint16_t)(0x3c00 + (i * 2654435761u + seed) % 251);
-    return w;
 }
 
 /* A thread's part of every array read (membw.c's read kernels: plain, or requesting lines ahead); the threads
@@ -111,11 +110,17 @@ int main(int argc, char **argv) {
             for (int m = 0; m < 3; m++, nw++) bytes[nw] = (size_t)INTER * H * es;
     }
     bytes[nw++] = (size_t)VOCAB * H * es;
-    for (int i = 0; i < nw; i++)
-        if (!(w[i] = weights(bytes[i], (unsigned)i))) {
-            fprintf(stderr, "out of memory for the weights\n");
-            return 1;
-        }
+    size_t arena_bytes = 0;
+    for (int i = 0; i < nw; i++) arena_bytes += (bytes[i] + 63) / 64 * 64;
+    unsigned char *arena = bench_huge_alloc(arena_bytes);
+    if (!arena) {
+        fprintf(stderr, "out of memory for the weights\n");
+        return 1;
+    }
+    for (size_t i = 0, at = 0; i < (size_t)nw; at += (bytes[i] + 63) / 64 * 64, i++) {
+        w[i] = arena + at;
+        fill_weights(w[i], bytes[i], (unsigned)i);
+    }
     float *x = calloc(H * 4, sizeof(float)), *y = calloc((size_t)VOCAB + H * 8, sizeof(float));
     size_t scratch_bytes = eb_rt_expert_scratch_bytes(TOP_K, H, INTER);
     void *scratch = aligned_alloc(64, (scratch_bytes + 63) / 64 * 64);
@@ -206,7 +211,7 @@ int main(int argc, char **argv) {
     printf("| %.0f | %.1f | %.1f | %.1f | %.0f%% |\n", per_token / 1e6, tokens / seconds, gbs, read_gbs,
            100.0 * gbs / read_gbs);
     fprintf(stderr, "(sums %g %g)\n", sum, (double)y[0]); /* the results used, so no loop is dropped */
-    for (int i = 0; i < nw; i++) free(w[i]);
+    bench_huge_free(arena, arena_bytes);
     free(x);
     free(y);
     free(scratch);

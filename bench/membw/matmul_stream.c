@@ -124,7 +124,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "--mib %zu holds no %lldx%lld matrix\n", TOTAL >> 20, (long long)ROWS, (long long)COLS);
         return 2;
     }
-    unsigned char *w = aligned_alloc(64, ((size_t)n_mat * mat + 63) / 64 * 64);
+    unsigned char *w = bench_huge_alloc((size_t)n_mat * mat); /* as a copied checkpoint's weights are */
     float *x = malloc((size_t)COLS * sizeof(float)), *y = malloc((size_t)n_mat * (size_t)ROWS * sizeof(float));
     if (!w || !x || !y) return 1;
     for (size_t i = 0; i < (size_t)n_mat * mat / 2; i++) ((uint16_t *)w)[i] = (uint16_t)(0x3c00 + i % 251);
@@ -142,7 +142,7 @@ int main(int argc, char **argv) {
         printf("| %d | %.1f | %.1f | %.0f%% |\n", counts[k], read, kern, 100.0 * kern / read);
         fprintf(stderr, "(sums %g %g)\n", read_sum, (double)y[0]); /* the results used, so no loop is dropped */
     }
-    free(w);
+    bench_huge_free(w, (size_t)n_mat * mat);
     free(x);
     free(y);
     return 0;

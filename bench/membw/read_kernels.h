@@ -1,5 +1,5 @@
 /* What the memory benchmarks share (membw.c, matmul_stream.c, decode_products.c): a clock, a thread's part of an
- * array, and the read kernels: the sum of a[lo, hi) in four 8-lane accumulators, 32 floats at a time (a tail
+ * array, memory on huge pages as the engine's copied weights are, and the read kernels: the sum of a[lo, hi) in four 8-lane accumulators, 32 floats at a time (a tail
  * shorter than 32 is left out), with or without each line also requested as far ahead as the decode kernels
  * request their weights (EB_CPU_AHEAD_BYTES, native/runtime/cpu/cpu_kernels.h). AVX2. */
 #ifndef EB_BENCH_READ_KERNELS_H
@@ -8,6 +8,9 @@
 #include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "cpu_kernels.h"
@@ -22,6 +25,46 @@ static inline double bench_now(void) {
 static inline void bench_part(size_t floats, int id, int n, size_t *lo, size_t *hi) {
     *lo = floats * (size_t)id / (size_t)n & ~(size_t)31;
     *hi = id == n - 1 ? floats : floats * (size_t)(id + 1) / (size_t)n & ~(size_t)31;
+}
+
+/* bytes of private memory on 2 MiB boundaries, advised for transparent huge pages, as the engine holds a model's
+ * files when it copies them (native/src/model.c, copy_file); NULL on failure. Free with bench_huge_free. */
+static inline void *bench_huge_alloc(size_t bytes) {
+    const size_t huge = (size_t)2 << 20;
+    size_t rounded = (bytes + huge - 1) / huge * huge;
+    unsigned char *raw = mmap(NULL, rounded + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return NULL;
+    uintptr_t start = ((uintptr_t)raw + huge - 1) & ~(uintptr_t)(huge - 1);
+    size_t head = start - (uintptr_t)raw;
+    if (head) munmap(raw, head);
+    munmap((unsigned char *)start + rounded, huge - head);
+    madvise((void *)start, rounded, MADV_HUGEPAGE);
+    return (void *)start;
+}
+
+static inline void bench_huge_free(void *p, size_t bytes) {
+    const size_t huge = (size_t)2 << 20;
+    if (p) munmap(p, (bytes + huge - 1) / huge * huge);
+}
+
+/* Of [p, p + bytes), the bytes the kernel backs with huge pages now (AnonHugePages of /proc/self/smaps). */
+static inline size_t bench_huge_bytes(const void *p, size_t bytes) {
+    FILE *fp = fopen("/proc/self/smaps", "r");
+    if (!fp) return 0;
+    char line[512];
+    int inside = 0;
+    size_t total = 0;
+    while (fgets(line, sizeof line, fp)) {
+        unsigned long lo, hi;
+        unsigned long long kib;
+        char dash;
+        if (sscanf(line, "%lx%c%lx ", &lo, &dash, &hi) == 3 && dash == '-')
+            inside = lo >= (uintptr_t)p && hi <= (uintptr_t)p + bytes + ((size_t)2 << 20);
+        else if (inside && sscanf(line, "AnonHugePages: %llu kB", &kib) == 1)
+            total += (size_t)kib * 1024;
+    }
+    fclose(fp);
+    return total;
 }
 
 static inline float lanes_sum(__m256 s0, __m256 s1, __m256 s2, __m256 s3) {

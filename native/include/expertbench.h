@@ -141,6 +141,19 @@ typedef struct {
     uint64_t graph_launches;    /* recorded parts launched */
 } eb_model_counters;
 
+/* How a model's files are held in host memory, where the CPU devices read them. */
+typedef enum {
+    EB_WEIGHTS_AUTO = 0, /* COPY where transparent huge pages are enabled and the files take at most half of the
+                            memory available; MAP otherwise */
+    EB_WEIGHTS_MAP = 1,  /* memory-map the files: pages shared with the page cache, 4 KiB each, read on first use */
+    EB_WEIGHTS_COPY = 2  /* read the files into private memory advised for transparent huge pages: each 2 MiB page
+                            takes one TLB entry where 4 KiB pages take 512, which streams weights faster */
+} eb_weights_mode;
+
+typedef struct {
+    int32_t weights; /* eb_weights_mode */
+} eb_load_options;
+
 typedef struct {
     int32_t n_layers;
     int32_t n_moe_layers;
@@ -148,6 +161,9 @@ typedef struct {
     uint64_t expert_bytes;        /* weights of routed experts */
     uint64_t bytes_per_token;     /* weights read per decoded token (top-k experts, no lm_head sharing) */
     int32_t primary_device;
+    int32_t weights;              /* how the files are held: EB_WEIGHTS_MAP or EB_WEIGHTS_COPY (never AUTO) */
+    uint64_t file_bytes;          /* the checkpoint's files, all of them */
+    uint64_t huge_page_bytes;     /* of a copy, the bytes the kernel backs with huge pages at load (0 when mapped) */
 } eb_model_info;
 
 const char *eb_last_error(void);
@@ -171,9 +187,11 @@ int eb_engine_find_device(const eb_engine *engine, const char *name, int32_t *in
 /* The folder the core library was loaded from (where runtime modules are looked for). */
 int eb_core_location(char *buf, size_t len);
 
-/* Map the files and bind the tensors: validates every offset, size, dtype and shape first. */
+/* Map or copy the files (options NULL: EB_WEIGHTS_AUTO) and bind the tensors: validates every offset, size, dtype
+ * and shape first. */
 int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *const *files, int32_t n_files,
-                  const eb_tensor_desc *tensors, int32_t n_tensors, int32_t primary_device, eb_model **out);
+                  const eb_tensor_desc *tensors, int32_t n_tensors, int32_t primary_device,
+                  const eb_load_options *options, eb_model **out);
 void eb_model_free(eb_model *model);
 int eb_model_get_info(const eb_model *model, eb_model_info *out);
 

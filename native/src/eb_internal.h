@@ -48,6 +48,9 @@ void eb_engine_release(eb_engine *engine);
 
 /* Set the calling thread's last error and return status. */
 int eb_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* How a model's files will be held (*mode: EB_WEIGHTS_MAP or EB_WEIGHTS_COPY) for a requested eb_weights_mode,
+ * the files' size, the memory available (0: unknown) and whether huge pages can back advised memory. */
+int eb_weights_choose(int requested, uint64_t file_bytes, uint64_t available, int huge_pages, int *mode);
 
 static inline const eb_runtime *eb_device_runtime(const eb_engine *e, int device) {
     return &e->runtimes[e->devices[device].runtime];

@@ -61,8 +61,9 @@ typedef struct {
 
 typedef struct {
     char *path;
-    void *addr;
-    uint64_t size;
+    void *addr;         /* the file's bytes: a mapping of the file, or a private copy (EB_WEIGHTS_COPY) */
+    uint64_t size;      /* of the file */
+    uint64_t map_bytes; /* of the mapping at addr (munmap frees both kinds) */
 } eb_mapped_file;
 
 typedef struct {

@@ -1,4 +1,4 @@
-/* Loading a checkpoint: map the files, validate every tensor descriptor, bind the weights of each layer. */
+/* Loading a checkpoint: map or copy the files, validate every tensor descriptor, bind the weights of each layer. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -164,12 +164,125 @@ static int check_descriptors(const eb_model *m, const eb_tensor_desc *tensors, i
     return EB_OK;
 }
 
-static int map_files(eb_model *m, const char *const *files, int32_t n_files) {
+/* MemAvailable of /proc/meminfo in bytes; 0 where it cannot be read. */
+static uint64_t memory_available(void) {
+    FILE *fp = fopen("/proc/meminfo", "r");
+    if (!fp) return 0;
+    char line[256];
+    unsigned long long kib = 0;
+    while (fgets(line, sizeof line, fp))
+        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+    fclose(fp);
+    return (uint64_t)kib * 1024;
+}
+
+/* Whether memory advised with MADV_HUGEPAGE may get transparent huge pages ("[always]" or "[madvise]"). */
+static int huge_pages_enabled(void) {
+    FILE *fp = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (!fp) return 0;
+    char line[256] = "";
+    int ok = fgets(line, sizeof line, fp) && (strstr(line, "[always]") || strstr(line, "[madvise]"));
+    fclose(fp);
+    return ok;
+}
+
+int eb_weights_choose(int requested, uint64_t file_bytes, uint64_t available, int huge_pages, int *mode) {
+    if (requested == EB_WEIGHTS_MAP) {
+        *mode = EB_WEIGHTS_MAP;
+    } else if (requested == EB_WEIGHTS_AUTO) {
+        *mode = huge_pages && available && file_bytes <= available / 2 ? EB_WEIGHTS_COPY : EB_WEIGHTS_MAP;
+    } else if (requested == EB_WEIGHTS_COPY) {
+        if (available && file_bytes > available)
+            return eb_fail(EB_ERR_MEMORY, "weights: copying the files needs %.1f MiB, and %.1f MiB of memory is "
+                                          "available; map them instead (EB_WEIGHTS_MAP, weights='map')",
+                           file_bytes / 1048576.0, available / 1048576.0);
+        *mode = EB_WEIGHTS_COPY;
+    } else {
+        return eb_fail(EB_ERR_ARGUMENT, "weights mode %d is not one of %d (auto), %d (map), %d (copy)", requested,
+                       EB_WEIGHTS_AUTO, EB_WEIGHTS_MAP, EB_WEIGHTS_COPY);
+    }
+    return EB_OK;
+}
+
+/* Read an open file into private memory on 2 MiB boundaries, advised for huge pages, then made read-only as a
+ * mapping of the file would be. f->addr and f->map_bytes are set as soon as the memory exists, so a failure
+ * part way is freed with the model. */
+static int copy_file(eb_mapped_file *f, int fd) {
+    const uint64_t huge = (uint64_t)2 << 20;
+    uint64_t bytes = (f->size + huge - 1) / huge * huge;
+    unsigned char *raw = mmap(NULL, bytes + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED)
+        return eb_fail(EB_ERR_MEMORY, "cannot allocate %.1f MiB to copy '%s' into: %s", bytes / 1048576.0, f->path,
+                       strerror(errno));
+    uintptr_t start = ((uintptr_t)raw + huge - 1) & ~(uintptr_t)(huge - 1);
+    size_t head = start - (uintptr_t)raw;
+    if (head) munmap(raw, head);
+    munmap((unsigned char *)start + bytes, huge - head);
+    f->addr = (void *)start;
+    f->map_bytes = bytes;
+    madvise(f->addr, bytes, MADV_HUGEPAGE); /* a kernel without huge pages refuses: the copy is correct anyway */
+    for (uint64_t done = 0; done < f->size;) {
+        uint64_t left = f->size - done;
+        ssize_t got = pread(fd, (unsigned char *)f->addr + done, left > (1u << 30) ? (1u << 30) : (size_t)left,
+                            (off_t)done);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0)
+            return eb_fail(EB_ERR_IO, "cannot read '%s' at byte %llu: %s", f->path, (unsigned long long)done,
+                           strerror(errno));
+        if (got == 0)
+            return eb_fail(EB_ERR_IO, "'%s' ended at byte %llu of the %llu it had when opened (is it being "
+                                      "rewritten?)", f->path, (unsigned long long)done, (unsigned long long)f->size);
+        done += (uint64_t)got;
+    }
+    if (mprotect(f->addr, bytes, PROT_READ) != 0)
+        return eb_fail(EB_ERR_MEMORY, "cannot make the copy of '%s' read-only: %s", f->path, strerror(errno));
+    return EB_OK;
+}
+
+/* Of the files' private copies, about how many bytes are backed by huge pages: AnonHugePages of /proc/self/smaps,
+ * which the kernel reports per mapping. Adjacent copies (of this model or another) may share one mapping, so each
+ * mapping's figure is counted in proportion to the part of it that holds this model's copies, at most file_bytes. */
+static uint64_t copied_huge_bytes(const eb_model *m) {
+    FILE *fp = fopen("/proc/self/smaps", "r");
+    if (!fp) return 0;
+    char line[512];
+    double share = 0.0, total = 0.0;
+    while (fgets(line, sizeof line, fp)) {
+        unsigned long lo, hi;
+        unsigned long long kib;
+        char dash;
+        if (sscanf(line, "%lx%c%lx ", &lo, &dash, &hi) == 3 && dash == '-' && hi > lo) {
+            uint64_t mine = 0;
+            for (int i = 0; i < m->n_files; i++) {
+                uint64_t a = (uintptr_t)m->files[i].addr, b = a + m->files[i].map_bytes;
+                if (a && a < hi && b > lo) mine += (b < hi ? b : hi) - (a > lo ? a : lo);
+            }
+            share = (double)mine / (double)(hi - lo);
+        } else if (share > 0.0 && sscanf(line, "AnonHugePages: %llu kB", &kib) == 1) {
+            total += share * (double)kib * 1024.0;
+        }
+    }
+    fclose(fp);
+    return total < (double)m->info.file_bytes ? (uint64_t)total : m->info.file_bytes;
+}
+
+/* Open every file, choose how to hold them (options->weights against the memory available), map or copy each. */
+static int load_files(eb_model *m, const char *const *files, int32_t n_files, int requested) {
     m->files = calloc((size_t)n_files, sizeof *m->files);
     if (!m->files) return eb_fail(EB_ERR_MEMORY, "out of memory");
+    uint64_t total = 0;
+    for (int32_t i = 0; i < n_files; i++) {
+        struct stat sb;
+        if (!files[i]) return eb_fail(EB_ERR_ARGUMENT, "file %d has no path", i);
+        if (stat(files[i], &sb) != 0) return eb_fail(EB_ERR_IO, "cannot open '%s': %s", files[i], strerror(errno));
+        total += (uint64_t)sb.st_size;
+    }
+    int mode, st;
+    if ((st = eb_weights_choose(requested, total, memory_available(), huge_pages_enabled(), &mode))) return st;
+    m->info.weights = mode;
+    m->info.file_bytes = total;
     for (int32_t i = 0; i < n_files; i++) {
         eb_mapped_file *f = &m->files[i];
-        if (!files[i]) return eb_fail(EB_ERR_ARGUMENT, "file %d has no path", i);
         f->path = strdup(files[i]);
         m->n_files = i + 1;
         if (!f->path) return eb_fail(EB_ERR_MEMORY, "out of memory");
@@ -181,17 +294,19 @@ static int map_files(eb_model *m, const char *const *files, int32_t n_files) {
             return eb_fail(EB_ERR_IO, "'%s' is not a regular file", files[i]);
         }
         f->size = (uint64_t)sb.st_size;
-        if (f->size > 0) {
+        if (f->size > 0 && mode == EB_WEIGHTS_COPY) {
+            st = copy_file(f, fd);
+        } else if (f->size > 0) {
             void *a = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
-            if (a == MAP_FAILED) {
-                int e = errno;
-                close(fd);
-                return eb_fail(EB_ERR_IO, "cannot map '%s': %s", files[i], strerror(e));
-            }
-            f->addr = a;
+            if (a == MAP_FAILED)
+                st = eb_fail(EB_ERR_IO, "cannot map '%s': %s", files[i], strerror(errno));
+            else
+                f->addr = a, f->map_bytes = f->size;
         }
         close(fd);
+        if (st) return st;
     }
+    if (mode == EB_WEIGHTS_COPY) m->info.huge_page_bytes = copied_huge_bytes(m);
     return EB_OK;
 }
 
@@ -226,7 +341,7 @@ void eb_model_release(eb_model *m) {
     free(m->route_hits);
     free(m->route_tokens);
     for (int i = 0; i < m->n_files; i++) {
-        if (m->files[i].addr) munmap(m->files[i].addr, m->files[i].size);
+        if (m->files[i].addr) munmap(m->files[i].addr, m->files[i].map_bytes);
         free(m->files[i].path);
     }
     free(m->files);
@@ -312,7 +427,8 @@ static void compute_bytes_per_token(eb_model *m) {
 }
 
 int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *const *files, int32_t n_files,
-                  const eb_tensor_desc *tensors, int32_t n_tensors, int32_t primary_device, eb_model **out) {
+                  const eb_tensor_desc *tensors, int32_t n_tensors, int32_t primary_device,
+                  const eb_load_options *options, eb_model **out) {
     if (!engine || !config || !out || (n_files > 0 && !files) || (n_tensors > 0 && !tensors))
         return eb_fail(EB_ERR_ARGUMENT, "eb_model_load: NULL argument");
     *out = NULL;
@@ -368,7 +484,7 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
     }
     m->cfg.mlp_only_layers = m->mlp_only;
     binder b = {NULL, n_tensors, m};
-    if ((st = map_files(m, files, n_files)) || (st = check_descriptors(m, tensors, n_tensors))) {
+    if ((st = load_files(m, files, n_files, options ? options->weights : EB_WEIGHTS_AUTO)) || (st = check_descriptors(m, tensors, n_tensors))) {
         eb_model_free(m);
         return st;
     }

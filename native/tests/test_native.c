@@ -162,7 +162,7 @@ static void test_forward(const char *module, const char *file, eb_model_config *
         eb_runtime_info ri;
         CHECK(eb_engine_runtime_info(e, 0, &ri) == EB_OK, "runtime info");
         eb_model *m = NULL;
-        CHECK(eb_model_load(e, cfg, files, 1, b->d, b->n, 1, &m) == EB_OK, "model load on cpu:1");
+        CHECK(eb_model_load(e, cfg, files, 1, b->d, b->n, 1, NULL, &m) == EB_OK, "model load on cpu:1");
         eb_context *c = NULL;
         CHECK(eb_context_create(m, 16, 4, &c) == EB_OK, "context");
         int32_t prompt[5] = {3, 17, 42, 5, 63}, next[3] = {9, 1, 30};
@@ -207,7 +207,7 @@ static eb_context *open_context(const char *module, const char *file, eb_model_c
     const char *files[] = {file};
     *e = new_engine(module, 0, threads);
     *m = NULL;
-    CHECK(eb_model_load(*e, cfg, files, 1, b->d, b->n, 0, m) == EB_OK, "model load, %d threads", threads);
+    CHECK(eb_model_load(*e, cfg, files, 1, b->d, b->n, 0, NULL, m) == EB_OK, "model load, %d threads", threads);
     eb_context *c = NULL;
     CHECK(eb_context_create(*m, n_ctx, n_batch, &c) == EB_OK, "context of %d positions", n_ctx);
     return c;
@@ -295,12 +295,64 @@ static void test_greedy(const char *module, const char *file, eb_model_config *c
     eb_engine_destroy(e);
 }
 
+/* internal to the core (eb_internal.h), exported by this build of it */
+int eb_weights_choose(int requested, uint64_t file_bytes, uint64_t available, int huge_pages, int *mode);
+
+/* The files mapped or copied into private memory: the same logits bits either way. What EB_WEIGHTS_AUTO becomes,
+ * and the requests refused. */
+static void test_weights_modes(const char *module, const char *file, eb_model_config *cfg, builder *b) {
+    const char *files[] = {file};
+    static float logits[2][4 * V];
+    int modes[2] = {EB_WEIGHTS_MAP, EB_WEIGHTS_COPY};
+    for (int k = 0; k < 2; k++) {
+        eb_engine *e = new_engine(module, 0, 2);
+        eb_model *m = NULL;
+        eb_load_options o = {modes[k]};
+        CHECK(eb_model_load(e, cfg, files, 1, b->d, b->n, 0, &o, &m) == EB_OK, "load, weights mode %d", modes[k]);
+        eb_model_info info;
+        CHECK(eb_model_get_info(m, &info) == EB_OK && info.weights == modes[k], "weights held as %d, asked %d",
+              info.weights, modes[k]);
+        CHECK(info.file_bytes >= info.weight_bytes, "file bytes %llu, weights %llu",
+              (unsigned long long)info.file_bytes, (unsigned long long)info.weight_bytes);
+        CHECK(info.huge_page_bytes <= info.file_bytes && (k == 1 || info.huge_page_bytes == 0),
+              "huge-page bytes %llu of a %s", (unsigned long long)info.huge_page_bytes, k ? "copy" : "mapping");
+        eb_context *c = NULL;
+        CHECK(eb_context_create(m, 8, 4, &c) == EB_OK, "context");
+        int32_t ids[4] = {3, 17, 42, 5};
+        CHECK(eb_context_eval(c, ids, 4, logits[k], 1) == EB_OK, "eval, weights mode %d", modes[k]);
+        eb_context_free(c);
+        eb_model_free(m);
+        eb_engine_destroy(e);
+    }
+    CHECK(memcmp(logits[0], logits[1], sizeof logits[0]) == 0, "copied weights give other logits than mapped ones");
+    eb_engine *e = new_engine(module, 0, 1);
+    eb_model *m = NULL;
+    eb_load_options bad = {7};
+    CHECK_ERR(eb_model_load(e, cfg, files, 1, b->d, b->n, 0, &bad, &m), EB_ERR_ARGUMENT, "weights mode 7");
+    CHECK(m == NULL, "no model from a bad weights mode");
+    eb_engine_destroy(e);
+    int mode = -1;
+    CHECK(eb_weights_choose(EB_WEIGHTS_AUTO, 100, 1000, 1, &mode) == EB_OK && mode == EB_WEIGHTS_COPY, "auto, fits");
+    CHECK(eb_weights_choose(EB_WEIGHTS_AUTO, 501, 1000, 1, &mode) == EB_OK && mode == EB_WEIGHTS_MAP,
+          "auto, more than half of the memory available");
+    CHECK(eb_weights_choose(EB_WEIGHTS_AUTO, 100, 1000, 0, &mode) == EB_OK && mode == EB_WEIGHTS_MAP,
+          "auto, huge pages disabled");
+    CHECK(eb_weights_choose(EB_WEIGHTS_AUTO, 100, 0, 1, &mode) == EB_OK && mode == EB_WEIGHTS_MAP,
+          "auto, memory available unknown");
+    CHECK(eb_weights_choose(EB_WEIGHTS_COPY, 100, 0, 0, &mode) == EB_OK && mode == EB_WEIGHTS_COPY,
+          "copy asked, nothing known against it");
+    CHECK(eb_weights_choose(EB_WEIGHTS_MAP, 100, 1000, 1, &mode) == EB_OK && mode == EB_WEIGHTS_MAP, "map asked");
+    CHECK_ERR(eb_weights_choose(EB_WEIGHTS_COPY, 3u << 20, 2u << 20, 1, &mode), EB_ERR_MEMORY,
+              "needs 3.0 MiB, and 2.0 MiB of memory is available");
+    CHECK_ERR(eb_weights_choose(-1, 100, 1000, 1, &mode), EB_ERR_ARGUMENT, "weights mode -1 is not one of");
+}
+
 static void expect_load_error(const char *module, const char *file, const eb_model_config *cfg, builder *b,
                               int status, const char *needle, const char *what) {
     const char *files[] = {file};
     eb_engine *e = new_engine(module, 0, 1);
     eb_model *m = NULL;
-    int st = eb_model_load(e, cfg, files, 1, b->d, b->n, 0, &m);
+    int st = eb_model_load(e, cfg, files, 1, b->d, b->n, 0, NULL, &m);
     CHECK(st == status && m == NULL, "%s: status %d, expected %d", what, st, status);
     CHECK(strstr(eb_last_error(), needle) != NULL, "%s: message lacks '%s'", what, needle);
     eb_model_free(m);
@@ -399,7 +451,7 @@ static void test_placement(const char *build, const char *file, eb_model_config 
     CHECK(eb_engine_device_count(e) == 3, "three devices");
     const char *files[] = {file};
     eb_model *m = NULL;
-    CHECK(eb_model_load(e, cfg, files, 1, b->d, b->n, 0, &m) == EB_OK, "load");
+    CHECK(eb_model_load(e, cfg, files, 1, b->d, b->n, 0, NULL, &m) == EB_OK, "load");
     eb_context *c = NULL;
     CHECK(eb_context_create(m, 16, 8, &c) == EB_OK, "context");
     int32_t prompt[6] = {3, 17, 42, 5, 63, 8}, next[2] = {9, 1};
@@ -460,21 +512,21 @@ static void test_device_primary(const char *build, const char *file, eb_model_co
     eb_engine *lone = NULL;
     CHECK(eb_engine_create(&lone) == EB_OK && eb_engine_load_runtime(lone, "hostsim", sim, &so) == EB_OK, "hostsim alone");
     eb_model *m = NULL;
-    CHECK_ERR(eb_model_load(lone, cfg, files, 1, b->d, b->n, 0, &m), EB_ERR_UNSUPPORTED, "no CPU device is loaded");
+    CHECK_ERR(eb_model_load(lone, cfg, files, 1, b->d, b->n, 0, NULL, &m), EB_ERR_UNSUPPORTED, "no CPU device is loaded");
     eb_engine_destroy(lone);
     /* too little device memory for the weights */
     eb_engine *small = new_engine(cpu, 0, 1);
     eb_runtime_options tiny = {.n_devices = 1, .threads_per_device = 1, .memory_limit = 256};
     CHECK(eb_engine_load_runtime(small, "hostsim", sim, &tiny) == EB_OK, "hostsim small");
-    CHECK_ERR(eb_model_load(small, cfg, files, 1, b->d, b->n, 2, &m), EB_ERR_MEMORY, "the model's weights");
+    CHECK_ERR(eb_model_load(small, cfg, files, 1, b->d, b->n, 2, NULL, &m), EB_ERR_MEMORY, "the model's weights");
     CHECK(m == NULL, "no model");
     eb_engine_destroy(small);
 
     eb_engine *e = new_engine(cpu, 0, 2);
     CHECK(eb_engine_load_runtime(e, "hostsim", sim, &so) == EB_OK, "load hostsim");
     eb_model *host = NULL, *dev = NULL;
-    CHECK(eb_model_load(e, cfg, files, 1, b->d, b->n, 0, &host) == EB_OK, "load on cpu:0");
-    CHECK(eb_model_load(e, cfg, files, 1, b->d, b->n, 2, &dev) == EB_OK, "load on hostsim:0");
+    CHECK(eb_model_load(e, cfg, files, 1, b->d, b->n, 0, NULL, &host) == EB_OK, "load on cpu:0");
+    CHECK(eb_model_load(e, cfg, files, 1, b->d, b->n, 2, NULL, &dev) == EB_OK, "load on hostsim:0");
     int32_t now[L * E];
     CHECK(eb_model_get_placement(dev, now, L * E) == EB_OK && now[0] == 0 && now[3] == 0, "experts start on cpu:0");
     eb_context *hc = NULL, *dc = NULL;
@@ -641,6 +693,7 @@ int main(int argc, char **argv) {
     test_attention_items(module, file, &cfg, &b);
     test_greedy(module, file, &cfg, &b);
     test_bad_checkpoints(module, file, &cfg, &b);
+    test_weights_modes(module, file, &cfg, &b);
     test_placement(argv[1], file, &cfg, &b);
     test_device_primary(argv[1], file, &cfg, &b);
     test_lifetimes(module, file, &cfg, &b);
