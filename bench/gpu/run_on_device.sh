@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build, test and time on the NVIDIA machine (run from the repository root there). Needs cffi and pycparser
 # wheels in .whl/ (the machine has no package registry). Writes reports to $OUT.
-#   bash bench/gpu/run_on_device.sh [tests] [hbm] [primary] [kernels] [split] [cpu] [costmodel] [costmodel-primary]
+#   bash bench/gpu/run_on_device.sh [tests] [hbm] [primary] [kernels] [split] [cpu] [weights] [costmodel]
+#       [costmodel-primary]
 #   (default: tests hbm primary split costmodel-primary)
 set -euo pipefail
 OUT=${OUT:-/tmp/out}
@@ -33,6 +34,8 @@ for step in $steps; do
             EXPERTBENCH_CHUNKS_PER_THREAD=$c python3 bench/decode.py --size bench --dtypes bf16 --repeats 3 \
                 --json "$OUT/decode_h200_c$c.json" | tail -3
         done ;;
+    weights)
+        python3 bench/weights_ab.py --size bench --dtypes bf16 --rounds 4 --json "$OUT/weights_ab_h200.json" ;;
     costmodel) python3 bench/costmodel.py --size bench --peer cuda:0 --json "$OUT/costmodel_cuda.json" ;;
     kernels)
         # the last 2 of 4 decode steps (98 launches each) after the prefill (146) and the first 2
