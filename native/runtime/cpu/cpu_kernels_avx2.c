@@ -25,7 +25,14 @@
 #include "eb_convert.h"
 #include "expertbench.h"
 
-static inline __m256 load8(const unsigned char *w, int dtype, int64_t c) {
+/* Everything below is inlined into one copy of the loops per dtype (eb_cpu_matmul_rows_avx2), so that the choice
+ * of conversion is made once per call and not per row and step inside the loops (GCC's -O2 does not unswitch
+ * loops). The same instructions per dot product otherwise, so the same bits. On the 2-core EPYC, one thread
+ * over 2 MiB of bf16 rows in L2: 55 -> 65 GB/s, near what four FMA chains of 4 cycles allow at 4.2 GHz; from
+ * memory matmul_stream is unchanged (memory-bound), decode +1-2 % in the fast memory state. */
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE __m256 load8(const unsigned char *w, int dtype, int64_t c) {
     switch (dtype) {
     case EB_DTYPE_BF16: {
         __m128i v = _mm_loadu_si128((const __m128i *)(w + 2 * c));
@@ -36,7 +43,7 @@ static inline __m256 load8(const unsigned char *w, int dtype, int64_t c) {
     }
 }
 
-static inline float tail(const unsigned char *row, int dtype, int64_t c0, int64_t cols, const float *x) {
+INLINE float tail(const unsigned char *row, int dtype, int64_t c0, int64_t cols, const float *x) {
     float s = 0.0f;
     for (int64_t c = c0; c < cols; c++) s += eb_load_as_f32(row, dtype, c) * x[c];
     return s;
@@ -59,7 +66,7 @@ static inline float hsum(__m256 s) {
  * the same request in L2 only. A request past the end of the rows is harmless: a prefetch never faults. */
 #define AHEAD_BYTES EB_CPU_AHEAD_BYTES
 
-static inline void ahead(const unsigned char *row, int dtype, int64_t c) {
+INLINE void ahead(const unsigned char *row, int dtype, int64_t c) {
     int64_t byte = c * (dtype == EB_DTYPE_F32 ? 4 : 2);
     /* an address, not a pointer into the rows: it may lie past their end */
     if ((byte & 63) == 0) _mm_prefetch((const char *)((uintptr_t)row + (uintptr_t)byte + AHEAD_BYTES), _MM_HINT_T0);
@@ -68,8 +75,8 @@ static inline void ahead(const unsigned char *row, int dtype, int64_t c) {
 /* R rows x T tokens of dot products, one accumulator each; rows at w + r * rowbytes, tokens at x + t * cols.
  * PF: request each row's weights AHEAD_BYTES ahead (the streaming tiles of decode and short drafts). */
 #define TILE(NAME, R, T, PF)                                                                                     \
-    static inline void NAME(const unsigned char *w, size_t rowbytes, int dtype, int64_t cols, const float *x,     \
-                            float *out) {                                                                        \
+    INLINE void NAME(const unsigned char *w, size_t rowbytes, int dtype, int64_t cols, const float *x,            \
+                     float *out) {                                                                               \
         __m256 acc[R][T];                                                                                        \
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();   \
         int64_t c8 = cols & ~(int64_t)7;                                                                         \
@@ -118,8 +125,8 @@ TILE(stream_1x4, 1, 4, 1)
 #define ROW_BLOCK_BYTES (64 * 1024)
 #define TOKEN_BLOCK_BYTES (64 * 1024)
 
-void eb_cpu_matmul_rows_avx2(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const float *x,
-                             int64_t n, float *y, int64_t ldy) {
+INLINE void matmul_rows(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const float *x, int64_t n,
+                        float *y, int64_t ldy) {
     const unsigned char *base = (const unsigned char *)w;
     size_t rowbytes = (size_t)cols * eb_dtype_size(dtype);
     float o[16];
@@ -165,6 +172,15 @@ void eb_cpu_matmul_rows_avx2(const void *w, int dtype, int64_t r0, int64_t r1, i
                 }
             }
         }
+    }
+}
+
+void eb_cpu_matmul_rows_avx2(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const float *x,
+                             int64_t n, float *y, int64_t ldy) {
+    switch (dtype) { /* a constant dtype in each copy: load8's choice folds away */
+    case EB_DTYPE_BF16: matmul_rows(w, EB_DTYPE_BF16, r0, r1, cols, x, n, y, ldy); return;
+    case EB_DTYPE_F16: matmul_rows(w, EB_DTYPE_F16, r0, r1, cols, x, n, y, ldy); return;
+    default: matmul_rows(w, EB_DTYPE_F32, r0, r1, cols, x, n, y, ldy); return;
     }
 }
 #endif
