@@ -5,6 +5,8 @@ llama-cpp-python source package) and run by llama.cpp through llama-cpp-python, 
 (-DGGML_NATIVE=ON), in a virtual environment this script makes under ~/.cache/expertbench/bench-llamacpp (a
 first run builds it: several minutes). Both engines get the same thread count, the same token ids (ours), the
 same prompt and token counts; llama.cpp's KV cache is set to f32 to match ours. Prints our/their ratios, writes JSON.
+Our engine holds the weights as --weights says (auto: copied onto huge pages where the kernel allows it);
+llama.cpp memory-maps its GGUF file by default (--llama-mmap off: it reads it into its own buffers instead).
 With --rounds N both engines are measured N times, alternating which goes first, and the ratio is the median of the
 rounds' ratios (a shared machine's speed drifts over minutes).
 
@@ -44,7 +46,7 @@ import numpy as np
 from llama_cpp import Llama
 cfg = json.loads(sys.argv[1])
 llm = Llama(model_path=cfg["gguf"], n_threads=cfg["threads"], n_threads_batch=cfg["threads"], n_ctx=cfg["n_ctx"],
-            n_batch=512, n_ubatch=512, type_k=0, type_v=0, verbose=False)
+            n_batch=512, n_ubatch=512, type_k=0, type_v=0, use_mmap=cfg["use_mmap"], verbose=False)
 prefill = []
 for _ in range(cfg["repeats"]):
     llm.reset()
@@ -134,6 +136,8 @@ def round_speeds(rounds: list[dict], what: str) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_arguments(ap, threads_default=os.cpu_count())
+    ap.add_argument("--llama-mmap", choices=("on", "off"), default="on",
+                    help="llama.cpp maps the GGUF file (on, its default) or reads it into its buffers")  # fmt: skip
     args = ap.parse_args()
     setup()
     rows = []
@@ -145,7 +149,8 @@ def main() -> int:
         gguf = to_gguf(model_dir, dtype)
         n_ctx = max(args.prefill, len(prompt_ids) + args.tokens) + 8
         cfg = {"gguf": str(gguf), "threads": args.threads, "n_ctx": n_ctx, "repeats": args.repeats,
-               "prompt_ids": prompt_ids, "prefill_ids": prefill_prompt, "tokens": args.tokens}  # fmt: skip
+               "prompt_ids": prompt_ids, "prefill_ids": prefill_prompt, "tokens": args.tokens,
+               "use_mmap": args.llama_mmap == "on"}  # fmt: skip
         # Rounds alternate which engine goes first, so that a machine whose speed drifts over minutes (a shared VM)
         # does not favour one side; each round's ratio compares two measurements minutes apart at most.
         rounds = []
@@ -185,7 +190,8 @@ def main() -> int:
 
         print(f"| {r['dtype']} | {d['ours']:.1f} | {d['llama_cpp']:.1f} | {d['ratio']:.2f}x ({per_round(d)}) "
               f"| {p['ours']:.1f} | {p['llama_cpp']:.1f} | {p['ratio']:.2f}x ({per_round(p)}) | {agree} |")  # fmt: skip
-    report = {"command": " ".join(["python", *sys.argv]), "llama_cpp_python": LLAMA_CPP_PYTHON, "results": rows}
+    report = {"command": " ".join(["python", *sys.argv]), "llama_cpp_python": LLAMA_CPP_PYTHON,
+              "llama_mmap": args.llama_mmap, "results": rows}  # fmt: skip
     write_report(args.json, report)
     return 0
 
