@@ -3,8 +3,9 @@
 For each dtype of the demo checkpoint: decode tokens/s (median of --repeats, min-max), the weight bytes read per
 decoded token (attention, router, the top-k experts selected, one embedding row, lm_head), the effective GB/s,
 its fraction of the read ceiling measured by bench/membw just before and just after that decode (the higher of
-the two: this shared machine's memory speed changes within minutes), and prefill tokens/s for a --prefill-token
-prompt. Prints a table and writes JSON.
+the two: this shared machine's memory speed changes within minutes), its fraction of STREAM's bandwidth measured
+by the same runs (the faster of copy and triad, the ceiling as the issue names it; lower than a pure read, since
+decode only reads), and prefill tokens/s for a --prefill-token prompt. Prints a table and writes JSON.
 
     python bench/decode.py --size bench --dtypes bf16 f32 --json bench/results/decode.json
 """
@@ -77,6 +78,7 @@ def last_row(table: str) -> list[str]:
 
 
 READS = ("read_gbs", "read_ahead_gbs", "read_huge_gbs", "read_ahead_huge_gbs")
+STREAM = ("copy_gbs", "triad_gbs", "copy_huge_gbs", "triad_huge_gbs")
 
 
 def read_ceiling(ceiling: dict, threads: str = "all") -> float:
@@ -84,6 +86,12 @@ def read_ceiling(ceiling: dict, threads: str = "all") -> float:
     decode kernels request their weights; each on 4 KiB and on 2 MiB pages, as the engine holds a checkpoint it
     maps and one it copies)."""
     return max(ceiling[k][threads] for k in READS)
+
+
+def stream_ceiling(ceiling: dict, threads: str = "all") -> float:
+    """STREAM's bandwidth, as the issue defines bench/membw's ceiling: the faster of copy and triad (bytes counted
+    as STREAM counts them), on either page size. Lower than the read ceiling: a write costs more than a read."""
+    return max(ceiling[k][threads] for k in STREAM)
 
 
 def measure(dtype: str, args, ceiling) -> dict:
@@ -138,6 +146,8 @@ def main() -> int:
         # each decode against the higher of the reads just before and just after it
         ceilings = [max(read_ceiling(m["ceiling_before"]), read_ceiling(m["ceiling_after"])) for m in per_round]
         fractions = [t * per_token / 1e9 / c for t, c in zip(tps, ceilings, strict=True)]
+        streams = [max(stream_ceiling(m["ceiling_before"]), stream_ceiling(m["ceiling_after"])) for m in per_round]
+        stream_fractions = [t * per_token / 1e9 / c for t, c in zip(tps, streams, strict=True)]
         speeds = [v for m in per_round for v in m["speeds"]]
         read_all = statistics.median(ceilings)
         round_alone = [r["alone"][dtype] for r in rounds if r["alone"]]
@@ -152,6 +162,8 @@ def main() -> int:
             "effective_gbs": statistics.median(tps) * per_token / 1e9,
             "fraction_of_read_ceiling": statistics.median(fractions), "round_fractions": fractions,
             "round_ceilings_gbs": ceilings,
+            "fraction_of_stream_ceiling": statistics.median(stream_fractions),
+            "round_fractions_of_stream": stream_fractions, "round_stream_ceilings_gbs": streams,
             "round_ceilings_before_after_gbs": [[read_ceiling(m["ceiling_before"]),
                                                  read_ceiling(m["ceiling_after"])] for m in per_round],
             "roofline_tokens_per_second": read_all * 1e9 / per_token,
@@ -188,6 +200,11 @@ def main() -> int:
               f"| {r['bytes_per_token'] / 1e6:.0f} | {r['effective_gbs']:.1f} | {r['fraction_of_read_ceiling']:.0%} "
               f"({each}) | {steps} GB/s | {kernel} GB/s | {r['roofline_tokens_per_second']:.0f} "
               f"| {r['prefill_tokens_per_second']:.1f} |")  # fmt: skip
+    for r in rows:
+        each = ", ".join(f"{f:.0%}" for f in r["round_fractions_of_stream"])
+        gbs = ", ".join(f"{c:.1f}" for c in r["round_stream_ceilings_gbs"])
+        print(f"{r['dtype']}: decode against STREAM's bandwidth (the faster of membw's copy and triad: {gbs} GB/s), "
+              f"per round: {each}; median {r['fraction_of_stream_ceiling']:.0%}")  # fmt: skip
     for r in rows:
         if r["round_fractions_of_weights_read"]:
             each = ", ".join(f"{f:.0%}" for f in r["round_fractions_of_weights_read"])

@@ -33,12 +33,12 @@ def run(*cmd, code: int = 0) -> subprocess.CompletedProcess:
 
 def test_membw_reports_every_kernel(tmp_path):
     out = run(build("membw", tmp_path), "--mib", "16", "--repeats", "1").stdout
-    for kernel in ("read", "copy", "triad", "read_ahead", "read_huge", "read_ahead_huge"):
+    for kernel in ("read", "copy", "triad", "read_ahead", "read_huge", "copy_huge", "triad_huge", "read_ahead_huge"):
         row = re.search(rf"^\| {kernel} \| ([0-9.]+) \| ([0-9.]+) \|$", out, re.M)
         assert row, out
         assert float(row.group(1)) > 0 and float(row.group(2)) > 0
-    huge = re.search(r"^huge pages: (\d+) of 16 MiB of the \*_huge array$", out, re.M)
-    assert huge and int(huge.group(1)) <= 16, out
+    huge = re.search(r"^huge pages: (\d+) of 48 MiB of the \*_huge arrays$", out, re.M)
+    assert huge and int(huge.group(1)) <= 48, out
 
 
 def test_matmul_stream_runs_the_engine_kernel(tmp_path):
