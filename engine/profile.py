@@ -30,6 +30,7 @@ import yaml
 
 from .checkpoint import ModelConfig, read_config_json, read_weights
 from .errors import ArgumentError, CheckpointError
+from .model import WEIGHTS_MODES
 from .placement import Placement
 from .routing import RoutingStats
 from .run import REDUCTION_MODES
@@ -125,13 +126,15 @@ class PlacementSpec:
 
 @dataclass
 class RunSettings:
-    """None means the default (prompts: the demo prompts; tokens 32; repeats 3; q 2; mode reference)."""
+    """None means the default (prompts: the demo prompts; tokens 32; repeats 3; q 2; mode reference; weights
+    auto)."""
 
     prompts: list[str | list[int]] | None = None
     tokens: int | None = None
     repeats: int | None = None
     q: int | None = None
     mode: str | None = None
+    weights: str | None = None  # how the engine holds the files (engine.model.WEIGHTS_MODES)
 
     def resolved(self) -> dict:
         from .demo import DEMO_PROMPTS
@@ -142,6 +145,7 @@ class RunSettings:
             "repeats": self.repeats or DEFAULT_REPEATS,
             "q": self.q or DEFAULT_Q,
             "mode": self.mode or "reference",
+            "weights": self.weights or "auto",
         }
 
 
@@ -294,7 +298,7 @@ class Profile:
         run = {k: v for k, v in (("prompts", None if self.run.prompts is None else
                                   [_flow(p) if isinstance(p, list) else p for p in self.run.prompts]),
                                  ("tokens", self.run.tokens), ("repeats", self.run.repeats), ("q", self.run.q),
-                                 ("mode", self.run.mode)) if v is not None}  # fmt: skip
+                                 ("mode", self.run.mode), ("weights", self.run.weights)) if v is not None}  # fmt: skip
         if run:
             out["run"] = run
         e = self.expectations
@@ -745,7 +749,7 @@ def _read_placement(r: _Reader, node, need_device) -> PlacementSpec:
 
 
 def _read_run(r: _Reader, node, has_draft: bool) -> RunSettings:
-    m = r.mapping(node, "run", ("prompts", "tokens", "repeats", "q", "mode"))
+    m = r.mapping(node, "run", ("prompts", "tokens", "repeats", "q", "mode", "weights"))
     run = RunSettings()
     if "prompts" in m:
         items = r.sequence(m["prompts"][1], "run.prompts")
@@ -775,6 +779,10 @@ def _read_run(r: _Reader, node, has_draft: bool) -> RunSettings:
         run.mode = r.string(m["mode"][1], "run.mode")
         if run.mode not in REDUCTION_MODES:
             r.fail(m["mode"][1], f"run.mode: expected one of {', '.join(REDUCTION_MODES)}, got {run.mode!r}")
+    if "weights" in m:
+        run.weights = r.string(m["weights"][1], "run.weights")
+        if run.weights not in WEIGHTS_MODES:
+            r.fail(m["weights"][1], f"run.weights: expected one of {', '.join(WEIGHTS_MODES)}, got {run.weights!r}")
     return run
 
 

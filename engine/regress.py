@@ -218,11 +218,12 @@ def measure_profile(profile: Profile, portable: bool = False) -> Measurement:
 
     settings = profile.run.resolved()
     with make_engine(profile, portable) as engine:
-        target = engine.load(profile.model_folder(), device=profile.primary_device)
+        target = engine.load(profile.model_folder(), device=profile.primary_device, weights=settings["weights"])
         draft = None
         if profile.draft is not None:
             draft = engine.load(profile.model_folder(profile.draft, "draft"),
-                                device=profile.draft.device or profile.primary_device)  # fmt: skip
+                                device=profile.draft.device or profile.primary_device,
+                                weights=settings["weights"])  # fmt: skip
         placement = profile.placement_for(target.config) if target.config.num_experts > 0 else None
         common = {"q": settings["q"], "mode": settings["mode"], "placement": placement}
         DecodeRun(

@@ -40,6 +40,7 @@ run:
   repeats: 2
   q: 3
   mode: owner_local
+  weights: map
 expectations:
   output_sha256: ["{h}", "{h}"]
   min_accept_rate: 0.5
@@ -64,6 +65,7 @@ def test_full_profile_round_trip_is_lossless(tmp_path):
     assert first.placement.layers == [(0, 0, "cpu:1"), (2, 3, "hostsim:0")]
     assert first.placement.experts == [(2, 0, 1, "cpu:0"), (2, 7, 7, "cpu:1")]
     assert first.run.prompts == ["a: b, c", [1, 2, 3]]
+    assert first.run.weights == "map" and first.run.resolved()["weights"] == "map"
     assert first.devices["cpu"].threads == 1 and first.devices["hostsim"].devices == 1
     saved = first.save(tmp_path / "again.yaml")
     second = P.load(saved)
@@ -100,6 +102,8 @@ BAD = [
     ("expertbench_profile: 1\nmodel: {demo: default}\nrun:\n  repeats: 0\n", 4, "got 0"),
     ("expertbench_profile: 1\nmodel: {demo: default}\nrun:\n  q: 2\n", 4, "run.q: a draft length needs a 'draft'"),
     ("expertbench_profile: 1\nmodel: {demo: default}\nrun:\n  mode: fast\n", 4, "got 'fast'"),
+    ("expertbench_profile: 1\nmodel: {demo: default}\nrun:\n  weights: mmap\n", 4,
+     "run.weights: expected one of auto, map, copy, got 'mmap'"),
     ("expertbench_profile: 1\nmodel: {demo: default}\nrun:\n  prompts: []\n", 4, "run.prompts: empty"),
     ("expertbench_profile: 1\nmodel: {demo: default}\nrun:\n  prompts: [[1, -2]]\n", 4, "token id"),
     ("expertbench_profile: 1\nmodel: {demo: default}\nplacement:\n  layers:\n    0-3: cpu:1\n", 5,

@@ -75,6 +75,28 @@ def test_record_writes_expectations_then_replay_passes(recorded, speeds, capsys)
     assert suite.get("tests") == "4" and suite.get("failures") == "0" and suite.get("errors") == "0"
 
 
+def test_weights_setting_reaches_the_engine_and_keeps_the_hashes(recorded, speeds, monkeypatch, capsys):
+    """run.weights: the profile's files held as it says; the recorded hashes hold for copied and mapped weights."""
+    from engine.model import Engine
+
+    asked, real_load = [], Engine.load
+
+    def load(self, model, device="cpu:0", weights="auto"):
+        asked.append(weights)
+        return real_load(self, model, device, weights)
+
+    monkeypatch.setattr(Engine, "load", load)
+    for weights in ("copy", "map"):
+        profile = P.load(recorded / "split.yaml")
+        profile.run.weights = weights
+        profile.save()
+        asked.clear()
+        assert cli_main(["regress", str(recorded / "split.yaml")]) == 0, capsys.readouterr().out
+        # split's target and draft as it says; its baseline (base.yaml, no weights key) with the default
+        assert sorted(asked) == sorted([weights, weights, "auto", "auto"]), asked
+        assert f"weights: {weights}" in (recorded / "split.yaml").read_text()
+
+
 def test_hash_mismatch_is_a_regression(recorded, capsys):
     profile = P.load(recorded / "split.yaml")
     good = profile.expectations.output_sha256[1]
