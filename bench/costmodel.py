@@ -28,6 +28,9 @@ from engine.demo import DEMO_PROMPTS, ensure_demo_pair
 from engine.model import Engine
 from engine.routing import profile as profile_routing
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure import add_weights_argument  # noqa: E402
+
 
 def placements(shape: ModelShape, primary: str, peer: str, cal, stats) -> list[tuple[str, object, bool]]:
     """(name, placement, calibration point?) for every placement measured."""
@@ -67,6 +70,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=32, help="decode steps per measurement")
     ap.add_argument("--repeats", type=int, default=5, help="measurements per placement (median)")
     ap.add_argument("--json", help="write the report here")
+    add_weights_argument(ap)
     args = ap.parse_args()
     names = [args.primary, args.peer]
     cpu_devices = max(int(d.split(":")[1]) + 1 for d in names if d.startswith("cpu:")) if any(
@@ -74,7 +78,7 @@ def main() -> int:
     runtimes = ("cpu", *dict.fromkeys(d.split(":")[0] for d in names if not d.startswith("cpu:")))
     target = ensure_demo_pair(args.size).target
     with Engine(runtimes=runtimes, cpu_devices=cpu_devices, cpu_threads=args.threads) as eng:
-        model = eng.load(target, device=args.primary)
+        model = eng.load(target, device=args.primary, weights=args.weights)
         primary = model.device
         shape = ModelShape.from_model(model)
         devices = {d.name: f"{d.description} ({d.threads} threads)" for d in eng.devices}

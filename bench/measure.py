@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.model import WEIGHTS_MODES
+
 BENCH = Path(__file__).resolve().parent
 NATIVE = BENCH.parent / "native"
 
@@ -111,7 +113,7 @@ def greedy_decode(model, prompt_ids, n_tokens: int, graphs: bool = True):
 
 def add_weights_argument(ap: argparse.ArgumentParser) -> None:
     """--weights: how the engine holds the checkpoint's files (Engine.load's weights)."""
-    ap.add_argument("--weights", choices=("auto", "map", "copy"), default="auto",
+    ap.add_argument("--weights", choices=tuple(WEIGHTS_MODES), default="auto",
                     help="copied onto huge pages, mapped, or auto: copied where huge pages are enabled and the "
                     "files take at most half of the memory available")  # fmt: skip
 

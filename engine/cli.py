@@ -14,7 +14,7 @@ import time
 from .demo import DEMO_PROMPTS, SIZES, ensure_demo_pair
 from .errors import EngineError
 from .export import add_parser as add_export_parser
-from .model import Engine
+from .model import WEIGHTS_MODES, Engine
 from .regress import add_parser as add_regress_parser
 from .run import REDUCTION_MODES, DecodeRun, RunResult, StepEvent
 from .speculative import MAX_DRAFT_TOKENS
@@ -303,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-n", type=int, default=64, help="tokens to generate per prompt (default 64)")
     run.add_argument("--repeats", type=int, default=3, help="passes over the prompts (default 3)")
     run.add_argument("--device", default="cpu:0", help="the target's primary device (default cpu:0)")
-    run.add_argument("--weights", default="auto", choices=("auto", "map", "copy"),
+    run.add_argument("--weights", default="auto", choices=tuple(WEIGHTS_MODES),
                      help="hold the checkpoints' files copied onto huge pages (faster to stream), memory-mapped, or "
                      "auto: copied where huge pages are enabled and the files take at most half of the memory "
                      "available (default)")  # fmt: skip

@@ -18,6 +18,6 @@ def test_weights_ab_compares_both_modes_on_the_same_tokens(tmp_path, xdg_cache):
     assert proc.returncode == 0, proc.stderr
     assert "| dtype | threads | map tok/s" in proc.stdout and "transparent huge pages:" in proc.stdout
     (row,) = json.loads(report_path.read_text())["results"]
-    assert row["copy_held_as"] == "copy" and 0 <= row["huge_page_bytes"] <= row["file_bytes"]
+    assert row["copy_held_as"] == "copy" and row["file_bytes"] > 0
     assert len(row["rounds"]) == 2 and all(g["map"] > 0 and g["copy"] > 0 for g in row["rounds"])
     assert row["round_ratios"] == [g["copy"] / g["map"] for g in row["rounds"]]

@@ -211,7 +211,7 @@ int main(int argc, char **argv) {
     printf("| %.0f | %.1f | %.1f | %.1f | %.0f%% |\n", per_token / 1e6, tokens / seconds, gbs, read_gbs,
            100.0 * gbs / read_gbs);
     fprintf(stderr, "(sums %g %g)\n", sum, (double)y[0]); /* the results used, so no loop is dropped */
-    bench_huge_free(arena, arena_bytes);
+    bench_pages_free(arena, arena_bytes);
     free(x);
     free(y);
     free(scratch);

@@ -142,7 +142,7 @@ int main(int argc, char **argv) {
         printf("| %d | %.1f | %.1f | %.0f%% |\n", counts[k], read, kern, 100.0 * kern / read);
         fprintf(stderr, "(sums %g %g)\n", read_sum, (double)y[0]); /* the results used, so no loop is dropped */
     }
-    bench_huge_free(w, (size_t)n_mat * mat);
+    bench_pages_free(w, (size_t)n_mat * mat);
     free(x);
     free(y);
     return 0;

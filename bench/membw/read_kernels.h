@@ -27,44 +27,50 @@ static inline void bench_part(size_t floats, int id, int n, size_t *lo, size_t *
     *hi = id == n - 1 ? floats : floats * (size_t)(id + 1) / (size_t)n & ~(size_t)31;
 }
 
-/* bytes of private memory on 2 MiB boundaries, advised for transparent huge pages, as the engine holds a model's
- * files when it copies them (native/src/model.c, copy_file); NULL on failure. Free with bench_huge_free. */
-static inline void *bench_huge_alloc(size_t bytes) {
-    const size_t huge = (size_t)2 << 20;
-    size_t rounded = (bytes + huge - 1) / huge * huge;
-    unsigned char *raw = mmap(NULL, rounded + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+/* bytes of private memory on 2 MiB boundaries, advised for transparent huge pages (huge = 1, as the engine holds a
+ * model's files when it copies them: native/src/model.c, copy_file) or against them (huge = 0: 4 KiB pages even
+ * where the kernel gives huge pages to everything); NULL on failure. Free with bench_pages_free. */
+static inline void *bench_pages_alloc(size_t bytes, int huge) {
+    const size_t two_mib = (size_t)2 << 20;
+    size_t rounded = (bytes + two_mib - 1) / two_mib * two_mib;
+    unsigned char *raw = mmap(NULL, rounded + two_mib, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (raw == MAP_FAILED) return NULL;
-    uintptr_t start = ((uintptr_t)raw + huge - 1) & ~(uintptr_t)(huge - 1);
+    uintptr_t start = ((uintptr_t)raw + two_mib - 1) & ~(uintptr_t)(two_mib - 1);
     size_t head = start - (uintptr_t)raw;
     if (head) munmap(raw, head);
-    munmap((unsigned char *)start + rounded, huge - head);
-    madvise((void *)start, rounded, MADV_HUGEPAGE);
+    munmap((unsigned char *)start + rounded, two_mib - head);
+    madvise((void *)start, rounded, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
     return (void *)start;
 }
 
-static inline void bench_huge_free(void *p, size_t bytes) {
-    const size_t huge = (size_t)2 << 20;
-    if (p) munmap(p, (bytes + huge - 1) / huge * huge);
+static inline void *bench_huge_alloc(size_t bytes) { return bench_pages_alloc(bytes, 1); }
+
+static inline void bench_pages_free(void *p, size_t bytes) {
+    const size_t two_mib = (size_t)2 << 20;
+    if (p) munmap(p, (bytes + two_mib - 1) / two_mib * two_mib);
 }
 
-/* Of [p, p + bytes), the bytes the kernel backs with huge pages now (AnonHugePages of /proc/self/smaps). */
+/* Of [p, p + bytes), about how many bytes the kernel backs with huge pages now: AnonHugePages of /proc/self/smaps,
+ * reported per mapping, each mapping counted in proportion to its overlap with the range (the rule of the core's
+ * copied_huge_bytes), at most bytes. */
 static inline size_t bench_huge_bytes(const void *p, size_t bytes) {
     FILE *fp = fopen("/proc/self/smaps", "r");
     if (!fp) return 0;
     char line[512];
-    int inside = 0;
-    size_t total = 0;
+    double share = 0.0, total = 0.0;
+    uintptr_t a = (uintptr_t)p, b = a + bytes;
     while (fgets(line, sizeof line, fp)) {
         unsigned long lo, hi;
         unsigned long long kib;
         char dash;
-        if (sscanf(line, "%lx%c%lx ", &lo, &dash, &hi) == 3 && dash == '-')
-            inside = lo >= (uintptr_t)p && hi <= (uintptr_t)p + bytes + ((size_t)2 << 20);
-        else if (inside && sscanf(line, "AnonHugePages: %llu kB", &kib) == 1)
-            total += (size_t)kib * 1024;
+        if (sscanf(line, "%lx%c%lx ", &lo, &dash, &hi) == 3 && dash == '-' && hi > lo) {
+            share = a < hi && b > lo ? (double)((b < hi ? b : hi) - (a > lo ? a : lo)) / (double)(hi - lo) : 0.0;
+        } else if (share > 0.0 && sscanf(line, "AnonHugePages: %llu kB", &kib) == 1) {
+            total += share * (double)kib * 1024.0;
+        }
     }
     fclose(fp);
-    return total;
+    return total < (double)bytes ? (size_t)total : bytes;
 }
 
 static inline float lanes_sum(__m256 s0, __m256 s1, __m256 s2, __m256 s3) {

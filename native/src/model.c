@@ -164,16 +164,63 @@ static int check_descriptors(const eb_model *m, const eb_tensor_desc *tensors, i
     return EB_OK;
 }
 
-/* MemAvailable of /proc/meminfo in bytes; 0 where it cannot be read. */
+/* A number from a one-line file (a cgroup's limit or usage); 0 when absent or "max". */
+static uint64_t read_number(const char *dir, const char *name) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *fp = fopen(path, "r");
+    if (!fp) return 0;
+    unsigned long long v = 0;
+    if (fscanf(fp, "%llu", &v) != 1) v = 0;
+    fclose(fp);
+    return (uint64_t)v;
+}
+
+/* Room left under this process's cgroup memory limit (v2 memory.max, or v1 memory.limit_in_bytes), counting its
+ * usage as taken (page cache included, so this errs low); 0 where there is no limit or it cannot be read. */
+static uint64_t cgroup_room(void) {
+    FILE *fp = fopen("/proc/self/cgroup", "r");
+    if (!fp) return 0;
+    char line[1024], dir[1100];
+    uint64_t room = 0;
+    while (!room && fgets(line, sizeof line, fp)) {
+        line[strcspn(line, "\n")] = 0;
+        char *first = strchr(line, ':'), *second = first ? strchr(first + 1, ':') : NULL;
+        if (!second) continue;
+        *second = 0;
+        const char *controllers = first + 1, *path = second + 1;
+        uint64_t limit = 0, used = 0;
+        if (*controllers == 0) { /* v2: unified at /sys/fs/cgroup, or /sys/fs/cgroup/unified beside v1 */
+            snprintf(dir, sizeof dir, "/sys/fs/cgroup%s", path);
+            if (!(limit = read_number(dir, "memory.max"))) {
+                snprintf(dir, sizeof dir, "/sys/fs/cgroup/unified%s", path);
+                limit = read_number(dir, "memory.max");
+            }
+            used = read_number(dir, "memory.current");
+        } else if (strstr(controllers, "memory")) {
+            snprintf(dir, sizeof dir, "/sys/fs/cgroup/memory%s", path);
+            limit = read_number(dir, "memory.limit_in_bytes");
+            used = read_number(dir, "memory.usage_in_bytes");
+        }
+        if (limit && limit < ((uint64_t)1 << 60)) room = limit > used ? limit - used : 1;
+    }
+    fclose(fp);
+    return room;
+}
+
+/* The memory a copy may take: MemAvailable of /proc/meminfo, or less where a cgroup limit leaves less; 0 where
+ * neither can be read. */
 static uint64_t memory_available(void) {
     FILE *fp = fopen("/proc/meminfo", "r");
-    if (!fp) return 0;
-    char line[256];
     unsigned long long kib = 0;
-    while (fgets(line, sizeof line, fp))
-        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
-    fclose(fp);
-    return (uint64_t)kib * 1024;
+    if (fp) {
+        char line[256];
+        while (fgets(line, sizeof line, fp))
+            if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+        fclose(fp);
+    }
+    uint64_t avail = (uint64_t)kib * 1024, room = cgroup_room();
+    return room && (!avail || room < avail) ? room : avail;
 }
 
 /* Whether memory advised with MADV_HUGEPAGE may get transparent huge pages ("[always]" or "[madvise]"). */
@@ -280,7 +327,6 @@ static int load_files(eb_model *m, const char *const *files, int32_t n_files, in
     int mode, st;
     if ((st = eb_weights_choose(requested, total, memory_available(), huge_pages_enabled(), &mode))) return st;
     m->info.weights = mode;
-    m->info.file_bytes = total;
     for (int32_t i = 0; i < n_files; i++) {
         eb_mapped_file *f = &m->files[i];
         f->path = strdup(files[i]);
@@ -294,6 +340,7 @@ static int load_files(eb_model *m, const char *const *files, int32_t n_files, in
             return eb_fail(EB_ERR_IO, "'%s' is not a regular file", files[i]);
         }
         f->size = (uint64_t)sb.st_size;
+        m->info.file_bytes += f->size;
         if (f->size > 0 && mode == EB_WEIGHTS_COPY) {
             st = copy_file(f, fd);
         } else if (f->size > 0) {
@@ -434,6 +481,10 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
     *out = NULL;
     if (n_files <= 0 || n_files > 100000) return eb_fail(EB_ERR_ARGUMENT, "eb_model_load: %d files", n_files);
     if (n_tensors <= 0) return eb_fail(EB_ERR_FORMAT, "the checkpoint has no tensors");
+    int weights = options ? options->weights : EB_WEIGHTS_AUTO;
+    if (weights != EB_WEIGHTS_AUTO && weights != EB_WEIGHTS_MAP && weights != EB_WEIGHTS_COPY)
+        return eb_fail(EB_ERR_ARGUMENT, "weights mode %d is not one of %d (auto), %d (map), %d (copy)", weights,
+                       EB_WEIGHTS_AUTO, EB_WEIGHTS_MAP, EB_WEIGHTS_COPY);
     if (primary_device < 0 || primary_device >= engine->n_devices)
         return eb_fail(EB_ERR_RANGE, "primary device index %d out of range (%d devices loaded)", primary_device,
                        engine->n_devices);
@@ -484,7 +535,7 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
     }
     m->cfg.mlp_only_layers = m->mlp_only;
     binder b = {NULL, n_tensors, m};
-    if ((st = load_files(m, files, n_files, options ? options->weights : EB_WEIGHTS_AUTO)) || (st = check_descriptors(m, tensors, n_tensors))) {
+    if ((st = load_files(m, files, n_files, weights)) || (st = check_descriptors(m, tensors, n_tensors))) {
         eb_model_free(m);
         return st;
     }

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "eb_convert.h"
+#include "eb_internal.h" /* eb_weights_choose: internal to the core, exported by this build of it */
 #include "eb_ops.h"
 #include "eb_runtime.h"
 #include "expertbench.h"
@@ -295,9 +296,6 @@ static void test_greedy(const char *module, const char *file, eb_model_config *c
     eb_engine_destroy(e);
 }
 
-/* internal to the core (eb_internal.h), exported by this build of it */
-int eb_weights_choose(int requested, uint64_t file_bytes, uint64_t available, int huge_pages, int *mode);
-
 /* The files mapped or copied into private memory: the same logits bits either way. What EB_WEIGHTS_AUTO becomes,
  * and the requests refused. */
 static void test_weights_modes(const char *module, const char *file, eb_model_config *cfg, builder *b) {
@@ -314,8 +312,8 @@ static void test_weights_modes(const char *module, const char *file, eb_model_co
               info.weights, modes[k]);
         CHECK(info.file_bytes >= info.weight_bytes, "file bytes %llu, weights %llu",
               (unsigned long long)info.file_bytes, (unsigned long long)info.weight_bytes);
-        CHECK(info.huge_page_bytes <= info.file_bytes && (k == 1 || info.huge_page_bytes == 0),
-              "huge-page bytes %llu of a %s", (unsigned long long)info.huge_page_bytes, k ? "copy" : "mapping");
+        CHECK(k == 1 || info.huge_page_bytes == 0, "huge-page bytes %llu of a mapping",
+              (unsigned long long)info.huge_page_bytes);
         eb_context *c = NULL;
         CHECK(eb_context_create(m, 8, 4, &c) == EB_OK, "context");
         int32_t ids[4] = {3, 17, 42, 5};
