@@ -14,6 +14,14 @@ from .state import WorkbenchState, format_bytes
 _ROOT = QModelIndex()  # the invalid index: Qt's default parent
 
 
+def _held(model) -> str:
+    """How the target's files are held in host memory, for its primary device's tooltip."""
+    if model.weights == "copy":
+        return (f"; the model's files ({format_bytes(model.file_bytes)}) copied into memory, "
+                f"{format_bytes(model.huge_page_bytes)} of them on huge pages")  # fmt: skip
+    return f"; the model's files ({format_bytes(model.file_bytes)}) memory-mapped"
+
+
 class DevicesModel(QAbstractTableModel):
     COLUMNS = ["Device", "Kind", "This model", "Free / total", "GB/s"]
 
@@ -28,6 +36,7 @@ class DevicesModel(QAbstractTableModel):
     def _compute(self) -> list[dict]:
         rows = []
         calibration = self.state.calibration
+        model = self.state.model
         for d in self.state.devices:
             kind = theme.device_kind(d.name, d.kind)
             # expert-weight bandwidth measured by the cost model's calibration (first strategy use)
@@ -39,7 +48,7 @@ class DevicesModel(QAbstractTableModel):
                 "model": self.state.model_bytes_on(d.name) if self.state.model else None,
                 "free": d.memory_free, "total": d.memory_total, "gbs": gbs,
                 "tip": f"{d.name}: {d.description}, {d.threads} thread{'s' if d.threads != 1 else ''}; "
-                       f"bandwidth: {measured}",
+                       f"bandwidth: {measured}" + (_held(model) if model and d.name == model.primary else ""),
             })  # fmt: skip
         for runtime, reason in sorted(self.state.load_errors.items()):
             short = reason.removeprefix(f"runtime module '{runtime}': ")

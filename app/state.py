@@ -154,6 +154,9 @@ class ModelSnapshot:
     demo: str | None = None  # the demo pair's size, when that is what was loaded
     fingerprint: str | None = None  # engine.profile.fingerprint of the target folder (None if it cannot be read)
     draft_fingerprint: str | None = None
+    weights: str = "map"  # how the engine holds the target's files (engine.model.WEIGHTS_MODES, never "auto")
+    file_bytes: int = 0  # the target's files
+    huge_page_bytes: int = 0  # of a copy, what the kernel put on huge pages
 
 
 class _EngineSide:
@@ -312,6 +315,9 @@ class WorkbenchState(QObject):
                     demo=demo,
                     fingerprint=_fingerprint(new_target),
                     draft_fingerprint=None if new_draft is None else _fingerprint(new_draft),
+                    weights=info["weights"],
+                    file_bytes=info["file_bytes"],
+                    huge_page_bytes=info["huge_page_bytes"],
                 )
             except BaseException:
                 if new_draft is not None:

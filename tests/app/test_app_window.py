@@ -50,6 +50,10 @@ def test_devices_panel_greys_runtimes_that_did_not_load(qtbot, make_window):
     target, draft = on_engine(qtbot, state, lambda side: (side.target.info, side.draft.info))
     shown = format_bytes(target["weight_bytes"] + draft["weight_bytes"])
     assert model.index(0, 2).data() == shown and model.index(1, 2).data() == format_bytes(0)
+    # How the target's files are held, on its primary device's tooltip (the engine's choice under weights="auto")
+    held = "copied into memory" if target["weights"] == "copy" else "memory-mapped"
+    assert held in model.index(0, 0).data(Qt.ItemDataRole.ToolTipRole)
+    assert "model's files" not in model.index(1, 0).data(Qt.ItemDataRole.ToolTipRole)
 
 
 def test_a_failing_engine_call_shows_an_error_dialog_and_the_window_stays_usable(
