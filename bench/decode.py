@@ -94,6 +94,13 @@ def stream_ceiling(ceiling: dict, threads: str = "all") -> float:
     return max(ceiling[k][threads] for k in STREAM)
 
 
+def against(ceiling_of, per_round: list[dict], tps: list[float], per_token: int) -> tuple[list, list]:
+    """Per round: the higher of a ceiling (ceiling_of: read_ceiling or stream_ceiling) measured just before and just
+    after that round's decode, and the decode's GB/s as a fraction of it."""
+    ceilings = [max(ceiling_of(m["ceiling_before"]), ceiling_of(m["ceiling_after"])) for m in per_round]
+    return ceilings, [t * per_token / 1e9 / c for t, c in zip(tps, ceilings, strict=True)]
+
+
 def measure(dtype: str, args, ceiling) -> dict:
     """One dtype's decode with the read ceiling (ceiling(): bench/membw's report) measured just before and just
     after it, then the share of runtime operations and prefill."""
@@ -143,11 +150,9 @@ def main() -> int:
         per_round = [r["results"][i] for r in rounds]
         tps = [statistics.median(m["speeds"]) for m in per_round]
         per_token = per_round[0]["bytes_per_token"]
-        # each decode against the higher of the reads just before and just after it
-        ceilings = [max(read_ceiling(m["ceiling_before"]), read_ceiling(m["ceiling_after"])) for m in per_round]
-        fractions = [t * per_token / 1e9 / c for t, c in zip(tps, ceilings, strict=True)]
-        streams = [max(stream_ceiling(m["ceiling_before"]), stream_ceiling(m["ceiling_after"])) for m in per_round]
-        stream_fractions = [t * per_token / 1e9 / c for t, c in zip(tps, streams, strict=True)]
+        # each decode against the higher of the ceilings just before and just after it, read and STREAM's
+        ceilings, fractions = against(read_ceiling, per_round, tps, per_token)
+        streams, stream_fractions = against(stream_ceiling, per_round, tps, per_token)
         speeds = [v for m in per_round for v in m["speeds"]]
         read_all = statistics.median(ceilings)
         round_alone = [r["alone"][dtype] for r in rounds if r["alone"]]

@@ -141,9 +141,6 @@ def cmd_run(args) -> int:
             if progress is not None:
                 progress.clear()
         report = _report(result, target, draft, prompts, eng.runtimes[0].kernel_variant)
-        info = target.info
-        report["weights"] = {"held": info["weights"], "file_bytes": info["file_bytes"],
-                             "huge_page_bytes": info["huge_page_bytes"]}  # fmt: skip
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -161,6 +158,9 @@ def _report(result: RunResult, target, draft, prompts, kernels: str) -> dict:
         "kernels": kernels,
         **result.to_dict(),
     }
+    info = target.info
+    report["weights"] = {"held": info["weights"], "file_bytes": info["file_bytes"],
+                         "huge_page_bytes": info["huge_page_bytes"]}  # fmt: skip
     report["prompts"] = [
         {"prompt": text, "text": target.decode_text(p.generated_ids), **entry}
         for text, p, entry in zip(prompts, result.prompts, report["prompts"], strict=False)

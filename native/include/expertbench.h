@@ -144,8 +144,8 @@ typedef struct {
 /* How a model's files are held in host memory, where the CPU devices read them. */
 typedef enum {
     EB_WEIGHTS_AUTO = 0, /* COPY where transparent huge pages are enabled and the files take at most half of the
-                            memory available (MemAvailable, or the room under a cgroup limit where that is less);
-                            MAP otherwise */
+                            memory the CPU device that holds the experts reports free (MemAvailable, less where a
+                            cgroup limit or the runtime's memory_limit leaves less); MAP otherwise */
     EB_WEIGHTS_MAP = 1,  /* memory-map the files: pages shared with the page cache, 4 KiB each, read on first use */
     EB_WEIGHTS_COPY = 2  /* read the files into private memory advised for transparent huge pages: each 2 MiB page
                             takes one TLB entry where 4 KiB pages take 512, which streams weights faster */

@@ -164,65 +164,6 @@ static int check_descriptors(const eb_model *m, const eb_tensor_desc *tensors, i
     return EB_OK;
 }
 
-/* A number from a one-line file (a cgroup's limit or usage); 0 when absent or "max". */
-static uint64_t read_number(const char *dir, const char *name) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *fp = fopen(path, "r");
-    if (!fp) return 0;
-    unsigned long long v = 0;
-    if (fscanf(fp, "%llu", &v) != 1) v = 0;
-    fclose(fp);
-    return (uint64_t)v;
-}
-
-/* Room left under this process's cgroup memory limit (v2 memory.max, or v1 memory.limit_in_bytes), counting its
- * usage as taken (page cache included, so this errs low); 0 where there is no limit or it cannot be read. */
-static uint64_t cgroup_room(void) {
-    FILE *fp = fopen("/proc/self/cgroup", "r");
-    if (!fp) return 0;
-    char line[1024], dir[1100];
-    uint64_t room = 0;
-    while (!room && fgets(line, sizeof line, fp)) {
-        line[strcspn(line, "\n")] = 0;
-        char *first = strchr(line, ':'), *second = first ? strchr(first + 1, ':') : NULL;
-        if (!second) continue;
-        *second = 0;
-        const char *controllers = first + 1, *path = second + 1;
-        uint64_t limit = 0, used = 0;
-        if (*controllers == 0) { /* v2: unified at /sys/fs/cgroup, or /sys/fs/cgroup/unified beside v1 */
-            snprintf(dir, sizeof dir, "/sys/fs/cgroup%s", path);
-            if (!(limit = read_number(dir, "memory.max"))) {
-                snprintf(dir, sizeof dir, "/sys/fs/cgroup/unified%s", path);
-                limit = read_number(dir, "memory.max");
-            }
-            used = read_number(dir, "memory.current");
-        } else if (strstr(controllers, "memory")) {
-            snprintf(dir, sizeof dir, "/sys/fs/cgroup/memory%s", path);
-            limit = read_number(dir, "memory.limit_in_bytes");
-            used = read_number(dir, "memory.usage_in_bytes");
-        }
-        if (limit && limit < ((uint64_t)1 << 60)) room = limit > used ? limit - used : 1;
-    }
-    fclose(fp);
-    return room;
-}
-
-/* The memory a copy may take: MemAvailable of /proc/meminfo, or less where a cgroup limit leaves less; 0 where
- * neither can be read. */
-static uint64_t memory_available(void) {
-    FILE *fp = fopen("/proc/meminfo", "r");
-    unsigned long long kib = 0;
-    if (fp) {
-        char line[256];
-        while (fgets(line, sizeof line, fp))
-            if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
-        fclose(fp);
-    }
-    uint64_t avail = (uint64_t)kib * 1024, room = cgroup_room();
-    return room && (!avail || room < avail) ? room : avail;
-}
-
 /* Whether memory advised with MADV_HUGEPAGE may get transparent huge pages ("[always]" or "[madvise]"). */
 static int huge_pages_enabled(void) {
     FILE *fp = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
@@ -233,20 +174,25 @@ static int huge_pages_enabled(void) {
     return ok;
 }
 
+static int check_weights_mode(int requested) {
+    if (requested == EB_WEIGHTS_AUTO || requested == EB_WEIGHTS_MAP || requested == EB_WEIGHTS_COPY) return EB_OK;
+    return eb_fail(EB_ERR_ARGUMENT, "weights mode %d is not one of %d (auto), %d (map), %d (copy)", requested,
+                   EB_WEIGHTS_AUTO, EB_WEIGHTS_MAP, EB_WEIGHTS_COPY);
+}
+
 int eb_weights_choose(int requested, uint64_t file_bytes, uint64_t available, int huge_pages, int *mode) {
+    int st = check_weights_mode(requested);
+    if (st) return st;
     if (requested == EB_WEIGHTS_MAP) {
         *mode = EB_WEIGHTS_MAP;
     } else if (requested == EB_WEIGHTS_AUTO) {
         *mode = huge_pages && available && file_bytes <= available / 2 ? EB_WEIGHTS_COPY : EB_WEIGHTS_MAP;
-    } else if (requested == EB_WEIGHTS_COPY) {
+    } else {
         if (available && file_bytes > available)
             return eb_fail(EB_ERR_MEMORY, "weights: copying the files needs %.1f MiB, and %.1f MiB of memory is "
                                           "available; map them instead (EB_WEIGHTS_MAP, weights='map')",
                            file_bytes / 1048576.0, available / 1048576.0);
         *mode = EB_WEIGHTS_COPY;
-    } else {
-        return eb_fail(EB_ERR_ARGUMENT, "weights mode %d is not one of %d (auto), %d (map), %d (copy)", requested,
-                       EB_WEIGHTS_AUTO, EB_WEIGHTS_MAP, EB_WEIGHTS_COPY);
     }
     return EB_OK;
 }
@@ -313,6 +259,18 @@ static uint64_t copied_huge_bytes(const eb_model *m) {
     return total < (double)m->info.file_bytes ? (uint64_t)total : m->info.file_bytes;
 }
 
+/* The memory a copy may take: what the experts' home device (a CPU device, which reads the files) reports free;
+ * 0 where it cannot say. */
+static uint64_t memory_available(const eb_model *m) {
+    const eb_engine *eng = m->engine;
+    const eb_runtime *r = eb_device_runtime(eng, m->expert_home);
+    eb_rt_device_info info;
+    char err[256];
+    return r->table->device_info(r->rt, eng->devices[m->expert_home].local, &info, err, sizeof err) == 0
+               ? info.memory_free
+               : 0;
+}
+
 /* Open every file, choose how to hold them (options->weights against the memory available), map or copy each. */
 static int load_files(eb_model *m, const char *const *files, int32_t n_files, int requested) {
     m->files = calloc((size_t)n_files, sizeof *m->files);
@@ -325,7 +283,7 @@ static int load_files(eb_model *m, const char *const *files, int32_t n_files, in
         total += (uint64_t)sb.st_size;
     }
     int mode, st;
-    if ((st = eb_weights_choose(requested, total, memory_available(), huge_pages_enabled(), &mode))) return st;
+    if ((st = eb_weights_choose(requested, total, memory_available(m), huge_pages_enabled(), &mode))) return st;
     m->info.weights = mode;
     for (int32_t i = 0; i < n_files; i++) {
         eb_mapped_file *f = &m->files[i];
@@ -481,14 +439,12 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
     *out = NULL;
     if (n_files <= 0 || n_files > 100000) return eb_fail(EB_ERR_ARGUMENT, "eb_model_load: %d files", n_files);
     if (n_tensors <= 0) return eb_fail(EB_ERR_FORMAT, "the checkpoint has no tensors");
-    int weights = options ? options->weights : EB_WEIGHTS_AUTO;
-    if (weights != EB_WEIGHTS_AUTO && weights != EB_WEIGHTS_MAP && weights != EB_WEIGHTS_COPY)
-        return eb_fail(EB_ERR_ARGUMENT, "weights mode %d is not one of %d (auto), %d (map), %d (copy)", weights,
-                       EB_WEIGHTS_AUTO, EB_WEIGHTS_MAP, EB_WEIGHTS_COPY);
+    int weights = options ? options->weights : EB_WEIGHTS_AUTO, st = check_weights_mode(weights);
+    if (st) return st;
     if (primary_device < 0 || primary_device >= engine->n_devices)
         return eb_fail(EB_ERR_RANGE, "primary device index %d out of range (%d devices loaded)", primary_device,
                        engine->n_devices);
-    int st = check_config(config);
+    st = check_config(config);
     if (st) return st;
     const eb_device *dev = &engine->devices[primary_device];
     const eb_runtime *rt = &engine->runtimes[dev->runtime];

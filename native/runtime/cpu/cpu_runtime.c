@@ -612,6 +612,52 @@ static void read_cpu_name(char *out, size_t len) {
     fclose(f);
 }
 
+/* A number from a one-line file (a cgroup's limit or usage); 0 when absent or "max". */
+static uint64_t read_number(const char *dir, const char *name) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *fp = fopen(path, "r");
+    if (!fp) return 0;
+    unsigned long long v = 0;
+    if (fscanf(fp, "%llu", &v) != 1) v = 0;
+    fclose(fp);
+    return (uint64_t)v;
+}
+
+/* Room left under this process's cgroup memory limit (v2 memory.max, or v1 memory.limit_in_bytes), counting its
+ * usage as taken (page cache included, so this errs low); 0 where there is no limit or it cannot be read. */
+static uint64_t cgroup_room(void) {
+    FILE *fp = fopen("/proc/self/cgroup", "r");
+    if (!fp) return 0;
+    char line[1024], dir[1100];
+    uint64_t room = 0;
+    while (!room && fgets(line, sizeof line, fp)) {
+        line[strcspn(line, "\n")] = 0;
+        char *first = strchr(line, ':'), *second = first ? strchr(first + 1, ':') : NULL;
+        if (!second) continue;
+        *second = 0;
+        const char *controllers = first + 1, *path = second + 1;
+        uint64_t limit = 0, used = 0;
+        if (*controllers == 0) { /* v2: unified at /sys/fs/cgroup, or /sys/fs/cgroup/unified beside v1 */
+            snprintf(dir, sizeof dir, "/sys/fs/cgroup%s", path);
+            if (!(limit = read_number(dir, "memory.max"))) {
+                snprintf(dir, sizeof dir, "/sys/fs/cgroup/unified%s", path);
+                limit = read_number(dir, "memory.max");
+            }
+            used = read_number(dir, "memory.current");
+        } else if (strstr(controllers, "memory")) {
+            snprintf(dir, sizeof dir, "/sys/fs/cgroup/memory%s", path);
+            limit = read_number(dir, "memory.limit_in_bytes");
+            used = read_number(dir, "memory.usage_in_bytes");
+        }
+        if (limit && limit < ((uint64_t)1 << 60)) room = limit > used ? limit - used : 1;
+    }
+    fclose(fp);
+    return room;
+}
+
+/* What this process may still take: MemAvailable of /proc/meminfo, or less where a cgroup limit leaves less (a
+ * container); 0 where neither can be read. */
 static uint64_t mem_available(void) {
     FILE *f = fopen("/proc/meminfo", "r");
     unsigned long long kb = 0;
@@ -621,7 +667,8 @@ static uint64_t mem_available(void) {
             if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
         fclose(f);
     }
-    return (uint64_t)kb * 1024u;
+    uint64_t avail = (uint64_t)kb * 1024u, room = cgroup_room();
+    return room && (!avail || room < avail) ? room : avail;
 }
 
 static void cpu_shutdown(void *rtp) {
