@@ -41,9 +41,9 @@ from measure import (  # noqa: E402
 
 
 def build_programs(out_dir: Path) -> dict[str, Path]:
-    """bench/membw's programs, built once per invocation: membw always; matmul_stream and decode_products where the
-    CPU runs the engine's AVX2 kernels."""
-    names = ["membw", "matmul_stream", "decode_products"] if cpu_has_avx2_kernels() else ["membw"]
+    """bench/membw's programs, built once per invocation: membw and readpass always; matmul_stream and
+    decode_products where the CPU runs the engine's AVX2 kernels."""
+    names = ["membw", "readpass"] + (["matmul_stream", "decode_products"] if cpu_has_avx2_kernels() else [])
     return {name: build_c(name, out_dir) for name in names}
 
 
@@ -52,6 +52,44 @@ def memory_ceiling(programs: dict[str, Path]) -> dict:
     out = programs["membw"].with_suffix(".json")
     subprocess.run([str(programs["membw"]), "--json", str(out)], check=True, capture_output=True)
     return json.loads(out.read_text())
+
+
+class SustainedRead:
+    """bench/membw/readpass, holding a buffer of a model's size on huge pages and waiting on its stdin between
+    requests (so it takes no CPU time from a decode): each request reads as many bytes as a decode read."""
+
+    def __init__(self, exe: Path, nbytes: int, threads: int):
+        mib = str(max(1, nbytes >> 20))
+        self.proc = subprocess.Popen([str(exe), "--mib", mib, "--threads", str(threads)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)  # fmt: skip
+
+    def read(self, nbytes: int) -> float:
+        """GB/s of a sustained read of about nbytes: the faster of a plain read and one requesting lines ahead."""
+        self.proc.stdin.write(f"{nbytes}\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"readpass stopped (exit status {self.proc.wait()})")
+        return max(float(v) for v in line.split())
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def paired(model, prompt, tokens: int, pairs: int, reader: SustainedRead) -> dict:
+    """Decodes of `tokens` tokens, each between two sustained reads of as many bytes (read, decode, read, decode,
+    ..., read): each decode's GB/s against the higher of the reads on either side of it."""
+    per_token = model.info["bytes_per_token"]
+    reads, decodes = [reader.read(tokens * per_token)], []
+    for _ in range(pairs):
+        decodes.append(decode_speed(model, prompt, tokens, 1, warm=False)[0][0] * per_token / 1e9)
+        reads.append(reader.read(tokens * per_token))
+    fractions = [d / max(a, b) for d, a, b in zip(decodes, reads, reads[1:], strict=False)]
+    return {"decode_gbs": decodes, "read_gbs": reads, "fractions": fractions}
 
 
 def products_alone(programs: dict[str, Path], dtypes: list[str], module: str, threads: int) -> dict | None:
@@ -101,7 +139,7 @@ def against(ceiling_of, per_round: list[dict], tps: list[float], per_token: int)
     return ceilings, [t * per_token / 1e9 / c for t, c in zip(tps, ceilings, strict=True)]
 
 
-def measure(dtype: str, args, ceiling) -> dict:
+def measure(dtype: str, args, ceiling, programs: dict[str, Path]) -> dict:
     """One dtype's decode with the read ceiling (ceiling(): bench/membw's report) measured just before and just
     after it, then the share of runtime operations and prefill."""
     path = demo_target(args.size, dtype)
@@ -112,6 +150,10 @@ def measure(dtype: str, args, ceiling) -> dict:
         before = ceiling()
         speeds, ids = decode_speed(model, prompt, args.tokens, args.repeats, warm=False)
         after = ceiling()
+        pairs = None
+        if args.pairs:  # the ceiling sampled beside each decode, over as many bytes (bench/membw/readpass.c)
+            with SustainedRead(programs["readpass"], model.info["file_bytes"], eng.devices[0].threads) as reader:
+                pairs = paired(model, prompt, args.tokens, args.pairs, reader)
         # one more decode, the same loop (generate), for the share of its time the device spent in the runtime's
         # operations (products, attention, experts) rather than in the core's work between them (norms, RoPE,
         # routing, hand-offs): args.tokens one-token steps after the prompt's first len - 1 positions
@@ -127,12 +169,15 @@ def measure(dtype: str, args, ceiling) -> dict:
                 "threads": eng.devices[0].threads, "speeds": speeds, "prefill": prefill, "generated_ids": ids,
                 "bytes_per_token": model.info["bytes_per_token"], "runtime_ops_share": busy / seconds,
                 "weights": model.info["weights"], "huge_page_bytes": model.info["huge_page_bytes"],
-                "ceiling_before": before, "ceiling_after": after}  # fmt: skip
+                "ceiling_before": before, "ceiling_after": after, "paired": pairs}  # fmt: skip
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_arguments(ap, threads_default=0)
+    ap.add_argument("--pairs", type=int, default=6,
+                    help="per round and dtype, decodes each between two sustained reads of as many bytes "
+                    "(bench/membw/readpass.c); 0 skips them (default 6)")  # fmt: skip
     args = ap.parse_args()
     with Engine(cpu_threads=args.threads) as eng:  # the decode's module and its first device's thread count
         module, threads = eng.runtimes[0].path, eng.devices[0].threads
@@ -144,7 +189,7 @@ def main() -> int:
             # decode_products has the bench target's shapes: its figures belong beside that model only
             alone = products_alone(programs, args.dtypes, module, threads) if args.size == "bench" else None
             rounds.append({"alone": alone,
-                           "results": [measure(dtype, args, ceiling) for dtype in args.dtypes]})  # fmt: skip
+                           "results": [measure(dtype, args, ceiling, programs) for dtype in args.dtypes]})  # fmt: skip
     rows = []
     for i, dtype in enumerate(args.dtypes):
         per_round = [r["results"][i] for r in rounds]
@@ -178,6 +223,7 @@ def main() -> int:
             "round_alone": round_alone,
             "round_fractions_of_weights_read": weights_read,
             "round_runtime_ops_share": [m["runtime_ops_share"] for m in per_round],
+            "round_paired": [m["paired"] for m in per_round if m["paired"]],
             "weights": per_round[0]["weights"], "huge_page_bytes": per_round[0]["huge_page_bytes"],
         })  # fmt: skip
     first_ceiling = rounds[0]["results"][0]["ceiling_before"]  # membw's whole report, for the 1-thread figure
@@ -215,6 +261,15 @@ def main() -> int:
             each = ", ".join(f"{f:.0%}" for f in r["round_fractions_of_weights_read"])
             print(f"{r['dtype']}: decode against the plain read of all the weights beside the products alone (a "
                   f"longer read than membw's), per round: {each}")  # fmt: skip
+    for r in rows:
+        if r["round_paired"]:
+            each = "; ".join(
+                f"median {statistics.median(p['fractions']):.0%}, lowest {min(p['fractions']):.0%} "
+                f"(reads {min(p['read_gbs']):.0f}-{max(p['read_gbs']):.0f} GB/s)"
+                for p in r["round_paired"]
+            )
+            print(f"{r['dtype']}: each decode against a sustained read of as many bytes just before and just after it "
+                  f"(the higher; {len(r['round_paired'][0]['fractions'])} per round), per round: {each}")  # fmt: skip
     for r in rows:
         print(f"{r['dtype']}: weights {r['weights']}, {r['huge_page_bytes'] / 2**20:.0f} MiB of them on huge pages")
     for r in rows:

@@ -29,6 +29,7 @@ C_PROGRAMS = {
         ["-ffp-contract=off", *AVX2_FLAGS, f"-I{NATIVE / 'include'}", f"-I{NATIVE / 'runtime/cpu'}"],
         [],
     ),
+    "readpass": ([BENCH / "membw/readpass.c"], ["-mavx2", f"-I{NATIVE / 'runtime/cpu'}"], []),
     "decode_products": (
         [BENCH / "membw/decode_products.c"],
         ["-mavx2", f"-I{NATIVE / 'include'}", f"-I{NATIVE / 'runtime/cpu'}"],

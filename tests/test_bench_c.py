@@ -69,3 +69,27 @@ def test_decode_products_runs_through_the_cpu_module(tmp_path):
     for args in ([module, "--dtype", "f16"], [module, "--tokens", "0"], [module, "--bogus"], []):
         assert "usage:" in run(exe, *args, code=2).stderr, args
     assert "not a runtime module" in run(exe, exe, code=1).stderr
+
+
+def test_readpass_answers_each_request_in_turn(tmp_path):
+    exe = build("readpass", tmp_path)
+    proc = subprocess.run([str(exe), "--mib", "8", "--threads", "2"], input="16777216\n50000000\n1\n",
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 3, proc.stdout  # one answer per request, a tiny request still one whole sweep
+    assert all(len(line.split()) == 2 and all(float(v) > 0 for v in line.split()) for line in lines), proc.stdout
+    for request in ("many\n", "-5\n", "0\n"):
+        bad = subprocess.run([str(exe), "--mib", "1"], input=request, capture_output=True, text=True)
+        assert bad.returncode == 2 and "expected a positive byte count per line, got" in bad.stderr, request
+    for args in (["--mib", "0"], ["--threads", "0"], ["--threads", "65"]):
+        assert "--mib must be at least 1 and --threads 1 to 64" in run(exe, *args, code=2).stderr, args
+    assert "usage:" in run(exe, "--bogus", code=2).stderr
+
+
+def test_sustained_read_talks_to_readpass(tmp_path):
+    from decode import SustainedRead
+
+    with SustainedRead(build("readpass", tmp_path), 4 << 20, threads=2) as reader:
+        assert reader.read(8 << 20) > 0 and reader.read(1) > 0
+    assert reader.proc.returncode == 0  # closed at the end of its input
