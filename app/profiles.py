@@ -2,7 +2,9 @@
 
 A profile saved here names the loaded model (its folder, or the demo size) with its fingerprint, the draft when
 the run panel uses one, the devices the placement needs, the placement, the run panel's settings and the routing
-statistics the heat map shows, so `expertbench regress` replays it. Expectations come from what is known to hold:
+statistics the heat map shows, so `expertbench regress` replays it. How the engine holds the files (run.weights)
+is not set here: an opened profile's value is kept, and none is written otherwise (regress then loads with auto).
+Expectations come from what is known to hold:
 
 * output hashes and acceptance from a complete run in the history with the same model, prompts, length and
   mode (reference mode gives the same outputs on every placement; owner-local mode only on the same one), or
@@ -87,10 +89,12 @@ def build(path: str | os.PathLike, model: ModelSnapshot, placement: Placement, s
     use_draft = model.draft_path is not None and (settings is None or settings.use_draft)
     target = _ref(model.demo, model.target_path, model.fingerprint)
     draft = _ref(model.demo, model.draft_path, model.draft_fingerprint) if use_draft else None
-    run = ProfileRun()
+    weights = None if base is None else base.run.weights  # the window cannot set it: an opened profile's stays
+    run = ProfileRun(weights=weights)
     if settings is not None:
         prompts = None if list(settings.prompts) == list(DEMO_PROMPTS) else list(settings.prompts)
-        run = ProfileRun(prompts, settings.tokens, settings.repeats, settings.q if use_draft else None, settings.mode)
+        run = ProfileRun(prompts, settings.tokens, settings.repeats, settings.q if use_draft else None, settings.mode,
+                         weights)  # fmt: skip
     spec = PlacementSpec.from_placement(placement)
     devices = device_specs(placement, model.primary)
     profile = Profile(model=target, draft=draft, devices=devices, primary=model.primary, placement=spec, run=run,

@@ -627,6 +627,11 @@ class WorkbenchState(QObject):
             return None
         if placement != self.placement and not self.set_placement(placement, f"open {Path(path).name}"):
             return None
+        wanted = profile.run.weights
+        if wanted not in (None, "auto") and wanted != self.model.weights:
+            held = self.model.weights
+            self.sigMessage.emit(f"The profile's run.weights is '{wanted}': `expertbench regress` loads the model so; "
+                                 f"here it stays held as '{held}' (the outputs are the same bits)")  # fmt: skip
         if routing is not None:
             try:
                 self.set_routing(routing)

@@ -156,3 +156,20 @@ def test_opening_a_profile_brings_its_routing_statistics(qtbot, make_window, tmp
     assert other.state.routing is None
     other.open_profile(str(path))
     np.testing.assert_array_equal(other.routing.heatmap.counts, counts)
+
+
+def test_a_profiles_weights_mode_is_kept_on_save_and_named_on_open(qtbot, make_window, tmp_path):
+    window = make_window()
+    state = window.state
+    assert state.save_profile(tmp_path / "plain.yaml", window.run_panel.settings())
+    assert engine_profile.load(tmp_path / "plain.yaml").run.weights is None  # the window writes none of its own
+    held = state.model.weights
+    other = "map" if held == "copy" else "copy"
+    text = (tmp_path / "plain.yaml").read_text()
+    assert "\nrun:\n" in text
+    (tmp_path / "weights.yaml").write_text(text.replace("\nrun:\n", f"\nrun:\n  weights: {other}\n", 1))
+    with qtbot.waitSignal(state.sigMessage, timeout=TIMEOUT_MS) as said:
+        window.open_profile(str(tmp_path / "weights.yaml"))
+    assert f"run.weights is '{other}'" in said.args[0] and f"held as '{held}'" in said.args[0]
+    assert state.save_profile(tmp_path / "again.yaml", window.run_panel.settings())
+    assert engine_profile.load(tmp_path / "again.yaml").run.weights == other  # an opened profile's value stays
