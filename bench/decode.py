@@ -63,14 +63,16 @@ class SustainedRead:
         self.proc = subprocess.Popen([str(exe), "--mib", mib, "--threads", str(threads)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)  # fmt: skip
 
-    def read(self, nbytes: int) -> float:
-        """GB/s of a sustained read of about nbytes: the faster of a plain read and one requesting lines ahead."""
+    def read(self, nbytes: int) -> tuple[float, float]:
+        """GB/s of a sustained read of about nbytes (the faster of a plain read and one requesting lines ahead), and
+        the core-to-core round trip in ns just after it (0 with one CPU)."""
         self.proc.stdin.write(f"{nbytes}\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError(f"readpass stopped (exit status {self.proc.wait()})")
-        return max(float(v) for v in line.split())
+        plain, ahead, round_trip = (float(v) for v in line.split())
+        return max(plain, ahead), round_trip
 
     def __enter__(self):
         return self
@@ -82,14 +84,18 @@ class SustainedRead:
 
 def paired(model, prompt, tokens: int, pairs: int, reader: SustainedRead) -> dict:
     """Decodes of `tokens` tokens, each between two sustained reads of as many bytes (read, decode, read, decode,
-    ..., read): each decode's GB/s against the higher of the reads on either side of it."""
+    ..., read): each decode's GB/s against the higher of the reads on either side of it. With each read, the
+    core-to-core round trip, which tells a shared VM's memory states apart (bench/membw/readpass.c)."""
     per_token = model.info["bytes_per_token"]
-    reads, decodes = [reader.read(tokens * per_token)], []
+    samples = [reader.read(tokens * per_token)]
+    decodes = []
     for _ in range(pairs):
         decodes.append(decode_speed(model, prompt, tokens, 1, warm=False)[0][0] * per_token / 1e9)
-        reads.append(reader.read(tokens * per_token))
+        samples.append(reader.read(tokens * per_token))
+    reads = [gbs for gbs, _ in samples]
     fractions = [d / max(a, b) for d, a, b in zip(decodes, reads, reads[1:], strict=False)]
-    return {"decode_gbs": decodes, "read_gbs": reads, "fractions": fractions}
+    return {"decode_gbs": decodes, "read_gbs": reads, "round_trip_ns": [ns for _, ns in samples],
+            "fractions": fractions}  # fmt: skip
 
 
 def products_alone(programs: dict[str, Path], dtypes: list[str], module: str, threads: int) -> dict | None:
@@ -265,7 +271,8 @@ def main() -> int:
         if r["round_paired"]:
             each = "; ".join(
                 f"median {statistics.median(p['fractions']):.0%}, lowest {min(p['fractions']):.0%} "
-                f"(reads {min(p['read_gbs']):.0f}-{max(p['read_gbs']):.0f} GB/s)"
+                f"(reads {min(p['read_gbs']):.0f}-{max(p['read_gbs']):.0f} GB/s, core-to-core round trip "
+                f"{min(p['round_trip_ns']):.0f}-{max(p['round_trip_ns']):.0f} ns)"
                 for p in r["round_paired"]
             )
             print(f"{r['dtype']}: each decode against a sustained read of as many bytes just before and just after it "

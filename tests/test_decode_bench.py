@@ -19,7 +19,7 @@ class Reads:
 
     def read(self, nbytes):
         self.requests.append(nbytes)
-        return self.answers.pop(0)
+        return self.answers.pop(0), 100.0 * len(self.requests)
 
 
 def test_each_decode_is_compared_with_the_higher_read_beside_it(fixtures):
@@ -30,6 +30,7 @@ def test_each_decode_is_compared_with_the_higher_read_beside_it(fixtures):
         per_token = model.info["bytes_per_token"]
     assert reads.requests == [3 * per_token] * 4  # read, decode, read, decode, read, decode, read
     assert out["read_gbs"] == [10.0, 40.0, 20.0, 5.0] and len(out["decode_gbs"]) == 3
+    assert out["round_trip_ns"] == [100.0, 200.0, 300.0, 400.0]
     assert all(d > 0 for d in out["decode_gbs"])
     d = out["decode_gbs"]
     assert out["fractions"] == [d[0] / 40.0, d[1] / 40.0, d[2] / 20.0]

@@ -8,14 +8,21 @@
  *
  * Reads requests from stdin, one per line: a byte count. For each, reads that many bytes (whole sweeps of the
  * buffer, split across the threads) twice: with read_kernels.h's plain read, then with its read that requests
- * lines ahead as the decode kernels do; prints one line "PLAIN_GBS AHEAD_GBS" and flushes. Between requests it
- * waits on stdin, taking no CPU time from the decode. Exits at end of input.
+ * lines ahead as the decode kernels do; then times a cache line bounced between two threads held on the first two
+ * CPUs it may run on. Prints one line "PLAIN_GBS AHEAD_GBS ROUND_TRIP_NS" (the round trip 0 with one CPU) and
+ * flushes. Between requests it waits on stdin, taking no CPU time from the decode. Exits at end of input.
+ *
+ * The round trip tells a shared VM's states apart: on the 2-core development VM it was 90-170 ns while 2 threads
+ * read 44-52 GB/s and about 400 ns while they read 60-90 GB/s (two virtual CPUs on different dies: twice the
+ * memory links, three times the latency of every hand-off between the threads; bench/RESULTS.md).
  *
  *   cc -O2 -mavx2 -pthread -Inative/runtime/cpu bench/membw/readpass.c -o /tmp/readpass
  *   echo 22000000000 | /tmp/readpass --mib 1742
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,6 +63,64 @@ static double timed(const float *a, size_t floats, int n, long sweeps, int ahead
     return (double)sweeps * (double)(floats & ~(size_t)31) * sizeof(float) / dt / 1e9;
 }
 
+/* The round trip of a cache line between two threads on two CPUs. */
+enum { BOUNCES = 20000 };
+static _Atomic long ball __attribute__((aligned(64)));
+
+static int hold_to(int cpu) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    return pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+}
+
+/* The ball holds 2i + 1 when thrown for the i-th time and 2i + 2 when caught; -1 when a side gives up. */
+static void *bounce_back(void *arg) {
+    if (hold_to(*(int *)arg) != 0) {
+        atomic_store(&ball, -1);
+        return NULL;
+    }
+    for (long i = 0; i < BOUNCES; i++) {
+        long v;
+        while ((v = atomic_load_explicit(&ball, memory_order_acquire)) != 2 * i + 1) {
+            if (v < 0) return NULL;
+            _mm_pause();
+        }
+        atomic_store_explicit(&ball, 2 * i + 2, memory_order_release);
+    }
+    return NULL;
+}
+
+/* ns per round trip between the first two CPUs of the process's mask; 0 where it has one CPU or cannot hold them */
+static double round_trip_ns(void) {
+    cpu_set_t mine;
+    int cpus[2], n = 0;
+    if (sched_getaffinity(0, sizeof mine, &mine) != 0) return 0.0;
+    for (int c = 0; c < CPU_SETSIZE && n < 2; c++)
+        if (CPU_ISSET(c, &mine)) cpus[n++] = c;
+    if (n < 2) return 0.0;
+    pthread_t other;
+    atomic_store(&ball, 0);
+    if (pthread_create(&other, NULL, bounce_back, &cpus[1]) != 0) return 0.0;
+    double ns = 0.0;
+    if (hold_to(cpus[0]) == 0) {
+        double t0 = bench_now();
+        long i = 0;
+        for (; i < BOUNCES; i++) {
+            long v = 2 * i + 1;
+            if (!atomic_compare_exchange_strong(&ball, &(long){2 * i}, v)) break; /* the other side gave up */
+            while ((v = atomic_load_explicit(&ball, memory_order_acquire)) == 2 * i + 1) _mm_pause();
+            if (v < 0) break;
+        }
+        if (i == BOUNCES) ns = (bench_now() - t0) / BOUNCES * 1e9;
+    } else {
+        atomic_store(&ball, -1); /* not held: the other side stops */
+    }
+    pthread_join(other, NULL);
+    sched_setaffinity(0, sizeof mine, &mine); /* the reads' threads inherit the whole mask again */
+    return ns;
+}
+
 int main(int argc, char **argv) {
     size_t mib = 256;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
@@ -92,7 +157,7 @@ int main(int argc, char **argv) {
         if (sweeps < 1) sweeps = 1;
         double plain = timed(a, floats, threads, sweeps, 0, &sink);
         double ahead = timed(a, floats, threads, sweeps, 1, &sink);
-        printf("%.2f %.2f\n", plain, ahead);
+        printf("%.2f %.2f %.0f\n", plain, ahead, round_trip_ns());
         fflush(stdout);
     }
     bench_pages_free(a, bytes);
