@@ -56,23 +56,24 @@ def memory_ceiling(programs: dict[str, Path]) -> dict:
 
 class SustainedRead:
     """bench/membw/readpass, holding a buffer of a model's size on huge pages and waiting on its stdin between
-    requests (so it takes no CPU time from a decode): each request reads as many bytes as a decode read."""
+    requests (so it takes no CPU time from a decode): each request moves as many bytes as a decode read."""
 
     def __init__(self, exe: Path, nbytes: int, threads: int):
         mib = str(max(1, nbytes >> 20))
         self.proc = subprocess.Popen([str(exe), "--mib", mib, "--threads", str(threads)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)  # fmt: skip
 
-    def read(self, nbytes: int) -> tuple[float, float]:
-        """GB/s of a sustained read of about nbytes (the faster of a plain read and one requesting lines ahead), and
-        the core-to-core round trip in ns just after it (0 with one CPU)."""
+    def read(self, nbytes: int) -> dict:
+        """About nbytes moved: "read", GB/s of the faster of a plain read and one requesting lines ahead; "stream",
+        of the faster of STREAM's copy and triad; "round_trip_ns", the core-to-core round trip just after (0 with one
+        CPU)."""
         self.proc.stdin.write(f"{nbytes}\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError(f"readpass stopped (exit status {self.proc.wait()})")
-        plain, ahead, round_trip = (float(v) for v in line.split())
-        return max(plain, ahead), round_trip
+        plain, ahead, copy, triad, round_trip = (float(v) for v in line.split())
+        return {"read": max(plain, ahead), "stream": max(copy, triad), "round_trip_ns": round_trip}
 
     def __enter__(self):
         return self
@@ -83,19 +84,51 @@ class SustainedRead:
 
 
 def paired(model, prompt, tokens: int, pairs: int, reader: SustainedRead) -> dict:
-    """Decodes of `tokens` tokens, each between two sustained reads of as many bytes (read, decode, read, decode,
-    ..., read): each decode's GB/s against the higher of the reads on either side of it. With each read, the
-    core-to-core round trip, which tells a shared VM's memory states apart (bench/membw/readpass.c)."""
+    """Decodes of `tokens` tokens, each between two sustained samples of the ceiling over as many bytes (sample,
+    decode, sample, decode, ..., sample): each decode's GB/s against the higher read, and the higher STREAM
+    bandwidth, on either side of it. With each sample, the core-to-core round trip, which tells a shared VM's memory
+    states apart (bench/membw/readpass.c)."""
     per_token = model.info["bytes_per_token"]
     samples = [reader.read(tokens * per_token)]
     decodes = []
     for _ in range(pairs):
         decodes.append(decode_speed(model, prompt, tokens, 1, warm=False)[0][0] * per_token / 1e9)
         samples.append(reader.read(tokens * per_token))
-    reads = [gbs for gbs, _ in samples]
-    fractions = [d / max(a, b) for d, a, b in zip(decodes, reads, reads[1:], strict=False)]
-    return {"decode_gbs": decodes, "read_gbs": reads, "round_trip_ns": [ns for _, ns in samples],
-            "fractions": fractions}  # fmt: skip
+    out = {"decode_gbs": decodes, "round_trip_ns": [s["round_trip_ns"] for s in samples]}
+    for key, name in (("read", "fractions"), ("stream", "stream_fractions")):
+        ceiling = [s[key] for s in samples]
+        out[f"{key}_gbs"] = ceiling
+        out[name] = [d / max(a, b) for d, a, b in zip(decodes, ceiling, ceiling[1:], strict=False)]
+    return out
+
+
+def spread(values: list[float]) -> list[float]:
+    """Lowest, median, highest."""
+    return [min(values), statistics.median(values), max(values)]
+
+
+def by_state(rounds: list[dict]) -> list[dict]:
+    """The steady pairs of all rounds (the reads on both sides of the decode within 10 % of each other, and their
+    round trips within 1.5x), grouped by the machine's state: where the round trips span more than 3x, in two groups
+    split at their geometric middle (on the development VM, about 50 and about 400 ns: two memory states)."""
+    steady = []
+    for p in rounds:
+        for i, (f, sf) in enumerate(zip(p["fractions"], p["stream_fractions"], strict=True)):
+            (ra, rb), (ta, tb) = p["read_gbs"][i : i + 2], p["round_trip_ns"][i : i + 2]
+            if max(ra, rb) <= 1.1 * min(ra, rb) and max(ta, tb) <= 1.5 * max(min(ta, tb), 1.0):
+                steady.append({"round_trip_ns": (ta + tb) / 2, "read_gbs": max(ra, rb), "fraction": f,
+                               "stream_fraction": sf})  # fmt: skip
+    if not steady:
+        return []
+    trips = [s["round_trip_ns"] for s in steady]
+    lo, hi = max(min(trips), 1.0), max(trips)
+    split = (lo * hi) ** 0.5 if hi > 3 * lo else float("inf")
+    groups = []
+    for below in (True, False):
+        members = [s for s in steady if (s["round_trip_ns"] < split) == below]
+        if members:
+            groups.append({"pairs": len(members)} | {key: spread([m[key] for m in members]) for key in steady[0]})
+    return groups
 
 
 def products_alone(programs: dict[str, Path], dtypes: list[str], module: str, threads: int) -> dict | None:
@@ -230,6 +263,7 @@ def main() -> int:
             "round_fractions_of_weights_read": weights_read,
             "round_runtime_ops_share": [m["runtime_ops_share"] for m in per_round],
             "round_paired": [m["paired"] for m in per_round if m["paired"]],
+            "paired_by_state": by_state([m["paired"] for m in per_round if m["paired"]]),
             "weights": per_round[0]["weights"], "huge_page_bytes": per_round[0]["huge_page_bytes"],
         })  # fmt: skip
     first_ceiling = rounds[0]["results"][0]["ceiling_before"]  # membw's whole report, for the 1-thread figure
@@ -277,6 +311,13 @@ def main() -> int:
             )
             print(f"{r['dtype']}: each decode against a sustained read of as many bytes just before and just after it "
                   f"(the higher; {len(r['round_paired'][0]['fractions'])} per round), per round: {each}")  # fmt: skip
+    for r in rows:
+        for g in r["paired_by_state"]:
+            trip, reads, (lo, mid, hi), (slo, smid, shi) = (g[k] for k in ("round_trip_ns", "read_gbs", "fraction",
+                                                                            "stream_fraction"))  # fmt: skip
+            print(f"{r['dtype']}: steady pairs at a round trip of {trip[0]:.0f}-{trip[2]:.0f} ns ({g['pairs']}; reads "
+                  f"{reads[0]:.0f}-{reads[2]:.0f} GB/s): of the sustained read {mid:.0%} ({lo:.0%}-{hi:.0%}), of "
+                  f"STREAM's copy/triad beside it {smid:.0%} ({slo:.0%}-{shi:.0%})")  # fmt: skip
     for r in rows:
         print(f"{r['dtype']}: weights {r['weights']}, {r['huge_page_bytes'] / 2**20:.0f} MiB of them on huge pages")
     for r in rows:

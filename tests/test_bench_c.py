@@ -79,12 +79,13 @@ def test_readpass_answers_each_request_in_turn(tmp_path):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert len(lines) == 3, proc.stdout  # one answer per request, a tiny request still one whole sweep
-    for line in lines:  # plain and ahead GB/s, then the round trip in ns (0 where the process has one CPU)
-        plain, ahead, round_trip = map(float, line.split())
-        assert plain > 0 and ahead > 0 and (round_trip > 0 or len(os.sched_getaffinity(0)) == 1), proc.stdout
+    for line in lines:  # plain, ahead, copy and triad GB/s, then the round trip in ns (0 with one CPU)
+        *gbs, round_trip = map(float, line.split())
+        assert len(gbs) == 4 and all(v > 0 for v in gbs), proc.stdout
+        assert round_trip > 0 or len(os.sched_getaffinity(0)) == 1, proc.stdout
     one_cpu = subprocess.run(["taskset", "-c", "0", str(exe), "--mib", "1"], input="1\n", capture_output=True,
                              text=True)  # fmt: skip
-    assert one_cpu.returncode == 0 and one_cpu.stdout.split()[2] == "0", one_cpu
+    assert one_cpu.returncode == 0 and one_cpu.stdout.split()[4] == "0", one_cpu
     for request in ("many\n", "-5\n", "0\n"):
         bad = subprocess.run([str(exe), "--mib", "1"], input=request, capture_output=True, text=True)
         assert bad.returncode == 2 and "expected a positive byte count per line, got" in bad.stderr, request
@@ -97,5 +98,7 @@ def test_sustained_read_talks_to_readpass(tmp_path):
     from decode import SustainedRead
 
     with SustainedRead(build("readpass", tmp_path), 4 << 20, threads=2) as reader:
-        assert reader.read(8 << 20)[0] > 0 and reader.read(1)[0] > 0
+        sample = reader.read(8 << 20)
+        assert sample["read"] > 0 and sample["stream"] > 0 and sample["round_trip_ns"] >= 0
+        assert reader.read(1)["read"] > 0
     assert reader.proc.returncode == 0  # closed at the end of its input

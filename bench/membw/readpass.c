@@ -1,18 +1,21 @@
-/* Sustained reads on request: the ceiling sampled beside each decode, for bench/decode.py's paired rounds.
+/* Sustained reads, copies and triads on request: the ceiling sampled beside each decode, for bench/decode.py's
+ * paired rounds.
  *
  * membw.c reports the best of ten 256 MiB passes (3 ms each at 80 GB/s), as STREAM does. On a shared machine whose
  * bandwidth moves from one moment to the next, that best catches the bursts, while a decode of 64 tokens lasts a
  * third of a second. This program holds a buffer on huge pages (as the engine holds a copied checkpoint) and, for
- * each request, reads as many bytes as the decode beside it read, over about as long: the same statistic and the
+ * each request, moves as many bytes as the decode beside it read, over about as long: the same statistic and the
  * same moment for both.
  *
- * Reads requests from stdin, one per line: a byte count. For each, reads that many bytes (whole sweeps of the
- * buffer, split across the threads) twice: with read_kernels.h's plain read, then with its read that requests
- * lines ahead as the decode kernels do; then times a cache line bounced between two threads held on the first two
- * CPUs it may run on. Prints one line "PLAIN_GBS AHEAD_GBS ROUND_TRIP_NS" (the round trip 0 with one CPU) and
- * flushes. Between requests it waits on stdin, taking no CPU time from the decode. Exits at end of input.
+ * Reads requests from stdin, one per line: a byte count. For each, moves that many bytes (whole sweeps, split
+ * across the threads) four ways: read_kernels.h's plain read and its read that requests lines ahead as the decode
+ * kernels do, over the buffer; then STREAM's copy (b = c) and triad (a = b + 3c) over two more arrays of up to
+ * 512 MiB, their bytes counted as STREAM counts them (membw.c's kernels); then times a cache line bounced between
+ * two threads held on the first two CPUs it may run on. Prints one line "PLAIN AHEAD COPY TRIAD ROUND_TRIP" (GB/s,
+ * then ns; the round trip 0 with one CPU) and flushes. Between requests it waits on stdin, taking no CPU time from
+ * the decode. Exits at end of input.
  *
- * The round trip tells a shared VM's states apart: on the 2-core development VM it was 90-170 ns while 2 threads
+ * The round trip tells a shared VM's states apart: on the 2-core development VM it was 44-170 ns while 2 threads
  * read 44-52 GB/s and about 400 ns while they read 60-90 GB/s (two virtual CPUs on different dies: twice the
  * memory links, three times the latency of every hand-off between the threads; bench/RESULTS.md).
  *
@@ -31,27 +34,44 @@
 
 #include "read_kernels.h"
 
+/* STREAM's copy and triad run over arrays of this size (or of --mib where that is smaller): far larger than the
+ * caches, as STREAM asks, and two of them beside a read buffer the size of a model. */
+enum { STREAM_MIB = 512 };
+
+enum { PLAIN, AHEAD, COPY, TRIAD, KINDS };
+
 typedef struct {
-    const float *a;
-    size_t lo, hi; /* this thread's part of the buffer, in floats */
+    float *a, *b, *c; /* a: the read buffer (and triad's output); b, c: STREAM's other two arrays */
+    size_t lo, hi;     /* this thread's part, in floats: of a for the reads, of b and c for copy and triad */
     long sweeps;
-    int ahead;
+    int kind;
     float sum;
 } part;
 
 static void *sweep(void *arg) {
     part *p = (part *)arg;
-    for (long s = 0; s < p->sweeps; s++)
-        p->sum += p->ahead ? read_ahead(p->a, p->lo, p->hi) : plain_read(p->a, p->lo, p->hi);
+    for (long s = 0; s < p->sweeps; s++) {
+        switch (p->kind) {
+        case PLAIN: p->sum += plain_read(p->a, p->lo, p->hi); break;
+        case AHEAD: p->sum += read_ahead(p->a, p->lo, p->hi); break;
+        case COPY: memcpy(p->b + p->lo, p->c + p->lo, (p->hi - p->lo) * sizeof(float)); break;
+        default:
+            for (size_t i = p->lo; i < p->hi; i++) p->a[i] = p->b[i] + 3.0f * p->c[i];
+        }
+    }
     return NULL;
 }
 
-/* GB/s of `sweeps` whole sweeps of a[0, floats) on n threads (the calling thread is one of them) */
-static double timed(const float *a, size_t floats, int n, long sweeps, int ahead, float *sink) {
+/* GB/s of a kind of pass over `floats` floats, repeated to about `want` bytes (STREAM's count: copy moves two bytes
+ * per byte copied, triad three), on n threads (the calling thread is one of them) */
+static double timed(float *a, float *b, float *c, size_t floats, int n, double want, int kind, float *sink) {
+    double per_sweep = (double)(floats & ~(size_t)31) * sizeof(float) * (kind == COPY ? 2 : kind == TRIAD ? 3 : 1);
+    long sweeps = (long)(want / per_sweep + 0.5);
+    if (sweeps < 1) sweeps = 1;
     pthread_t th[64];
     part parts[64];
     for (int i = 0; i < n; i++) {
-        parts[i] = (part){a, 0, 0, sweeps, ahead, 0.0f};
+        parts[i] = (part){a, b, c, 0, 0, sweeps, kind, 0.0f};
         bench_part(floats, i, n, &parts[i].lo, &parts[i].hi);
     }
     double t0 = bench_now();
@@ -60,7 +80,7 @@ static double timed(const float *a, size_t floats, int n, long sweeps, int ahead
     for (int i = 1; i < n; i++) pthread_join(th[i], NULL);
     double dt = bench_now() - t0;
     for (int i = 0; i < n; i++) *sink += parts[i].sum;
-    return (double)sweeps * (double)(floats & ~(size_t)31) * sizeof(float) / dt / 1e9;
+    return (double)sweeps * per_sweep / dt / 1e9;
 }
 
 /* The round trip of a cache line between two threads on two CPUs. */
@@ -137,14 +157,16 @@ int main(int argc, char **argv) {
         return 2;
     }
     size_t bytes = mib << 20, floats = bytes / sizeof(float);
-    float *a = bench_huge_alloc(bytes);
-    if (!a) {
-        fprintf(stderr, "readpass: cannot allocate %zu MiB\n", mib);
+    size_t stream = (mib < STREAM_MIB ? mib : STREAM_MIB) << 20, stream_floats = stream / sizeof(float);
+    float *a = bench_huge_alloc(bytes), *b = bench_huge_alloc(stream), *c = bench_huge_alloc(stream);
+    if (!a || !b || !c) {
+        fprintf(stderr, "readpass: cannot allocate %zu MiB\n", mib + 2 * (stream >> 20));
         return 1;
     }
     for (size_t i = 0; i < floats; i++) a[i] = 1.0f;
+    for (size_t i = 0; i < stream_floats; i++) b[i] = 2.0f, c[i] = 0.5f;
     float sink = 0.0f;
-    timed(a, floats, threads, 1, 0, &sink); /* a first sweep: every page present before the first request */
+    timed(a, b, c, floats, threads, 1.0, PLAIN, &sink); /* every page present before the first request */
     char line[64];
     while (fgets(line, sizeof line, stdin)) {
         char *end;
@@ -153,13 +175,14 @@ int main(int argc, char **argv) {
             fprintf(stderr, "readpass: expected a positive byte count per line, got %s", line);
             return 2;
         }
-        long sweeps = (long)(want / (double)bytes + 0.5);
-        if (sweeps < 1) sweeps = 1;
-        double plain = timed(a, floats, threads, sweeps, 0, &sink);
-        double ahead = timed(a, floats, threads, sweeps, 1, &sink);
-        printf("%.2f %.2f %.0f\n", plain, ahead, round_trip_ns());
+        double gbs[KINDS];
+        for (int k = 0; k < KINDS; k++)
+            gbs[k] = timed(a, b, c, k == COPY || k == TRIAD ? stream_floats : floats, threads, want, k, &sink);
+        printf("%.2f %.2f %.2f %.2f %.0f\n", gbs[PLAIN], gbs[AHEAD], gbs[COPY], gbs[TRIAD], round_trip_ns());
         fflush(stdout);
     }
     bench_pages_free(a, bytes);
+    bench_pages_free(b, stream);
+    bench_pages_free(c, stream);
     return sink == 12345.0f; /* keeps the sums alive */
 }
