@@ -10,8 +10,8 @@
  * *_huge: each of the four again over arrays on transparent huge pages (2 MiB), as the engine holds a model's
  *        weights when it copies its files. The read ceiling is the fastest of the four reads; STREAM's
  *        bandwidth is the faster of copy and triad, on either page size.
- * Each kernel runs --repeats times over arrays far larger than the caches; the best run is reported, as STREAM
- * does. Prints a table and, with --json FILE, one JSON document.
+ * Each kernel runs --repeats times over arrays far larger than the caches (256 MiB each, or four times the
+ * largest cache where that is more, as STREAM asks); the best run is reported, as STREAM does. Prints a table and, with --json FILE, one JSON document.
  *
  *   cc -O2 -mavx2 -mfma -pthread -Inative/runtime/cpu bench/membw/membw.c -o /tmp/membw && /tmp/membw --json out.json
  */
@@ -27,7 +27,7 @@
 
 #include "read_kernels.h"
 
-static size_t N = (size_t)64 << 20; /* floats per array: 256 MiB each */
+static size_t N; /* floats per array: 256 MiB each, or four times the largest cache (--mib sets it) */
 static int REPEATS = 10;
 
 typedef struct {
@@ -91,6 +91,7 @@ static double measure(int kind, int n, float *a, float *b, float *c) {
 
 int main(int argc, char **argv) {
     const char *json = NULL;
+    N = bench_array_mib(256) << 18;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
         else if (!strcmp(argv[i], "--repeats") && i + 1 < argc) REPEATS = atoi(argv[++i]);

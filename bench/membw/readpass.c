@@ -9,11 +9,11 @@
  *
  * Reads requests from stdin, one per line: a byte count. For each, moves that many bytes (whole sweeps, split
  * across the threads) four ways: read_kernels.h's plain read and its read that requests lines ahead as the decode
- * kernels do, over the buffer; then STREAM's copy (b = c) and triad (a = b + 3c) over two more arrays of up to
- * 512 MiB, their bytes counted as STREAM counts them (membw.c's kernels); then times a cache line bounced between
- * two threads held on the first two CPUs it may run on. Prints one line "PLAIN AHEAD COPY TRIAD ROUND_TRIP" (GB/s,
- * then ns; the round trip 0 with one CPU) and flushes. Between requests it waits on stdin, taking no CPU time from
- * the decode. Exits at end of input.
+ * kernels do, over the buffer; then STREAM's copy (b = c) and triad (a = b + 3c) over two more arrays of 512 MiB
+ * or four times the largest cache (at most the buffer's size), their bytes counted as STREAM counts them
+ * (membw.c's kernels); then times a cache line bounced between two threads held on the first two CPUs it may run
+ * on. Prints one line "PLAIN AHEAD COPY TRIAD ROUND_TRIP" (GB/s, then ns; the round trip 0 with one CPU) and
+ * flushes. Between requests it waits on stdin, taking no CPU time from the decode. Exits at end of input.
  *
  * The round trip tells a shared VM's states apart: on the 2-core development VM it was 44-170 ns while 2 threads
  * read 44-52 GB/s and about 400 ns while they read 60-90 GB/s (two virtual CPUs on different dies: twice the
@@ -34,9 +34,6 @@
 
 #include "read_kernels.h"
 
-/* STREAM's copy and triad run over arrays of this size (or of --mib where that is smaller): far larger than the
- * caches, as STREAM asks, and two of them beside a read buffer the size of a model. */
-enum { STREAM_MIB = 512 };
 
 enum { PLAIN, AHEAD, COPY, TRIAD, KINDS };
 
@@ -157,7 +154,9 @@ int main(int argc, char **argv) {
         return 2;
     }
     size_t bytes = mib << 20, floats = bytes / sizeof(float);
-    size_t stream = (mib < STREAM_MIB ? mib : STREAM_MIB) << 20, stream_floats = stream / sizeof(float);
+    /* STREAM's arrays: 512 MiB or four times the largest cache (bench_array_mib), at most the read buffer's size */
+    size_t stream_mib = bench_array_mib(512), stream = (mib < stream_mib ? mib : stream_mib) << 20;
+    size_t stream_floats = stream / sizeof(float);
     float *a = bench_huge_alloc(bytes), *b = bench_huge_alloc(stream), *c = bench_huge_alloc(stream);
     if (!a || !b || !c) {
         fprintf(stderr, "readpass: cannot allocate %zu MiB\n", mib + 2 * (stream >> 20));
