@@ -108,14 +108,20 @@ def spread(values: list[float]) -> list[float]:
 
 
 def by_state(rounds: list[dict]) -> list[dict]:
-    """The steady pairs of all rounds (the reads on both sides of the decode within 10 % of each other, and their
-    round trips within 1.5x), grouped by the machine's state: where the round trips span more than 3x, in two groups
-    split at their geometric middle (on the development VM, about 50 and about 400 ns: two memory states)."""
+    """The steady pairs of all rounds (the reads on both sides of the decode within 10 % of each other, STREAM's
+    figures too, and their round trips within 1.5x), grouped by the machine's state: where the round trips span
+    more than 3x, in two groups split at their geometric middle (on the development VM, about 50 and about 400 ns:
+    two memory states)."""
     steady = []
     for p in rounds:
         for i, (f, sf) in enumerate(zip(p["fractions"], p["stream_fractions"], strict=True)):
-            (ra, rb), (ta, tb) = p["read_gbs"][i : i + 2], p["round_trip_ns"][i : i + 2]
-            if max(ra, rb) <= 1.1 * min(ra, rb) and max(ta, tb) <= 1.5 * max(min(ta, tb), 1.0):
+            (ra, rb), (sa, sb) = p["read_gbs"][i : i + 2], p["stream_gbs"][i : i + 2]
+            ta, tb = p["round_trip_ns"][i : i + 2]
+            if (
+                max(ra, rb) <= 1.1 * min(ra, rb)
+                and max(sa, sb) <= 1.1 * min(sa, sb)
+                and max(ta, tb) <= 1.5 * max(min(ta, tb), 1.0)
+            ):
                 steady.append({"round_trip_ns": (ta + tb) / 2, "read_gbs": max(ra, rb), "fraction": f,
                                "stream_fraction": sf})  # fmt: skip
     if not steady:

@@ -45,8 +45,9 @@ def test_each_decode_is_compared_with_the_higher_sample_beside_it(fixtures):
 def pairs(reads, trips, decodes):
     """A round as paired() returns it (STREAM's bandwidth at 0.9 of each read)."""
     fractions = [d / max(a, b) for d, a, b in zip(decodes, reads, reads[1:], strict=False)]
-    return {"read_gbs": reads, "round_trip_ns": trips, "decode_gbs": decodes, "fractions": fractions,
-            "stream_fractions": [f / 0.9 for f in fractions]}  # fmt: skip
+    stream = [0.9 * r for r in reads]
+    return {"read_gbs": reads, "stream_gbs": stream, "round_trip_ns": trips, "decode_gbs": decodes,
+            "fractions": fractions, "stream_fractions": [f / 0.9 for f in fractions]}  # fmt: skip
 
 
 def test_steady_pairs_are_grouped_by_the_round_trip():
@@ -63,3 +64,6 @@ def test_steady_pairs_are_grouped_by_the_round_trip():
     one_state = by_state([pairs([50.0, 51.0, 50.0], [45.0, 60.0, 50.0], [40.0, 41.0])])
     assert len(one_state) == 1 and one_state[0]["pairs"] == 2  # round trips within 3x: one group
     assert by_state([pairs([50.0, 80.0], [50.0, 400.0], [45.0])]) == []  # no steady pair
+    flipped = pairs([80.0, 81.0], [400.0, 400.0], [64.0])
+    flipped["stream_gbs"] = [75.0, 45.0]  # the state changed between the read and STREAM's passes of one sample
+    assert by_state([flipped]) == []
