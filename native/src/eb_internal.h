@@ -51,6 +51,10 @@ int eb_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3
 /* How a model's files will be held (*mode: EB_WEIGHTS_MAP or EB_WEIGHTS_COPY) for a requested eb_weights_mode,
  * the files' size, the memory available (0: unknown) and whether huge pages can back advised memory. */
 int eb_weights_choose(int requested, uint64_t file_bytes, uint64_t available, int huge_pages, int *mode);
+/* The least a thread reads of a file being copied (default 64 MiB; 0 restores it), its parts in whole 2 MiB pages
+ * or, where this is smaller, in units of it: tests make it small so that their small files are read by several
+ * threads. */
+void eb_set_copy_min_part(uint64_t bytes);
 
 static inline const eb_runtime *eb_device_runtime(const eb_engine *e, int device) {
     return &e->runtimes[e->devices[device].runtime];

@@ -2,6 +2,8 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -200,6 +202,45 @@ int eb_weights_choose(int requested, uint64_t file_bytes, uint64_t available, in
 /* Read an open file into private memory on 2 MiB boundaries, advised for huge pages, then made read-only as a
  * mapping of the file would be. f->addr and f->map_bytes are set as soon as the memory exists, so a failure
  * part way is freed with the model. */
+/* A file is read into its copy by up to 16 threads, each taking at least eb_copy_min_part bytes of it in whole 2 MiB
+ * pages: the kernel clears each fresh page in the thread that first writes it, so that work is shared, and on a
+ * host of several NUMA nodes each thread's pages lie near it. */
+static uint64_t copy_min_part = (uint64_t)64 << 20;
+
+void eb_set_copy_min_part(uint64_t bytes) { copy_min_part = bytes ? bytes : (uint64_t)64 << 20; }
+
+typedef struct {
+    int fd;
+    unsigned char *dst;
+    uint64_t lo, hi; /* the file's bytes [lo, hi) into dst + lo */
+    uint64_t at;     /* where reading stopped */
+    int error;       /* errno of a failed read, or -1 where the file ended before hi */
+} copy_part;
+
+static void *read_part(void *arg) {
+    copy_part *p = (copy_part *)arg;
+    for (p->at = p->lo; p->at < p->hi;) {
+        uint64_t left = p->hi - p->at;
+        ssize_t got = pread(p->fd, p->dst + p->at, left > (1u << 30) ? (1u << 30) : (size_t)left, (off_t)p->at);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) {
+            p->error = got < 0 ? errno : -1;
+            return NULL;
+        }
+        p->at += (uint64_t)got;
+    }
+    return NULL;
+}
+
+static int copy_threads(uint64_t size) {
+    cpu_set_t set;
+    int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    uint64_t parts = (size + copy_min_part - 1) / copy_min_part;
+    int n = cpus < 16 ? cpus : 16;
+    if ((uint64_t)n > parts) n = (int)parts;
+    return n < 1 ? 1 : n;
+}
+
 static int copy_file(eb_mapped_file *f, int fd) {
     const uint64_t huge = (uint64_t)2 << 20;
     uint64_t bytes = (f->size + huge - 1) / huge * huge;
@@ -214,18 +255,29 @@ static int copy_file(eb_mapped_file *f, int fd) {
     f->addr = (void *)start;
     f->map_bytes = bytes;
     madvise(f->addr, bytes, MADV_HUGEPAGE); /* a kernel without huge pages refuses: the copy is correct anyway */
-    for (uint64_t done = 0; done < f->size;) {
-        uint64_t left = f->size - done;
-        ssize_t got = pread(fd, (unsigned char *)f->addr + done, left > (1u << 30) ? (1u << 30) : (size_t)left,
-                            (off_t)done);
-        if (got < 0 && errno == EINTR) continue;
-        if (got < 0)
-            return eb_fail(EB_ERR_IO, "cannot read '%s' at byte %llu: %s", f->path, (unsigned long long)done,
-                           strerror(errno));
-        if (got == 0)
+    enum { MAX_COPY_THREADS = 16 };
+    copy_part parts[MAX_COPY_THREADS];
+    pthread_t threads[MAX_COPY_THREADS];
+    int n = copy_threads(f->size), started = 1;
+    uint64_t unit = copy_min_part < huge ? copy_min_part : huge; /* parts in whole units: 2 MiB pages but in tests */
+    uint64_t units = (f->size + unit - 1) / unit;
+    for (int i = 0; i < n; i++) {
+        uint64_t lo = units * (uint64_t)i / (uint64_t)n * unit, hi = units * (uint64_t)(i + 1) / (uint64_t)n * unit;
+        parts[i] = (copy_part){fd, f->addr, lo < f->size ? lo : f->size, hi < f->size ? hi : f->size, 0, 0};
+    }
+    for (int i = 1; i < n; i++, started++)
+        if (pthread_create(&threads[i], NULL, read_part, &parts[i]) != 0) break;
+    for (int i = started; i < n; i++) read_part(&parts[i]); /* the parts no thread took */
+    read_part(&parts[0]);
+    for (int i = 1; i < started; i++) pthread_join(threads[i], NULL);
+    for (int i = 0; i < n; i++) { /* the first failure in the file's order */
+        if (parts[i].error > 0)
+            return eb_fail(EB_ERR_IO, "cannot read '%s' at byte %llu: %s", f->path, (unsigned long long)parts[i].at,
+                           strerror(parts[i].error));
+        if (parts[i].error < 0)
             return eb_fail(EB_ERR_IO, "'%s' ended at byte %llu of the %llu it had when opened (is it being "
-                                      "rewritten?)", f->path, (unsigned long long)done, (unsigned long long)f->size);
-        done += (uint64_t)got;
+                                      "rewritten?)", f->path, (unsigned long long)parts[i].at,
+                           (unsigned long long)f->size);
     }
     if (mprotect(f->addr, bytes, PROT_READ) != 0)
         return eb_fail(EB_ERR_MEMORY, "cannot make the copy of '%s' read-only: %s", f->path, strerror(errno));

@@ -323,6 +323,23 @@ static void test_weights_modes(const char *module, const char *file, eb_model_co
         eb_engine_destroy(e);
     }
     CHECK(memcmp(logits[0], logits[1], sizeof logits[0]) == 0, "copied weights give other logits than mapped ones");
+    { /* the copy read by several threads, in parts of 4 KiB units (a file of the real sizes has 2 MiB ones) */
+        eb_set_copy_min_part(4096);
+        eb_engine *e = new_engine(module, 0, 2);
+        eb_model *m = NULL;
+        eb_load_options o = {EB_WEIGHTS_COPY};
+        static float parted[4 * V];
+        CHECK(eb_model_load(e, cfg, files, 1, b->d, b->n, 0, &o, &m) == EB_OK, "load, copy in parts");
+        eb_context *c = NULL;
+        int32_t ids[4] = {3, 17, 42, 5};
+        CHECK(m && eb_context_create(m, 8, 4, &c) == EB_OK && eb_context_eval(c, ids, 4, parted, 1) == EB_OK,
+              "eval, copy in parts");
+        CHECK(memcmp(logits[0], parted, sizeof parted) == 0, "a copy read in parts gives other logits");
+        eb_context_free(c);
+        eb_model_free(m);
+        eb_engine_destroy(e);
+        eb_set_copy_min_part(0);
+    }
     eb_engine *e = new_engine(module, 0, 1);
     eb_model *m = NULL;
     eb_load_options bad = {7};
