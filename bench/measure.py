@@ -143,16 +143,23 @@ def _rounds(text: str) -> int:
     return value
 
 
+def add_model_arguments(ap: argparse.ArgumentParser, threads_default: int = 0, weights: bool = True) -> None:
+    """What every CPU benchmark of the demo model takes: its size, the worker threads, the JSON report, and (unless
+    the script compares the ways itself) how the engine holds the files."""
+    ap.add_argument("--size", default="bench", help="demo model size (default, bench)")
+    ap.add_argument("--threads", type=int, default=threads_default, help="worker threads (0: all cores)")
+    ap.add_argument("--json", help="write the report here")
+    if weights:
+        add_weights_argument(ap)
+
+
 def add_common_arguments(ap: argparse.ArgumentParser, threads_default: int) -> None:
     """The arguments every CPU speed benchmark takes, with the same defaults."""
-    ap.add_argument("--size", default="bench", help="demo model size (default, bench)")
+    add_model_arguments(ap, threads_default)
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "f32"])
     ap.add_argument("--tokens", type=int, default=64, help="decode steps per run")
     ap.add_argument("--prefill", type=int, default=512, help="prompt length for the prefill measurement")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=threads_default, help="worker threads (0: all cores)")
-    ap.add_argument("--json", help="write the report here")
-    add_weights_argument(ap)
     ap.add_argument("--rounds", type=_rounds, default=1,
                     help="measure this many times, interleaving what is compared (a shared machine's speed drifts "
                     "over minutes); the ratios reported are the medians of the rounds' (default 1)")  # fmt: skip

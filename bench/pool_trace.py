@@ -28,7 +28,7 @@ from engine.model import Engine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoints import demo_target  # noqa: E402
-from measure import AVX2_FLAGS, NATIVE, add_weights_argument, run_cc, write_report  # noqa: E402
+from measure import AVX2_FLAGS, NATIVE, add_model_arguments, run_cc, write_report  # noqa: E402
 
 ITEM_SIZES = ((64 << 10, "< 64 KiB"), (256 << 10, "64-256 KiB"), (1 << 20, "256 KiB-1 MiB"), (float("inf"), ">= 1 MiB"))
 KINDS = {1: "parallel run (attention)", 2: "product", 3: "products together", 4: "experts' gate+up, silu"}
@@ -134,13 +134,10 @@ def analyse(runs: list[dict], items: list[dict], t0: int, t1: int, steps: int) -
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size", default="bench", help="demo model size (default, bench)")
+    add_model_arguments(ap)
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "f32"])
     ap.add_argument("--tokens", type=int, default=64, help="decode steps traced")
-    ap.add_argument("--threads", type=int, default=0, help="worker threads (0: all cores)")
-    ap.add_argument("--json", help="write the report here")
     ap.add_argument("--keep-trace", help="copy the raw trace (one line per run and per work item) here")
-    add_weights_argument(ap)
     args = ap.parse_args()
     if args.tokens < 2:
         ap.error(f"--tokens {args.tokens}: expected at least 2")

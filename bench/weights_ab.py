@@ -23,7 +23,7 @@ from engine.model import Engine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoints import demo_target  # noqa: E402
-from measure import decode_speed, write_report  # noqa: E402
+from measure import add_model_arguments, decode_speed, write_report  # noqa: E402
 
 MODES = ("map", "copy")
 
@@ -58,13 +58,11 @@ def compare(dtype: str, args) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size", default="bench", help="demo model size (default, bench)")
+    add_model_arguments(ap, weights=False)  # it loads both ways itself
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "f32"])
     ap.add_argument("--tokens", type=int, default=64, help="decode steps per run")
     ap.add_argument("--repeats", type=int, default=3, help="decodes per mode per round (their median is taken)")
     ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--threads", type=int, default=0, help="worker threads (0: all cores)")
-    ap.add_argument("--json", help="write the report here")
     args = ap.parse_args()
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     rows = [compare(dtype, args) for dtype in args.dtypes]
