@@ -22,7 +22,7 @@ from PySide6.QtCore import QObject, Signal
 from engine.checkpoint import ModelConfig
 from engine.costmodel import Calibration, ModelShape, calibrate, predict_tokens_per_second
 from engine.errors import EngineError
-from engine.model import DeviceInfo, Engine, Model
+from engine.model import WEIGHTS_MODES, DeviceInfo, Engine, Model
 from engine.placement import Placement
 from engine.profile import Profile, fingerprint, load
 from engine.routing import RoutingStats, profile
@@ -224,6 +224,7 @@ class WorkbenchState(QObject):
         self.saved_placement: Placement | None = None
         self.profile_path: Path | None = None  # the profile file the placement was opened from or saved to
         self.profile: Profile | None = None  # that profile (what a save keeps from it: app.profiles)
+        self.weights = "auto"  # how the next model opened is to be held (engine.model.WEIGHTS_MODES)
         self.running = False
         self.live = LiveBuffer()
         self.history: list[RunRecord] = []
@@ -280,7 +281,7 @@ class WorkbenchState(QObject):
 
         demo: a demo size ("default") to build or find in the cache and load instead of target/draft.
         """
-        side = self._side
+        side, weights = self._side, self.weights
 
         def task():
             nonlocal target, draft
@@ -291,13 +292,13 @@ class WorkbenchState(QObject):
 
                 pair = ensure_demo_pair(demo)
                 target, draft = pair.target, (pair.draft if demo_draft else None)
-            new_target = side.engine.load(target, device=primary)
+            new_target = side.engine.load(target, device=primary, weights=weights)
             new_draft = None
             try:
                 if new_target.config.num_experts <= 0:
                     raise EngineError(f"'{target}' is a dense model: it has no experts to place (open an MoE model)")
                 if draft is not None:
-                    new_draft = side.engine.load(draft, device=primary)
+                    new_draft = side.engine.load(draft, device=primary, weights=weights)
                     check_shared_vocabulary(new_target, new_draft)
                 info = new_target.info
                 snapshot = ModelSnapshot(
@@ -612,6 +613,17 @@ class WorkbenchState(QObject):
         self.sigMessage.emit(f"Saved {path}{unchecked}")
         return True
 
+    def set_weights(self, mode: str) -> None:
+        """How the next model opened is held (engine.model.WEIGHTS_MODES); the loaded pair stays as it is."""
+        if mode not in WEIGHTS_MODES:
+            raise ValueError(f"weights mode {mode!r}: expected one of {', '.join(WEIGHTS_MODES)}")
+        if mode == self.weights:
+            return
+        self.weights = mode
+        if self.model is not None:
+            self.sigMessage.emit(f"Weights '{mode}' from the next model opened (the loaded one is held as "
+                                 f"'{self.model.weights}')")  # fmt: skip
+
     def open_profile(self, path: str | Path) -> Profile | None:
         """Read a profile (engine.profile: file:line errors) and put its placement and routing in the editor.
         Refused, with the engine's error in a dialog, when it was made for another model or does not fit it."""
@@ -631,7 +643,8 @@ class WorkbenchState(QObject):
         if wanted not in (None, "auto") and wanted != self.model.weights:
             held = self.model.weights
             self.sigMessage.emit(f"The profile's run.weights is '{wanted}': `expertbench regress` loads the model so; "
-                                 f"here it stays held as '{held}' (the outputs are the same bits)")  # fmt: skip
+                                 f"here it is held as '{held}' (the same bits; File > Hold weights as, then reopen "
+                                 "the model, to match)")  # fmt: skip
         if routing is not None:
             try:
                 self.set_routing(routing)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtCore import QSettings, Qt, Slot
-from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence
+from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
     QApplication,
     QDockWidget,
@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
 
 from engine.errors import EngineError
 from engine.export import LlamaCppExport, to_llama_cpp
+from engine.model import WEIGHTS_MODES
 
 from . import history, theme
 from .devices_panel import DevicesPanel
@@ -39,6 +40,16 @@ def llama_cpp_note(exported: LlamaCppExport) -> str:
     lines += [f"Not expressible: {line}" for line in exported.not_expressible]
     lines += [f"Note: {line}" for line in exported.notes]
     return "\n".join(lines)
+
+
+# File > Hold weights as: what each choice does (README's switch table says the same)
+WEIGHTS_TIPS = {
+    "auto": "copy where transparent huge pages are enabled and the files take at most half of the memory "
+    "available, else map",
+    "map": "memory-map the files: instant load, shared page cache, a model larger than memory still runs",
+    "copy": "read the files into private memory on 2 MiB pages: the CPU streams weights faster, the load reads "
+    "the files",
+}
 
 
 class MainWindow(QMainWindow):
@@ -123,6 +134,20 @@ class MainWindow(QMainWindow):
         m = self.menuBar().addMenu("&File")
         for act in (self.act_open_model, self.act_open_draft, self.act_open_demo):
             m.addAction(act)
+        self.weights_menu = m.addMenu("Hold weights as")
+        self.weights_menu.setToolTipsVisible(True)
+        group = QActionGroup(self)
+        saved = str(self.settings.value("weights", "auto"))
+        self.state.set_weights(saved if saved in WEIGHTS_MODES else "auto")
+        self.act_weights = {}
+        for mode, tip in WEIGHTS_TIPS.items():
+            act = self.weights_menu.addAction(mode)
+            act.setCheckable(True)
+            act.setChecked(mode == self.state.weights)
+            act.setToolTip(tip)
+            act.triggered.connect(lambda _=False, mode=mode: self.set_weights(mode))
+            group.addAction(act)
+            self.act_weights[mode] = act
         m.addSeparator()
         m.addAction(self.act_open_profile)
         self.recent_menu = m.addMenu("Open recent")
@@ -266,6 +291,12 @@ class MainWindow(QMainWindow):
             self._remember_directory(folder)
             if self.confirm_discard():
                 self.state.load_models(self.state.model.target_path, folder)
+
+    def set_weights(self, mode: str) -> None:
+        """How the next model opened is held; kept in the settings."""
+        self.state.set_weights(mode)
+        self.settings.setValue("weights", mode)
+        self.act_weights[mode].setChecked(True)
 
     @Slot()
     def open_demo(self) -> None:

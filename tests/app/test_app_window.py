@@ -249,3 +249,35 @@ def test_expertbench_with_no_command_opens_the_window(monkeypatch):
     calls = []
     monkeypatch.setattr(app, "main", lambda argv=None: calls.append(argv) or 0)
     assert cli.main([]) == 0 and calls == [[]]
+
+
+def test_hold_weights_as_applies_to_the_next_model_opened_and_is_remembered(qtbot, make_window, tmp_path):
+    from app_helpers import DRAFT, TARGET
+    from PySide6.QtCore import QSettings
+
+    from app.window import WEIGHTS_TIPS
+    from engine.model import WEIGHTS_MODES
+
+    window = make_window()
+    state = window.state
+    assert list(window.act_weights) == list(WEIGHTS_MODES) == list(WEIGHTS_TIPS)
+    assert window.act_weights["auto"].isChecked() and state.weights == "auto"
+    held = state.model.weights
+    other = "map" if held == "copy" else "copy"
+    with qtbot.waitSignal(state.sigMessage, timeout=TIMEOUT_MS) as said:
+        window.act_weights[other].trigger()
+    assert f"Weights '{other}' from the next model opened" in said.args[0] and f"held as '{held}'" in said.args[0]
+    assert state.model.weights == held  # the loaded pair is not reloaded behind the user's back
+    state.load_models(TARGET, DRAFT)
+    qtbot.waitUntil(lambda: state.model.weights == other and not state.busy, timeout=TIMEOUT_MS)
+    assert window.act_weights[other].isChecked() and not window.act_weights["auto"].isChecked()
+    again = make_window()  # the same settings file: the choice is remembered
+    assert again.state.weights == other and again.act_weights[other].isChecked()
+    with pytest.raises(ValueError, match="expected one of auto, map, copy"):
+        state.set_weights("huge")
+    bad = QSettings(str(tmp_path / "bad.ini"), QSettings.Format.IniFormat)
+    bad.setValue("weights", "hugepages")
+    bad.sync()
+    assert "hugepages" in (tmp_path / "bad.ini").read_text()
+    damaged = make_window(settings_file="bad.ini")  # a value no mode has: auto
+    assert damaged.state.weights == "auto" and damaged.act_weights["auto"].isChecked()
