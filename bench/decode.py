@@ -13,6 +13,7 @@ decode only reads), and prefill tokens/s for a --prefill-token prompt. Prints a 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -79,7 +80,8 @@ class SustainedRead:
         return self
 
     def __exit__(self, *exc):
-        self.proc.stdin.close()
+        with contextlib.suppress(OSError):  # readpass already gone: its own error is the one to see
+            self.proc.stdin.close()
         self.proc.wait()
 
 
@@ -186,7 +188,8 @@ def against(ceiling_of, per_round: list[dict], tps: list[float], per_token: int)
 
 def measure(dtype: str, args, ceiling, programs: dict[str, Path]) -> dict:
     """One dtype's decode with the read ceiling (ceiling(): bench/membw's report) measured just before and just
-    after it, then the share of runtime operations and prefill."""
+    after it, then --pairs decodes each between two samples of bench/membw/readpass (paired()), the share of
+    runtime operations and prefill."""
     path = demo_target(args.size, dtype)
     with Engine(cpu_threads=args.threads) as eng:
         model = eng.load(path, weights=args.weights)
@@ -196,7 +199,7 @@ def measure(dtype: str, args, ceiling, programs: dict[str, Path]) -> dict:
         speeds, ids = decode_speed(model, prompt, args.tokens, args.repeats, warm=False)
         after = ceiling()
         pairs = None
-        if args.pairs:  # the ceiling sampled beside each decode, over as many bytes (bench/membw/readpass.c)
+        if args.pairs > 0:  # the ceiling sampled beside each decode, over as many bytes (bench/membw/readpass.c)
             with SustainedRead(programs["readpass"], model.info["file_bytes"], eng.devices[0].threads) as reader:
                 pairs = paired(model, prompt, args.tokens, args.pairs, reader)
         # one more decode, the same loop (generate), for the share of its time the device spent in the runtime's
@@ -217,10 +220,17 @@ def measure(dtype: str, args, ceiling, programs: dict[str, Path]) -> dict:
                 "ceiling_before": before, "ceiling_after": after, "paired": pairs}  # fmt: skip
 
 
+def pairs_count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value}: expected 0 (no pairs) or more")
+    return value
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_arguments(ap, threads_default=0)
-    ap.add_argument("--pairs", type=int, default=6,
+    ap.add_argument("--pairs", type=pairs_count, default=6,
                     help="per round and dtype, decodes each between two sustained reads of as many bytes "
                     "(bench/membw/readpass.c); 0 skips them (default 6)")  # fmt: skip
     args = ap.parse_args()

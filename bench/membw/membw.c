@@ -11,7 +11,8 @@
  *        weights when it copies its files. The read ceiling is the fastest of the four reads; STREAM's
  *        bandwidth is the faster of copy and triad, on either page size.
  * Each kernel runs --repeats times over arrays far larger than the caches (256 MiB each, or four times the
- * largest cache where that is more, as STREAM asks); the best run is reported, as STREAM does. Prints a table and, with --json FILE, one JSON document.
+ * largest cache where that is more, as STREAM asks); the best run is reported, as STREAM does. Prints a table
+ * and, with --json FILE, one JSON document.
  *
  *   cc -O2 -mavx2 -mfma -pthread -Inative/runtime/cpu bench/membw/membw.c -o /tmp/membw && /tmp/membw --json out.json
  */

@@ -1,7 +1,7 @@
 /* Sustained reads, copies and triads on request: the ceiling sampled beside each decode, for bench/decode.py's
  * paired rounds.
  *
- * membw.c reports the best of ten 256 MiB passes (3 ms each at 80 GB/s), as STREAM does. On a shared machine whose
+ * membw.c reports the best of ten passes over arrays of 256 MiB or more (3 ms each at 80 GB/s), as STREAM does. On a shared machine whose
  * bandwidth moves from one moment to the next, that best catches the bursts, while a decode of 64 tokens lasts a
  * third of a second. This program holds a buffer on huge pages (as the engine holds a copied checkpoint) and, for
  * each request, moves as many bytes as the decode beside it read, over about as long: the same statistic and the
@@ -72,9 +72,12 @@ static double timed(float *a, float *b, float *c, size_t floats, int n, double w
         bench_part(floats, i, n, &parts[i].lo, &parts[i].hi);
     }
     double t0 = bench_now();
-    for (int i = 1; i < n; i++) pthread_create(&th[i], NULL, sweep, &parts[i]);
+    int started = 1;
+    for (int i = 1; i < n; i++, started++)
+        if (pthread_create(&th[i], NULL, sweep, &parts[i]) != 0) break;
+    for (int i = started; i < n; i++) sweep(&parts[i]); /* the parts no thread took */
     sweep(&parts[0]);
-    for (int i = 1; i < n; i++) pthread_join(th[i], NULL);
+    for (int i = 1; i < started; i++) pthread_join(th[i], NULL);
     double dt = bench_now() - t0;
     for (int i = 0; i < n; i++) *sink += parts[i].sum;
     return (double)sweeps * per_sweep / dt / 1e9;
@@ -91,12 +94,15 @@ static int hold_to(int cpu) {
     return pthread_setaffinity_np(pthread_self(), sizeof set, &set);
 }
 
-/* The ball holds 2i + 1 when thrown for the i-th time and 2i + 2 when caught; -1 when a side gives up. */
+/* The ball holds -2 until the other side is held to its CPU, then 2i + 1 when thrown for the i-th time and 2i + 2
+ * when caught; -1 when a side gives up. */
 static void *bounce_back(void *arg) {
     if (hold_to(*(int *)arg) != 0) {
         atomic_store(&ball, -1);
         return NULL;
     }
+    long ready = -2;
+    if (!atomic_compare_exchange_strong(&ball, &ready, 0)) return NULL; /* the first side gave up already */
     for (long i = 0; i < BOUNCES; i++) {
         long v;
         while ((v = atomic_load_explicit(&ball, memory_order_acquire)) != 2 * i + 1) {
@@ -117,10 +123,12 @@ static double round_trip_ns(void) {
         if (CPU_ISSET(c, &mine)) cpus[n++] = c;
     if (n < 2) return 0.0;
     pthread_t other;
-    atomic_store(&ball, 0);
+    atomic_store(&ball, -2);
     if (pthread_create(&other, NULL, bounce_back, &cpus[1]) != 0) return 0.0;
     double ns = 0.0;
+    long seen;
     if (hold_to(cpus[0]) == 0) {
+        while ((seen = atomic_load(&ball)) == -2) _mm_pause(); /* the other side held to its CPU: start the clock */
         double t0 = bench_now();
         long i = 0;
         for (; i < BOUNCES; i++) {
@@ -131,7 +139,8 @@ static double round_trip_ns(void) {
         }
         if (i == BOUNCES) ns = (bench_now() - t0) / BOUNCES * 1e9;
     } else {
-        atomic_store(&ball, -1); /* not held: the other side stops */
+        seen = -2; /* not held: the other side stops, whether it is ready yet or not */
+        if (!atomic_compare_exchange_strong(&ball, &seen, -1)) atomic_store(&ball, -1);
     }
     pthread_join(other, NULL);
     sched_setaffinity(0, sizeof mine, &mine); /* the reads' threads inherit the whole mask again */
@@ -142,15 +151,22 @@ int main(int argc, char **argv) {
     size_t mib = 256;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--mib") && i + 1 < argc) mib = strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        if (!strcmp(argv[i], "--mib") && i + 1 < argc) {
+            char *end = NULL;
+            const char *v = argv[++i];
+            mib = v[0] >= '0' && v[0] <= '9' ? strtoull(v, &end, 10) : 0;
+            if (mib < 1 || mib > ((size_t)1 << 24) || *end != '\0') {
+                fprintf(stderr, "readpass: --mib must be a whole number of MiB from 1 to 16777216, got '%s'\n", v);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: %s [--mib MiB] [--threads N]  (byte counts on stdin, one per line)\n", argv[0]);
             return 2;
         }
     }
-    if (mib < 1 || threads < 1 || threads > 64) {
-        fprintf(stderr, "readpass: --mib must be at least 1 and --threads 1 to 64 (got %zu, %d)\n", mib, threads);
+    if (threads < 1 || threads > 64) {
+        fprintf(stderr, "readpass: --threads must be 1 to 64, got %d\n", threads);
         return 2;
     }
     size_t bytes = mib << 20, floats = bytes / sizeof(float);
@@ -170,8 +186,9 @@ int main(int argc, char **argv) {
     while (fgets(line, sizeof line, stdin)) {
         char *end;
         double want = strtod(line, &end);
-        if (end == line || want <= 0) {
-            fprintf(stderr, "readpass: expected a positive byte count per line, got %s", line);
+        while (*end == ' ' || *end == '\t' || *end == '\r' || *end == '\n') end++;
+        if (end == line || *end != '\0' || !(want > 0) || want > 1e18) {
+            fprintf(stderr, "readpass: expected a positive byte count per line (at most 1e18), got %s", line);
             return 2;
         }
         double gbs[KINDS];

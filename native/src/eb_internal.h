@@ -55,6 +55,8 @@ int eb_weights_choose(int requested, uint64_t file_bytes, uint64_t available, in
  * or, where this is smaller, in units of it: tests make it small so that their small files are read by several
  * threads. */
 void eb_set_copy_min_part(uint64_t bytes);
+/* How many threads read the last file copied. */
+int eb_copy_threads_used(void);
 
 static inline const eb_runtime *eb_device_runtime(const eb_engine *e, int device) {
     return &e->runtimes[e->devices[device].runtime];

@@ -199,13 +199,14 @@ int eb_weights_choose(int requested, uint64_t file_bytes, uint64_t available, in
     return EB_OK;
 }
 
-/* Read an open file into private memory on 2 MiB boundaries, advised for huge pages, then made read-only as a
- * mapping of the file would be. f->addr and f->map_bytes are set as soon as the memory exists, so a failure
- * part way is freed with the model. */
-/* A file is read into its copy by up to 16 threads, each taking at least eb_copy_min_part bytes of it in whole 2 MiB
- * pages: the kernel clears each fresh page in the thread that first writes it, so that work is shared, and on a
- * host of several NUMA nodes each thread's pages lie near it. */
+/* A file is read into its copy by up to 16 threads (no more than the loading thread may run on), each taking at
+ * least copy_min_part bytes of it in whole 2 MiB pages: the kernel clears each fresh page in the thread that first
+ * writes it, so that work is shared too (on a host of several NUMA nodes the pages spread over the nodes the
+ * threads ran on; the threads are not held to any). */
 static uint64_t copy_min_part = (uint64_t)64 << 20;
+static int copy_threads_used; /* by the last copy (tests) */
+
+int eb_copy_threads_used(void) { return copy_threads_used; }
 
 void eb_set_copy_min_part(uint64_t bytes) { copy_min_part = bytes ? bytes : (uint64_t)64 << 20; }
 
@@ -241,6 +242,9 @@ static int copy_threads(uint64_t size) {
     return n < 1 ? 1 : n;
 }
 
+/* Read an open file into private memory on 2 MiB boundaries, advised for huge pages, then made read-only as a
+ * mapping of the file would be. f->addr and f->map_bytes are set as soon as the memory exists, so a failure
+ * part way is freed with the model. */
 static int copy_file(eb_mapped_file *f, int fd) {
     const uint64_t huge = (uint64_t)2 << 20;
     uint64_t bytes = (f->size + huge - 1) / huge * huge;
@@ -270,6 +274,7 @@ static int copy_file(eb_mapped_file *f, int fd) {
     for (int i = started; i < n; i++) read_part(&parts[i]); /* the parts no thread took */
     read_part(&parts[0]);
     for (int i = 1; i < started; i++) pthread_join(threads[i], NULL);
+    copy_threads_used = started;
     for (int i = 0; i < n; i++) { /* the first failure in the file's order */
         if (parts[i].error > 0)
             return eb_fail(EB_ERR_IO, "cannot read '%s' at byte %llu: %s", f->path, (unsigned long long)parts[i].at,

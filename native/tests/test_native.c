@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -330,6 +331,10 @@ static void test_weights_modes(const char *module, const char *file, eb_model_co
         eb_load_options o = {EB_WEIGHTS_COPY};
         static float parted[4 * V];
         CHECK(eb_model_load(e, cfg, files, 1, b->d, b->n, 0, &o, &m) == EB_OK, "load, copy in parts");
+        cpu_set_t set;
+        int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+        CHECK(eb_copy_threads_used() == (cpus < 16 ? cpus : 16), "the copy read by %d threads, %d CPUs",
+              eb_copy_threads_used(), cpus);
         eb_context *c = NULL;
         int32_t ids[4] = {3, 17, 42, 5};
         CHECK(m && eb_context_create(m, 8, 4, &c) == EB_OK && eb_context_eval(c, ids, 4, parted, 1) == EB_OK,
