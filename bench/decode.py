@@ -5,7 +5,11 @@ decoded token (attention, router, the top-k experts selected, one embedding row,
 its fraction of the read ceiling measured by bench/membw just before and just after that decode (the higher of
 the two: this shared machine's memory speed changes within minutes), its fraction of STREAM's bandwidth measured
 by the same runs (the faster of copy and triad, the ceiling as the issue names it; lower than a pure read, since
-decode only reads), and prefill tokens/s for a --prefill-token prompt. Prints a table and writes JSON.
+decode only reads), and prefill tokens/s for a --prefill-token prompt. Then --pairs decodes, each between two
+samples of bench/membw/readpass (a sustained read and STREAM's copy and triad over as many bytes as the decode
+read, and the core-to-core round trip that tells a shared VM's states apart): each decode against the higher
+sample beside it, and the steady pairs grouped by state, the measurement to quote on a machine whose memory speed
+changes within seconds. Prints a table and writes JSON.
 
     python bench/decode.py --size bench --dtypes bf16 f32 --json bench/results/decode.json
 """
@@ -32,6 +36,7 @@ sys.path.insert(0, str(HERE))
 from checkpoints import demo_target  # noqa: E402
 from measure import (  # noqa: E402
     add_common_arguments,
+    at_least,
     build_c,
     cpu_has_avx2_kernels,
     decode_speed,
@@ -220,17 +225,10 @@ def measure(dtype: str, args, ceiling, programs: dict[str, Path]) -> dict:
                 "ceiling_before": before, "ceiling_after": after, "paired": pairs}  # fmt: skip
 
 
-def pairs_count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value}: expected 0 (no pairs) or more")
-    return value
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_arguments(ap, threads_default=0)
-    ap.add_argument("--pairs", type=pairs_count, default=6,
+    ap.add_argument("--pairs", type=at_least(0), default=6,
                     help="per round and dtype, decodes each between two sustained reads of as many bytes "
                     "(bench/membw/readpass.c); 0 skips them (default 6)")  # fmt: skip
     args = ap.parse_args()

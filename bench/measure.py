@@ -121,12 +121,9 @@ def add_weights_argument(ap: argparse.ArgumentParser) -> None:
 
 def add_gpu_arguments(ap: argparse.ArgumentParser) -> None:
     """The arguments of the GPU benchmarks (gpu_split.py, gpu_primary.py)."""
+    add_model_arguments(ap)
     ap.add_argument("--model", help="model folder (default: the demo target of --size)")
-    ap.add_argument("--size", default="bench")
     ap.add_argument("--gpu", default="cuda:0")
-    ap.add_argument("--threads", type=int, default=0, help="CPU threads (default: all cores)")
-    ap.add_argument("--json", help="write the report here")
-    add_weights_argument(ap)
 
 
 def write_report(path: str | None, report: dict) -> None:
@@ -136,11 +133,16 @@ def write_report(path: str | None, report: dict) -> None:
         Path(path).write_text(json.dumps(report, indent=2))
 
 
-def _rounds(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: expected at least 1")
-    return value
+def at_least(minimum: int):
+    """An argparse type: a whole number of at least minimum."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value}: expected at least {minimum}")
+        return value
+
+    return parse
 
 
 def add_model_arguments(ap: argparse.ArgumentParser, threads_default: int = 0, weights: bool = True) -> None:
@@ -160,6 +162,6 @@ def add_common_arguments(ap: argparse.ArgumentParser, threads_default: int) -> N
     ap.add_argument("--tokens", type=int, default=64, help="decode steps per run")
     ap.add_argument("--prefill", type=int, default=512, help="prompt length for the prefill measurement")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--rounds", type=_rounds, default=1,
+    ap.add_argument("--rounds", type=at_least(1), default=1,
                     help="measure this many times, interleaving what is compared (a shared machine's speed drifts "
                     "over minutes); the ratios reported are the medians of the rounds' (default 1)")  # fmt: skip

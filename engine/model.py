@@ -22,6 +22,7 @@ ARCH_CODES = {"qwen3": 1, "qwen3_moe": 2}
 # advised for transparent huge pages (faster to stream), "map" memory-maps them, "auto" copies where huge pages
 # are enabled and the files take at most half of the memory available.
 WEIGHTS_MODES = {"auto": 0, "map": 1, "copy": 2}
+_WEIGHTS_NAMES = {code: name for name, code in WEIGHTS_MODES.items()}
 
 
 @dataclass(frozen=True)
@@ -245,7 +246,7 @@ class Model(_Handle):
         check(lib.eb_model_get_info(self._live(), info))
         out = {k: getattr(info, k) for k in ("n_layers", "n_moe_layers", "weight_bytes", "expert_bytes",
                                              "bytes_per_token", "file_bytes", "huge_page_bytes")}  # fmt: skip
-        out["weights"] = {v: k for k, v in WEIGHTS_MODES.items()}[info.weights]
+        out["weights"] = _WEIGHTS_NAMES[info.weights]
         return out
 
     # ---- placement -----------------------------------------------------------------------------------

@@ -81,8 +81,8 @@ int main(int argc, char **argv) {
     eb_runtime_entry_fn entry = lib ? (eb_runtime_entry_fn)dlsym(lib, "eb_runtime_module") : NULL;
     const eb_runtime_table *t = entry ? entry() : NULL;
     if (!t || t->abi_version != EB_RUNTIME_ABI_VERSION || !t->matmul || !t->matmul_multi || !t->expert_ffn) {
-        fprintf(stderr, "%s: not a runtime module of ABI %d with matmul_multi and expert_ffn (%s)\n", module, EB_RUNTIME_ABI_VERSION,
-                lib ? "entry or ABI" : dlerror());
+        fprintf(stderr, "%s: not a runtime module of ABI %d with matmul_multi and expert_ffn (%s)\n", module,
+                EB_RUNTIME_ABI_VERSION, lib ? "entry or ABI" : dlerror());
         return 1;
     }
     char err[256] = "";

@@ -46,9 +46,9 @@ static void run_part(job *j) {
     } else if (j->kind == 3) {
         j->sum += read_ahead(j->a, lo, hi);
     } else if (j->kind == 1) {
-        memcpy(j->b + lo, j->a + lo, (hi - lo) * sizeof(float));
+        stream_copy(j->b, j->a, lo, hi);
     } else {
-        for (size_t i = lo; i < hi; i++) j->a[i] = j->b[i] + 3.0f * j->c[i];
+        stream_triad(j->a, j->b, j->c, lo, hi);
     }
 }
 

@@ -1,7 +1,8 @@
-/* What the memory benchmarks share (membw.c, matmul_stream.c, decode_products.c): a clock, a thread's part of an
- * array, memory on huge pages as the engine's copied weights are, and the read kernels: the sum of a[lo, hi) in four 8-lane accumulators, 32 floats at a time (a tail
- * shorter than 32 is left out), with or without each line also requested as far ahead as the decode kernels
- * request their weights (EB_CPU_AHEAD_BYTES, native/runtime/cpu/cpu_kernels.h). AVX2. */
+/* What the memory benchmarks share (membw.c, readpass.c, matmul_stream.c, decode_products.c): a clock, a thread's
+ * part of an array, memory on huge pages as the engine's copied weights are, the size of STREAM's arrays, the
+ * read kernels (the sum of a[lo, hi) in four 8-lane accumulators, 32 floats at a time, a tail shorter than 32 left
+ * out, with or without each line also requested as far ahead as the decode kernels request their weights:
+ * EB_CPU_AHEAD_BYTES, native/runtime/cpu/cpu_kernels.h) and STREAM's copy and triad. AVX2. */
 #ifndef EB_BENCH_READ_KERNELS_H
 #define EB_BENCH_READ_KERNELS_H
 
@@ -116,6 +117,13 @@ static inline float plain_read(const float *a, size_t lo, size_t hi) {
     return lanes_sum(s0, s1, s2, s3);
 }
 
+/* STREAM's copy (dst = src) and triad (a = b + 3c) over [lo, hi). */
+static inline void stream_copy(float *dst, const float *src, size_t lo, size_t hi) {
+    memcpy(dst + lo, src + lo, (hi - lo) * sizeof(float));
+}
+static inline void stream_triad(float *a, const float *b, const float *c, size_t lo, size_t hi) {
+    for (size_t i = lo; i < hi; i++) a[i] = b[i] + 3.0f * c[i];
+}
 static inline float read_ahead(const float *a, size_t lo, size_t hi) {
     __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     for (size_t i = lo; i + 32 <= hi; i += 32) {

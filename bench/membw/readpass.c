@@ -1,9 +1,9 @@
 /* Sustained reads, copies and triads on request: the ceiling sampled beside each decode, for bench/decode.py's
  * paired rounds.
  *
- * membw.c reports the best of ten passes over arrays of 256 MiB or more (3 ms each at 80 GB/s), as STREAM does. On a shared machine whose
- * bandwidth moves from one moment to the next, that best catches the bursts, while a decode of 64 tokens lasts a
- * third of a second. This program holds a buffer on huge pages (as the engine holds a copied checkpoint) and, for
+ * membw.c reports the best of ten passes over arrays of 256 MiB or more (3 ms each at 80 GB/s), as STREAM does.
+ * On a shared machine whose bandwidth moves from one moment to the next, that best catches the bursts, while a
+ * decode of 64 tokens lasts a third of a second. This program holds a buffer on huge pages (as the engine holds a copied checkpoint) and, for
  * each request, moves as many bytes as the decode beside it read, over about as long: the same statistic and the
  * same moment for both.
  *
@@ -51,9 +51,8 @@ static void *sweep(void *arg) {
         switch (p->kind) {
         case PLAIN: p->sum += plain_read(p->a, p->lo, p->hi); break;
         case AHEAD: p->sum += read_ahead(p->a, p->lo, p->hi); break;
-        case COPY: memcpy(p->b + p->lo, p->c + p->lo, (p->hi - p->lo) * sizeof(float)); break;
-        default:
-            for (size_t i = p->lo; i < p->hi; i++) p->a[i] = p->b[i] + 3.0f * p->c[i];
+        case COPY: stream_copy(p->b, p->c, p->lo, p->hi); break;
+        default: stream_triad(p->a, p->b, p->c, p->lo, p->hi);
         }
     }
     return NULL;

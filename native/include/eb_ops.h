@@ -55,8 +55,8 @@ static inline void eb_prefetch_row(const float *row, int64_t hd) {
  * key/value head they share (a GQA group): kc, vc point at that head's first cache row (rows stride kvd apart),
  * and each key and value row is read once per block of up to EB_ATTEND_HEADS of the group's heads, requested a few
  * rows ahead (the cache is in memory, not in the caches, after a step's weights have streamed through). scores
- * has room for g rows of sstride >= p + 1 floats. Each head's arithmetic is that of the head alone (g = 1), in the same order, so the
- * bits do not depend on g. Always inlined, so that a caller built for a wider instruction set (the core's
+ * has room for g rows of sstride >= p + 1 floats. Each head's arithmetic is that of the head alone (g = 1), in
+ * the same order, so the bits do not depend on g. Always inlined, so that a caller built for a wider instruction set (the core's
  * attention) runs it in that set. */
 enum { EB_ATTEND_HEADS = 8, EB_ATTEND_AHEAD = 16 };
 #if defined(__GNUC__)
