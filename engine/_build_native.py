@@ -23,7 +23,7 @@ ffibuilder.cdef(_cdef())
 ffibuilder.set_source(
     "engine._native",
     '#include "expertbench.h"',
-    sources=[str(p.relative_to(ROOT)) for p in sorted((NATIVE / "src").glob("*.c"))],
+    sources=[str(p.relative_to(ROOT)) for p in sorted((NATIVE / "src").glob("**/*.c"))],
     include_dirs=[str(NATIVE / "include"), str(NATIVE / "src")],
     extra_compile_args=["-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-ffp-contract=off"],
     libraries=["dl", "m", "pthread"],

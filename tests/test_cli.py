@@ -170,7 +170,8 @@ def test_devices_lists_every_built_runtime_with_devices_or_its_reason(capsys):
 
 
 def test_console_script_and_module_entry_points():
-    script = shutil.which("expertbench")
+    # on PATH, or beside the interpreter (a virtual environment's bin/, where pip puts it, need not be on PATH)
+    script = shutil.which("expertbench") or shutil.which("expertbench", path=str(Path(sys.executable).parent))
     assert script is not None, "the expertbench console script is not installed"
     for cmd in ([script, "devices"], [sys.executable, "-m", "engine", "devices"]):
         out = subprocess.run(cmd, capture_output=True, text=True, check=True)

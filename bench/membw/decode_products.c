@@ -80,8 +80,8 @@ int main(int argc, char **argv) {
     void *lib = dlopen(module, RTLD_NOW | RTLD_LOCAL);
     eb_runtime_entry_fn entry = lib ? (eb_runtime_entry_fn)dlsym(lib, "eb_runtime_module") : NULL;
     const eb_runtime_table *t = entry ? entry() : NULL;
-    if (!t || t->abi_version != EB_RUNTIME_ABI_VERSION || !t->matmul || !t->matmul_multi || !t->expert_ffn) {
-        fprintf(stderr, "%s: not a runtime module of ABI %d with matmul_multi and expert_ffn (%s)\n", module,
+    if (!t || t->abi_version != EB_RUNTIME_ABI_VERSION || !t->forward || !t->expert_ffn) {
+        fprintf(stderr, "%s: not a runtime module of ABI %d with the forward operations and expert_ffn (%s)\n", module,
                 EB_RUNTIME_ABI_VERSION, lib ? "entry or ABI" : dlerror());
         return 1;
     }
@@ -151,9 +151,10 @@ int main(int argc, char **argv) {
             void **L = w + l * PER_LAYER;
             eb_rt_matmul qkv[3] = {{L[0], dtype, QD, H, x, 1, y}, {L[1], dtype, KVD, H, x, 1, y + QD},
                                    {L[2], dtype, KVD, H, x, 1, y + QD + KVD}};
-            int st = t->matmul_multi(rt, 0, qkv, 3, err, sizeof err);
-            st = st ? st : t->matmul(rt, 0, L[3], dtype, H, QD, x, 1, y, err, sizeof err);
-            st = st ? st : t->matmul(rt, 0, L[4], dtype, EXPERTS, H, x, 1, y, err, sizeof err);
+            eb_rt_matmul o = {L[3], dtype, H, QD, x, 1, y}, router = {L[4], dtype, EXPERTS, H, x, 1, y};
+            int st = t->forward->matmul(rt, 0, NULL, qkv, 3, 0, err, sizeof err);
+            st = st ? st : t->forward->matmul(rt, 0, NULL, &o, 1, 0, err, sizeof err);
+            st = st ? st : t->forward->matmul(rt, 0, NULL, &router, 1, 0, err, sizeof err);
             int chosen[TOP_K];
             for (int k = 0; k < TOP_K; k++) { /* distinct pseudo-random experts, in ascending order as routing's */
                 int e, taken;
@@ -177,7 +178,8 @@ int main(int argc, char **argv) {
                 return 1;
             }
         }
-        if (t->matmul(rt, 0, w[nw - 1], dtype, VOCAB, H, x, 1, y, err, sizeof err)) {
+        eb_rt_matmul lm = {w[nw - 1], dtype, VOCAB, H, x, 1, y};
+        if (t->forward->matmul(rt, 0, NULL, &lm, 1, 0, err, sizeof err)) {
             fprintf(stderr, "%s: %s\n", module, err);
             return 1;
         }

@@ -118,18 +118,19 @@ static inline void eb_attend(const float *q, const float *kc, const float *restr
     eb_attend_group(q, 1, kc, vc, p, kvd, hd, scores, p + 1, o);
 }
 
-/* One row at position p before attention: Qwen3's per-head RMSNorm and rotation of its nh query heads (q) and nkv
- * key heads (k) in place, then its key and value rows into the caches (rows of kvd = nkv * hd floats). */
+/* One row at position p before attention: the per-head RMSNorm (Qwen3's; none when q_norm and k_norm are NULL) and
+ * rotation of its nh query heads (q) and nkv key heads (k) in place, then its key and value rows into the caches
+ * (rows of kvd = nkv * hd floats). */
 static inline void eb_qk_rope_store(float *q, float *k, const float *v, const float *q_norm, const float *k_norm,
                                     const float *rope_cos, const float *rope_sin, float *k_cache, float *v_cache,
                                     int64_t p, int64_t nh, int64_t nkv, int64_t hd, float eps) {
     const float *cs = rope_cos + p * (hd / 2), *sn = rope_sin + p * (hd / 2);
     for (int64_t h = 0; h < nh; h++) {
-        eb_rmsnorm(q + h * hd, q + h * hd, q_norm, hd, eps);
+        if (q_norm) eb_rmsnorm(q + h * hd, q + h * hd, q_norm, hd, eps);
         eb_rope(q + h * hd, cs, sn, hd);
     }
     for (int64_t h = 0; h < nkv; h++) {
-        eb_rmsnorm(k + h * hd, k + h * hd, k_norm, hd, eps);
+        if (k_norm) eb_rmsnorm(k + h * hd, k + h * hd, k_norm, hd, eps);
         eb_rope(k + h * hd, cs, sn, hd);
     }
     memcpy(k_cache + p * nkv * hd, k, (size_t)(nkv * hd) * sizeof(float));
@@ -171,6 +172,35 @@ static inline int64_t eb_next_ascending(const int32_t *ids, int64_t K, int32_t d
     for (int64_t i = 0; i < K; i++)
         if (ids[i] > done && (k < 0 || ids[i] < ids[k])) k = i;
     return k;
+}
+
+/* The combination of row t's expert outputs (the one reduction of a MoE layer on a CPU primary): x += the sum, begun
+ * at 0, over its K selections in ascending expert id of weight * output, an owned expert's output (experts[id].gate
+ * set) read from pair_out row t * K + k and another's from foreign (same row; reference mode). owner_local: the sum
+ * over the owned ones only, plus foreign row t (the other owners' weighted sums; NULL: none). Returns 0 when a
+ * selected expert is not owned and no foreign rows were given (reference mode). */
+#include "eb_runtime.h"
+static inline int eb_moe_combine_row(float *x, int64_t t, int64_t K, int64_t H, const int32_t *topk_id,
+                                     const float *topk_w, const eb_rt_expert *experts, const float *pair_out,
+                                     const float *foreign, int owner_local) {
+    const int32_t *ids = topk_id + t * K;
+    float s[H > 0 ? H : 1];
+    memset(s, 0, (size_t)H * sizeof(float));
+    int32_t done = -1;
+    for (int64_t j = 0; j < K; j++) {
+        int64_t k = eb_next_ascending(ids, K, done);
+        done = ids[k];
+        int owned = experts[ids[k]].gate != NULL;
+        if (!owned && owner_local) continue;
+        if (!owned && !foreign) return 0;
+        const float *row = (owned ? pair_out : foreign) + (t * K + k) * H;
+        float w = topk_w[t * K + k];
+        for (int64_t h = 0; h < H; h++) s[h] += row[h] * w;
+    }
+    if (owner_local && foreign)
+        for (int64_t h = 0; h < H; h++) s[h] += foreign[t * H + h];
+    for (int64_t h = 0; h < H; h++) x[t * H + h] += s[h];
+    return 1;
 }
 
 #endif

@@ -15,7 +15,7 @@
 
 #include "expertbench.h"
 
-#define EB_RUNTIME_ABI_VERSION 3u
+#define EB_RUNTIME_ABI_VERSION 4u
 #define EB_RUNTIME_ENTRY "eb_runtime_module"
 
 #if defined(__GNUC__)
@@ -80,19 +80,22 @@ typedef struct {
     float *y;
 } eb_rt_matmul;
 
-/* ---- the primary's forward pass on a device that cannot read host memory (a GPU) ----------------------
+/* ---- the forward pass: the primary's operations ----------------------------------------------------------
  *
- * Every pointer is device memory of that device unless said otherwise. Every call is queued on the device's
- * stream in order with its other work and returns without waiting, so that the core can capture a decode step
- * into a graph; the core synchronizes (and reads results back) itself. Positions are read from device memory
- * (pos: the position of the first of the n rows) so that one captured step serves every position. */
+ * A module that can be the primary device implements these; the core's one forward driver per model family
+ * calls them whatever the primary is (a CPU device's "device memory" is host memory: its uploads cost nothing).
+ * Every pointer is memory of that device. A call is queued on the device in order with its other work and may
+ * return before it has run (a GPU) or after (a CPU device runs it on the calling thread); the core waits through
+ * copies, events and synchronize. Positions are read from device memory (pos: the position of the first of the n
+ * rows) so that one recorded step serves every position. */
 
-/* Attention of n new rows at positions *pos .. *pos + n - 1 for one layer. */
+/* Attention of n new rows at positions *pos .. *pos + n - 1 for one layer: grouped-query attention with an
+ * optional per-head RMSNorm of q and k (Qwen3) and rotate-half RoPE; k and v go into this layer's cache first. */
 typedef struct {
     float *q;                         /* n rows of n_heads * head_dim; scratch afterwards */
     float *k;                         /* n rows of n_kv_heads * head_dim; scratch afterwards */
     const float *v;                   /* n rows of n_kv_heads * head_dim */
-    const float *q_norm, *k_norm;     /* head_dim each (Qwen3's per-head RMSNorm) */
+    const float *q_norm, *k_norm;     /* head_dim each, or both NULL: no per-head norm */
     const float *rope_cos, *rope_sin; /* n_ctx rows of head_dim / 2 */
     float *k_cache, *v_cache;         /* this layer's: n_ctx rows of n_kv_heads * head_dim */
     const int32_t *pos;
@@ -101,17 +104,22 @@ typedef struct {
     float *out; /* n rows of n_heads * head_dim */
 } eb_rt_attention;
 
-/* The experts of one MoE layer routed on the device. experts: device memory, n_experts entries, indexed by
- * expert id; gate == NULL marks an expert this device does not own (its outputs come in `foreign`).
- *   reference:   x[t] += sum over t's top_k experts in ascending id of weight * output, the sum begun at 0.
- *   owner_local: x[t] += (that sum over the experts this device owns) + foreign[t].
- * foreign: reference: n * top_k rows of hidden (row t * top_k + k: the unweighted output of pair (t, k) when
- * its expert is not owned); owner_local: n rows (the other owners' weighted sums); NULL when every selected
- * expert is owned. pair_out (n * top_k * hidden) and h (n * top_k * inter) are scratch.
- * stats (nullable, 2 entries): += experts run, rows computed. */
+/* The routed experts of one MoE layer that the primary owns, and the combination of every selected expert's
+ * output. experts: device memory, n_experts entries indexed by expert id; gate == NULL marks an expert another
+ * device owns. pair_out: n * top_k rows of hidden, row t * top_k + k holding the unweighted output of pair
+ * (t, k) when its expert is owned; h (n * top_k * inter) is scratch.
+ *   EB_MOE_EXPERTS: compute the owned pairs' rows of pair_out (nothing else is written).
+ *   EB_MOE_COMBINE: reference:   x[t] += sum over t's top_k experts in ascending id of weight * output, the sum
+ *                                begun at 0; an owned pair's output from pair_out, another's from foreign (row
+ *                                t * top_k + k, NULL when every selected expert is owned).
+ *                   owner_local: x[t] += (that sum over the owned experts) + foreign[t] (n rows: the other
+ *                                owners' weighted sums; NULL when there are none).
+ *   EB_MOE_ALL:     EXPERTS then COMBINE, which a module may fuse.
+ * stats (nullable, 2 entries): += experts run, rows computed (EXPERTS and ALL). */
+enum { EB_MOE_ALL = 0, EB_MOE_EXPERTS = 1, EB_MOE_COMBINE = 2 };
 typedef struct {
     const eb_rt_expert *experts;
-    int32_t n_experts, top_k, n, hidden, inter, mode;
+    int32_t n_experts, top_k, n, hidden, inter, mode, phase;
     const float *xn;
     const int32_t *topk_id;
     const float *topk_w;
@@ -129,28 +137,35 @@ typedef struct {
     float eps;
 } eb_rt_norm;
 
-/* A MoE layer's routing: xn = RMSNorm(x) (written), logits = router . xn (scratch), then per row the softmax over
- * n_experts, the top_k (ties to the lower id) renormalised when norm_topk; hits (nullable, n_experts entries)
- * += one per selection. */
+/* How a router turns a row of logits into top_k choices and their weights. */
+enum { EB_ROUTE_SOFTMAX_TOPK = 0 /* softmax over every expert, top_k (ties to the lower id), renormalised when
+                                    norm_topk */ };
+
+/* A MoE layer's routing: xn = RMSNorm(x) (written), logits = router . xn (scratch), then per row the choice that
+ * `scoring` names; hits (nullable, n_experts entries) += one per selection. */
 typedef struct {
     eb_rt_norm norm;
     const void *router;
-    int32_t router_dtype, n_experts, top_k, norm_topk;
+    int32_t router_dtype, n_experts, top_k, scoring, norm_topk;
     float *logits;
     int32_t *topk_id;
     float *topk_w;
     unsigned long long *hits;
 } eb_rt_route;
 
+/* The sizes a model asks of a primary's kernels (checked at load, before any weight is uploaded). */
 typedef struct {
-    /* Whether the module's kernels take a model of this shape (nullable: any): checked at load, before any
-     * weight is uploaded, so that a limit is reported at once and not at the first evaluation. */
-    int (*check_model)(void *rt, int dev, const eb_model_config *cfg, char *err, size_t errlen);
+    int32_t hidden, head_dim, n_heads, n_kv_heads, n_experts, top_k, inter, max_positions;
+} eb_rt_model_shape;
+
+typedef struct {
+    /* Whether the kernels take a model of this shape: a limit is reported at load, not at the first step. */
+    int (*check_model)(void *rt, int dev, const eb_rt_model_shape *shape, char *err, size_t errlen);
     /* x[t] = row ids[t] of the embedding table (dtype), n rows of hidden */
     int (*embed)(void *rt, int dev, const void *table, int dtype, int64_t hidden, const int32_t *ids, int64_t n,
                  float *x, char *err, size_t errlen);
-    /* The products of matmul (y = w x per task), queued; accumulate = 1: y += w x instead. norm (nullable):
-     * first xn = RMSNorm(x), and every task's x is norm->xn (a module may fuse the two). */
+    /* The products of tasks (y = w x per task); accumulate = 1: y += w x (the product first, then one addition per
+     * element). norm (nullable): first xn = RMSNorm(x), and every task's x is norm->xn (a module may fuse them). */
     int (*matmul)(void *rt, int dev, const eb_rt_norm *norm, const eb_rt_matmul *tasks, int n_tasks, int accumulate,
                   char *err, size_t errlen);
     /* y[r][i] += b[i] (broadcast = 1) or b[r][i] (broadcast = 0), rows r < n of dim */
@@ -158,41 +173,45 @@ typedef struct {
                size_t errlen);
     /* g = silu(g) * u, n elements */
     int (*silu_mul)(void *rt, int dev, float *g, const float *u, int64_t n, char *err, size_t errlen);
-    /* q/k norm, rotary embedding, k and v into the cache, then causal attention into out. */
     int (*attention)(void *rt, int dev, const eb_rt_attention *a, char *err, size_t errlen);
     int (*route)(void *rt, int dev, const eb_rt_route *r, char *err, size_t errlen);
     int (*moe)(void *rt, int dev, const eb_rt_moe *b, char *err, size_t errlen);
-    /* Graphs (all four or none: the core then queues each step's work anew). Between graph_begin and graph_end the
-     * calling thread's work queued on dev is recorded instead of run; other threads' work is never recorded (a
-     * GPU module makes them wait, hostsim runs it); graph_launch queues a recorded step. graph_end with
-     * graph == NULL abandons the recording. */
-    int (*graph_begin)(void *rt, int dev, char *err, size_t errlen);
-    int (*graph_end)(void *rt, int dev, void **graph, char *err, size_t errlen);
-    int (*graph_launch)(void *rt, int dev, void *graph, char *err, size_t errlen);
-    void (*graph_free)(void *rt, int dev, void *graph);
-} eb_rt_primary_ops;
+} eb_rt_forward_ops;
 
+/* Graphs: between begin and end the calling thread's work queued on dev is recorded instead of run; other threads'
+ * work is never recorded (a GPU module makes them wait, hostsim runs it); launch queues a recorded step. end with
+ * graph == NULL abandons the recording. */
+typedef struct {
+    int (*begin)(void *rt, int dev, char *err, size_t errlen);
+    int (*end)(void *rt, int dev, void **graph, char *err, size_t errlen);
+    int (*launch)(void *rt, int dev, void *graph, char *err, size_t errlen);
+    void (*free)(void *rt, int dev, void *graph);
+} eb_rt_graph_ops;
+
+/* The table. Its groups: identity and devices, memory and copies, completion events and the experts' FFN are
+ * required of every module; `forward` (the primary's operations) and `graphs` are capability groups, NULL where
+ * the module has none, and complete where it has them. */
 typedef struct eb_runtime_table {
     uint32_t abi_version;          /* EB_RUNTIME_ABI_VERSION */
     uint32_t table_size;           /* sizeof(eb_runtime_table) as the module was built */
     const char *name;              /* "cpu" */
 
+    /* identity and devices */
     int (*init)(const eb_runtime_options *options, void **rt, char *err, size_t errlen);
     void (*shutdown)(void *rt);
     const char *(*kernel_variant)(void *rt);
-
     int (*device_count)(void *rt);
     int (*device_info)(void *rt, int dev, eb_rt_device_info *info, char *err, size_t errlen);
+    /* Nanoseconds the device has spent running kernels since init (monotonic). */
+    uint64_t (*busy_ns)(void *rt, int dev);
 
-    /* Device memory. */
+    /* Device memory, and host memory for staging (pinned where the runtime can). */
     int (*mem_alloc)(void *rt, int dev, size_t bytes, void **ptr, char *err, size_t errlen);
     void (*mem_free)(void *rt, int dev, void *ptr);
-    /* Host memory for staging, pinned where the runtime can. */
     int (*host_alloc)(void *rt, size_t bytes, void **ptr, char *err, size_t errlen);
     void (*host_free)(void *rt, void *ptr);
-
-    /* Copies between host and device memory. async = 1: queued on the device's stream, in order with the
-     * device's other queued work; the source must stay valid until synchronize. */
+    /* Copies between host and device memory. async = 1: queued on the device in order with its other queued work;
+     * the source must stay valid until it has run (an event recorded after it, or synchronize). */
     int (*copy_to_device)(void *rt, int dev, void *dst, const void *src, size_t bytes, int async, char *err,
                           size_t errlen);
     int (*copy_to_host)(void *rt, int dev, void *dst, const void *src, size_t bytes, int async, char *err,
@@ -200,25 +219,21 @@ typedef struct eb_runtime_table {
     /* Wait until everything queued on the device has finished. */
     int (*synchronize)(void *rt, int dev, char *err, size_t errlen);
 
-    /* y[t][r] = sum_c x[t][c] * w[r][c] for t < n, r < rows; w of dtype eb_dtype, x and y f32; synchronous,
-     * host-addressable devices only. Each output element is computed with the same arithmetic whatever n is. */
-    int (*matmul)(void *rt, int dev, const void *w, int dtype, int64_t rows, int64_t cols, const float *x,
-                  int64_t n, float *y, char *err, size_t errlen);
-    /* Several independent products in one pass over the device's threads (one hand-off instead of one each);
-     * synchronous, host-addressable devices only. Results are those of matmul for each. */
-    int (*matmul_multi)(void *rt, int dev, const eb_rt_matmul *tasks, int n_tasks, char *err, size_t errlen);
+    /* Completion events: record queues one on the device after the work queued so far; wait blocks the calling
+     * thread until the device has reached it; time gives when it did, in nanoseconds of the host's
+     * CLOCK_MONOTONIC (for the trace), once waited for. An event is re-recorded freely. */
+    int (*event_create)(void *rt, int dev, void **event, char *err, size_t errlen);
+    void (*event_destroy)(void *rt, int dev, void *event);
+    int (*event_record)(void *rt, int dev, void *event, char *err, size_t errlen);
+    int (*event_wait)(void *rt, int dev, void *event, char *err, size_t errlen);
+    int (*event_time)(void *rt, int dev, void *event, uint64_t *ns, char *err, size_t errlen);
+
     /* The expert FFN down(silu(gate(x)) * up(x)) for an owner's pairs. async = 1: queued on the device;
      * async = 0: done when the call returns (the calling thread may take part). */
     int (*expert_ffn)(void *rt, int dev, const eb_rt_expert_batch *batch, int async, char *err, size_t errlen);
-    /* Run fn(arg, begin, end) over [0, n) in chunks of `chunk` on the device's threads, the caller taking part;
-     * synchronous. Host-addressable devices only (others return EB_ERR_UNSUPPORTED). */
-    int (*parallel_for)(void *rt, int dev, void (*fn)(void *arg, int64_t begin, int64_t end), void *arg, int64_t n,
-                        int64_t chunk);
-    /* Nanoseconds the device has spent running kernels since init (monotonic). */
-    uint64_t (*busy_ns)(void *rt, int dev);
-    /* The primary's forward pass on devices that are not host-addressable; NULL where the module cannot run
-     * it (host-addressable devices run the core's own forward pass). */
-    const eb_rt_primary_ops *primary;
+
+    const eb_rt_forward_ops *forward; /* NULL: the module's devices cannot be the primary */
+    const eb_rt_graph_ops *graphs;    /* NULL: every step is queued anew */
 } eb_runtime_table;
 
 typedef const eb_runtime_table *(*eb_runtime_entry_fn)(void);

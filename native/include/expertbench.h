@@ -235,6 +235,34 @@ int32_t eb_context_capacity(const eb_context *ctx);
 /* A device primary records a one-token step into graphs (one per part between host round trips) and replays them
  * (enabled = 1, the default); 0 queues each step's work anew. Results are the same either way. */
 int eb_context_set_graphs(eb_context *ctx, int32_t enabled);
+/* The per-token trace. Spans are kept per context while enabled (capacity > 0: room for that many; 0 turns it off
+ * and frees it); read moves the oldest up to `room` of them out, and *lost says how many did not fit since the
+ * last read. Times are the host's CLOCK_MONOTONIC in nanoseconds. On a primary whose operations are queued (a GPU),
+ * its spans time the queuing and the waits; its peers' expert spans come from their completion events. */
+typedef enum {
+    EB_SPAN_EMBED = 0,
+    EB_SPAN_ATTENTION = 1, /* norm, q/k/v, attention and the output projection of one layer */
+    EB_SPAN_ROUTE = 2,     /* norm and router of a MoE layer */
+    EB_SPAN_EXPERTS = 3,   /* one owner's routed experts of one layer */
+    EB_SPAN_STAGE = 4,     /* routing and rows read back from the primary, or staged to a peer */
+    EB_SPAN_JOIN = 5,      /* the primary waiting for the peers' completion events */
+    EB_SPAN_COMBINE = 6,   /* the other owners' outputs sent to the primary and the sum in canonical order */
+    EB_SPAN_DENSE = 7,     /* a dense FFN */
+    EB_SPAN_LOGITS = 8,    /* final norm and lm_head */
+    EB_SPAN_GRAPH = 9      /* a recorded part of a step, replayed */
+} eb_span_kind;
+
+typedef struct {
+    uint64_t start_ns, end_ns;
+    int32_t device; /* engine device index */
+    int32_t layer;  /* -1 outside the layers */
+    int32_t token;  /* the position of the step's first row */
+    int32_t kind;   /* eb_span_kind */
+    int32_t rows;   /* rows (positions, or pairs for experts) */
+} eb_trace_span;
+
+int eb_context_set_trace(eb_context *ctx, int64_t capacity);
+int eb_context_read_trace(eb_context *ctx, eb_trace_span *out, int64_t room, int64_t *n_out, int64_t *lost);
 /* EB_CDEF_END */
 
 #ifdef __cplusplus

@@ -62,11 +62,4 @@ static inline const eb_runtime *eb_device_runtime(const eb_engine *e, int device
     return &e->runtimes[e->devices[device].runtime];
 }
 
-/* Several products in one hand-off to the device's threads. */
-int eb_device_matmul_multi(const eb_engine *engine, int device, const eb_rt_matmul *tasks, int n);
-
-/* Run w (dtype, rows x cols) times n rows of x into y on a device. */
-int eb_device_matmul(const eb_engine *engine, int device, const void *w, int dtype, int64_t rows, int64_t cols,
-                     const float *x, int64_t n, float *y);
-
 #endif

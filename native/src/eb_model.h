@@ -38,8 +38,10 @@ typedef struct {
     eb_expert *experts;
 } eb_layer;
 
-/* A primary device that cannot read host memory (a GPU) keeps a copy of every weight but the experts' in its
- * memory (one allocation), and per MoE layer the table of experts its kernels read (owned ones only). */
+/* The primary's view of the weights other than the experts': on a device that cannot read host memory (a GPU) a
+ * copy of each in its memory (one allocation); on a CPU device the weights where they are (uploads cost nothing).
+ * Per MoE layer the table of experts its kernels read (owned ones only), and the routing counters, are in its
+ * memory either way. */
 typedef struct {
     eb_weight q, k, v, o, router, gate, up, down;
     const float *input_norm, *post_norm, *q_norm, *k_norm, *q_bias, *k_bias, *v_bias, *o_bias;
@@ -77,7 +79,8 @@ struct eb_model {
     int32_t *mlp_only;
     int primary;
     int expert_home;    /* where experts start: the primary, or the first CPU device when the primary is a GPU */
-    eb_dev_primary *dp; /* a primary that is not host-addressable, else NULL */
+    int primary_host;   /* the primary reads host memory (a CPU device) */
+    eb_dev_primary *dp; /* the weights as the primary reads them */
     eb_mapped_file *files;
     int n_files;
     eb_weight embed, lm_head;
@@ -87,9 +90,9 @@ struct eb_model {
     eb_counters counters;
     int n_contexts;     /* contexts alive; the model outlives them */
     int free_requested; /* eb_model_free was called while contexts were alive: done when the last goes */
-    uint64_t *route_hits;   /* [layer][expert] */
     uint64_t *route_tokens; /* [layer] */
     uint64_t arena_bytes[EB_MAX_DEVICES]; /* device memory held by contexts' staging arenas */
+    const struct eb_family *family;       /* the model family's forward pass */
 };
 
 /* A staging arena: host memory (pinned where the owner's runtime can) and device memory, grown on demand. */
@@ -106,7 +109,7 @@ typedef struct {
     int staged;          /* inputs went through host staging */
 } eb_owner_step;
 
-/* A device primary's context: buffers in its memory (one allocation) and the step's graph. */
+/* A context's buffers in the primary's memory (one allocation), its pinned host staging and its recorded steps. */
 typedef struct {
     void *mem;
     size_t bytes;
@@ -118,57 +121,59 @@ typedef struct {
     int32_t *host_topk_id;  /* a layer's routing and rows read back, n_batch * top_k and n_batch * hidden */
     float *host_topk_w, *host_xn;
     float *foreign_host;    /* n_batch * top_k rows of hidden: other owners' outputs */
-    void **graphs;          /* per part of a one-token step, by resume layer + 1 (0: the first part): its
-                               recording, or NULL */
-    int *graph_stop;        /* per part: where it ends (queue_part's stop) */
+    void **graphs;          /* per part of a one-token step (between host round trips): its recording, or NULL */
     uint64_t graph_generation; /* the expert tables' generation and the mode the graphs were recorded with */
     int graph_mode;
 } eb_dev_context;
 
+/* One span of the per-token trace: what ran where, when (host CLOCK_MONOTONIC nanoseconds). */
+typedef struct {
+    uint64_t start_ns, end_ns;
+    int32_t device, layer, token, kind, rows;
+} eb_span;
+
 struct eb_context {
     eb_model *model;
     int32_t n_ctx, n_batch, pos, mode, n_devices;
-    float *k_cache, *v_cache;   /* [layer][n_ctx][kv_dim] */
-    float *rope_cos, *rope_sin; /* [n_ctx][head_dim / 2] */
-    /* scratch, n_batch rows each */
-    float *x, *xn, *q, *k, *v, *att, *proj, *gate, *up, *moe_out;
-    float *router, *scores;
-    float *logits; /* one row of vocab_size, for greedy decoding */
-    void (*attend)(void *job, int64_t i0, int64_t i1); /* the CPU primary's attention, chosen at creation */
-    int32_t attend_heads; /* query heads per attention work item: 1, or a whole GQA group */
+    float *rope_cos, *rope_sin; /* [n_ctx][head_dim / 2], host: computed once, uploaded */
+    /* a split MoE layer's routing and rows as the scheduler reads them (the pinned copies in dc) */
+    float *xn, *topk_w;
     int32_t *topk_id;
-    float *topk_w;
-    /* scheduler: per device plans and arenas (index = engine device) */
+    float *logits; /* one row of vocab_size, for greedy decoding */
+    /* scheduler: per device plans, arenas and completion events (index = engine device) */
     eb_arena arena[EB_MAX_DEVICES];
     eb_owner_step step[EB_MAX_DEVICES];
+    void *begun[EB_MAX_DEVICES]; /* a peer's branch: events before and after it, created when first needed */
+    void *done[EB_MAX_DEVICES];
     eb_rt_expert *plan_experts;  /* n_batch * top_k */
     int32_t *plan_start;         /* n_batch * top_k + 1 */
     int32_t *pair_slot;          /* per (token, k): the row of its owner's y */
     int32_t *token_local;        /* per token: its row in the owner's staged x, -1 if none */
-    int32_t *local_tokens;       /* the owner's staged tokens */
-    eb_dev_context *dc;          /* a device primary's buffers, else NULL */
-    int use_graphs;              /* capture one-token steps into a graph where the primary's runtime can */
+    eb_dev_context *dc;          /* the buffers on the primary */
+    int use_graphs;              /* record one-token steps into graphs where the primary's runtime can */
+    /* the trace: spans of the steps since it was enabled, up to trace_cap (then counted in trace_lost) */
+    eb_span *trace;
+    int64_t trace_n, trace_cap, trace_lost;
 };
 
 /* Free the model now (eb_model_free defers to this when no context is alive). */
 void eb_model_release(eb_model *m);
 
-/* The MoE block of one layer for n positions: c->xn in, c->moe_out out. */
-int eb_moe_forward(eb_context *c, int layer, int64_t n);
-/* Run one MoE layer step's experts on their owners from the routing in c->topk_id / c->topk_w and the rows in
- * c->xn (host memory): every owner but inline_dev and skip_dev is queued on its own threads or stream,
- * inline_dev (-1: none) runs on the calling thread meanwhile, then the queued ones are joined. c->step[d] says
- * how many pairs each owner ran and where its outputs are. Counts waits and joins. */
-int eb_run_owners(eb_context *c, const eb_layer *L, int64_t n, int inline_dev, int skip_dev);
+/* The other owners' experts of one MoE layer step, from the routing in c->topk_id / c->topk_w and the rows in
+ * c->xn (host memory): dispatch queues every owner but the primary on its own threads or stream (staging what it
+ * cannot read) and records its completion event; join waits on those events. c->step[d] then says how many pairs
+ * each owner ran and where its outputs are. */
+int eb_dispatch_peers(eb_context *c, const eb_layer *L, int64_t n);
+int eb_join_peers(eb_context *c);
 
-/* A device primary: upload the weights (model load), refresh the expert tables (after a placement), free. */
-int eb_device_primary_init(eb_model *m);
-int eb_device_primary_refresh(eb_model *m);
-void eb_device_primary_release(eb_model *m);
-/* A device primary's context buffers, and one batch of the forward pass on it. */
-int eb_device_context_init(eb_context *c);
-void eb_device_context_release(eb_context *c);
-int eb_device_eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logits, int all_rows);
+/* The weights as the primary reads them (model load), its expert tables (after a placement), free. */
+int eb_primary_init(eb_model *m);
+int eb_primary_refresh(eb_model *m);
+void eb_primary_release(eb_model *m);
+/* A context's buffers on the primary, and one batch of the forward pass. */
+int eb_context_buffers_init(eb_context *c);
+void eb_context_buffers_release(eb_context *c);
+int eb_eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logits, int all_rows);
 
 /* Free staging arenas of a context. */
 void eb_scheduler_release(eb_context *c);

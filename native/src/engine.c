@@ -46,6 +46,28 @@ const char *eb_status_name(int status) {
 
 uint32_t eb_runtime_abi_version(void) { return EB_RUNTIME_ABI_VERSION; }
 
+/* The first entry a module's table lacks, by group (a capability group is absent or complete), or NULL. */
+static const char *table_missing(const eb_runtime_table *t) {
+    if (t->table_size < sizeof(eb_runtime_table)) return "the table is smaller than this core's";
+    if (!t->name || !t->init || !t->shutdown || !t->kernel_variant || !t->device_count || !t->device_info ||
+        !t->busy_ns)
+        return "identity and devices";
+    if (!t->mem_alloc || !t->mem_free || !t->host_alloc || !t->host_free || !t->copy_to_device || !t->copy_to_host ||
+        !t->synchronize)
+        return "memory and copies";
+    if (!t->event_create || !t->event_destroy || !t->event_record || !t->event_wait || !t->event_time)
+        return "events";
+    if (!t->expert_ffn) return "expert_ffn";
+    const eb_rt_forward_ops *f = t->forward;
+    if (f && (!f->check_model || !f->embed || !f->matmul || !f->add || !f->silu_mul || !f->attention || !f->route ||
+              !f->moe))
+        return "the forward group is incomplete";
+    const eb_rt_graph_ops *g = t->graphs;
+    if (g && (!g->begin || !g->end || !g->launch || !g->free)) return "the graphs group is incomplete";
+    if (g && !f) return "graphs without the forward group";
+    return NULL;
+}
+
 int eb_engine_create(eb_engine **out) {
     if (!out) return eb_fail(EB_ERR_ARGUMENT, "eb_engine_create: out is NULL");
     *out = calloc(1, sizeof **out);
@@ -150,11 +172,11 @@ int eb_engine_load_runtime(eb_engine *engine, const char *name, const char *path
         return eb_fail(EB_ERR_MODULE, "runtime module '%s' ('%s') has ABI version %u, expected %u", name, file, got,
                        EB_RUNTIME_ABI_VERSION);
     }
-    if (t->table_size < sizeof(eb_runtime_table) || !t->name || !t->init || !t->shutdown || !t->device_count ||
-        !t->device_info || !t->mem_alloc || !t->mem_free || !t->host_alloc || !t->host_free || !t->copy_to_device ||
-        !t->copy_to_host || !t->synchronize || !t->matmul || !t->matmul_multi || !t->expert_ffn || !t->parallel_for || !t->busy_ns || !t->kernel_variant) {
+    const char *missing = table_missing(t);
+    if (missing) {
         dlclose(dl);
-        return eb_fail(EB_ERR_MODULE, "runtime module '%s' ('%s') has an incomplete function table", name, file);
+        return eb_fail(EB_ERR_MODULE, "runtime module '%s' ('%s') has an incomplete function table: %s", name, file,
+                       missing);
     }
     if (strcmp(t->name, name) != 0) {
         char got[EB_MAX_NAME];
@@ -255,21 +277,3 @@ int eb_engine_find_device(const eb_engine *engine, const char *name, int32_t *in
     return eb_fail(EB_ERR_RANGE, "no device named '%s' (%d devices loaded)", name, engine->n_devices);
 }
 
-int eb_device_matmul_multi(const eb_engine *engine, int device, const eb_rt_matmul *tasks, int n) {
-    const eb_device *d = &engine->devices[device];
-    const eb_runtime *r = &engine->runtimes[d->runtime];
-    char err[512] = "";
-    int st = r->table->matmul_multi(r->rt, d->local, tasks, n, err, sizeof err);
-    if (st) return eb_fail(st, "device %s: %s", d->name, err);
-    return EB_OK;
-}
-
-int eb_device_matmul(const eb_engine *engine, int device, const void *w, int dtype, int64_t rows, int64_t cols,
-                     const float *x, int64_t n, float *y) {
-    const eb_device *d = &engine->devices[device];
-    const eb_runtime *r = &engine->runtimes[d->runtime];
-    char err[512] = "";
-    int st = r->table->matmul(r->rt, d->local, w, dtype, rows, cols, x, n, y, err, sizeof err);
-    if (st) return eb_fail(st, "device %s: %s", d->name, err);
-    return EB_OK;
-}

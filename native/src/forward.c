@@ -1,372 +1,336 @@
-/* The decoding context and the forward pass of Qwen3 / Qwen3-MoE.
+/* The building blocks of the forward pass, the parts of a step between host round trips, and one batch.
  *
- * One function, eval_batch, reads top to bottom like the architecture. Every buffer is allocated when the
- * context is created; evaluating tokens allocates nothing.
+ * Every block queues the primary's operations through its runtime (eb_rt_forward_ops): the same code runs on a
+ * CPU primary (operations run on the calling thread), on hostsim and on a GPU (operations queued on its stream).
  */
-#include <math.h>
+#define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-#include "eb_convert.h"
-#include "eb_ops.h"
-#include "eb_model.h"
+#include "eb_forward.h"
 
-static void *zalloc(size_t n, size_t size, int *failed) {
-    void *p = calloc(n ? n : 1, size);
-    if (!p) *failed = 1;
-    return p;
+const eb_family *eb_family_for(int32_t arch) {
+    return arch == EB_ARCH_QWEN3 || arch == EB_ARCH_QWEN3_MOE ? &eb_family_qwen3 : NULL;
 }
 
-void eb_context_free(eb_context *c) {
-    if (!c) return;
-    eb_scheduler_release(c);
-    eb_device_context_release(c);
-    eb_model *m = c->model;
-    float *bufs[] = {c->k_cache, c->v_cache, c->rope_cos, c->rope_sin, c->x, c->xn, c->q, c->k, c->v, c->att,
-                     c->proj, c->gate, c->up, c->moe_out, c->router, c->scores, c->topk_w, c->logits};
-    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
-    free(c->topk_id);
-    free(c->plan_experts);
-    free(c->plan_start);
-    free(c->pair_slot);
-    free(c->token_local);
-    free(c);
-    if (m && --m->n_contexts == 0 && m->free_requested) eb_model_release(m);
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void (*choose_attention(const eb_model *m))(void *, int64_t, int64_t);
-static int32_t attention_heads_per_item(const eb_model *m);
+/* ---- the trace ----------------------------------------------------------------------------------------- */
 
-int eb_context_create(eb_model *m, int32_t n_ctx, int32_t n_batch, eb_context **out) {
-    if (!m || !out) return eb_fail(EB_ERR_ARGUMENT, "context: NULL argument");
-    *out = NULL;
-    const eb_model_config *cf = &m->cfg;
-    if (n_ctx <= 0 || n_ctx > cf->max_position_embeddings)
-        return eb_fail(EB_ERR_RANGE, "context length %d out of range: expected 1..%d (max_position_embeddings)", n_ctx,
-                       cf->max_position_embeddings);
-    if (n_batch <= 0 || n_batch > 65536)
-        return eb_fail(EB_ERR_RANGE, "batch size %d out of range: expected 1..65536", n_batch);
-    if (n_batch > n_ctx) n_batch = n_ctx;
-    eb_context *c = calloc(1, sizeof *c);
-    if (!c) return eb_fail(EB_ERR_MEMORY, "out of memory");
-    c->model = m;
-    c->attend = choose_attention(m);
-    c->attend_heads = attention_heads_per_item(m);
-    m->n_contexts++; /* eb_context_free gives it back, on the failure paths below too */
-    c->n_ctx = n_ctx;
-    c->n_batch = n_batch;
-    size_t B = (size_t)n_batch, H = (size_t)cf->hidden_size, hd = (size_t)cf->head_dim;
-    size_t qd = (size_t)cf->num_heads * hd, kvd = (size_t)cf->num_kv_heads * hd;
-    size_t I = (size_t)(cf->intermediate_size > cf->moe_intermediate_size ? cf->intermediate_size
-                                                                           : cf->moe_intermediate_size);
-    size_t E = cf->num_experts > 0 ? (size_t)cf->num_experts : 1, K = cf->top_k > 0 ? (size_t)cf->top_k : 1;
-    /* every buffer size below is a product of these: refuse what would overflow size_t */
-    size_t kv_elems, probe;
-    if (__builtin_mul_overflow((size_t)cf->num_layers, (size_t)n_ctx, &kv_elems) ||
-        __builtin_mul_overflow(kv_elems, kvd, &kv_elems) || __builtin_mul_overflow(kv_elems, 2 * sizeof(float), &probe) ||
-        __builtin_mul_overflow(B, qd > I ? (qd > H ? qd : H) : (I > H ? I : H), &probe) ||
-        __builtin_mul_overflow(probe, 4 * sizeof(float), &probe) ||
-        __builtin_mul_overflow((size_t)cf->num_heads, (size_t)n_ctx, &probe) ||
-        __builtin_mul_overflow(probe, sizeof(float), &probe)) {
-        eb_context_free(c);
-        return eb_fail(EB_ERR_RANGE, "a context of %d positions for this model's sizes does not fit in memory", n_ctx);
+static void span(eb_context *c, int device, int layer, int kind, int64_t rows, uint64_t t0, uint64_t t1) {
+    if (!c->trace_cap) return;
+    if (c->trace_n == c->trace_cap) {
+        c->trace_lost++;
+        return;
     }
-    int failed = 0;
-    size_t kv_host = m->dp ? 0 : (size_t)cf->num_layers * (size_t)n_ctx * kvd; /* a device primary's is there */
-    c->k_cache = zalloc(kv_host, sizeof(float), &failed);
-    c->v_cache = zalloc(kv_host, sizeof(float), &failed);
-    c->rope_cos = zalloc((size_t)n_ctx * hd / 2, sizeof(float), &failed);
-    c->rope_sin = zalloc((size_t)n_ctx * hd / 2, sizeof(float), &failed);
-    c->x = zalloc(B * H, sizeof(float), &failed);
-    c->xn = zalloc(B * H, sizeof(float), &failed);
-    c->q = zalloc(B * qd, sizeof(float), &failed);
-    c->k = zalloc(B * kvd, sizeof(float), &failed);
-    c->v = zalloc(B * kvd, sizeof(float), &failed);
-    c->att = zalloc(B * qd, sizeof(float), &failed);
-    c->proj = zalloc(B * H, sizeof(float), &failed);
-    c->gate = zalloc(B * I, sizeof(float), &failed);
-    c->up = zalloc(B * I, sizeof(float), &failed);
-    c->moe_out = zalloc(B * H, sizeof(float), &failed);
-    c->router = zalloc(B * E, sizeof(float), &failed);
-    c->scores = zalloc((size_t)cf->num_heads * (size_t)n_ctx, sizeof(float), &failed);
-    c->logits = zalloc((size_t)cf->vocab_size, sizeof(float), &failed);
-    c->topk_id = zalloc(B * K, sizeof(int32_t), &failed);
-    c->topk_w = zalloc(B * K, sizeof(float), &failed);
-    c->n_devices = m->engine->n_devices;
-    c->plan_experts = zalloc(B * K, sizeof(eb_rt_expert), &failed);
-    c->plan_start = zalloc(B * K + 1, sizeof(int32_t), &failed);
-    c->pair_slot = zalloc(B * K, sizeof(int32_t), &failed);
-    c->token_local = zalloc((size_t)c->n_devices * B, sizeof(int32_t), &failed);
-    if (failed) {
-        eb_context_free(c);
-        return eb_fail(EB_ERR_MEMORY, "out of memory for a context of %d positions", n_ctx);
-    }
-    /* RoPE tables computed as transformers does, in f32: inv_freq = 1 / theta^(2i/d), angle = pos * inv_freq. */
-    size_t half = hd / 2;
-    for (size_t i = 0; i < half; i++) {
-        float inv_freq = 1.0f / powf((float)cf->rope_theta, (float)(2 * i) / (float)hd);
-        for (int32_t p = 0; p < n_ctx; p++) {
-            float angle = (float)p * inv_freq;
-            c->rope_cos[(size_t)p * half + i] = cosf(angle);
-            c->rope_sin[(size_t)p * half + i] = sinf(angle);
-        }
-    }
-    c->use_graphs = 1;
-    if (m->dp) {
-        int st = eb_device_context_init(c);
-        if (st) {
-            eb_context_free(c);
-            return st;
-        }
-    }
-    *out = c;
-    return EB_OK;
+    c->trace[c->trace_n++] = (eb_span){t0, t1, device, layer, c->pos, kind, (int32_t)rows};
 }
 
-int32_t eb_context_position(const eb_context *c) { return c ? c->pos : -1; }
+static uint64_t trace_now(const eb_context *c) { return c->trace_cap ? now_ns() : 0; }
 
-int eb_context_set_mode(eb_context *c, int32_t mode) {
-    if (!c) return eb_fail(EB_ERR_ARGUMENT, "set mode: context is NULL");
-    if (mode != EB_MODE_REFERENCE && mode != EB_MODE_OWNER_LOCAL)
-        return eb_fail(EB_ERR_ARGUMENT, "reduction mode %d: expected %d (reference) or %d (owner_local)", mode,
-                       EB_MODE_REFERENCE, EB_MODE_OWNER_LOCAL);
-    c->mode = mode;
-    return EB_OK;
-}
-int32_t eb_context_capacity(const eb_context *c) { return c ? c->n_ctx : -1; }
+/* ---- parts of a step ------------------------------------------------------------------------------------ */
 
-int eb_context_set_graphs(eb_context *c, int32_t enabled) {
-    if (!c) return eb_fail(EB_ERR_ARGUMENT, "set graphs: context is NULL");
-    if (enabled != 0 && enabled != 1) return eb_fail(EB_ERR_ARGUMENT, "set graphs: %d, expected 0 or 1", enabled);
-    c->use_graphs = enabled;
-    return EB_OK;
-}
+#define OP(s, call)                                                                                              \
+    do {                                                                                                         \
+        int st_ = (s)->replaying ? EB_OK : (call);                                                               \
+        if (st_) return eb_fail(st_, "%s: %s", (s)->name, (s)->err);                                             \
+    } while (0)
 
-int eb_context_truncate(eb_context *c, int32_t pos) {
-    if (!c) return eb_fail(EB_ERR_ARGUMENT, "truncate: context is NULL");
-    if (pos < 0 || pos > c->pos)
-        return eb_fail(EB_ERR_RANGE, "truncate to position %d: expected 0..%d (the current position)", pos, c->pos);
-    c->pos = pos;
-    return EB_OK;
-}
-
-static void add_bias(float *y, const float *bias, int64_t n, int64_t dim) {
-    if (!bias) return;
-    for (int64_t t = 0; t < n; t++)
-        for (int64_t i = 0; i < dim; i++) y[t * dim + i] += bias[i];
-}
-
-static int matmul(eb_context *c, int device, const eb_weight *w, const float *x, int64_t n, float *y) {
-    return eb_device_matmul(c->model->engine, device, w->data, w->dtype, w->rows, w->cols, x, n, y);
-}
-
-typedef struct {
-    eb_context *c;
-    int layer;
-    int64_t n;
-} attention_job;
-
-/* Causal attention of work items [i0, i1) for the n new positions: each item is c->attend_heads query heads of
- * one GQA group, which read their key and value rows once together; each head has its own row of scores. */
-#if defined(__GNUC__)
-__attribute__((always_inline))
-#endif
-static inline void attend_heads(void *arg, int64_t i0, int64_t i1) {
-    const attention_job *j = (const attention_job *)arg;
-    eb_context *c = j->c;
-    const eb_model_config *cf = &c->model->cfg;
-    int64_t hd = cf->head_dim, nh = cf->num_heads, group = cf->num_heads / cf->num_kv_heads, g = c->attend_heads;
-    int64_t qd = nh * hd, kvd = (int64_t)cf->num_kv_heads * hd;
-    const float *kc = c->k_cache + (size_t)j->layer * (size_t)c->n_ctx * (size_t)kvd;
-    const float *vc = c->v_cache + (size_t)j->layer * (size_t)c->n_ctx * (size_t)kvd;
-    for (int64_t i = i0; i < i1; i++) {
-        int64_t h = i * g, kvh = h / group;
-        for (int64_t t = 0; t < j->n; t++)
-            eb_attend_group(c->q + t * qd + h * hd, g, kc + kvh * hd, vc + kvh * hd, c->pos + t, kvd, hd,
-                            c->scores + h * c->n_ctx, c->n_ctx, c->att + t * qd + h * hd);
-    }
-}
-
-static void attention_heads(void *arg, int64_t i0, int64_t i1) { attend_heads(arg, i0, i1); }
-
-/* The same built for AVX2 where the CPU has it: eb_attend_group's sums are written as eight lanes with nothing
- * reassociated or contracted (-ffp-contract=off), so the wider build gives the same bits with half the
- * instructions. Chosen at run time rather than through an ifunc, which the sanitizer runtimes do not survive,
- * and not where the CPU runtime was told to keep to its portable kernels. */
-#if defined(__x86_64__) && defined(__GNUC__)
-#define EB_ATTENTION_AVX2 1
-__attribute__((target("avx2"))) static void attention_heads_avx2(void *arg, int64_t i0, int64_t i1) {
-    attend_heads(arg, i0, i1);
-}
-#endif
-
-/* The build of the attention a context uses: AVX2 where the CPU has it and the primary's runtime was not told to
- * keep to its portable kernels. Chosen once per context, not per layer. */
-static void (*choose_attention(const eb_model *m))(void *, int64_t, int64_t) {
-#ifdef EB_ATTENTION_AVX2
-    const eb_runtime *r = eb_device_runtime(m->engine, m->primary);
-    if (__builtin_cpu_supports("avx2") && strcmp(r->table->kernel_variant(r->rt), "portable") != 0)
-        return attention_heads_avx2;
-#else
-    (void)m;
-#endif
-    return attention_heads;
-}
-
-/* Query heads per attention work item: a whole GQA group (its key and value rows read once per block of eight
- * heads) where there are at least as many groups as the primary has threads, else one head (more items than
- * threads). Either way the bits are the same; only the speed differs. */
-static int32_t attention_heads_per_item(const eb_model *m) {
-    const eb_engine *eng = m->engine;
-    const eb_runtime *r = eb_device_runtime(eng, m->primary);
-    eb_rt_device_info info;
-    char err[64];
-    int32_t groups = m->cfg.num_kv_heads, group = m->cfg.num_heads / m->cfg.num_kv_heads;
-    if (r->table->device_info(r->rt, eng->devices[m->primary].local, &info, err, sizeof err) != 0) return 1;
-    return info.threads <= groups ? group : 1;
-}
-
-static int attention(eb_context *c, int layer, int64_t n) {
-    attention_job job = {c, layer, n};
-    const eb_engine *eng = c->model->engine;
-    const eb_runtime *r = eb_device_runtime(eng, c->model->primary);
-    int64_t items = c->model->cfg.num_heads / c->attend_heads;
-    if (r->table->parallel_for(r->rt, eng->devices[c->model->primary].local, c->attend, &job, items, 1) != EB_OK)
-        c->attend(&job, 0, items);
-    return EB_OK;
-}
-
-/* y = down(silu(gate(x)) * up(x)) for n rows (dense MLP layers, on the primary). */
-static int ffn(eb_context *c, int device, const eb_weight *gate, const eb_weight *up, const eb_weight *down,
-               const float *x, int64_t n, float *y) {
+/* A part begins: replayed from its recording when there is one (its operations then skipped), else recorded. */
+static int part_begin(eb_step *s) {
+    if (!s->graphs) return EB_OK;
+    eb_dev_context *dc = s->c->dc;
+    void *g = dc->graphs[s->part];
     int st;
-    eb_rt_matmul gu[2] = {{gate->data, gate->dtype, gate->rows, gate->cols, x, n, c->gate},
-                          {up->data, up->dtype, up->rows, up->cols, x, n, c->up}};
-    if ((st = eb_device_matmul_multi(c->model->engine, device, gu, 2))) return st;
-    int64_t I = gate->rows;
-    for (int64_t i = 0; i < n * I; i++) c->gate[i] = eb_silu(c->gate[i]) * c->up[i];
-    return matmul(c, device, down, c->gate, n, y);
-}
-
-static void embed_row(const eb_model *m, int32_t id, float *out) {
-    int64_t H = m->cfg.hidden_size;
-    const unsigned char *row = (const unsigned char *)m->embed.data + (size_t)id * (size_t)H * eb_dtype_size(m->embed.dtype);
-    for (int64_t i = 0; i < H; i++) out[i] = eb_load_as_f32(row, m->embed.dtype, i);
-}
-
-/* n <= n_batch positions starting at c->pos; logits rows for all (all_rows) or only the last position. */
-static int eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logits, int all_rows) {
-    const eb_model *m = c->model;
-    const eb_model_config *cf = &m->cfg;
-    int64_t H = cf->hidden_size, hd = cf->head_dim, nh = cf->num_heads, nkv = cf->num_kv_heads;
-    int64_t qd = nh * hd, kvd = nkv * hd;
-    float eps = (float)cf->rms_norm_eps;
-    int dev = m->primary, st;
-
-    for (int64_t t = 0; t < n; t++) embed_row(m, ids[t], c->x + t * H);
-
-    for (int l = 0; l < cf->num_layers; l++) {
-        const eb_layer *L = &m->layers[l];
-        /* attention block */
-        for (int64_t t = 0; t < n; t++) eb_rmsnorm(c->xn + t * H, c->x + t * H, L->input_norm, H, eps);
-        eb_rt_matmul qkv[3] = {{L->q.data, L->q.dtype, L->q.rows, L->q.cols, c->xn, n, c->q},
-                               {L->k.data, L->k.dtype, L->k.rows, L->k.cols, c->xn, n, c->k},
-                               {L->v.data, L->v.dtype, L->v.rows, L->v.cols, c->xn, n, c->v}};
-        if ((st = eb_device_matmul_multi(m->engine, dev, qkv, 3))) return st;
-        add_bias(c->q, L->q_bias, n, qd);
-        add_bias(c->k, L->k_bias, n, kvd);
-        add_bias(c->v, L->v_bias, n, kvd);
-        float *kc = c->k_cache + (size_t)l * (size_t)c->n_ctx * (size_t)kvd;
-        float *vc = c->v_cache + (size_t)l * (size_t)c->n_ctx * (size_t)kvd;
-        for (int64_t t = 0; t < n; t++)
-            eb_qk_rope_store(c->q + t * qd, c->k + t * kvd, c->v + t * kvd, L->q_norm, L->k_norm, c->rope_cos,
-                             c->rope_sin, kc, vc, c->pos + t, nh, nkv, hd, eps);
-        attention(c, l, n);
-        if ((st = matmul(c, dev, &L->o, c->att, n, c->proj))) return st;
-        add_bias(c->proj, L->o_bias, n, H);
-        for (int64_t i = 0; i < n * H; i++) c->x[i] += c->proj[i];
-
-        /* MLP block: dense or mixture of experts */
-        for (int64_t t = 0; t < n; t++) eb_rmsnorm(c->xn + t * H, c->x + t * H, L->post_norm, H, eps);
-        if (L->is_moe) {
-            if ((st = eb_moe_forward(c, l, n))) return st;
-            for (int64_t i = 0; i < n * H; i++) c->x[i] += c->moe_out[i];
-        } else {
-            if ((st = ffn(c, dev, &L->gate, &L->up, &L->down, c->xn, n, c->proj))) return st;
-            for (int64_t i = 0; i < n * H; i++) c->x[i] += c->proj[i];
-        }
+    if (g) {
+        uint64_t t0 = trace_now(s->c);
+        if ((st = s->graphs->launch(s->rt, s->dev, g, s->err, sizeof s->err)))
+            return eb_fail(st, "running the recorded step on %s: %s", s->name, s->err);
+        span(s->c, s->m->primary, -1, EB_SPAN_GRAPH, s->n, t0, trace_now(s->c));
+        s->m->counters.model.graph_launches++;
+        s->replaying = 1;
+        return EB_OK;
     }
-    if (!logits) return EB_OK;
-    int64_t first = all_rows ? 0 : n - 1;
-    for (int64_t t = first; t < n; t++) eb_rmsnorm(c->xn + t * H, c->x + t * H, m->final_norm, H, eps);
-    return matmul(c, dev, &m->lm_head, c->xn + first * H, n - first, logits);
-}
-
-int eb_context_eval(eb_context *c, const int32_t *ids, int32_t n, float *logits, int32_t all_rows) {
-    if (!c || !ids) return eb_fail(EB_ERR_ARGUMENT, "eval: NULL argument");
-    if (n <= 0) return eb_fail(EB_ERR_ARGUMENT, "eval: %d tokens, expected at least one", n);
-    const eb_model_config *cf = &c->model->cfg;
-    for (int32_t i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= cf->vocab_size)
-            return eb_fail(EB_ERR_RANGE, "token id %d (at index %d) out of range: the vocabulary has %d tokens "
-                                         "(ids 0..%d)", ids[i], i, cf->vocab_size, cf->vocab_size - 1);
-    if ((int64_t)c->pos + n > c->n_ctx)
-        return eb_fail(EB_ERR_RANGE, "context of %lld positions is longer than the KV cache (%d positions); "
-                                     "truncate or create a larger context", (long long)c->pos + n, c->n_ctx);
-    int32_t start = c->pos;
-    int64_t V = cf->vocab_size;
-    for (int32_t done = 0; done < n;) {
-        int32_t chunk = n - done < c->n_batch ? n - done : c->n_batch;
-        int last_chunk = done + chunk == n;
-        float *out = NULL;
-        if (logits && all_rows) out = logits + (int64_t)done * V;
-        else if (logits && last_chunk) out = logits;
-        int st = c->dc ? eb_device_eval_batch(c, ids + done, chunk, out, all_rows)
-                       : eval_batch(c, ids + done, chunk, out, all_rows);
-        if (st) {
-            c->pos = start;
-            return st;
-        }
-        c->pos += chunk;
-        done += chunk;
-    }
+    if ((st = s->graphs->begin(s->rt, s->dev, s->err, sizeof s->err)))
+        return eb_fail(st, "recording a step on %s: %s", s->name, s->err);
+    s->recording = 1;
     return EB_OK;
 }
 
-/* The index of the largest value, the first of equal ones; the first NaN where there is one (numpy's argmax). Two
- * branch-light passes (the largest value and whether a NaN is there, then its first index) rather than one that
- * carries the index of the best so far from element to element. */
-static int32_t argmax(const float *v, int32_t n) {
-    float mx = v[0];
-    int nan = 0;
-    for (int32_t i = 0; i < n; i++) {
-        mx = v[i] > mx ? v[i] : mx;
-        nan |= v[i] != v[i];
-    }
-    for (int32_t i = 0; i < n; i++)
-        if (nan ? v[i] != v[i] : v[i] == mx) return i;
-    return 0;
+/* A part ends: a recording is kept and launched (it has not run yet). */
+static int part_end(eb_step *s) {
+    eb_dev_context *dc = s->c->dc;
+    int part = s->part++;
+    s->replaying = 0;
+    if (!s->recording) return EB_OK;
+    void *g = NULL;
+    s->recording = 0;
+    int st = s->graphs->end(s->rt, s->dev, &g, s->err, sizeof s->err);
+    if (st) return eb_fail(st, "recording a step on %s: %s", s->name, s->err);
+    dc->graphs[part] = g;
+    s->m->counters.model.graph_captures++;
+    uint64_t t0 = trace_now(s->c);
+    if ((st = s->graphs->launch(s->rt, s->dev, g, s->err, sizeof s->err)))
+        return eb_fail(st, "running the recorded step on %s: %s", s->name, s->err);
+    span(s->c, s->m->primary, -1, EB_SPAN_GRAPH, s->n, t0, trace_now(s->c));
+    s->m->counters.model.graph_launches++;
+    return EB_OK;
 }
 
-int eb_context_greedy(eb_context *c, int32_t first, int32_t n, const int32_t *stop_ids, int32_t n_stop, int32_t *out,
-                      int32_t *n_out) {
-    if (n_out) *n_out = 0;
-    if (!c || !out || !n_out || (n_stop > 0 && !stop_ids)) return eb_fail(EB_ERR_ARGUMENT, "greedy: NULL argument");
-    if (n < 1) return eb_fail(EB_ERR_ARGUMENT, "greedy: %d tokens to choose, expected at least one", n);
-    if (n_stop < 0) return eb_fail(EB_ERR_ARGUMENT, "greedy: %d stop ids, expected 0 or more", n_stop);
-    int32_t V = c->model->cfg.vocab_size;
-    if (first < 0 || first >= V)
-        return eb_fail(EB_ERR_RANGE, "greedy: first token id %d out of range: the vocabulary has %d tokens (ids 0..%d)",
-                       first, V, V - 1);
-    out[0] = first;
-    *n_out = 1;
-    for (;;) {
-        int32_t last = out[*n_out - 1];
-        for (int32_t i = 0; i < n_stop; i++)
-            if (stop_ids[i] == last) return EB_OK;
-        if (*n_out == n) return EB_OK;
-        int st = eb_context_eval(c, &last, 1, c->logits, 0);
-        if (st) return st;
-        out[(*n_out)++] = argmax(c->logits, V);
+/* ---- blocks --------------------------------------------------------------------------------------------- */
+
+int eb_block_embed(eb_step *s) {
+    const eb_dev_primary *dp = s->m->dp;
+    eb_dev_context *dc = s->c->dc;
+    uint64_t t0 = trace_now(s->c);
+    OP(s, s->ops->embed(s->rt, s->dev, dp->embed.data, dp->embed.dtype, s->m->cfg.hidden_size, dc->ids + 1, s->n,
+                        dc->x, s->err, sizeof s->err));
+    if (!s->replaying) span(s->c, s->m->primary, -1, EB_SPAN_EMBED, s->n, t0, trace_now(s->c));
+    return EB_OK;
+}
+
+static eb_rt_matmul product(const eb_weight *w, const float *x, int64_t n, float *y) {
+    return (eb_rt_matmul){w->data, w->dtype, w->rows, w->cols, x, n, y};
+}
+
+int eb_block_attention(eb_step *s, int l) {
+    const eb_model_config *cf = &s->m->cfg;
+    const eb_dev_layer *D = &s->m->dp->layers[l];
+    eb_dev_context *dc = s->c->dc;
+    int64_t n = s->n, H = cf->hidden_size, qd = (int64_t)cf->num_heads * cf->head_dim;
+    int64_t kvd = (int64_t)cf->num_kv_heads * cf->head_dim;
+    float eps = (float)cf->rms_norm_eps;
+    uint64_t t0 = trace_now(s->c);
+    eb_rt_norm input = {dc->x, D->input_norm, dc->xn, n, H, eps};
+    eb_rt_matmul qkv[3] = {product(&D->q, dc->xn, n, dc->q), product(&D->k, dc->xn, n, dc->k),
+                           product(&D->v, dc->xn, n, dc->v)};
+    OP(s, s->ops->matmul(s->rt, s->dev, &input, qkv, 3, 0, s->err, sizeof s->err));
+    if (D->q_bias) {
+        OP(s, s->ops->add(s->rt, s->dev, dc->q, D->q_bias, n, qd, 1, s->err, sizeof s->err));
+        OP(s, s->ops->add(s->rt, s->dev, dc->k, D->k_bias, n, kvd, 1, s->err, sizeof s->err));
+        OP(s, s->ops->add(s->rt, s->dev, dc->v, D->v_bias, n, kvd, 1, s->err, sizeof s->err));
     }
+    size_t layer_kv = (size_t)l * (size_t)s->c->n_ctx * (size_t)kvd;
+    eb_rt_attention at = {dc->q, dc->k, dc->v, D->q_norm, D->k_norm, dc->rope_cos, dc->rope_sin,
+                          dc->k_cache + layer_kv, dc->v_cache + layer_kv, dc->ids, (int32_t)n, cf->num_heads,
+                          cf->num_kv_heads, cf->head_dim, s->c->n_ctx, eps, dc->att};
+    OP(s, s->ops->attention(s->rt, s->dev, &at, s->err, sizeof s->err));
+    if (D->o_bias) { /* x += (o . att + bias) */
+        eb_rt_matmul o = product(&D->o, dc->att, n, dc->proj);
+        OP(s, s->ops->matmul(s->rt, s->dev, NULL, &o, 1, 0, s->err, sizeof s->err));
+        OP(s, s->ops->add(s->rt, s->dev, dc->proj, D->o_bias, n, H, 1, s->err, sizeof s->err));
+        OP(s, s->ops->add(s->rt, s->dev, dc->x, dc->proj, n, H, 0, s->err, sizeof s->err));
+    } else {
+        eb_rt_matmul o = product(&D->o, dc->att, n, dc->x);
+        OP(s, s->ops->matmul(s->rt, s->dev, NULL, &o, 1, 1, s->err, sizeof s->err));
+    }
+    if (!s->replaying) span(s->c, s->m->primary, l, EB_SPAN_ATTENTION, n, t0, trace_now(s->c));
+    return EB_OK;
+}
+
+int eb_block_dense_ffn(eb_step *s, int l) {
+    const eb_model_config *cf = &s->m->cfg;
+    const eb_dev_layer *D = &s->m->dp->layers[l];
+    eb_dev_context *dc = s->c->dc;
+    int64_t n = s->n;
+    uint64_t t0 = trace_now(s->c);
+    eb_rt_norm post = {dc->x, D->post_norm, dc->xn, n, cf->hidden_size, (float)cf->rms_norm_eps};
+    eb_rt_matmul gu[2] = {product(&D->gate, dc->xn, n, dc->gate), product(&D->up, dc->xn, n, dc->up)};
+    OP(s, s->ops->matmul(s->rt, s->dev, &post, gu, 2, 0, s->err, sizeof s->err));
+    OP(s, s->ops->silu_mul(s->rt, s->dev, dc->gate, dc->up, n * D->gate.rows, s->err, sizeof s->err));
+    eb_rt_matmul down = product(&D->down, dc->gate, n, dc->x);
+    OP(s, s->ops->matmul(s->rt, s->dev, NULL, &down, 1, 1, s->err, sizeof s->err));
+    if (!s->replaying) span(s->c, s->m->primary, l, EB_SPAN_DENSE, n, t0, trace_now(s->c));
+    return EB_OK;
+}
+
+/* A split layer's routing and rows, read back from the primary for the scheduler (pinned host memory). */
+static int read_routing(eb_step *s, int l) {
+    eb_model *m = s->m;
+    eb_dev_context *dc = s->c->dc;
+    const eb_runtime_table *t = s->r->table;
+    int64_t n = s->n, H = m->cfg.hidden_size, K = m->cfg.top_k;
+    size_t id_bytes = (size_t)(n * K) * sizeof(int32_t), w_bytes = (size_t)(n * K) * sizeof(float);
+    int st;
+    if ((st = t->copy_to_host(s->rt, s->dev, dc->host_topk_id, dc->topk_id, id_bytes, 1, s->err, sizeof s->err)) ||
+        (st = t->copy_to_host(s->rt, s->dev, dc->host_topk_w, dc->topk_w, w_bytes, 1, s->err, sizeof s->err)) ||
+        (st = t->copy_to_host(s->rt, s->dev, dc->host_xn, dc->xn, (size_t)(n * H) * sizeof(float), 0, s->err,
+                              sizeof s->err)))
+        return eb_fail(st, "reading layer %d's routing back from %s: %s", l, s->name, s->err);
+    for (int64_t i = 0; i < n * K; i++) /* the host indexes its tables with these: never trust them blindly */
+        if (dc->host_topk_id[i] < 0 || dc->host_topk_id[i] >= m->cfg.num_experts)
+            return eb_fail(EB_ERR_DEVICE, "layer %d's routing on %s chose expert %d, expected 0..%d (NaN activations?)",
+                           l, s->name, dc->host_topk_id[i], m->cfg.num_experts - 1);
+    m->counters.model.host_round_trips++;
+    return EB_OK;
+}
+
+/* The other owners' outputs to the primary: reference mode, each of their pairs' rows (row t * top_k + k);
+ * owner_local, per row the sum of the owners' sums in device order. */
+static int send_foreign(eb_step *s, int l) {
+    eb_context *c = s->c;
+    eb_model *m = s->m;
+    eb_engine *eng = m->engine;
+    eb_dev_context *dc = c->dc;
+    const eb_layer *L = &m->layers[l];
+    int64_t n = s->n, H = m->cfg.hidden_size, K = m->cfg.top_k;
+    float *f = dc->foreign_host;
+    size_t rows;
+    if (c->mode == EB_MODE_REFERENCE) {
+        rows = (size_t)(n * K);
+        for (int64_t i = 0; i < n * K; i++) {
+            int owner = L->experts[c->topk_id[i]].owner;
+            if (owner != m->primary)
+                memcpy(f + i * H, c->step[owner].y + (int64_t)c->pair_slot[i] * H, (size_t)H * sizeof(float));
+        }
+    } else {
+        rows = (size_t)n;
+        memset(f, 0, (size_t)(n * H) * sizeof(float));
+        for (int d = 0; d < eng->n_devices; d++) {
+            const eb_owner_step *o = &c->step[d];
+            if (d == m->primary || o->n_pairs == 0) continue;
+            const int32_t *tl = c->token_local + (size_t)d * (size_t)c->n_batch;
+            for (int64_t t = 0; t < n; t++)
+                if (tl[t] >= 0)
+                    for (int64_t h = 0; h < H; h++) f[t * H + h] += o->y[(int64_t)tl[t] * H + h];
+        }
+    }
+    int st = s->r->table->copy_to_device(s->rt, s->dev, dc->foreign, f, rows * (size_t)H * sizeof(float), 1, s->err,
+                                         sizeof s->err);
+    return st ? eb_fail(st, "sending layer %d's expert outputs to %s: %s", l, s->name, s->err) : EB_OK;
+}
+
+int eb_block_moe(eb_step *s, int l) {
+    eb_context *c = s->c;
+    eb_model *m = s->m;
+    const eb_model_config *cf = &m->cfg;
+    const eb_dev_primary *dp = m->dp;
+    const eb_dev_layer *D = &dp->layers[l];
+    eb_dev_context *dc = c->dc;
+    int64_t n = s->n, E = cf->num_experts, K = cf->top_k;
+    int st, prim = m->primary;
+    uint64_t t0 = trace_now(c);
+    eb_rt_norm post = {dc->x, D->post_norm, dc->xn, n, cf->hidden_size, (float)cf->rms_norm_eps};
+    eb_rt_route r = {post,       D->router.data, D->router.dtype, (int32_t)E,  (int32_t)K,
+                     EB_ROUTE_SOFTMAX_TOPK,      cf->norm_topk_prob, dc->router, dc->topk_id, dc->topk_w,
+                     dp->hits + (size_t)l * (size_t)E};
+    OP(s, s->ops->route(s->rt, s->dev, &r, s->err, sizeof s->err));
+    if (!s->replaying) span(c, prim, l, EB_SPAN_ROUTE, n, t0, trace_now(c));
+    eb_rt_moe b = {D->experts, (int32_t)E, (int32_t)K, (int32_t)n, (int32_t)cf->hidden_size,
+                   cf->moe_intermediate_size, c->mode == EB_MODE_OWNER_LOCAL ? EB_REDUCE_OWNER_LOCAL : EB_REDUCE_REFERENCE,
+                   EB_MOE_ALL, dc->xn, dc->topk_id, dc->topk_w, NULL, dc->pair_out, dc->h, dc->x, dp->stats};
+    if (!D->n_foreign) { /* every expert is the primary's: nothing leaves the device */
+        t0 = trace_now(c);
+        OP(s, s->ops->moe(s->rt, s->dev, &b, s->err, sizeof s->err));
+        if (!s->replaying) span(c, prim, l, EB_SPAN_EXPERTS, n * K, t0, trace_now(c));
+        return EB_OK;
+    }
+    /* the host round trip: the part so far runs, the routing comes back, the peers are dispatched, the primary's own
+     * experts run meanwhile (queued live, outside any recording), then the join */
+    if ((st = part_end(s))) return st;
+    t0 = trace_now(c);
+    if ((st = read_routing(s, l))) return st;
+    span(c, prim, l, EB_SPAN_STAGE, n, t0, trace_now(c));
+    if ((st = eb_dispatch_peers(c, &m->layers[l], n))) return st;
+    t0 = trace_now(c);
+    b.phase = EB_MOE_EXPERTS;
+    if ((st = s->ops->moe(s->rt, s->dev, &b, s->err, sizeof s->err))) {
+        (void)eb_join_peers(c); /* they read this context's buffers: let them finish first */
+        return eb_fail(st, "%s: %s", s->name, s->err);
+    }
+    uint64_t t1 = trace_now(c);
+    span(c, prim, l, EB_SPAN_EXPERTS, n * K, t0, t1);
+    if ((st = eb_join_peers(c))) return st;
+    uint64_t t2 = trace_now(c);
+    span(c, prim, l, EB_SPAN_JOIN, n, t1, t2);
+    if (c->trace_cap) /* each peer's branch, from its events */
+        for (int d = 0; d < m->engine->n_devices; d++) {
+            const eb_runtime *pr = eb_device_runtime(m->engine, d);
+            int local = m->engine->devices[d].local;
+            uint64_t b0, b1;
+            if (d == prim || c->step[d].n_pairs == 0) continue;
+            if (pr->table->event_time(pr->rt, local, c->begun[d], &b0, s->err, sizeof s->err) == EB_OK &&
+                pr->table->event_time(pr->rt, local, c->done[d], &b1, s->err, sizeof s->err) == EB_OK)
+                span(c, d, l, EB_SPAN_EXPERTS, c->step[d].n_pairs, b0, b1);
+        }
+    if ((st = send_foreign(s, l)) || (st = part_begin(s))) return st;
+    b.phase = EB_MOE_COMBINE;
+    b.foreign = dc->foreign;
+    OP(s, s->ops->moe(s->rt, s->dev, &b, s->err, sizeof s->err));
+    if (!s->replaying) span(c, prim, l, EB_SPAN_COMBINE, n, t2, trace_now(c));
+    return EB_OK;
+}
+
+int eb_block_logits(eb_step *s, int64_t first) {
+    const eb_model_config *cf = &s->m->cfg;
+    const eb_dev_primary *dp = s->m->dp;
+    eb_dev_context *dc = s->c->dc;
+    int64_t H = cf->hidden_size;
+    uint64_t t0 = trace_now(s->c);
+    eb_rt_norm final = {dc->x + first * H, dp->final_norm, dc->xn + first * H, s->n - first, H,
+                        (float)cf->rms_norm_eps};
+    eb_rt_matmul lm = product(&dp->lm_head, dc->xn + first * H, s->n - first, dc->logits);
+    OP(s, s->ops->matmul(s->rt, s->dev, &final, &lm, 1, 0, s->err, sizeof s->err));
+    if (!s->replaying) span(s->c, s->m->primary, -1, EB_SPAN_LOGITS, s->n - first, t0, trace_now(s->c));
+    return EB_OK;
+}
+
+/* ---- one batch ------------------------------------------------------------------------------------------ */
+
+int eb_eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logits, int all_rows) {
+    eb_model *m = c->model;
+    eb_engine *eng = m->engine;
+    eb_dev_context *dc = c->dc;
+    const eb_model_config *cf = &m->cfg;
+    const eb_runtime *r = eb_device_runtime(eng, m->primary);
+    eb_step s = {.c = c, .m = m, .r = r, .ops = r->table->forward, .rt = r->rt, .dev = eng->devices[m->primary].local,
+                 .name = eng->devices[m->primary].name, .n = n};
+    int st;
+    if (eng->n_devices > c->n_devices)
+        return eb_fail(EB_ERR_STATE, "a runtime was loaded after this context was created: create a new context");
+    if (m->dp->stale)
+        return eb_fail(EB_ERR_STATE, "the expert tables on %s are out of date after a placement that failed to "
+                                     "finish: set the placement again", s.name);
+    if (n == 1 && c->use_graphs && r->table->graphs) {
+        s.graphs = r->table->graphs;
+        if (dc->graph_generation != m->dp->generation || dc->graph_mode != c->mode) {
+            /* the expert tables changed (so may the parts), or the reduction mode (recorded in the expert steps) */
+            for (int i = 0; i <= cf->num_layers; i++)
+                if (dc->graphs[i]) s.graphs->free(s.rt, s.dev, dc->graphs[i]), dc->graphs[i] = NULL;
+            dc->graph_generation = m->dp->generation;
+            dc->graph_mode = c->mode;
+        }
+    }
+    dc->host_ids[0] = c->pos; /* the position, then the ids: one copy of n + 1 values */
+    memcpy(dc->host_ids + 1, ids, (size_t)n * sizeof *ids);
+    if ((st = r->table->copy_to_device(s.rt, s.dev, dc->ids, dc->host_ids, ((size_t)n + 1) * sizeof(int32_t), 1, s.err,
+                                       sizeof s.err)))
+        return eb_fail(st, "sending token ids to %s: %s", s.name, s.err);
+    int64_t first = all_rows ? 0 : n - 1;
+    st = part_begin(&s);
+    if (!st) st = m->family->forward(&s, first, logits != NULL);
+    if (!st) st = part_end(&s);
+    if (st) { /* let what was queued finish before the staging memory is written again (its error is st's) */
+        char err[512] = "";
+        if (s.recording) (void)s.graphs->end(s.rt, s.dev, NULL, err, sizeof err);
+        (void)r->table->synchronize(s.rt, s.dev, err, sizeof err);
+        return st;
+    }
+    for (int l = 0; l < cf->num_layers; l++)
+        if (m->layers[l].is_moe) {
+            m->route_tokens[l] += (uint64_t)n;
+            m->counters.model.layer_steps++;
+        }
+    if (logits)
+        st = r->table->copy_to_host(s.rt, s.dev, logits, dc->logits,
+                                    (size_t)(n - first) * (size_t)cf->vocab_size * sizeof(float), 0, s.err,
+                                    sizeof s.err);
+    else
+        st = r->table->synchronize(s.rt, s.dev, s.err, sizeof s.err);
+    return st ? eb_fail(st, "%s: %s", s.name, s.err) : EB_OK;
 }

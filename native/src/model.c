@@ -13,7 +13,7 @@
 
 #include "eb_convert.h"
 #include "eb_internal.h"
-#include "eb_model.h"
+#include "eb_forward.h"
 
 #define EB_MAX_DIM (1 << 20)
 
@@ -383,7 +383,7 @@ void eb_model_free(eb_model *m) {
 
 void eb_model_release(eb_model *m) {
     eb_placement_release(m);
-    eb_device_primary_release(m);
+    eb_primary_release(m);
     if (m->layers) {
         for (int l = 0; l < m->cfg.num_layers; l++) {
             eb_layer *L = &m->layers[l];
@@ -400,7 +400,6 @@ void eb_model_release(eb_model *m) {
         free(m->layers);
     }
     free(m->final_norm);
-    free(m->route_hits);
     free(m->route_tokens);
     for (int i = 0; i < m->n_files; i++) {
         if (m->files[i].addr) munmap(m->files[i].addr, m->files[i].map_bytes);
@@ -510,19 +509,19 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
     if ((st = rt->table->device_info(rt->rt, dev->local, &rinfo, err, sizeof err)) != 0)
         return eb_fail(st, "device %s: %s", dev->name, err);
     int home = primary_device;
+    const eb_family *family = eb_family_for(config->arch);
+    if (!rt->table->forward)
+        return eb_fail(EB_ERR_UNSUPPORTED, "primary device %s: the '%s' runtime cannot run the forward pass "
+                                           "(attention, router, norms); choose a CPU device or a GPU runtime",
+                       dev->name, rt->name);
+    eb_rt_model_shape shape = {config->hidden_size, config->head_dim, config->num_heads, config->num_kv_heads,
+                               config->num_experts, config->top_k,
+                               config->moe_intermediate_size > config->intermediate_size ? config->moe_intermediate_size
+                                                                                          : config->intermediate_size,
+                               config->max_position_embeddings};
+    if ((st = rt->table->forward->check_model(rt->rt, dev->local, &shape, err, sizeof err)) != 0)
+        return eb_fail(st, "primary device %s: %s", dev->name, err);
     if (!rinfo.host_addressable) {
-        const eb_rt_primary_ops *ops = rt->table->primary;
-        if (!ops || !ops->embed || !ops->matmul || !ops->add || !ops->silu_mul || !ops->attention ||
-            !ops->route || !ops->moe)
-            return eb_fail(EB_ERR_UNSUPPORTED, "primary device %s: the '%s' runtime cannot run the forward pass "
-                                               "(attention, router, norms); choose a CPU device or a GPU runtime",
-                           dev->name, rt->name);
-        int graphs = !!ops->graph_begin + !!ops->graph_end + !!ops->graph_launch + !!ops->graph_free;
-        if (graphs != 0 && graphs != 4)
-            return eb_fail(EB_ERR_MODULE, "runtime module '%s': %d of the 4 graph operations; expected all or none",
-                           rt->name, graphs);
-        if (ops->check_model && (st = ops->check_model(rt->rt, dev->local, config, err, sizeof err)) != 0)
-            return eb_fail(st, "primary device %s: %s", dev->name, err);
         /* experts start in host memory (the first CPU device); a placement moves them */
         for (home = 0; home < engine->n_devices && !engine->devices[home].host_addressable; home++) {
         }
@@ -537,6 +536,8 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
     engine->n_models++;
     m->cfg = *config;
     m->primary = primary_device;
+    m->primary_host = rinfo.host_addressable;
+    m->family = family;
     m->expert_home = home;
     if (config->n_mlp_only_layers > 0) {
         m->mlp_only = malloc((size_t)config->n_mlp_only_layers * sizeof *m->mlp_only);
@@ -573,9 +574,8 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
         goto fail;
     }
     m->layers = calloc((size_t)c->num_layers, sizeof *m->layers);
-    m->route_hits = calloc((size_t)c->num_layers * (size_t)(c->num_experts > 0 ? c->num_experts : 1), sizeof(uint64_t));
     m->route_tokens = calloc((size_t)c->num_layers, sizeof(uint64_t));
-    if (!m->layers || !m->route_hits || !m->route_tokens) {
+    if (!m->layers || !m->route_tokens) {
         st = eb_fail(EB_ERR_MEMORY, "out of memory");
         goto fail;
     }
@@ -586,7 +586,7 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
     m->info.primary_device = primary_device;
     compute_bytes_per_token(m);
     m->counters.dev[home].weight_bytes += m->info.expert_bytes; /* every expert starts at its home */
-    if (!rinfo.host_addressable && (st = eb_device_primary_init(m))) {
+    if ((st = eb_primary_init(m))) {
         eb_model_free(m);
         return st;
     }

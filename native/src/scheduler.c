@@ -196,7 +196,7 @@ int eb_model_set_placement(eb_model *m, const int32_t *owners, int64_t n) {
     }
     free(fresh);
     refresh_weight_counters(m);
-    return m->dp ? eb_device_primary_refresh(m) : EB_OK;
+    return eb_primary_refresh(m);
 }
 
 void eb_placement_release(eb_model *m) {
@@ -235,7 +235,7 @@ int eb_model_device_counters(const eb_model *m, int32_t device, eb_device_counte
         return eb_fail(EB_ERR_RANGE, "device index %d out of range (%d devices)", device, m->engine->n_devices);
     *out = m->counters.dev[device];
     out->allocated_bytes += m->arena_bytes[device];
-    if (m->dp && device == m->primary) {
+    if (device == m->primary) {
         /* the primary's own experts are counted on the device */
         unsigned long long stats[2];
         int st = device_read(m, stats, m->dp->stats, sizeof stats);
@@ -257,10 +257,8 @@ int eb_model_get_counters(const eb_model *m, eb_model_counters *out) {
 
 void eb_model_reset_counters(eb_model *m) {
     if (!m) return;
-    if (m->dp) {
-        unsigned long long zero[2] = {0, 0};
-        device_write(m, m->dp->stats, zero, sizeof zero);
-    }
+    unsigned long long zero[2] = {0, 0};
+    device_write(m, m->dp->stats, zero, sizeof zero);
     for (int d = 0; d < EB_MAX_DEVICES; d++) {
         eb_device_counters *c = &m->counters.dev[d];
         c->experts_run = c->rows = c->bytes_to_device = c->bytes_from_device = c->waits = 0;
@@ -276,12 +274,8 @@ int eb_model_routing_counts(const eb_model *m, uint64_t *hits, int64_t n_hits, u
         if (n_hits != want)
             return eb_fail(EB_ERR_ARGUMENT, "routing counts: room for %lld entries, expected %lld", (long long)n_hits,
                            (long long)want);
-        if (m->dp) {
-            int st = device_read(m, hits, m->dp->hits, (size_t)want * sizeof *hits);
-            if (st) return st;
-        } else {
-            memcpy(hits, m->route_hits, (size_t)want * sizeof *hits);
-        }
+        int st = device_read(m, hits, m->dp->hits, (size_t)want * sizeof *hits);
+        if (st) return st;
     }
     if (tokens) {
         if (n_layers != m->cfg.num_layers)
@@ -294,14 +288,10 @@ int eb_model_routing_counts(const eb_model *m, uint64_t *hits, int64_t n_hits, u
 
 void eb_model_reset_routing(eb_model *m) {
     if (!m) return;
-    if (m->dp) {
-        size_t bytes = (size_t)m->cfg.num_layers * (size_t)m->cfg.num_experts * sizeof *m->dp->hits;
-        unsigned long long *zero = calloc(1, bytes);
-        if (zero) device_write(m, m->dp->hits, zero, bytes);
-        free(zero);
-    }
-    memset(m->route_hits, 0, (size_t)m->cfg.num_layers * (size_t)(m->cfg.num_experts > 0 ? m->cfg.num_experts : 1) *
-                                 sizeof *m->route_hits);
+    size_t bytes = (size_t)m->cfg.num_layers * (size_t)m->cfg.num_experts * sizeof *m->dp->hits;
+    unsigned long long *zero = calloc(1, bytes ? bytes : 1);
+    if (zero) device_write(m, m->dp->hits, zero, bytes);
+    free(zero);
     memset(m->route_tokens, 0, (size_t)m->cfg.num_layers * sizeof *m->route_tokens);
 }
 
@@ -356,16 +346,18 @@ static int grow(eb_context *c, int d, size_t host_bytes, size_t dev_bytes) {
     return EB_OK;
 }
 
-/* softmax over the experts in f32, top-k (ties to the lower id), optional renormalisation. */
-static void route(eb_context *c, int64_t n) {
-    const eb_model_config *cf = &c->model->cfg;
-    int64_t E = cf->num_experts, K = cf->top_k;
-    for (int64_t t = 0; t < n; t++)
-        eb_route_row(c->router + t * E, E, K, cf->norm_topk_prob, c->topk_id + t * K, c->topk_w + t * K);
+/* A device's event in *slot, created the first time (a context's events are kept until it is freed). */
+static int event(eb_context *c, int d, void **slot) {
+    if (*slot) return EB_OK;
+    eb_engine *eng = c->model->engine;
+    const eb_runtime *r = eb_device_runtime(eng, d);
+    char err[512] = "";
+    int st = r->table->event_create(r->rt, eng->devices[d].local, slot, err, sizeof err);
+    return st ? eb_fail(st, "an event on %s: %s", eng->devices[d].name, err) : EB_OK;
 }
 
 /* Build one owner's plan (experts ascending, their pairs, its staged tokens), stage and submit its branch. */
-static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int inline_run) {
+static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n) {
     eb_model *m = c->model;
     eb_engine *eng = m->engine;
     const eb_model_config *cf = &m->cfg;
@@ -438,6 +430,9 @@ static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int 
                             .inter = (int32_t)I, .mode = owner_local ? EB_REDUCE_OWNER_LOCAL : EB_REDUCE_REFERENCE};
     char err[512] = "";
     eb_device_counters *ctr = &m->counters.dev[d];
+    if ((st = event(c, d, &c->begun[d])) || (st = event(c, d, &c->done[d]))) return st;
+    if ((st = r->table->event_record(r->rt, local, c->begun[d], err, sizeof err)))
+        return eb_fail(st, "layer experts on %s: %s", eng->devices[d].name, err);
     ctr->experts_run += (uint64_t)ne;
     ctr->rows += (uint64_t)n_pairs;
     if (!staged) {
@@ -447,7 +442,7 @@ static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int 
         b.y = s->y;
         b.scratch = hb + in_bytes + y_bytes;
         b.scratch_bytes = scratch;
-        st = r->table->expert_ffn(r->rt, local, &b, !inline_run, err, sizeof err);
+        st = r->table->expert_ffn(r->rt, local, &b, 1, err, sizeof err);
     } else {
         unsigned char *db = (unsigned char *)c->arena[d].dev;
         b.x = (const float *)db;
@@ -463,82 +458,36 @@ static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int 
         ctr->bytes_to_device += in_bytes;
         ctr->bytes_from_device += y_used;
     }
+    if (!st) st = r->table->event_record(r->rt, local, c->done[d], err, sizeof err);
     if (st) return eb_fail(st, "layer experts on %s: %s", eng->devices[d].name, err);
     return EB_OK;
 }
 
-int eb_run_owners(eb_context *c, const eb_layer *L, int64_t n, int inline_dev, int skip_dev) {
+int eb_dispatch_peers(eb_context *c, const eb_layer *L, int64_t n) {
+    eb_model *m = c->model;
+    eb_engine *eng = m->engine;
+    int st = EB_OK;
+    for (int d = 0; d < eng->n_devices; d++) c->step[d].n_pairs = 0;
+    for (int d = 0; d < eng->n_devices && st == EB_OK; d++)
+        if (d != m->primary) st = submit_owner(c, L, d, n);
+    if (st) (void)eb_join_peers(c); /* what was queued reads this context's buffers: let it finish */
+    return st;
+}
+
+int eb_join_peers(eb_context *c) {
     eb_model *m = c->model;
     eb_engine *eng = m->engine;
     int peers = 0, first_error = EB_OK, st;
-    for (int d = 0; d < eng->n_devices; d++) c->step[d].n_pairs = 0;
-    /* every owner queued first, then the inline one on this thread while they run, then the join */
-    for (int d = 0; d < eng->n_devices && first_error == EB_OK; d++) {
-        if (d == inline_dev || d == skip_dev) continue;
-        first_error = submit_owner(c, L, d, n, 0);
-    }
-    if (first_error == EB_OK && inline_dev >= 0) first_error = submit_owner(c, L, inline_dev, n, 1);
     for (int d = 0; d < eng->n_devices; d++) {
         if (d == m->primary || c->step[d].n_pairs == 0) continue;
         peers++;
-        if (d == inline_dev) continue; /* done on this thread: nothing to wait for */
         const eb_runtime *r = eb_device_runtime(eng, d);
         char err[512] = "";
         m->counters.dev[d].waits++;
-        if ((st = r->table->synchronize(r->rt, eng->devices[d].local, err, sizeof err)) && first_error == EB_OK)
+        if ((st = r->table->event_wait(r->rt, eng->devices[d].local, c->done[d], err, sizeof err)) &&
+            first_error == EB_OK)
             first_error = eb_fail(st, "waiting for %s: %s", eng->devices[d].name, err);
     }
     if (first_error == EB_OK && peers) m->counters.model.joins++;
     return first_error;
-}
-
-int eb_moe_forward(eb_context *c, int layer, int64_t n) {
-    eb_model *m = c->model;
-    eb_engine *eng = m->engine;
-    const eb_model_config *cf = &m->cfg;
-    const eb_layer *L = &m->layers[layer];
-    int64_t H = cf->hidden_size, K = cf->top_k;
-    int prim = m->primary, st;
-    if ((st = eb_device_matmul(eng, prim, L->router.data, L->router.dtype, L->router.rows, L->router.cols, c->xn, n,
-                               c->router)))
-        return st;
-    if (eng->n_devices > c->n_devices)
-        return eb_fail(EB_ERR_STATE, "a runtime was loaded after this context was created: create a new context");
-    route(c, n);
-    m->route_tokens[layer] += (uint64_t)n;
-    uint64_t *hits = m->route_hits + (size_t)layer * (size_t)cf->num_experts;
-    for (int64_t i = 0; i < n * K; i++) hits[c->topk_id[i]]++;
-    /* peers queued; the primary's own experts on this thread while they run; then join */
-    if ((st = eb_run_owners(c, L, n, prim, -1))) return st;
-    m->counters.model.layer_steps++;
-
-    memset(c->moe_out, 0, (size_t)(n * H) * sizeof(float));
-    if (c->mode == EB_MODE_REFERENCE) {
-        for (int64_t t = 0; t < n; t++) {
-            float *o = c->moe_out + t * H;
-            const int32_t *ids = c->topk_id + t * K;
-            int32_t done = -1;
-            for (int64_t j = 0; j < K; j++) { /* ascending expert id */
-                int64_t k = eb_next_ascending(ids, K, done);
-                done = ids[k];
-                const eb_owner_step *s = &c->step[L->experts[ids[k]].owner];
-                const float *y = s->y + (int64_t)c->pair_slot[t * K + k] * H;
-                float w = c->topk_w[t * K + k];
-                for (int64_t h = 0; h < H; h++) o[h] += y[h] * w;
-            }
-        }
-    } else {
-        for (int d = 0; d < eng->n_devices; d++) {
-            const eb_owner_step *s = &c->step[d];
-            if (s->n_pairs == 0) continue;
-            const int32_t *tl = c->token_local + (size_t)d * (size_t)c->n_batch;
-            for (int64_t t = 0; t < n; t++) {
-                if (tl[t] < 0) continue;
-                const float *y = s->y + (int64_t)tl[t] * H;
-                float *o = c->moe_out + t * H;
-                for (int64_t h = 0; h < H; h++) o[h] += y[h];
-            }
-        }
-    }
-    return EB_OK;
 }

@@ -668,14 +668,15 @@ static void test_kernels(const char *module) {
                             }
                             for (int n = 1; n <= MAXN; n++) {
                                 /* a failed call counts as a mismatch: its buffers hold nothing to compare */
-                                mismatches += T->matmul(rt, 0, w, dt, rows, cols, x, n, yb, err, sizeof err) != 0;
+                                eb_rt_matmul batch = {w, dt, rows, cols, x, n, yb};
+                                mismatches += T->forward->matmul(rt, 0, NULL, &batch, 1, 0, err, sizeof err) != 0;
                                 for (int t = 0; t < n; t++) {
-                                    mismatches += T->matmul(rt, 0, w, dt, rows, cols, x + t * cols, 1, ys, err,
-                                                            sizeof err) != 0;
+                                    eb_rt_matmul one = {w, dt, rows, cols, x + t * cols, 1, ys};
+                                    mismatches += T->forward->matmul(rt, 0, NULL, &one, 1, 0, err, sizeof err) != 0;
                                     mismatches += memcmp(ys, yb + (size_t)t * rows, sizeof(float) * rows) != 0;
                                 }
                                 eb_rt_matmul two[2] = {{w, dt, rows, cols, x, 1, ys}, {w, dt, rows, cols, x, n, yb}};
-                                mismatches += T->matmul_multi(rt, 0, two, 2, err, sizeof err) != 0;
+                                mismatches += T->forward->matmul(rt, 0, NULL, two, 2, 0, err, sizeof err) != 0;
                                 mismatches += memcmp(ys, yb, sizeof(float) * rows) != 0;
                             }
                         }

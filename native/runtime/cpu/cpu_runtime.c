@@ -77,7 +77,13 @@ typedef struct pool_worker_arg {
     int index;
 } pool_worker_arg;
 
-enum { CMD_COPY, CMD_FFN };
+enum { CMD_COPY, CMD_FFN, CMD_EVENT };
+
+/* A completion event: pending until the device's queue reaches it, then the time it did. */
+typedef struct {
+    _Atomic int pending;
+    uint64_t ns;
+} cpu_event;
 
 typedef struct {
     int kind;
@@ -88,6 +94,7 @@ typedef struct {
     eb_rt_expert *experts;
     int32_t *pair_start;
     int32_t capacity; /* experts storage, grown on demand and kept */
+    cpu_event *event; /* CMD_EVENT */
 } command;
 
 struct cpu_runtime;
@@ -109,6 +116,9 @@ typedef struct {
     _Atomic uint64_t busy_ns;
     _Atomic uint64_t allocated;
     void *_Atomic recording; /* hostsim: the graph being recorded, or NULL */
+    /* the forward operations' scratch (under run_lock), grown on demand and kept: once warm, no allocation */
+    void *scratch;
+    size_t scratch_cap;
 } cpu_device;
 
 typedef struct cpu_runtime {
@@ -371,35 +381,12 @@ static void pool_destroy(pool *p) {
 
 /* ---- kernels ----------------------------------------------------------------------------------------- */
 
-typedef struct {
-    eb_cpu_matmul_rows_fn fn;
-    const void *w;
-    int dtype;
-    int64_t cols;
-    const float *x;
-    int64_t n;
-    float *y;
-    int64_t ldy;
-} matmul_job;
-
-static void matmul_chunk(void *arg, int64_t begin, int64_t end) {
-    matmul_job *j = (matmul_job *)arg;
-    j->fn(j->w, j->dtype, begin, end, j->cols, j->x, j->n, j->y, j->ldy);
-}
-
 /* The smallest work item of a product: whole 8-row tiles and at least 32 KiB of weights. A work item's weight
  * streams start cold: in the VM's fast memory state items of 16-32 KiB streamed at 14 GB/s a thread, against 35-38
  * for long ones, and decode was 1.9 % faster with 32 KiB than with 16 (bench/RESULTS.md). */
 static int64_t step_rows(int64_t cols, int dtype) {
     int64_t rowbytes = cols * (int64_t)eb_dtype_size(dtype), rows = (32768 + rowbytes - 1) / rowbytes;
     return (rows + 7) / 8 * 8;
-}
-
-static void run_matmul(cpu_runtime *rt, cpu_device *d, const void *w, int dtype, int64_t rows, int64_t cols,
-                       const float *x, int64_t n, float *y) {
-    matmul_job job = {rt->matmul_rows, w, dtype, cols, x, n, y, rows};
-    trace_note(TRACE_MATMUL, (uint64_t)(rows * cols) * eb_dtype_size(dtype));
-    pool_run(&d->pool, matmul_chunk, &job, rows, step_rows(cols, dtype), rt->per_thread);
 }
 
 /* Several products as one pool run over their concatenated rows. */
@@ -435,7 +422,7 @@ static void run_multi(cpu_runtime *rt, cpu_device *d, const eb_rt_matmul *tasks,
             if (s > step) step = s;
             bytes += (uint64_t)(job.tasks[i].rows * job.tasks[i].cols) * eb_dtype_size(job.tasks[i].dtype);
         }
-        trace_note(TRACE_MULTI, bytes);
+        trace_note(job.n_tasks == 1 ? TRACE_MATMUL : TRACE_MULTI, bytes);
         pool_run(&d->pool, multi_chunk, &job, total, step, rt->per_thread);
     }
 }
@@ -524,6 +511,11 @@ static void run_expert_batch(cpu_runtime *rt, cpu_device *d, const eb_rt_expert_
 /* ---- the device queue -------------------------------------------------------------------------------- */
 
 static void execute(cpu_device *d, command *c) {
+    if (c->kind == CMD_EVENT) { /* cleared before the queue's q_idle broadcast, which its waiters sleep on */
+        c->event->ns = now_ns();
+        atomic_store(&c->event->pending, 0);
+        return;
+    }
     uint64_t t0 = now_ns();
     pthread_mutex_lock(&d->run_lock);
     if (c->kind == CMD_COPY) {
@@ -688,6 +680,7 @@ static void cpu_shutdown(void *rtp) {
             free(d->queue[k].pair_start);
         }
         pool_destroy(&d->pool);
+        free(d->scratch);
         pthread_mutex_destroy(&d->run_lock);
         pthread_mutex_destroy(&d->qmu);
         pthread_cond_destroy(&d->q_nonempty);
@@ -881,21 +874,6 @@ static int cpu_synchronize(void *rtp, int dev, char *err, size_t errlen) {
     return 0;
 }
 
-static int cpu_matmul(void *rtp, int dev, const void *w, int dtype, int64_t rows, int64_t cols, const float *x,
-                      int64_t n, float *y, char *err, size_t errlen) {
-    cpu_runtime *rt = (cpu_runtime *)rtp;
-    cpu_device *d = get_dev(rt, dev, err, errlen);
-    if (!d) return EB_ERR_RANGE;
-    if (eb_dtype_size(dtype) == 0)
-        return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d", dtype);
-    uint64_t t0 = now_ns();
-    pthread_mutex_lock(&d->run_lock);
-    run_matmul(rt, d, w, dtype, rows, cols, x, n, y);
-    pthread_mutex_unlock(&d->run_lock);
-    atomic_fetch_add(&d->busy_ns, now_ns() - t0);
-    return 0;
-}
-
 static int cpu_expert_ffn(void *rtp, int dev, const eb_rt_expert_batch *b, int async, char *err, size_t errlen) {
     cpu_runtime *rt = (cpu_runtime *)rtp;
     cpu_device *d = get_dev(rt, dev, err, errlen);
@@ -903,10 +881,6 @@ static int cpu_expert_ffn(void *rtp, int dev, const eb_rt_expert_batch *b, int a
     if (b->scratch_bytes < eb_rt_expert_scratch_bytes(b->n_pairs, b->hidden, b->inter))
         return eb_rt_fail(err, errlen, EB_ERR_ARGUMENT, RUNTIME_NAME " runtime: expert scratch of %zu bytes is too small",
                     b->scratch_bytes);
-    for (int32_t i = 0; i < b->n_experts; i++)
-        if (eb_dtype_size(b->experts[i].dtype) == 0)
-            return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d",
-                        b->experts[i].dtype);
     if (!async) {
         pthread_mutex_lock(&d->qmu);
         while (d->count > 0) pthread_cond_wait(&d->q_idle, &d->qmu);
@@ -937,32 +911,52 @@ static int cpu_expert_ffn(void *rtp, int dev, const eb_rt_expert_batch *b, int a
     return 0;
 }
 
-static int cpu_matmul_multi(void *rtp, int dev, const eb_rt_matmul *tasks, int n_tasks, char *err, size_t errlen) {
-    cpu_runtime *rt = (cpu_runtime *)rtp;
-    cpu_device *d = get_dev(rt, dev, err, errlen);
-    if (!d) return EB_ERR_RANGE;
-    for (int i = 0; i < n_tasks; i++)
-        if (eb_dtype_size(tasks[i].dtype) == 0)
-            return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d", tasks[i].dtype);
-    uint64_t t0 = now_ns();
-    pthread_mutex_lock(&d->run_lock);
-    run_multi(rt, d, tasks, n_tasks);
-    pthread_mutex_unlock(&d->run_lock);
-    atomic_fetch_add(&d->busy_ns, now_ns() - t0);
+
+static int cpu_event_create(void *rtp, int dev, void **event, char *err, size_t errlen) {
+    *event = NULL;
+    if (!get_dev((cpu_runtime *)rtp, dev, err, errlen)) return EB_ERR_RANGE;
+    cpu_event *e = calloc(1, sizeof *e);
+    if (!e) return eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
+    *event = e;
     return 0;
 }
 
-static int cpu_parallel_for(void *rtp, int dev, void (*fn)(void *arg, int64_t begin, int64_t end), void *arg,
-                            int64_t n, int64_t chunk) {
-    cpu_runtime *rt = (cpu_runtime *)rtp;
-    if (dev < 0 || dev >= rt->n_devices) return EB_ERR_RANGE;
-    cpu_device *d = &rt->devices[dev];
-    uint64_t t0 = now_ns();
-    pthread_mutex_lock(&d->run_lock);
-    trace_note(TRACE_PARALLEL_FOR, 0);
-    pool_run(&d->pool, fn, arg, n, chunk < 1 ? 1 : chunk, 0);
-    pthread_mutex_unlock(&d->run_lock);
-    atomic_fetch_add(&d->busy_ns, now_ns() - t0);
+static void cpu_event_destroy(void *rtp, int dev, void *event) {
+    (void)rtp, (void)dev;
+    free(event);
+}
+
+static int cpu_event_record(void *rtp, int dev, void *event, char *err, size_t errlen) {
+    cpu_device *d = get_dev((cpu_runtime *)rtp, dev, err, errlen);
+    if (!d) return EB_ERR_RANGE;
+    cpu_event *e = event;
+    atomic_store(&e->pending, 1);
+    command *c = queue_slot(d);
+    c->kind = CMD_EVENT;
+    c->event = e;
+    queue_push(d);
+    return 0;
+}
+
+static int cpu_event_wait(void *rtp, int dev, void *event, char *err, size_t errlen) {
+    cpu_device *d = get_dev((cpu_runtime *)rtp, dev, err, errlen);
+    if (!d) return EB_ERR_RANGE;
+    cpu_event *e = event;
+    /* spin briefly: a join usually follows the work it waits for by microseconds */
+    for (int spins = 0; spins < SPIN_ITERATIONS && atomic_load(&e->pending); spins++) cpu_relax();
+    if (!atomic_load(&e->pending)) return 0;
+    pthread_mutex_lock(&d->qmu);
+    while (atomic_load(&e->pending)) pthread_cond_wait(&d->q_idle, &d->qmu);
+    pthread_mutex_unlock(&d->qmu);
+    return 0;
+}
+
+static int cpu_event_time(void *rtp, int dev, void *event, uint64_t *ns, char *err, size_t errlen) {
+    if (!get_dev((cpu_runtime *)rtp, dev, err, errlen)) return EB_ERR_RANGE;
+    const cpu_event *e = event;
+    if (atomic_load(&e->pending))
+        return eb_rt_fail(err, errlen, EB_ERR_STATE, RUNTIME_NAME ":%d: the event has not been reached yet", dev);
+    *ns = e->ns;
     return 0;
 }
 
@@ -971,12 +965,10 @@ static uint64_t cpu_busy_ns(void *rtp, int dev) {
     return dev >= 0 && dev < rt->n_devices ? atomic_load(&rt->devices[dev].busy_ns) : 0;
 }
 
-#ifdef EB_CPU_HOSTSIM
-/* ---- the primary's forward pass (hostsim only) ----------------------------------------------------------
+/* ---- the forward pass (the primary's operations) ------------------------------------------------------------
  *
- * A hostsim device stands in for a GPU primary. Each operation waits for the device's queue to drain, then runs
- * on the calling thread with the device's workers, with the arithmetic of the core's CPU forward pass (eb_ops.h
- * and the same kernels): a hostsim primary gives the bits of a cpu primary. There are no graphs. */
+ * Each operation waits for the device's queue to drain, then runs on the calling thread with the device's
+ * workers. The cpu and hostsim builds share this code, so a hostsim primary gives a cpu primary's bits. */
 
 #include "eb_ops.h"
 
@@ -1001,10 +993,29 @@ static int op_end(cpu_device *d, uint64_t t0, int st) {
     return st;
 }
 
+/* The device's scratch of at least bytes (run_lock held); NULL when it cannot grow. */
+static void *scratch(cpu_device *d, size_t bytes) {
+    if (bytes > d->scratch_cap) {
+        size_t cap = (bytes + bytes / 2 + 63) / 64 * 64;
+        void *p = aligned_alloc(64, cap);
+        if (!p) return NULL;
+        free(d->scratch);
+        d->scratch = p;
+        d->scratch_cap = cap;
+    }
+    return d->scratch;
+}
+
+static int op_check_model(void *rtp, int dev, const eb_rt_model_shape *shape, char *err, size_t errlen) {
+    if (!get_dev((cpu_runtime *)rtp, dev, err, errlen)) return EB_ERR_RANGE;
+    if (shape->head_dim % 2 != 0)
+        return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: head_dim %d: rotate-half RoPE needs "
+                          "an even head_dim", shape->head_dim);
+    return 0;
+}
+
 static int op_embed(void *rtp, int dev, const void *table, int dtype, int64_t hidden, const int32_t *ids, int64_t n,
-                     float *x, char *err, size_t errlen) {
-    if (eb_dtype_size(dtype) == 0)
-        return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d", dtype);
+                    float *x, char *err, size_t errlen) {
     uint64_t t0;
     cpu_device *d = op_begin(rtp, dev, &t0, err, errlen);
     if (!d) return EB_ERR_RANGE;
@@ -1015,43 +1026,38 @@ static int op_embed(void *rtp, int dev, const void *table, int dtype, int64_t hi
     return op_end(d, t0, 0);
 }
 
-static void sim_norm(const eb_rt_norm *norm) {
+static void norm_rows(const eb_rt_norm *norm) {
     for (int64_t r = 0; r < norm->n; r++)
         eb_rmsnorm(norm->xn + r * norm->dim, norm->x + r * norm->dim, norm->w, norm->dim, norm->eps);
 }
 
 static int op_matmul(void *rtp, int dev, const eb_rt_norm *norm, const eb_rt_matmul *tasks, int n_tasks,
-                      int accumulate, char *err, size_t errlen) {
-    for (int i = 0; i < n_tasks; i++)
-        if (eb_dtype_size(tasks[i].dtype) == 0)
-            return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d",
-                              tasks[i].dtype);
+                     int accumulate, char *err, size_t errlen) {
     uint64_t t0;
     cpu_device *d = op_begin(rtp, dev, &t0, err, errlen);
     if (!d) return EB_ERR_RANGE;
     cpu_runtime *rt = (cpu_runtime *)rtp;
-    if (norm) sim_norm(norm);
+    if (norm) norm_rows(norm);
     if (!accumulate) {
         run_multi(rt, d, tasks, n_tasks);
         return op_end(d, t0, 0);
     }
-    /* y += w x as the CPU path does it: the product first, then one addition per element */
+    /* y += w x: the product into scratch first, then one addition per element */
     for (int i = 0; i < n_tasks; i++) {
         const eb_rt_matmul *t = &tasks[i];
         size_t count = (size_t)t->n * (size_t)t->rows;
-        float *tmp = malloc(count * sizeof *tmp);
+        float *tmp = scratch(d, count * sizeof *tmp);
         if (!tmp) return op_end(d, t0, eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory"));
         eb_rt_matmul one = *t;
         one.y = tmp;
         run_multi(rt, d, &one, 1);
         for (size_t k = 0; k < count; k++) t->y[k] += tmp[k];
-        free(tmp);
     }
     return op_end(d, t0, 0);
 }
 
 static int op_add(void *rtp, int dev, float *y, const float *b, int64_t n, int64_t dim, int broadcast, char *err,
-                   size_t errlen) {
+                  size_t errlen) {
     uint64_t t0;
     cpu_device *d = op_begin(rtp, dev, &t0, err, errlen);
     if (!d) return EB_ERR_RANGE;
@@ -1068,37 +1074,73 @@ static int op_silu_mul(void *rtp, int dev, float *g, const float *u, int64_t n, 
     return op_end(d, t0, 0);
 }
 
+/* Attention's work items: `heads` query heads of one GQA group each (their key and value rows read once together),
+ * every head with its own row of scores. */
+typedef struct {
+    const eb_rt_attention *a;
+    int64_t pos, heads;
+    float *scores;
+} attention_job;
+
+#if defined(__GNUC__)
+__attribute__((always_inline))
+#endif
+static inline void attend_items(void *arg, int64_t i0, int64_t i1) {
+    const attention_job *j = (const attention_job *)arg;
+    const eb_rt_attention *a = j->a;
+    int64_t hd = a->head_dim, group = a->n_heads / a->n_kv_heads, g = j->heads;
+    int64_t qd = (int64_t)a->n_heads * hd, kvd = (int64_t)a->n_kv_heads * hd;
+    for (int64_t i = i0; i < i1; i++) {
+        int64_t h = i * g, kvh = h / group;
+        for (int64_t t = 0; t < a->n; t++)
+            eb_attend_group(a->q + t * qd + h * hd, g, a->k_cache + kvh * hd, a->v_cache + kvh * hd, j->pos + t, kvd,
+                            hd, j->scores + h * a->n_ctx, a->n_ctx, a->out + t * qd + h * hd);
+    }
+}
+
+static void attend_portable(void *arg, int64_t i0, int64_t i1) { attend_items(arg, i0, i1); }
+
+/* The same built for AVX2 where the kernels are: eb_attend_group's sums are eight lanes with nothing reassociated
+ * or contracted (-ffp-contract=off), so the wider build gives the same bits with half the instructions. Chosen at
+ * init rather than through an ifunc, which the sanitizer runtimes do not survive. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define CPU_ATTENTION_AVX2 1
+__attribute__((target("avx2"))) static void attend_avx2(void *arg, int64_t i0, int64_t i1) { attend_items(arg, i0, i1); }
+#endif
+
 static int op_attention(void *rtp, int dev, const eb_rt_attention *a, char *err, size_t errlen) {
-    float *scores = malloc((size_t)a->n_ctx * sizeof *scores);
-    if (!scores) return eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
     uint64_t t0;
     cpu_device *d = op_begin(rtp, dev, &t0, err, errlen);
-    if (!d) {
-        free(scores);
-        return EB_ERR_RANGE;
-    }
+    if (!d) return EB_ERR_RANGE;
+    cpu_runtime *rt = (cpu_runtime *)rtp;
     int64_t hd = a->head_dim, nh = a->n_heads, nkv = a->n_kv_heads;
-    int64_t qd = nh * hd, kvd = nkv * hd, group = nh / nkv, pos = *a->pos;
+    int64_t qd = nh * hd, kvd = nkv * hd, pos = *a->pos;
+    float *scores = scratch(d, (size_t)nh * (size_t)a->n_ctx * sizeof(float));
+    if (!scores) return op_end(d, t0, eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory"));
     for (int64_t t = 0; t < a->n; t++)
         eb_qk_rope_store(a->q + t * qd, a->k + t * kvd, a->v + t * kvd, a->q_norm, a->k_norm, a->rope_cos, a->rope_sin,
                          a->k_cache, a->v_cache, pos + t, nh, nkv, hd, a->eps);
-    for (int64_t h = 0; h < nh; h++)
-        for (int64_t t = 0; t < a->n; t++)
-            eb_attend(a->q + t * qd + h * hd, a->k_cache + (h / group) * hd, a->v_cache + (h / group) * hd, pos + t,
-                      kvd, hd, scores, a->out + t * qd + h * hd);
-    free(scores);
+    /* a whole GQA group per work item where there are at least as many groups as threads, else one head (more
+     * items than threads): the bits are the same either way */
+    attention_job job = {a, pos, d->pool.n_threads <= nkv ? nh / nkv : 1, scores};
+    pool_fn attend = attend_portable;
+#if defined(CPU_ATTENTION_AVX2) && defined(EB_CPU_HAVE_AVX2_BUILD)
+    if (rt->matmul_rows == eb_cpu_matmul_rows_avx2) attend = attend_avx2;
+#endif
+    trace_note(TRACE_PARALLEL_FOR, 0);
+    pool_run(&d->pool, attend, &job, nh / job.heads, 1, 0);
     return op_end(d, t0, 0);
 }
 
 static int op_route(void *rtp, int dev, const eb_rt_route *r, char *err, size_t errlen) {
-    if (eb_dtype_size(r->router_dtype) == 0)
-        return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d",
-                          r->router_dtype);
+    if (r->scoring != EB_ROUTE_SOFTMAX_TOPK)
+        return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: router scoring %d: expected %d "
+                          "(softmax top-k)", r->scoring, EB_ROUTE_SOFTMAX_TOPK);
     uint64_t t0;
     cpu_device *d = op_begin(rtp, dev, &t0, err, errlen);
     if (!d) return EB_ERR_RANGE;
     int64_t n = r->norm.n, E = r->n_experts, K = r->top_k;
-    sim_norm(&r->norm);
+    norm_rows(&r->norm);
     eb_rt_matmul logits = {r->router, r->router_dtype, E, r->norm.dim, r->norm.xn, n, r->logits};
     run_multi((cpu_runtime *)rtp, d, &logits, 1);
     for (int64_t t = 0; t < n; t++) {
@@ -1110,81 +1152,77 @@ static int op_route(void *rtp, int dev, const eb_rt_route *r, char *err, size_t 
 }
 
 /* The owned experts' pairs as one batch (experts ascending, each expert's pairs in ascending row order, as the
- * core's scheduler builds them), outputs per pair; then each row's sum in ascending expert id. */
-static int op_moe(void *rtp, int dev, const eb_rt_moe *b, char *err, size_t errlen) {
+ * core's scheduler builds them for a peer), each pair's output then moved to its row of pair_out. */
+static int moe_experts(cpu_runtime *rt, cpu_device *d, const eb_rt_moe *b, char *err, size_t errlen) {
     int64_t n = b->n, K = b->top_k, E = b->n_experts, H = b->hidden, I = b->inter, NK = n * K;
-    size_t scratch_bytes = eb_rt_expert_scratch_bytes(NK, H, I);
-    eb_rt_expert *experts = malloc((size_t)E * sizeof *experts);
-    int32_t *start = malloc(((size_t)E + 1) * sizeof *start);
-    int32_t *pair_token = malloc((size_t)NK * sizeof *pair_token);
-    int32_t *slot = malloc((size_t)NK * sizeof *slot); /* per (t, k): its row of y, -1 when foreign */
-    float *y = malloc((size_t)NK * (size_t)H * sizeof *y);
-    float *s = malloc((size_t)H * sizeof *s);
-    void *scratch = malloc(scratch_bytes);
-    int st = 0;
-    if (!experts || !start || !pair_token || !slot || !y || !s || !scratch)
-        st = eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
-    uint64_t t0 = 0;
-    cpu_device *d = st ? NULL : op_begin(rtp, dev, &t0, err, errlen);
-    if (!st && !d) st = EB_ERR_RANGE;
-    if (!st) {
-        int32_t ne = 0, p = 0;
-        for (int64_t i = 0; i < NK; i++) slot[i] = -1;
-        for (int32_t e = 0; e < E; e++) {
-            if (!b->experts[e].gate) continue;
-            int32_t first = p;
-            for (int64_t i = 0; i < NK; i++)
-                if (b->topk_id[i] == e) {
-                    pair_token[p] = (int32_t)(i / K);
-                    slot[i] = p++;
-                }
-            if (p == first) continue;
-            experts[ne] = b->experts[e];
-            start[ne++] = first;
-        }
-        start[ne] = p;
-        eb_rt_expert_batch batch = {.n_experts = ne, .experts = experts, .pair_start = start, .n_pairs = p,
-                                    .n_tokens = (int32_t)n, .hidden = (int32_t)H, .inter = (int32_t)I,
-                                    .mode = EB_REDUCE_REFERENCE, .x = b->xn, .pair_token = pair_token, .y = y,
-                                    .scratch = scratch, .scratch_bytes = scratch_bytes};
-        if (p > 0) run_expert_batch((cpu_runtime *)rtp, d, &batch);
-        if (b->stats) b->stats[0] += (unsigned long long)ne, b->stats[1] += (unsigned long long)p;
-        int owner_local = b->mode == EB_REDUCE_OWNER_LOCAL, missing = 0;
-        for (int64_t t = 0; t < n; t++) {
-            memset(s, 0, (size_t)H * sizeof *s);
-            int32_t done = -1;
-            for (int64_t j = 0; j < K; j++) { /* ascending expert id */
-                int64_t k = eb_next_ascending(b->topk_id + t * K, K, done);
-                done = b->topk_id[t * K + k];
-                int32_t r = slot[t * K + k];
-                if (r < 0 && owner_local) continue;
-                if (r < 0 && !b->foreign) {
-                    missing = 1;
-                    continue;
-                }
-                const float *row = r >= 0 ? y + (int64_t)r * H : b->foreign + (t * K + k) * H;
-                float w = b->topk_w[t * K + k];
-                for (int64_t h = 0; h < H; h++) s[h] += row[h] * w;
+    size_t ex_bytes = (size_t)(E > NK ? NK : E) * sizeof(eb_rt_expert), idx_bytes = (size_t)NK * sizeof(int32_t);
+    size_t y_bytes = (size_t)NK * (size_t)H * sizeof(float), work = eb_rt_expert_scratch_bytes(NK, H, I);
+    size_t at[5] = {0}, bytes = 0, sizes[5] = {ex_bytes, idx_bytes + sizeof(int32_t), idx_bytes, idx_bytes, y_bytes};
+    for (int i = 0; i < 5; i++) at[i] = bytes, bytes += (sizes[i] + 63) / 64 * 64;
+    unsigned char *mem = scratch(d, bytes + work);
+    if (!mem) return eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
+    eb_rt_expert *experts = (eb_rt_expert *)(mem + at[0]);
+    int32_t *start = (int32_t *)(mem + at[1]), *pair_token = (int32_t *)(mem + at[2]), *slot = (int32_t *)(mem + at[3]);
+    float *y = (float *)(mem + at[4]);
+    int32_t ne = 0, p = 0;
+    for (int32_t e = 0; e < E; e++) {
+        if (!b->experts[e].gate) continue;
+        int32_t first = p;
+        for (int64_t i = 0; i < NK; i++)
+            if (b->topk_id[i] == e) {
+                pair_token[p] = (int32_t)(i / K);
+                slot[p++] = (int32_t)i;
             }
-            if (owner_local && b->foreign)
-                for (int64_t h = 0; h < H; h++) s[h] += b->foreign[t * H + h];
-            for (int64_t h = 0; h < H; h++) b->x[t * H + h] += s[h];
-        }
-        st = op_end(d, t0, missing ? eb_rt_fail(err, errlen, EB_ERR_ARGUMENT, RUNTIME_NAME " runtime: a selected "
-                                                "expert is not owned and no foreign outputs were given") : 0);
+        if (p == first) continue;
+        experts[ne] = b->experts[e];
+        start[ne++] = first;
     }
-    free(experts);
-    free(start);
-    free(pair_token);
-    free(slot);
-    free(y);
-    free(s);
-    free(scratch);
-    return st;
+    start[ne] = p;
+    eb_rt_expert_batch batch = {.n_experts = ne, .experts = experts, .pair_start = start, .n_pairs = p,
+                                .n_tokens = (int32_t)n, .hidden = (int32_t)H, .inter = (int32_t)I,
+                                .mode = EB_REDUCE_REFERENCE, .x = b->xn, .pair_token = pair_token, .y = y,
+                                .scratch = mem + bytes, .scratch_bytes = work};
+    if (p > 0) run_expert_batch(rt, d, &batch);
+    for (int32_t i = 0; i < p; i++) memcpy(b->pair_out + (int64_t)slot[i] * H, y + (int64_t)i * H, (size_t)H * sizeof(float));
+    if (b->stats) b->stats[0] += (unsigned long long)ne, b->stats[1] += (unsigned long long)p;
+    return 0;
 }
 
-/* Graphs: between graph_begin and graph_end the recording thread's operations are stored (their arguments
- * copied) instead of run; graph_launch runs them again in order. Other threads' operations run as usual. */
+static int op_moe(void *rtp, int dev, const eb_rt_moe *b, char *err, size_t errlen) {
+    if (b->phase != EB_MOE_ALL && b->phase != EB_MOE_EXPERTS && b->phase != EB_MOE_COMBINE)
+        return eb_rt_fail(err, errlen, EB_ERR_ARGUMENT, RUNTIME_NAME " runtime: moe phase %d: expected %d, %d or %d",
+                          b->phase, EB_MOE_ALL, EB_MOE_EXPERTS, EB_MOE_COMBINE);
+    uint64_t t0;
+    cpu_device *d = op_begin(rtp, dev, &t0, err, errlen);
+    if (!d) return EB_ERR_RANGE;
+    int st = 0;
+    if (b->phase != EB_MOE_COMBINE) st = moe_experts((cpu_runtime *)rtp, d, b, err, errlen);
+    if (!st && b->phase != EB_MOE_EXPERTS)
+        for (int64_t t = 0; t < b->n && !st; t++)
+            if (!eb_moe_combine_row(b->x, t, b->top_k, b->hidden, b->topk_id, b->topk_w, b->experts,
+                                    b->pair_out, b->foreign, b->mode == EB_REDUCE_OWNER_LOCAL))
+                st = eb_rt_fail(err, errlen, EB_ERR_ARGUMENT, RUNTIME_NAME " runtime: a selected expert is not owned "
+                                "and no foreign outputs were given");
+    return op_end(d, t0, st);
+}
+
+#ifndef EB_CPU_HOSTSIM
+static const eb_rt_forward_ops cpu_forward = {
+    .check_model = op_check_model,
+    .embed = op_embed,
+    .matmul = op_matmul,
+    .add = op_add,
+    .silu_mul = op_silu_mul,
+    .attention = op_attention,
+    .route = op_route,
+    .moe = op_moe,
+};
+#define FORWARD_OPS (&cpu_forward)
+#define GRAPH_OPS NULL
+#else
+/* Graphs (hostsim only, so that the core's recording and replaying of steps runs without a GPU): between begin
+ * and end the recording thread's operations are stored (their arguments copied) instead of run; launch runs them
+ * again in order. Other threads' operations run as usual. */
 enum { OP_EMBED, OP_MATMUL, OP_ADD, OP_SILU_MUL, OP_ATTENTION, OP_ROUTE, OP_MOE };
 #define SIM_MAX_TASKS 8
 
@@ -1338,11 +1376,8 @@ static int sim_graph_launch(void *rtp, int dev, void *graph, char *err, size_t e
     return 0;
 }
 
-static const eb_rt_primary_ops sim_primary = {
-    .graph_begin = sim_graph_begin,
-    .graph_end = sim_graph_end,
-    .graph_launch = sim_graph_launch,
-    .graph_free = sim_graph_free,
+static const eb_rt_forward_ops sim_forward = {
+    .check_model = op_check_model,
     .embed = sim_embed,
     .matmul = sim_matmul,
     .add = sim_add,
@@ -1351,9 +1386,15 @@ static const eb_rt_primary_ops sim_primary = {
     .route = sim_route,
     .moe = sim_moe,
 };
-#define PRIMARY_OPS (&sim_primary)
-#else
-#define PRIMARY_OPS NULL
+
+static const eb_rt_graph_ops sim_graphs = {
+    .begin = sim_graph_begin,
+    .end = sim_graph_end,
+    .launch = sim_graph_launch,
+    .free = sim_graph_free,
+};
+#define FORWARD_OPS (&sim_forward)
+#define GRAPH_OPS (&sim_graphs)
 #endif
 
 static const eb_runtime_table cpu_table = {
@@ -1365,6 +1406,7 @@ static const eb_runtime_table cpu_table = {
     .kernel_variant = cpu_kernel_variant,
     .device_count = cpu_device_count,
     .device_info = cpu_device_info,
+    .busy_ns = cpu_busy_ns,
     .mem_alloc = cpu_mem_alloc,
     .mem_free = cpu_mem_free,
     .host_alloc = cpu_host_alloc,
@@ -1372,12 +1414,14 @@ static const eb_runtime_table cpu_table = {
     .copy_to_device = cpu_copy,
     .copy_to_host = cpu_copy,
     .synchronize = cpu_synchronize,
-    .matmul = cpu_matmul,
-    .matmul_multi = cpu_matmul_multi,
+    .event_create = cpu_event_create,
+    .event_destroy = cpu_event_destroy,
+    .event_record = cpu_event_record,
+    .event_wait = cpu_event_wait,
+    .event_time = cpu_event_time,
     .expert_ffn = cpu_expert_ffn,
-    .parallel_for = cpu_parallel_for,
-    .busy_ns = cpu_busy_ns,
-    .primary = PRIMARY_OPS,
+    .forward = FORWARD_OPS,
+    .graphs = GRAPH_OPS,
 };
 
 EB_EXPORT const eb_runtime_table *eb_runtime_module(void) { return &cpu_table; }

@@ -1,0 +1,234 @@
+/* The decoding context: its buffers, evaluation in batches, greedy decoding, the per-token trace.
+ *
+ * Every buffer is allocated when the context is created (in the primary's memory, through its runtime);
+ * evaluating tokens allocates nothing. The forward pass itself is the model family's (forward.c, models/).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "eb_model.h"
+
+static void *zalloc(size_t n, size_t size, int *failed) {
+    void *p = calloc(n ? n : 1, size);
+    if (!p) *failed = 1;
+    return p;
+}
+
+void eb_context_free(eb_context *c) {
+    if (!c) return;
+    eb_model *m = c->model;
+    eb_engine *eng = m->engine;
+    eb_scheduler_release(c);
+    eb_context_buffers_release(c);
+    for (int d = 0; d < EB_MAX_DEVICES; d++)
+        for (int k = 0; k < 2; k++) {
+            void *ev = k ? c->done[d] : c->begun[d];
+            const eb_runtime *r = eb_device_runtime(eng, d);
+            if (ev) r->table->event_destroy(r->rt, eng->devices[d].local, ev);
+        }
+    free(c->rope_cos);
+    free(c->rope_sin);
+    free(c->logits);
+    free(c->plan_experts);
+    free(c->plan_start);
+    free(c->pair_slot);
+    free(c->token_local);
+    free(c->trace);
+    free(c);
+    if (m && --m->n_contexts == 0 && m->free_requested) eb_model_release(m);
+}
+
+int eb_context_create(eb_model *m, int32_t n_ctx, int32_t n_batch, eb_context **out) {
+    if (!m || !out) return eb_fail(EB_ERR_ARGUMENT, "context: NULL argument");
+    *out = NULL;
+    const eb_model_config *cf = &m->cfg;
+    if (n_ctx <= 0 || n_ctx > cf->max_position_embeddings)
+        return eb_fail(EB_ERR_RANGE, "context length %d out of range: expected 1..%d (max_position_embeddings)", n_ctx,
+                       cf->max_position_embeddings);
+    if (n_batch <= 0 || n_batch > 65536)
+        return eb_fail(EB_ERR_RANGE, "batch size %d out of range: expected 1..65536", n_batch);
+    if (n_batch > n_ctx) n_batch = n_ctx;
+    eb_context *c = calloc(1, sizeof *c);
+    if (!c) return eb_fail(EB_ERR_MEMORY, "out of memory");
+    c->model = m;
+    m->n_contexts++; /* eb_context_free gives it back, on the failure paths below too */
+    c->n_ctx = n_ctx;
+    c->n_batch = n_batch;
+    size_t B = (size_t)n_batch, H = (size_t)cf->hidden_size, hd = (size_t)cf->head_dim;
+    size_t qd = (size_t)cf->num_heads * hd, kvd = (size_t)cf->num_kv_heads * hd;
+    size_t I = (size_t)(cf->intermediate_size > cf->moe_intermediate_size ? cf->intermediate_size
+                                                                           : cf->moe_intermediate_size);
+    size_t K = cf->top_k > 0 ? (size_t)cf->top_k : 1;
+    /* every buffer size is a product of these: refuse what would overflow size_t */
+    size_t kv_elems, probe;
+    if (__builtin_mul_overflow((size_t)cf->num_layers, (size_t)n_ctx, &kv_elems) ||
+        __builtin_mul_overflow(kv_elems, kvd, &kv_elems) || __builtin_mul_overflow(kv_elems, 2 * sizeof(float), &probe) ||
+        __builtin_mul_overflow(B * K, qd > I ? (qd > H ? qd : H) : (I > H ? I : H), &probe) ||
+        __builtin_mul_overflow(probe, 4 * sizeof(float), &probe) ||
+        __builtin_mul_overflow((size_t)cf->num_heads, (size_t)n_ctx, &probe) ||
+        __builtin_mul_overflow(probe, sizeof(float), &probe) ||
+        __builtin_mul_overflow(B, (size_t)cf->vocab_size * sizeof(float), &probe)) {
+        eb_context_free(c);
+        return eb_fail(EB_ERR_RANGE, "a context of %d positions for this model's sizes does not fit in memory", n_ctx);
+    }
+    int failed = 0;
+    c->rope_cos = zalloc((size_t)n_ctx * hd / 2, sizeof(float), &failed);
+    c->rope_sin = zalloc((size_t)n_ctx * hd / 2, sizeof(float), &failed);
+    c->logits = zalloc((size_t)cf->vocab_size, sizeof(float), &failed);
+    c->n_devices = m->engine->n_devices;
+    c->plan_experts = zalloc(B * K, sizeof(eb_rt_expert), &failed);
+    c->plan_start = zalloc(B * K + 1, sizeof(int32_t), &failed);
+    c->pair_slot = zalloc(B * K, sizeof(int32_t), &failed);
+    c->token_local = zalloc((size_t)c->n_devices * B, sizeof(int32_t), &failed);
+    if (failed) {
+        eb_context_free(c);
+        return eb_fail(EB_ERR_MEMORY, "out of memory for a context of %d positions", n_ctx);
+    }
+    /* RoPE tables computed as transformers does, in f32: inv_freq = 1 / theta^(2i/d), angle = pos * inv_freq. */
+    size_t half = hd / 2;
+    for (size_t i = 0; i < half; i++) {
+        float inv_freq = 1.0f / powf((float)cf->rope_theta, (float)(2 * i) / (float)hd);
+        for (int32_t p = 0; p < n_ctx; p++) {
+            float angle = (float)p * inv_freq;
+            c->rope_cos[(size_t)p * half + i] = cosf(angle);
+            c->rope_sin[(size_t)p * half + i] = sinf(angle);
+        }
+    }
+    c->use_graphs = 1;
+    int st = eb_context_buffers_init(c);
+    if (st) {
+        eb_context_free(c);
+        return st;
+    }
+    *out = c;
+    return EB_OK;
+}
+
+int32_t eb_context_position(const eb_context *c) { return c ? c->pos : -1; }
+
+int eb_context_set_mode(eb_context *c, int32_t mode) {
+    if (!c) return eb_fail(EB_ERR_ARGUMENT, "set mode: context is NULL");
+    if (mode != EB_MODE_REFERENCE && mode != EB_MODE_OWNER_LOCAL)
+        return eb_fail(EB_ERR_ARGUMENT, "reduction mode %d: expected %d (reference) or %d (owner_local)", mode,
+                       EB_MODE_REFERENCE, EB_MODE_OWNER_LOCAL);
+    c->mode = mode;
+    return EB_OK;
+}
+int32_t eb_context_capacity(const eb_context *c) { return c ? c->n_ctx : -1; }
+
+int eb_context_set_graphs(eb_context *c, int32_t enabled) {
+    if (!c) return eb_fail(EB_ERR_ARGUMENT, "set graphs: context is NULL");
+    if (enabled != 0 && enabled != 1) return eb_fail(EB_ERR_ARGUMENT, "set graphs: %d, expected 0 or 1", enabled);
+    c->use_graphs = enabled;
+    return EB_OK;
+}
+
+int eb_context_truncate(eb_context *c, int32_t pos) {
+    if (!c) return eb_fail(EB_ERR_ARGUMENT, "truncate: context is NULL");
+    if (pos < 0 || pos > c->pos)
+        return eb_fail(EB_ERR_RANGE, "truncate to position %d: expected 0..%d (the current position)", pos, c->pos);
+    c->pos = pos;
+    return EB_OK;
+}
+
+int eb_context_eval(eb_context *c, const int32_t *ids, int32_t n, float *logits, int32_t all_rows) {
+    if (!c || !ids) return eb_fail(EB_ERR_ARGUMENT, "eval: NULL argument");
+    if (n <= 0) return eb_fail(EB_ERR_ARGUMENT, "eval: %d tokens, expected at least one", n);
+    const eb_model_config *cf = &c->model->cfg;
+    for (int32_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= cf->vocab_size)
+            return eb_fail(EB_ERR_RANGE, "token id %d (at index %d) out of range: the vocabulary has %d tokens "
+                                         "(ids 0..%d)", ids[i], i, cf->vocab_size, cf->vocab_size - 1);
+    if ((int64_t)c->pos + n > c->n_ctx)
+        return eb_fail(EB_ERR_RANGE, "context of %lld positions is longer than the KV cache (%d positions); "
+                                     "truncate or create a larger context", (long long)c->pos + n, c->n_ctx);
+    int32_t start = c->pos;
+    int64_t V = cf->vocab_size;
+    for (int32_t done = 0; done < n;) {
+        int32_t chunk = n - done < c->n_batch ? n - done : c->n_batch;
+        int last_chunk = done + chunk == n;
+        float *out = NULL;
+        if (logits && all_rows) out = logits + (int64_t)done * V;
+        else if (logits && last_chunk) out = logits;
+        int st = eb_eval_batch(c, ids + done, chunk, out, all_rows);
+        if (st) {
+            c->pos = start;
+            return st;
+        }
+        c->pos += chunk;
+        done += chunk;
+    }
+    return EB_OK;
+}
+
+/* The index of the largest value, the first of equal ones; the first NaN where there is one (numpy's argmax). Two
+ * branch-light passes (the largest value and whether a NaN is there, then its first index) rather than one that
+ * carries the index of the best so far from element to element. */
+static int32_t argmax(const float *v, int32_t n) {
+    float mx = v[0];
+    int nan = 0;
+    for (int32_t i = 0; i < n; i++) {
+        mx = v[i] > mx ? v[i] : mx;
+        nan |= v[i] != v[i];
+    }
+    for (int32_t i = 0; i < n; i++)
+        if (nan ? v[i] != v[i] : v[i] == mx) return i;
+    return 0;
+}
+
+int eb_context_greedy(eb_context *c, int32_t first, int32_t n, const int32_t *stop_ids, int32_t n_stop, int32_t *out,
+                      int32_t *n_out) {
+    if (n_out) *n_out = 0;
+    if (!c || !out || !n_out || (n_stop > 0 && !stop_ids)) return eb_fail(EB_ERR_ARGUMENT, "greedy: NULL argument");
+    if (n < 1) return eb_fail(EB_ERR_ARGUMENT, "greedy: %d tokens to choose, expected at least one", n);
+    if (n_stop < 0) return eb_fail(EB_ERR_ARGUMENT, "greedy: %d stop ids, expected 0 or more", n_stop);
+    int32_t V = c->model->cfg.vocab_size;
+    if (first < 0 || first >= V)
+        return eb_fail(EB_ERR_RANGE, "greedy: first token id %d out of range: the vocabulary has %d tokens (ids 0..%d)",
+                       first, V, V - 1);
+    out[0] = first;
+    *n_out = 1;
+    for (;;) {
+        int32_t last = out[*n_out - 1];
+        for (int32_t i = 0; i < n_stop; i++)
+            if (stop_ids[i] == last) return EB_OK;
+        if (*n_out == n) return EB_OK;
+        int st = eb_context_eval(c, &last, 1, c->logits, 0);
+        if (st) return st;
+        out[(*n_out)++] = argmax(c->logits, V);
+    }
+}
+
+int eb_context_set_trace(eb_context *c, int64_t capacity) {
+    if (!c) return eb_fail(EB_ERR_ARGUMENT, "set trace: context is NULL");
+    if (capacity < 0 || capacity > (int64_t)1 << 26)
+        return eb_fail(EB_ERR_RANGE, "trace capacity %lld: expected 0 (off) .. %lld spans", (long long)capacity,
+                       (long long)1 << 26);
+    eb_span *t = NULL;
+    if (capacity > 0 && !(t = malloc((size_t)capacity * sizeof *t)))
+        return eb_fail(EB_ERR_MEMORY, "out of memory for a trace of %lld spans", (long long)capacity);
+    free(c->trace);
+    c->trace = t;
+    c->trace_cap = capacity;
+    c->trace_n = c->trace_lost = 0;
+    return EB_OK;
+}
+
+int eb_context_read_trace(eb_context *c, eb_trace_span *out, int64_t room, int64_t *n_out, int64_t *lost) {
+    if (!c || !n_out || (room > 0 && !out)) return eb_fail(EB_ERR_ARGUMENT, "read trace: NULL argument");
+    int64_t n = c->trace_n < room ? c->trace_n : room;
+    for (int64_t i = 0; i < n; i++) {
+        const eb_span *s = &c->trace[i];
+        out[i] = (eb_trace_span){s->start_ns, s->end_ns, s->device, s->layer, s->token, s->kind, s->rows};
+    }
+    /* what did not fit is kept for the next read */
+    memmove(c->trace, c->trace + n, (size_t)(c->trace_n - n) * sizeof *c->trace);
+    c->trace_n -= n;
+    *n_out = n;
+    if (lost) {
+        *lost = c->trace_lost;
+        c->trace_lost = 0;
+    }
+    return EB_OK;
+}
