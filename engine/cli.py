@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
+from pathlib import Path
 
 from .demo import DEMO_PROMPTS, SIZES, ensure_demo_pair
 from .errors import EngineError
@@ -18,6 +20,7 @@ from .model import WEIGHTS_MODES, Engine
 from .regress import add_parser as add_regress_parser
 from .run import REDUCTION_MODES, DecodeRun, RunResult, StepEvent
 from .speculative import MAX_DRAFT_TOKENS
+from .trace import write_chrome_trace
 
 SYNTHETIC_NOTE = "synthetic: random weights, its text is noise by design"
 
@@ -100,6 +103,12 @@ def _check_run_args(args) -> None:
     for p in args.prompt or ():
         if not p:
             raise EngineError("--prompt '' is empty: give some text")
+    if args.trace is not None:
+        folder = args.trace.parent
+        if args.trace.is_dir():
+            raise EngineError(f"--trace {args.trace}: is a folder, expected a file to write")
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise EngineError(f"--trace {args.trace}: the folder {folder} does not exist or is not writable")
 
 
 def cmd_run(args) -> int:
@@ -123,7 +132,7 @@ def cmd_run(args) -> int:
         if placement is None and target.config.num_experts > 0:
             placement = f"*={args.device}"
         run = DecodeRun(target, draft, prompts=prompts, tokens_per_prompt=args.n, repeats=args.repeats, q=args.q,
-                        mode=args.mode, placement=placement)  # fmt: skip
+                        mode=args.mode, placement=placement, trace=args.trace is not None)  # fmt: skip
         progress = None
         if sys.stderr.isatty():
             progress = ProgressBar(args.n * len(prompts) * args.repeats, args.repeats, len(prompts))
@@ -141,6 +150,10 @@ def cmd_run(args) -> int:
             if progress is not None:
                 progress.clear()
         report = _report(result, target, draft, prompts, eng.runtimes[0].kernel_variant)
+    if args.trace is not None:
+        meta = {k: report.get(k) for k in ("target", "draft", "target_device", "mode", "placement", "q")}
+        write_chrome_trace(args.trace, run.spans, metadata=meta)
+        report["trace"] = str(args.trace)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -218,6 +231,9 @@ def _print_table(report: dict, result: RunResult, n_prompts: int) -> None:
     if report["host_round_trips"] or report["graph_launches"]:
         print(f"primary   {report['host_round_trips']} host round trips (MoE layer steps with experts elsewhere), "
               f"{report['graph_launches']} recorded parts launched")  # fmt: skip
+    if report.get("trace"):
+        lost = f", {report['trace_lost']} lost" if report["trace_lost"] else ""
+        print(f"trace     {report['trace']} ({report['trace_spans']} spans{lost}; open in Perfetto)")
     complete = sum(r.complete for r in result.repeat_results)
     if complete > 1:
         held = "held over" if report["repeats_agree"] else "CHANGED between"
@@ -311,6 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--demo-size", default="default", choices=sorted(SIZES),
                      help="which demo pair to use when no --model is given (default: default)")  # fmt: skip
     run.add_argument("--json", action="store_true", help="print one JSON document")
+    run.add_argument("--trace", metavar="FILE", type=Path,
+                     help="write the per-token trace (what ran on which device, when, per step and layer) as Chrome "
+                          "trace event JSON, for Perfetto or chrome://tracing")  # fmt: skip
     _engine_args(run)
     run.set_defaults(func=cmd_run)
     demo = sub.add_parser(

@@ -16,6 +16,7 @@ from .checkpoint import DTYPES, Checkpoint, ModelConfig
 from .errors import ArgumentError, RangeError, StateError, UnsupportedError
 from .native import check, ffi, lib, text
 from .placement import Placement
+from .trace import SPAN_KINDS, Span
 
 ARCH_CODES = {"qwen3": 1, "qwen3_moe": 2}
 # How the core holds a model's files in host memory (eb_weights_mode): "copy" reads them into private memory
@@ -399,6 +400,9 @@ class Context(_Handle):
         self._ptr = out[0]
         self._mode = "reference"
         self._graphs = True
+        self._trace = 0
+        self._trace_buf = None
+        self.trace_lost = 0
         self.model = model
         self.vocab_size = model.config.vocab_size
         model._contexts.append(self)
@@ -438,6 +442,36 @@ class Context(_Handle):
             raise ArgumentError(f"graphs must be True or False, got {enabled!r}")
         check(lib.eb_context_set_graphs(self._live(), int(enabled)))
         self._graphs = enabled
+
+    @property
+    def trace(self) -> int:
+        return self._trace
+
+    @trace.setter
+    def trace(self, capacity: int) -> None:
+        """The per-token trace: room for `capacity` spans between two trace_spans() reads (0, the default: off).
+        Spans that do not fit are counted in trace_lost, not kept."""
+        if not _is_int(capacity) or not 0 <= capacity <= 1 << 26:
+            raise RangeError(f"trace capacity {capacity!r}: expected 0 (off) .. {1 << 26} spans")
+        check(lib.eb_context_set_trace(self._live(), int(capacity)))
+        self._trace = int(capacity)
+        self._trace_buf = ffi.new("eb_trace_span[]", capacity) if capacity else None  # kept: reads allocate none
+        self.trace_lost = 0
+
+    def trace_spans(self, model: str = "target") -> list[Span]:
+        """The spans recorded since the last read, oldest first (they are moved out of the core), tagged with
+        model; trace_lost accumulates those that did not fit."""
+        if not self._trace:
+            return []
+        room, buf = self._trace, self._trace_buf
+        n, lost = ffi.new("int64_t *"), ffi.new("int64_t *")
+        check(lib.eb_context_read_trace(self._live(), buf, room, n, lost))
+        self.trace_lost += lost[0]
+        names = [d.name for d in self.model.engine.devices]
+        return [
+            Span(SPAN_KINDS[s.kind], names[s.device], s.layer, s.token, s.rows, s.start_ns, s.end_ns, model)
+            for s in (buf[i] for i in range(n[0]))
+        ]
 
     def _eval(self, ids, all_rows: bool) -> np.ndarray:
         arr = _ids_array(ids)

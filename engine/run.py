@@ -30,8 +30,13 @@ import numpy as np
 from .errors import ArgumentError, RangeError, StateError
 from .model import Context, Model, _ids_array
 from .speculative import GreedyDecoder, SpeculativeDecoder, check_draft_q, check_shared_vocabulary
+from .trace import Span
 
 REDUCTION_MODES = tuple(Context.MODES)  # the context owns the mode names
+# A step records at most a few spans per layer and device (attention, route, stage, experts per owner, join,
+# combine), whatever its rows: room per layer, plus embed, logits and recorded parts.
+TRACE_ROOM_PER_LAYER = 16
+TRACE_ROOM_EXTRA = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +58,7 @@ class StepEvent:
     seconds: float
     ids: tuple[int, ...]
     prompt_tokens: int = 0  # prefill steps only
+    spans: tuple[Span, ...] = ()  # with trace=True: what ran where during this step (engine.trace)
 
 
 @dataclass
@@ -137,6 +143,8 @@ class RunResult:
     waits: dict[str, int] = field(default_factory=dict)
     host_round_trips: int = 0
     graph_launches: int = 0
+    trace_spans: int = 0  # with trace=True: spans recorded (DecodeRun.spans holds them), and those lost
+    trace_lost: int = 0
 
     def to_dict(self) -> dict:
         """Plain JSON-ready data (NaN becomes None)."""
@@ -182,7 +190,8 @@ class DecodeRun:
     identical whatever the placement) or "owner_local" (each owner pre-sums its experts: faster, not the
     identity mode). placement: a Placement or its text form ("0-7=cuda:0; 8-15=cpu:0"), applied to the target
     when the run starts; None keeps the target's current one. on_event(StepEvent) is called after every step,
-    on the run's thread. Everything is checked here, before any run starts.
+    on the run's thread. trace: record the per-token trace of both models (engine.trace): each StepEvent carries
+    its step's spans, and DecodeRun.spans collects them all. Everything is checked here, before any run starts.
     """
 
     def __init__(
@@ -197,6 +206,7 @@ class DecodeRun:
         mode: str = "reference",
         placement=None,
         on_event=None,
+        trace: bool = False,
     ):
         check_mode(mode)
         if placement is not None:
@@ -223,6 +233,12 @@ class DecodeRun:
                     f"({model.config.max_position_embeddings})"
                 )
         self.on_event = on_event
+        if not isinstance(trace, bool):
+            raise ArgumentError(f"trace must be True or False, got {trace!r}")
+        self.trace = trace
+        self.spans: list[Span] = []
+        self._trace_lost = 0
+        self._contexts: list[tuple[Context, str]] = []
         self._cancel = threading.Event()
         self._thread: threading.Thread | None = None
         self._result: RunResult | None = None
@@ -314,10 +330,16 @@ class DecodeRun:
                 decoder = SpeculativeDecoder(target_ctx, draft_ctx, self.q)
             else:
                 decoder = GreedyDecoder(target_ctx)
+            if self.trace:
+                self._contexts = [(target_ctx, "target")] + ([(draft_ctx, "draft")] if draft_ctx else [])
+                passes = 1 + (self.q or 0)  # the draft proposes q tokens a step, one pass each
+                for ctx, _ in self._contexts:
+                    ctx.trace = (TRACE_ROOM_PER_LAYER * ctx.model.config.num_layers + TRACE_ROOM_EXTRA) * passes
             models = [m for m in (self.target, self.draft) if m is not None]
             before = [m.counters() for m in models]
             result = self._loop(decoder)
             _add_counters(result, models, before, [m.counters() for m in models])
+            result.trace_spans, result.trace_lost = len(self.spans), self._trace_lost
             return result
         finally:
             if draft_ctx is not None:
@@ -342,8 +364,9 @@ class DecodeRun:
                 rep.prefill_tokens += len(prompt)
                 rep.prefill_seconds += t1 - t0
                 rep.generated_tokens += 1
+                spans = self._step_spans()
                 if emit is not None:
-                    emit(StepEvent("prefill", r, p, 1, 0, 0, 1, t1 - t_run, t1 - t0, (out[0],), len(prompt)))
+                    emit(StepEvent("prefill", r, p, 1, 0, 0, 1, t1 - t_run, t1 - t0, (out[0],), len(prompt), spans))
                 while len(out) < n and not self._cancel.is_set():
                     t0 = clock()
                     step = decoder.step(n - len(out))
@@ -354,9 +377,10 @@ class DecodeRun:
                     rep.decode_seconds += t1 - t0
                     rep.drafted_tokens += step.drafted
                     rep.accepted_tokens += step.accepted
+                    spans = self._step_spans()
                     if emit is not None:
                         emit(StepEvent("decode", r, p, len(step.tokens), step.drafted, step.accepted, len(out),
-                                       t1 - t_run, t1 - t0, tuple(step.tokens)))  # fmt: skip
+                                       t1 - t_run, t1 - t0, tuple(step.tokens), 0, spans))  # fmt: skip
                 if len(out) == n:
                     outputs[r].append(out)
                     rep.output_sha256.append(output_sha256(out))
@@ -364,6 +388,19 @@ class DecodeRun:
             if self._cancel.is_set():
                 break
         return self._summary(reps, outputs, clock() - t_run)
+
+    def _step_spans(self) -> tuple[Span, ...]:
+        """The spans of the step just taken (none unless tracing), moved out of the contexts."""
+        if not self._contexts:
+            return ()
+        spans: list[Span] = []
+        for ctx, role in self._contexts:
+            spans += ctx.trace_spans(role)
+            self._trace_lost += ctx.trace_lost
+            ctx.trace_lost = 0
+        spans.sort(key=lambda s: s.start_ns)
+        self.spans += spans
+        return tuple(spans)
 
     def _summary(self, reps: list[RepeatResult], outputs: list[list[list[int]]], seconds: float) -> RunResult:
         complete = [r for r in reps if r.complete]

@@ -244,7 +244,10 @@ int eb_block_moe(eb_step *s, int l) {
         return eb_fail(st, "%s: %s", s->name, s->err);
     }
     uint64_t t1 = trace_now(c);
-    span(c, prim, l, EB_SPAN_EXPERTS, n * K, t0, t1);
+    int64_t own = n * K;
+    for (int d = 0; d < m->engine->n_devices; d++)
+        if (d != prim) own -= c->step[d].n_pairs;
+    if (own > 0) span(c, prim, l, EB_SPAN_EXPERTS, own, t0, t1);
     if ((st = eb_join_peers(c))) return st;
     uint64_t t2 = trace_now(c);
     span(c, prim, l, EB_SPAN_JOIN, n, t1, t2);
