@@ -29,7 +29,7 @@ class BuildWithRuntimes(build_ext):
     def build_gpu_runtimes(self, out_dir: Path):
         """The cuda and hip modules from one source, each where its compiler exists."""
         source = str(NATIVE / "runtime/gpu/gpu_runtime.cu")
-        common = ["-O3", "-std=c++17", "-shared", f"-I{NATIVE / 'include'}"]
+        common = ["-O3", "-std=c++20", "-shared", f"-I{NATIVE / 'include'}"]
         nvcc = shutil.which("nvcc") or next((p for p in ["/usr/local/cuda/bin/nvcc"] if Path(p).exists()), None)
         if nvcc:
             archs = os.environ.get("EXPERTBENCH_CUDA_ARCHS", "80 86 89 90").split()

@@ -1,12 +1,14 @@
-/* The arithmetic of the forward pass that must be the same wherever it runs on a CPU: the core's own forward
- * pass (a CPU primary) and the hostsim module's primary operations use these, so that a step gives the same
- * bits on either. Plain C, static inline, no state. */
+/* The arithmetic of the forward pass that must be the same wherever it runs on a CPU: the cpu and hostsim
+ * modules' forward operations and the core's scheduler use these, so that a step gives the same bits on either.
+ * Plain C, static inline, no state. */
 #ifndef EB_OPS_H
 #define EB_OPS_H
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "eb_runtime.h"
 
 /* out = w * x / rms(x), accumulated in double; out may be x. */
 static inline void eb_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
@@ -174,12 +176,24 @@ static inline int64_t eb_next_ascending(const int32_t *ids, int64_t K, int32_t d
     return k;
 }
 
+/* Append the pairs that chose expert e to a plan, in ascending row order: for each, the row it reads
+ * (pair_token[p]) and its index t * K + k in the routing (slot[p]). Returns the plan's new length. The one way
+ * pairs are grouped by expert, on the primary (its own experts) and for each peer (the scheduler). */
+static inline int32_t eb_group_pairs(const int32_t *topk_id, int64_t n, int64_t K, int32_t e, int32_t *pair_token,
+                                     int32_t *slot, int32_t p) {
+    for (int64_t i = 0; i < n * K; i++)
+        if (topk_id[i] == e) {
+            pair_token[p] = (int32_t)(i / K);
+            slot[p++] = (int32_t)i;
+        }
+    return p;
+}
+
 /* The combination of row t's expert outputs (the one reduction of a MoE layer on a CPU primary): x += the sum, begun
  * at 0, over its K selections in ascending expert id of weight * output, an owned expert's output (experts[id].gate
  * set) read from pair_out row t * K + k and another's from foreign (same row; reference mode). owner_local: the sum
  * over the owned ones only, plus foreign row t (the other owners' weighted sums; NULL: none). Returns 0 when a
  * selected expert is not owned and no foreign rows were given (reference mode). */
-#include "eb_runtime.h"
 static inline int eb_moe_combine_row(float *x, int64_t t, int64_t K, int64_t H, const int32_t *topk_id,
                                      const float *topk_w, const eb_rt_expert *experts, const float *pair_out,
                                      const float *foreign, int owner_local) {

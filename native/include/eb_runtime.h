@@ -31,6 +31,8 @@ typedef struct {
     uint64_t memory_free;
     int32_t threads;
     int32_t host_addressable;      /* 1: device memory is ordinary host memory (weights can stay mapped) */
+    int32_t queued_ops;            /* 1: the forward operations return before they have run (a GPU's stream);
+                                      0: they run on the calling thread (a CPU device, hostsim) */
 } eb_rt_device_info;
 
 /* One expert's weights on its owner device (device pointers for a GPU). gate/up: inter x hidden,

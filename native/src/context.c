@@ -33,6 +33,7 @@ void eb_context_free(eb_context *c) {
     free(c->plan_experts);
     free(c->plan_start);
     free(c->pair_slot);
+    free(c->pair_index);
     free(c->token_local);
     free(c->trace);
     free(c);
@@ -80,6 +81,7 @@ int eb_context_create(eb_model *m, int32_t n_ctx, int32_t n_batch, eb_context **
     c->plan_experts = zalloc(B * K, sizeof(eb_rt_expert), &failed);
     c->plan_start = zalloc(B * K + 1, sizeof(int32_t), &failed);
     c->pair_slot = zalloc(B * K, sizeof(int32_t), &failed);
+    c->pair_index = zalloc(B * K, sizeof(int32_t), &failed);
     c->token_local = zalloc((size_t)c->n_devices * B, sizeof(int32_t), &failed);
     if (failed) {
         eb_context_free(c);

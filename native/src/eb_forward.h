@@ -27,10 +27,24 @@ typedef struct {
     char err[512];
 } eb_step;
 
-/* A model family: its forward pass of one step (first: the first row whose logits are wanted; logits 0: none). */
+/* Binding a checkpoint's tensors by name: the sorted descriptors, checked against the expected shape ([d0] when
+ * d1 is 0) and pointed at in the mapped files; vectors (norms, biases) converted to owned f32 arrays. */
+typedef struct {
+    const eb_tensor_desc **sorted;
+    int32_t n;
+    eb_model *m;
+} eb_binder;
+int eb_bind(const eb_binder *b, const char *name, int64_t d0, int64_t d1, eb_weight *out);
+int eb_bind_vector(const eb_binder *b, const char *name, int64_t d0, float **out);
+
+/* A model family, one file each (models/): which of its layers route to experts, its tensors by name (the
+ * model's, then each layer's: experts bound into layer->experts, allocated by the family), and its forward pass of
+ * one step (first: the first row whose logits are wanted; logits 0: none). */
 typedef struct eb_family {
-    int32_t arch;
     const char *name;
+    int (*is_moe_layer)(const eb_model_config *c, int layer);
+    int (*bind_model)(const eb_binder *b);
+    int (*bind_layer)(const eb_binder *b, int layer);
     int (*forward)(eb_step *s, int64_t first, int logits);
 } eb_family;
 

@@ -24,6 +24,7 @@ typedef struct {
     int runtime;      /* index into engine->runtimes */
     int local;        /* device index inside its runtime */
     int host_addressable;
+    int queued_ops; /* its forward operations return before they have run (a GPU) */
     char name[EB_MAX_NAME];
 } eb_device;
 
@@ -39,6 +40,9 @@ struct eb_engine {
     void *idle_dl[EB_MAX_RUNTIMES];
     int n_idle;
 };
+
+/* The host's CLOCK_MONOTONIC in nanoseconds (the trace's clock). */
+uint64_t eb_now_ns(void);
 
 /* Copy a string, truncating to fit size (always NUL-terminated). */
 void eb_copy_str(char *dst, size_t size, const char *src);

@@ -107,6 +107,8 @@ typedef struct {
     int32_t n_pairs, n_tokens, n_experts;
     float *y;            /* host: where this owner's outputs are read by the reduction */
     int staged;          /* inputs went through host staging */
+    int inline_run;      /* run on the calling thread (done when dispatch returns), between host times t0, t1 */
+    uint64_t t0, t1;
 } eb_owner_step;
 
 /* A context's buffers in the primary's memory (one allocation), its pinned host staging and its recorded steps. */
@@ -148,6 +150,7 @@ struct eb_context {
     eb_rt_expert *plan_experts;  /* n_batch * top_k */
     int32_t *plan_start;         /* n_batch * top_k + 1 */
     int32_t *pair_slot;          /* per (token, k): the row of its owner's y */
+    int32_t *pair_index;         /* per pair of a plan: its (token, k) index */
     int32_t *token_local;        /* per token: its row in the owner's staged x, -1 if none */
     eb_dev_context *dc;          /* the buffers on the primary */
     int use_graphs;              /* record one-token steps into graphs where the primary's runtime can */
@@ -161,9 +164,10 @@ void eb_model_release(eb_model *m);
 
 /* The other owners' experts of one MoE layer step, from the routing in c->topk_id / c->topk_w and the rows in
  * c->xn (host memory): dispatch queues every owner but the primary on its own threads or stream (staging what it
- * cannot read) and records its completion event; join waits on those events. c->step[d] then says how many pairs
- * each owner ran and where its outputs are. */
-int eb_dispatch_peers(eb_context *c, const eb_layer *L, int64_t n);
+ * cannot read) and records its completion event, but inline_dev (-1: none), which it runs on the calling thread
+ * after the others are queued; join waits on the events. c->step[d] then says how many pairs each owner ran and
+ * where its outputs are. */
+int eb_dispatch_peers(eb_context *c, const eb_layer *L, int64_t n, int inline_dev);
 int eb_join_peers(eb_context *c);
 
 /* The weights as the primary reads them (model load), its expert tables (after a placement), free. */

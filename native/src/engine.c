@@ -220,6 +220,7 @@ int eb_engine_load_runtime(eb_engine *engine, const char *name, const char *path
         d->runtime = engine->n_runtimes;
         d->local = i;
         d->host_addressable = info.host_addressable;
+        d->queued_ops = info.queued_ops;
         snprintf(d->name, sizeof d->name, "%s:%d", name, i);
     }
     engine->n_devices += nd;

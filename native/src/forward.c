@@ -14,7 +14,7 @@ const eb_family *eb_family_for(int32_t arch) {
     return arch == EB_ARCH_QWEN3 || arch == EB_ARCH_QWEN3_MOE ? &eb_family_qwen3 : NULL;
 }
 
-static uint64_t now_ns(void) {
+uint64_t eb_now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
@@ -31,7 +31,7 @@ static void span(eb_context *c, int device, int layer, int kind, int64_t rows, u
     c->trace[c->trace_n++] = (eb_span){t0, t1, device, layer, c->pos, kind, (int32_t)rows};
 }
 
-static uint64_t trace_now(const eb_context *c) { return c->trace_cap ? now_ns() : 0; }
+static uint64_t trace_now(const eb_context *c) { return c->trace_cap ? eb_now_ns() : 0; }
 
 /* ---- parts of a step ------------------------------------------------------------------------------------ */
 
@@ -230,36 +230,52 @@ int eb_block_moe(eb_step *s, int l) {
         if (!s->replaying) span(c, prim, l, EB_SPAN_EXPERTS, n * K, t0, trace_now(c));
         return EB_OK;
     }
-    /* the host round trip: the part so far runs, the routing comes back, the peers are dispatched, the primary's own
-     * experts run meanwhile (queued live, outside any recording), then the join */
+    /* the host round trip: the part so far runs and the routing comes back; then the primary's own experts run
+     * while the peers run theirs (queued live, outside any recording), and the join. A primary whose operations run
+     * on this thread (a CPU device, hostsim) runs its experts after queuing every peer; one whose operations are
+     * queued (a GPU) queues its experts first, and this thread runs the last CPU peer's meanwhile. */
     if ((st = part_end(s))) return st;
     t0 = trace_now(c);
     if ((st = read_routing(s, l))) return st;
     span(c, prim, l, EB_SPAN_STAGE, n, t0, trace_now(c));
-    if ((st = eb_dispatch_peers(c, &m->layers[l], n))) return st;
-    t0 = trace_now(c);
+    int queued = m->engine->devices[prim].queued_ops, inline_dev = -1;
+    for (int d = 0; queued && d < m->engine->n_devices; d++)
+        if (d != prim && m->engine->devices[d].host_addressable) inline_dev = d;
     b.phase = EB_MOE_EXPERTS;
-    if ((st = s->ops->moe(s->rt, s->dev, &b, s->err, sizeof s->err))) {
-        (void)eb_join_peers(c); /* they read this context's buffers: let them finish first */
-        return eb_fail(st, "%s: %s", s->name, s->err);
+    uint64_t t1 = 0;
+    if (queued) {
+        t0 = trace_now(c);
+        if ((st = s->ops->moe(s->rt, s->dev, &b, s->err, sizeof s->err))) return eb_fail(st, "%s: %s", s->name, s->err);
+        t1 = trace_now(c);
+        if ((st = eb_dispatch_peers(c, &m->layers[l], n, inline_dev))) return st;
+    } else {
+        if ((st = eb_dispatch_peers(c, &m->layers[l], n, -1))) return st;
+        t0 = trace_now(c);
+        if ((st = s->ops->moe(s->rt, s->dev, &b, s->err, sizeof s->err))) {
+            (void)eb_join_peers(c); /* they read this context's buffers: let them finish first */
+            return eb_fail(st, "%s: %s", s->name, s->err);
+        }
+        t1 = trace_now(c);
     }
-    uint64_t t1 = trace_now(c);
     int64_t own = n * K;
     for (int d = 0; d < m->engine->n_devices; d++)
         if (d != prim) own -= c->step[d].n_pairs;
     if (own > 0) span(c, prim, l, EB_SPAN_EXPERTS, own, t0, t1);
+    uint64_t tj = trace_now(c);
     if ((st = eb_join_peers(c))) return st;
     uint64_t t2 = trace_now(c);
-    span(c, prim, l, EB_SPAN_JOIN, n, t1, t2);
-    if (c->trace_cap) /* each peer's branch, from its events */
+    span(c, prim, l, EB_SPAN_JOIN, n, tj, t2);
+    if (c->trace_cap) /* each peer's branch, from its events (or this thread's clock for the one run inline) */
         for (int d = 0; d < m->engine->n_devices; d++) {
             const eb_runtime *pr = eb_device_runtime(m->engine, d);
+            const eb_owner_step *o = &c->step[d];
             int local = m->engine->devices[d].local;
-            uint64_t b0, b1;
-            if (d == prim || c->step[d].n_pairs == 0) continue;
-            if (pr->table->event_time(pr->rt, local, c->begun[d], &b0, s->err, sizeof s->err) == EB_OK &&
-                pr->table->event_time(pr->rt, local, c->done[d], &b1, s->err, sizeof s->err) == EB_OK)
-                span(c, d, l, EB_SPAN_EXPERTS, c->step[d].n_pairs, b0, b1);
+            uint64_t b0 = o->t0, b1 = o->t1;
+            if (d == prim || o->n_pairs == 0) continue;
+            if (o->inline_run ||
+                (pr->table->event_time(pr->rt, local, c->begun[d], &b0, s->err, sizeof s->err) == EB_OK &&
+                 pr->table->event_time(pr->rt, local, c->done[d], &b1, s->err, sizeof s->err) == EB_OK))
+                span(c, d, l, EB_SPAN_EXPERTS, o->n_pairs, b0, b1);
         }
     if ((st = send_foreign(s, l)) || (st = part_begin(s))) return st;
     b.phase = EB_MOE_COMBINE;

@@ -17,13 +17,6 @@
 
 #define EB_MAX_DIM (1 << 20)
 
-static int is_moe_layer(const eb_model_config *c, int layer) {
-    if (c->arch != EB_ARCH_QWEN3_MOE || c->num_experts <= 0) return 0;
-    for (int i = 0; i < c->n_mlp_only_layers; i++)
-        if (c->mlp_only_layers[i] == layer) return 0;
-    return (layer + 1) % c->decoder_sparse_step == 0;
-}
-
 static int check_config(const eb_model_config *c) {
     if (c->arch != EB_ARCH_QWEN3 && c->arch != EB_ARCH_QWEN3_MOE)
         return eb_fail(EB_ERR_UNSUPPORTED, "config: architecture code %d is not supported (expected %d Qwen3 or %d "
@@ -57,7 +50,7 @@ static int check_config(const eb_model_config *c) {
     for (int l = 0; l < c->num_layers; l++) {
         if (c->arch == EB_ARCH_QWEN3_MOE && c->decoder_sparse_step <= 0)
             return eb_fail(EB_ERR_FORMAT, "config: decoder_sparse_step = %d, expected >= 1", c->decoder_sparse_step);
-        if (is_moe_layer(c, l)) any_moe = 1;
+        if (eb_family_for(c->arch)->is_moe_layer(c, l)) any_moe = 1;
         else any_dense = 1;
     }
     if (any_dense && (c->intermediate_size <= 0 || c->intermediate_size > EB_MAX_DIM))
@@ -81,20 +74,14 @@ static int cmp_desc_name(const void *a, const void *b) {
     return strcmp(x->name, y->name);
 }
 
-typedef struct {
-    const eb_tensor_desc **sorted;
-    int32_t n;
-    eb_model *m;
-} binder;
-
-static const eb_tensor_desc *find_tensor(const binder *b, const char *name) {
+static const eb_tensor_desc *find_tensor(const eb_binder *b, const char *name) {
     eb_tensor_desc key = {.name = name};
     const eb_tensor_desc *kp = &key;
     const eb_tensor_desc **hit = bsearch(&kp, b->sorted, (size_t)b->n, sizeof *b->sorted, cmp_desc_name);
     return hit ? *hit : NULL;
 }
 
-static int bind(const binder *b, const char *name, int64_t d0, int64_t d1, eb_weight *out) {
+int eb_bind(const eb_binder *b, const char *name, int64_t d0, int64_t d1, eb_weight *out) {
     const eb_tensor_desc *t = find_tensor(b, name);
     if (!t) return eb_fail(EB_ERR_FORMAT, "tensor '%s' is missing from the checkpoint", name);
     int ndim = d1 > 0 ? 2 : 1;
@@ -119,9 +106,9 @@ static int bind(const binder *b, const char *name, int64_t d0, int64_t d1, eb_we
 }
 
 /* A 1-D tensor converted to an owned f32 array (norm weights and biases are small and read often). */
-static int bind_vector(const binder *b, const char *name, int64_t d0, float **out) {
+int eb_bind_vector(const eb_binder *b, const char *name, int64_t d0, float **out) {
     eb_weight w;
-    int st = bind(b, name, d0, 0, &w);
+    int st = eb_bind(b, name, d0, 0, &w);
     if (st) return st;
     float *v = malloc((size_t)d0 * sizeof *v);
     if (!v) return eb_fail(EB_ERR_MEMORY, "out of memory for tensor '%s'", name);
@@ -412,64 +399,6 @@ void eb_model_release(eb_model *m) {
     if (engine && --engine->n_models == 0 && engine->destroy_requested) eb_engine_release(engine);
 }
 
-static int bind_layer(const binder *b, int l) {
-    eb_model *m = b->m;
-    const eb_model_config *c = &m->cfg;
-    eb_layer *L = &m->layers[l];
-    char name[256];
-    int64_t H = c->hidden_size, qd = (int64_t)c->num_heads * c->head_dim, kvd = (int64_t)c->num_kv_heads * c->head_dim;
-    int st;
-#define NAME(fmt, ...) (snprintf(name, sizeof name, "model.layers.%d." fmt, l, ##__VA_ARGS__), name)
-#define TRY(x)                                                                                                   \
-    if ((st = (x)) != EB_OK) return st;
-    TRY(bind_vector(b, NAME("input_layernorm.weight"), H, &L->input_norm))
-    TRY(bind_vector(b, NAME("post_attention_layernorm.weight"), H, &L->post_norm))
-    TRY(bind(b, NAME("self_attn.q_proj.weight"), qd, H, &L->q))
-    TRY(bind(b, NAME("self_attn.k_proj.weight"), kvd, H, &L->k))
-    TRY(bind(b, NAME("self_attn.v_proj.weight"), kvd, H, &L->v))
-    TRY(bind(b, NAME("self_attn.o_proj.weight"), H, qd, &L->o))
-    TRY(bind_vector(b, NAME("self_attn.q_norm.weight"), c->head_dim, &L->q_norm))
-    TRY(bind_vector(b, NAME("self_attn.k_norm.weight"), c->head_dim, &L->k_norm))
-    if (c->attention_bias) {
-        TRY(bind_vector(b, NAME("self_attn.q_proj.bias"), qd, &L->q_bias))
-        TRY(bind_vector(b, NAME("self_attn.k_proj.bias"), kvd, &L->k_bias))
-        TRY(bind_vector(b, NAME("self_attn.v_proj.bias"), kvd, &L->v_bias))
-        TRY(bind_vector(b, NAME("self_attn.o_proj.bias"), H, &L->o_bias))
-    }
-    L->is_moe = is_moe_layer(c, l);
-    if (!L->is_moe) {
-        int64_t I = c->intermediate_size;
-        TRY(bind(b, NAME("mlp.gate_proj.weight"), I, H, &L->gate))
-        TRY(bind(b, NAME("mlp.up_proj.weight"), I, H, &L->up))
-        TRY(bind(b, NAME("mlp.down_proj.weight"), H, I, &L->down))
-        return EB_OK;
-    }
-    int64_t I = c->moe_intermediate_size;
-    TRY(bind(b, NAME("mlp.gate.weight"), c->num_experts, H, &L->router))
-    L->experts = calloc((size_t)c->num_experts, sizeof *L->experts);
-    if (!L->experts) return eb_fail(EB_ERR_MEMORY, "out of memory");
-    uint64_t before = m->info.weight_bytes;
-    for (int e = 0; e < c->num_experts; e++) {
-        TRY(bind(b, NAME("mlp.experts.%d.gate_proj.weight", e), I, H, &L->experts[e].gate))
-        TRY(bind(b, NAME("mlp.experts.%d.up_proj.weight", e), I, H, &L->experts[e].up))
-        TRY(bind(b, NAME("mlp.experts.%d.down_proj.weight", e), H, I, &L->experts[e].down))
-        eb_expert *x = &L->experts[e];
-        if (x->up.dtype != x->gate.dtype || x->down.dtype != x->gate.dtype)
-            return eb_fail(EB_ERR_UNSUPPORTED, "expert %d of layer %d: gate_proj is %s, up_proj %s, down_proj %s; expected "
-                                               "one dtype for the three", e, l, eb_dtype_name(x->gate.dtype),
-                           eb_dtype_name(x->up.dtype), eb_dtype_name(x->down.dtype));
-        x->host_gate = x->gate.data;
-        x->host_up = x->up.data;
-        x->host_down = x->down.data;
-        x->owner = m->expert_home;
-    }
-    m->info.expert_bytes += m->info.weight_bytes - before;
-    m->info.n_moe_layers++;
-    return EB_OK;
-#undef NAME
-#undef TRY
-}
-
 static void compute_bytes_per_token(eb_model *m) {
     const eb_model_config *c = &m->cfg;
     uint64_t total = (uint64_t)c->hidden_size * eb_dtype_size(m->embed.dtype) + eb_weight_bytes(&m->lm_head);
@@ -548,7 +477,7 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
         memcpy(m->mlp_only, config->mlp_only_layers, (size_t)config->n_mlp_only_layers * sizeof *m->mlp_only);
     }
     m->cfg.mlp_only_layers = m->mlp_only;
-    binder b = {NULL, n_tensors, m};
+    eb_binder b = {NULL, n_tensors, m};
     if ((st = load_files(m, files, n_files, weights)) || (st = check_descriptors(m, tensors, n_tensors))) {
         eb_model_free(m);
         return st;
@@ -566,13 +495,7 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
             goto fail;
         }
     const eb_model_config *c = &m->cfg;
-    if ((st = bind(&b, "model.embed_tokens.weight", c->vocab_size, c->hidden_size, &m->embed))) goto fail;
-    if ((st = bind_vector(&b, "model.norm.weight", c->hidden_size, &m->final_norm))) goto fail;
-    if (c->tie_word_embeddings) {
-        m->lm_head = m->embed;
-    } else if ((st = bind(&b, "lm_head.weight", c->vocab_size, c->hidden_size, &m->lm_head))) {
-        goto fail;
-    }
+    if ((st = family->bind_model(&b))) goto fail;
     m->layers = calloc((size_t)c->num_layers, sizeof *m->layers);
     m->route_tokens = calloc((size_t)c->num_layers, sizeof(uint64_t));
     if (!m->layers || !m->route_tokens) {
@@ -580,7 +503,20 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
         goto fail;
     }
     for (int l = 0; l < c->num_layers; l++)
-        if ((st = bind_layer(&b, l))) goto fail;
+        if ((st = family->bind_layer(&b, l))) goto fail;
+    for (int l = 0; l < c->num_layers; l++) {
+        eb_layer *L = &m->layers[l];
+        if (!L->is_moe) continue;
+        for (int e = 0; e < c->num_experts; e++) { /* every expert starts at its home, read where it is */
+            eb_expert *x = &L->experts[e];
+            x->host_gate = x->gate.data;
+            x->host_up = x->up.data;
+            x->host_down = x->down.data;
+            x->owner = m->expert_home;
+            m->info.expert_bytes += eb_weight_bytes(&x->gate) + eb_weight_bytes(&x->up) + eb_weight_bytes(&x->down);
+        }
+        m->info.n_moe_layers++;
+    }
     free(b.sorted);
     m->info.n_layers = c->num_layers;
     m->info.primary_device = primary_device;

@@ -357,7 +357,7 @@ static int event(eb_context *c, int d, void **slot) {
 }
 
 /* Build one owner's plan (experts ascending, their pairs, its staged tokens), stage and submit its branch. */
-static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n) {
+static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int inline_run) {
     eb_model *m = c->model;
     eb_engine *eng = m->engine;
     const eb_model_config *cf = &m->cfg;
@@ -378,6 +378,7 @@ static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n) {
     }
     s->n_pairs = (int32_t)n_pairs;
     s->staged = staged;
+    s->inline_run = inline_run && !staged;
     if (n_pairs == 0) return EB_OK;
     int64_t x_rows = staged ? n_tokens : n; /* rows of x the owner indexes */
     int64_t y_rows = owner_local ? x_rows : n_pairs;
@@ -398,20 +399,19 @@ static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n) {
     s->y = (float *)(hb + in_bytes);
 
     /* experts ascending; pairs of each expert in ascending token order */
-    int64_t p = 0;
+    int32_t p = 0;
     int32_t ne = 0;
     for (int32_t e = 0; e < E; e++) {
         const eb_expert *x = &L->experts[e];
         if (x->owner != d) continue;
-        int64_t first = p;
-        for (int64_t t = 0; t < n; t++)
-            for (int64_t k = 0; k < K; k++)
-                if (c->topk_id[t * K + k] == e) {
-                    pt[p] = tl[t];
-                    pw[p] = c->topk_w[t * K + k];
-                    c->pair_slot[t * K + k] = (int32_t)p;
-                    p++;
-                }
+        int32_t first = p;
+        p = eb_group_pairs(c->topk_id, n, K, e, pt, c->pair_index, p);
+        for (int32_t i = first; i < p; i++) {
+            int32_t slot = c->pair_index[i];
+            pt[i] = tl[pt[i]]; /* the row of this owner's x */
+            pw[i] = c->topk_w[slot];
+            c->pair_slot[slot] = i;
+        }
         if (p == first) continue;
         c->plan_experts[ne] = (eb_rt_expert){x->gate.data, x->up.data, x->down.data, x->gate.dtype, e};
         c->plan_start[ne] = (int32_t)first;
@@ -430,9 +430,13 @@ static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n) {
                             .inter = (int32_t)I, .mode = owner_local ? EB_REDUCE_OWNER_LOCAL : EB_REDUCE_REFERENCE};
     char err[512] = "";
     eb_device_counters *ctr = &m->counters.dev[d];
-    if ((st = event(c, d, &c->begun[d])) || (st = event(c, d, &c->done[d]))) return st;
-    if ((st = r->table->event_record(r->rt, local, c->begun[d], err, sizeof err)))
-        return eb_fail(st, "layer experts on %s: %s", eng->devices[d].name, err);
+    if (s->inline_run) {
+        s->t0 = eb_now_ns();
+    } else {
+        if ((st = event(c, d, &c->begun[d])) || (st = event(c, d, &c->done[d]))) return st;
+        if ((st = r->table->event_record(r->rt, local, c->begun[d], err, sizeof err)))
+            return eb_fail(st, "layer experts on %s: %s", eng->devices[d].name, err);
+    }
     ctr->experts_run += (uint64_t)ne;
     ctr->rows += (uint64_t)n_pairs;
     if (!staged) {
@@ -442,7 +446,7 @@ static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n) {
         b.y = s->y;
         b.scratch = hb + in_bytes + y_bytes;
         b.scratch_bytes = scratch;
-        st = r->table->expert_ffn(r->rt, local, &b, 1, err, sizeof err);
+        st = r->table->expert_ffn(r->rt, local, &b, !s->inline_run, err, sizeof err);
     } else {
         unsigned char *db = (unsigned char *)c->arena[d].dev;
         b.x = (const float *)db;
@@ -458,18 +462,20 @@ static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n) {
         ctr->bytes_to_device += in_bytes;
         ctr->bytes_from_device += y_used;
     }
-    if (!st) st = r->table->event_record(r->rt, local, c->done[d], err, sizeof err);
+    if (s->inline_run) s->t1 = eb_now_ns();
+    else if (!st) st = r->table->event_record(r->rt, local, c->done[d], err, sizeof err);
     if (st) return eb_fail(st, "layer experts on %s: %s", eng->devices[d].name, err);
     return EB_OK;
 }
 
-int eb_dispatch_peers(eb_context *c, const eb_layer *L, int64_t n) {
+int eb_dispatch_peers(eb_context *c, const eb_layer *L, int64_t n, int inline_dev) {
     eb_model *m = c->model;
     eb_engine *eng = m->engine;
     int st = EB_OK;
     for (int d = 0; d < eng->n_devices; d++) c->step[d].n_pairs = 0;
     for (int d = 0; d < eng->n_devices && st == EB_OK; d++)
-        if (d != m->primary) st = submit_owner(c, L, d, n);
+        if (d != m->primary && d != inline_dev) st = submit_owner(c, L, d, n, 0);
+    if (st == EB_OK && inline_dev >= 0) st = submit_owner(c, L, inline_dev, n, 1);
     if (st) (void)eb_join_peers(c); /* what was queued reads this context's buffers: let it finish */
     return st;
 }
@@ -481,6 +487,7 @@ int eb_join_peers(eb_context *c) {
     for (int d = 0; d < eng->n_devices; d++) {
         if (d == m->primary || c->step[d].n_pairs == 0) continue;
         peers++;
+        if (c->step[d].inline_run) continue; /* done on this thread */
         const eb_runtime *r = eb_device_runtime(eng, d);
         char err[512] = "";
         m->counters.dev[d].waits++;

@@ -28,6 +28,7 @@
 
 #include "cpu_kernels.h"
 #include "eb_convert.h"
+#include "eb_ops.h"
 #include "eb_runtime.h"
 
 #ifdef EB_CPU_HOSTSIM
@@ -427,8 +428,6 @@ static void run_multi(cpu_runtime *rt, cpu_device *d, const eb_rt_matmul *tasks,
     }
 }
 
-static float silu(float x) { return x / (1.0f + expf(-x)); }
-
 /* The gate and up products of several experts as one pool run over their rows: a work item computes rows [r0, r1)
  * of an expert's gate and of its up product, then g = silu(g) * u for them, so that the down products can start
  * at once (no pass over g by the calling thread alone between the two runs). */
@@ -455,7 +454,7 @@ static void gate_up_chunk(void *arg, int64_t begin, int64_t end) {
         j->fn(e->gate, e->dtype, r0, r1, H, j->xe + p0 * H, m, g, I);
         j->fn(e->up, e->dtype, r0, r1, H, j->xe + p0 * H, m, u, I);
         for (int64_t p = 0; p < m; p++)
-            for (int64_t r = r0; r < r1; r++) g[p * I + r] = silu(g[p * I + r]) * u[p * I + r];
+            for (int64_t r = r0; r < r1; r++) g[p * I + r] = eb_silu(g[p * I + r]) * u[p * I + r];
     }
 }
 
@@ -970,7 +969,6 @@ static uint64_t cpu_busy_ns(void *rtp, int dev) {
  * Each operation waits for the device's queue to drain, then runs on the calling thread with the device's
  * workers. The cpu and hostsim builds share this code, so a hostsim primary gives a cpu primary's bits. */
 
-#include "eb_ops.h"
 
 static void drain(cpu_device *d) {
     pthread_mutex_lock(&d->qmu);
@@ -1168,11 +1166,7 @@ static int moe_experts(cpu_runtime *rt, cpu_device *d, const eb_rt_moe *b, char 
     for (int32_t e = 0; e < E; e++) {
         if (!b->experts[e].gate) continue;
         int32_t first = p;
-        for (int64_t i = 0; i < NK; i++)
-            if (b->topk_id[i] == e) {
-                pair_token[p] = (int32_t)(i / K);
-                slot[p++] = (int32_t)i;
-            }
+        p = eb_group_pairs(b->topk_id, n, K, e, pair_token, slot, p);
         if (p == first) continue;
         experts[ne] = b->experts[e];
         start[ne++] = first;

@@ -3,10 +3,13 @@
 // Built with nvcc as "cuda" and with hipcc (-DEB_GPU_HIP) as "hip". Devices own their memory; each has one
 // non-blocking stream on which copies and expert batches are queued in order, and a pair of events that time
 // the work queued since the last synchronize (busy time). Staging memory is pinned (cudaMallocHost).
-// A device can also be the primary: the whole forward pass (eb_rt_primary_ops) then runs here, and a one-token
-// step can be recorded into a graph and replayed.
+// Completion events are the runtime's, timed against a reference event whose host time is known (event_time).
+// A device can also be the primary: the whole forward pass (eb_rt_forward_ops) then runs here, and a one-token
+// step can be recorded into a graph and replayed (eb_rt_graph_ops).
 #include <pthread.h>
+#include <time.h>
 
+#include <cmath>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -43,6 +46,7 @@
 #define gpuEventElapsedTime hipEventElapsedTime
 #define gpuEventDestroy hipEventDestroy
 #define gpuEventSynchronize hipEventSynchronize
+#define gpuErrorNotReady hipErrorNotReady
 #define gpuGetLastError hipGetLastError
 #define SHFL_DOWN(v, o) __shfl_down((v), (o))
 #define SHFL_XOR32(v, o) __shfl_xor((v), (o), 32)
@@ -86,6 +90,7 @@
 #define gpuEventElapsedTime cudaEventElapsedTime
 #define gpuEventDestroy cudaEventDestroy
 #define gpuEventSynchronize cudaEventSynchronize
+#define gpuErrorNotReady cudaErrorNotReady
 #define gpuGetLastError cudaGetLastError
 #define SHFL_DOWN(v, o) __shfl_down_sync(0xffffffffu, (v), (o))
 #define SHFL_XOR32(v, o) __shfl_xor_sync(0xffffffffu, (v), (o), 32)
@@ -114,8 +119,8 @@ struct gpu_expert_slot {
 };
 
 struct gpu_device {
-    // One driver at a time: the expert table, the timing events and busy_ns are per device. Recursive: a
-    // recording (graph_begin .. graph_end) holds it, so other threads wait instead of being recorded.
+    // One driver at a time: the expert table, the timing events, the event clock and busy_ns are per device.
+    // Recursive: a recording (graphs->begin .. end) holds it, so other threads wait instead of being recorded.
     pthread_mutex_t lock;
     int capturing;
     gpuStream_t stream;
@@ -129,6 +134,13 @@ struct gpu_device {
     int timing; // events recorded since the last synchronize
     int warp;
     unsigned long long busy_ns;
+    // The event clock: clock_ref, recorded on clock_stream (which nothing else uses, so it is reached at once),
+    // was reached at host time clock_host_ns (CLOCK_MONOTONIC); valid once clock_ready. clock_try: a calibration's
+    // other round.
+    gpuStream_t clock_stream;
+    gpuEvent_t clock_ref, clock_try;
+    unsigned long long clock_host_ns;
+    int clock_ready;
     char name[EB_MAX_NAME];
 };
 
@@ -276,6 +288,9 @@ static void gpu_shutdown(void *rtp) {
         if (d->slots_copied) (void)gpuEventDestroy(d->slots_copied);
         if (d->start) (void)gpuEventDestroy(d->start);
         if (d->stop) (void)gpuEventDestroy(d->stop);
+        if (d->clock_ref) (void)gpuEventDestroy(d->clock_ref);
+        if (d->clock_try) (void)gpuEventDestroy(d->clock_try);
+        if (d->clock_stream) (void)gpuStreamDestroy(d->clock_stream);
         if (d->stream) (void)gpuStreamDestroy(d->stream);
         pthread_mutex_destroy(&d->lock);
     }
@@ -310,7 +325,9 @@ static int gpu_init(const eb_runtime_options *opt, void **out, char *err, size_t
         if ((e = gpuSetDevice(i)) != gpuSuccess || (e = gpuGetDeviceProperties(&prop, i)) != gpuSuccess ||
             (e = gpuStreamCreateWithFlags(&d->stream, gpuStreamNonBlocking)) != gpuSuccess ||
             (e = gpuEventCreate(&d->start)) != gpuSuccess || (e = gpuEventCreate(&d->stop)) != gpuSuccess ||
-            (e = gpuEventCreate(&d->slots_copied)) != gpuSuccess) {
+            (e = gpuEventCreate(&d->slots_copied)) != gpuSuccess ||
+            (e = gpuStreamCreateWithFlags(&d->clock_stream, gpuStreamNonBlocking)) != gpuSuccess ||
+            (e = gpuEventCreate(&d->clock_ref)) != gpuSuccess || (e = gpuEventCreate(&d->clock_try)) != gpuSuccess) {
             rt->n_devices = i + 1; // shutdown releases what device i did create
             gpu_shutdown(rt);
             return eb_rt_fail(err, errlen, EB_ERR_DEVICE, API " device %d: %s (error %d)", i, gpuGetErrorString(e), (int)e);
@@ -343,6 +360,7 @@ static int gpu_device_info(void *rtp, int dev, eb_rt_device_info *info, char *er
     info->memory_free = free_b;
     info->threads = 0;
     info->host_addressable = 0;
+    info->queued_ops = 1;
     return 0;
 }
 
@@ -420,19 +438,6 @@ static int synchronize_locked(void *rtp, int dev, char *err, size_t errlen) {
         d->timing = 0;
     }
     return 0;
-}
-
-static int gpu_matmul(void *rtp, int dev, const void *w, int dtype, int64_t rows, int64_t cols, const float *x,
-                      int64_t n, float *y, char *err, size_t errlen) {
-    (void)rtp, (void)w, (void)dtype, (void)rows, (void)cols, (void)x, (void)n, (void)y;
-    return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED,
-                RUNTIME_NAME ":%d cannot be the primary device (attention and the router run on a CPU device)", dev);
-}
-
-static int gpu_matmul_multi(void *rtp, int dev, const eb_rt_matmul *tasks, int n_tasks, char *err, size_t errlen) {
-    (void)rtp, (void)tasks, (void)n_tasks;
-    return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED,
-                RUNTIME_NAME ":%d cannot be the primary device (attention and the router run on a CPU device)", dev);
 }
 
 static int expert_ffn_locked(void *rtp, int dev, const eb_rt_expert_batch *b, int async, char *err, size_t errlen) {
@@ -525,15 +530,190 @@ static int gpu_expert_ffn(void *rtp, int dev, const eb_rt_expert_batch *b, int a
     return st;
 }
 
-static int gpu_parallel_for(void *rtp, int dev, void (*fn)(void *, int64_t, int64_t), void *arg, int64_t n,
-                            int64_t chunk) {
-    (void)rtp, (void)dev, (void)fn, (void)arg, (void)n, (void)chunk;
-    return EB_ERR_UNSUPPORTED;
-}
-
 static uint64_t gpu_busy_ns(void *rtp, int dev) {
     gpu_runtime *rt = (gpu_runtime *)rtp;
     return dev >= 0 && dev < rt->n_devices ? rt->devices[dev].busy_ns : 0;
+}
+
+// ---- completion events ---------------------------------------------------------------------------------
+
+// An event of one device, created with timing (event_time measures it from the device's clock reference).
+struct gpu_event {
+    gpuEvent_t ev;
+    int dev;
+    int recorded;
+};
+
+// Elapsed times come as float milliseconds, whose step is 0.06 us at a second from the reference and doubles with
+// each doubling of the span: event_time takes a new reference past a second.
+#define CLOCK_SPAN_MS 1000.0f
+
+static unsigned long long host_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+}
+
+// The device's clock against the host's: a reference is recorded on the idle clock stream, waited for, and the
+// host's clock read right after, late by the host's wake-up. That is a few us, but now and then tens (seen on an
+// H200), so the best of three rounds is kept: the one with the shortest time from its record to the reading. Not
+// on a thread that is recording a graph on the device: a host wait there could break the capture.
+static int calibrate_locked(gpu_device *d, int dev, char *err, size_t errlen) {
+    if (d->capturing)
+        return eb_rt_fail(err, errlen, EB_ERR_STATE,
+                          RUNTIME_NAME ":%d: the event clock cannot be calibrated while a graph is recorded on it",
+                          dev);
+    GPU_TRY(gpuSetDevice(dev), "set device");
+    unsigned long long best = 0;
+    for (int round = 0; round < 3; round++) {
+        unsigned long long before = host_now_ns();
+        GPU_TRY(gpuEventRecord(d->clock_try, d->clock_stream), "clock reference event");
+        GPU_TRY(gpuEventSynchronize(d->clock_try), "clock reference event");
+        unsigned long long after = host_now_ns();
+        if (round == 0 || after - before < best) { // the reference and its host time change together
+            gpuEvent_t kept = d->clock_ref;
+            d->clock_ref = d->clock_try;
+            d->clock_try = kept;
+            d->clock_host_ns = after;
+            best = after - before;
+        }
+    }
+    d->clock_ready = 1;
+    return 0;
+}
+
+// The device and the event of a call, or a status with its message.
+static int event_args(void *rtp, int dev, void *event, gpu_device **d, gpu_event **ev, char *err, size_t errlen) {
+    *d = get_dev((gpu_runtime *)rtp, dev, err, errlen);
+    if (!*d) return EB_ERR_RANGE;
+    *ev = (gpu_event *)event;
+    if (!*ev) return eb_rt_fail(err, errlen, EB_ERR_ARGUMENT, RUNTIME_NAME ":%d: no event (NULL)", dev);
+    if ((*ev)->dev != dev)
+        return eb_rt_fail(err, errlen, EB_ERR_ARGUMENT, RUNTIME_NAME ":%d: the event belongs to device %d", dev,
+                          (*ev)->dev);
+    return 0;
+}
+
+static int gpu_event_create(void *rtp, int dev, void **event, char *err, size_t errlen) {
+    *event = NULL;
+    gpu_device *d = get_dev((gpu_runtime *)rtp, dev, err, errlen);
+    if (!d) return EB_ERR_RANGE;
+    gpu_event *ev = (gpu_event *)calloc(1, sizeof *ev);
+    if (!ev) return eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
+    ev->dev = dev;
+    pthread_mutex_lock(&d->lock); // the clock is the device's
+    int st = 0;
+    gpuError_t e = gpuSetDevice(dev);
+    if (e == gpuSuccess) e = gpuEventCreate(&ev->ev); // default flags: timing on
+    if (e != gpuSuccess) {
+        ev->ev = NULL;
+        st = eb_rt_fail(err, errlen, EB_ERR_DEVICE, API " create event: %s (error %d)", gpuGetErrorString(e), (int)e);
+    } else if (!d->clock_ready && !d->capturing) { // calibrated now, or at the first event_time after a recording
+        st = calibrate_locked(d, dev, err, errlen);
+    }
+    pthread_mutex_unlock(&d->lock);
+    if (st) {
+        if (ev->ev) (void)gpuEventDestroy(ev->ev);
+        free(ev);
+        return st;
+    }
+    *event = ev;
+    return 0;
+}
+
+static void gpu_event_destroy(void *rtp, int dev, void *event) {
+    (void)rtp, (void)dev;
+    gpu_event *ev = (gpu_event *)event;
+    if (!ev) return;
+    // Work still queued before it runs on: the runtime releases the event once it has been reached.
+    (void)gpuSetDevice(ev->dev);
+    (void)gpuEventDestroy(ev->ev);
+    free(ev);
+}
+
+static int gpu_event_record(void *rtp, int dev, void *event, char *err, size_t errlen) {
+    gpu_device *d;
+    gpu_event *ev;
+    int st = event_args(rtp, dev, event, &d, &ev, err, errlen);
+    if (st) return st;
+    pthread_mutex_lock(&d->lock); // never into another thread's recording
+    if (d->capturing) { // this thread's recording: the event would become part of the graph, not be reached
+        st = eb_rt_fail(err, errlen, EB_ERR_STATE, RUNTIME_NAME ":%d: no event is recorded while a graph is recorded",
+                        dev);
+    } else {
+        gpuError_t e = gpuSetDevice(dev);
+        if (e == gpuSuccess) e = gpuEventRecord(ev->ev, d->stream);
+        if (e != gpuSuccess) {
+            (void)gpuGetLastError(); // reported here, not again by the next launch check
+            st = eb_rt_fail(err, errlen, EB_ERR_DEVICE, API " record event: %s (error %d)", gpuGetErrorString(e),
+                            (int)e);
+        } else {
+            ev->recorded = 1;
+        }
+    }
+    pthread_mutex_unlock(&d->lock);
+    return st;
+}
+
+// An event never recorded counts as reached (as in the runtime), so waiting for it returns at once.
+static int gpu_event_wait(void *rtp, int dev, void *event, char *err, size_t errlen) {
+    gpu_device *d;
+    gpu_event *ev;
+    int st = event_args(rtp, dev, event, &d, &ev, err, errlen);
+    if (st) return st;
+    pthread_mutex_lock(&d->lock); // as synchronize: never during another thread's recording
+    if (d->capturing) {
+        st = eb_rt_fail(err, errlen, EB_ERR_STATE,
+                        RUNTIME_NAME ":%d: no event is waited for while a graph is recorded on the device", dev);
+    } else {
+        gpuError_t e = gpuSetDevice(dev);
+        if (e == gpuSuccess) e = gpuEventSynchronize(ev->ev);
+        if (e != gpuSuccess) {
+            (void)gpuGetLastError(); // reported here, not again by the next launch check
+            st = eb_rt_fail(err, errlen, EB_ERR_DEVICE, API " wait for event: %s (error %d)", gpuGetErrorString(e),
+                            (int)e);
+        }
+    }
+    pthread_mutex_unlock(&d->lock);
+    return st;
+}
+
+// host time of the reference + the device's time from the reference to the event.
+static int event_time_locked(gpu_device *d, int dev, gpu_event *ev, uint64_t *ns, char *err, size_t errlen) {
+    if (!ev->recorded)
+        return eb_rt_fail(err, errlen, EB_ERR_STATE, RUNTIME_NAME ":%d: the event has no time: it was never recorded",
+                          dev);
+    GPU_TRY(gpuSetDevice(dev), "set device");
+    int st = 0;
+    if (!d->clock_ready && (st = calibrate_locked(d, dev, err, errlen))) return st;
+    float ms = 0.0f;
+    gpuError_t e = gpuEventElapsedTime(&ms, d->clock_ref, ev->ev);
+    if (e == gpuSuccess && !d->capturing && (ms > CLOCK_SPAN_MS || ms < -CLOCK_SPAN_MS)) {
+        if ((st = calibrate_locked(d, dev, err, errlen))) return st;
+        e = gpuEventElapsedTime(&ms, d->clock_ref, ev->ev); // negative (the event came first), and small
+    }
+    if (e != gpuSuccess) {
+        (void)gpuGetLastError(); // reported here, not again by the next launch check
+        if (e == gpuErrorNotReady)
+            return eb_rt_fail(err, errlen, EB_ERR_STATE,
+                              RUNTIME_NAME ":%d: the event has not been reached yet (wait for it first)", dev);
+        return eb_rt_fail(err, errlen, EB_ERR_DEVICE, API " event time: %s (error %d)", gpuGetErrorString(e), (int)e);
+    }
+    long long t = (long long)d->clock_host_ns + llrint((double)ms * 1e6);
+    *ns = t > 0 ? (uint64_t)t : 0;
+    return 0;
+}
+
+static int gpu_event_time(void *rtp, int dev, void *event, uint64_t *ns, char *err, size_t errlen) {
+    *ns = 0;
+    gpu_device *d;
+    gpu_event *ev;
+    int st = event_args(rtp, dev, event, &d, &ev, err, errlen);
+    if (st) return st;
+    pthread_mutex_lock(&d->lock); // the clock is the device's
+    st = event_time_locked(d, dev, ev, ns, err, errlen);
+    pthread_mutex_unlock(&d->lock);
+    return st;
 }
 
 // ---- the primary's forward pass ------------------------------------------------------------------------
@@ -760,14 +940,18 @@ __global__ void silu_mul_kernel(float *g, const float *u, long long n) {
     if (i < n) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
-// A head vector's RMSNorm and rotation, by a block of at least head_dim threads (every thread calls it): out
-// (shared memory, head_dim floats) receives the result; vec is shared scratch of head_dim floats.
+// A head vector's RMSNorm (w NULL: none) and rotation, by a block of at least head_dim threads (every thread
+// calls it): out (shared memory, head_dim floats) receives the result; vec is shared scratch of head_dim floats.
 __device__ void norm_rope(const float *src, const float *w, const float *cs, const float *sn, int hd, float eps,
                           float *vec, float *out, float *sh, int warp) {
     int i = threadIdx.x, half = hd / 2;
     float x = i < hd ? src[i] : 0.0f;
-    float inv = rsqrtf(block_sum(x * x, sh, warp) / (float)hd + eps);
-    if (i < hd) vec[i] = w[i] * (x * inv);
+    if (w) { // the same w for the whole block: block_sum is called by every thread or by none
+        float inv = rsqrtf(block_sum(x * x, sh, warp) / (float)hd + eps);
+        if (i < hd) vec[i] = w[i] * (x * inv);
+    } else if (i < hd) {
+        vec[i] = x;
+    }
     __syncthreads();
     if (i < half) {
         float lo = vec[i], hi = vec[i + half];
@@ -777,7 +961,8 @@ __device__ void norm_rope(const float *src, const float *w, const float *cs, con
     __syncthreads();
 }
 
-// Per (row, head): q/k RMSNorm and rotation in place, k and v written into the cache at the row's position.
+// Per (row, head): q/k RMSNorm (when given) and rotation in place, k and v written into the cache at the row's
+// position.
 // grid.y: n_heads q heads, then n_kv_heads k heads, then n_kv_heads v heads.
 __global__ void qk_rope_store_kernel(eb_rt_attention a, int warp) {
     __shared__ float sh[33];
@@ -877,8 +1062,8 @@ __global__ void attention_kernel(eb_rt_attention a) {
     attend(a, h, t, a.q + (long long)t * a.n_heads * a.head_dim + h * a.head_dim, NULL, NULL);
 }
 
-// One row (decode): every block normalises and rotates its query head and its group's key itself, and reads the
-// new key and value from shared memory; the first block of each group writes them to the cache.
+// One row (decode): every block normalises (when given) and rotates its query head and its group's key itself,
+// and reads the new key and value from shared memory; the first block of each group writes them to the cache.
 __global__ void attention_one_row_kernel(eb_rt_attention a, int warp) {
     __shared__ float sh[33];
     __shared__ float vec[MAX_HEAD_DIM], qn[MAX_HEAD_DIM], kn[MAX_HEAD_DIM], vn[MAX_HEAD_DIM];
@@ -1025,6 +1210,11 @@ __global__ void moe_down_kernel(eb_rt_moe b, int warp) {
     }
 }
 
+// One weighted output added to a row's sum, rounded once (what nvcc and hipcc made of `s += v * w`): the one
+// expression of both combinations, moe_combine_kernel's and moe_pair_down_kernel's, so that EB_MOE_ALL gives the
+// bits of EB_MOE_EXPERTS then EB_MOE_COMBINE whether a compiler would have contracted it or not.
+__device__ __forceinline__ float combine_term(float s, float v, float w) { return fmaf(v, w, s); }
+
 // x[t] += the row's expert outputs, weighted, in ascending expert id (the other owners' from foreign).
 __global__ void moe_combine_kernel(eb_rt_moe b) {
     int t = blockIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x;
@@ -1040,7 +1230,7 @@ __global__ void moe_combine_kernel(eb_rt_moe b) {
         done = ids[k];
         long long pair = (long long)t * b.top_k + k;
         const float *row = b.experts[done].gate ? b.pair_out : owner_local ? NULL : b.foreign;
-        if (row) s += row[pair * b.hidden + j] * b.topk_w[pair];
+        if (row) s = combine_term(s, row[pair * b.hidden + j], b.topk_w[pair]);
     }
     if (owner_local && b.foreign) s += b.foreign[(long long)t * b.hidden + j];
     b.x[(long long)t * b.hidden + j] += s;
@@ -1070,8 +1260,10 @@ __global__ void moe_pair_gate_up_kernel(eb_rt_moe b, int warp) {
 
 // The down products of a row's pairs and their sum in one: a warp per output element j of row t. The pairs are
 // put in ascending expert id (the order moe_combine_kernel adds them in), their products computed four at a time
-// with the loads in flight together, then added in that order.
-__global__ void moe_down_combine_kernel(eb_rt_moe b, int warp) {
+// with the loads in flight together, then added in that order (combine = 1: EB_MOE_ALL). combine = 0
+// (EB_MOE_EXPERTS): the same products, written to pair_out instead of added, so that moe_combine_kernel
+// (EB_MOE_COMBINE) then adds the same values in the same order with the same combine_term: the same bits.
+__global__ void moe_pair_down_kernel(eb_rt_moe b, int warp, int combine) {
     int t = blockIdx.y, lane = threadIdx.x % warp;
     int j = blockIdx.x * (blockDim.x / warp) + threadIdx.x / warp;
     if (j >= b.hidden) return;
@@ -1129,13 +1321,18 @@ __global__ void moe_down_combine_kernel(eb_rt_moe b, int warp) {
         for (int q = 0; q < DOT_TILE; q++) {
             if (q >= nt) continue;
             long long pair = (long long)t * b.top_k + order[n0 + q];
+            if (!combine) {
+                if (ws[q] && lane == 0) b.pair_out[pair * b.hidden + j] = v[q];
+                continue;
+            }
             float val;
             if (ws[q]) val = v[q];
-            else if (!owner_local) val = b.foreign[pair * b.hidden + j];
+            else if (!owner_local && b.foreign) val = b.foreign[pair * b.hidden + j]; // NULL: as moe_combine_kernel
             else continue;
-            s += val * b.topk_w[pair];
+            s = combine_term(s, val, b.topk_w[pair]);
         }
     }
+    if (!combine) return;
     if (owner_local && b.foreign) s += b.foreign[(long long)t * b.hidden + j];
     if (lane == 0) b.x[(long long)t * b.hidden + j] += s;
 }
@@ -1181,8 +1378,8 @@ static int gpu_embed(void *rtp, int dev, const void *table, int dtype, int64_t h
     PRIMARY_OP(embed_kernel<<<(unsigned)n, BLOCK, 0, d->stream>>>(table, dtype, (int)hidden, ids, x))
 }
 
-static int gpu_primary_matmul(void *rtp, int dev, const eb_rt_norm *norm, const eb_rt_matmul *tasks, int n_tasks,
-                              int accumulate, char *err, size_t errlen) {
+static int gpu_matmul(void *rtp, int dev, const eb_rt_norm *norm, const eb_rt_matmul *tasks, int n_tasks,
+                      int accumulate, char *err, size_t errlen) {
     for (int i = 0; i < n_tasks; i++)
         if (eb_dtype_size(tasks[i].dtype) == 0)
             return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d",
@@ -1227,6 +1424,10 @@ static int gpu_attention(void *rtp, int dev, const eb_rt_attention *a, char *err
         return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED,
                           RUNTIME_NAME " runtime: head_dim %d is not supported: expected an even number up to %d",
                           a->head_dim, MAX_HEAD_DIM);
+    if (!a->q_norm != !a->k_norm)
+        return eb_rt_fail(err, errlen, EB_ERR_ARGUMENT,
+                          RUNTIME_NAME " runtime: q_norm %s and k_norm %s: expected both or neither",
+                          a->q_norm ? "given" : "NULL", a->k_norm ? "given" : "NULL");
     PRIMARY_OP({
         if (a->n == 1) {
             attention_one_row_kernel<<<(unsigned)a->n_heads, ATT_GROUPS * 32, 0, d->stream>>>(*a, d->warp);
@@ -1239,6 +1440,10 @@ static int gpu_attention(void *rtp, int dev, const eb_rt_attention *a, char *err
 }
 
 static int gpu_route(void *rtp, int dev, const eb_rt_route *r, char *err, size_t errlen) {
+    if (r->scoring != EB_ROUTE_SOFTMAX_TOPK) // route_kernel's softmax and top k is the only choice it makes
+        return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED,
+                          RUNTIME_NAME " runtime: router scoring %d is not supported: expected %d (softmax top-k)",
+                          r->scoring, EB_ROUTE_SOFTMAX_TOPK);
     if (eb_dtype_size(r->router_dtype) == 0)
         return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d",
                           r->router_dtype);
@@ -1250,24 +1455,36 @@ static int gpu_route(void *rtp, int dev, const eb_rt_route *r, char *err, size_t
     PRIMARY_OP(route_kernel<<<(unsigned)r->norm.n, 1024, 0, d->stream>>>(*r, d->warp)) // a warp per expert row
 }
 
+// The phases share their kernels: EXPERTS is the gate/up and down launches (the only ones that add stats), COMBINE
+// is moe_combine_kernel, and ALL is the two, except that with few pairs its down launch also adds them up
+// (moe_pair_down_kernel, combine = 1) in the order and with the arithmetic of moe_combine_kernel: the same bits.
 static int gpu_moe(void *rtp, int dev, const eb_rt_moe *b, char *err, size_t errlen) {
     if (b->top_k > MAX_TOPK)
         return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: top_k %d: expected at most %d",
                           b->top_k, MAX_TOPK);
+    if (b->phase != EB_MOE_ALL && b->phase != EB_MOE_EXPERTS && b->phase != EB_MOE_COMBINE)
+        return eb_rt_fail(err, errlen, EB_ERR_ARGUMENT,
+                          RUNTIME_NAME " runtime: MoE phase %d: expected %d (all), %d (experts) or %d (combine)",
+                          b->phase, EB_MOE_ALL, EB_MOE_EXPERTS, EB_MOE_COMBINE);
     PRIMARY_OP({
         int rows_per_block = BLOCK / d->warp;
-        if (b->n * b->top_k <= b->n_experts) { // fewer pairs than experts: one block column per pair
+        int experts = b->phase != EB_MOE_COMBINE;
+        // Fewer pairs than experts: one block column per pair. The choice depends on the shape only, so that the
+        // EXPERTS and COMBINE calls of one layer make the same one.
+        int per_pair = b->n * b->top_k <= b->n_experts;
+        if (experts && per_pair) {
             moe_pair_gate_up_kernel<<<dim3(blocks(b->inter, rows_per_block), (unsigned)(b->n * b->top_k)), BLOCK, 0,
                                       d->stream>>>(*b, d->warp);
-            moe_down_combine_kernel<<<dim3(blocks(b->hidden, rows_per_block), (unsigned)b->n), BLOCK, 0, d->stream>>>(
-                *b, d->warp);
-        } else { // a block column per expert: its weights read once for all of its pairs
+            moe_pair_down_kernel<<<dim3(blocks(b->hidden, rows_per_block), (unsigned)b->n), BLOCK, 0, d->stream>>>(
+                *b, d->warp, b->phase == EB_MOE_ALL);
+        } else if (experts) { // a block column per expert: its weights read once for all of its pairs
             moe_gate_up_kernel<<<dim3(blocks(b->inter, rows_per_block), (unsigned)b->n_experts), BLOCK, 0,
                                  d->stream>>>(*b, d->warp);
             moe_down_kernel<<<dim3(blocks(b->hidden, rows_per_block), (unsigned)b->n_experts), BLOCK, 0, d->stream>>>(
                 *b, d->warp);
-            moe_combine_kernel<<<dim3(blocks(b->hidden, BLOCK), (unsigned)b->n), BLOCK, 0, d->stream>>>(*b);
         }
+        if (b->phase == EB_MOE_COMBINE || (b->phase == EB_MOE_ALL && !per_pair))
+            moe_combine_kernel<<<dim3(blocks(b->hidden, BLOCK), (unsigned)b->n), BLOCK, 0, d->stream>>>(*b);
     })
 }
 
@@ -1320,53 +1537,65 @@ static void gpu_graph_free(void *rtp, int dev, void *graph) {
     if (graph) (void)gpuGraphExecDestroy((gpuGraphExec_t)graph);
 }
 
-static int gpu_check_model(void *rtp, int dev, const eb_model_config *cfg, char *err, size_t errlen) {
-    (void)rtp, (void)dev;
-    if (cfg->head_dim % 2 != 0 || cfg->head_dim > MAX_HEAD_DIM)
+static int gpu_check_model(void *rtp, int dev, const eb_rt_model_shape *shape, char *err, size_t errlen) {
+    if (!get_dev((gpu_runtime *)rtp, dev, err, errlen)) return EB_ERR_RANGE;
+    if (shape->head_dim % 2 != 0 || shape->head_dim > MAX_HEAD_DIM)
         return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED,
                           RUNTIME_NAME " runtime: head_dim %d is not supported: expected an even number up to %d",
-                          cfg->head_dim, MAX_HEAD_DIM);
-    if (cfg->num_experts > MAX_EXPERTS || cfg->top_k > MAX_TOPK)
+                          shape->head_dim, MAX_HEAD_DIM);
+    if (shape->n_experts > MAX_EXPERTS || shape->top_k > MAX_TOPK)
         return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED,
                           RUNTIME_NAME " runtime: %d experts, top_k %d: expected at most %d experts and top_k at most "
                                        "%d",
-                          cfg->num_experts, cfg->top_k, MAX_EXPERTS, MAX_TOPK);
+                          shape->n_experts, shape->top_k, MAX_EXPERTS, MAX_TOPK);
     return 0;
 }
 
-static const eb_rt_primary_ops gpu_primary_ops = {
-    gpu_check_model,
-    gpu_embed,       gpu_primary_matmul, gpu_add,           gpu_silu_mul,   gpu_attention,
-    gpu_route,       gpu_moe,     gpu_graph_begin,    gpu_graph_end,     gpu_graph_launch, gpu_graph_free,
+static const eb_rt_forward_ops gpu_forward_ops = {
+    .check_model = gpu_check_model,
+    .embed = gpu_embed,
+    .matmul = gpu_matmul,
+    .add = gpu_add,
+    .silu_mul = gpu_silu_mul,
+    .attention = gpu_attention,
+    .route = gpu_route,
+    .moe = gpu_moe,
 };
 
-static eb_runtime_table make_table(void) {
-    eb_runtime_table t;
-    memset(&t, 0, sizeof t);
-    t.abi_version = EB_RUNTIME_ABI_VERSION;
-    t.table_size = sizeof(eb_runtime_table);
-    t.name = RUNTIME_NAME;
-    t.init = gpu_init;
-    t.shutdown = gpu_shutdown;
-    t.kernel_variant = gpu_kernel_variant;
-    t.device_count = gpu_device_count;
-    t.device_info = gpu_device_info;
-    t.mem_alloc = gpu_mem_alloc;
-    t.mem_free = gpu_mem_free;
-    t.host_alloc = gpu_host_alloc;
-    t.host_free = gpu_host_free;
-    t.copy_to_device = gpu_copy_to_device;
-    t.copy_to_host = gpu_copy_to_host;
-    t.synchronize = gpu_synchronize;
-    t.matmul = gpu_matmul;
-    t.matmul_multi = gpu_matmul_multi;
-    t.expert_ffn = gpu_expert_ffn;
-    t.parallel_for = gpu_parallel_for;
-    t.busy_ns = gpu_busy_ns;
-    t.primary = &gpu_primary_ops;
-    return t;
-}
+static const eb_rt_graph_ops gpu_graph_ops = {
+    .begin = gpu_graph_begin,
+    .end = gpu_graph_end,
+    .launch = gpu_graph_launch,
+    .free = gpu_graph_free,
+};
 
-static const eb_runtime_table gpu_table = make_table();
+// Every member named, in the header's order (C++20 designated initialisers require it; g++'s -Wextra reports one
+// left out).
+static const eb_runtime_table gpu_table = {
+    .abi_version = EB_RUNTIME_ABI_VERSION,
+    .table_size = sizeof(eb_runtime_table),
+    .name = RUNTIME_NAME,
+    .init = gpu_init,
+    .shutdown = gpu_shutdown,
+    .kernel_variant = gpu_kernel_variant,
+    .device_count = gpu_device_count,
+    .device_info = gpu_device_info,
+    .busy_ns = gpu_busy_ns,
+    .mem_alloc = gpu_mem_alloc,
+    .mem_free = gpu_mem_free,
+    .host_alloc = gpu_host_alloc,
+    .host_free = gpu_host_free,
+    .copy_to_device = gpu_copy_to_device,
+    .copy_to_host = gpu_copy_to_host,
+    .synchronize = gpu_synchronize,
+    .event_create = gpu_event_create,
+    .event_destroy = gpu_event_destroy,
+    .event_record = gpu_event_record,
+    .event_wait = gpu_event_wait,
+    .event_time = gpu_event_time,
+    .expert_ffn = gpu_expert_ffn,
+    .forward = &gpu_forward_ops,
+    .graphs = &gpu_graph_ops,
+};
 
 extern "C" EB_EXPORT const eb_runtime_table *eb_runtime_module(void) { return &gpu_table; }

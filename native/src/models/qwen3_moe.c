@@ -1,8 +1,83 @@
 /* Qwen3 and Qwen3-MoE (Qwen3ForCausalLM, Qwen3MoeForCausalLM): pre-norm decoder layers of grouped-query attention
- * (per-head RMSNorm of q and k, rotate-half RoPE) and a SwiGLU FFN, dense or routed (softmax top-k over the
- * experts, renormalised when norm_topk_prob; mlp_only_layers and decoder_sparse_step choose which layers route). */
+ * (per-head RMSNorm of q and k, rotate-half RoPE, optional q/k/v/o biases) and a SwiGLU FFN, dense or routed
+ * (softmax top-k over the experts, renormalised when norm_topk_prob; mlp_only_layers and decoder_sparse_step say
+ * which layers route). Tensors by their Hugging Face names, one tensor per expert. */
+#include <stdio.h>
+#include <stdlib.h>
+
 #include "eb_forward.h"
 
+static int is_moe_layer(const eb_model_config *c, int layer) {
+    if (c->arch != EB_ARCH_QWEN3_MOE || c->num_experts <= 0) return 0;
+    for (int i = 0; i < c->n_mlp_only_layers; i++)
+        if (c->mlp_only_layers[i] == layer) return 0;
+    return (layer + 1) % c->decoder_sparse_step == 0;
+}
+
+static int bind_model(const eb_binder *b) {
+    eb_model *m = b->m;
+    const eb_model_config *c = &m->cfg;
+    int st = eb_bind(b, "model.embed_tokens.weight", c->vocab_size, c->hidden_size, &m->embed);
+    if (!st) st = eb_bind_vector(b, "model.norm.weight", c->hidden_size, &m->final_norm);
+    if (st || c->tie_word_embeddings) {
+        m->lm_head = m->embed;
+        return st;
+    }
+    return eb_bind(b, "lm_head.weight", c->vocab_size, c->hidden_size, &m->lm_head);
+}
+
+static int bind_layer(const eb_binder *b, int l) {
+    eb_model *m = b->m;
+    const eb_model_config *c = &m->cfg;
+    eb_layer *L = &m->layers[l];
+    char name[256];
+    int64_t H = c->hidden_size, qd = (int64_t)c->num_heads * c->head_dim, kvd = (int64_t)c->num_kv_heads * c->head_dim;
+    int st;
+#define NAME(fmt, ...) (snprintf(name, sizeof name, "model.layers.%d." fmt, l, ##__VA_ARGS__), name)
+#define TRY(x)                                                                                                   \
+    if ((st = (x)) != EB_OK) return st;
+    TRY(eb_bind_vector(b, NAME("input_layernorm.weight"), H, &L->input_norm))
+    TRY(eb_bind_vector(b, NAME("post_attention_layernorm.weight"), H, &L->post_norm))
+    TRY(eb_bind(b, NAME("self_attn.q_proj.weight"), qd, H, &L->q))
+    TRY(eb_bind(b, NAME("self_attn.k_proj.weight"), kvd, H, &L->k))
+    TRY(eb_bind(b, NAME("self_attn.v_proj.weight"), kvd, H, &L->v))
+    TRY(eb_bind(b, NAME("self_attn.o_proj.weight"), H, qd, &L->o))
+    TRY(eb_bind_vector(b, NAME("self_attn.q_norm.weight"), c->head_dim, &L->q_norm))
+    TRY(eb_bind_vector(b, NAME("self_attn.k_norm.weight"), c->head_dim, &L->k_norm))
+    if (c->attention_bias) {
+        TRY(eb_bind_vector(b, NAME("self_attn.q_proj.bias"), qd, &L->q_bias))
+        TRY(eb_bind_vector(b, NAME("self_attn.k_proj.bias"), kvd, &L->k_bias))
+        TRY(eb_bind_vector(b, NAME("self_attn.v_proj.bias"), kvd, &L->v_bias))
+        TRY(eb_bind_vector(b, NAME("self_attn.o_proj.bias"), H, &L->o_bias))
+    }
+    L->is_moe = is_moe_layer(c, l);
+    if (!L->is_moe) {
+        int64_t I = c->intermediate_size;
+        TRY(eb_bind(b, NAME("mlp.gate_proj.weight"), I, H, &L->gate))
+        TRY(eb_bind(b, NAME("mlp.up_proj.weight"), I, H, &L->up))
+        TRY(eb_bind(b, NAME("mlp.down_proj.weight"), H, I, &L->down))
+        return EB_OK;
+    }
+    int64_t I = c->moe_intermediate_size;
+    TRY(eb_bind(b, NAME("mlp.gate.weight"), c->num_experts, H, &L->router))
+    L->experts = calloc((size_t)c->num_experts, sizeof *L->experts);
+    if (!L->experts) return eb_fail(EB_ERR_MEMORY, "out of memory");
+    for (int e = 0; e < c->num_experts; e++) {
+        eb_expert *x = &L->experts[e];
+        TRY(eb_bind(b, NAME("mlp.experts.%d.gate_proj.weight", e), I, H, &x->gate))
+        TRY(eb_bind(b, NAME("mlp.experts.%d.up_proj.weight", e), I, H, &x->up))
+        TRY(eb_bind(b, NAME("mlp.experts.%d.down_proj.weight", e), H, I, &x->down))
+        if (x->up.dtype != x->gate.dtype || x->down.dtype != x->gate.dtype)
+            return eb_fail(EB_ERR_UNSUPPORTED, "expert %d of layer %d: gate_proj is %s, up_proj %s, down_proj %s; expected "
+                                               "one dtype for the three", e, l, eb_dtype_name(x->gate.dtype),
+                           eb_dtype_name(x->up.dtype), eb_dtype_name(x->down.dtype));
+    }
+    return EB_OK;
+#undef NAME
+#undef TRY
+}
+
+/* The forward pass of one step. */
 static int forward(eb_step *s, int64_t first, int logits) {
     int st = eb_block_embed(s);
     for (int l = 0; l < s->m->cfg.num_layers && !st; l++) {
@@ -13,4 +88,4 @@ static int forward(eb_step *s, int64_t first, int logits) {
     return st;
 }
 
-const eb_family eb_family_qwen3 = {EB_ARCH_QWEN3_MOE, "qwen3", forward};
+const eb_family eb_family_qwen3 = {"qwen3", is_moe_layer, bind_model, bind_layer, forward};
