@@ -2,7 +2,7 @@
 # Build, test and time on the NVIDIA machine (run from the repository root there). Needs cffi and pycparser
 # wheels in .whl/ (the machine has no package registry). Writes reports to $OUT.
 #   bash bench/gpu/run_on_device.sh [tests] [hbm] [primary] [kernels] [split] [cpu] [weights] [costmodel]
-#       [costmodel-primary]
+#       [costmodel-primary] [overlap]
 #   (default: tests hbm primary split costmodel-primary)
 set -euo pipefail
 OUT=${OUT:-/tmp/out}
@@ -19,7 +19,7 @@ for step in $steps; do
     case $step in
     tests)
         python3 -m pytest -q -p no:cacheprovider -x tests/test_gpu_modules.py tests/test_device_primary.py \
-            tests/test_placement.py 2>&1 | tail -25 || echo "TESTS FAILED" ;;
+            tests/test_placement.py tests/test_trace.py 2>&1 | tail -25 || echo "TESTS FAILED" ;;
     hbm)
         nvcc -O3 -gencode=arch=compute_90,code=sm_90 -o /tmp/hbm_read bench/gpu/hbm_read.cu
         HBM_GBS=$(/tmp/hbm_read | awk '/hbm_read_gbs/ {print $2}')
@@ -42,6 +42,9 @@ for step in $steps; do
         ncu --clock-control none --metrics gpu__time_duration.sum --csv --launch-skip 342 --launch-count 196 \
             python3 bench/gpu/kernel_times.py > "$OUT/ncu_kernels.csv" 2> "$OUT/ncu.log" || tail -5 "$OUT/ncu.log"
         python3 bench/gpu/kernel_summary.py "$OUT/ncu_kernels.csv" 2 ;;
+    overlap) # every MoE layer split between the GPU primary and cpu:0: the owners' spans against max and sum
+        python3 bench/overlap.py --primary cuda:0 --peer cpu:0 --size bench --tokens 64 --rounds 3 \
+            --json "$OUT/overlap_cuda_bench.json" ;;
     costmodel-primary)
         python3 bench/costmodel.py --size bench --primary cuda:0 --peer cpu:0 --repeats 3 \
             --json "$OUT/costmodel_cuda_primary.json" ;;

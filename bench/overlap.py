@@ -1,0 +1,151 @@
+"""A split MoE layer's owners running at the same time, and what the per-token trace costs.
+
+Every MoE layer's experts split between the primary and a peer (experts 0..E/2-1 on the peer): for each decode step
+and layer the trace gives the primary's own experts (t_main), the peer's branch (t_peer: staging and its experts,
+from its completion events) and the layer's expert phase (t_layer: from the routing read back to the end of the
+join). Reports their medians, t_layer against max(t_main, t_peer) and against t_main + t_peer, and the trace's cost:
+decode tokens/s with the trace on and off in alternating rounds (the ids must be the same, and equal to every
+expert on the primary: reference mode). Writes a JSON report and prints a Markdown table.
+
+    python bench/overlap.py --primary hostsim:0 --peer cpu:0 --size default --threads 1
+    python bench/overlap.py --primary cuda:0 --peer cpu:0 --size bench --json bench/results/overlap_cuda.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+
+from measure import add_model_arguments, at_least, prefill_ids, write_report
+
+from engine.demo import ensure_demo_pair
+from engine.model import Engine
+from engine.run import TRACE_ROOM_EXTRA, TRACE_ROOM_PER_LAYER
+
+
+def runtimes_for(primary: str, peer: str) -> tuple[tuple[str, ...], int]:
+    names = {d.split(":")[0] for d in (primary, peer)}
+    cpu_devices = 1 + max(int(d.split(":")[1]) for d in (primary, peer) if d.startswith("cpu:"))
+    return ("cpu", *sorted(names - {"cpu"})), cpu_devices
+
+
+def layer_steps(spans, primary: str, peer: str) -> list[dict]:
+    """Per (token, layer) of a split layer step: t_main, t_peer, t_layer, join and combine in microseconds."""
+    steps: dict[tuple[int, int], dict] = {}
+    for s in spans:
+        if s.layer < 0:
+            continue
+        key = (s.token, s.layer)
+        d = steps.setdefault(key, {})
+        if s.kind == "experts":
+            d["t_main" if s.device == primary else "t_peer"] = s.duration_ns / 1000
+        elif s.kind == "stage" and s.device == primary:
+            d["from"] = s.end_ns
+        elif s.kind == "join":
+            d["join"], d["to"] = s.duration_ns / 1000, s.end_ns
+        elif s.kind == "combine":
+            d["combine"] = s.duration_ns / 1000
+    out = []
+    for d in steps.values():
+        if {"t_main", "t_peer", "from", "to"} <= set(d):
+            d["t_layer"] = (d.pop("to") - d.pop("from")) / 1000
+            out.append(d)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_model_arguments(ap, threads_default=0)
+    ap.add_argument("--primary", default="hostsim:0")
+    ap.add_argument("--peer", default="cpu:0")
+    ap.add_argument("--tokens", type=at_least(2), default=48, help="decode steps per round")
+    ap.add_argument("--rounds", type=at_least(1), default=4, help="pairs of rounds, trace off and on")
+    args = ap.parse_args()
+
+    pair = ensure_demo_pair(args.size)
+    runtimes, cpu_devices = runtimes_for(args.primary, args.peer)
+    with Engine(runtimes=runtimes, cpu_devices=cpu_devices, cpu_threads=args.threads) as eng:
+        model = eng.load(pair.target, device=args.primary, weights=args.weights)
+        cfg = model.config
+        prompt = prefill_ids(cfg.vocab_size, 16)
+        model.set_placement(f"*={args.primary}")
+        with model.context(len(prompt) + args.tokens + 1) as ctx:
+            alone = ctx.generate(prompt, args.tokens).ids
+        placement = f"*={args.primary}; *.0-{cfg.num_experts // 2 - 1}={args.peer}"
+        model.set_placement(placement)
+        speeds: dict[str, list[float]] = {"off": [], "on": []}
+        steps: list[dict] = []
+        ids_differ = False
+        with model.context(len(prompt) + args.tokens + 1) as ctx:
+            ctx.generate(prompt, args.tokens)  # warm: arenas, graphs, page cache
+            for _ in range(args.rounds):
+                for state in ("off", "on"):
+                    ctx.truncate(0)
+                    ctx.trace = (
+                        (TRACE_ROOM_PER_LAYER * cfg.num_layers + TRACE_ROOM_EXTRA) * (args.tokens + 1) * (state == "on")
+                    )
+                    res = ctx.generate(prompt, args.tokens)
+                    speeds[state].append(res.decode_tokens_per_second)
+                    ids_differ |= res.ids != alone
+                    if state == "on":
+                        steps += layer_steps(ctx.trace_spans(), args.primary, args.peer)
+            ctx.trace = 0
+        model.close()
+
+    def med(key):  # combine is inside a recorded part where the primary records steps (then not traced)
+        values = [s[key] for s in steps if key in s]
+        return statistics.median(values) if values else float("nan")
+
+    t_main, t_peer, t_layer = med("t_main"), med("t_peer"), med("t_layer")
+    serial = statistics.median(s["t_main"] + s["t_peer"] for s in steps) if steps else float("nan")
+    longest = statistics.median(max(s["t_main"], s["t_peer"]) for s in steps) if steps else float("nan")
+    overlapped = sum(s["t_layer"] < s["t_main"] + s["t_peer"] for s in steps)
+    off, on = statistics.median(speeds["off"]), statistics.median(speeds["on"])
+    report = {
+        "machine": platform.node(),
+        "model": str(pair.target),
+        "primary": args.primary,
+        "peer": args.peer,
+        "placement": placement,
+        "tokens": args.tokens,
+        "rounds": args.rounds,
+        "split_layer_steps": len(steps),
+        "median_us": {
+            "t_main": t_main,
+            "t_peer": t_peer,
+            "t_layer": t_layer,
+            "max_main_peer": longest,
+            "sum_main_peer": serial,
+            "join": med("join"),
+            "combine": med("combine"),
+        },  # fmt: skip
+        "layer_steps_shorter_than_the_sum": overlapped,
+        "decode_tokens_per_second": {"trace_off": speeds["off"], "trace_on": speeds["on"]},
+        "trace_cost": 1 - on / off,
+        "ids_equal_to_all_on_the_primary": not ids_differ,
+    }
+    write_report(args.json, report)
+    print(f"{args.primary} primary, {args.peer} peer, {placement}; {len(steps)} split layer steps")
+    print()
+    print("| per split layer step (median) | us |")
+    print("| --- | --- |")
+    for label, v in (("primary's own experts (t_main)", t_main), ("peer's branch (t_peer)", t_peer),
+                     ("max(t_main, t_peer)", longest), ("t_main + t_peer", serial),
+                     ("expert phase, read-back to join (t_layer)", t_layer), ("join wait", med("join")),
+                     ("combine (outputs sent, canonical sum)", med("combine"))):  # fmt: skip
+        print(f"| {label} | {v:.1f} |")
+    print()
+    print(f"t_layer / max = {t_layer / longest:.2f}, t_layer / sum = {t_layer / serial:.2f}; "
+          f"{overlapped} of {len(steps)} steps shorter than the sum")  # fmt: skip
+    print(f"decode tok/s trace off {off:.1f}, on {on:.1f} (medians of {args.rounds}): trace cost "
+          f"{100 * (1 - on / off):.1f} %")  # fmt: skip
+    if ids_differ:
+        print("ids differ from every expert on the primary", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
