@@ -27,6 +27,13 @@ void eb_context_free(eb_context *c) {
             const eb_runtime *r = eb_device_runtime(eng, d);
             if (ev) r->table->event_destroy(r->rt, eng->devices[d].local, ev);
         }
+    for (int i = 0; c->own_events && i < 2 * m->cfg.num_layers; i++)
+        if (c->own_events[i]) {
+            const eb_runtime *r = eb_device_runtime(eng, m->primary);
+            r->table->event_destroy(r->rt, eng->devices[m->primary].local, c->own_events[i]);
+        }
+    free(c->own_events);
+    free(c->own_pending);
     free(c->rope_cos);
     free(c->rope_sin);
     free(c->logits);
@@ -83,6 +90,8 @@ int eb_context_create(eb_model *m, int32_t n_ctx, int32_t n_batch, eb_context **
     c->pair_slot = zalloc(B * K, sizeof(int32_t), &failed);
     c->pair_index = zalloc(B * K, sizeof(int32_t), &failed);
     c->token_local = zalloc((size_t)c->n_devices * B, sizeof(int32_t), &failed);
+    c->own_events = zalloc(2 * (size_t)cf->num_layers, sizeof(void *), &failed);
+    c->own_pending = zalloc(2 * (size_t)cf->num_layers, sizeof(int32_t), &failed);
     if (failed) {
         eb_context_free(c);
         return eb_fail(EB_ERR_MEMORY, "out of memory for a context of %d positions", n_ctx);

@@ -157,6 +157,10 @@ struct eb_context {
     /* the trace: spans of the steps since it was enabled, up to trace_cap (then counted in trace_lost) */
     eb_span *trace;
     int64_t trace_n, trace_cap, trace_lost;
+    /* a primary whose operations are queued (a GPU): events around its own experts of each split layer, read at
+     * the end of the step (pending: the layers and their rows) */
+    void **own_events; /* 2 per layer */
+    int32_t *own_pending, n_own_pending;
 };
 
 /* Free the model now (eb_model_free defers to this when no context is alive). */
@@ -169,6 +173,8 @@ void eb_model_release(eb_model *m);
  * where its outputs are. */
 int eb_dispatch_peers(eb_context *c, const eb_layer *L, int64_t n, int inline_dev);
 int eb_join_peers(eb_context *c);
+/* A device's event in *slot, created the first time (a context's events are kept until it is freed). */
+int eb_context_event(eb_context *c, int d, void **slot);
 
 /* The weights as the primary reads them (model load), its expert tables (after a placement), free. */
 int eb_primary_init(eb_model *m);

@@ -243,10 +243,15 @@ int eb_block_moe(eb_step *s, int l) {
         if (d != prim && m->engine->devices[d].host_addressable) inline_dev = d;
     b.phase = EB_MOE_EXPERTS;
     uint64_t t1 = 0;
-    if (queued) {
-        t0 = trace_now(c);
-        if ((st = s->ops->moe(s->rt, s->dev, &b, s->err, sizeof s->err))) return eb_fail(st, "%s: %s", s->name, s->err);
-        t1 = trace_now(c);
+    void **ev = c->own_events + 2 * l;
+    const eb_runtime_table *t = s->r->table;
+    if (queued) { /* timed by events around it when tracing, read once the step is done */
+        if (c->trace_cap && ((st = eb_context_event(c, prim, &ev[0])) || (st = eb_context_event(c, prim, &ev[1]))))
+            return st;
+        if ((c->trace_cap && (st = t->event_record(s->rt, s->dev, ev[0], s->err, sizeof s->err))) ||
+            (st = s->ops->moe(s->rt, s->dev, &b, s->err, sizeof s->err)) ||
+            (c->trace_cap && (st = t->event_record(s->rt, s->dev, ev[1], s->err, sizeof s->err))))
+            return eb_fail(st, "%s: %s", s->name, s->err);
         if ((st = eb_dispatch_peers(c, &m->layers[l], n, inline_dev))) return st;
     } else {
         if ((st = eb_dispatch_peers(c, &m->layers[l], n, -1))) return st;
@@ -260,7 +265,11 @@ int eb_block_moe(eb_step *s, int l) {
     int64_t own = n * K;
     for (int d = 0; d < m->engine->n_devices; d++)
         if (d != prim) own -= c->step[d].n_pairs;
-    if (own > 0) span(c, prim, l, EB_SPAN_EXPERTS, own, t0, t1);
+    if (own > 0 && !queued) span(c, prim, l, EB_SPAN_EXPERTS, own, t0, t1);
+    if (own > 0 && queued && c->trace_cap) {
+        c->own_pending[2 * c->n_own_pending] = l;
+        c->own_pending[2 * c->n_own_pending++ + 1] = (int32_t)own;
+    }
     uint64_t tj = trace_now(c);
     if ((st = eb_join_peers(c))) return st;
     uint64_t t2 = trace_now(c);
@@ -331,6 +340,7 @@ int eb_eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logits, i
                                        sizeof s.err)))
         return eb_fail(st, "sending token ids to %s: %s", s.name, s.err);
     int64_t first = all_rows ? 0 : n - 1;
+    c->n_own_pending = 0;
     st = part_begin(&s);
     if (!st) st = m->family->forward(&s, first, logits != NULL);
     if (!st) st = part_end(&s);
@@ -351,5 +361,15 @@ int eb_eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logits, i
                                     sizeof s.err);
     else
         st = r->table->synchronize(s.rt, s.dev, s.err, sizeof s.err);
-    return st ? eb_fail(st, "%s: %s", s.name, s.err) : EB_OK;
+    if (st) return eb_fail(st, "%s: %s", s.name, s.err);
+    /* the primary's own experts of each split layer, from the events around them (the step is done) */
+    for (int i = 0; i < c->n_own_pending; i++) {
+        int l = c->own_pending[2 * i];
+        uint64_t t0, t1;
+        if (r->table->event_time(s.rt, s.dev, c->own_events[2 * l], &t0, s.err, sizeof s.err) == EB_OK &&
+            r->table->event_time(s.rt, s.dev, c->own_events[2 * l + 1], &t1, s.err, sizeof s.err) == EB_OK)
+            span(c, m->primary, l, EB_SPAN_EXPERTS, c->own_pending[2 * i + 1], t0, t1);
+    }
+    c->n_own_pending = 0;
+    return EB_OK;
 }

@@ -346,8 +346,7 @@ static int grow(eb_context *c, int d, size_t host_bytes, size_t dev_bytes) {
     return EB_OK;
 }
 
-/* A device's event in *slot, created the first time (a context's events are kept until it is freed). */
-static int event(eb_context *c, int d, void **slot) {
+int eb_context_event(eb_context *c, int d, void **slot) {
     if (*slot) return EB_OK;
     eb_engine *eng = c->model->engine;
     const eb_runtime *r = eb_device_runtime(eng, d);
@@ -433,7 +432,7 @@ static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int 
     if (s->inline_run) {
         s->t0 = eb_now_ns();
     } else {
-        if ((st = event(c, d, &c->begun[d])) || (st = event(c, d, &c->done[d]))) return st;
+        if ((st = eb_context_event(c, d, &c->begun[d])) || (st = eb_context_event(c, d, &c->done[d]))) return st;
         if ((st = r->table->event_record(r->rt, local, c->begun[d], err, sizeof err)))
             return eb_fail(st, "layer experts on %s: %s", eng->devices[d].name, err);
     }
