@@ -1263,7 +1263,8 @@ __global__ void moe_pair_gate_up_kernel(eb_rt_moe b, int warp) {
 // with the loads in flight together, then added in that order (combine = 1: EB_MOE_ALL). combine = 0
 // (EB_MOE_EXPERTS): the same products, written to pair_out instead of added, so that moe_combine_kernel
 // (EB_MOE_COMBINE) then adds the same values in the same order with the same combine_term: the same bits.
-__global__ void moe_pair_down_kernel(eb_rt_moe b, int warp, int combine) {
+// combine is a template parameter, so that the EB_MOE_ALL build is the fused kernel alone, with no branch on it.
+template <int combine> __global__ void moe_pair_down_kernel(eb_rt_moe b, int warp) {
     int t = blockIdx.y, lane = threadIdx.x % warp;
     int j = blockIdx.x * (blockDim.x / warp) + threadIdx.x / warp;
     if (j >= b.hidden) return;
@@ -1475,8 +1476,9 @@ static int gpu_moe(void *rtp, int dev, const eb_rt_moe *b, char *err, size_t err
         if (experts && per_pair) {
             moe_pair_gate_up_kernel<<<dim3(blocks(b->inter, rows_per_block), (unsigned)(b->n * b->top_k)), BLOCK, 0,
                                       d->stream>>>(*b, d->warp);
-            moe_pair_down_kernel<<<dim3(blocks(b->hidden, rows_per_block), (unsigned)b->n), BLOCK, 0, d->stream>>>(
-                *b, d->warp, b->phase == EB_MOE_ALL);
+            dim3 grid(blocks(b->hidden, rows_per_block), (unsigned)b->n);
+            if (b->phase == EB_MOE_ALL) moe_pair_down_kernel<1><<<grid, BLOCK, 0, d->stream>>>(*b, d->warp);
+            else moe_pair_down_kernel<0><<<grid, BLOCK, 0, d->stream>>>(*b, d->warp);
         } else if (experts) { // a block column per expert: its weights read once for all of its pairs
             moe_gate_up_kernel<<<dim3(blocks(b->inter, rows_per_block), (unsigned)b->n_experts), BLOCK, 0,
                                  d->stream>>>(*b, d->warp);
