@@ -5,7 +5,8 @@ and layer the trace gives the primary's own experts (t_main), the peer's branch 
 from its completion events) and the layer's expert phase (t_layer: from the routing read back to the end of the
 join). Reports their medians, t_layer against max(t_main, t_peer) and against t_main + t_peer, and the trace's cost:
 decode tokens/s with the trace on and off in alternating rounds, the median of each round's on/off ratio (the ids
-must be the same, and equal to every expert on the primary: reference mode). Writes a JSON report and prints a Markdown table.
+must be the same, and equal to every expert on the primary: reference mode). Writes a JSON report and prints a
+Markdown table.
 
     python bench/overlap.py --primary hostsim:0 --peer cpu:0 --size default --threads 1
     python bench/overlap.py --primary cuda:0 --peer cpu:0 --size bench --json bench/results/overlap_cuda.json

@@ -3,7 +3,8 @@
  * A module is a shared library loaded with dlopen(RTLD_NOW | RTLD_LOCAL). It exports exactly one symbol,
  * EB_RUNTIME_ENTRY, a function returning a pointer to a const table. The core checks abi_version and
  * table_size before using anything else in it. Every function returns 0 on success or an eb_status, with
- * a message written into err (errlen bytes, always NUL-terminated).
+ * a message written into err (errlen bytes, always NUL-terminated). The core checks every weight's format and
+ * shape once, at load: the operations take them as given.
  */
 #ifndef EB_RUNTIME_H
 #define EB_RUNTIME_H

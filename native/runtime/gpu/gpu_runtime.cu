@@ -451,10 +451,6 @@ static int expert_ffn_locked(void *rtp, int dev, const eb_rt_expert_batch *b, in
     float *h = (float *)b->scratch;
     int owner_local = b->mode == EB_REDUCE_OWNER_LOCAL;
     int rows_per_block = BLOCK / d->warp;
-    for (int i = 0; i < b->n_experts; i++)
-        if (eb_dtype_size(b->experts[i].dtype) == 0)
-            return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d",
-                        b->experts[i].dtype);
     if (!owner_local && b->n_experts > 0) {
         // reference mode: two launches for the whole batch
         if (d->slots_pending) GPU_TRY(gpuEventSynchronize(d->slots_copied), "event");
@@ -1374,17 +1370,11 @@ static unsigned blocks(long long n, int per) { return (unsigned)((n + per - 1) /
 
 static int gpu_embed(void *rtp, int dev, const void *table, int dtype, int64_t hidden, const int32_t *ids, int64_t n,
                      float *x, char *err, size_t errlen) {
-    if (eb_dtype_size(dtype) == 0)
-        return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d", dtype);
     PRIMARY_OP(embed_kernel<<<(unsigned)n, BLOCK, 0, d->stream>>>(table, dtype, (int)hidden, ids, x))
 }
 
 static int gpu_matmul(void *rtp, int dev, const eb_rt_norm *norm, const eb_rt_matmul *tasks, int n_tasks,
                       int accumulate, char *err, size_t errlen) {
-    for (int i = 0; i < n_tasks; i++)
-        if (eb_dtype_size(tasks[i].dtype) == 0)
-            return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d",
-                              tasks[i].dtype);
     PRIMARY_OP({
         int rows_per_block = BLOCK / d->warp;
         int fuse = norm && norm->n <= DOT_TILE; // more rows: a norm launch first (each block would redo them all)
@@ -1445,9 +1435,6 @@ static int gpu_route(void *rtp, int dev, const eb_rt_route *r, char *err, size_t
         return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED,
                           RUNTIME_NAME " runtime: router scoring %d is not supported: expected %d (softmax top-k)",
                           r->scoring, EB_ROUTE_SOFTMAX_TOPK);
-    if (eb_dtype_size(r->router_dtype) == 0)
-        return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: unknown weight dtype %d",
-                          r->router_dtype);
     if (r->n_experts > MAX_EXPERTS || r->top_k > MAX_TOPK || r->top_k > r->n_experts)
         return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED,
                           RUNTIME_NAME " runtime: %d experts, top_k %d: expected at most %d experts and top_k at most "
