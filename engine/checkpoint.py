@@ -262,13 +262,25 @@ def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
             )
         spans.append((begin, end, name))
         tensors[name] = TensorInfo(name, path, dtype, tuple(shape), data_start + begin, end - begin)
+    # as upstream safetensors requires: the tensors cover the data exactly, in order, from its first byte to the end
+    # of the file (a header length cut short into its own padding would otherwise shift every tensor)
     spans.sort()
     reach, holder = 0, ""
     for begin, end, name in spans:
         if begin < reach:
             raise CheckpointError(f"'{path}': tensors '{holder}' and '{name}' overlap (from byte {begin} of the data)")
-        if end > reach:
-            reach, holder = end, name
+        if begin > reach:
+            after = f"after tensor '{holder}'" if holder else "before the first tensor"
+            raise CheckpointError(
+                f"'{path}': bytes {reach}..{begin} of the data {after} belong to no tensor (expected the tensors "
+                f"to cover the data exactly; is the header length ({hlen}) right?)"
+            )
+        reach, holder = end, name
+    if reach != data_size:
+        raise CheckpointError(
+            f"'{path}': the tensors end at byte {reach} of the data but the file holds {data_size} bytes after the "
+            f"header (expected the tensors to cover the data exactly; a truncated or appended file?)"
+        )
     return tensors
 
 

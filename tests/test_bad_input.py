@@ -58,6 +58,26 @@ def edit_header(path: Path, edit) -> None:
     write_st(path, header, data)
 
 
+def replace_tensor(path: Path, name: str, dtype: str | None = None, new: bytes | None = None) -> None:
+    """Rewrite a safetensors file with one tensor's bytes replaced by new (dtype: its new dtype), or the tensor
+    dropped (new None), the later tensors moved: a valid file that differs in that tensor alone."""
+    header, data = read_st(path)
+    begin, end = header[name]["data_offsets"]
+    shift = (0 if new is None else len(new)) - (end - begin)
+    if new is None:
+        del header[name]
+    else:
+        header[name].update(dtype=dtype, data_offsets=[begin, begin + len(new)])
+    for key, entry in header.items():
+        if key != name and isinstance(entry, dict) and "data_offsets" in entry and entry["data_offsets"][0] >= end:
+            entry["data_offsets"] = [o + shift for o in entry["data_offsets"]]
+    write_st(path, header, data[:begin] + (new or b"") + data[end:])
+
+
+def drop_tensor(path: Path, name: str) -> None:
+    replace_tensor(path, name)
+
+
 def edit_config(folder: Path, edit) -> Path:
     path = folder / "config.json"
     config = json.loads(path.read_text())
@@ -243,6 +263,42 @@ def test_header_not_json(tmp_path):
         load(folder)
 
 
+def test_header_length_cut_into_its_padding_is_refused_not_read_a_byte_early(tmp_path):
+    """The header's trailing spaces still parse as JSON when the length is cut short: every tensor would then be read
+    from one byte early (NaN logits). The tensors must cover the data exactly, so the file is refused."""
+    folder = copy_fixture(tmp_path, "qwen3-f32")
+    st = folder / "model.safetensors"
+    header, data = read_st(st)
+    write_st(st, header, data, align=64)  # room for padding
+    raw = bytearray(st.read_bytes())
+    (hlen,) = struct.unpack("<Q", raw[:8])
+    assert raw[8 + hlen - 1 : 8 + hlen] == b" "
+    raw[:8] = struct.pack("<Q", hlen - 1)
+    st.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match=rf"'{q(st)}': the tensors end at byte .* of the data but the file holds"):
+        load(folder)
+
+
+@pytest.mark.parametrize("where", ["gap", "appended", "front"])
+def test_data_the_tensors_do_not_cover_exactly_is_refused(tmp_path, where):
+    folder = copy_fixture(tmp_path, "qwen3-f32")
+    st = folder / "model.safetensors"
+    header, data = read_st(st)
+    entries = sorted((e["data_offsets"][0], k) for k, e in header.items() if k != "__metadata__")
+    if where == "appended":
+        data += b"\0" * 16
+    else:  # 16 bytes that belong to no tensor, before the first one or after the second
+        cut = entries[0 if where == "front" else 2][0]
+        for key, entry in header.items():
+            if key != "__metadata__" and entry["data_offsets"][0] >= cut:
+                entry["data_offsets"] = [o + 16 for o in entry["data_offsets"]]
+        data = data[:cut] + b"\0" * 16 + data[cut:]
+    write_st(st, header, data)
+    expected = {"gap": "belong to no tensor", "front": "before the first tensor", "appended": "the file holds"}
+    with pytest.raises(CheckpointError, match=rf"'{q(st)}': .*{expected[where]}"):
+        load(folder)
+
+
 def test_header_length_absurd(tmp_path):
     folder = copy_fixture(tmp_path, "qwen3-f32")
     st = folder / "model.safetensors"
@@ -259,7 +315,7 @@ def test_header_length_absurd(tmp_path):
 def test_missing_tensor(tmp_path):
     folder = copy_fixture(tmp_path, "qwen3moe-f32")
     name = "model.layers.0.mlp.experts.3.up_proj.weight"
-    edit_header(folder / "model.safetensors", lambda h: h.pop(name))
+    drop_tensor(folder / "model.safetensors", name)
     with pytest.raises(CheckpointError, match=rf"tensor '{q(name)}' is missing"):
         load(folder)
 
@@ -335,11 +391,9 @@ def test_expert_matrices_of_different_dtypes(tmp_path):
     st = folder / "model.safetensors"
     name = "model.layers.2.mlp.experts.5.gate_proj.weight"
 
-    def as_f16(header):
-        begin, end = header[name]["data_offsets"]
-        header[name].update(dtype="F16", data_offsets=[begin, begin + (end - begin) // 2])
-
-    edit_header(st, as_f16)
+    header, data = read_st(st)
+    begin, end = header[name]["data_offsets"]
+    replace_tensor(st, name, "F16", np.frombuffer(data[begin:end], dtype="<f4").astype("<f2").tobytes())
     with pytest.raises(UnsupportedError, match=r"expert 5 of layer 2: gate_proj is F16, up_proj F32, down_proj F32"):
         load(folder)
 
