@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import struct
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -102,6 +103,7 @@ class Checkpoint:
         raw = read_config_json(folder / "config.json")
         config = parse_config(raw, folder / "config.json")
         tensors, files = read_weights(folder)
+        check_layer_count(config, tensors, folder / "config.json")
         tokenizer = read_tokenizer(folder / "tokenizer.json", config)
         return cls(folder, config, tensors, files, tokenizer, raw)
 
@@ -186,8 +188,10 @@ def parse_config(raw: dict, path: Path) -> ModelConfig:
         num_kv_heads=pos_int("num_key_value_heads", heads),
         head_dim=pos_int("head_dim", hidden // heads if hidden % heads == 0 else ...),
         max_position_embeddings=pos_int("max_position_embeddings"),
-        rope_theta=_get(raw, "rope_theta", float, path, 10000.0, lambda v: v > 0, "> 0"),
-        rms_norm_eps=_get(raw, "rms_norm_eps", float, path, 1e-6, lambda v: v > 0, "> 0"),
+        # a RoPE base below 1 or past f32's reach turns the rotation tables into inf and NaN; an epsilon of 1 or more
+        # swamps the norm it guards: no real model has either
+        rope_theta=_get(raw, "rope_theta", float, path, 10000.0, lambda v: 1.0 <= v <= 1e12, "a number in 1..1e12"),
+        rms_norm_eps=_get(raw, "rms_norm_eps", float, path, 1e-6, lambda v: 0 < v < 1, "a number in (0, 1)"),
         tie_word_embeddings=_get(raw, "tie_word_embeddings", bool, path, False),
         attention_bias=_get(raw, "attention_bias", bool, path, False),
         bos_token_id=bos if isinstance(bos, int) else None,
@@ -200,6 +204,21 @@ def parse_config(raw: dict, path: Path) -> ModelConfig:
             f"'{path}': num_attention_heads = {heads} is not a multiple of num_key_value_heads = {config.num_kv_heads}"
         )
     return config
+
+
+LAYER_TENSOR = re.compile(r"model\.layers\.(\d+)\.")
+
+
+def check_layer_count(config: ModelConfig, tensors: dict[str, TensorInfo], path: Path) -> None:
+    """The layers the checkpoint holds must be the layers the config says: a smaller num_hidden_layers would drop
+    the rest silently (a larger one is refused by the core, which finds the tensors missing)."""
+    held = [int(m.group(1)) for m in map(LAYER_TENSOR.match, tensors) if m]
+    if held and max(held) >= config.num_layers:
+        top = max(held)
+        raise CheckpointError(
+            f"'{path}': num_hidden_layers = {config.num_layers}, but the checkpoint holds tensors of layer {top} "
+            f"(model.layers.{top}.*): expected num_hidden_layers = {top + 1}"
+        )
 
 
 def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:

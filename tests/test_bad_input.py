@@ -473,6 +473,33 @@ def test_config_value_too_large(tmp_path, key):
         load(folder)
 
 
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("rope_theta", 1e-300), ("rope_theta", float("inf")), ("rope_theta", float("nan")), ("rope_theta", 0.5),
+     ("rope_theta", 1e300), ("rms_norm_eps", float("inf")), ("rms_norm_eps", 2.0), ("rms_norm_eps", float("nan")),
+     ("rms_norm_eps", 0.0)],
+)  # fmt: skip
+def test_config_float_out_of_range_is_refused(tmp_path, key, value):
+    """A tiny or infinite RoPE base (NaN logits) and an infinite epsilon (every logit 0) are refused at load."""
+    folder = copy_fixture(tmp_path, "qwen3-f32")
+    config = edit_config(folder, lambda c: c.update({key: value}))  # json writes Infinity and NaN literals
+    with pytest.raises(CheckpointError, match=rf"{q(config)}.*'{key}' = .*expected a number in"):
+        load(folder)
+
+
+@pytest.mark.parametrize("name", ["qwen3-f32", "qwen3moe-bf16"])
+def test_config_with_fewer_layers_than_the_checkpoint_holds_is_refused(tmp_path, name):
+    folder = copy_fixture(tmp_path, name)
+    layers = json.loads((folder / "config.json").read_text())["num_hidden_layers"]
+    config = edit_config(folder, lambda c: c.update(num_hidden_layers=layers - 1))
+    with pytest.raises(
+        CheckpointError,
+        match=rf"{q(config)}.*num_hidden_layers = {layers - 1}, but the checkpoint holds tensors of layer {layers - 1}"
+        rf".*expected num_hidden_layers = {layers}",
+    ):
+        load(folder)
+
+
 def test_model_folder_missing(tmp_path):
     folder = tmp_path / "no-such-model"
     with pytest.raises(CheckpointError, match=rf"{q(folder)}.*does not exist"):

@@ -37,9 +37,12 @@ static int check_config(const eb_model_config *c) {
     if (c->num_heads % c->num_kv_heads)
         return eb_fail(EB_ERR_FORMAT, "config: num_attention_heads = %d is not a multiple of num_key_value_heads = %d",
                        c->num_heads, c->num_kv_heads);
-    if (!(c->rope_theta > 0.0)) return eb_fail(EB_ERR_FORMAT, "config: rope_theta = %g, expected > 0", c->rope_theta);
-    if (!(c->rms_norm_eps > 0.0))
-        return eb_fail(EB_ERR_FORMAT, "config: rms_norm_eps = %g, expected > 0", c->rms_norm_eps);
+    /* finite and in reach of the f32 arithmetic (a base below 1 or past 1e12 makes inf and NaN rotation tables, an
+     * epsilon of 1 or more swamps the norm); the comparisons are false for NaN */
+    if (!(c->rope_theta >= 1.0 && c->rope_theta <= 1e12))
+        return eb_fail(EB_ERR_FORMAT, "config: rope_theta = %g, expected a number in 1..1e12", c->rope_theta);
+    if (!(c->rms_norm_eps > 0.0 && c->rms_norm_eps < 1.0))
+        return eb_fail(EB_ERR_FORMAT, "config: rms_norm_eps = %g, expected a number in (0, 1)", c->rms_norm_eps);
     if (c->n_mlp_only_layers < 0 || (c->n_mlp_only_layers > 0 && !c->mlp_only_layers))
         return eb_fail(EB_ERR_ARGUMENT, "config: mlp_only_layers is inconsistent");
     for (int i = 0; i < c->n_mlp_only_layers; i++)

@@ -417,6 +417,15 @@ static void test_bad_checkpoints(const char *module, const char *file, eb_model_
     bad = *cfg;
     bad.num_kv_heads = 3;
     expect_load_error(module, file, &bad, b, EB_ERR_FORMAT, "not a multiple of num_key_value_heads", "heads");
+    const double thetas[] = {1e-300, INFINITY, NAN, 1e300}, epsilons[] = {INFINITY, NAN, 2.0, 0.0};
+    for (int k = 0; k < 4; k++) {
+        bad = *cfg;
+        bad.rope_theta = thetas[k];
+        expect_load_error(module, file, &bad, b, EB_ERR_FORMAT, "rope_theta", "rope_theta out of range");
+        bad = *cfg;
+        bad.rms_norm_eps = epsilons[k];
+        expect_load_error(module, file, &bad, b, EB_ERR_FORMAT, "rms_norm_eps", "rms_norm_eps out of range");
+    }
     expect_load_error(module, "/nonexistent/model.safetensors", cfg, b, EB_ERR_IO, "cannot open", "missing file");
 
     /* a truncated copy of the file */
