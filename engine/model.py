@@ -6,7 +6,9 @@ and mapped files are too valuable to free at an unknown time.
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -46,10 +48,25 @@ class DeviceInfo:
     threads: int
 
 
+def _locked(method):
+    """Run a method holding its handle's lock: the one lock of an engine, shared by its models and their contexts.
+    A close() on one thread while another is inside a call waits for that call to return (it then finds the handle
+    closed); calls on one engine's objects from several threads run one at a time, the native work with the GIL
+    released."""
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return call
+
+
 class _Handle:
     """A native handle with an explicit close()."""
 
     _ptr = ffi.NULL
+    _lock: threading.RLock
 
     def _live(self):
         if self._ptr == ffi.NULL:
@@ -87,6 +104,7 @@ class Engine(_Handle):
         strict: bool = True,
         runtime_options: dict[str, dict] | None = None,
     ):
+        self._lock = threading.RLock()
         ptr = ffi.new("eb_engine **")
         check(lib.eb_engine_create(ptr))
         self._ptr = ptr[0]
@@ -113,6 +131,7 @@ class Engine(_Handle):
             self.close()
             raise
 
+    @_locked
     def load_runtime(self, name: str, path: str | os.PathLike | None = None) -> None:
         cpath = ffi.NULL if path is None else ffi.new("char[]", os.fsencode(path))
         given = self._runtime_options.get(name, {})
@@ -124,6 +143,7 @@ class Engine(_Handle):
         check(lib.eb_engine_load_runtime(self._live(), name.encode(), cpath, opts))
 
     @property
+    @_locked
     def runtimes(self) -> list[RuntimeInfo]:
         out = []
         info = ffi.new("eb_runtime_info *")
@@ -137,6 +157,7 @@ class Engine(_Handle):
         return out
 
     @property
+    @_locked
     def devices(self) -> list[DeviceInfo]:
         out = []
         info = ffi.new("eb_device_info *")
@@ -148,6 +169,7 @@ class Engine(_Handle):
             )  # fmt: skip
         return out
 
+    @_locked
     def device_index(self, name: str) -> int:
         idx = ffi.new("int32_t *")
         try:
@@ -165,6 +187,7 @@ class Engine(_Handle):
     def load(self, model: str | os.PathLike | Checkpoint, device: str = "cpu:0", weights: str = "auto") -> Model:
         return Model(self, model, device, weights)
 
+    @_locked
     def close(self) -> None:
         for m in list(self._models):
             m.close()
@@ -183,6 +206,7 @@ class Model(_Handle):
             raise ArgumentError(f"weights {weights!r}: expected one of {', '.join(WEIGHTS_MODES)}")
         self.checkpoint = source if isinstance(source, Checkpoint) else Checkpoint.open(source)
         self.engine = engine
+        self._lock = engine._lock
         cfg = self.checkpoint.config
         self._keep = []  # cffi buffers that must outlive the call
         files = [ffi.new("char[]", os.fsencode(f)) for f in self.checkpoint.files]
@@ -224,14 +248,15 @@ class Model(_Handle):
         c.mlp_only_layers = mlp_only
         c.n_mlp_only_layers = len(cfg.mlp_only_layers)
         out = ffi.new("eb_model **")
-        dev = engine.device_index(device)
         file_array = ffi.new("char *[]", files)
         options = ffi.new("eb_load_options *", {"weights": WEIGHTS_MODES[weights]})
-        check(lib.eb_model_load(engine._live(), c, file_array, len(files), descs, len(usable), dev, options, out))
-        self._ptr = out[0]
-        self.device = device
-        self._contexts: list[Context] = []
-        engine._models.append(self)
+        with self._lock:  # a close of the engine meanwhile waits for the load, then closes this model too
+            dev = engine.device_index(device)
+            check(lib.eb_model_load(engine._live(), c, file_array, len(files), descs, len(usable), dev, options, out))
+            self._ptr = out[0]
+            self.device = device
+            self._contexts: list[Context] = []
+            engine._models.append(self)
 
     @property
     def config(self) -> ModelConfig:
@@ -242,6 +267,7 @@ class Model(_Handle):
         return self.checkpoint.tokenizer
 
     @property
+    @_locked
     def info(self) -> dict:
         info = ffi.new("eb_model_info *")
         check(lib.eb_model_get_info(self._live(), info))
@@ -256,6 +282,7 @@ class Model(_Handle):
         return self.config.num_layers * max(self.config.num_experts, 0)
 
     @property
+    @_locked
     def placement(self) -> Placement:
         n = self._owner_count()
         if n == 0:
@@ -281,11 +308,13 @@ class Model(_Handle):
             )
         return placement.to_owner_array(self.engine.device_index)
 
+    @_locked
     def set_placement(self, placement: Placement | str) -> None:
         """Move experts; checked first, and on any failure the previous placement stays intact."""
         owners = self._owners(placement)
         check(lib.eb_model_set_placement(self._live(), ffi.from_buffer("int32_t[]", owners), len(owners)))
 
+    @_locked
     def placement_bytes(self, placement: Placement | str) -> dict[str, int]:
         """Expert weight bytes each device would own under a placement (nothing is moved)."""
         owners = self._owners(placement)
@@ -296,6 +325,7 @@ class Model(_Handle):
         check(lib.eb_model_placement_bytes(self._live(), cowners, len(owners), cout, len(out)))
         return {d.name: int(b) for d, b in zip(devices, out, strict=True)}
 
+    @_locked
     def counters(self) -> dict:
         """Scheduler counters since load or reset_counters(); busy_seconds is the device's running total."""
         mc = ffi.new("eb_model_counters *")
@@ -312,9 +342,11 @@ class Model(_Handle):
         out["devices"] = devices
         return out
 
+    @_locked
     def reset_counters(self) -> None:
         lib.eb_model_reset_counters(self._live())
 
+    @_locked
     def routing_counts(self) -> tuple[np.ndarray, np.ndarray]:
         """(hits [layers, experts], tokens [layers]): how often the router picked each expert since load or
         reset_routing(), and how many tokens each layer routed."""
@@ -326,6 +358,7 @@ class Model(_Handle):
                                           ffi.from_buffer("uint64_t[]", tokens, require_writable=True), L))  # fmt: skip
         return hits.reshape(L, E), tokens
 
+    @_locked
     def reset_routing(self) -> None:
         lib.eb_model_reset_routing(self._live())
 
@@ -343,6 +376,7 @@ class Model(_Handle):
             return " ".join(str(i) for i in ids)
         return self.tokenizer.decode(list(ids))
 
+    @_locked
     def close(self) -> None:
         for ctx in list(self._contexts):
             ctx.close()
@@ -396,8 +430,6 @@ class Context(_Handle):
             raise RangeError(f"context length {n_ctx!r} out of range: expected 1..{limit} (max_position_embeddings)")
         if not _is_int(n_batch) or not 1 <= n_batch <= 65536:
             raise RangeError(f"batch size {n_batch!r} out of range: expected 1..65536")
-        check(lib.eb_context_create(model._live(), n_ctx, n_batch, out))
-        self._ptr = out[0]
         self._mode = "reference"
         self._graphs = True
         self._trace = 0
@@ -405,13 +437,19 @@ class Context(_Handle):
         self.trace_lost = 0
         self.model = model
         self.vocab_size = model.config.vocab_size
-        model._contexts.append(self)
+        self._lock = model._lock
+        with self._lock:
+            check(lib.eb_context_create(model._live(), n_ctx, n_batch, out))
+            self._ptr = out[0]
+            model._contexts.append(self)
 
     @property
+    @_locked
     def position(self) -> int:
         return lib.eb_context_position(self._live())
 
     @property
+    @_locked
     def capacity(self) -> int:
         return lib.eb_context_capacity(self._live())
 
@@ -422,6 +460,7 @@ class Context(_Handle):
         return self._mode
 
     @mode.setter
+    @_locked
     def mode(self, mode: str) -> None:
         """How expert outputs are reduced: "reference" (placement-invariant) or "owner_local" (faster)."""
         if mode not in self.MODES:
@@ -434,6 +473,7 @@ class Context(_Handle):
         return self._graphs
 
     @graphs.setter
+    @_locked
     def graphs(self, enabled: bool) -> None:
         """A GPU primary records a one-token step into graphs, one per part between host round trips (a single
         one while every expert is on it), and replays them (True, the default); False queues each step's work
@@ -448,6 +488,7 @@ class Context(_Handle):
         return self._trace
 
     @trace.setter
+    @_locked
     def trace(self, capacity: int) -> None:
         """The per-token trace: room for `capacity` spans between two trace_spans() reads (0, the default: off).
         Spans that do not fit are counted in trace_lost, not kept."""
@@ -458,6 +499,7 @@ class Context(_Handle):
         self._trace_buf = ffi.new("eb_trace_span[]", capacity) if capacity else None  # kept: reads allocate none
         self.trace_lost = 0
 
+    @_locked
     def trace_spans(self, model: str = "target") -> list[Span]:
         """The spans recorded since the last read, oldest first (they are moved out of the core), tagged with
         model; trace_lost accumulates those that did not fit."""
@@ -473,6 +515,7 @@ class Context(_Handle):
             for s in (buf[i] for i in range(n[0]))
         ]
 
+    @_locked
     def _eval(self, ids, all_rows: bool) -> np.ndarray:
         arr = _ids_array(ids)
         rows = len(arr) if all_rows else 1
@@ -497,6 +540,7 @@ class Context(_Handle):
         """Append positions (one, or q+1 to verify a draft); returns one logits row per position."""
         return self._eval(ids, True)
 
+    @_locked
     def truncate(self, pos: int) -> None:
         """Forget every position from pos on."""
         if not _is_int(pos):
@@ -522,6 +566,7 @@ class Context(_Handle):
         # ids outside the vocabulary can never be chosen
         return np.array([s for s in stop_list if 0 <= s < self.vocab_size], dtype=np.int32)
 
+    @_locked
     def _greedy(self, first: int, n: int, stops: np.ndarray) -> list[int]:
         out = np.empty(n, dtype=np.int32)
         chosen = ffi.new("int32_t *")
@@ -537,6 +582,7 @@ class Context(_Handle):
         check(status)
         return out[: chosen[0]].tolist()
 
+    @_locked
     def generate(self, prompt_ids, n: int, stop_ids=()) -> GenerateResult:
         """Greedy decoding of up to n tokens after the prompt (appended at the current position)."""
         if not _is_int(n) or n < 1:
@@ -555,6 +601,7 @@ class Context(_Handle):
         t2 = time.perf_counter()
         return GenerateResult(ids, len(prompt), t1 - t0, len(ids) - 1, t2 - t1)
 
+    @_locked
     def close(self) -> None:
         if self._ptr != ffi.NULL:
             lib.eb_context_free(self._ptr)
