@@ -154,6 +154,8 @@ int eb_context_eval(eb_context *c, const int32_t *ids, int32_t n, float *logits,
     if ((int64_t)c->pos + n > c->n_ctx)
         return eb_fail(EB_ERR_RANGE, "context of %lld positions is longer than the KV cache (%d positions); "
                                      "truncate or create a larger context", (long long)c->pos + n, c->n_ctx);
+    int st = eb_model_check_files(c->model); /* a weight file changed under a mapping: refused from then on */
+    if (st) return st;
     int32_t start = c->pos;
     int64_t V = cf->vocab_size;
     for (int32_t done = 0; done < n;) {
@@ -162,7 +164,8 @@ int eb_context_eval(eb_context *c, const int32_t *ids, int32_t n, float *logits,
         float *out = NULL;
         if (logits && all_rows) out = logits + (int64_t)done * V;
         else if (logits && last_chunk) out = logits;
-        int st = eb_eval_batch(c, ids + done, chunk, out, all_rows);
+        st = eb_eval_batch(c, ids + done, chunk, out, all_rows);
+        if (!st) st = eb_model_check_files(c->model); /* this step may have read zeros in place of the file */
         if (st) {
             c->pos = start;
             return st;

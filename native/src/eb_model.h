@@ -2,6 +2,9 @@
 #ifndef EB_MODEL_H
 #define EB_MODEL_H
 
+#include <stdatomic.h>
+#include <time.h>
+
 #include "eb_convert.h"
 #include "eb_internal.h"
 
@@ -66,6 +69,9 @@ typedef struct {
     void *addr;         /* the file's bytes: a mapping of the file, or a private copy (EB_WEIGHTS_COPY) */
     uint64_t size;      /* of the file */
     uint64_t map_bytes; /* of the mapping at addr (munmap frees both kinds) */
+    int fd;             /* a mapped file's, kept open to see it change (mapping.c); -1 for a copy */
+    struct timespec mtime;
+    int slot;           /* its entry in the SIGBUS guard's table, or -1 */
 } eb_mapped_file;
 
 typedef struct {
@@ -93,6 +99,7 @@ struct eb_model {
     uint64_t *route_tokens; /* [layer] */
     uint64_t arena_bytes[EB_MAX_DEVICES]; /* device memory held by contexts' staging arenas */
     const struct eb_family *family;       /* the model family's forward pass */
+    _Atomic int changed_file;             /* a mapped file changed under the model: its index + 1 (mapping.c) */
 };
 
 /* A staging arena: host memory (pinned where the owner's runtime can) and device memory, grown on demand. */
@@ -162,6 +169,12 @@ struct eb_context {
     void **own_events; /* 2 per layer */
     int32_t *own_pending, n_own_pending;
 };
+
+/* The SIGBUS guard of mapped weight files (mapping.c): register a model's mapped file, withdraw it before unmapping,
+ * and whether any of its files changed (EB_ERR_IO naming it, for every step from then on). */
+int eb_mapping_register(eb_model *m, int index);
+void eb_mapping_unregister(eb_mapped_file *f);
+int eb_model_check_files(eb_model *m);
 
 /* Free the model now (eb_model_free defers to this when no context is alive). */
 void eb_model_release(eb_model *m);

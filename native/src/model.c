@@ -334,6 +334,7 @@ static int load_files(eb_model *m, const char *const *files, int32_t n_files, in
     m->info.weights = mode;
     for (int32_t i = 0; i < n_files; i++) {
         eb_mapped_file *f = &m->files[i];
+        f->fd = f->slot = -1;
         f->path = strdup(files[i]);
         m->n_files = i + 1;
         if (!f->path) return eb_fail(EB_ERR_MEMORY, "out of memory");
@@ -350,12 +351,16 @@ static int load_files(eb_model *m, const char *const *files, int32_t n_files, in
             st = copy_file(f, fd);
         } else if (f->size > 0) {
             void *a = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
-            if (a == MAP_FAILED)
+            if (a == MAP_FAILED) {
                 st = eb_fail(EB_ERR_IO, "cannot map '%s': %s", files[i], strerror(errno));
-            else
+            } else { /* kept open, its size and time noted, the mapping guarded: mapping.c */
                 f->addr = a, f->map_bytes = f->size;
+                f->fd = fd, f->mtime = sb.st_mtim;
+                fd = -1;
+                st = eb_mapping_register(m, i);
+            }
         }
-        close(fd);
+        if (fd >= 0) close(fd);
         if (st) return st;
     }
     if (mode == EB_WEIGHTS_COPY) m->info.huge_page_bytes = copied_huge_bytes(m);
@@ -392,7 +397,9 @@ void eb_model_release(eb_model *m) {
     free(m->final_norm);
     free(m->route_tokens);
     for (int i = 0; i < m->n_files; i++) {
+        eb_mapping_unregister(&m->files[i]);
         if (m->files[i].addr) munmap(m->files[i].addr, m->files[i].map_bytes);
+        if (m->files[i].fd >= 0) close(m->files[i].fd);
         free(m->files[i].path);
     }
     free(m->files);

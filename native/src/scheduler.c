@@ -160,6 +160,8 @@ int eb_model_set_placement(eb_model *m, const int32_t *owners, int64_t n) {
                                  eng->devices[o].name, err);
         }
     }
+    /* the uploads read the mapped files: one cut short meanwhile gave zeros (mapping.c), not the weights */
+    if (!st) st = eb_model_check_files(m);
     if (st) {
         for (int64_t i = 0; i < (int64_t)L * E; i++)
             if (fresh[i]) {
