@@ -11,6 +11,7 @@ import json
 import math
 import re
 import struct
+import sys
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -108,13 +109,34 @@ class Checkpoint:
         return cls(folder, config, tensors, files, tokenizer, raw)
 
 
+def parse_json(text: str | bytes, path: Path, what: str = "") -> Any:
+    """JSON text of a file, or a CheckpointError naming the file: bad UTF-8 or syntax, nesting deeper than Python's
+    recursion allows, an integer longer than Python converts (both would escape as RecursionError / ValueError)."""
+    where = f"'{path}'" + (f": {what}" if what else "")
+    try:
+        return json.loads(text.decode("utf-8") if isinstance(text, bytes) else text)
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{where} is not UTF-8 text: {exc}") from None
+    except RecursionError:
+        raise CheckpointError(f"{where} is not valid JSON here: nested too deeply") from None
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{where} is not valid JSON: {exc}") from None
+    except ValueError:  # an integer past sys.get_int_max_str_digits()
+        raise CheckpointError(
+            f"{where} is not valid JSON here: it holds an integer of more than {sys.get_int_max_str_digits()} digits"
+        ) from None
+
+
 def read_config_json(path: Path) -> dict:
     if not path.is_file():
         raise CheckpointError(f"'{path}' is missing: a model folder needs a config.json")
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
         raise CheckpointError(f"'{path}' is not valid JSON: {exc}") from None
+    except OSError as exc:
+        raise CheckpointError(f"'{path}': cannot read: {exc.strerror or exc}") from None
+    raw = parse_json(text, path)
     if not isinstance(raw, dict):
         raise CheckpointError(f"'{path}': expected a JSON object, got {type(raw).__name__}")
     return raw
@@ -206,6 +228,8 @@ def parse_config(raw: dict, path: Path) -> ModelConfig:
     return config
 
 
+MAX_DIM = 1 << 40  # a dimension past this (a shape like [0, 2**63]) fits no memory and no int64 product
+
 LAYER_TENSOR = re.compile(r"model\.layers\.(\d+)\.")
 
 
@@ -239,10 +263,7 @@ def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
             header_bytes = f.read(hlen)
     except OSError as exc:
         raise CheckpointError(f"'{path}': cannot read: {exc.strerror or exc}") from None
-    try:
-        header = json.loads(header_bytes.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"'{path}': the safetensors header is not valid JSON: {exc}") from None
+    header = parse_json(header_bytes, path, "the safetensors header")
     if not isinstance(header, dict):
         raise CheckpointError(f"'{path}': the safetensors header is not a JSON object")
     data_start = 8 + hlen
@@ -259,9 +280,9 @@ def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
         if not isinstance(dtype, str) or dtype not in ALL_DTYPE_SIZES:
             raise CheckpointError(f"{where}: unknown dtype {dtype!r} (expected one of {', '.join(ALL_DTYPE_SIZES)})")
         if not isinstance(shape, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+            isinstance(d, int) and not isinstance(d, bool) and 0 <= d < MAX_DIM for d in shape
         ):
-            raise CheckpointError(f"{where}: shape {shape!r} is not a list of non-negative integers")
+            raise CheckpointError(f"{where}: shape {shape!r:.200} is not a list of integers in 0..{MAX_DIM - 1}")
         if (
             not isinstance(offsets, list)
             or len(offsets) != 2
@@ -308,12 +329,18 @@ def read_weights(folder: Path) -> tuple[dict[str, TensorInfo], list[Path]]:
     single = folder / "model.safetensors"
     if index.is_file():
         try:
-            data = json.loads(index.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CheckpointError(f"'{index}' is not valid JSON: {exc}") from None
+            text = index.read_bytes()
+        except OSError as exc:
+            raise CheckpointError(f"'{index}': cannot read: {exc.strerror or exc}") from None
+        data = parse_json(text, index)
         weight_map = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
             raise CheckpointError(f"'{index}': 'weight_map' is missing or empty")
+        for name, shard in weight_map.items():
+            if not isinstance(shard, str):
+                raise CheckpointError(
+                    f"'{index}': weight_map['{name}'] = {shard!r:.80}, expected the name of a shard file (a string)"
+                )
         shard_names = sorted(set(weight_map.values()), key=str)
         for shard in shard_names:
             if not isinstance(shard, str) or "/" in shard or "\\" in shard or shard in ("", ".", ".."):

@@ -692,3 +692,62 @@ def test_every_error_is_an_engine_error():
     """The specific classes used above all derive from EngineError, so one except clause catches them."""
     for cls in (CheckpointError, UnsupportedError, RangeError, ModuleLoadError):
         assert issubclass(cls, EngineError)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Inputs that used to escape as Python's own errors (RecursionError, OverflowError, TypeError, ValueError)
+
+
+DEEP = "[" * 1000 + "]" * 1000
+
+
+def test_json_nested_too_deeply_is_a_checkpoint_error_naming_the_file(tmp_path):
+    folder = copy_fixture(tmp_path, "qwen3-f32")
+    config = folder / "config.json"
+    original = config.read_text()
+    config.write_text(original[:-1].rstrip().rstrip("}") + f', "deep": {DEEP}}}')
+    with pytest.raises(CheckpointError, match=rf"{q(config)}.*nested too deeply"):
+        load(folder)
+    config.write_text(original)
+    st = folder / "model.safetensors"
+    header, data = read_st(st)
+    raw = json.dumps(header)[:-1] + f', "__metadata__": {{"x": {DEEP}}}}}'
+    blob = raw.encode() + b" " * ((-(8 + len(raw))) % 8)
+    st.write_bytes(struct.pack("<Q", len(blob)) + blob + data)
+    with pytest.raises(CheckpointError, match=rf"{q(st)}.*safetensors header.*nested too deeply"):
+        load(folder)
+
+
+def test_index_nested_too_deeply_and_a_list_for_a_shard_name(tmp_path):
+    folder = copy_fixture(tmp_path, "qwen3moe-bf16")
+    index = folder / "model.safetensors.index.json"
+    original = json.loads(index.read_text())
+    index.write_text(json.dumps(original)[:-1] + f', "deep": {DEEP}}}')
+    with pytest.raises(CheckpointError, match=rf"{q(index)}.*nested too deeply"):
+        load(folder)
+    name = next(iter(original["weight_map"]))
+    original["weight_map"][name] = ["model-00001-of-00002.safetensors"]
+    index.write_text(json.dumps(original))
+    with pytest.raises(
+        CheckpointError, match=rf"{q(index)}': weight_map\['{q(name)}'\] = \[.*expected the name of a shard"
+    ):
+        load(folder)
+
+
+def test_integers_of_thousands_of_digits_are_checkpoint_errors(tmp_path):
+    folder = copy_fixture(tmp_path, "qwen3-f32")
+    config = folder / "config.json"
+    config.write_text(config.read_text().replace('"hidden_size": 64', '"hidden_size": ' + "9" * 5000))
+    with pytest.raises(
+        CheckpointError, match=rf"{q(config)}' is not valid JSON here: it holds an integer of more than"
+    ):
+        load(folder)
+
+
+def test_a_shape_beyond_any_memory_is_refused_with_the_tensor_name(tmp_path):
+    folder = copy_fixture(tmp_path, "qwen3-f32")
+    st = folder / "model.safetensors"
+    name = "model.norm.weight"
+    edit_header(st, lambda h: h[name].update(shape=[0, 2**63]))
+    with pytest.raises(CheckpointError, match=rf"{q(st)}.*tensor '{q(name)}': shape \[0, {2**63}\] is not a list"):
+        load(folder)
