@@ -48,6 +48,22 @@ class DeviceInfo:
     threads: int
 
 
+def _name(value, what: str) -> bytes:
+    """A device or runtime name as the core takes it: text without NUL (which would cut it short there)."""
+    if not isinstance(value, str):
+        raise ArgumentError(f"{what} must be a name (text) like 'cpu:0', got {value!r}")
+    if "\0" in value:
+        raise ArgumentError(f"{what} {value!r} contains a NUL character")
+    return value.encode()
+
+
+def _count(value, what: str, lo: int, hi: int) -> int:
+    """An integer option the core takes in lo..hi (Python's ints reach past any C field: check before cffi)."""
+    if not _is_int(value) or not lo <= value <= hi:
+        raise ArgumentError(f"{what} = {value!r}: expected an integer in {lo}..{hi}")
+    return int(value)
+
+
 def _locked(method):
     """Run a method holding its handle's lock: the one lock of an engine, shared by its models and their contexts.
     A close() on one thread while another is inside a call waits for that call to return (it then finds the handle
@@ -104,6 +120,8 @@ class Engine(_Handle):
         strict: bool = True,
         runtime_options: dict[str, dict] | None = None,
     ):
+        cpu_devices = _count(cpu_devices, "cpu_devices", 0, 64)  # 0: one per NUMA node
+        cpu_threads = _count(cpu_threads, "cpu_threads", 0, 1024)  # 0: the cores shared out
         self._lock = threading.RLock()
         ptr = ffi.new("eb_engine **")
         check(lib.eb_engine_create(ptr))
@@ -133,14 +151,19 @@ class Engine(_Handle):
 
     @_locked
     def load_runtime(self, name: str, path: str | os.PathLike | None = None) -> None:
+        cname = _name(name, "runtime name")
+        if path is not None and "\0" in os.fspath(path):
+            raise ArgumentError(f"runtime {name!r}: module path {path!r} contains a NUL character")
         cpath = ffi.NULL if path is None else ffi.new("char[]", os.fsencode(path))
         given = self._runtime_options.get(name, {})
         unknown = set(given) - {"n_devices", "threads_per_device", "memory_limit"}
         if unknown:
             raise ArgumentError(f"runtime {name!r}: unknown option {sorted(unknown)[0]!r} (expected n_devices, "
                                 "threads_per_device, memory_limit)")  # fmt: skip
+        limits = {"n_devices": (0, 64), "threads_per_device": (0, 1024), "memory_limit": (0, 2**64 - 1)}
+        given = {k: _count(v, f"runtime {name!r}: {k}", *limits[k]) for k, v in given.items()}
         opts = ffi.new("eb_runtime_options *", {**given, "force_portable": int(self._portable)})
-        check(lib.eb_engine_load_runtime(self._live(), name.encode(), cpath, opts))
+        check(lib.eb_engine_load_runtime(self._live(), cname, cpath, opts))
 
     @property
     @_locked
@@ -172,8 +195,9 @@ class Engine(_Handle):
     @_locked
     def device_index(self, name: str) -> int:
         idx = ffi.new("int32_t *")
+        cname = _name(name, "device")
         try:
-            check(lib.eb_engine_find_device(self._live(), name.encode(), idx))
+            check(lib.eb_engine_find_device(self._live(), cname, idx))
         except RangeError as exc:
             runtime = name.partition(":")[0]
             if runtime in self.load_errors:
@@ -297,6 +321,8 @@ class Model(_Handle):
         )  # fmt: skip
 
     def _owners(self, placement: Placement | str) -> np.ndarray:
+        if not isinstance(placement, (Placement, str)):
+            raise ArgumentError(f"placement must be a Placement or its text form, got {placement!r:.80}")
         if isinstance(placement, str):
             placement = Placement.parse(placement, self.config, default=self.device)
         if len(placement.owners) != self.config.num_layers or any(
@@ -372,6 +398,13 @@ class Model(_Handle):
         return self.tokenizer.encode(text_, add_special_tokens=False).ids
 
     def decode_text(self, ids) -> str:
+        if hasattr(ids, "__len__") and len(ids) == 0:
+            return ""
+        ids = _ids_array(ids)
+        bad = ids[(ids < 0) | (ids >= self.config.vocab_size)]
+        if bad.size:
+            raise RangeError(f"token id {int(bad[0])} out of range: expected 0..{self.config.vocab_size - 1}")
+        ids = ids.tolist()
         if self.tokenizer is None:
             return " ".join(str(i) for i in ids)
         return self.tokenizer.decode(list(ids))
@@ -557,6 +590,12 @@ class Context(_Handle):
             raise ArgumentError(f"number of tokens to choose must be a positive integer, got {n!r}")
         if not _is_int(first):
             raise ArgumentError(f"first token must be an integer, got {first!r}")
+        room = self.capacity - self.position + 1  # every chosen token but the last is appended
+        if n > room:
+            raise RangeError(
+                f"{n} tokens to choose need {n - 1} more positions, but the KV cache has {room - 1} left "
+                f"(capacity {self.capacity}, at position {self.position})"
+            )
         return self._greedy(int(first), n, self._stop_array(stop_ids))
 
     def _stop_array(self, stop_ids) -> np.ndarray:
