@@ -209,6 +209,12 @@ class Profile:
         line = self.lines.get(key, 1)
         return f"{self.path or '<profile>'}:{line}"
 
+    def error_at(self, key: tuple, message: str) -> str:
+        """message at the file:line of key, unless it already names a place in this profile."""
+        if self.path is not None and message.startswith(f"{self.path}:"):
+            return message
+        return f"{self.where(*key)}: {message}"
+
     def resolve(self, relative: str) -> Path:
         """A path written in the profile: ~ expanded, relative to the profile's folder."""
         p = Path(relative).expanduser()
@@ -264,7 +270,7 @@ class Profile:
             try:
                 return RoutingStats.read_hotness_csv(self.resolve(r.hotness_csv))
             except CheckpointError as exc:
-                raise ProfileError(f"{self.where('routing')}: routing: {exc}") from None
+                raise ProfileError(self.error_at(("routing",), f"routing: {exc}")) from None
         return RoutingStats(np.array(r.hits, dtype=np.uint64).reshape(len(r.hits), -1),
                             np.array(r.tokens, dtype=np.uint64), int(r.top_k))  # fmt: skip
 
@@ -393,6 +399,9 @@ def _flow(value):
 
 
 class _Dumper(yaml.SafeDumper):
+    def ignore_aliases(self, data):  # a saved profile never holds aliases (a load refuses fan-outs)
+        return True
+
     def increase_indent(self, flow=False, indentless=False):  # lists indented under their key
         return super().increase_indent(flow, False)
 
@@ -473,6 +482,32 @@ _STR, _INT, _FLOAT, _BOOL, _NULL = (f"tag:yaml.org,2002:{t}" for t in ("str", "i
 _MAP, _SEQ = "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"
 
 
+MAX_INDEX = 65535  # the largest layer or expert index a profile may name
+MAX_NODES = 200_000  # what a profile may hold once its aliases are expanded (profiles/ examples: a few thousand)
+
+
+def _expanded_nodes(root) -> int:
+    """Nodes of the tree as a reader walks it, every alias expanded (memoised on the shared nodes, so counting a
+    fan-out costs what the file is, not what it expands to)."""
+    sizes: dict[int, int] = {}
+    stack = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if id(node) in sizes:
+            continue
+        kids = (
+            []
+            if isinstance(node, yaml.ScalarNode)
+            else ([n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else list(node.value))
+        )
+        if done or not kids:
+            sizes[id(node)] = 1 + sum(sizes[id(k)] for k in kids)
+            continue
+        stack.append((node, True))
+        stack.extend((k, False) for k in kids if id(k) not in sizes)
+    return sizes[id(root)]
+
+
 class _Reader:
     """Walks a composed YAML node tree; every error names file:line and the offending value."""
 
@@ -496,9 +531,14 @@ class _Reader:
         if node.tag not in (_STR, _INT, _FLOAT, _BOOL, _NULL):
             self.fail(node, f"{what}: tag {node.tag!r} is not allowed (plain strings, numbers, true/false, null)")
         try:
-            return self._scalars.construct_object(node)
+            value = self._scalars.construct_object(node)
         except yaml.YAMLError as exc:
-            self.fail(node, f"{what}: {getattr(exc, 'problem', None) or exc} (got {node.value!r})")
+            self.fail(node, f"{what}: {getattr(exc, 'problem', None) or exc} (got {node.value!r:.80})")
+        except (ValueError, TypeError, OverflowError):  # a tag the value does not fit, like !!int 'abc'
+            self.fail(node, f"{what}: {node.value!r:.80} is not a valid {node.tag.rsplit(':', 1)[-1]}")
+        if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+            self.fail(node, f"{what}: {node.value:.40} does not fit in 64 bits")
+        return value
 
     def mapping(self, node, what: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> dict:
         """{key: (key_node, value_node)} of a mapping with string keys from `allowed`."""
@@ -567,11 +607,15 @@ class _Reader:
     def span(self, node, what: str) -> tuple[int, int]:
         value = self.scalar(node, what)
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return value, value
-        m = _SPAN.match(value) if isinstance(value, str) else None
-        if not m or int(m.group(2) or m.group(1)) < int(m.group(1)):
-            self.fail(node, f"{what}: expected an index N or a range FIRST-LAST (FIRST <= LAST), got {value!r}")
-        return int(m.group(1)), int(m.group(2) or m.group(1))
+            lo = hi = value
+        else:
+            m = _SPAN.match(value) if isinstance(value, str) and len(value) < 64 else None
+            if not m or int(m.group(2) or m.group(1)) < int(m.group(1)):
+                self.fail(node, f"{what}: expected an index N or a range FIRST-LAST (FIRST <= LAST), got {value!r:.80}")
+            lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if hi > MAX_INDEX:  # no model has as many layers or experts: an entry per index would never end
+            self.fail(node, f"{what}: index {hi} is beyond any model (at most {MAX_INDEX})")
+        return lo, hi
 
     @staticmethod
     def _show(node) -> str:
@@ -604,9 +648,13 @@ def loads(text: str, path: str | os.PathLike = "<profile>") -> Profile:
         raise ProfileError(f"{path}:{line}: not valid YAML: {exc.problem or exc.context}") from None
     except yaml.YAMLError as exc:
         raise ProfileError(f"{path}:1: not valid YAML: {exc}") from None
+    except RecursionError:
+        raise ProfileError(f"{path}:1: not a profile: nested too deeply") from None
     r = _Reader(path)
     if root is None:
         raise ProfileError(f"{path}:1: the file is empty: expected a profile (see profiles/README.md)")
+    if (nodes := _expanded_nodes(root)) > MAX_NODES:
+        raise ProfileError(f"{path}:1: not a profile: its aliases expand it to {nodes} values (at most {MAX_NODES})")
     keys = (VERSION_KEY, "description", "model", "draft", "devices", "primary", "placement", "run",
             "expectations", "routing")  # fmt: skip
     top = r.mapping(root, "profile", keys, required=(VERSION_KEY, "model"))

@@ -201,7 +201,9 @@ def make_engine(profile: Profile, portable: bool = False):
     try:
         engine = Engine(runtimes=runtimes, portable=portable or None, runtime_options=options)
     except EngineError as exc:
-        raise ProfileError(f"{profile.where('devices')}: devices: this machine cannot provide them: {exc}") from None
+        raise ProfileError(
+            profile.error_at(("devices",), f"devices: this machine cannot provide them: {exc}")
+        ) from None
     have = {d.name for d in engine.devices}
     missing = [d for d in profile.device_names() if d not in have]
     if missing:
@@ -262,7 +264,7 @@ def _check_models(profile: Profile, record: bool) -> None:
             found = fingerprint(folder)
             config = parse_config(read_config_json(folder / "config.json"), folder / "config.json")
         except EngineError as exc:
-            raise ProfileError(f"{profile.where(role)}: {role}: {exc}") from None
+            raise ProfileError(profile.error_at((role,), f"{role}: {exc}")) from None
         if ref.fingerprint is None and not record:
             raise ProfileError(f"{profile.where(role)}: {role}: no fingerprint recorded: run 'expertbench regress "
                                f"--record {profile.path}' once on the right model")  # fmt: skip
@@ -327,7 +329,7 @@ def run(paths: list[str], record: bool = False, speed_slack: float = DEFAULT_SPE
         try:
             o.measurement = measure(o.profile, portable=portable)
         except EngineError as exc:
-            o.error = f"{o.profile.where('run')}: {exc}"
+            o.error = o.profile.error_at(("run",), str(exc))
         o.seconds = time.perf_counter() - t0
     for o in report.outcomes:
         if o.error is None:

@@ -23,6 +23,9 @@ from .errors import ArgumentError, CheckpointError
 _HEADER = re.compile(r"^#\s*hotness table:\s*n_layer=(\d+)\s+n_expert=(\d+)\s+n_expert_used=(\d+)\s*$")
 
 
+MAX_HOTNESS_BYTES = 64 << 20  # far more than any table's counts (a thousand layers of a thousand experts: ~20 MiB)
+
+
 @dataclass
 class RoutingStats:
     hits: np.ndarray  # uint64 [layers, experts]
@@ -63,8 +66,14 @@ class RoutingStats:
     @classmethod
     def read_hotness_csv(cls, path: str | os.PathLike) -> RoutingStats:
         path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
+        try:  # a regular file of bounded size: a FIFO or /dev/zero would be read forever
+            if not path.is_file():
+                raise CheckpointError(f"'{path}': not a regular file (expected a hotness table)")
+            with path.open("rb") as f:
+                data = f.read(MAX_HOTNESS_BYTES + 1)
+            if len(data) > MAX_HOTNESS_BYTES:
+                raise CheckpointError(f"'{path}': larger than {MAX_HOTNESS_BYTES >> 20} MiB, expected a hotness table")
+            text = data.decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise CheckpointError(f"'{path}': cannot read: {exc}") from None
         lines = [ln for ln in text.splitlines() if ln.strip()]

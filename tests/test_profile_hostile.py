@@ -1,0 +1,88 @@
+"""Profiles written to hurt: alias fan-outs, absurd ranges, endless files, tags and numbers that do not fit, deep
+nesting. Each is a ProfileError with file:line (said once), quickly, and `expertbench regress` exits 2 on it
+without a traceback."""
+
+import os
+
+import pytest
+
+from engine import profile as P
+from engine.cli import main as cli_main
+from engine.profile import ProfileError
+
+HEAD = "expertbench_profile: 1\nmodel: {demo: default}\n"
+
+
+def write(tmp_path, text, name="p.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_alias_fan_out_is_refused_before_it_expands(tmp_path):
+    # ten levels of nine aliases each: 9**10 values once expanded, from a file of under a kilobyte
+    bomb = "bombs:\n" + "".join(f"  - &b{i} [" + ", ".join([f"*b{i - 1}" if i else "0"] * 9) + "]\n" for i in range(10))
+    path = write(tmp_path, HEAD + bomb)
+    with pytest.raises(ProfileError, match=rf"^{path}:1: not a profile: its aliases expand it to \d+ values"):
+        P.load(path)
+    # a few aliases are read as YAML reads them (and then checked as usual)
+    text = HEAD + "routing:\n  top_k: 1\n  tokens: [1]\n  hits: &a0 [0, 0, 0, 0, 0, 0, 0, 0, 0]\n"
+    text += "expectations:\n  output_sha256: [" + ", ".join(["*a0"] * 9) + "]\n"
+    path = write(tmp_path, text, "small.yaml")
+    with pytest.raises(ProfileError, match=rf"^{path}:\d+: expectations.output_sha256"):
+        P.load(path)
+
+
+def test_a_layer_range_beyond_any_model_is_refused_at_once(tmp_path):
+    path = write(tmp_path, HEAD + "placement:\n  layers:\n    0-99999999999: cpu:0\n")
+    with pytest.raises(ProfileError, match=rf"^{path}:5: placement.layers: key: index 99999999999 is beyond any"):
+        P.load(path)
+    path = write(tmp_path, HEAD + "placement:\n  experts:\n    0: {0-70000: cpu:0}\n")
+    with pytest.raises(ProfileError, match=rf"^{path}:5: placement.experts.0: key: index 70000 is beyond any"):
+        P.load(path)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("!!int 'abc'", "'abc' is not a valid int"), (str(2**70), f"{2**70} does not fit in 64 bits"),
+     ("!!float 'x'", "'x' is not a valid float"), (str(-(2**64)), f"{-(2**64)} does not fit in 64 bits")],
+)  # fmt: skip
+def test_tags_and_numbers_that_do_not_fit(tmp_path, value, message):
+    path = write(tmp_path, HEAD + f"run:\n  tokens: {value}\n")
+    with pytest.raises(ProfileError, match=rf"^{path}:4: run.tokens: {message}"):
+        P.load(path)
+
+
+def test_nesting_a_thousand_deep(tmp_path):
+    path = write(tmp_path, HEAD + "description: " + "[" * 1000 + "]" * 1000 + "\n")
+    with pytest.raises(ProfileError, match=rf"^{path}:1: not a profile: nested too deeply"):
+        P.load(path)
+
+
+def test_a_hotness_table_that_is_not_a_regular_file_is_not_read(tmp_path):
+    path = write(tmp_path, HEAD + "routing: {hotness_csv: /dev/zero}\n")
+    profile = P.load(path)
+    with pytest.raises(ProfileError, match=rf"^{path}:3: routing: '/dev/zero': not a regular file") as err:
+        profile.routing_stats()
+    assert str(err.value).count(f"{path}:") == 1  # the place is said once
+    big = tmp_path / "big.csv"
+    with open(big, "wb") as f:
+        f.truncate((64 << 20) + 1)  # sparse: larger than the cap, costs no disk
+    path = write(tmp_path, HEAD + f"routing: {{hotness_csv: {big}}}\n", "big.yaml")
+    with pytest.raises(ProfileError, match="larger than 64 MiB"):
+        P.load(path).routing_stats()
+    os.unlink(big)
+
+
+@pytest.mark.parametrize(
+    "body",
+    ["run:\n  tokens: !!int 'abc'\n", "placement:\n  layers:\n    0-99999999999: cpu:0\n",
+     "description: " + "[" * 1000 + "]" * 1000 + "\n", "run:\n  tokens: " + str(2**70) + "\n",
+     "routing: {hotness_csv: /dev/zero}\nexpectations: {output_sha256: [" + "ab" * 32 + "]}\n"],
+)  # fmt: skip
+def test_regress_on_a_hostile_profile_exits_2_with_one_line(tmp_path, capsys, body, xdg_cache, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg_cache))
+    path = write(tmp_path, HEAD + body)
+    assert cli_main(["regress", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count(f"{path}:") == 1, err
