@@ -15,6 +15,7 @@ file whole. Load-save-load is lossless; comments are not kept (use `description`
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import math
@@ -424,8 +425,11 @@ _Dumper.add_representer(
 def atomic_write(path: str | os.PathLike, text: str) -> None:
     """Write text to path so that readers see the old file or the whole new one, never a part: a temp file in
     the same folder, fsync, os.replace, then fsync of the folder. On any failure the temp file is removed and
-    the old file is untouched. An existing file's permission bits are kept."""
+    the old file is untouched. An existing file's permission bits are kept. A symbolic link is written through (its
+    target replaced, the link kept); temp files that a killed save left beside it are removed."""
     path = Path(path)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
     folder = path.parent if str(path.parent) else Path(".")
     try:
         mode = path.stat().st_mode & 0o7777
@@ -433,8 +437,9 @@ def atomic_write(path: str | os.PathLike, text: str) -> None:
         mode = None
     except OSError as exc:
         raise ArgumentError(f"cannot write '{path}': {exc.strerror or exc}") from None
+    _remove_stale_temps(folder, path.name)
     try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
     except OSError as exc:
         raise ArgumentError(f"cannot write '{path}': {exc.strerror or exc}") from None
     try:
@@ -445,9 +450,11 @@ def atomic_write(path: str | os.PathLike, text: str) -> None:
         if mode is not None:
             os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError):  # a full disk, a folder gone read-only: the old file is as it was
+            raise ArgumentError(f"cannot write '{path}': {exc.strerror or exc} (the file is unchanged)") from None
         raise
     with contextlib.suppress(OSError):  # the rename itself reaches the disk (not possible on every system)
         dfd = os.open(folder, os.O_RDONLY)
@@ -455,6 +462,21 @@ def atomic_write(path: str | os.PathLike, text: str) -> None:
             os.fsync(dfd)
         finally:
             os.close(dfd)
+
+
+def _remove_stale_temps(folder: Path, name: str) -> None:
+    """The temp files of saves of `name` whose process is gone (a save killed before its rename)."""
+    for tmp in folder.glob(f".{glob.escape(name)}.*.tmp"):
+        pid = tmp.name[len(name) + 2 :].split(".", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)  # still running: its save is in progress
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        except (PermissionError, OverflowError):
+            pass
 
 
 # ---- fingerprint --------------------------------------------------------------------------------------------

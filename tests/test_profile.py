@@ -9,6 +9,7 @@ from fixture_paths import FIXTURES
 
 from engine import profile as P
 from engine.checkpoint import Checkpoint
+from engine.errors import ArgumentError
 from engine.placement import Placement
 from engine.profile import Profile, ProfileError
 
@@ -220,7 +221,7 @@ def test_a_crash_before_the_rename_leaves_the_old_file_whole(tmp_path, monkeypat
         raise OSError(5, "simulated crash")
 
     monkeypatch.setattr(P.os, "replace", crash)
-    with pytest.raises(OSError, match="simulated crash"):
+    with pytest.raises(ArgumentError, match=rf"cannot write '{path}': simulated crash \(the file is unchanged\)"):
         profile.save()
     assert path.read_text() == old
     assert _leftovers(tmp_path, path) == []  # the temp file is removed
@@ -249,10 +250,36 @@ def test_a_crash_mid_write_leaves_the_old_file_whole(tmp_path, monkeypatch):
             self.f.close()
 
     monkeypatch.setattr(P.os, "fdopen", lambda fd, *a, **k: Torn(real_fdopen(fd, *a, **k)))
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(ArgumentError, match=rf"cannot write '{path}': No space left on device \(the file is unchanged"):
         profile.save()
     assert path.read_text() == old
     assert _leftovers(tmp_path, path) == []
+
+
+def test_saving_through_a_symbolic_link_writes_its_target_and_keeps_the_link(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    target = write(real, FULL)
+    link = tmp_path / "link.yaml"
+    link.symlink_to(target)
+    profile = P.load(link)
+    profile.description = "through the link"
+    profile.save()
+    assert link.is_symlink() and link.resolve() == target.resolve()
+    assert P.load(target).description == "through the link"
+    assert _leftovers(real, target) == []
+
+
+def test_temp_files_of_a_killed_save_are_removed_by_the_next_save(tmp_path):
+    profile, path, _old = _saved_profile(tmp_path)
+    dead = tmp_path / f".{path.name}.999999999.abc123.tmp"  # no such process
+    dead.write_text("half a profi")
+    alive = tmp_path / f".{path.name}.{os.getpid()}.def456.tmp"  # a save in progress (this process): kept
+    alive.write_text("being written")
+    other = tmp_path / ".other.yaml.999999999.x.tmp"  # another profile's: not this save's business
+    other.write_text("x")
+    profile.save()
+    assert not dead.exists() and alive.exists() and other.exists()
 
 
 def test_save_keeps_permissions_and_replaces_whole(tmp_path):
