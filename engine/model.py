@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .checkpoint import DTYPES, Checkpoint, ModelConfig
-from .errors import ArgumentError, RangeError, StateError, UnsupportedError
+from .errors import ArgumentError, EngineError, RangeError, StateError, UnsupportedError
 from .native import check, ffi, lib, text
 from .placement import Placement
 from .trace import SPAN_KINDS, Span
@@ -276,7 +276,14 @@ class Model(_Handle):
         options = ffi.new("eb_load_options *", {"weights": WEIGHTS_MODES[weights]})
         with self._lock:  # a close of the engine meanwhile waits for the load, then closes this model too
             dev = engine.device_index(device)
-            check(lib.eb_model_load(engine._live(), c, file_array, len(files), descs, len(usable), dev, options, out))
+            try:
+                check(lib.eb_model_load(engine._live(), c, file_array, len(files), descs, len(usable), dev, options,
+                                        out))  # fmt: skip
+            except EngineError as exc:  # the core names tensors; the user needs to know which checkpoint too
+                folder = str(self.checkpoint.folder)
+                if folder not in str(exc):
+                    raise type(exc)(f"'{folder}': {exc}") from None
+                raise
             self._ptr = out[0]
             self.device = device
             self._contexts: list[Context] = []
