@@ -438,6 +438,66 @@ static void test_bad_checkpoints(const char *module, const char *file, eb_model_
     unlink(small);
 }
 
+/* Seeded mutations of the tensor descriptors and the config (what a caller of the C API could pass): every load
+ * either fails with a status, a message and no model, or succeeds and evaluates (a descriptor that lies about where
+ * its bytes are inside the file reads other bytes: the Python reader checks that against the safetensors header);
+ * under the sanitizer builds no read strays outside the file and nothing leaks. */
+static void test_descriptor_fuzz(const char *module, const char *file, eb_model_config *cfg, builder *b) {
+    const char *files[] = {file};
+    eb_engine *e = new_engine(module, 0, 1);
+    builder saved = *b;
+    unsigned seed = 12345;
+    int refused = 0, loaded = 0, bad = 0;
+    for (int round = 0; round < 2000; round++) {
+        *b = saved;
+        for (int k = 0; k < b->n; k++) b->d[k].name = b->names[k];
+        eb_model_config c = *cfg;
+        int changes = 1 + (int)((seed = seed * 1103515245u + 12345u) >> 16) % 3;
+        for (int j = 0; j < changes; j++) {
+            seed = seed * 1103515245u + 12345u;
+            unsigned r = seed >> 8;
+            eb_tensor_desc *t = &b->d[r % (unsigned)b->n];
+            uint64_t big[] = {0, 1, 2, 7, 8, 4096, (uint64_t)1 << 31, (uint64_t)1 << 62, UINT64_MAX, saved.offset};
+            switch ((r >> 12) % 8) {
+            case 0: t->offset = big[(r >> 16) % 10]; break;
+            case 1: t->offset += (r >> 16) % 16; break;
+            case 2: t->nbytes = big[(r >> 16) % 10]; break;
+            case 3: t->dtype = (int32_t)((r >> 16) % 6) - 1; break;
+            case 4: t->ndim = (int32_t)((r >> 16) % 7) - 1; break;
+            case 5: t->shape[(r >> 16) % 4] = (int64_t)big[(r >> 18) % 10]; break;
+            case 6: t->file_index = (int32_t)((r >> 16) % 3) - 1; break;
+            default: {
+                int32_t *fields[] = {&c.hidden_size, &c.num_heads, &c.num_kv_heads, &c.head_dim, &c.num_experts,
+                                     &c.top_k, &c.num_layers, &c.vocab_size, &c.moe_intermediate_size};
+                int32_t values[] = {0, -1, 1, 3, 7, 1 << 30, INT32_MAX};
+                *fields[(r >> 16) % 9] = values[(r >> 20) % 7];
+            }
+            }
+        }
+        eb_model *m = NULL;
+        int st = eb_model_load(e, &c, files, 1, b->d, b->n, 0, NULL, &m);
+        if (st != EB_OK) {
+            refused++;
+            bad += m != NULL || eb_last_error()[0] == 0; /* a failure always says why, and returns no model */
+            continue;
+        }
+        loaded++;
+        eb_context *ctx = NULL;
+        int32_t ids[2] = {1, 2};
+        float logits[V];
+        if (eb_context_create(m, 8, 2, &ctx) == EB_OK)
+            bad += eb_context_eval(ctx, ids, 2, logits, 0) != EB_OK && eb_last_error()[0] == 0;
+        eb_context_free(ctx);
+        eb_model_free(m);
+    }
+    *b = saved;
+    for (int k = 0; k < b->n; k++) b->d[k].name = b->names[k];
+    CHECK(bad == 0, "descriptor fuzz: %d calls failed without a message or returned a model", bad);
+    CHECK(refused > 1000 && loaded > 0, "descriptor fuzz: %d refused, %d loaded (expected most refused, some not)",
+          refused, loaded);
+    eb_engine_destroy(e);
+}
+
 static void test_modules(const char *build) {
     eb_engine *e = NULL;
     CHECK(eb_engine_create(&e) == EB_OK, "create");
@@ -723,6 +783,7 @@ int main(int argc, char **argv) {
     test_attention_items(module, file, &cfg, &b);
     test_greedy(module, file, &cfg, &b);
     test_bad_checkpoints(module, file, &cfg, &b);
+    test_descriptor_fuzz(module, file, &cfg, &b);
     test_weights_modes(module, file, &cfg, &b);
     test_placement(argv[1], file, &cfg, &b);
     test_device_primary(argv[1], file, &cfg, &b);
