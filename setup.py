@@ -12,6 +12,8 @@ from setuptools.command.build_ext import build_ext
 
 NATIVE = Path("native")
 CFLAGS = ["-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-fPIC", "-ffp-contract=off", "-fvisibility=hidden"]
+# the cpu runtime modules built with sanitizers too (see engine/_build_native.py)
+SANITIZE = [f"-fsanitize={s}", "-fno-omit-frame-pointer"] if (s := os.environ.get("EXPERTBENCH_SANITIZE")) else []
 
 
 class BuildWithRuntimes(build_ext):
@@ -67,18 +69,21 @@ class BuildWithRuntimes(build_ext):
             output_dir=str(tmp),
             include_dirs=include,
             macros=macros,
-            extra_postargs=CFLAGS,
+            extra_postargs=CFLAGS + SANITIZE,
         )
         if platform.machine() in ("x86_64", "AMD64"):
             objects += cc.compile(
                 [str(NATIVE / "runtime/cpu/cpu_kernels_avx2.c")],
                 output_dir=str(tmp),
                 include_dirs=include,
-                extra_postargs=[*CFLAGS, "-mavx2", "-mfma", "-mf16c"],
+                extra_postargs=[*CFLAGS, *SANITIZE, "-mavx2", "-mfma", "-mf16c"],
             )
         out_dir.mkdir(parents=True, exist_ok=True)
         cc.link_shared_object(
-            objects, str(out_dir / f"expertbench_rt_{name}.so"), libraries=["pthread", "m"], extra_postargs=["-shared"]
+            objects,
+            str(out_dir / f"expertbench_rt_{name}.so"),
+            libraries=["pthread", "m"],
+            extra_postargs=["-shared", *SANITIZE],
         )
 
 

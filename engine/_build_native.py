@@ -1,5 +1,6 @@
 """cffi out-of-line API build of the core: the one public header, the core's C sources compiled in."""
 
+import os
 import re
 from pathlib import Path
 
@@ -18,6 +19,10 @@ def _cdef() -> str:
     return match.group(1)
 
 
+# EXPERTBENCH_SANITIZE=address,undefined (or thread): the core built with those sanitizers, for running the Python
+# tests against it (tests/test_native_c.py does, with the sanitizer's runtime preloaded into the interpreter).
+SANITIZE = [f"-fsanitize={s}", "-fno-omit-frame-pointer"] if (s := os.environ.get("EXPERTBENCH_SANITIZE")) else []
+
 ffibuilder = FFI()
 ffibuilder.cdef(_cdef())
 ffibuilder.set_source(
@@ -25,7 +30,8 @@ ffibuilder.set_source(
     '#include "expertbench.h"',
     sources=[str(p.relative_to(ROOT)) for p in sorted((NATIVE / "src").glob("**/*.c"))],
     include_dirs=[str(NATIVE / "include"), str(NATIVE / "src")],
-    extra_compile_args=["-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-ffp-contract=off"],
+    extra_compile_args=["-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-ffp-contract=off", *SANITIZE],
+    extra_link_args=SANITIZE,
     libraries=["dl", "m", "pthread"],
 )
 

@@ -1,7 +1,9 @@
 """The native tests (native/tests/test_native.c), built with -Wall -Wextra -Werror: plain, ASan+UBSan, TSan."""
 
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,3 +40,50 @@ def test_native_tests_clean_under_thread_sanitizer(tmp_path):
     out = run_make("tsan", tmp_path / "build-tsan")
     assert "ThreadSanitizer" not in out
     assert ", 0 failed" in out
+
+
+ROOT = NATIVE.parent
+SANITIZED_TESTS = {
+    # the fuzz suite, the mapped-file guard and the races against the core built with ASan + UBSan ...
+    "address,undefined": ["tests/test_fuzz.py", "tests/test_mapped_files.py", "tests/test_concurrency.py"],
+    # ... and the races (close, set_placement and decode from two threads) against the core built with TSan
+    "thread": ["tests/test_concurrency.py"],
+}
+RUNTIMES = {"address,undefined": ["libasan.so", "libubsan.so"], "thread": ["libtsan.so"]}
+
+
+@pytest.mark.parametrize("sanitizers", list(SANITIZED_TESTS))
+def test_python_suites_against_a_sanitized_core(tmp_path, sanitizers):
+    """The engine package beside a core and cpu runtime built with the sanitizers (EXPERTBENCH_SANITIZE), the
+    sanitizer's runtime preloaded into this interpreter; a report stops the run (halt_on_error) and fails here."""
+    out = tmp_path / "site"
+    (out / "engine").mkdir(parents=True)
+    for f in (ROOT / "engine").glob("*.py"):
+        shutil.copy(f, out / "engine")
+    env = {**os.environ, "EXPERTBENCH_NO_GPU": "1", "EXPERTBENCH_SANITIZE": sanitizers}
+    build = subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(out), "--build-temp", str(tmp_path / "o")],
+        cwd=ROOT, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert build.returncode == 0, (build.stdout + build.stderr)[-4000:]
+    preload = []
+    for lib in RUNTIMES[sanitizers]:
+        found = subprocess.run(["cc", f"-print-file-name={lib}"], capture_output=True, text=True).stdout.strip()
+        if not Path(found).is_file():
+            pytest.fail(f"{lib} is not installed: the compiler's sanitizer runtime is needed")
+        preload.append(found)
+    report = tmp_path / "report"
+    env = {**os.environ, "LD_PRELOAD": " ".join(preload), "PYTHONPATH": str(out),
+           "ASAN_OPTIONS": f"detect_leaks=0:handle_segv=0:log_path={report}",
+           "UBSAN_OPTIONS": f"halt_on_error=1:print_stacktrace=1:log_path={report}",
+           "TSAN_OPTIONS": f"halt_on_error=1:log_path={report}"}  # fmt: skip
+    check = "import engine, sys; sys.exit(0 if engine.__file__.startswith(sys.argv[1]) else 3)"
+    assert subprocess.run([sys.executable, "-c", check, str(out)], cwd=out, env=env).returncode == 0
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(ROOT),
+         *(str(ROOT / t) for t in SANITIZED_TESTS[sanitizers])],
+        cwd=out, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    reports = "".join(p.read_text() for p in tmp_path.glob("report*"))
+    assert proc.returncode == 0 and not reports, proc.stdout[-3000:] + proc.stderr[-3000:] + reports[-4000:]
+    assert " passed" in proc.stdout
