@@ -1,4 +1,4 @@
-"""Export a placement to other engines' formats: llama.cpp's --override-tensor arguments.
+"""Export a placement to other engines' formats: llama.cpp's --override-tensor (or --n-cpu-moe) arguments.
 
 llama.cpp (checked against its source: common/arg.cpp parse_tensor_buffer_overrides, src/llama-model-loader.cpp,
 ggml/src/ggml-cuda/ggml-cuda.cu; the llama.cpp vendored in llama-cpp-python 0.3.36):
@@ -55,11 +55,12 @@ def layer_pattern(layers: list[int]) -> str:
 
 @dataclass
 class LlamaCppExport:
-    args: list[str]  # the llama.cpp arguments: -ngl ... -ot VALUE
+    args: list[str]  # the llama.cpp arguments: -ngl ... -ot VALUE (or --n-cpu-moe N)
     override_tensor: str  # the -ot value ('' when nothing needs overriding)
     layer_buffers: dict[int, str]  # MoE layer -> llama.cpp buffer type of its experts
     not_expressible: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    n_cpu_moe: int | None = None  # the placement is exactly --n-cpu-moe N: the experts of layers 0..N-1 on the CPU
 
     @property
     def exact(self) -> bool:
@@ -71,7 +72,7 @@ class LlamaCppExport:
     def to_dict(self) -> dict:
         return {"format": "llama.cpp", "args": self.args, "command_line": self.command_line(),
                 "override_tensor": self.override_tensor, "exact": self.exact,
-                "layer_buffers": {str(k): v for k, v in self.layer_buffers.items()},
+                "layer_buffers": {str(k): v for k, v in self.layer_buffers.items()}, "n_cpu_moe": self.n_cpu_moe,
                 "not_expressible": self.not_expressible, "notes": self.notes}  # fmt: skip
 
 
@@ -109,9 +110,27 @@ def to_llama_cpp(placement: Placement, primary: str = "cpu:0") -> LlamaCppExport
         args = ["-ngl", "0"]
     else:
         args = ["-ngl", "999", "--split-mode", "none", "--main-gpu", re.sub(r"\D", "", primary_buffer)]
-    if override:
+    n_cpu_moe = _n_cpu_moe(layer_buffers, primary_buffer)
+    if n_cpu_moe is not None:  # the same overrides as -ot, as llama.cpp users write them
+        args += ["--n-cpu-moe", str(n_cpu_moe)]
+    elif override:
         args += ["-ot", override]
-    return LlamaCppExport(args, override, layer_buffers, not_expressible, notes)
+    return LlamaCppExport(args, override, layer_buffers, not_expressible, notes, n_cpu_moe)
+
+
+def _n_cpu_moe(layer_buffers: dict[int, str], primary_buffer: str) -> int | None:
+    """N when the experts of the MoE layers below N are on the CPU and every other layer's on the GPU primary:
+    llama.cpp's --n-cpu-moe N overrides the expert tensors of layers 0..N-1 (by index, dense layers included, which
+    have none) to the CPU (llm_add_n_cpu_ffn_overrides in common/common.h)."""
+    if primary_buffer == "CPU":
+        return None
+    cpu = [layer for layer, b in layer_buffers.items() if b == "CPU"]
+    if not cpu:
+        return None
+    n = max(cpu) + 1
+    exact = all((b == "CPU") == (layer < n) for layer, b in layer_buffers.items())
+    gpu_rest = all(b in ("CPU", primary_buffer) for b in layer_buffers.values())
+    return n if exact and gpu_rest else None
 
 
 def parse_override_tensor(value: str) -> list[tuple[str, str]]:

@@ -96,6 +96,36 @@ def test_gpu_primary_and_hip_names():
     assert out.override_tensor == r"blk\.(0|1)\.ffn_(up|down|gate|gate_up)_(ch|)exps=ROCm1"
 
 
+def ncmoe_overrides(n: int) -> str:
+    r"""The -ot value llama.cpp builds for --n-cpu-moe N (llm_add_n_cpu_ffn_overrides, common/common.h): one
+    override per layer 0..N-1, blk\.I + LLM_FFN_EXPS_REGEX, to the CPU."""
+    return ",".join(rf"blk\.{i}{export.EXPS_SUFFIX}=CPU" for i in range(n))
+
+
+@pytest.mark.parametrize(("text", "n"), [("*=cuda:0; 0-7=cpu:0", 8), ("*=cpu:0", 16), ("*=cuda:0; 0=cpu:1", 1)])
+def test_the_first_n_expert_layers_on_the_cpu_export_as_n_cpu_moe(text, n):
+    config = uniform_config(16)
+    out = export.to_llama_cpp(Placement.parse(text, config), "cuda:0")
+    assert out.exact and out.n_cpu_moe == n and out.args[-2:] == ["--n-cpu-moe", str(n)] and "-ot" not in out.args
+    names = gguf_tensor_names(16)  # the same tensors land where llama.cpp's own --n-cpu-moe sends them
+    assert resolve(out.override_tensor, names) == resolve(ncmoe_overrides(n), names)
+
+
+@pytest.mark.parametrize("text", ["*=cuda:0; 1-7=cpu:0", "*=cuda:0; 0-3=cpu:0; 5=cpu:0", "*=cuda:0; 0-3=cuda:1",
+                                  "*=cuda:0; 0-3=cpu:0; 8-9=cuda:1"])  # fmt: skip
+def test_other_placements_keep_their_override_tensor(text):
+    out = export.to_llama_cpp(Placement.parse(text, uniform_config(16)), "cuda:0")
+    assert out.n_cpu_moe is None and "--n-cpu-moe" not in out.args and "-ot" in out.args
+
+
+def test_n_cpu_moe_counts_dense_layers_by_index():
+    config = Checkpoint.open(FIXTURES / "qwen3moe-f32").config  # layer 1 is dense (mlp_only_layers)
+    out = export.to_llama_cpp(Placement.parse("*=cuda:0; 0=cpu:0; 2=cpu:0", config), "cuda:0")
+    assert out.n_cpu_moe == 3  # layers 0..2 by index; layer 1 has no expert tensors to move
+    out = export.to_llama_cpp(Placement.parse("*=cuda:0; 2=cpu:0", config), "cuda:0")
+    assert out.n_cpu_moe is None
+
+
 def test_per_expert_exceptions_are_reported_not_silently_dropped():
     config = Checkpoint.open(FIXTURES / "qwen3moe-f32").config
     placement = Placement.parse("2=cuda:0; 2.6-7=cpu:1; 2.3=hip:0", config)
