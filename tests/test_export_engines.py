@@ -1,0 +1,150 @@
+"""Exports for the engines users move to, each checked against that engine's own rules as its source states them
+(sglang 0.5.23 python/sglang/srt/eplb/expert_location.py; vllm 0.33.0 vllm/config/parallel.py and
+model_executor/layers/fused_moe/layer.py; lucebox server/src/common/moe_hybrid_placement.cpp and moe_hybrid_storage.cpp;
+ktransformers' sglang fork python/sglang/srt/layers/moe/kt_ep_wrapper.py)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from engine import export
+from engine.checkpoint import ModelConfig
+from engine.cli import main as cli_main
+from engine.errors import ArgumentError
+from engine.placement import Placement
+from engine.routing import RoutingStats
+
+L, E, K = 6, 16, 4
+
+
+def config(mlp_only=(1,)):
+    return ModelConfig("qwen3_moe", 100, 8, 8, L, 1, 1, 8, 64, 1e4, 1e-6, False, False, num_experts=E, top_k=K,
+                       moe_intermediate_size=4, mlp_only_layers=mlp_only)  # fmt: skip
+
+
+def skewed_stats(cfg, seed=0):
+    rng = np.random.default_rng(seed)
+    hits = (rng.zipf(1.6, size=(cfg.num_layers, cfg.num_experts)) * 10).astype(np.uint64)
+    for layer in cfg.mlp_only_layers:
+        hits[layer] = 0
+    return RoutingStats(hits, hits.sum(axis=1) // cfg.top_k, cfg.top_k)
+
+
+def sglang_accepts(doc: dict, cfg, gpus: int | None, redundant: int) -> None:
+    """What compute_initial_expert_location_metadata / init_by_mapping / init_by_eplb need of the JSON."""
+    assert len(doc) == 1, "init_by_mapping(**data): any key besides physical_to_logical_map is a TypeError"
+    if "logical_count" in doc:
+        counts = np.array(doc["logical_count"])
+        assert counts.shape == (cfg.num_layers, cfg.num_experts)  # [num_layers, num_logical]; 2-D is unsqueezed
+        assert counts.dtype.kind in "iu" and (counts >= 0).all()
+        return
+    m = np.array(doc["physical_to_logical_map"])
+    physical = cfg.num_experts + redundant  # num_physical = num_logical + ep_num_redundant_experts
+    assert m.shape == (cfg.num_layers, physical)  # rows: decoder layers by index (Qwen3: num_hidden_layers)
+    assert physical % gpus == 0  # num_local_physical_experts asserts it
+    assert m.dtype.kind == "i" and m.min() >= 0 and m.max() < cfg.num_experts  # list indexes: no wrap, no overrun
+    for row in m:  # nothing in SGLang checks it, but an expert without a slot is never loaded
+        assert set(row.tolist()) == set(range(cfg.num_experts))
+
+
+def test_sglang_logical_count_has_the_shape_sglang_reads():
+    cfg = config()
+    stats = skewed_stats(cfg)
+    out = export.to_sglang(Placement.single(cfg, "cpu:0"), cfg, stats)
+    sglang_accepts(out.document, cfg, None, 0)
+    counts = np.array(out.document["logical_count"])
+    assert (counts[1] == 0).all() and (counts[0] == stats.hits[0]).all()  # the dense layer's row is zeros
+    assert out.args[:2] == ["--init-expert-location", "FILE.json"]
+
+
+@pytest.mark.parametrize(("gpus", "redundant"), [(1, 0), (2, 0), (4, 0), (4, 4), (8, 8), (2, 6), (16, 16)])
+def test_sglang_physical_map_covers_every_expert_and_balances_the_load(gpus, redundant):
+    cfg = config()
+    stats = skewed_stats(cfg, seed=gpus + redundant)
+    out = export.to_sglang(Placement.single(cfg, "cpu:0"), cfg, stats, gpus, redundant)
+    sglang_accepts(out.document, cfg, gpus, redundant)
+    m = np.array(out.document["physical_to_logical_map"])
+    per_gpu = (E + redundant) // gpus
+    worst = []
+    for layer in range(L):
+        if layer in cfg.mlp_only_layers:
+            continue
+        load = stats.hits[layer].astype(float)
+        replicas = np.bincount(m[layer], minlength=E)
+        assert replicas.sum() == E + redundant and (replicas >= 1).all()
+        if redundant:  # the replicas go to the hottest experts
+            assert replicas[int(np.argmax(load))] > 1
+        gpu_load = [sum(load[e] / replicas[e] for e in m[layer][g * per_gpu : (g + 1) * per_gpu]) for g in range(gpus)]
+        ratio = max(gpu_load) / np.mean(gpu_load)
+        assert ratio == pytest.approx(out.balance["max_over_mean_per_layer"][len(worst)])
+        # no worse than SGLang's own trivial map (slot p holds expert p % E)
+        trivial = [sum(load[p % E] / np.bincount(np.arange(E + redundant) % E)[p % E]
+                       for p in range(g * per_gpu, (g + 1) * per_gpu)) for g in range(gpus)]  # fmt: skip
+        assert ratio <= max(trivial) / np.mean(trivial) + 1e-9
+        worst.append(ratio)
+    assert out.balance["worst"] == pytest.approx(max(worst))
+
+
+def test_sglang_and_vllm_refuse_replicas_that_do_not_divide_over_the_gpus():
+    cfg = config()
+    for fn in (lambda: export.to_sglang(Placement.single(cfg, "cpu:0"), cfg, None, 3, 0),
+               lambda: export.to_vllm(Placement.single(cfg, "cpu:0"), cfg, 3, 1)):  # fmt: skip
+        with pytest.raises(ArgumentError, match=r"divide evenly over --gpus 3"):
+            fn()
+    with pytest.raises(ArgumentError, match="--redundant -1"):
+        export.to_sglang(Placement.single(cfg, "cpu:0"), cfg, None, 4, -1)
+
+
+def test_vllm_gets_its_eplb_settings_and_is_told_what_it_cannot_take():
+    cfg = config()
+    out = export.to_vllm(Placement.parse("*=cpu:0; 0=cuda:0", cfg), cfg, 4, 4)
+    assert out.args[:2] == ["--enable-expert-parallel", "--enable-eplb"]
+    eplb = json.loads(out.args[out.args.index("--eplb-config") + 1])
+    assert eplb == {"num_redundant_experts": 4}  # EPLBConfig field; >= 0, (E + R) % ep_size == 0
+    assert out.not_expressible and "initial placement" in out.not_expressible[0]
+
+
+def test_lucebox_placement_json_has_the_keys_and_shapes_it_checks():
+    cfg = config()
+    stats = skewed_stats(cfg)
+    placement = Placement.parse("*=cpu:0; 0.0-5=cuda:0; 2=cuda:0; 3.8=cuda:1", cfg)
+    doc = export.to_lucebox(placement, cfg, stats).document
+    assert set(doc) == {"arch", "version", "n_layer", "n_expert", "n_expert_used", "total_hot", "hot_counts",
+                        "hot_expert_ids"}  # fmt: skip
+    assert (doc["n_layer"], doc["n_expert"], doc["n_expert_used"], doc["version"]) == (L, E, K, 1)
+    assert len(doc["hot_counts"]) == len(doc["hot_expert_ids"]) == L  # load_json: "invalid placement dimensions"
+    assert doc["hot_counts"] == [len(h) for h in doc["hot_expert_ids"]] and doc["total_hot"] == sum(doc["hot_counts"])
+    assert all(0 <= e < E for h in doc["hot_expert_ids"] for e in h)  # "hot expert id out of range"
+    assert sorted(doc["hot_expert_ids"][0]) == list(range(6)) and len(doc["hot_expert_ids"][2]) == E
+    assert doc["hot_expert_ids"][3] == [8] and doc["hot_expert_ids"][1] == []  # cuda:1 counts; the dense layer empty
+    h = doc["hot_expert_ids"][0]  # ranked by hits, ties to the lower id
+    assert [(-int(stats.hits[0][e]), e) for e in h] == sorted((-int(stats.hits[0][e]), e) for e in h)
+
+
+@pytest.mark.parametrize(
+    ("text", "n", "strategy"),
+    [("*=cpu:0; *.0-3=cuda:0", 4, "uniform"), ("*=cpu:0", 0, "uniform"), ("*=cpu:0; *.2-5=cuda:0", 4, "frequency"),
+     ("*=cpu:0; 0.0-3=cuda:0", 1, "frequency")],
+)  # fmt: skip
+def test_ktransformers_gpu_experts(text, n, strategy):
+    cfg = config()
+    out = export.to_ktransformers(Placement.parse(text, cfg), cfg)
+    assert out.args[:4] == ["--kt-num-gpu-experts", str(n), "--kt-expert-placement-strategy", strategy]
+    assert bool(out.not_expressible) == (strategy == "frequency")
+
+
+def test_export_command_writes_the_sglang_file_and_says_what_to_launch(tmp_path, capsys, xdg_cache, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg_cache))
+    from pathlib import Path
+
+    profile = Path(__file__).resolve().parent.parent / "profiles" / "split.yaml"
+    out = tmp_path / "init.json"
+    assert cli_main(["export", str(profile), "--format", "sglang", "--gpus", "4", "--redundant", "4", "-o",
+                     str(out)]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    assert "--ep-size 4 --ep-num-redundant-experts 4" in err and "predicted GPU load" in err
+    doc = json.loads(out.read_text())
+    assert list(doc) == ["physical_to_logical_map"]
+    assert cli_main(["export", str(profile), "--format", "sglang", "--gpus", "3"]) == 2
+    assert "divide evenly" in capsys.readouterr().err
