@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .demo import DEMO_PROMPTS, SIZES, ensure_demo_pair
 from .errors import EngineError
+from .export import add_import_parser
 from .export import add_parser as add_export_parser
 from .model import WEIGHTS_MODES, Engine
 from .regress import add_parser as add_regress_parser
@@ -351,6 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     dev.set_defaults(func=cmd_devices)
     add_regress_parser(sub)
     add_export_parser(sub)
+    add_import_parser(sub)
     return parser
 
 

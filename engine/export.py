@@ -375,6 +375,57 @@ def add_parser(sub):
     return p
 
 
+def add_import_parser(sub):
+    p = sub.add_parser(
+        "import-routing",
+        help="routing statistics recorded by another engine into a profile",
+        description="SGLang's expert distribution counts (its logical_count, as JSON) or lucebox's hotness CSV become "
+        "the profile's routing statistics (the heat map, hot-first strategies and exports read them), checked "
+        "against the profile's model: its layers, experts and top-k.",
+    )
+    p.add_argument("file", metavar="FILE", help="the statistics file")
+    p.add_argument("--format", required=True, choices=("sglang", "lucebox"), help="what FILE is")
+    p.add_argument("--into", required=True, metavar="PROFILE", help="the profile to write them into (saved in place)")
+    p.set_defaults(func=cmd_import_routing)
+    return p
+
+
+def import_routing(path, fmt: str, config: ModelConfig) -> RoutingStats:
+    """Another engine's routing statistics for a model of this config, checked against its shape."""
+    from .errors import CheckpointError
+
+    if fmt == "sglang":
+        stats = RoutingStats.read_sglang_logical_count(path, config.top_k)
+    else:
+        stats = RoutingStats.read_hotness_csv(path)
+    want = (config.num_layers, config.num_experts)
+    if stats.hits.shape != want:
+        raise CheckpointError(f"'{path}': statistics of {stats.hits.shape[0]} layers x {stats.hits.shape[1]} experts, "
+                              f"but the model has {want[0]} layers x {want[1]} experts")  # fmt: skip
+    if stats.top_k != config.top_k:
+        raise CheckpointError(f"'{path}': n_expert_used = {stats.top_k}, but the model routes {config.top_k} experts "
+                              "per token")  # fmt: skip
+    dense = [layer for layer in range(config.num_layers) if not config.is_moe_layer(layer) and stats.hits[layer].any()]
+    if dense:
+        raise CheckpointError(f"'{path}': counts for layer {dense[0]}, which is a dense layer of this model")
+    return stats
+
+
+def cmd_import_routing(args) -> int:
+    from .checkpoint import parse_config, read_config_json
+    from .profile import RoutingSpec, load
+
+    profile = load(args.into)
+    folder = profile.model_folder()
+    config = parse_config(read_config_json(folder / "config.json"), folder / "config.json")
+    stats = import_routing(args.file, args.format, config)
+    profile.routing = RoutingSpec.inline(stats)
+    profile.save()
+    print(f"{args.into}: routing statistics from {args.file} ({args.format}): {int(stats.hits.sum())} selections over "
+          f"{stats.num_layers} layers x {stats.num_experts} experts")  # fmt: skip
+    return 0
+
+
 def cmd_export(args) -> int:
     import sys
     from pathlib import Path

@@ -11,6 +11,7 @@ The placement strategies and the heat map read them.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -55,6 +56,41 @@ class RoutingStats:
         hits, tokens = model.routing_counts()
         return cls(hits, tokens, model.config.top_k)
 
+    @classmethod
+    def read_sglang_logical_count(cls, path: str | os.PathLike, top_k: int) -> RoutingStats:
+        """SGLang's expert distribution counts in JSON form: {"logical_count": [layers][experts]} or [steps][layers]
+        [experts] (its recorder's dump, summed over the steps as SGLang's EPLB does); its .pt dump holds the same key
+        (json.dump(torch.load(f)["logical_count"].sum(0).tolist()) turns one into the other). Tokens per layer are the
+        layer's selections over top_k."""
+        path = Path(path)
+        try:
+            if not path.is_file():
+                raise CheckpointError(f"'{path}': not a regular file (expected SGLang's logical_count JSON)")
+            if path.suffix == ".pt":
+                recipe = '{"logical_count": torch.load(f)["logical_count"].sum(0).tolist()}'
+                raise CheckpointError(f"'{path}': a torch file; write its logical_count as JSON first: {recipe}")
+            with path.open("rb") as f:
+                data = f.read(MAX_HOTNESS_BYTES + 1)
+            if len(data) > MAX_HOTNESS_BYTES:
+                raise CheckpointError(f"'{path}': larger than {MAX_HOTNESS_BYTES >> 20} MiB")
+            doc = json.loads(data)
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+            raise CheckpointError(f"'{path}': not SGLang's logical_count JSON: {exc}") from None
+        counts = doc.get("logical_count") if isinstance(doc, dict) else None
+        if counts is None:
+            raise CheckpointError(f"'{path}': no 'logical_count' key (expected SGLang's expert distribution counts)")
+        try:
+            arr = np.array(counts, dtype=np.float64)
+        except (ValueError, TypeError):
+            raise CheckpointError(f"'{path}': 'logical_count' is not a rectangular array of numbers") from None
+        if arr.ndim == 3:
+            arr = arr.sum(axis=0)
+        if arr.ndim != 2 or not np.isfinite(arr).all() or (arr < 0).any() or (arr != np.floor(arr)).any():
+            raise CheckpointError(f"'{path}': 'logical_count' of shape {list(arr.shape)}: expected [layers, experts] "
+                                  "or [steps, layers, experts] of non-negative whole counts")  # fmt: skip
+        hits = arr.astype(np.uint64)
+        return cls(hits, hits.sum(axis=1) // np.uint64(max(1, top_k)), top_k)
+
     def to_hotness_csv(self) -> str:
         lines = [f"# hotness table: n_layer={self.num_layers} n_expert={self.num_experts} n_expert_used={self.top_k}"]
         lines += [",".join(str(int(v)) for v in row) for row in self.hits]
@@ -84,7 +120,7 @@ class RoutingStats:
                 else f"'{path}': empty file, expected a hotness table"
             )
         n_layer, n_expert, used = (int(g) for g in m.groups())
-        rows = lines[1:]
+        rows = [ln for ln in lines[1:] if not ln.lstrip().startswith("#")]  # lucebox adds a '# format:' line
         if len(rows) != n_layer:
             raise CheckpointError(f"'{path}': {len(rows)} rows of counts, expected n_layer={n_layer}")
         hits = np.zeros((n_layer, n_expert), dtype=np.uint64)

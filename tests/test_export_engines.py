@@ -148,3 +148,63 @@ def test_export_command_writes_the_sglang_file_and_says_what_to_launch(tmp_path,
     assert list(doc) == ["physical_to_logical_map"]
     assert cli_main(["export", str(profile), "--format", "sglang", "--gpus", "3"]) == 2
     assert "divide evenly" in capsys.readouterr().err
+
+
+def _profile_copy(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parent.parent / "profiles" / "split.yaml"
+    dst = tmp_path / "split.yaml"
+    shutil.copy(src, dst)
+    return dst
+
+
+@pytest.mark.parametrize("fmt", ["sglang", "lucebox"])
+def test_import_routing_round_trips_what_the_export_wrote(tmp_path, capsys, xdg_cache, monkeypatch, fmt):
+    """export (the sglang logical_count / the lucebox hotness CSV) then import-routing into another profile: the
+    same statistics come back."""
+    from engine.profile import load
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg_cache))
+    profile = _profile_copy(tmp_path)
+    before = load(profile).routing_stats()
+    exported = tmp_path / ("counts.json" if fmt == "sglang" else "hot.csv")
+    args = ["--format", "sglang"] if fmt == "sglang" else ["--format", "hotness-csv"]
+    assert cli_main(["export", str(profile), *args, "-o", str(exported)]) == 0
+    other = tmp_path / "other.yaml"
+    text = profile.read_text().split("\nrouting:", 1)[0] + "\n"
+    other.write_text(text)
+    assert load(other).routing_stats() is None
+    assert cli_main(["import-routing", str(exported), "--format", fmt, "--into", str(other)]) == 0
+    after = load(other).routing_stats()
+    assert np.array_equal(after.hits, before.hits) and after.top_k == before.top_k
+    if fmt == "lucebox":
+        assert np.array_equal(after.tokens, before.tokens)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [('{"logical_count": [[1, 2], [3, 4]]}', "2 layers x 2 experts, but the model has"),
+     ('{"nothing": 1}', "no 'logical_count' key"), ('{"logical_count": [[1, -2]]}', "non-negative whole counts"),
+     ('{"logical_count": [[1], [2, 3]]}', "not a rectangular array"), ("[[[[", "not SGLang's logical_count JSON")],
+)  # fmt: skip
+def test_import_routing_refuses_what_does_not_fit_the_model(tmp_path, capsys, xdg_cache, monkeypatch, content,
+                                                            message):  # fmt: skip
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg_cache))
+    profile = _profile_copy(tmp_path)
+    before = profile.read_text()
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    assert cli_main(["import-routing", str(bad), "--format", "sglang", "--into", str(profile)]) == 2
+    assert message in capsys.readouterr().err
+    assert profile.read_text() == before  # the profile is not touched
+
+
+def test_a_hotness_csv_as_lucebox_writes_it_is_read(tmp_path):
+    csv = tmp_path / "hot.csv"  # MoeHybridRoutingStats::save_csv: the header, a format comment, a row per layer
+    csv.write_text("# hotness table: n_layer=2 n_expert=3 n_expert_used=2\n"
+                   "# format: one row per layer, columns are expert activation counts (expert 0..N-1)\n"
+                   "5,0,7\n1 2\t3\n")  # fmt: skip
+    stats = RoutingStats.read_hotness_csv(csv)
+    assert stats.hits.tolist() == [[5, 0, 7], [1, 2, 3]] and stats.top_k == 2
