@@ -288,6 +288,8 @@ def to_sglang(placement: Placement, config: ModelConfig, stats: RoutingStats | N
                "mean": float(np.mean(ratios)) if ratios else 1.0}  # fmt: skip
     args = ["--init-expert-location", "FILE.json", "--ep-size", str(gpus), "--ep-num-redundant-experts",
             str(redundant), "--ep-dispatch-algorithm", "static"]  # fmt: skip
+    notes.append("static dispatch needs an all-to-all backend (e.g. --moe-a2a-backend deepep); SGLang refuses it "
+                 "with none")  # fmt: skip
     return EngineExport("sglang", {"physical_to_logical_map": rows}, args, not_expressible, notes, balance)
 
 
