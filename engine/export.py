@@ -350,6 +350,12 @@ def to_ktransformers(placement: Placement, config: ModelConfig) -> EngineExport:
         not_expressible.append(f"which experts: ktransformers keeps experts 0..N-1 of every layer (uniform) or the "
                                f"{n * len(moe)} most used overall (frequency, from a torch .pt of logical_count, "
                                f"which this export cannot write); the profile keeps {total} chosen ones")  # fmt: skip
+    whole = [layer for layer, h in zip(moe, on_gpu, strict=True) if len(h) == config.num_experts]
+    if whole:  # its older YAML optimize rules place whole layers' experts, but not for this family on a GPU
+        notes.append(f"layers {', '.join(map(str, whole))} have every expert on the GPU: ktransformers' YAML optimize "
+                     "rules can place a whole layer's experts (KTransformersExperts with generate_op KExpertsMarlin, "
+                     "DeepSeek's rules), but its Qwen3-MoE rules (KTransformersExpertsV2) run experts with "
+                     "KExpertsCPU only; the flags above are the supported route")  # fmt: skip
     return EngineExport("ktransformers", None, args, not_expressible, notes)
 
 
