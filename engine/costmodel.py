@@ -233,7 +233,7 @@ def measure_decode(model, placement: Placement | str, tokens: int = 32, repeats:
     model.set_placement(placement)
     ids = list(prompt) if prompt is not None else _default_prompt(model)
     runs = []
-    with model.context(len(ids) + tokens * batch + 1) as ctx:
+    with model.routing_paused(), model.context(len(ids) + tokens * batch + 1) as ctx:  # measuring, not the workload
         warm_until = time.perf_counter() + warmup_seconds
         r = 0
         while len(runs) < repeats:

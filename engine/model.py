@@ -6,6 +6,7 @@ and mapped files are too valuable to free at an unknown time.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import threading
@@ -390,6 +391,21 @@ class Model(_Handle):
         check(lib.eb_model_routing_counts(self._live(), chits, L * E,
                                           ffi.from_buffer("uint64_t[]", tokens, require_writable=True), L))  # fmt: skip
         return hits.reshape(L, E), tokens
+
+    @contextlib.contextmanager
+    def routing_paused(self):
+        """Decodes inside do not count into the routing statistics (measurements, calibrations: their routing is
+        not the workload's). Nests; the counting resumes on leaving the outermost."""
+        with self._lock:
+            self._routing_paused = getattr(self, "_routing_paused", 0) + 1
+            check(lib.eb_model_set_routing_counting(self._live(), 0))
+        try:
+            yield self
+        finally:
+            with self._lock:
+                self._routing_paused -= 1
+                if self._routing_paused == 0 and not self.closed:
+                    check(lib.eb_model_set_routing_counting(self._ptr, 1))
 
     @_locked
     def reset_routing(self) -> None:

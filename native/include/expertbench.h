@@ -213,6 +213,9 @@ void eb_model_reset_counters(eb_model *model);
  * routed (0 for dense layers). Either may be NULL. */
 int eb_model_routing_counts(const eb_model *model, uint64_t *hits, int64_t n_hits, uint64_t *tokens, int32_t n_layers);
 void eb_model_reset_routing(eb_model *model);
+/* Whether evaluation counts into the routing statistics (1, the default); 0 for decodes that only measure (a
+ * calibration): their routing is not the workload's. */
+int eb_model_set_routing_counting(eb_model *model, int32_t enabled);
 
 /* A decoding context: a KV cache of n_ctx positions and scratch for batches of up to n_batch positions.
  * Everything it needs is allocated here; eval allocates nothing. */

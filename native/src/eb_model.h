@@ -100,6 +100,7 @@ struct eb_model {
     uint64_t arena_bytes[EB_MAX_DEVICES]; /* device memory held by contexts' staging arenas */
     const struct eb_family *family;       /* the model family's forward pass */
     _Atomic int changed_file;             /* a mapped file changed under the model: its index + 1 (mapping.c) */
+    int routing_off;                      /* evaluation does not count routing (eb_model_set_routing_counting) */
 };
 
 /* A staging arena: host memory (pinned where the owner's runtime can) and device memory, grown on demand. */
@@ -131,8 +132,8 @@ typedef struct {
     float *host_topk_w, *host_xn;
     float *foreign_host;    /* n_batch * top_k rows of hidden: other owners' outputs */
     void **graphs;          /* per part of a one-token step (between host round trips): its recording, or NULL */
-    uint64_t graph_generation; /* the expert tables' generation and the mode the graphs were recorded with */
-    int graph_mode;
+    uint64_t graph_generation; /* the expert tables' generation, the mode and the routing counting the graphs were */
+    int graph_mode, graph_routing_off; /* recorded with */
 } eb_dev_context;
 
 /* One span of the per-token trace: what ran where, when (host CLOCK_MONOTONIC nanoseconds). */

@@ -218,7 +218,7 @@ int eb_block_moe(eb_step *s, int l) {
     eb_rt_norm post = {dc->x, D->post_norm, dc->xn, n, cf->hidden_size, (float)cf->rms_norm_eps};
     eb_rt_route r = {post,       D->router.data, D->router.dtype, (int32_t)E,  (int32_t)K,
                      EB_ROUTE_SOFTMAX_TOPK,      cf->norm_topk_prob, dc->router, dc->topk_id, dc->topk_w,
-                     dp->hits + (size_t)l * (size_t)E};
+                     m->routing_off ? NULL : dp->hits + (size_t)l * (size_t)E};
     OP(s, s->ops->route(s->rt, s->dev, &r, s->err, sizeof s->err));
     if (!s->replaying) span(c, prim, l, EB_SPAN_ROUTE, n, t0, trace_now(c));
     eb_rt_moe b = {D->experts, (int32_t)E, (int32_t)K, (int32_t)n, (int32_t)cf->hidden_size,
@@ -326,12 +326,15 @@ int eb_eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logits, i
                                      "finish: set the placement again", s.name);
     if (n == 1 && c->use_graphs && r->table->graphs) {
         s.graphs = r->table->graphs;
-        if (dc->graph_generation != m->dp->generation || dc->graph_mode != c->mode) {
-            /* the expert tables changed (so may the parts), or the reduction mode (recorded in the expert steps) */
+        if (dc->graph_generation != m->dp->generation || dc->graph_mode != c->mode ||
+            dc->graph_routing_off != m->routing_off) {
+            /* the expert tables changed (so may the parts), or the reduction mode (recorded in the expert steps), or
+             * whether the routing counts (the recorded route operations write the counters or not) */
             for (int i = 0; i <= cf->num_layers; i++)
                 if (dc->graphs[i]) s.graphs->free(s.rt, s.dev, dc->graphs[i]), dc->graphs[i] = NULL;
             dc->graph_generation = m->dp->generation;
             dc->graph_mode = c->mode;
+            dc->graph_routing_off = m->routing_off;
         }
     }
     dc->host_ids[0] = c->pos; /* the position, then the ids: one copy of n + 1 values */
@@ -352,7 +355,7 @@ int eb_eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logits, i
     }
     for (int l = 0; l < cf->num_layers; l++)
         if (m->layers[l].is_moe) {
-            m->route_tokens[l] += (uint64_t)n;
+            if (!m->routing_off) m->route_tokens[l] += (uint64_t)n;
             m->counters.model.layer_steps++;
         }
     if (logits)

@@ -269,6 +269,13 @@ void eb_model_reset_counters(eb_model *m) {
     mc->joins = mc->layer_steps = mc->host_round_trips = mc->graph_captures = mc->graph_launches = 0;
 }
 
+int eb_model_set_routing_counting(eb_model *m, int32_t enabled) {
+    if (!m) return eb_fail(EB_ERR_ARGUMENT, "routing counting: model is NULL");
+    if (enabled != 0 && enabled != 1) return eb_fail(EB_ERR_ARGUMENT, "routing counting: %d, expected 0 or 1", enabled);
+    m->routing_off = !enabled;
+    return EB_OK;
+}
+
 int eb_model_routing_counts(const eb_model *m, uint64_t *hits, int64_t n_hits, uint64_t *tokens, int32_t n_layers) {
     if (!m) return eb_fail(EB_ERR_ARGUMENT, "routing counts: model is NULL");
     int64_t want = (int64_t)m->cfg.num_layers * (m->cfg.num_experts > 0 ? m->cfg.num_experts : 0);
