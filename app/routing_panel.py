@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Slot
+from PySide6.QtCore import Signal, Slot
 from PySide6.QtWidgets import (
     QComboBox,
     QGridLayout,
@@ -32,7 +32,10 @@ from .state import WorkbenchState, format_bytes
 
 
 class HeatMap(pg.PlotWidget):
-    """Hit counts as an image: experts across, layers down (layer 0 on top)."""
+    """Hit counts as an image: experts across, layers down (layer 0 on top), a colour bar of the counts, and the
+    value under the pointer (sigHover: its description, '' off the map)."""
+
+    sigHover = Signal(str)
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -49,13 +52,37 @@ class HeatMap(pg.PlotWidget):
         self.addItem(self.note)
         self.setMinimumHeight(110)
         self.counts: np.ndarray | None = None
+        self.colorbar = pg.ColorBarItem(values=(0, 1), colorMap=pg.colormap.get("inferno"), label="hits",
+                                        interactive=False, width=10)  # fmt: skip
+        self.colorbar.setImageItem(self.image, insert_in=self.getPlotItem())
+        self.scene().sigMouseMoved.connect(self._hovered)
+
+    def describe(self, x: float, y: float) -> str:
+        """What the map shows at data coordinates (x: expert, y: layer): the hits and the share of the layer's."""
+        if self.counts is None:
+            return ""
+        layers, experts = self.counts.shape
+        e, layer = int(np.floor(x)), int(np.floor(y))
+        if not (0 <= e < experts and 0 <= layer < layers):
+            return ""
+        hits, total = self.counts[layer, e], self.counts[layer].sum()
+        share = f"{100 * hits / total:.1f} % of the layer's selections" if total > 0 else "the layer routed nothing"
+        return f"layer {layer}, expert {e}: {int(hits)} hits, {share}"
+
+    def _hovered(self, pos) -> None:
+        point = self.getPlotItem().vb.mapSceneToView(pos)
+        text = self.describe(point.x(), point.y())
+        self.setToolTip(text)
+        self.sigHover.emit(text)
 
     def set_counts(self, counts: np.ndarray | None, shape: tuple[int, int] | None, note: str = "") -> None:
         """counts: [layers, experts] hit counts, or None to show `note` over an empty grid of `shape`."""
         self.counts = None if counts is None else np.asarray(counts, dtype=np.float64)
         layers, experts = shape if shape is not None else (1, 1)
         if self.counts is not None:
-            self.image.setImage(self.counts, levels=(0, max(1.0, float(self.counts.max()))))
+            top = max(1.0, float(self.counts.max()))
+            self.image.setImage(self.counts, levels=(0, top))
+            self.colorbar.setLevels((0, top))
             self.image.setVisible(True)
             self.note.setText("")
         else:
@@ -83,10 +110,19 @@ class RoutingPanel(QWidget):
         self.profile_button = QPushButton(theme.icon("profile"), "Profile routing")
         self.profile_button.clicked.connect(self.profile)
         top.addWidget(self.profile_button)
+        self.reset_button = QPushButton("Reset")
+        self.reset_button.setToolTip("Forget the routing statistics counted so far (the engine's counters too)")
+        self.reset_button.clicked.connect(self.state.reset_routing)
+        top.addWidget(self.reset_button)
         top.addStretch(1)
         outer.addLayout(top)
         self.heatmap = HeatMap()
         outer.addWidget(self.heatmap, 1)
+        self.caption = QLabel()
+        self.caption.setObjectName("muted")
+        self.caption.setWordWrap(True)
+        self.heatmap.sigHover.connect(lambda text: self.caption.setText(text or self._caption()))
+        outer.addWidget(self.caption)
         box = QGroupBox("Strategies")
         grid = QGridLayout(box)
         grid.setHorizontalSpacing(6)
@@ -169,6 +205,8 @@ class RoutingPanel(QWidget):
             else "Open a model first"
         )
         shape = (m.config.num_layers, m.config.num_experts) if has_model else None
+        self.reset_button.setEnabled(has_model and s.routing is not None)
+        self.caption.setText(self._caption())
         if s.routing is not None:
             self.heatmap.set_counts(s.routing, shape)
         else:
@@ -194,6 +232,17 @@ class RoutingPanel(QWidget):
         self.measuring.setVisible(s.calibrating)
         self._budget_tip()
         self._show_prediction()
+
+    def _caption(self) -> str:
+        """What the map counts: the tokens each MoE layer routed (profiling passes and runs; measurements of the
+        devices never count) since the model was loaded or the counts were reset."""
+        stats = self.state.routing_stats
+        if stats is None:
+            return ""
+        tokens = [int(t) for t in stats.tokens if t > 0]
+        routed = f"{max(tokens)} tokens per MoE layer" if tokens else "no tokens"
+        return (f"Hits of {routed} (top-{stats.top_k}), from profiling and runs since the model was loaded or reset; "
+                "device measurements do not count. Hover for a value.")  # fmt: skip
 
     def _default_fast(self) -> str:
         """An accelerator if there is one, else a device other than the primary, else the primary."""

@@ -782,6 +782,15 @@ class WorkbenchState(QObject):
             self._heat = np.divide(counts, top, out=np.zeros_like(counts), where=top > 0)
         self.sigRoutingChanged.emit()
 
+    def reset_routing(self) -> None:
+        """Forget the routing statistics: the engine's counters (on the engine thread), then the map's."""
+        if self.model is None:
+            return
+        side = self._side
+        failed = lambda exc: self._fail("The routing statistics could not be reset", exc)  # noqa: E731
+        self.worker.submit(lambda: side.target.reset_routing(), lambda _r: self.set_routing(None), failed,
+                           "resetting routing")  # fmt: skip
+
     def profile_routing(self, prompts: list[str]) -> bool:
         """Count expert hits over prompts with the provider (engine.routing's profiling pass unless replaced)."""
         if self.model is None:

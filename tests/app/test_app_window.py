@@ -281,3 +281,29 @@ def test_hold_weights_as_applies_to_the_next_model_opened_and_is_remembered(qtbo
     assert "hugepages" in (tmp_path / "bad.ini").read_text()
     damaged = make_window(settings_file="bad.ini")  # a value no mode has: auto
     assert damaged.state.weights == "auto" and damaged.act_weights["auto"].isChecked()
+
+
+def test_heat_map_has_a_colour_scale_a_value_on_hover_a_caption_and_a_reset(qtbot, make_window):
+    window = make_window()
+    state, panel = window.state, window.routing
+    cfg = state.model.config
+    counts = np.zeros((cfg.num_layers, cfg.num_experts))
+    counts[0, :4] = [10, 30, 0, 60]
+    state.set_routing(counts)
+    heat = panel.heatmap
+    assert heat.colorbar.levels() == (0, 60.0)  # the colour bar spans the counts
+    assert heat.describe(3.5, 0.5) == "layer 0, expert 3: 60 hits, 60.0 % of the layer's selections"
+    assert heat.describe(0.2, 1.5) == "layer 1, expert 0: 0 hits, the layer routed nothing"
+    assert heat.describe(-1, 0) == "" and heat.describe(cfg.num_experts + 0.5, 0) == ""
+    assert "Hits of 50 tokens per MoE layer (top-2)" in panel.caption.text()  # 100 selections / top-2
+    assert "device measurements do not count" in panel.caption.text()
+    heat.sigHover.emit(heat.describe(3.5, 0.5))
+    assert panel.caption.text().startswith("layer 0, expert 3")
+    heat.sigHover.emit("")  # off the map: the caption again
+    assert panel.caption.text().startswith("Hits of")
+    assert panel.reset_button.isEnabled()
+    with qtbot.waitSignal(state.sigRoutingChanged, timeout=TIMEOUT_MS):
+        panel.reset_button.click()
+    assert state.routing is None and not panel.reset_button.isEnabled() and panel.caption.text() == ""
+    qtbot.waitUntil(lambda: not state.busy, timeout=TIMEOUT_MS)
+    assert state._side.target.routing_counts()[0].sum() == 0  # the engine's counters too
