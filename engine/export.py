@@ -365,10 +365,14 @@ def to_ktransformers(placement: Placement, config: ModelConfig) -> EngineExport:
 def add_parser(sub):
     p = sub.add_parser(
         "export",
-        help="a profile's placement as llama.cpp arguments, or its routing statistics as a hotness CSV",
-        description="llama.cpp: the -ngl / --override-tensor arguments that reproduce the profile's placement on "
-        "the same checkpoint converted to GGUF (whole layers; per-expert exceptions are reported on stderr as not "
-        "expressible). hotness-csv: the profile's routing statistics (recorded by 'expertbench regress --record').",
+        help="a profile's placement or routing in another engine's terms (llama.cpp, SGLang, vLLM, lucebox, ...)",
+        description="llama.cpp: the -ngl / --override-tensor (or --n-cpu-moe) arguments that reproduce the profile's "
+        "placement on the same checkpoint converted to GGUF (whole layers; per-expert exceptions are reported on "
+        "stderr as not expressible). hotness-csv: the profile's routing statistics (recorded by 'expertbench "
+        "regress --record'). sglang: the --init-expert-location JSON (logical_count, or with --gpus a balanced "
+        "physical_to_logical_map). vllm: its EPLB flags. lucebox: its placement JSON. ktransformers: its GPU "
+        "experts flags. What a format cannot say is reported on stderr (profiles/README.md has each format's "
+        "rules).",
     )
     p.add_argument("profile", metavar="PROFILE", help="a profile file (YAML)")
     p.add_argument("--format", required=True, help="what to write",
