@@ -28,7 +28,7 @@ from engine.run import TRACE_ROOM_EXTRA, TRACE_ROOM_PER_LAYER
 
 def runtimes_for(primary: str, peer: str) -> tuple[tuple[str, ...], int]:
     names = {d.split(":")[0] for d in (primary, peer)}
-    cpu_devices = 1 + max(int(d.split(":")[1]) for d in (primary, peer) if d.startswith("cpu:"))
+    cpu_devices = 1 + max((int(d.split(":")[1]) for d in (primary, peer) if d.startswith("cpu:")), default=0)
     return ("cpu", *sorted(names - {"cpu"})), cpu_devices
 
 

@@ -288,6 +288,7 @@ class Model(_Handle):
             self._ptr = out[0]
             self.device = device
             self._contexts: list[Context] = []
+            self._routing_paused = 0  # nesting depth of routing_paused()
             engine._models.append(self)
 
     @property
@@ -397,7 +398,7 @@ class Model(_Handle):
         """Decodes inside do not count into the routing statistics (measurements, calibrations: their routing is
         not the workload's). Nests; the counting resumes on leaving the outermost."""
         with self._lock:
-            self._routing_paused = getattr(self, "_routing_paused", 0) + 1
+            self._routing_paused += 1
             check(lib.eb_model_set_routing_counting(self._live(), 0))
         try:
             yield self
@@ -493,6 +494,8 @@ class Context(_Handle):
         self.trace_lost = 0
         self.model = model
         self.vocab_size = model.config.vocab_size
+        # the trace's device indexes, named once (a runtime loaded later makes the core refuse this context)
+        self._device_names = [d.name for d in model.engine.devices]
         self._lock = model._lock
         with self._lock:
             check(lib.eb_context_create(model._live(), n_ctx, n_batch, out))
@@ -565,7 +568,7 @@ class Context(_Handle):
         n, lost = ffi.new("int64_t *"), ffi.new("int64_t *")
         check(lib.eb_context_read_trace(self._live(), buf, room, n, lost))
         self.trace_lost += lost[0]
-        names = [d.name for d in self.model.engine.devices]
+        names = self._device_names
         return [
             Span(SPAN_KINDS[s.kind], names[s.device], s.layer, s.token, s.rows, s.start_ns, s.end_ns, model)
             for s in (buf[i] for i in range(n[0]))

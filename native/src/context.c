@@ -165,7 +165,7 @@ int eb_context_eval(eb_context *c, const int32_t *ids, int32_t n, float *logits,
         if (logits && all_rows) out = logits + (int64_t)done * V;
         else if (logits && last_chunk) out = logits;
         st = eb_eval_batch(c, ids + done, chunk, out, all_rows);
-        if (!st) st = eb_model_check_files(c->model); /* this step may have read zeros in place of the file */
+        if (!st) st = eb_model_file_faulted(c->model); /* this step may have read zeros in place of the file */
         if (st) {
             c->pos = start;
             return st;

@@ -171,11 +171,13 @@ struct eb_context {
     int32_t *own_pending, n_own_pending;
 };
 
-/* The SIGBUS guard of mapped weight files (mapping.c): register a model's mapped file, withdraw it before unmapping,
- * and whether any of its files changed (EB_ERR_IO naming it, for every step from then on). */
+/* The SIGBUS guard of mapped weight files (mapping.c): register a model's mapped file, withdraw it before unmapping;
+ * whether any of its files changed (check_files: their size and time too, before a step; file_faulted: only whether
+ * a read faulted, after one), EB_ERR_IO naming it, for every step from then on. */
 int eb_mapping_register(eb_model *m, int index);
 void eb_mapping_unregister(eb_mapped_file *f);
 int eb_model_check_files(eb_model *m);
+int eb_model_file_faulted(const eb_model *m);
 
 /* Free the model now (eb_model_free defers to this when no context is alive). */
 void eb_model_release(eb_model *m);

@@ -205,6 +205,22 @@ static int send_foreign(eb_step *s, int l) {
     return st ? eb_fail(st, "sending layer %d's expert outputs to %s: %s", l, s->name, s->err) : EB_OK;
 }
 
+/* Each peer's branch of layer l as a span, from its completion events (this thread's clock for one run inline). */
+static void trace_peers(eb_step *s, int l) {
+    eb_context *c = s->c;
+    const eb_engine *eng = s->m->engine;
+    for (int d = 0; d < eng->n_devices; d++) {
+        const eb_runtime *r = eb_device_runtime(eng, d);
+        const eb_owner_step *o = &c->step[d];
+        int local = eng->devices[d].local;
+        uint64_t b0 = o->t0, b1 = o->t1;
+        if (d == s->m->primary || o->n_pairs == 0) continue;
+        if (o->inline_run || (r->table->event_time(r->rt, local, c->begun[d], &b0, s->err, sizeof s->err) == EB_OK &&
+                              r->table->event_time(r->rt, local, c->done[d], &b1, s->err, sizeof s->err) == EB_OK))
+            span(c, d, l, EB_SPAN_EXPERTS, o->n_pairs, b0, b1);
+    }
+}
+
 int eb_block_moe(eb_step *s, int l) {
     eb_context *c = s->c;
     eb_model *m = s->m;
@@ -274,18 +290,7 @@ int eb_block_moe(eb_step *s, int l) {
     if ((st = eb_join_peers(c))) return st;
     uint64_t t2 = trace_now(c);
     span(c, prim, l, EB_SPAN_JOIN, n, tj, t2);
-    if (c->trace_cap) /* each peer's branch, from its events (or this thread's clock for the one run inline) */
-        for (int d = 0; d < m->engine->n_devices; d++) {
-            const eb_runtime *pr = eb_device_runtime(m->engine, d);
-            const eb_owner_step *o = &c->step[d];
-            int local = m->engine->devices[d].local;
-            uint64_t b0 = o->t0, b1 = o->t1;
-            if (d == prim || o->n_pairs == 0) continue;
-            if (o->inline_run ||
-                (pr->table->event_time(pr->rt, local, c->begun[d], &b0, s->err, sizeof s->err) == EB_OK &&
-                 pr->table->event_time(pr->rt, local, c->done[d], &b1, s->err, sizeof s->err) == EB_OK))
-                span(c, d, l, EB_SPAN_EXPERTS, o->n_pairs, b0, b1);
-        }
+    if (c->trace_cap) trace_peers(s, l);
     if ((st = send_foreign(s, l)) || (st = part_begin(s))) return st;
     b.phase = EB_MOE_COMBINE;
     b.foreign = dc->foreign;

@@ -98,6 +98,13 @@ void eb_mapping_unregister(eb_mapped_file *f) {
     f->slot = -1;
 }
 
+int eb_model_file_faulted(const eb_model *m) {
+    int changed = atomic_load(&m->changed_file);
+    if (!changed) return EB_OK;
+    return eb_fail(EB_ERR_IO, "'%s' changed while the model held it memory-mapped (truncated or rewritten): its "
+                              "weights can no longer be trusted; load the model again", m->files[changed - 1].path);
+}
+
 int eb_model_check_files(eb_model *m) {
     for (int i = 0; i < m->n_files && !atomic_load(&m->changed_file); i++) {
         eb_mapped_file *f = &m->files[i];
@@ -107,8 +114,5 @@ int eb_model_check_files(eb_model *m) {
             sb.st_mtim.tv_nsec != f->mtime.tv_nsec)
             atomic_store(&m->changed_file, i + 1);
     }
-    int changed = atomic_load(&m->changed_file);
-    if (!changed) return EB_OK;
-    return eb_fail(EB_ERR_IO, "'%s' changed while the model held it memory-mapped (truncated or rewritten): its "
-                              "weights can no longer be trusted; load the model again", m->files[changed - 1].path);
+    return eb_model_file_faulted(m);
 }
