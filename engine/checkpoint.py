@@ -20,7 +20,6 @@ from typing import Any
 from .errors import CheckpointError, UnsupportedError
 
 ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe"}
-DTYPES = {"F32": (0, 4), "F16": (1, 2), "BF16": (2, 2)}
 # Every dtype the safetensors format defines, with its element size, to check byte counts of any tensor.
 ALL_DTYPE_SIZES = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,

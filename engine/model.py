@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .checkpoint import DTYPES, Checkpoint, ModelConfig
+from . import formats
+from .checkpoint import Checkpoint, ModelConfig
 from .errors import ArgumentError, EngineError, RangeError, StateError, UnsupportedError
 from .native import check, ffi, lib, text
 from .placement import Placement
@@ -238,9 +239,9 @@ class Model(_Handle):
         file_index = {f: i for i, f in enumerate(self.checkpoint.files)}
         usable = [t for t in self.checkpoint.tensors.values() if t.name.startswith(("model.", "lm_head."))]
         for t in usable:
-            if t.dtype not in DTYPES:
+            if t.dtype not in formats.FORMATS:
                 raise UnsupportedError(
-                    f"tensor '{t.name}' in '{t.file}' has dtype {t.dtype}, expected one of {', '.join(DTYPES)}"
+                    f"tensor '{t.name}' in '{t.file}' has dtype {t.dtype}, expected one of {', '.join(formats.FORMATS)}"
                 )
             if not 1 <= len(t.shape) <= 4:
                 raise UnsupportedError(
@@ -252,7 +253,7 @@ class Model(_Handle):
             names.append(ffi.new("char[]", t.name.encode()))
             d.name = names[-1]
             d.file_index = file_index[t.file]
-            d.dtype = DTYPES[t.dtype][0]
+            d.dtype = formats.FORMATS[t.dtype].code
             d.ndim = len(t.shape)
             for i, s in enumerate(t.shape):
                 d.shape[i] = s
