@@ -157,7 +157,7 @@ class DeviceColumnModel(QAbstractItemModel):
         if role == ExpertsRole:
             return list(experts)
         if role == BytesRole:
-            return 0 if model is None else model.shape.expert_bytes * len(experts)
+            return 0 if model is None else model.shape.bytes_of(layer) * len(experts)
         if role == WholeRole:
             return model is not None and len(experts) == model.config.num_experts
         if role == HeatRole:
@@ -171,7 +171,7 @@ class DeviceColumnModel(QAbstractItemModel):
                 return None
             return float(hits[layer, experts].sum() / hits[layer].sum())
         if role == Qt.ItemDataRole.ToolTipRole:
-            size = format_bytes(0 if model is None else model.shape.expert_bytes * len(experts))
+            size = format_bytes(0 if model is None else model.shape.bytes_of(layer) * len(experts))
             if is_layer:
                 n = 0 if model is None else model.config.num_experts
                 return (f"Layer {layer}: {len(experts)} of {n} experts on {self.device} ({size}).\n"

@@ -46,25 +46,44 @@ class ModelShape:
     moe_layers: tuple[int, ...]
     num_experts: int
     top_k: int
-    expert_bytes: int  # weights of one expert (gate, up and down projections)
+    expert_bytes: int  # weights of one expert (gate, up and down projections), the mean over the MoE layers
+    # per layer (0 for dense layers): quantized files store the layers' experts in different formats (a Q4_K_M's down
+    # projections are Q6_K in some layers, Q4_K in others); empty when every layer's are expert_bytes
+    layer_expert_bytes: tuple[int, ...] = ()
+
+    def bytes_of(self, layer: int) -> int:
+        """The weights of one expert of this layer."""
+        return self.layer_expert_bytes[layer] if self.layer_expert_bytes else self.expert_bytes
+
+    def layer_bytes_of(self, layer: int) -> int:
+        return self.bytes_of(layer) * self.num_experts
 
     @property
     def layer_bytes(self) -> int:
-        return self.expert_bytes * self.num_experts
+        """The largest MoE layer's experts."""
+        return max((self.layer_bytes_of(layer) for layer in self.moe_layers), default=0)
 
     @property
     def total_bytes(self) -> int:
-        return self.layer_bytes * len(self.moe_layers)
+        return sum(self.layer_bytes_of(layer) for layer in self.moe_layers)
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint) -> ModelShape:
-        """From the tensor table (no engine needed): the bytes of every expert tensor of the first MoE layer."""
+        """From the tensor table (no engine needed): the bytes of every expert tensor, layer by layer."""
         cfg = checkpoint.config
         _require_moe(cfg)
-        first = cfg.moe_layers[0]
-        prefix = f"model.layers.{first}.mlp.experts."
-        nbytes = sum(t.nbytes for name, t in checkpoint.tensors.items() if name.startswith(prefix))
-        return cls.from_config(cfg, nbytes // cfg.num_experts)
+        per_layer = [0] * cfg.num_layers
+        for name, t in checkpoint.tensors.items():
+            head, sep, rest = name.partition(".mlp.experts.")
+            if sep and head.startswith("model.layers."):
+                layer = int(head.rsplit(".", 1)[1])
+                if 0 <= layer < cfg.num_layers and cfg.is_moe_layer(layer):
+                    per_layer[layer] += t.nbytes
+        per_expert = [b // cfg.num_experts for b in per_layer]
+        mean = sum(per_expert) // len(cfg.moe_layers)
+        uniform = len({per_expert[layer] for layer in cfg.moe_layers}) == 1
+        return cls(cfg.num_layers, tuple(cfg.moe_layers), cfg.num_experts, cfg.top_k, mean,
+                   () if uniform else tuple(per_expert))  # fmt: skip
 
     @classmethod
     def from_config(cls, config: ModelConfig, expert_bytes: int) -> ModelShape:
@@ -73,9 +92,7 @@ class ModelShape:
 
     @classmethod
     def from_model(cls, model) -> ModelShape:
-        cfg = model.config
-        _require_moe(cfg)
-        return cls.from_config(cfg, model.info["expert_bytes"] // (len(cfg.moe_layers) * cfg.num_experts))
+        return cls.from_checkpoint(model.checkpoint)
 
     def empty_placement(self, device: str) -> Placement:
         moe = set(self.moe_layers)
@@ -140,6 +157,7 @@ def expert_shares(shape: ModelShape, stats: RoutingStats | None = None) -> np.nd
 
 def layer_seconds(
     shape: ModelShape,
+    layer: int,
     owners: list[str | None],
     shares: np.ndarray,
     calibration: Calibration,
@@ -151,23 +169,23 @@ def layer_seconds(
     for device, p in zip(owners, shares, strict=True):
         picks[device] = picks.get(device, 0.0) + p
         distinct[device] = distinct.get(device, 0.0) + (1.0 - (1.0 - p) ** tokens_per_step)
-    return layer_time(shape, picks, distinct, calibration, tokens_per_step)
+    return layer_time(shape, picks, distinct, calibration, tokens_per_step, layer)
 
 
-def layer_time(shape: ModelShape, picks: dict, distinct: dict, cal: Calibration, n: int) -> float:
+def layer_time(shape: ModelShape, picks: dict, distinct: dict, cal: Calibration, n: int, layer: int) -> float:
     devices = [d for d, m in picks.items() if m > 1e-12]
     if n == 1 and len(devices) > 1 and math.comb(shape.top_k + len(devices) - 1, len(devices) - 1) <= 5000:
-        return _expected_max(shape, devices, picks, cal)
+        return _expected_max(shape, devices, picks, cal, shape.bytes_of(layer))
     worst = 0.0
     for device in devices:
         rate = cal.rate(device)
         involved = 1.0 - max(0.0, 1.0 - picks[device] / shape.top_k) ** (shape.top_k * n)
         fixed = rate.dispatch_seconds + (rate.join_seconds if device != cal.primary else 0.0)
-        worst = max(worst, distinct[device] * shape.expert_bytes / rate.bandwidth + involved * fixed)
+        worst = max(worst, distinct[device] * shape.bytes_of(layer) / rate.bandwidth + involved * fixed)
     return worst
 
 
-def _expected_max(shape: ModelShape, devices: list[str], picks: dict, cal: Calibration) -> float:
+def _expected_max(shape: ModelShape, devices: list[str], picks: dict, cal: Calibration, expert_bytes: int) -> float:
     """E[max over devices] for one token whose top_k picks fall on the devices as a multinomial draw with the
     devices' shares: the layer waits for whichever device got the most work this token, not the average."""
     k = shape.top_k
@@ -175,7 +193,7 @@ def _expected_max(shape: ModelShape, devices: list[str], picks: dict, cal: Calib
     rates = [cal.rate(d) for d in devices]
     joins = [r.dispatch_seconds + (0.0 if d == cal.primary else r.join_seconds)
              for d, r in zip(devices, rates, strict=True)]  # fmt: skip
-    per_expert = [shape.expert_bytes / r.bandwidth for r in rates]
+    per_expert = [expert_bytes / r.bandwidth for r in rates]
     total = 0.0
 
     def walk(i: int, left: int, prob: float, worst: float) -> None:
@@ -204,7 +222,7 @@ def step_seconds(
     shares = expert_shares(shape, stats)
     total = calibration.fixed_seconds
     for layer in shape.moe_layers:
-        total += layer_seconds(shape, placement.owners[layer], shares[layer], calibration, tokens_per_step)
+        total += layer_seconds(shape, layer, placement.owners[layer], shares[layer], calibration, tokens_per_step)
     return total
 
 

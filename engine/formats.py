@@ -50,7 +50,9 @@ def row_bytes(name: str, cols: int) -> int:
     """Bytes of one row of `cols` values; a CheckpointError when cols is not a whole number of blocks."""
     fmt = get(name)
     if cols % fmt.block:
-        raise CheckpointError(f"a row of {cols} values is not a whole number of {name} blocks ({fmt.block} values each)")
+        raise CheckpointError(
+            f"a row of {cols} values is not a whole number of {name} blocks ({fmt.block} values each)"
+        )
     return cols // fmt.block * fmt.block_bytes
 
 
@@ -59,3 +61,17 @@ def tensor_bytes(name: str, shape: tuple[int, ...] | list[int]) -> int:
     if not shape:
         return get(name).block_bytes if get(name).block == 1 else row_bytes(name, 1)
     return math.prod(shape[:-1]) * row_bytes(name, shape[-1])
+
+
+def dequantize(name: str, data: bytes | memoryview, count: int):
+    """`count` values stored as `name` (bytes of whole blocks) as float32, computed by the core: the values its kernels
+    multiply with."""
+    import numpy as np
+
+    from .native import check, ffi, lib
+
+    fmt = get(name)
+    buf = bytes(data)
+    out = np.empty(count, dtype=np.float32)
+    check(lib.eb_dequantize(fmt.code, ffi.from_buffer(buf), len(buf), count, ffi.from_buffer("float[]", out)))
+    return out

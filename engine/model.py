@@ -48,6 +48,10 @@ class DeviceInfo:
     memory_total: int
     memory_free: int
     threads: int
+    formats: tuple[str, ...] = ()  # the weight formats its kernels read (engine/formats.py names)
+
+    def reads(self, fmt: str) -> bool:
+        return fmt in self.formats
 
 
 def _name(value, what: str) -> bytes:
@@ -188,9 +192,10 @@ class Engine(_Handle):
         info = ffi.new("eb_device_info *")
         for i in range(lib.eb_engine_device_count(self._live())):
             check(lib.eb_engine_device_info(self._ptr, i, info))
+            reads = tuple(f.name for f in formats.FORMATS.values() if info.formats >> f.code & 1)
             out.append(
                 DeviceInfo(i, text(info.name), text(info.kind), text(info.description), info.memory_total,
-                           info.memory_free, info.threads)
+                           info.memory_free, info.threads, reads)
             )  # fmt: skip
         return out
 

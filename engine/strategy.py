@@ -41,7 +41,7 @@ def placement_bytes(shape: ModelShape, placement: Placement) -> dict[str, int]:
     out: dict[str, int] = {}
     for layer in shape.moe_layers:
         for device in placement.owners[layer]:
-            out[device] = out.get(device, 0) + shape.expert_bytes
+            out[device] = out.get(device, 0) + shape.bytes_of(layer)
     return out
 
 
@@ -86,7 +86,7 @@ def uniform_split(shape: ModelShape, devices: list[str], budgets=None, calibrati
 
 
 def layer_heat(shape: ModelShape, stats: RoutingStats | None = None, tokens_per_step: int = 1) -> np.ndarray:
-    """Expected experts read per step in each MoE layer (its bytes per step / expert_bytes); 0 for dense layers.
+    """Expected experts read per step in each MoE layer (its bytes per step / its expert bytes); 0 for dense layers.
     For one token per step every MoE layer reads exactly top_k experts; batches (speculative verification)
     read fewer distinct experts in layers whose routing is concentrated."""
     shares = expert_shares(shape, stats)
@@ -102,9 +102,14 @@ def cold_layers(shape: ModelShape, fast: str, peer: str, budgets=None, calibrati
     (layer_heat; ties: higher layer numbers first, so the cold ones are the first layers, as llama.cpp's
     --n-cpu-moe counts them); every other layer goes whole to the peer."""
     heat = layer_heat(shape, stats, tokens_per_step)
-    capacity = _budget(budgets, fast) // shape.layer_bytes
+    room = _budget(budgets, fast)
     order = sorted(shape.moe_layers, key=lambda layer: (-round(heat[layer], 9), -layer))
-    on_fast = set(order[: int(min(capacity, len(order)))])
+    on_fast = set()
+    for layer in order:  # hottest first, while the next one fits
+        if shape.layer_bytes_of(layer) > room:
+            break
+        on_fast.add(layer)
+        room -= shape.layer_bytes_of(layer)
     placement = shape.empty_placement(peer)
     for layer in on_fast:
         placement.move_layer(layer, fast)
@@ -129,14 +134,14 @@ def hot_first(shape: ModelShape, devices: list[str], budgets=None, calibration: 
     room = [_budget(budgets, d) for d in devices]
     k = 0
     for layer, e in _hot_order(shape, stats):
-        while k < len(devices) and room[k] < shape.expert_bytes:
+        while k < len(devices) and room[k] < shape.bytes_of(layer):
             k += 1
         if k == len(devices):
             held = ", ".join(f"{d} {_mib(_budget(budgets, d))}" for d in devices)
             raise ArgumentError(f"hot experts first: the budgets ({held}) hold less than the {_mib(shape.total_bytes)} "
                                 "of experts")  # fmt: skip
         placement.owners[layer][e] = devices[k]
-        room[k] -= shape.expert_bytes
+        room[k] -= shape.bytes_of(layer)
     return _plan("hot experts first", shape, placement, budgets, calibration, stats)
 
 
@@ -167,23 +172,23 @@ def critical_path(shape: ModelShape, fast: str, peer: str, budgets=None, calibra
 
     for layer, e in _hot_order(shape, stats):
         if need_peer > room_peer:  # forced: the peer cannot hold everything left
-            if room_fast < shape.expert_bytes:
+            if room_fast < shape.bytes_of(layer):
                 raise ArgumentError(
                     f"critical-path balance: {fast} ({_mib(room_fast)} left) and {peer} "
                     f"({_mib(room_peer)}) cannot hold the {_mib(shape.total_bytes)} of experts"
                 )
             move(layer, e)
-            room_fast -= shape.expert_bytes
-            need_peer -= shape.expert_bytes
+            room_fast -= shape.bytes_of(layer)
+            need_peer -= shape.bytes_of(layer)
             forced += 1
             continue
-        if room_fast < shape.expert_bytes:
-            break
-        before = layer_time(shape, picks[layer], distinct[layer], calibration, n)
+        if room_fast < shape.bytes_of(layer):
+            continue  # a smaller expert of another layer may still fit
+        before = layer_time(shape, picks[layer], distinct[layer], calibration, n, layer)
         move(layer, e)
-        if layer_time(shape, picks[layer], distinct[layer], calibration, n) < before - 1e-15:
-            room_fast -= shape.expert_bytes
-            need_peer -= shape.expert_bytes
+        if layer_time(shape, picks[layer], distinct[layer], calibration, n, layer) < before - 1e-15:
+            room_fast -= shape.bytes_of(layer)
+            need_peer -= shape.bytes_of(layer)
             moved += 1
         else:  # undo
             p = shares[layer, e]

@@ -386,16 +386,21 @@ def test_unsupported_dtype(tmp_path, dtype, shape):
 
 
 def test_expert_matrices_of_different_dtypes(tmp_path):
-    """The kernels read an expert's three matrices in one dtype: a mixed expert is refused, not misread."""
-    folder = copy_fixture(tmp_path, "qwen3moe-f32")
-    st = folder / "model.safetensors"
+    """Each matrix has its own format (a GGUF Q4_K_M stores gate and up as Q4_K and down as Q6_K): an expert whose
+    gate is F16 and whose up and down are F32 loads, and computes exactly what the same values stored as F32 give."""
     name = "model.layers.2.mlp.experts.5.gate_proj.weight"
-
-    header, data = read_st(st)
+    mixed, widened = copy_fixture(tmp_path / "mixed", "qwen3moe-f32"), copy_fixture(tmp_path / "f32", "qwen3moe-f32")
+    header, data = read_st(mixed / "model.safetensors")
     begin, end = header[name]["data_offsets"]
-    replace_tensor(st, name, "F16", np.frombuffer(data[begin:end], dtype="<f4").astype("<f2").tobytes())
-    with pytest.raises(UnsupportedError, match=r"expert 5 of layer 2: gate_proj is F16, up_proj F32, down_proj F32"):
-        load(folder)
+    half = np.frombuffer(data[begin:end], dtype="<f4").astype("<f2")
+    replace_tensor(mixed / "model.safetensors", name, "F16", half.tobytes())
+    replace_tensor(widened / "model.safetensors", name, "F32", half.astype("<f4").tobytes())
+    prompt = np.load(mixed / "reference.npz")["prompt_ids"]
+    out = []
+    for folder in (mixed, widened):
+        with Engine() as eng, eng.load(folder) as model, model.context(64) as ctx:
+            out.append(ctx.prefill(prompt))
+    assert np.array_equal(out[0], out[1])
 
 
 def test_dtype_not_in_format(tmp_path):

@@ -250,3 +250,31 @@ def test_calibrate_measures_every_device_and_restores_the_placement():
     assert cal.fixed_seconds >= 0 and cal.devices["cpu:0"].join_seconds == 0
     shape = ModelShape.from_checkpoint(Checkpoint.open(FIXTURES / "qwen3moe-f32"))
     assert predict_tokens_per_second(shape, Placement.parse("0=cpu:1", model.config), cal) > 0
+
+
+# ---- layers whose experts differ in size (a quantized file's mix of formats) ---------------------------------
+
+# layers 0 and 1 hold 2 MB experts (say Q6_K down projections), layers 2, 4, 5 hold 1 MB ones
+MIXED = ModelShape(num_layers=6, moe_layers=(0, 1, 2, 4, 5), num_experts=8, top_k=2, expert_bytes=1_400_000,
+                   layer_expert_bytes=(2 * MB, 2 * MB, MB, 0, MB, MB))  # fmt: skip
+
+
+def test_mixed_layers_count_each_layers_bytes():
+    on_gpu = MIXED.empty_placement("cuda:0")
+    assert MIXED.total_bytes == 8 * (2 + 2 + 1 + 1 + 1) * MB
+    assert S.placement_bytes(MIXED, on_gpu) == {"cuda:0": MIXED.total_bytes}
+    # the cost model reads each layer's own bytes: 2 x (2 + 2 + 1 + 1 + 1) MB at 1000 MB/s
+    assert step_seconds(MIXED, on_gpu, CAL) == pytest.approx(0.002 + 2 * 7 * 0.001)
+    # equal heat: the last layers first (5, 4, 2: 8 MB each fill the 24 MB); layer 1's 16 MB no longer fit
+    plan = S.cold_layers(MIXED, "cuda:0", "cpu:0", budgets={"cuda:0": 24 * MB})
+    assert [layer for layer in MIXED.moe_layers if owners_of(plan, layer) == {"cuda:0"}] == [2, 4, 5]
+    assert plan.device_bytes == {"cuda:0": 24 * MB, "cpu:0": 32 * MB}
+    held = S.hot_first(MIXED, ["cuda:0", "cpu:0"], budgets={"cuda:0": 5 * MB})
+    assert held.device_bytes["cuda:0"] <= 5 * MB
+    assert held.device_bytes["cuda:0"] + held.device_bytes["cpu:0"] == MIXED.total_bytes
+
+
+def test_shape_from_a_checkpoint_is_uniform_when_the_layers_are():
+    shape = ModelShape.from_checkpoint(Checkpoint.open(FIXTURES / "qwen3moe-f32"))
+    assert shape.layer_expert_bytes == ()
+    assert shape.bytes_of(shape.moe_layers[0]) == shape.expert_bytes

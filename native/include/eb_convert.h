@@ -8,24 +8,6 @@
 
 #include "expertbench.h"
 
-static inline size_t eb_dtype_size(int dtype) {
-    switch (dtype) {
-    case EB_DTYPE_F32: return 4;
-    case EB_DTYPE_F16: return 2;
-    case EB_DTYPE_BF16: return 2;
-    default: return 0;
-    }
-}
-
-static inline const char *eb_dtype_name(int dtype) {
-    switch (dtype) {
-    case EB_DTYPE_F32: return "F32";
-    case EB_DTYPE_F16: return "F16";
-    case EB_DTYPE_BF16: return "BF16";
-    default: return "unknown";
-    }
-}
-
 static inline float eb_bits_to_f32(uint32_t u) {
     float f;
     memcpy(&f, &u, sizeof f);

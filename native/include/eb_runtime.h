@@ -16,7 +16,7 @@
 
 #include "expertbench.h"
 
-#define EB_RUNTIME_ABI_VERSION 4u
+#define EB_RUNTIME_ABI_VERSION 5u
 #define EB_RUNTIME_ENTRY "eb_runtime_module"
 
 #if defined(__GNUC__)
@@ -34,13 +34,16 @@ typedef struct {
     int32_t host_addressable;      /* 1: device memory is ordinary host memory (weights can stay mapped) */
     int32_t queued_ops;            /* 1: the forward operations return before they have run (a GPU's stream);
                                       0: they run on the calling thread (a CPU device, hostsim) */
+    uint32_t formats;              /* the weight formats its kernels read: bit (1 << dtype) per eb_dtype. The core
+                                      places no weight of another format there (a clear error at load or placement) */
 } eb_rt_device_info;
 
 /* One expert's weights on its owner device (device pointers for a GPU). gate/up: inter x hidden,
- * down: hidden x inter, all of one dtype. */
+ * down: hidden x inter, each in its own format (a GGUF Q4_K_M file stores gate and up as Q4_K, down as Q6_K in some
+ * layers). */
 typedef struct {
     const void *gate, *up, *down;
-    int32_t dtype;
+    int32_t gate_dtype, up_dtype, down_dtype;
     int32_t expert_id;
 } eb_rt_expert;
 
@@ -73,7 +76,8 @@ static inline size_t eb_rt_expert_scratch_bytes(int64_t n_pairs, int64_t hidden,
     return (size_t)n_pairs * (size_t)(hidden + 2 * inter + hidden) * sizeof(float) + 256;
 }
 
-/* One matrix product of a group run together: y[t][r] = w[r] . x[t] for t < n, r < rows. */
+/* One matrix product of a group run together: y[t][r] = w[r] . x[t] for t < n, r < rows (w: rows of
+ * eb_row_bytes(dtype, cols) bytes). */
 typedef struct {
     const void *w;
     int32_t dtype;

@@ -38,10 +38,20 @@ typedef enum {
     EB_ERR_STATE = 9        /* the call is not valid in the object's current state */
 } eb_status;
 
+/* Weight formats. The quantized ones are ggml's blocks, as GGUF files store them (a row is a whole number of blocks):
+ * Q8_0 (32 values: f16 scale, 32 int8), Q4_K / Q5_K (256 values: f16 scale and minimum, eight 6-bit sub-block scales
+ * and minima, 4-bit quants, Q5_K a fifth bit), Q6_K (256 values: 6-bit quants, sixteen int8 scales, f16 scale), MXFP4
+ * (32 values: an E8M0 exponent, 32 E2M1 quants). */
 typedef enum {
     EB_DTYPE_F32 = 0,
     EB_DTYPE_F16 = 1,
-    EB_DTYPE_BF16 = 2
+    EB_DTYPE_BF16 = 2,
+    EB_DTYPE_Q8_0 = 3,
+    EB_DTYPE_Q4_K = 4,
+    EB_DTYPE_Q5_K = 5,
+    EB_DTYPE_Q6_K = 6,
+    EB_DTYPE_MXFP4 = 7,
+    EB_DTYPE_COUNT = 8
 } eb_dtype;
 
 typedef enum {
@@ -77,6 +87,7 @@ typedef struct {
     int32_t runtime_index;
     int32_t local_index;
     int32_t threads;
+    uint32_t formats;               /* the weight formats its kernels read: bit (1 << eb_dtype) each */
 } eb_device_info;
 
 typedef struct {
@@ -168,6 +179,10 @@ typedef struct {
 } eb_model_info;
 
 const char *eb_last_error(void);
+/* Bytes of a row of cols values in a weight format (eb_dtype), 0 where cols is not a whole number of its blocks. */
+uint64_t eb_format_row_bytes(int32_t dtype, int64_t cols);
+/* n values (a whole number of blocks) of a row in a weight format, as f32: the values every kernel computes with. */
+int eb_dequantize(int32_t dtype, const void *src, uint64_t src_bytes, int64_t n, float *out);
 const char *eb_status_name(int status);
 uint32_t eb_runtime_abi_version(void); /* the runtime-module ABI this core loads */
 

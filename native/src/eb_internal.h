@@ -25,6 +25,7 @@ typedef struct {
     int local;        /* device index inside its runtime */
     int host_addressable;
     int queued_ops; /* its forward operations return before they have run (a GPU) */
+    uint32_t formats; /* the weight formats its kernels read (1 << dtype) */
     char name[EB_MAX_NAME];
 } eb_device;
 

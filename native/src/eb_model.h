@@ -5,11 +5,11 @@
 #include <stdatomic.h>
 #include <time.h>
 
-#include "eb_convert.h"
+#include "eb_formats.h"
 #include "eb_internal.h"
 
 typedef struct {
-    const void *data; /* rows x cols, row-major, in dtype */
+    const void *data; /* rows of cols values, each eb_row_bytes(dtype, cols) bytes */
     int dtype;
     int64_t rows;
     int64_t cols;
@@ -20,7 +20,7 @@ typedef struct {
 static inline size_t eb_align(size_t n) { return (n + EB_ALIGN - 1) / EB_ALIGN * EB_ALIGN; }
 
 static inline uint64_t eb_weight_bytes(const eb_weight *w) {
-    return (uint64_t)w->rows * (uint64_t)w->cols * eb_dtype_size(w->dtype);
+    return (uint64_t)w->rows * eb_row_bytes(w->dtype, w->cols);
 }
 
 typedef struct {
@@ -195,6 +195,8 @@ int eb_context_event(eb_context *c, int d, void **slot);
 /* The weights as the primary reads them (model load), its expert tables (after a placement), free. */
 int eb_primary_init(eb_model *m);
 int eb_primary_refresh(eb_model *m);
+/* EB_OK when device d's kernels read dtype, else an error naming the weight (layer, expert: -1 where none). */
+int eb_check_format(const eb_model *m, int d, int dtype, const char *what, int layer, int expert);
 void eb_primary_release(eb_model *m);
 /* A context's buffers on the primary, and one batch of the forward pass. */
 int eb_context_buffers_init(eb_context *c);

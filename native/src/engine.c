@@ -221,6 +221,7 @@ int eb_engine_load_runtime(eb_engine *engine, const char *name, const char *path
         d->local = i;
         d->host_addressable = info.host_addressable;
         d->queued_ops = info.queued_ops;
+        d->formats = info.formats;
         snprintf(d->name, sizeof d->name, "%s:%d", name, i);
     }
     engine->n_devices += nd;
@@ -265,6 +266,7 @@ int eb_engine_device_info(const eb_engine *engine, int index, eb_device_info *ou
     out->runtime_index = d->runtime;
     out->local_index = d->local;
     out->threads = info.threads;
+    out->formats = info.formats;
     return EB_OK;
 }
 

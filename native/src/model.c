@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "eb_convert.h"
+#include "eb_formats.h"
 #include "eb_internal.h"
 #include "eb_forward.h"
 
@@ -115,7 +115,7 @@ int eb_bind_vector(const eb_binder *b, const char *name, int64_t d0, float **out
     if (st) return st;
     float *v = malloc((size_t)d0 * sizeof *v);
     if (!v) return eb_fail(EB_ERR_MEMORY, "out of memory for tensor '%s'", name);
-    for (int64_t i = 0; i < d0; i++) v[i] = eb_load_as_f32(w.data, w.dtype, i);
+    eb_dequantize_row(w.data, w.dtype, d0, v);
     *out = v;
     return EB_OK;
 }
@@ -128,25 +128,32 @@ static int check_descriptors(const eb_model *m, const eb_tensor_desc *tensors, i
             return eb_fail(EB_ERR_ARGUMENT, "tensor '%s': file index %d out of range (%d files)", t->name,
                            t->file_index, m->n_files);
         const char *file = m->files[t->file_index].path;
-        size_t es = eb_dtype_size(t->dtype);
-        if (es == 0)
-            return eb_fail(EB_ERR_UNSUPPORTED, "tensor '%s' in '%s': dtype code %d is not supported (expected F32, "
-                                               "F16 or BF16)", t->name, file, t->dtype);
+        const eb_format_traits *f = eb_format(t->dtype);
+        if (!f)
+            return eb_fail(EB_ERR_UNSUPPORTED, "tensor '%s' in '%s': dtype code %d is not supported (expected 0..%d: "
+                                               "F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4)",
+                           t->name, file, t->dtype, EB_DTYPE_COUNT - 1);
         if (t->ndim < 1 || t->ndim > 4)
             return eb_fail(EB_ERR_FORMAT, "tensor '%s' in '%s': %d dimensions, expected 1 to 4", t->name, file, t->ndim);
-        uint64_t count = 1;
+        uint64_t rows = 1;
         for (int d = 0; d < t->ndim; d++) {
             if (t->shape[d] <= 0 || t->shape[d] > (int64_t)1 << 40)
                 return eb_fail(EB_ERR_FORMAT, "tensor '%s' in '%s': dimension %d is %lld", t->name, file, d,
                                (long long)t->shape[d]);
-            if (count > UINT64_MAX / (uint64_t)t->shape[d])
+            if (d == t->ndim - 1) continue;
+            if (rows > UINT64_MAX / (uint64_t)t->shape[d])
                 return eb_fail(EB_ERR_FORMAT, "tensor '%s' in '%s': shape overflows", t->name, file);
-            count *= (uint64_t)t->shape[d];
+            rows *= (uint64_t)t->shape[d];
         }
-        if (count > UINT64_MAX / es || count * es != t->nbytes)
-            return eb_fail(EB_ERR_FORMAT, "tensor '%s' in '%s': %llu bytes, expected %llu for %s with %llu elements",
-                           t->name, file, (unsigned long long)t->nbytes, (unsigned long long)(count * es),
-                           eb_dtype_name(t->dtype), (unsigned long long)count);
+        int64_t cols = t->shape[t->ndim - 1];
+        uint64_t row = eb_row_bytes(t->dtype, cols);
+        if (row == 0)
+            return eb_fail(EB_ERR_FORMAT, "tensor '%s' in '%s': rows of %lld values are not a whole number of %s "
+                                          "blocks (%d values each)", t->name, file, (long long)cols, f->name, f->block);
+        if (rows > UINT64_MAX / row || rows * row != t->nbytes)
+            return eb_fail(EB_ERR_FORMAT, "tensor '%s' in '%s': %llu bytes, expected %llu for %s with %llu rows of "
+                                          "%lld values", t->name, file, (unsigned long long)t->nbytes,
+                           (unsigned long long)(rows * row), f->name, (unsigned long long)rows, (long long)cols);
         uint64_t size = m->files[t->file_index].size;
         if (t->offset > size || t->nbytes > size - t->offset)
             return eb_fail(EB_ERR_FORMAT, "tensor '%s' in '%s': bytes %llu..%llu lie past the end of the file (%llu "
@@ -409,9 +416,41 @@ void eb_model_release(eb_model *m) {
     if (engine && --engine->n_models == 0 && engine->destroy_requested) eb_engine_release(engine);
 }
 
+/* Whether device d's kernels read format dtype; otherwise an error naming the weight, the format and what they read. */
+int eb_check_format(const eb_model *m, int d, int dtype, const char *what, int layer, int expert) {
+    const eb_device *dev = &m->engine->devices[d];
+    if (dev->formats & (1u << dtype)) return EB_OK;
+    char where[96], list[128];
+    if (expert >= 0)
+        snprintf(where, sizeof where, "%s of expert %d of layer %d", what, expert, layer);
+    else if (layer >= 0)
+        snprintf(where, sizeof where, "%s of layer %d", what, layer);
+    else
+        snprintf(where, sizeof where, "%s", what);
+    return eb_fail(EB_ERR_UNSUPPORTED, "%s is stored as %s, which %s's kernels do not read (they read %s)", where,
+                   eb_dtype_name(dtype), dev->name, eb_format_list(dev->formats, list, sizeof list));
+}
+
+/* Every weight the primary reads, in a format its kernels read (the experts are checked where they are placed). */
+static int check_primary_formats(const eb_model *m) {
+    int p = m->primary, st;
+    if ((st = eb_check_format(m, p, m->embed.dtype, "the token embedding", -1, -1)) ||
+        (st = eb_check_format(m, p, m->lm_head.dtype, "the output projection (lm_head)", -1, -1)))
+        return st;
+    for (int l = 0; l < m->cfg.num_layers; l++) {
+        const eb_layer *L = &m->layers[l];
+        const eb_weight *w[] = {&L->q, &L->k, &L->v, &L->o, &L->router, &L->gate, &L->up, &L->down};
+        const char *names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "the router", "gate_proj", "up_proj",
+                               "down_proj"};
+        for (int i = 0; i < 8; i++)
+            if (w[i]->data && (st = eb_check_format(m, p, w[i]->dtype, names[i], l, -1))) return st;
+    }
+    return EB_OK;
+}
+
 static void compute_bytes_per_token(eb_model *m) {
     const eb_model_config *c = &m->cfg;
-    uint64_t total = (uint64_t)c->hidden_size * eb_dtype_size(m->embed.dtype) + eb_weight_bytes(&m->lm_head);
+    uint64_t total = eb_row_bytes(m->embed.dtype, c->hidden_size) + eb_weight_bytes(&m->lm_head);
     for (int l = 0; l < c->num_layers; l++) {
         const eb_layer *L = &m->layers[l];
         total += eb_weight_bytes(&L->q) + eb_weight_bytes(&L->k) + eb_weight_bytes(&L->v) + eb_weight_bytes(&L->o);
@@ -528,6 +567,8 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
         m->info.n_moe_layers++;
     }
     free(b.sorted);
+    b.sorted = NULL;
+    if ((st = check_primary_formats(m))) goto fail;
     m->info.n_layers = c->num_layers;
     m->info.primary_device = primary_device;
     compute_bytes_per_token(m);
@@ -547,5 +588,22 @@ fail:
 int eb_model_get_info(const eb_model *m, eb_model_info *out) {
     if (!m || !out) return eb_fail(EB_ERR_ARGUMENT, "model info: NULL argument");
     *out = m->info;
+    return EB_OK;
+}
+
+uint64_t eb_format_row_bytes(int32_t dtype, int64_t cols) { return eb_row_bytes(dtype, cols); }
+
+int eb_dequantize(int32_t dtype, const void *src, uint64_t src_bytes, int64_t n, float *out) {
+    const eb_format_traits *f = eb_format(dtype);
+    if (!f) return eb_fail(EB_ERR_UNSUPPORTED, "dequantize: format code %d is not one of 0..%d", dtype, EB_DTYPE_COUNT - 1);
+    if ((n > 0 && (!src || !out)) || n < 0) return eb_fail(EB_ERR_ARGUMENT, "dequantize: NULL buffer or n = %lld", (long long)n);
+    uint64_t need = eb_row_bytes(dtype, n);
+    if (n > 0 && need == 0)
+        return eb_fail(EB_ERR_ARGUMENT, "dequantize: %lld values are not a whole number of %s blocks (%d values each)",
+                       (long long)n, f->name, f->block);
+    if (src_bytes < need)
+        return eb_fail(EB_ERR_RANGE, "dequantize: %lld %s values need %llu bytes, %llu given", (long long)n, f->name,
+                       (unsigned long long)need, (unsigned long long)src_bytes);
+    eb_dequantize_row(src, dtype, n, out);
     return EB_OK;
 }

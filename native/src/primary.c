@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "eb_convert.h"
+#include "eb_formats.h"
 #include "eb_model.h"
 
 typedef struct {
@@ -139,7 +139,7 @@ int eb_primary_refresh(eb_model *m) {
             int own = x->owner == m->primary;
             D->n_foreign += !own;
             table[e] = (eb_rt_expert){own ? x->gate.data : NULL, own ? x->up.data : NULL, own ? x->down.data : NULL,
-                                      x->gate.dtype, e};
+                                      x->gate.dtype, x->up.dtype, x->down.dtype, e};
         }
         if ((st = p.r->table->copy_to_device(p.r->rt, p.local, D->experts, table,
                                              (size_t)cf->num_experts * sizeof *table, 0, err, sizeof err)))

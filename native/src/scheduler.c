@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "eb_convert.h"
+#include "eb_formats.h"
 #include "eb_ops.h"
 #include "eb_model.h"
 
@@ -26,7 +26,8 @@ static uint64_t expert_copy_bytes(const eb_expert *e) {
 
 /* ---- placement --------------------------------------------------------------------------------------- */
 
-static int validate_owners(const eb_model *m, const int32_t *owners, int64_t n) {
+/* formats: also that each owner's kernels read its experts' formats (what a placement needs, not its byte counts). */
+static int validate_owners(const eb_model *m, const int32_t *owners, int64_t n, int formats) {
     const eb_model_config *c = &m->cfg;
     int64_t E = c->num_experts > 0 ? c->num_experts : 0, want = (int64_t)c->num_layers * E;
     if (!owners && n > 0) return eb_fail(EB_ERR_ARGUMENT, "placement: owners is NULL");
@@ -47,6 +48,12 @@ static int validate_owners(const eb_model *m, const int32_t *owners, int64_t n) 
                 return eb_fail(EB_ERR_RANGE, "placement: expert %lld of layer %d is given device index %d, expected "
                                              "0..%d (the engine's devices)", (long long)e, l, o,
                                m->engine->n_devices - 1);
+            const eb_expert *x = &m->layers[l].experts[e];
+            int st;
+            if (formats && ((st = eb_check_format(m, o, x->gate.dtype, "placement: gate_proj", l, (int)e)) ||
+                (st = eb_check_format(m, o, x->up.dtype, "placement: up_proj", l, (int)e)) ||
+                (st = eb_check_format(m, o, x->down.dtype, "placement: down_proj", l, (int)e))))
+                return st;
         }
     }
     return EB_OK;
@@ -57,7 +64,7 @@ int eb_model_placement_bytes(const eb_model *m, const int32_t *owners, int64_t n
     if (n_devices < m->engine->n_devices)
         return eb_fail(EB_ERR_ARGUMENT, "placement bytes: room for %d devices, the engine has %d", n_devices,
                        m->engine->n_devices);
-    int st = validate_owners(m, owners, n);
+    int st = validate_owners(m, owners, n, 0);
     if (st) return st;
     memset(out, 0, (size_t)n_devices * sizeof *out);
     int64_t E = m->cfg.num_experts;
@@ -104,7 +111,7 @@ static void refresh_weight_counters(eb_model *m) {
 
 int eb_model_set_placement(eb_model *m, const int32_t *owners, int64_t n) {
     if (!m) return eb_fail(EB_ERR_ARGUMENT, "set placement: model is NULL");
-    int st = validate_owners(m, owners, n);
+    int st = validate_owners(m, owners, n, 1);
     if (st) return st;
     eb_engine *eng = m->engine;
     int64_t E = m->cfg.num_experts;
@@ -421,7 +428,8 @@ static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int 
             c->pair_slot[slot] = i;
         }
         if (p == first) continue;
-        c->plan_experts[ne] = (eb_rt_expert){x->gate.data, x->up.data, x->down.data, x->gate.dtype, e};
+        c->plan_experts[ne] = (eb_rt_expert){x->gate.data, x->up.data,        x->down.data,
+                                              x->gate.dtype, x->up.dtype, x->down.dtype, e};
         c->plan_start[ne] = (int32_t)first;
         ne++;
     }

@@ -12,7 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "eb_convert.h"
+#include "eb_formats.h"
 #include "eb_internal.h" /* eb_weights_choose: internal to the core, exported by this build of it */
 #include "eb_ops.h"
 #include "eb_runtime.h"
@@ -65,7 +65,7 @@ static void add(builder *b, const char *name, int dtype, int64_t d0, int64_t d1,
     t->shape[1] = d1;
     int64_t count = d0 * (d1 ? d1 : 1);
     t->offset = b->offset;
-    t->nbytes = (uint64_t)count * eb_dtype_size(dtype);
+    t->nbytes = (uint64_t)(d1 ? d0 : 1) * eb_row_bytes(dtype, d1 ? d1 : d0);
     for (int64_t i = 0; i < count; i++) {
         float v = norm ? 1.0f + rnd(b) : rnd(b);
         if (dtype == EB_DTYPE_F32) {
@@ -394,8 +394,14 @@ static void test_bad_checkpoints(const char *module, const char *file, eb_model_
              (unsigned long long)b->d[i].nbytes + 2);
     expect_load_error(module, file, cfg, b, EB_ERR_FORMAT, counts, "wrong byte count");
     b->d[i].nbytes += 2;
-    b->d[i].dtype = 7;
-    expect_load_error(module, file, cfg, b, EB_ERR_UNSUPPORTED, "dtype code 7", "unknown dtype");
+    b->d[i].dtype = EB_DTYPE_COUNT;
+    expect_load_error(module, file, cfg, b, EB_ERR_UNSUPPORTED, "dtype code 8", "unknown dtype");
+    b->d[i].dtype = EB_DTYPE_Q4_K; /* rows of 32 values: not whole 256-value blocks */
+    expect_load_error(module, file, cfg, b, EB_ERR_FORMAT, "rows of 32 values are not a whole number of Q4_K blocks",
+                      "partial block");
+    b->d[i].dtype = EB_DTYPE_Q8_0; /* one 34-byte block per row: the byte count differs */
+    expect_load_error(module, file, cfg, b, EB_ERR_FORMAT, "expected 816 for Q8_0 with 24 rows of 32 values",
+                      "quantized byte count");
     b->d[i].dtype = saved.d[i].dtype;
     b->d[i].shape[0] = H, b->d[i].shape[1] = IM; /* transposed, same byte count */
     expect_load_error(module, file, cfg, b, EB_ERR_FORMAT, "expected [24, 32]", "mis-shaped");
@@ -678,9 +684,51 @@ static void test_lifetimes(const char *module, const char *file, eb_model_config
     eb_context_free(c); /* frees the model, then the engine */
 }
 
+/* A finite half below 1 in magnitude, either sign (bf16: the top half of an f32). */
+static uint16_t test_half(unsigned seed) { return (uint16_t)(((seed >> 16) & 0x3bffu) | ((seed & 1u) << 15)); }
+
+/* count values of a row-major matrix in format dt: random, the scales of quantized blocks finite (MXFP4's exponent
+ * 100..150) so that no product overflows. */
+static void fill_weights(unsigned char *w, int dt, int rows, int cols, unsigned *seed) {
+    size_t bytes = (size_t)rows * eb_row_bytes(dt, cols);
+    for (size_t i = 0; i < bytes; i++) {
+        *seed = *seed * 1664525u + 1013904223u;
+        w[i] = (unsigned char)(*seed >> 13);
+    }
+    const eb_format_traits *f = eb_format(dt);
+    size_t blocks = bytes / (size_t)f->block_bytes;
+    for (size_t k = 0; k < blocks; k++) {
+        unsigned char *b = w + k * (size_t)f->block_bytes;
+        *seed = *seed * 1664525u + 1013904223u;
+        uint16_t h = test_half(*seed), h2 = test_half(*seed * 747796405u);
+        switch (dt) {
+        case EB_DTYPE_F32: {
+            float v = (float)(*seed >> 8) / (float)(1u << 24) - 0.5f;
+            memcpy(b, &v, 4);
+            break;
+        }
+        case EB_DTYPE_BF16: {
+            float v = (float)(*seed >> 8) / (float)(1u << 24) - 0.5f;
+            uint32_t bits;
+            memcpy(&bits, &v, 4);
+            h = (uint16_t)(bits >> 16);
+            memcpy(b, &h, 2);
+            break;
+        }
+        case EB_DTYPE_F16:
+        case EB_DTYPE_Q8_0: memcpy(b, &h, 2); break;
+        case EB_DTYPE_Q4_K:
+        case EB_DTYPE_Q5_K: memcpy(b, &h, 2), memcpy(b + 2, &h2, 2); break;
+        case EB_DTYPE_Q6_K: memcpy(b + 208, &h, 2); break;
+        case EB_DTYPE_MXFP4: b[0] = (unsigned char)(100 + *seed % 51); break;
+        default: break;
+        }
+    }
+}
+
 /* The cpu module's products directly: n tokens at once give, row for row, the bits of n single tokens, for
- * row counts that split unevenly into the kernels' tiles and segments, every dtype, both kernels, 1-3 threads,
- * alone and in a multi-product run. */
+ * row counts that split unevenly into the kernels' tiles and segments, every format, both kernels, 1-3 threads,
+ * alone and in a multi-product run; and a quantized matrix gives the bits of its dequantized f32 matrix. */
 static void test_kernels(const char *module) {
     void *h = dlopen(module, RTLD_NOW | RTLD_LOCAL);
     CHECK(h != NULL, "dlopen %s: %s", module, dlerror());
@@ -693,8 +741,7 @@ static void test_kernels(const char *module) {
         return;
     }
     enum { MAXN = 7 };
-    static const int rows_list[] = {1, 3, 4, 5, 9, 37, 130, 1030}, cols_list[] = {7, 64, 100};
-    static const int dtypes[] = {EB_DTYPE_F32, EB_DTYPE_BF16, EB_DTYPE_F16};
+    static const int rows_list[] = {1, 3, 4, 5, 9, 37, 130, 1030}, cols_float[] = {7, 64, 100}, cols_quant[] = {256, 512};
     unsigned seed = 7;
     for (int threads = 1; threads <= 3; threads++)
         for (int portable = 0; portable <= 1; portable++) {
@@ -707,30 +754,27 @@ static void test_kernels(const char *module) {
             o.force_portable = portable;
             CHECK(T->init(&o, &rt, err, sizeof err) == 0, "init: %s", err);
             if (!rt) continue;
-            int mismatches = 0;
-            for (size_t di = 0; di < sizeof dtypes / sizeof *dtypes; di++)
+            int mismatches = 0, unlike_f32 = 0;
+            for (int dt = 0; dt < EB_DTYPE_COUNT; dt++)
                 for (size_t ri = 0; ri < sizeof rows_list / sizeof *rows_list; ri++)
-                    for (size_t ci = 0; ci < sizeof cols_list / sizeof *cols_list; ci++) {
-                        int dt = dtypes[di], rows = rows_list[ri], cols = cols_list[ci];
-                        size_t es = eb_dtype_size(dt), count = (size_t)rows * (size_t)cols;
-                        unsigned char *w = malloc(count * es);
+                    for (size_t ci = 0; ci < 3; ci++) {
+                        int quant = eb_dtype_quantized(dt);
+                        if (quant && ci == 2) continue;
+                        if (quant && threads == 2 && rows_list[ri] > 130) continue; /* enough of the long ones */
+                        int rows = rows_list[ri], cols = quant ? cols_quant[ci] : cols_float[ci];
+                        size_t count = (size_t)rows * (size_t)cols;
+                        unsigned char *w = malloc((size_t)rows * eb_row_bytes(dt, cols));
+                        float *wf = malloc(count * sizeof(float));
                         float *x = malloc(sizeof(float) * MAXN * (size_t)cols);
                         float *yb = malloc(sizeof(float) * MAXN * (size_t)rows);
                         float *ys = malloc(sizeof(float) * (size_t)rows);
-                        if (!w || !x || !yb || !ys) {
+                        float *yf = malloc(sizeof(float) * MAXN * (size_t)rows);
+                        if (!w || !wf || !x || !yb || !ys || !yf) {
                             CHECK(0, "out of memory");
                         } else {
-                            for (size_t i = 0; i < count; i++) {
-                                seed = seed * 1664525u + 1013904223u;
-                                float v = ((float)(seed >> 8) / (float)(1u << 24) - 0.5f);
-                                uint32_t bits;
-                                memcpy(&bits, &v, 4);
-                                /* bf16: the top half of an f32; f16: a finite half below 1 */
-                                uint16_t half = (uint16_t)(((seed >> 16) & 0x3bffu) | ((seed & 1u) << 15));
-                                if (dt == EB_DTYPE_BF16) half = (uint16_t)(bits >> 16);
-                                if (dt == EB_DTYPE_F32) memcpy(w + 4 * i, &v, 4);
-                                else memcpy(w + 2 * i, &half, 2);
-                            }
+                            fill_weights(w, dt, rows, cols, &seed);
+                            for (int r = 0; r < rows; r++)
+                                eb_dequantize_row(w + (size_t)r * eb_row_bytes(dt, cols), dt, cols, wf + (size_t)r * cols);
                             for (int i = 0; i < MAXN * cols; i++) {
                                 seed = seed * 1664525u + 1013904223u;
                                 x[i] = (float)(seed >> 8) / (float)(1u << 24) - 0.5f;
@@ -747,15 +791,24 @@ static void test_kernels(const char *module) {
                                 eb_rt_matmul two[2] = {{w, dt, rows, cols, x, 1, ys}, {w, dt, rows, cols, x, n, yb}};
                                 mismatches += T->forward->matmul(rt, 0, NULL, two, 2, 0, err, sizeof err) != 0;
                                 mismatches += memcmp(ys, yb, sizeof(float) * rows) != 0;
+                                if (quant) {
+                                    eb_rt_matmul f = {wf, EB_DTYPE_F32, rows, cols, x, n, yf};
+                                    unlike_f32 += T->forward->matmul(rt, 0, NULL, &f, 1, 0, err, sizeof err) != 0;
+                                    unlike_f32 += memcmp(yf, yb, sizeof(float) * (size_t)n * rows) != 0;
+                                }
                             }
                         }
                         free(w);
+                        free(wf);
                         free(x);
                         free(yb);
                         free(ys);
+                        free(yf);
                     }
             CHECK(mismatches == 0, "%s kernels, %d threads: %d batch rows differ from single steps",
                   portable ? "portable" : "default", threads, mismatches);
+            CHECK(unlike_f32 == 0, "%s kernels, %d threads: %d quantized products differ from their dequantized f32",
+                  portable ? "portable" : "default", threads, unlike_f32);
             T->shutdown(rt);
         }
     dlclose(h);

@@ -22,7 +22,7 @@
 #ifdef EB_CPU_HAVE_AVX2_BUILD
 #include <immintrin.h>
 
-#include "eb_convert.h"
+#include "eb_formats.h"
 #include "expertbench.h"
 
 /* Everything below is inlined into one copy of the loops per dtype (eb_cpu_matmul_rows_avx2), so that the choice
@@ -72,13 +72,109 @@ INLINE void ahead(const unsigned char *row, int dtype, int64_t c) {
     if ((byte & 63) == 0) _mm_prefetch((const char *)((uintptr_t)row + (uintptr_t)byte + AHEAD_BYTES), _MM_HINT_T0);
 }
 
+/* ---- quantized rows: 32 values at a time, the same values as eb_dequantize_chunk ---------------------------- */
+
+INLINE __m256 cvt_u8(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
+INLINE __m256 cvt_i8(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
+
+/* 32 unsigned bytes as four vectors of 8 floats, each times d minus m: the 4- and 5-bit K formats */
+INLINE void scale_u8x32(__m256i q, float d, float m, __m256 *w) {
+    __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
+    w[0] = _mm256_sub_ps(_mm256_mul_ps(vd, cvt_u8(lo)), vm);
+    w[1] = _mm256_sub_ps(_mm256_mul_ps(vd, cvt_u8(_mm_srli_si128(lo, 8))), vm);
+    w[2] = _mm256_sub_ps(_mm256_mul_ps(vd, cvt_u8(hi)), vm);
+    w[3] = _mm256_sub_ps(_mm256_mul_ps(vd, cvt_u8(_mm_srli_si128(hi, 8))), vm);
+}
+
+INLINE void dequant32(const unsigned char *row, int dtype, int64_t c, __m256 *w) {
+    int j;
+    const unsigned char *b = eb_chunk_block(row, dtype, c, &j);
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    switch (dtype) {
+    case EB_DTYPE_Q8_0: {
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(eb_load_u16(b)));
+        for (int i = 0; i < 4; i++) w[i] = _mm256_mul_ps(cvt_i8(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * i))), d);
+        return;
+    }
+    case EB_DTYPE_MXFP4: {
+        __m256 d = _mm256_set1_ps(eb_e8m0_half(b[0]));
+        __m128i lut = _mm_loadu_si128((const __m128i *)eb_mxfp4_values), qs = _mm_loadu_si128((const __m128i *)(b + 1));
+        __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(qs, _mm256_castsi256_si128(low4)));
+        __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(qs, 4), _mm256_castsi256_si128(low4)));
+        w[0] = _mm256_mul_ps(d, cvt_i8(lo));
+        w[1] = _mm256_mul_ps(d, cvt_i8(_mm_srli_si128(lo, 8)));
+        w[2] = _mm256_mul_ps(d, cvt_i8(hi));
+        w[3] = _mm256_mul_ps(d, cvt_i8(_mm_srli_si128(hi, 8)));
+        return;
+    }
+    case EB_DTYPE_Q4_K:
+    case EB_DTYPE_Q5_K: {
+        int sc, m, q5 = dtype == EB_DTYPE_Q5_K;
+        eb_k4_scale_min(b + 4, j, &sc, &m);
+        float dl = _cvtsh_ss(eb_load_u16(b)) * (float)sc, ml = _cvtsh_ss(eb_load_u16(b + 2)) * (float)m;
+        __m256i q = _mm256_loadu_si256((const __m256i *)(b + 16 + (q5 ? 32 : 0) + 32 * (j / 2)));
+        q = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(4 * (j & 1))), low4);
+        if (q5) {
+            __m256i h = _mm256_loadu_si256((const __m256i *)(b + 16));
+            h = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(1));
+            q = _mm256_or_si256(q, _mm256_slli_epi16(h, 4));
+        }
+        scale_u8x32(q, dl, ml, w);
+        return;
+    }
+    case EB_DTYPE_Q6_K: {
+        int h = j / 4, s = j % 4;
+        const int8_t *sc = (const int8_t *)(b + 192) + 8 * h + 2 * s;
+        float d = _cvtsh_ss(eb_load_u16(b + 208));
+        __m256i ql = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32 * (s & 1)));
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+        ql = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (s >> 1))), low4);
+        qh = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * s)), _mm256_set1_epi8(3));
+        __m256i q = _mm256_or_si256(ql, _mm256_slli_epi16(qh, 4));
+        __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+        __m256i k32 = _mm256_set1_epi32(32);
+        __m256 d0 = _mm256_set1_ps(d * (float)sc[0]), d1 = _mm256_set1_ps(d * (float)sc[1]);
+        w[0] = _mm256_mul_ps(d0, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(lo), k32)));
+        w[1] = _mm256_mul_ps(d0, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)), k32)));
+        w[2] = _mm256_mul_ps(d1, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(hi), k32)));
+        w[3] = _mm256_mul_ps(d1, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)), k32)));
+        return;
+    }
+    default: return;
+    }
+}
+
+/* The streaming request for a quantized row: once per 64-byte line of its blocks, AHEAD_BYTES ahead. */
+INLINE void ahead_q(const unsigned char *row, int dtype, int64_t c) {
+    const eb_format_traits *f = &eb_format_table[dtype];
+    int64_t byte = c * EB_CHUNK * f->block_bytes / f->block, chunk = EB_CHUNK * f->block_bytes / f->block;
+    if ((byte & 63) < chunk) _mm_prefetch((const char *)((uintptr_t)row + (uintptr_t)byte + AHEAD_BYTES), _MM_HINT_T0);
+}
+
 /* R rows x T tokens of dot products, one accumulator each; rows at w + r * rowbytes, tokens at x + t * cols.
- * PF: request each row's weights AHEAD_BYTES ahead (the streaming tiles of decode and short drafts). */
+ * PF: request each row's weights AHEAD_BYTES ahead (the streaming tiles of decode and short drafts). A quantized
+ * row is read 32 values at a time and its four vectors of 8 go into each accumulator in column order: the same
+ * products and sums as the float loop over its dequantized row (whose empty tail adds 0 as here). */
 #define TILE(NAME, R, T, PF)                                                                                     \
     INLINE void NAME(const unsigned char *w, size_t rowbytes, int dtype, int64_t cols, const float *x,            \
                      float *out) {                                                                               \
         __m256 acc[R][T];                                                                                        \
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();   \
+        if (eb_dtype_quantized(dtype)) {                                                                         \
+            for (int64_t c = 0; c < cols / EB_CHUNK; c++) {                                                      \
+                UNROLL for (int r = 0; r < R; r++) {                                                             \
+                    if (PF) ahead_q(w + r * rowbytes, dtype, c);                                                 \
+                    __m256 wv[4];                                                                                \
+                    dequant32(w + r * rowbytes, dtype, c, wv);                                                   \
+                    UNROLL for (int t = 0; t < T; t++) UNROLL for (int i = 0; i < 4; i++) acc[r][t] =            \
+                        _mm256_fmadd_ps(wv[i], _mm256_loadu_ps(x + t * cols + EB_CHUNK * c + 8 * i), acc[r][t]); \
+                }                                                                                                \
+            }                                                                                                    \
+            UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) out[r * T + t] =               \
+                hsum(acc[r][t]) + 0.0f;                                                                          \
+            return;                                                                                              \
+        }                                                                                                        \
         int64_t c8 = cols & ~(int64_t)7;                                                                         \
         for (int64_t c = 0; c < c8; c += 8) {                                                                    \
             __m256 xv[T];                                                                                        \
@@ -128,7 +224,7 @@ TILE(stream_1x4, 1, 4, 1)
 INLINE void matmul_rows(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const float *x, int64_t n,
                         float *y, int64_t ldy) {
     const unsigned char *base = (const unsigned char *)w;
-    size_t rowbytes = (size_t)cols * eb_dtype_size(dtype);
+    size_t rowbytes = (size_t)eb_row_bytes(dtype, cols);
     float o[16];
     switch (n) { /* decoding, or verifying a short draft */
     case 1: SEGMENTS(4, stream_4x1, stream_1x1, 1); return;
@@ -177,9 +273,14 @@ INLINE void matmul_rows(const void *w, int dtype, int64_t r0, int64_t r1, int64_
 
 void eb_cpu_matmul_rows_avx2(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const float *x,
                              int64_t n, float *y, int64_t ldy) {
-    switch (dtype) { /* a constant dtype in each copy: load8's choice folds away */
+    switch (dtype) { /* a constant dtype in each copy: load8's and dequant32's choices fold away */
     case EB_DTYPE_BF16: matmul_rows(w, EB_DTYPE_BF16, r0, r1, cols, x, n, y, ldy); return;
     case EB_DTYPE_F16: matmul_rows(w, EB_DTYPE_F16, r0, r1, cols, x, n, y, ldy); return;
+    case EB_DTYPE_Q8_0: matmul_rows(w, EB_DTYPE_Q8_0, r0, r1, cols, x, n, y, ldy); return;
+    case EB_DTYPE_Q4_K: matmul_rows(w, EB_DTYPE_Q4_K, r0, r1, cols, x, n, y, ldy); return;
+    case EB_DTYPE_Q5_K: matmul_rows(w, EB_DTYPE_Q5_K, r0, r1, cols, x, n, y, ldy); return;
+    case EB_DTYPE_Q6_K: matmul_rows(w, EB_DTYPE_Q6_K, r0, r1, cols, x, n, y, ldy); return;
+    case EB_DTYPE_MXFP4: matmul_rows(w, EB_DTYPE_MXFP4, r0, r1, cols, x, n, y, ldy); return;
     default: matmul_rows(w, EB_DTYPE_F32, r0, r1, cols, x, n, y, ldy); return;
     }
 }

@@ -27,7 +27,7 @@
 #include <unistd.h>
 
 #include "cpu_kernels.h"
-#include "eb_convert.h"
+#include "eb_formats.h"
 #include "eb_ops.h"
 #include "eb_runtime.h"
 
@@ -386,7 +386,7 @@ static void pool_destroy(pool *p) {
  * streams start cold: in the VM's fast memory state items of 16-32 KiB streamed at 14 GB/s a thread, against 35-38
  * for long ones, and decode was 1.9 % faster with 32 KiB than with 16 (bench/RESULTS.md). */
 static int64_t step_rows(int64_t cols, int dtype) {
-    int64_t rowbytes = cols * (int64_t)eb_dtype_size(dtype), rows = (32768 + rowbytes - 1) / rowbytes;
+    int64_t rowbytes = (int64_t)eb_row_bytes(dtype, cols), rows = (32768 + rowbytes - 1) / rowbytes;
     return (rows + 7) / 8 * 8;
 }
 
@@ -421,7 +421,7 @@ static void run_multi(cpu_runtime *rt, cpu_device *d, const eb_rt_matmul *tasks,
         for (int i = 0; i < job.n_tasks; i++) {
             int64_t s = step_rows(job.tasks[i].cols, job.tasks[i].dtype);
             if (s > step) step = s;
-            bytes += (uint64_t)(job.tasks[i].rows * job.tasks[i].cols) * eb_dtype_size(job.tasks[i].dtype);
+            bytes += (uint64_t)job.tasks[i].rows * eb_row_bytes(job.tasks[i].dtype, job.tasks[i].cols);
         }
         trace_note(job.n_tasks == 1 ? TRACE_MATMUL : TRACE_MULTI, bytes);
         pool_run(&d->pool, multi_chunk, &job, total, step, rt->per_thread);
@@ -451,8 +451,8 @@ static void gate_up_chunk(void *arg, int64_t begin, int64_t end) {
         const eb_rt_expert *e = &j->b->experts[j->expert[i]];
         int64_t p0 = j->b->pair_start[j->expert[i]], m = j->b->pair_start[j->expert[i] + 1] - p0;
         float *g = j->g + p0 * I, *u = j->u + p0 * I;
-        j->fn(e->gate, e->dtype, r0, r1, H, j->xe + p0 * H, m, g, I);
-        j->fn(e->up, e->dtype, r0, r1, H, j->xe + p0 * H, m, u, I);
+        j->fn(e->gate, e->gate_dtype, r0, r1, H, j->xe + p0 * H, m, g, I);
+        j->fn(e->up, e->up_dtype, r0, r1, H, j->xe + p0 * H, m, u, I);
         for (int64_t p = 0; p < m; p++)
             for (int64_t r = r0; r < r1; r++) g[p * I + r] = eb_silu(g[p * I + r]) * u[p * I + r];
     }
@@ -482,9 +482,9 @@ static void run_expert_batch(cpu_runtime *rt, cpu_device *d, const eb_rt_expert_
             job.expert[job.n] = i;
             job.start[job.n + 1] = job.start[job.n] + I;
             job.n++;
-            int64_t s = step_rows(H, b->experts[i].dtype);
+            int64_t s = step_rows(H, b->experts[i].gate_dtype);
             if (s > step) step = s;
-            bytes += (uint64_t)(2 * I * H) * eb_dtype_size(b->experts[i].dtype);
+            bytes += (uint64_t)I * (eb_row_bytes(b->experts[i].gate_dtype, H) + eb_row_bytes(b->experts[i].up_dtype, H));
         }
         trace_note(TRACE_GATE_UP, bytes);
         pool_run(&d->pool, gate_up_chunk, &job, job.start[job.n], step, rt->per_thread);
@@ -493,7 +493,7 @@ static void run_expert_batch(cpu_runtime *rt, cpu_device *d, const eb_rt_expert_
             int64_t p0 = b->pair_start[i], m = b->pair_start[i + 1] - p0;
             const eb_rt_expert *e = &b->experts[i];
             if (m <= 0) continue;
-            tasks[n++] = (eb_rt_matmul){e->down, e->dtype, H, I, g + p0 * I, m, down_out + p0 * H};
+            tasks[n++] = (eb_rt_matmul){e->down, e->down_dtype, H, I, g + p0 * I, m, down_out + p0 * H};
         }
         run_multi(rt, d, tasks, n);
     }
@@ -785,6 +785,7 @@ static int cpu_device_info(void *rtp, int dev, eb_rt_device_info *info, char *er
     info->memory_free = avail;
     info->threads = d->pool.n_threads;
     info->host_addressable = HOST_ADDRESSABLE;
+    info->formats = (1u << EB_DTYPE_COUNT) - 1; /* every format, in both kernel variants */
     return 0;
 }
 
@@ -1018,8 +1019,8 @@ static int op_embed(void *rtp, int dev, const void *table, int dtype, int64_t hi
     cpu_device *d = op_begin(rtp, dev, &t0, err, errlen);
     if (!d) return EB_ERR_RANGE;
     for (int64_t t = 0; t < n; t++) {
-        const unsigned char *row = (const unsigned char *)table + (size_t)ids[t] * (size_t)hidden * eb_dtype_size(dtype);
-        for (int64_t i = 0; i < hidden; i++) x[t * hidden + i] = eb_load_as_f32(row, dtype, i);
+        const unsigned char *row = (const unsigned char *)table + (size_t)ids[t] * eb_row_bytes(dtype, hidden);
+        eb_dequantize_row(row, dtype, hidden, x + t * hidden);
     }
     return op_end(d, t0, 0);
 }

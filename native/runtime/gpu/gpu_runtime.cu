@@ -106,7 +106,7 @@
 #endif
 
 extern "C" {
-#include "eb_convert.h"
+#include "eb_formats.h"
 #include "eb_runtime.h"
 }
 
@@ -115,7 +115,7 @@ extern "C" {
 // One expert of a grouped launch: its weights and its pairs [p0, p0 + m).
 struct gpu_expert_slot {
     const void *gate, *up, *down;
-    int dtype, p0, m;
+    int gate_dtype, up_dtype, down_dtype, p0, m;
 };
 
 struct gpu_device {
@@ -206,15 +206,15 @@ __device__ __forceinline__ float warp_dot(const void *w, int dtype, long long ro
 }
 
 // h[p][i] = silu(gate_i . x[tok(p)]) * (up_i . x[tok(p)]) for the m pairs of one expert; one warp per row i.
-__global__ void gate_up_kernel(const void *gate, const void *up, int dtype, int hidden, int inter, const float *x,
-                               const int *pair_token, int p0, int m, float *h, int warp) {
+__global__ void gate_up_kernel(const void *gate, const void *up, int gate_dtype, int up_dtype, int hidden, int inter,
+                               const float *x, const int *pair_token, int p0, int m, float *h, int warp) {
     int lane = threadIdx.x % warp;
     int i = blockIdx.x * (blockDim.x / warp) + threadIdx.x / warp;
     if (i >= inter) return;
     for (int p = 0; p < m; p++) {
         const float *xr = x + (long long)pair_token[p0 + p] * hidden;
-        float g = warp_dot(gate, dtype, i, hidden, xr, lane, warp);
-        float u = warp_dot(up, dtype, i, hidden, xr, lane, warp);
+        float g = warp_dot(gate, gate_dtype, i, hidden, xr, lane, warp);
+        float u = warp_dot(up, up_dtype, i, hidden, xr, lane, warp);
         if (lane == 0) h[(long long)p * inter + i] = g / (1.0f + expf(-g)) * u;
     }
 }
@@ -243,8 +243,8 @@ __global__ void gate_up_grouped(const gpu_expert_slot *slots, int hidden, int in
     if (i >= inter) return;
     for (int p = 0; p < s.m; p++) {
         const float *xr = x + (long long)pair_token[s.p0 + p] * hidden;
-        float g = warp_dot(s.gate, s.dtype, i, hidden, xr, lane, warp);
-        float u = warp_dot(s.up, s.dtype, i, hidden, xr, lane, warp);
+        float g = warp_dot(s.gate, s.gate_dtype, i, hidden, xr, lane, warp);
+        float u = warp_dot(s.up, s.up_dtype, i, hidden, xr, lane, warp);
         if (lane == 0) h[(long long)(s.p0 + p) * inter + i] = g / (1.0f + expf(-g)) * u;
     }
 }
@@ -255,7 +255,7 @@ __global__ void down_grouped(const gpu_expert_slot *slots, int hidden, int inter
     int j = blockIdx.x * (blockDim.x / warp) + threadIdx.x / warp;
     if (j >= hidden) return;
     for (int p = 0; p < s.m; p++) {
-        float v = warp_dot(s.down, s.dtype, j, inter, h + (long long)(s.p0 + p) * inter, lane, warp);
+        float v = warp_dot(s.down, s.down_dtype, j, inter, h + (long long)(s.p0 + p) * inter, lane, warp);
         if (lane == 0) y[(long long)(s.p0 + p) * hidden + j] = v;
     }
 }
@@ -361,6 +361,8 @@ static int gpu_device_info(void *rtp, int dev, eb_rt_device_info *info, char *er
     info->threads = 0;
     info->host_addressable = 0;
     info->queued_ops = 1;
+    // the float formats; the quantized ones stay on the CPU devices until these kernels read them
+    info->formats = 1u << EB_DTYPE_F32 | 1u << EB_DTYPE_F16 | 1u << EB_DTYPE_BF16;
     return 0;
 }
 
@@ -468,7 +470,7 @@ static int expert_ffn_locked(void *rtp, int dev, const eb_rt_expert_batch *b, in
         }
         for (int i = 0; i < b->n_experts; i++) {
             const eb_rt_expert *e = &b->experts[i];
-            d->slots_host[i] = {e->gate, e->up, e->down, e->dtype, b->pair_start[i],
+            d->slots_host[i] = {e->gate, e->up, e->down, e->gate_dtype, e->up_dtype, e->down_dtype, b->pair_start[i],
                                 b->pair_start[i + 1] - b->pair_start[i]};
         }
         GPU_TRY(gpuMemcpyAsync(d->slots_dev, d->slots_host, b->n_experts * sizeof(gpu_expert_slot),
@@ -496,9 +498,9 @@ static int expert_ffn_locked(void *rtp, int dev, const eb_rt_expert_batch *b, in
         if (m <= 0) continue;
         const eb_rt_expert *e = &b->experts[i];
         gate_up_kernel<<<(b->inter + rows_per_block - 1) / rows_per_block, BLOCK, 0, d->stream>>>(
-            e->gate, e->up, e->dtype, b->hidden, b->inter, b->x, b->pair_token, p0, m, h, d->warp);
+            e->gate, e->up, e->gate_dtype, e->up_dtype, b->hidden, b->inter, b->x, b->pair_token, p0, m, h, d->warp);
         down_kernel<<<(b->hidden + rows_per_block - 1) / rows_per_block, BLOCK, 0, d->stream>>>(
-            e->down, e->dtype, b->hidden, b->inter, h, b->pair_token, b->pair_weight, p0, m, b->y, owner_local,
+            e->down, e->down_dtype, b->hidden, b->inter, h, b->pair_token, b->pair_weight, p0, m, b->y, owner_local,
             d->warp);
     }
     GPU_TRY(gpuGetLastError(), "kernel launch");
@@ -1174,8 +1176,8 @@ __global__ void moe_gate_up_kernel(eb_rt_moe b, int warp) {
 #pragma unroll
         for (int j = 0; j < DOT_TILE; j++) xs[j] = b.xn + (long long)((j < nt ? pairs[j] : pairs[0]) / b.top_k) * b.hidden;
         float gs[DOT_TILE], us[DOT_TILE];
-        warp_dot_tile(ex.gate, ex.dtype, i, b.hidden, xs, nt, lane, warp, gs);
-        warp_dot_tile(ex.up, ex.dtype, i, b.hidden, xs, nt, lane, warp, us);
+        warp_dot_tile(ex.gate, ex.gate_dtype, i, b.hidden, xs, nt, lane, warp, gs);
+        warp_dot_tile(ex.up, ex.up_dtype, i, b.hidden, xs, nt, lane, warp, us);
         if (lane == 0)
 #pragma unroll
             for (int j = 0; j < DOT_TILE; j++)
@@ -1198,7 +1200,7 @@ __global__ void moe_down_kernel(eb_rt_moe b, int warp) {
 #pragma unroll
         for (int j = 0; j < DOT_TILE; j++) hs[j] = b.h + (long long)(j < nt ? pairs[j] : pairs[0]) * b.inter;
         float ys[DOT_TILE];
-        warp_dot_tile(ex.down, ex.dtype, j0, b.inter, hs, nt, lane, warp, ys);
+        warp_dot_tile(ex.down, ex.down_dtype, j0, b.inter, hs, nt, lane, warp, ys);
         if (lane == 0)
 #pragma unroll
             for (int j = 0; j < DOT_TILE; j++)
@@ -1250,7 +1252,14 @@ __global__ void moe_pair_gate_up_kernel(eb_rt_moe b, int warp) {
     const float *xs[DOT_TILE] = {x, x, x, x};
     const void *ws[DOT_TILE] = {ex.gate, ex.up, ex.up, ex.up};
     float gu[DOT_TILE];
-    warp_dot_rows(ws, ex.dtype, i, b.hidden, xs, 2, lane, warp, gu); // gate and up rows in one pass
+    if (ex.gate_dtype == ex.up_dtype) {
+        warp_dot_rows(ws, ex.gate_dtype, i, b.hidden, xs, 2, lane, warp, gu); // gate and up rows in one pass
+    } else {
+        float us[DOT_TILE];
+        warp_dot_tile(ex.gate, ex.gate_dtype, i, b.hidden, xs, 1, lane, warp, gu);
+        warp_dot_tile(ex.up, ex.up_dtype, i, b.hidden, xs, 1, lane, warp, us);
+        gu[1] = us[0];
+    }
     if (lane == 0) b.h[(long long)pair * b.inter + i] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
 }
 
@@ -1289,7 +1298,7 @@ template <int combine> __global__ void moe_pair_down_kernel(eb_rt_moe b, int war
             hs[q] = b.h + ((long long)t * b.top_k + k) * b.inter;
             if (n0 + q < b.top_k) {
                 nt = q + 1;
-                if (ex.gate) same &= dtype < 0 || ex.dtype == dtype, dtype = ex.dtype;
+                if (ex.gate) same &= dtype < 0 || ex.down_dtype == dtype, dtype = ex.down_dtype;
             }
         }
         // experts elsewhere have no weights here: give them an owned row to read (the value is not used)
@@ -1309,7 +1318,7 @@ template <int combine> __global__ void moe_pair_down_kernel(eb_rt_moe b, int war
                     const float *h1[DOT_TILE] = {hs[q], hs[q], hs[q], hs[q]};
                     float y[DOT_TILE];
                     const eb_rt_expert ex = b.experts[ids[n0 + q < b.top_k ? order[n0 + q] : order[n0]]];
-                    if (q < nt && ws[q]) warp_dot_tile(ws[q], ex.dtype, j, b.inter, h1, 1, lane, warp, y);
+                    if (q < nt && ws[q]) warp_dot_tile(ws[q], ex.down_dtype, j, b.inter, h1, 1, lane, warp, y);
                     v[q] = q < nt && ws[q] ? y[0] : 0.0f;
                 }
             }

@@ -67,10 +67,6 @@ static int bind_layer(const eb_binder *b, int l) {
         TRY(eb_bind(b, NAME("mlp.experts.%d.gate_proj.weight", e), I, H, &x->gate))
         TRY(eb_bind(b, NAME("mlp.experts.%d.up_proj.weight", e), I, H, &x->up))
         TRY(eb_bind(b, NAME("mlp.experts.%d.down_proj.weight", e), H, I, &x->down))
-        if (x->up.dtype != x->gate.dtype || x->down.dtype != x->gate.dtype)
-            return eb_fail(EB_ERR_UNSUPPORTED, "expert %d of layer %d: gate_proj is %s, up_proj %s, down_proj %s; expected "
-                                               "one dtype for the three", e, l, eb_dtype_name(x->gate.dtype),
-                           eb_dtype_name(x->up.dtype), eb_dtype_name(x->down.dtype));
     }
     return EB_OK;
 #undef NAME

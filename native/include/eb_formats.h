@@ -1,0 +1,166 @@
+/* Weight formats (internal, header-only; engine/formats.py is its twin on the Python side).
+ *
+ * A format stores a row of `cols` values as cols / block blocks of block_bytes each (the float formats are blocks of
+ * one value). The table is the one place that knows a format's sizes: every byte count of a weight is
+ * eb_row_bytes(dtype, cols) times its rows, never elements times an element size.
+ *
+ * Every kernel reads quantized rows 32 values at a time (EB_CHUNK: one block of Q8_0 and MXFP4, one sub-block of
+ * the 256-value K formats) through eb_dequantize_chunk or a vector version of it with the same results. A
+ * dequantized value is the gguf package's (gguf.quants.dequantize), bit for bit: the scales' products with the
+ * quants are exact in f32 (at most 24 significant bits), and Q4_K / Q5_K subtract the scaled minimum once after
+ * that product, as it does. So a product against a quantized row equals the same product against its dequantized
+ * f32 row wherever the kernel sums the values in the same order.
+ */
+#ifndef EB_FORMATS_H
+#define EB_FORMATS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "eb_convert.h"
+#include "expertbench.h"
+
+#define EB_CHUNK 32
+
+typedef struct {
+    const char *name;
+    int32_t block;       /* values per block */
+    int32_t block_bytes; /* bytes per block */
+    int32_t quantized;
+} eb_format_traits;
+
+static const eb_format_traits eb_format_table[EB_DTYPE_COUNT] = {
+    {"F32", 1, 4, 0},      {"F16", 1, 2, 0},    {"BF16", 1, 2, 0},   {"Q8_0", 32, 34, 1},
+    {"Q4_K", 256, 144, 1}, {"Q5_K", 256, 176, 1}, {"Q6_K", 256, 210, 1}, {"MXFP4", 32, 17, 1},
+};
+
+static inline const eb_format_traits *eb_format(int dtype) {
+    return dtype >= 0 && dtype < EB_DTYPE_COUNT ? &eb_format_table[dtype] : NULL;
+}
+
+static inline const char *eb_dtype_name(int dtype) {
+    const eb_format_traits *f = eb_format(dtype);
+    return f ? f->name : "unknown";
+}
+
+static inline int eb_dtype_quantized(int dtype) {
+    const eb_format_traits *f = eb_format(dtype);
+    return f && f->quantized;
+}
+
+/* Bytes of one row of cols values; 0 for an unknown format or a row that is not a whole number of blocks. */
+static inline uint64_t eb_row_bytes(int dtype, int64_t cols) {
+    const eb_format_traits *f = eb_format(dtype);
+    if (!f || cols < 0 || cols % f->block) return 0;
+    return (uint64_t)(cols / f->block) * (uint64_t)f->block_bytes;
+}
+
+/* The names of the formats in a bit mask (1 << dtype), comma separated, into buf. */
+static inline const char *eb_format_list(uint32_t mask, char *buf, size_t len) {
+    size_t off = 0;
+    if (len) buf[0] = '\0';
+    for (int d = 0; d < EB_DTYPE_COUNT; d++) {
+        if (!(mask & (1u << d))) continue;
+        int w = snprintf(buf + off, len - off, "%s%s", off ? ", " : "", eb_format_table[d].name);
+        if (w < 0 || (size_t)w >= len - off) break;
+        off += (size_t)w;
+    }
+    return buf;
+}
+
+static inline uint16_t eb_load_u16(const unsigned char *p) {
+    uint16_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* ggml's E8M0 exponent as the half of a power of two (its kvalues are the E2M1 values doubled). */
+static inline float eb_e8m0_half(uint8_t e) {
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    return eb_bits_to_f32(bits);
+}
+
+static const int8_t eb_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* The 6-bit scale and minimum of sub-block j (< 8) of a Q4_K / Q5_K block's 12 packed bytes. */
+static inline void eb_k4_scale_min(const unsigned char *s, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* Where chunk c (the values 32c .. 32c + 31) of a quantized row begins, and which of its block's chunks it is. */
+static inline const unsigned char *eb_chunk_block(const void *row, int dtype, int64_t c, int *sub) {
+    const eb_format_traits *f = &eb_format_table[dtype];
+    int per = f->block / EB_CHUNK;
+    *sub = (int)(c % per);
+    return (const unsigned char *)row + (size_t)(c / per) * (size_t)f->block_bytes;
+}
+
+/* The 32 values of chunk c of a row (scalar reference; the vector kernels give the same values). */
+static inline void eb_dequantize_chunk(const void *row, int dtype, int64_t c, float *out) {
+    int j;
+    const unsigned char *b = eb_chunk_block(row, dtype, c, &j);
+    switch (dtype) {
+    case EB_DTYPE_Q8_0: {
+        float d = eb_f16_to_f32(eb_load_u16(b));
+        for (int i = 0; i < 32; i++) out[i] = (float)(int8_t)b[2 + i] * d;
+        return;
+    }
+    case EB_DTYPE_MXFP4: {
+        float d = eb_e8m0_half(b[0]);
+        for (int i = 0; i < 16; i++) {
+            out[i] = d * (float)eb_mxfp4_values[b[1 + i] & 0xF];
+            out[i + 16] = d * (float)eb_mxfp4_values[b[1 + i] >> 4];
+        }
+        return;
+    }
+    case EB_DTYPE_Q4_K:
+    case EB_DTYPE_Q5_K: {
+        int sc, m;
+        eb_k4_scale_min(b + 4, j, &sc, &m);
+        float dl = eb_f16_to_f32(eb_load_u16(b)) * (float)sc, ml = eb_f16_to_f32(eb_load_u16(b + 2)) * (float)m;
+        int q5 = dtype == EB_DTYPE_Q5_K;
+        const unsigned char *qh = b + 16, *qs = b + 16 + (q5 ? 32 : 0) + 32 * (j / 2);
+        for (int i = 0; i < 32; i++) {
+            int q = (qs[i] >> (4 * (j & 1))) & 0xF;
+            if (q5) q |= ((qh[i] >> j) & 1) << 4;
+            out[i] = dl * (float)q - ml;
+        }
+        return;
+    }
+    case EB_DTYPE_Q6_K: {
+        int h = j / 4, s = j % 4;
+        const unsigned char *ql = b + 64 * h + 32 * (s & 1), *qh = b + 128 + 32 * h;
+        const int8_t *sc = (const int8_t *)(b + 192) + 8 * h + 2 * s;
+        float d = eb_f16_to_f32(eb_load_u16(b + 208));
+        float d0 = d * (float)sc[0], d1 = d * (float)sc[1];
+        for (int i = 0; i < 32; i++) {
+            int q = (((ql[i] >> (4 * (s >> 1))) & 0xF) | (((qh[i] >> (2 * s)) & 3) << 4)) - 32;
+            out[i] = (i < 16 ? d0 : d1) * (float)q;
+        }
+        return;
+    }
+    default: { /* a float format */
+        for (int i = 0; i < 32; i++) out[i] = eb_load_as_f32(row, dtype, 32 * c + i);
+        return;
+    }
+    }
+}
+
+/* Values 0 .. n - 1 of a row as f32 (n a whole number of blocks for a quantized format). */
+static inline void eb_dequantize_row(const void *row, int dtype, int64_t n, float *out) {
+    if (!eb_dtype_quantized(dtype)) {
+        for (int64_t i = 0; i < n; i++) out[i] = eb_load_as_f32(row, dtype, i);
+        return;
+    }
+    for (int64_t c = 0; c < n / EB_CHUNK; c++) eb_dequantize_chunk(row, dtype, c, out + EB_CHUNK * c);
+}
+
+#endif

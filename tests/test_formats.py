@@ -1,0 +1,124 @@
+"""The weight formats: the core's dequantization is the gguf package's, bit for bit, on random blocks and on the edge
+values (subnormal and negative f16 scales, E8M0 exponents 0, 1, 254, every nibble and 6-bit value); the Python and C
+tables of sizes agree."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
+
+from engine import formats
+from engine.errors import ArgumentError, CheckpointError, UnsupportedError
+from engine.native import lib
+
+QUANTIZED = [name for name, f in formats.FORMATS.items() if f.quantized]
+
+
+def _f16_bits(rng, n: int) -> np.ndarray:
+    """f16 scales of every kind that matters: normal and subnormal, positive and negative, zero."""
+    normal = rng.uniform(-2.0, 2.0, n).astype(np.float16).view(np.uint16)
+    subnormal = rng.integers(1, 0x400, n, dtype=np.uint16) | (rng.integers(0, 2, n, dtype=np.uint16) << 15)
+    zero = np.where(rng.integers(0, 2, n) == 1, 0x8000, 0).astype(np.uint16)
+    pick = rng.integers(0, 10, n)
+    return np.where(pick < 7, normal, np.where(pick < 9, subnormal, zero)).astype(np.uint16)
+
+
+def _blocks(name: str, n: int, seed: int) -> np.ndarray:
+    """n random blocks of a format (uint8, n x block_bytes) with their scales set to the edge values."""
+    rng = np.random.default_rng(seed)
+    fmt = formats.get(name)
+    raw = rng.integers(0, 256, (n, fmt.block_bytes), dtype=np.uint8)
+    if name == "MXFP4":
+        raw[:, 0] = rng.integers(0, 255, n, dtype=np.uint8)  # E8M0 0..254 (255 is NaN in the spec)
+        raw[: min(n, 4), 0] = [0, 1, 254, 127][: min(n, 4)]
+    elif name == "Q6_K":
+        raw[:, 208:210] = _f16_bits(rng, n).view(np.uint8).reshape(n, 2)
+    else:
+        raw[:, 0:2] = _f16_bits(rng, n).view(np.uint8).reshape(n, 2)
+        if name in ("Q4_K", "Q5_K"):
+            raw[:, 2:4] = _f16_bits(rng, n).view(np.uint8).reshape(n, 2)
+    return raw
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+def test_tables_agree_with_ggml_and_the_core():
+    for name, fmt in formats.FORMATS.items():
+        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(fmt.ggml_type)]
+        assert GGMLQuantizationType(fmt.ggml_type).name == name
+        assert (fmt.block, fmt.block_bytes) == (block, type_size), name
+        for cols in (fmt.block, 4 * fmt.block, 1024 * fmt.block):
+            assert lib.eb_format_row_bytes(fmt.code, cols) == formats.row_bytes(name, cols)
+        if fmt.block > 1:
+            assert lib.eb_format_row_bytes(fmt.code, fmt.block + 1) == 0
+    assert lib.eb_format_row_bytes(len(formats.FORMATS), 256) == 0
+
+
+@pytest.mark.parametrize("name", QUANTIZED)
+def test_dequantize_matches_the_gguf_package_bit_for_bit(name):
+    fmt = formats.get(name)
+    blocks = _blocks(name, 4096, seed=fmt.code)
+    ours = formats.dequantize(name, blocks.tobytes(), blocks.shape[0] * fmt.block)
+    with np.errstate(over="ignore"):  # E8M0 254 times the largest E2M1 value is inf there and here
+        theirs = gguf_dequantize(blocks, GGMLQuantizationType(fmt.ggml_type)).reshape(-1)
+    assert ours.shape == theirs.shape
+    assert np.array_equal(_bits(ours), _bits(theirs)), f"{name}: {np.sum(_bits(ours) != _bits(theirs))} values differ"
+    assert np.isfinite(theirs).mean() > 0.99  # the comparison is of numbers, not of NaNs
+
+
+@pytest.mark.parametrize("name", QUANTIZED)
+def test_every_quant_value_is_reached(name):
+    """One block per quant value v (every nibble of MXFP4, every 6-bit value of Q6_K, ...) with scale 1 and no
+    minimum: each value dequantizes as the gguf package says, so no bit of the packing goes unread."""
+    fmt = formats.get(name)
+    levels = {"Q8_0": 256, "MXFP4": 16, "Q4_K": 16, "Q5_K": 32, "Q6_K": 64}[name]
+    blocks = _blocks(name, levels * 8, seed=1)
+    # random bytes reach every value with overwhelming probability; make it certain with one value per block
+    for v in range(levels):
+        b = blocks[v]
+        if name == "Q8_0":
+            b[2:] = v
+        elif name == "MXFP4":
+            b[1:] = v | (v << 4)
+        elif name == "Q4_K":
+            b[16:] = (v & 0xF) * 0x11
+        elif name == "Q5_K":
+            b[16:48] = 0xFF if v & 16 else 0
+            b[48:] = (v & 0xF) * 0x11
+        elif name == "Q6_K":
+            b[0:128] = (v & 0xF) * 0x11
+            b[128:192] = ((v >> 4) & 3) * 0x55
+    ours = formats.dequantize(name, blocks.tobytes(), blocks.shape[0] * fmt.block)
+    with np.errstate(over="ignore"):
+        theirs = gguf_dequantize(blocks, GGMLQuantizationType(fmt.ggml_type)).reshape(-1)
+    assert np.array_equal(_bits(ours), _bits(theirs))
+
+
+def test_float_formats_dequantize_to_their_values():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(512).astype(np.float32)
+    assert np.array_equal(formats.dequantize("F32", x.tobytes(), 512), x)
+    h = x.astype(np.float16)
+    assert np.array_equal(formats.dequantize("F16", h.tobytes(), 512), h.astype(np.float32))
+    bf = (x.view(np.uint32) >> 16).astype(np.uint16)
+    assert np.array_equal(formats.dequantize("BF16", bf.tobytes(), 512), (bf.astype(np.uint32) << 16).view(np.float32))
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(CheckpointError, match="'Q3_K' is not supported"):
+        formats.get("Q3_K")
+    with pytest.raises(CheckpointError, match="300 values is not a whole number of Q4_K blocks"):
+        formats.row_bytes("Q4_K", 300)
+    with pytest.raises(ArgumentError, match="not a whole number of Q8_0 blocks"):
+        formats.dequantize("Q8_0", b"\0" * 34, 33)
+    with pytest.raises(Exception, match="need 68 bytes, 34 given"):
+        formats.dequantize("Q8_0", b"\0" * 34, 64)
+    with pytest.raises(UnsupportedError, match="format code 99"):
+        from engine.native import check, ffi
+
+        out = np.empty(32, dtype=np.float32)
+        check(lib.eb_dequantize(99, b"\0" * 64, 64, 32, ffi.from_buffer("float[]", out)))
