@@ -1,4 +1,5 @@
-"""Opening the window: `python -m app [--model DIR] [--draft DIR] [--profile FILE] [--screenshot PNG]`.
+"""Opening the window: `python -m app [--model PATH] [--draft PATH] [--profile FILE] [--screenshot PNG]` (a model is
+a Hugging Face folder or a .gguf file).
 
 With no model the built-in synthetic demo pair opens (built into the cache the first time).
 """
@@ -12,9 +13,11 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="expertbench", description="The expertbench workbench window")
-    p.add_argument("--model", help="target model folder (default: the synthetic demo pair)")
+    p.add_argument("--model", help="target model: a folder or a .gguf file (default: the synthetic demo pair)")
     drafts = p.add_mutually_exclusive_group()
-    drafts.add_argument("--draft", metavar="DIR", help="draft model folder (default: the demo draft with the demo)")
+    drafts.add_argument(
+        "--draft", metavar="PATH", help="draft model: a folder or a .gguf file (default: the demo draft with the demo)"
+    )
     drafts.add_argument("--no-draft", action="store_true", help="no draft model")
     p.add_argument("--profile", "--placement", metavar="FILE", dest="profile",
                    help="open a profile once the model is loaded")  # fmt: skip

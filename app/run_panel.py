@@ -31,7 +31,7 @@ MODE_TEXT = {"reference": "reference (identical outputs)", "owner_local": "owner
 
 
 def _name(folder: str) -> str:
-    """A model folder as a person calls it (the demo pair's folders are called target/ and draft/)."""
+    """A model folder (or GGUF file) as a person calls it (the demo pair's folders are called target/ and draft/)."""
     path = Path(folder)
     return f"{path.parent.name}/{path.name}" if path.name in ("target", "draft") else path.name
 

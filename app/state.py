@@ -152,7 +152,7 @@ class ModelSnapshot:
     shape: ModelShape  # what the cost model and the strategies know of the target
     draft_weight_bytes: int = 0
     demo: str | None = None  # the demo pair's size, when that is what was loaded
-    fingerprint: str | None = None  # engine.profile.fingerprint of the target folder (None if it cannot be read)
+    fingerprint: str | None = None  # engine.profile.fingerprint of the target folder or GGUF file (None: unreadable)
     draft_fingerprint: str | None = None
     weights: str = "map"  # how the engine holds the target's files (engine.model.WEIGHTS_MODES, never "auto")
     file_bytes: int = 0  # the target's files

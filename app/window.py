@@ -110,7 +110,11 @@ class MainWindow(QMainWindow):
     def _build_actions(self) -> None:
         S, a = QKeySequence.StandardKey, self._action
         self.act_open_model = a("Open model folder…", self.open_model, S.Open, "open", "Open a model folder")
+        self.act_open_gguf = a("Open GGUF file…", self.open_model_file, None, None,
+                               "Open a model in llama.cpp's GGUF format (any part of a split one)")  # fmt: skip
         self.act_open_draft = a("Open draft folder…", self.open_draft, None, None, "Open a draft model folder")
+        self.act_open_draft_gguf = a("Open draft GGUF file…", self.open_draft_file, None, None,
+                                     "Open a draft model in GGUF format")  # fmt: skip
         self.act_open_demo = a("Open demo model pair", self.open_demo, None, None, "The built-in synthetic pair")
         self.act_open_profile = a("Open profile…", self.open_profile, "Ctrl+Shift+O", "open",
                                   "Open a profile: its placement, run settings and routing")  # fmt: skip
@@ -132,7 +136,8 @@ class MainWindow(QMainWindow):
 
     def _build_menus(self) -> None:
         m = self.menuBar().addMenu("&File")
-        for act in (self.act_open_model, self.act_open_draft, self.act_open_demo):
+        for act in (self.act_open_model, self.act_open_gguf, self.act_open_draft, self.act_open_draft_gguf,
+                    self.act_open_demo):  # fmt: skip
             m.addAction(act)
         self.weights_menu = m.addMenu("Hold weights as")
         self.weights_menu.setToolTipsVisible(True)
@@ -241,7 +246,7 @@ class MainWindow(QMainWindow):
         s = self.state
         has = s.model is not None
         for act in (self.act_save, self.act_save_as, self.act_open_profile, self.act_export_llama,
-                    self.act_open_draft):  # fmt: skip
+                    self.act_open_draft, self.act_open_draft_gguf):  # fmt: skip
             act.setEnabled(has)
         self.act_export_hotness.setEnabled(has and s.routing is not None)
         self.act_export_history.setEnabled(bool(s.history))
@@ -291,6 +296,28 @@ class MainWindow(QMainWindow):
             self._remember_directory(folder)
             if self.confirm_discard():
                 self.state.load_models(self.state.model.target_path, folder)
+
+    def _gguf_file(self, title: str) -> str:
+        path, _ = QFileDialog.getOpenFileName(self, title, self._directory(), "GGUF model (*.gguf);;All files (*)")
+        if path:
+            self._remember_directory(path)
+        return path
+
+    @Slot()
+    def open_model_file(self) -> None:
+        path = self._gguf_file("Open a GGUF model file")
+        if path:
+            self._add_recent("model", path)
+            if self.confirm_discard():
+                self.state.load_models(path, None)
+
+    @Slot()
+    def open_draft_file(self) -> None:
+        if self.state.model is None:
+            return
+        path = self._gguf_file("Open a GGUF draft model file")
+        if path and self.confirm_discard():
+            self.state.load_models(self.state.model.target_path, path)
 
     def set_weights(self, mode: str) -> None:
         """How the next model opened is held; kept in the settings."""

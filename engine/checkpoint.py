@@ -1,4 +1,5 @@
-"""Reading a Hugging Face model folder: config.json, safetensors (single or sharded), tokenizer.json.
+"""Reading a Hugging Face model folder: config.json, safetensors (single or sharded), tokenizer.json (a GGUF file
+opens here too: engine/gguf_file.py reads it into the same Checkpoint).
 
 Everything is validated here before the core sees it; the core then memory-maps the files and checks every
 descriptor again. Nothing is copied: a tensor is a (file, offset, dtype, shape) descriptor.
@@ -75,7 +76,7 @@ class ModelConfig:
 
 @dataclass
 class Checkpoint:
-    folder: Path
+    folder: Path  # where the model was opened from: its folder, or its .gguf file (a split's first part)
     config: ModelConfig
     tensors: dict[str, TensorInfo]
     files: list[Path]
@@ -97,9 +98,14 @@ class Checkpoint:
 
     @classmethod
     def open(cls, folder: str | Path) -> Checkpoint:
+        """A Hugging Face model folder, or a GGUF file (any part of a split one)."""
         folder = Path(folder)
+        if folder.is_file():
+            from .gguf_file import read_checkpoint
+
+            return read_checkpoint(folder)
         if not folder.is_dir():
-            raise CheckpointError(f"model folder '{folder}' does not exist or is not a folder")
+            raise CheckpointError(f"model folder or GGUF file '{folder}' does not exist")
         raw = read_config_json(folder / "config.json")
         config = parse_config(raw, folder / "config.json")
         tensors, files = read_weights(folder)
@@ -139,6 +145,18 @@ def read_config_json(path: Path) -> dict:
     if not isinstance(raw, dict):
         raise CheckpointError(f"'{path}': expected a JSON object, got {type(raw).__name__}")
     return raw
+
+
+def read_config(path: str | Path) -> ModelConfig:
+    """The ModelConfig of a model folder (its config.json) or of a GGUF file (its header), nothing else read."""
+    path = Path(path)
+    if path.is_file():
+        from .gguf_file import read_config as read_gguf_config
+
+        return read_gguf_config(path)
+    if not path.is_dir():
+        raise CheckpointError(f"model folder or GGUF file '{path}' does not exist")
+    return parse_config(read_config_json(path / "config.json"), path / "config.json")
 
 
 def _get(raw: dict, key: str, kind: type, path: Path, default: Any = ..., check=None, expect: str = "") -> Any:

@@ -299,12 +299,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Greedy decode runs over prompts, with a draft model (speculative decoding) or without. "
         "With no --model, runs the built-in synthetic demo pair (see 'expertbench demo-model').",
     )
-    run.add_argument("--model", help="Hugging Face model folder (default: the synthetic demo target)")
+    run.add_argument("--model", metavar="PATH",
+                     help="Hugging Face model folder or GGUF file (default: the synthetic demo target)")  # fmt: skip
     drafts = run.add_mutually_exclusive_group()
     drafts.add_argument(
         "--draft",
-        metavar="DIR",
-        help="draft model folder (default: the demo draft when --model is not given, else none)",
+        metavar="PATH",
+        help="draft model folder or GGUF file (default: the demo draft when --model is not given, else none)",
     )
     drafts.add_argument("--no-draft", action="store_true", help="target-only greedy decoding")
     run.add_argument("--q", type=int, default=2, help=f"draft tokens per step, 1..{MAX_DRAFT_TOKENS} (default 2)")

@@ -424,12 +424,12 @@ def import_routing(path, fmt: str, config: ModelConfig) -> RoutingStats:
 
 
 def cmd_import_routing(args) -> int:
-    from .checkpoint import parse_config, read_config_json
+    from .checkpoint import read_config
     from .profile import RoutingSpec, load
 
     profile = load(args.into)
     folder = profile.model_folder()
-    config = parse_config(read_config_json(folder / "config.json"), folder / "config.json")
+    config = read_config(folder)
     stats = import_routing(args.file, args.format, config)
     profile.routing = RoutingSpec.inline(stats)
     profile.save()
@@ -442,7 +442,7 @@ def cmd_export(args) -> int:
     import sys
     from pathlib import Path
 
-    from .checkpoint import parse_config, read_config_json
+    from .checkpoint import read_config
     from .profile import ProfileError, load
 
     profile = load(args.profile)
@@ -457,7 +457,7 @@ def cmd_export(args) -> int:
         text = stats.to_hotness_csv()
     elif args.format != "llama.cpp":
         folder = profile.model_folder()
-        config = parse_config(read_config_json(folder / "config.json"), folder / "config.json")
+        config = read_config(folder)
         placement, stats = profile.placement_for(config), profile.routing_stats()
         if args.format == "sglang":
             out = to_sglang(placement, config, stats, args.gpus, args.redundant)
@@ -482,7 +482,7 @@ def cmd_export(args) -> int:
                 print(f"expertbench: note: {line}", file=sys.stderr)
     else:
         folder = profile.model_folder()
-        config = parse_config(read_config_json(folder / "config.json"), folder / "config.json")
+        config = read_config(folder)
         exported = to_llama_cpp(profile.placement_for(config), profile.primary_device)
         text = json.dumps(exported.to_dict(), indent=2) + "\n" if args.json else exported.command_line() + "\n"
         if not args.json:

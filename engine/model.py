@@ -424,7 +424,10 @@ class Model(_Handle):
 
     def encode(self, text_: str) -> list[int]:
         if self.tokenizer is None:
-            raise StateError(f"model '{self.checkpoint.folder}' has no tokenizer.json: pass token ids instead")
+            raise StateError(
+                f"model '{self.checkpoint.folder}' has no tokenizer (a folder without tokenizer.json, or a GGUF file "
+                "without a vocabulary): pass token ids instead"
+            )
         return self.tokenizer.encode(text_, add_special_tokens=False).ids
 
     def decode_text(self, ids) -> str:

@@ -1,7 +1,7 @@
 """Profiles: a tuned placement with everything needed to replay it and to guard it (profiles/README.md).
 
-A profile is a versioned YAML file: the model (a folder or a demo size, with a content fingerprint), an optional
-draft, the devices it needs, the primary device, the placement (an owner per MoE layer with per-expert
+A profile is a versioned YAML file: the model (a folder, a GGUF file or a demo size, with a content fingerprint), an
+optional draft, the devices it needs, the primary device, the placement (an owner per MoE layer with per-expert
 exceptions), run settings, expectations (output hash per prompt, minimum acceptance, minimum speed as a ratio
 to a baseline profile) and optionally routing statistics.
 
@@ -60,7 +60,8 @@ class ProfileError(ArgumentError):
 
 @dataclass
 class ModelRef:
-    """A model folder (`path`, relative to the profile's folder) or a demo pair size (`demo`), exactly one."""
+    """A model folder or GGUF file (`path`, relative to the profile's folder) or a demo pair size (`demo`), exactly
+    one."""
 
     path: str | None = None
     demo: str | None = None
@@ -222,7 +223,7 @@ class Profile:
         return p if p.is_absolute() or self.path is None else self.path.parent / p
 
     def model_folder(self, ref: ModelRef | None = None, role: str = "target") -> Path:
-        """The folder of the target (or of `ref`); a demo size is built into the cache when missing."""
+        """The folder (or GGUF file) of the target (or of `ref`); a demo size is built into the cache when missing."""
         ref = ref or self.model
         if ref.demo is not None:
             from .demo import ensure_demo_pair
@@ -486,10 +487,16 @@ def fingerprint(folder: str | os.PathLike) -> str:
     """'sha256:...' of config.json (parsed, keys sorted, minus transformers_version and _name_or_path) and the
     tensor table of the safetensors headers (name, dtype, shape; not the files or offsets, so re-sharding the
     same model keeps it). It changes with the architecture, the sizes, the dtype or any tensor, not with the
-    weights' values: the recorded output hashes catch those."""
+    weights' values: the recorded output hashes catch those. A GGUF file (any part of a split one): its header
+    metadata (split.* left out: re-splitting keeps it) and its tensor table (name, format, dimensions)."""
     folder = Path(folder)
+    if folder.is_file():
+        from .gguf_file import fingerprint_data
+
+        blob = json.dumps(fingerprint_data(folder), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
     if not folder.is_dir():
-        raise CheckpointError(f"model folder '{folder}' does not exist or is not a folder")
+        raise CheckpointError(f"model folder or GGUF file '{folder}' does not exist")
     config = read_config_json(folder / "config.json")
     config = {k: v for k, v in config.items() if k not in _VOLATILE_CONFIG_KEYS}
     tensors, _files = read_weights(folder)
@@ -740,7 +747,7 @@ def _read_ref(r: _Reader, node, what: str, allow_device: bool) -> ModelRef:
     m = r.mapping(node, what, allowed)
     ref = ModelRef()
     if ("path" in m) == ("demo" in m):
-        r.fail(node, f"{what}: give exactly one of 'path' (a model folder) or 'demo' (a demo model size)")
+        r.fail(node, f"{what}: give exactly one of 'path' (a model folder or .gguf file) or 'demo' (a demo model size)")
     if "path" in m:
         ref.path = r.string(m["path"][1], f"{what}.path")
     if "demo" in m:

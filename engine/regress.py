@@ -26,7 +26,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .checkpoint import parse_config, read_config_json
+from .checkpoint import read_config
 from .errors import EngineError
 from .profile import Profile, ProfileError, RoutingSpec, fingerprint, load
 
@@ -262,7 +262,7 @@ def _check_models(profile: Profile, record: bool) -> None:
         folder = profile.model_folder(ref, "target" if role == "model" else "draft")
         try:
             found = fingerprint(folder)
-            config = parse_config(read_config_json(folder / "config.json"), folder / "config.json")
+            config = read_config(folder)
         except EngineError as exc:
             raise ProfileError(profile.error_at((role,), f"{role}: {exc}")) from None
         if ref.fingerprint is None and not record:

@@ -44,8 +44,14 @@ def test_native_tests_clean_under_thread_sanitizer(tmp_path):
 
 ROOT = NATIVE.parent
 SANITIZED_TESTS = {
-    # the fuzz suite, the mapped-file guard and the races against the core built with ASan + UBSan ...
-    "address,undefined": ["tests/test_fuzz.py", "tests/test_mapped_files.py", "tests/test_concurrency.py"],
+    # the fuzz suites (GGUF files that read are loaded and run), the mapped-file guard and the races against the core
+    # built with ASan + UBSan ...
+    "address,undefined": [
+        "tests/test_fuzz.py",
+        "tests/test_gguf_fuzz.py",
+        "tests/test_mapped_files.py",
+        "tests/test_concurrency.py",
+    ],
     # ... and the races (close, set_placement and decode from two threads) against the core built with TSan
     "thread": ["tests/test_concurrency.py"],
 }
