@@ -497,6 +497,7 @@ class Context(_Handle):
         if not _is_int(n_batch) or not 1 <= n_batch <= 65536:
             raise RangeError(f"batch size {n_batch!r} out of range: expected 1..65536")
         self._mode = "reference"
+        self._precision = "f32"
         self._graphs = True
         self._trace = 0
         self._trace_buf = None
@@ -535,6 +536,24 @@ class Context(_Handle):
             raise ArgumentError(f"reduction mode {mode!r}: expected 'reference' or 'owner_local'")
         check(lib.eb_context_set_mode(self._live(), self.MODES[mode]))
         self._mode = mode
+
+    PRECISIONS = {"f32": 0, "q8": 1}
+
+    @property
+    def precision(self) -> str:
+        return self._precision
+
+    @precision.setter
+    @_locked
+    def precision(self, precision: str) -> None:
+        """How activations meet quantized weights: "f32" (exactly dequantized weights, f32 sums: the reference, the
+        same on every placement) or "q8" (activations quantized per 32 values to int8, integer products, as llama.cpp
+        runs them: faster, deterministic and placement-independent across CPU devices, not the reference's output).
+        Float weights are read in f32 either way."""
+        if precision not in self.PRECISIONS:
+            raise ArgumentError(f"precision {precision!r}: expected one of {', '.join(self.PRECISIONS)}")
+        check(lib.eb_context_set_precision(self._live(), self.PRECISIONS[precision]))
+        self._precision = precision
 
     @property
     def graphs(self) -> bool:

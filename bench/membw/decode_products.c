@@ -27,18 +27,30 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "eb_runtime.h"
 #include "read_kernels.h"
+#include "eb_formats.h"
 #include "expertbench.h"
 
 enum { H = 1024, LAYERS = 16, EXPERTS = 32, TOP_K = 4, INTER = 512, QD = 1024, KVD = 256, VOCAB = 32000 };
 
 /* Fill bytes of weights at w (one after another in one arena on huge pages, as a copied checkpoint's are). */
-static void fill_weights(void *w, size_t bytes, unsigned seed) {
+static void fill_weights(void *w, size_t bytes, unsigned seed, int dtype) {
     for (size_t i = 0; i < bytes / 2; i++) /* small values whatever the dtype's reading of the bits */
         ((uint16_t *)w)[i] = (uint16_t)(0x3c00 + (i * 2654435761u + seed) % 251);
+    const eb_format_traits *f = eb_format(dtype);
+    if (!f->quantized) return;
+    /* quantized blocks: normal scales (no subnormal products, which some cores take slow paths for) */
+    uint16_t half = 0x2c00; /* 1/16 */
+    for (size_t at = 0; at + (size_t)f->block_bytes <= bytes; at += (size_t)f->block_bytes) {
+        unsigned char *b = (unsigned char *)w + at;
+        if (dtype == EB_DTYPE_MXFP4) b[0] = 124;
+        else if (dtype == EB_DTYPE_Q6_K) memcpy(b + 208, &half, 2);
+        else memcpy(b, &half, 2), memcpy(b + 2, &half, 2);
+    }
 }
 
 /* A thread's part of every array read (membw.c's read kernels: plain, or requesting lines ahead); the threads
@@ -68,13 +80,15 @@ int main(int argc, char **argv) {
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
             const char *d = argv[++i];
-            dtype = !strcmp(d, "f32") ? EB_DTYPE_F32 : !strcmp(d, "bf16") ? EB_DTYPE_BF16 : -1;
+            dtype = -1;
+            for (int k = 0; k < EB_DTYPE_COUNT; k++)
+                if (!strcasecmp(d, eb_format_table[k].name)) dtype = k;
         } else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else bad = 1;
     }
     if (!module || bad || dtype < 0 || tokens < 1 || threads < 0 || threads > 256) {
-        fprintf(stderr, "usage: %s MODULE.so [--dtype bf16|f32] [--tokens N] [--threads T]\n", argv[0]);
+        fprintf(stderr, "usage: %s MODULE.so [--dtype f32|bf16|f16|q8_0|q4_k|q5_k|q6_k|mxfp4] [--tokens N] [--threads T]\n", argv[0]);
         return 2;
     }
     void *lib = dlopen(module, RTLD_NOW | RTLD_LOCAL);
@@ -98,18 +112,17 @@ int main(int argc, char **argv) {
         return 1;
     }
 
-    size_t es = dtype == EB_DTYPE_F32 ? 4 : 2;
     enum { PER_LAYER = 5 + 3 * EXPERTS }; /* q, k, v, o, router, then gate/up/down of each expert */
     void *w[LAYERS * PER_LAYER + 1];
     size_t bytes[LAYERS * PER_LAYER + 1];
     int nw = 0;
     for (int l = 0; l < LAYERS; l++) {
         size_t shapes[5][2] = {{QD, H}, {KVD, H}, {KVD, H}, {H, QD}, {EXPERTS, H}};
-        for (int i = 0; i < 5; i++, nw++) bytes[nw] = shapes[i][0] * shapes[i][1] * es;
+        for (int i = 0; i < 5; i++, nw++) bytes[nw] = shapes[i][0] * eb_row_bytes(dtype, (int64_t)shapes[i][1]);
         for (int e = 0; e < EXPERTS; e++)
-            for (int m = 0; m < 3; m++, nw++) bytes[nw] = (size_t)INTER * H * es;
+            for (int m = 0; m < 3; m++, nw++) bytes[nw] = (m == 2 ? H : INTER) * eb_row_bytes(dtype, m == 2 ? INTER : H);
     }
-    bytes[nw++] = (size_t)VOCAB * H * es;
+    bytes[nw++] = (size_t)VOCAB * eb_row_bytes(dtype, H);
     size_t arena_bytes = 0;
     for (int i = 0; i < nw; i++) arena_bytes += (bytes[i] + 63) / 64 * 64;
     unsigned char *arena = bench_huge_alloc(arena_bytes);
@@ -119,7 +132,7 @@ int main(int argc, char **argv) {
     }
     for (size_t i = 0, at = 0; i < (size_t)nw; at += (bytes[i] + 63) / 64 * 64, i++) {
         w[i] = arena + at;
-        fill_weights(w[i], bytes[i], (unsigned)i);
+        fill_weights(w[i], bytes[i], (unsigned)i, dtype);
     }
     float *x = calloc(H * 4, sizeof(float)), *y = calloc((size_t)VOCAB + H * 8, sizeof(float));
     size_t scratch_bytes = eb_rt_expert_scratch_bytes(TOP_K, H, INTER);
@@ -206,7 +219,7 @@ int main(int argc, char **argv) {
         if (dt < best) best = dt;
     }
     double read_gbs = total / best / 1e9, gbs = (double)per_token * tokens / seconds / 1e9;
-    printf("%s, %s, %d threads, %d tokens\n", info.name, dtype == EB_DTYPE_F32 ? "f32" : "bf16", n, tokens);
+    printf("%s, %s, %d threads, %d tokens\n", info.name, eb_dtype_name(dtype), n, tokens);
     printf("| MB per token | products tok/s | products GB/s | read GB/s (the faster of plain and ahead) "
            "| products / read |\n");
     printf("| --- | --- | --- | --- | --- |\n");

@@ -69,6 +69,7 @@ typedef struct {
     float *y;
     void *scratch;
     size_t scratch_bytes;
+    int32_t precision; /* eb_precision */
 } eb_rt_expert_batch;
 
 static inline size_t eb_rt_expert_scratch_bytes(int64_t n_pairs, int64_t hidden, int64_t inter) {
@@ -85,6 +86,7 @@ typedef struct {
     const float *x;
     int64_t n;
     float *y;
+    int32_t precision; /* eb_precision: how x meets a quantized w (a module without q8 kernels may read it as f32) */
 } eb_rt_matmul;
 
 /* ---- the forward pass: the primary's operations ----------------------------------------------------------
@@ -134,6 +136,7 @@ typedef struct {
     float *pair_out, *h;
     float *x;
     unsigned long long *stats;
+    int32_t precision; /* eb_precision */
 } eb_rt_moe;
 
 /* RMSNorm of rows before a product: xn[r] = w * x[r] / rms(x[r]), written, and the products read xn. */

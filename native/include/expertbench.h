@@ -124,6 +124,14 @@ typedef struct {
     uint64_t nbytes;
 } eb_tensor_desc;
 
+/* The activations' precision against quantized weights (float formats are always read in f32). */
+typedef enum {
+    EB_PRECISION_F32 = 0, /* activations and sums in f32 against the exactly dequantized weights: the reference mode's,
+                             placement-invariant, equal to the float model of the dequantized weights */
+    EB_PRECISION_Q8 = 1   /* activations quantized per 32 values to int8, integer products (as llama.cpp's CPU kernels):
+                             faster, deterministic and placement-invariant across CPU devices, another result */
+} eb_precision;
+
 typedef enum {
     EB_MODE_REFERENCE = 0,  /* expert outputs summed on the primary in ascending expert id: placement-invariant */
     EB_MODE_OWNER_LOCAL = 1 /* each owner pre-sums its experts: fewer bytes back, another float association */
@@ -249,6 +257,7 @@ int eb_context_greedy(eb_context *ctx, int32_t first, int32_t n, const int32_t *
 int eb_context_truncate(eb_context *ctx, int32_t pos);
 int32_t eb_context_position(const eb_context *ctx);
 int eb_context_set_mode(eb_context *ctx, int32_t mode); /* eb_reduction_mode; reference by default */
+int eb_context_set_precision(eb_context *ctx, int32_t precision); /* eb_precision; f32 by default */
 int32_t eb_context_capacity(const eb_context *ctx);
 /* A device primary records a one-token step into graphs (one per part between host round trips) and replays them
  * (enabled = 1, the default); 0 queues each step's work anew. Results are the same either way. */

@@ -126,6 +126,14 @@ int eb_context_set_mode(eb_context *c, int32_t mode) {
     c->mode = mode;
     return EB_OK;
 }
+int eb_context_set_precision(eb_context *c, int32_t precision) {
+    if (!c) return eb_fail(EB_ERR_ARGUMENT, "set precision: context is NULL");
+    if (precision != EB_PRECISION_F32 && precision != EB_PRECISION_Q8)
+        return eb_fail(EB_ERR_ARGUMENT, "precision %d: expected %d (f32) or %d (q8)", precision, EB_PRECISION_F32,
+                       EB_PRECISION_Q8);
+    c->precision = precision;
+    return EB_OK;
+}
 int32_t eb_context_capacity(const eb_context *c) { return c ? c->n_ctx : -1; }
 
 int eb_context_set_graphs(eb_context *c, int32_t enabled) {

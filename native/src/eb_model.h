@@ -133,7 +133,7 @@ typedef struct {
     float *foreign_host;    /* n_batch * top_k rows of hidden: other owners' outputs */
     void **graphs;          /* per part of a one-token step (between host round trips): its recording, or NULL */
     uint64_t graph_generation; /* the expert tables' generation, the mode and the routing counting the graphs were */
-    int graph_mode, graph_routing_off; /* recorded with */
+    int graph_mode, graph_precision, graph_routing_off; /* recorded with */
 } eb_dev_context;
 
 /* One span of the per-token trace: what ran where, when (host CLOCK_MONOTONIC nanoseconds). */
@@ -144,7 +144,7 @@ typedef struct {
 
 struct eb_context {
     eb_model *model;
-    int32_t n_ctx, n_batch, pos, mode, n_devices;
+    int32_t n_ctx, n_batch, pos, mode, precision, n_devices;
     float *rope_cos, *rope_sin; /* [n_ctx][head_dim / 2], host: computed once, uploaded */
     /* a split MoE layer's routing and rows as the scheduler reads them (the pinned copies in dc) */
     float *xn, *topk_w;

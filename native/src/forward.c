@@ -94,8 +94,8 @@ int eb_block_embed(eb_step *s) {
     return EB_OK;
 }
 
-static eb_rt_matmul product(const eb_weight *w, const float *x, int64_t n, float *y) {
-    return (eb_rt_matmul){w->data, w->dtype, w->rows, w->cols, x, n, y};
+static eb_rt_matmul product(const eb_step *s, const eb_weight *w, const float *x, int64_t n, float *y) {
+    return (eb_rt_matmul){w->data, w->dtype, w->rows, w->cols, x, n, y, s->c->precision};
 }
 
 int eb_block_attention(eb_step *s, int l) {
@@ -107,8 +107,8 @@ int eb_block_attention(eb_step *s, int l) {
     float eps = (float)cf->rms_norm_eps;
     uint64_t t0 = trace_now(s->c);
     eb_rt_norm input = {dc->x, D->input_norm, dc->xn, n, H, eps};
-    eb_rt_matmul qkv[3] = {product(&D->q, dc->xn, n, dc->q), product(&D->k, dc->xn, n, dc->k),
-                           product(&D->v, dc->xn, n, dc->v)};
+    eb_rt_matmul qkv[3] = {product(s, &D->q, dc->xn, n, dc->q), product(s, &D->k, dc->xn, n, dc->k),
+                           product(s, &D->v, dc->xn, n, dc->v)};
     OP(s, s->ops->matmul(s->rt, s->dev, &input, qkv, 3, 0, s->err, sizeof s->err));
     if (D->q_bias) {
         OP(s, s->ops->add(s->rt, s->dev, dc->q, D->q_bias, n, qd, 1, s->err, sizeof s->err));
@@ -121,12 +121,12 @@ int eb_block_attention(eb_step *s, int l) {
                           cf->num_kv_heads, cf->head_dim, s->c->n_ctx, eps, dc->att};
     OP(s, s->ops->attention(s->rt, s->dev, &at, s->err, sizeof s->err));
     if (D->o_bias) { /* x += (o . att + bias) */
-        eb_rt_matmul o = product(&D->o, dc->att, n, dc->proj);
+        eb_rt_matmul o = product(s, &D->o, dc->att, n, dc->proj);
         OP(s, s->ops->matmul(s->rt, s->dev, NULL, &o, 1, 0, s->err, sizeof s->err));
         OP(s, s->ops->add(s->rt, s->dev, dc->proj, D->o_bias, n, H, 1, s->err, sizeof s->err));
         OP(s, s->ops->add(s->rt, s->dev, dc->x, dc->proj, n, H, 0, s->err, sizeof s->err));
     } else {
-        eb_rt_matmul o = product(&D->o, dc->att, n, dc->x);
+        eb_rt_matmul o = product(s, &D->o, dc->att, n, dc->x);
         OP(s, s->ops->matmul(s->rt, s->dev, NULL, &o, 1, 1, s->err, sizeof s->err));
     }
     if (!s->replaying) span(s->c, s->m->primary, l, EB_SPAN_ATTENTION, n, t0, trace_now(s->c));
@@ -140,10 +140,10 @@ int eb_block_dense_ffn(eb_step *s, int l) {
     int64_t n = s->n;
     uint64_t t0 = trace_now(s->c);
     eb_rt_norm post = {dc->x, D->post_norm, dc->xn, n, cf->hidden_size, (float)cf->rms_norm_eps};
-    eb_rt_matmul gu[2] = {product(&D->gate, dc->xn, n, dc->gate), product(&D->up, dc->xn, n, dc->up)};
+    eb_rt_matmul gu[2] = {product(s, &D->gate, dc->xn, n, dc->gate), product(s, &D->up, dc->xn, n, dc->up)};
     OP(s, s->ops->matmul(s->rt, s->dev, &post, gu, 2, 0, s->err, sizeof s->err));
     OP(s, s->ops->silu_mul(s->rt, s->dev, dc->gate, dc->up, n * D->gate.rows, s->err, sizeof s->err));
-    eb_rt_matmul down = product(&D->down, dc->gate, n, dc->x);
+    eb_rt_matmul down = product(s, &D->down, dc->gate, n, dc->x);
     OP(s, s->ops->matmul(s->rt, s->dev, NULL, &down, 1, 1, s->err, sizeof s->err));
     if (!s->replaying) span(s->c, s->m->primary, l, EB_SPAN_DENSE, n, t0, trace_now(s->c));
     return EB_OK;
@@ -239,7 +239,8 @@ int eb_block_moe(eb_step *s, int l) {
     if (!s->replaying) span(c, prim, l, EB_SPAN_ROUTE, n, t0, trace_now(c));
     eb_rt_moe b = {D->experts, (int32_t)E, (int32_t)K, (int32_t)n, (int32_t)cf->hidden_size,
                    cf->moe_intermediate_size, c->mode == EB_MODE_OWNER_LOCAL ? EB_REDUCE_OWNER_LOCAL : EB_REDUCE_REFERENCE,
-                   EB_MOE_ALL, dc->xn, dc->topk_id, dc->topk_w, NULL, dc->pair_out, dc->h, dc->x, dp->stats};
+                   EB_MOE_ALL, dc->xn, dc->topk_id, dc->topk_w, NULL, dc->pair_out, dc->h, dc->x, dp->stats,
+                   c->precision};
     if (!D->n_foreign) { /* every expert is the primary's: nothing leaves the device */
         t0 = trace_now(c);
         OP(s, s->ops->moe(s->rt, s->dev, &b, s->err, sizeof s->err));
@@ -307,7 +308,7 @@ int eb_block_logits(eb_step *s, int64_t first) {
     uint64_t t0 = trace_now(s->c);
     eb_rt_norm final = {dc->x + first * H, dp->final_norm, dc->xn + first * H, s->n - first, H,
                         (float)cf->rms_norm_eps};
-    eb_rt_matmul lm = product(&dp->lm_head, dc->xn + first * H, s->n - first, dc->logits);
+    eb_rt_matmul lm = product(s, &dp->lm_head, dc->xn + first * H, s->n - first, dc->logits);
     OP(s, s->ops->matmul(s->rt, s->dev, &final, &lm, 1, 0, s->err, sizeof s->err));
     if (!s->replaying) span(s->c, s->m->primary, -1, EB_SPAN_LOGITS, s->n - first, t0, trace_now(s->c));
     return EB_OK;
@@ -332,13 +333,14 @@ int eb_eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logits, i
     if (n == 1 && c->use_graphs && r->table->graphs) {
         s.graphs = r->table->graphs;
         if (dc->graph_generation != m->dp->generation || dc->graph_mode != c->mode ||
-            dc->graph_routing_off != m->routing_off) {
+            dc->graph_precision != c->precision || dc->graph_routing_off != m->routing_off) {
             /* the expert tables changed (so may the parts), or the reduction mode (recorded in the expert steps), or
              * whether the routing counts (the recorded route operations write the counters or not) */
             for (int i = 0; i <= cf->num_layers; i++)
                 if (dc->graphs[i]) s.graphs->free(s.rt, s.dev, dc->graphs[i]), dc->graphs[i] = NULL;
             dc->graph_generation = m->dp->generation;
             dc->graph_mode = c->mode;
+            dc->graph_precision = c->precision;
             dc->graph_routing_off = m->routing_off;
         }
     }

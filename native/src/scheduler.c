@@ -443,7 +443,8 @@ static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int 
     int local = eng->devices[d].local;
     eb_rt_expert_batch b = {.n_experts = ne, .experts = c->plan_experts, .pair_start = c->plan_start,
                             .n_pairs = (int32_t)n_pairs, .n_tokens = (int32_t)x_rows, .hidden = (int32_t)H,
-                            .inter = (int32_t)I, .mode = owner_local ? EB_REDUCE_OWNER_LOCAL : EB_REDUCE_REFERENCE};
+                            .inter = (int32_t)I, .mode = owner_local ? EB_REDUCE_OWNER_LOCAL : EB_REDUCE_REFERENCE,
+                            .precision = c->precision};
     char err[512] = "";
     eb_device_counters *ctr = &m->counters.dev[d];
     if (s->inline_run) {

@@ -726,6 +726,16 @@ static void fill_weights(unsigned char *w, int dt, int rows, int cols, unsigned 
     }
 }
 
+/* The activations as the q8 precision sees them: per 32 values, d = max |x| / 127, x / d rounded to nearest even. */
+static void q8_reference(const float *x, int count, double *out) {
+    for (int b = 0; b + 32 <= count; b += 32) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) amax = fabsf(x[b + i]) > amax ? fabsf(x[b + i]) : amax;
+        float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        for (int i = 0; i < 32; i++) out[b + i] = (double)nearbyintf(x[b + i] * id) * (double)d;
+    }
+}
+
 /* The cpu module's products directly: n tokens at once give, row for row, the bits of n single tokens, for
  * row counts that split unevenly into the kernels' tiles and segments, every format, both kernels, 1-3 threads,
  * alone and in a multi-product run; and a quantized matrix gives the bits of its dequantized f32 matrix. */
@@ -754,7 +764,7 @@ static void test_kernels(const char *module) {
             o.force_portable = portable;
             CHECK(T->init(&o, &rt, err, sizeof err) == 0, "init: %s", err);
             if (!rt) continue;
-            int mismatches = 0, unlike_f32 = 0;
+            int mismatches = 0, unlike_f32 = 0, q8_far = 0;
             for (int dt = 0; dt < EB_DTYPE_COUNT; dt++)
                 for (size_t ri = 0; ri < sizeof rows_list / sizeof *rows_list; ri++)
                     for (size_t ci = 0; ci < 3; ci++) {
@@ -769,7 +779,8 @@ static void test_kernels(const char *module) {
                         float *yb = malloc(sizeof(float) * MAXN * (size_t)rows);
                         float *ys = malloc(sizeof(float) * (size_t)rows);
                         float *yf = malloc(sizeof(float) * MAXN * (size_t)rows);
-                        if (!w || !wf || !x || !yb || !ys || !yf) {
+                        double *xdq = malloc(sizeof(double) * MAXN * (size_t)cols);
+                        if (!w || !wf || !x || !yb || !ys || !yf || !xdq) {
                             CHECK(0, "out of memory");
                         } else {
                             fill_weights(w, dt, rows, cols, &seed);
@@ -779,24 +790,42 @@ static void test_kernels(const char *module) {
                                 seed = seed * 1664525u + 1013904223u;
                                 x[i] = (float)(seed >> 8) / (float)(1u << 24) - 0.5f;
                             }
-                            for (int n = 1; n <= MAXN; n++) {
-                                /* a failed call counts as a mismatch: its buffers hold nothing to compare */
-                                eb_rt_matmul batch = {w, dt, rows, cols, x, n, yb};
-                                mismatches += T->forward->matmul(rt, 0, NULL, &batch, 1, 0, err, sizeof err) != 0;
-                                for (int t = 0; t < n; t++) {
-                                    eb_rt_matmul one = {w, dt, rows, cols, x + t * cols, 1, ys};
-                                    mismatches += T->forward->matmul(rt, 0, NULL, &one, 1, 0, err, sizeof err) != 0;
-                                    mismatches += memcmp(ys, yb + (size_t)t * rows, sizeof(float) * rows) != 0;
-                                }
-                                eb_rt_matmul two[2] = {{w, dt, rows, cols, x, 1, ys}, {w, dt, rows, cols, x, n, yb}};
-                                mismatches += T->forward->matmul(rt, 0, NULL, two, 2, 0, err, sizeof err) != 0;
-                                mismatches += memcmp(ys, yb, sizeof(float) * rows) != 0;
-                                if (quant) {
-                                    eb_rt_matmul f = {wf, EB_DTYPE_F32, rows, cols, x, n, yf};
+                            q8_reference(x, MAXN * cols, xdq);
+                            for (int prec = 0; prec <= (quant ? 1 : 0); prec++)
+                                for (int n = 1; n <= MAXN; n++) {
+                                    /* a failed call counts as a mismatch: its buffers hold nothing to compare */
+                                    eb_rt_matmul batch = {w, dt, rows, cols, x, n, yb, prec};
+                                    mismatches += T->forward->matmul(rt, 0, NULL, &batch, 1, 0, err, sizeof err) != 0;
+                                    for (int t = 0; t < n; t++) {
+                                        eb_rt_matmul one = {w, dt, rows, cols, x + t * cols, 1, ys, prec};
+                                        mismatches += T->forward->matmul(rt, 0, NULL, &one, 1, 0, err, sizeof err) != 0;
+                                        mismatches += memcmp(ys, yb + (size_t)t * rows, sizeof(float) * rows) != 0;
+                                    }
+                                    eb_rt_matmul two[2] = {{w, dt, rows, cols, x, 1, ys, prec},
+                                                           {w, dt, rows, cols, x, n, yb, prec}};
+                                    mismatches += T->forward->matmul(rt, 0, NULL, two, 2, 0, err, sizeof err) != 0;
+                                    mismatches += memcmp(ys, yb, sizeof(float) * rows) != 0;
+                                    if (!quant) continue;
+                                    eb_rt_matmul f = {wf, EB_DTYPE_F32, rows, cols, x, n, yf, EB_PRECISION_F32};
                                     unlike_f32 += T->forward->matmul(rt, 0, NULL, &f, 1, 0, err, sizeof err) != 0;
-                                    unlike_f32 += memcmp(yf, yb, sizeof(float) * (size_t)n * rows) != 0;
+                                    if (prec == EB_PRECISION_F32) {
+                                        unlike_f32 += memcmp(yf, yb, sizeof(float) * (size_t)n * rows) != 0;
+                                    } else { /* q8: the exact product of the dequantized weights and activations */
+                                        for (int t = 0; t < n; t++)
+                                            for (int r = 0; r < rows; r++) {
+                                                double ref = 0.0, mag = 0.0;
+                                                for (int c = 0; c < cols; c++) {
+                                                    double v = (double)wf[(size_t)r * cols + c] * xdq[t * cols + c];
+                                                    ref += v, mag += fabs(v);
+                                                }
+                                                double got = yb[(size_t)t * rows + r];
+                                                if (!(fabs(got - ref) <= 1e-5 * mag) && getenv("EB_DEBUG_Q8"))
+                                                    fprintf(stderr, "q8 %s rows %d cols %d: %g, expected %g (of %g)\n",
+                                                            eb_dtype_name(dt), rows, cols, got, ref, mag);
+                                                q8_far += !(fabs(got - ref) <= 1e-5 * mag);
+                                            }
+                                    }
                                 }
-                            }
                         }
                         free(w);
                         free(wf);
@@ -804,11 +833,15 @@ static void test_kernels(const char *module) {
                         free(yb);
                         free(ys);
                         free(yf);
+                        free(xdq);
                     }
             CHECK(mismatches == 0, "%s kernels, %d threads: %d batch rows differ from single steps",
                   portable ? "portable" : "default", threads, mismatches);
             CHECK(unlike_f32 == 0, "%s kernels, %d threads: %d quantized products differ from their dequantized f32",
                   portable ? "portable" : "default", threads, unlike_f32);
+            CHECK(q8_far == 0, "%s kernels, %d threads: %d q8 products differ from the exact product of the "
+                  "dequantized weights and q8 activations (by more than 1e-5 of the sum of magnitudes)",
+                  portable ? "portable" : "default", threads, q8_far);
             T->shutdown(rt);
         }
     dlclose(h);

@@ -2,6 +2,7 @@
 #ifndef EB_CPU_KERNELS_H
 #define EB_CPU_KERNELS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* How far ahead the streaming decode tiles request each row's weights (bench/RESULTS.md: 2 KiB was the fastest of
@@ -12,12 +13,39 @@
 typedef void (*eb_cpu_matmul_rows_fn)(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols,
                                       const float *x, int64_t n, float *y, int64_t ldy);
 
+/* Activations quantized for the q8 precision: each row's 32-value blocks as int8 with one f32 scale (d = the block's
+ * largest magnitude / 127, q = x / d rounded to nearest even), and the sums of every 16 quants (the K formats'
+ * minima and Q6_K's offset need them). Row t: q + t * cols, d + t * cols / 32, s16 + t * cols / 16. */
+typedef struct {
+    int8_t *q;
+    float *d;
+    int16_t *s16;
+    int64_t cols;
+} eb_cpu_q8_rows;
+
+static inline size_t eb_cpu_q8_bytes(int64_t n, int64_t cols) {
+    return (size_t)(n * cols) + (size_t)(n * cols / 32) * sizeof(float) + (size_t)(n * cols / 16) * sizeof(int16_t) + 192;
+}
+/* Carve an eb_cpu_q8_rows for n rows of cols (a multiple of 32) out of mem (eb_cpu_q8_bytes of it, 64-aligned). */
+eb_cpu_q8_rows eb_cpu_q8_layout(void *mem, int64_t n, int64_t cols);
+void eb_cpu_quantize_q8(const float *x, int64_t n, int64_t cols, eb_cpu_q8_rows *out);
+
+/* y[t * ldy + r] = dot(w row r, activations row t) for r in [r0, r1), t < n: a quantized format against q8
+ * activations, integer products per 32 values and one f32 sum per row in a fixed order (any batch, any thread split
+ * gives the same bits). */
+typedef void (*eb_cpu_matmul_q8_fn)(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols,
+                                    const eb_cpu_q8_rows *x, int64_t n, float *y, int64_t ldy);
+
+void eb_cpu_matmul_q8_portable(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,
+                               int64_t n, float *y, int64_t ldy);
 void eb_cpu_matmul_rows_portable(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const float *x,
                                  int64_t n, float *y, int64_t ldy);
 #if defined(__x86_64__) || defined(__i386__)
 #define EB_CPU_HAVE_AVX2_BUILD 1
 void eb_cpu_matmul_rows_avx2(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const float *x,
                              int64_t n, float *y, int64_t ldy);
+void eb_cpu_matmul_q8_avx2(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,
+                           int64_t n, float *y, int64_t ldy);
 #endif
 
 #endif

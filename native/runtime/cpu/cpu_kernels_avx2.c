@@ -285,3 +285,129 @@ void eb_cpu_matmul_rows_avx2(const void *w, int dtype, int64_t r0, int64_t r1, i
     }
 }
 #endif
+
+/* ---- the q8 precision: integer products of 32 values, one f32 sum per row -------------------------------------
+ *
+ * Each 32-value chunk's products are summed exactly in int32 lanes (maddubs then madd: unsigned quants times signed
+ * activations, or both signed through the sign trick; no int16 sum can saturate, as the largest quant magnitude times
+ * 127 times 2 stays below 32768), then added into 8 f32 lanes times the chunk's scale, in chunk order; a row's
+ * K-format minima and Q6_K's offset go into one scalar sum beside them. The lanes are added once at the end. Every
+ * (row, token) dot is this same sequence, so the batch and the thread split never change a bit. */
+
+INLINE __m256i sum_u8_i8(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+INLINE __m256i sum_i8_i8(__m256i a, __m256i b) { return sum_u8_i8(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a)); }
+
+INLINE __m256 scaled(__m256i isum, float scale, __m256 acc) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(scale), acc);
+}
+
+INLINE float dot_q8(const unsigned char *row, int dtype, int64_t cols, const int8_t *xq, const float *xd,
+                    const int16_t *xs, int pf) {
+    __m256 acc = _mm256_setzero_ps();
+    float minus = 0.0f;
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const eb_format_traits *f = &eb_format_table[dtype];
+    int64_t nb = cols / f->block;
+    for (int64_t k = 0; k < nb; k++) {
+        const unsigned char *b = row + (size_t)k * (size_t)f->block_bytes;
+        if (pf) _mm_prefetch((const char *)((uintptr_t)b + AHEAD_BYTES), _MM_HINT_T0);
+        if (dtype == EB_DTYPE_Q8_0 || dtype == EB_DTYPE_MXFP4) {
+            __m256i x = _mm256_loadu_si256((const __m256i *)(xq + 32 * k)), w;
+            float dw;
+            if (dtype == EB_DTYPE_Q8_0) {
+                w = _mm256_loadu_si256((const __m256i *)(b + 2));
+                dw = _cvtsh_ss(eb_load_u16(b));
+            } else {
+                __m128i lut = _mm_loadu_si128((const __m128i *)eb_mxfp4_values);
+                __m128i qs = _mm_loadu_si128((const __m128i *)(b + 1)), m4 = _mm256_castsi256_si128(low4);
+                __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(qs, m4));
+                __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(qs, 4), m4));
+                w = _mm256_set_m128i(hi, lo);
+                dw = eb_e8m0_half(b[0]);
+            }
+            acc = scaled(sum_i8_i8(w, x), dw * xd[k], acc);
+            continue;
+        }
+        /* the K formats: 8 chunks of 32 per block */
+        const int8_t *x = xq + 256 * k;
+        const float *dx = xd + 8 * k;
+        const int16_t *s = xs + 16 * k;
+        if (pf) _mm_prefetch((const char *)((uintptr_t)b + 64 + AHEAD_BYTES), _MM_HINT_T0);
+        if (dtype == EB_DTYPE_Q6_K) {
+            if (pf) _mm_prefetch((const char *)((uintptr_t)b + 128 + AHEAD_BYTES), _MM_HINT_T0);
+            const int8_t *sc = (const int8_t *)(b + 192);
+            float d = _cvtsh_ss(eb_load_u16(b + 208));
+            for (int j = 0; j < 8; j++) {
+                int h = j / 4, q4 = j % 4;
+                __m256i ql = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32 * (q4 & 1)));
+                __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+                ql = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (q4 >> 1))), low4);
+                qh = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * q4)), _mm256_set1_epi8(3));
+                __m256i q = _mm256_or_si256(ql, _mm256_slli_epi16(qh, 4));
+                __m256i isum = sum_u8_i8(q, _mm256_loadu_si256((const __m256i *)(x + 32 * j)));
+                float d0 = d * (float)sc[2 * j], d1 = d * (float)sc[2 * j + 1];
+                __m256 scale = _mm256_set_m128(_mm_set1_ps(d1 * dx[j]), _mm_set1_ps(d0 * dx[j]));
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc);
+                minus += 32.0f * (d0 * dx[j] * (float)s[2 * j] + d1 * dx[j] * (float)s[2 * j + 1]);
+            }
+            continue;
+        }
+        int q5 = dtype == EB_DTYPE_Q5_K;
+        float d = _cvtsh_ss(eb_load_u16(b)), dmin = _cvtsh_ss(eb_load_u16(b + 2));
+        __m256i hbits = q5 ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+        const unsigned char *qs = b + 16 + (q5 ? 32 : 0);
+        for (int i = 0; i < 4; i++) {
+            __m256i both = _mm256_loadu_si256((const __m256i *)(qs + 32 * i));
+            for (int half = 0; half < 2; half++) {
+                int j = 2 * i + half, sc, m;
+                eb_k4_scale_min(b + 4, j, &sc, &m);
+                __m256i q = _mm256_and_si256(half ? _mm256_srli_epi16(both, 4) : both, low4);
+                if (q5) {
+                    __m256i hb = _mm256_and_si256(_mm256_srl_epi16(hbits, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(1));
+                    q = _mm256_or_si256(q, _mm256_slli_epi16(hb, 4));
+                }
+                __m256i isum = sum_u8_i8(q, _mm256_loadu_si256((const __m256i *)(x + 32 * j)));
+                acc = scaled(isum, d * (float)sc * dx[j], acc);
+                minus += dmin * (float)m * dx[j] * (float)(s[2 * j] + s[2 * j + 1]);
+            }
+        }
+    }
+    return hsum(acc) - minus;
+}
+
+INLINE void matmul_q8(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,
+                      int64_t n, float *y, int64_t ldy) {
+    size_t rowbytes = (size_t)eb_row_bytes(dtype, cols);
+    const unsigned char *base = (const unsigned char *)w;
+    /* four segments of the range side by side, as the float tiles walk them: four long streams */
+    int64_t seg = (r1 - r0) / 4;
+    for (int64_t i = 0; i < seg; i++)
+        for (int g = 0; g < 4; g++) {
+            int64_t r = r0 + g * seg + i;
+            const unsigned char *row = base + (size_t)r * rowbytes;
+            for (int64_t t = 0; t < n; t++)
+                y[t * ldy + r] = dot_q8(row, dtype, cols, x->q + t * cols, x->d + t * cols / 32, x->s16 + t * cols / 16,
+                                        t == 0);
+        }
+    for (int64_t r = r0 + 4 * seg; r < r1; r++) {
+        const unsigned char *row = base + (size_t)r * rowbytes;
+        for (int64_t t = 0; t < n; t++)
+            y[t * ldy + r] =
+                dot_q8(row, dtype, cols, x->q + t * cols, x->d + t * cols / 32, x->s16 + t * cols / 16, t == 0);
+    }
+}
+
+void eb_cpu_matmul_q8_avx2(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,
+                           int64_t n, float *y, int64_t ldy) {
+    switch (dtype) {
+    case EB_DTYPE_Q8_0: matmul_q8(w, EB_DTYPE_Q8_0, r0, r1, cols, x, n, y, ldy); return;
+    case EB_DTYPE_Q4_K: matmul_q8(w, EB_DTYPE_Q4_K, r0, r1, cols, x, n, y, ldy); return;
+    case EB_DTYPE_Q5_K: matmul_q8(w, EB_DTYPE_Q5_K, r0, r1, cols, x, n, y, ldy); return;
+    case EB_DTYPE_Q6_K: matmul_q8(w, EB_DTYPE_Q6_K, r0, r1, cols, x, n, y, ldy); return;
+    case EB_DTYPE_MXFP4: matmul_q8(w, EB_DTYPE_MXFP4, r0, r1, cols, x, n, y, ldy); return;
+    default: return;
+    }
+}

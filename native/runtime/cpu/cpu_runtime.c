@@ -120,12 +120,18 @@ typedef struct {
     /* the forward operations' scratch (under run_lock), grown on demand and kept: once warm, no allocation */
     void *scratch;
     size_t scratch_cap;
+    /* activations quantized for the q8 precision (under run_lock), grown on demand and kept */
+    void *act;
+    size_t act_cap;
+    /* a queued expert batch that could not run (out of memory): reported, and cleared, by the next wait */
+    _Atomic int failed;
 } cpu_device;
 
 typedef struct cpu_runtime {
     int n_devices;
     cpu_device *devices;
     eb_cpu_matmul_rows_fn matmul_rows;
+    eb_cpu_matmul_q8_fn matmul_q8;
     const char *variant;
     char cpu_name[EB_MAX_NAME];
     uint64_t memory_limit;
@@ -393,11 +399,29 @@ static int64_t step_rows(int64_t cols, int dtype) {
 /* Several products as one pool run over their concatenated rows. */
 #define MAX_TASKS 64
 
+/* The q8 precision applies where a quantized weight meets activations (float weights are read in f32). */
+static int uses_q8(int precision, int dtype) { return precision == EB_PRECISION_Q8 && eb_dtype_quantized(dtype); }
+
+/* The device's buffer of quantized activations, at least bytes (grown on demand and kept: no allocation once warm). */
+static void *act_buffer(cpu_device *d, size_t bytes) {
+    if (bytes > d->act_cap) {
+        size_t cap = (bytes + bytes / 2 + 63) / 64 * 64;
+        void *p = aligned_alloc(64, cap);
+        if (!p) return NULL;
+        free(d->act);
+        d->act = p;
+        d->act_cap = cap;
+    }
+    return d->act;
+}
+
 typedef struct {
     eb_cpu_matmul_rows_fn fn;
+    eb_cpu_matmul_q8_fn q8;
     const eb_rt_matmul *tasks;
     int n_tasks;
     int64_t start[MAX_TASKS + 1];
+    eb_cpu_q8_rows xq[MAX_TASKS]; /* a task's quantized activations (q NULL: it reads x in f32) */
 } multi_job;
 
 static void multi_chunk(void *arg, int64_t begin, int64_t end) {
@@ -406,14 +430,48 @@ static void multi_chunk(void *arg, int64_t begin, int64_t end) {
         int64_t lo = begin > j->start[i] ? begin : j->start[i], hi = end < j->start[i + 1] ? end : j->start[i + 1];
         if (lo >= hi) continue;
         const eb_rt_matmul *t = &j->tasks[i];
-        j->fn(t->w, t->dtype, lo - j->start[i], hi - j->start[i], t->cols, t->x, t->n, t->y, t->rows);
+        if (j->xq[i].q)
+            j->q8(t->w, t->dtype, lo - j->start[i], hi - j->start[i], t->cols, &j->xq[i], t->n, t->y, t->rows);
+        else
+            j->fn(t->w, t->dtype, lo - j->start[i], hi - j->start[i], t->cols, t->x, t->n, t->y, t->rows);
     }
 }
 
-static void run_multi(cpu_runtime *rt, cpu_device *d, const eb_rt_matmul *tasks, int n_tasks) {
+/* Quantize the activations of the job's q8 tasks, once per distinct input (q, k and v read the same rows). Without
+ * memory for them the tasks read x in f32 instead: slower is not wrong, but it is another result, so it is an
+ * error. */
+static int quantize_tasks(cpu_device *d, multi_job *job) {
+    size_t bytes = 0;
+    for (int i = 0; i < job->n_tasks; i++)
+        if (uses_q8(job->tasks[i].precision, job->tasks[i].dtype))
+            bytes += eb_cpu_q8_bytes(job->tasks[i].n, job->tasks[i].cols);
+    if (!bytes) return 0;
+    unsigned char *mem = act_buffer(d, bytes);
+    if (!mem) return EB_ERR_MEMORY;
+    for (int i = 0; i < job->n_tasks; i++) {
+        const eb_rt_matmul *t = &job->tasks[i];
+        if (!uses_q8(t->precision, t->dtype)) continue;
+        int same = -1;
+        for (int k = 0; k < i && same < 0; k++)
+            if (job->xq[k].q && job->tasks[k].x == t->x && job->tasks[k].n == t->n && job->tasks[k].cols == t->cols)
+                same = k;
+        if (same >= 0) {
+            job->xq[i] = job->xq[same];
+            continue;
+        }
+        job->xq[i] = eb_cpu_q8_layout(mem, t->n, t->cols);
+        eb_cpu_quantize_q8(t->x, t->n, t->cols, &job->xq[i]);
+        mem += eb_cpu_q8_bytes(t->n, t->cols);
+    }
+    return 0;
+}
+
+static int run_multi(cpu_runtime *rt, cpu_device *d, const eb_rt_matmul *tasks, int n_tasks) {
     for (int first = 0; first < n_tasks; first += MAX_TASKS) {
-        multi_job job = {.fn = rt->matmul_rows, .tasks = tasks + first};
+        multi_job job = {.fn = rt->matmul_rows, .q8 = rt->matmul_q8, .tasks = tasks + first};
         job.n_tasks = n_tasks - first < MAX_TASKS ? n_tasks - first : MAX_TASKS;
+        int st = quantize_tasks(d, &job);
+        if (st) return st;
         job.start[0] = 0;
         for (int i = 0; i < job.n_tasks; i++) job.start[i + 1] = job.start[i] + job.tasks[i].rows;
         int64_t total = job.start[job.n_tasks], step = 8;
@@ -426,6 +484,7 @@ static void run_multi(cpu_runtime *rt, cpu_device *d, const eb_rt_matmul *tasks,
         trace_note(job.n_tasks == 1 ? TRACE_MATMUL : TRACE_MULTI, bytes);
         pool_run(&d->pool, multi_chunk, &job, total, step, rt->per_thread);
     }
+    return 0;
 }
 
 /* The gate and up products of several experts as one pool run over their rows: a work item computes rows [r0, r1)
@@ -433,6 +492,8 @@ static void run_multi(cpu_runtime *rt, cpu_device *d, const eb_rt_matmul *tasks,
  * at once (no pass over g by the calling thread alone between the two runs). */
 typedef struct {
     eb_cpu_matmul_rows_fn fn;
+    eb_cpu_matmul_q8_fn q8;
+    const eb_cpu_q8_rows *xq; /* the gathered rows quantized (q8 precision), or NULL */
     const eb_rt_expert_batch *b;
     int32_t expert[MAX_TASKS];     /* indices into b->experts, those with pairs */
     int64_t start[MAX_TASKS + 1]; /* each contributes inter rows */
@@ -451,8 +512,17 @@ static void gate_up_chunk(void *arg, int64_t begin, int64_t end) {
         const eb_rt_expert *e = &j->b->experts[j->expert[i]];
         int64_t p0 = j->b->pair_start[j->expert[i]], m = j->b->pair_start[j->expert[i] + 1] - p0;
         float *g = j->g + p0 * I, *u = j->u + p0 * I;
-        j->fn(e->gate, e->gate_dtype, r0, r1, H, j->xe + p0 * H, m, g, I);
-        j->fn(e->up, e->up_dtype, r0, r1, H, j->xe + p0 * H, m, u, I);
+        const void *w[2] = {e->gate, e->up};
+        int dt[2] = {e->gate_dtype, e->up_dtype};
+        float *out[2] = {g, u};
+        for (int k = 0; k < 2; k++) {
+            if (j->xq && eb_dtype_quantized(dt[k])) {
+                eb_cpu_q8_rows x = {j->xq->q + p0 * H, j->xq->d + p0 * H / 32, j->xq->s16 + p0 * H / 16, H};
+                j->q8(w[k], dt[k], r0, r1, H, &x, m, out[k], I);
+            } else {
+                j->fn(w[k], dt[k], r0, r1, H, j->xe + p0 * H, m, out[k], I);
+            }
+        }
         for (int64_t p = 0; p < m; p++)
             for (int64_t r = r0; r < r1; r++) g[p * I + r] = eb_silu(g[p * I + r]) * u[p * I + r];
     }
@@ -461,7 +531,7 @@ static void gate_up_chunk(void *arg, int64_t begin, int64_t end) {
 /* The same arithmetic as the core's single-device path: every expert's products over its gathered rows. Per 64
  * experts, one pool run computes the gate and up products and silu(g) * u (gate_up_chunk), then another the down
  * products. */
-static void run_expert_batch(cpu_runtime *rt, cpu_device *d, const eb_rt_expert_batch *b) {
+static int run_expert_batch(cpu_runtime *rt, cpu_device *d, const eb_rt_expert_batch *b) {
     int64_t H = b->hidden, I = b->inter;
     float *xe = (float *)b->scratch;
     float *g = xe + (size_t)b->n_pairs * (size_t)H;
@@ -471,10 +541,22 @@ static void run_expert_batch(cpu_runtime *rt, cpu_device *d, const eb_rt_expert_
     float *down_out = owner_local ? yp : b->y;
     for (int64_t p = 0; p < b->n_pairs; p++)
         memcpy(xe + p * H, b->x + (int64_t)b->pair_token[p] * H, (size_t)H * sizeof(float));
+    /* q8: the gathered rows quantized once for every expert's gate and up */
+    eb_cpu_q8_rows xq = {0};
+    int quantize = 0;
+    for (int32_t i = 0; i < b->n_experts; i++)
+        quantize |= uses_q8(b->precision, b->experts[i].gate_dtype) || uses_q8(b->precision, b->experts[i].up_dtype);
+    if (quantize) {
+        void *mem = act_buffer(d, eb_cpu_q8_bytes(b->n_pairs, H));
+        if (!mem) return EB_ERR_MEMORY;
+        xq = eb_cpu_q8_layout(mem, b->n_pairs, H);
+        eb_cpu_quantize_q8(xe, b->n_pairs, H, &xq);
+    }
     eb_rt_matmul tasks[MAX_TASKS];
     for (int32_t first = 0; first < b->n_experts; first += MAX_TASKS) {
         int32_t last = first + MAX_TASKS < b->n_experts ? first + MAX_TASKS : b->n_experts;
-        gate_up_job job = {.fn = rt->matmul_rows, .b = b, .xe = xe, .g = g, .u = u};
+        gate_up_job job = {.fn = rt->matmul_rows, .q8 = rt->matmul_q8, .xq = quantize ? &xq : NULL, .b = b, .xe = xe,
+                           .g = g, .u = u};
         int64_t step = 8;
         uint64_t bytes = 0;
         for (int32_t i = first; i < last; i++) {
@@ -493,9 +575,16 @@ static void run_expert_batch(cpu_runtime *rt, cpu_device *d, const eb_rt_expert_
             int64_t p0 = b->pair_start[i], m = b->pair_start[i + 1] - p0;
             const eb_rt_expert *e = &b->experts[i];
             if (m <= 0) continue;
-            tasks[n++] = (eb_rt_matmul){e->down, e->down_dtype, H, I, g + p0 * I, m, down_out + p0 * H};
+            tasks[n++] = (eb_rt_matmul){e->down, e->down_dtype, H, I, g + p0 * I, m, down_out + p0 * H, b->precision};
         }
-        run_multi(rt, d, tasks, n);
+        int st = run_multi(rt, d, tasks, n);
+        if (st) return st;
+        if (quantize && first + MAX_TASKS < b->n_experts) { /* the down products reused the buffer: again */
+            void *mem = act_buffer(d, eb_cpu_q8_bytes(b->n_pairs, H));
+            if (!mem) return EB_ERR_MEMORY;
+            xq = eb_cpu_q8_layout(mem, b->n_pairs, H);
+            eb_cpu_quantize_q8(xe, b->n_pairs, H, &xq);
+        }
     }
     if (owner_local) {
         memset(b->y, 0, (size_t)b->n_tokens * (size_t)H * sizeof(float));
@@ -505,6 +594,7 @@ static void run_expert_batch(cpu_runtime *rt, cpu_device *d, const eb_rt_expert_
             for (int64_t j = 0; j < H; j++) o[j] += yp[p * H + j] * w;
         }
     }
+    return 0;
 }
 
 /* ---- the device queue -------------------------------------------------------------------------------- */
@@ -519,8 +609,8 @@ static void execute(cpu_device *d, command *c) {
     pthread_mutex_lock(&d->run_lock);
     if (c->kind == CMD_COPY) {
         if (c->bytes) memcpy(c->dst, c->src, c->bytes);
-    } else {
-        run_expert_batch(d->rt, d, &c->batch);
+    } else if (run_expert_batch(d->rt, d, &c->batch)) {
+        atomic_store(&d->failed, EB_ERR_MEMORY);
     }
     pthread_mutex_unlock(&d->run_lock);
     atomic_fetch_add(&d->busy_ns, now_ns() - t0);
@@ -680,6 +770,7 @@ static void cpu_shutdown(void *rtp) {
         }
         pool_destroy(&d->pool);
         free(d->scratch);
+        free(d->act);
         pthread_mutex_destroy(&d->run_lock);
         pthread_mutex_destroy(&d->qmu);
         pthread_cond_destroy(&d->q_nonempty);
@@ -718,11 +809,13 @@ static int cpu_init(const eb_runtime_options *opt, void **out, char *err, size_t
     if (!portable && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("f16c")) {
         rt->matmul_rows = eb_cpu_matmul_rows_avx2;
+        rt->matmul_q8 = eb_cpu_matmul_q8_avx2;
         rt->variant = "avx2+fma+f16c";
     }
 #endif
     if (!rt->matmul_rows) {
         rt->matmul_rows = eb_cpu_matmul_rows_portable;
+        rt->matmul_q8 = eb_cpu_matmul_q8_portable;
         rt->variant = "portable";
     }
     read_cpu_name(rt->cpu_name, sizeof rt->cpu_name);
@@ -857,6 +950,14 @@ static int cpu_copy(void *rtp, int dev, void *dst, const void *src, size_t bytes
     return 0;
 }
 
+/* The failure of a queued expert batch since the last wait, once. */
+static int queued_failure(cpu_device *d, char *err, size_t errlen) {
+    int st = atomic_exchange(&d->failed, 0);
+    if (!st) return 0;
+    return eb_rt_fail(err, errlen, st, RUNTIME_NAME " runtime: device %d: out of memory for the quantized activations "
+                      "of an expert batch (it did not run)", d->index);
+}
+
 static int cpu_synchronize(void *rtp, int dev, char *err, size_t errlen) {
     cpu_device *d = get_dev((cpu_runtime *)rtp, dev, err, errlen);
     if (!d) return EB_ERR_RANGE;
@@ -865,13 +966,13 @@ static int cpu_synchronize(void *rtp, int dev, char *err, size_t errlen) {
         pthread_mutex_lock(&d->qmu);
         int idle = d->count == 0;
         pthread_mutex_unlock(&d->qmu);
-        if (idle) return 0;
+        if (idle) return queued_failure(d, err, errlen);
         cpu_relax();
     }
     pthread_mutex_lock(&d->qmu);
     while (d->count > 0) pthread_cond_wait(&d->q_idle, &d->qmu);
     pthread_mutex_unlock(&d->qmu);
-    return 0;
+    return queued_failure(d, err, errlen);
 }
 
 static int cpu_expert_ffn(void *rtp, int dev, const eb_rt_expert_batch *b, int async, char *err, size_t errlen) {
@@ -887,7 +988,7 @@ static int cpu_expert_ffn(void *rtp, int dev, const eb_rt_expert_batch *b, int a
         pthread_mutex_unlock(&d->qmu);
         command c = {.kind = CMD_FFN, .batch = *b};
         execute(d, &c);
-        return 0;
+        return queued_failure(d, err, errlen);
     }
     command *c = queue_slot(d);
     if (c->capacity < b->n_experts) {
@@ -944,11 +1045,11 @@ static int cpu_event_wait(void *rtp, int dev, void *event, char *err, size_t err
     cpu_event *e = event;
     /* spin briefly: a join usually follows the work it waits for by microseconds */
     for (int spins = 0; spins < SPIN_ITERATIONS && atomic_load(&e->pending); spins++) cpu_relax();
-    if (!atomic_load(&e->pending)) return 0;
+    if (!atomic_load(&e->pending)) return queued_failure(d, err, errlen);
     pthread_mutex_lock(&d->qmu);
     while (atomic_load(&e->pending)) pthread_cond_wait(&d->q_idle, &d->qmu);
     pthread_mutex_unlock(&d->qmu);
-    return 0;
+    return queued_failure(d, err, errlen);
 }
 
 static int cpu_event_time(void *rtp, int dev, void *event, uint64_t *ns, char *err, size_t errlen) {
@@ -1038,7 +1139,8 @@ static int op_matmul(void *rtp, int dev, const eb_rt_norm *norm, const eb_rt_mat
     cpu_runtime *rt = (cpu_runtime *)rtp;
     if (norm) norm_rows(norm);
     if (!accumulate) {
-        run_multi(rt, d, tasks, n_tasks);
+        if (run_multi(rt, d, tasks, n_tasks))
+            return op_end(d, t0, eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory"));
         return op_end(d, t0, 0);
     }
     /* y += w x: the product into scratch first, then one addition per element */
@@ -1049,7 +1151,8 @@ static int op_matmul(void *rtp, int dev, const eb_rt_norm *norm, const eb_rt_mat
         if (!tmp) return op_end(d, t0, eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory"));
         eb_rt_matmul one = *t;
         one.y = tmp;
-        run_multi(rt, d, &one, 1);
+        if (run_multi(rt, d, &one, 1))
+            return op_end(d, t0, eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory"));
         for (size_t k = 0; k < count; k++) t->y[k] += tmp[k];
     }
     return op_end(d, t0, 0);
@@ -1140,8 +1243,9 @@ static int op_route(void *rtp, int dev, const eb_rt_route *r, char *err, size_t 
     if (!d) return EB_ERR_RANGE;
     int64_t n = r->norm.n, E = r->n_experts, K = r->top_k;
     norm_rows(&r->norm);
-    eb_rt_matmul logits = {r->router, r->router_dtype, E, r->norm.dim, r->norm.xn, n, r->logits};
-    run_multi((cpu_runtime *)rtp, d, &logits, 1);
+    /* the router in f32 whatever the precision: the choice of experts is what a precision must not move */
+    eb_rt_matmul logits = {r->router, r->router_dtype, E, r->norm.dim, r->norm.xn, n, r->logits, EB_PRECISION_F32};
+    (void)run_multi((cpu_runtime *)rtp, d, &logits, 1); /* f32 needs no quantized activations: it cannot fail */
     for (int64_t t = 0; t < n; t++) {
         eb_route_row(r->logits + t * E, E, K, r->norm_topk, r->topk_id + t * K, r->topk_w + t * K);
         if (r->hits)
@@ -1176,8 +1280,9 @@ static int moe_experts(cpu_runtime *rt, cpu_device *d, const eb_rt_moe *b, char 
     eb_rt_expert_batch batch = {.n_experts = ne, .experts = experts, .pair_start = start, .n_pairs = p,
                                 .n_tokens = (int32_t)n, .hidden = (int32_t)H, .inter = (int32_t)I,
                                 .mode = EB_REDUCE_REFERENCE, .x = b->xn, .pair_token = pair_token, .y = y,
-                                .scratch = mem + bytes, .scratch_bytes = work};
-    if (p > 0) run_expert_batch(rt, d, &batch);
+                                .scratch = mem + bytes, .scratch_bytes = work, .precision = b->precision};
+    if (p > 0 && run_expert_batch(rt, d, &batch))
+        return eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
     for (int32_t i = 0; i < p; i++) memcpy(b->pair_out + (int64_t)slot[i] * H, y + (int64_t)i * H, (size_t)H * sizeof(float));
     if (b->stats) b->stats[0] += (unsigned long long)ne, b->stats[1] += (unsigned long long)p;
     return 0;

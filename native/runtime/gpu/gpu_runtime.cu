@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdarg>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -111,6 +112,7 @@ extern "C" {
 }
 
 #define BLOCK 256
+#define DOT_TILE 4 // rows of x one pass over a weight row serves
 
 // One expert of a grouped launch: its weights and its pairs [p0, p0 + m).
 struct gpu_expert_slot {
@@ -718,7 +720,6 @@ static int gpu_event_time(void *rtp, int dev, void *event, uint64_t *ns, char *e
 
 #define MAX_TOPK 16
 #define MAX_HEAD_DIM 256
-#define DOT_TILE 4 // rows of x one pass over a weight row serves
 #define ATT_GROUPS 8 // groups of 32 lanes per attention block
 
 // Partial dot products of weight row `row` with up to DOT_TILE rows of x (xs[j], j < nt), one load of the
