@@ -77,7 +77,7 @@ LAYER_NAME = re.compile(r"blk\.(0|[1-9][0-9]*)\.(.+)")
 QWEN2_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-PRE_TOKENIZERS = ("qwen2", "gpt2")
+PRE_TOKENIZERS = ("qwen2", "gpt-2")  # as llama.cpp names them (llama-vocab.cpp)
 NO_VOCABULARY = ("none", "no_vocab")  # llama.cpp's names for a file without a tokenizer
 CONTROL, USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values (gguf.TokenType) that become added tokens
 

@@ -60,7 +60,7 @@ def gguf_tensors(folder: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def tokenizer_keys(folder: Path, vocab_size: int, pre: str = "gpt2") -> dict:
+def tokenizer_keys(folder: Path, vocab_size: int, pre: str = "gpt-2") -> dict:
     """tokenizer.ggml.* values from tokenizer.json: ids without a token padded as [PAD<id>] (unused), as the
     converter does; added tokens special -> control, others user-defined."""
     tj = json.loads((folder / "tokenizer.json").read_text())
@@ -76,7 +76,7 @@ def tokenizer_keys(folder: Path, vocab_size: int, pre: str = "gpt2") -> dict:
 
 
 def to_gguf(folder: Path, out: Path, *, split_max_tensors: int = 0, qtypes: dict[str, int] | None = None,
-            pre: str = "gpt2", extra: dict | None = None, drop_keys: tuple[str, ...] = (),
+            pre: str = "gpt-2", extra: dict | None = None, drop_keys: tuple[str, ...] = (),
             drop_tensors: tuple[str, ...] = (), tensors: dict | None = None) -> list[Path]:  # fmt: skip
     """Write the fixture `folder` as GGUF at `out` (split into parts of split_max_tensors tensors when given; the
     paths written are returned). qtypes: tensor name -> ggml type to quantize it to with gguf.quants; extra:

@@ -339,7 +339,7 @@ def test_no_vocabulary_means_no_tokenizer(tmp_path):
 
 def test_an_unknown_pre_tokenizer(tmp_path):
     refused(write(tmp_path, pre="llama-bpe"), UnsupportedError,
-            r"tokenizer.ggml.pre = 'llama-bpe' is not supported \(expected one of qwen2, gpt2\)")  # fmt: skip
+            r"tokenizer.ggml.pre = 'llama-bpe' is not supported \(expected one of qwen2, gpt-2\)")  # fmt: skip
 
 
 def test_another_tokenizer_model(tmp_path):
