@@ -69,11 +69,13 @@ def prefill_ids(vocab_size: int, n: int) -> list[int]:
     return np.random.default_rng(0).integers(0, vocab_size, n).tolist()
 
 
-def decode_speed(model, prompt, tokens: int, repeats: int, warm: bool = True) -> tuple[list[float], list[int]]:
+def decode_speed(model, prompt, tokens: int, repeats: int, warm: bool = True,
+                 precision: str = "f32") -> tuple[list[float], list[int]]:  # fmt: skip
     """Greedy decode tokens/s of each repeat (after one warm-up run, page cache and arenas, unless warm is False:
     the caller warmed them) and the last run's ids."""
     speeds, ids = [], []
     with model.context(len(prompt) + tokens + 1) as ctx:
+        ctx.precision = precision
         for _ in range(repeats + int(warm)):
             ctx.truncate(0)
             res = ctx.generate(prompt, tokens)
@@ -82,10 +84,11 @@ def decode_speed(model, prompt, tokens: int, repeats: int, warm: bool = True) ->
     return speeds[int(warm) :], ids
 
 
-def prefill_speed(model, prompt: list[int], repeats: int) -> list[float]:
+def prefill_speed(model, prompt: list[int], repeats: int, precision: str = "f32") -> list[float]:
     """Prefill tokens/s of each repeat (the last position's logits only, as generation needs)."""
     out = []
     with model.context(len(prompt) + 1) as ctx:
+        ctx.precision = precision
         for _ in range(repeats):
             ctx.truncate(0)
             t0 = time.perf_counter()
@@ -158,7 +161,7 @@ def add_model_arguments(ap: argparse.ArgumentParser, threads_default: int = 0, w
 def add_common_arguments(ap: argparse.ArgumentParser, threads_default: int) -> None:
     """The arguments every CPU speed benchmark takes, with the same defaults."""
     add_model_arguments(ap, threads_default)
-    ap.add_argument("--dtypes", nargs="+", default=["bf16", "f32"])
+    ap.add_argument("--dtypes", nargs="*", default=["bf16", "f32"])
     ap.add_argument("--tokens", type=int, default=64, help="decode steps per run")
     ap.add_argument("--prefill", type=int, default=512, help="prompt length for the prefill measurement")
     ap.add_argument("--repeats", type=int, default=3)

@@ -1,16 +1,28 @@
 """Side by side with llama.cpp on the same checkpoint: decode and prefill speed, and whether greedy tokens agree.
 
-The demo checkpoint (bf16 and f32) is converted to GGUF with llama.cpp's own convert_hf_to_gguf.py (from the
-llama-cpp-python source package) and run by llama.cpp through llama-cpp-python, built from source for this CPU
-(-DGGML_NATIVE=ON), in a virtual environment this script makes under ~/.cache/expertbench/bench-llamacpp (a
-first run builds it: several minutes). Both engines get the same thread count, the same token ids (ours), the
-same prompt and token counts; llama.cpp's KV cache is set to f32 to match ours. Prints our/their ratios, writes JSON.
-Our engine holds the weights as --weights says (auto: copied onto huge pages where the kernel allows it);
-llama.cpp memory-maps its GGUF file by default (--llama-mmap off: it reads it into its own buffers instead).
-With --rounds N both engines are measured N times, alternating which goes first, and the ratio is the median of the
-rounds' ratios (a shared machine's speed drifts over minutes).
+Float formats (--dtypes bf16 f32): the demo checkpoint is converted to GGUF with llama.cpp's own
+convert_hf_to_gguf.py (from the llama-cpp-python source package) and run by llama.cpp through llama-cpp-python,
+built from source for this CPU (-DGGML_NATIVE=ON), in a virtual environment this script makes under
+~/.cache/expertbench/bench-llamacpp (a first run builds it: several minutes). Both engines get the same thread
+count, the same token ids (ours), the same prompt and token counts; llama.cpp's KV cache is set to f32 to match
+ours. Prints our/their ratios, writes JSON. Our engine holds the weights as --weights says (auto: copied onto huge
+pages where the kernel allows it); llama.cpp memory-maps its GGUF file by default (--llama-mmap off: it reads it
+into its own buffers instead). With --rounds N both engines are measured N times, alternating which goes first, and
+the ratio is the median of the rounds' ratios (a shared machine's speed drifts over minutes).
 
     python bench/vs_llamacpp.py --size bench --dtypes bf16 f32 --rounds 3 --json bench/results/vs_llamacpp.json
+
+Quantized files (--quants q8_0 q4_k_m mxfp4_moe): the demo checkpoint converted to an F32 GGUF as above, then
+quantized by llama.cpp's own quantizer (llama_model_quantize, the types it picks per tensor), and that one file run by
+both engines; ours in each of --precisions (q8: activations quantized per 32 values as llama.cpp does; f32: the
+reference). llama.cpp runs with its extra buffer types off (use_extra_bufts=False): on this CPU its AMX path crashes
+on quantized files (a SIGSEGV in ggml_backend_amx_mul_mat); its AVX-512 kernels do the work.
+
+    python bench/vs_llamacpp.py --size bench --dtypes --quants q8_0 q4_k_m mxfp4_moe --rounds 3 \
+        --json bench/results/vs_llamacpp_quant.json
+
+--llama-env PATH uses an existing environment with llama-cpp-python (and torch, transformers) instead of building
+one, e.g. the one tests/fixtures/generate_gguf.py uses.
 """
 
 from __future__ import annotations
@@ -46,7 +58,8 @@ import numpy as np
 from llama_cpp import Llama
 cfg = json.loads(sys.argv[1])
 llm = Llama(model_path=cfg["gguf"], n_threads=cfg["threads"], n_threads_batch=cfg["threads"], n_ctx=cfg["n_ctx"],
-            n_batch=512, n_ubatch=512, type_k=0, type_v=0, use_mmap=cfg["use_mmap"], verbose=False)
+            n_batch=512, n_ubatch=512, type_k=0, type_v=0, use_mmap=cfg["use_mmap"], verbose=False,
+            use_extra_bufts=cfg["extra_bufts"])
 prefill = []
 for _ in range(cfg["repeats"]):
     llm.reset()
@@ -82,9 +95,33 @@ convert_hf_to_gguf.main()
 """
 
 
+# Runs llama.cpp's quantizer: argv = source GGUF, destination, ftype name (LLAMA_FTYPE_MOSTLY_<name>).
+QUANTIZER = r"""
+import sys
+import llama_cpp
+params = llama_cpp.llama_model_quantize_default_params()
+params.ftype = getattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_" + sys.argv[3])
+params.nthread = 2
+rc = llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), params)
+sys.exit(rc)
+"""
+
+
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     print("+", " ".join(str(c) for c in cmd), file=sys.stderr)
     return subprocess.run(cmd, check=True, **kw)
+
+
+def use_environment(env: Path) -> None:
+    """An existing environment with llama-cpp-python (and torch, transformers for the converter)."""
+    global PY, SRC
+    PY = env / "bin" / "python"
+    found = sorted(env.glob("src/llama_cpp_python-*/vendor/llama.cpp")) + sorted(
+        WORK.glob("sdist/llama_cpp_python-*/vendor/llama.cpp")
+    )
+    if not PY.exists() or not found:
+        raise SystemExit(f"--llama-env {env}: expected bin/python and src/llama_cpp_python-*/vendor/llama.cpp there")
+    SRC = found[0]
 
 
 def setup() -> None:
@@ -115,13 +152,24 @@ def to_gguf(model_dir: Path, dtype: str) -> Path:
     return out
 
 
-def ours(model_dir: Path, threads: int, prompt_ids, prefill_prompt, tokens: int, repeats: int, weights: str) -> dict:
+def quantize(f32_gguf: Path, quant: str) -> Path:
+    out = f32_gguf.with_name(f32_gguf.name.replace("-f32.gguf", f"-{quant}.gguf"))
+    if not out.exists():
+        tmp = out.with_suffix(".partial")
+        run([str(PY), "-c", QUANTIZER, str(f32_gguf), str(tmp), quant.upper()])
+        tmp.rename(out)
+    return out
+
+
+def ours(model_dir: Path, threads: int, prompt_ids, prefill_prompt, tokens: int, repeats: int, weights: str,
+         precision: str = "f32") -> dict:  # fmt: skip
     with Engine(cpu_threads=threads) as eng:
         model = eng.load(model_dir, weights=weights)
-        decode, ids = decode_speed(model, prompt_ids, tokens, repeats)  # first, as bench/decode.py does: it warms
-        prefill = prefill_speed(model, prefill_prompt, repeats)
+        decode, ids = decode_speed(model, prompt_ids, tokens, repeats, precision=precision)  # first: it warms
+        prefill = prefill_speed(model, prefill_prompt, repeats, precision=precision)
         weights = model.info["weights"]
-    return {"prefill": prefill, "decode": decode, "ids": ids, "weights": weights}
+        resident = model.info["file_bytes"]
+    return {"prefill": prefill, "decode": decode, "ids": ids, "weights": weights, "file_bytes": resident}
 
 
 def round_speeds(rounds: list[dict], what: str) -> dict:
@@ -138,19 +186,42 @@ def main() -> int:
     add_common_arguments(ap, threads_default=os.cpu_count())
     ap.add_argument("--llama-mmap", choices=("on", "off"), default="on",
                     help="llama.cpp maps the GGUF file (on, its default) or reads it into its buffers")  # fmt: skip
+    ap.add_argument(
+        "--quants",
+        nargs="*",
+        default=[],
+        choices=("q8_0", "q4_k_m", "q5_k_m", "q6_k", "mxfp4_moe"),
+        help="quantized files made by llama.cpp's quantizer from the F32 GGUF, run by both engines",
+    )
+    ap.add_argument(
+        "--precisions",
+        nargs="+",
+        default=["q8", "f32"],
+        choices=("q8", "f32"),
+        help="our activation precisions on the quantized files (default: q8 f32)",
+    )
+    ap.add_argument("--llama-env", type=Path, help="an existing environment with llama-cpp-python")
     args = ap.parse_args()
-    setup()
+    if args.llama_env:
+        use_environment(args.llama_env)
+    else:
+        setup()
+    jobs = [(dtype, None, "f32") for dtype in args.dtypes]
+    jobs += [("f32", quant, precision) for quant in args.quants for precision in args.precisions]
     rows = []
-    for dtype in args.dtypes:
+    for dtype, quant, precision in jobs:
         model_dir = demo_target(args.size, dtype)
         checkpoint = Checkpoint.open(model_dir)  # the token ids both engines get (no model load for this)
         prompt_ids = checkpoint.tokenizer.encode(DEMO_PROMPTS[0], add_special_tokens=False).ids
         prefill_prompt = prefill_ids(checkpoint.config.vocab_size, args.prefill)
         gguf = to_gguf(model_dir, dtype)
+        if quant:  # both engines read the one quantized file
+            gguf = quantize(gguf, quant)
+            model_dir = gguf
         n_ctx = max(args.prefill, len(prompt_ids) + args.tokens) + 8
         cfg = {"gguf": str(gguf), "threads": args.threads, "n_ctx": n_ctx, "repeats": args.repeats,
                "prompt_ids": prompt_ids, "prefill_ids": prefill_prompt, "tokens": args.tokens,
-               "use_mmap": args.llama_mmap == "on"}  # fmt: skip
+               "use_mmap": args.llama_mmap == "on", "extra_bufts": quant is None}  # fmt: skip
         # Rounds alternate which engine goes first, so that a machine whose speed drifts over minutes (a shared VM)
         # does not favour one side; each round's ratio compares two measurements minutes apart at most.
         rounds = []
@@ -162,9 +233,8 @@ def main() -> int:
                     out = run([str(PY), "-c", RUNNER, json.dumps(cfg)], capture_output=True, text=True).stdout
                     got[side] = json.loads(out)
                 else:
-                    got[side] = ours(
-                        model_dir, args.threads, prompt_ids, prefill_prompt, args.tokens, args.repeats, args.weights
-                    )
+                    got[side] = ours(model_dir, args.threads, prompt_ids, prefill_prompt, args.tokens, args.repeats,
+                                     args.weights, precision)  # fmt: skip
             rounds.append(got)
         # the first position where the greedy tokens differ, over every round
         differ = [i for g in rounds for i, (a, b) in enumerate(zip(g["ours"]["ids"], g["theirs"]["ids"], strict=True))
@@ -172,15 +242,16 @@ def main() -> int:
         agree = min(differ) if differ else None
 
         rows.append({
-            "dtype": dtype, "gguf": str(gguf), "threads": args.threads, "rounds": args.rounds,
+            "dtype": quant or dtype, "precision": precision, "gguf": str(gguf), "gguf_bytes": gguf.stat().st_size,
+            "threads": args.threads, "rounds": args.rounds,
             "decode_tokens_per_second": round_speeds(rounds, "decode"),
             "prefill_tokens_per_second": round_speeds(rounds, "prefill"),
             "greedy_tokens_agree": agree is None, "first_difference": agree,
             "runs": [{"ours": g["ours"], "llama_cpp": g["theirs"]} for g in rounds],
         })  # fmt: skip
-    print("| dtype | decode tok/s ours | llama.cpp | ratio (per round) | prefill tok/s ours | llama.cpp "
+    print("| file | our precision | decode tok/s ours | llama.cpp | ratio (per round) | prefill tok/s ours | llama.cpp "
           "| ratio (per round) | tokens agree |")  # fmt: skip
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         d, p = r["decode_tokens_per_second"], r["prefill_tokens_per_second"]
         agree = "yes" if r["greedy_tokens_agree"] else f"no (from token {r['first_difference']})"
@@ -188,7 +259,8 @@ def main() -> int:
         def per_round(x):
             return ", ".join(f"{v:.2f}" for v in x["round_ratios"])
 
-        print(f"| {r['dtype']} | {d['ours']:.1f} | {d['llama_cpp']:.1f} | {d['ratio']:.2f}x ({per_round(d)}) "
+        print(f"| {r['dtype']} | {r['precision']} | {d['ours']:.1f} | {d['llama_cpp']:.1f} "
+              f"| {d['ratio']:.2f}x ({per_round(d)}) "
               f"| {p['ours']:.1f} | {p['llama_cpp']:.1f} | {p['ratio']:.2f}x ({per_round(p)}) | {agree} |")  # fmt: skip
     report = {"command": " ".join(["python", *sys.argv]), "llama_cpp_python": LLAMA_CPP_PYTHON,
               "llama_mmap": args.llama_mmap, "results": rows}  # fmt: skip

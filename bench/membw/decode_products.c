@@ -76,7 +76,7 @@ static void *read_part(void *arg) {
 
 int main(int argc, char **argv) {
     const char *module = argc > 1 ? argv[1] : NULL;
-    int dtype = EB_DTYPE_BF16, tokens = 64, threads = 0, bad = 0;
+    int dtype = EB_DTYPE_BF16, tokens = 64, threads = 0, bad = 0, prec = EB_PRECISION_F32;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
             const char *d = argv[++i];
@@ -85,10 +85,14 @@ int main(int argc, char **argv) {
                 if (!strcasecmp(d, eb_format_table[k].name)) dtype = k;
         } else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--precision") && i + 1 < argc) {
+            const char *p = argv[++i];
+            prec = !strcmp(p, "f32") ? EB_PRECISION_F32 : !strcmp(p, "q8") ? EB_PRECISION_Q8 : -1;
+        }
         else bad = 1;
     }
-    if (!module || bad || dtype < 0 || tokens < 1 || threads < 0 || threads > 256) {
-        fprintf(stderr, "usage: %s MODULE.so [--dtype f32|bf16|f16|q8_0|q4_k|q5_k|q6_k|mxfp4] [--tokens N] [--threads T]\n", argv[0]);
+    if (!module || bad || prec < 0 || dtype < 0 || tokens < 1 || threads < 0 || threads > 256) {
+        fprintf(stderr, "usage: %s MODULE.so [--dtype f32|bf16|f16|q8_0|q4_k|q5_k|q6_k|mxfp4] [--precision f32|q8] [--tokens N] [--threads T]\n", argv[0]);
         return 2;
     }
     void *lib = dlopen(module, RTLD_NOW | RTLD_LOCAL);
@@ -152,7 +156,7 @@ int main(int argc, char **argv) {
     for (int k = 0; k <= TOP_K; k++) pair_start[k] = k;
     for (int k = 0; k < TOP_K; k++) pair_weight[k] = 1.0f / TOP_K;
     eb_rt_expert_batch batch = {.n_experts = TOP_K, .experts = experts, .pair_start = pair_start, .n_pairs = TOP_K,
-                                .n_tokens = 1, .hidden = H, .inter = INTER, .mode = EB_REDUCE_REFERENCE, .x = x,
+                                .n_tokens = 1, .hidden = H, .inter = INTER, .mode = EB_REDUCE_REFERENCE, .precision = prec, .x = x,
                                 .pair_token = pair_token, .pair_weight = pair_weight, .y = y, .scratch = scratch,
                                 .scratch_bytes = scratch_bytes};
 
@@ -162,9 +166,9 @@ int main(int argc, char **argv) {
         if (tok == 0) t0 = bench_now();
         for (int l = 0; l < LAYERS; l++) {
             void **L = w + l * PER_LAYER;
-            eb_rt_matmul qkv[3] = {{L[0], dtype, QD, H, x, 1, y}, {L[1], dtype, KVD, H, x, 1, y + QD},
-                                   {L[2], dtype, KVD, H, x, 1, y + QD + KVD}};
-            eb_rt_matmul o = {L[3], dtype, H, QD, x, 1, y}, router = {L[4], dtype, EXPERTS, H, x, 1, y};
+            eb_rt_matmul qkv[3] = {{L[0], dtype, QD, H, x, 1, y, prec}, {L[1], dtype, KVD, H, x, 1, y + QD, prec},
+                                   {L[2], dtype, KVD, H, x, 1, y + QD + KVD, prec}};
+            eb_rt_matmul o = {L[3], dtype, H, QD, x, 1, y, prec}, router = {L[4], dtype, EXPERTS, H, x, 1, y, prec};
             int st = t->forward->matmul(rt, 0, NULL, qkv, 3, 0, err, sizeof err);
             st = st ? st : t->forward->matmul(rt, 0, NULL, &o, 1, 0, err, sizeof err);
             st = st ? st : t->forward->matmul(rt, 0, NULL, &router, 1, 0, err, sizeof err);
@@ -191,7 +195,7 @@ int main(int argc, char **argv) {
                 return 1;
             }
         }
-        eb_rt_matmul lm = {w[nw - 1], dtype, VOCAB, H, x, 1, y};
+        eb_rt_matmul lm = {w[nw - 1], dtype, VOCAB, H, x, 1, y, prec};
         if (t->forward->matmul(rt, 0, NULL, &lm, 1, 0, err, sizeof err)) {
             fprintf(stderr, "%s: %s\n", module, err);
             return 1;
@@ -220,6 +224,7 @@ int main(int argc, char **argv) {
     }
     double read_gbs = total / best / 1e9, gbs = (double)per_token * tokens / seconds / 1e9;
     printf("%s, %s, %d threads, %d tokens\n", info.name, eb_dtype_name(dtype), n, tokens);
+    printf("activations: %s\n", prec == EB_PRECISION_Q8 ? "q8" : "f32");
     printf("| MB per token | products tok/s | products GB/s | read GB/s (the faster of plain and ahead) "
            "| products / read |\n");
     printf("| --- | --- | --- | --- | --- |\n");

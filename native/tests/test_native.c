@@ -726,13 +726,14 @@ static void fill_weights(unsigned char *w, int dt, int rows, int cols, unsigned 
     }
 }
 
-/* The activations as the q8 precision sees them: per 32 values, d = max |x| / 127, x / d rounded to nearest even. */
-static void q8_reference(const float *x, int count, double *out) {
-    for (int b = 0; b + 32 <= count; b += 32) {
+/* The activations as the q8 precision sees them: per block (32 values against Q8_0 and MXFP4, 256 against the K
+ * formats), d = max |x| / 127, x / d rounded to nearest even. */
+static void q8_reference(const float *x, int count, int block, double *out) {
+    for (int b = 0; b + block <= count; b += block) {
         float amax = 0.0f;
-        for (int i = 0; i < 32; i++) amax = fabsf(x[b + i]) > amax ? fabsf(x[b + i]) : amax;
+        for (int i = 0; i < block; i++) amax = fabsf(x[b + i]) > amax ? fabsf(x[b + i]) : amax;
         float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
-        for (int i = 0; i < 32; i++) out[b + i] = (double)nearbyintf(x[b + i] * id) * (double)d;
+        for (int i = 0; i < block; i++) out[b + i] = (double)nearbyintf(x[b + i] * id) * (double)d;
     }
 }
 
@@ -790,7 +791,8 @@ static void test_kernels(const char *module) {
                                 seed = seed * 1664525u + 1013904223u;
                                 x[i] = (float)(seed >> 8) / (float)(1u << 24) - 0.5f;
                             }
-                            q8_reference(x, MAXN * cols, xdq);
+                            int block = dt == EB_DTYPE_Q4_K || dt == EB_DTYPE_Q5_K || dt == EB_DTYPE_Q6_K ? 256 : 32;
+                            q8_reference(x, MAXN * cols, block, xdq);
                             for (int prec = 0; prec <= (quant ? 1 : 0); prec++)
                                 for (int n = 1; n <= MAXN; n++) {
                                     /* a failed call counts as a mismatch: its buffers hold nothing to compare */

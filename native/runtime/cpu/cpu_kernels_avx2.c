@@ -294,6 +294,12 @@ void eb_cpu_matmul_rows_avx2(const void *w, int dtype, int64_t r0, int64_t r1, i
  * K-format minima and Q6_K's offset go into one scalar sum beside them. The lanes are added once at the end. Every
  * (row, token) dot is this same sequence, so the batch and the thread split never change a bit. */
 
+INLINE int32_t hsum_i32(__m256i v) {
+    __m128i q = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4e));
+    return _mm_cvtsi128_si32(_mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1)));
+}
+
 INLINE __m256i sum_u8_i8(__m256i u, __m256i s) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
@@ -306,8 +312,8 @@ INLINE __m256 scaled(__m256i isum, float scale, __m256 acc) {
 
 INLINE float dot_q8(const unsigned char *row, int dtype, int64_t cols, const int8_t *xq, const float *xd,
                     const int16_t *xs, int pf) {
-    __m256 acc = _mm256_setzero_ps();
-    float minus = 0.0f;
+    __m256 acc = _mm256_setzero_ps(); /* Q8_0, MXFP4: 8 lanes of sums */
+    float ksum = 0.0f;                /* the K formats: one sum of their blocks */
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     const eb_format_traits *f = &eb_format_table[dtype];
     int64_t nb = cols / f->block;
@@ -331,51 +337,68 @@ INLINE float dot_q8(const unsigned char *row, int dtype, int64_t cols, const int
             acc = scaled(sum_i8_i8(w, x), dw * xd[k], acc);
             continue;
         }
-        /* the K formats: 8 chunks of 32 per block */
+        /* the K formats: the block's integer sum (hsum_i32 of the lanes), then cpu_kernels_portable.c's block_k_q8
+         * expression for it, the same float operations in the same order */
         const int8_t *x = xq + 256 * k;
-        const float *dx = xd + 8 * k;
         const int16_t *s = xs + 16 * k;
         if (pf) _mm_prefetch((const char *)((uintptr_t)b + 64 + AHEAD_BYTES), _MM_HINT_T0);
+        __m256i iacc = _mm256_setzero_si256();
         if (dtype == EB_DTYPE_Q6_K) {
             if (pf) _mm_prefetch((const char *)((uintptr_t)b + 128 + AHEAD_BYTES), _MM_HINT_T0);
             const int8_t *sc = (const int8_t *)(b + 192);
-            float d = _cvtsh_ss(eb_load_u16(b + 208));
-            for (int j = 0; j < 8; j++) {
-                int h = j / 4, q4 = j % 4;
-                __m256i ql = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32 * (q4 & 1)));
+            for (int h = 0; h < 2; h++) {
                 __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
-                ql = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (q4 >> 1))), low4);
-                qh = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * q4)), _mm256_set1_epi8(3));
-                __m256i q = _mm256_or_si256(ql, _mm256_slli_epi16(qh, 4));
-                __m256i isum = sum_u8_i8(q, _mm256_loadu_si256((const __m256i *)(x + 32 * j)));
-                float d0 = d * (float)sc[2 * j], d1 = d * (float)sc[2 * j + 1];
-                __m256 scale = _mm256_set_m128(_mm_set1_ps(d1 * dx[j]), _mm_set1_ps(d0 * dx[j]));
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc);
-                minus += 32.0f * (d0 * dx[j] * (float)s[2 * j] + d1 * dx[j] * (float)s[2 * j + 1]);
+                __m256i ql0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
+                __m256i ql1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
+                for (int q4 = 0; q4 < 4; q4++) {
+                    int j = 4 * h + q4;
+                    __m256i ql = q4 & 1 ? ql1 : ql0;
+                    ql = _mm256_and_si256(q4 >> 1 ? _mm256_srli_epi16(ql, 4) : ql, low4);
+                    __m256i hb = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * q4)), _mm256_set1_epi8(3));
+                    __m256i q = _mm256_or_si256(ql, _mm256_slli_epi16(hb, 4));
+                    __m256i p16 = _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)(x + 32 * j)));
+                    __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
+                    iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(p16, scv));
+                }
             }
+            __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+            int32_t msum = hsum_i32(_mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)s)));
+            ksum += _cvtsh_ss(eb_load_u16(b + 208)) * xd[k] * (float)(hsum_i32(iacc) - 32 * msum);
             continue;
         }
         int q5 = dtype == EB_DTYPE_Q5_K;
-        float d = _cvtsh_ss(eb_load_u16(b)), dmin = _cvtsh_ss(eb_load_u16(b + 2));
+        int16_t sc[8], m[8];
+        for (int j = 0; j < 8; j++) {
+            int a, c;
+            eb_k4_scale_min(b + 4, j, &a, &c);
+            sc[j] = (int16_t)a, m[j] = (int16_t)c;
+        }
         __m256i hbits = q5 ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
         const unsigned char *qs = b + 16 + (q5 ? 32 : 0);
         for (int i = 0; i < 4; i++) {
             __m256i both = _mm256_loadu_si256((const __m256i *)(qs + 32 * i));
-            for (int half = 0; half < 2; half++) {
-                int j = 2 * i + half, sc, m;
-                eb_k4_scale_min(b + 4, j, &sc, &m);
-                __m256i q = _mm256_and_si256(half ? _mm256_srli_epi16(both, 4) : both, low4);
-                if (q5) {
-                    __m256i hb = _mm256_and_si256(_mm256_srl_epi16(hbits, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(1));
-                    q = _mm256_or_si256(q, _mm256_slli_epi16(hb, 4));
-                }
-                __m256i isum = sum_u8_i8(q, _mm256_loadu_si256((const __m256i *)(x + 32 * j)));
-                acc = scaled(isum, d * (float)sc * dx[j], acc);
-                minus += dmin * (float)m * dx[j] * (float)(s[2 * j] + s[2 * j + 1]);
+            __m256i lo = _mm256_and_si256(both, low4), hi = _mm256_and_si256(_mm256_srli_epi16(both, 4), low4);
+            if (q5) {
+                __m256i one = _mm256_set1_epi8(1);
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(
+                                             _mm256_and_si256(_mm256_srl_epi16(hbits, _mm_cvtsi32_si128(2 * i)), one), 4));
+                hi = _mm256_or_si256(
+                    hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hbits, _mm_cvtsi32_si128(2 * i + 1)), one), 4));
             }
+            __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(x + 64 * i)));
+            __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 64 * i + 32)));
+            iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(plo, _mm256_set1_epi16(sc[2 * i])));
+            iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(phi, _mm256_set1_epi16(sc[2 * i + 1])));
         }
+        /* the minima times the sums of 32 activations: the pairs of 16-sums added, then one multiply-add */
+        __m128i s32 = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)s), _mm_loadu_si128((const __m128i *)(s + 8)));
+        __m128i mm = _mm_madd_epi16(_mm_loadu_si128((const __m128i *)m), s32);
+        mm = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0x4e));
+        int32_t msum = _mm_cvtsi128_si32(_mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0xb1)));
+        float dx = xd[k];
+        ksum += _cvtsh_ss(eb_load_u16(b)) * dx * (float)hsum_i32(iacc) - _cvtsh_ss(eb_load_u16(b + 2)) * dx * (float)msum;
     }
-    return hsum(acc) - minus;
+    return f->block == 256 ? ksum : hsum(acc);
 }
 
 INLINE void matmul_q8(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,
@@ -389,14 +412,14 @@ INLINE void matmul_q8(const void *w, int dtype, int64_t r0, int64_t r1, int64_t 
             int64_t r = r0 + g * seg + i;
             const unsigned char *row = base + (size_t)r * rowbytes;
             for (int64_t t = 0; t < n; t++)
-                y[t * ldy + r] = dot_q8(row, dtype, cols, x->q + t * cols, x->d + t * cols / 32, x->s16 + t * cols / 16,
-                                        t == 0);
+                y[t * ldy + r] = dot_q8(row, dtype, cols, x->q + t * cols, x->d + t * cols / x->block,
+                                        x->s16 + t * cols / 16, t == 0);
         }
     for (int64_t r = r0 + 4 * seg; r < r1; r++) {
         const unsigned char *row = base + (size_t)r * rowbytes;
         for (int64_t t = 0; t < n; t++)
-            y[t * ldy + r] =
-                dot_q8(row, dtype, cols, x->q + t * cols, x->d + t * cols / 32, x->s16 + t * cols / 16, t == 0);
+            y[t * ldy + r] = dot_q8(row, dtype, cols, x->q + t * cols, x->d + t * cols / x->block,
+                                    x->s16 + t * cols / 16, t == 0);
     }
 }
 
@@ -409,5 +432,38 @@ void eb_cpu_matmul_q8_avx2(const void *w, int dtype, int64_t r0, int64_t r1, int
     case EB_DTYPE_Q6_K: matmul_q8(w, EB_DTYPE_Q6_K, r0, r1, cols, x, n, y, ldy); return;
     case EB_DTYPE_MXFP4: matmul_q8(w, EB_DTYPE_MXFP4, r0, r1, cols, x, n, y, ldy); return;
     default: return;
+    }
+}
+
+/* eb_cpu_quantize_q8 with vectors: the same maxima, scales, rounding (to nearest even, as nearbyintf in the default
+ * mode) and sums, so the same bytes. */
+void eb_cpu_quantize_q8_avx2(const float *x, int64_t n, int64_t cols, eb_cpu_q8_rows *out) {
+    int64_t B = out->block;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < n * cols / B; b++) {
+        const float *v = x + B * b;
+        __m256 mx = _mm256_setzero_ps();
+        for (int64_t i = 0; i < B; i += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        float amax = _mm_cvtss_f32(m4);
+        float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        __m256 vid = _mm256_set1_ps(id), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+        int8_t *q = out->q + B * b;
+        for (int64_t i = 0; i < B; i += 16) {
+            __m256 r0 = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            __m256 r1 = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i + 8), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            r0 = _mm256_min_ps(_mm256_max_ps(r0, lo), hi);
+            r1 = _mm256_min_ps(_mm256_max_ps(r1, lo), hi);
+            __m256i i0 = _mm256_cvtps_epi32(r0), i1 = _mm256_cvtps_epi32(r1);
+            __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(i0, i1), 0xd8); /* 16 int16 in order */
+            __m128i b8 = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+            _mm_storeu_si128((__m128i *)(q + i), b8);
+            /* the sum of these 16 quants */
+            __m256i s = _mm256_madd_epi16(w, _mm256_set1_epi16(1));
+            out->s16[B / 16 * b + i / 16] = (int16_t)hsum_i32(s);
+        }
+        out->d[b] = d;
     }
 }

@@ -79,85 +79,92 @@ void eb_cpu_matmul_rows_portable(const void *w, int dtype, int64_t r0, int64_t r
 
 /* ---- the q8 precision --------------------------------------------------------------------------------------- */
 
-eb_cpu_q8_rows eb_cpu_q8_layout(void *mem, int64_t n, int64_t cols) {
+eb_cpu_q8_rows eb_cpu_q8_layout(void *mem, int64_t n, int64_t cols, int32_t block) {
     uintptr_t p = ((uintptr_t)mem + 63) & ~(uintptr_t)63;
-    eb_cpu_q8_rows r = {.cols = cols};
+    eb_cpu_q8_rows r = {.cols = cols, .block = block};
     r.q = (int8_t *)p;
     p = (p + (uintptr_t)(n * cols) + 63) & ~(uintptr_t)63;
     r.d = (float *)p;
-    p = (p + (uintptr_t)(n * cols / 32) * sizeof(float) + 63) & ~(uintptr_t)63;
+    p = (p + (uintptr_t)(n * cols / block) * sizeof(float) + 63) & ~(uintptr_t)63;
     r.s16 = (int16_t *)p;
     return r;
 }
 
 void eb_cpu_quantize_q8(const float *x, int64_t n, int64_t cols, eb_cpu_q8_rows *out) {
-    for (int64_t b = 0; b < n * cols / 32; b++) {
-        const float *v = x + 32 * b;
+    int64_t B = out->block;
+    for (int64_t b = 0; b < n * cols / B; b++) {
+        const float *v = x + B * b;
         float amax = 0.0f;
-        for (int i = 0; i < 32; i++) amax = fabsf(v[i]) > amax ? fabsf(v[i]) : amax;
+        for (int64_t i = 0; i < B; i++) amax = fabsf(v[i]) > amax ? fabsf(v[i]) : amax;
         float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
-        int8_t *q = out->q + 32 * b;
-        for (int i = 0; i < 32; i++) {
+        int8_t *q = out->q + B * b;
+        for (int64_t i = 0; i < B; i++) {
             float r = nearbyintf(v[i] * id);
             q[i] = (int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : (int)r);
         }
         out->d[b] = d;
-        for (int h = 0; h < 2; h++) {
+        for (int64_t h = 0; h < B / 16; h++) {
             int s = 0;
             for (int i = 0; i < 16; i++) s += q[16 * h + i];
-            out->s16[2 * b + h] = (int16_t)s;
+            out->s16[B / 16 * b + h] = (int16_t)s;
         }
     }
 }
 
-/* One row against one row of q8 activations: per 32 values the integer sum of products, scaled once. */
+/* A K-format block (256 values) against 256 activations of one scale: the eight sub-blocks' integer sums times
+ * their 6-bit (Q4_K, Q5_K) or int8 (Q6_K, per 16) scales, summed in integers, then scaled once; the minima (Q4_K,
+ * Q5_K) and Q6_K's offset of 32 through the activations' sums of 16. The vector kernels compute the same integers
+ * and this same float expression. */
+static float block_k_q8(const unsigned char *b, int dtype, const int8_t *x, float dx, const int16_t *s) {
+    int32_t isum = 0, msum = 0;
+    if (dtype == EB_DTYPE_Q6_K) {
+        const int8_t *sc = (const int8_t *)(b + 192);
+        for (int j = 0; j < 8; j++) {
+            int h = j / 4, q4 = j % 4;
+            const unsigned char *ql = b + 64 * h + 32 * (q4 & 1), *qh = b + 128 + 32 * h;
+            int32_t part[2] = {0, 0};
+            for (int i = 0; i < 32; i++)
+                part[i / 16] += ((((ql[i] >> (4 * (q4 >> 1))) & 0xF) | (((qh[i] >> (2 * q4)) & 3) << 4))) * x[32 * j + i];
+            isum += sc[2 * j] * part[0] + sc[2 * j + 1] * part[1];
+        }
+        for (int k = 0; k < 16; k++) msum += sc[k] * s[k];
+        return eb_f16_to_f32(eb_load_u16(b + 208)) * dx * (float)(isum - 32 * msum);
+    }
+    int q5 = dtype == EB_DTYPE_Q5_K;
+    const unsigned char *qh = b + 16, *qs = b + 16 + (q5 ? 32 : 0);
+    for (int j = 0; j < 8; j++) {
+        int sc, m;
+        eb_k4_scale_min(b + 4, j, &sc, &m);
+        int32_t part = 0;
+        for (int i = 0; i < 32; i++) {
+            int q = (qs[32 * (j / 2) + i] >> (4 * (j & 1))) & 0xF;
+            if (q5) q |= ((qh[i] >> j) & 1) << 4;
+            part += q * x[32 * j + i];
+        }
+        isum += sc * part;
+        msum += m * (s[2 * j] + s[2 * j + 1]);
+    }
+    return eb_f16_to_f32(eb_load_u16(b)) * dx * (float)isum - eb_f16_to_f32(eb_load_u16(b + 2)) * dx * (float)msum;
+}
+
+/* One row against one row of q8 activations: per block the integer sum of products, scaled once. */
 static float dot_q8(const unsigned char *row, int dtype, int64_t cols, const int8_t *xq, const float *xd,
                     const int16_t *xs) {
     float acc = 0.0f;
-    for (int64_t c = 0; c < cols / EB_CHUNK; c++) {
-        int j;
-        const unsigned char *b = eb_chunk_block(row, dtype, c, &j);
-        const int8_t *x = xq + 32 * c;
-        float dx = xd[c];
-        int32_t sum = 0, sum1 = 0;
-        switch (dtype) {
-        case EB_DTYPE_Q8_0:
-            for (int i = 0; i < 32; i++) sum += (int8_t)b[2 + i] * x[i];
-            acc += (float)sum * (eb_f16_to_f32(eb_load_u16(b)) * dx);
-            break;
-        case EB_DTYPE_MXFP4:
+    const eb_format_traits *f = &eb_format_table[dtype];
+    for (int64_t k = 0; k < cols / f->block; k++) {
+        const unsigned char *b = row + (size_t)k * (size_t)f->block_bytes;
+        int32_t sum = 0;
+        if (dtype == EB_DTYPE_Q8_0) {
+            for (int i = 0; i < 32; i++) sum += (int8_t)b[2 + i] * xq[32 * k + i];
+            acc += (float)sum * (eb_f16_to_f32(eb_load_u16(b)) * xd[k]);
+        } else if (dtype == EB_DTYPE_MXFP4) {
             for (int i = 0; i < 16; i++)
-                sum += eb_mxfp4_values[b[1 + i] & 0xF] * x[i] + eb_mxfp4_values[b[1 + i] >> 4] * x[i + 16];
-            acc += (float)sum * (eb_e8m0_half(b[0]) * dx);
-            break;
-        case EB_DTYPE_Q4_K:
-        case EB_DTYPE_Q5_K: {
-            int sc, m, q5 = dtype == EB_DTYPE_Q5_K;
-            eb_k4_scale_min(b + 4, j, &sc, &m);
-            const unsigned char *qh = b + 16, *qs = b + 16 + (q5 ? 32 : 0) + 32 * (j / 2);
-            for (int i = 0; i < 32; i++) {
-                int q = (qs[i] >> (4 * (j & 1))) & 0xF;
-                if (q5) q |= ((qh[i] >> j) & 1) << 4;
-                sum += q * x[i];
-            }
-            float dl = eb_f16_to_f32(eb_load_u16(b)) * (float)sc, ml = eb_f16_to_f32(eb_load_u16(b + 2)) * (float)m;
-            acc += (float)sum * (dl * dx) - ml * (dx * (float)(xs[2 * c] + xs[2 * c + 1]));
-            break;
-        }
-        case EB_DTYPE_Q6_K: {
-            int h = j / 4, s = j % 4;
-            const unsigned char *ql = b + 64 * h + 32 * (s & 1), *qh = b + 128 + 32 * h;
-            const int8_t *sc = (const int8_t *)(b + 192) + 8 * h + 2 * s;
-            for (int i = 0; i < 32; i++) {
-                int q = ((ql[i] >> (4 * (s >> 1))) & 0xF) | (((qh[i] >> (2 * s)) & 3) << 4);
-                if (i < 16) sum += q * x[i];
-                else sum1 += q * x[i];
-            }
-            float d = eb_f16_to_f32(eb_load_u16(b + 208)), d0 = d * (float)sc[0], d1 = d * (float)sc[1];
-            acc += (float)(sum - 32 * xs[2 * c]) * (d0 * dx) + (float)(sum1 - 32 * xs[2 * c + 1]) * (d1 * dx);
-            break;
-        }
-        default: break;
+                sum += eb_mxfp4_values[b[1 + i] & 0xF] * xq[32 * k + i] +
+                       eb_mxfp4_values[b[1 + i] >> 4] * xq[32 * k + i + 16];
+            acc += (float)sum * (eb_e8m0_half(b[0]) * xd[k]);
+        } else {
+            acc += block_k_q8(b, dtype, xq + 256 * k, xd[k], xs + 16 * k);
         }
     }
     return acc;
@@ -169,6 +176,7 @@ void eb_cpu_matmul_q8_portable(const void *w, int dtype, int64_t r0, int64_t r1,
     for (int64_t r = r0; r < r1; r++) {
         const unsigned char *row = (const unsigned char *)w + (size_t)r * rowbytes;
         for (int64_t t = 0; t < n; t++)
-            y[t * ldy + r] = dot_q8(row, dtype, cols, x->q + t * cols, x->d + t * cols / 32, x->s16 + t * cols / 16);
+            y[t * ldy + r] =
+                dot_q8(row, dtype, cols, x->q + t * cols, x->d + t * cols / x->block, x->s16 + t * cols / 16);
     }
 }

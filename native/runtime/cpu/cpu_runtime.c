@@ -132,6 +132,7 @@ typedef struct cpu_runtime {
     cpu_device *devices;
     eb_cpu_matmul_rows_fn matmul_rows;
     eb_cpu_matmul_q8_fn matmul_q8;
+    eb_cpu_quantize_q8_fn quantize_q8; /* every variant's gives the same bytes */
     const char *variant;
     char cpu_name[EB_MAX_NAME];
     uint64_t memory_limit;
@@ -444,24 +445,25 @@ static int quantize_tasks(cpu_device *d, multi_job *job) {
     size_t bytes = 0;
     for (int i = 0; i < job->n_tasks; i++)
         if (uses_q8(job->tasks[i].precision, job->tasks[i].dtype))
-            bytes += eb_cpu_q8_bytes(job->tasks[i].n, job->tasks[i].cols);
+            bytes += eb_cpu_q8_bytes(job->tasks[i].n, job->tasks[i].cols, eb_cpu_q8_block(job->tasks[i].dtype));
     if (!bytes) return 0;
     unsigned char *mem = act_buffer(d, bytes);
     if (!mem) return EB_ERR_MEMORY;
     for (int i = 0; i < job->n_tasks; i++) {
         const eb_rt_matmul *t = &job->tasks[i];
         if (!uses_q8(t->precision, t->dtype)) continue;
-        int same = -1;
+        int same = -1, block = eb_cpu_q8_block(t->dtype);
         for (int k = 0; k < i && same < 0; k++)
-            if (job->xq[k].q && job->tasks[k].x == t->x && job->tasks[k].n == t->n && job->tasks[k].cols == t->cols)
+            if (job->xq[k].q && job->tasks[k].x == t->x && job->tasks[k].n == t->n && job->tasks[k].cols == t->cols &&
+                job->xq[k].block == block)
                 same = k;
         if (same >= 0) {
             job->xq[i] = job->xq[same];
             continue;
         }
-        job->xq[i] = eb_cpu_q8_layout(mem, t->n, t->cols);
-        eb_cpu_quantize_q8(t->x, t->n, t->cols, &job->xq[i]);
-        mem += eb_cpu_q8_bytes(t->n, t->cols);
+        job->xq[i] = eb_cpu_q8_layout(mem, t->n, t->cols, block);
+        d->rt->quantize_q8(t->x, t->n, t->cols, &job->xq[i]);
+        mem += eb_cpu_q8_bytes(t->n, t->cols, block);
     }
     return 0;
 }
@@ -493,7 +495,7 @@ static int run_multi(cpu_runtime *rt, cpu_device *d, const eb_rt_matmul *tasks, 
 typedef struct {
     eb_cpu_matmul_rows_fn fn;
     eb_cpu_matmul_q8_fn q8;
-    const eb_cpu_q8_rows *xq; /* the gathered rows quantized (q8 precision), or NULL */
+    const eb_cpu_q8_rows *xq; /* the gathered rows quantized (q8 precision) in blocks of 32 and 256, or NULL */
     const eb_rt_expert_batch *b;
     int32_t expert[MAX_TASKS];     /* indices into b->experts, those with pairs */
     int64_t start[MAX_TASKS + 1]; /* each contributes inter rows */
@@ -517,7 +519,8 @@ static void gate_up_chunk(void *arg, int64_t begin, int64_t end) {
         float *out[2] = {g, u};
         for (int k = 0; k < 2; k++) {
             if (j->xq && eb_dtype_quantized(dt[k])) {
-                eb_cpu_q8_rows x = {j->xq->q + p0 * H, j->xq->d + p0 * H / 32, j->xq->s16 + p0 * H / 16, H};
+                const eb_cpu_q8_rows *a = &j->xq[eb_cpu_q8_block(dt[k]) == 256];
+                eb_cpu_q8_rows x = {a->q + p0 * H, a->d + p0 * H / a->block, a->s16 + p0 * H / 16, H, a->block};
                 j->q8(w[k], dt[k], r0, r1, H, &x, m, out[k], I);
             } else {
                 j->fn(w[k], dt[k], r0, r1, H, j->xe + p0 * H, m, out[k], I);
@@ -531,6 +534,20 @@ static void gate_up_chunk(void *arg, int64_t begin, int64_t end) {
 /* The same arithmetic as the core's single-device path: every expert's products over its gathered rows. Per 64
  * experts, one pool run computes the gate and up products and silu(g) * u (gate_up_chunk), then another the down
  * products. */
+/* The gathered rows in both block sizes of the q8 precision (32: Q8_0, MXFP4; 256: the K formats). */
+static int quantize_gathered(cpu_device *d, const float *xe, int64_t n, int64_t H, eb_cpu_q8_rows *xq) {
+    size_t small = eb_cpu_q8_bytes(n, H, 32), big = H % 256 ? 0 : eb_cpu_q8_bytes(n, H, 256);
+    unsigned char *mem = act_buffer(d, small + big);
+    if (!mem) return EB_ERR_MEMORY;
+    xq[0] = eb_cpu_q8_layout(mem, n, H, 32);
+    d->rt->quantize_q8(xe, n, H, &xq[0]);
+    if (big) {
+        xq[1] = eb_cpu_q8_layout(mem + small, n, H, 256);
+        d->rt->quantize_q8(xe, n, H, &xq[1]);
+    }
+    return 0;
+}
+
 static int run_expert_batch(cpu_runtime *rt, cpu_device *d, const eb_rt_expert_batch *b) {
     int64_t H = b->hidden, I = b->inter;
     float *xe = (float *)b->scratch;
@@ -541,21 +558,18 @@ static int run_expert_batch(cpu_runtime *rt, cpu_device *d, const eb_rt_expert_b
     float *down_out = owner_local ? yp : b->y;
     for (int64_t p = 0; p < b->n_pairs; p++)
         memcpy(xe + p * H, b->x + (int64_t)b->pair_token[p] * H, (size_t)H * sizeof(float));
-    /* q8: the gathered rows quantized once for every expert's gate and up */
-    eb_cpu_q8_rows xq = {0};
+    /* q8: the gathered rows quantized once for every expert's gate and up (blocks of 32 and of 256: [0] and [1]) */
+    eb_cpu_q8_rows xq[2] = {{0}, {0}};
     int quantize = 0;
-    for (int32_t i = 0; i < b->n_experts; i++)
-        quantize |= uses_q8(b->precision, b->experts[i].gate_dtype) || uses_q8(b->precision, b->experts[i].up_dtype);
-    if (quantize) {
-        void *mem = act_buffer(d, eb_cpu_q8_bytes(b->n_pairs, H));
-        if (!mem) return EB_ERR_MEMORY;
-        xq = eb_cpu_q8_layout(mem, b->n_pairs, H);
-        eb_cpu_quantize_q8(xe, b->n_pairs, H, &xq);
+    for (int32_t i = 0; i < b->n_experts; i++) {
+        int g = b->experts[i].gate_dtype, u = b->experts[i].up_dtype;
+        quantize |= uses_q8(b->precision, g) || uses_q8(b->precision, u);
     }
+    if (quantize && quantize_gathered(d, xe, b->n_pairs, H, xq)) return EB_ERR_MEMORY;
     eb_rt_matmul tasks[MAX_TASKS];
     for (int32_t first = 0; first < b->n_experts; first += MAX_TASKS) {
         int32_t last = first + MAX_TASKS < b->n_experts ? first + MAX_TASKS : b->n_experts;
-        gate_up_job job = {.fn = rt->matmul_rows, .q8 = rt->matmul_q8, .xq = quantize ? &xq : NULL, .b = b, .xe = xe,
+        gate_up_job job = {.fn = rt->matmul_rows, .q8 = rt->matmul_q8, .xq = quantize ? xq : NULL, .b = b, .xe = xe,
                            .g = g, .u = u};
         int64_t step = 8;
         uint64_t bytes = 0;
@@ -579,12 +593,9 @@ static int run_expert_batch(cpu_runtime *rt, cpu_device *d, const eb_rt_expert_b
         }
         int st = run_multi(rt, d, tasks, n);
         if (st) return st;
-        if (quantize && first + MAX_TASKS < b->n_experts) { /* the down products reused the buffer: again */
-            void *mem = act_buffer(d, eb_cpu_q8_bytes(b->n_pairs, H));
-            if (!mem) return EB_ERR_MEMORY;
-            xq = eb_cpu_q8_layout(mem, b->n_pairs, H);
-            eb_cpu_quantize_q8(xe, b->n_pairs, H, &xq);
-        }
+        /* the down products reused the buffer: again for the next experts */
+        if (quantize && first + MAX_TASKS < b->n_experts && quantize_gathered(d, xe, b->n_pairs, H, xq))
+            return EB_ERR_MEMORY;
     }
     if (owner_local) {
         memset(b->y, 0, (size_t)b->n_tokens * (size_t)H * sizeof(float));
@@ -810,12 +821,14 @@ static int cpu_init(const eb_runtime_options *opt, void **out, char *err, size_t
         __builtin_cpu_supports("f16c")) {
         rt->matmul_rows = eb_cpu_matmul_rows_avx2;
         rt->matmul_q8 = eb_cpu_matmul_q8_avx2;
+        rt->quantize_q8 = eb_cpu_quantize_q8_avx2;
         rt->variant = "avx2+fma+f16c";
     }
 #endif
     if (!rt->matmul_rows) {
         rt->matmul_rows = eb_cpu_matmul_rows_portable;
         rt->matmul_q8 = eb_cpu_matmul_q8_portable;
+        rt->quantize_q8 = eb_cpu_quantize_q8;
         rt->variant = "portable";
     }
     read_cpu_name(rt->cpu_name, sizeof rt->cpu_name);

@@ -185,12 +185,324 @@ __device__ __forceinline__ void unpack8(uint4 v, int dtype, float *wv) {
     }
 }
 
+// ---- quantized weights: each value exactly as eb_dequantize_chunk gives it ---------------------------------
+//
+// A quantized row is a whole number of blocks at w + row * row_bytes (gpu_row_bytes, eb_row_bytes' twin). A warp
+// reads it in groups (qfmt<>::GROUPS per block, group g of the row on lane g % warp): the values one lane
+// dequantizes from one read of its block, RUNS runs of 4 consecutive columns. The groups are laid out so that 8
+// neighbouring lanes read 32 consecutive columns of x in every run: each warp-wide float4 load of x is whole
+// 128-byte lines (x is read once per weight value, 7 times the bytes of a Q4_K row: its L1 traffic, not the weights',
+// is what bounds these products), and the lanes of a block read its bytes side by side, the bytes of one group
+// serving all of its runs (both nibbles of a Q4_K byte, the four 2-bit pairs of a Q6_K qh byte).
+//
+// Every dequantized value is the reference's, bit for bit: the scales' products with the quants are exact in f32
+// (at most 24 significant bits), so a product is the same however it is formed, and the one rounding of Q4_K /
+// Q5_K (the scaled minimum subtracted) is the one of fmaf(d * sc, q, -dmin * m), the product in it being exact. A
+// lane then multiplies and adds the values with explicit fmaf in column order within each run, so that no compiler
+// contracts one kernel's sums differently from another's (warp_dot_tile and warp_dot_rows give the same bits).
+
+// Bytes of one row of cols values (cols a whole number of the format's blocks); eb_format_table's twin, checked
+// against it at init.
+__host__ __device__ __forceinline__ unsigned long long gpu_row_bytes(int dtype, long long cols) {
+    switch (dtype) {
+    case EB_DTYPE_F32: return 4ull * (unsigned long long)cols;
+    case EB_DTYPE_F16:
+    case EB_DTYPE_BF16: return 2ull * (unsigned long long)cols;
+    case EB_DTYPE_Q8_0: return (unsigned long long)(cols / 32) * 34u;
+    case EB_DTYPE_Q4_K: return (unsigned long long)(cols / 256) * 144u;
+    case EB_DTYPE_Q5_K: return (unsigned long long)(cols / 256) * 176u;
+    case EB_DTYPE_Q6_K: return (unsigned long long)(cols / 256) * 210u;
+    case EB_DTYPE_MXFP4: return (unsigned long long)(cols / 32) * 17u;
+    default: return 0;
+    }
+}
+
+// Bytes at any alignment from the aligned 4-byte words that hold them: never a word none of whose bytes is wanted
+// (so never past the end of the weights), the second word chosen by a select, not a branch (no divergence where
+// neighbouring blocks lie at other alignments: Q8_0's 34-byte, Q6_K's 210-byte and MXFP4's 17-byte blocks).
+__device__ __forceinline__ unsigned word_at(const unsigned char *a) { return *(const unsigned *)a; }
+__device__ __forceinline__ unsigned funnel(unsigned lo, unsigned hi, unsigned r) {
+    return (unsigned)((((unsigned long long)hi << 32) | lo) >> r);
+}
+__device__ __forceinline__ const unsigned char *word_of(const unsigned char *p) {
+    return (const unsigned char *)((uintptr_t)p & ~(uintptr_t)3);
+}
+__device__ __forceinline__ unsigned ld_u8(const unsigned char *p) {
+    return (word_at(word_of(p)) >> (8u * ((uintptr_t)p & 3))) & 0xffu;
+}
+__device__ __forceinline__ unsigned ld_u16(const unsigned char *p) {
+    const unsigned char *a = word_of(p);
+    unsigned r = (unsigned)((uintptr_t)p & 3);
+    return funnel(word_at(a), word_at(a + (r == 3 ? 4 : 0)), 8u * r) & 0xffffu;
+}
+// 4 bytes; a4: p is 4-byte aligned (one load)
+__device__ __forceinline__ unsigned ld_u32(const unsigned char *p, bool a4 = false) {
+    if (a4) return word_at(p);
+    const unsigned char *a = word_of(p);
+    unsigned r = (unsigned)((uintptr_t)p & 3);
+    return funnel(word_at(a), word_at(a + (r ? 4 : 0)), 8u * r);
+}
+__device__ __forceinline__ uint2 ld_u64(const unsigned char *p) {
+    const unsigned char *a = word_of(p);
+    unsigned r = (unsigned)((uintptr_t)p & 3);
+    unsigned w0 = word_at(a), w1 = word_at(a + 4), w2 = word_at(a + (r ? 8 : 4));
+    return make_uint2(funnel(w0, w1, 8u * r), funnel(w1, w2, 8u * r));
+}
+// 16 bytes; a16: p is 16-byte aligned (one vector load)
+__device__ __forceinline__ uint4 ld_u128(const unsigned char *p, bool a16) {
+    if (a16) return *(const uint4 *)p;
+    const unsigned char *a = word_of(p);
+    unsigned r = (unsigned)((uintptr_t)p & 3);
+    unsigned w0 = word_at(a), w1 = word_at(a + 4), w2 = word_at(a + 8), w3 = word_at(a + 12);
+    unsigned w4 = word_at(a + (r ? 16 : 12));
+    return make_uint4(funnel(w0, w1, 8u * r), funnel(w1, w2, 8u * r), funnel(w2, w3, 8u * r),
+                      funnel(w3, w4, 8u * r));
+}
+
+__device__ __forceinline__ float half_bits(unsigned h) { return __half2float(__ushort_as_half((unsigned short)h)); }
+
+// Byte k (a constant) of w as a float, exactly: 2^23 + byte by its bits, less 2^23 (an integer and a float
+// instruction, where a conversion runs at a quarter of their rate). sbyte_f: w's bytes are int8 XORed with 0x80.
+__device__ __forceinline__ float ubyte_f(unsigned w, int k) {
+    return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | (unsigned)k)) - 8388608.0f;
+}
+__device__ __forceinline__ float sbyte_f(unsigned w, int k) {
+    return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | (unsigned)k)) - 8388736.0f;
+}
+__device__ __forceinline__ float small_f(unsigned v) { return __uint_as_float(0x4B000000u | v) - 8388608.0f; } // v < 2^23
+
+// eb_e8m0_half
+__device__ __forceinline__ float e8m0_half(unsigned e) {
+    return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+}
+
+// eb_k4_scale_min of sub-blocks 2p and 2p + 1 (p < 4) from the 12 packed bytes s0, s1, s2: bytes p and p + 4 of
+// s0:s1 (sub-block j < 4: scale s[j] & 63, minimum s[j + 4] & 63), or (j >= 4) the low and high nibbles of
+// s[j + 4] (in s2) with the top two bits of s[j - 4] and s[j].
+__device__ __forceinline__ void k4_scales(unsigned s0, unsigned s1, unsigned s2, int p, float *sc, float *m) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int j = 2 * p + h, sh = 8 * (j & 3);
+        unsigned a = (s0 >> sh) & 0xffu, b = (s1 >> sh) & 0xffu, c = (s2 >> sh) & 0xffu;
+        unsigned scv = j < 4 ? a & 63 : (c & 0xF) | ((a >> 6) << 4);
+        unsigned mv = j < 4 ? b & 63 : (c >> 4) | ((b >> 6) << 4);
+        sc[h] = small_f(scv);
+        m[h] = small_f(mv);
+    }
+}
+
+template <int DT> struct qfmt;
+
+// Q8_0: 34 bytes (f16 d, 32 int8); group g < 8: columns 4g..4g+3.
+template <> struct qfmt<EB_DTYPE_Q8_0> {
+    static constexpr int VALS = 32, BYTES = 34, GROUPS = 8, RUNS = 1;
+    __device__ static __forceinline__ void load(const unsigned char *b, int g, bool, float *v, int *col) {
+        float d = half_bits(ld_u16(b));
+        unsigned w = ld_u32(b + 2 + 4 * g) ^ 0x80808080u;
+#pragma unroll
+        for (int k = 0; k < 4; k++) v[k] = sbyte_f(w, k) * d;
+        col[0] = 4 * g;
+    }
+};
+
+// MXFP4: 17 bytes (E8M0 exponent, 16 bytes of E2M1 pairs: byte i holds columns i and 16 + i); group g < 8:
+// columns 4g..4g+3, the low nibbles of bytes 4g.. (g < 4) or the high ones of bytes 4(g - 4)... The value table
+// {0, 1, 2, 3, 4, 6, 8, 12} and its negatives by byte permutes, four nibbles at a time.
+template <> struct qfmt<EB_DTYPE_MXFP4> {
+    static constexpr int VALS = 32, BYTES = 17, GROUPS = 8, RUNS = 1;
+    __device__ static __forceinline__ void load(const unsigned char *b, int g, bool, float *v, int *col) {
+        float d = e8m0_half(ld_u8(b));
+        unsigned w = ld_u32(b + 1 + 4 * (g & 3));
+        unsigned n = (g & 4 ? w >> 4 : w) & 0x0F0F0F0Fu; // four nibbles, one per byte
+        unsigned t = n | (n >> 4);
+        unsigned sel = ((t & 0xffu) | ((t >> 8) & 0xff00u)) & 0x7777u; // their magnitudes as byte selectors
+        unsigned pos = __byte_perm(0x03020100u, 0x0C080604u, sel), neg = __byte_perm(0xFDFEFF00u, 0xF4F8FAFCu, sel);
+        unsigned mask = ((n >> 3) & 0x01010101u) * 0xffu;
+        unsigned q = ((pos & ~mask) | (neg & mask)) ^ 0x80808080u; // the int8 values (eb_mxfp4_values)
+#pragma unroll
+        for (int k = 0; k < 4; k++) v[k] = d * sbyte_f(q, k);
+        col[0] = 4 * g;
+    }
+};
+
+// Q4_K (144 bytes: f16 d, f16 dmin, 12 bytes of 6-bit scales and minimums, 128 bytes of nibbles) and Q5_K (the
+// same, then 32 bytes of fifth bits qh before the nibbles: 176). Group g = 8p + i / 4 < 32: the 4 bytes of
+// nibbles 32p + i.., whose low nibbles are columns 64p + i.. (sub-block 2p) and high ones 64p + 32 + i.. (2p + 1),
+// two runs; the 16-byte head (d, dmin, scales) one read that the block's 32 lanes share.
+template <int Q5> struct qfmt_k45 {
+    static constexpr int VALS = 256, BYTES = Q5 ? 176 : 144, GROUPS = 32, RUNS = 2;
+    __device__ static __forceinline__ void load(const unsigned char *b, int g, bool a16, float *v, int *col) {
+        int p = g >> 3, i = 4 * (g & 7);
+        uint4 head = ld_u128(b, a16);
+        unsigned q = ld_u32(b + 16 + (Q5 ? 32 : 0) + 32 * p + i, a16);
+        float sc[2], m[2];
+        k4_scales(head.y, head.z, head.w, p, sc, m);
+        float d = half_bits(head.x & 0xffffu), dmin = half_bits(head.x >> 16);
+        float dl0 = d * sc[0], ml0 = dmin * m[0], dl1 = d * sc[1], ml1 = dmin * m[1];
+        unsigned lo = q & 0x0F0F0F0Fu, hi = (q >> 4) & 0x0F0F0F0Fu;
+        if (Q5) {
+            unsigned qh = ld_u32(b + 16 + i, a16);
+            lo |= ((qh >> (2 * p)) & 0x01010101u) << 4;
+            hi |= ((qh >> (2 * p + 1)) & 0x01010101u) << 4;
+        }
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            v[k] = fmaf(dl0, ubyte_f(lo, k), -ml0); // = dl0 * q - ml0 rounded once, as the reference
+            v[4 + k] = fmaf(dl1, ubyte_f(hi, k), -ml1);
+        }
+        col[0] = 64 * p + i;
+        col[1] = 64 * p + 32 + i;
+    }
+};
+template <> struct qfmt<EB_DTYPE_Q4_K> : qfmt_k45<0> {};
+template <> struct qfmt<EB_DTYPE_Q5_K> : qfmt_k45<1> {};
+
+// Q6_K: 210 bytes (128 bytes of low nibbles ql, 64 of 2-bit pairs qh, 16 int8 scales, f16 d). Group g = 8hh + i / 4
+// < 16: the 4 bytes each of ql[64hh + i..], ql[64hh + 32 + i..] and qh[32hh + i..], which are values i.. of the
+// half's four sub-blocks s (columns 128hh + 32s + i..: ql[64hh + 32(s & 1) + i] nibble s >> 1, qh bits 2s), four
+// runs, each with its scale 8hh + 2s + (i >= 16).
+template <> struct qfmt<EB_DTYPE_Q6_K> {
+    static constexpr int VALS = 256, BYTES = 210, GROUPS = 16, RUNS = 4;
+    __device__ static __forceinline__ void load(const unsigned char *b, int g, bool, float *v, int *col) {
+        int hh = g >> 3, i = 4 * (g & 7);
+        unsigned qa = ld_u32(b + 64 * hh + i), qb = ld_u32(b + 64 * hh + 32 + i), qh = ld_u32(b + 128 + 32 * hh + i);
+        uint2 scw = ld_u64(b + 192 + 8 * hh); // the half's 8 int8 scales
+        unsigned scs[2] = {scw.x ^ 0x80808080u, scw.y ^ 0x80808080u};
+        float d = half_bits(ld_u16(b + 208));
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            int k = 2 * s + (i >= 16);
+            float ds = d * (small_f((scs[s >> 1] >> (8 * (k & 3))) & 0xffu) - 128.0f);
+            unsigned l = s & 1 ? qb : qa;
+            unsigned q = ((s & 2 ? l >> 4 : l) & 0x0F0F0F0Fu) | (((qh >> (2 * s)) & 0x03030303u) << 4);
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                v[4 * s + j] = ds * (__uint_as_float(__byte_perm(q, 0x4B000000u, 0x7440u | j)) - 8388640.0f); // q - 32
+            col[s] = 128 * hh + 32 * s + i;
+        }
+    }
+};
+
+__device__ __forceinline__ bool quantized(int dtype) {
+    return dtype != EB_DTYPE_F32 && dtype != EB_DTYPE_F16 && dtype != EB_DTYPE_BF16;
+}
+
+// Four values of x from column c, normalised on the fly when nw is given: x[c] -> nw[c] * (x[c] * inv), exactly as
+// the rmsnorm kernel writes them.
+__device__ __forceinline__ float4 normed(float4 a, const float *nw, int c, float inv) {
+    float4 n = *(const float4 *)(nw + c);
+    return make_float4(n.x * (a.x * inv), n.y * (a.y * inv), n.z * (a.z * inv), n.w * (a.w * inv));
+}
+
+// s + the group's values times x (c0: the block's first column), run by run in column order.
+template <class F>
+__device__ __forceinline__ float group_dot(const float *v, const int *col, const float *x, int c0, const float *nw,
+                                           float inv, float s) {
+#pragma unroll
+    for (int r = 0; r < F::RUNS; r++) {
+        int c = c0 + col[r];
+        float4 a = *(const float4 *)(x + c);
+        if (nw) a = normed(a, nw, c, inv);
+        s = fmaf(v[4 * r], a.x, s);
+        s = fmaf(v[4 * r + 1], a.y, s);
+        s = fmaf(v[4 * r + 2], a.z, s);
+        s = fmaf(v[4 * r + 3], a.w, s);
+    }
+    return s;
+}
+
+// Per-lane partial sums s[j] += row . xs[j] (j < nt) of one quantized row, its groups lane, lane + warp, ...
+template <class F>
+__device__ __forceinline__ void qdot_tile(const unsigned char *row, int cols, const float *const *xs, int nt, int lane,
+                                          int warp, float *s, const float *nw, const float *inv) {
+    bool a16 = ((uintptr_t)row & 15) == 0;
+    int n = cols / F::VALS * F::GROUPS;
+#pragma unroll 4
+    for (int g = lane; g < n; g += warp) {
+        float v[F::RUNS * 4];
+        int col[F::RUNS];
+        int blk = g / F::GROUPS;
+        F::load(row + (long long)blk * F::BYTES, g % F::GROUPS, a16, v, col);
+#pragma unroll
+        for (int j = 0; j < DOT_TILE; j++)
+            if (j < nt) s[j] = group_dot<F>(v, col, xs[j], blk * F::VALS, nw, nw ? inv[j] : 1.0f, s[j]);
+    }
+}
+
+// The same for distinct rows: s[j] += ws[j]'s row (off bytes in) . xs[j], with the arithmetic of qdot_tile.
+template <class F>
+__device__ __forceinline__ void qdot_rows(const void *const *ws, unsigned long long off, int cols,
+                                          const float *const *xs, int nt, int lane, int warp, float *s) {
+    bool a16 = true;
+#pragma unroll
+    for (int j = 0; j < DOT_TILE; j++)
+        if (j < nt) a16 = a16 && (((uintptr_t)ws[j] + off) & 15) == 0;
+    int n = cols / F::VALS * F::GROUPS;
+#pragma unroll 2
+    for (int g = lane; g < n; g += warp) {
+        int blk = g / F::GROUPS;
+#pragma unroll
+        for (int j = 0; j < DOT_TILE; j++) {
+            if (j >= nt) continue;
+            float v[F::RUNS * 4];
+            int col[F::RUNS];
+            F::load((const unsigned char *)ws[j] + off + (unsigned long long)blk * F::BYTES, g % F::GROUPS, a16, v, col);
+            s[j] = group_dot<F>(v, col, xs[j], blk * F::VALS, NULL, 1.0f, s[j]);
+        }
+    }
+}
+
+#define QUANT_CASES(CALL)                                                                                        \
+    case EB_DTYPE_Q8_0: CALL(qfmt<EB_DTYPE_Q8_0>); break;                                                         \
+    case EB_DTYPE_Q4_K: CALL(qfmt<EB_DTYPE_Q4_K>); break;                                                         \
+    case EB_DTYPE_Q5_K: CALL(qfmt<EB_DTYPE_Q5_K>); break;                                                         \
+    case EB_DTYPE_Q6_K: CALL(qfmt<EB_DTYPE_Q6_K>); break;                                                         \
+    case EB_DTYPE_MXFP4: CALL(qfmt<EB_DTYPE_MXFP4>); break;                                                       \
+    default: break;
+
+__device__ __forceinline__ void qdot_tile_any(const void *w, int dtype, long long row, int cols,
+                                              const float *const *xs, int nt, int lane, int warp, float *s,
+                                              const float *nw, const float *inv) {
+    const unsigned char *rp = (const unsigned char *)w + (unsigned long long)row * gpu_row_bytes(dtype, cols);
+#define QDOT_TILE(F) qdot_tile<F>(rp, cols, xs, nt, lane, warp, s, nw, inv)
+    switch (dtype) { QUANT_CASES(QDOT_TILE) }
+#undef QDOT_TILE
+}
+
+__device__ __forceinline__ void qdot_rows_any(const void *const *ws, int dtype, long long row, int cols,
+                                              const float *const *xs, int nt, int lane, int warp, float *s) {
+    unsigned long long off = (unsigned long long)row * gpu_row_bytes(dtype, cols);
+#define QDOT_ROWS(F) qdot_rows<F>(ws, off, cols, xs, nt, lane, warp, s)
+    switch (dtype) { QUANT_CASES(QDOT_ROWS) }
+#undef QDOT_ROWS
+}
+
+// A quantized row of the embedding table dequantized into out (hidden floats), by the whole block.
+template <class F> __device__ __forceinline__ void embed_row(const unsigned char *row, int hidden, float *out) {
+    bool a16 = ((uintptr_t)row & 15) == 0;
+    int n = hidden / F::VALS * F::GROUPS;
+    for (int g = threadIdx.x; g < n; g += blockDim.x) {
+        float v[F::RUNS * 4];
+        int col[F::RUNS];
+        int blk = g / F::GROUPS;
+        F::load(row + (long long)blk * F::BYTES, g % F::GROUPS, a16, v, col);
+#pragma unroll
+        for (int r = 0; r < F::RUNS; r++)
+            *(float4 *)(out + blk * F::VALS + col[r]) = make_float4(v[4 * r], v[4 * r + 1], v[4 * r + 2], v[4 * r + 3]);
+    }
+}
+
 // The dot product of weight row `row` (cols long) with x, reduced over one warp; lane 0 holds the result.
 __device__ __forceinline__ float warp_dot(const void *w, int dtype, long long row, int cols, const float *x, int lane,
                                           int warp) {
     float s = 0.0f;
     long long base = row * (long long)cols;
-    if (dtype != EB_DTYPE_F32 && (cols % 8) == 0) {
+    if (quantized(dtype)) {
+        float q[DOT_TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const float *xs[DOT_TILE] = {x, x, x, x};
+        qdot_tile_any(w, dtype, row, cols, xs, 1, lane, warp, q, NULL, NULL);
+        s = q[0];
+    } else if (dtype != EB_DTYPE_F32 && (cols % 8) == 0) {
         // 8 x 16-bit weights per 16-byte load
         const uint4 *w4 = (const uint4 *)((const unsigned short *)w + base);
         for (int c = lane; c < cols / 8; c += warp) {
@@ -303,6 +615,14 @@ static void gpu_shutdown(void *rtp) {
 static int gpu_init(const eb_runtime_options *opt, void **out, char *err, size_t errlen) {
     (void)opt;
     *out = NULL;
+    for (int dt = 0; dt < EB_DTYPE_COUNT; dt++) // the kernels' row sizes are the format table's
+        for (long long cols = 256; cols <= 512; cols += 256)
+            if (gpu_row_bytes(dt, cols) != eb_row_bytes(dt, cols))
+                return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED,
+                                  RUNTIME_NAME " runtime: a row of %lld %s values is %llu bytes here, %llu in the "
+                                               "format table",
+                                  cols, eb_dtype_name(dt), gpu_row_bytes(dt, cols),
+                                  (unsigned long long)eb_row_bytes(dt, cols));
     int count = 0;
     gpuError_t e = gpuGetDeviceCount(&count);
     if (e != gpuSuccess)
@@ -363,8 +683,7 @@ static int gpu_device_info(void *rtp, int dev, eb_rt_device_info *info, char *er
     info->threads = 0;
     info->host_addressable = 0;
     info->queued_ops = 1;
-    // the float formats; the quantized ones stay on the CPU devices until these kernels read them
-    info->formats = 1u << EB_DTYPE_F32 | 1u << EB_DTYPE_F16 | 1u << EB_DTYPE_BF16;
+    info->formats = (1u << EB_DTYPE_COUNT) - 1; // every format: the quantized ones dequantized in f32 (qfmt)
     return 0;
 }
 
@@ -726,17 +1045,14 @@ static int gpu_event_time(void *rtp, int dev, void *event, uint64_t *ns, char *e
 // weights serving all of them; reduced over the warp (lane 0 holds the sums).
 // nw (nullable): the rows of x are normalised on the fly, x[c] -> nw[c] * (x[c] * inv[j]), exactly as the
 // rmsnorm kernel writes them.
-__device__ __forceinline__ float4 normed(float4 a, const float *nw, int c, float inv) {
-    float4 n = *(const float4 *)(nw + c);
-    return make_float4(n.x * (a.x * inv), n.y * (a.y * inv), n.z * (a.z * inv), n.w * (a.w * inv));
-}
-
 __device__ __forceinline__ void warp_dot_tile(const void *w, int dtype, long long row, int cols,
                                               const float *const *xs, int nt, int lane, int warp, float *out,
                                               const float *nw = NULL, const float *inv = NULL) {
     float s[DOT_TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
     long long base = row * (long long)cols;
-    if (dtype != EB_DTYPE_F32 && (cols % 8) == 0) {
+    if (quantized(dtype)) {
+        qdot_tile_any(w, dtype, row, cols, xs, nt, lane, warp, s, nw, inv);
+    } else if (dtype != EB_DTYPE_F32 && (cols % 8) == 0) {
         const uint4 *w4 = (const uint4 *)((const unsigned short *)w + base);
 #pragma unroll 4
         for (int c = lane; c < cols / 8; c += warp) {
@@ -787,7 +1103,9 @@ __device__ __forceinline__ void warp_dot_rows(const void *const *ws, int dtype, 
                                               const float *const *xs, int nt, int lane, int warp, float *out) {
     float s[DOT_TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
     long long base = row * (long long)cols;
-    if (dtype != EB_DTYPE_F32 && (cols % 8) == 0) {
+    if (quantized(dtype)) {
+        qdot_rows_any(ws, dtype, row, cols, xs, nt, lane, warp, s);
+    } else if (dtype != EB_DTYPE_F32 && (cols % 8) == 0) {
 #pragma unroll 2
         for (int c = lane; c < cols / 8; c += warp) {
 #pragma unroll
@@ -819,8 +1137,8 @@ __device__ __forceinline__ void warp_dot_rows(const void *const *ws, int dtype, 
 // Ask for a weight row into L2 (no registers held): its loads then wait less after a reduction.
 __device__ __forceinline__ void prefetch_row(const void *w, int dtype, long long row, int cols, int lane, int warp) {
 #ifndef EB_GPU_HIP
-    size_t bytes = (size_t)cols * (dtype == EB_DTYPE_F32 ? 4 : 2);
-    const char *p = (const char *)w + row * bytes;
+    size_t bytes = (size_t)gpu_row_bytes(dtype, cols);
+    const char *p = (const char *)w + (size_t)row * bytes;
     for (size_t off = (size_t)lane * 128; off < bytes; off += (size_t)warp * 128)
         asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
 #else
@@ -915,6 +1233,14 @@ __global__ void matmul_kernel(mm_batch b, int warp) {
 
 __global__ void embed_kernel(const void *table, int dtype, int hidden, const int *ids, float *x) {
     long long row = ids[blockIdx.x];
+    if (quantized(dtype)) { // a row of whole blocks, dequantized group by group
+        const unsigned char *rp = (const unsigned char *)table + (unsigned long long)row * gpu_row_bytes(dtype, hidden);
+        float *out = x + (long long)blockIdx.x * hidden;
+#define EMBED_ROW(F) embed_row<F>(rp, hidden, out)
+        switch (dtype) { QUANT_CASES(EMBED_ROW) }
+#undef EMBED_ROW
+        return;
+    }
     for (int i = threadIdx.x; i < hidden; i += blockDim.x)
         x[(long long)blockIdx.x * hidden + i] = load_w(table, dtype, row * hidden + i);
 }
@@ -1084,7 +1410,7 @@ __global__ void attention_one_row_kernel(eb_rt_attention a, int warp) {
 // One block per row: its RMSNorm (xn written), the router's logits (a warp per expert, kept in shared memory),
 // then warp 0 takes the softmax and the top k by k rounds of a warp arg-max (ties to the lower id).
 #define MAX_EXPERTS 512
-__global__ void route_kernel(eb_rt_route r, int warp) {
+__global__ void __launch_bounds__(1024) route_kernel(eb_rt_route r, int warp) { // launched with 1024 threads
     __shared__ float sh[33];
     __shared__ float logits[MAX_EXPERTS];
     __shared__ unsigned char taken[MAX_EXPERTS];
