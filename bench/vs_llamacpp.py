@@ -15,8 +15,10 @@ the ratio is the median of the rounds' ratios (a shared machine's speed drifts o
 Quantized files (--quants q8_0 q4_k_m mxfp4_moe): the demo checkpoint converted to an F32 GGUF as above, then
 quantized by llama.cpp's own quantizer (llama_model_quantize, the types it picks per tensor), and that one file run by
 both engines; ours in each of --precisions (q8: activations quantized per 32 values as llama.cpp does; f32: the
-reference). llama.cpp runs with its extra buffer types off (use_extra_bufts=False): on this CPU its AMX path crashes
-on quantized files (a SIGSEGV in ggml_backend_amx_mul_mat); its AVX-512 kernels do the work.
+reference). On a CPU with AMX, llama-cpp-python 0.3.36 built for it (GGML_NATIVE) crashes on quantized files (a
+SIGSEGV in ggml_backend_amx_mul_mat, with or without use_extra_bufts): --llama-run-env names an environment whose
+llama.cpp is built with every AVX-512 extension (VNNI, VBMI, BF16) and without AMX, which then runs them, repacking
+included.
 
     python bench/vs_llamacpp.py --size bench --dtypes --quants q8_0 q4_k_m mxfp4_moe --rounds 3 \
         --json bench/results/vs_llamacpp_quant.json
@@ -201,11 +203,15 @@ def main() -> int:
         help="our activation precisions on the quantized files (default: q8 f32)",
     )
     ap.add_argument("--llama-env", type=Path, help="an existing environment with llama-cpp-python")
+    ap.add_argument("--llama-run-env", type=Path,
+                    help="another environment whose llama-cpp-python runs the files (the converter and quantizer stay "
+                         "--llama-env's): e.g. one built without AMX")  # fmt: skip
     args = ap.parse_args()
     if args.llama_env:
         use_environment(args.llama_env)
     else:
         setup()
+    run_py = args.llama_run_env / "bin" / "python" if args.llama_run_env else PY
     jobs = [(dtype, None, "f32") for dtype in args.dtypes]
     jobs += [("f32", quant, precision) for quant in args.quants for precision in args.precisions]
     rows = []
@@ -221,7 +227,7 @@ def main() -> int:
         n_ctx = max(args.prefill, len(prompt_ids) + args.tokens) + 8
         cfg = {"gguf": str(gguf), "threads": args.threads, "n_ctx": n_ctx, "repeats": args.repeats,
                "prompt_ids": prompt_ids, "prefill_ids": prefill_prompt, "tokens": args.tokens,
-               "use_mmap": args.llama_mmap == "on", "extra_bufts": quant is None}  # fmt: skip
+               "use_mmap": args.llama_mmap == "on", "extra_bufts": True}  # fmt: skip
         # Rounds alternate which engine goes first, so that a machine whose speed drifts over minutes (a shared VM)
         # does not favour one side; each round's ratio compares two measurements minutes apart at most.
         rounds = []
@@ -230,7 +236,7 @@ def main() -> int:
             got = {}
             for side in order:
                 if side == "theirs":
-                    out = run([str(PY), "-c", RUNNER, json.dumps(cfg)], capture_output=True, text=True).stdout
+                    out = run([str(run_py), "-c", RUNNER, json.dumps(cfg)], capture_output=True, text=True).stdout
                     got[side] = json.loads(out)
                 else:
                     got[side] = ours(model_dir, args.threads, prompt_ids, prefill_prompt, args.tokens, args.repeats,

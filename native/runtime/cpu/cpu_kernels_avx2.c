@@ -310,10 +310,36 @@ INLINE __m256 scaled(__m256i isum, float scale, __m256 acc) {
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(scale), acc);
 }
 
+/* pshufb masks that broadcast one 16-bit element of a 128-bit lane: BCAST[j] repeats bytes (2j, 2j + 1). */
+static const uint8_t BCAST[8][16] = {
+#define B2(j) 2 * j, 2 * j + 1
+#define ROW(j) {B2(j), B2(j), B2(j), B2(j), B2(j), B2(j), B2(j), B2(j)}
+    ROW(0), ROW(1), ROW(2), ROW(3), ROW(4), ROW(5), ROW(6), ROW(7),
+#undef ROW
+#undef B2
+};
+
+/* element e of each lane's 8 int16 in the low lane, element e + 1 in the high lane */
+INLINE __m256i pair_of(__m256i v, int e) {
+    return _mm256_shuffle_epi8(v, _mm256_set_m128i(_mm_loadu_si128((const __m128i *)BCAST[e + 1]),
+                                                   _mm_loadu_si128((const __m128i *)BCAST[e])));
+}
+
+/* The eight 6-bit scales and minima of a Q4_K / Q5_K block as int16 (eb_k4_scale_min, four bytes at a time). */
+INLINE void k4_scales(const unsigned char *p, __m128i *sc, __m128i *m) {
+    uint32_t u[3];
+    memcpy(u, p, sizeof u);
+    uint32_t sc_lo = u[0] & 0x3f3f3f3fu, m_lo = u[1] & 0x3f3f3f3fu;
+    uint32_t sc_hi = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4;
+    uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4;
+    *sc = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo));
+    *m = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)m_hi, (int)m_lo));
+}
+
 INLINE float dot_q8(const unsigned char *row, int dtype, int64_t cols, const int8_t *xq, const float *xd,
                     const int16_t *xs, int pf) {
-    __m256 acc = _mm256_setzero_ps(); /* Q8_0, MXFP4: 8 lanes of sums */
-    float ksum = 0.0f;                /* the K formats: one sum of their blocks */
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}; /* Q8_0, MXFP4: even and odd blocks' lanes */
+    float ksum = 0.0f;                                          /* the K formats: one sum of their blocks */
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     const eb_format_traits *f = &eb_format_table[dtype];
     int64_t nb = cols / f->block;
@@ -334,7 +360,7 @@ INLINE float dot_q8(const unsigned char *row, int dtype, int64_t cols, const int
                 w = _mm256_set_m128i(hi, lo);
                 dw = eb_e8m0_half(b[0]);
             }
-            acc = scaled(sum_i8_i8(w, x), dw * xd[k], acc);
+            acc[k & 1] = scaled(sum_i8_i8(w, x), dw * xd[k], acc[k & 1]);
             continue;
         }
         /* the K formats: the block's integer sum (hsum_i32 of the lanes), then cpu_kernels_portable.c's block_k_q8
@@ -345,8 +371,11 @@ INLINE float dot_q8(const unsigned char *row, int dtype, int64_t cols, const int
         __m256i iacc = _mm256_setzero_si256();
         if (dtype == EB_DTYPE_Q6_K) {
             if (pf) _mm_prefetch((const char *)((uintptr_t)b + 128 + AHEAD_BYTES), _MM_HINT_T0);
-            const int8_t *sc = (const int8_t *)(b + 192);
+            __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
             for (int h = 0; h < 2; h++) {
+                /* this half's 8 scales in both lanes: chunk q4 takes scales 2 q4 (low lane) and 2 q4 + 1 (high) */
+                __m256i sch = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(sc16, 1)
+                                                            : _mm256_castsi256_si128(sc16));
                 __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
                 __m256i ql0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
                 __m256i ql1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
@@ -354,25 +383,20 @@ INLINE float dot_q8(const unsigned char *row, int dtype, int64_t cols, const int
                     int j = 4 * h + q4;
                     __m256i ql = q4 & 1 ? ql1 : ql0;
                     ql = _mm256_and_si256(q4 >> 1 ? _mm256_srli_epi16(ql, 4) : ql, low4);
-                    __m256i hb = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * q4)), _mm256_set1_epi8(3));
+                    __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * q4), _mm256_set1_epi8(3));
                     __m256i q = _mm256_or_si256(ql, _mm256_slli_epi16(hb, 4));
                     __m256i p16 = _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)(x + 32 * j)));
-                    __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
-                    iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(p16, scv));
+                    iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(p16, pair_of(sch, 2 * q4)));
                 }
             }
-            __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
             int32_t msum = hsum_i32(_mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)s)));
             ksum += _cvtsh_ss(eb_load_u16(b + 208)) * xd[k] * (float)(hsum_i32(iacc) - 32 * msum);
             continue;
         }
         int q5 = dtype == EB_DTYPE_Q5_K;
-        int16_t sc[8], m[8];
-        for (int j = 0; j < 8; j++) {
-            int a, c;
-            eb_k4_scale_min(b + 4, j, &a, &c);
-            sc[j] = (int16_t)a, m[j] = (int16_t)c;
-        }
+        __m128i sc8, m8;
+        k4_scales(b + 4, &sc8, &m8);
+        __m256i scw = _mm256_broadcastsi128_si256(sc8);
         __m256i hbits = q5 ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
         const unsigned char *qs = b + 16 + (q5 ? 32 : 0);
         for (int i = 0; i < 4; i++) {
@@ -380,25 +404,25 @@ INLINE float dot_q8(const unsigned char *row, int dtype, int64_t cols, const int
             __m256i lo = _mm256_and_si256(both, low4), hi = _mm256_and_si256(_mm256_srli_epi16(both, 4), low4);
             if (q5) {
                 __m256i one = _mm256_set1_epi8(1);
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16(
-                                             _mm256_and_si256(_mm256_srl_epi16(hbits, _mm_cvtsi32_si128(2 * i)), one), 4));
-                hi = _mm256_or_si256(
-                    hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hbits, _mm_cvtsi32_si128(2 * i + 1)), one), 4));
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * i), one), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * i + 1), one), 4));
             }
+            /* the pair's two scales: sc[2i] for lo (both lanes), sc[2i + 1] for hi */
+            __m256i se = _mm256_shuffle_epi8(scw, _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)BCAST[2 * i])));
+            __m256i so = _mm256_shuffle_epi8(scw, _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)BCAST[2 * i + 1])));
             __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(x + 64 * i)));
             __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 64 * i + 32)));
-            iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(plo, _mm256_set1_epi16(sc[2 * i])));
-            iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(phi, _mm256_set1_epi16(sc[2 * i + 1])));
+            iacc = _mm256_add_epi32(iacc, _mm256_add_epi32(_mm256_madd_epi16(plo, se), _mm256_madd_epi16(phi, so)));
         }
         /* the minima times the sums of 32 activations: the pairs of 16-sums added, then one multiply-add */
         __m128i s32 = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)s), _mm_loadu_si128((const __m128i *)(s + 8)));
-        __m128i mm = _mm_madd_epi16(_mm_loadu_si128((const __m128i *)m), s32);
+        __m128i mm = _mm_madd_epi16(m8, s32);
         mm = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0x4e));
         int32_t msum = _mm_cvtsi128_si32(_mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0xb1)));
         float dx = xd[k];
         ksum += _cvtsh_ss(eb_load_u16(b)) * dx * (float)hsum_i32(iacc) - _cvtsh_ss(eb_load_u16(b + 2)) * dx * (float)msum;
     }
-    return f->block == 256 ? ksum : hsum(acc);
+    return f->block == 256 ? ksum : hsum(_mm256_add_ps(acc[0], acc[1]));
 }
 
 INLINE void matmul_q8(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,
