@@ -1,4 +1,7 @@
-"""The run history: one row per run (placement, speed, acceptance, output hash), exportable as CSV."""
+"""The run history: one row per run (placement, mode, precision, speed, acceptance, output hash), exportable as CSV.
+
+A run's output is compared with the first complete run of the same target, prompts, length and precision: q8
+activations give other logits than f32 by design, so each precision has its own first run."""
 
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ def _output(r: RunRecord) -> str:
     if r.cancelled and not r.output_hash:
         return "stopped"
     if r.is_reference:
-        return "reference"
+        return "reference" if r.precision == "f32" else f"first {r.precision}"
     return {True: "same", False: "CHANGED", None: "-"}[r.stable]
 
 
@@ -51,6 +54,7 @@ FIELDS = [
     Field("Time", lambda r: r.started, "time", lambda r: r.started),
     Field("Placement", lambda r: r.placement, "placement", lambda r: r.placement),
     Field("Mode", lambda r: r.mode, "mode", lambda r: r.mode),
+    Field("Precision", lambda r: r.precision, "precision", lambda r: r.precision),
     Field("Draft", lambda r: "-" if r.draft is None else f"q={r.q}", "draft", lambda r: r.draft or ""),
     Field(None, None, "q", lambda r: "" if r.q is None else r.q),
     Field(
@@ -70,6 +74,10 @@ FIELDS = [
 ]
 COLUMNS = [f for f in FIELDS if f.header is not None]  # the history table's
 NUMERIC = {"#", "Decode tok/s", "Accept", "Tokens"}
+PRECISION_TIPS = {
+    "f32": "activations meet exactly dequantized weights in f32: the reference",
+    "q8": "activations quantized to int8 per 32 values, as llama.cpp: not the reference (other logits)",
+}
 
 
 class HistoryModel(QAbstractTableModel):
@@ -116,6 +124,10 @@ class HistoryModel(QAbstractTableModel):
                 return r.placement
             if name == "Draft":
                 return r.draft or "target-only greedy decoding"
+            if name == "Precision":
+                return PRECISION_TIPS.get(r.precision)
+            if name == "Output" and r.is_reference and r.precision != "f32":
+                return f"the first complete {r.precision} run: later {r.precision} runs are compared with it"
             return None
         if role == Qt.ItemDataRole.TextAlignmentRole and name in NUMERIC:
             return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)

@@ -19,6 +19,11 @@ from .state import WorkbenchState
 REFRESH_HZ = 20
 
 
+def _of(record) -> str:
+    """Which runs a run's output is compared with: those of its precision (q8 gives other logits than f32)."""
+    return "" if record.precision == "f32" else f" of {record.precision} precision"
+
+
 def _plot(title: str, left: str, bottom: str) -> pg.PlotWidget:
     w = pg.PlotWidget()
     w.setTitle(title, size="10pt")
@@ -103,11 +108,11 @@ class LivePlots(QWidget):
             if not r.output_hash:
                 brush, symbol, tip = c["muted"], "t", "no complete output (stopped)"
             elif r.is_reference:
-                brush, symbol, tip = c["highlight"], "d", "the reference run"
+                brush, symbol, tip = c["highlight"], "d", f"the reference run{_of(r)}"
             elif r.stable:
-                brush, symbol, tip = c["ok"], "o", "same output as the reference run"
+                brush, symbol, tip = c["ok"], "o", f"same output as the reference run{_of(r)}"
             else:
-                brush, symbol, tip = c["bad"], "x", "output CHANGED from the reference run"
+                brush, symbol, tip = c["bad"], "x", f"output CHANGED from the reference run{_of(r)}"
             spots.append({"pos": (r.index, 0), "brush": pg.mkBrush(brush), "symbol": symbol, "pen": None,
                           "data": f"run {r.index}: {tip}"})  # fmt: skip
         self.hash_marks.setData(spots)

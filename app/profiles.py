@@ -6,9 +6,10 @@ statistics the heat map shows, so `expertbench regress` replays it. How the engi
 is not set here: an opened profile's value is kept, and none is written otherwise (regress then loads with auto).
 Expectations come from what is known to hold:
 
-* output hashes and acceptance from a complete run in the history with the same model, prompts, length and
-  mode (reference mode gives the same outputs on every placement; owner-local mode only on the same one), or
-  kept from the profile that was opened when its model, prompts, length and mode are unchanged;
+* output hashes and acceptance from a complete run in the history with the same model, prompts, length, mode and
+  precision (reference mode in f32 gives the same outputs on every placement, q8 on every placement of CPU devices;
+  owner-local mode only on the same placement), or kept from the profile that was opened when its model, prompts,
+  length, mode and precision are unchanged;
 * a speed baseline is kept (its path made relative to the new folder); its minimum ratio only while the
   placement and devices are those it was recorded for.
 
@@ -59,9 +60,22 @@ def device_specs(placement: Placement, primary: str) -> dict[str, DeviceSpec]:
 
 
 def _run_keys(run: ProfileRun) -> tuple:
-    """What decides the output ids: prompts, length, reduction mode."""
+    """What decides the output ids: prompts, length, reduction mode, precision."""
     r = run.resolved()
-    return [list(p) if isinstance(p, list) else p for p in r["prompts"]], r["tokens_per_prompt"], r["mode"]
+    prompts = [list(p) if isinstance(p, list) else p for p in r["prompts"]]
+    return prompts, r["tokens_per_prompt"], r["mode"], r["precision"]
+
+
+CPU_RUNTIMES = ("cpu", "hostsim")  # devices that run the CPU kernels (hostsim: host-staged, the same kernels)
+
+
+def outputs_any_placement(mode: str, precision: str, devices: Sequence[str]) -> bool:
+    """Whether runs in this mode and precision give the same outputs whatever the placement over these devices:
+    reference mode in f32 on any; in q8 over CPU devices only (a runtime without q8 kernels reads quantized weights
+    in f32); owner-local mode never (its sums change association with the placement)."""
+    if mode != "reference":
+        return False
+    return precision == "f32" or all(d.partition(":")[0] in CPU_RUNTIMES for d in devices)
 
 
 def _matching_run(
@@ -72,10 +86,13 @@ def _matching_run(
         s = record.settings
         if s is None or not record.output_sha256 or record.target_path != model.target_path:
             continue
-        if (s.prompts, s.tokens, s.mode) != (list(settings.prompts), settings.tokens, settings.mode):
+        if (s.prompts, s.tokens, s.mode, s.precision) != (list(settings.prompts), settings.tokens, settings.mode,
+                                                          settings.precision):  # fmt: skip
             continue
-        if s.mode != "reference" and record.placement != placement.describe():
-            continue
+        if record.placement != placement.describe():
+            used = [rule.rpartition("=")[2].strip() for rule in record.placement.split(";")]  # its text form
+            if not outputs_any_placement(s.mode, s.precision, [model.primary, *placement.devices(), *used]):
+                continue
         return record
     return None
 
@@ -93,8 +110,9 @@ def build(path: str | os.PathLike, model: ModelSnapshot, placement: Placement, s
     run = ProfileRun(weights=weights)
     if settings is not None:
         prompts = None if list(settings.prompts) == list(DEMO_PROMPTS) else list(settings.prompts)
-        run = ProfileRun(prompts, settings.tokens, settings.repeats, settings.q if use_draft else None, settings.mode,
-                         weights)  # fmt: skip
+        run = ProfileRun(prompts=prompts, tokens=settings.tokens, repeats=settings.repeats,
+                         q=settings.q if use_draft else None, mode=settings.mode, weights=weights,
+                         precision=settings.precision)  # fmt: skip
     spec = PlacementSpec.from_placement(placement)
     devices = device_specs(placement, model.primary)
     profile = Profile(model=target, draft=draft, devices=devices, primary=model.primary, placement=spec, run=run,
@@ -122,7 +140,9 @@ def _expectations(profile: Profile, base: Profile | None, model: ModelSnapshot, 
     elif base is not None and base.expectations.output_sha256 is not None:
         same_model = base.model.fingerprint is not None and base.model.fingerprint == profile.model.fingerprint
         same_run = _run_keys(base.run) == _run_keys(profile.run)
-        any_placement = profile.run.resolved()["mode"] == "reference"
+        run = profile.run.resolved()
+        devices = [*profile.device_names(), *base.device_names()]
+        any_placement = outputs_any_placement(run["mode"], run["precision"], devices)
         same_outputs = same_model and same_run and (any_placement or base.placement == profile.placement)
         if same_outputs:
             e.output_sha256 = list(base.expectations.output_sha256)

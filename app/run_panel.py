@@ -1,4 +1,4 @@
-"""The run panel: target and draft, q, reduction mode, tokens, repeats, prompts; Start and Stop."""
+"""The run panel: target and draft, q, reduction mode, precision, tokens, repeats, prompts; Start and Stop."""
 
 from __future__ import annotations
 
@@ -21,13 +21,22 @@ from PySide6.QtWidgets import (
 
 from engine.demo import DEMO_PROMPTS
 from engine.profile import Profile
-from engine.run import REDUCTION_MODES
+from engine.run import PRECISIONS, REDUCTION_MODES
 from engine.speculative import MAX_DRAFT_TOKENS
 
 from . import theme
 from .state import RunSettings, WorkbenchState
 
 MODE_TEXT = {"reference": "reference (identical outputs)", "owner_local": "owner-local (faster sums)"}
+PRECISION_TEXT = {"f32": "f32 (the reference)", "q8": "q8 (not the reference)"}
+PRECISION_TIP = (
+    "How activations meet quantized weights (GGUF Q8_0, Q4_K, Q5_K, Q6_K, MXFP4).\n"
+    "f32: exactly dequantized weights, f32 sums: the reference, identical on any placement.\n"
+    "q8: activations quantized to int8 per 32 values, integer products, as llama.cpp's CPU kernels: faster and "
+    "deterministic, but not the reference: other logits, so its outputs may differ (its runs are compared "
+    "with q8 runs only).\n"
+    "Float weights are read in f32 either way."
+)
 
 
 def _name(folder: str) -> str:
@@ -60,6 +69,10 @@ class RunPanel(QWidget):
         self.mode = QComboBox()
         for mode in REDUCTION_MODES:
             self.mode.addItem(MODE_TEXT.get(mode, mode), mode)
+        self.precision = QComboBox()
+        for precision in PRECISIONS:
+            self.precision.addItem(PRECISION_TEXT.get(precision, precision), precision)
+        self.precision.setToolTip(PRECISION_TIP)
         self.tokens = QSpinBox()
         self.tokens.setRange(1, 4096)
         self.tokens.setValue(64)
@@ -74,6 +87,7 @@ class RunPanel(QWidget):
         row.addWidget(QLabel("mode"))
         row.addWidget(self.mode, 1)
         form.addRow("q", row)
+        form.addRow("Precision", self.precision)
         row2 = QHBoxLayout()
         row2.setSpacing(6)
         row2.addWidget(self.tokens, 1)
@@ -115,7 +129,8 @@ class RunPanel(QWidget):
         prompts = [line.strip() for line in self.prompts.toPlainText().splitlines() if line.strip()]
         return RunSettings(prompts=prompts, tokens=self.tokens.value(), repeats=self.repeats.value(),
                            q=self.q.value(), mode=self.mode.currentData(),
-                           use_draft=self.draft_check.isChecked())  # fmt: skip
+                           use_draft=self.draft_check.isChecked(),
+                           precision=self.precision.currentData())  # fmt: skip
 
     def apply_profile(self, profile: Profile) -> None:
         """Take a profile's run settings (engine.profile's defaults where it gives none)."""
@@ -128,9 +143,10 @@ class RunPanel(QWidget):
         self.tokens.setValue(run["tokens_per_prompt"])
         self.repeats.setValue(run["repeats"])
         self.q.setValue(run["q"])
-        index = self.mode.findData(run["mode"])
-        if index >= 0:
-            self.mode.setCurrentIndex(index)
+        for combo, value in ((self.mode, run["mode"]), (self.precision, run["precision"])):
+            index = combo.findData(value)
+            if index >= 0:
+                combo.setCurrentIndex(index)
         if self.state.has_draft:
             self.draft_check.setChecked(profile.draft is not None)
 

@@ -21,6 +21,7 @@ from PySide6.QtCore import QObject, Signal
 
 from engine.checkpoint import ModelConfig
 from engine.costmodel import Calibration, ModelShape, calibrate, predict_tokens_per_second
+from engine.demo import is_synthetic
 from engine.errors import EngineError
 from engine.model import WEIGHTS_MODES, DeviceInfo, Engine, Model
 from engine.placement import Placement
@@ -83,6 +84,7 @@ class RunSettings:
     q: int = 2
     mode: str = "reference"
     use_draft: bool = True
+    precision: str = "f32"  # engine.run.PRECISIONS: f32 the reference, q8 int8 activations (other logits)
 
     @property
     def total_tokens(self) -> int:
@@ -99,6 +101,7 @@ class RunRecord:
     draft: str | None
     placement: str
     mode: str
+    precision: str
     q: int | None
     tokens: int
     repeats: int
@@ -107,10 +110,10 @@ class RunRecord:
     prefill_tokens_per_second: float
     accept_rate: float | None
     output_hash: str  # sha256 over every prompt's output sha256; "" when no repeat completed
-    reference_hash: str  # the first complete run's hash for the same target, prompts and length
+    reference_hash: str  # the first complete run's hash for the same target, prompts, length and precision
     cancelled: bool
     seconds: float
-    is_reference: bool = False  # the first complete run of its target, prompts and length
+    is_reference: bool = False  # the first complete run of its target, prompts, length and precision
     # what a profile saved later may expect (app.profiles): the settings, models and per-prompt hashes
     settings: RunSettings | None = None
     target_path: str = ""
@@ -306,7 +309,7 @@ class WorkbenchState(QObject):
                     draft_path=None if draft is None else str(draft),
                     config=new_target.config,
                     primary=primary,
-                    synthetic=bool(new_target.config.synthetic),
+                    synthetic=is_synthetic(new_target.checkpoint),
                     weight_bytes=info["weight_bytes"],
                     all_expert_bytes=info["expert_bytes"],
                     placement=new_target.placement,
@@ -677,7 +680,8 @@ class WorkbenchState(QObject):
         def task():
             run = DecodeRun(side.target, side.draft if use_draft else None, prompts=list(settings.prompts),
                             tokens_per_prompt=settings.tokens, repeats=settings.repeats, q=settings.q,
-                            mode=settings.mode, on_event=self.live.append)  # fmt: skip
+                            mode=settings.mode, precision=settings.precision,
+                            on_event=self.live.append)  # fmt: skip
             placement = side.target.placement.describe()
             with lock:
                 side.run = run
@@ -717,7 +721,8 @@ class WorkbenchState(QObject):
     def _record(self, result: RunResult, placement: str, settings: RunSettings, started: str) -> None:
         complete = bool(result.output_sha256) and len(result.output_sha256) == len(settings.prompts)
         output = hashlib.sha256("".join(result.output_sha256).encode()).hexdigest() if complete else ""
-        key = (self.model.target_path, tuple(settings.prompts), settings.tokens)
+        # q8 gives other logits than f32 by design: each precision's runs are compared among themselves
+        key = (self.model.target_path, tuple(settings.prompts), settings.tokens, result.precision)
         is_reference = bool(output) and key not in self._references
         if output:
             self._references.setdefault(key, output)
@@ -728,6 +733,7 @@ class WorkbenchState(QObject):
             draft=None if result.draft is None else Path(result.draft).name,
             placement=placement,
             mode=result.mode,
+            precision=result.precision,
             q=result.q,
             tokens=settings.tokens,
             repeats=settings.repeats,

@@ -13,13 +13,14 @@ import sys
 import time
 from pathlib import Path
 
-from .demo import DEMO_PROMPTS, SIZES, ensure_demo_pair
+from .demo import DEMO_FORMATS, DEMO_PROMPTS, QUANTS, SIZES, check_format, ensure_demo_pair, is_synthetic, quant_formats
 from .errors import EngineError
 from .export import add_import_parser
 from .export import add_parser as add_export_parser
+from .formats import FORMATS
 from .model import WEIGHTS_MODES, Engine
 from .regress import add_parser as add_regress_parser
-from .run import REDUCTION_MODES, DecodeRun, RunResult, StepEvent
+from .run import PRECISIONS, REDUCTION_MODES, DecodeRun, RunResult, StepEvent
 from .speculative import MAX_DRAFT_TOKENS
 from .trace import write_chrome_trace
 
@@ -104,6 +105,11 @@ def _check_run_args(args) -> None:
     for p in args.prompt or ():
         if not p:
             raise EngineError("--prompt '' is empty: give some text")
+    demo = [f"--{k.replace('_', '-')}" for k in ("demo_size", "demo_format", "demo_quant") if getattr(args, k)]
+    if args.model is not None and demo:
+        raise EngineError(f"{' and '.join(demo)}: choose the demo pair, which runs only without --model")
+    if args.demo_quant is not None and args.demo_format != "gguf":
+        raise EngineError(f"--demo-quant {args.demo_quant}: only the GGUF demo is quantized (add --demo-format gguf)")
     if args.trace is not None:
         folder = args.trace.parent
         if args.trace.is_dir():
@@ -116,8 +122,12 @@ def cmd_run(args) -> int:
     _check_run_args(args)
     target_dir, draft_dir = args.model, args.draft
     if target_dir is None:
-        pair = ensure_demo_pair(args.demo_size, on_build=lambda why: _tell(
-            f"building the synthetic demo model pair ({args.demo_size}; {why}), once..."))  # fmt: skip
+        size = args.demo_size or "default"
+        fmt = args.demo_format or "safetensors"
+        quant = check_format(fmt, args.demo_quant)
+        what = _demo_name(size, fmt, quant)
+        pair = ensure_demo_pair(size, format=fmt, quant=quant, on_build=lambda why: _tell(
+            f"building the synthetic demo model pair ({what}; {why}), once..."))  # fmt: skip
         target_dir = pair.target
         if draft_dir is None and not args.no_draft:
             draft_dir = pair.draft
@@ -133,7 +143,8 @@ def cmd_run(args) -> int:
         if placement is None and target.config.num_experts > 0:
             placement = f"*={args.device}"
         run = DecodeRun(target, draft, prompts=prompts, tokens_per_prompt=args.n, repeats=args.repeats, q=args.q,
-                        mode=args.mode, placement=placement, trace=args.trace is not None)  # fmt: skip
+                        mode=args.mode, precision=args.precision, placement=placement,
+                        trace=args.trace is not None)  # fmt: skip
         progress = None
         if sys.stderr.isatty():
             progress = ProgressBar(args.n * len(prompts) * args.repeats, args.repeats, len(prompts))
@@ -152,7 +163,7 @@ def cmd_run(args) -> int:
                 progress.clear()
         report = _report(result, target, draft, prompts, eng.runtimes[0].kernel_variant)
     if args.trace is not None:
-        meta = {k: report.get(k) for k in ("target", "draft", "target_device", "mode", "placement", "q")}
+        meta = {k: report.get(k) for k in ("target", "draft", "target_device", "mode", "precision", "placement", "q")}
         write_chrome_trace(args.trace, run.spans, metadata=meta)
         report["trace"] = str(args.trace)
     if args.json:
@@ -167,19 +178,48 @@ def cmd_run(args) -> int:
 
 def _report(result: RunResult, target, draft, prompts, kernels: str) -> dict:
     report = {
-        "synthetic": target.config.synthetic,
-        "draft_synthetic": None if draft is None else draft.config.synthetic,
+        "synthetic": is_synthetic(target.checkpoint),
+        "draft_synthetic": None if draft is None else is_synthetic(draft.checkpoint),
         "kernels": kernels,
         **result.to_dict(),
     }
     info = target.info
     report["weights"] = {"held": info["weights"], "file_bytes": info["file_bytes"],
-                         "huge_page_bytes": info["huge_page_bytes"]}  # fmt: skip
+                         "huge_page_bytes": info["huge_page_bytes"], "formats": _formats(target)}  # fmt: skip
+    if draft is not None:
+        report["draft_weights"] = {"formats": _formats(draft)}
     report["prompts"] = [
         {"prompt": text, "text": target.decode_text(p.generated_ids), **entry}
         for text, p, entry in zip(prompts, result.prompts, report["prompts"], strict=False)
     ]
     return report
+
+
+def _formats(model) -> list[str]:
+    """The weight formats of a model's tensors (engine/formats.py names), most bytes first."""
+    held: dict[str, int] = {}
+    for t in model.checkpoint.tensors.values():
+        held[t.dtype] = held.get(t.dtype, 0) + t.nbytes
+    return sorted(held, key=lambda f: (-held[f], f))
+
+
+def _quantized(formats_: list[str]) -> bool:
+    return any(FORMATS[f].quantized for f in formats_ if f in FORMATS)
+
+
+PRECISION_NOTES = {
+    "f32": "activations meet exactly dequantized weights in f32: the reference",
+    "q8": "activations quantized to int8 per 32 values, integer products as llama.cpp: not the reference, its "
+    "tokens and hashes may differ from f32's",
+}
+
+
+def _precision_line(report: dict) -> str:
+    note = PRECISION_NOTES[report["precision"]]
+    formats_ = report["weights"]["formats"] + report.get("draft_weights", {}).get("formats", [])
+    if report["precision"] == "q8" and not _quantized(formats_):
+        note = "no quantized weights here: float weights are read in f32, the same output as f32"
+    return f"precision {report['precision']} ({note})"
 
 
 def _rate(median, lo, hi) -> str:
@@ -210,9 +250,10 @@ def _print_table(report: dict, result: RunResult, n_prompts: int) -> None:
     devices = f"target {report['target_device']}" + (f", draft {report['draft_device']}" if report["draft"] else "")
     print(f"devices   {devices} ({report['kernels']} kernels)")
     print(f"mode      {report['mode']}")
+    print(_precision_line(report))
     w = report["weights"]
     huge = f", {_size(w['huge_page_bytes'])} on huge pages" if w["held"] == "copy" else ""
-    print(f"weights   {w['held']} ({_size(w['file_bytes'])}{huge})")
+    print(f"weights   {w['held']} ({_size(w['file_bytes'])}{huge}; {', '.join(w['formats'])})")
     if report["placement"] is not None:
         print(f"placement {report['placement']}")
     print(f"run       {n_prompts} prompts x {report['tokens_per_prompt']} tokens x {report['repeats']} repeats"
@@ -247,21 +288,30 @@ def _print_table(report: dict, result: RunResult, n_prompts: int) -> None:
         print(f"{i:>2}  {p['prompt_tokens']:>6}  {p['output_sha256'][:16]}  {text!r}")
 
 
+def _demo_name(size: str, fmt: str, quant: str | None) -> str:
+    return size if fmt == "safetensors" else f"{size}, GGUF {quant}"
+
+
 def cmd_demo_model(args) -> int:
+    if args.quant is not None and args.format != "gguf":
+        raise EngineError(f"--quant {args.quant}: only the GGUF demo is quantized (add --format gguf)")
+    quant = check_format(args.format, args.quant)
+    what = _demo_name(args.size, args.format, quant)
     t0 = time.perf_counter()
-    pair = ensure_demo_pair(args.size, verify=args.verify, rebuild=args.rebuild, on_build=lambda why: _tell(
-        f"building the synthetic demo model pair ({args.size}; {why})..."))  # fmt: skip
+    pair = ensure_demo_pair(args.size, verify=args.verify, rebuild=args.rebuild, format=args.format, quant=quant,
+                            on_build=lambda why: _tell(f"building the synthetic demo model pair ({what}; "
+                                                       f"{why})..."))  # fmt: skip
     seconds = time.perf_counter() - t0
-    report = {"size": pair.size, "target": str(pair.target), "draft": str(pair.draft), "synthetic": True,
-              "built": pair.built, "reason": pair.reason, "checked": "sha256" if args.verify else "sizes",
-              "seconds": seconds}  # fmt: skip
+    report = {"size": pair.size, "format": pair.format, "quant": pair.quant, "target": str(pair.target),
+              "draft": str(pair.draft), "synthetic": True, "built": pair.built, "reason": pair.reason,
+              "checked": "sha256" if args.verify else "sizes", "seconds": seconds}  # fmt: skip
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
     state = f"built in {seconds:.1f} s ({pair.reason})" if pair.built else f"intact ({report['checked']} checked)"
-    print(f"demo model pair '{pair.size}' ({SYNTHETIC_NOTE}): {state}")
-    print(f"target    {pair.target}  (Qwen3-MoE)")
-    print(f"draft     {pair.draft}  (dense Qwen3)")
+    print(f"demo model pair '{what}' ({SYNTHETIC_NOTE}): {state}")
+    print(f"target    {pair.target}  (Qwen3-MoE, {quant_formats(quant)})")
+    print(f"draft     {pair.draft}  (dense Qwen3, {quant_formats(quant, 'draft')})")
     return 0
 
 
@@ -297,7 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         help="decode runs: tokens/s, draft acceptance and output hashes",
         description="Greedy decode runs over prompts, with a draft model (speculative decoding) or without. "
-        "With no --model, runs the built-in synthetic demo pair (see 'expertbench demo-model').",
+        "With no --model, runs the built-in synthetic demo pair (see 'expertbench demo-model'; --demo-size, "
+        "--demo-format and --demo-quant choose which).",
     )
     run.add_argument("--model", metavar="PATH",
                      help="Hugging Face model folder or GGUF file (default: the synthetic demo target)")  # fmt: skip
@@ -312,6 +363,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--mode", default="reference", choices=REDUCTION_MODES,
                      help="expert reduction: reference (identical outputs on any placement; default) or owner_local "
                           "(each owner pre-sums its experts: fewer bytes, another float association)")  # fmt: skip
+    run.add_argument("--precision", default="f32", choices=PRECISIONS,
+                     help="how activations meet quantized weights (GGUF Q8_0, Q4_K, Q5_K, Q6_K, MXFP4): f32 (exactly "
+                          "dequantized weights, f32 sums: the reference, identical on any placement; default) or q8 "
+                          "(activations quantized to int8 per 32 values, integer products, as llama.cpp's CPU "
+                          "kernels: faster and deterministic, but NOT the reference: other logits, and its tokens "
+                          "and output hashes may differ from f32's). Float weights are read in f32 either "
+                          "way")  # fmt: skip
     run.add_argument("--placement", metavar="TEXT",
                      help="where the target's experts live: rules LAYERS=DEVICE or LAYER.EXPERTS=DEVICE separated by "
                           "';', applied in order over --device, e.g. '0-7=cuda:0; 12.3=cuda:0' (default: all on "
@@ -326,8 +384,16 @@ def build_parser() -> argparse.ArgumentParser:
                      "auto: copied where huge pages are enabled and the files take at most half of the memory "
                      "available (default)")  # fmt: skip
     run.add_argument("--draft-device", help="the draft's device (default: --device)")
-    run.add_argument("--demo-size", default="default", choices=sorted(SIZES),
+    run.add_argument("--demo-size", choices=sorted(SIZES),
                      help="which demo pair to use when no --model is given (default: default)")  # fmt: skip
+    run.add_argument(
+        "--demo-format",
+        choices=DEMO_FORMATS,
+        help="the demo pair as safetensors folders (bf16; default) or as GGUF files (see --demo-quant)",
+    )
+    run.add_argument("--demo-quant", choices=tuple(QUANTS),
+                     help="with --demo-format gguf: q8_0 (every matrix Q8_0; default) or mxfp4 (MXFP4 experts, Q8_0 "
+                          "elsewhere, as llama.cpp's MXFP4_MOE)")  # fmt: skip
     run.add_argument("--json", action="store_true", help="print one JSON document")
     run.add_argument("--trace", metavar="FILE", type=Path,
                      help="write the per-token trace (what ran on which device, when, per step and layer) as Chrome "
@@ -339,10 +405,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="build (or check) the synthetic demo model pair in the cache folder",
         description="Writes a seeded synthetic Qwen3-MoE target and a dense Qwen3 draft built from it into "
         "$XDG_CACHE_HOME/expertbench (or ~/.cache/expertbench). Random weights: the text they write is noise, "
-        "but the pair behaves like a real target and draft (acceptance about 75 %% at q=2).",
+        "but the pair behaves like a real target and draft (acceptance about 75 % at q=2). --format gguf writes "
+        "the same weights as GGUF files, quantized as llama.cpp quantizes them (--quant q8_0: every matrix Q8_0; "
+        "mxfp4: MXFP4 experts and Q8_0 elsewhere, llama.cpp's MXFP4_MOE; norms and the router F32), a cache entry "
+        "of its own per quantization; run it with 'expertbench run --demo-format gguf --demo-quant Q'. The 4-bit "
+        "experts stray further from the Q8_0 draft: the mxfp4 pair accepts fewer draft tokens.",
     )
     demo.add_argument("--size", default="default", choices=sorted(SIZES),
                       help="default (about 60 M parameters) or bench (about 1 B)")  # fmt: skip
+    demo.add_argument("--format", default="safetensors", choices=DEMO_FORMATS,
+                      help="safetensors: model folders of bf16 weights (default); gguf: the same weights as GGUF files "
+                           "(llama.cpp's format), quantized as --quant says")  # fmt: skip
+    demo.add_argument("--quant", choices=tuple(QUANTS),
+                      help="with --format gguf: q8_0 (every matrix Q8_0; default) or mxfp4 (MXFP4 experts, Q8_0 "
+                           "elsewhere, as llama.cpp's MXFP4_MOE); norms and the router stay F32")  # fmt: skip
     demo.add_argument("--verify", action="store_true", help="re-hash every file (otherwise sizes are checked)")
     demo.add_argument("--rebuild", action="store_true", help="build again even when intact")
     demo.add_argument("--json", action="store_true", help="print one JSON document")

@@ -15,11 +15,18 @@ How the pair is made to agree (speculative acceptance at q=2 between 70 % and 85
   model's top logits lie close together, so small values already move acceptance a lot; they were tuned by
   measuring acceptance, and a test holds the default size in range.
 
-The files live in the user's cache folder ($XDG_CACHE_HOME or ~/.cache)/expertbench/demo-<size>-v1/, with
-target/, draft/ and manifest.json (the size and sha256 of every file, and the recipe they were built from).
-Each use checks that every file exists with its recorded size and that the recipe is current (cheap);
-`verify=True` (`expertbench demo-model --verify`) also re-hashes every byte. A pair that fails either check
-is rebuilt.
+The same pair is written as GGUF files too (`format="gguf"`, `expertbench demo-model --format gguf --quant Q`), the
+way llama.cpp converts and quantizes the safetensors pair: the same bf16 weights, matrices quantized with the gguf
+package's gguf.quants (Q8_0 everywhere for `q8_0`; MXFP4 experts and Q8_0 elsewhere for `mxfp4`, llama.cpp's
+MXFP4_MOE), norms and the expert router kept in F32, each MoE layer's experts merged into one tensor per projection,
+the tokenizer as tokenizer.ggml.* keys. Q8_0 and MXFP4 store rows in blocks of 32 values: every matrix width of a
+size must be a multiple of 32 (both sizes here are).
+
+The files live in the user's cache folder ($XDG_CACHE_HOME or ~/.cache)/expertbench/: demo-<size>-v1/ holds
+target/, draft/ and manifest.json (the size and sha256 of every file, and the recipe they were built from);
+demo-<size>-gguf-<quant>-v1/ holds target.gguf, draft.gguf and its manifest.json. Each use checks that every file
+exists with its recorded size and that the recipe is current (cheap); `verify=True` (`expertbench demo-model
+--verify`) also re-hashes every byte. A pair that fails either check is rebuilt.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ import numpy as np
 from .errors import ArgumentError, CheckpointError
 
 FORMAT_VERSION = 1
+GGUF_FORMAT_VERSION = 1  # of the GGUF files' recipe (their keys and tensor types), beside the weights' FORMAT_VERSION
 SEED = 20240604
 INIT_STD = 0.1  # of every weight matrix; larger than usual so a random model's greedy output varies
 NORM_STD = 0.1  # RMSNorm weights are 1 + NORM_STD * N(0, 1), so the norms are not all ones
@@ -84,13 +92,32 @@ SIZES = {
 }  # fmt: skip
 
 
+# The demo pair's file formats, and the GGUF quantizations: quant -> (llama.cpp's general.file_type, the experts'
+# format, every other matrix's format). Norms and the router stay F32, as llama.cpp keeps them.
+DEMO_FORMATS = ("safetensors", "gguf")
+QUANTS = {
+    "q8_0": (7, "Q8_0", "Q8_0"),  # LLAMA_FTYPE_MOSTLY_Q8_0
+    "mxfp4": (38, "MXFP4", "Q8_0"),  # LLAMA_FTYPE_MOSTLY_MXFP4_MOE: MXFP4 experts, Q8_0 elsewhere
+}
+DEFAULT_QUANT = "q8_0"
+SYNTHETIC_KEY = "expertbench.synthetic"  # the GGUF files' mark (config.json says expertbench_synthetic)
+
+
 @dataclass(frozen=True)
 class DemoPair:
-    target: Path
+    target: Path  # a model folder, or a .gguf file
     draft: Path
     size: str
     built: bool  # False when an intact pair was found in the cache
     reason: str  # why it was built ("missing", "damaged: ..."), or "" when found intact
+    format: str = "safetensors"
+    quant: str | None = None  # the GGUF quantization (QUANTS), None for safetensors
+
+
+def is_synthetic(checkpoint) -> bool:
+    """Whether a checkpoint is a demo model: its config.json says expertbench_synthetic, or its GGUF metadata says
+    expertbench.synthetic."""
+    return bool(checkpoint.config.synthetic)
 
 
 def cache_root() -> Path:
@@ -98,15 +125,48 @@ def cache_root() -> Path:
     return (Path(base) if base else Path.home() / ".cache") / "expertbench"
 
 
-def recipe(size: DemoSize) -> dict:
+def recipe(size: DemoSize, format: str = "safetensors", quant: str | None = None) -> dict:
     """Everything the files depend on: a manifest with another recipe is rebuilt."""
-    return {"format": FORMAT_VERSION, "seed": SEED, "init_std": INIT_STD, "norm_std": NORM_STD, **asdict(size)}
+    out = {"format": FORMAT_VERSION, "seed": SEED, "init_std": INIT_STD, "norm_std": NORM_STD, **asdict(size)}
+    if format == "gguf":
+        out.update(file_format="gguf", gguf_format=GGUF_FORMAT_VERSION, quant=quant)
+    return out
 
 
-def demo_folder(size: str = "default", cache_dir: str | os.PathLike | None = None) -> Path:
+def check_format(format: str = "safetensors", quant: str | None = None) -> str | None:
+    """The quantization a demo format takes (the default one for GGUF); ArgumentError for an unknown format or
+    quantization, or a quantization given for safetensors."""
+    if format not in DEMO_FORMATS:
+        raise ArgumentError(f"demo model format {format!r} is unknown: expected one of {', '.join(DEMO_FORMATS)}")
+    if format == "safetensors":
+        if quant is not None:
+            raise ArgumentError(f"demo quantization {quant!r}: only the GGUF demo is quantized (format 'gguf'); the "
+                                "safetensors demo is bf16")  # fmt: skip
+        return None
+    quant = DEFAULT_QUANT if quant is None else quant
+    if quant not in QUANTS:
+        raise ArgumentError(f"demo quantization {quant!r} is unknown: expected one of {', '.join(QUANTS)} (q8_0: "
+                            "every matrix Q8_0; mxfp4: MXFP4 experts, Q8_0 elsewhere, as llama.cpp's "
+                            "MXFP4_MOE)")  # fmt: skip
+    return quant
+
+
+def quant_formats(quant: str | None, role: str = "target") -> str:
+    """The weight formats of a demo file in words: 'BF16', 'Q8_0', 'MXFP4 experts, Q8_0 elsewhere' (norms and the
+    router, F32, not named)."""
+    if quant is None:
+        return "BF16"
+    _, experts, other = QUANTS[quant]
+    return other if experts == other or role == "draft" else f"{experts} experts, {other} elsewhere"
+
+
+def demo_folder(size: str = "default", cache_dir: str | os.PathLike | None = None, format: str = "safetensors",
+                quant: str | None = None) -> Path:  # fmt: skip
     if size not in SIZES:
         raise ArgumentError(f"demo model size {size!r} is unknown: expected one of {', '.join(SIZES)}")
-    return (Path(cache_dir) if cache_dir is not None else cache_root()) / f"demo-{size}-v{FORMAT_VERSION}"
+    quant = check_format(format, quant)
+    kind = "" if format == "safetensors" else f"-gguf-{quant}"
+    return (Path(cache_dir) if cache_dir is not None else cache_root()) / f"demo-{size}{kind}-v{FORMAT_VERSION}"
 
 
 def ensure_demo_pair(
@@ -115,28 +175,37 @@ def ensure_demo_pair(
     verify: bool = False,
     rebuild: bool = False,
     on_build: Callable[[str], None] | None = None,
+    format: str = "safetensors",
+    quant: str | None = None,
 ) -> DemoPair:
     """The demo pair of this size, built into the cache when missing, damaged or from an older recipe.
 
     verify: re-hash every file (otherwise only sizes are checked). rebuild: build even when intact.
     on_build(reason) is called before a build starts (to tell the user why this takes a moment).
+    format: "safetensors" (model folders, bf16) or "gguf" (GGUF files quantized as `quant`: "q8_0", the default,
+    or "mxfp4"); each format and quantization is a cache entry of its own.
     """
-    folder = demo_folder(size, cache_dir)
+    quant = check_format(format, quant)
+    folder = demo_folder(size, cache_dir, format, quant)
     spec = SIZES[size]
+    if format == "gguf":
+        check_block_widths(spec, quant)
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CheckpointError(f"cannot create the demo model cache '{folder.parent}': {exc.strerror or exc}") from None
     with _locked(folder.parent / f"{folder.name}.lock"):
-        reason = "rebuild requested" if rebuild else check_pair(folder, spec, full=verify)
+        reason = "rebuild requested" if rebuild else check_pair(folder, spec, full=verify, format=format, quant=quant)
         if reason:
             if on_build is not None:
                 on_build(reason)
-            build_pair(folder, spec)
-        return DemoPair(folder / "target", folder / "draft", size, bool(reason), reason)
+            build_pair(folder, spec, format, quant)
+        names = ("target", "draft") if format == "safetensors" else ("target.gguf", "draft.gguf")
+        return DemoPair(folder / names[0], folder / names[1], size, bool(reason), reason, format, quant)
 
 
-def check_pair(folder: Path, spec: DemoSize, full: bool = False) -> str:
+def check_pair(folder: Path, spec: DemoSize, full: bool = False, format: str = "safetensors",
+               quant: str | None = None) -> str:  # fmt: skip
     """'' when the pair in folder is intact, else what is wrong (sizes always, sha256 too when full)."""
     manifest_path = folder / "manifest.json"
     if not manifest_path.is_file():
@@ -147,7 +216,7 @@ def check_pair(folder: Path, spec: DemoSize, full: bool = False) -> str:
         stored_recipe = manifest["recipe"]
     except (OSError, ValueError, KeyError, TypeError):
         return "damaged (manifest.json unreadable)"
-    if stored_recipe != recipe(spec):
+    if stored_recipe != recipe(spec, format, quant):
         return "built from an older recipe"
     if not isinstance(files, dict) or not files:
         return "damaged (manifest.json lists no files)"
@@ -167,23 +236,28 @@ def check_pair(folder: Path, spec: DemoSize, full: bool = False) -> str:
     return ""
 
 
-def build_pair(folder: Path, spec: DemoSize) -> None:
+def build_pair(folder: Path, spec: DemoSize, format: str = "safetensors", quant: str | None = None) -> None:
     """Write the pair into a fresh sibling folder, then swap it in, so a crash never leaves a half-built pair."""
+    quant = check_format(format, quant)
     tmp = folder.with_name(f"{folder.name}.building-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        (tmp / "target").mkdir(parents=True)
-        (tmp / "draft").mkdir()
+        tmp.mkdir(parents=True)
         tokenizer_json = build_tokenizer(spec.vocab_size)
         eos_id = json.loads(tokenizer_json)["added_tokens"][0]["id"]
         for role in ("target", "draft"):
+            if format == "gguf":
+                write_gguf(tmp / f"{role}.gguf", spec, role, quant, tokenizer_json, eos_id)
+                continue
+            (tmp / role).mkdir()
             (tmp / role / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
             (tmp / role / "config.json").write_text(json.dumps(model_config(spec, role, eos_id), indent=2) + "\n")
             write_safetensors(tmp / role, list(model_tensors(spec, role)), spec.shard_bytes)
         files = {}
         for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
             files[path.relative_to(tmp).as_posix()] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
-        manifest = {"recipe": recipe(spec), "files": files, "built": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        manifest = {"recipe": recipe(spec, format, quant), "files": files,
+                    "built": time.strftime("%Y-%m-%dT%H:%M:%S%z")}  # fmt: skip
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         shutil.rmtree(folder, ignore_errors=True)
         tmp.rename(folder)
@@ -312,9 +386,7 @@ def _expert(layer: int, expert: int, proj: str, shape, deviation: float, scale: 
 
 def bf16_bytes(a: np.ndarray) -> bytes:
     """float32 -> bfloat16 (round to nearest even), little-endian bytes. Consumes a (works in place)."""
-    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-    u += np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))
-    return (u >> 16).astype("<u2").tobytes()
+    return (bf16_rounded(a).view(np.uint32) >> 16).astype("<u2").tobytes()
 
 
 def write_safetensors(folder: Path, tensors: list[Tensor], shard_bytes: int) -> None:
@@ -359,6 +431,162 @@ def write_safetensors(folder: Path, tensors: list[Tensor], shard_bytes: int) -> 
         total = sum(2 * int(np.prod(t[1])) for t in tensors)
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+
+
+# ---- the GGUF form ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class GGUFTensor:
+    """A tensor of a GGUF file to write: llama.cpp's name, numpy shape, format, and the makers of its values (one, or
+    one per expert of a merged [experts, rows, cols] tensor)."""
+
+    name: str
+    shape: tuple[int, ...]
+    fmt: str
+    makers: list[Callable[[], np.ndarray]]
+
+    def values(self) -> np.ndarray:
+        if len(self.makers) == 1:
+            return self.makers[0]()
+        return np.stack([make() for make in self.makers])
+
+
+def gguf_tensors(spec: DemoSize, role: str, quant: str) -> list[GGUFTensor]:
+    """The tensors of model_tensors() under llama.cpp's names (engine/gguf_file.py's table read backwards), each MoE
+    layer's experts merged per projection, in file order; their formats as llama.cpp's quantizer picks them: 1-D
+    norms and the router F32, experts QUANTS[quant][1], every other matrix QUANTS[quant][2]."""
+    from .gguf_file import EXPERT_TENSORS, GLOBAL_TENSORS, LAYER_TENSORS, MOE_LAYER_TENSORS
+
+    global_names = {hf: g for g, hf in GLOBAL_TENSORS.items()}
+    layer_names = {hf: g for g, hf in (LAYER_TENSORS | MOE_LAYER_TENSORS).items()}
+    expert_names = {hf: g for g, hf in EXPERT_TENSORS.items()}
+    _, expert_fmt, matrix_fmt = QUANTS[quant]
+    out: list[GGUFTensor] = []
+    merged: dict[str, GGUFTensor] = {}
+    for name, shape, make in model_tensors(spec, role):
+        if name in global_names:
+            out.append(GGUFTensor(global_names[name], shape, "F32" if len(shape) == 1 else matrix_fmt, [make]))
+            continue
+        _, _, layer, rest = name.split(".", 3)  # model.layers.N.<rest>
+        expert, _, proj = rest.removeprefix("mlp.experts.").partition(".")
+        if rest.startswith("mlp.experts."):
+            gname = f"blk.{layer}.{expert_names[proj]}"
+            if gname not in merged:
+                merged[gname] = GGUFTensor(gname, shape, expert_fmt, [])
+                out.append(merged[gname])
+            merged[gname].makers.append(make)
+            continue
+        router = rest == "mlp.gate.weight"
+        out.append(GGUFTensor(f"blk.{layer}.{layer_names[rest]}", shape,
+                              "F32" if len(shape) == 1 or router else matrix_fmt, [make]))  # fmt: skip
+    for t in merged.values():
+        t.shape = (len(t.makers), *t.shape)
+    return out
+
+
+def check_block_widths(spec: DemoSize, quant: str) -> None:
+    """Q8_0 and MXFP4 store each row in blocks of 32 values: every matrix width of the size (its rows' lengths) must
+    be a multiple of that, or the size has no GGUF form (ArgumentError naming the width)."""
+    from . import formats
+
+    block = max(formats.get(f).block for f in QUANTS[quant][1:])
+    widths = {"hidden_size": spec.hidden_size, "moe_intermediate_size": spec.moe_intermediate_size,
+              "num_heads x head_dim": spec.num_heads * spec.head_dim}  # fmt: skip
+    bad = [f"{what} = {n}" for what, n in widths.items() if n % block]
+    if bad:
+        raise ArgumentError(f"demo size '{spec.name}' cannot be written as GGUF {quant}: {', '.join(bad)} is not a "
+                            f"multiple of {block} ({' and '.join(dict.fromkeys(QUANTS[quant][1:]))} store rows in "
+                            f"blocks of {block} values)")  # fmt: skip
+
+
+def bf16_rounded(a: np.ndarray) -> np.ndarray:
+    """float32 values rounded to bfloat16 as bf16_bytes() rounds them, still float32 (the safetensors pair's values).
+    Consumes a (works in place)."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    u += np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))
+    u &= np.uint32(0xFFFF0000)
+    return u.view(np.float32)
+
+
+def tokenizer_keys(tokenizer_json: str) -> dict:
+    """tokenizer.ggml.* values of a byte-level BPE tokenizer.json as llama.cpp's converter writes them: the vocabulary
+    by id, token types (1 normal, 3 control for special added tokens, 4 user-defined for the others), the merges as
+    'a b' strings (the pre-tokenizer, 'gpt-2', is the GPT-2 split the demo tokenizer's ByteLevel makes)."""
+    tj = json.loads(tokenizer_json)
+    by_id = {i: t for t, i in tj["model"]["vocab"].items()}
+    types = dict.fromkeys(by_id, 1)
+    for added in tj["added_tokens"]:
+        by_id[added["id"]] = added["content"]
+        types[added["id"]] = 3 if added["special"] else 4
+    if sorted(by_id) != list(range(len(by_id))):
+        raise AssertionError("the demo tokenizer's ids are not 0..n-1")
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+    return {"tokens": [by_id[i] for i in range(len(by_id))], "types": [types[i] for i in range(len(by_id))],
+            "merges": merges}  # fmt: skip
+
+
+def write_gguf(path: Path, spec: DemoSize, role: str, quant: str, tokenizer_json: str, eos_id: int) -> None:
+    """The target (qwen3moe) or draft (qwen3) as one GGUF file: the `<arch>.*` keys from the config, the tokenizer as
+    tokenizer.ggml.*, the bf16 weights quantized with gguf.quants. Written one tensor at a time (the tensor table
+    first, from the shapes), so memory stays at one tensor whatever the size."""
+    import gguf
+
+    from . import formats
+
+    check_block_widths(spec, quant)
+    cfg = model_config(spec, role, eos_id)
+    arch = "qwen3moe" if role == "target" else "qwen3"
+    w = gguf.GGUFWriter(None, arch)
+    w.add_type("model")
+    w.add_name(f"expertbench demo {spec.name} {role}")
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_rope_freq_base(cfg["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    if role == "target":
+        w.add_expert_count(cfg["num_experts"])
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    tok = tokenizer_keys(tokenizer_json)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")  # llama.cpp's name for the GPT-2 split (llama-vocab.cpp)
+    w.add_token_list(tok["tokens"])
+    w.add_token_types(tok["types"])
+    w.add_token_merges(tok["merges"])
+    w.add_bos_token_id(eos_id)
+    w.add_eos_token_id(eos_id)
+    w.add_pad_token_id(eos_id)
+    w.add_add_bos_token(False)
+    w.add_add_eos_token(False)
+    w.add_bool(SYNTHETIC_KEY, True)
+    w.add_string("expertbench.demo.size", spec.name)
+    w.add_string("expertbench.demo.role", role)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_file_type(QUANTS[quant][0])
+    tensors = gguf_tensors(spec, role, quant)
+    qtype = {t.fmt: gguf.GGMLQuantizationType(formats.get(t.fmt).ggml_type) for t in tensors}
+    for t in tensors:
+        w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), formats.tensor_bytes(t.fmt, t.shape),
+                          raw_dtype=qtype[t.fmt])  # fmt: skip
+    try:
+        w.write_header_to_file(path)
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        for t in tensors:
+            values = t.values()
+            if values.shape != t.shape:
+                raise AssertionError(f"{t.name}: made shape {values.shape}, declared {t.shape}")
+            values = bf16_rounded(values)  # the safetensors pair's values, which llama.cpp's converter would read
+            w.write_tensor_data(values if t.fmt == "F32" else gguf.quants.quantize(values, qtype[t.fmt]))
+    finally:
+        w.close()
 
 
 # The tokenizer's training text: plain English (so the prompts tokenize into words), then made-up words drawn

@@ -585,6 +585,7 @@ def parse_config(parts: list[Part]) -> ModelConfig:
         attention_bias=bias,
         bos_token_id=ids["bos_token_id"],
         eos_token_id=tuple(dict.fromkeys(i for k, i in ids.items() if k != "bos_token_id" and i is not None)),
+        synthetic=bool(m.get("expertbench.synthetic", "bool", False)),  # the demo pair's mark (engine/demo.py)
         **kw,
     )
 

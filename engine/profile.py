@@ -34,7 +34,7 @@ from .errors import ArgumentError, CheckpointError
 from .model import WEIGHTS_MODES
 from .placement import Placement
 from .routing import RoutingStats
-from .run import REDUCTION_MODES
+from .run import PRECISIONS, REDUCTION_MODES
 from .speculative import MAX_DRAFT_TOKENS
 
 FORMAT_VERSION = 1
@@ -129,7 +129,7 @@ class PlacementSpec:
 @dataclass
 class RunSettings:
     """None means the default (prompts: the demo prompts; tokens 32; repeats 3; q 2; mode reference; weights
-    auto)."""
+    auto; precision f32)."""
 
     prompts: list[str | list[int]] | None = None
     tokens: int | None = None
@@ -137,6 +137,7 @@ class RunSettings:
     q: int | None = None
     mode: str | None = None
     weights: str | None = None  # how the engine holds the files (engine.model.WEIGHTS_MODES)
+    precision: str | None = None  # how activations meet quantized weights (engine.run.PRECISIONS)
 
     def resolved(self) -> dict:
         from .demo import DEMO_PROMPTS
@@ -147,6 +148,7 @@ class RunSettings:
             "repeats": self.repeats or DEFAULT_REPEATS,
             "q": self.q or DEFAULT_Q,
             "mode": self.mode or "reference",
+            "precision": self.precision or "f32",
             "weights": self.weights or "auto",
         }
 
@@ -306,7 +308,8 @@ class Profile:
         run = {k: v for k, v in (("prompts", None if self.run.prompts is None else
                                   [_flow(p) if isinstance(p, list) else p for p in self.run.prompts]),
                                  ("tokens", self.run.tokens), ("repeats", self.run.repeats), ("q", self.run.q),
-                                 ("mode", self.run.mode), ("weights", self.run.weights)) if v is not None}  # fmt: skip
+                                 ("mode", self.run.mode), ("precision", self.run.precision),
+                                 ("weights", self.run.weights)) if v is not None}  # fmt: skip
         if run:
             out["run"] = run
         e = self.expectations
@@ -826,7 +829,7 @@ def _read_placement(r: _Reader, node, need_device) -> PlacementSpec:
 
 
 def _read_run(r: _Reader, node, has_draft: bool) -> RunSettings:
-    m = r.mapping(node, "run", ("prompts", "tokens", "repeats", "q", "mode", "weights"))
+    m = r.mapping(node, "run", ("prompts", "tokens", "repeats", "q", "mode", "precision", "weights"))
     run = RunSettings()
     if "prompts" in m:
         items = r.sequence(m["prompts"][1], "run.prompts")
@@ -856,6 +859,11 @@ def _read_run(r: _Reader, node, has_draft: bool) -> RunSettings:
         run.mode = r.string(m["mode"][1], "run.mode")
         if run.mode not in REDUCTION_MODES:
             r.fail(m["mode"][1], f"run.mode: expected one of {', '.join(REDUCTION_MODES)}, got {run.mode!r}")
+    if "precision" in m:
+        run.precision = r.string(m["precision"][1], "run.precision")
+        if run.precision not in PRECISIONS:
+            r.fail(m["precision"][1], f"run.precision: expected one of {', '.join(PRECISIONS)} (f32: the reference; "
+                                      f"q8: int8 activations as llama.cpp), got {run.precision!r}")  # fmt: skip
     if "weights" in m:
         run.weights = r.string(m["weights"][1], "run.weights")
         if run.weights not in WEIGHTS_MODES:

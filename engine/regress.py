@@ -4,7 +4,8 @@ For every profile named (and every baseline profile they name, measured once, fi
 
 1. Everything is read and checked before anything runs: the profile (file:line errors), the model and draft
    folders, their fingerprints against the recorded ones, layer and expert ranges. Any of that is bad input.
-2. Each profile's runs (its devices, placement, draft, prompts, tokens, repeats, q, mode) are decoded.
+2. Each profile's runs (its devices, placement, draft, prompts, tokens, repeats, q, mode, precision) are decoded:
+   the recorded hashes are only ever compared with runs of the profile's own mode and precision.
 3. Checks: every repeat produced the same output hashes; they equal the recorded ones; the draft acceptance is
    at least the minimum; decode tokens/s over the baseline's, measured in this same invocation (never an
    absolute time), is at least the minimum ratio.
@@ -227,7 +228,8 @@ def measure_profile(profile: Profile, portable: bool = False) -> Measurement:
                                 device=profile.draft.device or profile.primary_device,
                                 weights=settings["weights"])  # fmt: skip
         placement = profile.placement_for(target.config) if target.config.num_experts > 0 else None
-        common = {"q": settings["q"], "mode": settings["mode"], "placement": placement}
+        common = {"q": settings["q"], "mode": settings["mode"], "precision": settings["precision"],
+                  "placement": placement}  # fmt: skip
         DecodeRun(
             target,
             draft,
@@ -370,8 +372,10 @@ def _judge(o: Outcome, outcomes: dict[Path, Outcome], record: bool, slack: float
     if len(got) != len(e.output_sha256):
         o.checks.append(Check("output hash", "fail", f"{len(got)} prompts finished, {len(e.output_sha256)} recorded"))
     elif differ:
+        run = p.run.resolved()
         o.checks.append(Check("output hash", "fail", "; ".join(f"prompt {i} gave {a[:16]}, recorded {b[:16]}"
-                                                               for i, a, b in differ)))  # fmt: skip
+                                                               for i, a, b in differ)
+                              + f" (mode {run['mode']}, precision {run['precision']})"))  # fmt: skip
     else:
         o.checks.append(Check("output hash", "pass", f"{len(got)} prompts as recorded"))
     if e.min_accept_rate is not None:

@@ -9,7 +9,8 @@ benchmark scripts in this field record: decode_tokens_per_second, accept_rate, o
     run.start(); ...; run.cancel(); result = run.wait()   # on a worker thread (the native calls release the GIL)
 
 A placement given to the run is applied to the target when the run starts (and stays in force after it);
-without one the run uses the target's current placement. The reduction mode is set on the run's own caches.
+without one the run uses the target's current placement. The reduction mode and the activation precision are set on
+the run's own caches.
 
 Cancel stops the run before its next step; the caches are released and the models stay usable. The callback
 runs on the run's own thread, between native calls: it should only copy the event somewhere (a queue, a
@@ -33,6 +34,7 @@ from .speculative import GreedyDecoder, SpeculativeDecoder, check_draft_q, check
 from .trace import Span
 
 REDUCTION_MODES = tuple(Context.MODES)  # the context owns the mode names
+PRECISIONS = tuple(Context.PRECISIONS)  # and the activation precisions (f32: the reference; q8: llama.cpp's way)
 # A step records at most a few spans per layer and device (attention, route, stage, experts per owner, join,
 # combine), whatever its rows: room per layer, plus embed, logits and recorded parts.
 TRACE_ROOM_PER_LAYER = 16
@@ -109,7 +111,8 @@ class RunResult:
     primary that cannot read host memory (a GPU): host_round_trips (MoE layer steps that read their routing back
     to the host because experts lived elsewhere) and graph_launches (recorded parts of one-token steps launched:
     one per step while every expert is on the primary, one more per host round trip otherwise).
-    placement is the target's placement in its text form (None for a dense target).
+    placement is the target's placement in its text form (None for a dense target). precision is how activations
+    met quantized weights: "f32" (the reference) or "q8" (int8 activations: other logits, so its hashes may differ).
     """
 
     target: str
@@ -117,6 +120,7 @@ class RunResult:
     target_device: str
     draft_device: str | None
     mode: str
+    precision: str
     placement: str | None
     q: int | None
     tokens_per_prompt: int
@@ -176,6 +180,12 @@ def check_mode(mode: str) -> str:
     return mode
 
 
+def check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise ArgumentError(f"precision {precision!r} is unknown: expected one of {', '.join(PRECISIONS)}")
+    return precision
+
+
 def _positive(name: str, value) -> int:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
         raise ArgumentError(f"{name} = {value!r}: expected a positive integer")
@@ -188,10 +198,13 @@ class DecodeRun:
     draft: a model proposing q tokens per step (1..8), verified by the target in one pass; None for
     target-only decoding. mode: "reference" (expert outputs summed on the primary in a fixed order: outputs
     identical whatever the placement) or "owner_local" (each owner pre-sums its experts: faster, not the
-    identity mode). placement: a Placement or its text form ("0-7=cuda:0; 8-15=cpu:0"), applied to the target
-    when the run starts; None keeps the target's current one. on_event(StepEvent) is called after every step,
-    on the run's thread. trace: record the per-token trace of both models (engine.trace): each StepEvent carries
-    its step's spans, and DecodeRun.spans collects them all. Everything is checked here, before any run starts.
+    identity mode). precision: "f32" (activations meet exactly dequantized weights in f32: the reference) or
+    "q8" (activations quantized to int8 per 32 values, integer products, as llama.cpp: faster, deterministic,
+    other logits than f32; float weights are read in f32 either way). placement: a Placement or its text form
+    ("0-7=cuda:0; 8-15=cpu:0"), applied to the target when the run starts; None keeps the target's current one.
+    on_event(StepEvent) is called after every step, on the run's thread. trace: record the per-token trace of both
+    models (engine.trace): each StepEvent carries its step's spans, and DecodeRun.spans collects them all.
+    Everything is checked here, before any run starts.
     """
 
     def __init__(
@@ -204,15 +217,17 @@ class DecodeRun:
         repeats: int = 1,
         q: int = 2,
         mode: str = "reference",
+        precision: str = "f32",
         placement=None,
         on_event=None,
         trace: bool = False,
     ):
         check_mode(mode)
+        check_precision(precision)
         if placement is not None:
             target.placement_bytes(placement)  # checks devices, layers and experts now; moves nothing yet
         self.target, self.draft = target, draft
-        self.mode, self.placement = mode, placement
+        self.mode, self.precision, self.placement = mode, precision, placement
         self.tokens_per_prompt = _positive("tokens per prompt", tokens_per_prompt)
         self.repeats = _positive("repeats", repeats)
         self.q = check_draft_q(q) if draft is not None else None
@@ -322,11 +337,13 @@ class DecodeRun:
             self.target.set_placement(self.placement)
         target_ctx = self.target.context(self.n_ctx)
         target_ctx.mode = self.mode
+        target_ctx.precision = self.precision
         draft_ctx = None
         try:
             if self.draft is not None:
                 draft_ctx = self.draft.context(self.n_ctx)
                 draft_ctx.mode = self.mode
+                draft_ctx.precision = self.precision
                 decoder = SpeculativeDecoder(target_ctx, draft_ctx, self.q)
             else:
                 decoder = GreedyDecoder(target_ctx)
@@ -420,6 +437,7 @@ class DecodeRun:
             target_device=self.target.device,
             draft_device=None if self.draft is None else self.draft.device,
             mode=self.mode,
+            precision=self.precision,
             placement=self.target.placement.describe() if self.target.config.num_experts > 0 else None,
             q=self.q,
             tokens_per_prompt=self.tokens_per_prompt,

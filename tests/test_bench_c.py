@@ -67,7 +67,13 @@ def test_decode_products_runs_through_the_cpu_module(tmp_path):
     row = re.search(r"^\| 352 \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \| \d+% \|$", out, re.M)
     assert row, out  # the bench demo target's 352 MB of weights per token
     assert all(float(v) > 0 for v in row.groups())
-    for args in ([module, "--dtype", "f16"], [module, "--tokens", "0"], [module, "--bogus"], []):
+    for args in (
+        [module, "--dtype", "q3_k"],
+        [module, "--precision", "q4"],
+        [module, "--tokens", "0"],
+        [module, "--bogus"],
+        [],
+    ):
         assert "usage:" in run(exe, *args, code=2).stderr, args
     assert "not a runtime module" in run(exe, exe, code=1).stderr
 

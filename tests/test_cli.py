@@ -79,6 +79,9 @@ def test_bad_model_folder_exits_2_with_one_line(tmp_path, capsys):
         (["--q", "9"], "--q 9: expected a draft length of 1..8 tokens"),
         (["--repeats", "0"], "--repeats 0: expected a positive number"),
         (["--prompt", ""], "--prompt '' is empty"),
+        (["--demo-quant", "q8_0"], "--demo-quant q8_0: only the GGUF demo is quantized (add --demo-format gguf)"),
+        (["--model", "m", "--demo-format", "gguf"], "--demo-format: choose the demo pair, which runs only without"),
+        (["--model", "m", "--demo-size", "bench"], "--demo-size: choose the demo pair"),
     ],
 )
 def test_bad_run_options_exit_2_before_any_model_loads(args, message, tmp_path, monkeypatch, capsys):
@@ -109,6 +112,32 @@ def test_placement_and_mode_options(capsys):
     assert main(args + ["--placement", "0=cpu:9"]) == 2
     err = capsys.readouterr().err
     assert err == "expertbench: error: no device named 'cpu:9' (1 devices loaded)\n"
+
+
+def test_precision_option_is_reported_and_q8_is_not_the_reference(capsys):
+    model = str(FIXTURES / "qwen3moe-gguf" / "model-q8_0.gguf")
+    args = ["run", "--model", model, "--prompt", REF_PROMPT, "-n", "24", "--repeats", "2"]
+    reports = {}
+    for precision in ("f32", "q8"):
+        assert main([*args, "--precision", precision, "--json"]) == 0
+        reports[precision] = json.loads(capsys.readouterr().out)
+        assert reports[precision]["precision"] == precision and reports[precision]["repeats_agree"]
+        assert reports[precision]["weights"]["formats"] == ["Q8_0", "F32"]
+    # (its tokens may or may not differ from f32's on a short run: tests/test_run.py shows a case where they do)
+    assert main([*args, "--precision", "q8"]) == 0
+    out = capsys.readouterr().out
+    assert "mode      reference\nprecision q8 (activations quantized to int8 per 32 values" in out
+    assert "not the reference, its tokens and hashes may differ from f32's)" in out and "; Q8_0, F32)" in out
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "precision f32 (activations meet exactly dequantized weights in f32: the reference)" in out
+    # float weights are read in f32 either way: said, not hidden
+    floats = ["run", "--model", str(FIXTURES / "qwen3moe-f32"), "-n", "4", "--repeats", "1", "--precision", "q8"]
+    assert main(floats) == 0
+    assert "precision q8 (no quantized weights here: float weights are read in f32" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        main([*args, "--precision", "q4"])
+    assert exit_.value.code == 2 and "invalid choice: 'q4'" in capsys.readouterr().err
 
 
 def test_run_on_a_device_primary_puts_every_expert_there_and_gives_the_reference_tokens(capsys):

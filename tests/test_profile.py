@@ -41,6 +41,7 @@ run:
   repeats: 2
   q: 3
   mode: owner_local
+  precision: q8
   weights: map
 expectations:
   output_sha256: ["{h}", "{h}"]
@@ -67,6 +68,7 @@ def test_full_profile_round_trip_is_lossless(tmp_path):
     assert first.placement.experts == [(2, 0, 1, "cpu:0"), (2, 7, 7, "cpu:1")]
     assert first.run.prompts == ["a: b, c", [1, 2, 3]]
     assert first.run.weights == "map" and first.run.resolved()["weights"] == "map"
+    assert first.run.precision == "q8" and first.run.resolved()["precision"] == "q8"
     assert first.devices["cpu"].threads == 1 and first.devices["hostsim"].devices == 1
     saved = first.save(tmp_path / "again.yaml")
     second = P.load(saved)
@@ -74,6 +76,7 @@ def test_full_profile_round_trip_is_lossless(tmp_path):
     text = saved.read_text()
     second.save(tmp_path / "third.yaml")
     assert (tmp_path / "third.yaml").read_text() == text  # the canonical form is a fixed point
+    assert "  mode: owner_local\n  precision: q8\n  weights: map\n" in text  # beside the mode, as written
 
 
 @pytest.mark.parametrize("name", ["cpu-only.yaml", "split.yaml", "cold-layers.yaml"])
@@ -89,6 +92,7 @@ def test_minimal_profile_defaults(tmp_path):
     assert p.primary_device == "cpu:0" and p.device_names() == ["cpu:0"] and p.draft is None
     settings = p.run.resolved()
     assert settings["tokens_per_prompt"] == 32 and settings["repeats"] == 3 and settings["mode"] == "reference"
+    assert settings["precision"] == "f32" and p.run.precision is None  # the reference, and none written back
     assert p.to_data() == {"expertbench_profile": 1, "model": {"demo": "default"}}
 
 
@@ -103,6 +107,10 @@ BAD = [
     ("expertbench_profile: 1\nmodel: {demo: default}\nrun:\n  repeats: 0\n", 4, "got 0"),
     ("expertbench_profile: 1\nmodel: {demo: default}\nrun:\n  q: 2\n", 4, "run.q: a draft length needs a 'draft'"),
     ("expertbench_profile: 1\nmodel: {demo: default}\nrun:\n  mode: fast\n", 4, "got 'fast'"),
+    ("expertbench_profile: 1\nmodel: {demo: default}\nrun:\n  tokens: 8\n  precision: Q8\n", 5,
+     "run.precision: expected one of f32, q8 (f32: the reference; q8: int8 activations as llama.cpp), got 'Q8'"),
+    ("expertbench_profile: 1\nmodel: {demo: default}\nrun:\n  precision: [q8]\n", 4,
+     "run.precision: expected a single value, got a list"),
     ("expertbench_profile: 1\nmodel: {demo: default}\nrun:\n  weights: mmap\n", 4,
      "run.weights: expected one of auto, map, copy, got 'mmap'"),
     ("expertbench_profile: 1\nmodel: {demo: default}\nrun:\n  prompts: []\n", 4, "run.prompts: empty"),
@@ -332,4 +340,5 @@ def test_the_full_example_in_the_readme_is_a_valid_profile(tmp_path):
     block = re.search(r"## A full example.*?```yaml\n(.*?)```", text, re.S).group(1)
     profile = P.loads(block, tmp_path / "example.yaml")
     assert profile.placement.experts == [(12, 0, 3, "cpu:0"), (12, 17, 17, "cpu:0")]
+    assert profile.run.mode == "reference" and profile.run.precision == "f32"  # every run key is shown
     assert P.loads(profile.to_yaml()) == profile

@@ -236,3 +236,34 @@ def test_exit_codes_through_the_command_line(recorded, tmp_path, capsys):
     with pytest.raises(SystemExit) as usage:
         main(["regress"])  # no profile: a usage error
     assert usage.value.code == 2
+
+
+def test_precision_is_replayed_and_its_hashes_are_its_own(tmp_path, capsys):
+    """run.precision: q8 replays with int8 activations; its hashes hold on any placement over CPU devices and are not
+    f32's, so a profile whose precision changed without a new --record is a regression, named."""
+    from quantized_fixtures import q8_0_gguf
+
+    target = q8_0_gguf(TARGET, tmp_path / "target-q8_0.gguf")
+    run = "run: {prompts: [[1, 2, 3, 4], [5, 6, 7]], tokens: 6, repeats: 2, precision: q8}\n"
+    one = f"expertbench_profile: 1\nmodel: {{path: {target}}}\n" + run
+    split = (f"expertbench_profile: 1\nmodel: {{path: {target}}}\ndevices: {{cpu: {{devices: 2, threads: 1}}, "
+             "hostsim: 1}\nplacement:\n  layers: {0: cpu:1, 2: hostsim:0}\n" + run)  # fmt: skip
+    f32 = one.replace("precision: q8", "precision: f32")
+    for name, text in (("one", one), ("split", split), ("f32", f32)):
+        (tmp_path / f"{name}.yaml").write_text(text)
+    paths = [str(tmp_path / f"{name}.yaml") for name in ("one", "split", "f32")]
+    assert cli_main(["regress", "--record", *paths]) == 0, capsys.readouterr().out
+    hashes = {name: P.load(tmp_path / f"{name}.yaml").expectations.output_sha256 for name in ("one", "split", "f32")}
+    assert hashes["one"] == hashes["split"] != hashes["f32"]
+    assert "precision: q8" in (tmp_path / "split.yaml").read_text()
+    capsys.readouterr()
+    assert cli_main(["regress", "--json", *paths[:2]]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [p["run"]["precision"] for p in report["profiles"]] == ["q8", "q8"]
+
+    changed = P.load(tmp_path / "split.yaml")
+    changed.run.precision = "f32"  # the q8 hashes kept: replayed in f32 they do not hold
+    changed.save()
+    assert cli_main(["regress", paths[1]]) == 1
+    out = capsys.readouterr().out
+    assert "split: output hash: prompt 1 gave" in out and "(mode reference, precision f32)" in out

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 from fixture_paths import FIXTURES
+from quantized_fixtures import q8_0_gguf
 
 from engine.demo import ensure_demo_pair
 from engine.errors import ArgumentError, RangeError, StateError
@@ -159,6 +160,7 @@ def test_a_run_object_runs_once(fixture_pair):
         ({"prompts": [[1, 512]]}, RangeError, r"prompt 0: token id 512 out of range: expected 0\.\.511"),
         ({"tokens_per_prompt": 250}, RangeError, "more than the target's max_position_embeddings"),
         ({"mode": "fast"}, ArgumentError, "reduction mode 'fast' is unknown: expected one of reference, owner_local"),
+        ({"precision": "q4"}, ArgumentError, "precision 'q4' is unknown: expected one of f32, q8"),
         ({"placement": "0=cpu:7"}, RangeError, "no device named 'cpu:7'"),
         ({"placement": "nonsense"}, ArgumentError, "placement rule 'nonsense': expected LAYERS=DEVICE"),
         ({"placement": "1=cpu:0"}, ArgumentError, r"no MoE layer in 1 \(dense layers have no experts\)"),
@@ -206,3 +208,39 @@ def test_dense_target_has_no_placement(fixture_pair):
     assert DecodeRun(dense, prompts=PROMPTS, tokens_per_prompt=2).run().placement is None
     with pytest.raises(ArgumentError, match="no experts to place"):
         DecodeRun(dense, prompts=PROMPTS, placement="0=cpu:0")
+
+
+@pytest.fixture
+def quantized_pair(tmp_path):
+    """The fixture pair as Q8_0 GGUF files (every matrix Q8_0; norms and the router F32, as llama.cpp keeps them)."""
+    return [q8_0_gguf(FIXTURES / name, tmp_path / f"{name}-q8_0.gguf") for name in ("qwen3moe-f32", "qwen3-f32")]
+
+
+def _contexts_made(monkeypatch, model) -> list:
+    made = []
+    real = model.context
+
+    def context(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(model, "context", context)
+    return made
+
+
+def test_precision_is_set_on_both_caches_and_reported(quantized_pair, monkeypatch):
+    """q8 runs both the target's and the draft's caches with int8 activations: another output than f32 on quantized
+    weights, deterministic, the same on every placement over CPU devices, and speculative decoding still gives the
+    target's own greedy output in that precision."""
+    with Engine(runtimes=("cpu", "hostsim"), cpu_devices=2, cpu_threads=1) as eng:
+        target, draft = eng.load(quantized_pair[0]), eng.load(quantized_pair[1])
+        greedy = {p: DecodeRun(target, prompts=PROMPTS, tokens_per_prompt=24, precision=p).run() for p in ("f32", "q8")}
+        assert greedy["f32"].precision == "f32" and greedy["q8"].precision == "q8"
+        assert greedy["q8"].output_sha256 != greedy["f32"].output_sha256  # the quantized activations really ran
+        made_target = _contexts_made(monkeypatch, target)
+        made_draft = _contexts_made(monkeypatch, draft)
+        res = DecodeRun(target, draft, prompts=PROMPTS, tokens_per_prompt=24, repeats=2, q=3, precision="q8",
+                        placement="0=cpu:1; 2=hostsim:0").run()  # fmt: skip
+        assert [c.precision for c in made_target + made_draft] == ["q8", "q8"]
+        assert res.precision == "q8" and res.to_dict()["precision"] == "q8" and res.repeats_agree
+        assert res.output_sha256 == greedy["q8"].output_sha256

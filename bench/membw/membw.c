@@ -14,7 +14,7 @@
  * largest cache where that is more, as STREAM asks); the best run is reported, as STREAM does. Prints a table
  * and, with --json FILE, one JSON document.
  *
- *   cc -O2 -mavx2 -mfma -pthread -Inative/runtime/cpu bench/membw/membw.c -o /tmp/membw && /tmp/membw --json out.json
+ *   cc -O2 -mavx2 -mfma -pthread -Inative/include -Inative/runtime/cpu bench/membw/membw.c -o /tmp/membw && /tmp/membw --json out.json
  */
 #define _GNU_SOURCE
 #include <immintrin.h>

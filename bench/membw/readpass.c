@@ -19,7 +19,7 @@
  * read 44-52 GB/s and about 400 ns while they read 60-90 GB/s (two virtual CPUs on different dies: twice the
  * memory links, three times the latency of every hand-off between the threads; bench/RESULTS.md).
  *
- *   cc -O2 -mavx2 -pthread -Inative/runtime/cpu bench/membw/readpass.c -o /tmp/readpass
+ *   cc -O2 -mavx2 -pthread -Inative/include -Inative/runtime/cpu bench/membw/readpass.c -o /tmp/readpass
  *   echo 22000000000 | /tmp/readpass --mib 1742
  */
 #define _GNU_SOURCE

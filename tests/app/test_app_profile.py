@@ -173,3 +173,41 @@ def test_a_profiles_weights_mode_is_kept_on_save_and_named_on_open(qtbot, make_w
     assert f"run.weights is '{other}'" in said.args[0] and f"held as '{held}'" in said.args[0]
     assert state.save_profile(tmp_path / "again.yaml", window.run_panel.settings())
     assert engine_profile.load(tmp_path / "again.yaml").run.weights == other  # an opened profile's value stays
+
+
+def test_a_q8_run_gives_a_q8_profile_that_replays(qtbot, make_window, tmp_path):
+    """The run panel's precision is saved as run.precision with the hashes of a run in that precision (never an f32
+    run's), replays with regress, and comes back into the panel on open."""
+    window = make_window()
+    state = window.state
+    quantized = FIXTURES / "qwen3moe-gguf" / "model-q8_0.gguf"
+    state.load_models(quantized, None)
+    qtbot.waitUntil(lambda: state.model.target_path == str(quantized) and not state.busy, timeout=TIMEOUT_MS)
+    panel = small_run(window)
+    panel.precision.setCurrentIndex(panel.precision.findData("q8"))
+    with qtbot.waitSignal(state.sigRunFinished, timeout=TIMEOUT_MS) as finished:
+        panel.start()
+    q8 = finished.args[0]
+    path = tmp_path / "q8.yaml"
+    assert state.save_profile(path, panel.settings())
+    written = engine_profile.load(path)
+    assert written.run.precision == "q8" and written.expectations.output_sha256 == q8.output_sha256
+    report = regress.run([str(path)])
+    assert report.exit_code == 0, report.table()
+    # The same settings in f32: the q8 run's hashes are not what an f32 profile may expect.
+    panel.precision.setCurrentIndex(panel.precision.findData("f32"))
+    assert state.save_profile(tmp_path / "f32.yaml", panel.settings())
+    f32 = engine_profile.load(tmp_path / "f32.yaml")
+    assert f32.run.precision == "f32" and f32.expectations.output_sha256 is None
+    with qtbot.waitSignal(state.sigPlacementChanged, timeout=TIMEOUT_MS, raising=False):
+        window.open_profile(str(path))
+    assert panel.settings().precision == "q8"
+
+
+def test_which_runs_give_a_profiles_outputs_on_another_placement():
+    from app.profiles import outputs_any_placement
+
+    assert outputs_any_placement("reference", "f32", ["cpu:0", "cuda:0"])
+    assert outputs_any_placement("reference", "q8", ["cpu:0", "cpu:1", "hostsim:0"])
+    assert not outputs_any_placement("reference", "q8", ["cpu:0", "cuda:0"])  # a GPU module may read q8 as f32
+    assert not outputs_any_placement("owner_local", "f32", ["cpu:0", "cpu:1"])
