@@ -21,15 +21,16 @@ AVX2_FLAGS = ["-mavx2", "-mfma", "-mf16c"]
 
 # The benchmarks' C programs (bench/membw/): sources, compiler flags, libraries. Their header comments give the
 # same commands for running them by hand.
+INCLUDES = [f"-I{NATIVE / 'include'}", f"-I{NATIVE / 'runtime/cpu'}"]
 C_PROGRAMS = {
-    "membw": ([BENCH / "membw/membw.c"], ["-mavx2", "-mfma", f"-I{NATIVE / 'include'}", f"-I{NATIVE / 'runtime/cpu'}"], []),
+    "membw": ([BENCH / "membw/membw.c"], ["-mavx2", "-mfma", *INCLUDES], []),
     "matmul_stream": (
         [BENCH / "membw/matmul_stream.c", NATIVE / "runtime/cpu/cpu_kernels_avx2.c",
          NATIVE / "runtime/cpu/cpu_kernels_portable.c"],
         ["-ffp-contract=off", *AVX2_FLAGS, f"-I{NATIVE / 'include'}", f"-I{NATIVE / 'runtime/cpu'}"],
         [],
     ),
-    "readpass": ([BENCH / "membw/readpass.c"], ["-mavx2", f"-I{NATIVE / 'include'}", f"-I{NATIVE / 'runtime/cpu'}"], []),
+    "readpass": ([BENCH / "membw/readpass.c"], ["-mavx2", *INCLUDES], []),
     "decode_products": (
         [BENCH / "membw/decode_products.c"],
         ["-mavx2", f"-I{NATIVE / 'include'}", f"-I{NATIVE / 'runtime/cpu'}"],
