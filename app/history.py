@@ -76,7 +76,7 @@ COLUMNS = [f for f in FIELDS if f.header is not None]  # the history table's
 NUMERIC = {"#", "Decode tok/s", "Accept", "Tokens"}
 PRECISION_TIPS = {
     "f32": "activations meet exactly dequantized weights in f32: the reference",
-    "q8": "activations quantized to int8 per 32 values, as llama.cpp: not the reference (other logits)",
+    "q8": "activations quantized to int8 per block, as llama.cpp: not the reference (other logits)",
 }
 
 

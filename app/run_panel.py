@@ -32,7 +32,7 @@ PRECISION_TEXT = {"f32": "f32 (the reference)", "q8": "q8 (not the reference)"}
 PRECISION_TIP = (
     "How activations meet quantized weights (GGUF Q8_0, Q4_K, Q5_K, Q6_K, MXFP4).\n"
     "f32: exactly dequantized weights, f32 sums: the reference, identical on any placement.\n"
-    "q8: activations quantized to int8 per 32 values, integer products, as llama.cpp's CPU kernels: faster and "
+    "q8: activations quantized to int8 per block, integer products, as llama.cpp's CPU kernels: faster and "
     "deterministic, but not the reference: other logits, so its outputs may differ (its runs are compared "
     "with q8 runs only).\n"
     "Float weights are read in f32 either way."

@@ -165,13 +165,24 @@ def quantize(f32_gguf: Path, quant: str) -> Path:
 
 def ours(model_dir: Path, threads: int, prompt_ids, prefill_prompt, tokens: int, repeats: int, weights: str,
          precision: str = "f32") -> dict:  # fmt: skip
+    before = resident_bytes()
     with Engine(cpu_threads=threads) as eng:
         model = eng.load(model_dir, weights=weights)
         decode, ids = decode_speed(model, prompt_ids, tokens, repeats, precision=precision)  # first: it warms
+        grown = resident_bytes() - before  # the weights as held, the contexts' KV caches and scratch, once warm
         prefill = prefill_speed(model, prefill_prompt, repeats, precision=precision)
         weights = model.info["weights"]
-        resident = model.info["file_bytes"]
-    return {"prefill": prefill, "decode": decode, "ids": ids, "weights": weights, "file_bytes": resident}
+        files = model.info["file_bytes"]
+    return {"prefill": prefill, "decode": decode, "ids": ids, "weights": weights, "file_bytes": files,
+            "resident_growth_bytes": grown}  # fmt: skip
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (VmRSS), bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def round_speeds(rounds: list[dict], what: str) -> dict:
@@ -247,7 +258,9 @@ def main() -> int:
                   if a != b]  # fmt: skip
         agree = min(differ) if differ else None
 
+        growth = statistics.median(g["ours"]["resident_growth_bytes"] for g in rounds)
         rows.append({
+            "resident_over_file": growth / gguf.stat().st_size,
             "dtype": quant or dtype, "precision": precision, "gguf": str(gguf), "gguf_bytes": gguf.stat().st_size,
             "threads": args.threads, "rounds": args.rounds,
             "decode_tokens_per_second": round_speeds(rounds, "decode"),

@@ -209,7 +209,7 @@ def _quantized(formats_: list[str]) -> bool:
 
 PRECISION_NOTES = {
     "f32": "activations meet exactly dequantized weights in f32: the reference",
-    "q8": "activations quantized to int8 per 32 values, integer products as llama.cpp: not the reference, its "
+    "q8": "activations quantized to int8 per block, integer products as llama.cpp: not the reference, its "
     "tokens and hashes may differ from f32's",
 }
 
@@ -366,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--precision", default="f32", choices=PRECISIONS,
                      help="how activations meet quantized weights (GGUF Q8_0, Q4_K, Q5_K, Q6_K, MXFP4): f32 (exactly "
                           "dequantized weights, f32 sums: the reference, identical on any placement; default) or q8 "
-                          "(activations quantized to int8 per 32 values, integer products, as llama.cpp's CPU "
+                          "(activations quantized to int8 per block, integer products, as llama.cpp's CPU "
                           "kernels: faster and deterministic, but NOT the reference: other logits, and its tokens "
                           "and output hashes may differ from f32's). Float weights are read in f32 either "
                           "way")  # fmt: skip

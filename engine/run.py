@@ -199,7 +199,7 @@ class DecodeRun:
     target-only decoding. mode: "reference" (expert outputs summed on the primary in a fixed order: outputs
     identical whatever the placement) or "owner_local" (each owner pre-sums its experts: faster, not the
     identity mode). precision: "f32" (activations meet exactly dequantized weights in f32: the reference) or
-    "q8" (activations quantized to int8 per 32 values, integer products, as llama.cpp: faster, deterministic,
+    "q8" (activations quantized to int8 per block, integer products, as llama.cpp: faster, deterministic,
     other logits than f32; float weights are read in f32 either way). placement: a Placement or its text form
     ("0-7=cuda:0; 8-15=cpu:0"), applied to the target when the run starts; None keeps the target's current one.
     on_event(StepEvent) is called after every step, on the run's thread. trace: record the per-token trace of both

@@ -126,7 +126,7 @@ def test_precision_option_is_reported_and_q8_is_not_the_reference(capsys):
     # (its tokens may or may not differ from f32's on a short run: tests/test_run.py shows a case where they do)
     assert main([*args, "--precision", "q8"]) == 0
     out = capsys.readouterr().out
-    assert "mode      reference\nprecision q8 (activations quantized to int8 per 32 values" in out
+    assert "mode      reference\nprecision q8 (activations quantized to int8 per block" in out
     assert "not the reference, its tokens and hashes may differ from f32's)" in out and "; Q8_0, F32)" in out
     assert main(args) == 0
     out = capsys.readouterr().out

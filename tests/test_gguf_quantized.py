@@ -4,8 +4,8 @@ matrices mixed) and MXFP4_MOE (MXFP4 experts).
 
 - f32 precision (the default, the reference mode's): logits within 1e-4 relative L2 at every position, 64 greedy
   tokens identical, in both kernel variants.
-- q8 precision (activations quantized per 32 values, integer products, as llama.cpp's CPU kernels): the stated
-  tolerance below, and another output than f32 on quantized files.
+- q8 precision (activations quantized per block of 32 or 256 values, integer products, as llama.cpp's CPU
+  kernels): the stated tolerance below, and another output than f32 on quantized files.
 - both precisions bit-identical across placements on cpu:0, cpu:1 and the host-staged hostsim:0, and a batch of
   positions equal to single steps.
 """
@@ -21,7 +21,7 @@ from engine.model import Engine
 GGUF = FIXTURES / "qwen3moe-gguf"
 QUANTS = ["f32", "q8_0", "q4_k_m", "mxfp4_moe"]
 TOLERANCE = 1e-4  # f32 precision: relative L2 error per position
-# q8 precision: activations rounded to 8 bits per 32 values move every logit a little (about 1 % relative L2 at the
+# q8 precision: activations rounded to 8 bits per block move every logit a little (about 1 % relative L2 at the
 # median position on these files, as llama.cpp's own CPU run of them does) and, where two experts score nearly alike,
 # flip a routing choice: a few positions then differ by more
 Q8_MEDIAN, Q8_P90 = 0.03, 0.06

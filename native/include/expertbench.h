@@ -128,7 +128,8 @@ typedef struct {
 typedef enum {
     EB_PRECISION_F32 = 0, /* activations and sums in f32 against the exactly dequantized weights: the reference mode's,
                              placement-invariant, equal to the float model of the dequantized weights */
-    EB_PRECISION_Q8 = 1   /* activations quantized per 32 values to int8, integer products (as llama.cpp's CPU kernels):
+    EB_PRECISION_Q8 = 1   /* activations quantized to int8 per block (32 values against Q8_0 and MXFP4, 256 against
+                             the K formats), integer products (as llama.cpp's CPU kernels):
                              faster, deterministic and placement-invariant across CPU devices, another result */
 } eb_precision;
 

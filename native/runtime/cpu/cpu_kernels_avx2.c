@@ -336,10 +336,23 @@ INLINE void k4_scales(const unsigned char *p, __m128i *sc, __m128i *m) {
     *m = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)m_hi, (int)m_lo));
 }
 
-INLINE float dot_q8(const unsigned char *row, int dtype, int64_t cols, const int8_t *xq, const float *xd,
-                    const int16_t *xs, int pf) {
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}; /* Q8_0, MXFP4: even and odd blocks' lanes */
-    float ksum = 0.0f;                                          /* the K formats: one sum of their blocks */
+/* T (1..4) dot products of one row, with the activations of tokens t0 .. t0 + T - 1: the row's blocks are read and
+ * unpacked once for the T tokens, and each token's sums take exactly the steps a single token's take (the same
+ * integer sums, the same float operations in the same order), so a batch gives the bits of single steps. */
+INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_cpu_q8_rows *xr, int64_t t0, int T,
+                   float *out, int pf) {
+    __m256 acc[4][2]; /* Q8_0, MXFP4: per token, the even and odd blocks' lanes */
+    float ksum[4];    /* the K formats: per token, one sum of their blocks */
+    const int8_t *xq[4];
+    const float *xd[4];
+    const int16_t *xs[4];
+    UNROLL for (int t = 0; t < T; t++) {
+        acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+        ksum[t] = 0.0f;
+        xq[t] = xr->q + (t0 + t) * cols;
+        xd[t] = xr->d + (t0 + t) * cols / xr->block;
+        xs[t] = xr->s16 + (t0 + t) * cols / 16;
+    }
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     const eb_format_traits *f = &eb_format_table[dtype];
     int64_t nb = cols / f->block;
@@ -347,7 +360,7 @@ INLINE float dot_q8(const unsigned char *row, int dtype, int64_t cols, const int
         const unsigned char *b = row + (size_t)k * (size_t)f->block_bytes;
         if (pf) _mm_prefetch((const char *)((uintptr_t)b + AHEAD_BYTES), _MM_HINT_T0);
         if (dtype == EB_DTYPE_Q8_0 || dtype == EB_DTYPE_MXFP4) {
-            __m256i x = _mm256_loadu_si256((const __m256i *)(xq + 32 * k)), w;
+            __m256i w;
             float dw;
             if (dtype == EB_DTYPE_Q8_0) {
                 w = _mm256_loadu_si256((const __m256i *)(b + 2));
@@ -360,15 +373,19 @@ INLINE float dot_q8(const unsigned char *row, int dtype, int64_t cols, const int
                 w = _mm256_set_m128i(hi, lo);
                 dw = eb_e8m0_half(b[0]);
             }
-            acc[k & 1] = scaled(sum_i8_i8(w, x), dw * xd[k], acc[k & 1]);
+            __m256i aw = _mm256_sign_epi8(w, w);
+            UNROLL for (int t = 0; t < T; t++) {
+                __m256i x = _mm256_loadu_si256((const __m256i *)(xq[t] + 32 * k));
+                __m256i isum = sum_u8_i8(aw, _mm256_sign_epi8(x, w));
+                acc[t][k & 1] = scaled(isum, dw * xd[t][k], acc[t][k & 1]);
+            }
             continue;
         }
         /* the K formats: the block's integer sum (hsum_i32 of the lanes), then cpu_kernels_portable.c's block_k_q8
          * expression for it, the same float operations in the same order */
-        const int8_t *x = xq + 256 * k;
-        const int16_t *s = xs + 16 * k;
         if (pf) _mm_prefetch((const char *)((uintptr_t)b + 64 + AHEAD_BYTES), _MM_HINT_T0);
-        __m256i iacc = _mm256_setzero_si256();
+        __m256i iacc[4];
+        UNROLL for (int t = 0; t < T; t++) iacc[t] = _mm256_setzero_si256();
         if (dtype == EB_DTYPE_Q6_K) {
             if (pf) _mm_prefetch((const char *)((uintptr_t)b + 128 + AHEAD_BYTES), _MM_HINT_T0);
             __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
@@ -385,12 +402,18 @@ INLINE float dot_q8(const unsigned char *row, int dtype, int64_t cols, const int
                     ql = _mm256_and_si256(q4 >> 1 ? _mm256_srli_epi16(ql, 4) : ql, low4);
                     __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * q4), _mm256_set1_epi8(3));
                     __m256i q = _mm256_or_si256(ql, _mm256_slli_epi16(hb, 4));
-                    __m256i p16 = _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)(x + 32 * j)));
-                    iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(p16, pair_of(sch, 2 * q4)));
+                    __m256i scj = pair_of(sch, 2 * q4);
+                    UNROLL for (int t = 0; t < T; t++) {
+                        __m256i p16 = _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)(xq[t] + 256 * k + 32 * j)));
+                        iacc[t] = _mm256_add_epi32(iacc[t], _mm256_madd_epi16(p16, scj));
+                    }
                 }
             }
-            int32_t msum = hsum_i32(_mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)s)));
-            ksum += _cvtsh_ss(eb_load_u16(b + 208)) * xd[k] * (float)(hsum_i32(iacc) - 32 * msum);
+            float d = _cvtsh_ss(eb_load_u16(b + 208));
+            UNROLL for (int t = 0; t < T; t++) {
+                int32_t msum = hsum_i32(_mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(xs[t] + 16 * k))));
+                ksum[t] += d * xd[t][k] * (float)(hsum_i32(iacc[t]) - 32 * msum);
+            }
             continue;
         }
         int q5 = dtype == EB_DTYPE_Q5_K;
@@ -410,41 +433,77 @@ INLINE float dot_q8(const unsigned char *row, int dtype, int64_t cols, const int
             /* the pair's two scales: sc[2i] for lo (both lanes), sc[2i + 1] for hi */
             __m256i se = _mm256_shuffle_epi8(scw, _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)BCAST[2 * i])));
             __m256i so = _mm256_shuffle_epi8(scw, _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)BCAST[2 * i + 1])));
-            __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(x + 64 * i)));
-            __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 64 * i + 32)));
-            iacc = _mm256_add_epi32(iacc, _mm256_add_epi32(_mm256_madd_epi16(plo, se), _mm256_madd_epi16(phi, so)));
+            UNROLL for (int t = 0; t < T; t++) {
+                const int8_t *x = xq[t] + 256 * k;
+                __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(x + 64 * i)));
+                __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 64 * i + 32)));
+                iacc[t] = _mm256_add_epi32(iacc[t], _mm256_add_epi32(_mm256_madd_epi16(plo, se), _mm256_madd_epi16(phi, so)));
+            }
         }
-        /* the minima times the sums of 32 activations: the pairs of 16-sums added, then one multiply-add */
-        __m128i s32 = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)s), _mm_loadu_si128((const __m128i *)(s + 8)));
-        __m128i mm = _mm_madd_epi16(m8, s32);
-        mm = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0x4e));
-        int32_t msum = _mm_cvtsi128_si32(_mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0xb1)));
-        float dx = xd[k];
-        ksum += _cvtsh_ss(eb_load_u16(b)) * dx * (float)hsum_i32(iacc) - _cvtsh_ss(eb_load_u16(b + 2)) * dx * (float)msum;
+        float d = _cvtsh_ss(eb_load_u16(b)), dmin = _cvtsh_ss(eb_load_u16(b + 2));
+        UNROLL for (int t = 0; t < T; t++) {
+            /* the minima times the sums of 32 activations: the pairs of 16-sums added, then one multiply-add */
+            const int16_t *s = xs[t] + 16 * k;
+            __m128i s32 = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)s), _mm_loadu_si128((const __m128i *)(s + 8)));
+            __m128i mm = _mm_madd_epi16(m8, s32);
+            mm = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0x4e));
+            int32_t msum = _mm_cvtsi128_si32(_mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0xb1)));
+            float dx = xd[t][k];
+            ksum[t] += d * dx * (float)hsum_i32(iacc[t]) - dmin * dx * (float)msum;
+        }
     }
-    return f->block == 256 ? ksum : hsum(_mm256_add_ps(acc[0], acc[1]));
+    UNROLL for (int t = 0; t < T; t++) out[t] = f->block == 256 ? ksum[t] : hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
 }
+
+/* The tokens of one row in groups of up to four (the row's blocks read once per group; from L1 after the first). */
+INLINE void row_q8(const unsigned char *row, int dtype, int64_t cols, const eb_cpu_q8_rows *x, int64_t n, float *y,
+                   int64_t ldy, int64_t r) {
+    float o[4];
+    int64_t t = 0;
+    for (; t + 4 <= n; t += 4) {
+        dot_q8(row, dtype, cols, x, t, 4, o, t == 0);
+        for (int i = 0; i < 4; i++) y[(t + i) * ldy + r] = o[i];
+    }
+    switch (n - t) {
+    case 3: dot_q8(row, dtype, cols, x, t, 3, o, t == 0); break;
+    case 2: dot_q8(row, dtype, cols, x, t, 2, o, t == 0); break;
+    case 1: dot_q8(row, dtype, cols, x, t, 1, o, t == 0); break;
+    default: return;
+    }
+    for (int64_t i = 0; i < n - t; i++) y[(t + i) * ldy + r] = o[i];
+}
+
+/* Long batches (prefill): blocks of rows that stay in L2 while every group of tokens passes over them, so each
+ * weight is read from memory once. Up to four tokens (decode, short drafts): four segments of the range side by
+ * side, as the float tiles walk them: four long streams. */
+#define Q8_ROW_BLOCK_BYTES (128 * 1024)
 
 INLINE void matmul_q8(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,
                       int64_t n, float *y, int64_t ldy) {
     size_t rowbytes = (size_t)eb_row_bytes(dtype, cols);
     const unsigned char *base = (const unsigned char *)w;
-    /* four segments of the range side by side, as the float tiles walk them: four long streams */
+    if (n > 4) {
+        int64_t rb = (int64_t)(Q8_ROW_BLOCK_BYTES / rowbytes);
+        if (rb < 1) rb = 1;
+        for (int64_t rs = r0; rs < r1; rs += rb) {
+            int64_t re = rs + rb < r1 ? rs + rb : r1;
+            for (int64_t ts = 0; ts < n; ts += 4) {
+                int64_t tn = n - ts < 4 ? n - ts : 4;
+                eb_cpu_q8_rows xs = *x;
+                xs.q += ts * cols, xs.d += ts * cols / x->block, xs.s16 += ts * cols / 16;
+                for (int64_t r = rs; r < re; r++)
+                    row_q8(base + (size_t)r * rowbytes, dtype, cols, &xs, tn, y + ts * ldy, ldy, r);
+            }
+        }
+        return;
+    }
     int64_t seg = (r1 - r0) / 4;
     for (int64_t i = 0; i < seg; i++)
         for (int g = 0; g < 4; g++) {
             int64_t r = r0 + g * seg + i;
-            const unsigned char *row = base + (size_t)r * rowbytes;
-            for (int64_t t = 0; t < n; t++)
-                y[t * ldy + r] = dot_q8(row, dtype, cols, x->q + t * cols, x->d + t * cols / x->block,
-                                        x->s16 + t * cols / 16, t == 0);
+            row_q8(base + (size_t)r * rowbytes, dtype, cols, x, n, y, ldy, r);
         }
-    for (int64_t r = r0 + 4 * seg; r < r1; r++) {
-        const unsigned char *row = base + (size_t)r * rowbytes;
-        for (int64_t t = 0; t < n; t++)
-            y[t * ldy + r] = dot_q8(row, dtype, cols, x->q + t * cols, x->d + t * cols / x->block,
-                                    x->s16 + t * cols / 16, t == 0);
-    }
+    for (int64_t r = r0 + 4 * seg; r < r1; r++) row_q8(base + (size_t)r * rowbytes, dtype, cols, x, n, y, ldy, r);
 }
 
 void eb_cpu_matmul_q8_avx2(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,
