@@ -145,6 +145,32 @@ INLINE void dequant32(const unsigned char *row, int dtype, int64_t c, __m256 *w)
     }
 }
 
+/* A Q4_K / Q5_K block's eight scales and minima times its d and dmin: dequant32's dl and ml for each of its chunks,
+ * unpacked once per block (eb_k4_scale_min, four bytes at a time). */
+INLINE void k4_block_scales(const unsigned char *b, float *dl, float *ml) {
+    uint32_t u[3];
+    memcpy(u, b + 4, sizeof u);
+    uint32_t w[4] = {u[0] & 0x3f3f3f3fu, (u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4,
+                     u[1] & 0x3f3f3f3fu, ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4};
+    unsigned char v[16];
+    memcpy(v, w, sizeof v); /* scales 0-7, then minima 0-7 */
+    float d = _cvtsh_ss(eb_load_u16(b)), dmin = _cvtsh_ss(eb_load_u16(b + 2));
+    for (int j = 0; j < 8; j++) dl[j] = d * (float)v[j], ml[j] = dmin * (float)v[8 + j];
+}
+
+/* dequant32 of chunk j of a Q4_K / Q5_K block whose scales k4_block_scales gave. */
+INLINE void dequant32_k4(const unsigned char *b, int q5, int j, float dl, float ml, __m256 *w) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    __m256i q = _mm256_loadu_si256((const __m256i *)(b + 16 + (q5 ? 32 : 0) + 32 * (j / 2)));
+    q = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(q, 4) : q, low4);
+    if (q5) {
+        __m256i h = _mm256_loadu_si256((const __m256i *)(b + 16));
+        h = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(1));
+        q = _mm256_or_si256(q, _mm256_slli_epi16(h, 4));
+    }
+    scale_u8x32(q, dl, ml, w);
+}
+
 /* The streaming request for a quantized row: once per 64-byte line of its blocks, AHEAD_BYTES ahead. */
 INLINE void ahead_q(const unsigned char *row, int dtype, int64_t c) {
     const eb_format_traits *f = &eb_format_table[dtype];
@@ -161,6 +187,27 @@ INLINE void ahead_q(const unsigned char *row, int dtype, int64_t c) {
                      float *out) {                                                                               \
         __m256 acc[R][T];                                                                                        \
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();   \
+        if (dtype == EB_DTYPE_Q4_K || dtype == EB_DTYPE_Q5_K) { /* the scales unpacked once per block */      \
+            for (int64_t kb = 0; kb < cols / 256; kb++) {                                                        \
+                float dl[R][8], ml[R][8];                                                                        \
+                size_t bb = (size_t)(dtype == EB_DTYPE_Q5_K ? 176 : 144) * (size_t)kb;                           \
+                UNROLL for (int r = 0; r < R; r++) k4_block_scales(w + r * rowbytes + bb, dl[r], ml[r]);         \
+                for (int j = 0; j < 8; j++) {                                                                    \
+                    int64_t c = 8 * kb + j;                                                                      \
+                    UNROLL for (int r = 0; r < R; r++) {                                                         \
+                        if (PF) ahead_q(w + r * rowbytes, dtype, c);                                             \
+                        __m256 wv[4];                                                                            \
+                        dequant32_k4(w + r * rowbytes + bb, dtype == EB_DTYPE_Q5_K, j, dl[r][j], ml[r][j], wv);  \
+                        UNROLL for (int t = 0; t < T; t++) UNROLL for (int i = 0; i < 4; i++) acc[r][t] =        \
+                            _mm256_fmadd_ps(wv[i], _mm256_loadu_ps(x + t * cols + EB_CHUNK * c + 8 * i),         \
+                                            acc[r][t]);                                                          \
+                    }                                                                                            \
+                }                                                                                                \
+            }                                                                                                    \
+            UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) out[r * T + t] =               \
+                hsum(acc[r][t]) + 0.0f;                                                                          \
+            return;                                                                                              \
+        }                                                                                                        \
         if (eb_dtype_quantized(dtype)) {                                                                         \
             for (int64_t c = 0; c < cols / EB_CHUNK; c++) {                                                      \
                 UNROLL for (int r = 0; r < R; r++) {                                                             \
