@@ -39,6 +39,7 @@ from engine.profile import (
 )
 from engine.profile import RunSettings as ProfileRun
 from engine.routing import RoutingStats
+from engine.run import outputs_any_placement
 
 if TYPE_CHECKING:  # the state imports this module
     from .state import ModelSnapshot, RunRecord, RunSettings
@@ -64,18 +65,6 @@ def _run_keys(run: ProfileRun) -> tuple:
     r = run.resolved()
     prompts = [list(p) if isinstance(p, list) else p for p in r["prompts"]]
     return prompts, r["tokens_per_prompt"], r["mode"], r["precision"]
-
-
-CPU_RUNTIMES = ("cpu", "hostsim")  # devices that run the CPU kernels (hostsim: host-staged, the same kernels)
-
-
-def outputs_any_placement(mode: str, precision: str, devices: Sequence[str]) -> bool:
-    """Whether runs in this mode and precision give the same outputs whatever the placement over these devices:
-    reference mode in f32 on any; in q8 over CPU devices only (a runtime without q8 kernels reads quantized weights
-    in f32); owner-local mode never (its sums change association with the placement)."""
-    if mode != "reference":
-        return False
-    return precision == "f32" or all(d.partition(":")[0] in CPU_RUNTIMES for d in devices)
 
 
 def _matching_run(

@@ -174,6 +174,18 @@ def output_sha256(ids) -> str:
     return hashlib.sha256(np.asarray(ids, dtype="<i4").tobytes()).hexdigest()
 
 
+CPU_RUNTIMES = ("cpu", "hostsim")  # devices that run the CPU kernels (hostsim: host-staged, the same kernels)
+
+
+def outputs_any_placement(mode: str, precision: str, devices: list[str]) -> bool:
+    """Whether runs in this mode and precision give the same outputs whatever the placement over these devices:
+    reference mode in f32 on any; in q8 over CPU devices only (a runtime without q8 kernels reads quantized weights
+    in f32); owner-local mode never (its sums change association with the placement)."""
+    if mode != "reference":
+        return False
+    return precision == "f32" or all(d.partition(":")[0] in CPU_RUNTIMES for d in devices)
+
+
 def check_mode(mode: str) -> str:
     if mode not in REDUCTION_MODES:
         raise ArgumentError(f"reduction mode {mode!r} is unknown: expected one of {', '.join(REDUCTION_MODES)}")

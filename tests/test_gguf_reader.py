@@ -256,7 +256,6 @@ def test_a_profile_of_a_gguf_model_records_replays_and_exports(tmp_path, capsys,
 LLAMA_CPP = FIXTURES / "qwen3moe-gguf"  # files from llama.cpp's converter, with its outputs (generate_gguf.py)
 
 
-@pytest.mark.skipif(not (LLAMA_CPP / "model-f32.gguf").is_file(), reason="no llama.cpp-converted fixture")
 def test_a_file_from_llama_cpps_converter_tokenizes_and_runs_as_llama_cpp_does(engine):
     ck = Checkpoint.open(LLAMA_CPP / "model-f32.gguf")
     cases = json.loads((LLAMA_CPP / "tokenizer-cases.json").read_text())["cases"]

@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fixture_paths import FIXTURES
+from test_gpu_modules import gpu_engine  # the engine with a GPU runtime, or a skip saying why there is none
 
 from engine import formats
-from engine.model import Engine
 from engine.native import core_location
 
 MODULES = Path(core_location())
@@ -32,20 +32,6 @@ GGUF = FIXTURES / "qwen3moe-gguf"
 QUANTS = ["q8_0", "q4_k_m", "mxfp4_moe"]
 TOLERANCE = 1e-4  # against transformers, as tests/test_gguf_quantized.py
 RUNTIMES = ["cuda", "hip"]
-
-
-def gpu_engine(runtime: str) -> Engine:
-    """An engine with the CPU and this GPU runtime, or a skip saying why there is none."""
-    if not (MODULES / f"expertbench_rt_{runtime}.so").is_file():
-        pytest.skip(f"the {runtime} module is not built: its compiler is not on this machine")
-    eng = Engine(runtimes=("cpu", runtime), strict=False)
-    if f"{runtime}:0" not in [d.name for d in eng.devices]:
-        eng.close()
-        pytest.skip(
-            f"no {runtime} GPU on this machine"
-            + (" (runs on the GPU machine: bench/gpu/run_on_device.sh)" if runtime == "cuda" else "")
-        )
-    return eng
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)

@@ -205,7 +205,7 @@ def test_a_q8_run_gives_a_q8_profile_that_replays(qtbot, make_window, tmp_path):
 
 
 def test_which_runs_give_a_profiles_outputs_on_another_placement():
-    from app.profiles import outputs_any_placement
+    from engine.run import outputs_any_placement
 
     assert outputs_any_placement("reference", "f32", ["cpu:0", "cuda:0"])
     assert outputs_any_placement("reference", "q8", ["cpu:0", "cpu:1", "hostsim:0"])

@@ -87,6 +87,7 @@ INLINE void scale_u8x32(__m256i q, float d, float m, __m256 *w) {
     w[3] = _mm256_sub_ps(_mm256_mul_ps(vd, cvt_u8(_mm_srli_si128(hi, 8))), vm);
 }
 
+/* Chunk c of a Q8_0, MXFP4 or Q6_K row (Q4_K and Q5_K: dequant32_k4, their scales unpacked once per block). */
 INLINE void dequant32(const unsigned char *row, int dtype, int64_t c, __m256 *w) {
     int j;
     const unsigned char *b = eb_chunk_block(row, dtype, c, &j);
@@ -106,21 +107,6 @@ INLINE void dequant32(const unsigned char *row, int dtype, int64_t c, __m256 *w)
         w[1] = _mm256_mul_ps(d, cvt_i8(_mm_srli_si128(lo, 8)));
         w[2] = _mm256_mul_ps(d, cvt_i8(hi));
         w[3] = _mm256_mul_ps(d, cvt_i8(_mm_srli_si128(hi, 8)));
-        return;
-    }
-    case EB_DTYPE_Q4_K:
-    case EB_DTYPE_Q5_K: {
-        int sc, m, q5 = dtype == EB_DTYPE_Q5_K;
-        eb_k4_scale_min(b + 4, j, &sc, &m);
-        float dl = _cvtsh_ss(eb_load_u16(b)) * (float)sc, ml = _cvtsh_ss(eb_load_u16(b + 2)) * (float)m;
-        __m256i q = _mm256_loadu_si256((const __m256i *)(b + 16 + (q5 ? 32 : 0) + 32 * (j / 2)));
-        q = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(4 * (j & 1))), low4);
-        if (q5) {
-            __m256i h = _mm256_loadu_si256((const __m256i *)(b + 16));
-            h = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(1));
-            q = _mm256_or_si256(q, _mm256_slli_epi16(h, 4));
-        }
-        scale_u8x32(q, dl, ml, w);
         return;
     }
     case EB_DTYPE_Q6_K: {
@@ -187,35 +173,24 @@ INLINE void ahead_q(const unsigned char *row, int dtype, int64_t c) {
                      float *out) {                                                                               \
         __m256 acc[R][T];                                                                                        \
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();   \
-        if (dtype == EB_DTYPE_Q4_K || dtype == EB_DTYPE_Q5_K) { /* the scales unpacked once per block */      \
-            for (int64_t kb = 0; kb < cols / 256; kb++) {                                                        \
-                float dl[R][8], ml[R][8];                                                                        \
-                size_t bb = (size_t)(dtype == EB_DTYPE_Q5_K ? 176 : 144) * (size_t)kb;                           \
-                UNROLL for (int r = 0; r < R; r++) k4_block_scales(w + r * rowbytes + bb, dl[r], ml[r]);         \
-                for (int j = 0; j < 8; j++) {                                                                    \
-                    int64_t c = 8 * kb + j;                                                                      \
+        if (eb_dtype_quantized(dtype)) {                                                                         \
+            const eb_format_traits *f = &eb_format_table[dtype];                                                 \
+            int per = f->block / EB_CHUNK, k4 = dtype == EB_DTYPE_Q4_K || dtype == EB_DTYPE_Q5_K;                \
+            for (int64_t kb = 0; kb < cols / f->block; kb++) {                                                   \
+                size_t bb = (size_t)f->block_bytes * (size_t)kb;                                                 \
+                float dl[R][8], ml[R][8]; /* Q4_K, Q5_K: the block's scales, unpacked once for its 8 chunks */   \
+                if (k4) UNROLL for (int r = 0; r < R; r++) k4_block_scales(w + r * rowbytes + bb, dl[r], ml[r]); \
+                for (int j = 0; j < per; j++) {                                                                  \
+                    int64_t c = per * kb + j;                                                                    \
                     UNROLL for (int r = 0; r < R; r++) {                                                         \
                         if (PF) ahead_q(w + r * rowbytes, dtype, c);                                             \
                         __m256 wv[4];                                                                            \
-                        dequant32_k4(w + r * rowbytes + bb, dtype == EB_DTYPE_Q5_K, j, dl[r][j], ml[r][j], wv);  \
+                        if (k4) dequant32_k4(w + r * rowbytes + bb, dtype == EB_DTYPE_Q5_K, j, dl[r][j], ml[r][j], wv); \
+                        else dequant32(w + r * rowbytes, dtype, c, wv);                                          \
                         UNROLL for (int t = 0; t < T; t++) UNROLL for (int i = 0; i < 4; i++) acc[r][t] =        \
                             _mm256_fmadd_ps(wv[i], _mm256_loadu_ps(x + t * cols + EB_CHUNK * c + 8 * i),         \
                                             acc[r][t]);                                                          \
                     }                                                                                            \
-                }                                                                                                \
-            }                                                                                                    \
-            UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) out[r * T + t] =               \
-                hsum(acc[r][t]) + 0.0f;                                                                          \
-            return;                                                                                              \
-        }                                                                                                        \
-        if (eb_dtype_quantized(dtype)) {                                                                         \
-            for (int64_t c = 0; c < cols / EB_CHUNK; c++) {                                                      \
-                UNROLL for (int r = 0; r < R; r++) {                                                             \
-                    if (PF) ahead_q(w + r * rowbytes, dtype, c);                                                 \
-                    __m256 wv[4];                                                                                \
-                    dequant32(w + r * rowbytes, dtype, c, wv);                                                   \
-                    UNROLL for (int t = 0; t < T; t++) UNROLL for (int i = 0; i < 4; i++) acc[r][t] =            \
-                        _mm256_fmadd_ps(wv[i], _mm256_loadu_ps(x + t * cols + EB_CHUNK * c + 8 * i), acc[r][t]); \
                 }                                                                                                \
             }                                                                                                    \
             UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) out[r * T + t] =               \

@@ -403,18 +403,21 @@ static int64_t step_rows(int64_t cols, int dtype) {
 /* The q8 precision applies where a quantized weight meets activations (float weights are read in f32). */
 static int uses_q8(int precision, int dtype) { return precision == EB_PRECISION_Q8 && eb_dtype_quantized(dtype); }
 
-/* The device's buffer of quantized activations, at least bytes (grown on demand and kept: no allocation once warm). */
-static void *act_buffer(cpu_device *d, size_t bytes) {
-    if (bytes > d->act_cap) {
-        size_t cap = (bytes + bytes / 2 + 63) / 64 * 64;
-        void *p = aligned_alloc(64, cap);
+/* A device buffer of at least bytes, grown by half again on demand and kept: no allocation once warm. */
+static void *grown(void **buf, size_t *cap, size_t bytes) {
+    if (bytes > *cap) {
+        size_t want = (bytes + bytes / 2 + 63) / 64 * 64;
+        void *p = aligned_alloc(64, want);
         if (!p) return NULL;
-        free(d->act);
-        d->act = p;
-        d->act_cap = cap;
+        free(*buf);
+        *buf = p;
+        *cap = want;
     }
-    return d->act;
+    return *buf;
 }
+
+/* The device's buffer of quantized activations (q8 precision). */
+static void *act_buffer(cpu_device *d, size_t bytes) { return grown(&d->act, &d->act_cap, bytes); }
 
 typedef struct {
     eb_cpu_matmul_rows_fn fn;
@@ -1107,17 +1110,7 @@ static int op_end(cpu_device *d, uint64_t t0, int st) {
 }
 
 /* The device's scratch of at least bytes (run_lock held); NULL when it cannot grow. */
-static void *scratch(cpu_device *d, size_t bytes) {
-    if (bytes > d->scratch_cap) {
-        size_t cap = (bytes + bytes / 2 + 63) / 64 * 64;
-        void *p = aligned_alloc(64, cap);
-        if (!p) return NULL;
-        free(d->scratch);
-        d->scratch = p;
-        d->scratch_cap = cap;
-    }
-    return d->scratch;
-}
+static void *scratch(cpu_device *d, size_t bytes) { return grown(&d->scratch, &d->scratch_cap, bytes); }
 
 static int op_check_model(void *rtp, int dev, const eb_rt_model_shape *shape, char *err, size_t errlen) {
     if (!get_dev((cpu_runtime *)rtp, dev, err, errlen)) return EB_ERR_RANGE;
