@@ -14,6 +14,8 @@ NATIVE = Path("native")
 CFLAGS = ["-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-fPIC", "-ffp-contract=off", "-fvisibility=hidden"]
 # the cpu runtime modules built with sanitizers too (see engine/_build_native.py)
 SANITIZE = [f"-fsanitize={s}", "-fno-omit-frame-pointer"] if (s := os.environ.get("EXPERTBENCH_SANITIZE")) else []
+# the q8 kernels' AVX-512 file (called only where the CPU has all four)
+AVX512 = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]
 
 
 class BuildWithRuntimes(build_ext):
@@ -72,12 +74,14 @@ class BuildWithRuntimes(build_ext):
             extra_postargs=CFLAGS + SANITIZE,
         )
         if platform.machine() in ("x86_64", "AMD64"):
-            objects += cc.compile(
-                [str(NATIVE / "runtime/cpu/cpu_kernels_avx2.c")],
-                output_dir=str(tmp),
-                include_dirs=include,
-                extra_postargs=[*CFLAGS, *SANITIZE, "-mavx2", "-mfma", "-mf16c"],
-            )
+            avx2 = ["-mavx2", "-mfma", "-mf16c"]
+            for source, isa in (("avx2", avx2), ("avx512", [*avx2, *AVX512])):
+                objects += cc.compile(
+                    [str(NATIVE / f"runtime/cpu/cpu_kernels_{source}.c")],
+                    output_dir=str(tmp),
+                    include_dirs=include,
+                    extra_postargs=[*CFLAGS, *SANITIZE, *isa],
+                )
         out_dir.mkdir(parents=True, exist_ok=True)
         cc.link_shared_object(
             objects,

@@ -32,7 +32,11 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="load runtime NAME as well as cpu (cuda, hip, hostsim); repeat for several")  # fmt: skip
     p.add_argument("--cpu-devices", type=int, default=0, help="split the CPU into N devices (default 1)")
     p.add_argument("--threads", type=int, default=0, help="worker threads per CPU device (default: all cores)")
-    p.add_argument("--portable", action="store_true", help="use the portable C kernels instead of AVX2")
+    p.add_argument("--kernels", choices=("best", "avx2", "portable"),
+                   help="the most the CPU kernels may use: best (AVX2, and AVX-512 VNNI for --precision q8, where the "
+                        "CPU has them; the same results as avx2), avx2, or portable C (default: "
+                        "$EXPERTBENCH_CPU_KERNELS, else best)")  # fmt: skip
+    p.add_argument("--portable", action="store_true", help="the portable C kernels (same as --kernels portable)")
     p.add_argument("--module-path", action="append", default=[], metavar="NAME=FILE",
                    help="load runtime module NAME from FILE (authoritative)")  # fmt: skip
 
@@ -48,7 +52,7 @@ def _make_engine(args, strict: bool = True) -> Engine:
         raise EngineError("--cpu-devices and --threads must be >= 0")
     runtimes = ("cpu", *(r for r in dict.fromkeys(args.runtime) if r != "cpu"))
     return Engine(runtimes=runtimes, module_paths=paths, cpu_devices=args.cpu_devices, cpu_threads=args.threads,
-                  portable=args.portable or None, strict=strict)  # fmt: skip
+                  portable=args.portable or None, kernels=args.kernels, strict=strict)  # fmt: skip
 
 
 def _tell(message: str) -> None:

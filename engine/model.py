@@ -106,11 +106,31 @@ class _Handle:
         self.close()
 
 
+# The CPU kernels an engine may use (eb_cpu_kernels): the q8 precision's AVX-512 VNNI products give the AVX2 ones'
+# bits, so "avx2" changes speed only; the portable kernels sum floats in another order.
+CPU_KERNELS = {"best": 0, "portable": 1, "avx2": 2}
+
+
+def _kernels_choice(kernels: str | None, portable: bool | None) -> int:
+    if portable:
+        if kernels not in (None, "portable"):
+            raise ArgumentError(f"kernels {kernels!r} and portable=True: give one of them")
+        return CPU_KERNELS["portable"]
+    where = "kernels"
+    if kernels is None:
+        kernels, where = os.environ.get("EXPERTBENCH_CPU_KERNELS") or "best", "EXPERTBENCH_CPU_KERNELS"
+    if kernels not in CPU_KERNELS:
+        raise ArgumentError(f"{where} {kernels!r}: expected one of {', '.join(CPU_KERNELS)}")
+    return CPU_KERNELS[kernels]
+
+
 class Engine(_Handle):
     """The runtimes loaded in this process and their devices.
 
     runtimes: names of modules to load ("cpu"); module_paths: explicit files for some of them (authoritative).
-    cpu_devices / cpu_threads split the CPU into devices of worker threads; portable forces the C kernels.
+    cpu_devices / cpu_threads split the CPU into devices of worker threads. kernels: the most the CPU kernels may
+    use, "best" (AVX2, and AVX-512 VNNI for the q8 precision, where the CPU has them), "avx2" or "portable" (the C
+    kernels); None reads EXPERTBENCH_CPU_KERNELS (default best); portable=True is kernels="portable".
     runtime_options: per runtime name, any of n_devices, threads_per_device, memory_limit (bytes).
     The "hostsim" runtime (CPU-backed devices that behave like a discrete accelerator) defaults to one device
     of one thread. A runtime that fails to load is recorded in load_errors (name -> reason) unless strict.
@@ -124,6 +144,7 @@ class Engine(_Handle):
         cpu_threads: int = 0,
         portable: bool | None = None,
         strict: bool = True,
+        kernels: str | None = None,
         runtime_options: dict[str, dict] | None = None,
     ):
         cpu_devices = _count(cpu_devices, "cpu_devices", 0, 64)  # 0: one per NUMA node
@@ -134,9 +155,7 @@ class Engine(_Handle):
         self._ptr = ptr[0]
         self._models: list[Model] = []
         self.load_errors: dict[str, str] = {}
-        if portable is None:
-            portable = os.environ.get("EXPERTBENCH_CPU_KERNELS", "") == "portable"
-        self._portable = bool(portable)
+        self._kernels = _kernels_choice(kernels, portable)
         self._runtime_options = {
             "cpu": {"n_devices": cpu_devices, "threads_per_device": cpu_threads},
             "hostsim": {"n_devices": 1, "threads_per_device": 1},
@@ -168,7 +187,7 @@ class Engine(_Handle):
                                 "threads_per_device, memory_limit)")  # fmt: skip
         limits = {"n_devices": (0, 64), "threads_per_device": (0, 1024), "memory_limit": (0, 2**64 - 1)}
         given = {k: _count(v, f"runtime {name!r}: {k}", *limits[k]) for k, v in given.items()}
-        opts = ffi.new("eb_runtime_options *", {**given, "force_portable": int(self._portable)})
+        opts = ffi.new("eb_runtime_options *", {**given, "kernels": self._kernels})
         check(lib.eb_engine_load_runtime(self._live(), cname, cpath, opts))
 
     @property

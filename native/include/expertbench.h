@@ -63,17 +63,27 @@ typedef struct eb_engine eb_engine;
 typedef struct eb_model eb_model;
 typedef struct eb_context eb_context;
 
+/* Which CPU kernels a cpu runtime may use: the best the CPU runs, or at most AVX2, or the portable C ones. The q8
+ * precision's AVX-512 VNNI kernels give the AVX2 kernels' bits, so the cap changes speed only; the portable kernels
+ * sum in another order (other bits, the same within rounding). */
+typedef enum {
+    EB_CPU_KERNELS_BEST = 0,
+    EB_CPU_KERNELS_PORTABLE = 1,
+    EB_CPU_KERNELS_AVX2 = 2,
+    EB_CPU_KERNELS_COUNT
+} eb_cpu_kernels;
+
 typedef struct {
     int32_t n_devices;          /* CPU runtime: number of devices (worker groups); 0 = one per NUMA node */
     int32_t threads_per_device; /* CPU runtime: worker threads per device; 0 = all cores / devices */
-    int32_t force_portable;     /* CPU runtime: 1 = use the portable C kernels even where AVX2 exists */
+    int32_t kernels;            /* CPU runtime: an eb_cpu_kernels, the most the kernels may use of the CPU */
     uint64_t memory_limit;      /* bytes a device may allocate; 0 = what the hardware has */
 } eb_runtime_options;
 
 typedef struct {
     char name[EB_MAX_NAME];         /* "cpu" */
     char path[EB_MAX_PATH];         /* the file it was loaded from */
-    char kernel_variant[EB_MAX_NAME]; /* e.g. "avx2+fma+f16c" or "portable" */
+    char kernel_variant[EB_MAX_NAME]; /* e.g. "avx2+fma+f16c", "avx2+fma+f16c+avx512vnni" or "portable" */
     uint32_t abi_version;
     int32_t n_devices;
 } eb_runtime_info;

@@ -145,7 +145,7 @@ static int find(builder *b, const char *name) {
 static eb_engine *new_engine(const char *module, int portable, int threads) {
     eb_engine *e = NULL;
     CHECK(eb_engine_create(&e) == EB_OK, "engine create");
-    eb_runtime_options o = {.n_devices = 2, .threads_per_device = threads, .force_portable = portable};
+    eb_runtime_options o = {.n_devices = 2, .threads_per_device = threads, .kernels = portable};
     CHECK(eb_engine_load_runtime(e, "cpu", module, &o) == EB_OK, "load cpu runtime %s", module ? module : "(default)");
     return e;
 }
@@ -737,40 +737,57 @@ static void q8_reference(const float *x, int count, int block, double *out) {
     }
 }
 
-/* The cpu module's products directly: n tokens at once give, row for row, the bits of n single tokens, for
- * row counts that split unevenly into the kernels' tiles and segments, every format, both kernels, 1-3 threads,
- * alone and in a multi-product run; and a quantized matrix gives the bits of its dequantized f32 matrix. */
-static void test_kernels(const char *module) {
-    void *h = dlopen(module, RTLD_NOW | RTLD_LOCAL);
-    CHECK(h != NULL, "dlopen %s: %s", module, dlerror());
-    if (!h) return;
-    const eb_runtime_table *(*entry)(void) = (const eb_runtime_table *(*)(void))dlsym(h, EB_RUNTIME_ENTRY);
+/* The cpu module's table, dlopen-ed directly (NULL after a failed check); *h to dlclose. */
+static const eb_runtime_table *open_module(const char *module, void **h) {
+    *h = dlopen(module, RTLD_NOW | RTLD_LOCAL);
+    CHECK(*h != NULL, "dlopen %s: %s", module, dlerror());
+    if (!*h) return NULL;
+    const eb_runtime_table *(*entry)(void) = (const eb_runtime_table *(*)(void))dlsym(*h, EB_RUNTIME_ENTRY);
     const eb_runtime_table *T = entry ? entry() : NULL;
     CHECK(T != NULL, "no %s in %s", EB_RUNTIME_ENTRY, module);
-    if (!T) {
-        dlclose(h);
-        return;
-    }
+    if (!T) dlclose(*h);
+    return T;
+}
+
+static void *init_kernels(const eb_runtime_table *T, int kernels, int threads) {
+    void *rt = NULL;
+    char err[256] = "";
+    eb_runtime_options o;
+    memset(&o, 0, sizeof o);
+    o.n_devices = 1;
+    o.threads_per_device = threads;
+    o.kernels = kernels;
+    CHECK(T->init(&o, &rt, err, sizeof err) == 0, "init with kernels %d: %s", kernels, err);
+    return rt;
+}
+
+static const char *kernels_name(int kernels) {
+    return kernels == EB_CPU_KERNELS_PORTABLE ? "portable" : kernels == EB_CPU_KERNELS_AVX2 ? "avx2" : "best";
+}
+
+/* The cpu module's products directly: n tokens at once give, row for row, the bits of n single tokens, for
+ * row counts that split unevenly into the kernels' tiles and segments, every format, every kernel choice (the best
+ * the CPU runs, at most AVX2, portable), 1-3 threads, alone and in a multi-product run; and a quantized matrix gives
+ * the bits of its dequantized f32 matrix. Rows of an odd number of 32-value blocks too (Q8_0 and MXFP4). */
+static void test_kernels(const char *module) {
+    void *h;
+    const eb_runtime_table *T = open_module(module, &h);
+    if (!T) return;
     enum { MAXN = 7 };
-    static const int rows_list[] = {1, 3, 4, 5, 9, 37, 130, 1030}, cols_float[] = {7, 64, 100}, cols_quant[] = {256, 512};
+    static const int rows_list[] = {1, 3, 4, 5, 9, 37, 130, 1030}, cols_float[] = {7, 64, 100};
+    static const int cols_quant[] = {256, 512, 96};
     unsigned seed = 7;
     for (int threads = 1; threads <= 3; threads++)
-        for (int portable = 0; portable <= 1; portable++) {
-            void *rt = NULL;
+        for (int portable = 0; portable < EB_CPU_KERNELS_COUNT; portable++) {
             char err[256] = "";
-            eb_runtime_options o;
-            memset(&o, 0, sizeof o);
-            o.n_devices = 1;
-            o.threads_per_device = threads;
-            o.force_portable = portable;
-            CHECK(T->init(&o, &rt, err, sizeof err) == 0, "init: %s", err);
+            void *rt = init_kernels(T, portable, threads);
             if (!rt) continue;
             int mismatches = 0, unlike_f32 = 0, q8_far = 0;
             for (int dt = 0; dt < EB_DTYPE_COUNT; dt++)
                 for (size_t ri = 0; ri < sizeof rows_list / sizeof *rows_list; ri++)
                     for (size_t ci = 0; ci < 3; ci++) {
                         int quant = eb_dtype_quantized(dt);
-                        if (quant && ci == 2) continue;
+                        if (quant && ci == 2 && eb_format(dt)->block != 32) continue;
                         if (quant && threads == 2 && rows_list[ri] > 130) continue; /* enough of the long ones */
                         int rows = rows_list[ri], cols = quant ? cols_quant[ci] : cols_float[ci];
                         size_t count = (size_t)rows * (size_t)cols;
@@ -838,14 +855,99 @@ static void test_kernels(const char *module) {
                         free(xdq);
                     }
             CHECK(mismatches == 0, "%s kernels, %d threads: %d batch rows differ from single steps",
-                  portable ? "portable" : "default", threads, mismatches);
+                  kernels_name(portable), threads, mismatches);
             CHECK(unlike_f32 == 0, "%s kernels, %d threads: %d quantized products differ from their dequantized f32",
-                  portable ? "portable" : "default", threads, unlike_f32);
+                  kernels_name(portable), threads, unlike_f32);
             CHECK(q8_far == 0, "%s kernels, %d threads: %d q8 products differ from the exact product of the "
                   "dequantized weights and q8 activations (by more than 1e-5 of the sum of magnitudes)",
-                  portable ? "portable" : "default", threads, q8_far);
+                  kernels_name(portable), threads, q8_far);
             T->shutdown(rt);
         }
+    dlclose(h);
+}
+
+/* A quantized block's quants (and the K formats' sub-block scales) at their largest magnitudes, both signs where the
+ * format has them; its f16 / E8M0 scales as they were. */
+static void extreme_block(unsigned char *b, int dt) {
+    switch (dt) {
+    case EB_DTYPE_Q8_0:
+        for (int i = 2; i < 34; i++) b[i] = i & 1 ? 0x80 : 0x7F; /* -128, 127 */
+        return;
+    case EB_DTYPE_MXFP4:
+        for (int i = 1; i < 17; i++) b[i] = i & 1 ? 0xFF : 0x77; /* -12 and -12, 12 and 12 */
+        return;
+    case EB_DTYPE_Q4_K: memset(b + 4, 0xFF, 140); return; /* scales and minima 63, quants 15 */
+    case EB_DTYPE_Q5_K: memset(b + 4, 0xFF, 172); return; /* quants 31 */
+    case EB_DTYPE_Q6_K:
+        memset(b, 0xFF, 192); /* quants 63 - 32 */
+        for (int i = 192; i < 208; i++) b[i] = i & 1 ? 0x80 : 0x7F; /* scales -128, 127 */
+        return;
+    default: return;
+    }
+}
+
+/* The q8 products of the best kernels the CPU runs against those capped at AVX2: the same bits for every quantized
+ * format, batch size and row count (the AVX-512 VNNI kernels' promise, cpu_kernels_avx512.c), on random blocks and
+ * on blocks of extreme quants with activations at +-127 (the largest integer sums). Where the CPU has no AVX-512
+ * VNNI, both are the AVX2 kernels: said, and not counted as a check. */
+static void test_kernel_variants_agree(const char *module) {
+    void *h;
+    const eb_runtime_table *T = open_module(module, &h);
+    if (!T) return;
+    void *best = init_kernels(T, EB_CPU_KERNELS_BEST, 2), *avx2 = init_kernels(T, EB_CPU_KERNELS_AVX2, 2);
+    const char *vb = best ? T->kernel_variant(best) : "", *va = avx2 ? T->kernel_variant(avx2) : "";
+    if (best && avx2 && strcmp(vb, va) == 0) {
+        printf("skip: the q8 kernels' agreement across variants: this CPU runs %s only (no AVX-512 VNNI)\n", vb);
+    } else if (best && avx2) {
+        CHECK(strstr(vb, "avx512vnni") != NULL, "best kernels %s beside %s: expected the AVX-512 VNNI ones", vb, va);
+        enum { MAXN = 6 };
+        static const int rows_list[] = {1, 5, 37, 130}, cols_list[] = {32, 96, 256, 512, 2304};
+        unsigned seed = 11;
+        int differ = 0, compared = 0;
+        char err[256] = "";
+        for (int dt = 0; dt < EB_DTYPE_COUNT; dt++) {
+            if (!eb_dtype_quantized(dt)) continue;
+            for (size_t ci = 0; ci < sizeof cols_list / sizeof *cols_list; ci++)
+                for (size_t ri = 0; ri < sizeof rows_list / sizeof *rows_list; ri++)
+                    for (int extreme = 0; extreme <= 1; extreme++) {
+                        int rows = rows_list[ri], cols = cols_list[ci];
+                        if (cols % eb_format(dt)->block) continue;
+                        size_t wbytes = (size_t)rows * eb_row_bytes(dt, cols);
+                        unsigned char *w = malloc(wbytes);
+                        float *x = malloc(sizeof(float) * MAXN * (size_t)cols);
+                        float *ya = malloc(sizeof(float) * MAXN * (size_t)rows);
+                        float *yb = malloc(sizeof(float) * MAXN * (size_t)rows);
+                        if (!w || !x || !ya || !yb) {
+                            CHECK(0, "out of memory");
+                        } else {
+                            fill_weights(w, dt, rows, cols, &seed);
+                            for (int i = 0; i < MAXN * cols; i++) {
+                                seed = seed * 1664525u + 1013904223u;
+                                x[i] = (float)(seed >> 8) / (float)(1u << 24) - 0.5f;
+                                if (extreme) x[i] = (seed >> 3) & 1 ? 1.0f : -1.0f; /* every quant at +-127 */
+                            }
+                            if (extreme)
+                                for (size_t k = 0; k < wbytes; k += (size_t)eb_format(dt)->block_bytes)
+                                    extreme_block(w + k, dt);
+                            for (int n = 1; n <= MAXN; n++) {
+                                eb_rt_matmul a = {w, dt, rows, cols, x, n, ya, EB_PRECISION_Q8};
+                                eb_rt_matmul b = {w, dt, rows, cols, x, n, yb, EB_PRECISION_Q8};
+                                int fa = T->forward->matmul(avx2, 0, NULL, &a, 1, 0, err, sizeof err);
+                                int fb = T->forward->matmul(best, 0, NULL, &b, 1, 0, err, sizeof err);
+                                differ += fa != 0 || fb != 0 || memcmp(ya, yb, sizeof(float) * (size_t)n * rows) != 0;
+                                compared++;
+                            }
+                        }
+                        free(w);
+                        free(x);
+                        free(ya);
+                        free(yb);
+                    }
+        }
+        CHECK(differ == 0, "q8 products: %d of %d differ between the %s and %s kernels", differ, compared, vb, va);
+    }
+    if (best) T->shutdown(best);
+    if (avx2) T->shutdown(avx2);
     dlclose(h);
 }
 
@@ -866,6 +968,7 @@ int main(int argc, char **argv) {
     write_model(file, &cfg, &b, mlp_only);
     test_modules(argv[1]);
     test_kernels(module);
+    test_kernel_variants_agree(module);
     test_forward(module, file, &cfg, &b);
     test_attend_group_blocks();
     test_attention_items(module, file, &cfg, &b);

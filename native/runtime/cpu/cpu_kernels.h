@@ -1,4 +1,5 @@
-/* CPU matmul kernels: one portable C version and one for AVX2 + FMA + F16C, chosen at run time. */
+/* CPU matmul kernels: one portable C version, one for AVX2 + FMA + F16C, and the q8 products for AVX-512 VNNI,
+ * chosen at run time. */
 #ifndef EB_CPU_KERNELS_H
 #define EB_CPU_KERNELS_H
 
@@ -57,6 +58,10 @@ void eb_cpu_matmul_rows_avx2(const void *w, int dtype, int64_t r0, int64_t r1, i
 void eb_cpu_quantize_q8_avx2(const float *x, int64_t n, int64_t cols, eb_cpu_q8_rows *out);
 void eb_cpu_matmul_q8_avx2(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,
                            int64_t n, float *y, int64_t ldy);
+/* The q8 products with AVX-512 F, BW, VL and VNNI: the bits of eb_cpu_matmul_q8_avx2 (cpu_kernels_avx512.c). */
+#define EB_CPU_HAVE_AVX512_BUILD 1
+void eb_cpu_matmul_q8_avx512(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,
+                             int64_t n, float *y, int64_t ldy);
 #endif
 
 #endif

@@ -20,9 +20,7 @@
 #include "cpu_kernels.h"
 
 #ifdef EB_CPU_HAVE_AVX2_BUILD
-#include <immintrin.h>
-
-#include "eb_formats.h"
+#include "cpu_kernels_x86.h"
 #include "expertbench.h"
 
 /* Everything below is inlined into one copy of the loops per dtype (eb_cpu_matmul_rows_avx2), so that the choice
@@ -30,7 +28,6 @@
  * loops). The same instructions per dot product otherwise, so the same bits. On the 2-core EPYC, one thread
  * over 2 MiB of bf16 rows in L2: 55 -> 65 GB/s, near what four FMA chains of 4 cycles allow at 4.2 GHz; from
  * memory matmul_stream is unchanged (memory-bound), decode +1-2 % in the fast memory state. */
-#define INLINE static inline __attribute__((always_inline))
 
 INLINE __m256 load8(const unsigned char *w, int dtype, int64_t c) {
     switch (dtype) {
@@ -49,22 +46,12 @@ INLINE float tail(const unsigned char *row, int dtype, int64_t c0, int64_t cols,
     return s;
 }
 
-static inline float hsum(__m256 s) {
-    __m128 q = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    q = _mm_add_ss(q, _mm_movehdup_ps(q));
-    return _mm_cvtss_f32(q);
-}
-
-/* Fully unrolled so the accumulators live in registers. */
-#define UNROLL _Pragma("GCC unroll 16")
 
 /* How far ahead of the columns being read the streaming tiles ask for each row's weights: 2 KiB, one request
  * per 64-byte line. With the hardware prefetchers alone a core read 512x1024 bf16 products at 82 % of a plain
  * read of the same bytes; with these requests at 92 % (bench/membw/matmul_stream.c, one thread), and two threads
  * went from 62 to 71 GB/s in this machine's fast memory state. 1 KiB and 4 KiB ahead were slower, and so was
  * the same request in L2 only. A request past the end of the rows is harmless: a prefetch never faults. */
-#define AHEAD_BYTES EB_CPU_AHEAD_BYTES
 
 INLINE void ahead(const unsigned char *row, int dtype, int64_t c) {
     int64_t byte = c * (dtype == EB_DTYPE_F32 ? 4 : 2);
@@ -306,7 +293,6 @@ void eb_cpu_matmul_rows_avx2(const void *w, int dtype, int64_t r0, int64_t r1, i
     default: matmul_rows(w, EB_DTYPE_F32, r0, r1, cols, x, n, y, ldy); return;
     }
 }
-#endif
 
 /* ---- the q8 precision: integer products of 32 values, one f32 sum per row -------------------------------------
  *
@@ -315,12 +301,6 @@ void eb_cpu_matmul_rows_avx2(const void *w, int dtype, int64_t r0, int64_t r1, i
  * 127 times 2 stays below 32768), then added into 8 f32 lanes times the chunk's scale, in chunk order; a row's
  * K-format minima and Q6_K's offset go into one scalar sum beside them. The lanes are added once at the end. Every
  * (row, token) dot is this same sequence, so the batch and the thread split never change a bit. */
-
-INLINE int32_t hsum_i32(__m256i v) {
-    __m128i q = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4e));
-    return _mm_cvtsi128_si32(_mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1)));
-}
 
 INLINE __m256i sum_u8_i8(__m256i u, __m256i s) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
@@ -345,17 +325,6 @@ static const uint8_t BCAST[8][16] = {
 INLINE __m256i pair_of(__m256i v, int e) {
     return _mm256_shuffle_epi8(v, _mm256_set_m128i(_mm_loadu_si128((const __m128i *)BCAST[e + 1]),
                                                    _mm_loadu_si128((const __m128i *)BCAST[e])));
-}
-
-/* The eight 6-bit scales and minima of a Q4_K / Q5_K block as int16 (eb_k4_scale_min, four bytes at a time). */
-INLINE void k4_scales(const unsigned char *p, __m128i *sc, __m128i *m) {
-    uint32_t u[3];
-    memcpy(u, p, sizeof u);
-    uint32_t sc_lo = u[0] & 0x3f3f3f3fu, m_lo = u[1] & 0x3f3f3f3fu;
-    uint32_t sc_hi = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4;
-    uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4;
-    *sc = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo));
-    *m = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)m_hi, (int)m_lo));
 }
 
 /* T (1..4) dot products of one row, with the activations of tokens t0 .. t0 + T - 1: the row's blocks are read and
@@ -431,11 +400,8 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
                     }
                 }
             }
-            float d = _cvtsh_ss(eb_load_u16(b + 208));
-            UNROLL for (int t = 0; t < T; t++) {
-                int32_t msum = hsum_i32(_mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(xs[t] + 16 * k))));
-                ksum[t] += d * xd[t][k] * (float)(hsum_i32(iacc[t]) - 32 * msum);
-            }
+            UNROLL for (int t = 0; t < T; t++)
+                ksum[t] += q6_block_value(b, xd[t][k], hsum_i32(iacc[t]), q6_offset_sum(sc16, xs[t] + 16 * k));
             continue;
         }
         int q5 = dtype == EB_DTYPE_Q5_K;
@@ -462,83 +428,13 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
                 iacc[t] = _mm256_add_epi32(iacc[t], _mm256_add_epi32(_mm256_madd_epi16(plo, se), _mm256_madd_epi16(phi, so)));
             }
         }
-        float d = _cvtsh_ss(eb_load_u16(b)), dmin = _cvtsh_ss(eb_load_u16(b + 2));
-        UNROLL for (int t = 0; t < T; t++) {
-            /* the minima times the sums of 32 activations: the pairs of 16-sums added, then one multiply-add */
-            const int16_t *s = xs[t] + 16 * k;
-            __m128i s32 = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)s), _mm_loadu_si128((const __m128i *)(s + 8)));
-            __m128i mm = _mm_madd_epi16(m8, s32);
-            mm = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0x4e));
-            int32_t msum = _mm_cvtsi128_si32(_mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0xb1)));
-            float dx = xd[t][k];
-            ksum[t] += d * dx * (float)hsum_i32(iacc[t]) - dmin * dx * (float)msum;
-        }
+        UNROLL for (int t = 0; t < T; t++)
+            ksum[t] += k4_block_value(b, xd[t][k], hsum_i32(iacc[t]), k4_min_sum(m8, xs[t] + 16 * k));
     }
     UNROLL for (int t = 0; t < T; t++) out[t] = f->block == 256 ? ksum[t] : hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
 }
 
-/* The tokens of one row in groups of up to four (the row's blocks read once per group; from L1 after the first). */
-INLINE void row_q8(const unsigned char *row, int dtype, int64_t cols, const eb_cpu_q8_rows *x, int64_t n, float *y,
-                   int64_t ldy, int64_t r) {
-    float o[4];
-    int64_t t = 0;
-    for (; t + 4 <= n; t += 4) {
-        dot_q8(row, dtype, cols, x, t, 4, o, t == 0);
-        for (int i = 0; i < 4; i++) y[(t + i) * ldy + r] = o[i];
-    }
-    switch (n - t) {
-    case 3: dot_q8(row, dtype, cols, x, t, 3, o, t == 0); break;
-    case 2: dot_q8(row, dtype, cols, x, t, 2, o, t == 0); break;
-    case 1: dot_q8(row, dtype, cols, x, t, 1, o, t == 0); break;
-    default: return;
-    }
-    for (int64_t i = 0; i < n - t; i++) y[(t + i) * ldy + r] = o[i];
-}
-
-/* Long batches (prefill): blocks of rows that stay in L2 while every group of tokens passes over them, so each
- * weight is read from memory once. Up to four tokens (decode, short drafts): four segments of the range side by
- * side, as the float tiles walk them: four long streams. */
-#define Q8_ROW_BLOCK_BYTES (128 * 1024)
-
-INLINE void matmul_q8(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,
-                      int64_t n, float *y, int64_t ldy) {
-    size_t rowbytes = (size_t)eb_row_bytes(dtype, cols);
-    const unsigned char *base = (const unsigned char *)w;
-    if (n > 4) {
-        int64_t rb = (int64_t)(Q8_ROW_BLOCK_BYTES / rowbytes);
-        if (rb < 1) rb = 1;
-        for (int64_t rs = r0; rs < r1; rs += rb) {
-            int64_t re = rs + rb < r1 ? rs + rb : r1;
-            for (int64_t ts = 0; ts < n; ts += 4) {
-                int64_t tn = n - ts < 4 ? n - ts : 4;
-                eb_cpu_q8_rows xs = *x;
-                xs.q += ts * cols, xs.d += ts * cols / x->block, xs.s16 += ts * cols / 16;
-                for (int64_t r = rs; r < re; r++)
-                    row_q8(base + (size_t)r * rowbytes, dtype, cols, &xs, tn, y + ts * ldy, ldy, r);
-            }
-        }
-        return;
-    }
-    int64_t seg = (r1 - r0) / 4;
-    for (int64_t i = 0; i < seg; i++)
-        for (int g = 0; g < 4; g++) {
-            int64_t r = r0 + g * seg + i;
-            row_q8(base + (size_t)r * rowbytes, dtype, cols, x, n, y, ldy, r);
-        }
-    for (int64_t r = r0 + 4 * seg; r < r1; r++) row_q8(base + (size_t)r * rowbytes, dtype, cols, x, n, y, ldy, r);
-}
-
-void eb_cpu_matmul_q8_avx2(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,
-                           int64_t n, float *y, int64_t ldy) {
-    switch (dtype) {
-    case EB_DTYPE_Q8_0: matmul_q8(w, EB_DTYPE_Q8_0, r0, r1, cols, x, n, y, ldy); return;
-    case EB_DTYPE_Q4_K: matmul_q8(w, EB_DTYPE_Q4_K, r0, r1, cols, x, n, y, ldy); return;
-    case EB_DTYPE_Q5_K: matmul_q8(w, EB_DTYPE_Q5_K, r0, r1, cols, x, n, y, ldy); return;
-    case EB_DTYPE_Q6_K: matmul_q8(w, EB_DTYPE_Q6_K, r0, r1, cols, x, n, y, ldy); return;
-    case EB_DTYPE_MXFP4: matmul_q8(w, EB_DTYPE_MXFP4, r0, r1, cols, x, n, y, ldy); return;
-    default: return;
-    }
-}
+Q8_MATMUL_BY_FORMAT(eb_cpu_matmul_q8_avx2)
 
 /* eb_cpu_quantize_q8 with vectors: the same maxima, scales, rounding (to nearest even, as nearbyintf in the default
  * mode) and sums, so the same bytes. */
@@ -572,3 +468,4 @@ void eb_cpu_quantize_q8_avx2(const float *x, int64_t n, int64_t cols, eb_cpu_q8_
         out->d[b] = d;
     }
 }
+#endif

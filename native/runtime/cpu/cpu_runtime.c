@@ -817,15 +817,26 @@ static int cpu_init(const eb_runtime_options *opt, void **out, char *err, size_t
     rt->per_thread = 1; /* bench/RESULTS.md: products through the module at 95-96 % of a plain read, 86-92 % with 2 */
     const char *cpt = getenv("EXPERTBENCH_CHUNKS_PER_THREAD");
     if (cpt && atoi(cpt) >= 1 && atoi(cpt) <= 64) rt->per_thread = atoi(cpt);
-    int portable = opt && opt->force_portable;
+    int kernels = opt ? opt->kernels : EB_CPU_KERNELS_BEST;
+    if (kernels < 0 || kernels >= EB_CPU_KERNELS_COUNT) {
+        free(rt);
+        return eb_rt_fail(err, errlen, EB_ERR_ARGUMENT,
+                          RUNTIME_NAME " runtime: kernels = %d, expected 0 (best), 1 (portable) or 2 (avx2)", kernels);
+    }
 #ifdef EB_CPU_HAVE_AVX2_BUILD
     __builtin_cpu_init();
-    if (!portable && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+    if (kernels != EB_CPU_KERNELS_PORTABLE && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("f16c")) {
         rt->matmul_rows = eb_cpu_matmul_rows_avx2;
         rt->matmul_q8 = eb_cpu_matmul_q8_avx2;
         rt->quantize_q8 = eb_cpu_quantize_q8_avx2;
         rt->variant = "avx2+fma+f16c";
+        /* the q8 products in AVX-512 VNNI (the same bits); the float products keep AVX2's 8-lane order */
+        if (kernels == EB_CPU_KERNELS_BEST && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni")) {
+            rt->matmul_q8 = eb_cpu_matmul_q8_avx512;
+            rt->variant = "avx2+fma+f16c+avx512vnni";
+        }
     }
 #endif
     if (!rt->matmul_rows) {
