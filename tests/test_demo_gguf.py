@@ -7,6 +7,7 @@ import shutil
 import gguf
 import numpy as np
 import pytest
+from demo_sizes import TINY
 from safetensors.numpy import save_file
 
 from engine import demo, formats
@@ -18,10 +19,6 @@ from engine.model import Engine
 from engine.run import DecodeRun
 
 QUANTS = ["q8_0", "mxfp4"]
-# A size far smaller than the default one, for the tests that build pairs of their own (every width a multiple of 32)
-TINY = DemoSize("tiny", vocab_size=512, hidden_size=64, num_layers=3, draft_layers=2, num_experts=4, top_k=2,
-                moe_intermediate_size=32, num_heads=2, num_kv_heads=1, head_dim=32,
-                max_position_embeddings=256)  # fmt: skip
 
 
 @pytest.fixture(scope="session")
