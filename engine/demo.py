@@ -137,15 +137,15 @@ def check_format(format: str = "safetensors", quant: str | None = None) -> str |
     """The quantization a demo format takes (the default one for GGUF); ArgumentError for an unknown format or
     quantization, or a quantization given for safetensors."""
     if format not in DEMO_FORMATS:
-        raise ArgumentError(f"demo model format {format!r} is unknown: expected one of {', '.join(DEMO_FORMATS)}")
+        raise ArgumentError(f"demo model format {format!r:.80} is unknown: expected one of {', '.join(DEMO_FORMATS)}")
     if format == "safetensors":
         if quant is not None:
-            raise ArgumentError(f"demo quantization {quant!r}: only the GGUF demo is quantized (format 'gguf'); the "
-                                "safetensors demo is bf16")  # fmt: skip
+            raise ArgumentError(f"demo quantization {quant!r:.80}: only the GGUF demo is quantized (format 'gguf'); "
+                                "the safetensors demo is bf16")  # fmt: skip
         return None
     quant = DEFAULT_QUANT if quant is None else quant
     if quant not in QUANTS:
-        raise ArgumentError(f"demo quantization {quant!r} is unknown: expected one of {', '.join(QUANTS)} (q8_0: "
+        raise ArgumentError(f"demo quantization {quant!r:.80} is unknown: expected one of {', '.join(QUANTS)} (q8_0: "
                             "every matrix Q8_0; mxfp4: MXFP4 experts, Q8_0 elsewhere, as llama.cpp's "
                             "MXFP4_MOE)")  # fmt: skip
     return quant

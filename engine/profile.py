@@ -37,7 +37,10 @@ from .routing import RoutingStats
 from .run import PRECISIONS, REDUCTION_MODES
 from .speculative import MAX_DRAFT_TOKENS
 
-FORMAT_VERSION = 1
+# A profile is written in the oldest format version that says all it holds, so an older expertbench still reads
+# it; a version newer than the reader's is refused, never read as something else.
+FORMAT_VERSION = 2  # the newest format this reads and writes
+DEMO_FORMAT_VERSION = 2  # added the demo's `format` and `quant` (model, draft): the demo pair as GGUF files
 VERSION_KEY = "expertbench_profile"
 RUNTIMES = ("cpu", "hostsim", "cuda", "hip")
 DEFAULT_TOKENS = 32
@@ -61,12 +64,22 @@ class ProfileError(ArgumentError):
 @dataclass
 class ModelRef:
     """A model folder or GGUF file (`path`, relative to the profile's folder) or a demo pair size (`demo`), exactly
-    one."""
+    one. A demo names its files' format too: `format` (engine.demo.DEMO_FORMATS; None: safetensors) and, for GGUF,
+    `quant` (engine.demo.QUANTS; None: engine.demo.DEFAULT_QUANT); both as written, None when not."""
 
     path: str | None = None
     demo: str | None = None
     fingerprint: str | None = None
     device: str | None = None  # drafts only: the draft's device (default: the profile's primary)
+    format: str | None = None  # demos only: the demo pair's file format
+    quant: str | None = None  # GGUF demos only: its quantization
+
+    def demo_format(self) -> tuple[str, str | None]:
+        """(format, quantization) of a demo: ('safetensors', None), or ('gguf', the quantization or the default)."""
+        from .demo import check_format
+
+        fmt = self.format or "safetensors"
+        return fmt, check_format(fmt, self.quant)
 
 
 @dataclass
@@ -186,7 +199,7 @@ class Profile:
     run: RunSettings = field(default_factory=RunSettings)
     expectations: Expectations = field(default_factory=Expectations)
     routing: RoutingSpec | None = None
-    version: int = FORMAT_VERSION
+    version: int = 1  # as read; saving writes at least needed_version()
     # where it was read from, and the line of each checked item (for errors found later); not part of the data
     path: Path | None = field(default=None, compare=False, repr=False)
     lines: dict[tuple, int] = field(default_factory=dict, compare=False, repr=False)
@@ -205,6 +218,12 @@ class Profile:
 
     def device_names(self) -> list[str]:
         return [f"{rt}:{i}" for rt, spec in self.device_specs.items() for i in range(spec.devices)]
+
+    def needed_version(self) -> int:
+        """The oldest format version that can say everything this profile holds."""
+        refs = [r for r in (self.model, self.draft) if r is not None]
+        demo_format = any(r.format is not None or r.quant is not None for r in refs)
+        return DEMO_FORMAT_VERSION if demo_format else 1
 
     def where(self, *key) -> str:
         """file:line of an item (the nearest enclosing item that has a line)."""
@@ -230,7 +249,8 @@ class Profile:
         if ref.demo is not None:
             from .demo import ensure_demo_pair
 
-            pair = ensure_demo_pair(ref.demo)
+            fmt, quant = ref.demo_format()
+            pair = ensure_demo_pair(ref.demo, format=fmt, quant=quant)
             return pair.target if role == "target" else pair.draft
         return self.resolve(ref.path)
 
@@ -282,7 +302,7 @@ class Profile:
 
     def to_data(self) -> dict:
         """The canonical YAML data (what save() writes)."""
-        out: dict[str, Any] = {VERSION_KEY: self.version}
+        out: dict[str, Any] = {VERSION_KEY: max(self.version, self.needed_version())}
         if self.description is not None:
             out["description"] = _Text(self.description) if len(self.description) > 80 else self.description
         out["model"] = _ref_data(self.model)
@@ -336,8 +356,9 @@ class Profile:
         return out
 
     def to_yaml(self) -> str:
-        head = f"# expertbench profile, format {self.version} (see profiles/README.md)\n"
-        return head + yaml.dump(self.to_data(), Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
+        data = self.to_data()
+        head = f"# expertbench profile, format {data[VERSION_KEY]} (see profiles/README.md)\n"
+        return head + yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
 
     def save(self, path: str | os.PathLike | None = None) -> Path:
         target = Path(path) if path is not None else self.path
@@ -353,6 +374,10 @@ def _ref_data(ref: ModelRef) -> dict:
     out: dict[str, Any] = {}
     if ref.demo is not None:
         out["demo"] = ref.demo
+    if ref.format is not None:
+        out["format"] = ref.format
+    if ref.quant is not None:
+        out["quant"] = ref.quant
     if ref.path is not None:
         out["path"] = ref.path
     if ref.fingerprint is not None:
@@ -693,7 +718,7 @@ def loads(text: str, path: str | os.PathLike = "<profile>") -> Profile:
     knode, vnode = top[VERSION_KEY]
     version = r.scalar(vnode, VERSION_KEY)
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        r.fail(vnode, f"{VERSION_KEY}: expected the format version {FORMAT_VERSION}, got {version!r}")
+        r.fail(vnode, f"{VERSION_KEY}: expected a format version 1..{FORMAT_VERSION}, got {version!r}")
     if version > FORMAT_VERSION:
         r.fail(vnode, f"{VERSION_KEY}: format {version} is newer than this expertbench reads ({FORMAT_VERSION})")
     profile = Profile(model=ModelRef(), version=version, path=path)
@@ -702,9 +727,9 @@ def loads(text: str, path: str | os.PathLike = "<profile>") -> Profile:
 
     if "description" in top:
         profile.description = r.string(top["description"][1], "description")
-    profile.model = _read_ref(r, top["model"][1], "model", allow_device=False)
+    profile.model = _read_ref(r, top["model"][1], "model", version, allow_device=False)
     if "draft" in top:
-        profile.draft = _read_ref(r, top["draft"][1], "draft", allow_device=True)
+        profile.draft = _read_ref(r, top["draft"][1], "draft", version, allow_device=True)
     if "devices" in top:
         profile.devices = _read_devices(r, top["devices"][1])
     known = set(profile.device_names())
@@ -745,8 +770,8 @@ def _find(r: _Reader, node, key: str):
     raise AssertionError(key)
 
 
-def _read_ref(r: _Reader, node, what: str, allow_device: bool) -> ModelRef:
-    allowed = ("path", "demo", "fingerprint") + (("device",) if allow_device else ())
+def _read_ref(r: _Reader, node, what: str, version: int, allow_device: bool) -> ModelRef:
+    allowed = ("path", "demo", "format", "quant", "fingerprint") + (("device",) if allow_device else ())
     m = r.mapping(node, what, allowed)
     ref = ModelRef()
     if ("path" in m) == ("demo" in m):
@@ -758,7 +783,30 @@ def _read_ref(r: _Reader, node, what: str, allow_device: bool) -> ModelRef:
 
         ref.demo = r.string(m["demo"][1], f"{what}.demo")
         if ref.demo not in SIZES:
-            r.fail(m["demo"][1], f"{what}.demo: unknown demo size {ref.demo!r} (expected one of {', '.join(SIZES)})")
+            r.fail(m["demo"][1], f"{what}.demo: unknown demo size {ref.demo!r:.80} (expected one of "
+                                 f"{', '.join(SIZES)})")  # fmt: skip
+    for key in ("format", "quant"):
+        if key not in m:
+            continue
+        knode = m[key][0]
+        if ref.demo is None:
+            r.fail(knode, f"{what}.{key}: only a demo model takes a {key} ('demo: SIZE' beside it); a 'path' is "
+                          "read as the files it names")  # fmt: skip
+        if version < DEMO_FORMAT_VERSION:
+            r.fail(knode, f"{what}.{key}: the demo's format and quant need format version {DEMO_FORMAT_VERSION} "
+                          f"('{VERSION_KEY}: {DEMO_FORMAT_VERSION}'; this file says {version})")  # fmt: skip
+        setattr(ref, key, r.string(m[key][1], f"{what}.{key}"))
+    if ref.format is not None or ref.quant is not None:
+        from .demo import check_format
+
+        try:
+            check_format(ref.format or "safetensors")
+        except ArgumentError as exc:
+            r.fail(m["format"][1], f"{what}.format: {exc}")
+        try:
+            check_format(ref.format or "safetensors", ref.quant)
+        except ArgumentError as exc:
+            r.fail(m["quant"][1], f"{what}.quant: {exc}")
     if "fingerprint" in m:
         ref.fingerprint = r.string(m["fingerprint"][1], f"{what}.fingerprint", _FINGERPRINT,
                                    "'sha256:' and 64 lowercase hex digits")  # fmt: skip

@@ -79,12 +79,50 @@ def test_full_profile_round_trip_is_lossless(tmp_path):
     assert "  mode: owner_local\n  precision: q8\n  weights: map\n" in text  # beside the mode, as written
 
 
-@pytest.mark.parametrize("name", ["cpu-only.yaml", "split.yaml", "cold-layers.yaml"])
+@pytest.mark.parametrize("name", ["cpu-only.yaml", "split.yaml", "cold-layers.yaml", "gguf-q8.yaml"])
 def test_example_profiles_round_trip(tmp_path, name):
     original = P.load(EXAMPLES / name)
     copy = original.save(tmp_path / name)
     assert P.load(copy) == original
     assert copy.read_text() == (EXAMPLES / name).read_text()  # the examples are stored in the canonical form
+
+
+GGUF_DEMO = """\
+expertbench_profile: 2
+model:
+  demo: default
+  format: gguf
+  quant: mxfp4
+draft:
+  demo: default
+  format: gguf
+run:
+  precision: q8
+"""
+
+
+def test_the_gguf_demo_pair_round_trip(tmp_path):
+    first = P.load(write(tmp_path, GGUF_DEMO))
+    assert (first.model.demo, first.model.format, first.model.quant) == ("default", "gguf", "mxfp4")
+    assert first.model.demo_format() == ("gguf", "mxfp4")
+    assert (first.draft.format, first.draft.quant) == ("gguf", None)  # as written: the default quantization
+    assert first.draft.demo_format() == ("gguf", "q8_0") and first.version == 2
+    saved = first.save(tmp_path / "again.yaml")
+    assert P.load(saved) == first
+    assert saved.read_text() == "# expertbench profile, format 2 (see profiles/README.md)\n" + GGUF_DEMO
+
+
+def test_the_version_written_is_the_oldest_that_says_it_all(tmp_path):
+    """Format 1 readers refuse `format`/`quant`; a profile that holds them is written as format 2, any other as 1."""
+    folder = Profile(model=P.ModelRef(demo="default"))
+    assert folder.to_data()["expertbench_profile"] == 1 and folder.model.demo_format() == ("safetensors", None)
+    gguf = Profile(model=P.ModelRef(demo="default"), draft=P.ModelRef(demo="default", format="gguf", quant="q8_0"))
+    assert gguf.to_data()["expertbench_profile"] == 2
+    assert gguf.to_yaml().startswith("# expertbench profile, format 2")
+    assert P.loads(gguf.to_yaml()).draft == gguf.draft
+    # a format-2 file without the new keys stays format 2 (load-save-load is lossless)
+    two = P.load(write(tmp_path, "expertbench_profile: 2\nmodel: {demo: default}\n"))
+    assert two.to_data() == {"expertbench_profile": 2, "model": {"demo": "default"}}
 
 
 def test_minimal_profile_defaults(tmp_path):
@@ -99,7 +137,8 @@ def test_minimal_profile_defaults(tmp_path):
 BAD = [
     ("expertbench_profile: 1\nmodel: {demo: default}\ncolour: red\n", 3, "unknown key 'colour'"),
     ("model: {demo: default}\n", 1, "'expertbench_profile' is missing"),
-    ("expertbench_profile: 2\nmodel: {demo: default}\n", 1, "format 2 is newer"),
+    ("expertbench_profile: 3\nmodel: {demo: default}\n", 1, "format 3 is newer than this expertbench reads (2)"),
+    ("expertbench_profile: 0\nmodel: {demo: default}\n", 1, "expected a format version 1..2, got 0"),
     ("expertbench_profile: 1\n", 1, "'model' is missing"),
     ("expertbench_profile: 1\nmodel: {demo: default, path: x}\n", 2, "exactly one of 'path'"),
     ("expertbench_profile: 1\nmodel: {demo: huge}\n", 2, "unknown demo size 'huge'"),
@@ -146,6 +185,24 @@ BAD = [
      4, "expected a number > 0.0, got 0"),
     ("expertbench_profile: 1\nmodel: {demo: default}\nrouting:\n  top_k: 2\n  tokens: [1]\n  hits: [[1], [2]]\n",
      6, "2 rows, expected one per layer"),
+    # the demo pair's file format and quantization (format 2)
+    ("expertbench_profile: 2\nmodel:\n  demo: default\n  format: ggml\n", 4,
+     "model.format: demo model format 'ggml' is unknown: expected one of safetensors, gguf"),
+    ("expertbench_profile: 2\nmodel:\n  demo: default\n  format: gguf\n  quant: q4_k\n", 5,
+     "model.quant: demo quantization 'q4_k' is unknown: expected one of q8_0, mxfp4"),
+    ("expertbench_profile: 2\nmodel:\n  demo: default\n  quant: q8_0\n", 4,
+     "model.quant: demo quantization 'q8_0': only the GGUF demo is quantized (format 'gguf')"),
+    ("expertbench_profile: 2\nmodel:\n  demo: default\n  format: safetensors\n  quant: mxfp4\n", 5,
+     "model.quant: demo quantization 'mxfp4': only the GGUF demo is quantized"),
+    ("expertbench_profile: 2\nmodel:\n  path: m.gguf\n  format: gguf\n", 4,
+     "model.format: only a demo model takes a format ('demo: SIZE' beside it)"),
+    ("expertbench_profile: 2\nmodel:\n  path: m.gguf\n  quant: q8_0\n", 4, "model.quant: only a demo model"),
+    ("expertbench_profile: 2\nmodel: {demo: default}\ndraft:\n  demo: default\n  format: gguf\n  quant: Q8_0\n", 6,
+     "draft.quant: demo quantization 'Q8_0' is unknown"),
+    ("expertbench_profile: 2\nmodel:\n  demo: default\n  format: [gguf]\n", 4, "model.format: expected a single"),
+    ("expertbench_profile: 2\nmodel: {demo: default, format: gguf, format: gguf}\n", 2, "key 'format' appears twice"),
+    ("expertbench_profile: 1\nmodel:\n  demo: default\n  format: gguf\n", 4,
+     "model.format: the demo's format and quant need format version 2 ('expertbench_profile: 2'; this file says 1)"),
     ("expertbench_profile: 1\nmodel: !!python/object/apply:os.system [echo owned]\n", 2, "expected a mapping"),
     ("expertbench_profile: 1\nmodel: {demo: !!python/name:os.system ''}\n", 2, "tag 'tag:yaml.org,2002:python/name"),
     ("expertbench_profile: 1\nmodel: {demo: default\n", 3, "not valid YAML"),
@@ -317,20 +374,26 @@ def test_fingerprint_follows_the_model_not_its_packaging(tmp_path):
 
 
 def test_example_profiles_fit_a_freshly_built_demo_pair(tmp_path_factory, monkeypatch):
-    """What 'expertbench regress profiles/*.yaml' checks before running, on a demo pair built here and now."""
+    """What 'expertbench regress profiles/*.yaml' checks before running, on the demo pairs built here and now (the
+    folder pair, and the GGUF pair of the examples that name one)."""
     from engine.demo import ensure_demo_pair
 
     cache = tmp_path_factory.getbasetemp() / "xdg-cache"  # shared with the other test files
-    pair = ensure_demo_pair("default", cache_dir=cache / "expertbench")
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
-    target, draft = P.fingerprint(pair.target), P.fingerprint(pair.draft)
-    config = Checkpoint.open(pair.target).config
+    formats = set()
     for path in sorted(EXAMPLES.glob("*.yaml")):
         profile = P.load(path)
-        assert profile.model.fingerprint == target and profile.draft.fingerprint == draft, path.name
+        fmt, quant = profile.model.demo_format()
+        assert profile.draft.demo_format() == (fmt, quant), path.name
+        formats.add((fmt, quant))
+        pair = ensure_demo_pair(profile.model.demo, cache_dir=cache / "expertbench", format=fmt, quant=quant)
+        assert profile.model_folder() == pair.target and profile.model_folder(profile.draft, "draft") == pair.draft
+        assert profile.model.fingerprint == P.fingerprint(pair.target), path.name
+        assert profile.draft.fingerprint == P.fingerprint(pair.draft), path.name
         assert len(profile.expectations.output_sha256) == 4
-        profile.placement_for(config)
+        profile.placement_for(Checkpoint.open(pair.target).config)
         assert profile.routing_stats().hits.shape == (8, 16)
+    assert formats == {("safetensors", None), ("gguf", "q8_0")}
 
 
 def test_the_full_example_in_the_readme_is_a_valid_profile(tmp_path):

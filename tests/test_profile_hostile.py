@@ -75,6 +75,23 @@ def test_a_hotness_table_that_is_not_a_regular_file_is_not_read(tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("ref", "message"),
+    [("{demo: default, format: FORMAT}", "model.format: demo model format 'xxxxx"),
+     ("{demo: default, format: gguf, quant: FORMAT}", "model.quant: demo quantization 'xxxxx"),
+     ("{demo: FORMAT}", "model.demo: unknown demo size 'xxxxx"),
+     ("{demo: default, format: ~}", "model.format: expected a non-empty string, got None"),
+     ("{demo: default, format: gguf, quant: 8}", "model.quant: expected a non-empty string, got 8"),
+     ("{demo: default, format: !!binary Z2d1Zg==}", "model.format: tag 'tag:yaml.org,2002:binary' is not allowed")],
+)  # fmt: skip
+def test_a_demo_format_or_quantization_that_is_no_name(tmp_path, ref, message):
+    """A megabyte where a demo's size, format or quantization goes: the error shows its start, not all of it."""
+    path = write(tmp_path, "expertbench_profile: 2\nmodel: " + ref.replace("FORMAT", "x" * (1 << 20)) + "\n")
+    with pytest.raises(ProfileError) as err:
+        P.load(path)
+    assert str(err.value).startswith(f"{path}:2: {message}") and len(str(err.value)) < 400, str(err.value)[:400]
+
+
+@pytest.mark.parametrize(
     "body",
     ["run:\n  tokens: !!int 'abc'\n", "placement:\n  layers:\n    0-99999999999: cpu:0\n",
      "description: " + "[" * 1000 + "]" * 1000 + "\n", "run:\n  tokens: " + str(2**70) + "\n",

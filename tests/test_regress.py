@@ -201,11 +201,11 @@ def test_example_profiles_pass_here(tmp_path_factory, monkeypatch, capsys):
 
     monkeypatch.setattr(regress, "measure_profile", steady)
     paths = sorted(str(p) for p in (ROOT / "profiles").glob("*.yaml"))
-    assert len(paths) == 3
+    assert len(paths) == 4
     code = cli_main(["regress", *paths])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert out.count("4 held, 4/4 as recorded") == 3
+    assert out.count("4 held, 4/4 as recorded") == 4
 
 
 def test_no_qt_on_the_regress_path(recorded):
@@ -267,3 +267,37 @@ def test_precision_is_replayed_and_its_hashes_are_its_own(tmp_path, capsys):
     assert cli_main(["regress", paths[1]]) == 1
     out = capsys.readouterr().out
     assert "split: output hash: prompt 1 gave" in out and "(mode reference, precision f32)" in out
+
+
+def test_a_profile_on_the_gguf_demo_pair_records_and_replays(tmp_path, monkeypatch, capsys):
+    """`demo` with `format: gguf` and `quant`: regress builds that pair (a tiny size here), fingerprints its GGUF files,
+    records and replays in the profile's precision; another quantization is another model (exit 2, named)."""
+    from demo_sizes import use_tiny
+
+    from engine.demo import ensure_demo_pair
+
+    use_tiny(monkeypatch, tmp_path / "cache")
+    text = ("expertbench_profile: 2\nmodel: {demo: tiny, format: gguf, quant: q8_0}\n"
+            "draft: {demo: tiny, format: gguf, quant: q8_0}\n"
+            "devices: {cpu: {devices: 2, threads: 1}}\nplacement:\n  layers: {1-2: cpu:1}\n"
+            "run: {prompts: [[1, 2, 3, 4], [5, 6, 7]], tokens: 6, repeats: 2, q: 2, precision: q8}\n")  # fmt: skip
+    path = tmp_path / "gguf.yaml"
+    path.write_text(text)
+    assert cli_main(["regress", "--record", str(path)]) == 0, capsys.readouterr()
+    pair = ensure_demo_pair("tiny", format="gguf", quant="q8_0")
+    assert pair.target.name == "target.gguf" and pair.target.is_relative_to(tmp_path / "cache")
+    recorded = P.load(path)
+    assert recorded.model.fingerprint == P.fingerprint(pair.target)
+    assert recorded.draft.fingerprint == P.fingerprint(pair.draft)
+    assert (recorded.model.format, recorded.model.quant, recorded.version) == ("gguf", "q8_0", 2)
+    assert len(recorded.expectations.output_sha256) == 2 and recorded.expectations.min_accept_rate is not None
+    assert str(tmp_path / "cache") not in path.read_text()  # the demo by name, never a path into the cache
+    capsys.readouterr()
+    assert cli_main(["regress", str(path)]) == 0
+    assert "2 held, 2/2 as recorded" in capsys.readouterr().out
+
+    path.write_text(path.read_text().replace("quant: q8_0", "quant: mxfp4", 1))  # the target only
+    assert cli_main(["regress", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:7: model.fingerprint: the profile was recorded on another model" in err
+    assert "demo-tiny-gguf-mxfp4-v1/target.gguf" in err
