@@ -1,9 +1,10 @@
 """The window's profiles: engine.profile files made from what the window holds, and read back into it.
 
-A profile saved here names the loaded model (its folder, or the demo size) with its fingerprint, the draft when
-the run panel uses one, the devices the placement needs, the placement, the run panel's settings and the routing
-statistics the heat map shows, so `expertbench regress` replays it. How the engine holds the files (run.weights)
-is not set here: an opened profile's value is kept, and none is written otherwise (regress then loads with auto).
+A profile saved here names the loaded model (its folder or file, or the demo size with its files' format and
+quantization) with its fingerprint, the draft when the run panel uses one, the devices the placement needs, the
+placement, the run panel's settings and the routing statistics the heat map shows, so `expertbench regress`
+replays it. How the engine holds the files (run.weights) is not set here: an opened profile's value is kept, and
+none is written otherwise (regress then loads with auto).
 Expectations come from what is known to hold:
 
 * output hashes and acceptance from a complete run in the history with the same model, prompts, length, mode and
@@ -45,9 +46,13 @@ if TYPE_CHECKING:  # the state imports this module
     from .state import ModelSnapshot, RunRecord, RunSettings
 
 
-def _ref(demo: str | None, folder: str, fingerprint: str | None) -> ModelRef:
-    if demo is not None:
-        return ModelRef(demo=demo, fingerprint=fingerprint)
+def _ref(model: ModelSnapshot, folder: str, fingerprint: str | None) -> ModelRef:
+    """The demo by its size (and, as GGUF files, their format and quantization: never a path into the cache), else
+    the folder or file by its absolute path."""
+    if model.demo is not None:
+        if model.demo_format == "safetensors":
+            return ModelRef(demo=model.demo, fingerprint=fingerprint)
+        return ModelRef(demo=model.demo, format=model.demo_format, quant=model.demo_quant, fingerprint=fingerprint)
     return ModelRef(path=str(Path(folder).expanduser().resolve()), fingerprint=fingerprint)
 
 
@@ -93,8 +98,8 @@ def build(path: str | os.PathLike, model: ModelSnapshot, placement: Placement, s
     not read it back."""
     path = Path(path).expanduser().resolve()
     use_draft = model.draft_path is not None and (settings is None or settings.use_draft)
-    target = _ref(model.demo, model.target_path, model.fingerprint)
-    draft = _ref(model.demo, model.draft_path, model.draft_fingerprint) if use_draft else None
+    target = _ref(model, model.target_path, model.fingerprint)
+    draft = _ref(model, model.draft_path, model.draft_fingerprint) if use_draft else None
     weights = None if base is None else base.run.weights  # the window cannot set it: an opened profile's stays
     run = ProfileRun(weights=weights)
     if settings is not None:

@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.demo import DEMO_PROMPTS
+from engine.demo import DEMO_PROMPTS, quant_formats
 from engine.profile import Profile
 from engine.run import PRECISIONS, REDUCTION_MODES
 from engine.speculative import MAX_DRAFT_TOKENS
@@ -40,9 +40,11 @@ PRECISION_TIP = (
 
 
 def _name(folder: str) -> str:
-    """A model folder (or GGUF file) as a person calls it (the demo pair's folders are called target/ and draft/)."""
+    """A model folder (or GGUF file) as a person calls it (the demo pair's are called target/ and draft/, or
+    target.gguf and draft.gguf: their cache folder names the pair)."""
     path = Path(folder)
-    return f"{path.parent.name}/{path.name}" if path.name in ("target", "draft") else path.name
+    demo = path.name in ("target", "draft", "target.gguf", "draft.gguf")
+    return f"{path.parent.name}/{path.name}" if demo else path.name
 
 
 class RunPanel(QWidget):
@@ -169,7 +171,9 @@ class RunPanel(QWidget):
             self.draft_check.setEnabled(False)
             return
         warn = theme.colors()["warn"]
-        synthetic = f"<br><span style='color:{warn}'>synthetic demo: random weights, its text is noise</span>"
+        quantized = "" if m.demo_quant is None else f"; quantized: {quant_formats(m.demo_quant)}"
+        note = f"synthetic demo: random weights, its text is noise{quantized}"
+        synthetic = f"<br><span style='color:{warn}'>{note}</span>"
         self.target_label.setText(_name(m.target_path) + (synthetic if m.synthetic else ""))
         self.target_label.setToolTip(m.target_path)
         self.draft_check.setEnabled(m.draft_path is not None)

@@ -21,7 +21,7 @@ from PySide6.QtCore import QObject, Signal
 
 from engine.checkpoint import ModelConfig
 from engine.costmodel import Calibration, ModelShape, calibrate, predict_tokens_per_second
-from engine.demo import is_synthetic
+from engine.demo import check_format, is_synthetic
 from engine.errors import EngineError
 from engine.model import WEIGHTS_MODES, DeviceInfo, Engine, Model
 from engine.placement import Placement
@@ -155,6 +155,8 @@ class ModelSnapshot:
     shape: ModelShape  # what the cost model and the strategies know of the target
     draft_weight_bytes: int = 0
     demo: str | None = None  # the demo pair's size, when that is what was loaded
+    demo_format: str = "safetensors"  # and its files' format (engine.demo.DEMO_FORMATS)
+    demo_quant: str | None = None  # and, as GGUF, their quantization (engine.demo.QUANTS)
     fingerprint: str | None = None  # engine.profile.fingerprint of the target folder or GGUF file (None: unreadable)
     draft_fingerprint: str | None = None
     weights: str = "map"  # how the engine holds the target's files (engine.model.WEIGHTS_MODES, never "auto")
@@ -279,12 +281,17 @@ class WorkbenchState(QObject):
         self.worker.submit(task, done, lambda exc: self._fail("The engine could not start", exc), "starting engine")
 
     def load_models(self, target, draft=None, primary: str = "cpu:0", demo: str | None = None,
-                    demo_draft: bool = True) -> None:  # fmt: skip
+                    demo_draft: bool = True, demo_format: str = "safetensors", demo_quant: str | None = None
+                    ) -> None:  # fmt: skip
         """Load a target (and a draft) on the engine thread; the previous pair stays loaded if this fails.
 
-        demo: a demo size ("default") to build or find in the cache and load instead of target/draft.
+        demo: a demo size ("default") to build or find in the cache and load instead of target/draft, as
+        safetensors folders (demo_format "safetensors", bf16) or GGUF files (demo_format "gguf", quantized as
+        demo_quant: "q8_0", the default, or "mxfp4").
         """
         side, weights = self._side, self.weights
+        if demo is not None:
+            demo_quant = check_format(demo_format, demo_quant)  # ArgumentError here, before anything is queued
 
         def task():
             nonlocal target, draft
@@ -293,7 +300,7 @@ class WorkbenchState(QObject):
             if demo is not None:
                 from engine.demo import ensure_demo_pair
 
-                pair = ensure_demo_pair(demo)
+                pair = ensure_demo_pair(demo, format=demo_format, quant=demo_quant)
                 target, draft = pair.target, (pair.draft if demo_draft else None)
             new_target = side.engine.load(target, device=primary, weights=weights)
             new_draft = None
@@ -317,6 +324,8 @@ class WorkbenchState(QObject):
                     shape=ModelShape.from_model(new_target),
                     draft_weight_bytes=0 if new_draft is None else new_draft.info["weight_bytes"],
                     demo=demo,
+                    demo_format=demo_format if demo is not None else "safetensors",
+                    demo_quant=demo_quant if demo is not None else None,
                     fingerprint=_fingerprint(new_target),
                     draft_fingerprint=None if new_draft is None else _fingerprint(new_draft),
                     weights=info["weights"],
@@ -335,7 +344,10 @@ class WorkbenchState(QObject):
             side.applied = snapshot.placement
             return snapshot
 
-        label = "loading the demo model pair" if demo else f"loading {Path(str(target)).name}"
+        if demo is None:
+            label = f"loading {Path(str(target)).name}"
+        else:
+            label = "loading the demo model pair" + (f" (GGUF {demo_quant})" if demo_format == "gguf" else "")
         self.worker.submit(task, self._models_loaded, lambda exc: self._fail("The model could not be loaded", exc),
                            label)  # fmt: skip
 

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine.demo import DEFAULT_QUANT, QUANTS, quant_formats
 from engine.errors import EngineError
 from engine.export import LlamaCppExport, to_llama_cpp
 from engine.model import WEIGHTS_MODES
@@ -32,6 +33,21 @@ from .state import WorkbenchState
 
 MAX_RECENT = 8
 LAYOUT_VERSION = 1
+DEMO_SIZE = "default"  # the demo pair File > Open demo model pair opens (engine.demo.SIZES)
+SYNTHETIC = "synthetic: random weights, its text is noise by design"
+
+
+def demo_choices() -> list[tuple[str, str | None, str, str]]:
+    """File > Open demo model pair: (format, quant, menu text, tip) for the folder pair and each GGUF quantization."""
+    out = [("safetensors", None, "Folders (safetensors, bf16)",
+            f"The built-in demo pair as safetensors folders, bf16 weights ({SYNTHETIC})")]  # fmt: skip
+    for quant in QUANTS:
+        formats = quant_formats(quant)
+        default = ", the default" if quant == DEFAULT_QUANT else ""
+        out.append(("gguf", quant, f"GGUF files, {formats} (quantized)",
+                    f"The same demo pair as GGUF files quantized as llama.cpp does ({quant}{default}: {formats}; "
+                    f"{SYNTHETIC})"))  # fmt: skip
+    return out
 
 
 def llama_cpp_note(exported: LlamaCppExport) -> str:
@@ -115,7 +131,11 @@ class MainWindow(QMainWindow):
         self.act_open_draft = a("Open draft folder…", self.open_draft, None, None, "Open a draft model folder")
         self.act_open_draft_gguf = a("Open draft GGUF file…", self.open_draft_file, None, None,
                                      "Open a draft model in GGUF format")  # fmt: skip
-        self.act_open_demo = a("Open demo model pair", self.open_demo, None, None, "The built-in synthetic pair")
+        self.act_open_demos = {}  # (format, quant) -> the action that opens that demo pair
+        for fmt, quant, text, tip in demo_choices():
+            self.act_open_demos[fmt, quant] = a(text, lambda _=False, f=fmt, q=quant: self.open_demo(f, q), None, None,
+                                                tip)  # fmt: skip
+        self.act_open_demo = self.act_open_demos["safetensors", None]
         self.act_open_profile = a("Open profile…", self.open_profile, "Ctrl+Shift+O", "open",
                                   "Open a profile: its placement, run settings and routing")  # fmt: skip
         replays = "Save the placement and run settings as a profile (expertbench regress replays it)"
@@ -136,9 +156,12 @@ class MainWindow(QMainWindow):
 
     def _build_menus(self) -> None:
         m = self.menuBar().addMenu("&File")
-        for act in (self.act_open_model, self.act_open_gguf, self.act_open_draft, self.act_open_draft_gguf,
-                    self.act_open_demo):  # fmt: skip
+        for act in (self.act_open_model, self.act_open_gguf, self.act_open_draft, self.act_open_draft_gguf):
             m.addAction(act)
+        self.demo_menu = m.addMenu("Open demo model pair (synthetic)")
+        self.demo_menu.setToolTipsVisible(True)
+        for act in self.act_open_demos.values():
+            self.demo_menu.addAction(act)
         self.weights_menu = m.addMenu("Hold weights as")
         self.weights_menu.setToolTipsVisible(True)
         group = QActionGroup(self)
@@ -259,7 +282,10 @@ class MainWindow(QMainWindow):
         parts = ["expertbench"]
         if s.model is not None:
             name = Path(s.model.target_path).name
-            parts.append(f"{name} (synthetic demo)" if s.model.synthetic else name)
+            if s.model.demo_quant is not None:
+                parts.append(f"{name} (synthetic demo, {quant_formats(s.model.demo_quant)})")
+            else:
+                parts.append(f"{name} (synthetic demo)" if s.model.synthetic else name)
         if s.profile_path is not None:
             parts.append(s.profile_path.name)
         self.setWindowTitle(" — ".join(parts) + (" *" if s.dirty else ""))
@@ -325,10 +351,10 @@ class MainWindow(QMainWindow):
         self.settings.setValue("weights", mode)
         self.act_weights[mode].setChecked(True)
 
-    @Slot()
-    def open_demo(self) -> None:
+    def open_demo(self, format: str = "safetensors", quant: str | None = None) -> None:
+        """The built-in synthetic demo pair: safetensors folders (bf16) or GGUF files (quant: engine.demo.QUANTS)."""
         if self.confirm_discard():
-            self.state.load_models(None, demo="default")
+            self.state.load_models(None, demo=DEMO_SIZE, demo_format=format, demo_quant=quant)
 
     @Slot()
     def open_profile(self, path: str | None = None) -> None:

@@ -22,3 +22,65 @@ def test_open_gguf_target_and_draft(qtbot, make_window, tmp_path, monkeypatch):
     window.act_open_draft_gguf.trigger()
     qtbot.waitUntil(lambda: state.model.draft_path == str(draft) and not state.busy, timeout=TIMEOUT_MS)
     assert state.model.draft_fingerprint == fingerprint(draft)
+
+
+def test_open_the_gguf_demo_pair_and_save_a_profile_that_names_it(qtbot, make_window, tmp_path, monkeypatch):
+    """File > Open demo model pair offers the folder pair and the GGUF pair per quantization, says they are synthetic
+    and which are quantized; a profile saved on the GGUF pair names the demo with its format and quantization (not a
+    path into the cache) and replays with `expertbench regress`."""
+    from demo_sizes import use_tiny
+
+    import app.window
+    from engine import regress
+    from engine.profile import ModelRef, load
+
+    cache = tmp_path / "cache"
+    use_tiny(monkeypatch, cache)  # a tiny demo size, built in tmp_path
+    monkeypatch.setattr(app.window, "DEMO_SIZE", "tiny")
+    window = make_window()
+    state = window.state
+    assert window.demo_menu.title() == "Open demo model pair (synthetic)"
+    assert [a.text() for a in window.demo_menu.actions()] == [
+        "Folders (safetensors, bf16)", "GGUF files, Q8_0 (quantized)",
+        "GGUF files, MXFP4 experts, Q8_0 elsewhere (quantized)"]  # fmt: skip
+    assert all("synthetic: random weights" in a.toolTip() for a in window.demo_menu.actions())
+    assert "quantized as llama.cpp does (mxfp4" in window.act_open_demos["gguf", "mxfp4"].toolTip()
+
+    window.act_open_demos["gguf", "mxfp4"].trigger()
+    qtbot.waitUntil(lambda: state.model.demo == "tiny" and not state.busy, timeout=TIMEOUT_MS)
+    m = state.model
+    assert (m.demo_format, m.demo_quant, m.synthetic) == ("gguf", "mxfp4", True)
+    assert m.target_path == str(cache / "expertbench" / "demo-tiny-gguf-mxfp4-v1" / "target.gguf")
+    assert m.draft_path.endswith("demo-tiny-gguf-mxfp4-v1/draft.gguf")
+    assert m.fingerprint == fingerprint(m.target_path) and m.draft_fingerprint == fingerprint(m.draft_path)
+    assert "target.gguf (synthetic demo, MXFP4 experts, Q8_0 elsewhere)" in window.windowTitle()
+    label = window.run_panel.target_label.text()
+    assert "demo-tiny-gguf-mxfp4-v1/target.gguf" in label and "quantized: MXFP4 experts, Q8_0 elsewhere" in label
+
+    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        state.move({2: [0, 1]}, "hostsim:0")
+    panel = window.run_panel
+    panel.prompts.setPlainText("The quick brown fox")
+    panel.tokens.setValue(4)
+    panel.repeats.setValue(1)
+    with qtbot.waitSignal(state.sigRunFinished, timeout=TIMEOUT_MS):
+        panel.start()
+    path = tmp_path / "gguf-demo.yaml"
+    assert state.save_profile(path, panel.settings())
+    text = path.read_text()
+    assert str(cache) not in text and "path:" not in text
+    written = load(path)
+    assert written.version == 2
+    assert written.model == ModelRef(demo="tiny", format="gguf", quant="mxfp4", fingerprint=m.fingerprint)
+    assert written.draft == ModelRef(demo="tiny", format="gguf", quant="mxfp4", fingerprint=m.draft_fingerprint)
+    assert written.expectations.output_sha256 is not None
+    report = regress.run([str(path)])
+    assert report.exit_code == 0, report.table()
+
+    # The folder pair again: a profile on it names the demo alone (format 1, readable by older expertbench).
+    window.act_open_demo.trigger()
+    qtbot.waitUntil(lambda: state.model.demo_format == "safetensors" and not state.busy, timeout=TIMEOUT_MS)
+    assert state.model.demo_quant is None and state.model.target_path.endswith("demo-tiny-v1/target")
+    assert state.save_profile(tmp_path / "folder-demo.yaml")
+    folder = load(tmp_path / "folder-demo.yaml")
+    assert folder.version == 1 and folder.model == ModelRef(demo="tiny", fingerprint=state.model.fingerprint)
