@@ -8,7 +8,10 @@ count, the same token ids (ours), the same prompt and token counts; llama.cpp's 
 ours. Prints our/their ratios, writes JSON. Our engine holds the weights as --weights says (auto: copied onto huge
 pages where the kernel allows it); llama.cpp memory-maps its GGUF file by default (--llama-mmap off: it reads it
 into its own buffers instead). With --rounds N both engines are measured N times, alternating which goes first, and
-the ratio is the median of the rounds' ratios (a shared machine's speed drifts over minutes).
+the ratio is the median of the rounds' ratios (a shared machine's speed drifts over minutes). Each engine's decodes
+are also set against the memory read ceiling, as bench/decode.py does: bench/membw measured just before and just
+after them (llama.cpp's run waits for it), each round's decode GB/s (our weight bytes read per token, the same file)
+as a fraction of the higher of the two.
 
     python bench/vs_llamacpp.py --size bench --dtypes bf16 f32 --rounds 3 --json bench/results/vs_llamacpp.json
 
@@ -30,6 +33,7 @@ one, e.g. the one tests/fixtures/generate_gguf.py uses.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -45,7 +49,8 @@ from engine.model import Engine
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from checkpoints import demo_target  # noqa: E402
-from measure import add_common_arguments, decode_speed, prefill_ids, prefill_speed, write_report  # noqa: E402
+from decode import against, memory_ceiling, read_ceiling  # noqa: E402
+from measure import add_common_arguments, build_c, decode_speed, prefill_ids, prefill_speed, write_report  # noqa: E402
 
 LLAMA_CPP_PYTHON = "0.3.36"
 WORK = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "expertbench" / "bench-llamacpp"
@@ -53,7 +58,9 @@ VENV = WORK / "venv"
 PY = VENV / "bin" / "python"
 SRC = WORK / "sdist" / f"llama_cpp_python-{LLAMA_CPP_PYTHON}" / "vendor" / "llama.cpp"
 
-# Runs inside the llama-cpp-python environment; prints one JSON document.
+# Runs inside the llama-cpp-python environment; prints one JSON document. Before and after its measured decodes it
+# prints SYNC and waits for a line on stdin (the read ceiling is measured meanwhile).
+SYNC = "measure the ceiling"
 RUNNER = r"""
 import json, sys, time
 import numpy as np
@@ -70,8 +77,7 @@ for _ in range(cfg["repeats"]):
     prefill.append(len(cfg["prefill_ids"]) / (time.perf_counter() - t0))
 def last_logits():  # without logits_all, llama-cpp-python keeps no scores: read the context's last row
     return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
-decode, ids = [], []
-for _ in range(cfg["repeats"] + 1):
+def decode_once():
     llm.reset()
     llm.eval(cfg["prompt_ids"])
     ids = [int(np.argmax(last_logits()))]
@@ -79,8 +85,18 @@ for _ in range(cfg["repeats"] + 1):
     while len(ids) < cfg["tokens"]:
         llm.eval([ids[-1]])
         ids.append(int(np.argmax(last_logits())))
-    decode.append((len(ids) - 1) / (time.perf_counter() - t0))
-print(json.dumps({"prefill": prefill, "decode": decode[1:], "ids": ids}))
+    return (len(ids) - 1) / (time.perf_counter() - t0), ids
+def sync():
+    print(cfg["sync"], flush=True)
+    sys.stdin.readline()
+decode_once()  # warms
+sync()
+decode, ids = [], []
+for _ in range(cfg["repeats"]):
+    speed, ids = decode_once()
+    decode.append(speed)
+sync()
+print(json.dumps({"prefill": prefill, "decode": decode, "ids": ids}))
 """
 
 # Runs llama.cpp's converter with the pre-tokenizer named: the demo tokenizer is byte-level BPE with the GPT-2
@@ -145,11 +161,14 @@ def setup() -> None:
          "protobuf<5", "numpy", str(SRC / "gguf-py")])  # fmt: skip
 
 
-def to_gguf(model_dir: Path, dtype: str) -> Path:
+def to_gguf(model_dir: Path, dtype: str, python: Path | None = None, src: Path | None = None) -> Path:
+    """model_dir converted by llama.cpp's convert_hf_to_gguf.py (the one in src, default SRC, run by python, default
+    PY) to a GGUF file of dtype ("f32", "bf16", ...) beside it; kept when already there."""
     out = model_dir.parent / f"{model_dir.name}-{dtype}.gguf"
     if not out.exists():
         tmp = out.with_suffix(".partial")
-        run([str(PY), "-c", CONVERTER, str(SRC), str(model_dir), "--outtype", dtype, "--outfile", str(tmp)])
+        run([str(python or PY), "-c", CONVERTER, str(src or SRC), str(model_dir), "--outtype", dtype, "--outfile",
+             str(tmp)])  # fmt: skip
         tmp.rename(out)
     return out
 
@@ -164,17 +183,42 @@ def quantize(f32_gguf: Path, quant: str) -> Path:
 
 
 def ours(model_dir: Path, threads: int, prompt_ids, prefill_prompt, tokens: int, repeats: int, weights: str,
-         precision: str = "f32") -> dict:  # fmt: skip
+         precision: str = "f32", ceiling=None) -> dict:  # fmt: skip
+    """Our decode and prefill speeds; ceiling() (bench/decode.py's memory_ceiling) measured just before and just after
+    the decodes, once they are warm."""
     before = resident_bytes()
     with Engine(cpu_threads=threads) as eng:
         model = eng.load(model_dir, weights=weights)
-        decode, ids = decode_speed(model, prompt_ids, tokens, repeats, precision=precision)  # first: it warms
+        decode_speed(model, prompt_ids, tokens, 0, precision=precision)  # page cache and arenas warm
+        ceiling_before = ceiling() if ceiling else None
+        decode, ids = decode_speed(model, prompt_ids, tokens, repeats, warm=False, precision=precision)
+        ceiling_after = ceiling() if ceiling else None
         grown = resident_bytes() - before  # the weights as held, the contexts' KV caches and scratch, once warm
         prefill = prefill_speed(model, prefill_prompt, repeats, precision=precision)
-        weights = model.info["weights"]
-        files = model.info["file_bytes"]
-    return {"prefill": prefill, "decode": decode, "ids": ids, "weights": weights, "file_bytes": files,
-            "resident_growth_bytes": grown}  # fmt: skip
+        info = model.info
+    return {"prefill": prefill, "decode": decode, "ids": ids, "weights": info["weights"],
+            "file_bytes": info["file_bytes"], "bytes_per_token": info["bytes_per_token"],
+            "resident_growth_bytes": grown, "ceiling_before": ceiling_before,
+            "ceiling_after": ceiling_after}  # fmt: skip
+
+
+def theirs(python: Path, cfg: dict, ceiling) -> dict:
+    """llama.cpp's speeds (RUNNER, run by python), ceiling() measured just before and just after its decodes while
+    the runner waits."""
+    cmd = [str(python), "-c", RUNNER, json.dumps({**cfg, "sync": SYNC})]
+    print("+", cmd[0], "-c RUNNER CONFIG", file=sys.stderr)
+    ceilings, out = [], ""
+    with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as proc:
+        for line in proc.stdout:
+            if line.rstrip("\n") == SYNC:
+                ceilings.append(ceiling())
+                proc.stdin.write("\n")
+                proc.stdin.flush()
+            else:
+                out += line
+    if proc.returncode != 0 or len(ceilings) != 2:
+        raise subprocess.CalledProcessError(proc.returncode, [cmd[0], "-c", "RUNNER"], out)
+    return json.loads(out) | {"ceiling_before": ceilings[0], "ceiling_after": ceilings[1]}
 
 
 def resident_bytes() -> int:
@@ -183,6 +227,26 @@ def resident_bytes() -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     return 0
+
+
+def ceiling_of(threads: int):
+    """bench/decode.py's read_ceiling for membw's one-thread figure when the engines run one thread, for its
+    all-cores figure otherwise."""
+    return functools.partial(read_ceiling, threads="1" if threads == 1 else "all")
+
+
+def decode_fractions(rounds: list[dict], per_token: int, threads: int) -> dict:
+    """Each side's decode GB/s (per_token bytes per token) against the read ceiling, per round: the higher of the
+    ceilings measured just before and just after that side's decodes (bench/decode.py's against; ceiling_of)."""
+    out = {"bytes_per_token": per_token}
+    for side, name in (("ours", "ours"), ("theirs", "llama_cpp")):
+        runs = [g[side] for g in rounds]
+        tps = [statistics.median(r["decode"]) for r in runs]
+        ceilings, fractions = against(ceiling_of(threads), runs, tps, per_token)
+        out[name] = statistics.median(fractions)
+        out[f"round_{name}"] = fractions
+        out[f"round_ceilings_gbs_{name}"] = ceilings
+    return out
 
 
 def round_speeds(rounds: list[dict], what: str) -> dict:
@@ -223,6 +287,8 @@ def main() -> int:
     else:
         setup()
     run_py = args.llama_run_env / "bin" / "python" if args.llama_run_env else PY
+    WORK.mkdir(parents=True, exist_ok=True)
+    ceiling = functools.partial(memory_ceiling, {"membw": build_c("membw", WORK)})  # built anew each invocation
     jobs = [(dtype, None, "f32") for dtype in args.dtypes]
     jobs += [("f32", quant, precision) for quant in args.quants for precision in args.precisions]
     rows = []
@@ -247,11 +313,10 @@ def main() -> int:
             got = {}
             for side in order:
                 if side == "theirs":
-                    out = run([str(run_py), "-c", RUNNER, json.dumps(cfg)], capture_output=True, text=True).stdout
-                    got[side] = json.loads(out)
+                    got[side] = theirs(run_py, cfg, ceiling)
                 else:
                     got[side] = ours(model_dir, args.threads, prompt_ids, prefill_prompt, args.tokens, args.repeats,
-                                     args.weights, precision)  # fmt: skip
+                                     args.weights, precision, ceiling)  # fmt: skip
             rounds.append(got)
         # the first position where the greedy tokens differ, over every round
         differ = [i for g in rounds for i, (a, b) in enumerate(zip(g["ours"]["ids"], g["theirs"]["ids"], strict=True))
@@ -264,22 +329,36 @@ def main() -> int:
             "dtype": quant or dtype, "precision": precision, "gguf": str(gguf), "gguf_bytes": gguf.stat().st_size,
             "threads": args.threads, "rounds": args.rounds,
             "decode_tokens_per_second": round_speeds(rounds, "decode"),
+            "decode_fraction_of_read_ceiling": decode_fractions(rounds, rounds[0]["ours"]["bytes_per_token"],
+                                                                args.threads),
             "prefill_tokens_per_second": round_speeds(rounds, "prefill"),
             "greedy_tokens_agree": agree is None, "first_difference": agree,
             "runs": [{"ours": g["ours"], "llama_cpp": g["theirs"]} for g in rounds],
         })  # fmt: skip
-    print("| file | our precision | decode tok/s ours | llama.cpp | ratio (per round) | prefill tok/s ours | llama.cpp "
-          "| ratio (per round) | tokens agree |")  # fmt: skip
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("read ceiling (bench/membw, the fastest of its reads) just before / just after each side's decodes, per "
+          "round; each decode is compared with the higher:")  # fmt: skip
     for r in rows:
-        d, p = r["decode_tokens_per_second"], r["prefill_tokens_per_second"]
+        of = ceiling_of(args.threads)
+        sides = "; ".join(
+            name + " " + ", ".join(f"{of(g[key]['ceiling_before']):.1f} / {of(g[key]['ceiling_after']):.1f}"
+                                   for g in r["runs"])
+            for name, key in (("ours", "ours"), ("llama.cpp", "llama_cpp"))
+        )  # fmt: skip
+        per_token = r["decode_fraction_of_read_ceiling"]["bytes_per_token"]
+        print(f"  {r['dtype']} {r['precision']}: {sides} GB/s ({per_token / 1e6:.0f} MB read per token)")
+    print("| file | our precision | decode tok/s ours | llama.cpp | ratio (per round) | of read ceiling ours / "
+          "llama.cpp (per round) | prefill tok/s ours | llama.cpp | ratio (per round) | tokens agree |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        d, p, f = r["decode_tokens_per_second"], r["prefill_tokens_per_second"], r["decode_fraction_of_read_ceiling"]
         agree = "yes" if r["greedy_tokens_agree"] else f"no (from token {r['first_difference']})"
 
         def per_round(x):
             return ", ".join(f"{v:.2f}" for v in x["round_ratios"])
 
+        fractions = ", ".join(f"{a:.0%} / {b:.0%}" for a, b in zip(f["round_ours"], f["round_llama_cpp"], strict=True))
         print(f"| {r['dtype']} | {r['precision']} | {d['ours']:.1f} | {d['llama_cpp']:.1f} "
-              f"| {d['ratio']:.2f}x ({per_round(d)}) "
+              f"| {d['ratio']:.2f}x ({per_round(d)}) | {f['ours']:.0%} / {f['llama_cpp']:.0%} ({fractions}) "
               f"| {p['ours']:.1f} | {p['llama_cpp']:.1f} | {p['ratio']:.2f}x ({per_round(p)}) | {agree} |")  # fmt: skip
     report = {"command": " ".join(["python", *sys.argv]), "llama_cpp_python": LLAMA_CPP_PYTHON,
               "llama_mmap": args.llama_mmap, "results": rows}  # fmt: skip
