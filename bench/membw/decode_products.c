@@ -76,7 +76,7 @@ static void *read_part(void *arg) {
 
 int main(int argc, char **argv) {
     const char *module = argc > 1 ? argv[1] : NULL;
-    int dtype = EB_DTYPE_BF16, tokens = 64, threads = 0, bad = 0, prec = EB_PRECISION_F32;
+    int dtype = EB_DTYPE_BF16, tokens = 64, threads = 0, bad = 0, prec = EB_PRECISION_F32, kernels = 0;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
             const char *d = argv[++i];
@@ -88,11 +88,16 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--precision") && i + 1 < argc) {
             const char *p = argv[++i];
             prec = !strcmp(p, "f32") ? EB_PRECISION_F32 : !strcmp(p, "q8") ? EB_PRECISION_Q8 : -1;
+        } else if (!strcmp(argv[i], "--kernels") && i + 1 < argc) {
+            const char *k = argv[++i];
+            kernels = !strcmp(k, "best") ? EB_CPU_KERNELS_BEST : !strcmp(k, "avx2") ? EB_CPU_KERNELS_AVX2
+                      : !strcmp(k, "portable") ? EB_CPU_KERNELS_PORTABLE : -1;
         }
         else bad = 1;
     }
-    if (!module || bad || prec < 0 || dtype < 0 || tokens < 1 || threads < 0 || threads > 256) {
-        fprintf(stderr, "usage: %s MODULE.so [--dtype f32|bf16|f16|q8_0|q4_k|q5_k|q6_k|mxfp4] [--precision f32|q8] [--tokens N] [--threads T]\n", argv[0]);
+    if (!module || bad || prec < 0 || kernels < 0 || dtype < 0 || tokens < 1 || threads < 0 || threads > 256) {
+        fprintf(stderr, "usage: %s MODULE.so [--dtype f32|bf16|f16|q8_0|q4_k|q5_k|q6_k|mxfp4] [--precision f32|q8] "
+                "[--kernels best|avx2|portable] [--tokens N] [--threads T]\n", argv[0]);
         return 2;
     }
     void *lib = dlopen(module, RTLD_NOW | RTLD_LOCAL);
@@ -104,7 +109,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     char err[256] = "";
-    eb_runtime_options opt = {1, threads, 0, 0};
+    eb_runtime_options opt = {1, threads, kernels, 0};
     void *rt = NULL;
     if (t->init(&opt, &rt, err, sizeof err)) {
         fprintf(stderr, "%s: %s\n", module, err);
@@ -224,7 +229,7 @@ int main(int argc, char **argv) {
     }
     double read_gbs = total / best / 1e9, gbs = (double)per_token * tokens / seconds / 1e9;
     printf("%s, %s, %d threads, %d tokens\n", info.name, eb_dtype_name(dtype), n, tokens);
-    printf("activations: %s\n", prec == EB_PRECISION_Q8 ? "q8" : "f32");
+    printf("activations: %s, kernels: %s\n", prec == EB_PRECISION_Q8 ? "q8" : "f32", t->kernel_variant(rt));
     printf("| MB per token | products tok/s | products GB/s | read GB/s (the faster of plain and ahead) "
            "| products / read |\n");
     printf("| --- | --- | --- | --- | --- |\n");

@@ -32,6 +32,10 @@ INLINE __m512i halves_shifted(__m256i v, int lo, int hi) {
     return _mm512_srlv_epi64(both, _mm512_set_epi64(hi, hi, hi, hi, lo, lo, lo, lo));
 }
 
+INLINE __m128i fold512(__m512i v) {
+    return fold_i32(_mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)));
+}
+
 /* int16 elements idx (a vector of element numbers) of the first 16 int16 of v. */
 INLINE __m512i pick16(__m256i v, __m512i idx) { return _mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(v)); }
 
@@ -66,101 +70,100 @@ INLINE __m512i dot_i8(__m512i w, __m512i x) {
     return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(w), sx);
 }
 
+/* The K formats' block (k_row_q8 sums the blocks): 64 quants a register (two sub-blocks), their products with the
+ * activations in int16 pairs (vpmaddubsw), times their sub-block's scales and into int32 lanes (vpdpwssd). */
+INLINE void k_block_parts(const unsigned char *b, int dtype, int64_t k, const int8_t *const *xq,
+                          const int16_t *const *xs, int T, __m128i *ip, __m128i *mp, int pf) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    if (pf) {
+        _mm_prefetch((const char *)((uintptr_t)b + AHEAD_BYTES), _MM_HINT_T0);
+        _mm_prefetch((const char *)((uintptr_t)b + 64 + AHEAD_BYTES), _MM_HINT_T0);
+    }
+    __m512i iacc[4];
+    UNROLL for (int t = 0; t < T; t++) iacc[t] = _mm512_setzero_si512();
+    if (dtype == EB_DTYPE_Q6_K) {
+        if (pf) _mm_prefetch((const char *)((uintptr_t)b + 128 + AHEAD_BYTES), _MM_HINT_T0);
+        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
+        for (int h = 0; h < 2; h++) {
+            /* ql: chunks 4h and 4h + 1's low bits in its low nibbles, 4h + 2 and 4h + 3's in its high ones */
+            __m512i ql = _mm512_loadu_si512((const void *)(b + 64 * h));
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+            for (int p = 0; p < 2; p++) { /* chunks 4h + 2p and 4h + 2p + 1 */
+                __m512i lo = _mm512_and_si512(p ? _mm512_srli_epi16(ql, 4) : ql, low4);
+                __m512i hb = _mm512_and_si512(halves_shifted(qh, 4 * p, 4 * p + 2), _mm512_set1_epi8(3));
+                __m512i q = _mm512_or_si512(lo, _mm512_slli_epi16(hb, 4));
+                int e = 8 * h + 4 * p;
+                __m512i sc = pick16(sc16, SIXTEENS(e, e + 1, e + 2, e + 3));
+                UNROLL for (int t = 0; t < T; t++) {
+                    __m512i x = _mm512_loadu_si512((const void *)(xq[t] + 256 * k + 32 * (4 * h + 2 * p)));
+                    iacc[t] = _mm512_dpwssd_epi32(iacc[t], _mm512_maddubs_epi16(q, x), sc);
+                }
+            }
+        }
+        UNROLL for (int t = 0; t < T; t++) ip[t] = fold512(iacc[t]), mp[t] = q6_offset_part(sc16, xs[t] + 16 * k);
+        return;
+    }
+    int q5 = dtype == EB_DTYPE_Q5_K;
+    __m128i sc8, m8;
+    k4_scales(b + 4, &sc8, &m8);
+    __m256i sc = _mm256_castsi128_si256(sc8);
+    __m256i hbits = q5 ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+    const unsigned char *qs = b + 16 + (q5 ? 32 : 0);
+    for (int i = 0; i < 4; i++) { /* sub-blocks 2i (low nibbles) and 2i + 1 (high nibbles) */
+        __m512i q = _mm512_and_si512(halves_shifted(_mm256_loadu_si256((const __m256i *)(qs + 32 * i)), 0, 4), low4);
+        if (q5) {
+            __m512i h = _mm512_and_si512(halves_shifted(hbits, 2 * i, 2 * i + 1), _mm512_set1_epi8(1));
+            q = _mm512_or_si512(q, _mm512_slli_epi16(h, 4));
+        }
+        __m512i s = pick16(sc, SUBBLOCK_PAIR(2 * i, 2 * i + 1));
+        UNROLL for (int t = 0; t < T; t++) {
+            __m512i x = _mm512_loadu_si512((const void *)(xq[t] + 256 * k + 64 * i));
+            iacc[t] = _mm512_dpwssd_epi32(iacc[t], _mm512_maddubs_epi16(q, x), s);
+        }
+    }
+    UNROLL for (int t = 0; t < T; t++) ip[t] = fold512(iacc[t]), mp[t] = k4_min_part(m8, xs[t] + 16 * k);
+}
+
 INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_cpu_q8_rows *xr, int64_t t0, int T,
                    float *out, int pf) {
     __m512 acc[4]; /* Q8_0, MXFP4: per token, the even blocks' lanes then the odd blocks' */
-    float ksum[4]; /* the K formats: per token, one sum of their blocks */
     const int8_t *xq[4];
     const float *xd[4];
     const int16_t *xs[4];
     UNROLL for (int t = 0; t < T; t++) {
         acc[t] = _mm512_setzero_ps();
-        ksum[t] = 0.0f;
         xq[t] = xr->q + (t0 + t) * cols;
         xd[t] = xr->d + (t0 + t) * cols / xr->block;
         xs[t] = xr->s16 + (t0 + t) * cols / 16;
     }
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
     const eb_format_traits *f = &eb_format_table[dtype];
     int64_t nb = cols / f->block;
-    if (dtype == EB_DTYPE_Q8_0 || dtype == EB_DTYPE_MXFP4) {
-        for (int64_t k = 0; k < nb; k += 2) {
-            const unsigned char *b = row + (size_t)k * (size_t)f->block_bytes;
-            if (pf) {
-                _mm_prefetch((const char *)((uintptr_t)b + AHEAD_BYTES), _MM_HINT_T0);
-                _mm_prefetch((const char *)((uintptr_t)b + 64 + AHEAD_BYTES), _MM_HINT_T0);
-            }
-            /* an odd count's last block: decoded twice, its products in the first half only */
-            int two = k + 1 < nb;
-            __mmask16 lanes = two ? 0xFFFF : 0x00FF;
-            float d0, d1;
-            __m512i w = two_blocks_32(b, two ? b + f->block_bytes : b, dtype, &d0, &d1);
-            __m512 dw = halves_ps(d0, d1);
-            UNROLL for (int t = 0; t < T; t++) {
-                __m512i x = two ? _mm512_loadu_si512((const void *)(xq[t] + 32 * k))
-                                : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(xq[t] + 32 * k)));
-                __m512i isum = dot_i8(w, x);
-                __m512 scale = _mm512_mul_ps(dw, halves_ps(xd[t][k], two ? xd[t][k + 1] : 0.0f));
-                acc[t] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[t], lanes);
-            }
-        }
-        UNROLL for (int t = 0; t < T; t++) out[t] =
-            hsum(_mm256_add_ps(_mm512_castps512_ps256(acc[t]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1))));
+    if (f->block == 256) {
+        k_row_q8(row, dtype, nb, xq, xd, xs, T, out, pf);
         return;
     }
-    for (int64_t k = 0; k < nb; k++) {
+    for (int64_t k = 0; k < nb; k += 2) {
         const unsigned char *b = row + (size_t)k * (size_t)f->block_bytes;
         if (pf) {
             _mm_prefetch((const char *)((uintptr_t)b + AHEAD_BYTES), _MM_HINT_T0);
             _mm_prefetch((const char *)((uintptr_t)b + 64 + AHEAD_BYTES), _MM_HINT_T0);
         }
-        __m512i iacc[4];
-        UNROLL for (int t = 0; t < T; t++) iacc[t] = _mm512_setzero_si512();
-        if (dtype == EB_DTYPE_Q6_K) {
-            if (pf) _mm_prefetch((const char *)((uintptr_t)b + 128 + AHEAD_BYTES), _MM_HINT_T0);
-            __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
-            for (int h = 0; h < 2; h++) {
-                /* ql: chunks 4h and 4h + 1's low bits in its low nibbles, 4h + 2 and 4h + 3's in its high ones */
-                __m512i ql = _mm512_loadu_si512((const void *)(b + 64 * h));
-                __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
-                for (int p = 0; p < 2; p++) { /* chunks 4h + 2p and 4h + 2p + 1 */
-                    __m512i lo = _mm512_and_si512(p ? _mm512_srli_epi16(ql, 4) : ql, low4);
-                    __m512i hb = _mm512_and_si512(halves_shifted(qh, 4 * p, 4 * p + 2), _mm512_set1_epi8(3));
-                    __m512i q = _mm512_or_si512(lo, _mm512_slli_epi16(hb, 4));
-                    int e = 8 * h + 4 * p;
-                    __m512i sc = pick16(sc16, SIXTEENS(e, e + 1, e + 2, e + 3));
-                    UNROLL for (int t = 0; t < T; t++) {
-                        __m512i x = _mm512_loadu_si512((const void *)(xq[t] + 256 * k + 32 * (4 * h + 2 * p)));
-                        iacc[t] = _mm512_dpwssd_epi32(iacc[t], _mm512_maddubs_epi16(q, x), sc);
-                    }
-                }
-            }
-            UNROLL for (int t = 0; t < T; t++)
-                ksum[t] += q6_block_value(b, xd[t][k], _mm512_reduce_add_epi32(iacc[t]), q6_offset_sum(sc16, xs[t] + 16 * k));
-            continue;
+        /* an odd count's last block: decoded twice, its products in the first half only */
+        int two = k + 1 < nb;
+        __mmask16 lanes = two ? 0xFFFF : 0x00FF;
+        float d0, d1;
+        __m512i w = two_blocks_32(b, two ? b + f->block_bytes : b, dtype, &d0, &d1);
+        __m512 dw = halves_ps(d0, d1);
+        UNROLL for (int t = 0; t < T; t++) {
+            __m512i x = two ? _mm512_loadu_si512((const void *)(xq[t] + 32 * k))
+                            : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(xq[t] + 32 * k)));
+            __m512i isum = dot_i8(w, x);
+            __m512 scale = _mm512_mul_ps(dw, halves_ps(xd[t][k], two ? xd[t][k + 1] : 0.0f));
+            acc[t] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[t], lanes);
         }
-        int q5 = dtype == EB_DTYPE_Q5_K;
-        __m128i sc8, m8;
-        k4_scales(b + 4, &sc8, &m8);
-        __m256i sc = _mm256_castsi128_si256(sc8);
-        __m256i hbits = q5 ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
-        const unsigned char *qs = b + 16 + (q5 ? 32 : 0);
-        for (int i = 0; i < 4; i++) { /* sub-blocks 2i (low nibbles) and 2i + 1 (high nibbles) */
-            __m512i q = _mm512_and_si512(halves_shifted(_mm256_loadu_si256((const __m256i *)(qs + 32 * i)), 0, 4), low4);
-            if (q5) {
-                __m512i h = _mm512_and_si512(halves_shifted(hbits, 2 * i, 2 * i + 1), _mm512_set1_epi8(1));
-                q = _mm512_or_si512(q, _mm512_slli_epi16(h, 4));
-            }
-            __m512i s = pick16(sc, SUBBLOCK_PAIR(2 * i, 2 * i + 1));
-            UNROLL for (int t = 0; t < T; t++) {
-                __m512i x = _mm512_loadu_si512((const void *)(xq[t] + 256 * k + 64 * i));
-                iacc[t] = _mm512_dpwssd_epi32(iacc[t], _mm512_maddubs_epi16(q, x), s);
-            }
-        }
-        UNROLL for (int t = 0; t < T; t++)
-            ksum[t] += k4_block_value(b, xd[t][k], _mm512_reduce_add_epi32(iacc[t]), k4_min_sum(m8, xs[t] + 16 * k));
     }
-    UNROLL for (int t = 0; t < T; t++) out[t] = ksum[t];
+    UNROLL for (int t = 0; t < T; t++) out[t] =
+        hsum(_mm256_add_ps(_mm512_castps512_ps256(acc[t]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1))));
 }
 
 Q8_MATMUL_BY_FORMAT(eb_cpu_matmul_q8_avx512)
