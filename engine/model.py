@@ -149,13 +149,13 @@ class Engine(_Handle):
     ):
         cpu_devices = _count(cpu_devices, "cpu_devices", 0, 64)  # 0: one per NUMA node
         cpu_threads = _count(cpu_threads, "cpu_threads", 0, 1024)  # 0: the cores shared out
+        self._kernels = _kernels_choice(kernels, portable)  # before anything native exists to release
         self._lock = threading.RLock()
         ptr = ffi.new("eb_engine **")
         check(lib.eb_engine_create(ptr))
         self._ptr = ptr[0]
         self._models: list[Model] = []
         self.load_errors: dict[str, str] = {}
-        self._kernels = _kernels_choice(kernels, portable)
         self._runtime_options = {
             "cpu": {"n_devices": cpu_devices, "threads_per_device": cpu_threads},
             "hostsim": {"n_devices": 1, "threads_per_device": 1},

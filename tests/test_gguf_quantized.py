@@ -3,9 +3,10 @@ transformers run on the same weights dequantized by the gguf package: F32, Q8_0,
 matrices mixed) and MXFP4_MOE (MXFP4 experts).
 
 - f32 precision (the default, the reference mode's): logits within 1e-4 relative L2 at every position, 64 greedy
-  tokens identical, in both kernel variants.
+  tokens identical, in the best kernels this CPU runs and in the portable ones.
 - q8 precision (activations quantized per block of 32 or 256 values, integer products, as llama.cpp's CPU
   kernels): the stated tolerance below, and another output than f32 on quantized files.
+- q8 with the AVX-512 VNNI kernels gives the AVX2 kernels' bits (where the CPU has AVX-512 VNNI).
 - both precisions bit-identical across placements on cpu:0, cpu:1 and the host-staged hostsim:0, and a batch of
   positions equal to single steps.
 """
@@ -44,9 +45,9 @@ def all_logits(model, prompt, generated, precision, placement=None):
         return np.concatenate([ctx.prefill(prompt)] + [ctx.decode([t]) for t in generated])
 
 
-@pytest.fixture(scope="module", params=["avx2", "portable"])
+@pytest.fixture(scope="module", params=["best", "portable"])
 def engine(request):
-    with Engine(portable=request.param == "portable") as eng:
+    with Engine(kernels=request.param) as eng:
         yield eng
 
 
@@ -112,3 +113,30 @@ def test_bad_precision_is_named(engine):
         with pytest.raises(Exception, match="precision 'q4': expected one of f32, q8"):
             ctx.precision = "q4"
         assert ctx.precision == "f32"
+
+
+def test_avx512_q8_kernels_give_the_avx2_bits():
+    """The q8 precision's AVX-512 VNNI products are the AVX2 ones, bit for bit, on every quantized file: a run's hashes
+    do not depend on whether the machine has AVX-512 (the native tests check the products alone)."""
+    with Engine(kernels="best") as best, Engine(kernels="avx2") as avx2:
+        variants = best.runtimes[0].kernel_variant, avx2.runtimes[0].kernel_variant
+        if "avx512vnni" not in variants[0]:
+            pytest.skip(f"this CPU runs {variants[0]} kernels only (no AVX-512 VNNI): the comparison runs where it has")
+        for quant in QUANTS[1:]:
+            prompt, generated, _ = reference(quant)
+            got = []
+            for eng in (best, avx2):
+                with eng.load(GGUF / f"model-{quant}.gguf") as model:
+                    got.append(all_logits(model, prompt, generated, "q8"))
+            assert np.array_equal(got[0], got[1]), f"{quant}: {variants[0]} and {variants[1]} logits differ"
+
+
+@pytest.mark.parametrize("bad", ["avx512", "", "PORTABLE"])
+def test_unknown_kernels_are_named(bad, monkeypatch):
+    from engine.errors import ArgumentError
+
+    with pytest.raises(ArgumentError, match="expected one of best, portable, avx2"):
+        Engine(kernels=bad)
+    monkeypatch.setenv("EXPERTBENCH_CPU_KERNELS", bad or "x")
+    with pytest.raises(ArgumentError, match="EXPERTBENCH_CPU_KERNELS"):
+        Engine()
