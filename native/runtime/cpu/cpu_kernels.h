@@ -58,7 +58,8 @@ void eb_cpu_matmul_rows_avx2(const void *w, int dtype, int64_t r0, int64_t r1, i
 void eb_cpu_quantize_q8_avx2(const float *x, int64_t n, int64_t cols, eb_cpu_q8_rows *out);
 void eb_cpu_matmul_q8_avx2(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,
                            int64_t n, float *y, int64_t ldy);
-/* The q8 products with AVX-512 F, BW, VL and VNNI: the bits of eb_cpu_matmul_q8_avx2 (cpu_kernels_avx512.c). */
+/* The q8 products with AVX-512 F, BW, VL and VNNI for Q8_0 and Q6_K, AVX2 for the rest: the bits of
+ * eb_cpu_matmul_q8_avx2 (cpu_kernels_avx512.c). */
 #define EB_CPU_HAVE_AVX512_BUILD 1
 void eb_cpu_matmul_q8_avx512(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,
                              int64_t n, float *y, int64_t ldy);
