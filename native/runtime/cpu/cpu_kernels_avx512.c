@@ -1,17 +1,17 @@
-/* The q8 precision's products with AVX-512 VNNI (F, BW, VL and VNNI). Compiled with those instruction sets and only
+/* The q8 precision's products with AVX-512 VNNI (F, BW, VL and VNNI) for Q8_0 and Q6_K, the formats where they beat
+ * the AVX2 kernels (eb_cpu_matmul_q8_avx512 sends the others there). Compiled with those instruction sets and only
  * called after a run-time check.
  *
- * The same bits as cpu_kernels_avx2.c's q8 kernels, on every input, in half the instructions: the integer sums are
- * exact in both, and the float steps are the same operations in the same order.
- * - Q8_0 and MXFP4 (blocks of 32): one 512-bit register holds two blocks. vpdpbusd gives each int32 lane the sum of
- *   four neighbouring products, as AVX2's maddubs + madd do (their int16 pairs never saturate), so the lanes hold the
+ * The same bits as cpu_kernels_avx2.c's q8 kernels, on every input: the integer sums are exact in both, and the
+ * float steps are the same operations in the same order.
+ * - Q8_0 (blocks of 32): one 512-bit register holds two blocks. vpdpbusd gives each int32 lane the sum of four
+ *   neighbouring products, as AVX2's maddubs + madd do (their int16 pairs never saturate), so the lanes hold the
  *   same integers. The low half of the f32 accumulator then takes the even blocks and the high half the odd ones:
  *   the AVX2 kernel's two 8-lane accumulators, side by side. AVX-512 has no vpsignb, so the weights' magnitudes meet
  *   activations negated where the weight is negative (a mask), the products the sign trick gives.
- * - The K formats (blocks of 256): 64 quants a register, their 16-value products in int16 (vpmaddubsw, as AVX2),
- *   each times its sub-block's scale and summed into int32 lanes by vpdpwssd; the block's integer sums are exact, so
- *   any order of them is the AVX2 kernel's sum, and one shared expression (k4_block_value, q6_block_value) makes the
- *   block's float.
+ * - Q6_K (blocks of 256): 64 quants a register, their products in int16 pairs (vpmaddubsw, as AVX2), each times its
+ *   16 values' scale and summed into int32 lanes by vpdpwssd; a block's integer sums are exact, so any order of them
+ *   is the AVX2 kernel's, and k_row_q8 (cpu_kernels_x86.h) turns them into the block's float as both files do.
  * So a run's tokens and hashes do not depend on whether the machine has AVX-512, and the batch == single steps and
  * thread-count identities carry over unchanged. */
 #include "cpu_kernels.h"
@@ -32,31 +32,22 @@ INLINE __m512i halves_shifted(__m256i v, int lo, int hi) {
     return _mm512_srlv_epi64(both, _mm512_set_epi64(hi, hi, hi, hi, lo, lo, lo, lo));
 }
 
+INLINE __m128i fold512(__m512i v) {
+    return fold_i32(_mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)));
+}
+
 /* int16 elements idx (a vector of element numbers) of the first 16 int16 of v. */
 INLINE __m512i pick16(__m256i v, __m512i idx) { return _mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(v)); }
 
-/* Each int16 of the result is element base + e / 16 (the first half) of sc: the scale of a 32-value sub-block for
- * the 16 int16 products (two values each) that cover it. */
-#define SUBBLOCK_PAIR(a, b) _mm512_set_epi16(b, b, b, b, b, b, b, b, b, b, b, b, b, b, b, b, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a)
-/* ... and e / 8 for Q6_K, whose scales cover 16 values each */
+/* Q6_K's scales for the 32 int16 products (two values each) of two chunks: a, b, c, d for each 16 values. */
 #define SIXTEENS(a, b, c, d) \
     _mm512_set_epi16(d, d, d, d, d, d, d, d, c, c, c, c, c, c, c, c, b, b, b, b, b, b, b, b, a, a, a, a, a, a, a, a)
 
-/* Two blocks b and c of Q8_0 or MXFP4 as 64 signed quants, and their two weight scales. */
-INLINE __m512i two_blocks_32(const unsigned char *b, const unsigned char *c, int dtype, float *d0, float *d1) {
-    if (dtype == EB_DTYPE_Q8_0) {
-        *d0 = _cvtsh_ss(eb_load_u16(b)), *d1 = _cvtsh_ss(eb_load_u16(c));
-        return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b + 2))),
-                                  _mm256_loadu_si256((const __m256i *)(c + 2)), 1);
-    }
-    *d0 = eb_e8m0_half(b[0]), *d1 = eb_e8m0_half(c[0]);
-    /* 128-bit lanes: block k's low nibbles (values 0-15), its high nibbles (16-31), then block k + 1's */
-    __m256i qk = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b + 1)));
-    __m256i ql = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(c + 1)));
-    __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(qk), ql, 1);
-    q = _mm512_srlv_epi64(q, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
-    __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)eb_mxfp4_values));
-    return _mm512_shuffle_epi8(lut, _mm512_and_si512(q, _mm512_set1_epi8(0x0F)));
+/* Two Q8_0 blocks b and c as 64 signed quants, and their two weight scales. */
+INLINE __m512i two_q8_0_blocks(const unsigned char *b, const unsigned char *c, float *d0, float *d1) {
+    *d0 = _cvtsh_ss(eb_load_u16(b)), *d1 = _cvtsh_ss(eb_load_u16(c));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b + 2))),
+                              _mm256_loadu_si256((const __m256i *)(c + 2)), 1);
 }
 
 /* Per int32 lane, the sum of four neighbouring products of signed w and signed x (no |w| * |x| sum of four exceeds
@@ -66,102 +57,92 @@ INLINE __m512i dot_i8(__m512i w, __m512i x) {
     return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(w), sx);
 }
 
+/* A Q6_K block (k_row_q8 sums the blocks; this file runs no other K format): 64 quants a register (two chunks),
+ * their products with the activations in int16 pairs (vpmaddubsw), times their 16 values' scales and into int32
+ * lanes (vpdpwssd). */
+INLINE void k_block_parts(const unsigned char *b, int dtype, int64_t k, const int8_t *const *xq,
+                          const int16_t *const *xs, int T, __m128i *ip, __m128i *mp, int pf) {
+    (void)dtype;
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    if (pf) {
+        _mm_prefetch((const char *)((uintptr_t)b + AHEAD_BYTES), _MM_HINT_T0);
+        _mm_prefetch((const char *)((uintptr_t)b + 64 + AHEAD_BYTES), _MM_HINT_T0);
+    }
+    __m512i iacc[4];
+    UNROLL for (int t = 0; t < T; t++) iacc[t] = _mm512_setzero_si512();
+    if (pf) _mm_prefetch((const char *)((uintptr_t)b + 128 + AHEAD_BYTES), _MM_HINT_T0);
+    __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
+    for (int h = 0; h < 2; h++) {
+        /* ql: chunks 4h and 4h + 1's low bits in its low nibbles, 4h + 2 and 4h + 3's in its high ones */
+        __m512i ql = _mm512_loadu_si512((const void *)(b + 64 * h));
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+        for (int p = 0; p < 2; p++) { /* chunks 4h + 2p and 4h + 2p + 1 */
+            __m512i lo = _mm512_and_si512(p ? _mm512_srli_epi16(ql, 4) : ql, low4);
+            __m512i hb = _mm512_and_si512(halves_shifted(qh, 4 * p, 4 * p + 2), _mm512_set1_epi8(3));
+            __m512i q = _mm512_or_si512(lo, _mm512_slli_epi16(hb, 4));
+            int e = 8 * h + 4 * p;
+            __m512i sc = pick16(sc16, SIXTEENS(e, e + 1, e + 2, e + 3));
+            UNROLL for (int t = 0; t < T; t++) {
+                __m512i x = _mm512_loadu_si512((const void *)(xq[t] + 256 * k + 32 * (4 * h + 2 * p)));
+                iacc[t] = _mm512_dpwssd_epi32(iacc[t], _mm512_maddubs_epi16(q, x), sc);
+            }
+        }
+    }
+    UNROLL for (int t = 0; t < T; t++) ip[t] = fold512(iacc[t]), mp[t] = q6_offset_part(sc16, xs[t] + 16 * k);
+}
+
 INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_cpu_q8_rows *xr, int64_t t0, int T,
                    float *out, int pf) {
-    __m512 acc[4]; /* Q8_0, MXFP4: per token, the even blocks' lanes then the odd blocks' */
-    float ksum[4]; /* the K formats: per token, one sum of their blocks */
+    __m512 acc[4]; /* Q8_0: per token, the even blocks' lanes then the odd blocks' */
     const int8_t *xq[4];
     const float *xd[4];
     const int16_t *xs[4];
     UNROLL for (int t = 0; t < T; t++) {
         acc[t] = _mm512_setzero_ps();
-        ksum[t] = 0.0f;
         xq[t] = xr->q + (t0 + t) * cols;
         xd[t] = xr->d + (t0 + t) * cols / xr->block;
         xs[t] = xr->s16 + (t0 + t) * cols / 16;
     }
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
     const eb_format_traits *f = &eb_format_table[dtype];
     int64_t nb = cols / f->block;
-    if (dtype == EB_DTYPE_Q8_0 || dtype == EB_DTYPE_MXFP4) {
-        for (int64_t k = 0; k < nb; k += 2) {
-            const unsigned char *b = row + (size_t)k * (size_t)f->block_bytes;
-            if (pf) {
-                _mm_prefetch((const char *)((uintptr_t)b + AHEAD_BYTES), _MM_HINT_T0);
-                _mm_prefetch((const char *)((uintptr_t)b + 64 + AHEAD_BYTES), _MM_HINT_T0);
-            }
-            /* an odd count's last block: decoded twice, its products in the first half only */
-            int two = k + 1 < nb;
-            __mmask16 lanes = two ? 0xFFFF : 0x00FF;
-            float d0, d1;
-            __m512i w = two_blocks_32(b, two ? b + f->block_bytes : b, dtype, &d0, &d1);
-            __m512 dw = halves_ps(d0, d1);
-            UNROLL for (int t = 0; t < T; t++) {
-                __m512i x = two ? _mm512_loadu_si512((const void *)(xq[t] + 32 * k))
-                                : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(xq[t] + 32 * k)));
-                __m512i isum = dot_i8(w, x);
-                __m512 scale = _mm512_mul_ps(dw, halves_ps(xd[t][k], two ? xd[t][k + 1] : 0.0f));
-                acc[t] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[t], lanes);
-            }
-        }
-        UNROLL for (int t = 0; t < T; t++) out[t] =
-            hsum(_mm256_add_ps(_mm512_castps512_ps256(acc[t]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1))));
+    if (f->block == 256) {
+        k_row_q8(row, dtype, nb, xq, xd, xs, T, out, pf);
         return;
     }
-    for (int64_t k = 0; k < nb; k++) {
+    for (int64_t k = 0; k < nb; k += 2) {
         const unsigned char *b = row + (size_t)k * (size_t)f->block_bytes;
         if (pf) {
             _mm_prefetch((const char *)((uintptr_t)b + AHEAD_BYTES), _MM_HINT_T0);
             _mm_prefetch((const char *)((uintptr_t)b + 64 + AHEAD_BYTES), _MM_HINT_T0);
         }
-        __m512i iacc[4];
-        UNROLL for (int t = 0; t < T; t++) iacc[t] = _mm512_setzero_si512();
-        if (dtype == EB_DTYPE_Q6_K) {
-            if (pf) _mm_prefetch((const char *)((uintptr_t)b + 128 + AHEAD_BYTES), _MM_HINT_T0);
-            __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
-            for (int h = 0; h < 2; h++) {
-                /* ql: chunks 4h and 4h + 1's low bits in its low nibbles, 4h + 2 and 4h + 3's in its high ones */
-                __m512i ql = _mm512_loadu_si512((const void *)(b + 64 * h));
-                __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
-                for (int p = 0; p < 2; p++) { /* chunks 4h + 2p and 4h + 2p + 1 */
-                    __m512i lo = _mm512_and_si512(p ? _mm512_srli_epi16(ql, 4) : ql, low4);
-                    __m512i hb = _mm512_and_si512(halves_shifted(qh, 4 * p, 4 * p + 2), _mm512_set1_epi8(3));
-                    __m512i q = _mm512_or_si512(lo, _mm512_slli_epi16(hb, 4));
-                    int e = 8 * h + 4 * p;
-                    __m512i sc = pick16(sc16, SIXTEENS(e, e + 1, e + 2, e + 3));
-                    UNROLL for (int t = 0; t < T; t++) {
-                        __m512i x = _mm512_loadu_si512((const void *)(xq[t] + 256 * k + 32 * (4 * h + 2 * p)));
-                        iacc[t] = _mm512_dpwssd_epi32(iacc[t], _mm512_maddubs_epi16(q, x), sc);
-                    }
-                }
-            }
-            UNROLL for (int t = 0; t < T; t++)
-                ksum[t] += q6_block_value(b, xd[t][k], _mm512_reduce_add_epi32(iacc[t]), q6_offset_sum(sc16, xs[t] + 16 * k));
-            continue;
+        /* an odd count's last block: decoded twice, its products in the first half only */
+        int two = k + 1 < nb;
+        __mmask16 lanes = two ? 0xFFFF : 0x00FF;
+        float d0, d1;
+        __m512i w = two_q8_0_blocks(b, two ? b + f->block_bytes : b, &d0, &d1);
+        __m512 dw = halves_ps(d0, d1);
+        UNROLL for (int t = 0; t < T; t++) {
+            __m512i x = two ? _mm512_loadu_si512((const void *)(xq[t] + 32 * k))
+                            : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(xq[t] + 32 * k)));
+            __m512i isum = dot_i8(w, x);
+            __m512 scale = _mm512_mul_ps(dw, halves_ps(xd[t][k], two ? xd[t][k + 1] : 0.0f));
+            acc[t] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[t], lanes);
         }
-        int q5 = dtype == EB_DTYPE_Q5_K;
-        __m128i sc8, m8;
-        k4_scales(b + 4, &sc8, &m8);
-        __m256i sc = _mm256_castsi128_si256(sc8);
-        __m256i hbits = q5 ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
-        const unsigned char *qs = b + 16 + (q5 ? 32 : 0);
-        for (int i = 0; i < 4; i++) { /* sub-blocks 2i (low nibbles) and 2i + 1 (high nibbles) */
-            __m512i q = _mm512_and_si512(halves_shifted(_mm256_loadu_si256((const __m256i *)(qs + 32 * i)), 0, 4), low4);
-            if (q5) {
-                __m512i h = _mm512_and_si512(halves_shifted(hbits, 2 * i, 2 * i + 1), _mm512_set1_epi8(1));
-                q = _mm512_or_si512(q, _mm512_slli_epi16(h, 4));
-            }
-            __m512i s = pick16(sc, SUBBLOCK_PAIR(2 * i, 2 * i + 1));
-            UNROLL for (int t = 0; t < T; t++) {
-                __m512i x = _mm512_loadu_si512((const void *)(xq[t] + 256 * k + 64 * i));
-                iacc[t] = _mm512_dpwssd_epi32(iacc[t], _mm512_maddubs_epi16(q, x), s);
-            }
-        }
-        UNROLL for (int t = 0; t < T; t++)
-            ksum[t] += k4_block_value(b, xd[t][k], _mm512_reduce_add_epi32(iacc[t]), k4_min_sum(m8, xs[t] + 16 * k));
     }
-    UNROLL for (int t = 0; t < T; t++) out[t] = ksum[t];
+    UNROLL for (int t = 0; t < T; t++) out[t] =
+        hsum(_mm256_add_ps(_mm512_castps512_ps256(acc[t]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1))));
 }
 
-Q8_MATMUL_BY_FORMAT(eb_cpu_matmul_q8_avx512)
+/* Q8_0 and Q6_K here; the other formats go to the AVX2 kernels (the same bits either way). On a 16-core Xeon with
+ * AMX (2 threads, bench/RESULTS.md) these two ran faster than their AVX2 kernels in every round (Q6_K about 2x,
+ * Q8_0 1.1-1.2x, decode's products); 512-bit versions of Q4_K, Q5_K (the same vpdpwssd scheme) and MXFP4 (two
+ * blocks a register, as Q8_0) ran 0.65-1.05x of AVX2 there, so they are not kept. */
+void eb_cpu_matmul_q8_avx512(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,
+                             int64_t n, float *y, int64_t ldy) {
+    switch (dtype) {
+    case EB_DTYPE_Q8_0: matmul_q8(w, EB_DTYPE_Q8_0, r0, r1, cols, x, n, y, ldy); return;
+    case EB_DTYPE_Q6_K: matmul_q8(w, EB_DTYPE_Q6_K, r0, r1, cols, x, n, y, ldy); return;
+    default: eb_cpu_matmul_q8_avx2(w, dtype, r0, r1, cols, x, n, y, ldy); return;
+    }
+}
 #endif
