@@ -327,80 +327,19 @@ INLINE __m256i pair_of(__m256i v, int e) {
                                                    _mm_loadu_si128((const __m128i *)BCAST[e])));
 }
 
-/* The K formats' block (k_row_q8 sums the blocks): 32 quants a register, their products with the activations in int16
- * pairs (maddubs), times their sub-block's scales into int32 lanes (madd). */
-INLINE void k_block_parts(const unsigned char *b, int dtype, int64_t k, const int8_t *const *xq,
-                          const int16_t *const *xs, int T, __m128i *ip, __m128i *mp, int pf) {
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
-    if (pf) {
-        _mm_prefetch((const char *)((uintptr_t)b + AHEAD_BYTES), _MM_HINT_T0);
-        _mm_prefetch((const char *)((uintptr_t)b + 64 + AHEAD_BYTES), _MM_HINT_T0);
-    }
-    __m256i iacc[4];
-    UNROLL for (int t = 0; t < T; t++) iacc[t] = _mm256_setzero_si256();
-    if (dtype == EB_DTYPE_Q6_K) {
-        if (pf) _mm_prefetch((const char *)((uintptr_t)b + 128 + AHEAD_BYTES), _MM_HINT_T0);
-        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
-        for (int h = 0; h < 2; h++) {
-            /* this half's 8 scales in both lanes: chunk q4 takes scales 2 q4 (low lane) and 2 q4 + 1 (high) */
-            __m256i sch = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(sc16, 1) : _mm256_castsi256_si128(sc16));
-            __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
-            __m256i ql0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
-            __m256i ql1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
-            for (int q4 = 0; q4 < 4; q4++) {
-                int j = 4 * h + q4;
-                __m256i ql = q4 & 1 ? ql1 : ql0;
-                ql = _mm256_and_si256(q4 >> 1 ? _mm256_srli_epi16(ql, 4) : ql, low4);
-                __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * q4), _mm256_set1_epi8(3));
-                __m256i q = _mm256_or_si256(ql, _mm256_slli_epi16(hb, 4));
-                __m256i scj = pair_of(sch, 2 * q4);
-                UNROLL for (int t = 0; t < T; t++) {
-                    __m256i p16 = _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)(xq[t] + 256 * k + 32 * j)));
-                    iacc[t] = _mm256_add_epi32(iacc[t], _mm256_madd_epi16(p16, scj));
-                }
-            }
-        }
-        UNROLL for (int t = 0; t < T; t++) ip[t] = fold_i32(iacc[t]), mp[t] = q6_offset_part(sc16, xs[t] + 16 * k);
-        return;
-    }
-    int q5 = dtype == EB_DTYPE_Q5_K;
-    __m128i sc8, m8;
-    k4_scales(b + 4, &sc8, &m8);
-    __m256i scw = _mm256_broadcastsi128_si256(sc8);
-    __m256i hbits = q5 ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
-    const unsigned char *qs = b + 16 + (q5 ? 32 : 0);
-    for (int i = 0; i < 4; i++) {
-        __m256i both = _mm256_loadu_si256((const __m256i *)(qs + 32 * i));
-        __m256i lo = _mm256_and_si256(both, low4), hi = _mm256_and_si256(_mm256_srli_epi16(both, 4), low4);
-        if (q5) {
-            __m256i one = _mm256_set1_epi8(1);
-            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * i), one), 4));
-            hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * i + 1), one), 4));
-        }
-        /* the pair's two scales: sc[2i] for lo (both lanes), sc[2i + 1] for hi */
-        __m256i se = _mm256_shuffle_epi8(scw, _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)BCAST[2 * i])));
-        __m256i so = _mm256_shuffle_epi8(scw, _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)BCAST[2 * i + 1])));
-        UNROLL for (int t = 0; t < T; t++) {
-            const int8_t *x = xq[t] + 256 * k;
-            __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(x + 64 * i)));
-            __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 64 * i + 32)));
-            iacc[t] = _mm256_add_epi32(iacc[t], _mm256_add_epi32(_mm256_madd_epi16(plo, se), _mm256_madd_epi16(phi, so)));
-        }
-    }
-    UNROLL for (int t = 0; t < T; t++) ip[t] = fold_i32(iacc[t]), mp[t] = k4_min_part(m8, xs[t] + 16 * k);
-}
-
 /* T (1..4) dot products of one row, with the activations of tokens t0 .. t0 + T - 1: the row's blocks are read and
  * unpacked once for the T tokens, and each token's sums take exactly the steps a single token's take (the same
  * integer sums, the same float operations in the same order), so a batch gives the bits of single steps. */
 INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_cpu_q8_rows *xr, int64_t t0, int T,
                    float *out, int pf) {
     __m256 acc[4][2]; /* Q8_0, MXFP4: per token, the even and odd blocks' lanes */
+    float ksum[4];    /* the K formats: per token, one sum of their blocks */
     const int8_t *xq[4];
     const float *xd[4];
     const int16_t *xs[4];
     UNROLL for (int t = 0; t < T; t++) {
         acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+        ksum[t] = 0.0f;
         xq[t] = xr->q + (t0 + t) * cols;
         xd[t] = xr->d + (t0 + t) * cols / xr->block;
         xs[t] = xr->s16 + (t0 + t) * cols / 16;
@@ -408,14 +347,10 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     const eb_format_traits *f = &eb_format_table[dtype];
     int64_t nb = cols / f->block;
-    if (f->block == 256) {
-        k_row_q8(row, dtype, nb, xq, xd, xs, T, out, pf);
-        return;
-    }
     for (int64_t k = 0; k < nb; k++) {
         const unsigned char *b = row + (size_t)k * (size_t)f->block_bytes;
         if (pf) _mm_prefetch((const char *)((uintptr_t)b + AHEAD_BYTES), _MM_HINT_T0);
-        {
+        if (dtype == EB_DTYPE_Q8_0 || dtype == EB_DTYPE_MXFP4) {
             __m256i w;
             float dw;
             if (dtype == EB_DTYPE_Q8_0) {
@@ -435,9 +370,68 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
                 __m256i isum = sum_u8_i8(aw, _mm256_sign_epi8(x, w));
                 acc[t][k & 1] = scaled(isum, dw * xd[t][k], acc[t][k & 1]);
             }
+            continue;
         }
+        /* the K formats: the block's integer sum (hsum_i32 of the lanes), then cpu_kernels_portable.c's block_k_q8
+         * expression for it, the same float operations in the same order */
+        if (pf) _mm_prefetch((const char *)((uintptr_t)b + 64 + AHEAD_BYTES), _MM_HINT_T0);
+        __m256i iacc[4];
+        UNROLL for (int t = 0; t < T; t++) iacc[t] = _mm256_setzero_si256();
+        if (dtype == EB_DTYPE_Q6_K) {
+            if (pf) _mm_prefetch((const char *)((uintptr_t)b + 128 + AHEAD_BYTES), _MM_HINT_T0);
+            __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
+            for (int h = 0; h < 2; h++) {
+                /* this half's 8 scales in both lanes: chunk q4 takes scales 2 q4 (low lane) and 2 q4 + 1 (high) */
+                __m256i sch = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(sc16, 1)
+                                                            : _mm256_castsi256_si128(sc16));
+                __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+                __m256i ql0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
+                __m256i ql1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
+                for (int q4 = 0; q4 < 4; q4++) {
+                    int j = 4 * h + q4;
+                    __m256i ql = q4 & 1 ? ql1 : ql0;
+                    ql = _mm256_and_si256(q4 >> 1 ? _mm256_srli_epi16(ql, 4) : ql, low4);
+                    __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * q4), _mm256_set1_epi8(3));
+                    __m256i q = _mm256_or_si256(ql, _mm256_slli_epi16(hb, 4));
+                    __m256i scj = pair_of(sch, 2 * q4);
+                    UNROLL for (int t = 0; t < T; t++) {
+                        __m256i p16 = _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)(xq[t] + 256 * k + 32 * j)));
+                        iacc[t] = _mm256_add_epi32(iacc[t], _mm256_madd_epi16(p16, scj));
+                    }
+                }
+            }
+            UNROLL for (int t = 0; t < T; t++)
+                ksum[t] += q6_block_value(b, xd[t][k], hsum_i32(iacc[t]), q6_offset_sum(sc16, xs[t] + 16 * k));
+            continue;
+        }
+        int q5 = dtype == EB_DTYPE_Q5_K;
+        __m128i sc8, m8;
+        k4_scales(b + 4, &sc8, &m8);
+        __m256i scw = _mm256_broadcastsi128_si256(sc8);
+        __m256i hbits = q5 ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+        const unsigned char *qs = b + 16 + (q5 ? 32 : 0);
+        for (int i = 0; i < 4; i++) {
+            __m256i both = _mm256_loadu_si256((const __m256i *)(qs + 32 * i));
+            __m256i lo = _mm256_and_si256(both, low4), hi = _mm256_and_si256(_mm256_srli_epi16(both, 4), low4);
+            if (q5) {
+                __m256i one = _mm256_set1_epi8(1);
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * i), one), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * i + 1), one), 4));
+            }
+            /* the pair's two scales: sc[2i] for lo (both lanes), sc[2i + 1] for hi */
+            __m256i se = _mm256_shuffle_epi8(scw, _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)BCAST[2 * i])));
+            __m256i so = _mm256_shuffle_epi8(scw, _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)BCAST[2 * i + 1])));
+            UNROLL for (int t = 0; t < T; t++) {
+                const int8_t *x = xq[t] + 256 * k;
+                __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(x + 64 * i)));
+                __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 64 * i + 32)));
+                iacc[t] = _mm256_add_epi32(iacc[t], _mm256_add_epi32(_mm256_madd_epi16(plo, se), _mm256_madd_epi16(phi, so)));
+            }
+        }
+        UNROLL for (int t = 0; t < T; t++)
+            ksum[t] += k4_block_value(b, xd[t][k], hsum_i32(iacc[t]), k4_min_sum(m8, xs[t] + 16 * k));
     }
-    UNROLL for (int t = 0; t < T; t++) out[t] = hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
+    UNROLL for (int t = 0; t < T; t++) out[t] = f->block == 256 ? ksum[t] : hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
 }
 
 Q8_MATMUL_BY_FORMAT(eb_cpu_matmul_q8_avx2)

@@ -11,7 +11,7 @@
  *   activations negated where the weight is negative (a mask), the products the sign trick gives.
  * - Q6_K (blocks of 256): 64 quants a register, their products in int16 pairs (vpmaddubsw, as AVX2), each times its
  *   16 values' scale and summed into int32 lanes by vpdpwssd; a block's integer sums are exact, so any order of them
- *   is the AVX2 kernel's, and k_row_q8 (cpu_kernels_x86.h) turns them into the block's float as both files do.
+ *   is the AVX2 kernel's sum, and one shared expression (q6_block_value) makes the block's float.
  * So a run's tokens and hashes do not depend on whether the machine has AVX-512, and the batch == single steps and
  * thread-count identities carry over unchanged. */
 #include "cpu_kernels.h"
@@ -30,10 +30,6 @@ INLINE __m512 halves_ps(float a, float b) {
 INLINE __m512i halves_shifted(__m256i v, int lo, int hi) {
     __m512i both = _mm512_broadcast_i64x4(v);
     return _mm512_srlv_epi64(both, _mm512_set_epi64(hi, hi, hi, hi, lo, lo, lo, lo));
-}
-
-INLINE __m128i fold512(__m512i v) {
-    return fold_i32(_mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)));
 }
 
 /* int16 elements idx (a vector of element numbers) of the first 16 int16 of v. */
@@ -57,86 +53,85 @@ INLINE __m512i dot_i8(__m512i w, __m512i x) {
     return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(w), sx);
 }
 
-/* A Q6_K block (k_row_q8 sums the blocks; this file runs no other K format): 64 quants a register (two chunks),
- * their products with the activations in int16 pairs (vpmaddubsw), times their 16 values' scales and into int32
- * lanes (vpdpwssd). */
-INLINE void k_block_parts(const unsigned char *b, int dtype, int64_t k, const int8_t *const *xq,
-                          const int16_t *const *xs, int T, __m128i *ip, __m128i *mp, int pf) {
-    (void)dtype;
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
-    if (pf) {
-        _mm_prefetch((const char *)((uintptr_t)b + AHEAD_BYTES), _MM_HINT_T0);
-        _mm_prefetch((const char *)((uintptr_t)b + 64 + AHEAD_BYTES), _MM_HINT_T0);
-    }
-    __m512i iacc[4];
-    UNROLL for (int t = 0; t < T; t++) iacc[t] = _mm512_setzero_si512();
-    if (pf) _mm_prefetch((const char *)((uintptr_t)b + 128 + AHEAD_BYTES), _MM_HINT_T0);
-    __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
-    for (int h = 0; h < 2; h++) {
-        /* ql: chunks 4h and 4h + 1's low bits in its low nibbles, 4h + 2 and 4h + 3's in its high ones */
-        __m512i ql = _mm512_loadu_si512((const void *)(b + 64 * h));
-        __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
-        for (int p = 0; p < 2; p++) { /* chunks 4h + 2p and 4h + 2p + 1 */
-            __m512i lo = _mm512_and_si512(p ? _mm512_srli_epi16(ql, 4) : ql, low4);
-            __m512i hb = _mm512_and_si512(halves_shifted(qh, 4 * p, 4 * p + 2), _mm512_set1_epi8(3));
-            __m512i q = _mm512_or_si512(lo, _mm512_slli_epi16(hb, 4));
-            int e = 8 * h + 4 * p;
-            __m512i sc = pick16(sc16, SIXTEENS(e, e + 1, e + 2, e + 3));
-            UNROLL for (int t = 0; t < T; t++) {
-                __m512i x = _mm512_loadu_si512((const void *)(xq[t] + 256 * k + 32 * (4 * h + 2 * p)));
-                iacc[t] = _mm512_dpwssd_epi32(iacc[t], _mm512_maddubs_epi16(q, x), sc);
-            }
-        }
-    }
-    UNROLL for (int t = 0; t < T; t++) ip[t] = fold512(iacc[t]), mp[t] = q6_offset_part(sc16, xs[t] + 16 * k);
-}
-
 INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_cpu_q8_rows *xr, int64_t t0, int T,
                    float *out, int pf) {
     __m512 acc[4]; /* Q8_0: per token, the even blocks' lanes then the odd blocks' */
+    float ksum[4]; /* Q6_K: per token, one sum of its blocks */
     const int8_t *xq[4];
     const float *xd[4];
     const int16_t *xs[4];
     UNROLL for (int t = 0; t < T; t++) {
         acc[t] = _mm512_setzero_ps();
+        ksum[t] = 0.0f;
         xq[t] = xr->q + (t0 + t) * cols;
         xd[t] = xr->d + (t0 + t) * cols / xr->block;
         xs[t] = xr->s16 + (t0 + t) * cols / 16;
     }
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
     const eb_format_traits *f = &eb_format_table[dtype];
     int64_t nb = cols / f->block;
-    if (f->block == 256) {
-        k_row_q8(row, dtype, nb, xq, xd, xs, T, out, pf);
+    if (dtype == EB_DTYPE_Q8_0) {
+        for (int64_t k = 0; k < nb; k += 2) {
+            const unsigned char *b = row + (size_t)k * (size_t)f->block_bytes;
+            if (pf) {
+                _mm_prefetch((const char *)((uintptr_t)b + AHEAD_BYTES), _MM_HINT_T0);
+                _mm_prefetch((const char *)((uintptr_t)b + 64 + AHEAD_BYTES), _MM_HINT_T0);
+            }
+            /* an odd count's last block: decoded twice, its products in the first half only */
+            int two = k + 1 < nb;
+            __mmask16 lanes = two ? 0xFFFF : 0x00FF;
+            float d0, d1;
+            __m512i w = two_q8_0_blocks(b, two ? b + f->block_bytes : b, &d0, &d1);
+            __m512 dw = halves_ps(d0, d1);
+            UNROLL for (int t = 0; t < T; t++) {
+                __m512i x = two ? _mm512_loadu_si512((const void *)(xq[t] + 32 * k))
+                                : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(xq[t] + 32 * k)));
+                __m512i isum = dot_i8(w, x);
+                __m512 scale = _mm512_mul_ps(dw, halves_ps(xd[t][k], two ? xd[t][k + 1] : 0.0f));
+                acc[t] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[t], lanes);
+            }
+        }
+        UNROLL for (int t = 0; t < T; t++) out[t] =
+            hsum(_mm256_add_ps(_mm512_castps512_ps256(acc[t]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1))));
         return;
     }
-    for (int64_t k = 0; k < nb; k += 2) {
+    for (int64_t k = 0; k < nb; k++) {
         const unsigned char *b = row + (size_t)k * (size_t)f->block_bytes;
         if (pf) {
             _mm_prefetch((const char *)((uintptr_t)b + AHEAD_BYTES), _MM_HINT_T0);
             _mm_prefetch((const char *)((uintptr_t)b + 64 + AHEAD_BYTES), _MM_HINT_T0);
         }
-        /* an odd count's last block: decoded twice, its products in the first half only */
-        int two = k + 1 < nb;
-        __mmask16 lanes = two ? 0xFFFF : 0x00FF;
-        float d0, d1;
-        __m512i w = two_q8_0_blocks(b, two ? b + f->block_bytes : b, &d0, &d1);
-        __m512 dw = halves_ps(d0, d1);
-        UNROLL for (int t = 0; t < T; t++) {
-            __m512i x = two ? _mm512_loadu_si512((const void *)(xq[t] + 32 * k))
-                            : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(xq[t] + 32 * k)));
-            __m512i isum = dot_i8(w, x);
-            __m512 scale = _mm512_mul_ps(dw, halves_ps(xd[t][k], two ? xd[t][k + 1] : 0.0f));
-            acc[t] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[t], lanes);
+        __m512i iacc[4];
+        UNROLL for (int t = 0; t < T; t++) iacc[t] = _mm512_setzero_si512();
+        /* Q6_K, the one K format here */
+        if (pf) _mm_prefetch((const char *)((uintptr_t)b + 128 + AHEAD_BYTES), _MM_HINT_T0);
+        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
+        for (int h = 0; h < 2; h++) {
+            /* ql: chunks 4h and 4h + 1's low bits in its low nibbles, 4h + 2 and 4h + 3's in its high ones */
+            __m512i ql = _mm512_loadu_si512((const void *)(b + 64 * h));
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+            for (int p = 0; p < 2; p++) { /* chunks 4h + 2p and 4h + 2p + 1 */
+                __m512i lo = _mm512_and_si512(p ? _mm512_srli_epi16(ql, 4) : ql, low4);
+                __m512i hb = _mm512_and_si512(halves_shifted(qh, 4 * p, 4 * p + 2), _mm512_set1_epi8(3));
+                __m512i q = _mm512_or_si512(lo, _mm512_slli_epi16(hb, 4));
+                int e = 8 * h + 4 * p;
+                __m512i sc = pick16(sc16, SIXTEENS(e, e + 1, e + 2, e + 3));
+                UNROLL for (int t = 0; t < T; t++) {
+                    __m512i x = _mm512_loadu_si512((const void *)(xq[t] + 256 * k + 32 * (4 * h + 2 * p)));
+                    iacc[t] = _mm512_dpwssd_epi32(iacc[t], _mm512_maddubs_epi16(q, x), sc);
+                }
+            }
         }
+        UNROLL for (int t = 0; t < T; t++)
+            ksum[t] += q6_block_value(b, xd[t][k], _mm512_reduce_add_epi32(iacc[t]), q6_offset_sum(sc16, xs[t] + 16 * k));
     }
-    UNROLL for (int t = 0; t < T; t++) out[t] =
-        hsum(_mm256_add_ps(_mm512_castps512_ps256(acc[t]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1))));
+    UNROLL for (int t = 0; t < T; t++) out[t] = ksum[t];
 }
 
-/* Q8_0 and Q6_K here; the other formats go to the AVX2 kernels (the same bits either way). On a 16-core Xeon with
- * AMX (2 threads, bench/RESULTS.md) these two ran faster than their AVX2 kernels in every round (Q6_K about 2x,
- * Q8_0 1.1-1.2x, decode's products); 512-bit versions of Q4_K, Q5_K (the same vpdpwssd scheme) and MXFP4 (two
- * blocks a register, as Q8_0) ran 0.65-1.05x of AVX2 there, so they are not kept. */
+/* Q8_0 and Q6_K here; the other formats go to the AVX2 kernels (the same bits either way). On 2 cores of a Xeon
+ * with AMX (bench/RESULTS.md) these two ran faster than their AVX2 kernels (Q6_K 1.5-2x, Q8_0 1.0-1.2x of the
+ * decode step's products); 512-bit versions of Q4_K, Q5_K (the same vpdpwssd scheme) and MXFP4 (two blocks a
+ * register, as Q8_0) ran 0.7-1.15x of AVX2 there, mostly below 1, so they are not kept. */
 void eb_cpu_matmul_q8_avx512(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,
                              int64_t n, float *y, int64_t ldy) {
     switch (dtype) {

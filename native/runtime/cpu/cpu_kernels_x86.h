@@ -49,69 +49,27 @@ INLINE void k4_scales(const unsigned char *p, __m128i *sc, __m128i *m) {
     *m = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)m_hi, (int)m_lo));
 }
 
-/* The lanes of a, b, c and d summed: [sum a, sum b, sum c, sum d] (exact in int32). */
-INLINE __m128i sum4_i32(__m128i a, __m128i b, __m128i c, __m128i d) {
-    return _mm_hadd_epi32(_mm_hadd_epi32(a, b), _mm_hadd_epi32(c, d));
-}
-INLINE __m128i fold_i32(__m256i v) { return _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)); }
-
-/* Q4_K / Q5_K: the eight minima (int16) times the sums of their 32 activations (s: the block's sixteen sums of 16),
- * in four lanes to add. */
-INLINE __m128i k4_min_part(__m128i m8, const int16_t *s) {
+/* Q4_K / Q5_K: the eight minima (int16) times the sums of their 32 activations (s: the block's sixteen sums of 16). */
+INLINE int32_t k4_min_sum(__m128i m8, const int16_t *s) {
     __m128i s32 = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)s), _mm_loadu_si128((const __m128i *)(s + 8)));
-    return _mm_madd_epi16(m8, s32);
+    __m128i mm = _mm_madd_epi16(m8, s32);
+    mm = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0x4e));
+    return _mm_cvtsi128_si32(_mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0xb1)));
 }
 
-/* Q6_K: its sixteen scales (int16) times the sums of their 16 activations (the offset of 32 is subtracted as this),
- * in four lanes to add. */
-INLINE __m128i q6_offset_part(__m256i sc16, const int16_t *s) {
-    return fold_i32(_mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)s)));
+/* Q6_K: its sixteen scales (int16) times the sums of their 16 activations (the offset of 32 is subtracted as this). */
+INLINE int32_t q6_offset_sum(__m256i sc16, const int16_t *s) {
+    return hsum_i32(_mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)s)));
 }
 
-/* One K-format block's integer sums for each of T tokens, in four int32 lanes to add: ip[t] the quants times the
- * activations times the sub-block scales, mp[t] the minima's (Q4_K, Q5_K) or the offset's (Q6_K) part. Defined by
- * each including file. */
-INLINE void k_block_parts(const unsigned char *b, int dtype, int64_t k, const int8_t *const *xq,
-                          const int16_t *const *xs, int T, __m128i *ip, __m128i *mp, int pf);
-
-/* A K-format row's dot products with T tokens. Every block's value is cpu_kernels_portable.c's block_k_q8
- * expression of its exact integer sums, added to the token's sum in block order; four blocks' expressions are
- * computed side by side in vector lanes (the same operations on each lane as on the scalar: the same bits), their
- * integer sums reduced together. */
-INLINE void k_row_q8(const unsigned char *row, int dtype, int64_t nb, const int8_t *const *xq, const float *const *xd,
-                     const int16_t *const *xs, int T, float *out, int pf) {
-    const size_t bb = (size_t)eb_format_table[dtype].block_bytes;
-    float ksum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int64_t k0 = 0; k0 < nb; k0 += 4) {
-        int G = nb - k0 < 4 ? (int)(nb - k0) : 4;
-        __m128i ip[4][4], mp[4][4]; /* [block][token] */
-        for (int g = 0; g < G; g++) k_block_parts(row + (size_t)(k0 + g) * bb, dtype, k0 + g, xq, xs, T, ip[g], mp[g], pf);
-        for (int g = G; g < 4; g++)
-            for (int t = 0; t < T; t++) ip[g][t] = mp[g][t] = _mm_setzero_si128();
-        /* the blocks' f16 scales (Q6_K: d; Q4_K, Q5_K: d and dmin), four lanes, unused ones 0 */
-        uint16_t hd[4] = {0, 0, 0, 0}, hm[4] = {0, 0, 0, 0};
-        for (int g = 0; g < G; g++) {
-            const unsigned char *b = row + (size_t)(k0 + g) * bb;
-            hd[g] = eb_load_u16(dtype == EB_DTYPE_Q6_K ? b + 208 : b), hm[g] = eb_load_u16(b + 2);
-        }
-        __m128 d = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)hd)), dmin = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)hm));
-        UNROLL for (int t = 0; t < T; t++) {
-            float dxs[4] = {0.0f, 0.0f, 0.0f, 0.0f}, v[4];
-            memcpy(dxs, xd[t] + k0, sizeof(float) * (size_t)G);
-            __m128 dx = _mm_loadu_ps(dxs);
-            __m128i isum = sum4_i32(ip[0][t], ip[1][t], ip[2][t], ip[3][t]);
-            __m128i msum = sum4_i32(mp[0][t], mp[1][t], mp[2][t], mp[3][t]);
-            __m128 val;
-            if (dtype == EB_DTYPE_Q6_K) /* d * dx * (float)(isum - 32 * msum) */
-                val = _mm_mul_ps(_mm_mul_ps(d, dx), _mm_cvtepi32_ps(_mm_sub_epi32(isum, _mm_slli_epi32(msum, 5))));
-            else /* d * dx * (float)isum - dmin * dx * (float)msum */
-                val = _mm_sub_ps(_mm_mul_ps(_mm_mul_ps(d, dx), _mm_cvtepi32_ps(isum)),
-                                 _mm_mul_ps(_mm_mul_ps(dmin, dx), _mm_cvtepi32_ps(msum)));
-            _mm_storeu_ps(v, val);
-            for (int g = 0; g < G; g++) ksum[t] += v[g];
-        }
-    }
-    for (int t = 0; t < T; t++) out[t] = ksum[t];
+/* One block's value in the q8 precision, from its exact integer sums: cpu_kernels_portable.c's block_k_q8 expression,
+ * the same float operations in the same order, in every variant. */
+INLINE float k4_block_value(const unsigned char *b, float dx, int32_t isum, int32_t msum) {
+    float d = _cvtsh_ss(eb_load_u16(b)), dmin = _cvtsh_ss(eb_load_u16(b + 2));
+    return d * dx * (float)isum - dmin * dx * (float)msum;
+}
+INLINE float q6_block_value(const unsigned char *b, float dx, int32_t isum, int32_t msum) {
+    return _cvtsh_ss(eb_load_u16(b + 208)) * dx * (float)(isum - 32 * msum);
 }
 
 /* The tokens of one row in groups of up to four (the row's blocks read once per group; from L1 after the first). */
