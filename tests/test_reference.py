@@ -20,19 +20,26 @@ def relative_error(ours, ref):
     return np.linalg.norm(ours - ref, axis=-1) / np.linalg.norm(ref, axis=-1)
 
 
-def cpu_has_avx2() -> bool:
+def cpu_flags() -> set[str]:
     """Read from the kernel, independently of the engine's own detection."""
     try:
         text = Path("/proc/cpuinfo").read_text()
-        flags = next(ln for ln in text.splitlines() if ln.startswith("flags")).split()
+        return set(next(ln for ln in text.splitlines() if ln.startswith("flags")).split())
     except (OSError, StopIteration):
-        return False
-    return {"avx2", "fma", "f16c"} <= set(flags)
+        return set()
+
+
+def cpu_has_avx2() -> bool:
+    return {"avx2", "fma", "f16c"} <= cpu_flags()
+
+
+def cpu_has_avx512_vnni() -> bool:
+    return cpu_has_avx2() and {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= cpu_flags()
 
 
 @pytest.fixture(params=["avx2", "portable"])
 def engine(request):
-    with Engine(portable=request.param == "portable") as eng:
+    with Engine(kernels=request.param) as eng:
         variant = eng.runtimes[0].kernel_variant
         if request.param == "avx2":
             if not cpu_has_avx2():
@@ -122,7 +129,7 @@ def test_portable_and_avx2_kernels_agree():
     prompt, generated, _ = reference("qwen3moe-bf16")
     out = {}
     for portable in (False, True):
-        with Engine(portable=portable) as eng:
+        with Engine(kernels="portable" if portable else "avx2") as eng:
             model = eng.load(FIXTURES / "qwen3moe-bf16")
             with model.context() as ctx:
                 out[portable] = (eng.runtimes[0].kernel_variant, ctx.prefill(prompt))
@@ -130,6 +137,19 @@ def test_portable_and_avx2_kernels_agree():
     if cpu_has_avx2():
         assert out[False][0] == "avx2+fma+f16c"
     assert relative_error(out[False][1], out[True][1]).max() < 1e-5
+
+
+def test_best_kernels_follow_the_cpu():
+    """The default choice is the best the CPU runs, as /proc/cpuinfo tells it: AVX-512 VNNI q8 products beside the
+    AVX2 kernels where the CPU has both, the AVX2 kernels where it has AVX2, FMA and F16C, else the portable ones."""
+    with Engine() as eng:
+        variant = eng.runtimes[0].kernel_variant
+    if cpu_has_avx512_vnni():
+        assert variant == "avx2+fma+f16c+avx512vnni"
+    elif cpu_has_avx2():
+        assert variant == "avx2+fma+f16c"
+    else:
+        assert variant == "portable"
 
 
 def test_thread_count_does_not_change_logits():
