@@ -18,6 +18,8 @@ NATIVE = BENCH.parent / "native"
 
 # The flags of the engine's AVX2 kernel sources (as setup.py builds them).
 AVX2_FLAGS = ["-mavx2", "-mfma", "-mf16c"]
+# the cpu module's AVX-512 q8 file (setup.py builds it with the same flags)
+AVX512_FLAGS = [*AVX2_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]
 
 # The benchmarks' C programs (bench/membw/): sources, compiler flags, libraries. Their header comments give the
 # same commands for running them by hand.

@@ -28,7 +28,7 @@ from engine.model import Engine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoints import demo_target  # noqa: E402
-from measure import AVX2_FLAGS, NATIVE, add_model_arguments, run_cc, write_report  # noqa: E402
+from measure import AVX2_FLAGS, AVX512_FLAGS, NATIVE, add_model_arguments, run_cc, write_report  # noqa: E402
 
 ITEM_SIZES = ((64 << 10, "< 64 KiB"), (256 << 10, "64-256 KiB"), (1 << 20, "256 KiB-1 MiB"), (float("inf"), ">= 1 MiB"))
 KINDS = {1: "parallel run (attention)", 2: "product", 3: "products together", 4: "experts' gate+up, silu"}
@@ -43,7 +43,7 @@ def build_traced_module(out_dir: Path, extra_flags: tuple = ()) -> Path:
     objects = []
     sources = [(cpu / "cpu_runtime.c", []), (cpu / "cpu_kernels_portable.c", [])]
     if platform.machine() in ("x86_64", "AMD64"):
-        sources.append((cpu / "cpu_kernels_avx2.c", AVX2_FLAGS))
+        sources += [(cpu / "cpu_kernels_avx2.c", AVX2_FLAGS), (cpu / "cpu_kernels_avx512.c", AVX512_FLAGS)]
     for src, extra in sources:
         obj = out_dir / f"{src.stem}.o"
         run_cc(["cc", *FLAGS, *extra, *extra_flags, "-c", str(src), "-o", str(obj)], "the traced module")
