@@ -60,12 +60,10 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
     const int8_t *xq[4];
     const float *xd[4];
     const int16_t *xs[4];
+    q8_tokens(xr, cols, t0, T, xq, xd, xs);
     UNROLL for (int t = 0; t < T; t++) {
         acc[t] = _mm512_setzero_ps();
         ksum[t] = 0.0f;
-        xq[t] = xr->q + (t0 + t) * cols;
-        xd[t] = xr->d + (t0 + t) * cols / xr->block;
-        xs[t] = xr->s16 + (t0 + t) * cols / 16;
     }
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     const eb_format_traits *f = &eb_format_table[dtype];

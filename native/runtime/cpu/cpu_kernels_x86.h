@@ -25,6 +25,16 @@
 INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_cpu_q8_rows *xr, int64_t t0, int T,
                    float *out, int pf);
 
+/* Where tokens t0 .. t0 + T - 1 of xr keep their quants, block scales and sums of 16 (a dot_q8's rows). */
+INLINE void q8_tokens(const eb_cpu_q8_rows *xr, int64_t cols, int64_t t0, int T, const int8_t **xq, const float **xd,
+                      const int16_t **xs) {
+    UNROLL for (int t = 0; t < T; t++) {
+        xq[t] = xr->q + (t0 + t) * cols;
+        xd[t] = xr->d + (t0 + t) * cols / xr->block;
+        xs[t] = xr->s16 + (t0 + t) * cols / 16;
+    }
+}
+
 INLINE float hsum(__m256 s) {
     __m128 q = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
     q = _mm_add_ps(q, _mm_movehl_ps(q, q));
