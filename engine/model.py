@@ -144,8 +144,8 @@ class Engine(_Handle):
         cpu_threads: int = 0,
         portable: bool | None = None,
         strict: bool = True,
-        kernels: str | None = None,
         runtime_options: dict[str, dict] | None = None,
+        kernels: str | None = None,
     ):
         cpu_devices = _count(cpu_devices, "cpu_devices", 0, 64)  # 0: one per NUMA node
         cpu_threads = _count(cpu_threads, "cpu_threads", 0, 1024)  # 0: the cores shared out

@@ -145,7 +145,8 @@ static int find(builder *b, const char *name) {
 static eb_engine *new_engine(const char *module, int portable, int threads) {
     eb_engine *e = NULL;
     CHECK(eb_engine_create(&e) == EB_OK, "engine create");
-    eb_runtime_options o = {.n_devices = 2, .threads_per_device = threads, .kernels = portable};
+    eb_runtime_options o = {.n_devices = 2, .threads_per_device = threads,
+                            .kernels = portable ? EB_CPU_KERNELS_PORTABLE : EB_CPU_KERNELS_BEST};
     CHECK(eb_engine_load_runtime(e, "cpu", module, &o) == EB_OK, "load cpu runtime %s", module ? module : "(default)");
     return e;
 }
@@ -778,9 +779,9 @@ static void test_kernels(const char *module) {
     static const int cols_quant[] = {256, 512, 96};
     unsigned seed = 7;
     for (int threads = 1; threads <= 3; threads++)
-        for (int portable = 0; portable < EB_CPU_KERNELS_COUNT; portable++) {
+        for (int kernels = 0; kernels < EB_CPU_KERNELS_COUNT; kernels++) {
             char err[256] = "";
-            void *rt = init_kernels(T, portable, threads);
+            void *rt = init_kernels(T, kernels, threads);
             if (!rt) continue;
             int mismatches = 0, unlike_f32 = 0, q8_far = 0;
             for (int dt = 0; dt < EB_DTYPE_COUNT; dt++)
@@ -855,12 +856,12 @@ static void test_kernels(const char *module) {
                         free(xdq);
                     }
             CHECK(mismatches == 0, "%s kernels, %d threads: %d batch rows differ from single steps",
-                  kernels_name(portable), threads, mismatches);
+                  kernels_name(kernels), threads, mismatches);
             CHECK(unlike_f32 == 0, "%s kernels, %d threads: %d quantized products differ from their dequantized f32",
-                  kernels_name(portable), threads, unlike_f32);
+                  kernels_name(kernels), threads, unlike_f32);
             CHECK(q8_far == 0, "%s kernels, %d threads: %d q8 products differ from the exact product of the "
                   "dequantized weights and q8 activations (by more than 1e-5 of the sum of magnitudes)",
-                  kernels_name(portable), threads, q8_far);
+                  kernels_name(kernels), threads, q8_far);
             T->shutdown(rt);
         }
     dlclose(h);

@@ -327,6 +327,32 @@ INLINE __m256i pair_of(__m256i v, int e) {
                                                    _mm_loadu_si128((const __m128i *)BCAST[e])));
 }
 
+/* The eight 6-bit scales and minima of a Q4_K / Q5_K block as int16 (eb_k4_scale_min, four bytes at a time). */
+INLINE void k4_scales(const unsigned char *p, __m128i *sc, __m128i *m) {
+    uint32_t u[3];
+    memcpy(u, p, sizeof u);
+    uint32_t sc_lo = u[0] & 0x3f3f3f3fu, m_lo = u[1] & 0x3f3f3f3fu;
+    uint32_t sc_hi = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4;
+    uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4;
+    *sc = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo));
+    *m = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)m_hi, (int)m_lo));
+}
+
+/* Q4_K / Q5_K: the eight minima (int16) times the sums of their 32 activations (s: the block's sixteen sums of 16). */
+INLINE int32_t k4_min_sum(__m128i m8, const int16_t *s) {
+    __m128i s32 = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)s), _mm_loadu_si128((const __m128i *)(s + 8)));
+    __m128i mm = _mm_madd_epi16(m8, s32);
+    mm = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0x4e));
+    return _mm_cvtsi128_si32(_mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0xb1)));
+}
+
+/* A Q4_K / Q5_K block's value in the q8 precision, from its exact integer sums: cpu_kernels_portable.c's block_k_q8
+ * expression, the same float operations in the same order. */
+INLINE float k4_block_value(const unsigned char *b, float dx, int32_t isum, int32_t msum) {
+    float d = _cvtsh_ss(eb_load_u16(b)), dmin = _cvtsh_ss(eb_load_u16(b + 2));
+    return d * dx * (float)isum - dmin * dx * (float)msum;
+}
+
 /* T (1..4) dot products of one row, with the activations of tokens t0 .. t0 + T - 1: the row's blocks are read and
  * unpacked once for the T tokens, and each token's sums take exactly the steps a single token's take (the same
  * integer sums, the same float operations in the same order), so a batch gives the bits of single steps. */
@@ -432,7 +458,18 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
     UNROLL for (int t = 0; t < T; t++) out[t] = f->block == 256 ? ksum[t] : hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
 }
 
-Q8_MATMUL_BY_FORMAT(eb_cpu_matmul_q8_avx2)
+/* One copy of the loops per quantized format, its dtype a constant in each (the format's choices fold away). */
+void eb_cpu_matmul_q8_avx2(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,
+                           int64_t n, float *y, int64_t ldy) {
+    switch (dtype) {
+    case EB_DTYPE_Q8_0: matmul_q8(w, EB_DTYPE_Q8_0, r0, r1, cols, x, n, y, ldy); return;
+    case EB_DTYPE_Q4_K: matmul_q8(w, EB_DTYPE_Q4_K, r0, r1, cols, x, n, y, ldy); return;
+    case EB_DTYPE_Q5_K: matmul_q8(w, EB_DTYPE_Q5_K, r0, r1, cols, x, n, y, ldy); return;
+    case EB_DTYPE_Q6_K: matmul_q8(w, EB_DTYPE_Q6_K, r0, r1, cols, x, n, y, ldy); return;
+    case EB_DTYPE_MXFP4: matmul_q8(w, EB_DTYPE_MXFP4, r0, r1, cols, x, n, y, ldy); return;
+    default: return;
+    }
+}
 
 /* eb_cpu_quantize_q8 with vectors: the same maxima, scales, rounding (to nearest even, as nearbyintf in the default
  * mode) and sums, so the same bytes. */

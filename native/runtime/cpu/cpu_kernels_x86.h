@@ -1,6 +1,5 @@
-/* What the x86 kernel files share (cpu_kernels_avx2.c, cpu_kernels_avx512.c): horizontal sums, the K formats'
- * scales and minima, each quantized block's one f32 expression in the q8 precision, and the q8 loops over rows and
- * tokens. Both files include it and compile it with their own instruction sets; every function here uses AVX2 at
+/* What the x86 kernel files share (cpu_kernels_avx2.c, cpu_kernels_avx512.c): horizontal sums, Q6_K's offset sum
+ * and its block's one f32 expression in the q8 precision, and the q8 loops over rows and tokens. Both files include it and compile it with their own instruction sets; every function here uses AVX2 at
  * most, so the two variants compute these steps with the same instructions.
  *
  * The q8 loops call dot_q8 (one row, one to four tokens), which the including file defines first. */
@@ -48,36 +47,13 @@ INLINE int32_t hsum_i32(__m256i v) {
     return _mm_cvtsi128_si32(_mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1)));
 }
 
-/* The eight 6-bit scales and minima of a Q4_K / Q5_K block as int16 (eb_k4_scale_min, four bytes at a time). */
-INLINE void k4_scales(const unsigned char *p, __m128i *sc, __m128i *m) {
-    uint32_t u[3];
-    memcpy(u, p, sizeof u);
-    uint32_t sc_lo = u[0] & 0x3f3f3f3fu, m_lo = u[1] & 0x3f3f3f3fu;
-    uint32_t sc_hi = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4;
-    uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4;
-    *sc = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo));
-    *m = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)m_hi, (int)m_lo));
-}
-
-/* Q4_K / Q5_K: the eight minima (int16) times the sums of their 32 activations (s: the block's sixteen sums of 16). */
-INLINE int32_t k4_min_sum(__m128i m8, const int16_t *s) {
-    __m128i s32 = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)s), _mm_loadu_si128((const __m128i *)(s + 8)));
-    __m128i mm = _mm_madd_epi16(m8, s32);
-    mm = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0x4e));
-    return _mm_cvtsi128_si32(_mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0xb1)));
-}
-
 /* Q6_K: its sixteen scales (int16) times the sums of their 16 activations (the offset of 32 is subtracted as this). */
 INLINE int32_t q6_offset_sum(__m256i sc16, const int16_t *s) {
     return hsum_i32(_mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)s)));
 }
 
-/* One block's value in the q8 precision, from its exact integer sums: cpu_kernels_portable.c's block_k_q8 expression,
- * the same float operations in the same order, in every variant. */
-INLINE float k4_block_value(const unsigned char *b, float dx, int32_t isum, int32_t msum) {
-    float d = _cvtsh_ss(eb_load_u16(b)), dmin = _cvtsh_ss(eb_load_u16(b + 2));
-    return d * dx * (float)isum - dmin * dx * (float)msum;
-}
+/* A Q6_K block's value in the q8 precision, from its exact integer sums: cpu_kernels_portable.c's block_k_q8
+ * expression, the same float operations in the same order, in every variant. */
 INLINE float q6_block_value(const unsigned char *b, float dx, int32_t isum, int32_t msum) {
     return _cvtsh_ss(eb_load_u16(b + 208)) * dx * (float)(isum - 32 * msum);
 }
@@ -132,19 +108,5 @@ INLINE void matmul_q8(const void *w, int dtype, int64_t r0, int64_t r1, int64_t 
         }
     for (int64_t r = r0 + 4 * seg; r < r1; r++) row_q8(base + (size_t)r * rowbytes, dtype, cols, x, n, y, ldy, r);
 }
-
-/* One copy of the loops per quantized format, its dtype a constant in each (the format's choices fold away). */
-#define Q8_MATMUL_BY_FORMAT(NAME)                                                                                \
-    void NAME(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x, int64_t n, \
-              float *y, int64_t ldy) {                                                                           \
-        switch (dtype) {                                                                                         \
-        case EB_DTYPE_Q8_0: matmul_q8(w, EB_DTYPE_Q8_0, r0, r1, cols, x, n, y, ldy); return;                     \
-        case EB_DTYPE_Q4_K: matmul_q8(w, EB_DTYPE_Q4_K, r0, r1, cols, x, n, y, ldy); return;                     \
-        case EB_DTYPE_Q5_K: matmul_q8(w, EB_DTYPE_Q5_K, r0, r1, cols, x, n, y, ldy); return;                     \
-        case EB_DTYPE_Q6_K: matmul_q8(w, EB_DTYPE_Q6_K, r0, r1, cols, x, n, y, ldy); return;                     \
-        case EB_DTYPE_MXFP4: matmul_q8(w, EB_DTYPE_MXFP4, r0, r1, cols, x, n, y, ldy); return;                   \
-        default: return;                                                                                         \
-        }                                                                                                        \
-    }
 
 #endif
