@@ -20,7 +20,8 @@ from typing import Any
 
 from .errors import CheckpointError, UnsupportedError
 
-ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe"}
+ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe", "DeepseekV3ForCausalLM": "deepseek_v3"}
+MOE_ARCHITECTURES = ("qwen3_moe", "deepseek_v3")
 # Every dtype the safetensors format defines, with its element size, to check byte counts of any tensor.
 ALL_DTYPE_SIZES = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
@@ -63,11 +64,38 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_id: tuple[int, ...] = ()
     synthetic: bool = False
+    # RoPE as the core computes it: rotated dims per head (0: head_dim), interleaved pairs, the frequencies of a
+    # scaled RoPE (YaRN; empty: rope_theta's), a factor on cos and sin and the softmax scale (0.0: the defaults)
+    rope_dim: int = 0
+    rope_interleave: bool = False
+    rope_inv_freq: tuple[float, ...] = ()
+    rope_attention_factor: float = 0.0
+    attention_scale: float = 0.0
+    # DeepSeek-V3: MLA attention, grouped sigmoid routing, shared experts, leading dense layers
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    n_shared_experts: int = 0
+    first_k_dense_replace: int = 0
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
 
     def is_moe_layer(self, layer: int) -> bool:
-        if self.architecture != "qwen3_moe" or self.num_experts <= 0 or layer in self.mlp_only_layers:
+        if self.architecture not in MOE_ARCHITECTURES or self.num_experts <= 0:
+            return False
+        if self.architecture == "deepseek_v3":
+            return layer >= self.first_k_dense_replace
+        if layer in self.mlp_only_layers:
             return False
         return (layer + 1) % self.decoder_sparse_step == 0
+
+    @property
+    def shared_expert_intermediate(self) -> int:
+        """Width of the shared experts' FFN (all of them as one), 0 without any."""
+        return self.moe_intermediate_size * self.n_shared_experts
 
     @property
     def moe_layers(self) -> list[int]:
@@ -190,7 +218,7 @@ def parse_config(raw: dict, path: Path) -> ModelConfig:
     def pos_int(key: str, default: Any = ...) -> int:
         return _get(raw, key, int, path, default, *positive)
 
-    if raw.get("rope_scaling") not in (None, {}):
+    if arch != "deepseek_v3" and raw.get("rope_scaling") not in (None, {}):
         raise UnsupportedError(f"'{path}': rope_scaling {raw['rope_scaling']!r} is not supported (expected null)")
     if raw.get("use_sliding_window"):
         raise UnsupportedError(f"'{path}': use_sliding_window = true is not supported (expected false)")
@@ -214,6 +242,8 @@ def parse_config(raw: dict, path: Path) -> ModelConfig:
             if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < layers:
                 raise CheckpointError(f"'{path}': 'mlp_only_layers' contains {v!r}, expected layers 0..{layers - 1}")
         kw["mlp_only_layers"] = tuple(sorted(set(only)))
+    elif arch == "deepseek_v3":
+        kw.update(_deepseek_config(raw, path, heads, layers))
     eos = raw.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
     bos = raw.get("bos_token_id")
@@ -224,8 +254,8 @@ def parse_config(raw: dict, path: Path) -> ModelConfig:
         intermediate_size=pos_int("intermediate_size"),
         num_layers=layers,
         num_heads=heads,
-        num_kv_heads=pos_int("num_key_value_heads", heads),
-        head_dim=pos_int("head_dim", hidden // heads if hidden % heads == 0 else ...),
+        num_kv_heads=kw.pop("num_kv_heads") if "num_kv_heads" in kw else pos_int("num_key_value_heads", heads),
+        head_dim=kw.pop("head_dim") if "head_dim" in kw else pos_int("head_dim", hidden // heads if hidden % heads == 0 else ...),
         max_position_embeddings=pos_int("max_position_embeddings"),
         # a RoPE base below 1 or past f32's reach turns the rotation tables into inf and NaN; an epsilon of 1 or more
         # swamps the norm it guards: no real model has either
@@ -243,6 +273,133 @@ def parse_config(raw: dict, path: Path) -> ModelConfig:
             f"'{path}': num_attention_heads = {heads} is not a multiple of num_key_value_heads = {config.num_kv_heads}"
         )
     return config
+
+
+def _deepseek_config(raw: dict, path: Path, heads: int, layers: int) -> dict[str, Any]:
+    """DeepseekV3Config's keys as transformers reads them: MLA ranks and head widths, grouped routing, shared experts,
+    YaRN. Each inconsistency is named by its key."""
+    positive = (lambda v: 0 < v < 2**16, "a positive integer below 65536")
+
+    def pos_int(key: str, default: Any = ...) -> int:
+        return _get(raw, key, int, path, default, *positive)
+
+    for key, allowed in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc"), ("hidden_act", "silu")):
+        if raw.get(key, allowed) != allowed:
+            raise UnsupportedError(f"'{path}': {key} {raw[key]!r} is not supported (expected {allowed!r})")
+    if _get(raw, "attention_bias", bool, path, False):
+        raise UnsupportedError(f"'{path}': attention_bias = true is not supported for deepseek_v3 (expected false)")
+    kw: dict[str, Any] = {
+        "q_lora_rank": _get(raw, "q_lora_rank", int, path, 0, *positive),
+        "kv_lora_rank": pos_int("kv_lora_rank"),
+        "qk_nope_head_dim": pos_int("qk_nope_head_dim"),
+        "qk_rope_head_dim": _get(raw, "qk_rope_head_dim", int, path, ..., lambda v: 0 < v <= 512 and v % 2 == 0,
+                                 "an even number in 2..512"),
+        "v_head_dim": pos_int("v_head_dim"),
+        "num_experts": pos_int("n_routed_experts"),
+        "moe_intermediate_size": pos_int("moe_intermediate_size"),
+        "n_shared_experts": _get(raw, "n_shared_experts", int, path, 0, lambda v: 0 <= v <= 64, "0..64"),
+        "first_k_dense_replace": _get(raw, "first_k_dense_replace", int, path, 0, lambda v: 0 <= v <= layers,
+                                      f"0..num_hidden_layers ({layers})"),
+        "norm_topk_prob": _get(raw, "norm_topk_prob", bool, path, False),
+        "routed_scaling_factor": _get(raw, "routed_scaling_factor", float, path, 1.0, lambda v: 0 < v < 1e6,
+                                      "a positive number"),
+        "rope_interleave": _get(raw, "rope_interleave", bool, path, True),
+    }  # fmt: skip
+    if _get(raw, "moe_layer_freq", int, path, 1) != 1:
+        raise UnsupportedError(f"'{path}': moe_layer_freq = {raw['moe_layer_freq']} is not supported (expected 1)")
+    E = kw["num_experts"]
+    kw["n_group"] = n_group = _get(raw, "n_group", int, path, 1, lambda v: 1 <= v <= 256, "1..256")
+    if E % n_group:
+        raise CheckpointError(f"'{path}': 'n_routed_experts' = {E} is not divisible by 'n_group' = {n_group}")
+    if n_group > 1 and E // n_group < 2:
+        raise CheckpointError(f"'{path}': 'n_group' = {n_group} leaves {E // n_group} expert per group, expected at "
+                              "least 2 (a group scores by its two best experts)")  # fmt: skip
+    kw["topk_group"] = topk_group = _get(raw, "topk_group", int, path, 1, lambda v: v >= 1, "a positive integer")
+    if topk_group > n_group:
+        raise CheckpointError(f"'{path}': 'topk_group' = {topk_group} is larger than 'n_group' = {n_group}")
+    kept = topk_group * (E // n_group)
+    kw["top_k"] = _get(raw, "num_experts_per_tok", int, path, ..., lambda v: 1 <= v <= kept,
+                       f"1..{kept} (the experts of the topk_group groups kept)")  # fmt: skip
+    rope = kw["qk_rope_head_dim"]
+    kw["head_dim"] = rope  # as DeepseekV3Config sets it: the rotated part
+    kw["rope_dim"] = rope
+    kw["num_kv_heads"] = heads
+    qk = kw["qk_nope_head_dim"] + rope
+    scaling = raw.get("rope_scaling")
+    theta = _get(raw, "rope_theta", float, path, 10000.0, lambda v: 1.0 <= v <= 1e12, "a number in 1..1e12")
+    max_pos = _get(raw, "max_position_embeddings", int, path, ..., lambda v: 0 < v < 2**31, "a positive integer")
+    kw["attention_scale"] = qk**-0.5
+    if scaling not in (None, {}):
+        freq, factor, scale = yarn_rope(scaling, rope, theta, max_pos, path)
+        kw["rope_inv_freq"], kw["rope_attention_factor"] = freq, factor
+        kw["attention_scale"] = qk**-0.5 * scale
+    return kw
+
+
+def yarn_rope(scaling: Any, dim: int, theta: float, max_pos: int, path: Path) -> tuple[tuple[float, ...], float, float]:
+    """YaRN as transformers computes it (modeling_rope_utils._compute_yarn_parameters, in f32): the frequencies of
+    the dim rotated dimensions, the factor on cos and sin, and DeepSeek's softmax factor mscale(factor,
+    mscale_all_dim)^2."""
+    import numpy as np
+
+    where = f"'{path}': rope_scaling"
+    if not isinstance(scaling, dict):
+        raise CheckpointError(f"{where} = {scaling!r}, expected an object")
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind != "yarn":
+        raise UnsupportedError(f"{where} type {kind!r} is not supported (expected 'yarn' or null)")
+
+    def number(key: str, default: Any) -> float:
+        value = scaling.get(key, default)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise CheckpointError(f"{where}: '{key}' = {value!r}, expected a number")
+        return float(value)
+
+    factor = number("factor", ...)
+    if factor is ... or factor < 1.0:
+        raise CheckpointError(f"{where}: 'factor' = {scaling.get('factor')!r}, expected a number >= 1")
+    mscale, mscale_all_dim = number("mscale", 0.0), number("mscale_all_dim", 0.0)
+    beta_fast, beta_slow = number("beta_fast", 0.0) or 32.0, number("beta_slow", 0.0) or 1.0
+    original = scaling.get("original_max_position_embeddings")
+    yarn_factor = factor
+    if original is not None:
+        if isinstance(original, bool) or not isinstance(original, int) or original <= 0:
+            raise CheckpointError(f"{where}: 'original_max_position_embeddings' = {original!r}, expected a positive "
+                                  "integer")  # fmt: skip
+        yarn_factor = max_pos / original
+    else:
+        original = max_pos
+    truncate = scaling.get("truncate", True)
+
+    def get_mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        if mscale and mscale_all_dim:
+            attention_factor = get_mscale(yarn_factor, mscale) / get_mscale(yarn_factor, mscale_all_dim)
+        else:
+            attention_factor = get_mscale(yarn_factor)
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    f32 = np.float32
+    pos_freqs = f32(theta) ** (np.arange(0, dim, 2, dtype=f32) / f32(dim))
+    extrapolation, interpolation = f32(1.0) / pos_freqs, f32(1.0) / (f32(yarn_factor) * pos_freqs)
+    ramp = np.clip((np.arange(dim // 2, dtype=f32) - f32(low)) / f32(high - low), 0, 1).astype(f32)
+    keep = f32(1.0) - ramp
+    inv_freq = interpolation * (f32(1.0) - keep) + extrapolation * keep
+    softmax = get_mscale(factor, mscale_all_dim) ** 2 if mscale_all_dim else 1.0
+    return tuple(float(v) for v in inv_freq.astype(f32)), float(attention_factor), float(softmax)
 
 
 MAX_DIM = 1 << 40  # a dimension past this (a shape like [0, 2**63]) fits no memory and no int64 product

@@ -22,7 +22,7 @@ from .native import check, ffi, lib, text
 from .placement import Placement
 from .trace import SPAN_KINDS, Span
 
-ARCH_CODES = {"qwen3": 1, "qwen3_moe": 2}
+ARCH_CODES = {"qwen3": 1, "qwen3_moe": 2, "deepseek_v3": 3}
 # How the core holds a model's files in host memory (eb_weights_mode): "copy" reads them into private memory
 # advised for transparent huge pages (faster to stream), "map" memory-maps them, "auto" copies where huge pages
 # are enabled and the files take at most half of the memory available.
@@ -297,6 +297,13 @@ class Model(_Handle):
         c.rms_norm_eps = cfg.rms_norm_eps
         c.mlp_only_layers = mlp_only
         c.n_mlp_only_layers = len(cfg.mlp_only_layers)
+        for field in ("rope_dim", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                      "n_shared_experts", "first_k_dense_replace", "n_group", "topk_group", "routed_scaling_factor",
+                      "rope_attention_factor", "attention_scale"):  # fmt: skip
+            setattr(c, field, getattr(cfg, field))
+        c.rope_interleave = int(cfg.rope_interleave)
+        inv_freq = ffi.new("float[]", list(cfg.rope_inv_freq) or [0.0])
+        c.rope_inv_freq = inv_freq if cfg.rope_inv_freq else ffi.NULL
         out = ffi.new("eb_model **")
         file_array = ffi.new("char *[]", files)
         options = ffi.new("eb_load_options *", {"weights": WEIGHTS_MODES[weights]})
@@ -330,7 +337,8 @@ class Model(_Handle):
         info = ffi.new("eb_model_info *")
         check(lib.eb_model_get_info(self._live(), info))
         out = {k: getattr(info, k) for k in ("n_layers", "n_moe_layers", "weight_bytes", "expert_bytes",
-                                             "bytes_per_token", "file_bytes", "huge_page_bytes")}  # fmt: skip
+                                             "bytes_per_token", "file_bytes", "huge_page_bytes", "kv_bytes_per_token",
+                                             "shared_expert_bytes")}  # fmt: skip
         out["weights"] = _WEIGHTS_NAMES[info.weights]
         return out
 

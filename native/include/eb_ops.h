@@ -168,6 +168,69 @@ static inline void eb_route_row(float *p, int64_t E, int64_t K, int norm, int32_
     }
 }
 
+/* RoPE of interleaved pairs (x[2i], x[2i+1]) rotated by frequency i, written de-interleaved as transformers'
+ * apply_rotary_pos_emb_interleave does (the pairs' first values, then their second: every vector that meets this one
+ * in a dot product is rotated alike, so the order is the reference's); hd at most 512. */
+static inline void eb_rope_interleaved(float *v, const float *cs, const float *sn, int64_t hd) {
+    float t[512];
+    int64_t half = hd / 2;
+    for (int64_t i = 0; i < half; i++) {
+        float a = v[2 * i], b = v[2 * i + 1];
+        t[i] = a * cs[i] - b * sn[i];
+        t[i + half] = b * cs[i] + a * sn[i];
+    }
+    memcpy(v, t, (size_t)hd * sizeof *v);
+}
+
+/* DeepSeek-V3's choice (EB_ROUTE_SIGMOID_GROUP) for one row of E router logits, in place: p becomes the sigmoid
+ * scores; c (E floats of scratch) the scores plus bias with the experts of the groups not kept at 0, as transformers
+ * masks them. Groups (E / n_group experts each) rank by the sum of their two best biased scores; ties go to the lower
+ * index, as everywhere. */
+static inline void eb_route_sigmoid_group_row(float *p, float *c, const float *bias, int64_t E, int64_t K, int64_t G,
+                                              int64_t KG, int norm, float scale, int32_t *ids, float *w) {
+    int64_t per = E / G;
+    for (int64_t e = 0; e < E; e++) {
+        p[e] = 1.0f / (1.0f + expf(-p[e]));
+        c[e] = p[e] + bias[e];
+    }
+    if (KG < G) {
+        float gs[256];
+        unsigned char keep[256] = {0};
+        for (int64_t g = 0; g < G; g++) {
+            float b1 = -INFINITY, b2 = -INFINITY;
+            for (int64_t e = g * per; e < (g + 1) * per; e++) {
+                if (c[e] > b1) b2 = b1, b1 = c[e];
+                else if (c[e] > b2) b2 = c[e];
+            }
+            gs[g] = b1 + b2;
+        }
+        for (int64_t k = 0; k < KG; k++) {
+            int64_t best = 0;
+            while (keep[best]) best++; /* KG < G: a group is left */
+            for (int64_t g = best + 1; g < G; g++)
+                if (!keep[g] && gs[g] > gs[best]) best = g;
+            keep[best] = 1;
+        }
+        for (int64_t g = 0; g < G; g++)
+            if (!keep[g])
+                for (int64_t e = g * per; e < (g + 1) * per; e++) c[e] = 0.0f;
+    }
+    for (int64_t k = 0; k < K; k++) {
+        int32_t best = -1;
+        for (int64_t e = 0; e < E; e++) {
+            int taken = 0;
+            for (int64_t j = 0; j < k; j++) taken |= ids[j] == e;
+            if (!taken && (best < 0 || c[e] > c[best])) best = (int32_t)e;
+        }
+        ids[k] = best;
+        w[k] = p[best];
+    }
+    float s = 0.0f;
+    if (norm)
+        for (int64_t k = 0; k < K; k++) s += w[k];
+    for (int64_t k = 0; k < K; k++) w[k] = (norm ? w[k] / (s + 1e-20f) : w[k]) * scale;
+}
+
 /* The next of a row's K selections in ascending expert id after id `done` (-1 to begin): its index k. */
 static inline int64_t eb_next_ascending(const int32_t *ids, int64_t K, int32_t done) {
     int64_t k = -1;

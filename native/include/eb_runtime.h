@@ -16,7 +16,7 @@
 
 #include "expertbench.h"
 
-#define EB_RUNTIME_ABI_VERSION 5u
+#define EB_RUNTIME_ABI_VERSION 6u
 #define EB_RUNTIME_ENTRY "eb_runtime_module"
 
 #if defined(__GNUC__)
@@ -148,8 +148,13 @@ typedef struct {
 } eb_rt_norm;
 
 /* How a router turns a row of logits into top_k choices and their weights. */
-enum { EB_ROUTE_SOFTMAX_TOPK = 0 /* softmax over every expert, top_k (ties to the lower id), renormalised when
-                                    norm_topk */ };
+enum {
+    EB_ROUTE_SOFTMAX_TOPK = 0, /* softmax over every expert, top_k (ties to the lower id), renormalised when norm_topk */
+    EB_ROUTE_SIGMOID_GROUP = 1 /* DeepSeek-V3's: scores sigmoid(logit); for the choice only, score + bias, the experts
+                                  in n_group equal groups, a group's value the sum of its two best, the topk_group best
+                                  groups kept (the others' experts count 0), top_k of those (ties to the lower id);
+                                  weights the chosen scores, renormalised when norm_topk, times scale */
+};
 
 /* A MoE layer's routing: xn = RMSNorm(x) (written), logits = router . xn (scratch), then per row the choice that
  * `scoring` names; hits (nullable, n_experts entries) += one per selection. */
@@ -161,7 +166,31 @@ typedef struct {
     int32_t *topk_id;
     float *topk_w;
     unsigned long long *hits;
+    const float *bias;          /* EB_ROUTE_SIGMOID_GROUP: n_experts, added for the choice only */
+    int32_t n_group, topk_group; /* EB_ROUTE_SIGMOID_GROUP */
+    float scale;                /* EB_ROUTE_SIGMOID_GROUP: the weights' factor */
 } eb_rt_route;
+
+/* Multi-head latent attention (DeepSeek-V3's MLA) of n new rows at positions *pos .. *pos + n - 1 for one layer, in
+ * the absorbed form: the cache holds per position the normalised latent (rank values) and the rotated rope key
+ * (rope values), shared by every head. Per head h the query's first nope values meet the latent through k_b (the
+ * key half of kv_b_proj, transposed: rank rows of nope), its last rope values meet the rope key after rotation, and
+ * the latent mix of the softmax goes out through v_b (v_dim rows of rank). kv's rows go into the cache first. */
+typedef struct {
+    float *q;                         /* n rows of n_heads * (nope + rope); scratch afterwards */
+    float *kv;                        /* n rows of rank + rope: the latent and the rope key before norm and rotation */
+    const float *kv_norm;             /* rank: the latent's RMSNorm weight */
+    const void *k_b;                  /* head h's rank rows of nope values start at row h * rank */
+    const void *v_b;                  /* head h's v_dim rows of rank values start at row h * v_b_head_rows */
+    int32_t k_b_dtype, v_b_dtype;
+    int64_t v_b_head_rows;
+    const float *rope_cos, *rope_sin; /* n_ctx rows of rope / 2 */
+    float *cache;                     /* this layer's: n_ctx rows of rank + rope */
+    const int32_t *pos;
+    int32_t n, n_heads, nope, rope, v_dim, rank, n_ctx, interleave;
+    float eps, scale;
+    float *out;                       /* n rows of n_heads * v_dim */
+} eb_rt_mla;
 
 /* The sizes a model asks of a primary's kernels (checked at load, before any weight is uploaded). */
 typedef struct {
@@ -186,6 +215,8 @@ typedef struct {
     int (*attention)(void *rt, int dev, const eb_rt_attention *a, char *err, size_t errlen);
     int (*route)(void *rt, int dev, const eb_rt_route *r, char *err, size_t errlen);
     int (*moe)(void *rt, int dev, const eb_rt_moe *b, char *err, size_t errlen);
+    /* Optional (NULL: a model with MLA attention cannot have this primary, said at load). */
+    int (*mla)(void *rt, int dev, const eb_rt_mla *a, char *err, size_t errlen);
 } eb_rt_forward_ops;
 
 /* Graphs: between begin and end the calling thread's work queued on dev is recorded instead of run; other threads'

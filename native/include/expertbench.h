@@ -56,7 +56,8 @@ typedef enum {
 
 typedef enum {
     EB_ARCH_QWEN3 = 1,    /* Qwen3ForCausalLM (dense) */
-    EB_ARCH_QWEN3_MOE = 2 /* Qwen3MoeForCausalLM */
+    EB_ARCH_QWEN3_MOE = 2, /* Qwen3MoeForCausalLM */
+    EB_ARCH_DEEPSEEK_V3 = 3 /* DeepseekV3ForCausalLM: MLA attention, grouped sigmoid routing, shared experts */
 } eb_arch;
 
 typedef struct eb_engine eb_engine;
@@ -121,6 +122,28 @@ typedef struct {
     double rms_norm_eps;
     const int32_t *mlp_only_layers;
     int32_t n_mlp_only_layers;
+    /* RoPE: the dimensions rotated per head (0: head_dim), in interleaved pairs (x[2i], x[2i+1]) or halves (x[i],
+     * x[i + d/2]); its frequencies (rope_dim / 2 of them, NULL: 1 / rope_theta^(2i / rope_dim)) as a scaled RoPE
+     * such as YaRN makes them, with a factor on cos and sin (0: 1); the softmax scale (0: 1 / sqrt(the q.k width)) */
+    int32_t rope_dim;
+    int32_t rope_interleave;
+    const float *rope_inv_freq;
+    double rope_attention_factor;
+    double attention_scale;
+    /* DeepSeek-V3 (0 elsewhere): MLA attention with q through a rank-q_lora_rank bottleneck (0: a plain q_proj) and
+     * keys and values from a cached latent of kv_lora_rank plus one shared rope key of qk_rope_head_dim; routing by
+     * sigmoid scores in n_group groups of which topk_group are kept, the weights times routed_scaling_factor; the
+     * first first_k_dense_replace layers dense; n_shared_experts always-on experts on the primary */
+    int32_t q_lora_rank;
+    int32_t kv_lora_rank;
+    int32_t qk_nope_head_dim;
+    int32_t qk_rope_head_dim;
+    int32_t v_head_dim;
+    int32_t n_shared_experts;
+    int32_t first_k_dense_replace;
+    int32_t n_group;
+    int32_t topk_group;
+    double routed_scaling_factor;
 } eb_model_config;
 
 /* One tensor of a checkpoint: where its bytes are in which file. */
@@ -195,6 +218,8 @@ typedef struct {
     int32_t weights;              /* how the files are held: EB_WEIGHTS_MAP or EB_WEIGHTS_COPY (never AUTO) */
     uint64_t file_bytes;          /* the checkpoint's files, all of them */
     uint64_t huge_page_bytes;     /* of a copy, the bytes the kernel backs with huge pages at load (0 when mapped) */
+    uint64_t kv_bytes_per_token;  /* KV cache per position, all layers (MLA: the latent and the rope key) */
+    uint64_t shared_expert_bytes; /* weights of the shared experts, read on the primary every token */
 } eb_model_info;
 
 const char *eb_last_error(void);
@@ -287,7 +312,8 @@ typedef enum {
     EB_SPAN_COMBINE = 6,   /* the other owners' outputs sent to the primary and the sum in canonical order */
     EB_SPAN_DENSE = 7,     /* a dense FFN */
     EB_SPAN_LOGITS = 8,    /* final norm and lm_head */
-    EB_SPAN_GRAPH = 9      /* a recorded part of a step, replayed */
+    EB_SPAN_GRAPH = 9,     /* a recorded part of a step, replayed */
+    EB_SPAN_SHARED = 10    /* the shared experts of a MoE layer on the primary (while the peers run theirs) */
 } eb_span_kind;
 
 typedef struct {

@@ -63,15 +63,14 @@ int eb_context_create(eb_model *m, int32_t n_ctx, int32_t n_batch, eb_context **
     m->n_contexts++; /* eb_context_free gives it back, on the failure paths below too */
     c->n_ctx = n_ctx;
     c->n_batch = n_batch;
-    size_t B = (size_t)n_batch, H = (size_t)cf->hidden_size, hd = (size_t)cf->head_dim;
-    size_t qd = (size_t)cf->num_heads * hd, kvd = (size_t)cf->num_kv_heads * hd;
-    size_t I = (size_t)(cf->intermediate_size > cf->moe_intermediate_size ? cf->intermediate_size
-                                                                           : cf->moe_intermediate_size);
+    eb_dims d = eb_model_dims(cf);
+    size_t B = (size_t)n_batch, H = (size_t)cf->hidden_size, hd = (size_t)(cf->rope_dim ? cf->rope_dim : cf->head_dim);
+    size_t qd = (size_t)(d.q > d.att ? d.q : d.att), kvd = (size_t)(d.cache_k + d.cache_v), I = (size_t)d.ffn;
     size_t K = cf->top_k > 0 ? (size_t)cf->top_k : 1;
     /* every buffer size is a product of these: refuse what would overflow size_t */
     size_t kv_elems, probe;
     if (__builtin_mul_overflow((size_t)cf->num_layers, (size_t)n_ctx, &kv_elems) ||
-        __builtin_mul_overflow(kv_elems, kvd, &kv_elems) || __builtin_mul_overflow(kv_elems, 2 * sizeof(float), &probe) ||
+        __builtin_mul_overflow(kv_elems, kvd, &kv_elems) || __builtin_mul_overflow(kv_elems, sizeof(float), &probe) ||
         __builtin_mul_overflow(B * K, qd > I ? (qd > H ? qd : H) : (I > H ? I : H), &probe) ||
         __builtin_mul_overflow(probe, 4 * sizeof(float), &probe) ||
         __builtin_mul_overflow((size_t)cf->num_heads, (size_t)n_ctx, &probe) ||
@@ -96,14 +95,17 @@ int eb_context_create(eb_model *m, int32_t n_ctx, int32_t n_batch, eb_context **
         eb_context_free(c);
         return eb_fail(EB_ERR_MEMORY, "out of memory for a context of %d positions", n_ctx);
     }
-    /* RoPE tables computed as transformers does, in f32: inv_freq = 1 / theta^(2i/d), angle = pos * inv_freq. */
+    /* RoPE tables computed as transformers does, in f32: inv_freq = 1 / theta^(2i/d) (or the config's scaled
+     * frequencies), angle = pos * inv_freq, cos and sin times the scaled RoPE's attention factor */
     size_t half = hd / 2;
+    float factor = cf->rope_attention_factor > 0.0 ? (float)cf->rope_attention_factor : 1.0f;
     for (size_t i = 0; i < half; i++) {
-        float inv_freq = 1.0f / powf((float)cf->rope_theta, (float)(2 * i) / (float)hd);
+        float inv_freq = cf->rope_inv_freq ? cf->rope_inv_freq[i]
+                                           : 1.0f / powf((float)cf->rope_theta, (float)(2 * i) / (float)hd);
         for (int32_t p = 0; p < n_ctx; p++) {
             float angle = (float)p * inv_freq;
-            c->rope_cos[(size_t)p * half + i] = cosf(angle);
-            c->rope_sin[(size_t)p * half + i] = sinf(angle);
+            c->rope_cos[(size_t)p * half + i] = cosf(angle) * factor;
+            c->rope_sin[(size_t)p * half + i] = sinf(angle) * factor;
         }
     }
     c->use_graphs = 1;

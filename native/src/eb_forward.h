@@ -49,15 +49,20 @@ typedef struct eb_family {
 } eb_family;
 
 extern const eb_family eb_family_qwen3;
+extern const eb_family eb_family_deepseek_v3;
 const eb_family *eb_family_for(int32_t arch);
 
 int eb_block_embed(eb_step *s);
 /* Pre-norm grouped-query attention with its residual: x += o(attention(rope(norm(q)), rope(norm(k)), v)). */
 int eb_block_attention(eb_step *s, int layer);
+/* Pre-norm multi-head latent attention (DeepSeek-V3) with its residual: q (through q_a, its norm and q_b, or q
+ * alone), the latent and rope key from kv_a, attention in the absorbed form over the latent cache, x += o(out). */
+int eb_block_mla_attention(eb_step *s, int layer);
 /* Pre-norm SwiGLU FFN with its residual: x += down(silu(gate(xn)) * up(xn)). */
 int eb_block_dense_ffn(eb_step *s, int layer);
 /* Pre-norm routed experts with their residual: route on the primary; the other owners dispatched, the primary's
- * own experts meanwhile, join on the owners' events; x += the outputs combined in canonical order. */
+ * shared experts (x += them) and own experts meanwhile, join on the owners' events; x += the routed outputs
+ * combined in canonical order. */
 int eb_block_moe(eb_step *s, int layer);
 /* Final norm and lm_head of rows first.. into the logits buffer. */
 int eb_block_logits(eb_step *s, int64_t first);

@@ -39,6 +39,13 @@ typedef struct {
     eb_weight gate, up, down; /* dense MLP */
     eb_weight router;         /* num_experts x hidden */
     eb_expert *experts;
+    /* MLA (DeepSeek-V3): q_a then q_b, or q alone (no q_lora_rank); kv_a; k_b, v_b (eb_rt_mla) */
+    eb_weight q_a, q_b, kv_a, k_b, v_b;
+    float *q_a_norm, *kv_a_norm;
+    int64_t v_b_head_rows;
+    void *k_b_owned;          /* k_b transposed from kv_b_proj at load, or NULL (a file's split k_b is read in place) */
+    float *router_bias;       /* grouped sigmoid routing: the correction bias */
+    eb_weight sh_gate, sh_up, sh_down; /* the shared experts, as one FFN (MoE layers) */
 } eb_layer;
 
 /* The primary's view of the weights other than the experts': on a device that cannot read host memory (a GPU) a
@@ -48,6 +55,8 @@ typedef struct {
 typedef struct {
     eb_weight q, k, v, o, router, gate, up, down;
     const float *input_norm, *post_norm, *q_norm, *k_norm, *q_bias, *k_bias, *v_bias, *o_bias;
+    eb_weight q_a, q_b, kv_a, k_b, v_b, sh_gate, sh_up, sh_down;
+    const float *q_a_norm, *kv_a_norm, *router_bias;
     eb_rt_expert *experts; /* device memory: num_experts entries, gate NULL where another device owns it */
     int n_foreign;         /* experts of this layer another device owns */
 } eb_dev_layer;
@@ -83,6 +92,7 @@ struct eb_model {
     eb_engine *engine;
     eb_model_config cfg;
     int32_t *mlp_only;
+    float *rope_inv_freq; /* the config's, copied */
     int primary;
     int expert_home;    /* where experts start: the primary, or the first CPU device when the primary is a GPU */
     int primary_host;   /* the primary reads host memory (a CPU device) */
@@ -178,6 +188,14 @@ int eb_mapping_register(eb_model *m, int index);
 void eb_mapping_unregister(eb_mapped_file *f);
 int eb_model_check_files(eb_model *m);
 int eb_model_file_faulted(const eb_model *m);
+
+/* The widths of a step's attention buffers and KV cache, per row or position (floats): q, k and v the products
+ * (MLA: q, the latent and rope key, q_a's output in v), att attention's output; cache_k and cache_v one layer's
+ * cache per position (MLA: the latent and rope key, no values). */
+typedef struct {
+    int64_t q, k, v, att, cache_k, cache_v, ffn;
+} eb_dims;
+eb_dims eb_model_dims(const eb_model_config *c);
 
 /* Free the model now (eb_model_free defers to this when no context is alive). */
 void eb_model_release(eb_model *m);

@@ -4,6 +4,7 @@
  * CPU primary (operations run on the calling thread), on hostsim and on a GPU (operations queued on its stream).
  */
 #define _GNU_SOURCE
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -11,7 +12,8 @@
 #include "eb_forward.h"
 
 const eb_family *eb_family_for(int32_t arch) {
-    return arch == EB_ARCH_QWEN3 || arch == EB_ARCH_QWEN3_MOE ? &eb_family_qwen3 : NULL;
+    if (arch == EB_ARCH_QWEN3 || arch == EB_ARCH_QWEN3_MOE) return &eb_family_qwen3;
+    return arch == EB_ARCH_DEEPSEEK_V3 ? &eb_family_deepseek_v3 : NULL;
 }
 
 uint64_t eb_now_ns(void) {
@@ -133,6 +135,57 @@ int eb_block_attention(eb_step *s, int l) {
     return EB_OK;
 }
 
+int eb_block_mla_attention(eb_step *s, int l) {
+    const eb_model_config *cf = &s->m->cfg;
+    const eb_dev_layer *D = &s->m->dp->layers[l];
+    eb_dev_context *dc = s->c->dc;
+    int64_t n = s->n, H = cf->hidden_size, qlr = cf->q_lora_rank;
+    float eps = (float)cf->rms_norm_eps;
+    uint64_t t0 = trace_now(s->c);
+    eb_rt_norm input = {dc->x, D->input_norm, dc->xn, n, H, eps};
+    if (qlr) { /* q through its low-rank bottleneck: q_a, its norm (into the second half of v), q_b */
+        eb_rt_matmul first[2] = {product(s, &D->q_a, dc->xn, n, dc->v), product(s, &D->kv_a, dc->xn, n, dc->k)};
+        OP(s, s->ops->matmul(s->rt, s->dev, &input, first, 2, 0, s->err, sizeof s->err));
+        eb_rt_norm q_norm = {dc->v, D->q_a_norm, dc->v + n * qlr, n, qlr, eps};
+        eb_rt_matmul q = product(s, &D->q_b, dc->v + n * qlr, n, dc->q);
+        OP(s, s->ops->matmul(s->rt, s->dev, &q_norm, &q, 1, 0, s->err, sizeof s->err));
+    } else {
+        eb_rt_matmul first[2] = {product(s, &D->q, dc->xn, n, dc->q), product(s, &D->kv_a, dc->xn, n, dc->k)};
+        OP(s, s->ops->matmul(s->rt, s->dev, &input, first, 2, 0, s->err, sizeof s->err));
+    }
+    int64_t row = (int64_t)cf->kv_lora_rank + cf->qk_rope_head_dim;
+    float scale = cf->attention_scale > 0.0 ? (float)cf->attention_scale
+                                            : 1.0f / sqrtf((float)(cf->qk_nope_head_dim + cf->qk_rope_head_dim));
+    eb_rt_mla at = {dc->q, dc->k, D->kv_a_norm, D->k_b.data, D->v_b.data, D->k_b.dtype, D->v_b.dtype,
+                    s->m->layers[l].v_b_head_rows, dc->rope_cos, dc->rope_sin,
+                    dc->k_cache + (size_t)l * (size_t)s->c->n_ctx * (size_t)row, dc->ids, (int32_t)n, cf->num_heads,
+                    cf->qk_nope_head_dim, cf->qk_rope_head_dim, cf->v_head_dim, cf->kv_lora_rank, s->c->n_ctx,
+                    cf->rope_interleave, eps, scale, dc->att};
+    OP(s, s->ops->mla(s->rt, s->dev, &at, s->err, sizeof s->err));
+    eb_rt_matmul o = product(s, &D->o, dc->att, n, dc->x);
+    OP(s, s->ops->matmul(s->rt, s->dev, NULL, &o, 1, 1, s->err, sizeof s->err));
+    if (!s->replaying) span(s->c, s->m->primary, l, EB_SPAN_ATTENTION, n, t0, trace_now(s->c));
+    return EB_OK;
+}
+
+/* The shared experts of a MoE layer (none: nothing), one SwiGLU FFN of the routed experts' input rows xn (written by
+ * the routing), added to x: before the routed experts' sum in every case, so x's association does not depend on
+ * where the routed experts ran. */
+static int shared_experts(eb_step *s, int l) {
+    const eb_dev_layer *D = &s->m->dp->layers[l];
+    eb_dev_context *dc = s->c->dc;
+    int64_t n = s->n;
+    if (!D->sh_gate.data) return EB_OK;
+    uint64_t t0 = trace_now(s->c);
+    eb_rt_matmul gu[2] = {product(s, &D->sh_gate, dc->xn, n, dc->gate), product(s, &D->sh_up, dc->xn, n, dc->up)};
+    OP(s, s->ops->matmul(s->rt, s->dev, NULL, gu, 2, 0, s->err, sizeof s->err));
+    OP(s, s->ops->silu_mul(s->rt, s->dev, dc->gate, dc->up, n * D->sh_gate.rows, s->err, sizeof s->err));
+    eb_rt_matmul down = product(s, &D->sh_down, dc->gate, n, dc->x);
+    OP(s, s->ops->matmul(s->rt, s->dev, NULL, &down, 1, 1, s->err, sizeof s->err));
+    if (!s->replaying) span(s->c, s->m->primary, l, EB_SPAN_SHARED, n, t0, trace_now(s->c));
+    return EB_OK;
+}
+
 int eb_block_dense_ffn(eb_step *s, int l) {
     const eb_model_config *cf = &s->m->cfg;
     const eb_dev_layer *D = &s->m->dp->layers[l];
@@ -233,8 +286,9 @@ int eb_block_moe(eb_step *s, int l) {
     uint64_t t0 = trace_now(c);
     eb_rt_norm post = {dc->x, D->post_norm, dc->xn, n, cf->hidden_size, (float)cf->rms_norm_eps};
     eb_rt_route r = {post,       D->router.data, D->router.dtype, (int32_t)E,  (int32_t)K,
-                     EB_ROUTE_SOFTMAX_TOPK,      cf->norm_topk_prob, dc->router, dc->topk_id, dc->topk_w,
-                     m->routing_off ? NULL : dp->hits + (size_t)l * (size_t)E};
+                     D->router_bias ? EB_ROUTE_SIGMOID_GROUP : EB_ROUTE_SOFTMAX_TOPK, cf->norm_topk_prob, dc->router,
+                     dc->topk_id, dc->topk_w, m->routing_off ? NULL : dp->hits + (size_t)l * (size_t)E,
+                     D->router_bias, cf->n_group, cf->topk_group, (float)cf->routed_scaling_factor};
     OP(s, s->ops->route(s->rt, s->dev, &r, s->err, sizeof s->err));
     if (!s->replaying) span(c, prim, l, EB_SPAN_ROUTE, n, t0, trace_now(c));
     eb_rt_moe b = {D->experts, (int32_t)E, (int32_t)K, (int32_t)n, (int32_t)cf->hidden_size,
@@ -242,6 +296,7 @@ int eb_block_moe(eb_step *s, int l) {
                    EB_MOE_ALL, dc->xn, dc->topk_id, dc->topk_w, NULL, dc->pair_out, dc->h, dc->x, dp->stats,
                    c->precision};
     if (!D->n_foreign) { /* every expert is the primary's: nothing leaves the device */
+        if ((st = shared_experts(s, l))) return st;
         t0 = trace_now(c);
         OP(s, s->ops->moe(s->rt, s->dev, &b, s->err, sizeof s->err));
         if (!s->replaying) span(c, prim, l, EB_SPAN_EXPERTS, n * K, t0, trace_now(c));
@@ -263,6 +318,7 @@ int eb_block_moe(eb_step *s, int l) {
     void **ev = c->own_events + 2 * l;
     const eb_runtime_table *t = s->r->table;
     if (queued) { /* timed by events around it when tracing, read once the step is done */
+        if ((st = shared_experts(s, l))) return st;
         if (c->trace_cap && ((st = eb_context_event(c, prim, &ev[0])) || (st = eb_context_event(c, prim, &ev[1]))))
             return st;
         if ((c->trace_cap && (st = t->event_record(s->rt, s->dev, ev[0], s->err, sizeof s->err))) ||
@@ -272,6 +328,10 @@ int eb_block_moe(eb_step *s, int l) {
         if ((st = eb_dispatch_peers(c, &m->layers[l], n, inline_dev))) return st;
     } else {
         if ((st = eb_dispatch_peers(c, &m->layers[l], n, -1))) return st;
+        if ((st = shared_experts(s, l))) {
+            (void)eb_join_peers(c);
+            return st;
+        }
         t0 = trace_now(c);
         if ((st = s->ops->moe(s->rt, s->dev, &b, s->err, sizeof s->err))) {
             (void)eb_join_peers(c); /* they read this context's buffers: let them finish first */

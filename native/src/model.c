@@ -18,9 +18,10 @@
 #define EB_MAX_DIM (1 << 20)
 
 static int check_config(const eb_model_config *c) {
-    if (c->arch != EB_ARCH_QWEN3 && c->arch != EB_ARCH_QWEN3_MOE)
-        return eb_fail(EB_ERR_UNSUPPORTED, "config: architecture code %d is not supported (expected %d Qwen3 or %d "
-                                           "Qwen3-MoE)", c->arch, EB_ARCH_QWEN3, EB_ARCH_QWEN3_MOE);
+    if (!eb_family_for(c->arch))
+        return eb_fail(EB_ERR_UNSUPPORTED, "config: architecture code %d is not supported (expected %d Qwen3, %d "
+                                           "Qwen3-MoE or %d DeepSeek-V3)", c->arch, EB_ARCH_QWEN3, EB_ARCH_QWEN3_MOE,
+                       EB_ARCH_DEEPSEEK_V3);
 #define POSITIVE(field)                                                                                          \
     if (c->field <= 0 || c->field > EB_MAX_DIM)                                                                  \
         return eb_fail(EB_ERR_FORMAT, "config: " #field " = %d, expected 1..%d", (int)c->field, EB_MAX_DIM);
@@ -43,6 +44,58 @@ static int check_config(const eb_model_config *c) {
         return eb_fail(EB_ERR_FORMAT, "config: rope_theta = %g, expected a number in 1..1e12", c->rope_theta);
     if (!(c->rms_norm_eps > 0.0 && c->rms_norm_eps < 1.0))
         return eb_fail(EB_ERR_FORMAT, "config: rms_norm_eps = %g, expected a number in (0, 1)", c->rms_norm_eps);
+    int rope = c->rope_dim ? c->rope_dim : c->head_dim;
+    if (rope <= 0 || rope % 2 || rope > c->head_dim || rope > 512)
+        return eb_fail(EB_ERR_FORMAT, "config: rope_dim = %d, expected an even number in 2..head_dim (%d), at most 512",
+                       rope, c->head_dim);
+    if (c->rope_inv_freq)
+        for (int i = 0; i < rope / 2; i++)
+            if (!(c->rope_inv_freq[i] > 0.0f && c->rope_inv_freq[i] < 1e30f))
+                return eb_fail(EB_ERR_FORMAT, "config: RoPE frequency %d = %g, expected a positive finite number", i,
+                               (double)c->rope_inv_freq[i]);
+    if (!(c->rope_attention_factor >= 0.0 && c->rope_attention_factor < 1e6) ||
+        !(c->attention_scale >= 0.0 && c->attention_scale < 1e6))
+        return eb_fail(EB_ERR_FORMAT, "config: RoPE attention factor %g or softmax scale %g, expected a positive "
+                                      "finite number (0: the default)", c->rope_attention_factor, c->attention_scale);
+    if (c->arch == EB_ARCH_DEEPSEEK_V3) {
+#define MLA_DIM(field)                                                                                           \
+    if (c->field <= 0 || c->field > 65536)                                                                       \
+        return eb_fail(EB_ERR_FORMAT, "config: " #field " = %d, expected 1..65536", (int)c->field);
+        MLA_DIM(kv_lora_rank)
+        MLA_DIM(qk_nope_head_dim)
+        MLA_DIM(qk_rope_head_dim)
+        MLA_DIM(v_head_dim)
+#undef MLA_DIM
+        if (c->q_lora_rank < 0 || c->q_lora_rank > 65536)
+            return eb_fail(EB_ERR_FORMAT, "config: q_lora_rank = %d, expected 0 (none) or 1..65536", c->q_lora_rank);
+        if (rope != c->qk_rope_head_dim)
+            return eb_fail(EB_ERR_FORMAT, "config: the rotated dimensions (%d) must be qk_rope_head_dim (%d)", rope,
+                           c->qk_rope_head_dim);
+        if (c->first_k_dense_replace < 0 || c->first_k_dense_replace > c->num_layers)
+            return eb_fail(EB_ERR_FORMAT, "config: first_k_dense_replace = %d, expected 0..num_hidden_layers (%d)",
+                           c->first_k_dense_replace, c->num_layers);
+        if (c->n_shared_experts < 0 || c->n_shared_experts > 64)
+            return eb_fail(EB_ERR_FORMAT, "config: n_shared_experts = %d, expected 0..64", c->n_shared_experts);
+        if (c->num_experts > 0) {
+            if (c->n_group <= 0 || c->n_group > 256 || c->num_experts % c->n_group)
+                return eb_fail(EB_ERR_FORMAT, "config: n_group = %d, expected 1..256 dividing n_routed_experts (%d)",
+                               c->n_group, c->num_experts);
+            if (c->n_group > 1 && c->num_experts / c->n_group < 2)
+                return eb_fail(EB_ERR_FORMAT, "config: n_group = %d leaves %d expert per group, expected at least 2 "
+                                              "(a group's score is the sum of its two best)", c->n_group,
+                               c->num_experts / c->n_group);
+            if (c->topk_group <= 0 || c->topk_group > c->n_group)
+                return eb_fail(EB_ERR_FORMAT, "config: topk_group = %d, expected 1..n_group (%d)", c->topk_group,
+                               c->n_group);
+            if (c->top_k > c->topk_group * (c->num_experts / c->n_group))
+                return eb_fail(EB_ERR_FORMAT, "config: num_experts_per_tok = %d, expected at most the experts of the "
+                                              "topk_group kept groups (%d)", c->top_k,
+                               c->topk_group * (c->num_experts / c->n_group));
+            if (!(c->routed_scaling_factor > 0.0 && c->routed_scaling_factor < 1e6))
+                return eb_fail(EB_ERR_FORMAT, "config: routed_scaling_factor = %g, expected a positive finite number",
+                               c->routed_scaling_factor);
+        }
+    }
     if (c->n_mlp_only_layers < 0 || (c->n_mlp_only_layers > 0 && !c->mlp_only_layers))
         return eb_fail(EB_ERR_ARGUMENT, "config: mlp_only_layers is inconsistent");
     for (int i = 0; i < c->n_mlp_only_layers; i++)
@@ -374,6 +427,24 @@ static int load_files(eb_model *m, const char *const *files, int32_t n_files, in
     return EB_OK;
 }
 
+eb_dims eb_model_dims(const eb_model_config *c) {
+    eb_dims d;
+    int64_t shared = (int64_t)c->moe_intermediate_size * c->n_shared_experts;
+    d.ffn = c->intermediate_size > c->moe_intermediate_size ? c->intermediate_size : c->moe_intermediate_size;
+    if (shared > d.ffn) d.ffn = shared;
+    if (c->arch == EB_ARCH_DEEPSEEK_V3) {
+        d.q = (int64_t)c->num_heads * (c->qk_nope_head_dim + c->qk_rope_head_dim);
+        d.k = d.cache_k = (int64_t)c->kv_lora_rank + c->qk_rope_head_dim;
+        d.v = 2 * (int64_t)c->q_lora_rank; /* q_a's output, then its norm */
+        d.att = (int64_t)c->num_heads * c->v_head_dim;
+        d.cache_v = 0;
+        return d;
+    }
+    d.q = d.att = (int64_t)c->num_heads * c->head_dim;
+    d.k = d.v = d.cache_k = d.cache_v = (int64_t)c->num_kv_heads * c->head_dim;
+    return d;
+}
+
 void eb_model_free(eb_model *m) {
     if (!m) return;
     if (m->n_contexts > 0) { /* contexts still read its weights: the last one to go frees the model */
@@ -397,6 +468,10 @@ void eb_model_release(eb_model *m) {
             free(L->k_bias);
             free(L->v_bias);
             free(L->o_bias);
+            free(L->q_a_norm);
+            free(L->kv_a_norm);
+            free(L->router_bias);
+            free(L->k_b_owned);
             free(L->experts);
         }
         free(m->layers);
@@ -411,6 +486,7 @@ void eb_model_release(eb_model *m) {
     }
     free(m->files);
     free(m->mlp_only);
+    free(m->rope_inv_freq);
     eb_engine *engine = m->engine;
     free(m);
     if (engine && --engine->n_models == 0 && engine->destroy_requested) eb_engine_release(engine);
@@ -439,10 +515,16 @@ static int check_primary_formats(const eb_model *m) {
         return st;
     for (int l = 0; l < m->cfg.num_layers; l++) {
         const eb_layer *L = &m->layers[l];
-        const eb_weight *w[] = {&L->q, &L->k, &L->v, &L->o, &L->router, &L->gate, &L->up, &L->down};
-        const char *names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "the router", "gate_proj", "up_proj",
-                               "down_proj"};
-        for (int i = 0; i < 8; i++)
+        const eb_weight *w[] = {&L->q,   &L->k,    &L->v,       &L->o,       &L->router,  &L->gate,  &L->up,
+                                &L->down, &L->q_a, &L->q_b,     &L->kv_a,    &L->k_b,     &L->v_b,   &L->sh_gate,
+                                &L->sh_up, &L->sh_down};
+        const char *names[] = {"q_proj",         "k_proj",        "v_proj",
+                               "o_proj",         "the router",    "gate_proj",
+                               "up_proj",        "down_proj",     "q_a_proj",
+                               "q_b_proj",       "kv_a_proj_with_mqa", "kv_b_proj (keys)",
+                               "kv_b_proj (values)", "shared_experts.gate_proj", "shared_experts.up_proj",
+                               "shared_experts.down_proj"};
+        for (int i = 0; i < (int)(sizeof w / sizeof *w); i++)
             if (w[i]->data && (st = eb_check_format(m, p, w[i]->dtype, names[i], l, -1))) return st;
     }
     return EB_OK;
@@ -451,11 +533,17 @@ static int check_primary_formats(const eb_model *m) {
 static void compute_bytes_per_token(eb_model *m) {
     const eb_model_config *c = &m->cfg;
     uint64_t total = eb_row_bytes(m->embed.dtype, c->hidden_size) + eb_weight_bytes(&m->lm_head);
+    eb_dims d = eb_model_dims(c);
     for (int l = 0; l < c->num_layers; l++) {
         const eb_layer *L = &m->layers[l];
-        total += eb_weight_bytes(&L->q) + eb_weight_bytes(&L->k) + eb_weight_bytes(&L->v) + eb_weight_bytes(&L->o);
+        const eb_weight *attn[] = {&L->q, &L->k, &L->v, &L->o, &L->q_a, &L->q_b, &L->kv_a, &L->k_b};
+        for (size_t i = 0; i < sizeof attn / sizeof *attn; i++) total += eb_weight_bytes(attn[i]);
+        if (L->v_b.data) /* each head's value rows (in kv_b_proj they alternate with the key rows) */
+            total += (uint64_t)c->num_heads * (uint64_t)c->v_head_dim * eb_row_bytes(L->v_b.dtype, c->kv_lora_rank);
         if (L->is_moe) {
-            total += eb_weight_bytes(&L->router);
+            uint64_t shared = eb_weight_bytes(&L->sh_gate) + eb_weight_bytes(&L->sh_up) + eb_weight_bytes(&L->sh_down);
+            total += eb_weight_bytes(&L->router) + shared;
+            m->info.shared_expert_bytes += shared;
             const eb_expert *e = &L->experts[0];
             total += (uint64_t)c->top_k * (eb_weight_bytes(&e->gate) + eb_weight_bytes(&e->up) + eb_weight_bytes(&e->down));
         } else {
@@ -463,6 +551,7 @@ static void compute_bytes_per_token(eb_model *m) {
         }
     }
     m->info.bytes_per_token = total;
+    m->info.kv_bytes_per_token = (uint64_t)c->num_layers * (uint64_t)(d.cache_k + d.cache_v) * sizeof(float);
 }
 
 int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *const *files, int32_t n_files,
@@ -499,6 +588,10 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
                                config->max_position_embeddings};
     if ((st = rt->table->forward->check_model(rt->rt, dev->local, &shape, err, sizeof err)) != 0)
         return eb_fail(st, "primary device %s: %s", dev->name, err);
+    if (config->arch == EB_ARCH_DEEPSEEK_V3 && !rt->table->forward->mla)
+        return eb_fail(EB_ERR_UNSUPPORTED, "primary device %s: the '%s' runtime has no MLA attention (DeepSeek-V3); "
+                                           "choose a CPU device as the primary (its experts can still be placed on %s)",
+                       dev->name, rt->name, dev->name);
     if (!rinfo.host_addressable) {
         /* experts start in host memory (the first CPU device); a placement moves them */
         for (home = 0; home < engine->n_devices && !engine->devices[home].host_addressable; home++) {
@@ -526,6 +619,15 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
         memcpy(m->mlp_only, config->mlp_only_layers, (size_t)config->n_mlp_only_layers * sizeof *m->mlp_only);
     }
     m->cfg.mlp_only_layers = m->mlp_only;
+    if (config->rope_inv_freq) {
+        size_t half = (size_t)(config->rope_dim ? config->rope_dim : config->head_dim) / 2;
+        if (!(m->rope_inv_freq = malloc(half * sizeof *m->rope_inv_freq))) {
+            eb_model_free(m);
+            return eb_fail(EB_ERR_MEMORY, "out of memory");
+        }
+        memcpy(m->rope_inv_freq, config->rope_inv_freq, half * sizeof *m->rope_inv_freq);
+    }
+    m->cfg.rope_inv_freq = m->rope_inv_freq;
     eb_binder b = {NULL, n_tensors, m};
     if ((st = load_files(m, files, n_files, weights)) || (st = check_descriptors(m, tensors, n_tensors))) {
         eb_model_free(m);

@@ -81,8 +81,19 @@ static void lay_out(layout *a) {
         D->k_bias = place_vector(a, L->k_bias, kvd);
         D->v_bias = place_vector(a, L->v_bias, kvd);
         D->o_bias = place_vector(a, L->o_bias, H);
+        D->q_a = place_weight(a, &L->q_a);
+        D->q_b = place_weight(a, &L->q_b);
+        D->kv_a = place_weight(a, &L->kv_a);
+        D->k_b = place_weight(a, &L->k_b);
+        D->v_b = place_weight(a, &L->v_b);
+        D->q_a_norm = place_vector(a, L->q_a_norm, cf->q_lora_rank);
+        D->kv_a_norm = place_vector(a, L->kv_a_norm, cf->kv_lora_rank);
         if (L->is_moe) {
             D->router = place_weight(a, &L->router);
+            D->router_bias = place_vector(a, L->router_bias, cf->num_experts);
+            D->sh_gate = place_weight(a, &L->sh_gate);
+            D->sh_up = place_weight(a, &L->sh_up);
+            D->sh_down = place_weight(a, &L->sh_down);
             D->experts = place(a, NULL, (size_t)cf->num_experts * sizeof(eb_rt_expert));
         } else {
             D->gate = place_weight(a, &L->gate);
@@ -165,23 +176,22 @@ void eb_primary_release(eb_model *m) {
 static void lay_out_context(eb_context *c, layout *a) {
     eb_dev_context *dc = c->dc;
     const eb_model_config *cf = &c->model->cfg;
-    size_t B = (size_t)c->n_batch, H = (size_t)cf->hidden_size, hd = (size_t)cf->head_dim;
-    size_t qd = (size_t)cf->num_heads * hd, kvd = (size_t)cf->num_kv_heads * hd, F = sizeof(float);
-    size_t I = (size_t)(cf->intermediate_size > cf->moe_intermediate_size ? cf->intermediate_size
-                                                                           : cf->moe_intermediate_size);
+    eb_dims d = eb_model_dims(cf);
+    size_t B = (size_t)c->n_batch, H = (size_t)cf->hidden_size, F = sizeof(float), I = (size_t)d.ffn;
     size_t E = cf->num_experts > 0 ? (size_t)cf->num_experts : 1, K = cf->top_k > 0 ? (size_t)cf->top_k : 1;
-    size_t kv = (size_t)cf->num_layers * (size_t)c->n_ctx * kvd * F, rope = (size_t)c->n_ctx * (hd / 2) * F;
-    dc->k_cache = place(a, NULL, kv);
-    dc->v_cache = place(a, NULL, kv);
+    size_t rope_dim = (size_t)(cf->rope_dim ? cf->rope_dim : cf->head_dim);
+    size_t positions = (size_t)cf->num_layers * (size_t)c->n_ctx, rope = (size_t)c->n_ctx * (rope_dim / 2) * F;
+    dc->k_cache = place(a, NULL, positions * (size_t)d.cache_k * F);
+    dc->v_cache = d.cache_v ? place(a, NULL, positions * (size_t)d.cache_v * F) : NULL;
     dc->rope_cos = place(a, c->rope_cos, rope);
     dc->rope_sin = place(a, c->rope_sin, rope);
     dc->x = place(a, NULL, B * H * F);
     dc->xn = place(a, NULL, B * H * F);
     dc->proj = place(a, NULL, B * H * F);
-    dc->q = place(a, NULL, B * qd * F);
-    dc->att = place(a, NULL, B * qd * F);
-    dc->k = place(a, NULL, B * kvd * F);
-    dc->v = place(a, NULL, B * kvd * F);
+    dc->q = place(a, NULL, B * (size_t)d.q * F);
+    dc->att = place(a, NULL, B * (size_t)d.att * F);
+    dc->k = place(a, NULL, B * (size_t)d.k * F);
+    dc->v = d.v ? place(a, NULL, B * (size_t)d.v * F) : NULL;
     dc->gate = place(a, NULL, B * I * F);
     dc->up = place(a, NULL, B * I * F);
     dc->router = place(a, NULL, B * E * F);

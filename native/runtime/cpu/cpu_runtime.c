@@ -1252,22 +1252,103 @@ static int op_attention(void *rtp, int dev, const eb_rt_attention *a, char *err,
 }
 
 static int op_route(void *rtp, int dev, const eb_rt_route *r, char *err, size_t errlen) {
-    if (r->scoring != EB_ROUTE_SOFTMAX_TOPK)
+    if (r->scoring != EB_ROUTE_SOFTMAX_TOPK && r->scoring != EB_ROUTE_SIGMOID_GROUP)
         return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: router scoring %d: expected %d "
-                          "(softmax top-k)", r->scoring, EB_ROUTE_SOFTMAX_TOPK);
+                          "(softmax top-k) or %d (sigmoid, grouped)", r->scoring, EB_ROUTE_SOFTMAX_TOPK,
+                          EB_ROUTE_SIGMOID_GROUP);
     uint64_t t0;
     cpu_device *d = op_begin(rtp, dev, &t0, err, errlen);
     if (!d) return EB_ERR_RANGE;
     int64_t n = r->norm.n, E = r->n_experts, K = r->top_k;
+    float *choice = NULL;
+    if (r->scoring == EB_ROUTE_SIGMOID_GROUP && !(choice = scratch(d, (size_t)E * sizeof *choice)))
+        return op_end(d, t0, eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory"));
     norm_rows(&r->norm);
     /* the router in f32 whatever the precision: the choice of experts is what a precision must not move */
     eb_rt_matmul logits = {r->router, r->router_dtype, E, r->norm.dim, r->norm.xn, n, r->logits, EB_PRECISION_F32};
     (void)run_multi((cpu_runtime *)rtp, d, &logits, 1); /* f32 needs no quantized activations: it cannot fail */
     for (int64_t t = 0; t < n; t++) {
-        eb_route_row(r->logits + t * E, E, K, r->norm_topk, r->topk_id + t * K, r->topk_w + t * K);
+        if (choice)
+            eb_route_sigmoid_group_row(r->logits + t * E, choice, r->bias, E, K, r->n_group, r->topk_group,
+                                       r->norm_topk, r->scale, r->topk_id + t * K, r->topk_w + t * K);
+        else
+            eb_route_row(r->logits + t * E, E, K, r->norm_topk, r->topk_id + t * K, r->topk_w + t * K);
         if (r->hits)
             for (int64_t k = 0; k < K; k++) r->hits[r->topk_id[t * K + k]]++;
     }
+    return op_end(d, t0, 0);
+}
+
+/* MLA's work items: one head each, every row of the step, with its own scratch (the absorbed query, the rotated
+ * rope query, the latent mix and a row of scores). */
+typedef struct {
+    const eb_rt_mla *a;
+    eb_cpu_matmul_rows_fn rows;
+    int64_t pos;
+    float *scratch;
+} mla_job;
+
+static void mla_heads(void *arg, int64_t h0, int64_t h1) {
+    const mla_job *j = (const mla_job *)arg;
+    const eb_rt_mla *a = j->a;
+    int64_t R = a->rank, P = a->rope, N = a->nope, V = a->v_dim, C = R + P, qw = N + P;
+    float scale = a->scale;
+    size_t kb_head = (size_t)R * eb_row_bytes(a->k_b_dtype, N);
+    size_t vb_head = (size_t)a->v_b_head_rows * eb_row_bytes(a->v_b_dtype, R);
+    for (int64_t h = h0; h < h1; h++) {
+        float *ql = j->scratch + h * (2 * R + P + a->n_ctx), *qp = ql + R, *ol = qp + P, *sc = ol + R;
+        for (int64_t t = 0; t < a->n; t++) {
+            int64_t p = j->pos + t;
+            const float *q = a->q + (t * a->n_heads + h) * qw;
+            memcpy(qp, q + N, (size_t)P * sizeof *qp);
+            const float *cs = a->rope_cos + p * (P / 2), *sn = a->rope_sin + p * (P / 2);
+            if (a->interleave) eb_rope_interleaved(qp, cs, sn, P);
+            else eb_rope(qp, cs, sn, P);
+            /* the query's nope part through the key half of kv_b: its dot with the latent is q_nope . k_nope */
+            j->rows((const unsigned char *)a->k_b + (size_t)h * kb_head, a->k_b_dtype, 0, R, N, q, 1, ql, R);
+            float mx = -INFINITY, sum = 0.0f;
+            for (int64_t s = 0; s <= p; s++) {
+                const float *row = a->cache + s * C;
+                float v = (eb_dot_qk(ql, row, R) + eb_dot_qk(qp, row + R, P)) * scale;
+                sc[s] = v;
+                if (v > mx) mx = v;
+            }
+            for (int64_t s = 0; s <= p; s++) {
+                sc[s] = expf(sc[s] - mx);
+                sum += sc[s];
+            }
+            float inv = 1.0f / sum;
+            memset(ol, 0, (size_t)R * sizeof *ol);
+            for (int64_t s = 0; s <= p; s++) {
+                const float *restrict row = a->cache + s * C;
+                float ps = sc[s] * inv;
+                for (int64_t i = 0; i < R; i++) ol[i] += ps * row[i];
+            }
+            j->rows((const unsigned char *)a->v_b + (size_t)h * vb_head, a->v_b_dtype, 0, V, R, ol, 1,
+                    a->out + (t * a->n_heads + h) * V, V);
+        }
+    }
+}
+
+static int op_mla(void *rtp, int dev, const eb_rt_mla *a, char *err, size_t errlen) {
+    uint64_t t0;
+    cpu_device *d = op_begin(rtp, dev, &t0, err, errlen);
+    if (!d) return EB_ERR_RANGE;
+    cpu_runtime *rt = (cpu_runtime *)rtp;
+    int64_t R = a->rank, P = a->rope, C = R + P, pos = *a->pos;
+    float *mem = scratch(d, (size_t)a->n_heads * (size_t)(2 * R + P + a->n_ctx) * sizeof(float));
+    if (!mem) return op_end(d, t0, eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory"));
+    for (int64_t t = 0; t < a->n; t++) { /* the new rows' latent and rope key into the cache */
+        float *row = a->cache + (pos + t) * C;
+        const float *kv = a->kv + t * C, *cs = a->rope_cos + (pos + t) * (P / 2), *sn = a->rope_sin + (pos + t) * (P / 2);
+        eb_rmsnorm(row, kv, a->kv_norm, R, a->eps);
+        memcpy(row + R, kv + R, (size_t)P * sizeof *row);
+        if (a->interleave) eb_rope_interleaved(row + R, cs, sn, P);
+        else eb_rope(row + R, cs, sn, P);
+    }
+    mla_job job = {a, rt->matmul_rows, pos, mem};
+    trace_note(TRACE_PARALLEL_FOR, 0);
+    pool_run(&d->pool, mla_heads, &job, a->n_heads, 1, 0);
     return op_end(d, t0, 0);
 }
 
@@ -1333,6 +1414,7 @@ static const eb_rt_forward_ops cpu_forward = {
     .attention = op_attention,
     .route = op_route,
     .moe = op_moe,
+    .mla = op_mla,
 };
 #define FORWARD_OPS (&cpu_forward)
 #define GRAPH_OPS NULL
@@ -1340,7 +1422,7 @@ static const eb_rt_forward_ops cpu_forward = {
 /* Graphs (hostsim only, so that the core's recording and replaying of steps runs without a GPU): between begin
  * and end the recording thread's operations are stored (their arguments copied) instead of run; launch runs them
  * again in order. Other threads' operations run as usual. */
-enum { OP_EMBED, OP_MATMUL, OP_ADD, OP_SILU_MUL, OP_ATTENTION, OP_ROUTE, OP_MOE };
+enum { OP_EMBED, OP_MATMUL, OP_ADD, OP_SILU_MUL, OP_ATTENTION, OP_ROUTE, OP_MOE, OP_MLA };
 #define SIM_MAX_TASKS 8
 
 typedef struct {
@@ -1355,6 +1437,7 @@ typedef struct {
     eb_rt_attention attention;
     eb_rt_route route;
     eb_rt_moe moe;
+    eb_rt_mla mla;
 } sim_op;
 
 typedef struct {
@@ -1380,6 +1463,8 @@ static int run_op(void *rtp, int dev, const sim_op *o, char *err, size_t errlen)
         return op_attention(rtp, dev, &o->attention, err, errlen);
     case OP_ROUTE:
         return op_route(rtp, dev, &o->route, err, errlen);
+    case OP_MLA:
+        return op_mla(rtp, dev, &o->mla, err, errlen);
     default:
         return op_moe(rtp, dev, &o->moe, err, errlen);
     }
@@ -1452,6 +1537,11 @@ static int sim_moe(void *rtp, int dev, const eb_rt_moe *b, char *err, size_t err
     return submit(rtp, dev, &o, err, errlen);
 }
 
+static int sim_mla(void *rtp, int dev, const eb_rt_mla *a, char *err, size_t errlen) {
+    sim_op o = {.kind = OP_MLA, .mla = *a};
+    return submit(rtp, dev, &o, err, errlen);
+}
+
 static int sim_graph_begin(void *rtp, int dev, char *err, size_t errlen) {
     cpu_device *d = get_dev((cpu_runtime *)rtp, dev, err, errlen);
     if (!d) return EB_ERR_RANGE;
@@ -1502,6 +1592,7 @@ static const eb_rt_forward_ops sim_forward = {
     .attention = sim_attention,
     .route = sim_route,
     .moe = sim_moe,
+    .mla = sim_mla,
 };
 
 static const eb_rt_graph_ops sim_graphs = {

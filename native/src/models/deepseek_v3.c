@@ -1,0 +1,140 @@
+/* DeepSeek-V3 (DeepseekV3ForCausalLM, and R1 and V2-Lite-shaped checkpoints of it): pre-norm decoder layers of
+ * multi-head latent attention (q through a low-rank bottleneck, or a plain q_proj when q_lora_rank is null; keys and
+ * values from a cached latent of kv_lora_rank plus one rope key shared by the heads; interleaved RoPE, YaRN scaled)
+ * and an FFN: dense for the first first_k_dense_replace layers, then routed experts chosen by sigmoid scores in
+ * groups (a correction bias for the choice only, the weights scaled) beside always-on shared experts. Tensors by
+ * their Hugging Face names, one tensor per expert; kv_b_proj may come split as a GGUF file holds it (k_b_proj: its
+ * key half transposed per head, v_b_proj: its value half). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "eb_forward.h"
+
+static int is_moe_layer(const eb_model_config *c, int layer) {
+    return c->arch == EB_ARCH_DEEPSEEK_V3 && c->num_experts > 0 && layer >= c->first_k_dense_replace;
+}
+
+static int bind_model(const eb_binder *b) {
+    eb_model *m = b->m;
+    const eb_model_config *c = &m->cfg;
+    int st = eb_bind(b, "model.embed_tokens.weight", c->vocab_size, c->hidden_size, &m->embed);
+    if (!st) st = eb_bind_vector(b, "model.norm.weight", c->hidden_size, &m->final_norm);
+    if (st || c->tie_word_embeddings) {
+        m->lm_head = m->embed;
+        return st;
+    }
+    return eb_bind(b, "lm_head.weight", c->vocab_size, c->hidden_size, &m->lm_head);
+}
+
+/* k_b from kv_b_proj (heads blocks of nope key rows then v value rows, rank values each): per head its key rows
+ * transposed into rank rows of nope, an owned copy in kv_b's format (f32 where that is a block format). */
+static int transpose_k_b(eb_layer *L, const eb_weight *kv_b, int64_t heads, int64_t nope, int64_t v, int64_t rank) {
+    int dt = kv_b->dtype;
+    size_t es = dt == EB_DTYPE_F32 ? 4 : dt == EB_DTYPE_F16 || dt == EB_DTYPE_BF16 ? 2 : 0;
+    size_t out_es = es ? es : sizeof(float), row_bytes = eb_row_bytes(dt, rank);
+    unsigned char *out = malloc((size_t)(heads * rank * nope) * out_es);
+    float *row = es ? NULL : malloc((size_t)rank * sizeof *row);
+    if (!out || (!es && !row)) {
+        free(out);
+        free(row);
+        return eb_fail(EB_ERR_MEMORY, "out of memory for kv_b_proj's keys");
+    }
+    for (int64_t h = 0; h < heads; h++)
+        for (int64_t i = 0; i < nope; i++) {
+            const unsigned char *src = (const unsigned char *)kv_b->data + (size_t)(h * (nope + v) + i) * row_bytes;
+            if (!es) eb_dequantize_row(src, dt, rank, row);
+            for (int64_t j = 0; j < rank; j++) {
+                unsigned char *dst = out + (size_t)((h * rank + j) * nope + i) * out_es;
+                memcpy(dst, es ? src + (size_t)j * es : (const unsigned char *)(row + j), out_es);
+            }
+        }
+    free(row);
+    L->k_b_owned = out;
+    L->k_b = (eb_weight){out, es ? dt : EB_DTYPE_F32, heads * rank, nope};
+    return EB_OK;
+}
+
+static int has_tensor(const eb_binder *b, const char *name) {
+    for (int32_t i = 0; i < b->n; i++)
+        if (strcmp(b->sorted[i]->name, name) == 0) return 1;
+    return 0;
+}
+
+static int bind_layer(const eb_binder *b, int l) {
+    eb_model *m = b->m;
+    const eb_model_config *c = &m->cfg;
+    eb_layer *L = &m->layers[l];
+    char name[256];
+    int64_t H = c->hidden_size, heads = c->num_heads, nope = c->qk_nope_head_dim, rope = c->qk_rope_head_dim;
+    int64_t v = c->v_head_dim, rank = c->kv_lora_rank, qlr = c->q_lora_rank;
+    int st;
+#define NAME(fmt, ...) (snprintf(name, sizeof name, "model.layers.%d." fmt, l, ##__VA_ARGS__), name)
+#define TRY(x)                                                                                                   \
+    if ((st = (x)) != EB_OK) return st;
+    TRY(eb_bind_vector(b, NAME("input_layernorm.weight"), H, &L->input_norm))
+    TRY(eb_bind_vector(b, NAME("post_attention_layernorm.weight"), H, &L->post_norm))
+    if (qlr) {
+        TRY(eb_bind(b, NAME("self_attn.q_a_proj.weight"), qlr, H, &L->q_a))
+        TRY(eb_bind_vector(b, NAME("self_attn.q_a_layernorm.weight"), qlr, &L->q_a_norm))
+        TRY(eb_bind(b, NAME("self_attn.q_b_proj.weight"), heads * (nope + rope), qlr, &L->q_b))
+    } else {
+        TRY(eb_bind(b, NAME("self_attn.q_proj.weight"), heads * (nope + rope), H, &L->q))
+    }
+    TRY(eb_bind(b, NAME("self_attn.kv_a_proj_with_mqa.weight"), rank + rope, H, &L->kv_a))
+    TRY(eb_bind_vector(b, NAME("self_attn.kv_a_layernorm.weight"), rank, &L->kv_a_norm))
+    TRY(eb_bind(b, NAME("self_attn.o_proj.weight"), H, heads * v, &L->o))
+    if (has_tensor(b, NAME("self_attn.k_b_proj.weight"))) { /* split as a GGUF file holds it */
+        TRY(eb_bind(b, name, heads * rank, nope, &L->k_b))
+        TRY(eb_bind(b, NAME("self_attn.v_b_proj.weight"), heads * v, rank, &L->v_b))
+        L->v_b_head_rows = v;
+    } else {
+        eb_weight kv_b;
+        TRY(eb_bind(b, NAME("self_attn.kv_b_proj.weight"), heads * (nope + v), rank, &kv_b))
+        TRY(transpose_k_b(L, &kv_b, heads, nope, v, rank))
+        /* the value rows read in place: head h's v rows follow its nope key rows */
+        L->v_b = (eb_weight){(const unsigned char *)kv_b.data + (size_t)nope * eb_row_bytes(kv_b.dtype, rank),
+                             kv_b.dtype, heads * (nope + v) - nope, rank};
+        L->v_b_head_rows = nope + v;
+    }
+    L->is_moe = is_moe_layer(c, l);
+    if (!L->is_moe) {
+        int64_t I = c->intermediate_size;
+        TRY(eb_bind(b, NAME("mlp.gate_proj.weight"), I, H, &L->gate))
+        TRY(eb_bind(b, NAME("mlp.up_proj.weight"), I, H, &L->up))
+        TRY(eb_bind(b, NAME("mlp.down_proj.weight"), H, I, &L->down))
+        return EB_OK;
+    }
+    int64_t I = c->moe_intermediate_size, S = I * c->n_shared_experts;
+    TRY(eb_bind(b, NAME("mlp.gate.weight"), c->num_experts, H, &L->router))
+    TRY(eb_bind_vector(b, NAME("mlp.gate.e_score_correction_bias"), c->num_experts, &L->router_bias))
+    if (S) {
+        TRY(eb_bind(b, NAME("mlp.shared_experts.gate_proj.weight"), S, H, &L->sh_gate))
+        TRY(eb_bind(b, NAME("mlp.shared_experts.up_proj.weight"), S, H, &L->sh_up))
+        TRY(eb_bind(b, NAME("mlp.shared_experts.down_proj.weight"), H, S, &L->sh_down))
+    }
+    L->experts = calloc((size_t)c->num_experts, sizeof *L->experts);
+    if (!L->experts) return eb_fail(EB_ERR_MEMORY, "out of memory");
+    for (int e = 0; e < c->num_experts; e++) {
+        eb_expert *x = &L->experts[e];
+        TRY(eb_bind(b, NAME("mlp.experts.%d.gate_proj.weight", e), I, H, &x->gate))
+        TRY(eb_bind(b, NAME("mlp.experts.%d.up_proj.weight", e), I, H, &x->up))
+        TRY(eb_bind(b, NAME("mlp.experts.%d.down_proj.weight", e), H, I, &x->down))
+    }
+    return EB_OK;
+#undef NAME
+#undef TRY
+}
+
+/* The forward pass of one step. */
+static int forward(eb_step *s, int64_t first, int logits) {
+    int st = eb_block_embed(s);
+    for (int l = 0; l < s->m->cfg.num_layers && !st; l++) {
+        st = eb_block_mla_attention(s, l);
+        if (!st) st = s->m->layers[l].is_moe ? eb_block_moe(s, l) : eb_block_dense_ffn(s, l);
+    }
+    if (!st && logits) st = eb_block_logits(s, first);
+    return st;
+}
+
+const eb_family eb_family_deepseek_v3 = {"deepseek_v3", is_moe_layer, bind_model, bind_layer, forward};
