@@ -362,15 +362,9 @@ def yarn_rope(scaling: Any, dim: int, theta: float, max_pos: int, path: Path) ->
         raise CheckpointError(f"{where}: 'factor' = {scaling.get('factor')!r}, expected a number >= 1")
     mscale, mscale_all_dim = number("mscale", 0.0), number("mscale_all_dim", 0.0)
     beta_fast, beta_slow = number("beta_fast", 0.0) or 32.0, number("beta_slow", 0.0) or 1.0
-    original = scaling.get("original_max_position_embeddings")
-    yarn_factor = factor
-    if original is not None:
-        if isinstance(original, bool) or not isinstance(original, int) or original <= 0:
-            raise CheckpointError(f"{where}: 'original_max_position_embeddings' = {original!r}, expected a positive "
-                                  "integer")  # fmt: skip
-        yarn_factor = max_pos / original
-    else:
-        original = max_pos
+    original = scaling.get("original_max_position_embeddings") or max_pos
+    if isinstance(original, bool) or not isinstance(original, int) or original <= 0:
+        raise CheckpointError(f"{where}: 'original_max_position_embeddings' = {original!r}, expected a positive integer")
     truncate = scaling.get("truncate", True)
 
     def get_mscale(scale: float, m: float = 1.0) -> float:
@@ -379,9 +373,9 @@ def yarn_rope(scaling: Any, dim: int, theta: float, max_pos: int, path: Path) ->
     attention_factor = scaling.get("attention_factor")
     if attention_factor is None:
         if mscale and mscale_all_dim:
-            attention_factor = get_mscale(yarn_factor, mscale) / get_mscale(yarn_factor, mscale_all_dim)
+            attention_factor = get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
         else:
-            attention_factor = get_mscale(yarn_factor)
+            attention_factor = get_mscale(factor)
 
     def correction_dim(rotations: float) -> float:
         return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(theta))
@@ -394,7 +388,7 @@ def yarn_rope(scaling: Any, dim: int, theta: float, max_pos: int, path: Path) ->
         high += 0.001
     f32 = np.float32
     pos_freqs = f32(theta) ** (np.arange(0, dim, 2, dtype=f32) / f32(dim))
-    extrapolation, interpolation = f32(1.0) / pos_freqs, f32(1.0) / (f32(yarn_factor) * pos_freqs)
+    extrapolation, interpolation = f32(1.0) / pos_freqs, f32(1.0) / (f32(factor) * pos_freqs)
     ramp = np.clip((np.arange(dim // 2, dtype=f32) - f32(low)) / f32(high - low), 0, 1).astype(f32)
     keep = f32(1.0) - ramp
     inv_freq = interpolation * (f32(1.0) - keep) + extrapolation * keep

@@ -146,7 +146,7 @@ int eb_block_mla_attention(eb_step *s, int l) {
     if (qlr) { /* q through its low-rank bottleneck: q_a, its norm (into the second half of v), q_b */
         eb_rt_matmul first[2] = {product(s, &D->q_a, dc->xn, n, dc->v), product(s, &D->kv_a, dc->xn, n, dc->k)};
         OP(s, s->ops->matmul(s->rt, s->dev, &input, first, 2, 0, s->err, sizeof s->err));
-        eb_rt_norm q_norm = {dc->v, D->q_a_norm, dc->v + n * qlr, n, qlr, eps};
+        eb_rt_norm q_norm = {dc->v, D->q_a_norm, dc->v + n * qlr, n, qlr, 1e-6f}; /* transformers: always 1e-6 */
         eb_rt_matmul q = product(s, &D->q_b, dc->v + n * qlr, n, dc->q);
         OP(s, s->ops->matmul(s->rt, s->dev, &q_norm, &q, 1, 0, s->err, sizeof s->err));
     } else {
@@ -160,7 +160,7 @@ int eb_block_mla_attention(eb_step *s, int l) {
                     s->m->layers[l].v_b_head_rows, dc->rope_cos, dc->rope_sin,
                     dc->k_cache + (size_t)l * (size_t)s->c->n_ctx * (size_t)row, dc->ids, (int32_t)n, cf->num_heads,
                     cf->qk_nope_head_dim, cf->qk_rope_head_dim, cf->v_head_dim, cf->kv_lora_rank, s->c->n_ctx,
-                    cf->rope_interleave, eps, scale, dc->att};
+                    cf->rope_interleave, 1e-6f /* kv_a_layernorm's, as q_a_layernorm's */, scale, dc->att};
     OP(s, s->ops->mla(s->rt, s->dev, &at, s->err, sizeof s->err));
     eb_rt_matmul o = product(s, &D->o, dc->att, n, dc->x);
     OP(s, s->ops->matmul(s->rt, s->dev, NULL, &o, 1, 1, s->err, sizeof s->err));
