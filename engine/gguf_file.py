@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from . import formats
-from .checkpoint import Checkpoint, ModelConfig, TensorInfo
+from .checkpoint import Checkpoint, ModelConfig, TensorInfo, yarn_rope
 from .errors import CheckpointError, EngineError, UnsupportedError
 
 MAGIC = b"GGUF"
@@ -32,7 +32,8 @@ DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_DIM = 1 << 40  # as for safetensors (checkpoint.MAX_DIM): the core refuses more
 MAX_ARRAY = 1 << 24  # entries of one metadata array: a vocabulary has some 10**5; a damaged count is refused early
-ARCHITECTURES = {"qwen3moe": "qwen3_moe", "qwen3": "qwen3"}  # general.architecture -> ModelConfig.architecture
+# general.architecture -> ModelConfig.architecture
+ARCHITECTURES = {"qwen3moe": "qwen3_moe", "qwen3": "qwen3", "deepseek2": "deepseek_v3"}
 SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")  # llama.cpp's llama_split_path
 
 # GGUF value types (gguf.GGUFValueType): struct format of the scalars
@@ -66,6 +67,32 @@ LAYER_TENSORS = {
     "ffn_down.weight": "mlp.down_proj.weight",
 }
 MOE_LAYER_TENSORS = {"ffn_gate_inp.weight": "mlp.gate.weight"}
+# deepseek2 (llama.cpp's name for DeepSeek-V2/V3): MLA attention, the router's correction bias, shared experts. The
+# converter splits kv_b_proj into attn_k_b ([heads, kv_lora_rank, nope]: the key half transposed) and attn_v_b
+# ([heads, v, kv_lora_rank]); older files hold attn_kv_b whole. Their 3-D tensors are bound as 2-D (heads stacked).
+DEEPSEEK_LAYER_TENSORS = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q_a.weight": "self_attn.q_a_proj.weight",
+    "attn_q_a_norm.weight": "self_attn.q_a_layernorm.weight",
+    "attn_q_b.weight": "self_attn.q_b_proj.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",
+    "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight",
+    "attn_kv_b.weight": "self_attn.kv_b_proj.weight",
+    "attn_k_b.weight": "self_attn.k_b_proj.weight",
+    "attn_v_b.weight": "self_attn.v_b_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+    "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
+    "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight",
+}
+GATING_SIGMOID = 2  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
 EXPERT_TENSORS = {  # [cols, rows, experts] in GGUF order; expert E's slice is model.layers.N.mlp.experts.E.<proj>
     "ffn_gate_exps.weight": "gate_proj.weight",
     "ffn_up_exps.weight": "up_proj.weight",
@@ -498,6 +525,72 @@ def _unsupported_keys(m: _Meta, arch: str, head_dim: int) -> None:
         refuse(a + "expert_gating_func", gating, "1: softmax routing")
 
 
+def _deepseek2_config(m: _Meta, a: str, heads: int, layers: int) -> dict[str, Any]:
+    """A deepseek2 file's MLA, routing and RoPE keys as DeepseekV3Config's fields (llama.cpp writes them from the
+    config.json: conversion of DeepseekV2Model), each checked by its key."""
+    kw: dict[str, Any] = {}
+    gating = m.get(a + "expert_gating_func", "int", None)
+    if gating != GATING_SIGMOID:
+        found = "missing" if gating is None else f"{gating}"
+        m.fail(f"'{a}expert_gating_func' is {found}, expected {GATING_SIGMOID} (sigmoid, DeepSeek-V3): llama.cpp "
+               "reads a file without it as DeepSeek-V2's softmax routing, which the engine does not run",
+               UnsupportedError)  # fmt: skip
+    q_lora = m.get(a + "attention.q_lora_rank", "int", None)
+    kw["q_lora_rank"] = 0 if q_lora is None else m.count(a + "attention.q_lora_rank")
+    kw["kv_lora_rank"] = m.count(a + "attention.kv_lora_rank")
+    rope = m.count(a + "rope.dimension_count")
+    if rope % 2 or rope > 512:
+        m.fail(f"'{a}rope.dimension_count' = {rope}, expected an even number up to 512")
+    qk = m.count(a + "attention.key_length_mla")
+    if qk <= rope:
+        m.fail(f"'{a}attention.key_length_mla' = {qk}, expected more than '{a}rope.dimension_count' = {rope} "
+               "(the nope and rope parts of a query head)")  # fmt: skip
+    kw.update(qk_rope_head_dim=rope, qk_nope_head_dim=qk - rope, head_dim=rope, rope_dim=rope, rope_interleave=True)
+    kw["v_head_dim"] = m.count(a + "attention.value_length_mla")
+    experts = m.count(a + "expert_count")
+    n_group = m.count(a + "expert_group_count", 1)
+    topk_group = m.count(a + "expert_group_used_count", 1)
+    if experts % n_group:
+        m.fail(f"'{a}expert_count' = {experts} is not divisible by '{a}expert_group_count' = {n_group}")
+    if topk_group > n_group:
+        m.fail(f"'{a}expert_group_used_count' = {topk_group} is larger than '{a}expert_group_count' = {n_group}")
+    if n_group > 1 and experts // n_group < 2:
+        m.fail(f"'{a}expert_group_count' = {n_group} leaves {experts // n_group} expert per group, expected at least 2")
+    top_k = m.count(a + "expert_used_count")
+    if top_k > topk_group * (experts // n_group):
+        m.fail(f"'{a}expert_used_count' = {top_k}, expected at most {topk_group * (experts // n_group)} (the experts "
+               "of the groups kept)")  # fmt: skip
+    scale = m.number(a + "expert_weights_scale", 0.0, lambda v: 0 <= v < 1e6, "a number in 0..1e6")
+    kw.update(num_experts=experts, top_k=top_k, n_group=n_group, topk_group=topk_group,
+              routed_scaling_factor=scale or 1.0,  # llama.cpp: 0 (unset) scales nothing
+              norm_topk_prob=m.get(a + "expert_weights_norm", "bool", False),
+              moe_intermediate_size=m.count(a + "expert_feed_forward_length"),
+              n_shared_experts=m.count(a + "expert_shared_count", 0, lo=0),
+              first_k_dense_replace=m.count(a + "leading_dense_block_count", 0, lo=0))  # fmt: skip
+    if kw["first_k_dense_replace"] > layers:
+        m.fail(f"'{a}leading_dense_block_count' = {kw['first_k_dense_replace']}, expected 0..{layers}")
+    max_pos = m.count(a + "context_length")
+    theta = m.number(a + "rope.freq_base", 10000.0, lambda v: 1.0 <= v <= 1e12, "a number in 1..1e12")
+    kw["attention_scale"] = qk**-0.5
+    kind = m.get(a + "rope.scaling.type", "str", "none")
+    if kind == "yarn":  # as transformers reads the config.json it came from (mscale = mscale_all_dim, as in DeepSeek's)
+        mscale = m.number(a + "rope.scaling.yarn_log_multiplier", 0.0, lambda v: 0 <= v < 100, "a number in 0..100")
+        scaling = {
+            "type": "yarn",
+            "factor": m.number(a + "rope.scaling.factor", ..., lambda v: 1 <= v < 1e6, "a number >= 1"),
+            "original_max_position_embeddings": m.count(a + "rope.scaling.original_context_length", max_pos),
+            "beta_fast": m.number(a + "rope.scaling.yarn_beta_fast", 32.0, lambda v: v > 0, "a positive number"),
+            "beta_slow": m.number(a + "rope.scaling.yarn_beta_slow", 1.0, lambda v: v > 0, "a positive number"),
+        }
+        if mscale:
+            scaling["mscale"] = scaling["mscale_all_dim"] = mscale / 0.1
+        freq, factor, softmax = yarn_rope(scaling, rope, theta, max_pos, m.path)
+        kw.update(rope_inv_freq=freq, rope_attention_factor=factor, attention_scale=qk**-0.5 * softmax)
+    elif kind != "none":
+        m.fail(f"'{a}rope.scaling.type' = {kind!r} is not supported (expected 'yarn' or none)", UnsupportedError)
+    return kw
+
+
 def _layer_kinds(tensors: dict[str, RawTensor], n_layers: int, key: str, path: Path) -> tuple[set[int], bool]:
     """(the layers holding an expert router, whether the attention has biases), from the tensor names."""
     moe, bias = set(), False
@@ -531,9 +624,15 @@ def parse_config(parts: list[Part]) -> ModelConfig:
     heads = m.count(a + "attention.head_count")
     kv_heads = m.count(a + "attention.head_count_kv", heads)
     head_dim = m.count(a + "attention.key_length", hidden // heads if hidden % heads == 0 else ...)
+    kw: dict[str, Any] = {}
+    if arch == "deepseek_v3":  # one latent shared by every head: head_count_kv is 1, the lengths are MLA's
+        kv_heads = heads
+        kw = _deepseek2_config(m, a, heads, layers)
+        head_dim = kw.pop("head_dim")
     if heads % kv_heads:
         m.fail(f"'{a}attention.head_count' = {heads} is not a multiple of '{a}attention.head_count_kv' = {kv_heads}")
-    _unsupported_keys(m, arch_name, head_dim)
+    if arch != "deepseek_v3":
+        _unsupported_keys(m, arch_name, head_dim)
     embed = tensors.get("token_embd.weight")
     if embed is None or len(embed.ne) != 2:
         found = "missing" if embed is None else f"of dimensions {list(embed.ne)}"
@@ -543,7 +642,6 @@ def parse_config(parts: list[Part]) -> ModelConfig:
     if stated != vocab:
         m.fail(f"'{a}vocab_size' = {stated}, but token_embd.weight holds {vocab} tokens: expected them equal")
     moe_layers, bias = _layer_kinds(tensors, layers, f"'{a}block_count'", m.path)
-    kw: dict[str, Any] = {}
     intermediate = m.get(a + "feed_forward_length", "int", None)
     if arch == "qwen3_moe":
         experts = m.count(a + "expert_count")
@@ -557,6 +655,13 @@ def parse_config(parts: list[Part]) -> ModelConfig:
         # a layer without a router is dense (the engine runs those; llama.cpp's qwen3moe has none)
         kw["mlp_only_layers"] = tuple(i for i in range(layers) if i not in moe_layers)
         if intermediate is None and not kw["mlp_only_layers"]:
+            intermediate = kw["moe_intermediate_size"]  # unused: every layer is routed
+    elif arch == "deepseek_v3":
+        lead = kw["first_k_dense_replace"]
+        if moe_layers != set(range(lead, layers)):
+            m.fail(f"the layers with an expert router ({sorted(moe_layers)[:8]}...) are not layers {lead}.."
+                   f"{layers - 1}: expected every layer from '{a}leading_dense_block_count' = {lead} on")  # fmt: skip
+        if intermediate is None and lead == 0:
             intermediate = kw["moe_intermediate_size"]  # unused: every layer is routed
     elif moe_layers:
         m.fail(f"a {arch_name} (dense) file holds expert routers (blk.{min(moe_layers)}.ffn_gate_inp.weight): "
@@ -595,8 +700,11 @@ def parse_config(parts: list[Part]) -> ModelConfig:
 
 def map_tensors(parts: list[Part], config: ModelConfig) -> dict[str, TensorInfo]:
     """llama.cpp's names to the Hugging Face names; each merged expert tensor becomes one 2-D slice per expert."""
-    arch = "qwen3moe" if config.architecture == "qwen3_moe" else "qwen3"
-    layer_names = LAYER_TENSORS | (MOE_LAYER_TENSORS if arch == "qwen3moe" else {})
+    arch = {"qwen3_moe": "qwen3moe", "deepseek_v3": "deepseek2"}.get(config.architecture, "qwen3")
+    routed = arch != "qwen3"
+    layer_names = {"qwen3moe": LAYER_TENSORS | MOE_LAYER_TENSORS, "deepseek2": DEEPSEEK_LAYER_TENSORS}.get(
+        arch, LAYER_TENSORS
+    )
     out: dict[str, TensorInfo] = {}
     for part in parts:
         for t in part.tensors:
@@ -607,8 +715,10 @@ def map_tensors(parts: list[Part], config: ModelConfig) -> dict[str, TensorInfo]
                                                          t.offset, t.nbytes)  # fmt: skip
             elif layer and layer[2] in layer_names:
                 name = f"model.layers.{layer[1]}.{layer_names[layer[2]]}"
+                if layer[2] in ("attn_k_b.weight", "attn_v_b.weight") and len(t.ne) == 3:
+                    hf_shape = (t.ne[2] * t.ne[1], t.ne[0])  # the heads' matrices stacked: rows of one head follow
                 out[name] = TensorInfo(name, part.path, t.fmt.name, hf_shape, t.offset, t.nbytes)
-            elif layer and arch == "qwen3moe" and layer[2] in EXPERT_TENSORS:
+            elif layer and routed and layer[2] in EXPERT_TENSORS:
                 if len(t.ne) != 3 or t.ne[2] != config.num_experts:
                     raise CheckpointError(f"'{part.path}': tensor '{t.name}' has dimensions {list(t.ne)}, expected "
                                           f"[cols, rows, {config.num_experts}] (expert_count experts)")  # fmt: skip
@@ -620,7 +730,7 @@ def map_tensors(parts: list[Part], config: ModelConfig) -> dict[str, TensorInfo]
             else:
                 known = ", ".join(
                     [*GLOBAL_TENSORS, *(f"blk.N.{n}" for n in layer_names)]
-                    + ([f"blk.N.{n}" for n in EXPERT_TENSORS] if arch == "qwen3moe" else [])
+                    + ([f"blk.N.{n}" for n in EXPERT_TENSORS] if routed else [])
                 )
                 raise UnsupportedError(f"'{part.path}': tensor '{t.name}' is not part of a {arch} model the engine "
                                        f"runs (expected {known})")  # fmt: skip
