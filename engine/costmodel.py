@@ -50,6 +50,9 @@ class ModelShape:
     # per layer (0 for dense layers): quantized files store the layers' experts in different formats (a Q4_K_M's down
     # projections are Q6_K in some layers, Q4_K in others); empty when every layer's are expert_bytes
     layer_expert_bytes: tuple[int, ...] = ()
+    # the shared experts of one MoE layer (DeepSeek-V3): read on the primary every step, beside its routed experts
+    # and while the peers run theirs (the mean over the MoE layers; 0 without any)
+    shared_bytes: int = 0
 
     def bytes_of(self, layer: int) -> int:
         """The weights of one expert of this layer."""
@@ -72,18 +75,22 @@ class ModelShape:
         """From the tensor table (no engine needed): the bytes of every expert tensor, layer by layer."""
         cfg = checkpoint.config
         _require_moe(cfg)
-        per_layer = [0] * cfg.num_layers
+        per_layer, shared = [0] * cfg.num_layers, 0
         for name, t in checkpoint.tensors.items():
-            head, sep, rest = name.partition(".mlp.experts.")
-            if sep and head.startswith("model.layers."):
-                layer = int(head.rsplit(".", 1)[1])
-                if 0 <= layer < cfg.num_layers and cfg.is_moe_layer(layer):
-                    per_layer[layer] += t.nbytes
+            for part, kind in ((".mlp.experts.", "routed"), (".mlp.shared_experts.", "shared")):
+                head, sep, rest = name.partition(part)
+                if sep and head.startswith("model.layers."):
+                    layer = int(head.rsplit(".", 1)[1])
+                    if 0 <= layer < cfg.num_layers and cfg.is_moe_layer(layer):
+                        if kind == "routed":
+                            per_layer[layer] += t.nbytes
+                        else:
+                            shared += t.nbytes
         per_expert = [b // cfg.num_experts for b in per_layer]
         mean = sum(per_expert) // len(cfg.moe_layers)
         uniform = len({per_expert[layer] for layer in cfg.moe_layers}) == 1
         return cls(cfg.num_layers, tuple(cfg.moe_layers), cfg.num_experts, cfg.top_k, mean,
-                   () if uniform else tuple(per_expert))  # fmt: skip
+                   () if uniform else tuple(per_expert), shared // len(cfg.moe_layers))  # fmt: skip
 
     @classmethod
     def from_config(cls, config: ModelConfig, expert_bytes: int) -> ModelShape:
@@ -174,37 +181,45 @@ def layer_seconds(
 
 def layer_time(shape: ModelShape, picks: dict, distinct: dict, cal: Calibration, n: int, layer: int) -> float:
     devices = [d for d, m in picks.items() if m > 1e-12]
+    shared = shape.shared_bytes / cal.rate(cal.primary).bandwidth if shape.shared_bytes else 0.0
+    if shared and cal.primary not in devices:  # the primary runs the shared experts whatever it owns
+        devices.append(cal.primary)
+        picks, distinct = {**picks, cal.primary: 0.0}, {**distinct, cal.primary: 0.0}
     if n == 1 and len(devices) > 1 and math.comb(shape.top_k + len(devices) - 1, len(devices) - 1) <= 5000:
-        return _expected_max(shape, devices, picks, cal, shape.bytes_of(layer))
+        return _expected_max(shape, devices, picks, cal, shape.bytes_of(layer), shared)
     worst = 0.0
     for device in devices:
         rate = cal.rate(device)
         involved = 1.0 - max(0.0, 1.0 - picks[device] / shape.top_k) ** (shape.top_k * n)
         fixed = rate.dispatch_seconds + (rate.join_seconds if device != cal.primary else 0.0)
-        worst = max(worst, distinct[device] * shape.bytes_of(layer) / rate.bandwidth + involved * fixed)
+        own = shared if device == cal.primary else 0.0
+        worst = max(worst, distinct[device] * shape.bytes_of(layer) / rate.bandwidth + involved * fixed + own)
     return worst
 
 
-def _expected_max(shape: ModelShape, devices: list[str], picks: dict, cal: Calibration, expert_bytes: int) -> float:
+def _expected_max(shape: ModelShape, devices: list[str], picks: dict, cal: Calibration, expert_bytes: int,
+                  shared: float = 0.0) -> float:  # fmt: skip
     """E[max over devices] for one token whose top_k picks fall on the devices as a multinomial draw with the
-    devices' shares: the layer waits for whichever device got the most work this token, not the average."""
+    devices' shares: the layer waits for whichever device got the most work this token, not the average (the
+    primary's time includes its shared experts' seconds, picked or not)."""
     k = shape.top_k
     probs = [min(max(picks[d] / k, 0.0), 1.0) for d in devices]
     rates = [cal.rate(d) for d in devices]
     joins = [r.dispatch_seconds + (0.0 if d == cal.primary else r.join_seconds)
              for d, r in zip(devices, rates, strict=True)]  # fmt: skip
     per_expert = [expert_bytes / r.bandwidth for r in rates]
+    always = [shared if d == cal.primary else 0.0 for d in devices]
     total = 0.0
 
     def walk(i: int, left: int, prob: float, worst: float) -> None:
         nonlocal total
         if i == len(devices) - 1:
             c = left
-            t = c * per_expert[i] + joins[i] if c else 0.0
+            t = (c * per_expert[i] + joins[i] if c else 0.0) + always[i]
             total += prob * probs[i] ** c / math.factorial(c) * max(worst, t)
             return
         for c in range(left + 1):
-            t = c * per_expert[i] + joins[i] if c else 0.0
+            t = (c * per_expert[i] + joins[i] if c else 0.0) + always[i]
             walk(i + 1, left - c, prob * probs[i] ** c / math.factorial(c), max(worst, t))
 
     walk(0, k, float(math.factorial(k)), 0.0)
@@ -356,11 +371,14 @@ def calibrate(model, devices: list[str] | None = None, tokens: int = 32, repeats
         # bytes per token over the whole step stand for its bandwidth.
         rates[primary] = DeviceRate(model.info["bytes_per_token"] / a[1]["seconds"])
         expert_time = {n: a[n]["experts"][primary] * shape.expert_bytes / rates[primary].bandwidth for n in (1, 4)}
-    fixed = max(a[1]["seconds"] - expert_time[1], 0.0)
+    # the shared experts (read on the primary in every MoE layer) are part of the layers' time, not of fixed
+    shared_time = n_moe * shape.shared_bytes / rates[primary].bandwidth
+    fixed = max(a[1]["seconds"] - expert_time[1] - shared_time, 0.0)
     for d, m in b.items():
         k = layers[d]
         busy = {n: max(m[n]["busy"][d], 1e-9) for n in (1, 4)}
-        rest = expert_time[1] * (n_moe - k) / n_moe  # P's experts in the layers d did not hold
+        # P's experts and shared experts in the layers d did not hold (in its layers the shared ones overlap it)
+        rest = (expert_time[1] + shared_time) * (n_moe - k) / n_moe
         join = max((m[1]["seconds"] - fixed - rest - busy[1]) / k, 0.0)
         rates[d] = _rate(shape, {n: m[n]["experts"][d] for n in (1, 4)}, busy, join, k)
     measured = {"tokens": tokens, "repeats": repeats, "peer_layers": layers, "all_on_primary": a, "on_peer": b}

@@ -351,7 +351,11 @@ def to_ktransformers(placement: Placement, config: ModelConfig) -> EngineExport:
                                f"{n * len(moe)} most used overall (frequency, from a torch .pt of logical_count, "
                                f"which this export cannot write); the profile keeps {total} chosen ones")  # fmt: skip
     whole = [layer for layer, h in zip(moe, on_gpu, strict=True) if len(h) == config.num_experts]
-    if whole:  # its older YAML optimize rules place whole layers' experts, but not for this family on a GPU
+    if whole and config.architecture == "deepseek_v3":  # its DeepSeek YAML rules place whole layers' experts
+        notes.append(f"layers {', '.join(map(str, whole))} have every expert on the GPU: ktransformers' DeepSeek-V3 "
+                     "YAML optimize rules can also place them whole (a rule matching those layers' mlp.experts with "
+                     "KTransformersExperts, generate_op KExpertsMarlin)")  # fmt: skip
+    elif whole:  # its older YAML optimize rules place whole layers' experts, but not for this family on a GPU
         notes.append(f"layers {', '.join(map(str, whole))} have every expert on the GPU: ktransformers' YAML optimize "
                      "rules can place a whole layer's experts (KTransformersExperts with generate_op KExpertsMarlin, "
                      "DeepSeek's rules), but its Qwen3-MoE rules (KTransformersExpertsV2) run experts with "
