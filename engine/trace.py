@@ -15,7 +15,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 # the core's eb_span_kind, by value
-SPAN_KINDS = ("embed", "attention", "route", "experts", "stage", "join", "combine", "dense", "logits", "graph")
+SPAN_KINDS = (
+    "embed", "attention", "route", "experts", "stage", "join", "combine", "dense", "logits", "graph", "shared",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
