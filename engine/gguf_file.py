@@ -525,16 +525,20 @@ def _unsupported_keys(m: _Meta, arch: str, head_dim: int) -> None:
         refuse(a + "expert_gating_func", gating, "1: softmax routing")
 
 
-def _deepseek2_config(m: _Meta, a: str, heads: int, layers: int) -> dict[str, Any]:
+def _deepseek2_config(m: _Meta, a: str, heads: int, layers: int, tensors: dict[str, RawTensor]) -> dict[str, Any]:
     """A deepseek2 file's MLA, routing and RoPE keys as DeepseekV3Config's fields (llama.cpp writes them from the
     config.json: conversion of DeepseekV2Model), each checked by its key."""
     kw: dict[str, Any] = {}
     gating = m.get(a + "expert_gating_func", "int", None)
-    if gating != GATING_SIGMOID:
+    # The converter writes the key only when config.json names scoring_func, which transformers' DeepseekV3Config does
+    # not save; llama.cpp then reads softmax (DeepSeek-V2). A router correction bias (exp_probs_b) is V3's sigmoid
+    # routing whatever the key says, so a file holding it without the key is read as transformers runs its source.
+    biased = any(t.name.endswith(".exp_probs_b.bias") for t in tensors.values())
+    if gating != GATING_SIGMOID and not (gating is None and biased):
         found = "missing" if gating is None else f"{gating}"
-        m.fail(f"'{a}expert_gating_func' is {found}, expected {GATING_SIGMOID} (sigmoid, DeepSeek-V3): llama.cpp "
-               "reads a file without it as DeepSeek-V2's softmax routing, which the engine does not run",
-               UnsupportedError)  # fmt: skip
+        m.fail(f"'{a}expert_gating_func' is {found}, expected {GATING_SIGMOID} (sigmoid, DeepSeek-V3): a file with "
+               "neither it nor a router correction bias (blk.N.exp_probs_b.bias) is DeepSeek-V2's softmax routing, "
+               "which the engine does not run", UnsupportedError)  # fmt: skip
     q_lora = m.get(a + "attention.q_lora_rank", "int", None)
     kw["q_lora_rank"] = 0 if q_lora is None else m.count(a + "attention.q_lora_rank")
     kw["kv_lora_rank"] = m.count(a + "attention.kv_lora_rank")
@@ -627,7 +631,7 @@ def parse_config(parts: list[Part]) -> ModelConfig:
     kw: dict[str, Any] = {}
     if arch == "deepseek_v3":  # one latent shared by every head: head_count_kv is 1, the lengths are MLA's
         kv_heads = heads
-        kw = _deepseek2_config(m, a, heads, layers)
+        kw = _deepseek2_config(m, a, heads, layers, tensors)
         head_dim = kw.pop("head_dim")
     if heads % kv_heads:
         m.fail(f"'{a}attention.head_count' = {heads} is not a multiple of '{a}attention.head_count_kv' = {kv_heads}")
