@@ -562,6 +562,10 @@ class PlacementEditor(QWidget):
             description = f"{theme.kind_text(kind, long=True)} · {d.description}"
             if d.name == self.state.model.primary:
                 description += " · primary"
+                shape = self.state.model.shape
+                if shape is not None and shape.shared_bytes:  # DeepSeek's always-on experts never move
+                    total = shape.shared_bytes * len(shape.moe_layers)
+                    description += f" · shared experts of every MoE layer ({total / 2**20:.1f} MiB) pinned here"
             col = DeviceColumn(self.state, d.name, d.kind, description)
             self.columns[d.name] = col
             self.row.addWidget(col, 1)
