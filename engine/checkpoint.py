@@ -20,7 +20,11 @@ from typing import Any
 
 from .errors import CheckpointError, UnsupportedError
 
-ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe", "DeepseekV3ForCausalLM": "deepseek_v3"}
+ARCHITECTURES = {
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
+}
 MOE_ARCHITECTURES = ("qwen3_moe", "deepseek_v3")
 # Every dtype the safetensors format defines, with its element size, to check byte counts of any tensor.
 ALL_DTYPE_SIZES = {
@@ -254,8 +258,8 @@ def parse_config(raw: dict, path: Path) -> ModelConfig:
         intermediate_size=pos_int("intermediate_size"),
         num_layers=layers,
         num_heads=heads,
-        num_kv_heads=kw.pop("num_kv_heads") if "num_kv_heads" in kw else pos_int("num_key_value_heads", heads),
-        head_dim=kw.pop("head_dim") if "head_dim" in kw else pos_int("head_dim", hidden // heads if hidden % heads == 0 else ...),
+        num_kv_heads=kw.pop("num_kv_heads", None) or pos_int("num_key_value_heads", heads),
+        head_dim=kw.pop("head_dim", None) or pos_int("head_dim", hidden // heads if hidden % heads == 0 else ...),
         max_position_embeddings=pos_int("max_position_embeddings"),
         # a RoPE base below 1 or past f32's reach turns the rotation tables into inf and NaN; an epsilon of 1 or more
         # swamps the norm it guards: no real model has either
@@ -364,7 +368,9 @@ def yarn_rope(scaling: Any, dim: int, theta: float, max_pos: int, path: Path) ->
     beta_fast, beta_slow = number("beta_fast", 0.0) or 32.0, number("beta_slow", 0.0) or 1.0
     original = scaling.get("original_max_position_embeddings") or max_pos
     if isinstance(original, bool) or not isinstance(original, int) or original <= 0:
-        raise CheckpointError(f"{where}: 'original_max_position_embeddings' = {original!r}, expected a positive integer")
+        raise CheckpointError(
+            f"{where}: 'original_max_position_embeddings' = {original!r}, expected a positive integer"
+        )
     truncate = scaling.get("truncate", True)
 
     def get_mscale(scale: float, m: float = 1.0) -> float:

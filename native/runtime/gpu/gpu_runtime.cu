@@ -1912,6 +1912,7 @@ static const eb_rt_forward_ops gpu_forward_ops = {
     .attention = gpu_attention,
     .route = gpu_route,
     .moe = gpu_moe,
+    .mla = NULL, // MLA attention (DeepSeek-V3) runs on a CPU primary only, for now
 };
 
 static const eb_rt_graph_ops gpu_graph_ops = {
