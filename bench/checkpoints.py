@@ -66,9 +66,10 @@ def convert(src: Path, dst: Path, dtype: str) -> Path:
     return dst
 
 
-def demo_target(size: str, dtype: str) -> Path:
-    """The demo target of a size in bf16 (as built) or f32 (converted once, next to it in the cache)."""
-    target = ensure_demo_pair(size).target
+def demo_target(size: str, dtype: str, family: str | None = None) -> Path:
+    """The demo target of a size (and family: engine.demo's, the default one when None) in bf16 (as built) or f32
+    (converted once, next to it in the cache)."""
+    target = ensure_demo_pair(size, family=family).target
     if dtype == "bf16":
         return target
     return convert(target, target.parent / f"target-{dtype}", dtype)

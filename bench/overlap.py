@@ -10,6 +10,12 @@ Markdown table.
 
     python bench/overlap.py --primary hostsim:0 --peer cpu:0 --size default --threads 1
     python bench/overlap.py --primary cuda:0 --peer cpu:0 --size bench --json bench/results/overlap_cuda.json
+
+With --family deepseek (the DeepSeek-V3-shaped demo) the primary also runs each MoE layer's shared experts while the
+peer runs its branch: their span (t_shared) and how much of it falls inside the peer's branch (shared_overlap: the
+overlapped microseconds over t_shared) are reported too.
+
+    python bench/overlap.py --family deepseek --primary cpu:0 --peer cpu:1 --size bench --threads 1
 """
 
 from __future__ import annotations
@@ -42,6 +48,11 @@ def layer_steps(spans, primary: str, peer: str) -> list[dict]:
         d = steps.setdefault(key, {})
         if s.kind == "experts":
             d["t_main" if s.device == primary else "t_peer"] = s.duration_ns / 1000
+            if s.device != primary:
+                d["peer_span"] = (s.start_ns, s.end_ns)
+        elif s.kind == "shared":
+            d["t_shared"] = s.duration_ns / 1000
+            d["shared_span"] = (s.start_ns, s.end_ns)
         elif s.kind == "stage" and s.device == primary:
             d["from"] = s.end_ns
         elif s.kind == "join":
@@ -52,6 +63,9 @@ def layer_steps(spans, primary: str, peer: str) -> list[dict]:
     for d in steps.values():
         if {"t_main", "t_peer", "from", "to"} <= set(d):
             d["t_layer"] = (d.pop("to") - d.pop("from")) / 1000
+            peer, shared = d.pop("peer_span", None), d.pop("shared_span", None)
+            if peer and shared:  # the part of the shared experts' time the peer was running too
+                d["shared_overlap"] = max(0, min(peer[1], shared[1]) - max(peer[0], shared[0])) / 1000
             out.append(d)
     return out
 
@@ -63,9 +77,10 @@ def main() -> int:
     ap.add_argument("--peer", default="cpu:0")
     ap.add_argument("--tokens", type=at_least(2), default=48, help="decode steps per round")
     ap.add_argument("--rounds", type=at_least(1), default=4, help="pairs of rounds, trace off and on")
+    ap.add_argument("--family", default=None, help="the demo family (engine.demo's; default: its default one)")
     args = ap.parse_args()
 
-    pair = ensure_demo_pair(args.size)
+    pair = ensure_demo_pair(args.size, family=args.family)
     runtimes, cpu_devices = runtimes_for(args.primary, args.peer)
     with Engine(runtimes=runtimes, cpu_devices=cpu_devices, cpu_threads=args.threads) as eng:
         model = eng.load(pair.target, device=args.primary, weights=args.weights)
@@ -123,6 +138,8 @@ def main() -> int:
             "sum_main_peer": serial,
             "join": med("join"),
             "combine": med("combine"),
+            "t_shared": med("t_shared"),
+            "shared_overlap": med("shared_overlap"),
         },  # fmt: skip
         "layer_steps_shorter_than_the_sum": overlapped,
         "decode_tokens_per_second": {"trace_off": speeds["off"], "trace_on": speeds["on"]},
@@ -137,8 +154,11 @@ def main() -> int:
     for label, v in (("primary's own experts (t_main)", t_main), ("peer's branch (t_peer)", t_peer),
                      ("max(t_main, t_peer)", longest), ("t_main + t_peer", serial),
                      ("expert phase, read-back to join (t_layer)", t_layer), ("join wait", med("join")),
-                     ("combine (outputs sent, canonical sum)", med("combine"))):  # fmt: skip
-        print(f"| {label} | {v:.1f} |")
+                     ("combine (outputs sent, canonical sum)", med("combine")),
+                     ("primary's shared experts (t_shared)", med("t_shared")),
+                     ("of which the peer ran meanwhile", med("shared_overlap"))):  # fmt: skip
+        if v == v:  # not NaN: shared experts only where the model has them
+            print(f"| {label} | {v:.1f} |")
     print()
     print(f"t_layer / max = {t_layer / longest:.2f}, t_layer / sum = {t_layer / serial:.2f}; "
           f"{overlapped} of {len(steps)} steps shorter than the sum")  # fmt: skip

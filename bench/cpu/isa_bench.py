@@ -65,12 +65,14 @@ def ours(args) -> int:
 
 
 def convert(args) -> int:
-    """The bench demo target (safetensors, bf16) converted by llama.cpp's convert_hf_to_gguf.py in args.src to an F32
-    GGUF beside it (bench/vs_llamacpp.py's to_gguf, with its pre-tokenizer patch); prints its path."""
+    """The bench demo target (safetensors, bf16; of --family) converted by llama.cpp's convert_hf_to_gguf.py in
+    args.src to a GGUF of --outtype (f32 or bf16) beside it (bench/vs_llamacpp.py's to_gguf, with its pre-tokenizer
+    patch); prints its path."""
     from checkpoints import demo_target
     from vs_llamacpp import to_gguf
 
-    print(to_gguf(demo_target(args.size, "bf16"), "f32", python=Path(sys.executable), src=Path(args.src)))
+    target = demo_target(args.size, "bf16", args.family)
+    print(to_gguf(target, args.outtype, python=Path(sys.executable), src=Path(args.src)))
     return 0
 
 
@@ -223,6 +225,8 @@ def main() -> int:
     p = sub.add_parser("convert", help="the bench demo target as an F32 GGUF, by llama.cpp's converter")
     p.add_argument("--src", required=True, help="llama.cpp's source folder")
     p.add_argument("--size", default="bench")
+    p.add_argument("--family", default=None, help="the demo family (engine.demo's; default: its default one)")
+    p.add_argument("--outtype", choices=("f32", "bf16"), default="f32")
     args = ap.parse_args()
     return {"run": run, "ours": ours, "convert": convert}[args.what](args)
 

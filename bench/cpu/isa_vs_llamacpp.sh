@@ -13,6 +13,9 @@
 #      EXPERTBENCH_CPU_KERNELS=avx2) and f32, llama-bench -t 2 -p 128 -n 64 -r 3, each decode against a read of
 #      the memory on the same CPUs (bench/membw/readpass.c) just before and after; the table last
 #   OUT=/tmp/out bash bench/cpu/isa_vs_llamacpp.sh
+# FAMILY=deepseek: the DeepSeek-V3-shaped bench demo instead (demo-model --family deepseek; no GGUF demo files): its
+# safetensors converted by llama.cpp's converter to BF16 and F32 GGUFs, the F32 one quantized to Q4_K_M; measured:
+# BF16 and Q4_K_M.
 # Writes under $OUT: isa_vs_llamacpp.json, the table (isa_vs_llamacpp.md), build and run logs. A failed step is
 # reported and the others go on. CORES (default 0,1) and THREADS (default 2) choose the CPUs; JOBS (default nproc)
 # and NICE (default 0) the builds' parallelism and priority; WHEELS (default .whl) the wheels' folder; LLAMA_WAIT
@@ -25,6 +28,7 @@ JOBS=${JOBS:-$(nproc)}
 NICE=${NICE:-0}
 WHEELS=${WHEELS:-.whl}
 LLAMA_WAIT=${LLAMA_WAIT:-330}
+FAMILY=${FAMILY:-qwen3}
 LL=/tmp/ll
 mkdir -p "$OUT"
 start=$SECONDS
@@ -92,14 +96,24 @@ EXPERTBENCH_NO_GPU=1 nice -n "$NICE" python3 setup.py -q build_ext --inplace > "
 
 pids=()
 if [ "$built" = 1 ]; then
-    step "the demo files in the background: bench safetensors (then its F32 GGUF), GGUF q8_0, GGUF mxfp4"
-    (python3 -m engine demo-model --size bench > "$OUT/demo-bench.log" 2>&1 &&
-        python3 bench/cpu/isa_bench.py convert --src "$LL/llama.cpp" > "$OUT/convert.log" 2>&1) &
-    pids+=($!)
-    for q in q8_0 mxfp4; do
-        python3 -m engine demo-model --size bench --format gguf --quant "$q" > "$OUT/demo-$q.log" 2>&1 &
+    if [ "$FAMILY" = qwen3 ]; then
+        step "the demo files in the background: bench safetensors (then its F32 GGUF), GGUF q8_0, GGUF mxfp4"
+        (python3 -m engine demo-model --size bench > "$OUT/demo-bench.log" 2>&1 &&
+            python3 bench/cpu/isa_bench.py convert --src "$LL/llama.cpp" > "$OUT/convert.log" 2>&1) &
         pids+=($!)
-    done
+        for q in q8_0 mxfp4; do
+            python3 -m engine demo-model --size bench --format gguf --quant "$q" > "$OUT/demo-$q.log" 2>&1 &
+            pids+=($!)
+        done
+    else
+        step "the $FAMILY demo files in the background: bench safetensors, then its F32 and BF16 GGUFs"
+        (python3 -m engine demo-model --family "$FAMILY" --size bench > "$OUT/demo-bench.log" 2>&1 &&
+            python3 bench/cpu/isa_bench.py convert --family "$FAMILY" --src "$LL/llama.cpp" > "$OUT/convert.log" \
+                2>&1 &&
+            python3 bench/cpu/isa_bench.py convert --family "$FAMILY" --outtype bf16 --src "$LL/llama.cpp" \
+                > "$OUT/convert-bf16.log" 2>&1) &
+        pids+=($!)
+    fi
 fi
 
 step "native tests"
@@ -110,7 +124,7 @@ step "waiting for the demo files"
 for p in "${pids[@]}"; do
     wait "$p" || fail "a demo file or the F32 conversion (logs: $OUT/demo-*.log, convert.log)"
 done
-for log in demo-bench demo-q8_0 demo-mxfp4 convert; do
+for log in demo-bench demo-q8_0 demo-mxfp4 convert convert-bf16; do
     [ -f "$OUT/$log.log" ] && tail -3 "$OUT/$log.log" | sed "s/^/  $log: /"
 done
 
@@ -132,7 +146,11 @@ fi
 files=()
 gguf() { python3 -c "from engine.demo import demo_folder; print(demo_folder('bench', format='gguf', quant='$1') \
 / 'target.gguf')"; }
-f=$(gguf q8_0) && [ -f "$f" ] && files+=("Q8_0=$f")
+if [ "$FAMILY" = qwen3 ]; then
+    f=$(gguf q8_0) && [ -f "$f" ] && files+=("Q8_0=$f")
+else
+    f=$(tail -1 "$OUT/convert-bf16.log" 2>/dev/null) && [ -f "$f" ] && files+=("BF16=$f")
+fi
 f32=$(tail -1 "$OUT/convert.log" 2>/dev/null)
 if [ -x "$B/llama-quantize" ] && [ -f "$f32" ]; then
     step "llama-quantize $f32 -> Q4_K_M"
@@ -149,7 +167,7 @@ if [ -x "$B/llama-quantize" ] && [ -f "$f32" ]; then
 else
     fail "no Q4_K_M file: llama-quantize or the F32 GGUF is missing ($f32)"
 fi
-f=$(gguf mxfp4) && [ -f "$f" ] && files+=("MXFP4=$f")
+[ "$FAMILY" = qwen3 ] && f=$(gguf mxfp4) && [ -f "$f" ] && files+=("MXFP4=$f")
 
 step "measuring on CPUs $CORES, $THREADS threads: ${files[*]}"
 bench=()
