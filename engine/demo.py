@@ -22,8 +22,17 @@ MXFP4_MOE), norms and the expert router kept in F32, each MoE layer's experts me
 the tokenizer as tokenizer.ggml.* keys. Q8_0 and MXFP4 store rows in blocks of 32 values: every matrix width of a
 size must be a multiple of 32 (both sizes here are).
 
+A second family, `deepseek` (`expertbench demo-model --family deepseek`), is a DeepSeek-V3-shaped pair built the
+same way: the target a DeepseekV3ForCausalLM (MLA attention with q_lora_rank, grouped sigmoid routing with a router
+correction bias, one shared expert, a dense first layer, YaRN), the draft a DeepseekV3ForCausalLM whose every layer is
+dense. Each draft layer carries a target layer: its attention and norms as they are, and as its FFN the target's
+dense FFN (the first layer) or the shared expert and the base MLP side by side, the base MLP's down_proj scaled by
+routed_scaling_factor, which is what the MoE layer computes up to the experts' deviations (the router weights sum to
+routed_scaling_factor over the chosen experts). The DeepSeek pair is written as safetensors folders only.
+
 The files live in the user's cache folder ($XDG_CACHE_HOME or ~/.cache)/expertbench/: demo-<size>-v1/ holds
-target/, draft/ and manifest.json (the size and sha256 of every file, and the recipe they were built from);
+target/, draft/ and manifest.json (the size and sha256 of every file, and the recipe they were built from;
+demo-deepseek-<size>-v1/ for the DeepSeek pair);
 demo-<size>-gguf-<quant>-v1/ holds target.gguf, draft.gguf and its manifest.json. Each use checks that every file
 exists with its recorded size and that the recipe is current (cheap); `verify=True` (`expertbench demo-model
 --verify`) also re-hashes every byte. A pair that fails either check is rebuilt.
@@ -92,6 +101,108 @@ SIZES = {
 }  # fmt: skip
 
 
+@dataclass(frozen=True)
+class DeepSeekDemoSize:
+    """A size of the DeepSeek-V3-shaped pair (family 'deepseek'). The first first_k_dense_replace layers are dense,
+    with intermediate_size = moe_intermediate_size * (n_shared_experts + 1): the width of a draft layer, which holds
+    the shared expert and the base MLP side by side."""
+
+    name: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    draft_layers: int  # the draft carries this many of the target's layers, evenly spaced
+    num_experts: int  # n_routed_experts
+    top_k: int  # num_experts_per_tok
+    n_group: int
+    topk_group: int
+    moe_intermediate_size: int
+    num_heads: int
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    n_shared_experts: int = 1
+    first_k_dense_replace: int = 1
+    routed_scaling_factor: float = 2.5
+    max_position_embeddings: int = 4096
+    rope_theta: float = 10000.0
+    yarn_factor: float = 4.0  # rope_scaling: YaRN as DeepSeek-V3 has it, over original_max_position_embeddings
+    yarn_original_max_position_embeddings: int = 1024
+    router_bias_std: float = 0.1  # e_score_correction_bias: N(0, router_bias_std) (it only changes the choice)
+    expert_deviation: float = 0.033  # std of each expert's deviation from the base MLP, relative to INIT_STD
+    skipped_layer_scale: float = 0.018  # output scale (o_proj, the experts' down_proj) of the layers the draft skips
+    shard_bytes: int = 1 << 30
+    family: str = "deepseek"  # in the recipe, so that no manifest of one family passes for the other
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.moe_intermediate_size * (self.n_shared_experts + 1)
+
+
+DEEPSEEK_SIZES = {
+    # About 60 M parameters, like the Qwen3-MoE default.
+    "default": DeepSeekDemoSize("default", vocab_size=4096, hidden_size=512, num_layers=8, draft_layers=4,
+                                num_experts=16, top_k=4, n_group=4, topk_group=2, moe_intermediate_size=256,
+                                num_heads=8, q_lora_rank=256, kv_lora_rank=128, qk_nope_head_dim=64,
+                                qk_rope_head_dim=32, v_head_dim=64),
+    # About one billion parameters, the bytes of the Qwen3-MoE bench size, for benchmarks.
+    "bench": DeepSeekDemoSize("bench", vocab_size=32000, hidden_size=1024, num_layers=16, draft_layers=4,
+                              num_experts=32, top_k=4, n_group=8, topk_group=4, moe_intermediate_size=512,
+                              num_heads=16, q_lora_rank=512, kv_lora_rank=256, qk_nope_head_dim=64,
+                              qk_rope_head_dim=32, v_head_dim=64, expert_deviation=0.019,
+                              skipped_layer_scale=0.009, shard_bytes=512 << 20),
+}  # fmt: skip
+
+# The demo families: name -> the target and the draft in words (family_sizes() has their sizes). The default is the
+# Qwen3-MoE pair; a demo of another family is named 'family/size' where one string names a pair (demo_name()).
+FAMILIES = {
+    "qwen3": ("Qwen3-MoE", "dense Qwen3"),
+    "deepseek": ("DeepSeek-V3", "dense DeepSeek-V3"),
+}
+DEFAULT_FAMILY = "qwen3"
+FAMILY_FORMATS = {"qwen3": ("safetensors", "gguf"), "deepseek": ("safetensors",)}
+
+
+def family_sizes(family: str = DEFAULT_FAMILY) -> dict:
+    """The sizes of a demo family (ArgumentError naming the families for an unknown one)."""
+    check_family(family)
+    return SIZES if family == DEFAULT_FAMILY else DEEPSEEK_SIZES
+
+
+def check_family(family) -> str:
+    if family not in FAMILIES:
+        raise ArgumentError(f"demo model family {family!r:.80} is unknown: expected one of {', '.join(FAMILIES)}")
+    return family
+
+
+def demo_name(size: str, family: str = DEFAULT_FAMILY) -> str:
+    """One string naming a demo pair: its size for the default family ('bench'), else 'family/size'
+    ('deepseek/bench'). ensure_demo_pair() takes it as its size."""
+    return size if family == DEFAULT_FAMILY else f"{family}/{size}"
+
+
+def split_demo(name: str, family: str | None = None) -> tuple[str, str]:
+    """(family, size) of a demo name ('bench', 'deepseek/bench'), the family given apart or the default; an unknown
+    family or size, or a name whose family is not the one given, is an ArgumentError naming the accepted ones."""
+    named, sep, size = name.rpartition("/") if isinstance(name, str) else ("", "", name)
+    if sep:
+        check_family(named)
+        if family is not None and family != named:
+            raise ArgumentError(f"demo {name!r:.80} is of family {named!r}, not {family!r}")
+        family = named
+    family = check_family(DEFAULT_FAMILY if family is None else family)
+    sizes = family_sizes(family)
+    if size not in sizes:
+        raise ArgumentError(f"demo model size {size!r:.80} is unknown: expected one of {', '.join(sizes)}")
+    return family, size
+
+
+def spec_family(spec) -> str:
+    return getattr(spec, "family", DEFAULT_FAMILY)
+
+
 # The demo pair's file formats, and the GGUF quantizations: quant -> (llama.cpp's general.file_type, the experts'
 # format, every other matrix's format). Norms and the router stay F32, as llama.cpp keeps them.
 DEMO_FORMATS = ("safetensors", "gguf")
@@ -112,6 +223,7 @@ class DemoPair:
     reason: str  # why it was built ("missing", "damaged: ..."), or "" when found intact
     format: str = "safetensors"
     quant: str | None = None  # the GGUF quantization (QUANTS), None for safetensors
+    family: str = DEFAULT_FAMILY  # FAMILIES
 
 
 def is_synthetic(checkpoint) -> bool:
@@ -125,7 +237,7 @@ def cache_root() -> Path:
     return (Path(base) if base else Path.home() / ".cache") / "expertbench"
 
 
-def recipe(size: DemoSize, format: str = "safetensors", quant: str | None = None) -> dict:
+def recipe(size: DemoSize | DeepSeekDemoSize, format: str = "safetensors", quant: str | None = None) -> dict:
     """Everything the files depend on: a manifest with another recipe is rebuilt."""
     out = {"format": FORMAT_VERSION, "seed": SEED, "init_std": INIT_STD, "norm_std": NORM_STD, **asdict(size)}
     if format == "gguf":
@@ -133,11 +245,16 @@ def recipe(size: DemoSize, format: str = "safetensors", quant: str | None = None
     return out
 
 
-def check_format(format: str = "safetensors", quant: str | None = None) -> str | None:
+def check_format(format: str = "safetensors", quant: str | None = None, family: str = DEFAULT_FAMILY) -> str | None:
     """The quantization a demo format takes (the default one for GGUF); ArgumentError for an unknown format or
-    quantization, or a quantization given for safetensors."""
+    quantization, a quantization given for safetensors, or a format the family is not written in."""
     if format not in DEMO_FORMATS:
         raise ArgumentError(f"demo model format {format!r:.80} is unknown: expected one of {', '.join(DEMO_FORMATS)}")
+    if format not in FAMILY_FORMATS[check_family(family)]:
+        said = {"safetensors": "safetensors folders", "gguf": "GGUF files"}
+        raise ArgumentError(f"the {FAMILIES[family][0]} demo (family {family!r}) is written as "
+                            f"{' or '.join(said[f] for f in FAMILY_FORMATS[family])} only, not as "
+                            f"{said[format]}")  # fmt: skip
     if format == "safetensors":
         if quant is not None:
             raise ArgumentError(f"demo quantization {quant!r:.80}: only the GGUF demo is quantized (format 'gguf'); "
@@ -161,12 +278,14 @@ def quant_formats(quant: str | None, role: str = "target") -> str:
 
 
 def demo_folder(size: str = "default", cache_dir: str | os.PathLike | None = None, format: str = "safetensors",
-                quant: str | None = None) -> Path:  # fmt: skip
-    if size not in SIZES:
-        raise ArgumentError(f"demo model size {size!r} is unknown: expected one of {', '.join(SIZES)}")
-    quant = check_format(format, quant)
+                quant: str | None = None, family: str | None = None) -> Path:  # fmt: skip
+    """The cache folder of a demo pair: demo-<size>[-gguf-<quant>]-v1, demo-<family>-<size>-v1 for another family than
+    the default. size may name the family too ('deepseek/bench', demo_name())."""
+    family, size = split_demo(size, family)
+    quant = check_format(format, quant, family)
     kind = "" if format == "safetensors" else f"-gguf-{quant}"
-    return (Path(cache_dir) if cache_dir is not None else cache_root()) / f"demo-{size}{kind}-v{FORMAT_VERSION}"
+    prefix = "" if family == DEFAULT_FAMILY else f"{family}-"
+    return (Path(cache_dir) if cache_dir is not None else cache_root()) / f"demo-{prefix}{size}{kind}-v{FORMAT_VERSION}"
 
 
 def ensure_demo_pair(
@@ -177,6 +296,7 @@ def ensure_demo_pair(
     on_build: Callable[[str], None] | None = None,
     format: str = "safetensors",
     quant: str | None = None,
+    family: str | None = None,
 ) -> DemoPair:
     """The demo pair of this size, built into the cache when missing, damaged or from an older recipe.
 
@@ -184,10 +304,13 @@ def ensure_demo_pair(
     on_build(reason) is called before a build starts (to tell the user why this takes a moment).
     format: "safetensors" (model folders, bf16) or "gguf" (GGUF files quantized as `quant`: "q8_0", the default,
     or "mxfp4"); each format and quantization is a cache entry of its own.
+    family: FAMILIES ("qwen3", the default, or "deepseek", safetensors only); size may name it instead
+    ("deepseek/bench", demo_name()).
     """
-    quant = check_format(format, quant)
-    folder = demo_folder(size, cache_dir, format, quant)
-    spec = SIZES[size]
+    family, size = split_demo(size, family)
+    quant = check_format(format, quant, family)
+    folder = demo_folder(size, cache_dir, format, quant, family)
+    spec = family_sizes(family)[size]
     if format == "gguf":
         check_block_widths(spec, quant)
     try:
@@ -201,7 +324,7 @@ def ensure_demo_pair(
                 on_build(reason)
             build_pair(folder, spec, format, quant)
         names = ("target", "draft") if format == "safetensors" else ("target.gguf", "draft.gguf")
-        return DemoPair(folder / names[0], folder / names[1], size, bool(reason), reason, format, quant)
+        return DemoPair(folder / names[0], folder / names[1], size, bool(reason), reason, format, quant, family)
 
 
 def check_pair(folder: Path, spec: DemoSize, full: bool = False, format: str = "safetensors",
@@ -238,7 +361,7 @@ def check_pair(folder: Path, spec: DemoSize, full: bool = False, format: str = "
 
 def build_pair(folder: Path, spec: DemoSize, format: str = "safetensors", quant: str | None = None) -> None:
     """Write the pair into a fresh sibling folder, then swap it in, so a crash never leaves a half-built pair."""
-    quant = check_format(format, quant)
+    quant = check_format(format, quant, spec_family(spec))
     tmp = folder.with_name(f"{folder.name}.building-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -268,7 +391,10 @@ def build_pair(folder: Path, spec: DemoSize, format: str = "safetensors", quant:
 
 
 def model_config(spec: DemoSize, role: str, eos_id: int) -> dict:
-    """config.json as transformers writes it for Qwen3MoeForCausalLM (target) / Qwen3ForCausalLM (draft)."""
+    """config.json as transformers writes it for Qwen3MoeForCausalLM (target) / Qwen3ForCausalLM (draft); for a
+    DeepSeek size, deepseek_config()'s."""
+    if isinstance(spec, DeepSeekDemoSize):
+        return deepseek_config(spec, role, eos_id)
     common = {
         "attention_bias": False,
         "attention_dropout": 0.0,
@@ -317,7 +443,10 @@ Tensor = tuple[str, tuple[int, ...], Callable[[], np.ndarray]]
 
 def model_tensors(spec: DemoSize, role: str) -> Iterator[Tensor]:
     """The tensors of the target or the draft, in file order. Values depend only on (SEED, key), so the draft's
-    copy of a target tensor is bit-identical to it."""
+    copy of a target tensor is bit-identical to it. For a DeepSeek size, deepseek_tensors()'s."""
+    if isinstance(spec, DeepSeekDemoSize):
+        yield from deepseek_tensors(spec, role)
+        return
     H, inter, hd = spec.hidden_size, spec.moe_intermediate_size, spec.head_dim
     yield "model.embed_tokens.weight", (spec.vocab_size, H), lambda: _normal("embed", (spec.vocab_size, H))
     carried = draft_layer_map(spec)
@@ -349,6 +478,140 @@ def model_tensors(spec: DemoSize, role: str) -> Iterator[Tensor]:
     yield "lm_head.weight", (spec.vocab_size, H), lambda: _normal("lm_head", (spec.vocab_size, H))
 
 
+# ---- the DeepSeek-V3 pair ------------------------------------------------------------------------------------
+
+
+def deepseek_config(spec: DeepSeekDemoSize, role: str, eos_id: int) -> dict:
+    """config.json of the DeepSeek pair: DeepseekV3Config's keys as transformers saves them, with DeepSeek's own
+    scoring_func and topk_method beside them (as DeepSeek-V3's config.json has them). The draft is the same model
+    with fewer layers, every one of them dense (first_k_dense_replace = num_hidden_layers)."""
+    layers = spec.num_layers if role == "target" else spec.draft_layers
+    qk = spec.qk_nope_head_dim + spec.qk_rope_head_dim
+    return {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": eos_id,
+        "eos_token_id": eos_id,
+        "first_k_dense_replace": spec.first_k_dense_replace if role == "target" else layers,
+        "head_dim": spec.qk_rope_head_dim,
+        "hidden_act": "silu",
+        "hidden_size": spec.hidden_size,
+        "initializer_range": INIT_STD,
+        "intermediate_size": spec.intermediate_size,
+        "kv_lora_rank": spec.kv_lora_rank,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "moe_intermediate_size": spec.moe_intermediate_size,
+        "n_group": spec.n_group,
+        "n_routed_experts": spec.num_experts,
+        "n_shared_experts": spec.n_shared_experts,
+        "norm_topk_prob": True,
+        "num_attention_heads": spec.num_heads,
+        "num_experts_per_tok": spec.top_k,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": spec.num_heads,
+        "q_lora_rank": spec.q_lora_rank,
+        "qk_head_dim": qk,
+        "qk_nope_head_dim": spec.qk_nope_head_dim,
+        "qk_rope_head_dim": spec.qk_rope_head_dim,
+        "rms_norm_eps": 1e-06,
+        "rope_interleave": True,
+        "rope_scaling": {
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "factor": spec.yarn_factor,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+            "original_max_position_embeddings": spec.yarn_original_max_position_embeddings,
+            "rope_type": "yarn",
+            "type": "yarn",
+        },
+        "rope_theta": spec.rope_theta,
+        "routed_scaling_factor": spec.routed_scaling_factor,
+        "scoring_func": "sigmoid",
+        "tie_word_embeddings": False,
+        "topk_group": spec.topk_group,
+        "topk_method": "noaux_tc",
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "v_head_dim": spec.v_head_dim,
+        "vocab_size": spec.vocab_size,
+        "expertbench_synthetic": True,
+        "expertbench_demo": {"family": spec.family, "size": spec.name, "role": role, "format": FORMAT_VERSION},
+    }
+
+
+def deepseek_tensors(spec: DeepSeekDemoSize, role: str) -> Iterator[Tensor]:
+    """The DeepSeek pair's tensors under transformers' DeepseekV3ForCausalLM names, in file order. Every routed
+    expert is the layer's base MLP plus a small deviation; a draft layer holds its target layer's attention and norms
+    as they are and, as its dense FFN, the target's dense FFN or [shared expert | base MLP] (gate and up rows stacked,
+    down columns side by side, the base's down_proj times routed_scaling_factor)."""
+    H, inter, heads = spec.hidden_size, spec.moe_intermediate_size, spec.num_heads
+    qk, rope = spec.qk_nope_head_dim + spec.qk_rope_head_dim, spec.qk_rope_head_dim
+    shared = inter * spec.n_shared_experts
+    yield "model.embed_tokens.weight", (spec.vocab_size, H), lambda: _normal("ds.embed", (spec.vocab_size, H))
+    carried = draft_layer_map(spec)
+    layers = range(spec.num_layers) if role == "target" else carried
+    for out_index, t in enumerate(layers):
+        p, k = f"model.layers.{t if role == 'target' else out_index}.", f"ds.{t}"
+        scale = spec.skipped_layer_scale if role == "target" and t not in carried else 1.0
+        for norm, n in (("input_layernorm", H), ("post_attention_layernorm", H),
+                        ("self_attn.q_a_layernorm", spec.q_lora_rank),
+                        ("self_attn.kv_a_layernorm", spec.kv_lora_rank)):  # fmt: skip
+            yield p + norm + ".weight", (n,), _norm_weight(f"{k}.{norm}", n)
+        attention = {
+            "q_a_proj": ((spec.q_lora_rank, H), 1.0),
+            "q_b_proj": ((heads * qk, spec.q_lora_rank), 1.0),
+            "kv_a_proj_with_mqa": ((spec.kv_lora_rank + rope, H), 1.0),
+            "kv_b_proj": ((heads * (spec.qk_nope_head_dim + spec.v_head_dim), spec.kv_lora_rank), 1.0),
+            "o_proj": ((H, heads * spec.v_head_dim), scale),
+        }
+        for proj, (shape, s) in attention.items():
+            yield p + f"self_attn.{proj}.weight", shape, _matrix(f"{k}.{proj}", shape, s)
+        dense = t < spec.first_k_dense_replace
+        if dense or role == "draft":
+            I = spec.intermediate_size  # noqa: E741
+            for proj, shape in (("gate_proj", (I, H)), ("up_proj", (I, H)), ("down_proj", (H, I))):
+                if dense:
+                    make = _matrix(f"{k}.dense.{proj}", shape, scale if proj == "down_proj" else 1.0)
+                else:
+                    make = _shared_and_base(k, proj, shared, inter, H, spec.routed_scaling_factor)
+                yield p + f"mlp.{proj}.weight", shape, make
+            continue
+        E = spec.num_experts
+        yield p + "mlp.gate.weight", (E, H), _matrix(f"{k}.router", (E, H))
+        yield p + "mlp.gate.e_score_correction_bias", (E,), _vector(f"{k}.router_bias", E, spec.router_bias_std)
+        shapes = {"gate_proj": (inter, H), "up_proj": (inter, H), "down_proj": (H, inter)}
+        for e in range(E):
+            for proj, shape in shapes.items():
+                out_scale = scale if proj == "down_proj" else 1.0
+                yield p + f"mlp.experts.{e}.{proj}.weight", shape, _expert(k, e, proj, shape, spec.expert_deviation,
+                                                                           out_scale)  # fmt: skip
+        for proj in shapes:
+            shape, s = ((shared, H), 1.0) if proj != "down_proj" else ((H, shared), scale)
+            yield p + f"mlp.shared_experts.{proj}.weight", shape, _matrix(f"{k}.shared.{proj}", shape, s)
+    yield "model.norm.weight", (H,), _norm_weight("ds.final_norm", H)
+    yield "lm_head.weight", (spec.vocab_size, H), lambda: _normal("ds.lm_head", (spec.vocab_size, H))
+
+
+def _vector(key: str, n: int, std: float) -> Callable[[], np.ndarray]:
+    return lambda: _normal(key, (n,), std)
+
+
+def _shared_and_base(k: str, proj: str, shared: int, inter: int, H: int, routed_scale: float):
+    """A draft FFN matrix standing for a target MoE layer: the shared expert's and the base MLP's side by side."""
+
+    def make() -> np.ndarray:
+        if proj == "down_proj":
+            base = _normal(f"{k}.base.{proj}", (H, inter))
+            base *= np.float32(routed_scale)
+            return np.concatenate([_normal(f"{k}.shared.{proj}", (H, shared)), base], axis=1)
+        return np.concatenate([_normal(f"{k}.shared.{proj}", (shared, H)), _normal(f"{k}.base.{proj}", (inter, H))])
+
+    return make
+
+
 def _rng(key: str) -> np.random.Generator:
     digest = hashlib.sha256(key.encode()).digest()
     return np.random.default_rng([SEED, int.from_bytes(digest[:8], "little")])
@@ -373,7 +636,9 @@ def _norm_weight(key: str, n: int) -> Callable[[], np.ndarray]:
     return make
 
 
-def _expert(layer: int, expert: int, proj: str, shape, deviation: float, scale: float) -> Callable[[], np.ndarray]:
+def _expert(
+    layer: int | str, expert: int, proj: str, shape, deviation: float, scale: float
+) -> Callable[[], np.ndarray]:
     def make() -> np.ndarray:
         w = _normal(f"{layer}.base.{proj}", shape)
         w += _normal(f"{layer}.expert.{expert}.{proj}", shape, INIT_STD * deviation)
