@@ -13,7 +13,18 @@ import sys
 import time
 from pathlib import Path
 
-from .demo import DEMO_FORMATS, DEMO_PROMPTS, QUANTS, SIZES, check_format, ensure_demo_pair, is_synthetic, quant_formats
+from .demo import (
+    DEFAULT_FAMILY,
+    DEMO_FORMATS,
+    DEMO_PROMPTS,
+    FAMILIES,
+    QUANTS,
+    SIZES,
+    check_format,
+    ensure_demo_pair,
+    is_synthetic,
+    quant_formats,
+)
 from .errors import EngineError
 from .export import add_import_parser
 from .export import add_parser as add_export_parser
@@ -109,7 +120,8 @@ def _check_run_args(args) -> None:
     for p in args.prompt or ():
         if not p:
             raise EngineError("--prompt '' is empty: give some text")
-    demo = [f"--{k.replace('_', '-')}" for k in ("demo_size", "demo_format", "demo_quant") if getattr(args, k)]
+    demo = [f"--{k.replace('_', '-')}" for k in ("demo_family", "demo_size", "demo_format", "demo_quant")
+            if getattr(args, k)]  # fmt: skip
     if args.model is not None and demo:
         raise EngineError(f"{' and '.join(demo)}: choose the demo pair, which runs only without --model")
     if args.demo_quant is not None and args.demo_format != "gguf":
@@ -127,10 +139,11 @@ def cmd_run(args) -> int:
     target_dir, draft_dir = args.model, args.draft
     if target_dir is None:
         size = args.demo_size or "default"
+        family = args.demo_family or DEFAULT_FAMILY
         fmt = args.demo_format or "safetensors"
-        quant = check_format(fmt, args.demo_quant)
-        what = _demo_name(size, fmt, quant)
-        pair = ensure_demo_pair(size, format=fmt, quant=quant, on_build=lambda why: _tell(
+        quant = check_format(fmt, args.demo_quant, family)
+        what = _demo_name(size, fmt, quant, family)
+        pair = ensure_demo_pair(size, format=fmt, quant=quant, family=family, on_build=lambda why: _tell(
             f"building the synthetic demo model pair ({what}; {why}), once..."))  # fmt: skip
         target_dir = pair.target
         if draft_dir is None and not args.no_draft:
@@ -141,7 +154,7 @@ def cmd_run(args) -> int:
         draft = None
         if draft_dir is not None:
             draft = eng.load(draft_dir, device=args.draft_device or args.device, weights=args.weights)
-        if draft is not None and draft.config.num_experts > 0:
+        if draft is not None and draft.config.moe_layers:  # (the DeepSeek demo's draft has experts, but no MoE layer)
             draft.set_placement(f"*={draft.device}")  # a GPU primary's experts start in host memory
         placement = args.placement
         if placement is None and target.config.num_experts > 0:
@@ -292,30 +305,32 @@ def _print_table(report: dict, result: RunResult, n_prompts: int) -> None:
         print(f"{i:>2}  {p['prompt_tokens']:>6}  {p['output_sha256'][:16]}  {text!r}")
 
 
-def _demo_name(size: str, fmt: str, quant: str | None) -> str:
-    return size if fmt == "safetensors" else f"{size}, GGUF {quant}"
+def _demo_name(size: str, fmt: str, quant: str | None, family: str = DEFAULT_FAMILY) -> str:
+    name = size if family == DEFAULT_FAMILY else f"{FAMILIES[family][0]} {size}"
+    return name if fmt == "safetensors" else f"{name}, GGUF {quant}"
 
 
 def cmd_demo_model(args) -> int:
     if args.quant is not None and args.format != "gguf":
         raise EngineError(f"--quant {args.quant}: only the GGUF demo is quantized (add --format gguf)")
-    quant = check_format(args.format, args.quant)
-    what = _demo_name(args.size, args.format, quant)
+    quant = check_format(args.format, args.quant, args.family)
+    what = _demo_name(args.size, args.format, quant, args.family)
     t0 = time.perf_counter()
     pair = ensure_demo_pair(args.size, verify=args.verify, rebuild=args.rebuild, format=args.format, quant=quant,
-                            on_build=lambda why: _tell(f"building the synthetic demo model pair ({what}; "
-                                                       f"{why})..."))  # fmt: skip
+                            family=args.family, on_build=lambda why: _tell(
+                                f"building the synthetic demo model pair ({what}; {why})..."))  # fmt: skip
     seconds = time.perf_counter() - t0
-    report = {"size": pair.size, "format": pair.format, "quant": pair.quant, "target": str(pair.target),
-              "draft": str(pair.draft), "synthetic": True, "built": pair.built, "reason": pair.reason,
-              "checked": "sha256" if args.verify else "sizes", "seconds": seconds}  # fmt: skip
+    report = {"family": pair.family, "size": pair.size, "format": pair.format, "quant": pair.quant,
+              "target": str(pair.target), "draft": str(pair.draft), "synthetic": True, "built": pair.built,
+              "reason": pair.reason, "checked": "sha256" if args.verify else "sizes", "seconds": seconds}  # fmt: skip
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
     state = f"built in {seconds:.1f} s ({pair.reason})" if pair.built else f"intact ({report['checked']} checked)"
+    target_kind, draft_kind = FAMILIES[pair.family]
     print(f"demo model pair '{what}' ({SYNTHETIC_NOTE}): {state}")
-    print(f"target    {pair.target}  (Qwen3-MoE, {quant_formats(quant)})")
-    print(f"draft     {pair.draft}  (dense Qwen3, {quant_formats(quant, 'draft')})")
+    print(f"target    {pair.target}  ({target_kind}, {quant_formats(quant)})")
+    print(f"draft     {pair.draft}  ({draft_kind}, {quant_formats(quant, 'draft')})")
     return 0
 
 
@@ -351,8 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         help="decode runs: tokens/s, draft acceptance and output hashes",
         description="Greedy decode runs over prompts, with a draft model (speculative decoding) or without. "
-        "With no --model, runs the built-in synthetic demo pair (see 'expertbench demo-model'; --demo-size, "
-        "--demo-format and --demo-quant choose which).",
+        "With no --model, runs the built-in synthetic demo pair (see 'expertbench demo-model'; --demo-family, "
+        "--demo-size, --demo-format and --demo-quant choose which).",
     )
     run.add_argument("--model", metavar="PATH",
                      help="Hugging Face model folder or GGUF file (default: the synthetic demo target)")  # fmt: skip
@@ -388,6 +403,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "auto: copied where huge pages are enabled and the files take at most half of the memory "
                      "available (default)")  # fmt: skip
     run.add_argument("--draft-device", help="the draft's device (default: --device)")
+    run.add_argument("--demo-family", choices=tuple(FAMILIES),
+                     help="which demo pair to use when no --model is given: qwen3 (Qwen3-MoE target, dense Qwen3 "
+                          "draft; default) or deepseek (DeepSeek-V3 target, dense DeepSeek-V3 draft; safetensors "
+                          "only)")  # fmt: skip
     run.add_argument("--demo-size", choices=sorted(SIZES),
                      help="which demo pair to use when no --model is given (default: default)")  # fmt: skip
     run.add_argument(
@@ -413,8 +432,13 @@ def build_parser() -> argparse.ArgumentParser:
         "the same weights as GGUF files, quantized as llama.cpp quantizes them (--quant q8_0: every matrix Q8_0; "
         "mxfp4: MXFP4 experts and Q8_0 elsewhere, llama.cpp's MXFP4_MOE; norms and the router F32), a cache entry "
         "of its own per quantization; run it with 'expertbench run --demo-format gguf --demo-quant Q'. The 4-bit "
-        "experts stray further from the Q8_0 draft: the mxfp4 pair accepts fewer draft tokens.",
+        "experts stray further from the Q8_0 draft: the mxfp4 pair accepts fewer draft tokens. --family deepseek "
+        "writes a DeepSeek-V3-shaped pair instead (MLA attention, grouped sigmoid routing, a shared expert, a dense "
+        "first layer, YaRN; its draft a DeepSeek-V3 of dense layers), as safetensors folders.",
     )
+    demo.add_argument("--family", default=DEFAULT_FAMILY, choices=tuple(FAMILIES),
+                      help="qwen3: a Qwen3-MoE target and a dense Qwen3 draft (default); deepseek: a DeepSeek-V3 "
+                           "target (DeepseekV3ForCausalLM) and a dense DeepSeek-V3 draft")  # fmt: skip
     demo.add_argument("--size", default="default", choices=sorted(SIZES),
                       help="default (about 60 M parameters) or bench (about 1 B)")  # fmt: skip
     demo.add_argument("--format", default="safetensors", choices=DEMO_FORMATS,
