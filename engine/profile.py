@@ -1,6 +1,6 @@
 """Profiles: a tuned placement with everything needed to replay it and to guard it (profiles/README.md).
 
-A profile is a versioned YAML file: the model (a folder, a GGUF file or a demo size, with a content fingerprint), an
+A profile is a versioned YAML file: the model (a folder, a GGUF file or a demo pair, with a content fingerprint), an
 optional draft, the devices it needs, the primary device, the placement (an owner per MoE layer with per-expert
 exceptions), run settings, expectations (output hash per prompt, minimum acceptance, minimum speed as a ratio
 to a baseline profile) and optionally routing statistics.
@@ -39,8 +39,9 @@ from .speculative import MAX_DRAFT_TOKENS
 
 # A profile is written in the oldest format version that says all it holds, so an older expertbench still reads
 # it; a version newer than the reader's is refused, never read as something else.
-FORMAT_VERSION = 2  # the newest format this reads and writes
+FORMAT_VERSION = 3  # the newest format this reads and writes
 DEMO_FORMAT_VERSION = 2  # added the demo's `format` and `quant` (model, draft): the demo pair as GGUF files
+FAMILY_FORMAT_VERSION = 3  # added the demo's `family` (model, draft): the DeepSeek-V3 demo pair
 VERSION_KEY = "expertbench_profile"
 RUNTIMES = ("cpu", "hostsim", "cuda", "hip")
 DEFAULT_TOKENS = 32
@@ -64,8 +65,11 @@ class ProfileError(ArgumentError):
 @dataclass
 class ModelRef:
     """A model folder or GGUF file (`path`, relative to the profile's folder) or a demo pair size (`demo`), exactly
-    one. A demo names its files' format too: `format` (engine.demo.DEMO_FORMATS; None: safetensors) and, for GGUF,
-    `quant` (engine.demo.QUANTS; None: engine.demo.DEFAULT_QUANT); both as written, None when not."""
+    one. A demo names its family too (`family`: engine.demo.FAMILIES; None: the Qwen3-MoE pair), and its files'
+    format: `format` (engine.demo.DEMO_FORMATS; None: safetensors) and, for GGUF, `quant` (engine.demo.QUANTS; None:
+    engine.demo.DEFAULT_QUANT); all as written, None when not. A demo given with its family in one name, as
+    engine.demo.demo_name() writes it ('deepseek/bench': how the window knows the pair it opened), is split into
+    the two keys."""
 
     path: str | None = None
     demo: str | None = None
@@ -73,13 +77,24 @@ class ModelRef:
     device: str | None = None  # drafts only: the draft's device (default: the profile's primary)
     format: str | None = None  # demos only: the demo pair's file format
     quant: str | None = None  # GGUF demos only: its quantization
+    family: str | None = None  # demos only: the demo pair's family
+
+    def __post_init__(self):
+        if isinstance(self.demo, str) and "/" in self.demo and self.family is None:
+            self.family, _, self.demo = self.demo.rpartition("/")
 
     def demo_format(self) -> tuple[str, str | None]:
         """(format, quantization) of a demo: ('safetensors', None), or ('gguf', the quantization or the default)."""
         from .demo import check_format
 
         fmt = self.format or "safetensors"
-        return fmt, check_format(fmt, self.quant)
+        return fmt, check_format(fmt, self.quant, self.demo_family())
+
+    def demo_family(self) -> str:
+        """The demo's family (engine.demo.FAMILIES), the default one when not named."""
+        from .demo import DEFAULT_FAMILY
+
+        return self.family or DEFAULT_FAMILY
 
 
 @dataclass
@@ -222,6 +237,8 @@ class Profile:
     def needed_version(self) -> int:
         """The oldest format version that can say everything this profile holds."""
         refs = [r for r in (self.model, self.draft) if r is not None]
+        if any(r.family is not None for r in refs):
+            return FAMILY_FORMAT_VERSION
         demo_format = any(r.format is not None or r.quant is not None for r in refs)
         return DEMO_FORMAT_VERSION if demo_format else 1
 
@@ -250,7 +267,7 @@ class Profile:
             from .demo import ensure_demo_pair
 
             fmt, quant = ref.demo_format()
-            pair = ensure_demo_pair(ref.demo, format=fmt, quant=quant)
+            pair = ensure_demo_pair(ref.demo, format=fmt, quant=quant, family=ref.demo_family())
             return pair.target if role == "target" else pair.draft
         return self.resolve(ref.path)
 
@@ -374,6 +391,8 @@ def _ref_data(ref: ModelRef) -> dict:
     out: dict[str, Any] = {}
     if ref.demo is not None:
         out["demo"] = ref.demo
+    if ref.family is not None:
+        out["family"] = ref.family
     if ref.format is not None:
         out["format"] = ref.format
     if ref.quant is not None:
@@ -771,20 +790,35 @@ def _find(r: _Reader, node, key: str):
 
 
 def _read_ref(r: _Reader, node, what: str, version: int, allow_device: bool) -> ModelRef:
-    allowed = ("path", "demo", "format", "quant", "fingerprint") + (("device",) if allow_device else ())
+    allowed = ("path", "demo", "family", "format", "quant", "fingerprint") + (("device",) if allow_device else ())
     m = r.mapping(node, what, allowed)
     ref = ModelRef()
     if ("path" in m) == ("demo" in m):
         r.fail(node, f"{what}: give exactly one of 'path' (a model folder or .gguf file) or 'demo' (a demo model size)")
     if "path" in m:
         ref.path = r.string(m["path"][1], f"{what}.path")
-    if "demo" in m:
-        from .demo import SIZES
+    if "family" in m:
+        knode = m["family"][0]
+        if "demo" not in m:
+            r.fail(knode, f"{what}.family: only a demo model takes a family ('demo: SIZE' beside it)")
+        if version < FAMILY_FORMAT_VERSION:
+            r.fail(knode, f"{what}.family: the demo's family needs format version {FAMILY_FORMAT_VERSION} "
+                          f"('{VERSION_KEY}: {FAMILY_FORMAT_VERSION}'; this file says {version})")  # fmt: skip
+        from .demo import check_family
 
+        ref.family = r.string(m["family"][1], f"{what}.family")
+        try:
+            check_family(ref.family)
+        except ArgumentError as exc:
+            r.fail(m["family"][1], f"{what}.family: {exc}")
+    if "demo" in m:
+        from .demo import family_sizes
+
+        sizes = family_sizes(ref.demo_family())
         ref.demo = r.string(m["demo"][1], f"{what}.demo")
-        if ref.demo not in SIZES:
+        if ref.demo not in sizes:
             r.fail(m["demo"][1], f"{what}.demo: unknown demo size {ref.demo!r:.80} (expected one of "
-                                 f"{', '.join(SIZES)})")  # fmt: skip
+                                 f"{', '.join(sizes)})")  # fmt: skip
     for key in ("format", "quant"):
         if key not in m:
             continue
@@ -800,11 +834,11 @@ def _read_ref(r: _Reader, node, what: str, version: int, allow_device: bool) -> 
         from .demo import check_format
 
         try:
-            check_format(ref.format or "safetensors")
+            check_format(ref.format or "safetensors", family=ref.demo_family())
         except ArgumentError as exc:
             r.fail(m["format"][1], f"{what}.format: {exc}")
         try:
-            check_format(ref.format or "safetensors", ref.quant)
+            check_format(ref.format or "safetensors", ref.quant, ref.demo_family())
         except ArgumentError as exc:
             r.fail(m["quant"][1], f"{what}.quant: {exc}")
     if "fingerprint" in m:
