@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.demo import DEFAULT_QUANT, QUANTS, quant_formats
+from engine.demo import DEFAULT_FAMILY, DEFAULT_QUANT, FAMILIES, QUANTS, demo_name, quant_formats
 from engine.errors import EngineError
 from engine.export import LlamaCppExport, to_llama_cpp
 from engine.model import WEIGHTS_MODES
@@ -37,8 +37,14 @@ DEMO_SIZE = "default"  # the demo pair File > Open demo model pair opens (engine
 SYNTHETIC = "synthetic: random weights, its text is noise by design"
 
 
-def demo_choices() -> list[tuple[str, str | None, str, str]]:
-    """File > Open demo model pair: (format, quant, menu text, tip) for the folder pair and each GGUF quantization."""
+def demo_choices(family: str = DEFAULT_FAMILY) -> list[tuple[str, str | None, str, str]]:
+    """File > Open demo model pair: (format, quant, menu text, tip) for the folder pair and each GGUF quantization;
+    for another demo family (engine.demo.FAMILIES), its folder pair (the DeepSeek pair has no GGUF form)."""
+    if family != DEFAULT_FAMILY:
+        target, draft = FAMILIES[family]
+        return [("safetensors", None, "Folders (safetensors, bf16)",
+                 f"The built-in {target} demo pair (a {target} target, a {draft} draft) as safetensors folders, "
+                 f"bf16 weights ({SYNTHETIC})")]  # fmt: skip
     out = [("safetensors", None, "Folders (safetensors, bf16)",
             f"The built-in demo pair as safetensors folders, bf16 weights ({SYNTHETIC})")]  # fmt: skip
     for quant in QUANTS:
@@ -136,6 +142,15 @@ class MainWindow(QMainWindow):
             self.act_open_demos[fmt, quant] = a(text, lambda _=False, f=fmt, q=quant: self.open_demo(f, q), None, None,
                                                 tip)  # fmt: skip
         self.act_open_demo = self.act_open_demos["safetensors", None]
+        self.act_open_family_demos = {}  # family -> (format, quant) -> its action, for the other demo families
+        for family in FAMILIES:
+            if family == DEFAULT_FAMILY:
+                continue
+            self.act_open_family_demos[family] = {
+                (fmt, quant): a(text, lambda _=False, f=fmt, q=quant, fam=family: self.open_demo(f, q, fam), None,
+                                None, tip)
+                for fmt, quant, text, tip in demo_choices(family)
+            }  # fmt: skip
         self.act_open_profile = a("Open profile…", self.open_profile, "Ctrl+Shift+O", "open",
                                   "Open a profile: its placement, run settings and routing")  # fmt: skip
         replays = "Save the placement and run settings as a profile (expertbench regress replays it)"
@@ -162,6 +177,13 @@ class MainWindow(QMainWindow):
         self.demo_menu.setToolTipsVisible(True)
         for act in self.act_open_demos.values():
             self.demo_menu.addAction(act)
+        self.family_demo_menus = {}  # the other demo families' pairs, each a menu below the default one's
+        for family, actions in self.act_open_family_demos.items():
+            menu = m.addMenu(f"Open {FAMILIES[family][0]} demo model pair (synthetic)")
+            menu.setToolTipsVisible(True)
+            for act in actions.values():
+                menu.addAction(act)
+            self.family_demo_menus[family] = menu
         self.weights_menu = m.addMenu("Hold weights as")
         self.weights_menu.setToolTipsVisible(True)
         group = QActionGroup(self)
@@ -351,10 +373,11 @@ class MainWindow(QMainWindow):
         self.settings.setValue("weights", mode)
         self.act_weights[mode].setChecked(True)
 
-    def open_demo(self, format: str = "safetensors", quant: str | None = None) -> None:
-        """The built-in synthetic demo pair: safetensors folders (bf16) or GGUF files (quant: engine.demo.QUANTS)."""
+    def open_demo(self, format: str = "safetensors", quant: str | None = None, family: str = DEFAULT_FAMILY) -> None:
+        """The built-in synthetic demo pair: safetensors folders (bf16) or GGUF files (quant: engine.demo.QUANTS), of
+        the Qwen3-MoE family or another (engine.demo.FAMILIES: named to the state as 'family/size')."""
         if self.confirm_discard():
-            self.state.load_models(None, demo=DEMO_SIZE, demo_format=format, demo_quant=quant)
+            self.state.load_models(None, demo=demo_name(DEMO_SIZE, family), demo_format=format, demo_quant=quant)
 
     @Slot()
     def open_profile(self, path: str | None = None) -> None:
