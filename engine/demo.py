@@ -237,9 +237,20 @@ def cache_root() -> Path:
     return (Path(base) if base else Path.home() / ".cache") / "expertbench"
 
 
+# The DeepSeek pair's tokenizer_config.json: the tokenizer.json as it is (transformers would otherwise take the
+# Llama tokenizer class that deepseek_v3 maps to, and llama.cpp's converter fails on this vocabulary)
+TOKENIZER_CONFIG = {
+    "tokenizer_class": "PreTrainedTokenizerFast",
+    "model_max_length": 1 << 20,
+    "clean_up_tokenization_spaces": False,
+}
+
+
 def recipe(size: DemoSize | DeepSeekDemoSize, format: str = "safetensors", quant: str | None = None) -> dict:
     """Everything the files depend on: a manifest with another recipe is rebuilt."""
     out = {"format": FORMAT_VERSION, "seed": SEED, "init_std": INIT_STD, "norm_std": NORM_STD, **asdict(size)}
+    if spec_family(size) != DEFAULT_FAMILY:
+        out["tokenizer_config"] = TOKENIZER_CONFIG
     if format == "gguf":
         out.update(file_format="gguf", gguf_format=GGUF_FORMAT_VERSION, quant=quant)
     return out
@@ -374,6 +385,9 @@ def build_pair(folder: Path, spec: DemoSize, format: str = "safetensors", quant:
                 continue
             (tmp / role).mkdir()
             (tmp / role / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
+            if spec_family(spec) != DEFAULT_FAMILY:  # as real folders have it (llama.cpp's converter needs it)
+                config = {**TOKENIZER_CONFIG, "eos_token": json.loads(tokenizer_json)["added_tokens"][0]["content"]}
+                (tmp / role / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
             (tmp / role / "config.json").write_text(json.dumps(model_config(spec, role, eos_id), indent=2) + "\n")
             write_safetensors(tmp / role, list(model_tensors(spec, role)), spec.shard_bytes)
         files = {}

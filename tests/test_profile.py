@@ -137,8 +137,8 @@ def test_minimal_profile_defaults(tmp_path):
 BAD = [
     ("expertbench_profile: 1\nmodel: {demo: default}\ncolour: red\n", 3, "unknown key 'colour'"),
     ("model: {demo: default}\n", 1, "'expertbench_profile' is missing"),
-    ("expertbench_profile: 3\nmodel: {demo: default}\n", 1, "format 3 is newer than this expertbench reads (2)"),
-    ("expertbench_profile: 0\nmodel: {demo: default}\n", 1, "expected a format version 1..2, got 0"),
+    ("expertbench_profile: 4\nmodel: {demo: default}\n", 1, "format 4 is newer than this expertbench reads (3)"),
+    ("expertbench_profile: 0\nmodel: {demo: default}\n", 1, "expected a format version 1..3, got 0"),
     ("expertbench_profile: 1\n", 1, "'model' is missing"),
     ("expertbench_profile: 1\nmodel: {demo: default, path: x}\n", 2, "exactly one of 'path'"),
     ("expertbench_profile: 1\nmodel: {demo: huge}\n", 2, "unknown demo size 'huge'"),
