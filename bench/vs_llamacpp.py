@@ -26,6 +26,11 @@ included.
     python bench/vs_llamacpp.py --size bench --dtypes --quants q8_0 q4_k_m mxfp4_moe --rounds 3 \
         --json bench/results/vs_llamacpp_quant.json
 
+--family deepseek runs the DeepSeek-V3-shaped demo instead (llama.cpp's deepseek2 architecture):
+
+    python bench/vs_llamacpp.py --family deepseek --size bench --dtypes bf16 --quants q4_k_m --precisions q8 f32 \
+        --rounds 3 --threads 2 --json bench/results/vs_llamacpp_deepseek.json
+
 --llama-env PATH uses an existing environment with llama-cpp-python (and torch, transformers) instead of building
 one, e.g. the one tests/fixtures/generate_gguf.py uses.
 """
@@ -277,6 +282,7 @@ def main() -> int:
         choices=("q8", "f32"),
         help="our activation precisions on the quantized files (default: q8 f32)",
     )
+    ap.add_argument("--family", default=None, help="the demo family (engine.demo's; default: its default one)")
     ap.add_argument("--llama-env", type=Path, help="an existing environment with llama-cpp-python")
     ap.add_argument("--llama-run-env", type=Path,
                     help="another environment whose llama-cpp-python runs the files (the converter and quantizer stay "
@@ -293,7 +299,7 @@ def main() -> int:
     jobs += [("f32", quant, precision) for quant in args.quants for precision in args.precisions]
     rows = []
     for dtype, quant, precision in jobs:
-        model_dir = demo_target(args.size, dtype)
+        model_dir = demo_target(args.size, dtype, args.family)
         checkpoint = Checkpoint.open(model_dir)  # the token ids both engines get (no model load for this)
         prompt_ids = checkpoint.tokenizer.encode(DEMO_PROMPTS[0], add_special_tokens=False).ids
         prefill_prompt = prefill_ids(checkpoint.config.vocab_size, args.prefill)
