@@ -34,7 +34,7 @@ def convert(src: Path, dst: Path, dtype: str) -> Path:
     tmp = dst.with_name(dst.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    for name in ("config.json", "tokenizer.json", "generation_config.json"):
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         if (src / name).exists():
             shutil.copy(src / name, tmp / name)
     config = json.loads((tmp / "config.json").read_text())

@@ -51,6 +51,7 @@
 #define gpuGetLastError hipGetLastError
 #define SHFL_DOWN(v, o) __shfl_down((v), (o))
 #define SHFL_XOR32(v, o) __shfl_xor((v), (o), 32)
+#define WARP_SYNC() __builtin_amdgcn_wave_barrier() // a wavefront runs in lockstep: order its shared memory accesses
 #define gpuGraph_t hipGraph_t
 #define gpuGraphExec_t hipGraphExec_t
 #define gpuStreamBeginCapture hipStreamBeginCapture
@@ -95,6 +96,7 @@
 #define gpuGetLastError cudaGetLastError
 #define SHFL_DOWN(v, o) __shfl_down_sync(0xffffffffu, (v), (o))
 #define SHFL_XOR32(v, o) __shfl_xor_sync(0xffffffffu, (v), (o), 32)
+#define WARP_SYNC() __syncwarp()
 #define gpuGraph_t cudaGraph_t
 #define gpuGraphExec_t cudaGraphExec_t
 #define gpuStreamBeginCapture cudaStreamBeginCapture
@@ -1434,9 +1436,164 @@ __global__ void attention_one_row_kernel(eb_rt_attention a, int warp) {
     attend(a, h, 0, qn, kn, vn);
 }
 
+// ---- MLA attention (DeepSeek-V3), the absorbed form over a cache of the latent and the rope key ----------
+
+#define MAX_MLA_RANK 512 // kv_lora_rank
+#define MAX_MLA_ROW 640  // kv_lora_rank + qk_rope_head_dim: a cache row
+
+// The rotation of one head vector of rope values by the block's threads (i < rope / 2 each take a pair): interleaved
+// pairs (x[2i], x[2i+1]) written de-interleaved, or halves (x[i], x[i + rope/2]), as the CPU's eb_rope_interleaved
+// and eb_rope.
+__device__ __forceinline__ void mla_rope(const float *x, const float *cs, const float *sn, int rope, int interleave,
+                                         float *out) {
+    int half = rope / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float a = interleave ? x[2 * i] : x[i], b = interleave ? x[2 * i + 1] : x[i + half];
+        out[i] = a * cs[i] - b * sn[i];
+        out[i + half] = b * cs[i] + a * sn[i];
+    }
+}
+
+// One block per new row: the latent's RMSNorm and the rope key's rotation into the cache at the row's position.
+__global__ void mla_cache_kernel(eb_rt_mla a, int warp) {
+    __shared__ float sh[33];
+    int t = blockIdx.x, R = a.rank, P = a.rope, C = R + P;
+    long long p = *a.pos + t;
+    const float *kv = a.kv + (long long)t * C;
+    float *row = a.cache + p * C;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < R; i += blockDim.x) ss += kv[i] * kv[i];
+    float inv = rsqrtf(block_sum(ss, sh, warp) / (float)R + a.eps);
+    for (int i = threadIdx.x; i < R; i += blockDim.x) row[i] = a.kv_norm[i] * (kv[i] * inv);
+    mla_rope(kv + R, a.rope_cos + p * (P / 2), a.rope_sin + p * (P / 2), P, a.interleave, row + R);
+}
+
+// One block per (head, row), ATT_GROUPS groups of 32 lanes: the absorbed query (q_nope through the head's k_b rows,
+// a warp per latent dimension; q_pe rotated) in shared memory, then groups of lanes take cache positions in turn
+// with a running softmax over the latent (each lane holds row / 32 of it), merged; then out = v_b . the latent mix,
+// a warp per value dimension.
+__global__ void mla_attend_kernel(eb_rt_mla a, int warp) {
+    __shared__ float qs[MAX_MLA_ROW], mix[MAX_MLA_RANK];
+    __shared__ float gm[ATT_GROUPS], gl[ATT_GROUPS];
+    __shared__ float gacc[ATT_GROUPS][MAX_MLA_RANK];
+    int h = blockIdx.x, t = blockIdx.y, R = a.rank, P = a.rope, N = a.nope, C = R + P;
+    long long p = *a.pos + t;
+    const float *q = a.q + ((long long)t * a.n_heads + h) * (N + P);
+    int wl = threadIdx.x % warp, wid = threadIdx.x / warp, nw = blockDim.x / warp;
+    for (int r = wid; r < R; r += nw) {
+        float v = warp_dot(a.k_b, a.k_b_dtype, (long long)h * R + r, N, q, wl, warp);
+        if (wl == 0) qs[r] = v * a.scale;
+    }
+    mla_rope(q + N, a.rope_cos + p * (P / 2), a.rope_sin + p * (P / 2), P, a.interleave, qs + R);
+    __syncthreads();
+    for (int i = R + threadIdx.x; i < C; i += blockDim.x) qs[i] *= a.scale;
+    __syncthreads();
+    int lane = threadIdx.x % 32, g = threadIdx.x / 32, ng = blockDim.x / 32;
+    float qv[MAX_MLA_ROW / 32], acc[MAX_MLA_RANK / 32];
+#pragma unroll
+    for (int i = 0; i < MAX_MLA_ROW / 32; i++) qv[i] = lane + 32 * i < C ? qs[lane + 32 * i] : 0.0f;
+#pragma unroll
+    for (int i = 0; i < MAX_MLA_RANK / 32; i++) acc[i] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    for (long long s = g; s <= p; s += ng) {
+        const float *row = a.cache + s * C;
+        float d = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MAX_MLA_ROW / 32; i++) {
+            int c = lane + 32 * i;
+            if (c < C) d += qv[i] * row[c];
+        }
+        for (int o = 16; o > 0; o /= 2) d += SHFL_XOR32(d, o);
+        float mn = fmaxf(m, d), corr = expf(m - mn), e = expf(d - mn);
+        l = l * corr + e;
+#pragma unroll
+        for (int i = 0; i < MAX_MLA_RANK / 32; i++) {
+            int c = lane + 32 * i;
+            if (c < R) acc[i] = acc[i] * corr + e * row[c];
+        }
+        m = mn;
+    }
+    if (lane == 0) gm[g] = m, gl[g] = l;
+#pragma unroll
+    for (int i = 0; i < MAX_MLA_RANK / 32; i++)
+        if (lane + 32 * i < R) gacc[g][lane + 32 * i] = acc[i];
+    __syncthreads();
+    float M = -INFINITY, L = 0.0f;
+    for (int j = 0; j < ng; j++) M = fmaxf(M, gm[j]);
+    for (int j = 0; j < ng; j++) L += gm[j] == -INFINITY ? 0.0f : gl[j] * expf(gm[j] - M);
+    for (int c = threadIdx.x; c < R; c += blockDim.x) {
+        float o = 0.0f;
+        for (int j = 0; j < ng; j++)
+            if (gm[j] != -INFINITY) o += gacc[j][c] * expf(gm[j] - M);
+        mix[c] = o / L;
+    }
+    __syncthreads();
+    float *out = a.out + ((long long)t * a.n_heads + h) * a.v_dim;
+    for (int j = wid; j < a.v_dim; j += nw) {
+        float v = warp_dot(a.v_b, a.v_b_dtype, (long long)h * a.v_b_head_rows + j, R, mix, wl, warp);
+        if (wl == 0) out[j] = v;
+    }
+}
+
+#define MAX_EXPERTS 512
+// EB_ROUTE_SIGMOID_GROUP by one warp (lanes 0..31) over a row's logits in shared memory, as the CPU's
+// eb_route_sigmoid_group_row: sigmoid scores, the biased scores for the choice (the groups not kept at 0), the group
+// choice and the top k on lane 0 in ascending index order (ties to the lower), the weights the chosen scores.
+__device__ void route_sigmoid_group(const eb_rt_route &r, int t, float *scores, unsigned char *taken, int lane) {
+    __shared__ float choice[MAX_EXPERTS], group[256];
+    int E = r.n_experts, K = r.top_k, G = r.n_group, per = E / G;
+    for (int e = lane; e < E; e += 32) {
+        scores[e] = 1.0f / (1.0f + expf(-scores[e]));
+        choice[e] = scores[e] + r.bias[e];
+    }
+    WARP_SYNC();
+    if (r.topk_group < G) {
+        for (int g = lane; g < G; g += 32) {
+            float b1 = -INFINITY, b2 = -INFINITY;
+            for (int e = g * per; e < (g + 1) * per; e++) {
+                if (choice[e] > b1) b2 = b1, b1 = choice[e];
+                else if (choice[e] > b2) b2 = choice[e];
+            }
+            group[g] = b1 + b2;
+        }
+        WARP_SYNC();
+        if (lane == 0) {
+            for (int g = 0; g < G; g++) taken[g] = 0;
+            for (int k = 0; k < r.topk_group; k++) {
+                int best = 0;
+                while (taken[best]) best++;
+                for (int g = best + 1; g < G; g++)
+                    if (!taken[g] && group[g] > group[best]) best = g;
+                taken[best] = 1;
+            }
+            for (int g = 0; g < G; g++)
+                if (!taken[g])
+                    for (int e = g * per; e < (g + 1) * per; e++) choice[e] = 0.0f;
+        }
+        WARP_SYNC();
+    }
+    if (lane != 0) return;
+    for (int e = 0; e < E; e++) taken[e] = 0;
+    int ids[MAX_TOPK];
+    float w[MAX_TOPK], total = 0.0f;
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        for (int e = 0; e < E; e++)
+            if (!taken[e] && (best < 0 || choice[e] > choice[best])) best = e;
+        taken[best] = 1;
+        ids[k] = best;
+        w[k] = scores[best];
+        if (r.norm_topk) total += w[k];
+    }
+    for (int k = 0; k < K; k++) {
+        r.topk_id[(long long)t * K + k] = ids[k];
+        r.topk_w[(long long)t * K + k] = (r.norm_topk ? w[k] / (total + 1e-20f) : w[k]) * r.scale;
+        if (r.hits) atomicAdd(&r.hits[ids[k]], 1ULL);
+    }
+}
+
 // One block per row: its RMSNorm (xn written), the router's logits (a warp per expert, kept in shared memory),
 // then warp 0 takes the softmax and the top k by k rounds of a warp arg-max (ties to the lower id).
-#define MAX_EXPERTS 512
 __global__ void __launch_bounds__(1024) route_kernel(eb_rt_route r, int warp) { // launched with 1024 threads
     __shared__ float sh[33];
     __shared__ float logits[MAX_EXPERTS];
@@ -1462,6 +1619,10 @@ __global__ void __launch_bounds__(1024) route_kernel(eb_rt_route r, int warp) { 
     __syncthreads();
     if (threadIdx.x >= 32) return;
     lane = threadIdx.x;
+    if (r.scoring == EB_ROUTE_SIGMOID_GROUP) {
+        route_sigmoid_group(r, t, logits, taken, lane);
+        return;
+    }
     float mx = -INFINITY;
     for (int e = lane; e < E; e += 32) mx = fmaxf(mx, logits[e]);
     for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, SHFL_XOR32(mx, o));
@@ -1794,16 +1955,36 @@ static int gpu_attention(void *rtp, int dev, const eb_rt_attention *a, char *err
 }
 
 static int gpu_route(void *rtp, int dev, const eb_rt_route *r, char *err, size_t errlen) {
-    if (r->scoring != EB_ROUTE_SOFTMAX_TOPK) // route_kernel's softmax and top k is the only choice it makes
+    if (r->scoring != EB_ROUTE_SOFTMAX_TOPK && r->scoring != EB_ROUTE_SIGMOID_GROUP)
         return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED,
-                          RUNTIME_NAME " runtime: router scoring %d is not supported: expected %d (softmax top-k)",
-                          r->scoring, EB_ROUTE_SOFTMAX_TOPK);
+                          RUNTIME_NAME " runtime: router scoring %d is not supported: expected %d (softmax top-k) or "
+                                       "%d (sigmoid, grouped)",
+                          r->scoring, EB_ROUTE_SOFTMAX_TOPK, EB_ROUTE_SIGMOID_GROUP);
+    if (r->scoring == EB_ROUTE_SIGMOID_GROUP && (r->n_group < 1 || r->n_group > 256 || r->n_experts % r->n_group ||
+                                                 r->topk_group < 1 || r->topk_group > r->n_group || !r->bias))
+        return eb_rt_fail(err, errlen, EB_ERR_ARGUMENT,
+                          RUNTIME_NAME " runtime: grouped routing of %d experts in %d groups, %d kept%s: expected "
+                                       "1..256 groups dividing the experts, 1..groups kept and a correction bias",
+                          r->n_experts, r->n_group, r->topk_group, r->bias ? "" : ", no bias");
     if (r->n_experts > MAX_EXPERTS || r->top_k > MAX_TOPK || r->top_k > r->n_experts)
         return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED,
                           RUNTIME_NAME " runtime: %d experts, top_k %d: expected at most %d experts and top_k at most "
                                        "%d",
                           r->n_experts, r->top_k, MAX_EXPERTS, MAX_TOPK);
     PRIMARY_OP(route_kernel<<<(unsigned)r->norm.n, 1024, 0, d->stream>>>(*r, d->warp)) // a warp per expert row
+}
+
+static int gpu_mla(void *rtp, int dev, const eb_rt_mla *a, char *err, size_t errlen) {
+    if (a->rank > MAX_MLA_RANK || a->rank + a->rope > MAX_MLA_ROW || a->rope % 2 || a->rank < 1 || a->rope < 2)
+        return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED,
+                          RUNTIME_NAME " runtime: MLA with kv_lora_rank %d and qk_rope_head_dim %d: expected a rank of "
+                                       "1..%d, an even rope dimension and at most %d in all",
+                          a->rank, a->rope, MAX_MLA_RANK, MAX_MLA_ROW);
+    PRIMARY_OP({ // the new rows into the cache first: every row attends to those before it
+        mla_cache_kernel<<<(unsigned)a->n, BLOCK, 0, d->stream>>>(*a, d->warp);
+        mla_attend_kernel<<<dim3((unsigned)a->n_heads, (unsigned)a->n), ATT_GROUPS * 32, 0, d->stream>>>(*a,
+                                                                                                        d->warp);
+    })
 }
 
 // The phases share their kernels: EXPERTS is the gate/up and down launches (the only ones that add stats), COMBINE
@@ -1912,7 +2093,7 @@ static const eb_rt_forward_ops gpu_forward_ops = {
     .attention = gpu_attention,
     .route = gpu_route,
     .moe = gpu_moe,
-    .mla = NULL, // MLA attention (DeepSeek-V3) runs on a CPU primary only, for now
+    .mla = gpu_mla,
 };
 
 static const eb_rt_graph_ops gpu_graph_ops = {
