@@ -36,6 +36,10 @@ typedef struct {
 } eb_binder;
 int eb_bind(const eb_binder *b, const char *name, int64_t d0, int64_t d1, eb_weight *out);
 int eb_bind_vector(const eb_binder *b, const char *name, int64_t d0, float **out);
+/* What every family names alike: the embeddings, the final norm and lm_head (the embeddings when tied); a MoE
+ * layer's routed experts, one tensor each (mlp.experts.E.{gate,up,down}_proj), into layer->experts. */
+int eb_bind_embeddings(const eb_binder *b);
+int eb_bind_experts(const eb_binder *b, int layer, int64_t inter);
 
 /* A model family, one file each (models/): which of its layers route to experts, its tensors by name (the
  * model's, then each layer's: experts bound into layer->experts, allocated by the family), and its forward pass of

@@ -161,6 +161,39 @@ int eb_bind(const eb_binder *b, const char *name, int64_t d0, int64_t d1, eb_wei
     return EB_OK;
 }
 
+int eb_bind_embeddings(const eb_binder *b) {
+    eb_model *m = b->m;
+    const eb_model_config *c = &m->cfg;
+    int st = eb_bind(b, "model.embed_tokens.weight", c->vocab_size, c->hidden_size, &m->embed);
+    if (!st) st = eb_bind_vector(b, "model.norm.weight", c->hidden_size, &m->final_norm);
+    if (st || c->tie_word_embeddings) {
+        m->lm_head = m->embed;
+        return st;
+    }
+    return eb_bind(b, "lm_head.weight", c->vocab_size, c->hidden_size, &m->lm_head);
+}
+
+int eb_bind_experts(const eb_binder *b, int l, int64_t inter) {
+    eb_model *m = b->m;
+    const eb_model_config *c = &m->cfg;
+    eb_layer *L = &m->layers[l];
+    char name[256];
+    int st = EB_OK;
+    int64_t H = c->hidden_size;
+    L->experts = calloc((size_t)c->num_experts, sizeof *L->experts);
+    if (!L->experts) return eb_fail(EB_ERR_MEMORY, "out of memory");
+    const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
+    for (int e = 0; e < c->num_experts && !st; e++) {
+        eb_expert *x = &L->experts[e];
+        eb_weight *w[3] = {&x->gate, &x->up, &x->down};
+        for (int i = 0; i < 3 && !st; i++) {
+            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.%s.weight", l, e, proj[i]);
+            st = eb_bind(b, name, i == 2 ? H : inter, i == 2 ? inter : H, w[i]);
+        }
+    }
+    return st;
+}
+
 /* A 1-D tensor converted to an owned f32 array (norm weights and biases are small and read often). */
 int eb_bind_vector(const eb_binder *b, const char *name, int64_t d0, float **out) {
     eb_weight w;

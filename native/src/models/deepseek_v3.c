@@ -15,17 +15,6 @@ static int is_moe_layer(const eb_model_config *c, int layer) {
     return c->arch == EB_ARCH_DEEPSEEK_V3 && c->num_experts > 0 && layer >= c->first_k_dense_replace;
 }
 
-static int bind_model(const eb_binder *b) {
-    eb_model *m = b->m;
-    const eb_model_config *c = &m->cfg;
-    int st = eb_bind(b, "model.embed_tokens.weight", c->vocab_size, c->hidden_size, &m->embed);
-    if (!st) st = eb_bind_vector(b, "model.norm.weight", c->hidden_size, &m->final_norm);
-    if (st || c->tie_word_embeddings) {
-        m->lm_head = m->embed;
-        return st;
-    }
-    return eb_bind(b, "lm_head.weight", c->vocab_size, c->hidden_size, &m->lm_head);
-}
 
 /* k_b from kv_b_proj (heads blocks of nope key rows then v value rows, rank values each): per head its key rows
  * transposed into rank rows of nope, an owned copy in kv_b's format (f32 where that is a block format). */
@@ -113,14 +102,7 @@ static int bind_layer(const eb_binder *b, int l) {
         TRY(eb_bind(b, NAME("mlp.shared_experts.up_proj.weight"), S, H, &L->sh_up))
         TRY(eb_bind(b, NAME("mlp.shared_experts.down_proj.weight"), H, S, &L->sh_down))
     }
-    L->experts = calloc((size_t)c->num_experts, sizeof *L->experts);
-    if (!L->experts) return eb_fail(EB_ERR_MEMORY, "out of memory");
-    for (int e = 0; e < c->num_experts; e++) {
-        eb_expert *x = &L->experts[e];
-        TRY(eb_bind(b, NAME("mlp.experts.%d.gate_proj.weight", e), I, H, &x->gate))
-        TRY(eb_bind(b, NAME("mlp.experts.%d.up_proj.weight", e), I, H, &x->up))
-        TRY(eb_bind(b, NAME("mlp.experts.%d.down_proj.weight", e), H, I, &x->down))
-    }
+    TRY(eb_bind_experts(b, l, I))
     return EB_OK;
 #undef NAME
 #undef TRY
@@ -137,4 +119,4 @@ static int forward(eb_step *s, int64_t first, int logits) {
     return st;
 }
 
-const eb_family eb_family_deepseek_v3 = {"deepseek_v3", is_moe_layer, bind_model, bind_layer, forward};
+const eb_family eb_family_deepseek_v3 = {"deepseek_v3", is_moe_layer, eb_bind_embeddings, bind_layer, forward};

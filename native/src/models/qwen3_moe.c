@@ -3,7 +3,6 @@
  * (softmax top-k over the experts, renormalised when norm_topk_prob; mlp_only_layers and decoder_sparse_step say
  * which layers route). Tensors by their Hugging Face names, one tensor per expert. */
 #include <stdio.h>
-#include <stdlib.h>
 
 #include "eb_forward.h"
 
@@ -14,17 +13,6 @@ static int is_moe_layer(const eb_model_config *c, int layer) {
     return (layer + 1) % c->decoder_sparse_step == 0;
 }
 
-static int bind_model(const eb_binder *b) {
-    eb_model *m = b->m;
-    const eb_model_config *c = &m->cfg;
-    int st = eb_bind(b, "model.embed_tokens.weight", c->vocab_size, c->hidden_size, &m->embed);
-    if (!st) st = eb_bind_vector(b, "model.norm.weight", c->hidden_size, &m->final_norm);
-    if (st || c->tie_word_embeddings) {
-        m->lm_head = m->embed;
-        return st;
-    }
-    return eb_bind(b, "lm_head.weight", c->vocab_size, c->hidden_size, &m->lm_head);
-}
 
 static int bind_layer(const eb_binder *b, int l) {
     eb_model *m = b->m;
@@ -60,14 +48,7 @@ static int bind_layer(const eb_binder *b, int l) {
     }
     int64_t I = c->moe_intermediate_size;
     TRY(eb_bind(b, NAME("mlp.gate.weight"), c->num_experts, H, &L->router))
-    L->experts = calloc((size_t)c->num_experts, sizeof *L->experts);
-    if (!L->experts) return eb_fail(EB_ERR_MEMORY, "out of memory");
-    for (int e = 0; e < c->num_experts; e++) {
-        eb_expert *x = &L->experts[e];
-        TRY(eb_bind(b, NAME("mlp.experts.%d.gate_proj.weight", e), I, H, &x->gate))
-        TRY(eb_bind(b, NAME("mlp.experts.%d.up_proj.weight", e), I, H, &x->up))
-        TRY(eb_bind(b, NAME("mlp.experts.%d.down_proj.weight", e), H, I, &x->down))
-    }
+    TRY(eb_bind_experts(b, l, I))
     return EB_OK;
 #undef NAME
 #undef TRY
@@ -84,4 +65,4 @@ static int forward(eb_step *s, int64_t first, int logits) {
     return st;
 }
 
-const eb_family eb_family_qwen3 = {"qwen3", is_moe_layer, bind_model, bind_layer, forward};
+const eb_family eb_family_qwen3 = {"qwen3", is_moe_layer, eb_bind_embeddings, bind_layer, forward};
