@@ -195,6 +195,15 @@ def test_gguf_q8_0_matches_transformers_on_its_dequantized_weights(engine):
     assert err.max() < TOLERANCE, f"worst position {err.argmax()}: relative error {err.max():.2e}"
 
 
+def test_gguf_f32_gives_the_folder_s_logits_bit_for_bit():
+    """llama.cpp's converter writes the same f32 weights (kv_b_proj split into attn_k_b, attn_v_b): the same bits."""
+    prompt, generated, _ = reference(FIXTURES / "deepseek-f32")
+    with Engine() as eng:
+        folder = all_logits(eng.load(FIXTURES / "deepseek-f32"), prompt, generated[:8])
+        gguf = all_logits(eng.load(GGUF / "model-f32.gguf"), prompt, generated[:8])
+    np.testing.assert_array_equal(gguf, folder)
+
+
 def test_gguf_q8_0_greedy_and_placements(devices):
     prompt, generated, _ = reference(GGUF, "reference-q8_0.npz")
     model = devices.load(GGUF / "model-q8_0.gguf")
