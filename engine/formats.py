@@ -33,6 +33,8 @@ FORMATS: dict[str, Format] = {
         Format("Q5_K", 5, 256, 176, 13, True),  # as Q4_K, plus 32 bytes of fifth bits
         Format("Q6_K", 6, 256, 210, 14, True),  # 128 bytes low nibbles, 64 bytes high 2 bits, 16 int8 scales, f16 d
         Format("MXFP4", 7, 32, 17, 39, True),  # one E8M0 exponent, 16 bytes of E2M1 nibbles
+        Format("Q5_0", 8, 32, 22, 6, True),  # f16 d, 32 fifth bits, 16 bytes of nibbles (a K-quant's fallback)
+        Format("Q5_1", 9, 32, 24, 7, True),  # f16 d and m, 32 fifth bits, 16 bytes of nibbles
     )
 }
 BY_GGML_TYPE: dict[int, Format] = {f.ggml_type: f for f in FORMATS.values()}

@@ -37,7 +37,7 @@ def _blocks(name: str, n: int, seed: int) -> np.ndarray:
         raw[:, 208:210] = _f16_bits(rng, n).view(np.uint8).reshape(n, 2)
     else:
         raw[:, 0:2] = _f16_bits(rng, n).view(np.uint8).reshape(n, 2)
-        if name in ("Q4_K", "Q5_K"):
+        if name in ("Q4_K", "Q5_K", "Q5_1"):
             raw[:, 2:4] = _f16_bits(rng, n).view(np.uint8).reshape(n, 2)
     return raw
 
@@ -75,7 +75,7 @@ def test_every_quant_value_is_reached(name):
     """One block per quant value v (every nibble of MXFP4, every 6-bit value of Q6_K, ...) with scale 1 and no
     minimum: each value dequantizes as the gguf package says, so no bit of the packing goes unread."""
     fmt = formats.get(name)
-    levels = {"Q8_0": 256, "MXFP4": 16, "Q4_K": 16, "Q5_K": 32, "Q6_K": 64}[name]
+    levels = {"Q8_0": 256, "MXFP4": 16, "Q4_K": 16, "Q5_K": 32, "Q6_K": 64, "Q5_0": 32, "Q5_1": 32}[name]
     blocks = _blocks(name, levels * 8, seed=1)
     # random bytes reach every value with overwhelming probability; make it certain with one value per block
     for v in range(levels):
@@ -92,6 +92,10 @@ def test_every_quant_value_is_reached(name):
         elif name == "Q6_K":
             b[0:128] = (v & 0xF) * 0x11
             b[128:192] = ((v >> 4) & 3) * 0x55
+        elif name in ("Q5_0", "Q5_1"):  # d (and m), the fifth bits, the nibbles
+            qh = 2 if name == "Q5_0" else 4
+            b[qh : qh + 4] = 0xFF if v & 16 else 0
+            b[qh + 4 :] = (v & 0xF) * 0x11
     ours = formats.dequantize(name, blocks.tobytes(), blocks.shape[0] * fmt.block)
     with np.errstate(over="ignore"):
         theirs = gguf_dequantize(blocks, GGMLQuantizationType(fmt.ggml_type)).reshape(-1)

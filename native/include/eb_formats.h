@@ -34,6 +34,7 @@ typedef struct {
 static const eb_format_traits eb_format_table[EB_DTYPE_COUNT] = {
     {"F32", 1, 4, 0},      {"F16", 1, 2, 0},    {"BF16", 1, 2, 0},   {"Q8_0", 32, 34, 1},
     {"Q4_K", 256, 144, 1}, {"Q5_K", 256, 176, 1}, {"Q6_K", 256, 210, 1}, {"MXFP4", 32, 17, 1},
+    {"Q5_0", 32, 22, 1},   {"Q5_1", 32, 24, 1},
 };
 
 static inline const eb_format_traits *eb_format(int dtype) {
@@ -118,6 +119,20 @@ static inline void eb_dequantize_chunk(const void *row, int dtype, int64_t c, fl
         for (int i = 0; i < 16; i++) {
             out[i] = d * (float)eb_mxfp4_values[b[1 + i] & 0xF];
             out[i + 16] = d * (float)eb_mxfp4_values[b[1 + i] >> 4];
+        }
+        return;
+    }
+    case EB_DTYPE_Q5_0:
+    case EB_DTYPE_Q5_1: { /* d, (m,) 32 fifth bits, nibbles: value j in byte j's low half, j + 16 in its high */
+        int q51 = dtype == EB_DTYPE_Q5_1;
+        float d = eb_f16_to_f32(eb_load_u16(b)), m = q51 ? eb_f16_to_f32(eb_load_u16(b + 2)) : 0.0f;
+        uint32_t qh;
+        memcpy(&qh, b + 2 + 2 * q51, sizeof qh);
+        const unsigned char *qs = b + 6 + 2 * q51;
+        for (int i = 0; i < 16; i++) {
+            int lo = (qs[i] & 0xF) | (int)((qh >> i) & 1) << 4, hi = (qs[i] >> 4) | (int)((qh >> (i + 16)) & 1) << 4;
+            out[i] = q51 ? d * (float)lo + m : d * (float)(lo - 16);
+            out[i + 16] = q51 ? d * (float)hi + m : d * (float)(hi - 16);
         }
         return;
     }

@@ -41,7 +41,9 @@ typedef enum {
 /* Weight formats. The quantized ones are ggml's blocks, as GGUF files store them (a row is a whole number of blocks):
  * Q8_0 (32 values: f16 scale, 32 int8), Q4_K / Q5_K (256 values: f16 scale and minimum, eight 6-bit sub-block scales
  * and minima, 4-bit quants, Q5_K a fifth bit), Q6_K (256 values: 6-bit quants, sixteen int8 scales, f16 scale), MXFP4
- * (32 values: an E8M0 exponent, 32 E2M1 quants). */
+ * (32 values: an E8M0 exponent, 32 E2M1 quants), Q5_0 / Q5_1 (32 values: f16 scale (Q5_1: and minimum), 32 fifth bits,
+ * 4-bit quants; what llama.cpp's quantizer writes for a K-quant's rows that are not whole 256-value blocks, such as
+ * DeepSeek's attn_k_b in a Q4_K_M / Q5_K_M file). */
 typedef enum {
     EB_DTYPE_F32 = 0,
     EB_DTYPE_F16 = 1,
@@ -51,7 +53,9 @@ typedef enum {
     EB_DTYPE_Q5_K = 5,
     EB_DTYPE_Q6_K = 6,
     EB_DTYPE_MXFP4 = 7,
-    EB_DTYPE_COUNT = 8
+    EB_DTYPE_Q5_0 = 8,
+    EB_DTYPE_Q5_1 = 9,
+    EB_DTYPE_COUNT = 10
 } eb_dtype;
 
 typedef enum {

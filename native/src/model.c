@@ -215,10 +215,13 @@ static int check_descriptors(const eb_model *m, const eb_tensor_desc *tensors, i
                            t->file_index, m->n_files);
         const char *file = m->files[t->file_index].path;
         const eb_format_traits *f = eb_format(t->dtype);
-        if (!f)
+        if (!f) {
+            char names[256];
             return eb_fail(EB_ERR_UNSUPPORTED, "tensor '%s' in '%s': dtype code %d is not supported (expected 0..%d: "
-                                               "F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4)",
-                           t->name, file, t->dtype, EB_DTYPE_COUNT - 1);
+                                               "%s)",
+                           t->name, file, t->dtype, EB_DTYPE_COUNT - 1,
+                           eb_format_list((1u << EB_DTYPE_COUNT) - 1, names, sizeof names));
+        }
         if (t->ndim < 1 || t->ndim > 4)
             return eb_fail(EB_ERR_FORMAT, "tensor '%s' in '%s': %d dimensions, expected 1 to 4", t->name, file, t->ndim);
         uint64_t rows = 1;

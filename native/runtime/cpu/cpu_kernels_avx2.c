@@ -114,6 +114,13 @@ INLINE void dequant32(const unsigned char *row, int dtype, int64_t c, __m256 *w)
         w[3] = _mm256_mul_ps(d1, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)), k32)));
         return;
     }
+    case EB_DTYPE_Q5_0:
+    case EB_DTYPE_Q5_1: { /* small rows (a K-quant's fallback): the scalar values */
+        float v[32];
+        eb_dequantize_chunk(row, dtype, c, v);
+        for (int i = 0; i < 4; i++) w[i] = _mm256_loadu_ps(v + 8 * i);
+        return;
+    }
     default: return;
     }
 }
@@ -290,6 +297,8 @@ void eb_cpu_matmul_rows_avx2(const void *w, int dtype, int64_t r0, int64_t r1, i
     case EB_DTYPE_Q5_K: matmul_rows(w, EB_DTYPE_Q5_K, r0, r1, cols, x, n, y, ldy); return;
     case EB_DTYPE_Q6_K: matmul_rows(w, EB_DTYPE_Q6_K, r0, r1, cols, x, n, y, ldy); return;
     case EB_DTYPE_MXFP4: matmul_rows(w, EB_DTYPE_MXFP4, r0, r1, cols, x, n, y, ldy); return;
+    case EB_DTYPE_Q5_0: matmul_rows(w, EB_DTYPE_Q5_0, r0, r1, cols, x, n, y, ldy); return;
+    case EB_DTYPE_Q5_1: matmul_rows(w, EB_DTYPE_Q5_1, r0, r1, cols, x, n, y, ldy); return;
     default: matmul_rows(w, EB_DTYPE_F32, r0, r1, cols, x, n, y, ldy); return;
     }
 }

@@ -401,7 +401,11 @@ static int64_t step_rows(int64_t cols, int dtype) {
 #define MAX_TASKS 64
 
 /* The q8 precision applies where a quantized weight meets activations (float weights are read in f32). */
-static int uses_q8(int precision, int dtype) { return precision == EB_PRECISION_Q8 && eb_dtype_quantized(dtype); }
+/* Q5_0 / Q5_1 have no q8 kernels (llama.cpp writes them only for a few small rows): read in f32 in either precision */
+static int uses_q8(int precision, int dtype) {
+    return precision == EB_PRECISION_Q8 && eb_dtype_quantized(dtype) && dtype != EB_DTYPE_Q5_0 &&
+           dtype != EB_DTYPE_Q5_1;
+}
 
 /* A device buffer of at least bytes, grown by half again on demand and kept: no allocation once warm. */
 static void *grown(void **buf, size_t *cap, size_t bytes) {

@@ -217,6 +217,8 @@ __host__ __device__ __forceinline__ unsigned long long gpu_row_bytes(int dtype, 
     case EB_DTYPE_Q5_K: return (unsigned long long)(cols / 256) * 176u;
     case EB_DTYPE_Q6_K: return (unsigned long long)(cols / 256) * 210u;
     case EB_DTYPE_MXFP4: return (unsigned long long)(cols / 32) * 17u;
+    case EB_DTYPE_Q5_0: return (unsigned long long)(cols / 32) * 22u;
+    case EB_DTYPE_Q5_1: return (unsigned long long)(cols / 32) * 24u;
     default: return 0;
     }
 }
@@ -331,6 +333,29 @@ template <> struct qfmt<EB_DTYPE_MXFP4> {
         col[1] = 16 + 8 * g;
     }
 };
+
+// Q5_0 (22 bytes: f16 d, 32 fifth bits, 16 bytes of nibbles) and Q5_1 (24: f16 d and m first): a group is 8 bytes
+// of nibbles, their low halves columns 8g..8g+7 and their high ones 16 + 8g.., two runs (eb_dequantize_chunk's).
+template <int Q51> struct qfmt_q5 {
+    static constexpr int VALS = 32, BYTES = Q51 ? 24 : 22, GROUPS = 2, RUNS = 2, RUN = 8;
+    __device__ static __forceinline__ void load(const unsigned char *b, int g, bool, float *v, int *col) {
+        float d = half_bits(ld_u16(b)), m = Q51 ? half_bits(ld_u16(b + 2)) : 0.0f;
+        unsigned qh = ld_u16(b + 2 + 2 * Q51) | ld_u16(b + 4 + 2 * Q51) << 16;
+        uint2 q = ld_u64(b + 6 + 2 * Q51 + 8 * g);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            unsigned byte = ((i < 4 ? q.x : q.y) >> (8 * (i % 4))) & 0xffu;
+            int lo = (int)((byte & 0xFu) | ((qh >> (8 * g + i)) & 1u) << 4);
+            int hi = (int)((byte >> 4) | ((qh >> (16 + 8 * g + i)) & 1u) << 4);
+            v[i] = Q51 ? fmaf(d, (float)lo, m) : d * (float)(lo - 16);
+            v[8 + i] = Q51 ? fmaf(d, (float)hi, m) : d * (float)(hi - 16);
+        }
+        col[0] = 8 * g;
+        col[1] = 16 + 8 * g;
+    }
+};
+template <> struct qfmt<EB_DTYPE_Q5_0> : qfmt_q5<0> {};
+template <> struct qfmt<EB_DTYPE_Q5_1> : qfmt_q5<1> {};
 
 // Q4_K (144 bytes: f16 d, f16 dmin, 12 bytes of 6-bit scales and minimums, 128 bytes of nibbles) and Q5_K (the
 // same, then 32 bytes of fifth bits before the nibbles: 176): a group is 16 bytes of nibbles, g = 2p + h: the 16
@@ -483,6 +508,8 @@ __device__ __forceinline__ void qdot_rows(const void *const *ws, unsigned long l
     case EB_DTYPE_Q5_K: CALL(qfmt<EB_DTYPE_Q5_K>); break;                                                         \
     case EB_DTYPE_Q6_K: CALL(qfmt<EB_DTYPE_Q6_K>); break;                                                         \
     case EB_DTYPE_MXFP4: CALL(qfmt<EB_DTYPE_MXFP4>); break;                                                       \
+    case EB_DTYPE_Q5_0: CALL(qfmt<EB_DTYPE_Q5_0>); break;                                                         \
+    case EB_DTYPE_Q5_1: CALL(qfmt<EB_DTYPE_Q5_1>); break;                                                         \
     default: break;
 
 __device__ __forceinline__ void qdot_tile_any(const void *w, int dtype, long long row, int cols,
