@@ -259,9 +259,11 @@ static unsigned char *make_weights(int dt, int64_t rows, int64_t cols) {
         case EB_DTYPE_F32: memcpy(b, &v, 4); break;
         case EB_DTYPE_BF16: h = (uint16_t)(bits >> 16); memcpy(b, &h, 2); break;
         case EB_DTYPE_F16:
-        case EB_DTYPE_Q8_0: memcpy(b, &h, 2); break;
+        case EB_DTYPE_Q8_0:
+        case EB_DTYPE_Q5_0: memcpy(b, &h, 2); break;
         case EB_DTYPE_Q4_K:
-        case EB_DTYPE_Q5_K: memcpy(b, &h, 2), memcpy(b + 2, &h2, 2); break;
+        case EB_DTYPE_Q5_K:
+        case EB_DTYPE_Q5_1: memcpy(b, &h, 2), memcpy(b + 2, &h2, 2); break;
         case EB_DTYPE_Q6_K: memcpy(b + 208, &h, 2); break;
         case EB_DTYPE_MXFP4: b[0] = (unsigned char)(100 + s % 51); break;
         default: break;
