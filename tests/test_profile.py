@@ -380,13 +380,16 @@ def test_example_profiles_fit_a_freshly_built_demo_pair(tmp_path_factory, monkey
 
     cache = tmp_path_factory.getbasetemp() / "xdg-cache"  # shared with the other test files
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
-    formats = set()
+    formats, families = set(), set()
     for path in sorted(EXAMPLES.glob("*.yaml")):
         profile = P.load(path)
         fmt, quant = profile.model.demo_format()
         assert profile.draft.demo_format() == (fmt, quant), path.name
         formats.add((fmt, quant))
-        pair = ensure_demo_pair(profile.model.demo, cache_dir=cache / "expertbench", format=fmt, quant=quant)
+        assert profile.draft.demo_family() == profile.model.demo_family(), path.name
+        families.add(profile.model.demo_family())
+        pair = ensure_demo_pair(profile.model.demo, cache_dir=cache / "expertbench", format=fmt, quant=quant,
+                                family=profile.model.demo_family())  # fmt: skip
         assert profile.model_folder() == pair.target and profile.model_folder(profile.draft, "draft") == pair.draft
         assert profile.model.fingerprint == P.fingerprint(pair.target), path.name
         assert profile.draft.fingerprint == P.fingerprint(pair.draft), path.name
@@ -394,6 +397,7 @@ def test_example_profiles_fit_a_freshly_built_demo_pair(tmp_path_factory, monkey
         profile.placement_for(Checkpoint.open(pair.target).config)
         assert profile.routing_stats().hits.shape == (8, 16)
     assert formats == {("safetensors", None), ("gguf", "q8_0")}
+    assert families == {"qwen3", "deepseek"}
 
 
 def test_the_full_example_in_the_readme_is_a_valid_profile(tmp_path):

@@ -201,11 +201,11 @@ def test_example_profiles_pass_here(tmp_path_factory, monkeypatch, capsys):
 
     monkeypatch.setattr(regress, "measure_profile", steady)
     paths = sorted(str(p) for p in (ROOT / "profiles").glob("*.yaml"))
-    assert len(paths) == 4
+    assert len(paths) == 5
     code = cli_main(["regress", *paths])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert out.count("4 held, 4/4 as recorded") == 4
+    assert out.count("4 held, 4/4 as recorded") == 5
 
 
 def test_no_qt_on_the_regress_path(recorded):
