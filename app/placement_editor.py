@@ -422,7 +422,7 @@ class MemoryBar(QWidget):
 
 
 class DeviceColumn(QFrame):
-    def __init__(self, state: WorkbenchState, device: str, kind: str, description: str, parent=None):
+    def __init__(self, state: WorkbenchState, device: str, kind: str, description: str, note: str = "", parent=None):
         super().__init__(parent)
         self.setObjectName("deviceColumn")
         self.device = device
@@ -445,6 +445,15 @@ class DeviceColumn(QFrame):
         sub = QLabel(description)
         sub.setObjectName("muted")
         layout.addWidget(sub)
+        if note:  # what runs here whatever the placement (the primary's shared experts)
+            pinned = QLabel(note)
+            pinned.setObjectName("muted")
+            pinned.setWordWrap(True)
+            pinned.setToolTip(
+                "The shared experts run on the primary in every MoE layer, beside the routed experts "
+                "placed here or elsewhere; they are not placed (expertbench's cost model counts them)"
+            )
+            layout.addWidget(pinned)
         self.bar = MemoryBar(state, device, kind)
         layout.addWidget(self.bar)
         self.model = DeviceColumnModel(state, device, self)
@@ -560,13 +569,14 @@ class PlacementEditor(QWidget):
         for d in self.state.devices:
             kind = theme.device_kind(d.name, d.kind)
             description = f"{theme.kind_text(kind, long=True)} · {d.description}"
+            note = ""
             if d.name == self.state.model.primary:
                 description += " · primary"
                 shape = self.state.model.shape
                 if shape is not None and shape.shared_bytes:  # DeepSeek's always-on experts never move
                     total = shape.shared_bytes * len(shape.moe_layers)
-                    description += f" · shared experts of every MoE layer ({total / 2**20:.1f} MiB) pinned here"
-            col = DeviceColumn(self.state, d.name, d.kind, description)
+                    note = f"+ shared experts of {len(shape.moe_layers)} layers, {total / 2**20:.1f} MiB (pinned)"
+            col = DeviceColumn(self.state, d.name, d.kind, description, note)
             self.columns[d.name] = col
             self.row.addWidget(col, 1)
         self._update_text()
