@@ -141,6 +141,7 @@ class Checkpoint:
         raw = read_config_json(folder / "config.json")
         config = parse_config(raw, folder / "config.json")
         tensors, files = read_weights(folder)
+        tensors = drop_next_token_layers(config, raw, tensors, folder / "config.json")
         check_layer_count(config, tensors, folder / "config.json")
         tokenizer = read_tokenizer(folder / "tokenizer.json", config)
         return cls(folder, config, tensors, files, tokenizer, raw)
@@ -405,6 +406,20 @@ def yarn_rope(scaling: Any, dim: int, theta: float, max_pos: int, path: Path) ->
 MAX_DIM = 1 << 40  # a dimension past this (a shape like [0, 2**63]) fits no memory and no int64 product
 
 LAYER_TENSOR = re.compile(r"model\.layers\.(\d+)\.")
+
+
+def drop_next_token_layers(config: ModelConfig, raw: dict, tensors: dict[str, TensorInfo],
+                           path: Path) -> dict[str, TensorInfo]:  # fmt: skip
+    """DeepSeek-V3's released folders hold its multi-token-prediction module as layers num_hidden_layers ..
+    num_hidden_layers + num_nextn_predict_layers - 1 (model.layers.61.* in V3): transformers does not load them and
+    neither does this engine (nor llama.cpp's converter), so they are left out here."""
+    if config.architecture != "deepseek_v3":
+        return tensors
+    extra = _get(raw, "num_nextn_predict_layers", int, path, 0, lambda v: 0 <= v <= 64, "0..64")
+    if not extra:
+        return tensors
+    mtp = range(config.num_layers, config.num_layers + extra)
+    return {n: t for n, t in tensors.items() if not ((m := LAYER_TENSOR.match(n)) and int(m.group(1)) in mtp)}
 
 
 def check_layer_count(config: ModelConfig, tensors: dict[str, TensorInfo], path: Path) -> None:

@@ -316,3 +316,23 @@ def test_a_missing_correction_bias_names_the_tensor(tmp_path):
         prompt, generated, _ = reference(FIXTURES / "deepseek-f32")
         with eng.load(FIXTURES / "deepseek-f32").context() as ctx:
             assert ctx.generate(prompt, 8).ids == generated[:8].tolist()
+
+
+def test_the_released_checkpoints_next_token_layer_is_left_out(tmp_path):
+    """DeepSeek-V3's own folders hold the multi-token-prediction layer after the last one (num_nextn_predict_layers);
+    transformers does not load it, nor does the engine; without the key such a layer is refused as before."""
+    folder = copy_with(tmp_path, {"num_nextn_predict_layers": 1})
+    tensors = load_file(str(folder / "model.safetensors"))
+    cfg = json.loads((folder / "config.json").read_text())
+    last = cfg["num_hidden_layers"]
+    extra = {k.replace("model.layers.0.", f"model.layers.{last}."): v for k, v in tensors.items() if ".layers.0." in k}
+    save_file({**tensors, **extra}, str(folder / "model.safetensors"))
+    ckpt = Checkpoint.open(folder)
+    assert not any(f"layers.{last}." in name for name in ckpt.tensors)
+    prompt, generated, _ = reference(FIXTURES / "deepseek-f32")
+    with Engine() as eng, eng.load(folder).context() as ctx:
+        assert ctx.generate(prompt, 8).ids == generated[:8].tolist()
+    cfg.pop("num_nextn_predict_layers")
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=f"holds tensors of layer {last}"):
+        Checkpoint.open(folder)
