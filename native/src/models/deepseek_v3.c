@@ -15,7 +15,6 @@ static int is_moe_layer(const eb_model_config *c, int layer) {
     return c->arch == EB_ARCH_DEEPSEEK_V3 && c->num_experts > 0 && layer >= c->first_k_dense_replace;
 }
 
-
 /* k_b from kv_b_proj (heads blocks of nope key rows then v value rows, rank values each): per head its key rows
  * transposed into rank rows of nope, an owned copy in kv_b's format (f32 where that is a block format). */
 static int transpose_k_b(eb_layer *L, const eb_weight *kv_b, int64_t heads, int64_t nope, int64_t v, int64_t rank) {

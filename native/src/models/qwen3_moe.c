@@ -13,7 +13,6 @@ static int is_moe_layer(const eb_model_config *c, int layer) {
     return (layer + 1) % c->decoder_sparse_step == 0;
 }
 
-
 static int bind_layer(const eb_binder *b, int l) {
     eb_model *m = b->m;
     const eb_model_config *c = &m->cfg;
