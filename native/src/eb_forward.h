@@ -40,6 +40,10 @@ int eb_bind_vector(const eb_binder *b, const char *name, int64_t d0, float **out
  * layer's routed experts, one tensor each (mlp.experts.E.{gate,up,down}_proj), into layer->experts. */
 int eb_bind_embeddings(const eb_binder *b);
 int eb_bind_experts(const eb_binder *b, int layer, int64_t inter);
+/* A SwiGLU FFN of layer l named model.layers.l.<prefix>.{gate,up,down}_proj.weight (inter x hidden, then
+ * hidden x inter): a dense layer's MLP ("mlp"), shared experts, one routed expert. */
+int eb_bind_ffn(const eb_binder *b, int layer, const char *prefix, int64_t inter, eb_weight *gate, eb_weight *up,
+                eb_weight *down);
 
 /* A model family, one file each (models/): which of its layers route to experts, its tensors by name (the
  * model's, then each layer's: experts bound into layer->experts, allocated by the family), and its forward pass of

@@ -168,38 +168,41 @@ int eb_block_mla_attention(eb_step *s, int l) {
     return EB_OK;
 }
 
+/* x += down(silu(gate(xn)) * up(xn)): xn written by the norm first where one is given (a dense layer), else as the
+ * routing left it (shared experts). */
+static int swiglu(eb_step *s, const eb_rt_norm *norm, const eb_weight *gate, const eb_weight *up,
+                  const eb_weight *down) {
+    eb_dev_context *dc = s->c->dc;
+    int64_t n = s->n;
+    eb_rt_matmul gu[2] = {product(s, gate, dc->xn, n, dc->gate), product(s, up, dc->xn, n, dc->up)};
+    OP(s, s->ops->matmul(s->rt, s->dev, norm, gu, 2, 0, s->err, sizeof s->err));
+    OP(s, s->ops->silu_mul(s->rt, s->dev, dc->gate, dc->up, n * gate->rows, s->err, sizeof s->err));
+    eb_rt_matmul d = product(s, down, dc->gate, n, dc->x);
+    OP(s, s->ops->matmul(s->rt, s->dev, NULL, &d, 1, 1, s->err, sizeof s->err));
+    return EB_OK;
+}
+
 /* The shared experts of a MoE layer (none: nothing), one SwiGLU FFN of the routed experts' input rows xn (written by
  * the routing), added to x: before the routed experts' sum in every case, so x's association does not depend on
  * where the routed experts ran. */
 static int shared_experts(eb_step *s, int l) {
     const eb_dev_layer *D = &s->m->dp->layers[l];
-    eb_dev_context *dc = s->c->dc;
-    int64_t n = s->n;
     if (!D->sh_gate.data) return EB_OK;
     uint64_t t0 = trace_now(s->c);
-    eb_rt_matmul gu[2] = {product(s, &D->sh_gate, dc->xn, n, dc->gate), product(s, &D->sh_up, dc->xn, n, dc->up)};
-    OP(s, s->ops->matmul(s->rt, s->dev, NULL, gu, 2, 0, s->err, sizeof s->err));
-    OP(s, s->ops->silu_mul(s->rt, s->dev, dc->gate, dc->up, n * D->sh_gate.rows, s->err, sizeof s->err));
-    eb_rt_matmul down = product(s, &D->sh_down, dc->gate, n, dc->x);
-    OP(s, s->ops->matmul(s->rt, s->dev, NULL, &down, 1, 1, s->err, sizeof s->err));
-    if (!s->replaying) span(s->c, s->m->primary, l, EB_SPAN_SHARED, n, t0, trace_now(s->c));
-    return EB_OK;
+    int st = swiglu(s, NULL, &D->sh_gate, &D->sh_up, &D->sh_down);
+    if (!st && !s->replaying) span(s->c, s->m->primary, l, EB_SPAN_SHARED, s->n, t0, trace_now(s->c));
+    return st;
 }
 
 int eb_block_dense_ffn(eb_step *s, int l) {
     const eb_model_config *cf = &s->m->cfg;
     const eb_dev_layer *D = &s->m->dp->layers[l];
     eb_dev_context *dc = s->c->dc;
-    int64_t n = s->n;
     uint64_t t0 = trace_now(s->c);
-    eb_rt_norm post = {dc->x, D->post_norm, dc->xn, n, cf->hidden_size, (float)cf->rms_norm_eps};
-    eb_rt_matmul gu[2] = {product(s, &D->gate, dc->xn, n, dc->gate), product(s, &D->up, dc->xn, n, dc->up)};
-    OP(s, s->ops->matmul(s->rt, s->dev, &post, gu, 2, 0, s->err, sizeof s->err));
-    OP(s, s->ops->silu_mul(s->rt, s->dev, dc->gate, dc->up, n * D->gate.rows, s->err, sizeof s->err));
-    eb_rt_matmul down = product(s, &D->down, dc->gate, n, dc->x);
-    OP(s, s->ops->matmul(s->rt, s->dev, NULL, &down, 1, 1, s->err, sizeof s->err));
-    if (!s->replaying) span(s->c, s->m->primary, l, EB_SPAN_DENSE, n, t0, trace_now(s->c));
-    return EB_OK;
+    eb_rt_norm post = {dc->x, D->post_norm, dc->xn, s->n, cf->hidden_size, (float)cf->rms_norm_eps};
+    int st = swiglu(s, &post, &D->gate, &D->up, &D->down);
+    if (!st && !s->replaying) span(s->c, s->m->primary, l, EB_SPAN_DENSE, s->n, t0, trace_now(s->c));
+    return st;
 }
 
 /* A split layer's routing and rows, read back from the primary for the scheduler (pinned host memory). */

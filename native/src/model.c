@@ -173,23 +173,32 @@ int eb_bind_embeddings(const eb_binder *b) {
     return eb_bind(b, "lm_head.weight", c->vocab_size, c->hidden_size, &m->lm_head);
 }
 
+int eb_bind_ffn(const eb_binder *b, int l, const char *prefix, int64_t inter, eb_weight *gate, eb_weight *up,
+                eb_weight *down) {
+    char name[256];
+    int64_t H = b->m->cfg.hidden_size;
+    const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
+    eb_weight *w[3] = {gate, up, down};
+    int st = EB_OK;
+    for (int i = 0; i < 3 && !st; i++) {
+        snprintf(name, sizeof name, "model.layers.%d.%s.%s.weight", l, prefix, proj[i]);
+        st = eb_bind(b, name, i == 2 ? H : inter, i == 2 ? inter : H, w[i]);
+    }
+    return st;
+}
+
 int eb_bind_experts(const eb_binder *b, int l, int64_t inter) {
     eb_model *m = b->m;
     const eb_model_config *c = &m->cfg;
     eb_layer *L = &m->layers[l];
-    char name[256];
+    char prefix[64];
     int st = EB_OK;
-    int64_t H = c->hidden_size;
     L->experts = calloc((size_t)c->num_experts, sizeof *L->experts);
     if (!L->experts) return eb_fail(EB_ERR_MEMORY, "out of memory");
-    const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
     for (int e = 0; e < c->num_experts && !st; e++) {
         eb_expert *x = &L->experts[e];
-        eb_weight *w[3] = {&x->gate, &x->up, &x->down};
-        for (int i = 0; i < 3 && !st; i++) {
-            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.%s.weight", l, e, proj[i]);
-            st = eb_bind(b, name, i == 2 ? H : inter, i == 2 ? inter : H, w[i]);
-        }
+        snprintf(prefix, sizeof prefix, "mlp.experts.%d", e);
+        st = eb_bind_ffn(b, l, prefix, inter, &x->gate, &x->up, &x->down);
     }
     return st;
 }

@@ -87,20 +87,12 @@ static int bind_layer(const eb_binder *b, int l) {
     }
     L->is_moe = is_moe_layer(c, l);
     if (!L->is_moe) {
-        int64_t I = c->intermediate_size;
-        TRY(eb_bind(b, NAME("mlp.gate_proj.weight"), I, H, &L->gate))
-        TRY(eb_bind(b, NAME("mlp.up_proj.weight"), I, H, &L->up))
-        TRY(eb_bind(b, NAME("mlp.down_proj.weight"), H, I, &L->down))
-        return EB_OK;
+        return eb_bind_ffn(b, l, "mlp", c->intermediate_size, &L->gate, &L->up, &L->down);
     }
     int64_t I = c->moe_intermediate_size, S = I * c->n_shared_experts;
     TRY(eb_bind(b, NAME("mlp.gate.weight"), c->num_experts, H, &L->router))
     TRY(eb_bind_vector(b, NAME("mlp.gate.e_score_correction_bias"), c->num_experts, &L->router_bias))
-    if (S) {
-        TRY(eb_bind(b, NAME("mlp.shared_experts.gate_proj.weight"), S, H, &L->sh_gate))
-        TRY(eb_bind(b, NAME("mlp.shared_experts.up_proj.weight"), S, H, &L->sh_up))
-        TRY(eb_bind(b, NAME("mlp.shared_experts.down_proj.weight"), H, S, &L->sh_down))
-    }
+    if (S) TRY(eb_bind_ffn(b, l, "mlp.shared_experts", S, &L->sh_gate, &L->sh_up, &L->sh_down))
     TRY(eb_bind_experts(b, l, I))
     return EB_OK;
 #undef NAME

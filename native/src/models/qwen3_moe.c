@@ -39,11 +39,7 @@ static int bind_layer(const eb_binder *b, int l) {
     }
     L->is_moe = is_moe_layer(c, l);
     if (!L->is_moe) {
-        int64_t I = c->intermediate_size;
-        TRY(eb_bind(b, NAME("mlp.gate_proj.weight"), I, H, &L->gate))
-        TRY(eb_bind(b, NAME("mlp.up_proj.weight"), I, H, &L->up))
-        TRY(eb_bind(b, NAME("mlp.down_proj.weight"), H, I, &L->down))
-        return EB_OK;
+        return eb_bind_ffn(b, l, "mlp", c->intermediate_size, &L->gate, &L->up, &L->down);
     }
     int64_t I = c->moe_intermediate_size;
     TRY(eb_bind(b, NAME("mlp.gate.weight"), c->num_experts, H, &L->router))
