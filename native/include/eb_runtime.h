@@ -16,7 +16,7 @@
 
 #include "expertbench.h"
 
-#define EB_RUNTIME_ABI_VERSION 6u
+#define EB_RUNTIME_ABI_VERSION 7u
 #define EB_RUNTIME_ENTRY "eb_runtime_module"
 
 #if defined(__GNUC__)
@@ -40,12 +40,24 @@ typedef struct {
 
 /* One expert's weights on its owner device (device pointers for a GPU). gate/up: inter x hidden,
  * down: hidden x inter, each in its own format (a GGUF Q4_K_M file stores gate and up as Q4_K, down as Q6_K in some
- * layers). */
+ * layers). bias (gpt-oss; NULL: none): inter gate biases, inter up biases, hidden down biases, f32, each added to its
+ * product before anything else reads it. */
 typedef struct {
     const void *gate, *up, *down;
     int32_t gate_dtype, up_dtype, down_dtype;
     int32_t expert_id;
+    const float *bias;
 } eb_rt_expert;
+
+/* The experts' activation between the gate/up products and down:
+ *   EB_ACT_SILU:        silu(g) * u
+ *   EB_ACT_SWIGLU_OAI:  gpt-oss's clamped SwiGLU: g' = min(g, limit), u' = clamp(u, -limit, limit),
+ *                       (u' + 1) * g' * sigmoid(alpha * g') */
+enum { EB_ACT_SILU = 0, EB_ACT_SWIGLU_OAI = 1 };
+typedef struct {
+    int32_t kind;
+    float alpha, limit;
+} eb_rt_act;
 
 enum { EB_REDUCE_REFERENCE = 0, EB_REDUCE_OWNER_LOCAL = 1 };
 
@@ -70,6 +82,7 @@ typedef struct {
     void *scratch;
     size_t scratch_bytes;
     int32_t precision; /* eb_precision */
+    eb_rt_act act;
 } eb_rt_expert_batch;
 
 static inline size_t eb_rt_expert_scratch_bytes(int64_t n_pairs, int64_t hidden, int64_t inter) {
@@ -99,7 +112,11 @@ typedef struct {
  * rows) so that one recorded step serves every position. */
 
 /* Attention of n new rows at positions *pos .. *pos + n - 1 for one layer: grouped-query attention with an
- * optional per-head RMSNorm of q and k (Qwen3) and rotate-half RoPE; k and v go into this layer's cache first. */
+ * optional per-head RMSNorm of q and k (Qwen3) and rotate-half RoPE; k and v go into this layer's cache first.
+ * Position p's cache row is p % n_cache (n_cache = n_ctx: row p; a sliding-window layer's cache is a ring of at least
+ * window + n - 1 rows). Row t (position p) attends to positions max(0, p - window + 1) .. p (window 0: 0 .. p); with
+ * sinks (gpt-oss), head h's softmax has one more logit, sinks[h], whose share goes nowhere:
+ * out = sum_j e^(s_j - m) v_j / (sum_j e^(s_j - m) + e^(sinks[h] - m)), m the largest of the s_j and sinks[h]. */
 typedef struct {
     float *q;                         /* n rows of n_heads * head_dim; scratch afterwards */
     float *k;                         /* n rows of n_kv_heads * head_dim; scratch afterwards */
@@ -111,6 +128,9 @@ typedef struct {
     int32_t n, n_heads, n_kv_heads, head_dim, n_ctx;
     float eps;
     float *out; /* n rows of n_heads * head_dim */
+    const float *sinks; /* n_heads, or NULL */
+    int32_t window;     /* 0: every position */
+    int32_t n_cache;    /* rows of this layer's k_cache and v_cache */
 } eb_rt_attention;
 
 /* The routed experts of one MoE layer that the primary owns, and the combination of every selected expert's
@@ -137,6 +157,7 @@ typedef struct {
     float *x;
     unsigned long long *stats;
     int32_t precision; /* eb_precision */
+    eb_rt_act act;
 } eb_rt_moe;
 
 /* RMSNorm of rows before a product: xn[r] = w * x[r] / rms(x[r]), written, and the products read xn. */
@@ -154,6 +175,8 @@ enum {
                                   in n_group equal groups, a group's value the sum of its two best, the topk_group best
                                   groups kept (the others' experts count 0), top_k of those (ties to the lower id);
                                   weights the chosen scores, renormalised when norm_topk, times scale */
+    EB_ROUTE_TOPK_SOFTMAX = 2  /* gpt-oss's: logits + bias (the router's own bias; NULL: none), their top_k (ties to
+                                  the lower id), weights the softmax over the chosen logits */
 };
 
 /* A MoE layer's routing: xn = RMSNorm(x) (written), logits = router . xn (scratch), then per row the choice that
@@ -166,7 +189,7 @@ typedef struct {
     int32_t *topk_id;
     float *topk_w;
     unsigned long long *hits;
-    const float *bias;          /* EB_ROUTE_SIGMOID_GROUP: n_experts, added for the choice only */
+    const float *bias;          /* SIGMOID_GROUP: n_experts, added for the choice only; TOPK_SOFTMAX: to the logits */
     int32_t n_group, topk_group; /* EB_ROUTE_SIGMOID_GROUP */
     float scale;                /* EB_ROUTE_SIGMOID_GROUP: the weights' factor */
 } eb_rt_route;
@@ -269,7 +292,7 @@ typedef struct eb_runtime_table {
     int (*event_wait)(void *rt, int dev, void *event, char *err, size_t errlen);
     int (*event_time)(void *rt, int dev, void *event, uint64_t *ns, char *err, size_t errlen);
 
-    /* The expert FFN down(silu(gate(x)) * up(x)) for an owner's pairs. async = 1: queued on the device;
+    /* The expert FFN down(act(gate(x), up(x))) for an owner's pairs (biases added where an expert has them). async = 1: queued on the device;
      * async = 0: done when the call returns (the calling thread may take part). */
     int (*expert_ffn)(void *rt, int dev, const eb_rt_expert_batch *batch, int async, char *err, size_t errlen);
 

@@ -55,13 +55,17 @@ typedef enum {
     EB_DTYPE_MXFP4 = 7,
     EB_DTYPE_Q5_0 = 8,
     EB_DTYPE_Q5_1 = 9,
-    EB_DTYPE_COUNT = 10
+    EB_DTYPE_COUNT = 10,
+    EB_DTYPE_U8 = 16 /* not a weight format: bytes of a format's parts stored apart (a Hugging Face MXFP4 checkpoint's
+                        *_blocks and *_scales), which the loader reads and packs into MXFP4 rows */
 } eb_dtype;
 
 typedef enum {
     EB_ARCH_QWEN3 = 1,    /* Qwen3ForCausalLM (dense) */
     EB_ARCH_QWEN3_MOE = 2, /* Qwen3MoeForCausalLM */
-    EB_ARCH_DEEPSEEK_V3 = 3 /* DeepseekV3ForCausalLM: MLA attention, grouped sigmoid routing, shared experts */
+    EB_ARCH_DEEPSEEK_V3 = 3, /* DeepseekV3ForCausalLM: MLA attention, grouped sigmoid routing, shared experts */
+    EB_ARCH_GPT_OSS = 4      /* GptOssForCausalLM: attention sinks, sliding-window layers, biased experts with a
+                                clamped SwiGLU, top-k routing with the softmax over the chosen */
 } eb_arch;
 
 typedef struct eb_engine eb_engine;
@@ -148,6 +152,15 @@ typedef struct {
     int32_t n_group;
     int32_t topk_group;
     double routed_scaling_factor;
+    /* gpt-oss (NULL / 0 elsewhere): per layer its attention window (layer_window: num_layers entries, 0 = full
+     * attention; a window w attends to the w most recent positions, its own included, and its KV cache holds only
+     * those the steps can reach); attention sinks (one learned logit per head in every layer's softmax); experts
+     * with biases and the clamped SwiGLU: swiglu_limit > 0 clamps gate above at the limit and up to +-limit, then
+     * (up + 1) * gate * sigmoid(swiglu_alpha * gate) */
+    const int32_t *layer_window;
+    int32_t n_layer_window;
+    double swiglu_limit;
+    double swiglu_alpha;
 } eb_model_config;
 
 /* One tensor of a checkpoint: where its bytes are in which file. */
@@ -222,7 +235,10 @@ typedef struct {
     int32_t weights;              /* how the files are held: EB_WEIGHTS_MAP or EB_WEIGHTS_COPY (never AUTO) */
     uint64_t file_bytes;          /* the checkpoint's files, all of them */
     uint64_t huge_page_bytes;     /* of a copy, the bytes the kernel backs with huge pages at load (0 when mapped) */
-    uint64_t kv_bytes_per_token;  /* KV cache per position, all layers (MLA: the latent and the rope key) */
+    uint64_t kv_bytes_per_token;  /* KV cache per position, all layers (MLA: the latent and the rope key; the
+                                     full-attention layers only where some layers have a window) */
+    uint64_t kv_window_bytes;     /* the KV cache of the sliding-window layers at their windows, whatever the
+                                     context's length (a context of batches of b rows holds b - 1 rows more each) */
     uint64_t shared_expert_bytes; /* weights of the shared experts, read on the primary every token */
 } eb_model_info;
 
