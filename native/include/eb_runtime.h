@@ -171,7 +171,7 @@ typedef struct {
 /* How a router turns a row of logits into top_k choices and their weights. */
 enum {
     EB_ROUTE_SOFTMAX_TOPK = 0, /* softmax over every expert, top_k (ties to the lower id), renormalised when norm_topk */
-    EB_ROUTE_SIGMOID_GROUP = 1 /* DeepSeek-V3's: scores sigmoid(logit); for the choice only, score + bias, the experts
+    EB_ROUTE_SIGMOID_GROUP = 1,/* DeepSeek-V3's: scores sigmoid(logit); for the choice only, score + bias, the experts
                                   in n_group equal groups, a group's value the sum of its two best, the topk_group best
                                   groups kept (the others' experts count 0), top_k of those (ties to the lower id);
                                   weights the chosen scores, renormalised when norm_topk, times scale */
