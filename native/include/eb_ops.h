@@ -64,25 +64,28 @@ enum { EB_ATTEND_HEADS = 8, EB_ATTEND_AHEAD = 16 };
 #if defined(__GNUC__)
 __attribute__((always_inline))
 #endif
-static inline void eb_attend_group(const float *q, int64_t g, const float *kc, const float *restrict vc, int64_t p,
-                                   int64_t kvd, int64_t hd, float *scores, int64_t sstride, float *restrict o) {
+static inline void eb_attend_span(const float *q, int64_t g, const float *kc, const float *restrict vc, int64_t lo,
+                                  int64_t p, int64_t ring, const float *sinks, int64_t kvd, int64_t hd, float *scores,
+                                  int64_t sstride, float *restrict o) {
     float scale = 1.0f / sqrtf((float)hd);
+    int64_t span = p - lo; /* scores[s] is position lo + s, at cache row (lo + s) % ring */
+#define EB_ROW(s) (((lo + (s)) % ring) * kvd)
     for (int64_t j0 = 0; j0 < g; j0 += EB_ATTEND_HEADS) {
         int64_t gb = g - j0 < EB_ATTEND_HEADS ? g - j0 : EB_ATTEND_HEADS;
         const float *qb = q + j0 * hd;
         float *sb = scores + j0 * sstride, *restrict ob = o + j0 * hd;
         float mx[EB_ATTEND_HEADS], inv[EB_ATTEND_HEADS];
-        for (int64_t j = 0; j < gb; j++) mx[j] = -INFINITY;
-        for (int64_t s = 0; s < EB_ATTEND_AHEAD && s <= p; s++) {
-            eb_prefetch_row(kc + s * kvd, hd);
-            eb_prefetch_row(vc + s * kvd, hd);
+        for (int64_t j = 0; j < gb; j++) mx[j] = sinks ? sinks[j0 + j] : -INFINITY;
+        for (int64_t s = 0; s < EB_ATTEND_AHEAD && s <= span; s++) {
+            eb_prefetch_row(kc + EB_ROW(s), hd);
+            eb_prefetch_row(vc + EB_ROW(s), hd);
         }
-        for (int64_t s = 0; s <= p; s++) {
-            if (s + EB_ATTEND_AHEAD <= p) {
-                eb_prefetch_row(kc + (s + EB_ATTEND_AHEAD) * kvd, hd);
-                eb_prefetch_row(vc + (s + EB_ATTEND_AHEAD) * kvd, hd);
+        for (int64_t s = 0; s <= span; s++) {
+            if (s + EB_ATTEND_AHEAD <= span) {
+                eb_prefetch_row(kc + EB_ROW(s + EB_ATTEND_AHEAD), hd);
+                eb_prefetch_row(vc + EB_ROW(s + EB_ATTEND_AHEAD), hd);
             }
-            const float *kr = kc + s * kvd;
+            const float *kr = kc + EB_ROW(s);
             for (int64_t j = 0; j < gb; j++) {
                 float v = eb_dot_qk(qb + j * hd, kr, hd) * scale;
                 sb[j * sstride + s] = v;
@@ -91,15 +94,16 @@ static inline void eb_attend_group(const float *q, int64_t g, const float *kc, c
         }
         for (int64_t j = 0; j < gb; j++) {
             float *sc = sb + j * sstride, sum = 0.0f;
-            for (int64_t s = 0; s <= p; s++) {
+            for (int64_t s = 0; s <= span; s++) {
                 sc[s] = expf(sc[s] - mx[j]);
                 sum += sc[s];
             }
+            if (sinks) sum += expf(sinks[j0 + j] - mx[j]); /* the sink's share of the softmax goes nowhere */
             inv[j] = 1.0f / sum;
         }
         memset(ob, 0, (size_t)(gb * hd) * sizeof *ob);
-        for (int64_t s = 0; s <= p; s++) {
-            const float *restrict v = vc + s * kvd;
+        for (int64_t s = 0; s <= span; s++) {
+            const float *restrict v = vc + EB_ROW(s);
             for (int64_t j = 0; j < gb; j++) {
                 float ps = sb[j * sstride + s] * inv[j], *restrict oj = ob + j * hd;
                 int64_t i = 0;
@@ -109,6 +113,16 @@ static inline void eb_attend_group(const float *q, int64_t g, const float *kc, c
             }
         }
     }
+#undef EB_ROW
+}
+
+/* g heads of one row attending to cache positions 0..p, row s at s (eb_attend_span without a window or sinks). */
+#if defined(__GNUC__)
+__attribute__((always_inline))
+#endif
+static inline void eb_attend_group(const float *q, int64_t g, const float *kc, const float *restrict vc, int64_t p,
+                                   int64_t kvd, int64_t hd, float *scores, int64_t sstride, float *restrict o) {
+    eb_attend_span(q, g, kc, vc, 0, p, p + 1, NULL, kvd, hd, scores, sstride, o);
 }
 
 /* One head of one row attending to cache positions 0..p (eb_attend_group of one head). */
@@ -125,7 +139,7 @@ static inline void eb_attend(const float *q, const float *kc, const float *restr
  * (rows of kvd = nkv * hd floats). */
 static inline void eb_qk_rope_store(float *q, float *k, const float *v, const float *q_norm, const float *k_norm,
                                     const float *rope_cos, const float *rope_sin, float *k_cache, float *v_cache,
-                                    int64_t p, int64_t nh, int64_t nkv, int64_t hd, float eps) {
+                                    int64_t p, int64_t row, int64_t nh, int64_t nkv, int64_t hd, float eps) {
     const float *cs = rope_cos + p * (hd / 2), *sn = rope_sin + p * (hd / 2);
     for (int64_t h = 0; h < nh; h++) {
         if (q_norm) eb_rmsnorm(q + h * hd, q + h * hd, q_norm, hd, eps);
@@ -135,8 +149,8 @@ static inline void eb_qk_rope_store(float *q, float *k, const float *v, const fl
         if (k_norm) eb_rmsnorm(k + h * hd, k + h * hd, k_norm, hd, eps);
         eb_rope(k + h * hd, cs, sn, hd);
     }
-    memcpy(k_cache + p * nkv * hd, k, (size_t)(nkv * hd) * sizeof(float));
-    memcpy(v_cache + p * nkv * hd, v, (size_t)(nkv * hd) * sizeof(float));
+    memcpy(k_cache + row * nkv * hd, k, (size_t)(nkv * hd) * sizeof(float));
+    memcpy(v_cache + row * nkv * hd, v, (size_t)(nkv * hd) * sizeof(float));
 }
 
 /* Softmax of one row of E router logits in place (f32), then the top K (ties to the lower id) and their
@@ -166,6 +180,34 @@ static inline void eb_route_row(float *p, int64_t E, int64_t K, int norm, int32_
         for (int64_t k = 0; k < K; k++) s += w[k];
         for (int64_t k = 0; k < K; k++) w[k] /= s;
     }
+}
+
+/* gpt-oss's choice (EB_ROUTE_TOPK_SOFTMAX) for one row of E router logits, in place: the bias (NULL: none) added, the
+ * top K logits (ties to the lower id), their weights the softmax over those K. */
+static inline void eb_route_topk_softmax_row(float *p, const float *bias, int64_t E, int64_t K, int32_t *ids,
+                                             float *w) {
+    if (bias)
+        for (int64_t e = 0; e < E; e++) p[e] += bias[e];
+    for (int64_t k = 0; k < K; k++) {
+        int32_t best = -1;
+        for (int64_t e = 0; e < E; e++) {
+            int taken = 0;
+            for (int64_t j = 0; j < k; j++) taken |= ids[j] == e;
+            if (!taken && (best < 0 || p[e] > p[best])) best = (int32_t)e;
+        }
+        ids[k] = best;
+    }
+    float mx = p[ids[0]], sum = 0.0f; /* the first chosen is the largest */
+    for (int64_t k = 0; k < K; k++) sum += w[k] = expf(p[ids[k]] - mx);
+    for (int64_t k = 0; k < K; k++) w[k] /= sum;
+}
+
+/* The experts' activation of one gate and up value (eb_rt_act). */
+static inline float eb_act(int kind, float alpha, float limit, float g, float u) {
+    if (kind != EB_ACT_SWIGLU_OAI) return eb_silu(g) * u;
+    g = g < limit ? g : limit;
+    u = u < -limit ? -limit : u > limit ? limit : u;
+    return (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
 }
 
 /* RoPE of interleaved pairs (x[2i], x[2i+1]) rotated by frequency i, written de-interleaved as transformers'

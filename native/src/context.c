@@ -34,6 +34,8 @@ void eb_context_free(eb_context *c) {
         }
     free(c->own_events);
     free(c->own_pending);
+    free(c->cache_rows);
+    free(c->cache_at);
     free(c->rope_cos);
     free(c->rope_sin);
     free(c->logits);
@@ -69,6 +71,17 @@ int eb_context_create(eb_model *m, int32_t n_ctx, int32_t n_batch, eb_context **
     size_t K = cf->top_k > 0 ? (size_t)cf->top_k : 1;
     /* every buffer size is a product of these: refuse what would overflow size_t */
     size_t kv_elems, probe;
+    int failed = 0;
+    c->cache_rows = zalloc((size_t)cf->num_layers, sizeof *c->cache_rows, &failed);
+    c->cache_at = zalloc((size_t)cf->num_layers + 1, sizeof *c->cache_at, &failed);
+    if (failed) {
+        eb_context_free(c);
+        return eb_fail(EB_ERR_MEMORY, "out of memory for a context of %d positions", n_ctx);
+    }
+    for (int l = 0; l < cf->num_layers; l++) { /* each layer's rows, then where they start: at most layers * n_ctx */
+        c->cache_rows[l] = eb_cache_rows(cf, l, n_ctx, n_batch);
+        c->cache_at[l + 1] = c->cache_at[l] + (size_t)c->cache_rows[l];
+    }
     if (__builtin_mul_overflow((size_t)cf->num_layers, (size_t)n_ctx, &kv_elems) ||
         __builtin_mul_overflow(kv_elems, kvd, &kv_elems) || __builtin_mul_overflow(kv_elems, sizeof(float), &probe) ||
         __builtin_mul_overflow(B * K, qd > I ? (qd > H ? qd : H) : (I > H ? I : H), &probe) ||
@@ -79,7 +92,6 @@ int eb_context_create(eb_model *m, int32_t n_ctx, int32_t n_batch, eb_context **
         eb_context_free(c);
         return eb_fail(EB_ERR_RANGE, "a context of %d positions for this model's sizes does not fit in memory", n_ctx);
     }
-    int failed = 0;
     c->rope_cos = zalloc((size_t)n_ctx * hd / 2, sizeof(float), &failed);
     c->rope_sin = zalloc((size_t)n_ctx * hd / 2, sizeof(float), &failed);
     c->logits = zalloc((size_t)cf->vocab_size, sizeof(float), &failed);

@@ -36,6 +36,12 @@ typedef struct {
 } eb_binder;
 int eb_bind(const eb_binder *b, const char *name, int64_t d0, int64_t d1, eb_weight *out);
 int eb_bind_vector(const eb_binder *b, const char *name, int64_t d0, float **out);
+/* A tensor of any rank (ndim dimensions exactly shape) read as it is stored: a float format, or raw bytes where
+ * dtype is EB_DTYPE_U8 (refused otherwise); *data its bytes, *dtype_out its format. */
+int eb_bind_tensor(const eb_binder *b, const char *name, int ndim, const int64_t *shape, int raw, const void **data,
+                   int *dtype_out);
+/* Whether the checkpoint holds a tensor of this name. */
+int eb_has_tensor(const eb_binder *b, const char *name);
 /* What every family names alike: the embeddings, the final norm and lm_head (the embeddings when tied); a MoE
  * layer's routed experts, one tensor each (mlp.experts.E.{gate,up,down}_proj), into layer->experts. */
 int eb_bind_embeddings(const eb_binder *b);
@@ -58,6 +64,7 @@ typedef struct eb_family {
 
 extern const eb_family eb_family_qwen3;
 extern const eb_family eb_family_deepseek_v3;
+extern const eb_family eb_family_gpt_oss;
 const eb_family *eb_family_for(int32_t arch);
 
 int eb_block_embed(eb_step *s);

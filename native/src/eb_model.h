@@ -25,10 +25,24 @@ static inline uint64_t eb_weight_bytes(const eb_weight *w) {
 
 typedef struct {
     eb_weight gate, up, down; /* where the owner reads them: the mapped file, or the owner's copy */
-    const void *host_gate, *host_up, *host_down; /* always the mapped file */
-    void *dev_mem;            /* the owner's copy (gate | up | down), NULL when it reads the mapped file */
+    const void *host_gate, *host_up, *host_down; /* always the mapped file (or the model's packed copy) */
+    const float *bias, *host_bias; /* gpt-oss: gate, up and down biases (eb_rt_expert), where the owner reads them and
+                                      in host memory; NULL without */
+    void *dev_mem;            /* the owner's copy (gate | up | down | bias), NULL when it reads the host's */
     int owner;                /* engine device index */
 } eb_expert;
+
+/* The experts' activation a config asks for. */
+static inline eb_rt_act eb_model_act(const eb_model_config *c) {
+    if (c->swiglu_limit > 0.0) return (eb_rt_act){EB_ACT_SWIGLU_OAI, (float)c->swiglu_alpha, (float)c->swiglu_limit};
+    return (eb_rt_act){EB_ACT_SILU, 0.0f, 0.0f};
+}
+
+/* An expert's bytes: its weights and biases. */
+static inline uint64_t eb_expert_bytes(const eb_expert *x) {
+    uint64_t bias = x->host_bias || x->bias ? (uint64_t)(2 * x->gate.rows + x->down.rows) * sizeof(float) : 0;
+    return eb_weight_bytes(&x->gate) + eb_weight_bytes(&x->up) + eb_weight_bytes(&x->down) + bias;
+}
 
 typedef struct {
     float *input_norm, *post_norm;
@@ -46,6 +60,10 @@ typedef struct {
     void *k_b_owned;          /* k_b transposed from kv_b_proj at load, or NULL (a file's split k_b is read in place) */
     float *router_bias;       /* grouped sigmoid routing: the correction bias */
     eb_weight sh_gate, sh_up, sh_down; /* the shared experts, as one FFN (MoE layers) */
+    float *sinks;             /* gpt-oss: one attention-sink logit per head */
+    int32_t window;           /* attention window (0: every position) */
+    void *experts_owned;      /* the experts packed at load from a layout the kernels do not read, or NULL */
+    float *expert_bias;       /* the experts' biases, (2 inter + hidden) per expert, or NULL */
 } eb_layer;
 
 /* The primary's view of the weights other than the experts': on a device that cannot read host memory (a GPU) a
@@ -56,7 +74,7 @@ typedef struct {
     eb_weight q, k, v, o, router, gate, up, down;
     const float *input_norm, *post_norm, *q_norm, *k_norm, *q_bias, *k_bias, *v_bias, *o_bias;
     eb_weight q_a, q_b, kv_a, k_b, v_b, sh_gate, sh_up, sh_down;
-    const float *q_a_norm, *kv_a_norm, *router_bias;
+    const float *q_a_norm, *kv_a_norm, *router_bias, *sinks;
     eb_rt_expert *experts; /* device memory: num_experts entries, gate NULL where another device owns it */
     int n_foreign;         /* experts of this layer another device owns */
 } eb_dev_layer;
@@ -92,6 +110,7 @@ struct eb_model {
     eb_engine *engine;
     eb_model_config cfg;
     int32_t *mlp_only;
+    int32_t *layer_window; /* the config's, copied */
     float *rope_inv_freq; /* the config's, copied */
     int primary;
     int expert_home;    /* where experts start: the primary, or the first CPU device when the primary is a GPU */
@@ -155,6 +174,8 @@ typedef struct {
 struct eb_context {
     eb_model *model;
     int32_t n_ctx, n_batch, pos, mode, precision, n_devices;
+    int32_t *cache_rows; /* per layer, the rows of its KV cache: n_ctx, or a window's ring (eb_cache_rows) */
+    size_t *cache_at;    /* per layer, its first row in the caches */
     float *rope_cos, *rope_sin; /* [n_ctx][head_dim / 2], host: computed once, uploaded */
     /* a split MoE layer's routing and rows as the scheduler reads them (the pinned copies in dc) */
     float *xn, *topk_w;
@@ -196,6 +217,12 @@ typedef struct {
     int64_t q, k, v, att, cache_k, cache_v, ffn;
 } eb_dims;
 eb_dims eb_model_dims(const eb_model_config *c);
+/* Rows of layer l's KV cache in a context of n_ctx positions and batches of up to n_batch: n_ctx, or for a layer with
+ * a window w the ring that holds what a batch's rows attend to (w + n_batch - 1 rows, at most n_ctx). */
+static inline int32_t eb_cache_rows(const eb_model_config *c, int l, int32_t n_ctx, int32_t n_batch) {
+    int64_t w = c->layer_window ? c->layer_window[l] : 0;
+    return w > 0 && w + n_batch - 1 < n_ctx ? (int32_t)(w + n_batch - 1) : n_ctx;
+}
 
 /* Free the model now (eb_model_free defers to this when no context is alive). */
 void eb_model_release(eb_model *m);

@@ -13,6 +13,7 @@
 
 const eb_family *eb_family_for(int32_t arch) {
     if (arch == EB_ARCH_QWEN3 || arch == EB_ARCH_QWEN3_MOE) return &eb_family_qwen3;
+    if (arch == EB_ARCH_GPT_OSS) return &eb_family_gpt_oss;
     return arch == EB_ARCH_DEEPSEEK_V3 ? &eb_family_deepseek_v3 : NULL;
 }
 
@@ -117,10 +118,11 @@ int eb_block_attention(eb_step *s, int l) {
         OP(s, s->ops->add(s->rt, s->dev, dc->k, D->k_bias, n, kvd, 1, s->err, sizeof s->err));
         OP(s, s->ops->add(s->rt, s->dev, dc->v, D->v_bias, n, kvd, 1, s->err, sizeof s->err));
     }
-    size_t layer_kv = (size_t)l * (size_t)s->c->n_ctx * (size_t)kvd;
-    eb_rt_attention at = {dc->q, dc->k, dc->v, D->q_norm, D->k_norm, dc->rope_cos, dc->rope_sin,
-                          dc->k_cache + layer_kv, dc->v_cache + layer_kv, dc->ids, (int32_t)n, cf->num_heads,
-                          cf->num_kv_heads, cf->head_dim, s->c->n_ctx, eps, dc->att};
+    size_t layer_kv = s->c->cache_at[l] * (size_t)kvd;
+    eb_rt_attention at = {dc->q,        dc->k,         dc->v,        D->q_norm,    D->k_norm,    dc->rope_cos,
+                          dc->rope_sin, dc->k_cache + layer_kv, dc->v_cache + layer_kv, dc->ids, (int32_t)n,
+                          cf->num_heads, cf->num_kv_heads, cf->head_dim, s->c->n_ctx, eps, dc->att, D->sinks,
+                          s->m->layers[l].window, s->c->cache_rows[l]};
     OP(s, s->ops->attention(s->rt, s->dev, &at, s->err, sizeof s->err));
     if (D->o_bias) { /* x += (o . att + bias) */
         eb_rt_matmul o = product(s, &D->o, dc->att, n, dc->proj);
@@ -158,7 +160,7 @@ int eb_block_mla_attention(eb_step *s, int l) {
                                             : 1.0f / sqrtf((float)(cf->qk_nope_head_dim + cf->qk_rope_head_dim));
     eb_rt_mla at = {dc->q, dc->k, D->kv_a_norm, D->k_b.data, D->v_b.data, D->k_b.dtype, D->v_b.dtype,
                     s->m->layers[l].v_b_head_rows, dc->rope_cos, dc->rope_sin,
-                    dc->k_cache + (size_t)l * (size_t)s->c->n_ctx * (size_t)row, dc->ids, (int32_t)n, cf->num_heads,
+                    dc->k_cache + s->c->cache_at[l] * (size_t)row, dc->ids, (int32_t)n, cf->num_heads,
                     cf->qk_nope_head_dim, cf->qk_rope_head_dim, cf->v_head_dim, cf->kv_lora_rank, s->c->n_ctx,
                     cf->rope_interleave, 1e-6f /* kv_a_layernorm's, as q_a_layernorm's */, scale, dc->att};
     OP(s, s->ops->mla(s->rt, s->dev, &at, s->err, sizeof s->err));
@@ -288,8 +290,11 @@ int eb_block_moe(eb_step *s, int l) {
     int st, prim = m->primary;
     uint64_t t0 = trace_now(c);
     eb_rt_norm post = {dc->x, D->post_norm, dc->xn, n, cf->hidden_size, (float)cf->rms_norm_eps};
+    int scoring = cf->arch == EB_ARCH_DEEPSEEK_V3 ? EB_ROUTE_SIGMOID_GROUP
+                  : cf->arch == EB_ARCH_GPT_OSS   ? EB_ROUTE_TOPK_SOFTMAX
+                                                  : EB_ROUTE_SOFTMAX_TOPK;
     eb_rt_route r = {post,       D->router.data, D->router.dtype, (int32_t)E,  (int32_t)K,
-                     D->router_bias ? EB_ROUTE_SIGMOID_GROUP : EB_ROUTE_SOFTMAX_TOPK, cf->norm_topk_prob, dc->router,
+                     scoring,    cf->norm_topk_prob, dc->router,
                      dc->topk_id, dc->topk_w, m->routing_off ? NULL : dp->hits + (size_t)l * (size_t)E,
                      D->router_bias, cf->n_group, cf->topk_group, (float)cf->routed_scaling_factor};
     OP(s, s->ops->route(s->rt, s->dev, &r, s->err, sizeof s->err));
@@ -297,7 +302,7 @@ int eb_block_moe(eb_step *s, int l) {
     eb_rt_moe b = {D->experts, (int32_t)E, (int32_t)K, (int32_t)n, (int32_t)cf->hidden_size,
                    cf->moe_intermediate_size, c->mode == EB_MODE_OWNER_LOCAL ? EB_REDUCE_OWNER_LOCAL : EB_REDUCE_REFERENCE,
                    EB_MOE_ALL, dc->xn, dc->topk_id, dc->topk_w, NULL, dc->pair_out, dc->h, dc->x, dp->stats,
-                   c->precision};
+                   c->precision, eb_model_act(cf)};
     if (!D->n_foreign) { /* every expert is the primary's: nothing leaves the device */
         if ((st = shared_experts(s, l))) return st;
         t0 = trace_now(c);

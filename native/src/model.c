@@ -20,8 +20,8 @@
 static int check_config(const eb_model_config *c) {
     if (!eb_family_for(c->arch))
         return eb_fail(EB_ERR_UNSUPPORTED, "config: architecture code %d is not supported (expected %d Qwen3, %d "
-                                           "Qwen3-MoE or %d DeepSeek-V3)", c->arch, EB_ARCH_QWEN3, EB_ARCH_QWEN3_MOE,
-                       EB_ARCH_DEEPSEEK_V3);
+                                           "Qwen3-MoE, %d DeepSeek-V3 or %d gpt-oss)", c->arch, EB_ARCH_QWEN3,
+                       EB_ARCH_QWEN3_MOE, EB_ARCH_DEEPSEEK_V3, EB_ARCH_GPT_OSS);
 #define POSITIVE(field)                                                                                          \
     if (c->field <= 0 || c->field > EB_MAX_DIM)                                                                  \
         return eb_fail(EB_ERR_FORMAT, "config: " #field " = %d, expected 1..%d", (int)c->field, EB_MAX_DIM);
@@ -57,6 +57,22 @@ static int check_config(const eb_model_config *c) {
         !(c->attention_scale >= 0.0 && c->attention_scale < 1e6))
         return eb_fail(EB_ERR_FORMAT, "config: RoPE attention factor %g or softmax scale %g, expected a positive "
                                       "finite number (0: the default)", c->rope_attention_factor, c->attention_scale);
+    if (c->n_layer_window < 0 || (c->n_layer_window > 0 && !c->layer_window) ||
+        (c->n_layer_window > 0 && c->n_layer_window != c->num_layers))
+        return eb_fail(EB_ERR_FORMAT, "config: %d layer windows, expected none or one per layer (%d)",
+                       c->n_layer_window, c->num_layers);
+    for (int i = 0; i < c->n_layer_window; i++)
+        if (c->layer_window[i] < 0 || c->layer_window[i] > c->max_position_embeddings)
+            return eb_fail(EB_ERR_FORMAT, "config: layer %d's attention window is %d, expected 0 (full attention) or "
+                                          "1..max_position_embeddings (%d)", i, c->layer_window[i],
+                           c->max_position_embeddings);
+    if (!(c->swiglu_limit >= 0.0 && c->swiglu_limit < 1e30) || !(c->swiglu_alpha >= 0.0 && c->swiglu_alpha < 1e30) ||
+        (c->swiglu_limit > 0.0) != (c->arch == EB_ARCH_GPT_OSS))
+        return eb_fail(EB_ERR_FORMAT, "config: swiglu_limit = %g, swiglu_alpha = %g: expected positive finite numbers "
+                                      "for gpt-oss and 0 for the other families", c->swiglu_limit, c->swiglu_alpha);
+    if (c->arch == EB_ARCH_GPT_OSS && c->num_experts <= 0)
+        return eb_fail(EB_ERR_FORMAT, "config: num_local_experts = %d, expected at least 1 (gpt-oss routes every layer)",
+                       c->num_experts);
     if (c->arch == EB_ARCH_DEEPSEEK_V3) {
 #define MLA_DIM(field)                                                                                           \
     if (c->field <= 0 || c->field > 65536)                                                                       \
@@ -153,10 +169,41 @@ int eb_bind(const eb_binder *b, const char *name, int64_t d0, int64_t d1, eb_wei
         return eb_fail(EB_ERR_FORMAT, "tensor '%s' in '%s' has shape [%s], expected [%lld]", name, file, got,
                        (long long)d0);
     }
+    if (t->dtype == EB_DTYPE_U8)
+        return eb_fail(EB_ERR_FORMAT, "tensor '%s' in '%s' holds raw bytes (U8), expected a weight format", name,
+                       b->m->files[t->file_index].path);
     out->data = (const unsigned char *)b->m->files[t->file_index].addr + t->offset;
     out->dtype = t->dtype;
     out->rows = d0;
     out->cols = ndim == 2 ? d1 : 1;
+    b->m->info.weight_bytes += t->nbytes;
+    return EB_OK;
+}
+
+int eb_has_tensor(const eb_binder *b, const char *name) { return find_tensor(b, name) != NULL; }
+
+int eb_bind_tensor(const eb_binder *b, const char *name, int ndim, const int64_t *shape, int raw, const void **data,
+                   int *dtype_out) {
+    const eb_tensor_desc *t = find_tensor(b, name);
+    if (!t) return eb_fail(EB_ERR_FORMAT, "tensor '%s' is missing from the checkpoint", name);
+    const char *file = b->m->files[t->file_index].path;
+    int same = t->ndim == ndim;
+    for (int i = 0; same && i < ndim; i++) same = t->shape[i] == shape[i];
+    if (!same) {
+        char got[96] = "", want[96] = "";
+        int off = 0, woff = 0;
+        for (int i = 0; i < t->ndim && i < 4; i++)
+            off += snprintf(got + off, sizeof got - (size_t)off, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+        for (int i = 0; i < ndim && i < 4; i++)
+            woff += snprintf(want + woff, sizeof want - (size_t)woff, "%s%lld", i ? ", " : "", (long long)shape[i]);
+        return eb_fail(EB_ERR_FORMAT, "tensor '%s' in '%s' has shape [%s], expected [%s]", name, file, got, want);
+    }
+    int is_float = t->dtype == EB_DTYPE_F32 || t->dtype == EB_DTYPE_F16 || t->dtype == EB_DTYPE_BF16;
+    if (raw ? t->dtype != EB_DTYPE_U8 : !is_float)
+        return eb_fail(EB_ERR_FORMAT, "tensor '%s' in '%s' is stored as %s, expected %s", name, file,
+                       t->dtype == EB_DTYPE_U8 ? "U8" : eb_dtype_name(t->dtype), raw ? "U8" : "F32, F16 or BF16");
+    *data = (const unsigned char *)b->m->files[t->file_index].addr + t->offset;
+    *dtype_out = t->dtype;
     b->m->info.weight_bytes += t->nbytes;
     return EB_OK;
 }
@@ -223,7 +270,8 @@ static int check_descriptors(const eb_model *m, const eb_tensor_desc *tensors, i
             return eb_fail(EB_ERR_ARGUMENT, "tensor '%s': file index %d out of range (%d files)", t->name,
                            t->file_index, m->n_files);
         const char *file = m->files[t->file_index].path;
-        const eb_format_traits *f = eb_format(t->dtype);
+        static const eb_format_traits raw = {"U8", 1, 1, 0};
+        const eb_format_traits *f = t->dtype == EB_DTYPE_U8 ? &raw : eb_format(t->dtype);
         if (!f) {
             char names[256];
             return eb_fail(EB_ERR_UNSUPPORTED, "tensor '%s' in '%s': dtype code %d is not supported (expected 0..%d: "
@@ -244,7 +292,7 @@ static int check_descriptors(const eb_model *m, const eb_tensor_desc *tensors, i
             rows *= (uint64_t)t->shape[d];
         }
         int64_t cols = t->shape[t->ndim - 1];
-        uint64_t row = eb_row_bytes(t->dtype, cols);
+        uint64_t row = t->dtype == EB_DTYPE_U8 ? (uint64_t)cols : eb_row_bytes(t->dtype, cols);
         if (row == 0)
             return eb_fail(EB_ERR_FORMAT, "tensor '%s' in '%s': rows of %lld values are not a whole number of %s "
                                           "blocks (%d values each)", t->name, file, (long long)cols, f->name, f->block);
@@ -517,6 +565,9 @@ void eb_model_release(eb_model *m) {
             free(L->kv_a_norm);
             free(L->router_bias);
             free(L->k_b_owned);
+            free(L->sinks);
+            free(L->experts_owned);
+            free(L->expert_bias);
             free(L->experts);
         }
         free(m->layers);
@@ -531,6 +582,7 @@ void eb_model_release(eb_model *m) {
     }
     free(m->files);
     free(m->mlp_only);
+    free(m->layer_window);
     free(m->rope_inv_freq);
     eb_engine *engine = m->engine;
     free(m);
@@ -589,14 +641,18 @@ static void compute_bytes_per_token(eb_model *m) {
             uint64_t shared = eb_weight_bytes(&L->sh_gate) + eb_weight_bytes(&L->sh_up) + eb_weight_bytes(&L->sh_down);
             total += eb_weight_bytes(&L->router) + shared;
             m->info.shared_expert_bytes += shared;
-            const eb_expert *e = &L->experts[0];
-            total += (uint64_t)c->top_k * (eb_weight_bytes(&e->gate) + eb_weight_bytes(&e->up) + eb_weight_bytes(&e->down));
+            total += (uint64_t)c->top_k * eb_expert_bytes(&L->experts[0]);
         } else {
             total += eb_weight_bytes(&L->gate) + eb_weight_bytes(&L->up) + eb_weight_bytes(&L->down);
         }
     }
     m->info.bytes_per_token = total;
-    m->info.kv_bytes_per_token = (uint64_t)c->num_layers * (uint64_t)(d.cache_k + d.cache_v) * sizeof(float);
+    uint64_t row = (uint64_t)(d.cache_k + d.cache_v) * sizeof(float);
+    for (int l = 0; l < c->num_layers; l++) {
+        int32_t w = c->layer_window ? c->layer_window[l] : 0;
+        if (w) m->info.kv_window_bytes += (uint64_t)w * row;
+        else m->info.kv_bytes_per_token += row;
+    }
 }
 
 int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *const *files, int32_t n_files,
@@ -664,6 +720,14 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
         memcpy(m->mlp_only, config->mlp_only_layers, (size_t)config->n_mlp_only_layers * sizeof *m->mlp_only);
     }
     m->cfg.mlp_only_layers = m->mlp_only;
+    if (config->n_layer_window > 0) {
+        if (!(m->layer_window = malloc((size_t)config->n_layer_window * sizeof *m->layer_window))) {
+            eb_model_free(m);
+            return eb_fail(EB_ERR_MEMORY, "out of memory");
+        }
+        memcpy(m->layer_window, config->layer_window, (size_t)config->n_layer_window * sizeof *m->layer_window);
+    }
+    m->cfg.layer_window = m->layer_window;
     if (config->rope_inv_freq) {
         size_t half = (size_t)(config->rope_dim ? config->rope_dim : config->head_dim) / 2;
         if (!(m->rope_inv_freq = malloc(half * sizeof *m->rope_inv_freq))) {
@@ -708,8 +772,9 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
             x->host_gate = x->gate.data;
             x->host_up = x->up.data;
             x->host_down = x->down.data;
+            x->host_bias = x->bias;
             x->owner = m->expert_home;
-            m->info.expert_bytes += eb_weight_bytes(&x->gate) + eb_weight_bytes(&x->up) + eb_weight_bytes(&x->down);
+            m->info.expert_bytes += eb_expert_bytes(x);
         }
         m->info.n_moe_layers++;
     }

@@ -86,6 +86,7 @@ static void lay_out(layout *a) {
         D->kv_a = place_weight(a, &L->kv_a);
         D->k_b = place_weight(a, &L->k_b);
         D->v_b = place_weight(a, &L->v_b);
+        D->sinks = place_vector(a, L->sinks, cf->num_heads);
         D->q_a_norm = place_vector(a, L->q_a_norm, cf->q_lora_rank);
         D->kv_a_norm = place_vector(a, L->kv_a_norm, cf->kv_lora_rank);
         if (L->is_moe) {
@@ -150,7 +151,7 @@ int eb_primary_refresh(eb_model *m) {
             int own = x->owner == m->primary;
             D->n_foreign += !own;
             table[e] = (eb_rt_expert){own ? x->gate.data : NULL, own ? x->up.data : NULL, own ? x->down.data : NULL,
-                                      x->gate.dtype, x->up.dtype, x->down.dtype, e};
+                                      x->gate.dtype, x->up.dtype, x->down.dtype, e, own ? x->bias : NULL};
         }
         if ((st = p.r->table->copy_to_device(p.r->rt, p.local, D->experts, table,
                                              (size_t)cf->num_experts * sizeof *table, 0, err, sizeof err)))
@@ -180,7 +181,7 @@ static void lay_out_context(eb_context *c, layout *a) {
     size_t B = (size_t)c->n_batch, H = (size_t)cf->hidden_size, F = sizeof(float), I = (size_t)d.ffn;
     size_t E = cf->num_experts > 0 ? (size_t)cf->num_experts : 1, K = cf->top_k > 0 ? (size_t)cf->top_k : 1;
     size_t rope_dim = (size_t)(cf->rope_dim ? cf->rope_dim : cf->head_dim);
-    size_t positions = (size_t)cf->num_layers * (size_t)c->n_ctx, rope = (size_t)c->n_ctx * (rope_dim / 2) * F;
+    size_t positions = c->cache_at[cf->num_layers], rope = (size_t)c->n_ctx * (rope_dim / 2) * F;
     dc->k_cache = place(a, NULL, positions * (size_t)d.cache_k * F);
     dc->v_cache = d.cache_v ? place(a, NULL, positions * (size_t)d.cache_v * F) : NULL;
     dc->rope_cos = place(a, c->rope_cos, rope);

@@ -18,10 +18,15 @@
 #include "eb_ops.h"
 #include "eb_model.h"
 
-static uint64_t expert_bytes(const eb_expert *e) { return eb_weight_bytes(&e->gate) + eb_weight_bytes(&e->up) + eb_weight_bytes(&e->down); }
+static uint64_t expert_bytes(const eb_expert *e) { return eb_expert_bytes(e); }
+
+static uint64_t bias_bytes(const eb_expert *e) {
+    return e->host_bias ? (uint64_t)(2 * e->gate.rows + e->down.rows) * sizeof(float) : 0;
+}
 
 static uint64_t expert_copy_bytes(const eb_expert *e) {
-    return eb_align(eb_weight_bytes(&e->gate)) + eb_align(eb_weight_bytes(&e->up)) + eb_align(eb_weight_bytes(&e->down));
+    return eb_align(eb_weight_bytes(&e->gate)) + eb_align(eb_weight_bytes(&e->up)) + eb_align(eb_weight_bytes(&e->down)) +
+           eb_align(bias_bytes(e));
 }
 
 /* ---- placement --------------------------------------------------------------------------------------- */
@@ -90,6 +95,7 @@ static void point_at_host(eb_expert *x) {
     x->gate.data = x->host_gate;
     x->up.data = x->host_up;
     x->down.data = x->host_down;
+    x->bias = x->host_bias;
 }
 
 static void point_at_copy(eb_expert *x, void *mem) {
@@ -97,6 +103,8 @@ static void point_at_copy(eb_expert *x, void *mem) {
     x->gate.data = p;
     x->up.data = p + eb_align(eb_weight_bytes(&x->gate));
     x->down.data = p + eb_align(eb_weight_bytes(&x->gate)) + eb_align(eb_weight_bytes(&x->up));
+    x->bias = x->host_bias ? (const float *)((const unsigned char *)x->down.data + eb_align(eb_weight_bytes(&x->down)))
+                           : NULL;
 }
 
 static void refresh_weight_counters(eb_model *m) {
@@ -158,10 +166,11 @@ int eb_model_set_placement(eb_model *m, const int32_t *owners, int64_t n) {
             fresh[l * E + e] = mem;
             eb_expert tmp = *x;
             point_at_copy(&tmp, mem);
-            const void *src[3] = {x->host_gate, x->host_up, x->host_down};
-            void *dst[3] = {(void *)tmp.gate.data, (void *)tmp.up.data, (void *)tmp.down.data};
-            uint64_t sz[3] = {eb_weight_bytes(&x->gate), eb_weight_bytes(&x->up), eb_weight_bytes(&x->down)};
-            for (int k = 0; k < 3 && st == EB_OK; k++)
+            const void *src[4] = {x->host_gate, x->host_up, x->host_down, x->host_bias};
+            void *dst[4] = {(void *)tmp.gate.data, (void *)tmp.up.data, (void *)tmp.down.data, (void *)tmp.bias};
+            uint64_t sz[4] = {eb_weight_bytes(&x->gate), eb_weight_bytes(&x->up), eb_weight_bytes(&x->down),
+                              bias_bytes(x)};
+            for (int k = 0; k < 4 && st == EB_OK && sz[k]; k++)
                 if ((st = r->table->copy_to_device(r->rt, local, dst[k], src[k], sz[k], 0, err, sizeof err)) != 0)
                     st = eb_fail(st, "placement: uploading expert %lld of layer %d to %s: %s", (long long)e, l,
                                  eng->devices[o].name, err);
@@ -428,8 +437,8 @@ static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int 
             c->pair_slot[slot] = i;
         }
         if (p == first) continue;
-        c->plan_experts[ne] = (eb_rt_expert){x->gate.data, x->up.data,        x->down.data,
-                                              x->gate.dtype, x->up.dtype, x->down.dtype, e};
+        c->plan_experts[ne] = (eb_rt_expert){x->gate.data, x->up.data,   x->down.data, x->gate.dtype,
+                                              x->up.dtype,  x->down.dtype, e,          x->bias};
         c->plan_start[ne] = (int32_t)first;
         ne++;
     }
@@ -444,7 +453,7 @@ static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int 
     eb_rt_expert_batch b = {.n_experts = ne, .experts = c->plan_experts, .pair_start = c->plan_start,
                             .n_pairs = (int32_t)n_pairs, .n_tokens = (int32_t)x_rows, .hidden = (int32_t)H,
                             .inter = (int32_t)I, .mode = owner_local ? EB_REDUCE_OWNER_LOCAL : EB_REDUCE_REFERENCE,
-                            .precision = c->precision};
+                            .precision = c->precision, .act = eb_model_act(&m->cfg)};
     char err[512] = "";
     eb_device_counters *ctr = &m->counters.dev[d];
     if (s->inline_run) {

@@ -533,8 +533,13 @@ static void gate_up_chunk(void *arg, int64_t begin, int64_t end) {
                 j->fn(w[k], dt[k], r0, r1, H, j->xe + p0 * H, m, out[k], I);
             }
         }
-        for (int64_t p = 0; p < m; p++)
-            for (int64_t r = r0; r < r1; r++) g[p * I + r] = eb_silu(g[p * I + r]) * u[p * I + r];
+        const eb_rt_act *act = &j->b->act;
+        for (int64_t p = 0; p < m; p++) {
+            float *gp = g + p * I, *up = u + p * I;
+            if (e->bias)
+                for (int64_t r = r0; r < r1; r++) gp[r] += e->bias[r], up[r] += e->bias[I + r];
+            for (int64_t r = r0; r < r1; r++) gp[r] = eb_act(act->kind, act->alpha, act->limit, gp[r], up[r]);
+        }
     }
 }
 
@@ -600,6 +605,12 @@ static int run_expert_batch(cpu_runtime *rt, cpu_device *d, const eb_rt_expert_b
         }
         int st = run_multi(rt, d, tasks, n);
         if (st) return st;
+        for (int32_t i = first; i < last; i++) { /* the down products' biases */
+            const float *bias = b->experts[i].bias;
+            if (!bias) continue;
+            for (int64_t p = b->pair_start[i]; p < b->pair_start[i + 1]; p++)
+                for (int64_t c = 0; c < H; c++) down_out[p * H + c] += bias[2 * I + c];
+        }
         /* the down products reused the buffer: again for the next experts */
         if (quantize && first + MAX_TASKS < b->n_experts && quantize_gathered(d, xe, b->n_pairs, H, xq))
             return EB_ERR_MEMORY;
@@ -1201,7 +1212,7 @@ static int op_silu_mul(void *rtp, int dev, float *g, const float *u, int64_t n, 
  * every head with its own row of scores. */
 typedef struct {
     const eb_rt_attention *a;
-    int64_t pos, heads;
+    int64_t pos, heads, stride; /* stride: a head's scores, the most positions a row attends to */
     float *scores;
 } attention_job;
 
@@ -1215,9 +1226,12 @@ static inline void attend_items(void *arg, int64_t i0, int64_t i1) {
     int64_t qd = (int64_t)a->n_heads * hd, kvd = (int64_t)a->n_kv_heads * hd;
     for (int64_t i = i0; i < i1; i++) {
         int64_t h = i * g, kvh = h / group;
-        for (int64_t t = 0; t < a->n; t++)
-            eb_attend_group(a->q + t * qd + h * hd, g, a->k_cache + kvh * hd, a->v_cache + kvh * hd, j->pos + t, kvd,
-                            hd, j->scores + h * a->n_ctx, a->n_ctx, a->out + t * qd + h * hd);
+        for (int64_t t = 0; t < a->n; t++) {
+            int64_t p = j->pos + t, lo = a->window && p >= a->window ? p - a->window + 1 : 0;
+            eb_attend_span(a->q + t * qd + h * hd, g, a->k_cache + kvh * hd, a->v_cache + kvh * hd, lo, p, a->n_cache,
+                           a->sinks ? a->sinks + h : NULL, kvd, hd, j->scores + h * j->stride, j->stride,
+                           a->out + t * qd + h * hd);
+        }
     }
 }
 
@@ -1238,14 +1252,15 @@ static int op_attention(void *rtp, int dev, const eb_rt_attention *a, char *err,
     cpu_runtime *rt = (cpu_runtime *)rtp;
     int64_t hd = a->head_dim, nh = a->n_heads, nkv = a->n_kv_heads;
     int64_t qd = nh * hd, kvd = nkv * hd, pos = *a->pos;
-    float *scores = scratch(d, (size_t)nh * (size_t)a->n_ctx * sizeof(float));
+    int64_t stride = a->window && a->window < a->n_ctx ? a->window : a->n_ctx;
+    float *scores = scratch(d, (size_t)nh * (size_t)stride * sizeof(float));
     if (!scores) return op_end(d, t0, eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory"));
     for (int64_t t = 0; t < a->n; t++)
         eb_qk_rope_store(a->q + t * qd, a->k + t * kvd, a->v + t * kvd, a->q_norm, a->k_norm, a->rope_cos, a->rope_sin,
-                         a->k_cache, a->v_cache, pos + t, nh, nkv, hd, a->eps);
+                         a->k_cache, a->v_cache, pos + t, (pos + t) % a->n_cache, nh, nkv, hd, a->eps);
     /* a whole GQA group per work item where there are at least as many groups as threads, else one head (more
      * items than threads): the bits are the same either way */
-    attention_job job = {a, pos, d->pool.n_threads <= nkv ? nh / nkv : 1, scores};
+    attention_job job = {a, pos, d->pool.n_threads <= nkv ? nh / nkv : 1, stride, scores};
     pool_fn attend = attend_portable;
 #if defined(CPU_ATTENTION_AVX2) && defined(EB_CPU_HAVE_AVX2_BUILD)
     if (rt->matmul_rows == eb_cpu_matmul_rows_avx2) attend = attend_avx2;
@@ -1256,10 +1271,11 @@ static int op_attention(void *rtp, int dev, const eb_rt_attention *a, char *err,
 }
 
 static int op_route(void *rtp, int dev, const eb_rt_route *r, char *err, size_t errlen) {
-    if (r->scoring != EB_ROUTE_SOFTMAX_TOPK && r->scoring != EB_ROUTE_SIGMOID_GROUP)
+    if (r->scoring != EB_ROUTE_SOFTMAX_TOPK && r->scoring != EB_ROUTE_SIGMOID_GROUP &&
+        r->scoring != EB_ROUTE_TOPK_SOFTMAX)
         return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED, RUNTIME_NAME " runtime: router scoring %d: expected %d "
-                          "(softmax top-k) or %d (sigmoid, grouped)", r->scoring, EB_ROUTE_SOFTMAX_TOPK,
-                          EB_ROUTE_SIGMOID_GROUP);
+                          "(softmax top-k), %d (sigmoid, grouped) or %d (top-k, softmax)", r->scoring,
+                          EB_ROUTE_SOFTMAX_TOPK, EB_ROUTE_SIGMOID_GROUP, EB_ROUTE_TOPK_SOFTMAX);
     uint64_t t0;
     cpu_device *d = op_begin(rtp, dev, &t0, err, errlen);
     if (!d) return EB_ERR_RANGE;
@@ -1275,6 +1291,8 @@ static int op_route(void *rtp, int dev, const eb_rt_route *r, char *err, size_t 
         if (choice)
             eb_route_sigmoid_group_row(r->logits + t * E, choice, r->bias, E, K, r->n_group, r->topk_group,
                                        r->norm_topk, r->scale, r->topk_id + t * K, r->topk_w + t * K);
+        else if (r->scoring == EB_ROUTE_TOPK_SOFTMAX)
+            eb_route_topk_softmax_row(r->logits + t * E, r->bias, E, K, r->topk_id + t * K, r->topk_w + t * K);
         else
             eb_route_row(r->logits + t * E, E, K, r->norm_topk, r->topk_id + t * K, r->topk_w + t * K);
         if (r->hits)
@@ -1382,7 +1400,8 @@ static int moe_experts(cpu_runtime *rt, cpu_device *d, const eb_rt_moe *b, char 
     eb_rt_expert_batch batch = {.n_experts = ne, .experts = experts, .pair_start = start, .n_pairs = p,
                                 .n_tokens = (int32_t)n, .hidden = (int32_t)H, .inter = (int32_t)I,
                                 .mode = EB_REDUCE_REFERENCE, .x = b->xn, .pair_token = pair_token, .y = y,
-                                .scratch = mem + bytes, .scratch_bytes = work, .precision = b->precision};
+                                .scratch = mem + bytes, .scratch_bytes = work, .precision = b->precision,
+                                .act = b->act};
     if (p > 0 && run_expert_batch(rt, d, &batch))
         return eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
     for (int32_t i = 0; i < p; i++) memcpy(b->pair_out + (int64_t)slot[i] * H, y + (int64_t)i * H, (size_t)H * sizeof(float));

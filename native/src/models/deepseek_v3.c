@@ -43,12 +43,6 @@ static int transpose_k_b(eb_layer *L, const eb_weight *kv_b, int64_t heads, int6
     return EB_OK;
 }
 
-static int has_tensor(const eb_binder *b, const char *name) {
-    for (int32_t i = 0; i < b->n; i++)
-        if (strcmp(b->sorted[i]->name, name) == 0) return 1;
-    return 0;
-}
-
 static int bind_layer(const eb_binder *b, int l) {
     eb_model *m = b->m;
     const eb_model_config *c = &m->cfg;
@@ -72,7 +66,7 @@ static int bind_layer(const eb_binder *b, int l) {
     TRY(eb_bind(b, NAME("self_attn.kv_a_proj_with_mqa.weight"), rank + rope, H, &L->kv_a))
     TRY(eb_bind_vector(b, NAME("self_attn.kv_a_layernorm.weight"), rank, &L->kv_a_norm))
     TRY(eb_bind(b, NAME("self_attn.o_proj.weight"), H, heads * v, &L->o))
-    if (has_tensor(b, NAME("self_attn.k_b_proj.weight"))) { /* split as a GGUF file holds it */
+    if (eb_has_tensor(b, NAME("self_attn.k_b_proj.weight"))) { /* split as a GGUF file holds it */
         TRY(eb_bind(b, name, heads * rank, nope, &L->k_b))
         TRY(eb_bind(b, NAME("self_attn.v_b_proj.weight"), heads * v, rank, &L->v_b))
         L->v_b_head_rows = v;
