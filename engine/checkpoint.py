@@ -24,8 +24,10 @@ ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "DeepseekV3ForCausalLM": "deepseek_v3",
+    "GptOssForCausalLM": "gpt_oss",
 }
-MOE_ARCHITECTURES = ("qwen3_moe", "deepseek_v3")
+MOE_ARCHITECTURES = ("qwen3_moe", "deepseek_v3", "gpt_oss")
+GPT_OSS_SWIGLU_ALPHA = 1.702  # transformers' GptOssExperts.alpha (not a config key)
 # Every dtype the safetensors format defines, with its element size, to check byte counts of any tensor.
 ALL_DTYPE_SIZES = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
@@ -86,12 +88,19 @@ class ModelConfig:
     n_group: int = 1
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
+    # gpt-oss: per layer its attention window (0: full attention; empty: every layer full), attention sinks, experts
+    # with biases and the clamped SwiGLU (swiglu_limit 0: plain SwiGLU)
+    layer_windows: tuple[int, ...] = ()
+    swiglu_limit: float = 0.0
+    swiglu_alpha: float = 0.0
 
     def is_moe_layer(self, layer: int) -> bool:
         if self.architecture not in MOE_ARCHITECTURES or self.num_experts <= 0:
             return False
         if self.architecture == "deepseek_v3":
             return layer >= self.first_k_dense_replace
+        if self.architecture == "gpt_oss":
+            return True
         if layer in self.mlp_only_layers:
             return False
         return (layer + 1) % self.decoder_sparse_step == 0
@@ -223,7 +232,7 @@ def parse_config(raw: dict, path: Path) -> ModelConfig:
     def pos_int(key: str, default: Any = ...) -> int:
         return _get(raw, key, int, path, default, *positive)
 
-    if arch != "deepseek_v3" and raw.get("rope_scaling") not in (None, {}):
+    if arch not in ("deepseek_v3", "gpt_oss") and raw.get("rope_scaling") not in (None, {}):
         raise UnsupportedError(f"'{path}': rope_scaling {raw['rope_scaling']!r} is not supported (expected null)")
     if raw.get("use_sliding_window"):
         raise UnsupportedError(f"'{path}': use_sliding_window = true is not supported (expected false)")
@@ -249,6 +258,8 @@ def parse_config(raw: dict, path: Path) -> ModelConfig:
         kw["mlp_only_layers"] = tuple(sorted(set(only)))
     elif arch == "deepseek_v3":
         kw.update(_deepseek_config(raw, path, heads, layers))
+    elif arch == "gpt_oss":
+        kw.update(_gpt_oss_config(raw, path, hidden, heads, layers))
     eos = raw.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
     bos = raw.get("bos_token_id")
@@ -267,7 +278,7 @@ def parse_config(raw: dict, path: Path) -> ModelConfig:
         rope_theta=_get(raw, "rope_theta", float, path, 10000.0, lambda v: 1.0 <= v <= 1e12, "a number in 1..1e12"),
         rms_norm_eps=_get(raw, "rms_norm_eps", float, path, 1e-6, lambda v: 0 < v < 1, "a number in (0, 1)"),
         tie_word_embeddings=_get(raw, "tie_word_embeddings", bool, path, False),
-        attention_bias=_get(raw, "attention_bias", bool, path, False),
+        attention_bias=kw.pop("attention_bias", None) or _get(raw, "attention_bias", bool, path, False),
         bos_token_id=bos if isinstance(bos, int) else None,
         eos_token_id=eos_ids,
         synthetic=bool(raw.get("expertbench_synthetic", False)),
@@ -338,6 +349,63 @@ def _deepseek_config(raw: dict, path: Path, heads: int, layers: int) -> dict[str
         freq, factor, scale = yarn_rope(scaling, rope, theta, max_pos, path)
         kw["rope_inv_freq"], kw["rope_attention_factor"] = freq, factor
         kw["attention_scale"] = qk**-0.5 * scale
+    return kw
+
+
+def _gpt_oss_config(raw: dict, path: Path, hidden: int, heads: int, layers: int) -> dict[str, Any]:
+    """GptOssConfig's keys as transformers reads them: experts (num_local_experts of intermediate_size each), the
+    layers' attention kinds and window, the clamped SwiGLU's limit, YaRN, the MXFP4 quantization of the released
+    checkpoints. Each inconsistency is named by its key."""
+    positive = (lambda v: 0 < v < 2**31, "a positive integer below 2**31")
+
+    def pos_int(key: str, default: Any = ...) -> int:
+        return _get(raw, key, int, path, default, *positive)
+
+    experts = pos_int("num_local_experts")
+    inter = pos_int("intermediate_size")
+    kw: dict[str, Any] = {
+        "num_experts": experts,
+        "top_k": _get(raw, "num_experts_per_tok", int, path, ..., lambda v: 1 <= v <= experts,
+                      f"1..num_local_experts ({experts})"),
+        "moe_intermediate_size": inter,
+        "norm_topk_prob": True,  # the softmax over the chosen k sums to 1
+        "attention_bias": _get(raw, "attention_bias", bool, path, True),
+        "swiglu_limit": _get(raw, "swiglu_limit", float, path, 7.0, lambda v: 0 < v < 1e30, "a positive number"),
+        "swiglu_alpha": GPT_OSS_SWIGLU_ALPHA,
+    }  # fmt: skip
+    quant = raw.get("quantization_config")
+    if quant is not None and (not isinstance(quant, dict) or quant.get("quant_method") != "mxfp4"):
+        method = quant.get("quant_method") if isinstance(quant, dict) else quant
+        raise UnsupportedError(f"'{path}': quantization_config quant_method {method!r} is not supported (expected "
+                               "'mxfp4', as the released gpt-oss checkpoints have, or no quantization_config)")  # fmt: skip
+    kinds = raw.get("layer_types")
+    if kinds is None:  # GptOssConfig's default: sliding, full, sliding, ...
+        kinds = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+    if not isinstance(kinds, list) or len(kinds) != layers:
+        got = f"{len(kinds)} entries" if isinstance(kinds, list) else repr(kinds)
+        raise CheckpointError(f"'{path}': 'layer_types' has {got}, expected one per layer (num_hidden_layers = "
+                              f"{layers})")  # fmt: skip
+    for i, kind in enumerate(kinds):
+        if kind not in ("sliding_attention", "full_attention"):
+            raise CheckpointError(f"'{path}': 'layer_types'[{i}] = {kind!r}, expected 'sliding_attention' or "
+                                  "'full_attention'")  # fmt: skip
+    max_pos = _get(raw, "max_position_embeddings", int, path, ..., *positive)
+    window = 0
+    if "sliding_attention" in kinds:
+        window = pos_int("sliding_window")
+        if window > max_pos:
+            raise CheckpointError(f"'{path}': 'sliding_window' = {window} is larger than the context "
+                                  f"('max_position_embeddings' = {max_pos}), expected at most {max_pos}")  # fmt: skip
+    kw["layer_windows"] = tuple(window if kind == "sliding_attention" else 0 for kind in kinds)
+    head_dim = pos_int("head_dim", hidden // heads if hidden % heads == 0 else ...)
+    if head_dim % 2:
+        raise CheckpointError(f"'{path}': 'head_dim' = {head_dim}, expected an even number (RoPE rotates pairs)")
+    kw["head_dim"] = head_dim
+    scaling = raw.get("rope_scaling")
+    if scaling not in (None, {}):
+        theta = _get(raw, "rope_theta", float, path, 10000.0, lambda v: 1.0 <= v <= 1e12, "a number in 1..1e12")
+        freq, factor, _ = yarn_rope(scaling, head_dim, theta, max_pos, path)
+        kw["rope_inv_freq"], kw["rope_attention_factor"] = freq, factor
     return kw
 
 

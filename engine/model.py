@@ -22,7 +22,9 @@ from .native import check, ffi, lib, text
 from .placement import Placement
 from .trace import SPAN_KINDS, Span
 
-ARCH_CODES = {"qwen3": 1, "qwen3_moe": 2, "deepseek_v3": 3}
+ARCH_CODES = {"qwen3": 1, "qwen3_moe": 2, "deepseek_v3": 3, "gpt_oss": 4}
+# eb_dtype's code for raw bytes: a Hugging Face MXFP4 checkpoint's *_blocks and *_scales, which the core packs at load
+RAW_U8 = 16
 # How the core holds a model's files in host memory (eb_weights_mode): "copy" reads them into private memory
 # advised for transparent huge pages (faster to stream), "map" memory-maps them, "auto" copies where huge pages
 # are enabled and the files take at most half of the memory available.
@@ -262,8 +264,11 @@ class Model(_Handle):
         files = [ffi.new("char[]", os.fsencode(f)) for f in self.checkpoint.files]
         file_index = {f: i for i, f in enumerate(self.checkpoint.files)}
         usable = [t for t in self.checkpoint.tensors.values() if t.name.startswith(("model.", "lm_head."))]
+        def raw(t) -> bool:
+            return t.dtype == "U8" and t.name.endswith(("_blocks", "_scales"))
+
         for t in usable:
-            if t.dtype not in formats.FORMATS:
+            if t.dtype not in formats.FORMATS and not raw(t):
                 raise UnsupportedError(
                     f"tensor '{t.name}' in '{t.file}' has dtype {t.dtype}, expected one of {', '.join(formats.FORMATS)}"
                 )
@@ -277,7 +282,7 @@ class Model(_Handle):
             names.append(ffi.new("char[]", t.name.encode()))
             d.name = names[-1]
             d.file_index = file_index[t.file]
-            d.dtype = formats.FORMATS[t.dtype].code
+            d.dtype = RAW_U8 if raw(t) else formats.FORMATS[t.dtype].code
             d.ndim = len(t.shape)
             for i, s in enumerate(t.shape):
                 d.shape[i] = s
@@ -302,6 +307,11 @@ class Model(_Handle):
                       "rope_attention_factor", "attention_scale"):  # fmt: skip
             setattr(c, field, getattr(cfg, field))
         c.rope_interleave = int(cfg.rope_interleave)
+        windows = ffi.new("int32_t[]", list(cfg.layer_windows) or [0])
+        c.layer_window = windows if cfg.layer_windows else ffi.NULL
+        c.n_layer_window = len(cfg.layer_windows)
+        c.swiglu_limit = cfg.swiglu_limit
+        c.swiglu_alpha = cfg.swiglu_alpha
         inv_freq = ffi.new("float[]", list(cfg.rope_inv_freq) or [0.0])
         c.rope_inv_freq = inv_freq if cfg.rope_inv_freq else ffi.NULL
         out = ffi.new("eb_model **")
@@ -338,7 +348,7 @@ class Model(_Handle):
         check(lib.eb_model_get_info(self._live(), info))
         out = {k: getattr(info, k) for k in ("n_layers", "n_moe_layers", "weight_bytes", "expert_bytes",
                                              "bytes_per_token", "file_bytes", "huge_page_bytes", "kv_bytes_per_token",
-                                             "shared_expert_bytes")}  # fmt: skip
+                                             "kv_window_bytes", "shared_expert_bytes")}  # fmt: skip
         out["weights"] = _WEIGHTS_NAMES[info.weights]
         return out
 
