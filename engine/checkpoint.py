@@ -377,7 +377,7 @@ def _gpt_oss_config(raw: dict, path: Path, hidden: int, heads: int, layers: int)
     if quant is not None and (not isinstance(quant, dict) or quant.get("quant_method") != "mxfp4"):
         method = quant.get("quant_method") if isinstance(quant, dict) else quant
         raise UnsupportedError(f"'{path}': quantization_config quant_method {method!r} is not supported (expected "
-                               "'mxfp4', as the released gpt-oss checkpoints have, or no quantization_config)")  # fmt: skip
+                               "'mxfp4', as the released gpt-oss checkpoints have, or none)")  # fmt: skip
     kinds = raw.get("layer_types")
     if kinds is None:  # GptOssConfig's default: sliding, full, sliding, ...
         kinds = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]

@@ -264,6 +264,7 @@ class Model(_Handle):
         files = [ffi.new("char[]", os.fsencode(f)) for f in self.checkpoint.files]
         file_index = {f: i for i, f in enumerate(self.checkpoint.files)}
         usable = [t for t in self.checkpoint.tensors.values() if t.name.startswith(("model.", "lm_head."))]
+
         def raw(t) -> bool:
             return t.dtype == "U8" and t.name.endswith(("_blocks", "_scales"))
 
