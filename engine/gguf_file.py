@@ -33,7 +33,7 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_DIM = 1 << 40  # as for safetensors (checkpoint.MAX_DIM): the core refuses more
 MAX_ARRAY = 1 << 24  # entries of one metadata array: a vocabulary has some 10**5; a damaged count is refused early
 # general.architecture -> ModelConfig.architecture
-ARCHITECTURES = {"qwen3moe": "qwen3_moe", "qwen3": "qwen3", "deepseek2": "deepseek_v3"}
+ARCHITECTURES = {"qwen3moe": "qwen3_moe", "qwen3": "qwen3", "deepseek2": "deepseek_v3", "gpt-oss": "gpt_oss"}
 SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")  # llama.cpp's llama_split_path
 
 # GGUF value types (gguf.GGUFValueType): struct format of the scalars
@@ -93,6 +93,30 @@ DEEPSEEK_LAYER_TENSORS = {
     "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight",
 }
 GATING_SIGMOID = 2  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
+# gpt-oss: attention biases and sinks, the router's bias, post_attention_norm; the experts' biases are merged like
+# their weights ([inter or hidden, experts] in GGUF order) and become one vector per expert
+GPT_OSS_LAYER_TENSORS = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.bias": "self_attn.o_proj.bias",
+    "attn_sinks.weight": "self_attn.sinks",
+    "ffn_gate_inp.weight": "mlp.router.weight",
+    "ffn_gate_inp.bias": "mlp.router.bias",
+}
+EXPERT_BIASES = {
+    "ffn_gate_exps.bias": "gate_proj.bias",
+    "ffn_up_exps.bias": "up_proj.bias",
+    "ffn_down_exps.bias": "down_proj.bias",
+}
+# llama.cpp runs gpt-oss's clamped SwiGLU with these constants (no GGUF key holds them), as transformers does
+GPT_OSS_SWIGLU = (7.0, 1.702)
 EXPERT_TENSORS = {  # [cols, rows, experts] in GGUF order; expert E's slice is model.layers.N.mlp.experts.E.<proj>
     "ffn_gate_exps.weight": "gate_proj.weight",
     "ffn_up_exps.weight": "up_proj.weight",
@@ -104,7 +128,13 @@ LAYER_NAME = re.compile(r"blk\.(0|[1-9][0-9]*)\.(.+)")
 QWEN2_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-PRE_TOKENIZERS = ("qwen2", "gpt-2")  # as llama.cpp names them (llama-vocab.cpp)
+# o200k's split (gpt-oss, GPT-4o), as its tokenizer.json writes it
+GPT4O_PATTERN = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+PRE_TOKENIZERS = ("qwen2", "gpt-2", "gpt-4o")  # as llama.cpp names them (llama-vocab.cpp)
 NO_VOCABULARY = ("none", "no_vocab")  # llama.cpp's names for a file without a tokenizer
 CONTROL, USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values (gguf.TokenType) that become added tokens
 
@@ -595,6 +625,61 @@ def _deepseek2_config(m: _Meta, a: str, heads: int, layers: int, tensors: dict[s
     return kw
 
 
+def _gpt_oss_config(m: _Meta, a: str, layers: int, head_dim: int) -> dict[str, Any]:
+    """A gpt-oss file's expert, window and RoPE keys as GptOssConfig's fields (llama.cpp writes them from the
+    config.json: conversion/gpt_oss.py), each checked by its key. The windowed layers: the pattern llama.cpp reads
+    (attention.sliding_window_pattern, a period or one flag per layer; by default every other layer from the first,
+    as transformers' layer_types default)."""
+    experts = m.count(a + "expert_count")
+    top_k = m.count(a + "expert_used_count")
+    if top_k > experts:
+        m.fail(f"'{a}expert_used_count' = {top_k}, expected 1..{experts} ('{a}expert_count')")
+    max_pos = m.count(a + "context_length")
+    window = m.count(a + "attention.sliding_window")
+    if window > max_pos:
+        m.fail(f"'{a}attention.sliding_window' = {window} is larger than the context ('{a}context_length' = "
+               f"{max_pos}), expected at most {max_pos}")  # fmt: skip
+    v = m.md.get(a + "attention.sliding_window_pattern")
+    if v is not None and v.type == ARRAY:
+        flags = list(v.value)
+        if len(flags) != layers or (flags and v.item_type not in INTS | {BOOL}):
+            m.fail(f"'{a}attention.sliding_window_pattern' holds {len(flags)} values, expected one per layer "
+                   f"({layers})")  # fmt: skip
+        sliding = [bool(f) for f in flags]
+    else:
+        period = m.count(a + "attention.sliding_window_pattern", 2)
+        sliding = [layer % period < period - 1 for layer in range(layers)]
+    rot = m.get(a + "rope.dimension_count", "int", head_dim)
+    if rot != head_dim:
+        m.fail(f"'{a}rope.dimension_count' = {rot} is not supported (expected the head size {head_dim})",
+               UnsupportedError)  # fmt: skip
+    kw: dict[str, Any] = dict(
+        num_experts=experts, top_k=top_k, norm_topk_prob=True,
+        moe_intermediate_size=m.count(a + "expert_feed_forward_length"),
+        layer_windows=tuple(window if s else 0 for s in sliding),
+        swiglu_limit=GPT_OSS_SWIGLU[0], swiglu_alpha=GPT_OSS_SWIGLU[1],
+    )  # fmt: skip
+    kind = m.get(a + "rope.scaling.type", "str", "none")
+    if kind == "yarn":  # as transformers reads gpt-oss's config.json (truncate: false, which no GGUF key holds)
+        theta = m.number(a + "rope.freq_base", 10000.0, lambda v: 1.0 <= v <= 1e12, "a number in 1..1e12")
+        scaling = {
+            "type": "yarn",
+            "factor": m.number(a + "rope.scaling.factor", ..., lambda v: 1 <= v < 1e6, "a number >= 1"),
+            "original_max_position_embeddings": m.count(a + "rope.scaling.original_context_length", max_pos),
+            "beta_fast": m.number(a + "rope.scaling.yarn_beta_fast", 32.0, lambda v: v > 0, "a positive number"),
+            "beta_slow": m.number(a + "rope.scaling.yarn_beta_slow", 1.0, lambda v: v > 0, "a positive number"),
+            "truncate": False,
+        }
+        if a + "rope.scaling.yarn_attn_factor" in m.md:
+            scaling["attention_factor"] = m.number(a + "rope.scaling.yarn_attn_factor", ..., lambda v: 0 < v < 1e6,
+                                                   "a positive number")  # fmt: skip
+        freq, factor, _ = yarn_rope(scaling, head_dim, theta, max_pos, m.path)
+        kw.update(rope_inv_freq=freq, rope_attention_factor=factor)
+    elif kind != "none":
+        m.fail(f"'{a}rope.scaling.type' = {kind!r} is not supported (expected 'yarn' or none)", UnsupportedError)
+    return kw
+
+
 def _layer_kinds(tensors: dict[str, RawTensor], n_layers: int, key: str, path: Path) -> tuple[set[int], bool]:
     """(the layers holding an expert router, whether the attention has biases), from the tensor names."""
     moe, bias = set(), False
@@ -635,7 +720,9 @@ def parse_config(parts: list[Part]) -> ModelConfig:
         head_dim = kw.pop("head_dim")
     if heads % kv_heads:
         m.fail(f"'{a}attention.head_count' = {heads} is not a multiple of '{a}attention.head_count_kv' = {kv_heads}")
-    if arch != "deepseek_v3":
+    if arch == "gpt_oss":
+        kw = _gpt_oss_config(m, a, layers, head_dim)
+    elif arch != "deepseek_v3":
         _unsupported_keys(m, arch_name, head_dim)
     embed = tensors.get("token_embd.weight")
     if embed is None or len(embed.ne) != 2:
@@ -667,6 +754,13 @@ def parse_config(parts: list[Part]) -> ModelConfig:
                    f"{layers - 1}: expected every layer from '{a}leading_dense_block_count' = {lead} on")  # fmt: skip
         if intermediate is None and lead == 0:
             intermediate = kw["moe_intermediate_size"]  # unused: every layer is routed
+    elif arch == "gpt_oss":
+        if moe_layers != set(range(layers)):
+            missing = min(set(range(layers)) - moe_layers)
+            m.fail(f"layer {missing} has no expert router (blk.{missing}.ffn_gate_inp.weight): every gpt-oss layer "
+                   "routes")  # fmt: skip
+        if intermediate is None:
+            intermediate = kw["moe_intermediate_size"]
     elif moe_layers:
         m.fail(f"a {arch_name} (dense) file holds expert routers (blk.{min(moe_layers)}.ffn_gate_inp.weight): "
                "expected qwen3moe as general.architecture", UnsupportedError)  # fmt: skip
@@ -704,11 +798,14 @@ def parse_config(parts: list[Part]) -> ModelConfig:
 
 def map_tensors(parts: list[Part], config: ModelConfig) -> dict[str, TensorInfo]:
     """llama.cpp's names to the Hugging Face names; each merged expert tensor becomes one 2-D slice per expert."""
-    arch = {"qwen3_moe": "qwen3moe", "deepseek_v3": "deepseek2"}.get(config.architecture, "qwen3")
+    arch = {"qwen3_moe": "qwen3moe", "deepseek_v3": "deepseek2", "gpt_oss": "gpt-oss"}.get(config.architecture, "qwen3")
     routed = arch != "qwen3"
-    layer_names = {"qwen3moe": LAYER_TENSORS | MOE_LAYER_TENSORS, "deepseek2": DEEPSEEK_LAYER_TENSORS}.get(
-        arch, LAYER_TENSORS
-    )
+    layer_names = {
+        "qwen3moe": LAYER_TENSORS | MOE_LAYER_TENSORS,
+        "deepseek2": DEEPSEEK_LAYER_TENSORS,
+        "gpt-oss": GPT_OSS_LAYER_TENSORS,
+    }.get(arch, LAYER_TENSORS)
+    biases = EXPERT_BIASES if arch == "gpt-oss" else {}
     out: dict[str, TensorInfo] = {}
     for part in parts:
         for t in part.tensors:
@@ -731,10 +828,18 @@ def map_tensors(parts: list[Part], config: ModelConfig) -> dict[str, TensorInfo]
                 for e in range(config.num_experts):
                     name = f"model.layers.{layer[1]}.mlp.experts.{e}.{EXPERT_TENSORS[layer[2]]}"
                     out[name] = TensorInfo(name, part.path, t.fmt.name, (rows, cols), t.offset + e * step, step)
+            elif layer and layer[2] in biases:
+                if len(t.ne) != 2 or t.ne[1] != config.num_experts:
+                    raise CheckpointError(f"'{part.path}': tensor '{t.name}' has dimensions {list(t.ne)}, expected "
+                                          f"[n, {config.num_experts}] (one bias vector per expert)")  # fmt: skip
+                step = formats.tensor_bytes(t.fmt.name, (t.ne[0],))
+                for e in range(config.num_experts):
+                    name = f"model.layers.{layer[1]}.mlp.experts.{e}.{biases[layer[2]]}"
+                    out[name] = TensorInfo(name, part.path, t.fmt.name, (t.ne[0],), t.offset + e * step, step)
             else:
                 known = ", ".join(
                     [*GLOBAL_TENSORS, *(f"blk.N.{n}" for n in layer_names)]
-                    + ([f"blk.N.{n}" for n in EXPERT_TENSORS] if routed else [])
+                    + ([f"blk.N.{n}" for n in [*EXPERT_TENSORS, *biases]] if routed else [])
                 )
                 raise UnsupportedError(f"'{part.path}': tensor '{t.name}' is not part of a {arch} model the engine "
                                        f"runs (expected {known})")  # fmt: skip
@@ -788,10 +893,12 @@ def build_tokenizer(part: Part, vocab_size: int):
     try:
         tok = Tokenizer(models.BPE(vocab, pairs, continuing_subword_prefix="", end_of_word_suffix="",
                                    fuse_unk=False, byte_fallback=False))  # fmt: skip
-        if pre == "qwen2":
-            tok.normalizer = normalizers.NFC()
+        if pre in ("qwen2", "gpt-4o"):
+            if pre == "qwen2":
+                tok.normalizer = normalizers.NFC()
             tok.pre_tokenizer = pre_tokenizers.Sequence([
-                pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+                pre_tokenizers.Split(Regex(QWEN2_PATTERN if pre == "qwen2" else GPT4O_PATTERN), behavior="isolated",
+                                     invert=False),
                 pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
             ])  # fmt: skip
             tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
