@@ -30,9 +30,19 @@ dense FFN (the first layer) or the shared expert and the base MLP side by side, 
 routed_scaling_factor, which is what the MoE layer computes up to the experts' deviations (the router weights sum to
 routed_scaling_factor over the chosen experts). The DeepSeek pair is written as safetensors folders only.
 
+A third family, `gpt-oss` (`expertbench demo-model --family gpt-oss`), is a GptOssForCausalLM pair in the layout of the
+released checkpoints: the experts' gate_up_proj and down_proj as MXFP4 blocks and scales (uint8, with
+quantization_config quant_method mxfp4), every other tensor bf16; sliding and full attention layers alternating,
+attention sinks, biases on the attention, the router and the experts, the clamped SwiGLU and YaRN. Every gpt-oss
+layer routes, so the draft is a gpt-oss too: fewer layers (pairs of a sliding and a full layer, so that they still
+alternate), each with one expert (top-1: its softmax weight is 1) that is the MXFP4 of its target layer's base MLP,
+and the target layer's attention, sinks and norms as they are. Each target expert is the base MLP plus a small
+deviation, quantized to MXFP4 on its own: a deviation flips some of the base's 4-bit codes, a step each, so the
+quantized experts stray further than the deviation says, and the gpt-oss sizes take smaller deviations.
+
 The files live in the user's cache folder ($XDG_CACHE_HOME or ~/.cache)/expertbench/: demo-<size>-v1/ holds
 target/, draft/ and manifest.json (the size and sha256 of every file, and the recipe they were built from;
-demo-deepseek-<size>-v1/ for the DeepSeek pair);
+demo-deepseek-<size>-v1/ and demo-gpt-oss-<size>-v1/ for the other families);
 demo-<size>-gguf-<quant>-v1/ holds target.gguf, draft.gguf and its manifest.json. Each use checks that every file
 exists with its recorded size and that the recipe is current (cheap); `verify=True` (`expertbench demo-model
 --verify`) also re-hashes every byte. A pair that fails either check is rebuilt.
@@ -155,20 +165,68 @@ DEEPSEEK_SIZES = {
                               skipped_layer_scale=0.009, shard_bytes=512 << 20),
 }  # fmt: skip
 
+
+@dataclass(frozen=True)
+class GptOssDemoSize:
+    """A size of the gpt-oss-shaped pair (family 'gpt-oss'): config.json as GptOssConfig writes it, the experts in the
+    released MXFP4 layout. Layers alternate sliding_attention (even) and full_attention (odd); the draft carries
+    draft_layers // 2 evenly spaced pairs of them. Every matrix width is a multiple of 32 (MXFP4 blocks)."""
+
+    name: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int  # even: a sliding and a full attention layer per pair
+    draft_layers: int  # even: the draft carries this many of the target's layers, in pairs
+    num_experts: int  # num_local_experts
+    top_k: int  # num_experts_per_tok
+    intermediate_size: int  # each expert's width (gpt-oss's intermediate_size)
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    sliding_window: int
+    max_position_embeddings: int = 4096
+    rope_theta: float = 150000.0
+    yarn_factor: float = 32.0  # rope_scaling: YaRN as gpt-oss has it (factor 32 over its original context)
+    yarn_original_max_position_embeddings: int = 128
+    swiglu_limit: float = 7.0
+    bias_std: float = 0.1  # of every bias (attention, router, experts)
+    sink_std: float = 1.0  # of the attention sinks (one logit per head)
+    # std of each expert's deviation from the base MLP, relative to INIT_STD: far smaller than the other families'
+    # (a deviation that moves a value past the midpoint between two 4-bit codes moves it a whole step)
+    expert_deviation: float = 0.0005
+    skipped_layer_scale: float = 0.01  # output scale (o_proj, the experts' down_proj, their biases) of skipped layers
+    shard_bytes: int = 1 << 30
+    family: str = "gpt-oss"  # in the recipe, so that no manifest of one family passes for another
+
+
+GPT_OSS_SIZES = {
+    # About 110 M parameters in 77 MB of files (the experts MXFP4); acceptance at q=2: 77 %.
+    "default": GptOssDemoSize("default", vocab_size=4096, hidden_size=512, num_layers=8, draft_layers=4,
+                              num_experts=16, top_k=4, intermediate_size=512, num_heads=12, num_kv_heads=2,
+                              head_dim=64, sliding_window=32),
+    # gpt-oss-20b's shape scaled down (hidden = intermediate_size, 32 experts, top-4, head_dim 64, window 128):
+    # about 0.9 B parameters in 600 MB of files, for speed measurements; acceptance at q=2: 79 %.
+    "bench": GptOssDemoSize("bench", vocab_size=32000, hidden_size=1024, num_layers=8, draft_layers=4,
+                            num_experts=32, top_k=4, intermediate_size=1024, num_heads=16, num_kv_heads=2,
+                            head_dim=64, sliding_window=128, expert_deviation=0.0001, skipped_layer_scale=0.006,
+                            shard_bytes=512 << 20),
+}  # fmt: skip
+
 # The demo families: name -> the target and the draft in words (family_sizes() has their sizes). The default is the
 # Qwen3-MoE pair; a demo of another family is named 'family/size' where one string names a pair (demo_name()).
 FAMILIES = {
     "qwen3": ("Qwen3-MoE", "dense Qwen3"),
     "deepseek": ("DeepSeek-V3", "dense DeepSeek-V3"),
+    "gpt-oss": ("gpt-oss", "one-expert gpt-oss"),
 }
 DEFAULT_FAMILY = "qwen3"
-FAMILY_FORMATS = {"qwen3": ("safetensors", "gguf"), "deepseek": ("safetensors",)}
+FAMILY_FORMATS = {"qwen3": ("safetensors", "gguf"), "deepseek": ("safetensors",), "gpt-oss": ("safetensors",)}
+FAMILY_SIZES = {"qwen3": SIZES, "deepseek": DEEPSEEK_SIZES, "gpt-oss": GPT_OSS_SIZES}
 
 
 def family_sizes(family: str = DEFAULT_FAMILY) -> dict:
     """The sizes of a demo family (ArgumentError naming the families for an unknown one)."""
-    check_family(family)
-    return SIZES if family == DEFAULT_FAMILY else DEEPSEEK_SIZES
+    return FAMILY_SIZES[check_family(family)]
 
 
 def check_family(family) -> str:
@@ -246,7 +304,10 @@ TOKENIZER_CONFIG = {
 }
 
 
-def recipe(size: DemoSize | DeepSeekDemoSize, format: str = "safetensors", quant: str | None = None) -> dict:
+DemoSpec = DemoSize | DeepSeekDemoSize | GptOssDemoSize  # a size of any family
+
+
+def recipe(size: DemoSpec, format: str = "safetensors", quant: str | None = None) -> dict:
     """Everything the files depend on: a manifest with another recipe is rebuilt."""
     out = {"format": FORMAT_VERSION, "seed": SEED, "init_std": INIT_STD, "norm_std": NORM_STD, **asdict(size)}
     if spec_family(size) != DEFAULT_FAMILY:
@@ -267,6 +328,9 @@ def check_format(format: str = "safetensors", quant: str | None = None, family: 
                             f"{' or '.join(said[f] for f in FAMILY_FORMATS[family])} only, not as "
                             f"{said[format]}")  # fmt: skip
     if format == "safetensors":
+        if quant is not None and family in FOLDER_FORMATS:
+            raise ArgumentError(f"demo quantization {quant!r:.80}: the {FAMILIES[family][0]} demo's folders take "
+                                f"none ({FOLDER_FORMATS[family]}, as released)")  # fmt: skip
         if quant is not None:
             raise ArgumentError(f"demo quantization {quant!r:.80}: only the GGUF demo is quantized (format 'gguf'); "
                                 "the safetensors demo is bf16")  # fmt: skip
@@ -279,11 +343,15 @@ def check_format(format: str = "safetensors", quant: str | None = None, family: 
     return quant
 
 
-def quant_formats(quant: str | None, role: str = "target") -> str:
+# The weights of a family's safetensors folders where they are not all bf16 (both roles)
+FOLDER_FORMATS = {"gpt-oss": "MXFP4 experts, BF16 elsewhere"}
+
+
+def quant_formats(quant: str | None, role: str = "target", family: str = DEFAULT_FAMILY) -> str:
     """The weight formats of a demo file in words: 'BF16', 'Q8_0', 'MXFP4 experts, Q8_0 elsewhere' (norms and the
-    router, F32, not named)."""
+    router, F32, not named); a family's folders as FOLDER_FORMATS says."""
     if quant is None:
-        return "BF16"
+        return FOLDER_FORMATS.get(family, "BF16")
     _, experts, other = QUANTS[quant]
     return other if experts == other or role == "draft" else f"{experts} experts, {other} elsewhere"
 
@@ -315,7 +383,7 @@ def ensure_demo_pair(
     on_build(reason) is called before a build starts (to tell the user why this takes a moment).
     format: "safetensors" (model folders, bf16) or "gguf" (GGUF files quantized as `quant`: "q8_0", the default,
     or "mxfp4"); each format and quantization is a cache entry of its own.
-    family: FAMILIES ("qwen3", the default, or "deepseek", safetensors only); size may name it instead
+    family: FAMILIES ("qwen3", the default, or "deepseek" or "gpt-oss", safetensors only); size may name it instead
     ("deepseek/bench", demo_name()).
     """
     family, size = split_demo(size, family)
@@ -406,9 +474,11 @@ def build_pair(folder: Path, spec: DemoSize, format: str = "safetensors", quant:
 
 def model_config(spec: DemoSize, role: str, eos_id: int) -> dict:
     """config.json as transformers writes it for Qwen3MoeForCausalLM (target) / Qwen3ForCausalLM (draft); for a
-    DeepSeek size, deepseek_config()'s."""
+    DeepSeek size, deepseek_config()'s; for a gpt-oss size, gpt_oss_config()'s."""
     if isinstance(spec, DeepSeekDemoSize):
         return deepseek_config(spec, role, eos_id)
+    if isinstance(spec, GptOssDemoSize):
+        return gpt_oss_config(spec, role, eos_id)
     common = {
         "attention_bias": False,
         "attention_dropout": 0.0,
@@ -445,7 +515,12 @@ def model_config(spec: DemoSize, role: str, eos_id: int) -> dict:
 
 
 def draft_layer_map(spec: DemoSize) -> list[int]:
-    """Target layer carried by each draft layer: evenly spaced, the first and last included."""
+    """Target layer carried by each draft layer: evenly spaced, the first and last included (for gpt-oss, evenly
+    spaced pairs of a sliding and a full attention layer, so that the draft's layers alternate as the target's do)."""
+    if isinstance(spec, GptOssDemoSize):
+        pairs, carried = spec.num_layers // 2, spec.draft_layers // 2
+        starts = [0] if carried == 1 else [round(j * (pairs - 1) / (carried - 1)) for j in range(carried)]
+        return [layer for i in starts for layer in (2 * i, 2 * i + 1)]
     if spec.draft_layers == 1:
         return [0]
     return [round(j * (spec.num_layers - 1) / (spec.draft_layers - 1)) for j in range(spec.draft_layers)]
@@ -457,9 +532,13 @@ Tensor = tuple[str, tuple[int, ...], Callable[[], np.ndarray]]
 
 def model_tensors(spec: DemoSize, role: str) -> Iterator[Tensor]:
     """The tensors of the target or the draft, in file order. Values depend only on (SEED, key), so the draft's
-    copy of a target tensor is bit-identical to it. For a DeepSeek size, deepseek_tensors()'s."""
+    copy of a target tensor is bit-identical to it. For a DeepSeek size, deepseek_tensors()'s; for a gpt-oss size,
+    gpt_oss_tensors()'s."""
     if isinstance(spec, DeepSeekDemoSize):
         yield from deepseek_tensors(spec, role)
+        return
+    if isinstance(spec, GptOssDemoSize):
+        yield from gpt_oss_tensors(spec, role)
         return
     H, inter, hd = spec.hidden_size, spec.moe_intermediate_size, spec.head_dim
     yield "model.embed_tokens.weight", (spec.vocab_size, H), lambda: _normal("embed", (spec.vocab_size, H))
@@ -626,6 +705,198 @@ def _shared_and_base(k: str, proj: str, shared: int, inter: int, H: int, routed_
     return make
 
 
+# ---- the gpt-oss pair ---------------------------------------------------------------------------------------
+
+# quantization_config of the released gpt-oss checkpoints (openai/gpt-oss-20b's and -120b's config.json)
+GPT_OSS_QUANTIZATION = {
+    "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+                               "lm_head"],
+    "quant_method": "mxfp4",
+}  # fmt: skip
+
+
+def gpt_oss_config(spec: GptOssDemoSize, role: str, eos_id: int) -> dict:
+    """config.json of the gpt-oss pair: GptOssConfig's keys as transformers saves them, with the released
+    checkpoints' swiglu_limit and quantization_config. The draft is the same model with fewer layers and one expert
+    (top-1); its layer_types alternate as the target's."""
+    layers = spec.num_layers if role == "target" else spec.draft_layers
+    return {
+        "architectures": ["GptOssForCausalLM"],
+        "attention_bias": True,
+        "attention_dropout": 0.0,
+        "bos_token_id": eos_id,
+        "dtype": "bfloat16",
+        "eos_token_id": eos_id,
+        "head_dim": spec.head_dim,
+        "hidden_act": "silu",
+        "hidden_size": spec.hidden_size,
+        "initializer_range": INIT_STD,
+        "intermediate_size": spec.intermediate_size,
+        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
+        "max_position_embeddings": spec.max_position_embeddings,
+        "model_type": "gpt_oss",
+        "num_attention_heads": spec.num_heads,
+        "num_experts_per_tok": spec.top_k if role == "target" else 1,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": spec.num_kv_heads,
+        "num_local_experts": spec.num_experts if role == "target" else 1,
+        "output_router_logits": False,
+        "quantization_config": GPT_OSS_QUANTIZATION,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "factor": spec.yarn_factor,
+            "original_max_position_embeddings": spec.yarn_original_max_position_embeddings,
+            "rope_type": "yarn",
+            "truncate": False,
+        },
+        "rope_theta": spec.rope_theta,
+        "router_aux_loss_coef": 0.9,
+        "sliding_window": spec.sliding_window,
+        "swiglu_limit": spec.swiglu_limit,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "vocab_size": spec.vocab_size,
+        "expertbench_synthetic": True,
+        "expertbench_demo": {"family": spec.family, "size": spec.name, "role": role, "format": FORMAT_VERSION},
+    }
+
+
+def gpt_oss_tensors(spec: GptOssDemoSize, role: str) -> Iterator[Tensor]:
+    """The gpt-oss pair's tensors under transformers' GptOssForCausalLM names, the experts in the released MXFP4
+    layout (RawTensor: *_blocks and *_scales as uint8), in file order. Target expert e of a layer is its base MLP
+    plus a deviation (weights and biases), quantized on its own; a draft layer holds its target layer's attention
+    (biases and sinks too) and norms as they are, a router of one expert, and as that expert the MXFP4 of the base
+    MLP. The layers the draft skips write small updates: their o_proj and experts' down_proj (with biases) scaled."""
+    H, inter, hd = spec.hidden_size, spec.intermediate_size, spec.head_dim
+    yield "model.embed_tokens.weight", (spec.vocab_size, H), lambda: _normal("go.embed", (spec.vocab_size, H))
+    carried = draft_layer_map(spec)
+    layers = range(spec.num_layers) if role == "target" else carried
+    E = spec.num_experts if role == "target" else 1
+    dev = spec.expert_deviation if role == "target" else 0.0
+    for out_index, t in enumerate(layers):
+        p, k = f"model.layers.{t if role == 'target' else out_index}.", f"go.{t}"
+        scale = spec.skipped_layer_scale if role == "target" and t not in carried else 1.0
+        yield p + "input_layernorm.weight", (H,), _norm_weight(f"{k}.input_layernorm", H)
+        q_rows, kv_rows = spec.num_heads * hd, spec.num_kv_heads * hd
+        for proj, shape, s in (("q_proj", (q_rows, H), 1.0), ("k_proj", (kv_rows, H), 1.0),
+                               ("v_proj", (kv_rows, H), 1.0), ("o_proj", (H, q_rows), scale)):  # fmt: skip
+            yield p + f"self_attn.{proj}.weight", shape, _matrix(f"{k}.{proj}", shape, s)
+            yield p + f"self_attn.{proj}.bias", shape[:1], _vector(f"{k}.{proj}.bias", shape[0], spec.bias_std * s)
+        yield p + "self_attn.sinks", (spec.num_heads,), _vector(f"{k}.sinks", spec.num_heads, spec.sink_std)
+        yield p + "post_attention_layernorm.weight", (H,), _norm_weight(f"{k}.post_attention_layernorm", H)
+        yield p + "mlp.router.weight", (E, H), _matrix(f"{k}.router", (E, H))
+        yield p + "mlp.router.bias", (E,), _vector(f"{k}.router.bias", E, spec.bias_std)
+        for proj, rows, cols, s in (("gate_up_proj", 2 * inter, H, 1.0), ("down_proj", H, inter, scale)):
+            blocks, scales = _mxfp4_experts(k, proj, E, rows, cols, dev, s)
+            yield p + f"mlp.experts.{proj}_blocks", (E, rows, cols // 32, 16), blocks
+            yield p + f"mlp.experts.{proj}_scales", (E, rows, cols // 32), scales
+            yield p + f"mlp.experts.{proj}_bias", (E, rows), _expert_biases(k, proj, E, rows, dev, spec.bias_std * s)
+    yield "model.norm.weight", (H,), _norm_weight("go.final_norm", H)
+    yield "lm_head.weight", (spec.vocab_size, H), lambda: _normal("go.lm_head", (spec.vocab_size, H))
+
+
+def _expert_rows(k: str, proj: str, e: int | None, rows: int, cols: int, deviation: float) -> np.ndarray:
+    """One expert's matrix of a gpt-oss layer, one row per output ([rows, cols]): gate_up_proj's rows interleave the
+    gate (even rows) and up (odd rows) projections, as the released layout does. e None: the base MLP's."""
+    parts = ("gate", "up") if proj == "gate_up_proj" else ("down",)
+    out = np.empty((rows, cols), dtype=np.float32)
+    for i, part in enumerate(parts):
+        w = _normal(f"{k}.base.{part}", (rows // len(parts), cols))
+        if e is not None and deviation:
+            w += _normal(f"{k}.expert.{e}.{part}", w.shape, INIT_STD * deviation)
+        out[i :: len(parts)] = w
+    return out
+
+
+def _expert_biases(k: str, proj: str, E: int, rows: int, deviation: float, std: float) -> Callable[[], np.ndarray]:
+    """[E, rows]: each expert's bias is the base bias plus a deviation (gate and up interleaved as the rows are)."""
+    parts = ("gate", "up") if proj == "gate_up_proj" else ("down",)
+
+    def make() -> np.ndarray:
+        out = np.empty((E, rows), dtype=np.float32)
+        for i, part in enumerate(parts):
+            base = _normal(f"{k}.base.{part}.bias", (rows // len(parts),), std)
+            for e in range(E):
+                b = base.copy()
+                if deviation:
+                    b += _normal(f"{k}.expert.{e}.{part}.bias", b.shape, std * deviation)
+                out[e, i :: len(parts)] = b
+        return out
+
+    return make
+
+
+def _mxfp4_experts(k: str, proj: str, E: int, rows: int, cols: int, deviation: float,
+                   scale: float) -> tuple[RawTensor, RawTensor]:  # fmt: skip
+    """The makers of one layer's *_blocks [E, rows, cols/32, 16] and *_scales [E, rows, cols/32]: every expert's
+    matrix (times scale) quantized once for both (the writer asks for the blocks, then the scales)."""
+    made: dict[str, np.ndarray] = {}
+
+    def quantized() -> dict[str, np.ndarray]:
+        if not made:
+            blocks = np.empty((E, rows, cols // 32, 16), dtype=np.uint8)
+            scales = np.empty((E, rows, cols // 32), dtype=np.uint8)
+            for e in range(E):
+                w = _expert_rows(k, proj, e, rows, cols, deviation)
+                if scale != 1.0:
+                    w *= np.float32(scale)
+                blocks[e], scales[e] = mxfp4_quantize(w)
+            made.update(blocks=blocks, scales=scales)
+        return made
+
+    def scales() -> np.ndarray:
+        out = quantized()["scales"]
+        made.clear()
+        return out
+
+    return RawTensor(lambda: quantized()["blocks"]), RawTensor(scales)
+
+
+# FP4 E2M1: the magnitudes of codes 0..7 (bit 3 is the sign) and the midpoints between neighbours
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
+_E2M1_MIDPOINTS = (E2M1[1:] + E2M1[:-1]) / 2
+
+
+def mxfp4_quantize(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float32 [..., n] (n a multiple of 32) -> (blocks uint8 [..., n/32, 16], scales uint8 [..., n/32]): the OCP MX
+    rule as the gpt-oss fixtures' quantizer has it. Per block of 32 values the exponent e = floor(log2(max |x|)) - 2
+    (E2M1's largest exponent is 2), stored as e + 127; each x / 2^e rounded to the nearest E2M1 magnitude, ties to
+    the even code, past 6 to 6; a value that rounds to zero is +0. Element i of a block is in byte i // 2, the low
+    nibble for even i. Dequantized: E2M1[code & 7] * (-1 if code & 8) * 2^(scale - 127) (transformers'
+    convert_moe_packed_tensors)."""
+    x = np.asarray(rows, dtype=np.float32).reshape(*rows.shape[:-1], -1, 32)
+    _, exp = np.frexp(np.abs(x).max(axis=-1))  # max = m * 2^exp, m in [0.5, 1): floor(log2(max)) = exp - 1
+    e = np.clip(exp - 3, -127, 127)
+    scaled = np.abs(x) * np.exp2(-e).astype(np.float32)[..., None]  # exact: a power of two
+    code = np.searchsorted(_E2M1_MIDPOINTS, scaled, side="left")  # on a midpoint: the smaller code
+    tie = (code % 2 == 1) & (scaled == _E2M1_MIDPOINTS[np.minimum(code, len(_E2M1_MIDPOINTS) - 1)])
+    code = (code + tie).astype(np.uint8)
+    code |= np.where((x < 0) & (code > 0), np.uint8(8), np.uint8(0))
+    return code[..., 0::2] | (code[..., 1::2] << 4), (e + 127).astype(np.uint8)
+
+
+def mxfp4_dequantize(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """The inverse of mxfp4_quantize: (blocks [..., G, 16], scales [..., G]) -> float32 [..., G * 32]."""
+    code = np.stack([blocks & 0x0F, blocks >> 4], axis=-1).reshape(*blocks.shape[:-1], 32)
+    values = np.where(code & 8, -1.0, 1.0).astype(np.float32) * E2M1[code & 7]
+    values *= np.exp2(scales.astype(np.int32) - 127).astype(np.float32)[..., None]
+    return values.reshape(*blocks.shape[:-2], -1)
+
+
+class RawTensor:
+    """The maker of a tensor written as the values it makes (uint8: MXFP4 blocks and scales), not rounded to bf16."""
+
+    dtype = "U8"
+
+    def __init__(self, make: Callable[[], np.ndarray]):
+        self.make = make
+
+    def __call__(self) -> np.ndarray:
+        return self.make()
+
+
 def _rng(key: str) -> np.random.Generator:
     digest = hashlib.sha256(key.encode()).digest()
     return np.random.default_rng([SEED, int.from_bytes(digest[:8], "little")])
@@ -668,16 +939,22 @@ def bf16_bytes(a: np.ndarray) -> bytes:
     return (bf16_rounded(a).view(np.uint32) >> 16).astype("<u2").tobytes()
 
 
+def _stored(make: Callable[[], np.ndarray]) -> tuple[str, int]:
+    """The safetensors dtype of a tensor and its bytes per value: BF16, or U8 for a RawTensor."""
+    return ("U8", 1) if isinstance(make, RawTensor) else ("BF16", 2)
+
+
 def write_safetensors(folder: Path, tensors: list[Tensor], shard_bytes: int) -> None:
-    """Write bf16 tensors as model.safetensors, or as shards plus model.safetensors.index.json when they exceed
-    shard_bytes. Written one tensor at a time, so memory stays at one tensor whatever the model size.
+    """Write bf16 tensors (uint8 for a RawTensor: MXFP4 blocks and scales) as model.safetensors, or as shards plus
+    model.safetensors.index.json when they exceed shard_bytes. Written one tensor at a time, so memory stays at one
+    tensor whatever the model size.
 
     (The format is a little-endian u64 header length, a JSON header, then the raw bytes. It is written here
     directly because numpy has no bfloat16 for safetensors' numpy API to take.)"""
     shards: list[list[Tensor]] = [[]]
     used = 0
     for t in tensors:
-        nbytes = 2 * int(np.prod(t[1]))
+        nbytes = _stored(t[2])[1] * int(np.prod(t[1]))
         if shards[-1] and used + nbytes > shard_bytes:
             shards.append([])
             used = 0
@@ -692,9 +969,10 @@ def write_safetensors(folder: Path, tensors: list[Tensor], shard_bytes: int) -> 
     for file_name, shard in zip(names, shards, strict=True):
         header: dict = {"__metadata__": {"format": "pt"}}
         offset = 0
-        for name, shape, _ in shard:
-            nbytes = 2 * int(np.prod(shape))
-            header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        for name, shape, make in shard:
+            dtype, size = _stored(make)
+            nbytes = size * int(np.prod(shape))
+            header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
             offset += nbytes
             weight_map[name] = file_name
         head = json.dumps(header, separators=(",", ":")).encode()
@@ -705,9 +983,9 @@ def write_safetensors(folder: Path, tensors: list[Tensor], shard_bytes: int) -> 
                 values = make()
                 if values.shape != tuple(shape):
                     raise AssertionError(f"{name}: made shape {values.shape}, declared {shape}")
-                f.write(bf16_bytes(values))
+                f.write(values.astype(np.uint8).tobytes() if isinstance(make, RawTensor) else bf16_bytes(values))
     if len(shards) > 1:
-        total = sum(2 * int(np.prod(t[1])) for t in tensors)
+        total = sum(_stored(t[2])[1] * int(np.prod(t[1])) for t in tensors)
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
 
