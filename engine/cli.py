@@ -213,10 +213,12 @@ def _report(result: RunResult, target, draft, prompts, kernels: str) -> dict:
 
 
 def _formats(model) -> list[str]:
-    """The weight formats of a model's tensors (engine/formats.py names), most bytes first."""
+    """The weight formats of a model's tensors (engine/formats.py names), most bytes first (a gpt-oss folder's uint8
+    *_blocks and *_scales are the MXFP4 rows the core packs them into)."""
     held: dict[str, int] = {}
-    for t in model.checkpoint.tensors.values():
-        held[t.dtype] = held.get(t.dtype, 0) + t.nbytes
+    for name, t in model.checkpoint.tensors.items():
+        fmt = "MXFP4" if t.dtype == "U8" and name.endswith(("_blocks", "_scales")) else t.dtype
+        held[fmt] = held.get(fmt, 0) + t.nbytes
     return sorted(held, key=lambda f: (-held[f], f))
 
 
@@ -329,8 +331,8 @@ def cmd_demo_model(args) -> int:
     state = f"built in {seconds:.1f} s ({pair.reason})" if pair.built else f"intact ({report['checked']} checked)"
     target_kind, draft_kind = FAMILIES[pair.family]
     print(f"demo model pair '{what}' ({SYNTHETIC_NOTE}): {state}")
-    print(f"target    {pair.target}  ({target_kind}, {quant_formats(quant)})")
-    print(f"draft     {pair.draft}  ({draft_kind}, {quant_formats(quant, 'draft')})")
+    print(f"target    {pair.target}  ({target_kind}, {quant_formats(quant, 'target', pair.family)})")
+    print(f"draft     {pair.draft}  ({draft_kind}, {quant_formats(quant, 'draft', pair.family)})")
     return 0
 
 
@@ -405,8 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--draft-device", help="the draft's device (default: --device)")
     run.add_argument("--demo-family", choices=tuple(FAMILIES),
                      help="which demo pair to use when no --model is given: qwen3 (Qwen3-MoE target, dense Qwen3 "
-                          "draft; default) or deepseek (DeepSeek-V3 target, dense DeepSeek-V3 draft; safetensors "
-                          "only)")  # fmt: skip
+                          "draft; default), deepseek (DeepSeek-V3 target, dense DeepSeek-V3 draft) or gpt-oss "
+                          "(gpt-oss target with MXFP4 experts, one-expert gpt-oss draft); the last two safetensors "
+                          "only")  # fmt: skip
     run.add_argument("--demo-size", choices=sorted(SIZES),
                      help="which demo pair to use when no --model is given (default: default)")  # fmt: skip
     run.add_argument(
@@ -434,13 +437,18 @@ def build_parser() -> argparse.ArgumentParser:
         "of its own per quantization; run it with 'expertbench run --demo-format gguf --demo-quant Q'. The 4-bit "
         "experts stray further from the Q8_0 draft: the mxfp4 pair accepts fewer draft tokens. --family deepseek "
         "writes a DeepSeek-V3-shaped pair instead (MLA attention, grouped sigmoid routing, a shared expert, a dense "
-        "first layer, YaRN; its draft a DeepSeek-V3 of dense layers), as safetensors folders.",
+        "first layer, YaRN; its draft a DeepSeek-V3 of dense layers), as safetensors folders; --family gpt-oss a "
+        "gpt-oss-shaped pair in the released layout (MXFP4 experts, bf16 elsewhere; sliding and full attention "
+        "alternating, attention sinks, biases, the clamped SwiGLU, YaRN; its draft a gpt-oss of fewer layers with one "
+        "expert each).",
     )
     demo.add_argument("--family", default=DEFAULT_FAMILY, choices=tuple(FAMILIES),
                       help="qwen3: a Qwen3-MoE target and a dense Qwen3 draft (default); deepseek: a DeepSeek-V3 "
-                           "target (DeepseekV3ForCausalLM) and a dense DeepSeek-V3 draft")  # fmt: skip
+                           "target (DeepseekV3ForCausalLM) and a dense DeepSeek-V3 draft; gpt-oss: a gpt-oss target "
+                           "(GptOssForCausalLM, MXFP4 experts) and a one-expert gpt-oss draft")  # fmt: skip
     demo.add_argument("--size", default="default", choices=sorted(SIZES),
-                      help="default (about 60 M parameters) or bench (about 1 B)")  # fmt: skip
+                      help="default (about 60 M parameters; gpt-oss: 110 M, MXFP4 experts) or bench (about 1 B; "
+                           "gpt-oss: 0.9 B in 600 MB)")  # fmt: skip
     demo.add_argument("--format", default="safetensors", choices=DEMO_FORMATS,
                       help="safetensors: model folders of bf16 weights (default); gguf: the same weights as GGUF files "
                            "(llama.cpp's format), quantized as --quant says")  # fmt: skip
