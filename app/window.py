@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.demo import DEFAULT_FAMILY, DEFAULT_QUANT, FAMILIES, QUANTS, demo_name, quant_formats
+from engine.demo import DEFAULT_FAMILY, DEFAULT_QUANT, FAMILIES, FOLDER_FORMATS, QUANTS, demo_name, quant_formats
 from engine.errors import EngineError
 from engine.export import LlamaCppExport, to_llama_cpp
 from engine.model import WEIGHTS_MODES
@@ -39,12 +39,14 @@ SYNTHETIC = "synthetic: random weights, its text is noise by design"
 
 def demo_choices(family: str = DEFAULT_FAMILY) -> list[tuple[str, str | None, str, str]]:
     """File > Open demo model pair: (format, quant, menu text, tip) for the folder pair and each GGUF quantization;
-    for another demo family (engine.demo.FAMILIES), its folder pair (the DeepSeek pair has no GGUF form)."""
+    for another demo family (engine.demo.FAMILIES), its folder pair (the DeepSeek and gpt-oss pairs have no GGUF form;
+    the gpt-oss folders hold MXFP4 experts, as released)."""
     if family != DEFAULT_FAMILY:
         target, draft = FAMILIES[family]
-        return [("safetensors", None, "Folders (safetensors, bf16)",
+        weights = FOLDER_FORMATS.get(family)
+        return [("safetensors", None, f"Folders (safetensors, {weights or 'bf16'})",
                  f"The built-in {target} demo pair (a {target} target, a {draft} draft) as safetensors folders, "
-                 f"bf16 weights ({SYNTHETIC})")]  # fmt: skip
+                 f"{weights or 'bf16'} weights ({SYNTHETIC})")]  # fmt: skip
     out = [("safetensors", None, "Folders (safetensors, bf16)",
             f"The built-in demo pair as safetensors folders, bf16 weights ({SYNTHETIC})")]  # fmt: skip
     for quant in QUANTS:
