@@ -116,9 +116,10 @@ extern "C" {
 #define BLOCK 256
 #define DOT_TILE 4 // rows of x one pass over a weight row serves
 
-// One expert of a grouped launch: its weights and its pairs [p0, p0 + m).
+// One expert of a grouped launch: its weights, its biases (NULL: none) and its pairs [p0, p0 + m).
 struct gpu_expert_slot {
     const void *gate, *up, *down;
+    const float *bias;
     int gate_dtype, up_dtype, down_dtype, p0, m;
 };
 
@@ -575,9 +576,26 @@ __device__ __forceinline__ float warp_dot(const void *w, int dtype, long long ro
     return s;
 }
 
-// h[p][i] = silu(gate_i . x[tok(p)]) * (up_i . x[tok(p)]) for the m pairs of one expert; one warp per row i.
-__global__ void gate_up_kernel(const void *gate, const void *up, int gate_dtype, int up_dtype, int hidden, int inter,
-                               const float *x, const int *pair_token, int p0, int m, float *h, int warp) {
+// The experts' activation of one gate value and one up value (eb_rt_act), in f32 with the CPU's expressions:
+// silu(g) * u, or gpt-oss's clamped SwiGLU (u' + 1) * g' * sigmoid(alpha * g'), g' = min(g, limit),
+// u' = clamp(u, -limit, limit). Every expert kernel (expert_ffn's and the forward moe's) applies it here.
+__device__ __forceinline__ float expert_act(const eb_rt_act &act, float g, float u) {
+    if (act.kind != EB_ACT_SWIGLU_OAI) return g / (1.0f + expf(-g)) * u;
+    float lim = act.limit;
+    g = g < lim ? g : lim;
+    u = u < -lim ? -lim : u > lim ? lim : u;
+    return (u + 1.0f) * (g / (1.0f + expf(-act.alpha * g)));
+}
+
+// A product with its bias added: an expert's biases (NULL: none, v as it is) are inter gate biases (k = i), inter up
+// biases (k = inter + i) and hidden down biases (k = 2 * inter + j).
+__device__ __forceinline__ float biased(float v, const float *bias, long long k) { return bias ? v + bias[k] : v; }
+
+// h[p][i] = act(gate_i . x[tok(p)] + bg_i, up_i . x[tok(p)] + bu_i) for the m pairs of one expert; one warp per
+// row i.
+__global__ void gate_up_kernel(const void *gate, const void *up, int gate_dtype, int up_dtype, const float *bias,
+                               eb_rt_act act, int hidden, int inter, const float *x, const int *pair_token, int p0,
+                               int m, float *h, int warp) {
     int lane = threadIdx.x % warp;
     int i = blockIdx.x * (blockDim.x / warp) + threadIdx.x / warp;
     if (i >= inter) return;
@@ -585,19 +603,22 @@ __global__ void gate_up_kernel(const void *gate, const void *up, int gate_dtype,
         const float *xr = x + (long long)pair_token[p0 + p] * hidden;
         float g = warp_dot(gate, gate_dtype, i, hidden, xr, lane, warp);
         float u = warp_dot(up, up_dtype, i, hidden, xr, lane, warp);
-        if (lane == 0) h[(long long)p * inter + i] = g / (1.0f + expf(-g)) * u;
+        if (lane == 0)
+            h[(long long)p * inter + i] = expert_act(act, biased(g, bias, i), biased(u, bias, (long long)inter + i));
     }
 }
 
-// reference: y[p0 + p][j] = down_j . h[p];  owner_local: y[tok(p)][j] += w(p) * (down_j . h[p]).
-__global__ void down_kernel(const void *down, int dtype, int hidden, int inter, const float *h, const int *pair_token,
-                            const float *pair_weight, int p0, int m, float *y, int owner_local, int warp) {
+// reference: y[p0 + p][j] = down_j . h[p] + bd_j;  owner_local: y[tok(p)][j] += w(p) * (down_j . h[p] + bd_j).
+__global__ void down_kernel(const void *down, int dtype, const float *bias, int hidden, int inter, const float *h,
+                            const int *pair_token, const float *pair_weight, int p0, int m, float *y, int owner_local,
+                            int warp) {
     int lane = threadIdx.x % warp;
     int j = blockIdx.x * (blockDim.x / warp) + threadIdx.x / warp;
     if (j >= hidden) return;
     for (int p = 0; p < m; p++) {
         float v = warp_dot(down, dtype, j, inter, h + (long long)p * inter, lane, warp);
         if (lane != 0) continue;
+        v = biased(v, bias, 2LL * inter + j);
         if (owner_local) y[(long long)pair_token[p0 + p] * hidden + j] += pair_weight[p0 + p] * v;
         else y[(long long)(p0 + p) * hidden + j] = v;
     }
@@ -605,7 +626,7 @@ __global__ void down_kernel(const void *down, int dtype, int hidden, int inter, 
 
 // The same products for every expert of a batch in one launch each (grid.y = expert): reference mode, where every
 // pair writes its own row, so experts never write the same memory.
-__global__ void gate_up_grouped(const gpu_expert_slot *slots, int hidden, int inter, const float *x,
+__global__ void gate_up_grouped(const gpu_expert_slot *slots, eb_rt_act act, int hidden, int inter, const float *x,
                                 const int *pair_token, float *h, int warp) {
     const gpu_expert_slot s = slots[blockIdx.y];
     int lane = threadIdx.x % warp;
@@ -615,7 +636,9 @@ __global__ void gate_up_grouped(const gpu_expert_slot *slots, int hidden, int in
         const float *xr = x + (long long)pair_token[s.p0 + p] * hidden;
         float g = warp_dot(s.gate, s.gate_dtype, i, hidden, xr, lane, warp);
         float u = warp_dot(s.up, s.up_dtype, i, hidden, xr, lane, warp);
-        if (lane == 0) h[(long long)(s.p0 + p) * inter + i] = g / (1.0f + expf(-g)) * u;
+        if (lane == 0)
+            h[(long long)(s.p0 + p) * inter + i] =
+                expert_act(act, biased(g, s.bias, i), biased(u, s.bias, (long long)inter + i));
     }
 }
 
@@ -626,7 +649,7 @@ __global__ void down_grouped(const gpu_expert_slot *slots, int hidden, int inter
     if (j >= hidden) return;
     for (int p = 0; p < s.m; p++) {
         float v = warp_dot(s.down, s.down_dtype, j, inter, h + (long long)(s.p0 + p) * inter, lane, warp);
-        if (lane == 0) y[(long long)(s.p0 + p) * hidden + j] = v;
+        if (lane == 0) y[(long long)(s.p0 + p) * hidden + j] = biased(v, s.bias, 2LL * inter + j);
     }
 }
 
@@ -847,8 +870,8 @@ static int expert_ffn_locked(void *rtp, int dev, const eb_rt_expert_batch *b, in
         }
         for (int i = 0; i < b->n_experts; i++) {
             const eb_rt_expert *e = &b->experts[i];
-            d->slots_host[i] = {e->gate, e->up, e->down, e->gate_dtype, e->up_dtype, e->down_dtype, b->pair_start[i],
-                                b->pair_start[i + 1] - b->pair_start[i]};
+            d->slots_host[i] = {e->gate, e->up, e->down, e->bias, e->gate_dtype, e->up_dtype, e->down_dtype,
+                                b->pair_start[i], b->pair_start[i + 1] - b->pair_start[i]};
         }
         GPU_TRY(gpuMemcpyAsync(d->slots_dev, d->slots_host, b->n_experts * sizeof(gpu_expert_slot),
                                gpuMemcpyHostToDevice, d->stream),
@@ -857,8 +880,8 @@ static int expert_ffn_locked(void *rtp, int dev, const eb_rt_expert_batch *b, in
         d->slots_pending = 1;
         dim3 gu((b->inter + rows_per_block - 1) / rows_per_block, b->n_experts);
         dim3 dn((b->hidden + rows_per_block - 1) / rows_per_block, b->n_experts);
-        gate_up_grouped<<<gu, BLOCK, 0, d->stream>>>(d->slots_dev, b->hidden, b->inter, b->x, b->pair_token, h,
-                                                     d->warp);
+        gate_up_grouped<<<gu, BLOCK, 0, d->stream>>>(d->slots_dev, b->act, b->hidden, b->inter, b->x, b->pair_token,
+                                                     h, d->warp);
         down_grouped<<<dn, BLOCK, 0, d->stream>>>(d->slots_dev, b->hidden, b->inter, h, b->y, d->warp);
         GPU_TRY(gpuGetLastError(), "kernel launch");
         GPU_TRY(gpuEventRecord(d->stop, d->stream), "event");
@@ -875,10 +898,11 @@ static int expert_ffn_locked(void *rtp, int dev, const eb_rt_expert_batch *b, in
         if (m <= 0) continue;
         const eb_rt_expert *e = &b->experts[i];
         gate_up_kernel<<<(b->inter + rows_per_block - 1) / rows_per_block, BLOCK, 0, d->stream>>>(
-            e->gate, e->up, e->gate_dtype, e->up_dtype, b->hidden, b->inter, b->x, b->pair_token, p0, m, h, d->warp);
+            e->gate, e->up, e->gate_dtype, e->up_dtype, e->bias, b->act, b->hidden, b->inter, b->x, b->pair_token, p0,
+            m, h, d->warp);
         down_kernel<<<(b->hidden + rows_per_block - 1) / rows_per_block, BLOCK, 0, d->stream>>>(
-            e->down, e->down_dtype, b->hidden, b->inter, h, b->pair_token, b->pair_weight, p0, m, b->y, owner_local,
-            d->warp);
+            e->down, e->down_dtype, e->bias, b->hidden, b->inter, h, b->pair_token, b->pair_weight, p0, m, b->y,
+            owner_local, d->warp);
     }
     GPU_TRY(gpuGetLastError(), "kernel launch");
     GPU_TRY(gpuEventRecord(d->stop, d->stream), "event");
@@ -1342,18 +1366,21 @@ __device__ void norm_rope(const float *src, const float *w, const float *cs, con
     __syncthreads();
 }
 
+// The cache row of position p: p % n_cache (a sliding-window layer's ring; a full layer's p, without a division).
+__device__ __forceinline__ long long cache_row(long long p, int n_cache) { return p < n_cache ? p : p % n_cache; }
+
 // Per (row, head): q/k RMSNorm (when given) and rotation in place, k and v written into the cache at the row's
-// position.
+// position's cache row.
 // grid.y: n_heads q heads, then n_kv_heads k heads, then n_kv_heads v heads.
 __global__ void qk_rope_store_kernel(eb_rt_attention a, int warp) {
     __shared__ float sh[33];
     __shared__ float vec[MAX_HEAD_DIM], out[MAX_HEAD_DIM];
     int t = blockIdx.x, h = blockIdx.y, hd = a.head_dim, half = hd / 2, i = threadIdx.x;
     int qd = a.n_heads * hd, kvd = a.n_kv_heads * hd;
-    long long p = *a.pos + t;
+    long long p = *a.pos + t, row = cache_row(p, a.n_cache);
     if (h >= a.n_heads + a.n_kv_heads) { // v: into the cache as it is
         int vh = h - a.n_heads - a.n_kv_heads;
-        if (i < hd) a.v_cache[p * kvd + vh * hd + i] = a.v[(long long)t * kvd + vh * hd + i];
+        if (i < hd) a.v_cache[row * kvd + vh * hd + i] = a.v[(long long)t * kvd + vh * hd + i];
         return;
     }
     int is_q = h < a.n_heads;
@@ -1362,7 +1389,7 @@ __global__ void qk_rope_store_kernel(eb_rt_attention a, int warp) {
               warp);
     if (i < hd) {
         v[i] = out[i];
-        if (!is_q) a.k_cache[p * kvd + (h - a.n_heads) * hd + i] = out[i];
+        if (!is_q) a.k_cache[row * kvd + (h - a.n_heads) * hd + i] = out[i];
     }
 }
 
@@ -1390,17 +1417,21 @@ __device__ __forceinline__ void attend_update(float d, const float *v, int lane,
     m = mn;
 }
 
-// One block per (head, row): groups of 32 lanes take positions in turn, two at a time (their loads in flight
-// together), with a running softmax (each lane holds head_dim / 32 of the output); then the groups are merged.
+// One block per (head, row): groups of 32 lanes take the attended positions in turn (group g the g-th of them and
+// every ng-th after), two at a time (their loads in flight together), with a running softmax (each lane holds
+// head_dim / 32 of the output); then the groups are merged, with the head's sink logit (when given) in the maximum
+// and the denominator only. Row t at position p attends to max(0, p - window + 1) .. p (window 0: 0 .. p), position
+// s read from cache row s % n_cache.
 // q: this head's rotated query; kl, vl (nullable): the last position's key and value, read from there instead of
 // the cache (the fused one-row kernel, whose cache writes other blocks may not have made yet).
 __device__ void attend(const eb_rt_attention &a, int h, int t, const float *q, const float *kl, const float *vl) {
     __shared__ float gm[ATT_GROUPS], gl[ATT_GROUPS];
     __shared__ float gacc[ATT_GROUPS][MAX_HEAD_DIM];
-    int hd = a.head_dim;
+    int hd = a.head_dim, nc = a.n_cache;
     int lane = threadIdx.x % 32, g = threadIdx.x / 32, ng = blockDim.x / 32;
     int kvd = a.n_kv_heads * hd, kvh = h / (a.n_heads / a.n_kv_heads);
-    long long last = *a.pos + t, cached = kl ? last - 1 : last; // positions read from the cache: 0..cached
+    long long last = *a.pos + t, cached = kl ? last - 1 : last; // positions read from the cache: first..cached
+    long long first = a.window > 0 && last - a.window + 1 > 0 ? last - a.window + 1 : 0;
     float scale = rsqrtf((float)hd);
     const float *kc = a.k_cache + kvh * hd, *vc = a.v_cache + kvh * hd;
     float qv[MAX_HEAD_DIM / 32], acc[MAX_HEAD_DIM / 32];
@@ -1411,14 +1442,18 @@ __device__ void attend(const eb_rt_attention &a, int h, int t, const float *q, c
         acc[i] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    long long s = g;
+    long long s = first + g;
     for (; s + ng <= cached; s += 2 * ng) {
-        float d0 = head_dot(qv, kc + s * kvd, lane, hd), d1 = head_dot(qv, kc + (s + ng) * kvd, lane, hd);
-        attend_update(d0, vc + s * kvd, lane, hd, m, l, acc);
-        attend_update(d1, vc + (s + ng) * kvd, lane, hd, m, l, acc);
+        long long r0 = cache_row(s, nc) * kvd, r1 = cache_row(s + ng, nc) * kvd;
+        float d0 = head_dot(qv, kc + r0, lane, hd), d1 = head_dot(qv, kc + r1, lane, hd);
+        attend_update(d0, vc + r0, lane, hd, m, l, acc);
+        attend_update(d1, vc + r1, lane, hd, m, l, acc);
     }
-    if (s <= cached) attend_update(head_dot(qv, kc + s * kvd, lane, hd), vc + s * kvd, lane, hd, m, l, acc);
-    if (kl && g == (int)(last % ng)) // the last position, in the turn of the group it falls to
+    if (s <= cached) {
+        long long r0 = cache_row(s, nc) * kvd;
+        attend_update(head_dot(qv, kc + r0, lane, hd), vc + r0, lane, hd, m, l, acc);
+    }
+    if (kl && g == (int)((last - first) % ng)) // the last position, in the turn of the group it falls to
         attend_update(head_dot(qv, kl, lane, hd), vl, lane, hd, m, l, acc);
     if (lane == 0) gm[g] = m, gl[g] = l;
 #pragma unroll
@@ -1426,10 +1461,12 @@ __device__ void attend(const eb_rt_attention &a, int h, int t, const float *q, c
         if (lane + 32 * i < hd) gacc[g][lane + 32 * i] = acc[i];
     __syncthreads();
     if (g != 0) return;
-    float M = -INFINITY;
+    float sink = a.sinks ? a.sinks[h] : -INFINITY;
+    float M = sink;
     for (int j = 0; j < ng; j++) M = fmaxf(M, gm[j]);
     float L = 0.0f;
     for (int j = 0; j < ng; j++) L += gl[j] * expf(gm[j] - M);
+    if (a.sinks) L += expf(sink - M); // the sink's share of the softmax, which goes to no value
     float *out = a.out + (long long)t * a.n_heads * hd + h * hd;
     for (int c = lane; c < hd; c += 32) {
         float o = 0.0f;
@@ -1444,20 +1481,22 @@ __global__ void attention_kernel(eb_rt_attention a) {
 }
 
 // One row (decode): every block normalises (when given) and rotates its query head and its group's key itself,
-// and reads the new key and value from shared memory; the first block of each group writes them to the cache.
+// and reads the new key and value from shared memory; the first block of each group writes them to the cache (at
+// row p % n_cache: in a window's ring, that row held position p - n_cache, which no block reads, n_cache being at
+// least the window).
 __global__ void attention_one_row_kernel(eb_rt_attention a, int warp) {
     __shared__ float sh[33];
     __shared__ float vec[MAX_HEAD_DIM], qn[MAX_HEAD_DIM], kn[MAX_HEAD_DIM], vn[MAX_HEAD_DIM];
     int h = blockIdx.x, hd = a.head_dim, half = hd / 2, i = threadIdx.x, group = a.n_heads / a.n_kv_heads;
     int kvh = h / group, kvd = a.n_kv_heads * hd;
-    long long p = *a.pos;
+    long long p = *a.pos, row = cache_row(p, a.n_cache);
     const float *cs = a.rope_cos + p * half, *sn = a.rope_sin + p * half;
     norm_rope(a.q + h * hd, a.q_norm, cs, sn, hd, a.eps, vec, qn, sh, warp);
     norm_rope(a.k + kvh * hd, a.k_norm, cs, sn, hd, a.eps, vec, kn, sh, warp);
     if (i < hd) vn[i] = a.v[kvh * hd + i];
     if (h % group == 0 && i < hd) {
-        a.k_cache[p * kvd + kvh * hd + i] = kn[i];
-        a.v_cache[p * kvd + kvh * hd + i] = vn[i];
+        a.k_cache[row * kvd + kvh * hd + i] = kn[i];
+        a.v_cache[row * kvd + kvh * hd + i] = vn[i];
     }
     __syncthreads();
     attend(a, h, 0, qn, kn, vn);
@@ -1620,7 +1659,9 @@ __device__ void route_sigmoid_group(const eb_rt_route &r, int t, float *scores, 
 }
 
 // One block per row: its RMSNorm (xn written), the router's logits (a warp per expert, kept in shared memory),
-// then warp 0 takes the softmax and the top k by k rounds of a warp arg-max (ties to the lower id).
+// then warp 0 takes the top k by k rounds of a warp arg-max (ties to the lower id): of the softmax over every expert
+// (EB_ROUTE_SOFTMAX_TOPK), or of the logits plus the router's bias, their weights the softmax over the k chosen
+// (EB_ROUTE_TOPK_SOFTMAX, as the CPU's eb_route_topk_softmax_row).
 __global__ void __launch_bounds__(1024) route_kernel(eb_rt_route r, int warp) { // launched with 1024 threads
     __shared__ float sh[33];
     __shared__ float logits[MAX_EXPERTS];
@@ -1638,9 +1679,11 @@ __global__ void __launch_bounds__(1024) route_kernel(eb_rt_route r, int warp) { 
     __syncthreads(); // the block's writes of xn are visible to the block
     int lane = threadIdx.x % warp, wid = threadIdx.x / warp, nw = blockDim.x / warp;
     const float *xs[DOT_TILE] = {xn, xn, xn, xn};
+    int chosen_logits = r.scoring == EB_ROUTE_TOPK_SOFTMAX; // the top k of the (biased) logits themselves
     for (int e = wid; e < E; e += nw) {
         float v[DOT_TILE];
         warp_dot_tile(r.router, r.router_dtype, e, H, xs, 1, lane, warp, v);
+        if (chosen_logits && r.bias) v[0] += r.bias[e];
         if (lane == 0) logits[e] = v[0], r.logits[(long long)t * E + e] = v[0];
     }
     __syncthreads();
@@ -1650,20 +1693,21 @@ __global__ void __launch_bounds__(1024) route_kernel(eb_rt_route r, int warp) { 
         route_sigmoid_group(r, t, logits, taken, lane);
         return;
     }
-    float mx = -INFINITY;
-    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, logits[e]);
-    for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, SHFL_XOR32(mx, o));
-    float sum = 0.0f;
-    for (int e = lane; e < E; e += 32) sum += expf(logits[e] - mx);
-    for (int o = 16; o > 0; o /= 2) sum += SHFL_XOR32(sum, o);
+    float mx = -INFINITY, sum = 0.0f;
+    if (!chosen_logits) {
+        for (int e = lane; e < E; e += 32) mx = fmaxf(mx, logits[e]);
+        for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, SHFL_XOR32(mx, o));
+        for (int e = lane; e < E; e += 32) sum += expf(logits[e] - mx);
+        for (int o = 16; o > 0; o /= 2) sum += SHFL_XOR32(sum, o);
+    }
     for (int e = lane; e < E; e += 32) taken[e] = 0;
-    float total = 0.0f;
+    float total = 0.0f, top[MAX_TOPK];
     for (int k = 0; k < K; k++) {
         // the first candidate is always taken (id == E), so NaN probabilities still select a valid expert
         float best = 0.0f;
         int id = E;
         for (int e = lane; e < E; e += 32) {
-            float pe = expf(logits[e] - mx) / sum;
+            float pe = chosen_logits ? logits[e] : expf(logits[e] - mx) / sum;
             if (!taken[e] && (id == E || pe > best)) best = pe, id = e; // ascending e: the first of equals stays
         }
         for (int o = 16; o > 0; o /= 2) {
@@ -1674,13 +1718,19 @@ __global__ void __launch_bounds__(1024) route_kernel(eb_rt_route r, int warp) { 
         if (lane == id % 32) taken[id] = 1; // only this lane reads that entry
         if (lane == 0) {
             r.topk_id[(long long)t * K + k] = id;
-            r.topk_w[(long long)t * K + k] = best;
+            top[k] = best;
             if (r.hits) atomicAdd(&r.hits[id], 1ULL);
         }
         total += best;
     }
-    if (r.norm_topk && lane == 0)
-        for (int k = 0; k < K; k++) r.topk_w[(long long)t * K + k] /= total;
+    if (lane != 0) return;
+    if (chosen_logits) { // the softmax over the chosen, from the first (the largest), in the order chosen
+        float first = top[0], denom = 0.0f;
+        for (int k = 0; k < K; k++) denom += top[k] = expf(top[k] - first);
+        for (int k = 0; k < K; k++) r.topk_w[(long long)t * K + k] = top[k] / denom;
+        return;
+    }
+    for (int k = 0; k < K; k++) r.topk_w[(long long)t * K + k] = r.norm_topk ? top[k] / total : top[k];
 }
 
 // The next (up to DOT_TILE) selections of expert e from q on: their indices into pairs, q moved past them.
@@ -1723,7 +1773,9 @@ __global__ void moe_gate_up_kernel(eb_rt_moe b, int warp) {
         if (lane == 0)
 #pragma unroll
             for (int j = 0; j < DOT_TILE; j++)
-                if (j < nt) b.h[(long long)pairs[j] * b.inter + i] = gs[j] / (1.0f + expf(-gs[j])) * us[j];
+                if (j < nt)
+                    b.h[(long long)pairs[j] * b.inter + i] =
+                        expert_act(b.act, biased(gs[j], ex.bias, i), biased(us[j], ex.bias, (long long)b.inter + i));
     }
 }
 
@@ -1746,7 +1798,8 @@ __global__ void moe_down_kernel(eb_rt_moe b, int warp) {
         if (lane == 0)
 #pragma unroll
             for (int j = 0; j < DOT_TILE; j++)
-                if (j < nt) b.pair_out[(long long)pairs[j] * b.hidden + j0] = ys[j];
+                if (j < nt)
+                    b.pair_out[(long long)pairs[j] * b.hidden + j0] = biased(ys[j], ex.bias, 2LL * b.inter + j0);
     }
 }
 
@@ -1802,7 +1855,9 @@ __global__ void moe_pair_gate_up_kernel(eb_rt_moe b, int warp) {
         warp_dot_tile(ex.up, ex.up_dtype, i, b.hidden, xs, 1, lane, warp, us);
         gu[1] = us[0];
     }
-    if (lane == 0) b.h[(long long)pair * b.inter + i] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
+    if (lane == 0)
+        b.h[(long long)pair * b.inter + i] =
+            expert_act(b.act, biased(gu[0], ex.bias, i), biased(gu[1], ex.bias, (long long)b.inter + i));
 }
 
 // The down products of a row's pairs and their sum in one: a warp per output element j of row t. The pairs are
@@ -1829,7 +1884,7 @@ template <int combine> __global__ void moe_pair_down_kernel(eb_rt_moe b, int war
     float s = 0.0f;
     for (int n0 = 0; n0 < b.top_k; n0 += DOT_TILE) {
         const void *ws[DOT_TILE];
-        const float *hs[DOT_TILE];
+        const float *hs[DOT_TILE], *bs[DOT_TILE];
         float v[DOT_TILE];
         int nt = 0, dtype = -1, same = 1;
 #pragma unroll
@@ -1837,6 +1892,7 @@ template <int combine> __global__ void moe_pair_down_kernel(eb_rt_moe b, int war
             int k = n0 + q < b.top_k ? order[n0 + q] : order[n0];
             const eb_rt_expert ex = b.experts[ids[k]];
             ws[q] = ex.gate ? ex.down : NULL;
+            bs[q] = ex.gate ? ex.bias : NULL;
             hs[q] = b.h + ((long long)t * b.top_k + k) * b.inter;
             if (n0 + q < b.top_k) {
                 nt = q + 1;
@@ -1864,6 +1920,9 @@ template <int combine> __global__ void moe_pair_down_kernel(eb_rt_moe b, int war
                     v[q] = q < nt && ws[q] ? y[0] : 0.0f;
                 }
             }
+#pragma unroll
+            for (int q = 0; q < DOT_TILE; q++) // the down biases, before the output is stored or weighted
+                if (q < nt && ws[q]) v[q] = biased(v[q], bs[q], 2LL * b.inter + j);
         }
 #pragma unroll
         for (int q = 0; q < DOT_TILE; q++) {
@@ -1970,6 +2029,15 @@ static int gpu_attention(void *rtp, int dev, const eb_rt_attention *a, char *err
         return eb_rt_fail(err, errlen, EB_ERR_ARGUMENT,
                           RUNTIME_NAME " runtime: q_norm %s and k_norm %s: expected both or neither",
                           a->q_norm ? "given" : "NULL", a->k_norm ? "given" : "NULL");
+    // A ring must keep every position a row of the step reads, the step's own rows written first: window + n - 1
+    // rows (a cache of n_ctx rows never wraps); a full layer's cache holds every position.
+    if (a->window < 0 || a->n_cache < 1 ||
+        (a->n_cache < a->n_ctx && (a->window == 0 || (long long)a->n_cache < (long long)a->window + a->n - 1)))
+        return eb_rt_fail(err, errlen, EB_ERR_ARGUMENT,
+                          RUNTIME_NAME " runtime: attention window %d over a cache of %d rows (n_ctx %d, %d new rows): "
+                                       "expected a window >= 0 and a cache of n_ctx rows, or of at least window + "
+                                       "n - 1 rows for a window",
+                          a->window, a->n_cache, a->n_ctx, a->n);
     PRIMARY_OP({
         if (a->n == 1) {
             attention_one_row_kernel<<<(unsigned)a->n_heads, ATT_GROUPS * 32, 0, d->stream>>>(*a, d->warp);
@@ -1982,11 +2050,12 @@ static int gpu_attention(void *rtp, int dev, const eb_rt_attention *a, char *err
 }
 
 static int gpu_route(void *rtp, int dev, const eb_rt_route *r, char *err, size_t errlen) {
-    if (r->scoring != EB_ROUTE_SOFTMAX_TOPK && r->scoring != EB_ROUTE_SIGMOID_GROUP)
+    if (r->scoring != EB_ROUTE_SOFTMAX_TOPK && r->scoring != EB_ROUTE_SIGMOID_GROUP &&
+        r->scoring != EB_ROUTE_TOPK_SOFTMAX)
         return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED,
-                          RUNTIME_NAME " runtime: router scoring %d is not supported: expected %d (softmax top-k) or "
-                                       "%d (sigmoid, grouped)",
-                          r->scoring, EB_ROUTE_SOFTMAX_TOPK, EB_ROUTE_SIGMOID_GROUP);
+                          RUNTIME_NAME " runtime: router scoring %d is not supported: expected %d (softmax top-k), "
+                                       "%d (sigmoid, grouped) or %d (top-k softmax)",
+                          r->scoring, EB_ROUTE_SOFTMAX_TOPK, EB_ROUTE_SIGMOID_GROUP, EB_ROUTE_TOPK_SOFTMAX);
     if (r->scoring == EB_ROUTE_SIGMOID_GROUP && (r->n_group < 1 || r->n_group > 256 || r->n_experts % r->n_group ||
                                                  r->topk_group < 1 || r->topk_group > r->n_group || !r->bias))
         return eb_rt_fail(err, errlen, EB_ERR_ARGUMENT,
