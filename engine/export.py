@@ -13,7 +13,11 @@ ggml/src/ggml-cuda/ggml-cuda.cu; the llama.cpp vendored in llama-cpp-python 0.3.
 * A Qwen3-MoE (or DeepSeek, gpt-oss) GGUF keeps each layer's experts in one tensor per projection,
   blk.N.ffn_gate_exps.weight, blk.N.ffn_up_exps.weight, blk.N.ffn_down_exps.weight (some architectures fuse
   gate and up: ffn_gate_up_exps); N is the Hugging Face layer number. The pattern used here is llama.cpp's own
-  (LLM_FFN_EXPS_REGEX in common/common.h, the one --n-cpu-moe uses) after `blk\\.(N|M|...)`.
+  (LLM_FFN_EXPS_REGEX in common/common.h, the one --n-cpu-moe uses) after `blk\\.(N|M|...)`. gpt-oss's experts
+  have biases, blk.N.ffn_gate_exps.bias, ffn_up_exps.bias and ffn_down_exps.bias (llama.cpp's converter splits
+  gate_up_proj_bias into the first two): the pattern is searched, not matched whole, and ends before the
+  `.weight` / `.bias` suffix, so a rule that moves a layer's experts moves their biases with them; the router
+  (ffn_gate_inp.weight and .bias) and the attention sinks (attn_sinks.weight) stay with the layer's attention.
 
 So a placement exports at whole-layer granularity: a layer whose experts sit on several devices goes to its most
 common device, and the other experts are reported as not expressible. Several CPU devices (cpu:0, cpu:1: NUMA
@@ -355,6 +359,11 @@ def to_ktransformers(placement: Placement, config: ModelConfig) -> EngineExport:
         notes.append(f"layers {', '.join(map(str, whole))} have every expert on the GPU: ktransformers' DeepSeek-V3 "
                      "YAML optimize rules can also place them whole (a rule matching those layers' mlp.experts with "
                      "KTransformersExperts, generate_op KExpertsMarlin)")  # fmt: skip
+    elif config.architecture == "gpt_oss":  # no YAML optimize rules for this family
+        notes.append("ktransformers' YAML optimize rules have no gpt-oss file (its optimize_rules hold DeepSeek, "
+                     "Qwen2/Qwen3-MoE, Mixtral, GLM-4-MoE and other families' rules), so only the flags above can say "
+                     "this placement; they were not checked against a gpt-oss launch of ktransformers (its CPU "
+                     "experts must run gpt-oss's MXFP4 experts with their biases and the clamped SwiGLU)")  # fmt: skip
     elif whole:  # its older YAML optimize rules place whole layers' experts, but not for this family on a GPU
         notes.append(f"layers {', '.join(map(str, whole))} have every expert on the GPU: ktransformers' YAML optimize "
                      "rules can place a whole layer's experts (KTransformersExperts with generate_op KExpertsMarlin, "
