@@ -15,6 +15,15 @@ draw with each device's share of the layer, and the layer waits for the device t
 n tokens: expert e is read once if any token picks it, 1 - (1 - p_e)^n, a peer is involved with probability
 1 - (1 - m/k)^(k*n) (m its expected picks per token), and the max is taken over those expected times.
 
+KV cache reads are not a term of their own in the formula above: attention runs on the primary whatever the
+placement, so its reads are inside `fixed`, measured by calibrate() at one context length (the calibration prompt plus
+half the decoded tokens). What changes with the context is only that part of fixed, so a prediction for another
+context (`context=`) adds the difference of the KV bytes read per step at the two contexts, at the primary's
+bandwidth: a full-attention layer reads every position of its cache, a sliding-window layer (gpt-oss) at most its
+window, min(window, context) positions (ModelShape.kv_read_bytes). Without a context, or with a calibration that does
+not know its own (older files), the prediction is fixed's, as before; the KV term never changes which placement is
+faster, only the tokens/s predicted at a context.
+
 A Calibration holds the measured figures: fixed seconds per step, and per device the expert weight bandwidth
 (bytes/s), the dispatch time per layer step it runs experts in, and (peers) the per-join latency. calibrate()
 measures them with the engine on the real devices (short decodes with every expert on the primary, and with as
@@ -53,6 +62,10 @@ class ModelShape:
     # the shared experts of one MoE layer (DeepSeek-V3): read on the primary every step, beside its routed experts
     # and while the peers run theirs (the mean over the MoE layers; 0 without any)
     shared_bytes: int = 0
+    # the KV cache: bytes per position and layer (the core's f32 cache: keys and values, or MLA's latent and rope
+    # key; 0: unknown), and per layer its attention window (0: full attention; empty: every layer full)
+    kv_row_bytes: int = 0
+    layer_windows: tuple[int, ...] = ()
 
     def bytes_of(self, layer: int) -> int:
         """The weights of one expert of this layer."""
@@ -69,6 +82,26 @@ class ModelShape:
     @property
     def total_bytes(self) -> int:
         return sum(self.layer_bytes_of(layer) for layer in self.moe_layers)
+
+    def window_of(self, layer: int) -> int:
+        return self.layer_windows[layer] if self.layer_windows else 0
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """The KV cache's growth per position: the full-attention layers' rows (the model info's figure)."""
+        return self.kv_row_bytes * sum(1 for layer in range(self.num_layers) if not self.window_of(layer))
+
+    @property
+    def kv_window_bytes(self) -> int:
+        """The sliding-window layers' caches at their windows, whatever the context (the model info's figure)."""
+        return self.kv_row_bytes * sum(self.window_of(layer) for layer in range(self.num_layers))
+
+    def kv_read_bytes(self, context: float) -> float:
+        """KV cache bytes one decode step reads at a context of this many positions: every position in a
+        full-attention layer, min(window, context) in a sliding-window layer."""
+        context = max(float(context), 0.0)
+        return self.kv_row_bytes * sum(min(float(w), context) if (w := self.window_of(layer)) else context
+                                       for layer in range(self.num_layers))  # fmt: skip
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint) -> ModelShape:
@@ -90,12 +123,14 @@ class ModelShape:
         mean = sum(per_expert) // len(cfg.moe_layers)
         uniform = len({per_expert[layer] for layer in cfg.moe_layers}) == 1
         return cls(cfg.num_layers, tuple(cfg.moe_layers), cfg.num_experts, cfg.top_k, mean,
-                   () if uniform else tuple(per_expert), shared // len(cfg.moe_layers))  # fmt: skip
+                   () if uniform else tuple(per_expert), shared // len(cfg.moe_layers), kv_row_bytes(cfg),
+                   tuple(cfg.layer_windows))  # fmt: skip
 
     @classmethod
     def from_config(cls, config: ModelConfig, expert_bytes: int) -> ModelShape:
         _require_moe(config)
-        return cls(config.num_layers, tuple(config.moe_layers), config.num_experts, config.top_k, int(expert_bytes))
+        return cls(config.num_layers, tuple(config.moe_layers), config.num_experts, config.top_k, int(expert_bytes),
+                   kv_row_bytes=kv_row_bytes(config), layer_windows=tuple(config.layer_windows))  # fmt: skip
 
     @classmethod
     def from_model(cls, model) -> ModelShape:
@@ -104,6 +139,14 @@ class ModelShape:
     def empty_placement(self, device: str) -> Placement:
         moe = set(self.moe_layers)
         return Placement([[device if layer in moe else None] * self.num_experts for layer in range(self.num_layers)])
+
+
+def kv_row_bytes(cfg: ModelConfig) -> int:
+    """Bytes of one position of one layer's KV cache as the core holds it (f32): the keys and values of the KV
+    heads, or under MLA (DeepSeek-V3) the compressed latent and the rope key."""
+    if cfg.kv_lora_rank:
+        return 4 * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+    return 4 * 2 * cfg.num_kv_heads * cfg.head_dim
 
 
 def _require_moe(cfg: ModelConfig) -> None:
@@ -124,6 +167,9 @@ class Calibration:
     fixed_seconds: float  # per decode step, besides the experts
     devices: dict[str, DeviceRate] = field(default_factory=dict)
     measured: dict = field(default_factory=dict, compare=False)  # what calibrate() saw, for the record
+    # the mean number of cached positions over the calibrated decode steps (their KV reads are in fixed_seconds);
+    # 0: unknown, and no KV term in the predictions
+    context: float = 0.0
 
     def rate(self, device: str) -> DeviceRate:
         try:
@@ -134,12 +180,22 @@ class Calibration:
 
     def to_dict(self) -> dict:
         return {"primary": self.primary, "fixed_seconds": self.fixed_seconds,
-                "devices": {d: asdict(r) for d, r in self.devices.items()}, "measured": self.measured}  # fmt: skip
+                "devices": {d: asdict(r) for d, r in self.devices.items()}, "measured": self.measured,
+                "context": self.context}  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: dict) -> Calibration:
         return cls(data["primary"], float(data["fixed_seconds"]),
-                   {d: DeviceRate(**r) for d, r in data["devices"].items()}, data.get("measured", {}))  # fmt: skip
+                   {d: DeviceRate(**r) for d, r in data["devices"].items()}, data.get("measured", {}),
+                   float(data.get("context", 0.0)))  # fmt: skip
+
+    def fixed_at(self, shape: ModelShape, context: float | None = None) -> float:
+        """fixed_seconds at another context: plus the KV bytes read beyond (or short of) those at the calibrated
+        context, at the primary's bandwidth; fixed_seconds itself without a context or a calibrated one."""
+        if context is None or self.context <= 0 or not shape.kv_row_bytes:
+            return self.fixed_seconds
+        more = shape.kv_read_bytes(context) - shape.kv_read_bytes(self.context)
+        return max(self.fixed_seconds + more / self.rate(self.primary).bandwidth, 0.0)
 
 
 # ---- prediction -------------------------------------------------------------------------------------------
@@ -232,10 +288,13 @@ def step_seconds(
     calibration: Calibration,
     stats: RoutingStats | None = None,
     tokens_per_step: int = 1,
+    context: float | None = None,
 ) -> float:
-    """Predicted seconds of one decode step (tokens_per_step tokens through every layer)."""
+    """Predicted seconds of one decode step (tokens_per_step tokens through every layer); at a context of this
+    many cached positions, the KV reads of that context (Calibration.fixed_at; the verification batch's rows share
+    one read of the cache, as they share the weights)."""
     shares = expert_shares(shape, stats)
-    total = calibration.fixed_seconds
+    total = calibration.fixed_at(shape, context)
     for layer in shape.moe_layers:
         total += layer_seconds(shape, layer, placement.owners[layer], shares[layer], calibration, tokens_per_step)
     return total
@@ -247,9 +306,11 @@ def predict_tokens_per_second(
     calibration: Calibration,
     stats: RoutingStats | None = None,
     tokens_per_step: int = 1,
+    context: float | None = None,
 ) -> float:
-    """Predicted decode tokens/s (tokens_per_step tokens per step: 1 for plain greedy decoding)."""
-    return tokens_per_step / step_seconds(shape, placement, calibration, stats, tokens_per_step)
+    """Predicted decode tokens/s (tokens_per_step tokens per step: 1 for plain greedy decoding), at a context of
+    this many cached positions when given (else at the calibration's)."""
+    return tokens_per_step / step_seconds(shape, placement, calibration, stats, tokens_per_step, context)
 
 
 # ---- calibration ------------------------------------------------------------------------------------------
@@ -382,7 +443,9 @@ def calibrate(model, devices: list[str] | None = None, tokens: int = 32, repeats
         join = max((m[1]["seconds"] - fixed - rest - busy[1]) / k, 0.0)
         rates[d] = _rate(shape, {n: m[n]["experts"][d] for n in (1, 4)}, busy, join, k)
     measured = {"tokens": tokens, "repeats": repeats, "peer_layers": layers, "all_on_primary": a, "on_peer": b}
-    return Calibration(primary, fixed, rates, measured)
+    # fixed holds the KV reads of these steps: step i of the decode attends to the prompt and i + 1 more positions
+    context = len(_default_prompt(model)) + (tokens + 1) / 2
+    return Calibration(primary, fixed, rates, measured, context)
 
 
 def _rate(shape: ModelShape, experts: dict, seconds: dict, join: float, layers: int | None = None) -> DeviceRate:

@@ -278,3 +278,77 @@ def test_shape_from_a_checkpoint_is_uniform_when_the_layers_are():
     shape = ModelShape.from_checkpoint(Checkpoint.open(FIXTURES / "qwen3moe-f32"))
     assert shape.layer_expert_bytes == ()
     assert shape.bytes_of(shape.moe_layers[0]) == shape.expert_bytes
+
+
+# ---- the KV cache's reads: full-attention layers read the context, sliding-window ones at most their window ----
+
+# 4 layers alternating sliding (window 8) and full attention, 1000 bytes per position and layer
+WINDOWED = ModelShape(num_layers=4, moe_layers=(0, 1, 2, 3), num_experts=8, top_k=2, expert_bytes=MB,
+                      kv_row_bytes=1000, layer_windows=(8, 0, 8, 0))  # fmt: skip
+FULL = ModelShape(num_layers=4, moe_layers=(0, 1, 2, 3), num_experts=8, top_k=2, expert_bytes=MB, kv_row_bytes=1000)
+# calibrated at a mean context of 20 positions, the primary reading 1000 MB/s
+CAL_AT_20 = Calibration("cuda:0", 0.002, dict(CAL.devices), context=20.0)
+
+
+def test_sliding_window_layers_read_a_bounded_cache():
+    assert WINDOWED.kv_bytes_per_token == 2 * 1000 and WINDOWED.kv_window_bytes == 2 * 8 * 1000
+    assert FULL.kv_bytes_per_token == 4 * 1000 and FULL.kv_window_bytes == 0
+    assert WINDOWED.kv_read_bytes(4) == FULL.kv_read_bytes(4) == 4 * 4 * 1000  # inside the window: every position
+    assert WINDOWED.kv_read_bytes(100) == (2 * 8 + 2 * 100) * 1000
+    assert FULL.kv_read_bytes(100) == 4 * 100 * 1000
+    # past the window only the full layers grow
+    assert WINDOWED.kv_read_bytes(2000) - WINDOWED.kv_read_bytes(1000) == 2 * 1000 * 1000
+
+
+def test_predictions_at_a_context_add_the_kv_reads_beyond_the_calibrated_ones():
+    on_gpu = WINDOWED.empty_placement("cuda:0")
+    experts = 4 * 2 * 0.001  # 4 layers x 2 experts of 1 MB at 1000 MB/s
+    assert step_seconds(WINDOWED, on_gpu, CAL_AT_20) == pytest.approx(0.002 + experts)
+    assert step_seconds(WINDOWED, on_gpu, CAL_AT_20, context=20) == pytest.approx(0.002 + experts)
+    # at 10 020 positions: the full layers read 10 000 more positions each, the windowed ones none more
+    longer = (2 * 10_000) * 1000 / (1000 * MB)
+    assert step_seconds(WINDOWED, on_gpu, CAL_AT_20, context=10_020) == pytest.approx(0.002 + experts + longer)
+    assert step_seconds(FULL, on_gpu, CAL_AT_20, context=10_020) == pytest.approx(0.002 + experts + 2 * longer)
+    # a shorter context reads less (never below no fixed time at all); the batch shares one read of the cache
+    assert step_seconds(WINDOWED, on_gpu, CAL_AT_20, context=1) < 0.002 + experts
+    assert CAL_AT_20.fixed_at(WINDOWED, 0) >= 0.0
+    assert (step_seconds(WINDOWED, on_gpu, CAL_AT_20, tokens_per_step=4, context=10_020) -
+            step_seconds(WINDOWED, on_gpu, CAL_AT_20, tokens_per_step=4)) == pytest.approx(longer)  # fmt: skip
+    # the KV term is the same whatever the placement: it moves tokens/s, never the order of two placements
+    split = WINDOWED.empty_placement("cuda:0")
+    split.owners[0] = split.owners[1] = ["cpu:0"] * WINDOWED.num_experts
+    for shape in (WINDOWED, FULL):
+        a = step_seconds(shape, split, CAL_AT_20, context=5000) - step_seconds(shape, split, CAL_AT_20)
+        b = step_seconds(shape, on_gpu, CAL_AT_20, context=5000) - step_seconds(shape, on_gpu, CAL_AT_20)
+        assert a == pytest.approx(b) and a > 0
+    # no calibrated context (an older calibration file), or a shape without a cache size: no KV term
+    assert Calibration.from_dict({k: v for k, v in CAL_AT_20.to_dict().items() if k != "context"}).context == 0.0
+    assert step_seconds(WINDOWED, on_gpu, CAL, context=10_020) == pytest.approx(0.002 + experts)
+    plain = SHAPE.empty_placement("cuda:0")
+    assert step_seconds(SHAPE, plain, CAL_AT_20, context=10_020) == pytest.approx(step_seconds(SHAPE, plain, CAL_AT_20))
+    assert Calibration.from_dict(CAL_AT_20.to_dict()) == CAL_AT_20
+
+
+@pytest.mark.parametrize("name", ["gpt-oss-bf16", "gpt-oss-mxfp4", "deepseek-f32", "qwen3moe-f32"])
+def test_the_shapes_kv_figures_are_the_engines(name):
+    """ModelShape's cache sizes from the config are the core's (model info): gpt-oss's sliding layers at their
+    windows, MLA's latent, plain keys and values."""
+    ckpt = Checkpoint.open(FIXTURES / name)
+    shape = ModelShape.from_checkpoint(ckpt)
+    assert shape.layer_windows == ckpt.config.layer_windows
+    with Engine() as eng:
+        info = eng.load(ckpt).info
+    assert (shape.kv_bytes_per_token, shape.kv_window_bytes) == (info["kv_bytes_per_token"], info["kv_window_bytes"])
+    if name.startswith("gpt-oss"):
+        assert shape.kv_window_bytes > 0 and 0 < shape.kv_bytes_per_token < shape.kv_row_bytes * shape.num_layers
+
+
+def test_calibration_records_its_context():
+    with Engine() as eng:
+        model = eng.load(FIXTURES / "gpt-oss-mxfp4")
+        cal = calibrate(model, tokens=4, repeats=1, warmup_seconds=0)
+        prompt = len(model.encode("The quick brown fox jumps over the lazy dog."))
+    assert cal.context == prompt + 2.5
+    shape = ModelShape.from_checkpoint(Checkpoint.open(FIXTURES / "gpt-oss-mxfp4"))
+    at = {n: predict_tokens_per_second(shape, shape.empty_placement("cpu:0"), cal, context=n) for n in (8, 4096)}
+    assert at[8] >= at[4096] > 0
