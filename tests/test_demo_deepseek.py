@@ -174,7 +174,9 @@ def test_bad_input_names_what_is_accepted(capsys, tmp_path):
     with pytest.raises(SystemExit) as usage:
         main(["demo-model", "--family", "llama"])
     assert usage.value.code == 2
-    assert "argument --family: invalid choice: 'llama' (choose from 'qwen3', 'deepseek')" in capsys.readouterr().err
+    assert "argument --family: invalid choice: 'llama' (choose from 'qwen3', 'deepseek', 'gpt-oss')" in (
+        capsys.readouterr().err
+    )
     assert main(["demo-model", "--family", "deepseek", "--format", "gguf"]) == 2
     assert "the DeepSeek-V3 demo (family 'deepseek') is written as safetensors folders only" in capsys.readouterr().err
     assert main(["run", "--model", "x", "--demo-family", "deepseek"]) == 2

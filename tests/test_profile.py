@@ -397,7 +397,7 @@ def test_example_profiles_fit_a_freshly_built_demo_pair(tmp_path_factory, monkey
         profile.placement_for(Checkpoint.open(pair.target).config)
         assert profile.routing_stats().hits.shape == (8, 16)
     assert formats == {("safetensors", None), ("gguf", "q8_0")}
-    assert families == {"qwen3", "deepseek"}
+    assert families == {"qwen3", "deepseek", "gpt-oss"}
 
 
 def test_the_full_example_in_the_readme_is_a_valid_profile(tmp_path):

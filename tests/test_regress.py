@@ -201,11 +201,12 @@ def test_example_profiles_pass_here(tmp_path_factory, monkeypatch, capsys):
 
     monkeypatch.setattr(regress, "measure_profile", steady)
     paths = sorted(str(p) for p in (ROOT / "profiles").glob("*.yaml"))
-    assert len(paths) == 5
+    assert len(paths) == 6
+    assert any(p.endswith("gpt-oss-split.yaml") for p in paths)
     code = cli_main(["regress", *paths])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert out.count("4 held, 4/4 as recorded") == 5
+    assert out.count("4 held, 4/4 as recorded") == 6
 
 
 def test_no_qt_on_the_regress_path(recorded):
