@@ -15,7 +15,10 @@
 #   OUT=/tmp/out bash bench/cpu/isa_vs_llamacpp.sh
 # FAMILY=deepseek: the DeepSeek-V3-shaped bench demo instead (demo-model --family deepseek; no GGUF demo files): its
 # safetensors converted by llama.cpp's converter to BF16 and F32 GGUFs, the F32 one quantized to Q4_K_M; measured:
-# BF16 and Q4_K_M.
+# BF16 and Q4_K_M. FAMILY=gpt-oss: the gpt-oss-shaped bench demo (its experts in the released MXFP4 layout), converted
+# the same way (the converter keeps the MXFP4 experts: "BF16" is MXFP4 experts with BF16 elsewhere), the F32 one
+# quantized to MXFP4_MOE (MXFP4 experts, Q8_0 elsewhere: what llama.cpp's gpt-oss GGUFs hold); QUANT overrides the
+# quantization (default Q4_K_M, MXFP4_MOE for gpt-oss).
 # Writes under $OUT: isa_vs_llamacpp.json, the table (isa_vs_llamacpp.md), build and run logs. A failed step is
 # reported and the others go on. CORES (default 0,1) and THREADS (default 2) choose the CPUs; JOBS (default nproc)
 # and NICE (default 0) the builds' parallelism and priority; WHEELS (default .whl) the wheels' folder; LLAMA_WAIT
@@ -29,6 +32,7 @@ NICE=${NICE:-0}
 WHEELS=${WHEELS:-.whl}
 LLAMA_WAIT=${LLAMA_WAIT:-330}
 FAMILY=${FAMILY:-qwen3}
+if [ "$FAMILY" = gpt-oss ]; then QUANT=${QUANT:-MXFP4_MOE}; else QUANT=${QUANT:-Q4_K_M}; fi
 LL=/tmp/ll
 mkdir -p "$OUT"
 start=$SECONDS
@@ -153,19 +157,19 @@ else
 fi
 f32=$(tail -1 "$OUT/convert.log" 2>/dev/null)
 if [ -x "$B/llama-quantize" ] && [ -f "$f32" ]; then
-    step "llama-quantize $f32 -> Q4_K_M"
-    q4=${f32%-f32.gguf}-q4_k_m.gguf
-    if [ -f "$q4" ] || nice -n "$NICE" "$B/llama-quantize" "$f32" "$q4.partial" Q4_K_M "$(nproc)" \
+    step "llama-quantize $f32 -> $QUANT"
+    q4=${f32%-f32.gguf}-${QUANT,,}.gguf
+    if [ -f "$q4" ] || nice -n "$NICE" "$B/llama-quantize" "$f32" "$q4.partial" "$QUANT" "$(nproc)" \
         > "$OUT/quantize.log" 2>&1; then
         [ -f "$q4.partial" ] && mv "$q4.partial" "$q4"
-        files+=("Q4_K_M=$q4")
+        files+=("$QUANT=$q4")
         grep -E "model size|quant size" "$OUT/quantize.log" 2>/dev/null
     else
         fail "llama-quantize (the end of $OUT/quantize.log:)"
         tail -5 "$OUT/quantize.log"
     fi
 else
-    fail "no Q4_K_M file: llama-quantize or the F32 GGUF is missing ($f32)"
+    fail "no $QUANT file: llama-quantize or the F32 GGUF is missing ($f32)"
 fi
 [ "$FAMILY" = qwen3 ] && f=$(gguf mxfp4) && [ -f "$f" ] && files+=("MXFP4=$f")
 
