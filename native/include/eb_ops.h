@@ -53,13 +53,14 @@ static inline void eb_prefetch_row(const float *row, int64_t hd) {
     for (int64_t i = 0; i < hd; i += 16) __builtin_prefetch(row + i, 0, 3);
 }
 
-/* g query heads of one row (at q, hd floats apart; outputs at o likewise) attending to cache positions 0..p of the
- * key/value head they share (a GQA group): kc, vc point at that head's first cache row (rows stride kvd apart),
- * and each key and value row is read once per block of up to EB_ATTEND_HEADS of the group's heads, requested a few
- * rows ahead (the cache is in memory, not in the caches, after a step's weights have streamed through). scores
- * has room for g rows of sstride >= p + 1 floats. Each head's arithmetic is that of the head alone (g = 1), in
- * the same order, so the bits do not depend on g. Always inlined, so that a caller built for a wider instruction set (the core's
- * attention) runs it in that set. */
+/* g query heads of one row (at q, hd floats apart; outputs at o likewise) attending to cache positions lo..p of the
+ * key/value head they share (a GQA group): kc, vc point at that head's first cache row (rows stride kvd apart;
+ * position s at row s % ring: a window's ring cache, or ring > p), and each key and value row is read once per block
+ * of up to EB_ATTEND_HEADS of the group's heads, requested a few rows ahead (the cache is in memory, not in the
+ * caches, after a step's weights have streamed through). sinks (NULL: none): one more logit per head in the softmax,
+ * with no value. scores has room for g rows of sstride >= p - lo + 1 floats. Each head's arithmetic is that of the
+ * head alone (g = 1), in the same order, so the bits do not depend on g. Always inlined, so that a caller built for a
+ * wider instruction set (the core's attention) runs it in that set. */
 enum { EB_ATTEND_HEADS = 8, EB_ATTEND_AHEAD = 16 };
 #if defined(__GNUC__)
 __attribute__((always_inline))
@@ -68,24 +69,26 @@ static inline void eb_attend_span(const float *q, int64_t g, const float *kc, co
                                   int64_t p, int64_t ring, const float *sinks, int64_t kvd, int64_t hd, float *scores,
                                   int64_t sstride, float *restrict o) {
     float scale = 1.0f / sqrtf((float)hd);
-    int64_t span = p - lo; /* scores[s] is position lo + s, at cache row (lo + s) % ring */
-#define EB_ROW(s) (((lo + (s)) % ring) * kvd)
+    int64_t span = p - lo, first = lo % ring; /* scores[s] is position lo + s, at cache row (lo + s) % ring */
+#define EB_NEXT(r) ((r) + 1 == ring ? 0 : (r) + 1)
     for (int64_t j0 = 0; j0 < g; j0 += EB_ATTEND_HEADS) {
         int64_t gb = g - j0 < EB_ATTEND_HEADS ? g - j0 : EB_ATTEND_HEADS;
         const float *qb = q + j0 * hd;
         float *sb = scores + j0 * sstride, *restrict ob = o + j0 * hd;
         float mx[EB_ATTEND_HEADS], inv[EB_ATTEND_HEADS];
         for (int64_t j = 0; j < gb; j++) mx[j] = sinks ? sinks[j0 + j] : -INFINITY;
-        for (int64_t s = 0; s < EB_ATTEND_AHEAD && s <= span; s++) {
-            eb_prefetch_row(kc + EB_ROW(s), hd);
-            eb_prefetch_row(vc + EB_ROW(s), hd);
+        int64_t row = first, ahead = first;
+        for (int64_t s = 0; s < EB_ATTEND_AHEAD && s <= span; s++, ahead = EB_NEXT(ahead)) {
+            eb_prefetch_row(kc + ahead * kvd, hd);
+            eb_prefetch_row(vc + ahead * kvd, hd);
         }
-        for (int64_t s = 0; s <= span; s++) {
+        for (int64_t s = 0; s <= span; s++, row = EB_NEXT(row)) {
             if (s + EB_ATTEND_AHEAD <= span) {
-                eb_prefetch_row(kc + EB_ROW(s + EB_ATTEND_AHEAD), hd);
-                eb_prefetch_row(vc + EB_ROW(s + EB_ATTEND_AHEAD), hd);
+                eb_prefetch_row(kc + ahead * kvd, hd);
+                eb_prefetch_row(vc + ahead * kvd, hd);
+                ahead = EB_NEXT(ahead);
             }
-            const float *kr = kc + EB_ROW(s);
+            const float *kr = kc + row * kvd;
             for (int64_t j = 0; j < gb; j++) {
                 float v = eb_dot_qk(qb + j * hd, kr, hd) * scale;
                 sb[j * sstride + s] = v;
@@ -102,8 +105,9 @@ static inline void eb_attend_span(const float *q, int64_t g, const float *kc, co
             inv[j] = 1.0f / sum;
         }
         memset(ob, 0, (size_t)(gb * hd) * sizeof *ob);
-        for (int64_t s = 0; s <= span; s++) {
-            const float *restrict v = vc + EB_ROW(s);
+        row = first;
+        for (int64_t s = 0; s <= span; s++, row = EB_NEXT(row)) {
+            const float *restrict v = vc + row * kvd;
             for (int64_t j = 0; j < gb; j++) {
                 float ps = sb[j * sstride + s] * inv[j], *restrict oj = ob + j * hd;
                 int64_t i = 0;
@@ -113,7 +117,7 @@ static inline void eb_attend_span(const float *q, int64_t g, const float *kc, co
             }
         }
     }
-#undef EB_ROW
+#undef EB_NEXT
 }
 
 /* g heads of one row attending to cache positions 0..p, row s at s (eb_attend_span without a window or sinks). */
