@@ -880,9 +880,13 @@ static void extreme_block(unsigned char *b, int dt) {
     case EB_DTYPE_Q8_0:
         for (int i = 2; i < 34; i++) b[i] = i & 1 ? 0x80 : 0x7F; /* -128, 127 */
         return;
-    case EB_DTYPE_MXFP4:
+    case EB_DTYPE_MXFP4: {
+        static const unsigned char exps[] = {0, 1, 2, 127, 254}; /* both of the E8M0 halving's cases, and the ends */
+        static unsigned next;
+        b[0] = exps[next++ % sizeof exps];
         for (int i = 1; i < 17; i++) b[i] = i & 1 ? 0xFF : 0x77; /* -12 and -12, 12 and 12 */
         return;
+    }
     case EB_DTYPE_Q4_K: memset(b + 4, 0xFF, 140); return; /* scales and minima 63, quants 15 */
     case EB_DTYPE_Q5_K: memset(b + 4, 0xFF, 172); return; /* quants 31 */
     case EB_DTYPE_Q6_K:

@@ -53,6 +53,9 @@ INLINE __m512i dot_i8(__m512i w, __m512i x) {
     return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(w), sx);
 }
 
+/* MXFP4's codes as their values (eb_mxfp4_values) plus 12: unsigned, for vpdpbusd. */
+static const uint8_t MXFP4_PLUS_12[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+
 INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_cpu_q8_rows *xr, int64_t t0, int T,
                    float *out, int pf) {
     __m512 acc[4]; /* Q8_0: per token, the even blocks' lanes then the odd blocks' */
@@ -91,6 +94,65 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
         }
         UNROLL for (int t = 0; t < T; t++) out[t] =
             hsum(_mm256_add_ps(_mm512_castps512_ps256(acc[t]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1))));
+        return;
+    }
+    if (dtype == EB_DTYPE_MXFP4) {
+        /* The codes looked up in pshufb as their values + 12 (unsigned, for vpdpbusd), whose products with x less
+         * 12 x are the AVX2 kernel's int32 lanes; then its float steps: per block cvt(lanes) * (dw * xd) added to the
+         * even or odd blocks' accumulator. Two blocks a 512-bit register (the even block's lanes low, the odd one's
+         * high, as for Q8_0), the scales dw * xd of 16 blocks at a time (their exponent bytes gathered). A row's last
+         * blocks (fewer than 16) one at a time in 256 bits. */
+        const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)MXFP4_PLUS_12));
+        const __m512i shift = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0), m4 = _mm512_set1_epi8(0x0F);
+        const __m512i twelve = _mm512_set1_epi8(12), zero = _mm512_setzero_si512();
+        const __m512i at = _mm512_set_epi32(255, 238, 221, 204, 187, 170, 153, 136, 119, 102, 85, 68, 51, 34, 17, 0);
+        const __m512i pair = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+        __m512 acc16[4];
+        UNROLL for (int t = 0; t < T; t++) acc16[t] = _mm512_setzero_ps();
+        int64_t k = 0;
+        for (; k + 16 <= nb; k += 16) {
+            const unsigned char *g = row + (size_t)k * 17;
+            __m512i e = _mm512_and_si512(_mm512_i32gather_epi32(at, g, 1), _mm512_set1_epi32(0xFF));
+            __mmask16 tiny = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)); /* eb_e8m0_half's two cases */
+            __m512 dw = _mm512_castsi512_ps(_mm512_mask_blend_epi32(
+                tiny, _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23),
+                _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e)));
+            __m512 scale[4];
+            UNROLL for (int t = 0; t < T; t++) scale[t] = _mm512_mul_ps(dw, _mm512_loadu_ps(xd[t] + k));
+            UNROLL for (int j = 0; j < 8; j++) {
+                const unsigned char *b = g + 34 * j;
+                if (pf) _mm_prefetch((const char *)((uintptr_t)b + AHEAD_BYTES), _MM_HINT_T0);
+                __m256i qa = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b + 1)));
+                __m256i qb = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b + 18)));
+                __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(qa), qb, 1);
+                __m512i w = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srlv_epi64(q, shift), m4));
+                __m512i ix = _mm512_add_epi32(pair, _mm512_set1_epi32(2 * j));
+                UNROLL for (int t = 0; t < T; t++) {
+                    __m512i x = _mm512_loadu_si512((const void *)(xq[t] + 32 * (k + 2 * j)));
+                    __m512i isum = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, w, x), _mm512_dpbusd_epi32(zero, twelve, x));
+                    acc16[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_permutexvar_ps(ix, scale[t]), acc16[t]);
+                }
+            }
+        }
+        const __m256i lut8 = _mm512_castsi512_si256(lut), shift8 = _mm256_set_epi64x(4, 4, 0, 0);
+        __m256 a[4][2];
+        UNROLL for (int t = 0; t < T; t++) {
+            a[t][0] = _mm512_castps512_ps256(acc16[t]);
+            a[t][1] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc16[t]), 1));
+        }
+        for (; k < nb; k++) {
+            const unsigned char *b = row + (size_t)k * 17;
+            __m256i qs = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b + 1)));
+            __m256i w = _mm256_shuffle_epi8(lut8, _mm256_and_si256(_mm256_srlv_epi64(qs, shift8), _mm512_castsi512_si256(m4)));
+            float dw = eb_e8m0_half(b[0]);
+            UNROLL for (int t = 0; t < T; t++) {
+                __m256i x = _mm256_loadu_si256((const __m256i *)(xq[t] + 32 * k));
+                __m256i isum = _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm512_castsi512_si256(zero), w, x),
+                                                _mm256_dpbusd_epi32(_mm512_castsi512_si256(zero), _mm512_castsi512_si256(twelve), x));
+                a[t][k & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dw * xd[t][k]), a[t][k & 1]);
+            }
+        }
+        UNROLL for (int t = 0; t < T; t++) out[t] = hsum(_mm256_add_ps(a[t][0], a[t][1]));
         return;
     }
     for (int64_t k = 0; k < nb; k++) {
@@ -135,6 +197,7 @@ void eb_cpu_matmul_q8_avx512(const void *w, int dtype, int64_t r0, int64_t r1, i
     switch (dtype) {
     case EB_DTYPE_Q8_0: matmul_q8(w, EB_DTYPE_Q8_0, r0, r1, cols, x, n, y, ldy); return;
     case EB_DTYPE_Q6_K: matmul_q8(w, EB_DTYPE_Q6_K, r0, r1, cols, x, n, y, ldy); return;
+    case EB_DTYPE_MXFP4: matmul_q8(w, EB_DTYPE_MXFP4, r0, r1, cols, x, n, y, ldy); return;
     default: eb_cpu_matmul_q8_avx2(w, dtype, r0, r1, cols, x, n, y, ldy); return;
     }
 }
