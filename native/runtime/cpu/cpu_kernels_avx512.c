@@ -56,6 +56,13 @@ INLINE __m512i dot_i8(__m512i w, __m512i x) {
 /* MXFP4's codes as their values (eb_mxfp4_values) plus 12: unsigned, for vpdpbusd. */
 static const uint8_t MXFP4_PLUS_12[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
 
+/* An MXFP4 product's correction, computed once for its activations: per four neighbouring quants, -12 times their
+ * sum (int32), laid out as the quants are (the same byte offset from corr_q as the quants from x->q); NULL when the
+ * activations were too many for the buffer (then each row computes it again). */
+static _Thread_local const int32_t *mxfp4_corr;
+static _Thread_local const int8_t *mxfp4_corr_q;
+enum { MXFP4_CORR_BYTES = 64 << 10 };
+
 INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_cpu_q8_rows *xr, int64_t t0, int T,
                    float *out, int pf) {
     __m512 acc[4]; /* Q8_0: per token, the even blocks' lanes then the odd blocks' */
@@ -128,8 +135,10 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
                 __m512i w = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srlv_epi64(q, shift), m4));
                 __m512i ix = _mm512_add_epi32(pair, _mm512_set1_epi32(2 * j));
                 UNROLL for (int t = 0; t < T; t++) {
-                    __m512i x = _mm512_loadu_si512((const void *)(xq[t] + 32 * (k + 2 * j)));
-                    __m512i isum = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, w, x), _mm512_dpbusd_epi32(zero, twelve, x));
+                    const int8_t *xp = xq[t] + 32 * (k + 2 * j);
+                    __m512i x = _mm512_loadu_si512((const void *)xp);
+                    __m512i isum = mxfp4_corr ? _mm512_dpbusd_epi32(_mm512_loadu_si512((const void *)((const char *)mxfp4_corr + (xp - mxfp4_corr_q))), w, x)
+                                              : _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, w, x), _mm512_dpbusd_epi32(zero, twelve, x));
                     acc16[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_permutexvar_ps(ix, scale[t]), acc16[t]);
                 }
             }
@@ -197,7 +206,27 @@ void eb_cpu_matmul_q8_avx512(const void *w, int dtype, int64_t r0, int64_t r1, i
     switch (dtype) {
     case EB_DTYPE_Q8_0: matmul_q8(w, EB_DTYPE_Q8_0, r0, r1, cols, x, n, y, ldy); return;
     case EB_DTYPE_Q6_K: matmul_q8(w, EB_DTYPE_Q6_K, r0, r1, cols, x, n, y, ldy); return;
-    case EB_DTYPE_MXFP4: matmul_q8(w, EB_DTYPE_MXFP4, r0, r1, cols, x, n, y, ldy); return;
+    case EB_DTYPE_MXFP4: {
+        /* the correction once for every row here where it fits in the buffer (a decode step's few tokens) */
+        _Alignas(64) int32_t corr[MXFP4_CORR_BYTES / sizeof(int32_t)];
+        size_t bytes = (size_t)n * (size_t)cols;
+        if (bytes <= sizeof corr) {
+            const __m512i twelve = _mm512_set1_epi8(12), zero = _mm512_setzero_si512();
+            size_t i = 0;
+            for (; i + 64 <= bytes; i += 64)
+                _mm512_store_si512((void *)((char *)corr + i),
+                                   _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, twelve, _mm512_loadu_si512((const void *)(x->q + i)))));
+            for (; i < bytes; i += 32) /* cols is a whole number of 32-value blocks */
+                _mm256_storeu_si256((__m256i *)((char *)corr + i),
+                                    _mm256_sub_epi32(_mm512_castsi512_si256(zero),
+                                                     _mm256_dpbusd_epi32(_mm512_castsi512_si256(zero), _mm512_castsi512_si256(twelve),
+                                                                         _mm256_loadu_si256((const __m256i *)(x->q + i)))));
+            mxfp4_corr = corr, mxfp4_corr_q = x->q;
+        }
+        matmul_q8(w, EB_DTYPE_MXFP4, r0, r1, cols, x, n, y, ldy);
+        mxfp4_corr = NULL, mxfp4_corr_q = NULL;
+        return;
+    }
     default: eb_cpu_matmul_q8_avx2(w, dtype, r0, r1, cols, x, n, y, ldy); return;
     }
 }
