@@ -192,7 +192,7 @@ int main(int argc, char **argv) {
             }
             for (int k = 0; k < TOP_K; k++) {
                 void **E = L + 5 + 3 * chosen[k];
-                experts[k] = (eb_rt_expert){E[0], E[1], E[2], dtype, dtype, dtype, chosen[k]};
+                experts[k] = (eb_rt_expert){E[0], E[1], E[2], dtype, dtype, dtype, chosen[k], NULL};
             }
             st = st ? st : t->expert_ffn(rt, 0, &batch, 0, err, sizeof err);
             if (st) {
