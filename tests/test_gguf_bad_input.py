@@ -285,7 +285,7 @@ def test_a_missing_tensor_is_named_by_the_core_with_the_file(tmp_path):
 def test_an_unsupported_architecture(tmp_path):
     path = write(tmp_path, extra={"general.architecture": ("llama", V.STRING)})
     refused(path, UnsupportedError, r"architecture 'llama' \(general.architecture\) is not supported \(expected one "
-                                    r"of qwen3moe, qwen3, deepseek2\)")  # fmt: skip
+                                    r"of qwen3moe, qwen3, deepseek2, gpt-oss\)")  # fmt: skip
 
 
 def test_a_missing_config_key(tmp_path):
@@ -339,7 +339,7 @@ def test_no_vocabulary_means_no_tokenizer(tmp_path):
 
 def test_an_unknown_pre_tokenizer(tmp_path):
     refused(write(tmp_path, pre="llama-bpe"), UnsupportedError,
-            r"tokenizer.ggml.pre = 'llama-bpe' is not supported \(expected one of qwen2, gpt-2\)")  # fmt: skip
+            r"tokenizer.ggml.pre = 'llama-bpe' is not supported \(expected one of qwen2, gpt-2, gpt-4o\)")  # fmt: skip
 
 
 def test_another_tokenizer_model(tmp_path):

@@ -160,6 +160,42 @@ def test_a_qwen2_pre_tokenizer_and_user_defined_tokens(tmp_path):
     assert ck.tokenizer.decode([think]) == "<think>"  # user-defined: not skipped as special tokens are
 
 
+# o200k's split as gpt-oss's tokenizer.json writes it (no normalizer), written out here as the reference
+O200K_PATTERN = (
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+)
+
+
+def test_a_gpt_4o_pre_tokenizer_as_gpt_oss_files_have(tmp_path):
+    """llama.cpp names o200k's split (gpt-oss's tokenizer) 'gpt-4o': the engine splits as that tokenizer.json does."""
+    folder = tmp_path / "o200k-tok"
+    shutil.copytree(FIXTURES / "qwen3moe-f32", folder)
+    tj = json.loads((folder / "tokenizer.json").read_text())
+    tj["normalizer"] = None
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+    tj["pre_tokenizer"] = {
+        "type": "Sequence",
+        "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": O200K_PATTERN}, "behavior": "Isolated", "invert": False},
+            byte_level,
+        ],
+    }
+    tj["decoder"] = dict(byte_level)
+    (folder / "tokenizer.json").write_text(json.dumps(tj))
+    ck = Checkpoint.open(to_gguf(folder, tmp_path / "m.gguf", pre="gpt-4o")[0])
+    original = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    gpt2 = Tokenizer.from_file(str(FIXTURES / "qwen3moe-f32" / "tokenizer.json"))
+    differ = 0
+    for text in [*PROMPTS, "In 1234567 ways, THEY'RE CamelCase's/path\n\n  x"]:
+        want = original.encode(text, add_special_tokens=False).ids
+        assert ck.tokenizer.encode(text, add_special_tokens=False).ids == want, text
+        assert ck.tokenizer.decode(want) == original.decode(want), text
+        differ += want != gpt2.encode(text, add_special_tokens=False).ids
+    assert differ >= 1  # digits in threes, case runs: the split matters
+
+
 def test_quantized_tensors_and_their_expert_slices(tmp_path):
     arrays = gguf_tensors(FIXTURES / "qwen3moe-f32")
     q8, mx = gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.MXFP4
