@@ -118,20 +118,27 @@ def test_the_tokenizer_gives_tokenizer_jsons_ids(moe_gguf):
     assert ck.tokenizer.encode("<|endoftext|>", add_special_tokens=False).ids == [0]
 
 
-def qwen2_tokenizer_json(folder: Path) -> dict:
-    """The fixture's vocabulary with Qwen2's tokenizer.json pipeline (NFC, the Split regex, byte level without its
-    own regex), and its last merge's token turned into a user-defined (non-special) added token."""
+def split_tokenizer_json(folder: Path, pattern: str, normalizer: dict | None) -> dict:
+    """The fixture's vocabulary with a Split-regex tokenizer.json pipeline (the regex, then byte level without its
+    own regex), as Qwen2's and o200k's tokenizer.json files have it."""
     tj = json.loads((folder / "tokenizer.json").read_text())
-    tj["normalizer"] = {"type": "NFC"}
+    tj["normalizer"] = normalizer
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
     tj["pre_tokenizer"] = {
         "type": "Sequence",
         "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": QWEN2_PATTERN}, "behavior": "Isolated", "invert": False},
+            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
             byte_level,
         ],
     }
     tj["decoder"] = dict(byte_level)
+    return tj
+
+
+def qwen2_tokenizer_json(folder: Path) -> dict:
+    """The fixture's vocabulary with Qwen2's tokenizer.json pipeline (NFC, the Split regex, byte level without its
+    own regex), and its last merge's token turned into a user-defined (non-special) added token."""
+    tj = split_tokenizer_json(folder, QWEN2_PATTERN, {"type": "NFC"})
     a, b = tj["model"]["merges"].pop()
     last = tj["model"]["vocab"].pop(a + b)
     tj["model"]["vocab"]["<think>"] = last
@@ -172,17 +179,7 @@ def test_a_gpt_4o_pre_tokenizer_as_gpt_oss_files_have(tmp_path):
     """llama.cpp names o200k's split (gpt-oss's tokenizer) 'gpt-4o': the engine splits as that tokenizer.json does."""
     folder = tmp_path / "o200k-tok"
     shutil.copytree(FIXTURES / "qwen3moe-f32", folder)
-    tj = json.loads((folder / "tokenizer.json").read_text())
-    tj["normalizer"] = None
-    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
-    tj["pre_tokenizer"] = {
-        "type": "Sequence",
-        "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": O200K_PATTERN}, "behavior": "Isolated", "invert": False},
-            byte_level,
-        ],
-    }
-    tj["decoder"] = dict(byte_level)
+    tj = split_tokenizer_json(folder, O200K_PATTERN, None)
     (folder / "tokenizer.json").write_text(json.dumps(tj))
     ck = Checkpoint.open(to_gguf(folder, tmp_path / "m.gguf", pre="gpt-4o")[0])
     original = Tokenizer.from_file(str(folder / "tokenizer.json"))
