@@ -6,16 +6,17 @@ activations give other logits than f32 by design, so each precision has its own 
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 from typing import NamedTuple
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt, Slot
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableView, QVBoxLayout, QWidget
+
+from engine.profile import atomic_write
 
 from . import theme
 from .state import RunRecord, WorkbenchState
@@ -143,13 +144,12 @@ class HistoryModel(QAbstractTableModel):
 
 
 def write_csv(path: str | os.PathLike, history: list[RunRecord]) -> None:
-    path = Path(path)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, newline="", suffix=".tmp") as f:
-        writer = csv.writer(f)
-        writer.writerow([f.csv for f in FIELDS])
-        for r in history:
-            writer.writerow([f.value(r) for f in FIELDS])
-    os.replace(f.name, path)
+    out = io.StringIO(newline="")
+    writer = csv.writer(out)
+    writer.writerow([f.csv for f in FIELDS])
+    for r in history:
+        writer.writerow([f.value(r) for f in FIELDS])
+    atomic_write(path, out.getvalue())
 
 
 class HistoryPanel(QWidget):

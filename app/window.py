@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine.demo import DEFAULT_FAMILY, DEFAULT_QUANT, FAMILIES, FOLDER_FORMATS, QUANTS, demo_name, quant_formats
-from engine.errors import EngineError
+from engine.errors import ArgumentError, EngineError
 from engine.export import LlamaCppExport, to_llama_cpp
 from engine.model import WEIGHTS_MODES
 
@@ -455,8 +455,8 @@ class MainWindow(QMainWindow):
         if path:
             try:
                 history.write_csv(path, self.state.history)
-            except OSError as exc:
-                QMessageBox.warning(self, "Cannot export the history", f"'{path}': {exc.strerror or exc}")
+            except ArgumentError as exc:  # atomic_write's: it names the file and why, and leaves the old one
+                QMessageBox.warning(self, "Cannot export the history", str(exc))
 
     # ---- recent files ------------------------------------------------------------------------------------
 

@@ -473,7 +473,8 @@ _Dumper.add_representer(
 def atomic_write(path: str | os.PathLike, text: str) -> None:
     """Write text to path so that readers see the old file or the whole new one, never a part: a temp file in
     the same folder, fsync, os.replace, then fsync of the folder. On any failure the temp file is removed and
-    the old file is untouched. An existing file's permission bits are kept. A symbolic link is written through (its
+    the old file is untouched. An existing file's permission bits are kept, a new file gets the ones the user's umask
+    leaves of 0666 (as open() would give it; mkstemp's own are 0600). A symbolic link is written through (its
     target replaced, the link kept); temp files that a killed save left beside it are removed."""
     path = Path(path)
     if path.is_symlink():
@@ -495,8 +496,7 @@ def atomic_write(path: str | os.PathLike, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
+        os.chmod(tmp, mode if mode is not None else new_file_mode())
         os.replace(tmp, path)
     except BaseException as exc:
         with contextlib.suppress(OSError):
@@ -510,6 +510,21 @@ def atomic_write(path: str | os.PathLike, text: str) -> None:
             os.fsync(dfd)
         finally:
             os.close(dfd)
+
+
+def new_file_mode() -> int:
+    """0666 less the process's umask: what a file created with open() gets. Read from /proc where it says it, else
+    by setting the umask and putting it back (the only portable way)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def _remove_stale_temps(folder: Path, name: str) -> None:

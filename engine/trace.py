@@ -9,8 +9,6 @@ open.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -80,13 +78,7 @@ def chrome_trace(spans: list[Span], *, metadata: dict | None = None) -> dict:
 def write_chrome_trace(path, spans: list[Span], *, metadata: dict | None = None) -> Path:
     """Write chrome_trace(spans) to path atomically (a temporary file beside it, then renamed)."""
     path = Path(path)
-    doc = chrome_trace(spans, metadata=metadata)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or Path("."))
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    from .profile import atomic_write
+
+    atomic_write(path, json.dumps(chrome_trace(spans, metadata=metadata)))
     return path

@@ -355,6 +355,26 @@ def test_save_keeps_permissions_and_replaces_whole(tmp_path):
     assert P.load(path).description == profile.description
 
 
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_a_new_file_gets_the_users_umask_not_mkstemps_0600(tmp_path, umask, mode):
+    """Profiles, traces and history exports are written through a temp file (mkstemp: 0600); the file a user finds is
+    the one open() would have made."""
+    from app import history
+    from engine.trace import write_chrome_trace
+
+    old = os.umask(umask)
+    try:
+        assert P.new_file_mode() == mode
+        P.atomic_write(tmp_path / "new.yaml", "a: 1\n")
+        write_chrome_trace(tmp_path / "t.json", [])
+        history.write_csv(tmp_path / "runs.csv", [])
+    finally:
+        os.umask(old)
+    for name in ("new.yaml", "t.json", "runs.csv"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == mode, name
+    assert (tmp_path / "runs.csv").read_text().startswith("run,time,")  # the header row, written whole
+
+
 # ---- fingerprint --------------------------------------------------------------------------------------------
 
 

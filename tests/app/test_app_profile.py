@@ -211,3 +211,20 @@ def test_which_runs_give_a_profiles_outputs_on_another_placement():
     assert outputs_any_placement("reference", "q8", ["cpu:0", "cpu:1", "hostsim:0"])
     assert not outputs_any_placement("reference", "q8", ["cpu:0", "cuda:0"])  # a GPU module may read q8 as f32
     assert not outputs_any_placement("owner_local", "f32", ["cpu:0", "cpu:1"])
+
+
+def test_a_history_export_that_cannot_be_written_says_which_file_and_why(qtbot, make_window, tmp_path, monkeypatch):
+    """Run > Export history into a folder that does not exist: a warning naming the file, the window goes on; into
+    a real one: the CSV, with the user's umask."""
+    window = make_window()
+    warned = []
+    monkeypatch.setattr(QMessageBox, "warning", lambda parent, title, text, *a: warned.append((title, text)))
+    bad = tmp_path / "no such folder" / "runs.csv"
+    monkeypatch.setattr(window, "_save_path", lambda *a: str(bad))
+    window.export_history()
+    assert warned and warned[0][0] == "Cannot export the history" and str(bad) in warned[0][1], warned
+    good = tmp_path / "runs.csv"
+    monkeypatch.setattr(window, "_save_path", lambda *a: str(good))
+    window.export_history()
+    assert good.read_text().startswith("run,time,") and len(warned) == 1
+    assert good.stat().st_mode & 0o777 == engine_profile.new_file_mode()
