@@ -12,7 +12,11 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="expertbench", description="The expertbench workbench window")
+    p = argparse.ArgumentParser(
+        prog="expertbench gui",
+        description="The expertbench workbench window (also "
+        "`expertbench` with these options, and `expertbench FILE.yaml`: --profile FILE.yaml)",
+    )
     p.add_argument("--model", help="target model: a folder or a .gguf file (default: the synthetic demo pair)")
     drafts = p.add_mutually_exclusive_group()
     drafts.add_argument(

@@ -362,8 +362,15 @@ def cmd_devices(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="expertbench", description="Mixture-of-Experts tuning workbench")
+    parser = argparse.ArgumentParser(
+        prog="expertbench",
+        description="Mixture-of-Experts tuning workbench. With no command, or with the window's options "
+        "(expertbench --profile FILE --theme dark ...), it opens the window; expertbench FILE.yaml opens it on a "
+        "profile; expertbench gui --help lists the window's options.",
+    )
     sub = parser.add_subparsers(dest="command")
+    sub.add_parser("gui", add_help=False, help="open the workbench window (the default with no command; "
+                   "expertbench gui --help for its options)")  # fmt: skip
     run = sub.add_parser(
         "run",
         help="decode runs: tokens/s, draft acceptance and output hashes",
@@ -469,12 +476,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _open_window() -> int:
-    """`expertbench` with no command opens the workbench window (app/, which needs PySide6 and pyqtgraph)."""
+# The window's options (app/launch.py): given first, they mean the window, as `expertbench gui` with them does.
+WINDOW_OPTIONS = ("--model", "--draft", "--no-draft", "--profile", "--placement", "--device", "--cpu-devices",
+                  "--runtimes", "--theme", "--screenshot")  # fmt: skip
+
+
+def window_arguments(argv: list[str]) -> list[str] | None:
+    """The window's arguments when argv asks for the window: nothing, `gui ...`, a profile file (FILE.yaml ...) or
+    the window's own options first; None for a command."""
+    if not argv:
+        return []
+    if argv[0] == "gui":
+        return argv[1:]
+    if argv[0].endswith((".yaml", ".yml")) and not argv[0].startswith("-"):
+        return ["--profile", *argv]
+    if argv[0].split("=", 1)[0] in WINDOW_OPTIONS:
+        return argv
+    return None
+
+
+def _open_window(argv: list[str]) -> int:
+    """The workbench window (app/, which needs PySide6 and pyqtgraph) with the window's arguments."""
     import app
 
     try:
-        return app.main([])
+        return app.main(argv)
     except ModuleNotFoundError as exc:
         print(f"expertbench: the window needs {exc.name} (pip install PySide6-Essentials pyqtgraph); the commands "
               "work without it: expertbench --help", file=sys.stderr)  # fmt: skip
@@ -482,10 +508,12 @@ def _open_window() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    window = window_arguments(argv)
+    if window is not None:
+        return _open_window(window)
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not args.command:
-        return _open_window()
     try:
         return args.func(args)
     except EngineError as exc:

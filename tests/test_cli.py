@@ -222,3 +222,47 @@ def test_piped_run_prints_no_progress():
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     assert out.stderr == "" and "tokens/s" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "argv, window",
+    [
+        ([], []),
+        (["gui"], []),
+        (["gui", "--theme", "dark", "--model", "m.gguf"], ["--theme", "dark", "--model", "m.gguf"]),
+        (["split.yaml"], ["--profile", "split.yaml"]),
+        (["split.yml", "--theme", "light"], ["--profile", "split.yml", "--theme", "light"]),
+        (["--profile", "x.yaml"], ["--profile", "x.yaml"]),
+        (["--theme=dark"], ["--theme=dark"]),
+        (["run", "--profile-like"], None),
+        (["regress", "x.yaml"], None),
+        (["--help"], None),
+    ],
+)
+def test_the_window_is_opened_by_gui_a_profile_file_or_its_own_options(argv, window, monkeypatch):
+    import app
+    from engine import cli
+
+    assert cli.window_arguments(argv) == window
+    if window is not None:
+        seen = []
+        monkeypatch.setattr(app, "main", lambda a: seen.append(a) or 0)
+        assert cli.main(argv) == 0 and seen == [window]
+
+
+def test_help_names_the_window(capsys):
+    from engine import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert "gui" in out and "expertbench FILE.yaml" in out
+
+
+def test_gui_help_lists_the_windows_options(capsys):
+    from engine import cli
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["gui", "--help"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0 and "expertbench gui" in out and "--profile" in out and "--theme" in out
