@@ -8,6 +8,8 @@ from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt, Slot
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QAbstractItemView, QLabel, QTableView, QVBoxLayout, QWidget
 
+from engine.model import describe_load_error
+
 from . import theme
 from .state import WorkbenchState, format_bytes
 
@@ -51,8 +53,8 @@ class DevicesModel(QAbstractTableModel):
                        f"bandwidth: {measured}" + (_held(model) if model and d.name == model.primary else ""),
             })  # fmt: skip
         for runtime, reason in sorted(self.state.load_errors.items()):
-            short = reason.removeprefix(f"runtime module '{runtime}': ")
-            rows.append({"name": runtime, "kind": "", "ok": False, "reason": short, "tip": reason})
+            rows.append({"name": runtime, "kind": "", "ok": False, "reason": describe_load_error(runtime, reason),
+                         "tip": reason})  # fmt: skip
         return rows
 
     @Slot()

@@ -113,6 +113,23 @@ class _Handle:
 CPU_KERNELS = {"best": 0, "portable": 1, "avx2": 2}
 
 
+GPU_APIS = {"cuda": ("CUDA", "NVIDIA", "nvcc"), "hip": ("HIP", "AMD", "hipcc")}
+
+
+def describe_load_error(runtime: str, reason: str) -> str:
+    """A runtime that did not load, in its user's words: a GPU module not built, no driver or no GPU, rather than the
+    loader's own text (which stays the detail: Engine.load_errors)."""
+    api, vendor, compiler = GPU_APIS.get(runtime, (runtime, "", ""))
+    text = reason.removeprefix(f"runtime module '{runtime}': ")
+    if "does not exist" in text and compiler:
+        return f"{api} module not built ({compiler} was not found when expertbench was installed)"
+    if "driver version is insufficient" in text or "no CUDA-capable device" in text or "hipErrorNoDevice" in text:
+        return f"no {vendor} GPU or driver on this machine"
+    if "cannot open shared object" in text and compiler:
+        return f"{api} module built, but this machine has no {api} runtime library"
+    return text
+
+
 def _kernels_choice(kernels: str | None, portable: bool | None) -> int:
     if portable:
         if kernels not in (None, "portable"):

@@ -307,3 +307,31 @@ def test_heat_map_has_a_colour_scale_a_value_on_hover_a_caption_and_a_reset(qtbo
     assert state.routing is None and not panel.reset_button.isEnabled() and panel.caption.text() == ""
     qtbot.waitUntil(lambda: not state.busy, timeout=TIMEOUT_MS)
     assert state._side.target.routing_counts()[0].sum() == 0  # the engine's counters too
+
+
+def test_devices_panel_says_why_a_gpu_runtime_is_missing_in_users_words(qtbot, make_window):
+    """The loader's text ("file '.../expertbench_rt_hip.so' does not exist", "CUDA driver version is insufficient")
+    becomes what it means for the user; the raw text stays in the tooltip."""
+    from engine.model import describe_load_error
+
+    raw = {
+        "hip": "runtime module 'hip': file '/x/engine/expertbench_rt_hip.so' does not exist",
+        "cuda": "runtime module 'cuda': no device: CUDA reports CUDA driver version is insufficient for CUDA "
+        "runtime version (error 35)",
+    }
+    not_built = "HIP module not built (hipcc was not found when expertbench was installed)"
+    assert describe_load_error("hip", raw["hip"]) == not_built
+    assert describe_load_error("cuda", raw["cuda"]) == "no NVIDIA GPU or driver on this machine"
+    assert describe_load_error("hip", "runtime module 'hip': no device: HIP reports hipErrorNoDevice (error 100)") == (
+        "no AMD GPU or driver on this machine"
+    )
+    assert describe_load_error("nosuch", "runtime module 'nosuch': something else") == "something else"
+    window = make_window()
+    window.state.load_errors.update(raw)
+    window.devices.model.refresh()
+    model = window.devices.model
+    rows = {model.index(r, 0).data(): r for r in range(model.rowCount())}
+    for name, text in raw.items():
+        assert model.index(rows[name], 0).data(Qt.ItemDataRole.ToolTipRole) == text
+    assert "no NVIDIA GPU or driver on this machine" in window.devices.reasons.text()
+    assert "does not exist" not in window.devices.reasons.text()
