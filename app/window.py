@@ -253,6 +253,7 @@ class MainWindow(QMainWindow):
     def _connect(self) -> None:
         s = self.state
         s.sigError.connect(self.show_error)
+        s.sigModelChanged.connect(self._model_loaded)
         s.sigMessage.connect(lambda text: self.statusBar().showMessage(text, 8000))
         s.sigBusyChanged.connect(self._busy)
         s.sigUndoChanged.connect(self._update_undo)
@@ -333,9 +334,8 @@ class MainWindow(QMainWindow):
         folder = QFileDialog.getExistingDirectory(self, "Open a model folder", self._directory())
         if folder:
             self._remember_directory(folder)
-            self._add_recent("model", folder)
             if self.confirm_discard():
-                self.state.load_models(folder, None)
+                self._load_recent_on_success(folder)
 
     @Slot()
     def open_draft(self) -> None:
@@ -356,10 +356,8 @@ class MainWindow(QMainWindow):
     @Slot()
     def open_model_file(self) -> None:
         path = self._gguf_file("Open a GGUF model file")
-        if path:
-            self._add_recent("model", path)
-            if self.confirm_discard():
-                self.state.load_models(path, None)
+        if path and self.confirm_discard():
+            self._load_recent_on_success(path)
 
     @Slot()
     def open_draft_file(self) -> None:
@@ -477,10 +475,21 @@ class MainWindow(QMainWindow):
             act.triggered.connect(lambda _=False, k=kind, p=path: self._open_recent(k, p))
         self.recent_menu.setEnabled(bool(recent))
 
+    def _load_recent_on_success(self, path: str) -> None:
+        """Load a model; it joins Open recent once it has loaded (a folder that failed to load is not listed)."""
+        self._pending_recent = str(path)
+        self.state.load_models(path, None)
+
+    def _model_loaded(self) -> None:
+        model, pending = self.state.model, getattr(self, "_pending_recent", None)
+        if pending is not None and model is not None and model.target_path == pending:
+            self._add_recent("model", pending)
+        self._pending_recent = None
+
     def _open_recent(self, kind: str, path: str) -> None:
         if kind == "model":
             if self.confirm_discard():
-                self.state.load_models(path, None)
+                self._load_recent_on_success(path)
         else:
             self.open_profile(path)
 

@@ -1,12 +1,13 @@
 """The window as a whole: panels, item models, errors, layout memory, unsaved changes, routing, screenshot."""
 
 import os
+import shutil
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import numpy as np
 import pytest
-from app_helpers import LAYER_BYTES, TIMEOUT_MS, on_engine  # noqa: E402
+from app_helpers import LAYER_BYTES, TARGET, TIMEOUT_MS, on_engine  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QLabel, QMessageBox  # noqa: E402
 
@@ -335,3 +336,27 @@ def test_devices_panel_says_why_a_gpu_runtime_is_missing_in_users_words(qtbot, m
         assert model.index(rows[name], 0).data(Qt.ItemDataRole.ToolTipRole) == text
     assert "no NVIDIA GPU or driver on this machine" in window.devices.reasons.text()
     assert "does not exist" not in window.devices.reasons.text()
+
+
+def test_open_recent_lists_a_model_only_once_it_has_loaded(qtbot, make_window, tmp_path, monkeypatch):
+    """A model folder that fails to load is not added to Open recent (it was, before the load was tried); one that
+    loads is."""
+    from PySide6.QtWidgets import QFileDialog
+
+    window = make_window()
+    shown = []
+    monkeypatch.setattr(QMessageBox, "critical", lambda parent, title, text, *a: shown.append((title, text)))
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda *a, **k: str(broken))
+    window.open_model()
+    qtbot.waitUntil(lambda: bool(shown) and not window.state.busy, timeout=TIMEOUT_MS)
+    assert not any(str(broken) in a.text() for a in window.recent_menu.actions())
+    copy = tmp_path / "good"
+    shutil.copytree(TARGET, copy)
+    monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda *a, **k: str(copy))
+    window.open_model()
+    qtbot.waitUntil(lambda: window.state.model is not None and window.state.model.target_path == str(copy),
+                    timeout=TIMEOUT_MS)  # fmt: skip
+    assert str(copy) in window.recent_menu.actions()[0].text()
