@@ -157,6 +157,19 @@ static inline void eb_qk_rope_store(float *q, float *k, const float *v, const fl
     memcpy(v_cache + row * nkv * hd, v, (size_t)(nkv * hd) * sizeof(float));
 }
 
+/* The K largest of E values, largest first (ties to the lower index), into ids: every router's choice. */
+static inline void eb_topk(const float *v, int64_t E, int64_t K, int32_t *ids) {
+    for (int64_t k = 0; k < K; k++) {
+        int32_t best = -1;
+        for (int64_t e = 0; e < E; e++) {
+            int taken = 0;
+            for (int64_t j = 0; j < k; j++) taken |= ids[j] == e;
+            if (!taken && (best < 0 || v[e] > v[best])) best = (int32_t)e;
+        }
+        ids[k] = best;
+    }
+}
+
 /* Softmax of one row of E router logits in place (f32), then the top K (ties to the lower id) and their
  * weights, renormalised when norm. */
 static inline void eb_route_row(float *p, int64_t E, int64_t K, int norm, int32_t *ids, float *w) {
@@ -169,16 +182,8 @@ static inline void eb_route_row(float *p, int64_t E, int64_t K, int norm, int32_
         sum += p[e];
     }
     for (int64_t e = 0; e < E; e++) p[e] /= sum;
-    for (int64_t k = 0; k < K; k++) {
-        int32_t best = -1;
-        for (int64_t e = 0; e < E; e++) {
-            int taken = 0;
-            for (int64_t j = 0; j < k; j++) taken |= ids[j] == e;
-            if (!taken && (best < 0 || p[e] > p[best])) best = (int32_t)e;
-        }
-        ids[k] = best;
-        w[k] = p[best];
-    }
+    eb_topk(p, E, K, ids);
+    for (int64_t k = 0; k < K; k++) w[k] = p[ids[k]];
     if (norm) {
         float s = 0.0f;
         for (int64_t k = 0; k < K; k++) s += w[k];
@@ -192,15 +197,7 @@ static inline void eb_route_topk_softmax_row(float *p, const float *bias, int64_
                                              float *w) {
     if (bias)
         for (int64_t e = 0; e < E; e++) p[e] += bias[e];
-    for (int64_t k = 0; k < K; k++) {
-        int32_t best = -1;
-        for (int64_t e = 0; e < E; e++) {
-            int taken = 0;
-            for (int64_t j = 0; j < k; j++) taken |= ids[j] == e;
-            if (!taken && (best < 0 || p[e] > p[best])) best = (int32_t)e;
-        }
-        ids[k] = best;
-    }
+    eb_topk(p, E, K, ids);
     float mx = p[ids[0]], sum = 0.0f; /* the first chosen is the largest */
     for (int64_t k = 0; k < K; k++) sum += w[k] = expf(p[ids[k]] - mx);
     for (int64_t k = 0; k < K; k++) w[k] /= sum;
@@ -261,16 +258,8 @@ static inline void eb_route_sigmoid_group_row(float *p, float *c, const float *b
             if (!keep[g])
                 for (int64_t e = g * per; e < (g + 1) * per; e++) c[e] = 0.0f;
     }
-    for (int64_t k = 0; k < K; k++) {
-        int32_t best = -1;
-        for (int64_t e = 0; e < E; e++) {
-            int taken = 0;
-            for (int64_t j = 0; j < k; j++) taken |= ids[j] == e;
-            if (!taken && (best < 0 || c[e] > c[best])) best = (int32_t)e;
-        }
-        ids[k] = best;
-        w[k] = p[best];
-    }
+    eb_topk(c, E, K, ids);
+    for (int64_t k = 0; k < K; k++) w[k] = p[ids[k]];
     float s = 0.0f;
     if (norm)
         for (int64_t k = 0; k < K; k++) s += w[k];

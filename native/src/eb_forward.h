@@ -46,6 +46,9 @@ int eb_has_tensor(const eb_binder *b, const char *name);
  * layer's routed experts, one tensor each (mlp.experts.E.{gate,up,down}_proj), into layer->experts. */
 int eb_bind_embeddings(const eb_binder *b);
 int eb_bind_experts(const eb_binder *b, int layer, int64_t inter);
+/* Grouped-query attention's weights of layer l as Qwen3 and gpt-oss name them: the pre-attention and post-attention
+ * norms, q/k/v/o, and their biases where the config has attention_bias. */
+int eb_bind_attention(const eb_binder *b, int layer);
 /* A SwiGLU FFN of layer l named model.layers.l.<prefix>.{gate,up,down}_proj.weight (inter x hidden, then
  * hidden x inter): a dense layer's MLP ("mlp"), shared experts, one routed expert. */
 int eb_bind_ffn(const eb_binder *b, int layer, const char *prefix, int64_t inter, eb_weight *gate, eb_weight *up,

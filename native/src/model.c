@@ -208,6 +208,32 @@ int eb_bind_tensor(const eb_binder *b, const char *name, int ndim, const int64_t
     return EB_OK;
 }
 
+int eb_bind_attention(const eb_binder *b, int l) {
+    const eb_model_config *c = &b->m->cfg;
+    eb_layer *L = &b->m->layers[l];
+    char name[256];
+    int64_t H = c->hidden_size, qd = (int64_t)c->num_heads * c->head_dim, kvd = (int64_t)c->num_kv_heads * c->head_dim;
+    int st;
+#define NAME(fmt) (snprintf(name, sizeof name, "model.layers.%d." fmt, l), name)
+#define TRY(x)                                                                                                   \
+    if ((st = (x)) != EB_OK) return st;
+    TRY(eb_bind_vector(b, NAME("input_layernorm.weight"), H, &L->input_norm))
+    TRY(eb_bind_vector(b, NAME("post_attention_layernorm.weight"), H, &L->post_norm))
+    TRY(eb_bind(b, NAME("self_attn.q_proj.weight"), qd, H, &L->q))
+    TRY(eb_bind(b, NAME("self_attn.k_proj.weight"), kvd, H, &L->k))
+    TRY(eb_bind(b, NAME("self_attn.v_proj.weight"), kvd, H, &L->v))
+    TRY(eb_bind(b, NAME("self_attn.o_proj.weight"), H, qd, &L->o))
+    if (c->attention_bias) {
+        TRY(eb_bind_vector(b, NAME("self_attn.q_proj.bias"), qd, &L->q_bias))
+        TRY(eb_bind_vector(b, NAME("self_attn.k_proj.bias"), kvd, &L->k_bias))
+        TRY(eb_bind_vector(b, NAME("self_attn.v_proj.bias"), kvd, &L->v_bias))
+        TRY(eb_bind_vector(b, NAME("self_attn.o_proj.bias"), H, &L->o_bias))
+    }
+    return EB_OK;
+#undef NAME
+#undef TRY
+}
+
 int eb_bind_embeddings(const eb_binder *b) {
     eb_model *m = b->m;
     const eb_model_config *c = &m->cfg;

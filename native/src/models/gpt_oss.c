@@ -188,23 +188,12 @@ static int bind_layer(const eb_binder *b, int l) {
     const eb_model_config *c = &m->cfg;
     eb_layer *L = &m->layers[l];
     char name[256];
-    int64_t H = c->hidden_size, qd = (int64_t)c->num_heads * c->head_dim, kvd = (int64_t)c->num_kv_heads * c->head_dim;
+    int64_t H = c->hidden_size;
     int st;
 #define NAME(fmt, ...) (snprintf(name, sizeof name, "model.layers.%d." fmt, l, ##__VA_ARGS__), name)
 #define TRY(x)                                                                                                   \
     if ((st = (x)) != EB_OK) return st;
-    TRY(eb_bind_vector(b, NAME("input_layernorm.weight"), H, &L->input_norm))
-    TRY(eb_bind_vector(b, NAME("post_attention_layernorm.weight"), H, &L->post_norm))
-    TRY(eb_bind(b, NAME("self_attn.q_proj.weight"), qd, H, &L->q))
-    TRY(eb_bind(b, NAME("self_attn.k_proj.weight"), kvd, H, &L->k))
-    TRY(eb_bind(b, NAME("self_attn.v_proj.weight"), kvd, H, &L->v))
-    TRY(eb_bind(b, NAME("self_attn.o_proj.weight"), H, qd, &L->o))
-    if (c->attention_bias) {
-        TRY(eb_bind_vector(b, NAME("self_attn.q_proj.bias"), qd, &L->q_bias))
-        TRY(eb_bind_vector(b, NAME("self_attn.k_proj.bias"), kvd, &L->k_bias))
-        TRY(eb_bind_vector(b, NAME("self_attn.v_proj.bias"), kvd, &L->v_bias))
-        TRY(eb_bind_vector(b, NAME("self_attn.o_proj.bias"), H, &L->o_bias))
-    }
+    TRY(eb_bind_attention(b, l))
     TRY(eb_bind_vector(b, NAME("self_attn.sinks"), c->num_heads, &L->sinks))
     L->window = c->layer_window ? c->layer_window[l] : 0;
     L->is_moe = is_moe_layer(c, l);
