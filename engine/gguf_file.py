@@ -96,16 +96,12 @@ GATING_SIGMOID = 2  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
 # gpt-oss: attention biases and sinks, the router's bias, post_attention_norm; the experts' biases are merged like
 # their weights ([inter or hidden, experts] in GGUF order) and become one vector per expert
 GPT_OSS_LAYER_TENSORS = {
-    "attn_norm.weight": "input_layernorm.weight",
+    **{
+        k: v
+        for k, v in LAYER_TENSORS.items()
+        if k.startswith(("attn_norm", "attn_q.", "attn_k.", "attn_v.", "attn_out"))
+    },
     "post_attention_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.bias": "self_attn.o_proj.bias",
     "attn_sinks.weight": "self_attn.sinks",
     "ffn_gate_inp.weight": "mlp.router.weight",
     "ffn_gate_inp.bias": "mlp.router.bias",
