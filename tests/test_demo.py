@@ -4,6 +4,7 @@ import json
 import math
 import shutil
 
+import numpy as np
 import pytest
 
 from engine import demo
@@ -124,6 +125,27 @@ def test_bench_size_is_about_a_billion_parameters():
     assert (spec.hidden_size, spec.num_layers, spec.num_experts, spec.top_k) == (1024, 16, 32, 4)
     assert (spec.moe_intermediate_size, spec.num_heads, spec.num_kv_heads, spec.head_dim) == (512, 16, 4, 64)
     assert spec.vocab_size == 32000
+
+
+def test_wide_size_has_qwen3_30b_a3b_layers():
+    spec = SIZES["wide"]
+    assert (spec.hidden_size, spec.num_experts, spec.top_k, spec.moe_intermediate_size) == (2048, 128, 8, 768)
+    assert (spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.vocab_size) == (32, 4, 128, 32000)
+    target = sum(math.prod(shape) for _, shape, _ in model_tensors(spec, "target"))  # shapes only, nothing built
+    assert 4.5e9 < target < 6e9  # a few GB in bf16 with 8 layers
+    assert spec.num_layers >= 8
+
+
+def test_experts_share_their_layers_base_bit_for_bit():
+    """The cached base changes no bit: an expert is the base plus its deviation, made again from the keys."""
+    from engine.demo import INIT_STD, _expert, _normal
+
+    for e in (0, 1, 0):
+        w = _expert(3, e, "up_proj", (64, 32), 0.05, 1.0)()
+        want = _normal("3.base.up_proj", (64, 32))
+        want += _normal(f"3.expert.{e}.up_proj", (64, 32), INIT_STD * 0.05)
+        assert np.array_equal(w, want)
+        w[:] = 0  # a caller writing into its expert leaves the base alone
 
 
 def test_unknown_size():

@@ -37,11 +37,13 @@ for step in $steps; do
     weights)
         python3 bench/weights_ab.py --size bench --dtypes bf16 --rounds 4 --json "$OUT/weights_ab_h200.json" ;;
     costmodel) python3 bench/costmodel.py --size bench --peer cuda:0 --json "$OUT/costmodel_cuda.json" ;;
-    kernels)
-        # the last 2 of 4 decode steps (98 launches each) after the prefill (146) and the first 2
-        ncu --clock-control none --metrics gpu__time_duration.sum --csv --launch-skip 342 --launch-count 196 \
-            python3 bench/gpu/kernel_times.py > "$OUT/ncu_kernels.csv" 2> "$OUT/ncu.log" || tail -5 "$OUT/ncu.log"
-        python3 bench/gpu/kernel_summary.py "$OUT/ncu_kernels.csv" 2 ;;
+    kernels) # 6 decode steps less 2: the 4 steps alone, per kernel
+        for n in 2 6; do
+            ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+                python3 bench/gpu/kernel_times.py bench $n > "$OUT/ncu_kernels_$n.csv" 2> "$OUT/ncu.log" ||
+                tail -5 "$OUT/ncu.log"
+        done
+        python3 bench/gpu/kernel_summary.py "$OUT/ncu_kernels_6.csv" 4 "$OUT/ncu_kernels_2.csv" ;;
     overlap) # every MoE layer split between the GPU primary and cpu:0: the owners' spans against max and sum
         python3 bench/overlap.py --primary cuda:0 --peer cpu:0 --size bench --tokens 64 --rounds 3 \
             --json "$OUT/overlap_cuda_bench.json" ;;

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# On the NVIDIA machine: the wide demo target (`expertbench demo-model --size wide`: Qwen3-30B-A3B's layer shape in 8
+# layers, 10 GB of bf16) converted by llama.cpp's own convert_hf_to_gguf.py to a BF16 GGUF, then decoded from that
+# one file by our engine (bench/gpu_primary.py: the GPU as primary) and by llama.cpp built for CUDA from the
+# llama-cpp-python source (.llama/llama-src.tgz): every expert on the GPU, the experts of the first half of the
+# layers on the CPU (llama.cpp: -ncmoe N/2), every expert on the CPU (-ncmoe N), and the CPU alone. The same thread
+# count on both sides (THREADS, default all cores), 128 decoded tokens, 5 repetitions; llama-bench's KV cache is
+# f16, ours f32. Also the HBM read ceiling (bench/gpu/hbm_read.cu) and the all-GPU step's kernel times (ncu).
+# Needs the wheels of run_on_device.sh in .whl/.
+#   bash bench/gpu/wide_vs_llamacpp.sh [build] [gpu] [cpu] [kernels] [tests]   (default: all but tests)
+# Each step keeps what it made (the builds, the demo, the GGUF) for the next call on a machine still warm.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+THREADS=${THREADS:-$(nproc)}
+steps=${*:-build gpu cpu kernels}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD EXPERTBENCH_CUDA_ARCHS=${EXPERTBENCH_CUDA_ARCHS:-90}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+echo "cores: $(nproc), threads: $THREADS"
+LL=/tmp/ll/llama.cpp
+B=$LL/build/bin
+GGUF_NAME=target-bf16.gguf
+
+build_llama() { # llama-bench, CUDA, from the packed source
+    [ -x $B/llama-bench ] && return 0
+    mkdir -p /tmp/ll && tar xzf .llama/llama-src.tgz -C /tmp/ll &&
+        cmake -S $LL -B $LL/build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF \
+            -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_SERVER=OFF \
+            -DGGML_NATIVE=ON > /tmp/ll.cfg 2>&1 &&
+        cmake --build $LL/build -j "$(nproc)" --target llama-bench > /tmp/ll.build 2>&1
+}
+
+build_ours() { # skipped when the native sources are those of the last build here
+    local sum
+    sum=$(find native setup.py engine/_build_native.py -type f 2>/dev/null | sort | xargs cat | sha1sum)
+    [ -f /tmp/eb_built ] && [ "$(cat /tmp/eb_built)" = "$sum" ] && return 0
+    python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; return 1; }
+    echo "$sum" > /tmp/eb_built
+}
+
+wide_gguf() { # the demo target converted by llama.cpp's converter (the source tree is enough for it)
+    [ -d $LL ] || { mkdir -p /tmp/ll && tar xzf .llama/llama-src.tgz -C /tmp/ll; }
+    python3 -m engine demo-model --size wide | tail -1 >&2
+    python3 -c "
+import sys; from pathlib import Path; sys.path.insert(0, 'bench')
+from checkpoints import demo_target
+from vs_llamacpp import to_gguf
+print(to_gguf(demo_target('wide', 'bf16'), 'bf16', python=Path(sys.executable), src=Path('$LL')))
+" 2> "$OUT/convert.log" | tail -1
+}
+
+hbm() {
+    [ -x /tmp/hbm_read ] || nvcc -O3 -gencode=arch=compute_90,code=sm_90 -o /tmp/hbm_read bench/gpu/hbm_read.cu
+    /tmp/hbm_read | awk '/hbm_read_gbs/ {print $2}'
+}
+
+for step in $steps; do
+    start=$(date +%s)
+    case $step in
+    build) # both builds and the demo's conversion at once
+        (build_llama; echo "llama.cpp build: $?" > /tmp/ll.done) &
+        (wide_gguf > /tmp/gguf.path) &
+        build_ours || exit 1
+        wait
+        cat /tmp/ll.done; [ -x $B/llama-bench ] || tail -5 /tmp/ll.build
+        GGUF=$(cat /tmp/gguf.path)
+        [ -f "$GGUF" ] || { echo "conversion failed"; tail -20 "$OUT/convert.log"; exit 1; }
+        ls -l "$GGUF" ;;
+    tests) python3 -m pytest -q -p no:cacheprovider tests/test_gpu_modules.py 2>&1 | tail -6 ;;
+    gpu) # every expert on the GPU: ours (graphs and not), llama.cpp
+        GGUF=$(cat /tmp/gguf.path)
+        HBM=$(hbm); echo "HBM read ceiling: $HBM GB/s"
+        python3 - "$GGUF" "$HBM" <<'PY' | tee "$OUT/ours_gpu.txt"
+import statistics, sys
+sys.path.insert(0, "bench")
+from measure import decode_speed
+from engine.checkpoint import Checkpoint
+from engine.demo import DEMO_PROMPTS
+from engine.model import Engine
+ck = Checkpoint.open(sys.argv[1])
+prompt = ck.tokenizer.encode(DEMO_PROMPTS[0], add_special_tokens=False).ids
+with Engine(runtimes=("cpu", "cuda")) as eng, eng.load(ck, device="cuda:0") as m:
+    m.set_placement("*=cuda:0")
+    speeds, _ = decode_speed(m, prompt, 128, 5)
+    tps, per_token = statistics.median(speeds), m.info["bytes_per_token"]
+    print(f"ours | every expert on cuda:0 | {tps:.1f} tok/s (min {min(speeds):.1f}, max {max(speeds):.1f}) | "
+          f"{per_token / 1e6:.1f} MB/token | {per_token * tps / 1e9:.0f} GB/s = "
+          f"{100 * per_token * tps / 1e9 / float(sys.argv[2]):.1f} % of the HBM read ceiling")
+PY
+        [ -x $B/llama-bench ] && $B -m "$GGUF" -ngl 99 -p 0 -n 128 -r 5 -o md 2>&1 | tee "$OUT/llama_gpu.md" ;;
+    cpu) # experts on the CPU, and the CPU alone
+        GGUF=$(cat /tmp/gguf.path)
+        python3 bench/gpu_primary.py --model "$GGUF" --tokens 128 --repeats 5 --threads "$THREADS" \
+            --json "$OUT/gpu_primary_wide.json" | tail -8
+        n=$(python3 -c "from engine.checkpoint import Checkpoint; print(Checkpoint.open('$GGUF').config.num_layers)")
+        if [ -x $B/llama-bench ]; then
+            $B -m "$GGUF" -ngl 99 -ncmoe "$((n / 2)),$n" -t "$THREADS" -p 0 -n 128 -r 5 -o md 2>&1 |
+                tee "$OUT/llama_cpu_experts.md"
+            CUDA_VISIBLE_DEVICES= $B -m "$GGUF" -ngl 0 -t "$THREADS" -p 0 -n 128 -r 5 -o md 2>&1 |
+                tee "$OUT/llama_cpu_only.md"
+        fi ;;
+    kernels) # the all-GPU decode step per kernel: 6 steps less 2
+        GGUF=$(cat /tmp/gguf.path)
+        for n in 2 6; do
+            ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+                python3 bench/gpu/kernel_times.py "$GGUF" $n > "$OUT/ncu_wide_$n.csv" 2> "$OUT/ncu.log" ||
+                tail -5 "$OUT/ncu.log"
+        done
+        python3 bench/gpu/kernel_summary.py "$OUT/ncu_wide_6.csv" 4 "$OUT/ncu_wide_2.csv" | tee "$OUT/kernels.md" ;;
+    esac
+    echo "[$step: $(( $(date +%s) - start )) s]"
+done
