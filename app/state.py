@@ -24,12 +24,20 @@ from engine.costmodel import Calibration, ModelShape, calibrate, predict_tokens_
 from engine.demo import check_format, is_synthetic
 from engine.errors import EngineError
 from engine.model import WEIGHTS_MODES, DeviceInfo, Engine, Model
-from engine.placement import Placement
+from engine.placement import (
+    ExpertRoom,
+    Placement,
+    PlacementRefused,
+    check_fits,
+    device_bytes,
+    expert_rooms,
+    moved,
+    overflow,
+)
 from engine.profile import Profile, fingerprint, load
 from engine.routing import RoutingStats, profile
 from engine.run import DecodeRun, RunResult
 from engine.speculative import check_shared_vocabulary
-from engine.strategy import placement_bytes
 
 from . import profiles, strategies
 from .live import LiveBuffer
@@ -217,7 +225,8 @@ class WorkbenchState(QObject):
         self._placement: Placement | None = None  # as edited (the `placement` property)
         self.used_bytes: dict[str, int] = {}  # expert bytes on each device under the edited placement
         self.applied: Placement | None = None  # as the engine has it
-        self.capacity: dict[str, int] = {}  # bytes of experts each device can hold for this model
+        self.capacity: dict[str, int] = {}  # bytes of experts each device can hold for this model (free + held)
+        self.rooms: dict[str, ExpertRoom] = {}  # engine.placement's room per device: free, held, reserve
         self.preview: dict[str, int] | None = None
         self.preview_device: str | None = None
         self.preview_ok = True
@@ -374,8 +383,8 @@ class WorkbenchState(QObject):
 
     def _set_devices(self, devices: list[DeviceInfo]) -> None:
         self.devices = devices
-        applied = self.bytes_on(self.applied) if self.applied is not None else {}
-        self.capacity = {d.name: d.memory_free + applied.get(d.name, 0) for d in devices}
+        self.rooms = expert_rooms(devices, self.bytes_on(self.applied) if self.applied is not None else {})
+        self.capacity = {name: room.capacity for name, room in self.rooms.items()}
         self.used_bytes = self.bytes_on(self.placement)
         self._preview_key = None  # the room changed: a hover over the same device is judged again
         self.sigDevicesChanged.emit()
@@ -396,11 +405,9 @@ class WorkbenchState(QObject):
 
     def bytes_on(self, placement: Placement | None) -> dict[str, int]:
         """Expert bytes each device holds under a placement (the engine's figures: engine.strategy)."""
-        out = dict.fromkeys(self.device_names, 0)
-        if placement is None or self.model is None:
-            return out
-        out.update(placement_bytes(self.model.shape, placement))
-        return out
+        if self.model is None:
+            return dict.fromkeys(self.device_names, 0)
+        return device_bytes(placement, self.model.shape.bytes_of, self.device_names)
 
     def model_bytes_on(self, device: str) -> int:
         """Bytes of this model on a device: its experts there, plus every other weight on the primary."""
@@ -411,40 +418,16 @@ class WorkbenchState(QObject):
             used += self.model.weight_bytes - self.model.all_expert_bytes + self.model.draft_weight_bytes
         return used
 
-    def _overflow(self, new: Placement, after: dict[str, int] | None = None) -> str:
-        """'' when the placement fits every device it grows, else a sentence saying which does not (after: its
-        bytes per device, when already counted)."""
-        before, after = self.used_bytes, self.bytes_on(new) if after is None else after
-        for device, n in after.items():
-            cap = self.capacity.get(device, 0)
-            if n > before.get(device, 0) and n > cap:
-                return (f"{device} would hold {format_bytes(n)} of experts but has room for {format_bytes(cap)}: "
-                        "the move is refused")  # fmt: skip
-        return ""
-
     # ---- editing -----------------------------------------------------------------------------------------
 
     def _moved(self, moves: dict[int, list[int]], device: str) -> tuple[Placement | None, str]:
-        """The placement after a move, or (None, why not)."""
+        """The placement after a move (engine.placement.moved), or (None, why not)."""
         if self.placement is None or self.model is None:
             return None, "no model is loaded"
-        if device not in self.device_names:
-            return None, f"device {device} is unknown (devices: {', '.join(self.device_names)})"
-        new = copy_placement(self.placement)
-        cfg = self.model.config
-        changed = 0
-        for layer, experts in moves.items():
-            if not cfg.is_moe_layer(layer):
-                return None, f"layer {layer} is not an MoE layer: it has no experts to move"
-            for e in experts:
-                if not 0 <= e < cfg.num_experts:
-                    return None, f"expert {e} of layer {layer} does not exist (0..{cfg.num_experts - 1})"
-                if new.owners[layer][e] != device:
-                    new.owners[layer][e] = device
-                    changed += 1
-        if not changed:
-            return None, f"already on {device}"
-        return new, ""
+        try:
+            return moved(self.placement, moves, device, self.device_names), ""
+        except PlacementRefused as exc:
+            return None, str(exc)
 
     def preview_move(self, moves: dict[int, list[int]], device: str) -> bool:
         """Show what the bars would read after a move (while a drag hovers); True when it would fit.
@@ -459,7 +442,7 @@ class WorkbenchState(QObject):
         else:
             self.preview = self.bytes_on(new)
             self.preview_device = device
-            self.preview_ok = ok = not self._overflow(new, self.preview)
+            self.preview_ok = ok = not overflow(self.used_bytes, self.preview, self.rooms)
             self.sigPreviewChanged.emit()
         self._preview_key = key, ok
         return ok
@@ -479,9 +462,10 @@ class WorkbenchState(QObject):
         if new is None:
             self.sigMessage.emit(f"Nothing moved: {why}")
             return False
-        problem = self._overflow(new)
-        if problem:
-            self.sigMessage.emit(problem)
+        try:
+            check_fits(self.placement, new, self.model.shape.bytes_of, self.rooms, "move")
+        except PlacementRefused as exc:
+            self.sigMessage.emit(str(exc))
             return False
         if label is None:
             whole = [layer for layer, ex in moves.items() if len(ex) == self.model.config.num_experts]
@@ -506,9 +490,10 @@ class WorkbenchState(QObject):
             self.sigError.emit("Unknown device", f"the placement names {', '.join(unknown)}, which this engine "
                                f"does not have (devices: {', '.join(self.device_names)})")  # fmt: skip
             return False
-        problem = self._overflow(placement)
-        if problem:
-            self.sigMessage.emit(problem.replace("the move is refused", "the placement is refused"))
+        try:
+            check_fits(self.placement, placement, self.model.shape.bytes_of, self.rooms)
+        except PlacementRefused as exc:
+            self.sigMessage.emit(str(exc))
             return False
         self._commit(copy_placement(placement), label)
         return True

@@ -128,3 +128,136 @@ class Placement:
                 out.append(index[d])
             rows.append(out)
         return np.ascontiguousarray(np.array(rows, dtype=np.int32).reshape(-1))
+
+
+# ---- fit checks and moves ------------------------------------------------------------------------------------
+#
+# The window and the command line judge edits with these; the core judges them again when a placement is applied
+# (it keeps the previous one when a device cannot take the copies), so these are the user-facing explanation.
+
+MIB = 1 << 20
+STAGING_SHARE = 10  # a device that holds copies keeps 1/STAGING_SHARE of its memory for experts out of a plan ...
+STAGING_MAX = 1 << 30  # ... but never more than this: staging arenas and the runtime's own allocations
+
+
+class PlacementRefused(ArgumentError):
+    """A move or a placement that does not fit or makes no sense; the message says why, with the numbers."""
+
+
+def mib(nbytes: float) -> str:
+    return f"{nbytes / MIB:.1f} MiB"
+
+
+def reads_mapped_files(kind: str) -> bool:
+    """A CPU device reads experts from the mapped checkpoint: they cost it no memory of its own."""
+    return kind == "cpu"
+
+
+@dataclass(frozen=True)
+class ExpertRoom:
+    """What one device can give this model's experts: its free memory plus what this model's experts already hold
+    there (a plan may reuse that), less a reserve for staging on devices that hold copies."""
+
+    device: str
+    free: int  # the device's free memory now
+    held: int  # bytes of this model's experts on it now
+    reserve: int  # kept out of plans for staging arenas (0 on devices that read the mapped files)
+    unlimited: bool = False  # a CPU device: its experts are the mapped files
+
+    @property
+    def capacity(self) -> int:
+        """Free plus held: what a single edit may fill (the core's own limit)."""
+        return self.free + self.held
+
+    @property
+    def room(self) -> int:
+        """Capacity less the reserve: what a strategy may plan on (never negative)."""
+        return max(self.capacity - self.reserve, 0)
+
+    def explain(self) -> str:
+        """The rule in numbers, e.g. 'the device has 40.0 MiB for experts = free 2.0 MiB + this model's experts
+        42.4 MiB - reserve 4.4 MiB'."""
+        if self.unlimited:
+            return "the device reads the experts from the mapped files (no memory of its own is needed)"
+        return (f"the device has {mib(self.room)} for experts = free {mib(self.free)} + this model's experts "
+                f"{mib(self.held)} - reserve {mib(self.reserve)} (a tenth for staging, at most "
+                f"{mib(STAGING_MAX)})")  # fmt: skip
+
+
+def expert_room(device, held: int = 0) -> ExpertRoom:
+    """A DeviceInfo's room for this model's experts (held: bytes its experts occupy on the device now)."""
+    held = int(held)
+    if reads_mapped_files(device.kind):
+        return ExpertRoom(device.name, int(device.memory_free), held, 0, unlimited=True)
+    capacity = int(device.memory_free) + held
+    return ExpertRoom(device.name, int(device.memory_free), held, min(capacity // STAGING_SHARE, STAGING_MAX))
+
+
+def expert_rooms(devices, held: dict[str, int]) -> dict[str, ExpertRoom]:
+    """Every device's room, held the bytes per device of the placement the engine has now."""
+    return {d.name: expert_room(d, held.get(d.name, 0)) for d in devices}
+
+
+def device_bytes(placement: Placement | None, expert_bytes, devices=()) -> dict[str, int]:
+    """Expert weight bytes each device holds under a placement; expert_bytes: one expert's bytes per layer (a
+    sequence, 0 for dense layers) or a function of the layer. Devices given start at 0."""
+    out = dict.fromkeys(devices, 0)
+    if placement is None:
+        return out
+    size = expert_bytes if callable(expert_bytes) else expert_bytes.__getitem__
+    for layer, row in enumerate(placement.owners):
+        if not row or row[0] is None:
+            continue
+        nbytes = size(layer)
+        for device in row:
+            out[device] = out.get(device, 0) + nbytes
+    return out
+
+
+def overflow(before: dict[str, int], after: dict[str, int], rooms: dict[str, ExpertRoom]) -> str:
+    """'' when every device that grows still fits its capacity (free + held), else the first that does not, in
+    numbers: what it would hold (needed) against what it has (free + held)."""
+    for device, n in after.items():
+        room = rooms.get(device)
+        if room is None or room.unlimited or n <= before.get(device, 0) or n <= room.capacity:
+            continue
+        return (f"{device} would hold {mib(n)} of experts but has room for {mib(room.capacity)} (free "
+                f"{mib(room.free)} + this model's experts there {mib(room.held)})")  # fmt: skip
+    return ""
+
+
+def moved(placement: Placement, moves: dict[int, list[int]], device: str, devices: list[str]) -> Placement:
+    """The placement after moving experts ({layer: [expert, ...]}) to a device; PlacementRefused (why) otherwise:
+    an unknown device, a dense layer, an expert out of range, or nothing that changes."""
+    if device not in devices:
+        raise PlacementRefused(f"device {device} is unknown (devices: {', '.join(devices)})")
+    new = Placement([list(row) for row in placement.owners])
+    changed = 0
+    for layer, experts in moves.items():
+        if not 0 <= layer < len(new.owners) or not new.owners[layer] or new.owners[layer][0] is None:
+            raise PlacementRefused(f"layer {layer} is not an MoE layer: it has no experts to move")
+        row = new.owners[layer]
+        for e in experts:
+            if not 0 <= e < len(row):
+                raise PlacementRefused(f"expert {e} of layer {layer} does not exist (0..{len(row) - 1})")
+            if row[e] != device:
+                row[e] = device
+                changed += 1
+    if not changed:
+        raise PlacementRefused(f"already on {device}")
+    return new
+
+
+def check_fits(before: Placement | None, after: Placement, expert_bytes, rooms: dict[str, ExpertRoom],
+               what: str = "placement") -> dict[str, int]:  # fmt: skip
+    """after's bytes per device when it fits every device it grows; PlacementRefused naming the device and the
+    numbers otherwise, and any device the placement names that is not among rooms."""
+    unknown = sorted(set(after.devices()) - set(rooms))
+    if unknown:
+        raise PlacementRefused(f"the {what} names {', '.join(unknown)}, which this engine does not have (devices: "
+                               f"{', '.join(rooms)})")  # fmt: skip
+    used_after = device_bytes(after, expert_bytes, rooms)
+    problem = overflow(device_bytes(before, expert_bytes, rooms), used_after, rooms)
+    if problem:
+        raise PlacementRefused(f"{problem}: the {what} is refused")
+    return used_after

@@ -1,5 +1,7 @@
 """Expert placement across devices: bit-identity in reference mode, owner_local, memory, bad placements."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from fixture_paths import FIXTURES
@@ -222,3 +224,77 @@ def test_text_form_round_trip():
     assert p.describe() == "0=cuda:0; 2.0-2=cpu:1; 2.3=cpu:0; 2.4-7=cpu:1"
     with pytest.raises(RangeError):
         p.move_layer(1, "cpu:0")
+
+
+# ---- fit checks and moves (engine.placement: what the window and the command line ask) ----------------------
+
+
+class Dev:
+    """A DeviceInfo's fields that the fit checks read."""
+
+    def __init__(self, name, kind, memory_free):
+        self.name, self.kind, self.memory_free = name, kind, memory_free
+
+
+MIB = 1 << 20
+# 3 layers (layer 1 dense), 4 experts of 1 MiB in layers 0 and 2
+OWNERS = [["cpu:0"] * 4, [None] * 4, ["cpu:0"] * 4]
+SIZES = [MIB, 0, MIB]
+
+
+def test_rooms_count_what_the_models_experts_hold_and_a_reserve_on_devices_that_hold_copies():
+    from engine.placement import STAGING_MAX, expert_room, expert_rooms
+
+    sim = expert_room(Dev("hostsim:0", "sim", 2 * MIB), held=38 * MIB)  # a device full of this model's experts
+    assert (sim.free, sim.held, sim.reserve) == (2 * MIB, 38 * MIB, 4 * MIB)  # a tenth of free + held
+    assert sim.capacity == 40 * MIB and sim.room == 36 * MIB
+    assert sim.explain() == ("the device has 36.0 MiB for experts = free 2.0 MiB + this model's experts 38.0 MiB "
+                             "- reserve 4.0 MiB (a tenth for staging, at most 1024.0 MiB)")  # fmt: skip
+    big = expert_room(Dev("cuda:0", "gpu", 80 << 30))
+    assert big.reserve == STAGING_MAX and big.room == (80 << 30) - STAGING_MAX
+    cpu = expert_room(Dev("cpu:0", "cpu", MIB), held=8 * MIB)
+    assert cpu.unlimited and cpu.reserve == 0 and "mapped files" in cpu.explain()
+    rooms = expert_rooms([Dev("cpu:0", "cpu", MIB), Dev("hostsim:0", "sim", 3 * MIB)], {"hostsim:0": MIB})
+    assert rooms["hostsim:0"].capacity == 4 * MIB and rooms["cpu:0"].held == 0
+
+
+def test_a_move_gives_the_new_placement_or_says_why_not():
+    from engine.placement import PlacementRefused, device_bytes, moved
+
+    p = Placement([list(r) for r in OWNERS])
+    devices = ["cpu:0", "hostsim:0"]
+    new = moved(p, {0: [1, 2]}, "hostsim:0", devices)
+    assert new.owners[0] == ["cpu:0", "hostsim:0", "hostsim:0", "cpu:0"] and p.owners == OWNERS  # a copy
+    assert device_bytes(new, SIZES, devices) == {"cpu:0": 6 * MIB, "hostsim:0": 2 * MIB}
+    assert device_bytes(new, lambda layer: SIZES[layer]) == {"cpu:0": 6 * MIB, "hostsim:0": 2 * MIB}
+    assert device_bytes(None, SIZES, devices) == {"cpu:0": 0, "hostsim:0": 0}
+    for moves, device, message in [
+        ({0: [0]}, "cuda:0", "device cuda:0 is unknown (devices: cpu:0, hostsim:0)"),
+        ({1: [0]}, "hostsim:0", "layer 1 is not an MoE layer: it has no experts to move"),
+        ({7: [0]}, "hostsim:0", "layer 7 is not an MoE layer"),
+        ({0: [4]}, "hostsim:0", "expert 4 of layer 0 does not exist (0..3)"),
+        ({0: [0]}, "cpu:0", "already on cpu:0"),
+    ]:
+        with pytest.raises(PlacementRefused, match=message.replace("(", r"\(").replace(")", r"\)")):
+            moved(p, moves, device, devices)
+
+
+def test_a_placement_that_overflows_a_device_is_refused_with_needed_against_free():
+    from engine.placement import PlacementRefused, check_fits, expert_rooms
+
+    rooms = expert_rooms([Dev("cpu:0", "cpu", 0), Dev("hostsim:0", "sim", 3 * MIB)], {"hostsim:0": 0})
+    before = Placement([list(r) for r in OWNERS])
+    one = Placement([["hostsim:0"] * 4, [None] * 4, ["cpu:0"] * 4])
+    both = Placement([["hostsim:0"] * 4, [None] * 4, ["hostsim:0"] * 4])
+    rooms["hostsim:0"] = replace(rooms["hostsim:0"], free=4 * MIB)
+    assert check_fits(before, one, SIZES, rooms) == {"cpu:0": 4 * MIB, "hostsim:0": 4 * MIB}
+    rooms["hostsim:0"] = replace(rooms["hostsim:0"], free=3 * MIB)
+    with pytest.raises(PlacementRefused) as refused:
+        check_fits(before, both, SIZES, rooms, "move")
+    assert str(refused.value) == ("hostsim:0 would hold 8.0 MiB of experts but has room for 3.0 MiB (free 3.0 MiB + "
+                                  "this model's experts there 0.0 MiB): the move is refused")  # fmt: skip
+    # a device that shrinks is never refused, nor a CPU device (it reads the mapped files)
+    rooms_full = expert_rooms([Dev("cpu:0", "cpu", 0), Dev("hostsim:0", "sim", 0)], {"hostsim:0": 8 * MIB})
+    assert check_fits(both, one, SIZES, rooms_full)["hostsim:0"] == 4 * MIB
+    with pytest.raises(PlacementRefused, match="names cuda:0, which this engine does not have"):
+        check_fits(before, Placement([["cuda:0"] * 4, [None] * 4, ["cpu:0"] * 4]), SIZES, rooms)

@@ -5,6 +5,8 @@ import os
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 
+from dataclasses import replace  # noqa: E402
+
 from app_helpers import LAYER_BYTES, TIMEOUT_MS, on_engine  # noqa: E402
 from PySide6.QtCore import QModelIndex, Qt  # noqa: E402
 
@@ -108,7 +110,8 @@ def test_a_placement_the_engine_refuses_shows_an_error_and_rolls_back(qtbot, mak
     monkeypatch.setattr(QMessageBox, "critical", lambda parent, title, text, *a: shown.append((title, text)))
     window = make_window(memory_limit=LAYER_BYTES + 50_000)
     state = window.state
-    state.capacity["hostsim:0"] = 1 << 40  # pretend there is room, so that the engine's own check refuses it
+    room = state.rooms["hostsim:0"]
+    state.rooms["hostsim:0"] = replace(room, free=1 << 40)  # pretend there is room: the engine's own check refuses
     state.move({0: list(range(8)), 2: list(range(8))}, "hostsim:0")
     qtbot.waitUntil(lambda: bool(shown), timeout=TIMEOUT_MS)
     assert shown[0][0] == "The engine refused the placement"
@@ -116,7 +119,7 @@ def test_a_placement_the_engine_refuses_shows_an_error_and_rolls_back(qtbot, mak
     assert state.placement.owners[0] == ["cpu:0"] * 8 and not state.undo_text
     assert engine_owners(qtbot, state)[0] == ["cpu:0"] * 8
     # The window is still usable: a move that fits goes through.
-    state.capacity["hostsim:0"] = LAYER_BYTES + 50_000
+    state.rooms["hostsim:0"] = room
     with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
         assert state.move({2: list(range(8))}, "hostsim:0")
     assert engine_owners(qtbot, state)[2] == ["hostsim:0"] * 8
