@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 from PySide6.QtCore import QObject, Signal
 
+from engine import strategy
 from engine.checkpoint import ModelConfig
 from engine.costmodel import Calibration, ModelShape, calibrate, predict_tokens_per_second
 from engine.demo import check_format, is_synthetic
@@ -39,7 +40,7 @@ from engine.routing import RoutingStats, profile
 from engine.run import DecodeRun, RunResult
 from engine.speculative import check_shared_vocabulary
 
-from . import profiles, strategies
+from . import profiles
 from .live import LiveBuffer
 from .worker import EngineWorker
 
@@ -870,27 +871,27 @@ class WorkbenchState(QObject):
             return None
 
     def apply_strategy(self, name: str, fast: str, fast_budget: int | None = None) -> bool:
-        """Fill the editor with a strategy of app.strategies.STRATEGIES (one undoable edit). The fast device holds at
-        most fast_budget bytes of experts; every device at most what it has room for. Measures the devices
-        first when that has not been done (the edit then comes when the measurement ends)."""
+        """Fill the editor with a strategy of engine.strategy.STRATEGIES (one undoable edit), chosen by
+        engine.strategy.choose: the fast device holds at most fast_budget bytes of experts, every device at most its
+        room for experts. Measures the devices first when that has not been done (the edit then comes when the
+        measurement ends)."""
         if self.model is None:
             return False
-        text, _what, routed = strategies.STRATEGIES[name]
-        if routed and self.routing_stats is None:
-            self.sigMessage.emit(f"{text} needs routing statistics: profile routing or make a run first")
+        info = strategy.check_name(name)
+        if info.ranks and self.routing_stats is None:
+            self.sigMessage.emit(f"{info.title} needs routing statistics: profile routing or make a run first")
             return False
         if self.calibration is None:
             return self.calibrate(lambda: self.apply_strategy(name, fast, fast_budget))
-        budgets = dict(self.capacity)
-        if fast_budget is not None:
-            budgets[fast] = min(budgets.get(fast, fast_budget), fast_budget)
+        caps = {fast: fast_budget} if fast_budget is not None else None
         try:
-            plan = strategies.plan(name, self.model.shape, self.device_names, self.model.primary, fast, budgets,
-                                   self.calibration, self.routing_stats)  # fmt: skip
+            plan = strategy.choose(name, self.model.shape, self.device_names, self.model.primary, fast, self.rooms,
+                                   self.calibration, self.routing_stats, caps)  # fmt: skip
         except EngineError as exc:
-            self.sigMessage.emit(f"{text}: {exc}")
+            self.sigMessage.emit(str(exc))
             return False
-        label = f"{plan.strategy}, {fast} up to {format_bytes(budgets[fast])}"
+        budget = strategy.budgets_for(self.rooms, caps).get(fast)
+        label = plan.strategy + ("" if budget is None else f", {fast} up to {format_bytes(budget)}")
         if not self.set_placement(plan.placement, label):
             return False
         if plan.notes:

@@ -43,7 +43,7 @@ import numpy as np
 
 from .checkpoint import Checkpoint, ModelConfig
 from .errors import ArgumentError
-from .placement import Placement
+from .placement import Placement, expert_room, mib
 from .routing import RoutingStats
 
 
@@ -369,21 +369,20 @@ PLAUSIBLE_PRIMARY_BANDWIDTH = 2e12
 
 def _layers_that_fit(model, shape: ModelShape, device: str) -> int:
     """How many MoE layers' experts a peer can hold for a calibration run: all of them on a device that reads the
-    mapped checkpoint (a CPU device), else as many as its free memory allows, keeping a tenth of it (and 64 MiB)
-    for staging arenas."""
+    mapped checkpoint (a CPU device), else as many as its room for this model's experts allows (engine.placement's
+    ExpertRoom: its free memory plus what the model's experts hold there now, which the first measurement moves off,
+    less the staging reserve)."""
     info = {d.name: d for d in model.engine.devices}.get(device)
     if info is None:
         raise ArgumentError(f"calibration: no device named {device!r}")
     n_moe = len(shape.moe_layers)
-    if info.kind == "cpu":
+    room = expert_room(info, model.placement_bytes(model.placement).get(device, 0))
+    if room.unlimited:
         return n_moe
-    room = info.memory_free - info.memory_free // 10 - (64 << 20)
-    k = min(n_moe, max(room, 0) // max(shape.layer_bytes, 1))
+    k = min(n_moe, room.room // max(shape.layer_bytes, 1))
     if k < 1:
-        raise ArgumentError(
-            f"calibration: {device} has {info.memory_free / 2**20:.0f} MiB free, not enough for one layer of experts "
-            f"({shape.layer_bytes / 2**20:.0f} MiB) and the staging it needs"
-        )
+        raise ArgumentError(f"calibration: {device} cannot hold one MoE layer's experts to be measured: it needs "
+                            f"{mib(shape.layer_bytes)}; {room.explain()}")  # fmt: skip
     return int(k)
 
 

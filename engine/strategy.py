@@ -14,6 +14,11 @@ without a budget is unlimited. A plan that cannot fit raises ArgumentError namin
 
 "Hot" comes from routing statistics (RoutingStats): the share of tokens each expert served. Without them
 every expert is equally hot and ties go to the lower layer and expert numbers.
+
+choose() is how the window and `expertbench plan` pick one: a fast device, its peer (the primary, or the first
+other device when the fast one is the primary), the others ordered by measured bandwidth, and budgets from each
+device's room for experts (engine.placement.ExpertRoom: free memory plus what this model's experts already hold
+there, less a reserve for staging), so a device full of the current placement is not taken for a full one.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import numpy as np
 
 from .costmodel import Calibration, ModelShape, expert_shares, layer_time, predict_tokens_per_second
 from .errors import ArgumentError
-from .placement import Placement
+from .placement import ExpertRoom, Placement, reads_mapped_files
 from .routing import RoutingStats
 
 
@@ -201,3 +206,112 @@ def critical_path(shape: ModelShape, fast: str, peer: str, budgets=None, calibra
     notes = [f"{moved + forced} experts on {fast}" + (f" ({forced} because {peer}'s budget required it)"
                                                       if forced else "")]  # fmt: skip
     return _plan("critical-path balance", shape, placement, budgets, calibration, stats, n, notes)
+
+
+# ---- choosing: the window's strategy buttons and `expertbench plan` ------------------------------------------
+
+
+@dataclass(frozen=True)
+class Strategy:
+    title: str  # as a button or a report names it
+    what: str  # what it does, in one sentence
+    ranks: bool  # ranks experts by routing statistics (without them every expert is equally used)
+    pair: bool  # places on the fast device and one other (the peer); else on several
+    measured: bool = False  # needs the devices measured (a calibration), not only for its prediction
+
+
+STRATEGIES = {
+    "single-device": Strategy("Single device", "every expert on the fast device", False, False),
+    "uniform-split": Strategy("Uniform split", "MoE layers in contiguous blocks of equal size, one block per device, "
+                              "the fast device first", False, False),
+    "cold-layers": Strategy("Cold layers", "whole MoE layers on the fast device, as many as its budget holds; the rest "
+                            "whole on the other device", False, True),
+    "hot-first": Strategy("Hot first", "the most used experts on the fast device until its budget is full, then on the "
+                          "next device by measured bandwidth", True, False),
+    "critical-path": Strategy("Critical path", "from the other device, the most used experts move to the fast device "
+                              "while that lowers the predicted layer time, max(fast, other)", True, True, True),
+}  # fmt: skip
+BUTTONS = ("cold-layers", "hot-first", "critical-path")  # the window's strategy buttons (both others have their own)
+
+
+def check_name(name: str) -> Strategy:
+    if name not in STRATEGIES:
+        raise ArgumentError(f"strategy {name!r} is unknown: expected one of {', '.join(STRATEGIES)}")
+    return STRATEGIES[name]
+
+
+def default_fast(devices, primary: str) -> str:
+    """The fast device when none is named: the first that holds copies (an accelerator, a simulated one) other than
+    the primary, else any other than the primary, else the primary. devices: DeviceInfo (name, kind)."""
+    others = [d for d in devices if d.name != primary]
+    copies = [d.name for d in others if not reads_mapped_files(d.kind)]
+    return (copies or [d.name for d in others] or [primary])[0]
+
+
+def peer_of(fast: str, devices: list[str], primary: str) -> str:
+    """The other device of a two-device strategy: the primary, or, when the fast device is the primary, the first
+    other device."""
+    if fast != primary:
+        return primary
+    others = [d for d in devices if d != fast]
+    if not others:
+        raise ArgumentError(f"this strategy needs a second device besides {fast}")
+    return others[0]
+
+
+def fastest_first(fast: str, devices: list[str], calibration: Calibration | None) -> list[str]:
+    """The fast device, then the others from the highest measured bandwidth down (as given without figures)."""
+    rest = [d for d in devices if d != fast]
+    if calibration is not None:
+        rest.sort(key=lambda d: -calibration.rate(d).bandwidth if d in calibration.devices else 0.0)
+    return [fast, *rest]
+
+
+def budgets_for(rooms: dict[str, ExpertRoom], caps: dict[str, int] | None = None) -> dict[str, int]:
+    """Each device's budget for a plan: its room (free + this model's experts there - reserve), or the cap asked for
+    when smaller; a CPU device (it reads the mapped files) has none unless capped."""
+    out: dict[str, int] = {}
+    for device, room in rooms.items():
+        cap = (caps or {}).get(device)
+        limits = [v for v in (None if room.unlimited else room.room, cap) if v is not None]
+        if limits:
+            out[device] = min(limits)
+    return out
+
+
+def _why_not(what: str, device: str, need: int, rooms: dict[str, ExpertRoom], caps: dict[str, int] | None) -> str:
+    room, cap = rooms[device], (caps or {}).get(device)
+    if cap is not None and (room.unlimited or cap < room.room):
+        return f"{device}'s budget of {_mib(cap)} is less than {what} ({_mib(need)})"
+    return f"{device} cannot hold {what}: it needs {_mib(need)}; {room.explain()}"
+
+
+def choose(name: str, shape: ModelShape, devices: list[str], primary: str, fast: str, rooms: dict[str, ExpertRoom],
+           calibration: Calibration | None = None, stats: RoutingStats | None = None,
+           caps: dict[str, int] | None = None) -> Plan:  # fmt: skip
+    """A strategy of STRATEGIES with the window's and the command line's choices filled in: the fast device, its peer
+    (peer_of), the others' order (fastest_first) and every device's budget (budgets_for: its room for experts, or a
+    smaller cap). ArgumentError in numbers when the fast device can hold nothing of what the strategy puts there."""
+    info = check_name(name)
+    unknown = [d for d in (fast, *(caps or {})) if d not in devices]
+    if unknown:
+        raise ArgumentError(f"{info.title}: no device {unknown[0]} (devices: {', '.join(devices)})")
+    if info.measured and calibration is None:
+        raise ArgumentError(f"{info.title} needs the devices measured (a calibration)")
+    budgets = budgets_for({d: rooms[d] for d in devices if d in rooms}, caps)
+    smallest = min(shape.bytes_of(layer) for layer in shape.moe_layers)
+    need = {"single-device": shape.total_bytes, "cold-layers": min(shape.layer_bytes_of(layer) for layer in
+                                                                    shape.moe_layers)}.get(name, smallest)  # fmt: skip
+    what = {"single-device": "every expert", "cold-layers": "one MoE layer's experts"}.get(name, "one expert")
+    if fast in budgets and budgets[fast] < need and name != "uniform-split":
+        raise ArgumentError(f"{info.title}: {_why_not(what, fast, need, rooms, caps)}")
+    common = {"budgets": budgets, "calibration": calibration, "stats": stats}
+    if name == "single-device":
+        return single_device(shape, fast, **common)
+    if name == "uniform-split":
+        return uniform_split(shape, fastest_first(fast, devices, calibration), **common)
+    if name == "cold-layers":
+        return cold_layers(shape, fast, peer_of(fast, devices, primary), **common)
+    if name == "critical-path":
+        return critical_path(shape, fast, peer_of(fast, devices, primary), **common)
+    return hot_first(shape, fastest_first(fast, devices, calibration), **common)

@@ -31,15 +31,17 @@ def fake_measure(model, placement, tokens, repeats, prompt, warmup_seconds, batc
     return {"seconds": seconds, "busy": busy, "experts": experts, "samples": [seconds]}
 
 
-def calibrate_with_limit(monkeypatch, layers_room: float):
+def calibrate_with_limit(monkeypatch, layers_room: float, placement: str | None = None):
     monkeypatch.setattr(costmodel, "measure_decode", fake_measure)
     with Engine(runtimes=("cpu", "hostsim"), cpu_threads=1) as probe:
         layer = costmodel.ModelShape.from_model(probe.load(FIXTURES / "qwen3moe-f32")).layer_bytes
-    # room for the layers asked for, after the tenth and the 64 MiB kept back for staging
-    limit = int((layers_room * layer + (64 << 20)) / 0.9)
+    # room for the layers asked for, after the tenth kept back for staging (engine.placement.ExpertRoom)
+    limit = int(layers_room * layer / 0.9)
     opts = {"hostsim": {"memory_limit": limit}}
     with Engine(runtimes=("cpu", "hostsim"), cpu_threads=1, runtime_options=opts) as eng:
         model = eng.load(FIXTURES / "qwen3moe-f32")
+        if placement is not None:
+            model.set_placement(placement)
         before = model.placement.describe()
         cal = costmodel.calibrate(model, ["hostsim:0"], tokens=2, repeats=1)
         assert model.placement.describe() == before  # restored
@@ -58,9 +60,20 @@ def test_calibration_recovers_the_figures(monkeypatch, room):
     assert cal.rate("hostsim:0").dispatch_seconds == pytest.approx(0.0, abs=1e-12)
 
 
-def test_a_peer_with_no_room_for_one_layer_is_a_clear_error(monkeypatch):
-    with pytest.raises(ArgumentError, match=r"hostsim:0 has \d+ MiB free, not enough for one layer of experts"):
+def test_a_peer_with_no_room_for_one_layer_is_a_clear_error_that_states_the_rule_in_numbers(monkeypatch):
+    with pytest.raises(ArgumentError) as refused:
         calibrate_with_limit(monkeypatch, 0.2)
+    message = str(refused.value)
+    assert message.startswith("calibration: hostsim:0 cannot hold one MoE layer's experts to be measured: it needs "
+                              "0.2 MiB; the device has 0.0 MiB for experts = free 0.0 MiB + this model's experts "
+                              "0.0 MiB - reserve 0.0 MiB"), message  # fmt: skip
+
+
+def test_a_peer_full_of_the_current_placement_is_measured(monkeypatch):
+    """The device's free memory is what the current placement left: its experts there count as room (the first
+    measurement moves them off), so a full device is measured, as many layers as it holds."""
+    cal, _shape = calibrate_with_limit(monkeypatch, 2.5, placement="*=hostsim:0")
+    assert cal.measured["peer_layers"]["hostsim:0"] == 2
 
 
 def test_a_swamped_primary_measurement_falls_back_to_bytes_per_step(monkeypatch):

@@ -352,3 +352,103 @@ def test_calibration_records_its_context():
     shape = ModelShape.from_checkpoint(Checkpoint.open(FIXTURES / "gpt-oss-mxfp4"))
     at = {n: predict_tokens_per_second(shape, shape.empty_placement("cpu:0"), cal, context=n) for n in (8, 4096)}
     assert at[8] >= at[4096] > 0
+
+
+# ---- choosing a strategy (the window's buttons and `expertbench plan`) ---------------------------------------
+
+
+class Dev:
+    def __init__(self, name, kind, memory_free):
+        self.name, self.kind, self.memory_free = name, kind, memory_free
+
+
+def rooms(free_gpu, held_gpu=0, devices=("cuda:0", "cpu:0")):
+    from engine.placement import expert_rooms
+
+    info = [Dev(d, "cpu" if d.startswith("cpu") else "gpu", free_gpu if d == "cuda:0" else 1 << 40) for d in devices]
+    return expert_rooms(info, {"cuda:0": held_gpu})
+
+
+def test_choose_pairs_the_fast_device_with_the_primary_or_the_first_other():
+    assert S.peer_of("cuda:0", ["cpu:0", "cuda:0"], "cpu:0") == "cpu:0"
+    assert S.peer_of("cpu:0", ["cpu:0", "cuda:0", "cpu:1"], "cpu:0") == "cuda:0"
+    with pytest.raises(ArgumentError, match="needs a second device besides cpu:0"):
+        S.peer_of("cpu:0", ["cpu:0"], "cpu:0")
+    assert S.default_fast([Dev("cpu:0", "cpu", 0), Dev("cpu:1", "cpu", 0), Dev("hostsim:0", "sim", 0)], "cpu:0") == (
+        "hostsim:0"
+    )
+    assert S.default_fast([Dev("cpu:0", "cpu", 0), Dev("cpu:1", "cpu", 0)], "cpu:0") == "cpu:1"
+    assert S.default_fast([Dev("cpu:0", "cpu", 0)], "cpu:0") == "cpu:0"
+
+
+def test_hot_first_fills_the_other_devices_by_measured_bandwidth():
+    cal = Calibration("cpu:0", 0.002, {"cpu:0": DeviceRate(100 * MB), "cpu:1": DeviceRate(300 * MB),
+                                       "cuda:0": DeviceRate(1000 * MB)})  # fmt: skip
+    assert S.fastest_first("cuda:0", ["cpu:0", "cpu:1", "cuda:0"], cal) == ["cuda:0", "cpu:1", "cpu:0"]
+    assert S.fastest_first("cuda:0", ["cpu:0", "cpu:1", "cuda:0"], None) == ["cuda:0", "cpu:0", "cpu:1"]
+
+
+def test_the_budget_is_the_room_for_experts_less_the_reserve_or_a_smaller_cap():
+    r = rooms(free_gpu=20 * MB, held_gpu=30 * MB)
+    assert S.budgets_for(r) == {"cuda:0": 45 * MB}  # 20 free + 30 held - a tenth; the CPU device has none
+    assert S.budgets_for(r, {"cuda:0": 10 * MB, "cpu:0": 2 * MB}) == {"cuda:0": 10 * MB, "cpu:0": 2 * MB}
+
+
+def test_a_fast_device_full_of_the_current_placement_is_not_refused():
+    """The device holds the current placement's experts and has almost nothing free: its room is what the experts
+    hold plus what is free (less the reserve), so the strategy plans on it."""
+    full = rooms(free_gpu=MB // 2, held_gpu=SHAPE.total_bytes)  # 40 MB of experts there, 0.5 MB free
+    plan = S.choose("cold-layers", SHAPE, ["cpu:0", "cuda:0"], "cpu:0", "cuda:0", full, CAL)
+    assert S.budgets_for(full)["cuda:0"] == 36_450_000  # 0.5 MB free + 40 MB held, less a tenth
+    assert plan.device_bytes["cuda:0"] == 4 * 8 * MB  # four whole layers of five fit in 36.45 MB
+    hot = S.choose("hot-first", SHAPE, ["cpu:0", "cuda:0"], "cpu:0", "cuda:0", full, CAL, skewed_stats())
+    assert hot.device_bytes["cuda:0"] == 36 * MB
+
+
+def test_a_fast_device_that_cannot_hold_the_strategys_least_is_refused_with_the_rule_in_numbers():
+    tiny = rooms(free_gpu=2 * MB, held_gpu=5 * MB)  # 7 MB, less a tenth: 6.3 MB, less than one layer (8 MB)
+    with pytest.raises(ArgumentError) as refused:
+        S.choose("cold-layers", SHAPE, ["cpu:0", "cuda:0"], "cpu:0", "cuda:0", tiny, CAL)
+    assert str(refused.value) == (
+        "Cold layers: cuda:0 cannot hold one MoE layer's experts: it needs 7.6 MiB; the device has 6.0 MiB for "
+        "experts = free 1.9 MiB + this model's experts 4.8 MiB - reserve 0.7 MiB (a tenth for staging, at most "
+        "1024.0 MiB)"
+    )
+    with pytest.raises(ArgumentError, match=r"Hot first: cuda:0's budget of 0.5 MiB is less than one expert \(1.0 MiB"):
+        S.choose("hot-first", SHAPE, ["cpu:0", "cuda:0"], "cpu:0", "cuda:0", tiny, CAL, caps={"cuda:0": MB // 2})
+
+
+@pytest.mark.parametrize(
+    "name, kwargs, message",
+    [
+        ("fastest", {}, "strategy 'fastest' is unknown: expected one of single-device, uniform-split, cold-layers, "
+                        "hot-first, critical-path"),
+        ("cold-layers", {"fast": "cuda:1"}, "Cold layers: no device cuda:1 (devices: cpu:0, cuda:0)"),
+        ("hot-first", {"caps": {"hip:0": MB}}, "Hot first: no device hip:0 (devices: cpu:0, cuda:0)"),
+        ("critical-path", {"calibration": None}, "Critical path needs the devices measured (a calibration)"),
+    ],
+)  # fmt: skip
+def test_choose_refuses_bad_choices_by_name(name, kwargs, message):
+    args = {"fast": "cuda:0", "calibration": CAL, "caps": None, **kwargs}
+    with pytest.raises(ArgumentError) as refused:
+        S.choose(name, SHAPE, ["cpu:0", "cuda:0"], "cpu:0", args["fast"], rooms(1 << 40), args["calibration"],
+                 None, args["caps"])  # fmt: skip
+    assert str(refused.value) == message
+
+
+def test_choose_gives_what_each_strategy_gives_with_the_choices_filled_in():
+    r = rooms(1 << 40)
+    stats = skewed_stats()
+    devices = ["cpu:0", "cuda:0"]
+    caps = {"cuda:0": 20 * MB}
+    budgets = S.budgets_for(r, caps)
+    assert S.choose("single-device", SHAPE, devices, "cpu:0", "cpu:0", r).placement == SHAPE.empty_placement("cpu:0")
+    assert S.choose("uniform-split", SHAPE, devices, "cpu:0", "cuda:0", r, CAL).placement == S.uniform_split(
+        SHAPE, ["cuda:0", "cpu:0"]).placement  # fmt: skip
+    for name, direct in [
+        ("cold-layers", lambda: S.cold_layers(SHAPE, "cuda:0", "cpu:0", budgets, CAL, stats)),
+        ("hot-first", lambda: S.hot_first(SHAPE, ["cuda:0", "cpu:0"], budgets, CAL, stats)),
+        ("critical-path", lambda: S.critical_path(SHAPE, "cuda:0", "cpu:0", budgets, CAL, stats)),
+    ]:
+        plan = S.choose(name, SHAPE, devices, "cpu:0", "cuda:0", r, CAL, stats, caps)
+        assert plan.placement == direct().placement and plan.device_bytes["cuda:0"] <= 20 * MB

@@ -170,3 +170,36 @@ def test_the_devices_panel_shows_the_measured_bandwidth(qtbot, make_window):
     assert devices.index(rows["hostsim:0"], column).data() == "8.0"
     tip = devices.index(rows["hostsim:0"], 0).data(Qt.ItemDataRole.ToolTipRole)
     assert "8.0 GB/s of expert weights (measured)" in tip
+
+
+def test_a_fast_device_full_of_the_current_placement_is_measured_and_planned_on(qtbot, make_state):
+    """hostsim:0 holds every expert of the placement and has almost nothing free: the real calibration and the
+    strategy count those experts as room (free + this model's experts - reserve) instead of refusing a full device."""
+    from app_helpers import LAYER_BYTES
+
+    # room for two layers after the reserve, and 128 KiB for the staging arenas (less than a layer: 192 KiB)
+    state = make_state(memory_limit=int(2 * LAYER_BYTES / 0.9) + (128 << 10), draft=False)
+    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        assert state.move({0: list(range(8)), 2: list(range(8))}, "hostsim:0")
+    room = state.rooms["hostsim:0"]
+    assert room.held == 2 * LAYER_BYTES and room.free < LAYER_BYTES and room.room >= 2 * LAYER_BYTES
+    messages = []
+    state.sigMessage.connect(messages.append)
+    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        assert state.apply_strategy("cold-layers", "hostsim:0", LAYER_BYTES)  # measures the devices first
+    assert state.calibration is not None and state.calibration.measured["peer_layers"]["hostsim:0"] == 2
+    assert state.placement.describe() == "0=cpu:0; 2=hostsim:0", messages
+    assert state.undo_text == "cold layers, hostsim:0 up to 192.0 KiB"
+
+
+def test_a_fast_budget_below_one_layer_is_refused_in_numbers(qtbot, make_window):
+    window = make_window()
+    state = window.state
+    state.calibration_provider = FixedCalibration()
+    with qtbot.waitSignal(state.sigCalibrationChanged, timeout=TIMEOUT_MS):
+        state.calibrate()
+    qtbot.waitUntil(lambda: state.calibration is not None, timeout=TIMEOUT_MS)
+    with qtbot.waitSignal(state.sigMessage, timeout=TIMEOUT_MS) as said:
+        assert not state.apply_strategy("cold-layers", "hostsim:0", 1000)
+    assert said.args[0] == "Cold layers: hostsim:0's budget of 0.0 MiB is less than one MoE layer's experts (0.2 MiB)"
+    assert state.placement.describe() == "0-2=cpu:0" and not state.undo_text
