@@ -12,10 +12,12 @@ import os
 from collections.abc import Callable
 from typing import NamedTuple
 
-from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt, Slot
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QSortFilterProxyModel, Qt, Slot
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableView, QVBoxLayout, QWidget
 
+from engine.errors import EngineError
+from engine.placement import Placement
 from engine.profile import atomic_write
 
 from . import theme
@@ -24,8 +26,37 @@ from .state import RunRecord, WorkbenchState
 _ROOT = QModelIndex()  # the invalid index: Qt's default parent
 
 
-def _rate(v: float) -> str:
-    return f"{v:.1f}" if math.isfinite(v) else "-"
+def _rate(v: float | None) -> str:
+    return f"{v:.1f}" if v is not None and math.isfinite(v) else "-"
+
+
+def _blank(v: float | None) -> str:
+    """A speed that may be unknown: blank then (the prediction before the devices are measured)."""
+    return f"{v:.1f}" if v is not None and math.isfinite(v) else ""
+
+
+def _number(v) -> float | str:
+    return v if isinstance(v, (int, float)) and math.isfinite(v) else ""
+
+
+def predicted(r: RunRecord) -> float | None:
+    """The cost model's tokens/s for the run's placement when the run started (None before the devices were
+    measured, and for records that do not carry it)."""
+    return getattr(r, "predicted_tokens_per_second", None)
+
+
+def spread(r: RunRecord) -> tuple[float, float] | None:
+    """(slowest, fastest) pass's decode tokens/s when the record carries them (median, min, max over repeats)."""
+    lo = getattr(r, "decode_tokens_per_second_min", None)
+    hi = getattr(r, "decode_tokens_per_second_max", None)
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return None
+    return lo, hi
+
+
+def _started(r: RunRecord) -> str:
+    """RunRecord.started as a date and time ('2026-12-02T19:04:02' -> '2026-12-02 19:04:02'; a time as it is)."""
+    return str(r.started).replace("T", " ")[:19]
 
 
 def _accept(r: RunRecord) -> str:
@@ -52,7 +83,7 @@ class Field(NamedTuple):
 # The one table of what a run shows: the history table's columns and write_csv's, in their order.
 FIELDS = [
     Field("#", lambda r: str(r.index), "run", lambda r: r.index),
-    Field("Time", lambda r: r.started, "time", lambda r: r.started),
+    Field("Started", _started, "time", lambda r: r.started),
     Field("Placement", lambda r: r.placement, "placement", lambda r: r.placement),
     Field("Mode", lambda r: r.mode, "mode", lambda r: r.mode),
     Field("Precision", lambda r: r.precision, "precision", lambda r: r.precision),
@@ -67,18 +98,49 @@ FIELDS = [
         "decode_tokens_per_second",
         lambda r: r.decode_tokens_per_second,
     ),
-    Field(None, None, "prefill_tokens_per_second", lambda r: r.prefill_tokens_per_second),
+    Field(
+        "Prefill tok/s",
+        lambda r: _blank(r.prefill_tokens_per_second),
+        "prefill_tokens_per_second",
+        lambda r: r.prefill_tokens_per_second,
+    ),
+    Field(
+        "Predicted tok/s",
+        lambda r: _blank(predicted(r)),
+        "predicted_tokens_per_second",
+        lambda r: _number(predicted(r)),
+    ),  # fmt: skip
     Field("Accept", _accept, "accept_rate", lambda r: "" if r.accept_rate is None else r.accept_rate),
     Field("Hash", lambda r: r.short_hash, "output_sha256", lambda r: r.output_hash),
     Field("Output", _output, "output", _output),
     Field(None, None, "cancelled", lambda r: r.cancelled),
 ]
 COLUMNS = [f for f in FIELDS if f.header is not None]  # the history table's
-NUMERIC = {"#", "Decode tok/s", "Accept", "Tokens"}
+NUMERIC = {"#", "Decode tok/s", "Prefill tok/s", "Predicted tok/s", "Accept", "Tokens"}
 PRECISION_TIPS = {
     "f32": "activations meet exactly dequantized weights in f32: the reference",
     "q8": "activations quantized to int8 per block, as llama.cpp: not the reference (other logits)",
 }
+SortRole = Qt.ItemDataRole.UserRole + 1  # a cell's value for sorting: numbers as numbers, unknown lowest
+
+
+def column(header: str) -> int:
+    """The history table's column of a heading."""
+    return next(i for i, f in enumerate(COLUMNS) if f.header == header)
+
+
+def _sort_value(r: RunRecord, header: str) -> float | str:
+    if header == "#":
+        return float(r.index)
+    if header == "Tokens":
+        return float(r.prompts * r.tokens * r.repeats)
+    if header == "Accept":
+        return -1.0 if r.accept_rate is None else float(r.accept_rate)
+    if header in NUMERIC:
+        value = {"Decode tok/s": r.decode_tokens_per_second, "Prefill tok/s": r.prefill_tokens_per_second,
+                 "Predicted tok/s": predicted(r)}[header]  # fmt: skip
+        return float(value) if value is not None and math.isfinite(value) else -1.0
+    return str(next(f for f in COLUMNS if f.header == header).text(r))
 
 
 class HistoryModel(QAbstractTableModel):
@@ -99,6 +161,8 @@ class HistoryModel(QAbstractTableModel):
             self.beginResetModel()
             self._n = n
             self.endResetModel()
+        elif n:  # the same number of rows, perhaps other runs (a history read back for another model)
+            self.dataChanged.emit(self.index(0, 0), self.index(n - 1, len(COLUMNS) - 1))
 
     def rowCount(self, parent: QModelIndex = _ROOT) -> int:
         return 0 if parent.isValid() else self._n
@@ -118,11 +182,24 @@ class HistoryModel(QAbstractTableModel):
         name = COLUMNS[index.column()].header
         if role == Qt.ItemDataRole.DisplayRole:
             return COLUMNS[index.column()].text(r)
+        if role == SortRole:
+            return _sort_value(r, name)
         if role == Qt.ItemDataRole.ToolTipRole:
+            if name == "Decode tok/s":
+                lohi = spread(r)
+                passes = f"{r.repeats} passes" if r.repeats != 1 else "one pass"
+                if lohi is None:
+                    return f"Decode tokens/s: the median over {passes} over the prompts"
+                return f"Decode tokens/s: the median over {passes}; slowest {lohi[0]:.1f}, fastest {lohi[1]:.1f}"
+            if name == "Predicted tok/s":
+                return ("The cost model's decode tokens/s for this placement when the run started (blank: the devices "
+                        "were not measured yet)")  # fmt: skip
+            if name == "Prefill tok/s":
+                return "Prompt tokens per second of prefill (the draft's prefill included)"
+            if name == "Placement":
+                return f"{r.placement}\n\nDouble-click: put this placement back in the editor (undoable)"
             if name == "Hash":
                 return r.output_hash or "no complete output"
-            if name == "Placement":
-                return r.placement
             if name == "Draft":
                 return r.draft or "target-only greedy decoding"
             if name == "Precision":
@@ -153,33 +230,78 @@ def write_csv(path: str | os.PathLike, history: list[RunRecord]) -> None:
 
 
 class HistoryPanel(QWidget):
+    """The history table, sortable by any column (runs in order by default); a double-click on a run puts its
+    placement back in the editor, as one undoable edit."""
+
     def __init__(self, state: WorkbenchState, parent=None):
         super().__init__(parent)
+        self.state = state
         self.model = HistoryModel(state, self)
+        self.proxy = QSortFilterProxyModel(self)
+        self.proxy.setSourceModel(self.model)
+        self.proxy.setSortRole(SortRole)
         self.view = QTableView()
-        self.view.setModel(self.model)
+        self.view.setModel(self.proxy)
         self.view.verticalHeader().hide()
         self.view.setShowGrid(False)
         self.view.setAlternatingRowColors(True)
         self.view.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.view.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.view.setWordWrap(False)
-        self.view.setTextElideMode(Qt.TextElideMode.ElideMiddle)
+        self.view.setTextElideMode(Qt.TextElideMode.ElideRight)  # a placement's end goes, its start stays
+        self.view.setSortingEnabled(True)
+        self.view.sortByColumn(0, Qt.SortOrder.AscendingOrder)
         header = self.view.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
-        header.setSectionResizeMode(2, QHeaderView.ResizeMode.Stretch)
+        header.setSectionResizeMode(column("Placement"), QHeaderView.ResizeMode.Stretch)
+        header.setMinimumSectionSize(40)
         self.view.verticalHeader().setDefaultSectionSize(24)
+        self.setMinimumSize(280, 120)  # a few rows; the table scrolls
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 4, 8, 8)
         layout.addWidget(self.view)
         self.model.rowsInserted.connect(self._inserted)
+        self.view.doubleClicked.connect(self.restore)
         self._fit()
 
     def _fit(self) -> None:
         for col in range(self.model.columnCount()):
-            if col != 2:
+            if col != column("Placement"):
                 self.view.resizeColumnToContents(col)
 
     def _inserted(self, *_args) -> None:
         self._fit()
         self.view.scrollToBottom()
+
+    def record_at(self, index: QModelIndex) -> RunRecord:
+        """The run of a row of the view (sorted or not)."""
+        return self.state.history[self.proxy.mapToSource(index).row()]
+
+    @Slot(QModelIndex)
+    def restore(self, index: QModelIndex) -> bool:
+        """Put the run's placement in the editor (state.set_placement: one undoable edit)."""
+        if not index.isValid():
+            return False
+        return restore_placement(self.state, self.record_at(index))
+
+
+def restore_placement(state: WorkbenchState, record: RunRecord) -> bool:
+    """The placement a run was made with, back in the editor as one undoable edit; a run of another model, or a
+    placement the loaded model cannot take, is said in the status bar instead."""
+    model = state.model
+    if model is None:
+        state.sigMessage.emit("Open a model first")
+        return False
+    if record.target_path and model.target_path and record.target_path != model.target_path:
+        state.sigMessage.emit(f"Run {record.index} was made with another model ({record.target}): its placement is "
+                              "not restored")  # fmt: skip
+        return False
+    try:
+        placement = Placement.parse(record.placement, model.config, model.primary)
+    except EngineError as exc:
+        state.sigMessage.emit(f"Run {record.index}'s placement cannot be restored: {exc}")
+        return False
+    if placement == state.placement:
+        state.sigMessage.emit(f"Run {record.index}'s placement is the one in the editor")
+        return True
+    return state.set_placement(placement, f"placement of run {record.index}")

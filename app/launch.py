@@ -1,5 +1,5 @@
-"""Opening the window: `python -m app [--model PATH] [--draft PATH] [--profile FILE] [--screenshot PNG]` (a model is
-a Hugging Face folder or a .gguf file).
+"""Opening the window: `python -m app [--model PATH] [--draft PATH] [--profile FILE] [--screenshot PNG [--size WxH]]`
+(a model is a Hugging Face folder or a .gguf file).
 
 With no model the built-in synthetic demo pair opens (built into the cache the first time).
 """
@@ -31,7 +31,22 @@ def build_parser() -> argparse.ArgumentParser:
                    "hostsim when no accelerator is found)")  # fmt: skip
     p.add_argument("--theme", choices=("system", "light", "dark"), default="system")
     p.add_argument("--screenshot", metavar="PNG", help="open, make a short demo run, save the window as PNG, exit")
+    p.add_argument("--size", metavar="WxH", type=window_size,
+                   help="the window's size in pixels, e.g. 1100x720 (default: the last one, or 1560x980; "
+                   "1600x1000 for --screenshot)")  # fmt: skip
     return p
+
+
+def window_size(text: str) -> tuple[int, int]:
+    """'1100x720' -> (1100, 720); argparse's type for --size."""
+    width, sep, height = text.lower().partition("x")
+    try:
+        size = int(width), int(height)
+    except ValueError:
+        size = (0, 0)
+    if not sep or min(size) < 200 or max(size) > 16384:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a window size such as 1100x720 (200 to 16384 pixels)")
+    return size
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,8 +84,10 @@ def main(argv: list[str] | None = None) -> int:
 
         state.sigModelChanged.connect(open_profile)
     if args.screenshot:
-        from .screenshot import capture
+        from .screenshot import SIZE, capture
 
-        return capture(window, args.screenshot)
+        return capture(window, args.screenshot, size=args.size or SIZE)
+    if args.size:
+        window.resize(*args.size)
     window.show()
     return app.exec()

@@ -340,11 +340,23 @@ class DeviceColumnView(QTreeView):
             event.ignore()
             return
         self.state.preview_move(decoded[1], self.model().device)
+        self.set_drop_target(True)
         event.setDropAction(Qt.DropAction.MoveAction)
         event.accept()
 
+    def set_drop_target(self, on: bool) -> None:
+        """Highlight the column a drag hovers over (its frame, through the style sheet's dropTarget rule)."""
+        column = self.parentWidget()
+        if column is None or bool(column.property("dropTarget")) == on:
+            return
+        column.setProperty("dropTarget", on)
+        column.style().unpolish(column)
+        column.style().polish(column)
+        column.update()
+
     def dragLeaveEvent(self, event) -> None:
         super().dragLeaveEvent(event)
+        self.set_drop_target(False)
         self.state.clear_preview()
 
     def dropEvent(self, event) -> None:
@@ -352,6 +364,7 @@ class DeviceColumnView(QTreeView):
         data = event.mimeData()
         model = self.model()
         ok = model.dropMimeData(data, Qt.DropAction.MoveAction, -1, -1, QModelIndex())
+        self.set_drop_target(False)
         self.state.clear_preview()
         if ok:
             event.setDropAction(Qt.DropAction.CopyAction)  # nothing for the source view to remove
@@ -507,10 +520,10 @@ class PlacementEditor(QWidget):
         bar.addWidget(title)
         self.undo_button = QToolButton()
         self.undo_button.setIcon(theme.icon("undo"))
-        self.undo_button.clicked.connect(state.undo)
+        self.undo_button.clicked.connect(self.undo)
         self.redo_button = QToolButton()
         self.redo_button.setIcon(theme.icon("redo"))
-        self.redo_button.clicked.connect(state.redo)
+        self.redo_button.clicked.connect(self.redo)
         bar.addSpacing(8)
         bar.addWidget(self.undo_button)
         bar.addWidget(self.redo_button)
@@ -588,6 +601,20 @@ class PlacementEditor(QWidget):
         self.text.setText(text)
         self.text.setToolTip(f"{text}\n\nThe placement in its text form (as `expertbench run --placement` reads it)")
         self.banner.hide()
+
+    @Slot()
+    def undo(self) -> None:
+        """Undo the last edit and say which in the status bar (Edit > Undo and the editor's button)."""
+        self._step(self.state.undo_text, self.state.undo, "Undone")
+
+    @Slot()
+    def redo(self) -> None:
+        self._step(self.state.redo_text, self.state.redo, "Redone")
+
+    def _step(self, label: str, step, said: str) -> None:
+        if label:
+            step()
+            self.state.sigMessage.emit(f"{said}: {label}")
 
     @Slot()
     def _update_undo(self) -> None:

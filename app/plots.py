@@ -1,7 +1,11 @@
-"""Live plots: rolling decode tokens/s and acceptance of the current run, and per-run speed and output hash.
+"""Live plots: rolling decode tokens/s and acceptance of the current run, per-run speed and output hash, and a strip
+of the devices (how busy each was in the last run, or its share of the experts' bytes).
 
 The live curves are redrawn by a timer (20 Hz) from the state's LiveBuffer, one setData each; the per-run
-plots are redrawn when the history changes.
+plots are redrawn when the history changes. Per run, a point is the median decode tokens/s over the run's passes,
+with the slowest and the fastest pass as whiskers when the run record carries them; consecutive runs are joined
+by a line only when they share their settings (placement, mode, precision, draft and q, tokens) and both ran to
+the end. Every y axis starts at 0. A plot with nothing to show says so and shows no axes.
 """
 
 from __future__ import annotations
@@ -10,18 +14,58 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QTimer, Slot
-from PySide6.QtWidgets import QGridLayout, QWidget
+from PySide6.QtCore import QRectF, Qt, QTimer, Slot
+from PySide6.QtGui import QColor, QPainter
+from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from . import theme
-from .state import WorkbenchState
+from .state import RunRecord, WorkbenchState, format_bytes
 
 REFRESH_HZ = 20
+NO_DATA = "no data yet: start a run"
+RUNS_TIP = ("Each run's median decode tokens/s over its passes, with whiskers from the slowest to the fastest pass; a "
+            "line joins consecutive runs of the same settings only")  # fmt: skip
+BYTES_TIP = ("Each device's share of the placed experts' bytes: the share of the expert reads it serves while "
+             "decoding. "
+             "The window is not told each device's busy time during a run; a run record that carries it "
+             "(device_busy_share) shows it here once the run ends")  # fmt: skip
 
 
 def _of(record) -> str:
     """Which runs a run's output is compared with: those of its precision (q8 gives other logits than f32)."""
     return "" if record.precision == "f32" else f" of {record.precision} precision"
+
+
+def settings_key(r: RunRecord) -> tuple:
+    """What makes two runs' speeds comparable: the same placement, mode, precision, draft and q, and lengths."""
+    return (r.target, r.placement, r.mode, r.precision, r.draft, r.q, r.tokens, r.prompts)
+
+
+def joined(history: list[RunRecord]) -> np.ndarray:
+    """pyqtgraph's connect array for the per-run curve: run i joined to run i+1 when both finished and they share
+    their settings (a stopped run, or a change of settings, breaks the line)."""
+    out = np.zeros(len(history), dtype=bool)
+    for i in range(len(history) - 1):
+        a, b = history[i], history[i + 1]
+        finished = not a.cancelled and not b.cancelled
+        measured = math.isfinite(a.decode_tokens_per_second) and math.isfinite(b.decode_tokens_per_second)
+        out[i] = finished and measured and settings_key(a) == settings_key(b)
+    return out
+
+
+def whiskers(history: list[RunRecord]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(x, low, high) of the runs whose record carries the slowest and fastest pass (decode_tokens_per_second_min
+    and _max); records without them get no whisker."""
+    x, lo, hi = [], [], []
+    for r in history:
+        low = getattr(r, "decode_tokens_per_second_min", None)
+        high = getattr(r, "decode_tokens_per_second_max", None)
+        if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
+            continue
+        x.append(r.index)
+        lo.append(low)
+        hi.append(high)
+    return (np.array(x, dtype=np.float64), np.array(lo, dtype=np.float64), np.array(hi, dtype=np.float64))
 
 
 def _plot(title: str, left: str, bottom: str) -> pg.PlotWidget:
@@ -33,9 +77,150 @@ def _plot(title: str, left: str, bottom: str) -> pg.PlotWidget:
     w.setMenuEnabled(False)
     w.setMinimumSize(200, 100)
     w.getPlotItem().getViewBox().setDefaultPadding(0.04)
+    w.getPlotItem().getViewBox().setLimits(yMin=0)  # speeds and shares: never below 0
     for axis in ("left", "bottom"):
         w.getAxis(axis).enableAutoSIPrefix(False)
+    note = pg.TextItem(NO_DATA, color=theme.colors()["muted"], anchor=(0.5, 0.5))
+    w.addItem(note, ignoreBounds=True)
+    w.no_data = note
     return w
+
+
+def set_empty(plot: pg.PlotWidget, empty: bool, axes: tuple[str, ...] = ("left", "bottom")) -> None:
+    """An empty plot shows its note and no axes (no made-up scale); a plot with data its axes and no note."""
+    item = plot.getPlotItem()
+    for axis in axes:
+        item.showAxis(axis, not empty)
+    plot.no_data.setVisible(empty)
+    if empty:  # the note in the middle of a range that no axis shows
+        (_x0, _x1), (y0, y1) = item.getViewBox().viewRange()
+        if "left" in axes:
+            y0, y1 = 0.0, 1.0
+            plot.setYRange(y0, y1, padding=0)
+        plot.setXRange(0, 1, padding=0)
+        plot.no_data.setPos(0.5, (y0 + y1) / 2)
+
+
+def is_empty(plot: pg.PlotWidget) -> bool:
+    return plot.no_data.isVisible()
+
+
+def _y_from_zero(plot: pg.PlotWidget, values: np.ndarray, fallback: float = 1.0) -> None:
+    finite = values[np.isfinite(values)]
+    top = float(finite.max()) if finite.size else 0.0
+    plot.setYRange(0, top * 1.15 if top > 0 else fallback, padding=0)
+
+
+class DeviceBar(QWidget):
+    """One device of the strip: its name, a bar of a share (0..1, more than 1 is drawn full) and the share's text."""
+
+    def __init__(self, device: str, kind: str = "", parent=None):
+        super().__init__(parent)
+        self.device = device
+        self.color = theme.device_color(device, kind)
+        self.share: float | None = None
+        self.text = ""
+        self.setMinimumSize(150, 20)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+
+    def set_share(self, share: float | None, text: str, tip: str = "") -> None:
+        self.share, self.text = share, text
+        self.setToolTip(f"{self.device}: {tip or text}")
+        self.update()
+
+    def paintEvent(self, event) -> None:
+        c = theme.colors()
+        p = QPainter(self)
+        p.setRenderHint(QPainter.RenderHint.Antialiasing)
+        metrics = self.fontMetrics()
+        name_w = metrics.horizontalAdvance(self.device) + 8
+        rect = QRectF(self.rect()).adjusted(0.5, 0.5, -0.5, -0.5)
+        p.setPen(QColor(c["text"]))
+        left, right, middle = Qt.AlignmentFlag.AlignLeft, Qt.AlignmentFlag.AlignRight, Qt.AlignmentFlag.AlignVCenter
+        p.drawText(rect, left | middle, self.device)
+        track = QRectF(rect.left() + name_w, rect.top() + 3, max(10.0, rect.width() - name_w), rect.height() - 6)
+        p.setPen(QColor(c["border"]))
+        p.setBrush(QColor(c["alt"]))
+        p.drawRoundedRect(track, 3, 3)
+        if self.share is not None:
+            fill = QRectF(track)
+            fill.setWidth(track.width() * min(max(self.share, 0.0), 1.0))
+            p.setPen(Qt.PenStyle.NoPen)
+            p.setBrush(self.color)
+            p.drawRoundedRect(fill, 3, 3)
+        p.setPen(QColor(c["text"]))
+        p.drawText(track.adjusted(6, 0, -6, 0), right | middle, self.text)
+        p.end()
+
+
+class DeviceStrip(QWidget):
+    """A small bar per device, as nvtop shows them: the share of the last run's time each device spent running
+    kernels when the run record carries it (device_busy_share); otherwise each device's share of the placed
+    experts' bytes, and the caption says that busy time is not reported to the window."""
+
+    def __init__(self, state: WorkbenchState, parent=None):
+        super().__init__(parent)
+        self.state = state
+        self.bars: dict[str, DeviceBar] = {}
+        self.source = "none"  # "busy" (a run's busy shares) or "bytes" (the placement's bytes shares)
+        self.row = QHBoxLayout(self)
+        self.row.setContentsMargins(0, 0, 0, 0)
+        self.row.setSpacing(12)
+        self.caption = QLabel()
+        self.caption.setObjectName("muted")
+        self.row.addWidget(self.caption)
+        for sig in (state.sigEngineChanged, state.sigModelChanged, state.sigPlacementChanged, state.sigRunStarted,
+                    state.sigHistoryChanged):  # fmt: skip
+            sig.connect(self.refresh)
+        self.refresh()
+
+    def values(self) -> dict[str, float]:
+        return {name: bar.share for name, bar in self.bars.items() if bar.share is not None}
+
+    def _rebuild(self, devices: list[tuple[str, str]]) -> None:
+        if list(self.bars) == [name for name, _kind in devices]:
+            return
+        for bar in self.bars.values():
+            self.row.removeWidget(bar)
+            bar.deleteLater()
+        self.bars = {}
+        for name, kind in devices:
+            bar = DeviceBar(name, kind)
+            self.bars[name] = bar
+            self.row.addWidget(bar, 1)
+
+    @Slot()
+    def refresh(self) -> None:
+        s = self.state
+        self._rebuild([(d.name, d.kind) for d in s.devices])
+        last = s.history[-1] if s.history else None
+        busy = getattr(last, "device_busy_share", None) if last is not None else None
+        where = "decoding…" if s.running else (f"run {last.index}" if last is not None else "")
+        if busy and not s.running:
+            self.source = "busy"
+            self.caption.setText(f"Busy ({where}):")
+            self.caption.setToolTip(f"The share of {where}'s decode steps each device spent running kernels (several "
+                                    "threads or streams can make it exceed 100 %)")  # fmt: skip
+            for name, bar in self.bars.items():
+                share = busy.get(name)
+                bar.set_share(share, "-" if share is None else f"{100 * share:.0f} % busy")
+            return
+        used = dict(getattr(s, "used_bytes", {}) or {})
+        total = sum(used.values())
+        if s.model is None or total <= 0:
+            self.source = "none"
+            self.caption.setText("Devices: no model loaded" if s.model is None else "Devices: no experts placed")
+            self.caption.setToolTip("")
+            for bar in self.bars.values():
+                bar.set_share(None, "")
+            return
+        self.source = "bytes"
+        self.caption.setText("Experts' bytes (decoding):" if s.running else "Experts' bytes:")
+        self.caption.setToolTip(BYTES_TIP)
+        for name, bar in self.bars.items():
+            share = used.get(name, 0) / total
+            held = format_bytes(used.get(name, 0))
+            bar.set_share(share, f"{100 * share:.0f} %", f"{100 * share:.0f} % of the placed experts' bytes ({held})")
 
 
 class LivePlots(QWidget):
@@ -43,16 +228,24 @@ class LivePlots(QWidget):
         super().__init__(parent)
         self.state = state
         c = theme.colors()
-        grid = QGridLayout(self)
-        grid.setContentsMargins(8, 4, 8, 8)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(8, 4, 8, 8)
+        outer.setSpacing(6)
+        self.devices = DeviceStrip(state)
+        outer.addWidget(self.devices)
+        grid = QGridLayout()
         grid.setSpacing(8)
+        outer.addLayout(grid, 1)
         self.rate_plot = _plot("Decode tokens/s (rolling, this run)", "tokens/s", "seconds")
         self.accept_plot = _plot("Draft acceptance (rolling, this run)", "%", "seconds")
-        self.accept_plot.setYRange(0, 100, padding=0.05)
         self.runs_plot = _plot("Decode tokens/s per run", "tokens/s", "run")
-        self.hash_plot = _plot("Output hash per run (vs. the reference run)", "", "run")
+        self.runs_plot.setToolTip(RUNS_TIP)
+        self.hash_plot = _plot("Output hash per run", "", "")
+        self.hash_plot.setToolTip("Each run's output hash against the reference run (the first complete run of the "
+                                  "same prompts, length and precision)")  # fmt: skip
         self.hash_plot.getPlotItem().hideAxis("left")
         self.hash_plot.setYRange(-0.6, 1.2, padding=0)
+        self.hash_plot.getPlotItem().getViewBox().setLimits(yMin=-1.0)  # marks at 0, their hashes above
         self.hash_plot.setMouseEnabled(x=True, y=False)
         for i, w in enumerate((self.rate_plot, self.accept_plot, self.runs_plot, self.hash_plot)):
             grid.addWidget(w, i // 2, i % 2)
@@ -62,10 +255,18 @@ class LivePlots(QWidget):
         for curve in (self.rate_curve, self.accept_curve):
             curve.setClipToView(True)
             curve.setDownsampling(auto=True, method="peak")
+        self.runs_whiskers = pg.ErrorBarItem(x=np.zeros(0), y=np.zeros(0), beam=0.25, pen=pg.mkPen(accent, width=1.2))
+        self.runs_plot.addItem(self.runs_whiskers)
         self.runs_curve = self.runs_plot.plot(pen=pg.mkPen(accent, width=1.5), symbol="o", symbolSize=7,
                                               symbolBrush=accent, symbolPen=None)  # fmt: skip
         self.hash_marks = pg.ScatterPlotItem(size=13)
         self.hash_plot.addItem(self.hash_marks)
+        self.hash_legend = pg.LegendItem(labelTextColor=c["muted"], colCount=4, labelTextSize="8pt",
+                                         horSpacing=4)  # fmt: skip
+        self.hash_plot.getPlotItem().layout.addItem(self.hash_legend, 4, 1)  # a row below the axis, off the marks
+        for brush, symbol, name in self._hash_styles():
+            sample = pg.ScatterPlotItem(size=10, symbol=symbol, brush=pg.mkBrush(brush), pen=None)
+            self.hash_legend.addItem(sample, name)
         self._hash_labels: list[pg.TextItem] = []
         self._colors = c
         self.timer = QTimer(self)
@@ -74,7 +275,22 @@ class LivePlots(QWidget):
         state.sigRunStarted.connect(self._started)
         state.sigRunFinished.connect(self._finished)
         state.sigHistoryChanged.connect(self.refresh_runs)
+        self.refresh_live()
         self.refresh_runs()
+
+    @staticmethod
+    def _hash_styles() -> list[tuple[str, str, str]]:
+        """(colour, symbol, legend text) of the hash plot's marks: reference, same, changed, stopped."""
+        c = theme.colors()
+        return [(c["highlight"], "d", "reference"), (c["ok"], "o", "same"), (c["bad"], "x", "changed"),
+                (c["muted"], "t", "stopped")]  # fmt: skip
+
+    def legend_names(self) -> list[str]:
+        return [label.text for _sample, label in self.hash_legend.items]
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self.refresh_runs()  # as many hash labels as the width has room for
 
     @Slot()
     def _started(self) -> None:
@@ -92,31 +308,50 @@ class LivePlots(QWidget):
         self.rate_curve.setData(t, rate, connect="finite")
         ok = np.isfinite(accept)
         self.accept_curve.setData(t[ok], accept[ok])
+        set_empty(self.rate_plot, len(t) == 0)
+        set_empty(self.accept_plot, not ok.any())
+        if len(t):
+            self.rate_plot.enableAutoRange(x=True)
+            _y_from_zero(self.rate_plot, rate)
+        if ok.any():
+            self.accept_plot.enableAutoRange(x=True)
+            self.accept_plot.setYRange(0, 100, padding=0.05)
 
     @Slot()
     def refresh_runs(self) -> None:
         history = self.state.history
         x = np.array([r.index for r in history], dtype=np.float64)
         y = np.array([r.decode_tokens_per_second for r in history], dtype=np.float64)
-        self.runs_curve.setData(x, y, connect="finite")
         c = theme.colors()
+        brushes = [pg.mkBrush(c["muted"] if r.cancelled else theme.KIND_COLORS["cpu"]) for r in history]
+        self.runs_curve.setData(x, y, connect=joined(history), symbolBrush=brushes)
+        wx, lo, hi = whiskers(history)
+        med = {r.index: r.decode_tokens_per_second for r in history}
+        wy = np.array([med[int(i)] for i in wx], dtype=np.float64)
+        self.runs_whiskers.setData(x=wx, y=wy, top=hi - wy, bottom=wy - lo)
+        set_empty(self.runs_plot, len(history) == 0)
+        set_empty(self.hash_plot, len(history) == 0, ("bottom",))
+        self.hash_legend.setVisible(bool(history))
         spots = []
         for item in self._hash_labels:
             self.hash_plot.removeItem(item)
         self._hash_labels.clear()
+        styles = {name: (brush, symbol) for brush, symbol, name in self._hash_styles()}
         for r in history:
             if not r.output_hash:
-                brush, symbol, tip = c["muted"], "t", "no complete output (stopped)"
+                key, tip = "stopped", "no complete output (stopped)"
             elif r.is_reference:
-                brush, symbol, tip = c["highlight"], "d", f"the reference run{_of(r)}"
+                key, tip = "reference", f"the reference run{_of(r)}"
             elif r.stable:
-                brush, symbol, tip = c["ok"], "o", f"same output as the reference run{_of(r)}"
+                key, tip = "same", f"same output as the reference run{_of(r)}"
             else:
-                brush, symbol, tip = c["bad"], "x", f"output CHANGED from the reference run{_of(r)}"
+                key, tip = "changed", f"output CHANGED from the reference run{_of(r)}"
+            brush, symbol = styles[key]
             spots.append({"pos": (r.index, 0), "brush": pg.mkBrush(brush), "symbol": symbol, "pen": None,
                           "data": f"run {r.index}: {tip}"})  # fmt: skip
         self.hash_marks.setData(spots)
-        for r in history[-16:]:  # labels only for the last runs: more would overlap
+        room = max(1, min(16, int(self.hash_plot.width() / 80)))  # a hash label takes about 80 pixels
+        for r in history[-room:]:  # labels only for the last runs: more would overlap
             label = pg.TextItem(r.short_hash[:8], color=c["muted"], anchor=(0.5, 1.0), angle=0)
             label.setPos(r.index, 0.45)
             self.hash_plot.addItem(label)
@@ -125,12 +360,10 @@ class LivePlots(QWidget):
         for plot in (self.runs_plot, self.hash_plot):
             plot.getAxis("bottom").setTickSpacing(step, step)
         if history:
-            lo = max(0.5, history[-1].index - 15.5)
-            self.hash_plot.setXRange(lo, history[-1].index + 0.5, padding=0)
+            lo_x = max(0.5, history[-1].index - room + 0.5)
+            self.hash_plot.setXRange(lo_x, history[-1].index + 0.5, padding=0)
             self.runs_plot.setXRange(0.5, history[-1].index + 0.5, padding=0.02)
-            finite = y[np.isfinite(y)]
-            if finite.size and not math.isclose(finite.max(), 0):
-                self.runs_plot.setYRange(0, finite.max() * 1.15, padding=0)
+            _y_from_zero(self.runs_plot, np.concatenate([y, hi]))
 
     def export_png(self, path: str) -> bool:
         return self.grab().save(path, "PNG")

@@ -13,6 +13,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Signal, Slot
 from PySide6.QtWidgets import (
+    QBoxLayout,
     QComboBox,
     QGridLayout,
     QGroupBox,
@@ -103,9 +104,14 @@ class RoutingPanel(QWidget):
         super().__init__(parent)
         self.state = state
         self.prompts_source = prompts_source  # callable returning the run panel's prompts
-        outer = QVBoxLayout(self)
-        outer.setContentsMargins(8, 4, 8, 8)
+        # The map and the strategies one above the other, or side by side in a wide, low dock (the compact
+        # arrangement's tab below the editor).
+        self.body = QBoxLayout(QBoxLayout.Direction.TopToBottom, self)
+        self.body.setContentsMargins(8, 4, 8, 8)
+        self.body.setSpacing(8)
+        outer = QVBoxLayout()
         outer.setSpacing(8)
+        self.body.addLayout(outer, 1)
         top = QHBoxLayout()
         self.profile_button = QPushButton(theme.icon("profile"), "Profile routing")
         self.profile_button.clicked.connect(self.profile)
@@ -121,8 +127,10 @@ class RoutingPanel(QWidget):
         self.caption = QLabel()
         self.caption.setObjectName("muted")
         self.caption.setWordWrap(True)
+        self.caption.setMinimumWidth(120)
         self.heatmap.sigHover.connect(lambda text: self.caption.setText(text or self._caption()))
         outer.addWidget(self.caption)
+        self._runs: list[int] = []  # the runs whose decodes the counts hold (since the model was loaded or reset)
         box = QGroupBox("Strategies")
         grid = QGridLayout(box)
         grid.setHorizontalSpacing(6)
@@ -131,6 +139,7 @@ class RoutingPanel(QWidget):
         self.single_button.setToolTip("Every expert of every MoE layer on the chosen device")
         self.single_button.clicked.connect(self.all_on)
         self.device_combo = QComboBox()
+        self.device_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.uniform_button = QPushButton(theme.icon("uniform"), "Uniform split")
         self.uniform_button.setToolTip("MoE layers in equal contiguous blocks, one block per device")
         self.uniform_button.clicked.connect(self.uniform)
@@ -141,6 +150,7 @@ class RoutingPanel(QWidget):
         fast_row.setSpacing(6)
         fast_label = QLabel("Fast device")
         self.fast_combo = QComboBox()
+        self.fast_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)  # never "hostsim:"
         self.fast_combo.setToolTip("The device the strategies below fill first")
         self._fast_chosen = ""  # the user's pick, kept while that device exists; else _default_fast()
         self.fast_combo.activated.connect(lambda _i: setattr(self, "_fast_chosen", self.fast_combo.currentText()))
@@ -174,7 +184,10 @@ class RoutingPanel(QWidget):
         predicted.addWidget(self.measuring)
         predicted.addWidget(self.predicted)
         grid.addLayout(predicted, 4, 1)
-        outer.addWidget(box)
+        self.body.addWidget(box)
+        self.strategies_box = box
+        state.sigModelChanged.connect(self._runs.clear)
+        state.sigRunFinished.connect(self._run_finished)
         for sig in (state.sigModelChanged, state.sigRoutingChanged, state.sigEngineChanged,
                     state.sigCalibrationChanged):  # fmt: skip
             sig.connect(self.refresh)
@@ -233,16 +246,47 @@ class RoutingPanel(QWidget):
         self._budget_tip()
         self._show_prediction()
 
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        size = event.size()
+        wide = size.width() > 1.6 * size.height() and size.width() >= 560
+        direction = QBoxLayout.Direction.LeftToRight if wide else QBoxLayout.Direction.TopToBottom
+        if self.body.direction() != direction:
+            self.body.setDirection(direction)
+
+    @Slot(object)
+    def _run_finished(self, record) -> None:
+        if record is not None:
+            self._runs.append(record.index)
+
+    def routed_runs(self) -> list[int]:
+        """The runs whose decodes the counts hold: the state's own account when it keeps one (routing_runs), else
+        the runs finished since the model was loaded or the counts were reset."""
+        runs = getattr(self.state, "routing_runs", None)
+        if runs is not None:
+            return [int(r) for r in runs]
+        return list(self._runs)
+
     def _caption(self) -> str:
         """What the map counts: the tokens each MoE layer routed (profiling passes and runs; measurements of the
-        devices never count) since the model was loaded or the counts were reset."""
+        devices never count) since the model was loaded or the counts were reset, and over which runs."""
         stats = self.state.routing_stats
         if stats is None:
+            self._runs.clear()  # reset (or never counted): the next counts start with the next run
             return ""
-        tokens = [int(t) for t in stats.tokens if t > 0]
-        routed = f"{max(tokens)} tokens per MoE layer" if tokens else "no tokens"
-        return (f"Hits of {routed} (top-{stats.top_k}), from profiling and runs since the model was loaded or reset; "
-                "device measurements do not count. Hover for a value.")  # fmt: skip
+        tokens = getattr(self.state, "routing_tokens", None)
+        if tokens is None:
+            routed = [int(t) for t in stats.tokens if t > 0]
+            tokens = max(routed) if routed else 0
+        runs = self.routed_runs()
+        if not runs:
+            over = "from profiling"
+        elif len(runs) == 1:
+            over = f"over run {runs[0]}"
+        else:
+            over = f"over runs {min(runs)}-{max(runs)}"
+        return (f"Hits of {tokens} tokens per MoE layer (top-{stats.top_k}) {over}, since the model was loaded or "
+                "the counts were reset; device measurements do not count. Hover for a value.")  # fmt: skip
 
     def _default_fast(self) -> str:
         """An accelerator if there is one, else a device other than the primary, else the primary."""

@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine.demo import DEMO_PROMPTS, quant_formats
-from engine.profile import Profile
+from engine.profile import DEFAULT_REPEATS, Profile
 from engine.run import PRECISIONS, REDUCTION_MODES
 from engine.speculative import MAX_DRAFT_TOKENS
 
@@ -75,27 +75,25 @@ class RunPanel(QWidget):
         for precision in PRECISIONS:
             self.precision.addItem(PRECISION_TEXT.get(precision, precision), precision)
         self.precision.setToolTip(PRECISION_TIP)
+        for combo in (self.mode, self.precision):  # they may show less than their longest text in a narrow panel
+            combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+            combo.setMinimumContentsLength(10)
         self.tokens = QSpinBox()
         self.tokens.setRange(1, 4096)
         self.tokens.setValue(64)
         self.tokens.setSuffix(" per prompt")
         self.repeats = QSpinBox()
         self.repeats.setRange(1, 1000)
-        self.repeats.setValue(1)
+        self.repeats.setValue(DEFAULT_REPEATS)
         self.repeats.setSuffix(" ×")
-        row = QHBoxLayout()
-        row.setSpacing(6)
-        row.addWidget(self.q)
-        row.addWidget(QLabel("mode"))
-        row.addWidget(self.mode, 1)
-        form.addRow("q", row)
+        self.repeats.setToolTip("Passes over the prompts: the history and the plots show the median tokens/s, with "
+                                "the slowest and the fastest pass")  # fmt: skip
+        # One setting a row: the panel stays narrow enough for the compact arrangement's left column.
+        form.addRow("q", self.q)
+        form.addRow("Mode", self.mode)
         form.addRow("Precision", self.precision)
-        row2 = QHBoxLayout()
-        row2.setSpacing(6)
-        row2.addWidget(self.tokens, 1)
-        row2.addWidget(QLabel("repeats"))
-        row2.addWidget(self.repeats)
-        form.addRow("Tokens", row2)
+        form.addRow("Tokens", self.tokens)
+        form.addRow("Repeats", self.repeats)
         outer.addLayout(form)
         prompts_label = QLabel("Prompts (one per line)")
         prompts_label.setObjectName("muted")

@@ -2,6 +2,7 @@
 buttons (the first measures the devices for the cost model), make short runs, and save the window as a PNG.
 
     python -m app --screenshot assets/screenshot.png
+    expertbench gui --screenshot small.png --size 1100x720
 
 Runs without a display (Qt's offscreen platform); every step waits on the state's signals, never on a clock,
 except an overall time limit so that a broken engine cannot hang it.
@@ -70,15 +71,18 @@ def _strategy(app: QApplication, window: MainWindow, name: str, errors: list[str
         errors.append(f"the {name} strategy did not apply in time")
 
 
-def capture(window: MainWindow, path: str, tokens: int = 32, runs: int = 3, budget: int = 50) -> int:
+def capture(
+    window: MainWindow, path: str, tokens: int = 32, runs: int = 3, budget: int = 50, size: tuple[int, int] = SIZE
+) -> int:
     app = QApplication.instance()
     state = window.state
     errors: list[str] = []
     state.sigError.disconnect(window.show_error)  # no modal dialog: report on stderr and fail
     state.sigError.connect(lambda title, text: errors.append(f"{title}: {text}"))
-    window.resize(*SIZE)
-    window.default_sizes()
+    window.resize(*size)
     window.show()
+    app.processEvents()
+    window.default_sizes()  # once the window has its size: the docks' default share of it
     if not _wait(app, state.sigModelChanged, done=lambda: state.model is not None or bool(errors)):
         errors.append("the model did not load in time")
     if state.model is not None and state.profile_routing(window.run_panel.settings().prompts):
@@ -89,7 +93,6 @@ def capture(window: MainWindow, path: str, tokens: int = 32, runs: int = 3, budg
         _strategy(app, window, "cold-layers", errors)
     panel = window.run_panel
     panel.tokens.setValue(tokens)
-    panel.repeats.setValue(1)
     for i in range(runs):
         if errors or state.model is None:
             break

@@ -6,17 +6,27 @@ one file serves both palettes (the run icons carry their own colours).
 
 from __future__ import annotations
 
+import html
 import os
 from functools import lru_cache
 from pathlib import Path
 
 import pyqtgraph as pg
-from PySide6.QtCore import QByteArray, QRectF, Qt
+from PySide6.QtCore import QByteArray, QEvent, QObject, QRectF, Qt
 from PySide6.QtGui import QColor, QGuiApplication, QIcon, QPainter, QPalette, QPixmap
 from PySide6.QtSvg import QSvgRenderer
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QAbstractItemView, QApplication, QMenu, QToolTip, QWidget
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+
+def _assets() -> Path:
+    """assets/: app/assets in an installed package (pyproject maps the repository's assets/ there), else the
+    source tree's."""
+    here = Path(__file__).resolve().parent
+    installed = here / "assets"
+    return installed if (installed / "icons").is_dir() else here.parent / "assets"
+
+
+ASSETS = _assets()
 
 LIGHT = {
     "window": "#f3f4f6", "base": "#ffffff", "alt": "#f7f8fa", "text": "#1d2430", "muted": "#6b7280",
@@ -99,6 +109,17 @@ def make_palette(dark: bool) -> QPalette:
     return p
 
 
+def checkbox_palette(dark: bool) -> QPalette:
+    """Check boxes' own palette. Fusion outlines a check box in the window colour darkened by 140 %: in the dark
+    palette that is near black on a near-black box, so the box gets a lighter window colour (its outline) and
+    base (its fill) here; the label's text keeps the palette's."""
+    p = make_palette(dark)
+    if dark:
+        p.setColor(QPalette.ColorRole.Window, QColor("#8a939f"))
+        p.setColor(QPalette.ColorRole.Base, QColor("#323943"))
+    return p
+
+
 def apply_theme(app: QApplication, dark: bool | None = None) -> bool:
     """Fusion style with our palette (light or dark: the system's when dark is None); returns dark."""
     if dark is None:
@@ -107,6 +128,7 @@ def apply_theme(app: QApplication, dark: bool | None = None) -> bool:
     _current.clear()
     _current.update(DARK if dark else LIGHT)
     app.setPalette(make_palette(dark))
+    app.setPalette(checkbox_palette(dark), "QCheckBox")
     app.setStyleSheet(STYLE_SHEET.format(**_current))
     pg.setConfigOptions(antialias=True, background=_current["base"], foreground=_current["text"])
     icon.cache_clear()
@@ -121,6 +143,7 @@ QGroupBox {{ font-weight: 600; border: 1px solid {border}; border-radius: 6px; m
              padding: 10px 8px 8px 8px; }}
 QGroupBox::title {{ subcontrol-origin: margin; left: 10px; padding: 0 4px; }}
 QFrame#deviceColumn {{ background: {base}; border: 1px solid {border}; border-radius: 8px; }}
+QFrame#deviceColumn[dropTarget="true"] {{ border: 2px solid {highlight}; background: {chip}; }}
 QLabel#muted {{ color: {muted}; }}
 QLabel#heading {{ font-weight: 600; }}
 QLabel#banner {{ color: {warn}; }}
@@ -166,3 +189,48 @@ def heat_color(value: float) -> QColor:
     """0..1 to a cold-to-hot colour (the heat map's colour map)."""
     cmap = pg.colormap.get("inferno")
     return cmap.map(0.15 + 0.8 * min(max(value, 0.0), 1.0), mode="qcolor")
+
+
+TIP_WRAP = 80  # characters: a plain tooltip longer than this is shown wrapped
+
+
+def wrapped_tip(text: str | None) -> str | None:
+    """A tooltip as Qt shows it wrapped: plain text longer than TIP_WRAP becomes rich text (which Qt wraps at about
+    80 characters), its line breaks kept; rich text and short text as they are."""
+    if not text or len(text) <= TIP_WRAP or Qt.mightBeRichText(text):
+        return text
+    return f"<p style='white-space:pre-wrap'>{html.escape(text)}</p>"
+
+
+class TipWrapper(QObject):
+    """Every tooltip of the application wrapped (wrapped_tip): a widget's, an item view's (its model's
+    ToolTipRole) and a menu action's, so that none is a line across the screen."""
+
+    def eventFilter(self, obj, event) -> bool:
+        if event.type() != QEvent.Type.ToolTip or not isinstance(obj, QWidget):
+            return False
+        text = None
+        view = obj.parent()
+        if isinstance(view, QAbstractItemView) and obj is view.viewport():
+            index = view.indexAt(event.pos())
+            text = index.data(Qt.ItemDataRole.ToolTipRole) if index.isValid() else None
+        elif isinstance(obj, QMenu):
+            action = obj.actionAt(event.pos())
+            text = action.toolTip() if action is not None and obj.toolTipsVisible() else None
+        else:
+            text = obj.toolTip()
+        if not isinstance(text, str) or wrapped_tip(text) == text:
+            return False  # Qt's own handling
+        QToolTip.showText(event.globalPos(), wrapped_tip(text), obj)
+        return True
+
+
+_tip_wrapper: TipWrapper | None = None
+
+
+def wrap_tooltips(app: QApplication) -> None:
+    """Install the TipWrapper on the application (once)."""
+    global _tip_wrapper
+    if _tip_wrapper is None:
+        _tip_wrapper = TipWrapper()
+        app.installEventFilter(_tip_wrapper)

@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import html
+import importlib.metadata
 from pathlib import Path
 
-from PySide6.QtCore import QSettings, Qt, Slot
-from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QGuiApplication, QKeySequence
+from PySide6.QtCore import QRect, QSettings, QSize, Qt, QTimer, Slot
+from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QGuiApplication, QKeySequence, QResizeEvent
 from PySide6.QtWidgets import (
     QApplication,
+    QDialog,
+    QDialogButtonBox,
     QDockWidget,
     QFileDialog,
-    QInputDialog,
+    QFrame,
     QLabel,
     QMainWindow,
     QMessageBox,
+    QPlainTextEdit,
     QProgressBar,
+    QPushButton,
+    QScrollArea,
+    QVBoxLayout,
     QWidget,
 )
 
@@ -32,7 +40,9 @@ from .run_panel import RunPanel
 from .state import WorkbenchState
 
 MAX_RECENT = 8
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2  # 2: the compact and wide arrangements (a layout saved before them is not restored)
+COMPACT_WIDTH = 1200  # narrower windows show the side panels as tabs (the compact arrangement)
+DEFAULT_SIZE = (1560, 980)  # the first launch's size, or the screen's available area less a margin
 DEMO_SIZE = "default"  # the demo pair File > Open demo model pair opens (engine.demo.SIZES)
 SYNTHETIC = "synthetic: random weights, its text is noise by design"
 
@@ -76,6 +86,87 @@ WEIGHTS_TIPS = {
 }
 
 
+def version() -> str:
+    try:
+        return importlib.metadata.version("expertbench")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
+
+
+README = Path(__file__).resolve().parent.parent / "README.md"  # present in a source tree, not in a wheel
+
+
+def about_text() -> str:
+    """Help > About: the version, what the tool is, and where its documentation is."""
+    readme = (f'<a href="{README.as_uri()}">README.md</a> (the switches, the profile format, the commands)'
+              if README.is_file() else "the README in expertbench's source")  # fmt: skip
+    return (f"<h3>expertbench {html.escape(version())}</h3>"
+            "<p>A tuning workbench for Mixture-of-Experts LLMs on mixed hardware: place experts on devices, run "
+            "decodes with a draft model, compare speed and output hashes, save the placement as a profile.</p>"
+            f"<p>Documentation: {readme}.<br>The commands: <code>expertbench --help</code>; the window's options: "
+            "<code>expertbench gui --help</code>.</p>")  # fmt: skip
+
+
+class CommandDialog(QDialog):
+    """A command line to copy: a note above it, the text selectable, a Copy button (the clipboard) and Close."""
+
+    def __init__(self, title: str, note: str, command: str, parent=None):
+        super().__init__(parent)
+        self.setWindowTitle(title)
+        layout = QVBoxLayout(self)
+        label = QLabel(note)
+        label.setWordWrap(True)
+        layout.addWidget(label)
+        self.text = QPlainTextEdit(command)
+        self.text.setReadOnly(True)
+        self.text.setMinimumSize(520, 120)
+        layout.addWidget(self.text, 1)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        self.copy_button = QPushButton(theme.icon("export"), "Copy")
+        self.copy_button.setToolTip("Copy the arguments to the clipboard")
+        buttons.addButton(self.copy_button, QDialogButtonBox.ButtonRole.ActionRole)
+        self.copy_button.clicked.connect(self.copy)
+        buttons.rejected.connect(self.reject)
+        layout.addWidget(buttons)
+
+    @Slot()
+    def copy(self) -> None:
+        QGuiApplication.clipboard().setText(self.text.toPlainText())
+        self.copy_button.setText("Copied")
+
+
+def scrolling(panel: QWidget) -> QScrollArea:
+    """A panel in a scroll area: the dock may be smaller than the panel wants, and nothing overlaps then."""
+    area = QScrollArea()
+    area.setWidget(panel)
+    area.setWidgetResizable(True)
+    area.setFrameShape(QFrame.Shape.NoFrame)
+    area.setMinimumSize(160, 90)
+    return area
+
+
+def parse_rect(value) -> QRect | None:
+    """'x,y,w,h' (as closeEvent saves the window's frame) to a QRect; None when absent or damaged."""
+    try:
+        x, y, w, h = (int(v) for v in str(value).split(","))
+    except ValueError:
+        return None
+    return QRect(x, y, w, h) if w > 0 and h > 0 else None
+
+
+def layout_fits(rect: QRect, screens: list[QRect]) -> bool:
+    """A saved window fits when one screen's available area is at least its size and shows part of it."""
+    return any(rect.width() <= a.width() and rect.height() <= a.height() and a.intersects(rect) for a in screens)
+
+
+def default_size(screens: list[QRect]) -> QSize:
+    """The first launch's size, no larger than the first screen's available area less a margin."""
+    width, height = DEFAULT_SIZE
+    if screens:
+        width, height = min(width, screens[0].width() * 95 // 100), min(height, screens[0].height() * 95 // 100)
+    return QSize(width, height)
+
+
 class MainWindow(QMainWindow):
     def __init__(self, state: WorkbenchState | None = None, settings: QSettings | None = None, parent=None):
         super().__init__(parent)
@@ -84,6 +175,9 @@ class MainWindow(QMainWindow):
         self.setWindowTitle("expertbench")
         self.setWindowIcon(theme.app_icon())
         self.setDockNestingEnabled(True)
+        app = QApplication.instance()
+        if app is not None:
+            theme.wrap_tooltips(app)
         self.editor = PlacementEditor(self.state)
         self.setCentralWidget(self.editor)
         self.devices = DevicesPanel(self.state)
@@ -92,31 +186,33 @@ class MainWindow(QMainWindow):
         self.plots = LivePlots(self.state)
         self.history = history.HistoryPanel(self.state)
         self.docks: dict[str, QDockWidget] = {}
-        self._dock("devices", "Devices", self.devices, Qt.DockWidgetArea.LeftDockWidgetArea)
-        self._dock("run", "Run", self.run_panel, Qt.DockWidgetArea.LeftDockWidgetArea)
-        self._dock("routing", "Routing and strategies", self.routing, Qt.DockWidgetArea.RightDockWidgetArea)
-        self._dock("plots", "Live plots", self.plots, Qt.DockWidgetArea.BottomDockWidgetArea)
-        self._dock("history", "Run history", self.history, Qt.DockWidgetArea.BottomDockWidgetArea)
-        self.splitDockWidget(self.docks["plots"], self.docks["history"], Qt.Orientation.Horizontal)
+        # The run panel keeps its minimum size (Start, Stop and the progress never go under another panel); the
+        # others scroll when the window leaves them less room than their contents want.
+        self._dock("devices", "Devices", scrolling(self.devices))
+        self._dock("run", "Run", self.run_panel)
+        self._dock("routing", "Routing and strategies", scrolling(self.routing))
+        self._dock("plots", "Live plots", self.plots)
+        self._dock("history", "Run history", self.history)
+        self.compact: bool | None = None  # which arrangement the docks are in (None: not arranged yet)
+        self.arrange(compact=False)
         self._build_actions()
         self._build_menus()
         self._build_toolbar()
         self._build_status()
         self._connect()
-        self._default_state = self.saveState(LAYOUT_VERSION)
         self._restore_layout()
         self._update_title()
 
     # ---- construction ------------------------------------------------------------------------------------
 
-    def _dock(self, key: str, title: str, widget: QWidget, area) -> None:
+    def _dock(self, key: str, title: str, widget: QWidget) -> None:
         dock = QDockWidget(title, self)
         dock.setObjectName(f"dock-{key}")
         dock.setWidget(widget)
         dock.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable
                          | QDockWidget.DockWidgetFeature.DockWidgetFloatable
                          | QDockWidget.DockWidgetFeature.DockWidgetClosable)  # fmt: skip
-        self.addDockWidget(area, dock)
+        self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, dock)
         self.docks[key] = dock
 
     def _action(self, text: str, slot, shortcut=None, icon: str | None = None, tip: str = "") -> QAction:
@@ -163,12 +259,13 @@ class MainWindow(QMainWindow):
         self.act_export_plots = a("Plots as PNG…", self.export_plots)
         self.act_export_history = a("Run history as CSV…", self.export_history)
         self.act_quit = a("Quit", self.close, S.Quit)
-        self.act_undo = a("Undo", self.state.undo, S.Undo, "undo")
-        self.act_redo = a("Redo", self.state.redo, S.Redo, "redo")
+        self.act_undo = a("Undo", self.editor.undo, S.Undo, "undo")
+        self.act_redo = a("Redo", self.editor.redo, S.Redo, "redo")
         self.act_start = a("Start run", self.run_panel.start, "Ctrl+R", "start", "Start a decode run")
         self.act_stop = a("Stop run", self.state.stop_run, "Ctrl+.", "stop", "Stop at the next step")
         self.act_clear_history = a("Clear run history", self.state.clear_history, None, "clear")
         self.act_reset_layout = a("Reset layout", self.reset_layout)
+        self.act_about = a("About expertbench", self.about)
         self.act_stop.setEnabled(False)
 
     def _build_menus(self) -> None:
@@ -224,6 +321,8 @@ class MainWindow(QMainWindow):
             v.addAction(dock.toggleViewAction())
         v.addSeparator()
         v.addAction(self.act_reset_layout)
+        h = self.menuBar().addMenu("&Help")
+        h.addAction(self.act_about)
         self._fill_recent()
 
     def _build_toolbar(self) -> None:
@@ -271,6 +370,10 @@ class MainWindow(QMainWindow):
         hints.colorSchemeChanged.connect(self._scheme_changed)
 
     # ---- reactions ---------------------------------------------------------------------------------------
+
+    @Slot()
+    def about(self) -> None:
+        QMessageBox.about(self, "About expertbench", about_text())
 
     @Slot(str, str)
     def show_error(self, title: str, text: str) -> None:
@@ -428,7 +531,9 @@ class MainWindow(QMainWindow):
         except EngineError as exc:
             QMessageBox.warning(self, "Cannot export to llama.cpp", str(exc))
             return
-        QInputDialog.getMultiLineText(self, "llama.cpp arguments", llama_cpp_note(exported), exported.command_line())
+        note, command = llama_cpp_note(exported), exported.command_line()
+        self.llama_dialog = CommandDialog("llama.cpp arguments", note, command, self)
+        self.llama_dialog.open()
 
     @Slot()
     def export_hotness(self) -> None:
@@ -495,28 +600,80 @@ class MainWindow(QMainWindow):
 
     # ---- layout and closing ------------------------------------------------------------------------------
 
+    def _screens(self) -> list[QRect]:
+        return [screen.availableGeometry() for screen in QGuiApplication.screens()]
+
     def _restore_layout(self) -> None:
+        """The last session's size, position and dock arrangement, when they fit a screen of this session; else the
+        default arrangement for a default size that fits. Which panels the user closed is kept either way."""
         geometry = self.settings.value("geometry")
         layout = self.settings.value("window_state")
-        if geometry is not None:
-            self.restoreGeometry(geometry)
+        rect = parse_rect(self.settings.value("window_rect"))
+        restored = (geometry is not None and layout is not None and rect is not None
+                    and layout_fits(rect, self._screens()) and self.restoreGeometry(geometry)
+                    and self.restoreState(layout, LAYOUT_VERSION))  # fmt: skip
+        if restored:
+            self.compact = str(self.settings.value("compact", "false")).lower() == "true"
         else:
-            self.resize(1560, 980)
-        if layout is None or not self.restoreState(layout, LAYOUT_VERSION):
-            self.default_sizes()
+            self.resize(default_size(self._screens()))
+            self.arrange(self.width() < COMPACT_WIDTH)
+        hidden = str(self.settings.value("hidden_docks", "") or "").split(",")
+        for key in hidden:
+            if key in self.docks:
+                self.docks[key].hide()
+
+    def arrange(self, compact: bool) -> None:
+        """Put the docks in the compact arrangement (narrow windows: the run panel down the left, the other panels
+        as tabs below the editor) or the wide one (every panel at once: devices and run on the left, routing down
+        the right, plots and history below); closed panels stay closed."""
+        d, area = self.docks, Qt.DockWidgetArea
+        hidden = {key for key, dock in d.items() if dock.isHidden() and self.compact is not None}
+        for dock in d.values():
+            dock.setFloating(False)
+        self.setCorner(Qt.Corner.BottomLeftCorner, area.LeftDockWidgetArea if compact else area.BottomDockWidgetArea)
+        self.setCorner(Qt.Corner.BottomRightCorner, area.RightDockWidgetArea)
+        if compact:
+            self.addDockWidget(area.LeftDockWidgetArea, d["run"])
+            for key in ("plots", "history", "routing", "devices"):
+                self.addDockWidget(area.BottomDockWidgetArea, d[key])
+            for key in ("history", "routing", "devices"):
+                self.tabifyDockWidget(d["plots"], d[key])
+        else:
+            self.addDockWidget(area.LeftDockWidgetArea, d["devices"])
+            self.addDockWidget(area.LeftDockWidgetArea, d["run"])
+            self.splitDockWidget(d["devices"], d["run"], Qt.Orientation.Vertical)
+            self.addDockWidget(area.RightDockWidgetArea, d["routing"])
+            self.addDockWidget(area.BottomDockWidgetArea, d["plots"])
+            self.splitDockWidget(d["plots"], d["history"], Qt.Orientation.Horizontal)
+        for key, dock in d.items():
+            dock.setVisible(key not in hidden)
+        if compact:
+            d["plots"].raise_()
+        self.compact = compact
+        self.default_sizes()
+        QTimer.singleShot(0, self.default_sizes)  # again once the layout has the docks where they now are
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        compact = event.size().width() < COMPACT_WIDTH
+        if compact != self.compact:
+            self.arrange(compact)
 
     def default_sizes(self) -> None:
-        docks = self.docks
-        self.resizeDocks([docks["devices"], docks["routing"]], [460, 340], Qt.Orientation.Horizontal)
-        self.resizeDocks([docks["devices"], docks["run"]], [200, 420], Qt.Orientation.Vertical)
-        self.resizeDocks([docks["plots"]], [330], Qt.Orientation.Vertical)
-        self.resizeDocks([docks["plots"], docks["history"]], [820, 700], Qt.Orientation.Horizontal)
+        docks, H, V = self.docks, Qt.Orientation.Horizontal, Qt.Orientation.Vertical
+        if self.compact:
+            self.resizeDocks([docks["run"]], [280], H)
+            self.resizeDocks([docks["plots"]], [320], V)
+            return
+        self.resizeDocks([docks["devices"], docks["routing"]], [440, 360], H)
+        self.resizeDocks([docks["devices"], docks["run"]], [190, 420], V)
+        self.resizeDocks([docks["plots"]], [330], V)
+        self.resizeDocks([docks["plots"], docks["history"]], [650, 590], H)
 
     def reset_layout(self) -> None:
-        self.restoreState(self._default_state, LAYOUT_VERSION)
         for dock in self.docks.values():
             dock.show()
-        self.default_sizes()
+        self.arrange(self.width() < COMPACT_WIDTH)
 
     def confirm_discard(self) -> bool:
         """True when there are no unsaved placement changes, or the user saved or discarded them."""
@@ -539,6 +696,11 @@ class MainWindow(QMainWindow):
             return
         self.settings.setValue("geometry", self.saveGeometry())
         self.settings.setValue("window_state", self.saveState(LAYOUT_VERSION))
+        frame = self.frameGeometry()
+        self.settings.setValue("window_rect", f"{frame.x()},{frame.y()},{frame.width()},{frame.height()}")
+        self.settings.setValue("compact", "true" if self.compact else "false")
+        closed = [key for key, dock in self.docks.items() if not dock.toggleViewAction().isChecked()]
+        self.settings.setValue("hidden_docks", ",".join(closed))
         self.settings.sync()
         self.state.shutdown()
         event.accept()

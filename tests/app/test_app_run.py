@@ -13,6 +13,8 @@ from PySide6.QtCore import Qt  # noqa: E402
 
 from app import history  # noqa: E402
 
+HASH, OUTPUT, PRECISION = (history.column(name) for name in ("Hash", "Output", "Precision"))
+
 
 def setup_run(window, tokens, repeats, prompts=("The quick brown fox",), q=2):
     panel = window.run_panel
@@ -45,8 +47,8 @@ def test_a_run_delivers_points_to_the_plots_and_a_history_row(qtbot, make_window
     assert len(window.plots.hash_marks.data) == 1
     model = window.history.model
     assert model.rowCount() == 1
-    assert model.index(0, 9).data() == record.short_hash and model.index(0, 10).data() == "reference"
-    assert model.index(0, 4).data() == record.precision == "f32"
+    assert model.index(0, HASH).data() == record.short_hash and model.index(0, OUTPUT).data() == "reference"
+    assert model.index(0, PRECISION).data() == record.precision == "f32"
     assert panel.start_button.isEnabled() and not panel.stop_button.isEnabled()
     assert panel.progress.value() == panel.progress.maximum() == 2 * 24
 
@@ -58,15 +60,15 @@ def test_a_run_delivers_points_to_the_plots_and_a_history_row(qtbot, make_window
         window.act_start.trigger()
     second = finished.args[0]
     assert second.placement == "0=hostsim:0; 2=cpu:0" and second.draft is None and second.accept_rate is None
-    assert second.stable is True and model.index(1, 10).data() == "same"
+    assert second.stable is True and model.index(1, OUTPUT).data() == "same"
     assert len(window.plots.runs_curve.getData()[0]) == 2
 
     path = tmp_path / "runs.csv"
     history.write_csv(path, state.history)
     rows = list(csv.DictReader(path.open()))
     assert list(rows[0]) == ["run", "time", "placement", "mode", "precision", "draft", "q", "tokens",
-                             "decode_tokens_per_second", "prefill_tokens_per_second", "accept_rate", "output_sha256",
-                             "output", "cancelled"]  # fmt: skip
+                             "decode_tokens_per_second", "prefill_tokens_per_second", "predicted_tokens_per_second",
+                             "accept_rate", "output_sha256", "output", "cancelled"]  # fmt: skip
     assert [r["run"] for r in rows] == ["1", "2"]
     assert (rows[0]["q"], rows[0]["draft"], rows[1]["q"], rows[1]["draft"]) == ("2", "qwen3-f32", "", "")
     assert rows[0]["output_sha256"] == record.output_hash and rows[0]["cancelled"] == "False"
@@ -92,7 +94,7 @@ def test_stop_cancels_the_run(qtbot, make_window):
     assert done < total
     # "stopped" when no repeat completed before the click; if one did (a fast machine), the first run's output is
     # the reference
-    assert window.history.model.index(0, 10).data() == ("reference" if record.output_hash else "stopped")
+    assert window.history.model.index(0, OUTPUT).data() == ("reference" if record.output_hash else "stopped")
     assert panel.start_button.isEnabled() and "stopped" in panel.progress.format()
     # The models stay usable after a cancel.
     setup_run(window, tokens=8, repeats=1)
@@ -145,10 +147,10 @@ def test_the_precision_choice_reaches_the_run_and_the_history(qtbot, make_window
             panel.start()
         records.append(finished.args[0])
     assert [r.precision for r in records] == ["q8", "f32", "q8"]
-    assert [model.index(i, 4).data() for i in range(3)] == ["q8", "f32", "q8"]
-    assert [model.index(i, 10).data() for i in range(3)] == ["first q8", "reference", "same"]
+    assert [model.index(i, PRECISION).data() for i in range(3)] == ["q8", "f32", "q8"]
+    assert [model.index(i, OUTPUT).data() for i in range(3)] == ["first q8", "reference", "same"]
     assert records[2].reference_hash == records[0].output_hash
-    assert "not the reference" in model.index(0, 4).data(Qt.ItemDataRole.ToolTipRole)
-    assert "later q8 runs are compared with it" in model.index(0, 10).data(Qt.ItemDataRole.ToolTipRole)
+    assert "not the reference" in model.index(0, PRECISION).data(Qt.ItemDataRole.ToolTipRole)
+    assert "later q8 runs are compared with it" in model.index(0, OUTPUT).data(Qt.ItemDataRole.ToolTipRole)
     history.write_csv(tmp_path / "runs.csv", state.history)
     assert [r["precision"] for r in csv.DictReader((tmp_path / "runs.csv").open())] == ["q8", "f32", "q8"]

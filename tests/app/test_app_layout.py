@@ -1,0 +1,123 @@
+"""The window's layout: compact below COMPACT_WIDTH, wide above, no panel over another, Start / Stop / progress
+always shown, a saved layout that does not fit the screen not restored, --size for the screenshot."""
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import pytest  # noqa: E402
+from PySide6.QtCore import QRect  # noqa: E402
+from PySide6.QtWidgets import QApplication, QScrollArea  # noqa: E402
+
+from app.window import COMPACT_WIDTH, MainWindow, default_size, layout_fits, parse_rect  # noqa: E402
+
+
+def panels(window: MainWindow) -> dict[str, QRect]:
+    """The visible panels' rectangles in the main window's coordinates: docks (a tabbed dock only when its tab is the
+    current one), the placement editor, the tool bar and the status bar."""
+    out = {}
+    widgets = {f"dock {key}": dock for key, dock in window.docks.items()}
+    widgets["editor"] = window.centralWidget()
+    widgets["status bar"] = window.statusBar()
+    for bar in window.findChildren(type(window.addToolBar("probe"))):
+        widgets[f"tool bar {bar.objectName()}"] = bar
+    for name, widget in widgets.items():
+        if widget.isVisible() and not widget.visibleRegion().isEmpty():
+            rect = widget.rect()
+            out[name] = QRect(widget.mapTo(window, rect.topLeft()), rect.size())
+    return out
+
+
+def shown_inside(window: MainWindow, widget) -> bool:
+    """Visible, not covered or cut to nothing, and wholly inside the window."""
+    rect = QRect(widget.mapTo(window, widget.rect().topLeft()), widget.size())
+    return widget.isVisible() and not widget.visibleRegion().isEmpty() and window.rect().contains(rect)
+
+
+@pytest.mark.parametrize("size", [(1100, 720), (1600, 1000)])
+def test_no_panel_over_another_and_the_run_controls_shown(qtbot, make_window, size):
+    window = make_window()
+    window.resize(*size)
+    qtbot.waitUntil(lambda: (window.width(), window.height()) == size)
+    QApplication.processEvents()
+    assert window.compact == (size[0] < COMPACT_WIDTH)
+    rects = panels(window)
+    assert {"dock run", "editor", "status bar"} <= set(rects)
+    names = sorted(rects)
+    for i, a in enumerate(names):
+        assert window.rect().contains(rects[a]), (a, rects[a], window.rect())
+        for b in names[i + 1 :]:
+            assert not rects[a].intersects(rects[b]), (a, rects[a], b, rects[b])
+    run = window.run_panel
+    for widget in (run.start_button, run.stop_button, run.progress):
+        assert shown_inside(window, widget), widget
+    if window.compact:  # the panels other than the run panel as tabs below the editor: one of them shown
+        assert sum(f"dock {key}" in rects for key in ("plots", "history", "routing", "devices")) == 1
+    else:
+        assert {f"dock {key}" for key in window.docks} <= set(rects)
+
+
+def test_the_arrangement_follows_the_width_and_keeps_closed_panels_closed(qtbot, make_window):
+    window = make_window()
+    window.resize(1600, 1000)
+    qtbot.waitUntil(lambda: window.width() == 1600)
+    assert window.compact is False
+    window.docks["history"].close()
+    window.resize(1100, 720)
+    qtbot.waitUntil(lambda: window.width() == 1100)
+    assert window.compact is True
+    assert not window.docks["history"].isVisibleTo(window) and window.docks["plots"].isVisibleTo(window)
+    window.resize(1600, 1000)
+    qtbot.waitUntil(lambda: window.width() == 1600)
+    assert window.compact is False and not window.docks["history"].isVisibleTo(window)
+    window.act_reset_layout.trigger()
+    assert window.docks["history"].isVisibleTo(window)
+
+
+def test_every_panel_has_a_minimum_size_or_scrolls(make_window):
+    window = make_window()
+    for key, dock in window.docks.items():
+        inner = dock.widget()
+        if isinstance(inner, QScrollArea):
+            assert inner.widgetResizable(), key
+        else:
+            hint = inner.minimumSize().expandedTo(inner.minimumSizeHint())
+            assert hint.width() > 100 and hint.height() > 100, key
+    # The compact arrangement fits the smaller screens: 1100 x 720 is not enlarged by the panels' minimum sizes.
+    window.arrange(compact=True)
+    minimum = window.minimumSizeHint()
+    assert minimum.width() <= 1100 and minimum.height() <= 720, minimum
+
+
+def test_a_saved_layout_that_does_not_fit_the_screen_is_not_restored(qtbot, make_window, tmp_path):
+    screen = QApplication.primaryScreen().availableGeometry()  # 800 x 800 offscreen
+    assert layout_fits(QRect(0, 0, screen.width(), screen.height()), [screen])
+    assert not layout_fits(QRect(0, 0, screen.width() + 1, 100), [screen])
+    assert not layout_fits(QRect(screen.right() + 10, 0, 100, 100), [screen])  # on a screen that is gone
+    assert parse_rect("1,2,30,40") == QRect(1, 2, 30, 40) and parse_rect(None) is None and parse_rect("x") is None
+    assert default_size([QRect(0, 0, 1000, 700)]).width() == 950 and default_size([]).width() == 1560
+    window = make_window(settings_file="big.ini")
+    window.resize(1600, 1000)  # larger than the screen: saved, but it cannot come back here
+    qtbot.waitUntil(lambda: window.width() == 1600)
+    window.close()
+    again = make_window(settings_file="big.ini")
+    assert again.width() <= screen.width() and again.height() <= screen.height()
+    assert again.compact is True  # the default arrangement for the size it got
+    for dock in again.docks.values():
+        assert not dock.isFloating()
+    small = make_window(settings_file="small.ini")
+    small.resize(700, 650)
+    qtbot.waitUntil(lambda: small.width() == max(700, small.minimumSizeHint().width()))
+    small.docks["routing"].close()
+    small.close()
+    restored = make_window(settings_file="small.ini")  # fits: restored as it was
+    assert restored.size() == small.size() and not restored.docks["routing"].isVisibleTo(restored)
+
+
+def test_screenshot_size_option():
+    from app.launch import build_parser
+
+    assert build_parser().parse_args(["--screenshot", "x.png", "--size", "1100x720"]).size == (1100, 720)
+    for bad in ("1100", "axb", "10x10"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["--size", bad])
