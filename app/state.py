@@ -8,12 +8,10 @@ a task learns comes back as plain data and is stored here on the GUI thread.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +22,7 @@ from engine.checkpoint import ModelConfig
 from engine.costmodel import Calibration, ModelShape, calibrate, predict_tokens_per_second
 from engine.demo import check_format, is_synthetic
 from engine.errors import EngineError
+from engine.history import History, RunRecord, RunSettings, history_file, now
 from engine.model import WEIGHTS_MODES, DeviceInfo, Engine, Model
 from engine.placement import (
     ExpertRoom,
@@ -83,62 +82,6 @@ def format_bytes(n: float) -> str:
 
 def copy_placement(p: Placement) -> Placement:
     return Placement([list(row) for row in p.owners])
-
-
-@dataclass
-class RunSettings:
-    prompts: list[str]
-    tokens: int = 64
-    repeats: int = 1
-    q: int = 2
-    mode: str = "reference"
-    use_draft: bool = True
-    precision: str = "f32"  # engine.run.PRECISIONS: f32 the reference, q8 int8 activations (other logits)
-
-    @property
-    def total_tokens(self) -> int:
-        return self.tokens * len(self.prompts) * self.repeats
-
-
-@dataclass
-class RunRecord:
-    """One row of the run history."""
-
-    index: int
-    started: str
-    target: str
-    draft: str | None
-    placement: str
-    mode: str
-    precision: str
-    q: int | None
-    tokens: int
-    repeats: int
-    prompts: int
-    decode_tokens_per_second: float
-    prefill_tokens_per_second: float
-    accept_rate: float | None
-    output_hash: str  # sha256 over every prompt's output sha256; "" when no repeat completed
-    reference_hash: str  # the first complete run's hash for the same target, prompts, length and precision
-    cancelled: bool
-    seconds: float
-    is_reference: bool = False  # the first complete run of its target, prompts, length and precision
-    # what a profile saved later may expect (app.profiles): the settings, models and per-prompt hashes
-    settings: RunSettings | None = None
-    target_path: str = ""
-    draft_path: str | None = None
-    output_sha256: list[str] = field(default_factory=list)  # per prompt, when complete and every repeat agreed
-
-    @property
-    def short_hash(self) -> str:
-        return self.output_hash[:12] if self.output_hash else "-"
-
-    @property
-    def stable(self) -> bool | None:
-        """True: same output as the reference run; False: changed; None: nothing to compare."""
-        if not self.output_hash or not self.reference_hash:
-            return None
-        return self.output_hash == self.reference_hash
 
 
 @dataclass
@@ -242,8 +185,8 @@ class WorkbenchState(QObject):
         self.weights = "auto"  # how the next model opened is to be held (engine.model.WEIGHTS_MODES)
         self.running = False
         self.live = LiveBuffer()
-        self.history: list[RunRecord] = []
-        self._references: dict[tuple, str] = {}
+        self.runs = History()  # the loaded model's runs (engine.history: references, kept in the user's data folder)
+        self.keep_history = True  # whether runs are kept across restarts (a model with a fingerprint only)
         self.routing: np.ndarray | None = None  # hits [layers, experts]
         self._heat: np.ndarray | None = None  # routing relative to each layer's hottest expert (expert_heat)
         self.routing_stats: RoutingStats | None = None
@@ -372,6 +315,7 @@ class WorkbenchState(QObject):
         self._redo.clear()
         self.routing = self.routing_stats = self._heat = None
         self._set_devices(snapshot.devices)
+        self._load_history()
         self.calibration = self._calibrations.get(self.calibration_key())
         self._after_calibration.clear()
         self.sigModelChanged.emit()
@@ -673,14 +617,14 @@ class WorkbenchState(QObject):
         self.live.reset(settings.total_tokens)
         side, stop, lock = self._side, self._stop, self._run_lock
         use_draft = settings.use_draft and self.has_draft
-        started = time.strftime("%H:%M:%S")
+        started = now()
+        predicted = self.predicted_tokens_per_second()  # the edited placement is the one the run decodes with
 
         def task():
             run = DecodeRun(side.target, side.draft if use_draft else None, prompts=list(settings.prompts),
                             tokens_per_prompt=settings.tokens, repeats=settings.repeats, q=settings.q,
                             mode=settings.mode, precision=settings.precision,
                             on_event=self.live.append)  # fmt: skip
-            placement = side.target.placement.describe()
             with lock:
                 side.run = run
             if stop.is_set():
@@ -691,12 +635,12 @@ class WorkbenchState(QObject):
                 with lock:
                     side.run = None
             # The core counts every routed pair while decoding (since load or the last profiling pass).
-            return result, placement, RoutingStats.from_model(side.target)
+            return result, RoutingStats.from_model(side.target)
 
         def done(result):
             self.running = False
-            result, placement, routing = result
-            self._record(result, placement, settings, started)
+            result, routing = result
+            self._record(result, settings, started, predicted)
             if int(routing.tokens.sum()) > 0:
                 self.set_routing(routing)
 
@@ -716,48 +660,42 @@ class WorkbenchState(QObject):
             if self._side.run is not None:
                 self._side.run.cancel()
 
-    def _record(self, result: RunResult, placement: str, settings: RunSettings, started: str) -> None:
-        complete = bool(result.output_sha256) and len(result.output_sha256) == len(settings.prompts)
-        output = hashlib.sha256("".join(result.output_sha256).encode()).hexdigest() if complete else ""
-        # q8 gives other logits than f32 by design: each precision's runs are compared among themselves
-        key = (self.model.target_path, tuple(settings.prompts), settings.tokens, result.precision)
-        is_reference = bool(output) and key not in self._references
-        if output:
-            self._references.setdefault(key, output)
-        record = RunRecord(
-            index=len(self.history) + 1,
-            started=started,
-            target=Path(result.target).name,
-            draft=None if result.draft is None else Path(result.draft).name,
-            placement=placement,
-            mode=result.mode,
-            precision=result.precision,
-            q=result.q,
-            tokens=settings.tokens,
-            repeats=settings.repeats,
-            prompts=len(settings.prompts),
-            decode_tokens_per_second=result.decode_tokens_per_second,
-            prefill_tokens_per_second=result.prefill_tokens_per_second,
-            accept_rate=result.accept_rate,
-            output_hash=output,
-            reference_hash=self._references.get(key, ""),
-            cancelled=result.cancelled,
-            seconds=result.seconds,
-            is_reference=is_reference,
-            settings=settings,
-            target_path=self.model.target_path,
-            draft_path=self.model.draft_path if result.draft is not None else None,
-            output_sha256=list(result.output_sha256) if complete and result.repeats_agree else [],
-        )
-        self.history.append(record)
+    def _record(self, result: RunResult, settings: RunSettings, started: str, predicted: float | None) -> None:
+        m = self.model
+        record = RunRecord.of_run(result, settings, m.target_path, m.draft_path, started, predicted, m.fingerprint)
+        try:
+            self.runs.add(record)
+        except EngineError as exc:  # the run is in the history; only the file did not take it
+            self.sigMessage.emit(f"The run history is not kept: {exc}")
         self.sigHistoryChanged.emit()
         self.sigRunFinished.emit(record)
         rate = record.decode_tokens_per_second
         note = "cancelled" if record.cancelled else (f"{rate:.1f} tokens/s" if math.isfinite(rate) else "done")
         self.sigMessage.emit(f"Run {record.index}: {note}")
 
+    @property
+    def history(self) -> list[RunRecord]:
+        """The loaded model's runs, oldest first (those of earlier sessions too)."""
+        return self.runs.records
+
     def clear_history(self) -> None:
-        self.history.clear()
+        """Forget the loaded model's runs, in the user's data folder too."""
+        try:
+            self.runs.clear()
+        except EngineError as exc:
+            self.sigMessage.emit(f"The run history file stays: {exc}")
+        self.sigHistoryChanged.emit()
+
+    def _load_history(self) -> None:
+        """The loaded model's runs kept from earlier sessions (engine.history); a damaged file is said and skipped."""
+        fp = self.model.fingerprint if self.model is not None else None
+        if not self.keep_history or fp is None:
+            self.runs = History()
+        else:
+            self.runs = History.load(history_file(fp))
+            if self.runs.problems:
+                more = f" (and {len(self.runs.problems) - 1} more)" if len(self.runs.problems) > 1 else ""
+                self.sigMessage.emit(f"The run history was damaged; skipped {self.runs.problems[0]}{more}")
         self.sigHistoryChanged.emit()
 
     # ---- routing -----------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from .checkpoint import read_config
 from .errors import EngineError
+from .history import min_accept_rate, min_speed_ratio
 from .profile import Profile, ProfileError, RoutingSpec, fingerprint, load
 
 DEFAULT_SPEED_SLACK = 0.25
@@ -399,9 +400,9 @@ def _record(o: Outcome, slack: float) -> None:
     e = p.expectations
     e.output_sha256 = list(m.repeat_hashes[0])
     if p.draft is not None and m.accept_rate is not None:
-        e.min_accept_rate = math.floor(m.accept_rate * 1000) / 1000
+        e.min_accept_rate = min_accept_rate(m.accept_rate)
     if o.baseline is not None and o.speed_ratio is not None:
-        e.min_speed_ratio = max(0.01, math.floor(o.speed_ratio * (1 - slack) * 100) / 100)
+        e.min_speed_ratio = min_speed_ratio(o.speed_ratio, slack)
     for role, ref in (("model", p.model), ("draft", p.draft)):
         if ref is not None and ref.fingerprint is None:
             ref.fingerprint = fingerprint(p.model_folder(ref, "target" if role == "model" else "draft"))

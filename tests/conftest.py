@@ -15,3 +15,11 @@ def xdg_cache(tmp_path_factory):
     cache = tmp_path_factory.getbasetemp() / "xdg-cache"
     ensure_demo_pair("default", cache_dir=cache / "expertbench")
     return cache
+
+
+@pytest.fixture(autouse=True)
+def xdg_data(tmp_path_factory, monkeypatch):
+    """Each test its own user data folder ($XDG_DATA_HOME: the run histories the window keeps), never the user's."""
+    data = tmp_path_factory.mktemp("xdg-data")
+    monkeypatch.setenv("XDG_DATA_HOME", str(data))
+    return data

@@ -1,0 +1,407 @@
+"""Run history and reference hashes: one bookkeeping for the window, `expertbench run` and `regress`.
+
+A RunRecord is one decode run as the history shows it. Runs whose outputs must be equal share an outputs key
+(outputs_key); the first complete run of a key is its reference, and every later run of that key is compared
+with it (stable or changed). A model's history is kept across restarts as JSON lines in the user's data folder,
+$XDG_DATA_HOME/expertbench/history/<model fingerprint>.jsonl (~/.local/share without XDG_DATA_HOME), one record a
+line, appended as runs end; a damaged line is reported and skipped, never fatal.
+
+What a profile may expect of a replay is inferred here too (expectations_for, min_accept_rate, min_speed_ratio), so
+that the window's saved profiles and `regress --record` round the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+
+from .errors import ArgumentError
+from .profile import Expectations, Profile
+from .run import outputs_any_placement
+
+
+@dataclass
+class RunSettings:
+    """What the window's run panel asks for (engine.run.DecodeRun's arguments)."""
+
+    prompts: list[str]
+    tokens: int = 64
+    repeats: int = 1
+    q: int = 2
+    mode: str = "reference"
+    use_draft: bool = True
+    precision: str = "f32"  # engine.run.PRECISIONS: f32 the reference, q8 int8 activations (other logits)
+
+    @property
+    def total_tokens(self) -> int:
+        return self.tokens * len(self.prompts) * self.repeats
+
+
+@dataclass
+class RunRecord:
+    """One row of the run history."""
+
+    index: int
+    started: str  # local date and time, ISO 8601 to the second ('2026-12-02T19:04:02')
+    target: str
+    draft: str | None
+    placement: str
+    mode: str
+    precision: str
+    q: int | None
+    tokens: int
+    repeats: int
+    prompts: int
+    decode_tokens_per_second: float
+    prefill_tokens_per_second: float
+    accept_rate: float | None
+    output_hash: str  # sha256 over every prompt's output sha256 (combined_hash); "" when no repeat completed
+    reference_hash: str  # the first complete run's hash for the same outputs key (outputs_key)
+    cancelled: bool
+    seconds: float
+    is_reference: bool = False  # the first complete run of its outputs key
+    # what a profile saved later may expect (expectations_for): the settings, models and per-prompt hashes
+    settings: RunSettings | None = None
+    target_path: str = ""
+    draft_path: str | None = None
+    output_sha256: list[str] = field(default_factory=list)  # per prompt, when complete and every repeat agreed
+    # the slowest and fastest pass over the prompts (decode_tokens_per_second is the median)
+    decode_tokens_per_second_min: float = math.nan
+    decode_tokens_per_second_max: float = math.nan
+    prefill_tokens_per_second_min: float = math.nan
+    prefill_tokens_per_second_max: float = math.nan
+    # the cost model's decode tokens/s for the run's placement when it started (target only, one token per step);
+    # None before the devices were measured
+    predicted_tokens_per_second: float | None = None
+    primary: str = ""  # the target's device
+    fingerprint: str | None = None  # the target's (engine.profile.fingerprint)
+
+    @property
+    def short_hash(self) -> str:
+        return self.output_hash[:12] if self.output_hash else "-"
+
+    @property
+    def stable(self) -> bool | None:
+        """True: same output as the reference run; False: changed; None: nothing to compare."""
+        if not self.output_hash or not self.reference_hash:
+            return None
+        return self.output_hash == self.reference_hash
+
+    @classmethod
+    def of_run(cls, result, settings: RunSettings, target_path: str, draft_path: str | None = None,
+               started: str | None = None, predicted: float | None = None, fingerprint: str | None = None,
+               index: int = 0) -> RunRecord:  # fmt: skip
+        """The record of an engine.run.RunResult made with these settings (History.add numbers it and sets its
+        reference hash)."""
+        complete = bool(result.output_sha256) and len(result.output_sha256) == len(settings.prompts)
+        return cls(
+            index=index,
+            started=started or now(),
+            target=Path(result.target).name,
+            draft=None if result.draft is None else Path(result.draft).name,
+            placement=result.placement or "",
+            mode=result.mode,
+            precision=result.precision,
+            q=result.q,
+            tokens=settings.tokens,
+            repeats=settings.repeats,
+            prompts=len(settings.prompts),
+            decode_tokens_per_second=result.decode_tokens_per_second,
+            prefill_tokens_per_second=result.prefill_tokens_per_second,
+            accept_rate=result.accept_rate,
+            output_hash=combined_hash(result.output_sha256) if complete else "",
+            reference_hash="",
+            cancelled=result.cancelled,
+            seconds=result.seconds,
+            settings=settings,
+            target_path=target_path,
+            draft_path=draft_path if result.draft is not None else None,
+            output_sha256=list(result.output_sha256) if complete and result.repeats_agree else [],
+            decode_tokens_per_second_min=result.decode_tokens_per_second_min,
+            decode_tokens_per_second_max=result.decode_tokens_per_second_max,
+            prefill_tokens_per_second_min=result.prefill_tokens_per_second_min,
+            prefill_tokens_per_second_max=result.prefill_tokens_per_second_max,
+            predicted_tokens_per_second=predicted,
+            primary=result.target_device,
+            fingerprint=fingerprint,
+        )
+
+    # ---- JSON --------------------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        """Plain JSON-ready data (NaN as null)."""
+        return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, data) -> RunRecord:
+        """The record of to_dict's data; ArgumentError naming the field when one is missing or of the wrong type.
+        Fields it does not know are ignored (a newer version's)."""
+        if not isinstance(data, dict):
+            raise ArgumentError(f"expected an object, got {type(data).__name__}")
+        known = {f.name: f for f in fields(cls)}
+        values = {}
+        for name, f in known.items():
+            if name not in data:
+                if f.default is MISSING and f.default_factory is MISSING:
+                    raise ArgumentError(f"no '{name}'")
+                continue
+            values[name] = _checked(name, data[name])
+        return cls(**values)
+
+
+_FLOATS = {"decode_tokens_per_second", "prefill_tokens_per_second", "seconds", "decode_tokens_per_second_min",
+           "decode_tokens_per_second_max", "prefill_tokens_per_second_min",
+           "prefill_tokens_per_second_max"}  # fmt: skip
+_TYPES = {
+    "index": int, "q": (int, type(None)), "tokens": int, "repeats": int, "prompts": int, "cancelled": bool,
+    "is_reference": bool, "accept_rate": (int, float, type(None)), "draft": (str, type(None)),
+    "draft_path": (str, type(None)), "predicted_tokens_per_second": (int, float, type(None)),
+    "fingerprint": (str, type(None)),
+}  # fmt: skip
+
+
+def _checked(name: str, value):
+    if name in _FLOATS:
+        if value is None:
+            return math.nan
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ArgumentError(f"'{name}' is {value!r}, expected a number")
+        return float(value)
+    if name == "settings":
+        if value is None:
+            return None
+        if not isinstance(value, dict) or not isinstance(value.get("prompts"), list):
+            raise ArgumentError("'settings' is not the run panel's settings (no list of prompts)")
+        try:
+            return RunSettings(**{k: v for k, v in value.items() if k in {f.name for f in fields(RunSettings)}})
+        except TypeError as exc:
+            raise ArgumentError(f"'settings': {exc}") from None
+    if name == "output_sha256":
+        if not isinstance(value, list) or not all(isinstance(h, str) for h in value):
+            raise ArgumentError("'output_sha256' is not a list of hashes")
+        return value
+    want = _TYPES.get(name, str)
+    if isinstance(value, bool) and want is int or not isinstance(value, want):
+        raise ArgumentError(f"'{name}' is {value!r}, of the wrong type")
+    return value
+
+
+def combined_hash(output_sha256: Sequence[str]) -> str:
+    """One hash for a run's outputs: sha256 over its prompts' output hashes in order (the history's Hash column)."""
+    return hashlib.sha256("".join(output_sha256).encode()).hexdigest()
+
+
+def now() -> str:
+    """The local date and time as RunRecord.started holds it."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+# ---- which runs must give the same outputs ------------------------------------------------------------------
+
+
+def placement_devices(placement: str) -> list[str]:
+    """The devices a placement's text form names (engine.placement: RULE=DEVICE separated by ';')."""
+    return sorted({rule.rpartition("=")[2].strip() for rule in placement.split(";") if "=" in rule})
+
+
+def outputs_key(target: str, prompts: Sequence, tokens: int, precision: str, mode: str, placement: str = "",
+                devices: Iterable[str] = ()) -> tuple:  # fmt: skip
+    """What decides a run's output ids: runs with equal keys must give equal hashes.
+
+    The target (its fingerprint, or its path), the prompts, the tokens per prompt and the precision (q8 gives other
+    logits than f32 by design) always; the reduction mode when it is not 'reference' (owner_local sums in another
+    association); and the placement whenever the outputs depend on it (engine.run.outputs_any_placement over the
+    placement's devices and the others given: owner_local always, q8 with a device that is not a CPU one). The
+    draft and q never: speculative greedy decoding gives the target-only greedy output, byte for byte. The
+    window's saved profiles pick the run whose hashes they expect by this key too (expectations_for)."""
+    prompts = tuple(tuple(p) if isinstance(p, list) else p for p in prompts)
+    key = (target, prompts, int(tokens), precision)
+    if mode != "reference":
+        key += (mode,)
+    if not outputs_any_placement(mode, precision, [*placement_devices(placement), *devices]):
+        key += (placement,)
+    return key
+
+
+def record_key(record: RunRecord) -> tuple:
+    """A record's outputs key (its settings' prompts; without them, the number of prompts)."""
+    prompts = record.settings.prompts if record.settings is not None else (record.prompts,)
+    target = record.fingerprint or record.target_path or record.target
+    devices = [record.primary] if record.primary else []
+    return outputs_key(target, prompts, record.tokens, record.precision, record.mode, record.placement, devices)
+
+
+class History:
+    """A model's runs in order, with the reference hash of every outputs key; kept in `path` when given."""
+
+    def __init__(self, path: str | os.PathLike | None = None):
+        self.path = Path(path) if path is not None else None
+        self.records: list[RunRecord] = []
+        self.references: dict[tuple, str] = {}
+        self.problems: list[str] = []  # what load() skipped: 'file:line: why'
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> History:
+        """The history kept in a file (none yet: empty). A line that is not a record is skipped and named in
+        `problems`; an unreadable file leaves the history empty with its reason there."""
+        history = cls(path)
+        try:
+            with open(history.path, encoding="utf-8", errors="replace") as f:
+                lines = f.read().splitlines()
+        except FileNotFoundError:
+            return history
+        except OSError as exc:
+            history.problems.append(f"{history.path}: cannot read: {exc.strerror or exc}")
+            return history
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                record = RunRecord.from_dict(json.loads(line))
+            except (ValueError, RecursionError) as exc:  # json's errors and ArgumentError are ValueErrors
+                history.problems.append(f"{history.path}:{number}: not a run record: {exc}")
+                continue
+            history._take(record)
+        return history
+
+    def _take(self, record: RunRecord) -> None:
+        key = record_key(record)
+        record.is_reference = bool(record.output_hash) and key not in self.references
+        if record.output_hash:
+            self.references.setdefault(key, record.output_hash)
+        record.reference_hash = self.references.get(key, "")
+        self.records.append(record)
+
+    @property
+    def next_index(self) -> int:
+        return max((r.index for r in self.records), default=0) + 1
+
+    def add(self, record: RunRecord) -> RunRecord:
+        """Number the record, set its reference hash and whether it is the reference, keep it (appended to the file
+        when there is one). The record is in the history even when the file cannot be written: ArgumentError then
+        names the file."""
+        record.index = self.next_index
+        self._take(record)
+        if self.path is not None:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                with open(self.path, "a", encoding="utf-8") as f:  # a new file gets the user's umask
+                    f.write(json.dumps(record.to_dict(), separators=(",", ":")) + "\n")
+            except OSError as exc:
+                raise ArgumentError(f"cannot keep the run in '{self.path}': {exc.strerror or exc}") from None
+        return record
+
+    def clear(self) -> None:
+        """Forget every run, in the file too."""
+        self.records.clear()
+        self.references.clear()
+        if self.path is not None:
+            try:
+                self.path.unlink(missing_ok=True)
+            except OSError as exc:
+                raise ArgumentError(f"cannot remove '{self.path}': {exc.strerror or exc}") from None
+
+    def reference(self, key: tuple) -> RunRecord | None:
+        """The reference run of an outputs key."""
+        return next((r for r in self.records if r.is_reference and record_key(r) == key), None)
+
+
+def data_folder() -> Path:
+    """$XDG_DATA_HOME/expertbench (an absolute path only, as the XDG spec says), else ~/.local/share/expertbench."""
+    base = os.environ.get("XDG_DATA_HOME", "")
+    root = Path(base) if base and os.path.isabs(base) else Path.home() / ".local" / "share"
+    return root / "expertbench"
+
+
+_FINGERPRINT = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def history_file(fingerprint: str) -> Path:
+    """Where a model's history is kept: history/<fingerprint as sha256-HEX>.jsonl in the data folder."""
+    if not _FINGERPRINT.match(fingerprint or ""):
+        raise ArgumentError(f"model fingerprint {fingerprint!r}: expected 'sha256:' and 64 hex digits")
+    return data_folder() / "history" / (fingerprint.replace(":", "-") + ".jsonl")
+
+
+# ---- what a profile may expect ------------------------------------------------------------------------------
+
+
+def min_accept_rate(rate: float) -> float:
+    """The acceptance a replay must reach: the measured rate rounded down to 0.001."""
+    return math.floor(rate * 1000) / 1000
+
+
+def min_speed_ratio(ratio: float, slack: float) -> float:
+    """The speed ratio over the baseline a replay must reach: the measured one less the slack, rounded down to
+    0.01, at least 0.01."""
+    return max(0.01, math.floor(ratio * (1 - slack) * 100) / 100)
+
+
+def _profile_key(profile: Profile, devices: list[str]) -> tuple:
+    """A profile's outputs key: its model's fingerprint, its run settings, its placement as rules."""
+    r, spec = profile.run.resolved(), profile.placement
+    rules = [f"*={spec.default}"] if spec.default else []
+    rules += [f"{lo}-{hi}={device}" for lo, hi, device in spec.layers]
+    rules += [f"{layer}.{lo}-{hi}={device}" for layer, lo, hi, device in spec.experts]
+    return outputs_key(profile.model.fingerprint or "", r["prompts"], r["tokens_per_prompt"], r["precision"],
+                       r["mode"], "; ".join(rules), [profile.primary_device, *devices])  # fmt: skip
+
+
+def matching_run(history: Sequence[RunRecord], target_path: str, settings: RunSettings, placement: str,
+                 primary: str) -> RunRecord | None:  # fmt: skip
+    """The latest complete run of this target (every repeat agreed) whose outputs these settings on this placement
+    must give (the same outputs key)."""
+    key = outputs_key(target_path, settings.prompts, settings.tokens, settings.precision, settings.mode, placement,
+                      [primary])  # fmt: skip
+    for record in reversed(history):
+        if record.settings is None or not record.output_sha256 or record.target_path != target_path:
+            continue
+        s = record.settings
+        devices = [primary, record.primary] if record.primary else [primary]
+        if outputs_key(target_path, s.prompts, s.tokens, s.precision, s.mode, record.placement, devices) == key:
+            return record
+    return None
+
+
+def expectations_for(profile: Profile, base: Profile | None, history: Sequence[RunRecord], target_path: str,
+                     draft_path: str | None, settings: RunSettings | None, placement: str,
+                     primary: str) -> Expectations:  # fmt: skip
+    """What a profile made from the window may expect of a replay:
+
+    * output hashes and acceptance from the latest complete run in the history with the same outputs key
+      (matching_run), the acceptance only when it used the profile's draft and q;
+    * else those of the profile that was opened (base) when it was recorded on the same model and its outputs key
+      is the profile's (same prompts, length, mode, precision; the same placement where the outputs depend on it);
+    * a speed baseline is kept (its path made relative to the new folder); its minimum ratio only while the
+      placement and devices are those it was recorded for."""
+    e = Expectations()
+    use_draft = profile.draft is not None
+    record = matching_run(history, target_path, settings, placement, primary) if settings is not None else None
+    if record is not None:
+        e.output_sha256 = list(record.output_sha256)
+        same_draft = use_draft and record.draft_path == draft_path and record.q == profile.run.q
+        if same_draft and record.accept_rate is not None:
+            e.min_accept_rate = min_accept_rate(record.accept_rate)
+    elif base is not None and base.expectations.output_sha256 is not None:
+        same_model = base.model.fingerprint is not None and base.model.fingerprint == profile.model.fingerprint
+        devices = [*profile.device_names(), *base.device_names()]
+        same_outputs = same_model and _profile_key(base, devices) == _profile_key(profile, devices)
+        if same_outputs:
+            e.output_sha256 = list(base.expectations.output_sha256)
+            same_draft = base.draft is not None and use_draft and base.draft.fingerprint == profile.draft.fingerprint
+            if same_draft and base.run.resolved()["q"] == profile.run.resolved()["q"]:
+                e.min_accept_rate = base.expectations.min_accept_rate
+    if base is not None and base.expectations.baseline is not None:
+        baseline = base.resolve(base.expectations.baseline).resolve()
+        if baseline != profile.path:
+            e.baseline = os.path.relpath(baseline, profile.path.parent)
+            if base.placement == profile.placement and base.device_specs == profile.device_specs:
+                e.min_speed_ratio = base.expectations.min_speed_ratio
+    return e
