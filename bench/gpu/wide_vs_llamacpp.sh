@@ -58,10 +58,10 @@ hbm() {
 for step in $steps; do
     start=$(date +%s)
     case $step in
-    build) # both builds and the demo's conversion at once
+    build) # llama.cpp's build beside ours, then the demo (it needs ours) and its conversion
         (build_llama; echo "llama.cpp build: $?" > /tmp/ll.done) &
-        (wide_gguf > /tmp/gguf.path) &
         build_ours || exit 1
+        wide_gguf > /tmp/gguf.path
         wait
         cat /tmp/ll.done; [ -x $B/llama-bench ] || tail -5 /tmp/ll.build
         GGUF=$(cat /tmp/gguf.path)
@@ -88,16 +88,16 @@ with Engine(runtimes=("cpu", "cuda")) as eng, eng.load(ck, device="cuda:0") as m
           f"{per_token / 1e6:.1f} MB/token | {per_token * tps / 1e9:.0f} GB/s = "
           f"{100 * per_token * tps / 1e9 / float(sys.argv[2]):.1f} % of the HBM read ceiling")
 PY
-        [ -x $B/llama-bench ] && $B -m "$GGUF" -ngl 99 -p 0 -n 128 -r 5 -o md 2>&1 | tee "$OUT/llama_gpu.md" ;;
+        [ -x $B/llama-bench ] && $B/llama-bench -m "$GGUF" -ngl 99 -p 0 -n 128 -r 5 -o md 2>&1 | tee "$OUT/llama_gpu.md" ;;
     cpu) # experts on the CPU, and the CPU alone
         GGUF=$(cat /tmp/gguf.path)
         python3 bench/gpu_primary.py --model "$GGUF" --tokens 128 --repeats 5 --threads "$THREADS" \
             --json "$OUT/gpu_primary_wide.json" | tail -8
         n=$(python3 -c "from engine.checkpoint import Checkpoint; print(Checkpoint.open('$GGUF').config.num_layers)")
         if [ -x $B/llama-bench ]; then
-            $B -m "$GGUF" -ngl 99 -ncmoe "$((n / 2)),$n" -t "$THREADS" -p 0 -n 128 -r 5 -o md 2>&1 |
+            $B/llama-bench -m "$GGUF" -ngl 99 -ncmoe "$((n / 2)),$n" -t "$THREADS" -p 0 -n 128 -r 5 -o md 2>&1 |
                 tee "$OUT/llama_cpu_experts.md"
-            CUDA_VISIBLE_DEVICES= $B -m "$GGUF" -ngl 0 -t "$THREADS" -p 0 -n 128 -r 5 -o md 2>&1 |
+            CUDA_VISIBLE_DEVICES= $B/llama-bench -m "$GGUF" -ngl 0 -t "$THREADS" -p 0 -n 128 -r 5 -o md 2>&1 |
                 tee "$OUT/llama_cpu_only.md"
         fi ;;
     kernels) # the all-GPU decode step per kernel: 6 steps less 2
