@@ -21,6 +21,7 @@ from engine import strategy
 from engine.checkpoint import ModelConfig
 from engine.costmodel import Calibration, ModelShape, calibrate, predict_tokens_per_second
 from engine.demo import check_format, is_synthetic
+from engine.devices import DeviceSettings, differences, engine_for_profile
 from engine.errors import EngineError
 from engine.history import History, RunRecord, RunSettings, history_file, now
 from engine.model import WEIGHTS_MODES, DeviceInfo, Engine, Model
@@ -43,19 +44,11 @@ from . import profiles
 from .live import LiveBuffer
 from .worker import EngineWorker
 
-GPU_RUNTIMES = ("cuda", "hip")
-
 
 def default_engine(cpu_devices: int = 0, runtimes: tuple[str, ...] | None = None) -> Engine:
-    """cpu plus every GPU runtime that loads; with no accelerator at all, a simulated one (hostsim), so
-    that there is a second device to place experts on."""
-    eng = Engine(runtimes=runtimes or ("cpu", *GPU_RUNTIMES), strict=False, cpu_devices=cpu_devices)
-    if runtimes is None and all(d.kind == "cpu" for d in eng.devices):
-        try:
-            eng.load_runtime("hostsim")
-        except EngineError as exc:
-            eng.load_errors["hostsim"] = str(exc)
-    return eng
+    """The window's engine (engine.devices.DeviceSettings.window): cpu plus every GPU runtime that loads; with no
+    accelerator at all, a simulated one (hostsim), so that there is a second device to place experts on."""
+    return DeviceSettings.window(cpu_devices, runtimes).open()
 
 
 PROFILE_TOKENS = 32  # greedy tokens generated after each prompt when profiling routing
@@ -114,6 +107,61 @@ class ModelSnapshot:
     weights: str = "map"  # how the engine holds the target's files (engine.model.WEIGHTS_MODES, never "auto")
     file_bytes: int = 0  # the target's files
     huge_page_bytes: int = 0  # of a copy, what the kernel put on huge pages
+
+
+@dataclass(frozen=True)
+class _DemoPair:
+    size: str
+    with_draft: bool = True
+    format: str = "safetensors"
+    quant: str | None = None
+
+
+def _load_pair(engine: Engine, target, draft, primary: str, weights: str, demo: _DemoPair | None = None
+               ) -> tuple[Model, Model | None, ModelSnapshot]:  # fmt: skip
+    """Load a target (and a draft) on an engine (the engine thread's work): the models and what the GUI may know of
+    them. Nothing stays loaded when this fails."""
+    if demo is not None:
+        from engine.demo import ensure_demo_pair
+
+        pair = ensure_demo_pair(demo.size, format=demo.format, quant=demo.quant)
+        target, draft = pair.target, (pair.draft if demo.with_draft else None)
+    new_target = engine.load(target, device=primary, weights=weights)
+    new_draft = None
+    try:
+        if new_target.config.num_experts <= 0:
+            raise EngineError(f"'{target}' is a dense model: it has no experts to place (open an MoE model)")
+        if draft is not None:
+            new_draft = engine.load(draft, device=primary, weights=weights)
+            check_shared_vocabulary(new_target, new_draft)
+        info = new_target.info
+        snapshot = ModelSnapshot(
+            target_path=str(target),
+            draft_path=None if draft is None else str(draft),
+            config=new_target.config,
+            primary=primary,
+            synthetic=is_synthetic(new_target.checkpoint),
+            weight_bytes=info["weight_bytes"],
+            all_expert_bytes=info["expert_bytes"],
+            placement=new_target.placement,
+            devices=engine.devices,
+            shape=ModelShape.from_model(new_target),
+            draft_weight_bytes=0 if new_draft is None else new_draft.info["weight_bytes"],
+            demo=None if demo is None else demo.size,
+            demo_format="safetensors" if demo is None else demo.format,
+            demo_quant=None if demo is None else demo.quant,
+            fingerprint=_fingerprint(new_target),
+            draft_fingerprint=None if new_draft is None else _fingerprint(new_draft),
+            weights=info["weights"],
+            file_bytes=info["file_bytes"],
+            huge_page_bytes=info["huge_page_bytes"],
+        )
+    except BaseException:
+        if new_draft is not None:
+            new_draft.close()
+        new_target.close()
+        raise
+    return new_target, new_draft, snapshot
 
 
 class _EngineSide:
@@ -247,49 +295,10 @@ class WorkbenchState(QObject):
             demo_quant = check_format(demo_format, demo_quant)  # ArgumentError here, before anything is queued
 
         def task():
-            nonlocal target, draft
             if side.engine is None:
                 raise EngineError("the engine is not running")
-            if demo is not None:
-                from engine.demo import ensure_demo_pair
-
-                pair = ensure_demo_pair(demo, format=demo_format, quant=demo_quant)
-                target, draft = pair.target, (pair.draft if demo_draft else None)
-            new_target = side.engine.load(target, device=primary, weights=weights)
-            new_draft = None
-            try:
-                if new_target.config.num_experts <= 0:
-                    raise EngineError(f"'{target}' is a dense model: it has no experts to place (open an MoE model)")
-                if draft is not None:
-                    new_draft = side.engine.load(draft, device=primary, weights=weights)
-                    check_shared_vocabulary(new_target, new_draft)
-                info = new_target.info
-                snapshot = ModelSnapshot(
-                    target_path=str(target),
-                    draft_path=None if draft is None else str(draft),
-                    config=new_target.config,
-                    primary=primary,
-                    synthetic=is_synthetic(new_target.checkpoint),
-                    weight_bytes=info["weight_bytes"],
-                    all_expert_bytes=info["expert_bytes"],
-                    placement=new_target.placement,
-                    devices=side.engine.devices,
-                    shape=ModelShape.from_model(new_target),
-                    draft_weight_bytes=0 if new_draft is None else new_draft.info["weight_bytes"],
-                    demo=demo,
-                    demo_format=demo_format if demo is not None else "safetensors",
-                    demo_quant=demo_quant if demo is not None else None,
-                    fingerprint=_fingerprint(new_target),
-                    draft_fingerprint=None if new_draft is None else _fingerprint(new_draft),
-                    weights=info["weights"],
-                    file_bytes=info["file_bytes"],
-                    huge_page_bytes=info["huge_page_bytes"],
-                )
-            except BaseException:
-                if new_draft is not None:
-                    new_draft.close()
-                new_target.close()
-                raise
+            pair = _DemoPair(demo, demo_draft, demo_format, demo_quant) if demo is not None else None
+            new_target, new_draft, snapshot = _load_pair(side.engine, target, draft, primary, weights, pair)
             for old in (side.target, side.draft):
                 if old is not None:
                     old.close()
@@ -571,7 +580,12 @@ class WorkbenchState(QObject):
 
     def open_profile(self, path: str | Path) -> Profile | None:
         """Read a profile (engine.profile: file:line errors) and put its placement and routing in the editor.
-        Refused, with the engine's error in a dialog, when it was made for another model or does not fit it."""
+        Refused, with the engine's error in a dialog, when it was made for another model or does not fit it.
+
+        When the open engine lacks what the profile's `devices:` section asks for (a device, a memory cap, a thread
+        count), the engine is made again with the profile's devices (engine.devices; the GPU runtimes loaded now
+        stay) and the pair reloaded on it, then the placement applied; a devices entry this machine cannot provide
+        is refused at its file:line, with a hint, and the open engine stays."""
         if self.model is None:
             self.sigMessage.emit("Open a model first")
             return None
@@ -582,8 +596,48 @@ class WorkbenchState(QObject):
         except EngineError as exc:
             self.sigError.emit("The profile could not be opened", str(exc))
             return None
-        if placement != self.placement and not self.set_placement(placement, f"open {Path(path).name}"):
-            return None
+        lacking = differences(profile, self.devices)
+        if lacking:
+            self._open_devices(profile, Path(path), placement, routing, lacking)
+            return profile
+        return profile if self._apply_profile(profile, Path(path), placement, routing) else None
+
+    def _open_devices(self, profile: Profile, path: Path, placement: Placement, routing, lacking: list[str]) -> None:
+        """Make the engine again with the profile's devices, reload the pair on it, then apply the profile."""
+        m, side, weights = self.model, self._side, self.weights
+        named = set(profile.device_specs)
+        keep = tuple(sorted({d.name.partition(":")[0] for d in self.devices} - named - {"cpu", "hostsim"}))
+        primary = profile.primary_device if profile.primary is not None else m.primary
+        demo = _DemoPair(m.demo, m.draft_path is not None, m.demo_format, m.demo_quant) if m.demo else None
+
+        def task():
+            engine = engine_for_profile(profile, also=keep)  # ProfileError at the entry it cannot provide
+            try:
+                target, draft, snapshot = _load_pair(engine, m.target_path, m.draft_path, primary, weights, demo)
+            except BaseException:
+                engine.close()
+                raise
+            if side.engine is not None:
+                side.engine.close()
+            side.engine, side.target, side.draft = engine, target, draft
+            side.applied = snapshot.placement
+            return engine.devices, dict(engine.load_errors), snapshot
+
+        def done(result):
+            self.devices, self.load_errors, snapshot = result
+            self.sigEngineChanged.emit()
+            self._models_loaded(snapshot)
+            self.sigMessage.emit(f"Opened the devices {path.name} asks for ({'; '.join(lacking)})")
+            self._apply_profile(profile, path, placement, routing)
+
+        def failed(exc):
+            self._fail(f"The devices {path.name} asks for are not available", exc)
+
+        self.worker.submit(task, done, failed, f"opening the devices {path.name} asks for")
+
+    def _apply_profile(self, profile: Profile, path: Path, placement: Placement, routing) -> bool:
+        if placement != self.placement and not self.set_placement(placement, f"open {path.name}"):
+            return False
         wanted = profile.run.weights
         if wanted not in (None, "auto") and wanted != self.model.weights:
             held = self.model.weights
@@ -597,10 +651,10 @@ class WorkbenchState(QObject):
                 self.sigMessage.emit(f"The profile's routing statistics were not used: {exc}")
         self.profile = profile
         self.saved_placement = copy_placement(placement)
-        self.profile_path = Path(path)
+        self.profile_path = path
         self.sigDirtyChanged.emit(self.dirty)
         self.sigPathChanged.emit()
-        return profile
+        return True
 
     # ---- runs --------------------------------------------------------------------------------------------
 

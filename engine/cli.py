@@ -25,6 +25,7 @@ from .demo import (
     is_synthetic,
     quant_formats,
 )
+from .devices import DeviceSettings
 from .errors import EngineError
 from .export import add_import_parser
 from .export import add_parser as add_export_parser
@@ -52,7 +53,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="load runtime module NAME from FILE (authoritative)")  # fmt: skip
 
 
-def _make_engine(args, strict: bool = True) -> Engine:
+def _device_settings(args, strict: bool = True) -> DeviceSettings:
     paths = {}
     for item in args.module_path:
         name, sep, file = item.partition("=")
@@ -62,8 +63,14 @@ def _make_engine(args, strict: bool = True) -> Engine:
     if args.cpu_devices < 0 or args.threads < 0:
         raise EngineError("--cpu-devices and --threads must be >= 0")
     runtimes = ("cpu", *(r for r in dict.fromkeys(args.runtime) if r != "cpu"))
-    return Engine(runtimes=runtimes, module_paths=paths, cpu_devices=args.cpu_devices, cpu_threads=args.threads,
-                  portable=args.portable or None, kernels=args.kernels, strict=strict)  # fmt: skip
+    return DeviceSettings(runtimes=runtimes, required=None if strict else (), module_paths=paths,
+                          cpu_devices=args.cpu_devices, cpu_threads=args.threads, portable=args.portable or None,
+                          kernels=args.kernels)  # fmt: skip
+
+
+def _make_engine(args, strict: bool = True) -> Engine:
+    """The engine the command's device options ask for (engine.devices, as regress and the window make theirs)."""
+    return _device_settings(args, strict).open()
 
 
 def _tell(message: str) -> None:

@@ -873,11 +873,14 @@ def _read_devices(r: _Reader, node) -> dict[str, DeviceSpec]:
         if runtime not in RUNTIMES:
             r.fail(knode, f"devices: unknown runtime {runtime!r} (expected one of {', '.join(RUNTIMES)})")
         what = f"devices.{runtime}"
+        r.mark(("devices", runtime), knode)
         if isinstance(vnode, yaml.ScalarNode):
             out[runtime] = DeviceSpec(r.integer(vnode, what, 1, 64))
             continue
         m = r.mapping(vnode, what, ("devices", "threads", "memory_limit"), required=("devices",))
         spec = DeviceSpec(r.integer(m["devices"][1], f"{what}.devices", 1, 64))
+        for key, (k, _v) in m.items():
+            r.mark(("devices", runtime, key), k)
         if "threads" in m:
             if runtime not in ("cpu", "hostsim"):
                 r.fail(m["threads"][0], f"{what}.threads: only cpu and hostsim devices have worker threads")

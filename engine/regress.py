@@ -186,33 +186,11 @@ def _stable(m: Measurement) -> bool:
 
 
 def make_engine(profile: Profile, portable: bool = False):
-    """An Engine with the devices the profile asks for; ProfileError when this machine lacks one."""
-    from .model import Engine
+    """An Engine with the devices the profile asks for (engine.devices); ProfileError at the file:line of the entry
+    this machine cannot provide."""
+    from .devices import engine_for_profile
 
-    specs = profile.device_specs
-    options: dict[str, dict] = {}
-    for runtime, spec in specs.items():
-        opts: dict = {}
-        if runtime in ("cpu", "hostsim"):
-            opts["n_devices"] = spec.devices
-            opts["threads_per_device"] = spec.threads or (1 if runtime == "hostsim" else 0)
-        if spec.memory_limit is not None:
-            opts["memory_limit"] = spec.memory_limit
-        options[runtime] = opts
-    runtimes = tuple(sorted(specs, key=lambda r: r != "cpu"))
-    try:
-        engine = Engine(runtimes=runtimes, portable=portable or None, runtime_options=options)
-    except EngineError as exc:
-        raise ProfileError(
-            profile.error_at(("devices",), f"devices: this machine cannot provide them: {exc}")
-        ) from None
-    have = {d.name for d in engine.devices}
-    missing = [d for d in profile.device_names() if d not in have]
-    if missing:
-        engine.close()
-        raise ProfileError(f"{profile.where('devices')}: devices: this machine has no {', '.join(missing)} "
-                           f"(it has {', '.join(sorted(have))})")  # fmt: skip
-    return engine
+    return engine_for_profile(profile, portable)
 
 
 def measure_profile(profile: Profile, portable: bool = False) -> Measurement:

@@ -184,7 +184,11 @@ def test_missing_profile_and_unavailable_devices_exit_2(recorded, capsys):
     junit = recorded / "gpu.xml"
     assert cli_main(["regress", str(recorded / "gpu.yaml"), "--junit", str(junit)]) == 2
     err = capsys.readouterr().err
-    assert "devices: this machine cannot provide them" in err or "devices: this machine has no cuda:" in err
+    # at the file:line of the cuda entry (engine.devices), with a hint
+    line = next(i for i, text in enumerate((recorded / "gpu.yaml").read_text().splitlines(), 1) if "cuda:" in text)
+    where = f"{recorded / 'gpu.yaml'}:{line}: devices.cuda: this machine"
+    assert f"{where} cannot provide it: " in err or f"{where} has no cuda:" in err, err
+    assert "hint: " in err
     assert ET.parse(junit).getroot().find("testsuite").get("errors") == "1"
 
 

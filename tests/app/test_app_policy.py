@@ -89,3 +89,53 @@ def state_engine_factory():
     from engine.model import Engine
 
     return lambda: Engine(runtimes=("cpu", "hostsim"), strict=False)
+
+
+def test_a_profiles_devices_are_opened_a_memory_cap_included(qtbot, make_state, tmp_path):
+    from app_helpers import on_engine
+
+    from engine import profile as engine_profile
+
+    state = make_state(draft=False)
+    assert state.save_profile(tmp_path / "plain.yaml")
+    same = on_engine(qtbot, state, lambda side: id(side.engine))
+    assert state.open_profile(tmp_path / "plain.yaml") is not None  # devices it has: the engine stays
+    assert on_engine(qtbot, state, lambda side: id(side.engine)) == same
+    capped = engine_profile.load(tmp_path / "plain.yaml")
+    capped.devices["hostsim"] = engine_profile.DeviceSpec(1, memory_limit=40_000_000)
+    capped.placement.layers = [(2, 2, "hostsim:0")]
+    capped.save(tmp_path / "capped.yaml")
+    messages = []
+    state.sigMessage.connect(messages.append)
+    assert state.open_profile(tmp_path / "capped.yaml") is not None
+    qtbot.waitUntil(lambda: state.profile_path == tmp_path / "capped.yaml" and not state.busy, timeout=TIMEOUT_MS)
+    sim = {d.name: d for d in state.devices}["hostsim:0"]
+    assert sim.memory_total == 40_000_000 and state.capacity["hostsim:0"] <= 40_000_000
+    assert state.placement.describe() == "0=cpu:0; 2=hostsim:0" and not state.dirty
+    assert on_engine(qtbot, state, lambda side: side.target.placement.describe()) == "0=cpu:0; 2=hostsim:0"
+    assert any(m.startswith("Opened the devices capped.yaml asks for (devices.hostsim.memory_limit: hostsim:0 has ")
+               for m in messages), messages  # fmt: skip
+
+
+def test_a_devices_entry_this_machine_cannot_provide_is_refused_at_its_line_and_the_engine_stays(
+    qtbot, make_state, tmp_path
+):
+    from engine import profile as engine_profile
+
+    state = make_state(draft=False)
+    assert state.save_profile(tmp_path / "plain.yaml")
+    gpus = engine_profile.load(tmp_path / "plain.yaml")
+    gpus.devices["cuda"] = engine_profile.DeviceSpec(64)  # no machine here has 64 GPUs (most have none)
+    gpus.placement.layers = [(2, 2, "cuda:63")]
+    gpus.save(tmp_path / "gpus.yaml")
+    line = next(i for i, text in enumerate((tmp_path / "gpus.yaml").read_text().splitlines(), 1) if "cuda:" in text)
+    before = [d.name for d in state.devices]
+    with qtbot.waitSignal(state.sigError, timeout=TIMEOUT_MS) as error:
+        assert state.open_profile(tmp_path / "gpus.yaml") is not None
+    title, text = error.args
+    assert title == "The devices gpus.yaml asks for are not available"
+    assert text.startswith(f"{tmp_path / 'gpus.yaml'}:{line}: devices.cuda: this machine ") and "hint: " in text
+    qtbot.waitUntil(lambda: not state.busy, timeout=TIMEOUT_MS)
+    assert [d.name for d in state.devices] == before and state.model is not None
+    assert state.profile_path == tmp_path / "plain.yaml"  # the saved one, not the refused one
+    assert run(qtbot, state).index == 1  # the open engine goes on working
