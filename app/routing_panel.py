@@ -259,13 +259,12 @@ class RoutingPanel(QWidget):
         if record is not None:
             self._runs.append(record.index)
 
-    def routed_runs(self) -> list[int]:
-        """The runs whose decodes the counts hold: the state's own account when it keeps one (routing_runs), else
-        the runs finished since the model was loaded or the counts were reset."""
-        runs = getattr(self.state, "routing_runs", None)
-        if runs is not None:
-            return [int(r) for r in runs]
-        return list(self._runs)
+    def routed_runs(self) -> tuple[int, int] | None:
+        """The runs (first, last) whose decodes the counts hold: the state's own account when it keeps one
+        (routing_runs), else the runs finished since the model was loaded or the counts were reset."""
+        if hasattr(self.state, "routing_runs"):
+            return self.state.routing_runs
+        return (min(self._runs), max(self._runs)) if self._runs else None
 
     def _caption(self) -> str:
         """What the map counts: the tokens each MoE layer routed (profiling passes and runs; measurements of the
@@ -274,17 +273,16 @@ class RoutingPanel(QWidget):
         if stats is None:
             self._runs.clear()  # reset (or never counted): the next counts start with the next run
             return ""
-        tokens = getattr(self.state, "routing_tokens", None)
-        if tokens is None:
-            routed = [int(t) for t in stats.tokens if t > 0]
-            tokens = max(routed) if routed else 0
+        tokens = getattr(self.state, "routing_tokens", None) or max((int(t) for t in stats.tokens), default=0)
+        origin = getattr(self.state, "routing_origin", None)
         runs = self.routed_runs()
-        if not runs:
-            over = "from profiling"
-        elif len(runs) == 1:
-            over = f"over run {runs[0]}"
+        if runs is not None:
+            first, last = runs
+            over = f"over run {first}" if first == last else f"over runs {first}-{last}"
+            if origin == "profiling and runs":
+                over = "from profiling and " + over.removeprefix("over ")
         else:
-            over = f"over runs {min(runs)}-{max(runs)}"
+            over = {"profile": "from the profile opened", "given": "as given"}.get(origin or "", "from profiling")
         return (f"Hits of {tokens} tokens per MoE layer (top-{stats.top_k}) {over}, since the model was loaded or "
                 "the counts were reset; device measurements do not count. Hover for a value.")  # fmt: skip
 

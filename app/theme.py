@@ -12,6 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import pyqtgraph as pg
+from PySide6 import QtGui
 from PySide6.QtCore import QByteArray, QEvent, QObject, QRectF, Qt
 from PySide6.QtGui import QColor, QGuiApplication, QIcon, QPainter, QPalette, QPixmap
 from PySide6.QtSvg import QSvgRenderer
@@ -197,7 +198,7 @@ TIP_WRAP = 80  # characters: a plain tooltip longer than this is shown wrapped
 def wrapped_tip(text: str | None) -> str | None:
     """A tooltip as Qt shows it wrapped: plain text longer than TIP_WRAP becomes rich text (which Qt wraps at about
     80 characters), its line breaks kept; rich text and short text as they are."""
-    if not text or len(text) <= TIP_WRAP or Qt.mightBeRichText(text):
+    if not text or len(text) <= TIP_WRAP or QtGui.Qt.mightBeRichText(text):  # QtGui's Qt namespace has it
         return text
     return f"<p style='white-space:pre-wrap'>{html.escape(text)}</p>"
 

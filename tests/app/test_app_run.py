@@ -8,7 +8,7 @@ import csv
 
 import numpy as np
 import pytest
-from app_helpers import FIXTURES, TIMEOUT_MS  # noqa: E402
+from app_helpers import FIXTURES, TIMEOUT_MS, record, set_history  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
 
 from app import history  # noqa: E402
@@ -154,3 +154,85 @@ def test_the_precision_choice_reaches_the_run_and_the_history(qtbot, make_window
     assert "later q8 runs are compared with it" in model.index(0, OUTPUT).data(Qt.ItemDataRole.ToolTipRole)
     history.write_csv(tmp_path / "runs.csv", state.history)
     assert [r["precision"] for r in csv.DictReader((tmp_path / "runs.csv").open())] == ["q8", "f32", "q8"]
+
+
+def test_the_run_panel_repeats_three_times_by_default_as_the_command_line_does(make_window):
+    from engine.cli import build_parser
+
+    window = make_window()
+    assert window.run_panel.repeats.value() == 3 == build_parser().parse_args(["run"]).repeats
+    assert window.run_panel.settings().repeats == 3
+
+
+def test_empty_plots_say_so_and_show_no_axes_until_a_run(qtbot, make_window):
+    from app.plots import NO_DATA, is_empty
+
+    window = make_window()
+    plots = window.plots
+    all_plots = (plots.rate_plot, plots.accept_plot, plots.runs_plot, plots.hash_plot)
+    if window.state.history:  # a history kept from an earlier session: start from none
+        set_history(window.state, [])
+    for plot in all_plots:
+        assert is_empty(plot) and plot.no_data.textItem.toPlainText() == NO_DATA
+        assert not plot.getPlotItem().getAxis("bottom").isVisible()
+    assert not plots.runs_plot.getPlotItem().getAxis("left").isVisible()
+    setup_run(window, tokens=8, repeats=2)
+    with qtbot.waitSignal(window.state.sigRunFinished, timeout=TIMEOUT_MS):
+        window.run_panel.start()
+    for plot in all_plots:
+        assert not is_empty(plot) and plot.getPlotItem().getAxis("bottom").isVisible()
+    for plot in (plots.rate_plot, plots.accept_plot, plots.runs_plot):  # y from 0
+        assert plot.getPlotItem().getAxis("left").isVisible() and plot.viewRange()[1][0] <= 0
+    record = window.state.history[-1]
+    whiskers_x = plots.runs_whiskers.opts["x"]
+    low = getattr(record, "decode_tokens_per_second_min", None)
+    if low is not None and np.isfinite(low):  # the record carries the slowest and fastest pass: a whisker
+        assert list(whiskers_x) == [record.index]
+        top, bottom = plots.runs_whiskers.opts["top"][0], plots.runs_whiskers.opts["bottom"][0]
+        assert record.decode_tokens_per_second + top == pytest.approx(record.decode_tokens_per_second_max)
+        assert record.decode_tokens_per_second - bottom == pytest.approx(low)
+        assert plots.runs_plot.viewRange()[1][1] >= record.decode_tokens_per_second_max
+
+
+def test_runs_of_other_settings_and_stopped_runs_are_not_joined(qtbot, make_window):
+    from app.plots import joined, whiskers
+
+    window = make_window()
+    plots = window.plots
+    runs = [
+        record(1, decode_tokens_per_second_min=90.0, decode_tokens_per_second_max=120.0),
+        record(2, decode_tokens_per_second=110.0),  # same settings as 1: joined
+        record(3, placement="0=hostsim:0; 2=cpu:0", decode_tokens_per_second=150.0),  # another placement
+        record(4, placement="0=hostsim:0; 2=cpu:0", decode_tokens_per_second=40.0, cancelled=True, output_hash=""),
+        record(5, placement="0=hostsim:0; 2=cpu:0", decode_tokens_per_second=148.0),  # after a stopped run
+        record(6, placement="0=hostsim:0; 2=cpu:0", decode_tokens_per_second=149.0, q=3),  # another q
+        record(7, placement="0=hostsim:0; 2=cpu:0", decode_tokens_per_second=151.0, q=3, mode="owner_local"),
+    ]
+    set_history(window.state, runs)
+    x, y = plots.runs_curve.getData()
+    assert list(x) == [1, 2, 3, 4, 5, 6, 7] and list(y) == [100, 110, 150, 40, 148, 149, 151]
+    assert list(joined(runs)) == [True, False, False, False, False, False, False]
+    assert list(plots.runs_curve.opts["connect"]) == list(joined(runs))
+    wx, lo, hi = whiskers(runs)
+    assert list(wx) == [1] and list(lo) == [90] and list(hi) == [120]
+    assert list(plots.runs_whiskers.opts["x"]) == [1]
+    assert plots.runs_plot.viewRange()[1][0] == 0 and plots.runs_plot.viewRange()[1][1] >= 151
+    # The hash marks' legend, and one mark per run in its style
+    assert plots.legend_names() == ["reference", "same", "changed", "stopped"]
+    assert len(plots.hash_marks.data) == 7
+
+
+def test_device_strip_shows_the_placements_shares_or_a_runs_busy_time(qtbot, make_window):
+    window = make_window()
+    state, strip = window.state, window.plots.devices
+    assert list(strip.bars) == ["cpu:0", "hostsim:0"]
+    assert strip.source == "bytes" and strip.values() == {"cpu:0": 1.0, "hostsim:0": 0.0}
+    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        state.move({0: list(range(8))}, "hostsim:0")
+    assert strip.values() == pytest.approx({"cpu:0": 0.5, "hostsim:0": 0.5})  # two MoE layers of equal size
+    assert "busy time" in strip.caption.toolTip()  # what the window is not told, said
+    busy = record(1)
+    busy.device_busy_share = {"cpu:0": 0.75, "hostsim:0": 0.25}  # a record that carries the run's busy shares
+    set_history(state, [busy])
+    assert strip.source == "busy" and strip.values() == {"cpu:0": 0.75, "hostsim:0": 0.25}
+    assert strip.bars["cpu:0"].text == "75 % busy"

@@ -195,10 +195,13 @@ def test_the_heat_map_follows_the_engines_counts_after_each_run(qtbot, make_wind
     np.testing.assert_array_equal(second, on_engine(qtbot, state, lambda side: side.target.routing_counts()[0]))
 
 
-def test_drag_hover_previews_the_bars(qtbot, make_window):
+def test_drag_hover_previews_the_bars_and_highlights_the_column(qtbot, make_window):
     from PySide6.QtCore import QPoint, QPointF
     from PySide6.QtGui import QDragEnterEvent, QDragLeaveEvent, QDropEvent
 
+    from app.theme import STYLE_SHEET
+
+    assert 'QFrame#deviceColumn[dropTarget="true"]' in STYLE_SHEET  # the drop target's frame
     window = make_window()
     cpu, sim = window.editor.columns["cpu:0"], window.editor.columns["hostsim:0"]
     data = cpu.model.mimeData([cpu.model.index(0, 0)])
@@ -206,13 +209,16 @@ def test_drag_hover_previews_the_bars(qtbot, make_window):
                             Qt.KeyboardModifier.NoModifier)  # fmt: skip
     sim.view.dragEnterEvent(event)
     assert event.isAccepted() and sim.bar.preview == LAYER_BYTES and cpu.bar.preview == LAYER_BYTES
+    assert sim.property("dropTarget") is True and not cpu.property("dropTarget")
     sim.view.dragLeaveEvent(QDragLeaveEvent())
-    assert sim.bar.preview is None
+    assert sim.bar.preview is None and sim.property("dropTarget") is False
+    sim.view.dragEnterEvent(event)
     drop = QDropEvent(QPointF(10, 10), Qt.DropAction.MoveAction, data, Qt.MouseButton.LeftButton,
                       Qt.KeyboardModifier.NoModifier)  # fmt: skip
     with qtbot.waitSignal(window.state.sigPlacementApplied, timeout=TIMEOUT_MS):
         sim.view.dropEvent(drop)  # the view hands a drop anywhere in the column to its model
     assert drop.isAccepted() and sim.bar.used == LAYER_BYTES and sim.bar.preview is None
+    assert sim.property("dropTarget") is False
 
 
 def test_screenshot_command_writes_a_png(qtbot, make_window, tmp_path):
@@ -360,3 +366,101 @@ def test_open_recent_lists_a_model_only_once_it_has_loaded(qtbot, make_window, t
     qtbot.waitUntil(lambda: window.state.model is not None and window.state.model.target_path == str(copy),
                     timeout=TIMEOUT_MS)  # fmt: skip
     assert str(copy) in window.recent_menu.actions()[0].text()
+
+
+def test_undo_and_redo_are_said_in_the_status_bar(qtbot, make_window):
+    window = make_window()
+    state = window.state
+    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        state.move({0: list(range(8))}, "hostsim:0")
+    label = state.undo_text
+    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        window.act_undo.trigger()
+    assert window.statusBar().currentMessage() == f"Undone: {label}"
+    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        window.act_redo.trigger()
+    assert window.statusBar().currentMessage() == f"Redone: {label}"
+    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        window.editor.undo_button.click()  # the editor's button says it too
+    assert window.statusBar().currentMessage() == f"Undone: {label}"
+
+
+def test_help_about_names_the_version_and_the_readme(qtbot, make_window, monkeypatch):
+    from app.window import README, version
+
+    shown = []
+    monkeypatch.setattr(QMessageBox, "about", lambda parent, title, text: shown.append((title, text)))
+    window = make_window()
+    assert window.act_about in window.menuBar().actions()[-1].menu().actions()
+    window.act_about.trigger()
+    title, text = shown[0]
+    assert title == "About expertbench" and f"expertbench {version()}" in text
+    assert README.as_uri() in text and "expertbench --help" in text
+
+
+def test_llama_cpp_export_has_a_copy_button(qtbot, make_window):
+    from PySide6.QtGui import QGuiApplication
+
+    window = make_window()
+    window.act_export_llama.trigger()
+    dialog = window.llama_dialog
+    assert dialog.isVisible() and dialog.text.toPlainText().startswith("-ngl")
+    dialog.copy_button.click()
+    assert QGuiApplication.clipboard().text() == dialog.text.toPlainText()
+    assert dialog.copy_button.text() == "Copied"
+    dialog.reject()
+
+
+def test_long_tooltips_are_wrapped(qtbot, make_window):
+    from PySide6.QtCore import QEvent, QPoint
+    from PySide6.QtGui import QHelpEvent
+    from PySide6.QtWidgets import QApplication, QToolTip
+
+    from app.theme import TIP_WRAP, wrapped_tip
+
+    long = "word " * 60 + "\nsecond line"
+    assert wrapped_tip(long).startswith("<p style='white-space:pre-wrap'>") and "second line" in wrapped_tip(long)
+    assert wrapped_tip("short") == "short" and wrapped_tip("<b>rich</b> " * 20) == "<b>rich</b> " * 20
+    assert wrapped_tip("a < b " * TIP_WRAP).count("&lt;") == TIP_WRAP  # plain text stays plain when wrapped
+    window = make_window()
+    button = window.run_panel.start_button
+    button.setToolTip(long)
+    QApplication.sendEvent(button, QHelpEvent(QEvent.Type.ToolTip, QPoint(5, 5), button.mapToGlobal(QPoint(5, 5))))
+    assert QToolTip.text() == wrapped_tip(long)
+    QToolTip.hideText()
+
+
+def test_the_dark_check_box_has_a_visible_box():
+    from PySide6.QtGui import QPalette
+
+    from app.theme import DARK, checkbox_palette
+
+    def contrast(palette: QPalette) -> int:
+        """Fusion draws a check box's outline in the window colour darkened by 140 % over its base colour."""
+        outline = palette.color(QPalette.ColorRole.Window).darker(140)
+        return abs(outline.lightness() - palette.color(QPalette.ColorRole.Base).lightness())
+
+    dark = checkbox_palette(True)
+    assert contrast(dark) >= 40
+    assert dark.color(QPalette.ColorRole.WindowText).name() == DARK["text"]  # the label reads as every label
+    assert contrast(checkbox_palette(False)) >= 40
+
+
+def test_the_icons_are_package_data():
+    """A non-editable install keeps assets/ as app/assets (pyproject), where app.theme looks first."""
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11
+    from app import theme
+
+    root = Path(__file__).resolve().parents[2]
+    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert {"app.assets", "app.assets.icons"} <= set(config["packages"])
+    assert config["package-dir"]["app.assets"] == "assets"
+    shipped = {f"icons/{p.name}" for pattern in config["package-data"]["app.assets.icons"]
+               for p in (root / "assets" / "icons").glob(pattern)}  # fmt: skip
+    shipped |= {p.name for pattern in config["package-data"]["app.assets"] for p in (root / "assets").glob(pattern)}
+    used = {"expertbench.svg"} | {f"icons/{p.name}" for p in (root / "assets" / "icons").glob("*.svg")}
+    assert used <= shipped
+    assert theme.ASSETS in (root / "assets", Path(theme.__file__).resolve().parent / "assets")
+    assert not theme.icon("start").isNull()
