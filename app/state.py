@@ -238,6 +238,12 @@ class WorkbenchState(QObject):
         self.routing: np.ndarray | None = None  # hits [layers, experts]
         self._heat: np.ndarray | None = None  # routing relative to each layer's hottest expert (expert_heat)
         self.routing_stats: RoutingStats | None = None
+        # what the map counts: tokens per MoE layer, where from (set_routing's origin), which runs (first, last)
+        self.routing_tokens = 0
+        self.routing_origin: str | None = None
+        self.routing_runs: tuple[int, int] | None = None
+        self._counted_runs: tuple[int, int] | None = None  # what the engine's counters hold (_counted)
+        self._counted_profiling = False
         # (model, prompts) -> RoutingStats or a hits array; replaceable (tests inject their own)
         self.routing_provider: Callable[[Model, list[str]], RoutingStats | np.ndarray] = profile_routing
         # the cost model's figures for the loaded model and devices (None until measured), and every set measured
@@ -322,7 +328,9 @@ class WorkbenchState(QObject):
         self.profile_path = self.profile = None
         self._undo.clear()
         self._redo.clear()
-        self.routing = self.routing_stats = self._heat = None
+        self._counted(None, False)  # a model's counters start at zero
+        self.routing = self.routing_stats = self._heat = self.routing_origin = self.routing_runs = None
+        self.routing_tokens = 0
         self._set_devices(snapshot.devices)
         self._load_history()
         self.calibration = self._calibrations.get(self.calibration_key())
@@ -646,7 +654,7 @@ class WorkbenchState(QObject):
                                  "the model, to match)")  # fmt: skip
         if routing is not None:
             try:
-                self.set_routing(routing)
+                self.set_routing(routing, "profile")
             except ValueError as exc:
                 self.sigMessage.emit(f"The profile's routing statistics were not used: {exc}")
         self.profile = profile
@@ -694,9 +702,8 @@ class WorkbenchState(QObject):
         def done(result):
             self.running = False
             result, routing = result
-            self._record(result, settings, started, predicted)
-            if int(routing.tokens.sum()) > 0:
-                self.set_routing(routing)
+            record = self._record(result, settings, started, predicted)
+            self._after_run(record.index, routing)
 
         def failed(exc):
             self.running = False
@@ -714,7 +721,7 @@ class WorkbenchState(QObject):
             if self._side.run is not None:
                 self._side.run.cancel()
 
-    def _record(self, result: RunResult, settings: RunSettings, started: str, predicted: float | None) -> None:
+    def _record(self, result: RunResult, settings: RunSettings, started: str, predicted: float | None) -> RunRecord:
         m = self.model
         record = RunRecord.of_run(result, settings, m.target_path, m.draft_path, started, predicted, m.fingerprint)
         try:
@@ -726,6 +733,7 @@ class WorkbenchState(QObject):
         rate = record.decode_tokens_per_second
         note = "cancelled" if record.cancelled else (f"{rate:.1f} tokens/s" if math.isfinite(rate) else "done")
         self.sigMessage.emit(f"Run {record.index}: {note}")
+        return record
 
     @property
     def history(self) -> list[RunRecord]:
@@ -754,8 +762,11 @@ class WorkbenchState(QObject):
 
     # ---- routing -----------------------------------------------------------------------------------------
 
-    def set_routing(self, counts: RoutingStats | np.ndarray | None) -> None:
-        """Per-layer, per-expert hit counts ([num_layers, num_experts]) for the heat map and the chips."""
+    def set_routing(self, counts: RoutingStats | np.ndarray | None, origin: str = "given",
+                    runs: tuple[int, int] | None = None) -> None:  # fmt: skip
+        """Per-layer, per-expert hit counts ([num_layers, num_experts]) for the heat map and the chips. origin says
+        where they come from ("runs", "profiling", "profiling and runs", "profile", "given"), runs which runs of the
+        history they count (first, last), when they count runs."""
         stats = counts if isinstance(counts, RoutingStats) else None
         if stats is not None:
             counts = stats.hits
@@ -766,35 +777,54 @@ class WorkbenchState(QObject):
                 shape = None if cfg is None else (cfg.num_layers, cfg.num_experts)
                 raise ValueError(f"routing counts of shape {counts.shape}, expected {shape}")
             if stats is None:
-                top_k = max(cfg.top_k, 1)
-                hits = counts.astype(np.uint64)
-                stats = RoutingStats(hits, (hits.sum(axis=1) // np.uint64(top_k)).astype(np.uint64), top_k)
+                stats = RoutingStats.from_hits(counts, cfg.top_k)
         self.routing = counts
         self.routing_stats = stats
-        if counts is None:
-            self._heat = None
-        else:
-            top = counts.max(axis=1, keepdims=True)
-            self._heat = np.divide(counts, top, out=np.zeros_like(counts), where=top > 0)
+        self._heat = None if stats is None else stats.heat()
+        self.routing_tokens = 0 if stats is None else stats.tokens_counted
+        self.routing_origin = None if stats is None else origin
+        self.routing_runs = runs if stats is not None else None
         self.sigRoutingChanged.emit()
+
+    def _counted(self, runs: tuple[int, int] | None, profiled: bool) -> None:
+        """What the engine's routing counters hold now: the runs (first, last) since they were reset or a profiling
+        pass, and whether a profiling pass is in them. Calibrations never count (engine.costmodel pauses the
+        counting: Model.routing_paused)."""
+        self._counted_runs, self._counted_profiling = runs, profiled
+
+    def _after_run(self, index: int, routing: RoutingStats) -> None:
+        first = self._counted_runs[0] if self._counted_runs else index
+        self._counted((first, index), self._counted_profiling)
+        if routing.tokens_counted > 0:
+            self.set_routing(routing, "profiling and runs" if self._counted_profiling else "runs", self._counted_runs)
 
     def reset_routing(self) -> None:
         """Forget the routing statistics: the engine's counters (on the engine thread), then the map's."""
         if self.model is None:
             return
         side = self._side
+
+        def done(_result):
+            self._counted(None, False)
+            self.set_routing(None)
+
         failed = lambda exc: self._fail("The routing statistics could not be reset", exc)  # noqa: E731
-        self.worker.submit(lambda: side.target.reset_routing(), lambda _r: self.set_routing(None), failed,
-                           "resetting routing")  # fmt: skip
+        self.worker.submit(lambda: side.target.reset_routing(), done, failed, "resetting routing")
 
     def profile_routing(self, prompts: list[str]) -> bool:
-        """Count expert hits over prompts with the provider (engine.routing's profiling pass unless replaced)."""
+        """Count expert hits over prompts with the provider (engine.routing's profiling pass unless replaced: it
+        resets the engine's counters first, so runs before it no longer count)."""
         if self.model is None:
             self.sigMessage.emit("Open a model first")
             return False
         provider, side = self.routing_provider, self._side
+
+        def done(stats):
+            self._counted(None, True)
+            self.set_routing(stats, "profiling")
+
         failed = lambda exc: self._fail("Routing could not be profiled", exc)  # noqa: E731
-        self.worker.submit(lambda: provider(side.target, list(prompts)), self.set_routing, failed, "profiling routing")
+        self.worker.submit(lambda: provider(side.target, list(prompts)), done, failed, "profiling routing")
         return True
 
     def expert_heat(self) -> np.ndarray | None:

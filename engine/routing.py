@@ -46,6 +46,30 @@ class RoutingStats:
         t = self.tokens.astype(np.float64)[:, None]
         return np.divide(self.hits.astype(np.float64), t, out=np.zeros(self.hits.shape), where=t > 0)
 
+    @classmethod
+    def from_hits(cls, hits, top_k: int) -> RoutingStats:
+        """Statistics from hit counts alone ([layers, experts] of whole non-negative numbers): each layer's tokens
+        are its selections over top_k. ArgumentError for anything else."""
+        arr = np.asarray(hits, dtype=np.float64)
+        if arr.ndim != 2 or not np.isfinite(arr).all() or (arr < 0).any() or (arr != np.floor(arr)).any():
+            raise ArgumentError(f"routing counts of shape {list(arr.shape)}: expected [layers, experts] of whole "
+                                "non-negative numbers")  # fmt: skip
+        counts = arr.astype(np.uint64)
+        top_k = max(int(top_k), 1)
+        return cls(counts, (counts.sum(axis=1) // np.uint64(top_k)).astype(np.uint64), top_k)
+
+    def heat(self) -> np.ndarray:
+        """Each expert's hits relative to the hottest expert of its layer (0..1; 0 where a layer routed nothing):
+        what the heat map and the placement chips colour by."""
+        counts = self.hits.astype(np.float64)
+        top = counts.max(axis=1, keepdims=True) if counts.size else counts
+        return np.divide(counts, top, out=np.zeros_like(counts), where=top > 0)
+
+    @property
+    def tokens_counted(self) -> int:
+        """Tokens routed through the MoE layers (the most any layer routed: every MoE layer routes each token)."""
+        return int(self.tokens.max()) if self.tokens.size else 0
+
     def __add__(self, other: RoutingStats) -> RoutingStats:
         if self.hits.shape != other.hits.shape or self.top_k != other.top_k:
             raise ArgumentError(f"cannot add routing statistics of shape {self.hits.shape} and {other.hits.shape}")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from fixture_paths import FIXTURES
 
-from engine.errors import CheckpointError
+from engine.errors import ArgumentError, CheckpointError
 from engine.model import Engine
 from engine.routing import RoutingStats, profile
 
@@ -86,3 +86,12 @@ def test_hits_land_on_the_right_experts():
                 rows = model.counters()["devices"]["cpu:1"]["rows"]
                 assert rows == stats.hits[layer][expert] > 0
                 assert stats.hits[layer].sum() == stats.tokens[layer] * model.config.top_k
+
+
+def test_statistics_from_hits_their_heat_and_the_tokens_counted():
+    stats = RoutingStats.from_hits([[4, 2, 0, 2], [0, 0, 0, 0], [1, 1, 1, 3]], top_k=2)
+    assert stats.tokens.tolist() == [4, 0, 3] and stats.top_k == 2 and stats.tokens_counted == 4
+    np.testing.assert_array_equal(stats.heat(), [[1, 0.5, 0, 0.5], [0, 0, 0, 0], [1 / 3, 1 / 3, 1 / 3, 1]])
+    for bad in ([1, 2], [[1.5, 2]], [[-1, 2]], [[np.nan, 1]]):
+        with pytest.raises(ArgumentError, match="expected \\[layers, experts\\] of whole non-negative numbers"):
+            RoutingStats.from_hits(bad, 2)

@@ -139,3 +139,36 @@ def test_a_devices_entry_this_machine_cannot_provide_is_refused_at_its_line_and_
     assert [d.name for d in state.devices] == before and state.model is not None
     assert state.profile_path == tmp_path / "plain.yaml"  # the saved one, not the refused one
     assert run(qtbot, state).index == 1  # the open engine goes on working
+
+
+def test_routing_statistics_count_runs_only_never_a_calibration(qtbot, make_state):
+    """The map counts the decodes of runs (and profiling passes); measuring the devices for the cost model (a real
+    calibration, as Hot first and Critical path start with) adds nothing. The state says how many tokens and which
+    runs the counts come from."""
+    import numpy as np
+
+    state = make_state(draft=False)
+    assert state.routing is None and state.routing_runs is None and state.routing_tokens == 0
+    run(qtbot, state)
+    once = state.routing_stats.hits.copy()
+    assert state.routing_runs == (1, 1) and state.routing_origin == "runs"
+    assert state.routing_tokens == int(state.routing_stats.tokens.max()) > 0
+    with qtbot.waitSignal(state.sigCalibrationChanged, timeout=TIMEOUT_MS):
+        state.calibrate()  # the engine's own measurement: a few dozen decodes on every device
+    qtbot.waitUntil(lambda: state.calibration is not None and not state.busy, timeout=TIMEOUT_MS)
+    assert state.routing_runs == (1, 1) and np.array_equal(state.routing_stats.hits, once)
+    run(qtbot, state)  # the same run again: exactly twice the counts
+    assert state.routing_runs == (1, 2) and np.array_equal(state.routing_stats.hits, 2 * once)
+    with qtbot.waitSignal(state.sigRoutingChanged, timeout=TIMEOUT_MS):
+        state.reset_routing()
+    assert state.routing is None and state.routing_runs is None and state.routing_tokens == 0
+    run(qtbot, state)
+    assert state.routing_runs == (3, 3) and np.array_equal(state.routing_stats.hits, once)
+    with qtbot.waitSignal(state.sigRoutingChanged, timeout=TIMEOUT_MS):
+        state.profile_routing(["The quick brown fox"])
+    assert state.routing_origin == "profiling" and state.routing_runs is None and state.routing_tokens > 0
+    run(qtbot, state)
+    assert state.routing_origin == "profiling and runs" and state.routing_runs == (4, 4)
+    state.set_routing(np.ones((3, 8)))  # given by hand (a test, an import)
+    assert state.routing_origin == "given" and state.routing_runs is None and state.routing_tokens == 4
+    np.testing.assert_array_equal(state.expert_heat(), np.ones((3, 8)))
