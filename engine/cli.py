@@ -34,9 +34,11 @@ from .model import WEIGHTS_MODES, Engine
 from .regress import add_parser as add_regress_parser
 from .run import PRECISIONS, REDUCTION_MODES, DecodeRun, RunResult, StepEvent
 from .speculative import MAX_DRAFT_TOKENS
+from .strategy import STRATEGIES as _STRATEGIES
 from .trace import write_chrome_trace
 
 SYNTHETIC_NOTE = "synthetic: random weights, its text is noise by design"
+STRATEGY_NAMES = tuple(_STRATEGIES)
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
@@ -127,12 +129,7 @@ def _check_run_args(args) -> None:
     for p in args.prompt or ():
         if not p:
             raise EngineError("--prompt '' is empty: give some text")
-    demo = [f"--{k.replace('_', '-')}" for k in ("demo_family", "demo_size", "demo_format", "demo_quant")
-            if getattr(args, k)]  # fmt: skip
-    if args.model is not None and demo:
-        raise EngineError(f"{' and '.join(demo)}: choose the demo pair, which runs only without --model")
-    if args.demo_quant is not None and args.demo_format != "gguf":
-        raise EngineError(f"--demo-quant {args.demo_quant}: only the GGUF demo is quantized (add --demo-format gguf)")
+    _check_model_args(args)
     if args.trace is not None:
         folder = args.trace.parent
         if args.trace.is_dir():
@@ -141,9 +138,19 @@ def _check_run_args(args) -> None:
             raise EngineError(f"--trace {args.trace}: the folder {folder} does not exist or is not writable")
 
 
-def cmd_run(args) -> int:
-    _check_run_args(args)
-    target_dir, draft_dir = args.model, args.draft
+def _check_model_args(args) -> None:
+    """--model and the demo's options (run, plan)."""
+    demo = [f"--{k.replace('_', '-')}" for k in ("demo_family", "demo_size", "demo_format", "demo_quant")
+            if getattr(args, k)]  # fmt: skip
+    if args.model is not None and demo:
+        raise EngineError(f"{' and '.join(demo)}: choose the demo pair, which runs only without --model")
+    if args.demo_quant is not None and args.demo_format != "gguf":
+        raise EngineError(f"--demo-quant {args.demo_quant}: only the GGUF demo is quantized (add --demo-format gguf)")
+
+
+def _model_paths(args, with_draft: bool) -> tuple:
+    """The target (and draft) the options name: --model (--draft), else the demo pair (built once when missing)."""
+    target_dir, draft_dir = args.model, getattr(args, "draft", None)
     if target_dir is None:
         size = args.demo_size or "default"
         family = args.demo_family or DEFAULT_FAMILY
@@ -153,8 +160,14 @@ def cmd_run(args) -> int:
         pair = ensure_demo_pair(size, format=fmt, quant=quant, family=family, on_build=lambda why: _tell(
             f"building the synthetic demo model pair ({what}; {why}), once..."))  # fmt: skip
         target_dir = pair.target
-        if draft_dir is None and not args.no_draft:
+        if draft_dir is None and with_draft:
             draft_dir = pair.draft
+    return target_dir, draft_dir
+
+
+def cmd_run(args) -> int:
+    _check_run_args(args)
+    target_dir, draft_dir = _model_paths(args, with_draft=not args.no_draft)
     prompts = args.prompt or DEMO_PROMPTS
     with _make_engine(args) as eng:
         target = eng.load(target_dir, device=args.device, weights=args.weights)
@@ -314,6 +327,53 @@ def _print_table(report: dict, result: RunResult, n_prompts: int) -> None:
         print(f"{i:>2}  {p['prompt_tokens']:>6}  {p['output_sha256'][:16]}  {text!r}")
 
 
+def cmd_plan(args) -> int:
+    from . import plan
+    from .routing import RoutingStats
+    from .strategy import check_name
+
+    try:
+        check_name(args.strategy)
+    except EngineError as exc:
+        raise EngineError(f"--strategy {args.strategy}: {exc}") from None
+    caps = plan.parse_budgets(args.budget)
+    _check_model_args(args)
+    target_dir, _draft = _model_paths(args, with_draft=False)
+    with _make_engine(args) as eng:
+        target = eng.load(target_dir, device=args.device, weights=args.weights)
+        routing = None
+        if args.routing is not None:
+            routing = RoutingStats.read_hotness_csv(args.routing)
+        if not args.no_calibrate:
+            _tell("measuring the devices for the cost model (a few short decodes on each)...")
+        report = plan.make_plan(target, args.strategy, args.fast, caps, measure=not args.no_calibrate,
+                                routing=routing, routing_source=args.routing)  # fmt: skip
+        report["synthetic"] = is_synthetic(target.checkpoint)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        sys.stdout.write(plan.text(report, _synthetic_note(report["synthetic"])))
+    return 0
+
+
+def _demo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--demo-family", choices=tuple(FAMILIES),
+                   help="which demo pair to use when no --model is given: qwen3 (Qwen3-MoE target, dense Qwen3 "
+                        "draft; default), deepseek (DeepSeek-V3 target, dense DeepSeek-V3 draft) or gpt-oss "
+                        "(gpt-oss target with MXFP4 experts, one-expert gpt-oss draft); the last two safetensors "
+                        "only")  # fmt: skip
+    p.add_argument("--demo-size", choices=sorted(SIZES),
+                   help="which demo pair to use when no --model is given (default: default)")  # fmt: skip
+    p.add_argument(
+        "--demo-format",
+        choices=DEMO_FORMATS,
+        help="the demo pair as safetensors folders (bf16; default) or as GGUF files (see --demo-quant)",
+    )
+    p.add_argument("--demo-quant", choices=tuple(QUANTS),
+                   help="with --demo-format gguf: q8_0 (every matrix Q8_0; default) or mxfp4 (MXFP4 experts, Q8_0 "
+                        "elsewhere, as llama.cpp's MXFP4_MOE)")  # fmt: skip
+
+
 def _demo_name(size: str, fmt: str, quant: str | None, family: str = DEFAULT_FAMILY) -> str:
     name = size if family == DEFAULT_FAMILY else f"{FAMILIES[family][0]} {size}"
     return name if fmt == "safetensors" else f"{name}, GGUF {quant}"
@@ -419,27 +479,44 @@ def build_parser() -> argparse.ArgumentParser:
                      "auto: copied where huge pages are enabled and the files take at most half of the memory "
                      "available (default)")  # fmt: skip
     run.add_argument("--draft-device", help="the draft's device (default: --device)")
-    run.add_argument("--demo-family", choices=tuple(FAMILIES),
-                     help="which demo pair to use when no --model is given: qwen3 (Qwen3-MoE target, dense Qwen3 "
-                          "draft; default), deepseek (DeepSeek-V3 target, dense DeepSeek-V3 draft) or gpt-oss "
-                          "(gpt-oss target with MXFP4 experts, one-expert gpt-oss draft); the last two safetensors "
-                          "only")  # fmt: skip
-    run.add_argument("--demo-size", choices=sorted(SIZES),
-                     help="which demo pair to use when no --model is given (default: default)")  # fmt: skip
-    run.add_argument(
-        "--demo-format",
-        choices=DEMO_FORMATS,
-        help="the demo pair as safetensors folders (bf16; default) or as GGUF files (see --demo-quant)",
-    )
-    run.add_argument("--demo-quant", choices=tuple(QUANTS),
-                     help="with --demo-format gguf: q8_0 (every matrix Q8_0; default) or mxfp4 (MXFP4 experts, Q8_0 "
-                          "elsewhere, as llama.cpp's MXFP4_MOE)")  # fmt: skip
+    _demo_args(run)
     run.add_argument("--json", action="store_true", help="print one JSON document")
     run.add_argument("--trace", metavar="FILE", type=Path,
                      help="write the per-token trace (what ran on which device, when, per step and layer) as Chrome "
                           "trace event JSON, for Perfetto or chrome://tracing")  # fmt: skip
     _engine_args(run)
     run.set_defaults(func=cmd_run)
+    plan = sub.add_parser(
+        "plan",
+        help="a placement strategy's placement, the bytes per device and the predicted tokens/s (nothing runs)",
+        description="Places the target's experts with a strategy, as the window's strategy buttons do: on the fast "
+        "device (--fast; default: a device that holds copies, an accelerator or a simulated one, other than the "
+        "primary) and its peer (the primary, or the first other device when the fast one is the primary), the other "
+        "devices by measured bandwidth. Each device holds at most its room for experts (free memory plus what the "
+        "model's experts hold there, less a tenth, at most 1 GiB, for staging), or less where --budget says. The "
+        "prediction comes from a short calibration made here (--no-calibrate: none). With no --model, the demo "
+        "target.",
+    )
+    plan.add_argument("--strategy", required=True, metavar="NAME",
+                      help=f"one of {', '.join(STRATEGY_NAMES)}")  # fmt: skip
+    plan.add_argument("--budget", action="append", default=[], metavar="DEVICE=SIZE",
+                      help="the most experts DEVICE may hold, e.g. cuda:0=20GiB or hostsim:0=40MB (KB, MB, GB: "
+                           "powers of 1000; KiB, MiB, GiB: of 1024; plain bytes); repeat for several")  # fmt: skip
+    plan.add_argument("--fast", metavar="DEVICE", help="the fast device (default: see above)")
+    plan.add_argument("--routing", metavar="CSV",
+                      help="routing statistics as a hotness table (expertbench import-routing, the window's export; "
+                           "default: every expert equally used)")  # fmt: skip
+    plan.add_argument("--no-calibrate", action="store_true",
+                      help="no calibration: no prediction (critical-path needs one)")  # fmt: skip
+    plan.add_argument("--model", metavar="PATH",
+                      help="Hugging Face model folder or GGUF file (default: the synthetic demo target)")  # fmt: skip
+    plan.add_argument("--device", default="cpu:0", help="the target's primary device (default cpu:0)")
+    plan.add_argument("--weights", default="auto", choices=tuple(WEIGHTS_MODES),
+                      help="how the engine holds the files (as for run; default auto)")  # fmt: skip
+    _demo_args(plan)
+    plan.add_argument("--json", action="store_true", help="print one JSON document")
+    _engine_args(plan)
+    plan.set_defaults(func=cmd_plan)
     demo = sub.add_parser(
         "demo-model",
         help="build (or check) the synthetic demo model pair in the cache folder",

@@ -145,7 +145,9 @@ class PlacementRefused(ArgumentError):
 
 
 def mib(nbytes: float) -> str:
-    return f"{nbytes / MIB:.1f} MiB"
+    """Bytes in MiB, one decimal (four below 0.1 MiB, so that a small size does not read as nothing)."""
+    value = nbytes / MIB
+    return f"{value:.1f} MiB" if value == 0 or abs(value) >= 0.1 else f"{value:.4f} MiB"
 
 
 def reads_mapped_files(kind: str) -> bool:
@@ -261,3 +263,18 @@ def check_fits(before: Placement | None, after: Placement, expert_bytes, rooms: 
     if problem:
         raise PlacementRefused(f"{problem}: the {what} is refused")
     return used_after
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]i?b|b)?\s*$", re.IGNORECASE)
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20,
+          "gib": 1 << 30, "tib": 1 << 40}  # fmt: skip
+
+
+def parse_size(text: str) -> int:
+    """A memory size: bytes, or a number with a unit (KB, MB, GB, TB: powers of 1000; KiB, MiB, GiB, TiB: of 1024),
+    e.g. '40MB', '1.5 GiB', '65536'."""
+    m = _SIZE.match(text or "")
+    if not m:
+        raise ArgumentError(f"size {text!r}: expected bytes or a number with a unit (KB, MB, GB, TB, KiB, MiB, GiB, "
+                            "TiB), e.g. 40MB or 1.5GiB")  # fmt: skip
+    return int(float(m.group(1)) * _UNITS[(m.group(2) or "b").lower()])

@@ -29,7 +29,7 @@ import numpy as np
 
 from .costmodel import Calibration, ModelShape, expert_shares, layer_time, predict_tokens_per_second
 from .errors import ArgumentError
-from .placement import ExpertRoom, Placement, reads_mapped_files
+from .placement import ExpertRoom, Placement, mib, reads_mapped_files
 from .routing import RoutingStats
 
 
@@ -55,16 +55,12 @@ def _plan(name, shape, placement, budgets, calibration, stats, tokens_per_step=1
     for device, nbytes in used.items():
         limit = (budgets or {}).get(device)
         if limit is not None and nbytes > limit:
-            raise ArgumentError(f"{name}: {device} would hold {_mib(nbytes)} of experts, more than its budget "
-                                f"({_mib(limit)})")  # fmt: skip
+            raise ArgumentError(f"{name}: {device} would hold {mib(nbytes)} of experts, more than its budget "
+                                f"({mib(limit)})")  # fmt: skip
     predicted = None
     if calibration is not None:
         predicted = predict_tokens_per_second(shape, placement, calibration, stats, tokens_per_step)
     return Plan(name, placement, used, predicted, list(notes))
-
-
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / (1 << 20):.1f} MiB"
 
 
 def _budget(budgets, device) -> float:
@@ -142,8 +138,8 @@ def hot_first(shape: ModelShape, devices: list[str], budgets=None, calibration: 
         while k < len(devices) and room[k] < shape.bytes_of(layer):
             k += 1
         if k == len(devices):
-            held = ", ".join(f"{d} {_mib(_budget(budgets, d))}" for d in devices)
-            raise ArgumentError(f"hot experts first: the budgets ({held}) hold less than the {_mib(shape.total_bytes)} "
+            held = ", ".join(f"{d} {mib(_budget(budgets, d))}" for d in devices)
+            raise ArgumentError(f"hot experts first: the budgets ({held}) hold less than the {mib(shape.total_bytes)} "
                                 "of experts")  # fmt: skip
         placement.owners[layer][e] = devices[k]
         room[k] -= shape.bytes_of(layer)
@@ -179,8 +175,8 @@ def critical_path(shape: ModelShape, fast: str, peer: str, budgets=None, calibra
         if need_peer > room_peer:  # forced: the peer cannot hold everything left
             if room_fast < shape.bytes_of(layer):
                 raise ArgumentError(
-                    f"critical-path balance: {fast} ({_mib(room_fast)} left) and {peer} "
-                    f"({_mib(room_peer)}) cannot hold the {_mib(shape.total_bytes)} of experts"
+                    f"critical-path balance: {fast} ({mib(room_fast)} left) and {peer} "
+                    f"({mib(room_peer)}) cannot hold the {mib(shape.total_bytes)} of experts"
                 )
             move(layer, e)
             room_fast -= shape.bytes_of(layer)
@@ -282,8 +278,8 @@ def budgets_for(rooms: dict[str, ExpertRoom], caps: dict[str, int] | None = None
 def _why_not(what: str, device: str, need: int, rooms: dict[str, ExpertRoom], caps: dict[str, int] | None) -> str:
     room, cap = rooms[device], (caps or {}).get(device)
     if cap is not None and (room.unlimited or cap < room.room):
-        return f"{device}'s budget of {_mib(cap)} is less than {what} ({_mib(need)})"
-    return f"{device} cannot hold {what}: it needs {_mib(need)}; {room.explain()}"
+        return f"{device}'s budget of {mib(cap)} is less than {what} ({mib(need)})"
+    return f"{device} cannot hold {what}: it needs {mib(need)}; {room.explain()}"
 
 
 def choose(name: str, shape: ModelShape, devices: list[str], primary: str, fast: str, rooms: dict[str, ExpertRoom],
