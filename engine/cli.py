@@ -229,7 +229,29 @@ def _report(result: RunResult, target, draft, prompts, kernels: str) -> dict:
         {"prompt": text, "text": target.decode_text(p.generated_ids), **entry}
         for text, p, entry in zip(prompts, result.prompts, report["prompts"], strict=False)
     ]
+    report.update(_reference(result, target, prompts))
     return report
+
+
+def _reference(result: RunResult, target, prompts) -> dict:
+    """The run's output hash as the window's history shows it (engine.history.combined_hash), and the reference run
+    of the same outputs key in that history (read only: `run` keeps nothing there), with whether they agree."""
+    from .history import History, combined_hash, history_file, outputs_key
+    from .profile import fingerprint
+
+    complete = bool(result.output_sha256) and len(result.output_sha256) == len(prompts)
+    out = {"output_hash": combined_hash(result.output_sha256) if complete else None, "reference": None}
+    try:
+        fp = fingerprint(target.checkpoint.folder)
+    except EngineError:
+        return out
+    key = outputs_key(fp, list(prompts), result.tokens_per_prompt, result.precision, result.mode,
+                      result.placement or "", [result.target_device])  # fmt: skip
+    ref = History.load(history_file(fp)).reference(key)
+    if ref is not None and complete:
+        out["reference"] = {"run": ref.index, "started": ref.started, "output_hash": ref.output_hash,
+                            "same": ref.output_hash == out["output_hash"]}  # fmt: skip
+    return out
 
 
 def _formats(model) -> list[str]:
@@ -319,6 +341,11 @@ def _print_table(report: dict, result: RunResult, n_prompts: int) -> None:
     if complete > 1:
         held = "held over" if report["repeats_agree"] else "CHANGED between"
         print(f"hashes    {held} {complete} repeats")
+    ref = report.get("reference")
+    if ref is not None:
+        said = "the same output as" if ref["same"] else f"CHANGED from {ref['output_hash'][:12]} of"
+        print(f"reference {report['output_hash'][:12]}: {said} run {ref['run']} of the window's history "
+              f"({ref['started'].replace('T', ' ')})")  # fmt: skip
     print()
     print(f"{'#':>2}  {'prompt':>6}  {'output sha256':16}  output")
     for i, p in enumerate(report["prompts"]):

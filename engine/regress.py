@@ -29,7 +29,7 @@ from pathlib import Path
 
 from .checkpoint import read_config
 from .errors import EngineError
-from .history import min_accept_rate, min_speed_ratio
+from .history import combined_hash, min_accept_rate, min_speed_ratio
 from .profile import Profile, ProfileError, RoutingSpec, fingerprint, load
 
 DEFAULT_SPEED_SLACK = 0.25
@@ -101,6 +101,9 @@ class Report:
                 "min_speed_ratio": e.min_speed_ratio if e else None,
                 "accept_rate": m.accept_rate if m else None, "min_accept_rate": e.min_accept_rate if e else None,
                 "output_sha256": m.repeat_hashes[0] if m and m.repeat_hashes else None,
+                # the one hash over a run's prompts, as the window's history shows it (engine.history)
+                "output_hash": combined_hash(m.repeat_hashes[0]) if m and m.repeat_hashes else None,
+                "expected_output_hash": combined_hash(e.output_sha256) if e and e.output_sha256 else None,
                 "repeat_output_sha256": m.repeat_hashes if m else None,
                 "expected_output_sha256": e.output_sha256 if e else None,
                 "kernels": m.kernels if m else None, "recorded": o.recorded, "seconds": o.seconds,

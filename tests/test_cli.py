@@ -266,3 +266,36 @@ def test_gui_help_lists_the_windows_options(capsys):
         cli.main(["gui", "--help"])
     out = capsys.readouterr().out
     assert exc.value.code == 0 and "expertbench gui" in out and "--profile" in out and "--theme" in out
+
+
+def test_run_reports_its_output_hash_and_the_windows_reference_run_of_the_same_outputs(capsys):
+    """`run` hashes its outputs as the window's history does (engine.history) and names the reference run of the same
+    outputs key kept there, saying whether it still gives the same output; it keeps nothing there itself."""
+    from engine import history as H
+    from engine.profile import fingerprint
+
+    model = FIXTURES / "qwen3moe-f32"
+    args = ["run", "--model", str(model), "--prompt", REF_PROMPT, "-n", "8", "--repeats", "1"]
+    assert main([*args, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["output_hash"] == H.combined_hash(report["output_sha256"]) and report["reference"] is None
+    fp = fingerprint(model)
+    kept = H.History(H.history_file(fp))
+    settings = H.RunSettings([REF_PROMPT], tokens=8, repeats=1)
+    common = dict(started="2026-12-01T10:00:00", target="qwen3moe-f32", draft=None, placement="0-2=hostsim:0",
+                  mode="reference", precision="f32", q=None, tokens=8, repeats=1, prompts=1,
+                  decode_tokens_per_second=1.0, prefill_tokens_per_second=1.0, accept_rate=None, reference_hash="",
+                  cancelled=False, seconds=1.0, settings=settings, target_path=str(model), primary="cpu:0",
+                  fingerprint=fp)  # fmt: skip
+    kept.add(H.RunRecord(index=0, output_hash="0" * 64, **common))  # a reference that gave another output
+    assert main([*args, "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["reference"] == {"run": 1, "started": "2026-12-01T10:00:00", "output_hash": "0" * 64, "same": False}
+    assert main(args) == 0
+    assert f"reference {report['output_hash'][:12]}: CHANGED from 000000000000 of run 1 of the window's history " \
+           "(2026-12-01 10:00:00)" in capsys.readouterr().out  # fmt: skip
+    H.history_file(fp).unlink()
+    H.History(H.history_file(fp)).add(H.RunRecord(index=0, output_hash=report["output_hash"], **common))
+    assert main([*args, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["reference"]["same"] is True
+    assert len(H.history_file(fp).read_text().splitlines()) == 1  # run keeps nothing

@@ -232,7 +232,12 @@ def test_exit_codes_through_the_command_line(recorded, tmp_path, capsys):
     from engine.cli import main
 
     assert main(["regress", str(recorded / "split.yaml"), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["exit_code"] == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["exit_code"] == 0
+    from engine.history import combined_hash  # the one hash the window's history shows
+
+    (split,) = (o for o in report["profiles"] if o["name"] == "split")
+    assert split["output_hash"] == split["expected_output_hash"] == combined_hash(split["output_sha256"])
     (tmp_path / "bad.yaml").write_text("expertbench_profile: 1\nmodel: [oops]\n")
     assert main(["regress", str(tmp_path / "bad.yaml")]) == 2
     assert "bad.yaml:2: model: expected a mapping" in capsys.readouterr().err
