@@ -10,19 +10,17 @@ from PySide6.QtCore import QRect, QSettings, QSize, Qt, QTimer, Slot
 from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QGuiApplication, QKeySequence, QResizeEvent
 from PySide6.QtWidgets import (
     QApplication,
-    QDialog,
     QDialogButtonBox,
     QDockWidget,
     QFileDialog,
     QFrame,
+    QInputDialog,
     QLabel,
     QMainWindow,
     QMessageBox,
-    QPlainTextEdit,
     QProgressBar,
     QPushButton,
     QScrollArea,
-    QVBoxLayout,
     QWidget,
 )
 
@@ -107,32 +105,20 @@ def about_text() -> str:
             "<code>expertbench gui --help</code>.</p>")  # fmt: skip
 
 
-class CommandDialog(QDialog):
-    """A command line to copy: a note above it, the text selectable, a Copy button (the clipboard) and Close."""
+def add_copy_button(dialog: QInputDialog) -> QPushButton:
+    """A Copy button beside OK and Cancel of a text dialog: its text to the clipboard, the dialog left open."""
+    button = QPushButton(theme.icon("export"), "Copy")
+    button.setObjectName("copy")
+    button.setToolTip("Copy the text to the clipboard")
+    button.setAutoDefault(False)
 
-    def __init__(self, title: str, note: str, command: str, parent=None):
-        super().__init__(parent)
-        self.setWindowTitle(title)
-        layout = QVBoxLayout(self)
-        label = QLabel(note)
-        label.setWordWrap(True)
-        layout.addWidget(label)
-        self.text = QPlainTextEdit(command)
-        self.text.setReadOnly(True)
-        self.text.setMinimumSize(520, 120)
-        layout.addWidget(self.text, 1)
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
-        self.copy_button = QPushButton(theme.icon("export"), "Copy")
-        self.copy_button.setToolTip("Copy the arguments to the clipboard")
-        buttons.addButton(self.copy_button, QDialogButtonBox.ButtonRole.ActionRole)
-        self.copy_button.clicked.connect(self.copy)
-        buttons.rejected.connect(self.reject)
-        layout.addWidget(buttons)
+    def copy():
+        QGuiApplication.clipboard().setText(dialog.textValue())
+        button.setText("Copied")
 
-    @Slot()
-    def copy(self) -> None:
-        QGuiApplication.clipboard().setText(self.text.toPlainText())
-        self.copy_button.setText("Copied")
+    button.clicked.connect(copy)
+    dialog.findChild(QDialogButtonBox).addButton(button, QDialogButtonBox.ButtonRole.ActionRole)
+    return button
 
 
 def scrolling(panel: QWidget) -> QScrollArea:
@@ -531,9 +517,13 @@ class MainWindow(QMainWindow):
         except EngineError as exc:
             QMessageBox.warning(self, "Cannot export to llama.cpp", str(exc))
             return
-        note, command = llama_cpp_note(exported), exported.command_line()
-        self.llama_dialog = CommandDialog("llama.cpp arguments", note, command, self)
-        self.llama_dialog.open()
+        QTimer.singleShot(0, self._offer_copy)  # once the modal dialog below shows: its Copy button
+        QInputDialog.getMultiLineText(self, "llama.cpp arguments", llama_cpp_note(exported), exported.command_line())
+
+    def _offer_copy(self) -> None:
+        for dialog in self.findChildren(QInputDialog):
+            if dialog.isVisible() and dialog.findChild(QPushButton, "copy") is None:
+                add_copy_button(dialog)
 
     @Slot()
     def export_hotness(self) -> None:
@@ -668,7 +658,7 @@ class MainWindow(QMainWindow):
         self.resizeDocks([docks["devices"], docks["routing"]], [440, 360], H)
         self.resizeDocks([docks["devices"], docks["run"]], [190, 420], V)
         self.resizeDocks([docks["plots"]], [330], V)
-        self.resizeDocks([docks["plots"], docks["history"]], [650, 590], H)
+        self.resizeDocks([docks["plots"], docks["history"]], [760, 480], H)
 
     def reset_layout(self) -> None:
         for dock in self.docks.values():

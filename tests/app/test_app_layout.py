@@ -121,3 +121,20 @@ def test_screenshot_size_option():
     for bad in ("1100", "axb", "10x10"):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["--size", bad])
+
+
+def test_the_screenshot_renders_at_the_size_asked_for(qtbot, make_window, tmp_path):
+    """expertbench gui --screenshot FILE --size 1100x720: the PNG has that size, in the compact arrangement."""
+    from PySide6.QtGui import QImage
+
+    from app.launch import build_parser
+    from app.screenshot import capture
+    from engine.cli import window_arguments
+
+    args = build_parser().parse_args(window_arguments(["gui", "--screenshot", "x.png", "--size", "1100x720"]))
+    assert (args.screenshot, args.size) == ("x.png", (1100, 720))
+    window = make_window()
+    path = tmp_path / "small.png"
+    assert capture(window, str(path), tokens=4, runs=1, size=args.size) == 0
+    image = QImage(str(path))
+    assert (image.width(), image.height()) == (1100, 720) and window.compact

@@ -399,16 +399,27 @@ def test_help_about_names_the_version_and_the_readme(qtbot, make_window, monkeyp
 
 
 def test_llama_cpp_export_has_a_copy_button(qtbot, make_window):
+    from PySide6.QtCore import QTimer
     from PySide6.QtGui import QGuiApplication
+    from PySide6.QtWidgets import QInputDialog, QPushButton
 
     window = make_window()
+    seen = []
+
+    def use_the_dialog():  # inside the modal dialog's own event loop
+        dialogs = [d for d in window.findChildren(QInputDialog) if d.isVisible()]
+        try:
+            button = dialogs[0].findChild(QPushButton, "copy")
+            button.click()
+            seen.append((dialogs[0].textValue(), QGuiApplication.clipboard().text(), button.text()))
+        finally:
+            for dialog in dialogs:
+                dialog.reject()
+
+    QTimer.singleShot(50, use_the_dialog)
     window.act_export_llama.trigger()
-    dialog = window.llama_dialog
-    assert dialog.isVisible() and dialog.text.toPlainText().startswith("-ngl")
-    dialog.copy_button.click()
-    assert QGuiApplication.clipboard().text() == dialog.text.toPlainText()
-    assert dialog.copy_button.text() == "Copied"
-    dialog.reject()
+    text, clipboard, label = seen[0]
+    assert text.startswith("-ngl") and clipboard == text and label == "Copied"
 
 
 def test_long_tooltips_are_wrapped(qtbot, make_window):
