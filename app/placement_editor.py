@@ -174,7 +174,9 @@ class DeviceColumnModel(QAbstractItemModel):
             size = format_bytes(0 if model is None else model.shape.bytes_of(layer) * len(experts))
             if is_layer:
                 n = 0 if model is None else model.config.num_experts
-                return (f"Layer {layer}: {len(experts)} of {n} experts on {self.device} ({size}).\n"
+                share = self.data(index, ShareRole)
+                hits = "" if share is None else f" They serve {100 * share:.0f} % of the layer's routed hits."
+                return (f"Layer {layer}: {len(experts)} of {n} experts on {self.device} ({size}).{hits}\n"
                         "Drag to another device to move them; expand to drag single experts.")  # fmt: skip
             return f"Expert {experts[0]} of layer {layer} on {self.device} ({size})"
         return None
@@ -271,11 +273,19 @@ class ChipDelegate(QStyledItemDelegate):
             line2 = QRectF(text_rect.left(), rect.top() + 22, text_rect.width(), 16)
             painter.drawText(line2, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, detail)
             if heat:  # one cell per expert of the chip, coloured by its hits (relative to the layer's hottest)
+                # In a narrow column the strip shrinks and the share of hits goes first: nothing overlaps the count.
+                metrics = painter.fontMetrics()
+                room = line2.width() - metrics.horizontalAdvance(detail) - 8
+                width = min(80.0, room)
                 share = index.data(ShareRole)
-                if share is not None and len(experts) != total:  # a whole layer serves all its hits
-                    painter.drawText(line2.adjusted(0, 0, -88, 0), Qt.AlignmentFlag.AlignRight
-                                     | Qt.AlignmentFlag.AlignVCenter, f"{100 * share:.0f} % of hits")  # fmt: skip
-                strip = QRectF(line2.right() - 80, line2.center().y() - 4, 80, 8)
+                hits = "" if share is None or len(experts) == total else f"{100 * share:.0f} % of hits"
+                if hits and metrics.horizontalAdvance(hits) + 8 <= room - width:  # a whole layer serves all its hits
+                    painter.drawText(line2.adjusted(0, 0, -(width + 8), 0), Qt.AlignmentFlag.AlignRight
+                                     | Qt.AlignmentFlag.AlignVCenter, hits)  # fmt: skip
+                if width < 16:
+                    painter.restore()
+                    return
+                strip = QRectF(line2.right() - width, line2.center().y() - 4, width, 8)
                 cell = strip.width() / len(heat)
                 for i, h in enumerate(heat):
                     painter.fillRect(QRectF(strip.left() + i * cell, strip.top(), cell + 0.5, strip.height()),

@@ -19,6 +19,7 @@ from PySide6.QtGui import QColor, QPainter
 from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from . import theme
+from .live import ROLLING_STEPS
 from .state import RunRecord, WorkbenchState, format_bytes
 
 REFRESH_HZ = 20
@@ -236,16 +237,21 @@ class LivePlots(QWidget):
         grid = QGridLayout()
         grid.setSpacing(8)
         outer.addLayout(grid, 1)
-        self.rate_plot = _plot("Decode tokens/s (rolling, this run)", "tokens/s", "seconds")
-        self.accept_plot = _plot("Draft acceptance (rolling, this run)", "%", "seconds")
+        # Short titles: a title wider than its plot would widen the plot past its dock (the rest in the tooltips).
+        self.rate_plot = _plot("Decode tokens/s (rolling)", "tokens/s", "seconds")
+        self.rate_plot.setToolTip(f"This run's decode tokens/s over the last {ROLLING_STEPS} decode steps")
+        self.accept_plot = _plot("Draft acceptance (rolling)", "%", "seconds")
+        self.accept_plot.setToolTip(f"This run's accepted share of drafted tokens over the last {ROLLING_STEPS} "
+                                    "decode steps")  # fmt: skip
         self.runs_plot = _plot("Decode tokens/s per run", "tokens/s", "run")
         self.runs_plot.setToolTip(RUNS_TIP)
         self.hash_plot = _plot("Output hash per run", "", "")
         self.hash_plot.setToolTip("Each run's output hash against the reference run (the first complete run of the "
-                                  "same prompts, length and precision)")  # fmt: skip
+                                  "same prompts, length and precision): a diamond the reference, a dot the same "
+                                  "output, a cross a CHANGED output, a triangle a stopped run")  # fmt: skip
         self.hash_plot.getPlotItem().hideAxis("left")
-        self.hash_plot.setYRange(-0.6, 1.2, padding=0)
-        self.hash_plot.getPlotItem().getViewBox().setLimits(yMin=-1.0)  # marks at 0, their hashes above
+        self.hash_plot.getPlotItem().getViewBox().setLimits(yMin=-1.0)
+        self.hash_plot.setYRange(-0.6, 1.7, padding=0)  # the marks at 0, their hashes above, the legend on top
         self.hash_plot.setMouseEnabled(x=True, y=False)
         for i, w in enumerate((self.rate_plot, self.accept_plot, self.runs_plot, self.hash_plot)):
             grid.addWidget(w, i // 2, i % 2)
@@ -259,11 +265,14 @@ class LivePlots(QWidget):
         self.runs_plot.addItem(self.runs_whiskers)
         self.runs_curve = self.runs_plot.plot(pen=pg.mkPen(accent, width=1.5), symbol="o", symbolSize=7,
                                               symbolBrush=accent, symbolPen=None)  # fmt: skip
-        self.hash_marks = pg.ScatterPlotItem(size=13)
+        self.hash_marks = pg.ScatterPlotItem(size=13, hoverable=True, tip=lambda x, y, data: data)
         self.hash_plot.addItem(self.hash_marks)
         self.hash_legend = pg.LegendItem(labelTextColor=c["muted"], colCount=4, labelTextSize="8pt",
                                          horSpacing=4)  # fmt: skip
-        self.hash_plot.getPlotItem().layout.addItem(self.hash_legend, 4, 1)  # a row below the axis, off the marks
+        # Over the top of the plot, above the marks and their hashes (in the plot's layout, its width would set the
+        # plot's minimum width even when hidden)
+        self.hash_legend.setParentItem(self.hash_plot.getPlotItem().getViewBox())
+        self.hash_legend.anchor((0, 0), (0, 0), offset=(2, 0))
         for brush, symbol, name in self._hash_styles():
             sample = pg.ScatterPlotItem(size=10, symbol=symbol, brush=pg.mkBrush(brush), pen=None)
             self.hash_legend.addItem(sample, name)
@@ -290,7 +299,7 @@ class LivePlots(QWidget):
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
-        self.refresh_runs()  # as many hash labels as the width has room for
+        self.refresh_runs()  # as many hash labels as the width has room for, the legend where it fits
 
     @Slot()
     def _started(self) -> None:
@@ -331,7 +340,9 @@ class LivePlots(QWidget):
         self.runs_whiskers.setData(x=wx, y=wy, top=hi - wy, bottom=wy - lo)
         set_empty(self.runs_plot, len(history) == 0)
         set_empty(self.hash_plot, len(history) == 0, ("bottom",))
-        self.hash_legend.setVisible(bool(history))
+        # The legend in one row where it fits; a narrower plot leaves it to the tooltip
+        legend = self.hash_legend.boundingRect().width()
+        self.hash_legend.setVisible(bool(history) and legend + 4 <= self.hash_plot.getPlotItem().getViewBox().width())
         spots = []
         for item in self._hash_labels:
             self.hash_plot.removeItem(item)
@@ -348,10 +359,12 @@ class LivePlots(QWidget):
                 key, tip = "changed", f"output CHANGED from the reference run{_of(r)}"
             brush, symbol = styles[key]
             spots.append({"pos": (r.index, 0), "brush": pg.mkBrush(brush), "symbol": symbol, "pen": None,
-                          "data": f"run {r.index}: {tip}"})  # fmt: skip
+                          "data": f"run {r.index}: {tip}; output {r.short_hash}"})  # fmt: skip
         self.hash_marks.setData(spots)
-        room = max(1, min(16, int(self.hash_plot.width() / 80)))  # a hash label takes about 80 pixels
-        for r in history[-room:]:  # labels only for the last runs: more would overlap
+        box = self.hash_plot.getPlotItem().getViewBox()
+        tall = box.height() >= 100  # room for a hash above each mark; else the hashes are in the marks' tooltips
+        room = max(1, min(16, int(box.width() / 80))) if tall else 16  # a hash label takes about 80 pixels
+        for r in history[-room:] if tall else []:  # labels only for the last runs: more would overlap
             label = pg.TextItem(r.short_hash[:8], color=c["muted"], anchor=(0.5, 1.0), angle=0)
             label.setPos(r.index, 0.45)
             self.hash_plot.addItem(label)
