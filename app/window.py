@@ -140,9 +140,11 @@ def parse_rect(value) -> QRect | None:
     return QRect(x, y, w, h) if w > 0 and h > 0 else None
 
 
-def layout_fits(rect: QRect, screens: list[QRect]) -> bool:
-    """A saved window fits when one screen's available area is at least its size and shows part of it."""
-    return any(rect.width() <= a.width() and rect.height() <= a.height() and a.intersects(rect) for a in screens)
+def layout_fits(rect: QRect, screens: list[QRect], slack: int = 16) -> bool:
+    """A saved window (its contents' rectangle) fits when one screen's available area is at least its size, give or
+    take `slack` pixels of window frame, and shows part of it."""
+    return any(rect.width() <= a.width() + slack and rect.height() <= a.height() + slack and a.intersects(rect)
+               for a in screens)  # fmt: skip
 
 
 def default_size(screens: list[QRect]) -> QSize:
@@ -686,8 +688,8 @@ class MainWindow(QMainWindow):
             return
         self.settings.setValue("geometry", self.saveGeometry())
         self.settings.setValue("window_state", self.saveState(LAYOUT_VERSION))
-        frame = self.frameGeometry()
-        self.settings.setValue("window_rect", f"{frame.x()},{frame.y()},{frame.width()},{frame.height()}")
+        rect = self.normalGeometry() if self.isMaximized() or self.isFullScreen() else self.geometry()
+        self.settings.setValue("window_rect", f"{rect.x()},{rect.y()},{rect.width()},{rect.height()}")
         self.settings.setValue("compact", "true" if self.compact else "false")
         closed = [key for key, dock in self.docks.items() if not dock.toggleViewAction().isChecked()]
         self.settings.setValue("hidden_docks", ",".join(closed))

@@ -92,7 +92,8 @@ def test_every_panel_has_a_minimum_size_or_scrolls(make_window):
 def test_a_saved_layout_that_does_not_fit_the_screen_is_not_restored(qtbot, make_window, tmp_path):
     screen = QApplication.primaryScreen().availableGeometry()  # 800 x 800 offscreen
     assert layout_fits(QRect(0, 0, screen.width(), screen.height()), [screen])
-    assert not layout_fits(QRect(0, 0, screen.width() + 1, 100), [screen])
+    assert layout_fits(QRect(-8, -8, screen.width() + 16, 100), [screen])  # a maximized window's frame
+    assert not layout_fits(QRect(0, 0, screen.width() + 17, 100), [screen])
     assert not layout_fits(QRect(screen.right() + 10, 0, 100, 100), [screen])  # on a screen that is gone
     assert parse_rect("1,2,30,40") == QRect(1, 2, 30, 40) and parse_rect(None) is None and parse_rect("x") is None
     assert default_size([QRect(0, 0, 1000, 700)]).width() == 950 and default_size([]).width() == 1560
