@@ -32,6 +32,7 @@ from engine.placement import (
     check_fits,
     device_bytes,
     expert_rooms,
+    model_bytes,
     moved,
     overflow,
 )
@@ -71,10 +72,6 @@ def format_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
-
-
-def copy_placement(p: Placement) -> Placement:
-    return Placement([list(row) for row in p.owners])
 
 
 @dataclass
@@ -321,10 +318,10 @@ class WorkbenchState(QObject):
 
     def _models_loaded(self, snapshot: ModelSnapshot) -> None:
         self.model = snapshot
-        self.placement = copy_placement(snapshot.placement)
-        self.applied = copy_placement(snapshot.placement)
-        self._wanted = copy_placement(snapshot.placement)
-        self.saved_placement = copy_placement(snapshot.placement)
+        self.placement = snapshot.placement.copy()
+        self.applied = snapshot.placement.copy()
+        self._wanted = snapshot.placement.copy()
+        self.saved_placement = snapshot.placement.copy()
         self.profile_path = self.profile = None
         self._undo.clear()
         self._redo.clear()
@@ -373,12 +370,11 @@ class WorkbenchState(QObject):
 
     def model_bytes_on(self, device: str) -> int:
         """Bytes of this model on a device: its experts there, plus every other weight on the primary."""
-        if self.model is None:
+        m = self.model
+        if m is None:
             return 0
-        used = self.used_bytes.get(device, 0)
-        if device == self.model.primary:
-            used += self.model.weight_bytes - self.model.all_expert_bytes + self.model.draft_weight_bytes
-        return used
+        return model_bytes(device, m.primary, self.used_bytes.get(device, 0), m.weight_bytes, m.all_expert_bytes,
+                           m.draft_weight_bytes)  # fmt: skip
 
     # ---- editing -----------------------------------------------------------------------------------------
 
@@ -457,11 +453,11 @@ class WorkbenchState(QObject):
         except PlacementRefused as exc:
             self.sigMessage.emit(str(exc))
             return False
-        self._commit(copy_placement(placement), label)
+        self._commit(placement.copy(), label)
         return True
 
     def _commit(self, new: Placement, label: str) -> None:
-        self._undo.append(Edit(label, copy_placement(self.placement), copy_placement(new)))
+        self._undo.append(Edit(label, self.placement.copy(), new.copy()))
         self._redo.clear()
         self._edit(new)
         self.sigMessage.emit(label[0].upper() + label[1:])
@@ -485,13 +481,13 @@ class WorkbenchState(QObject):
         if self._undo:
             edit = self._undo.pop()
             self._redo.append(edit)
-            self._edit(copy_placement(edit.before))
+            self._edit(edit.before.copy())
 
     def redo(self) -> None:
         if self._redo:
             edit = self._redo.pop()
             self._undo.append(edit)
-            self._edit(copy_placement(edit.after))
+            self._edit(edit.after.copy())
 
     @property
     def dirty(self) -> bool:
@@ -511,7 +507,7 @@ class WorkbenchState(QObject):
         """
         if self.placement is None:
             return
-        self._wanted = copy_placement(self.placement)
+        self._wanted = self.placement.copy()
         self._applies += 1
         if self._applies == 1:
             self.sigApplyingChanged.emit(True)
@@ -540,7 +536,7 @@ class WorkbenchState(QObject):
             while self._undo and self._undo[-1].after != self.applied:
                 self._undo.pop()
             self._redo.clear()
-            self.placement = self._wanted = copy_placement(self.applied)
+            self.placement = self._wanted = self.applied.copy()
             if self._applies == 0:
                 self.sigApplyingChanged.emit(False)
             self.sigPlacementChanged.emit()
@@ -566,7 +562,7 @@ class WorkbenchState(QObject):
             self.sigError.emit("The profile could not be saved", text)
             return False
         self.profile = profile
-        self.saved_placement = copy_placement(self.placement)
+        self.saved_placement = self.placement.copy()
         self.profile_path = Path(path)
         self.sigDirtyChanged.emit(False)
         self.sigPathChanged.emit()
@@ -658,7 +654,7 @@ class WorkbenchState(QObject):
             except ValueError as exc:
                 self.sigMessage.emit(f"The profile's routing statistics were not used: {exc}")
         self.profile = profile
-        self.saved_placement = copy_placement(placement)
+        self.saved_placement = placement.copy()
         self.profile_path = path
         self.sigDirtyChanged.emit(self.dirty)
         self.sigPathChanged.emit()

@@ -81,6 +81,9 @@ class Placement:
             raise RangeError(f"expert {expert} out of range (0..{len(self.owners[layer]) - 1})")
         self.owners[layer][expert] = device
 
+    def copy(self) -> Placement:
+        return Placement([list(row) for row in self.owners])
+
     def devices(self) -> list[str]:
         return sorted({d for row in self.owners for d in row if d is not None})
 
@@ -216,6 +219,15 @@ def device_bytes(placement: Placement | None, expert_bytes, devices=()) -> dict[
     return out
 
 
+def model_bytes(device: str, primary: str, experts: int, weight_bytes: int, all_expert_bytes: int,
+                draft_weight_bytes: int = 0) -> int:  # fmt: skip
+    """Bytes of a model (and its draft) on a device: the experts placed there (experts), plus, on the primary, every
+    other weight of the target and all of the draft's."""
+    if device != primary:
+        return experts
+    return experts + weight_bytes - all_expert_bytes + draft_weight_bytes
+
+
 def overflow(before: dict[str, int], after: dict[str, int], rooms: dict[str, ExpertRoom]) -> str:
     """'' when every device that grows still fits its capacity (free + held), else the first that does not, in
     numbers: what it would hold (needed) against what it has (free + held)."""
@@ -233,7 +245,7 @@ def moved(placement: Placement, moves: dict[int, list[int]], device: str, device
     an unknown device, a dense layer, an expert out of range, or nothing that changes."""
     if device not in devices:
         raise PlacementRefused(f"device {device} is unknown (devices: {', '.join(devices)})")
-    new = Placement([list(row) for row in placement.owners])
+    new = placement.copy()
     changed = 0
     for layer, experts in moves.items():
         if not 0 <= layer < len(new.owners) or not new.owners[layer] or new.owners[layer][0] is None:

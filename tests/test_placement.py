@@ -298,3 +298,14 @@ def test_a_placement_that_overflows_a_device_is_refused_with_needed_against_free
     assert check_fits(both, one, SIZES, rooms_full)["hostsim:0"] == 4 * MIB
     with pytest.raises(PlacementRefused, match="names cuda:0, which this engine does not have"):
         check_fits(before, Placement([["cuda:0"] * 4, [None] * 4, ["cpu:0"] * 4]), SIZES, rooms)
+
+
+def test_a_models_bytes_on_a_device_count_its_other_weights_on_the_primary_only():
+    from engine.placement import model_bytes
+
+    assert model_bytes("cpu:0", "cpu:0", experts=6, weight_bytes=100, all_expert_bytes=80, draft_weight_bytes=7) == 33
+    assert model_bytes("hostsim:0", "cpu:0", experts=6, weight_bytes=100, all_expert_bytes=80) == 6
+    p = Placement([list(r) for r in OWNERS])
+    q = p.copy()
+    q.owners[0][0] = "hostsim:0"
+    assert p.owners == OWNERS and q != p

@@ -201,5 +201,7 @@ def test_a_fast_budget_below_one_layer_is_refused_in_numbers(qtbot, make_window)
     qtbot.waitUntil(lambda: state.calibration is not None, timeout=TIMEOUT_MS)
     with qtbot.waitSignal(state.sigMessage, timeout=TIMEOUT_MS) as said:
         assert not state.apply_strategy("cold-layers", "hostsim:0", 1000)
-    assert said.args[0] == "Cold layers: hostsim:0's budget of 0.0 MiB is less than one MoE layer's experts (0.2 MiB)"
+    assert (
+        said.args[0] == "Cold layers: hostsim:0's budget of 0.0010 MiB is less than one MoE layer's experts (0.2 MiB)"
+    )
     assert state.placement.describe() == "0-2=cpu:0" and not state.undo_text
