@@ -33,11 +33,15 @@ class LiveBuffer:
             self._window: deque[tuple[int, float, int, int]] = deque(maxlen=ROLLING_STEPS)
             self.total_tokens = total_tokens
             self.tokens_done = 0
+            # (time, each device's busy seconds so far) of the last steps: the live busy shares
+            self._busy: deque[tuple[float, dict[str, float]]] = deque(maxlen=ROLLING_STEPS + 1)
 
     def append(self, event: StepEvent) -> None:
         """Called on the run's thread after each step: a few additions and three stores."""
         with self._lock:
             self.tokens_done += event.tokens
+            if event.busy_seconds:
+                self._busy.append((event.time, event.busy_seconds))
             if event.phase != "decode":
                 return
             self._window.append((event.tokens, event.seconds, event.drafted, event.accepted))
@@ -65,6 +69,17 @@ class LiveBuffer:
             start = self._n % self.capacity
             idx = np.r_[start : self.capacity, 0:start]
             return self._time[idx], self._rate[idx], self._accept[idx]
+
+    def busy_shares(self) -> dict[str, float]:
+        """Each device's share of the last steps' time (up to ROLLING_STEPS) spent running kernels; empty before
+        two steps carried busy times. Several threads or streams can make a share exceed 1."""
+        with self._lock:
+            if len(self._busy) < 2:
+                return {}
+            (t0, b0), (t1, b1) = self._busy[0], self._busy[-1]
+        if t1 <= t0:
+            return {}
+        return {name: max(0.0, (b1[name] - b0.get(name, 0.0)) / (t1 - t0)) for name in b1}
 
     @property
     def progress(self) -> tuple[int, int]:

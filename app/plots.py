@@ -27,9 +27,7 @@ NO_DATA = "no data yet: start a run"
 RUNS_TIP = ("Each run's median decode tokens/s over its passes, with whiskers from the slowest to the fastest pass; a "
             "line joins consecutive runs of the same settings only")  # fmt: skip
 BYTES_TIP = ("Each device's share of the placed experts' bytes: the share of the expert reads it serves while "
-             "decoding. "
-             "The window is not told each device's busy time during a run; a run record that carries it "
-             "(device_busy_share) shows it here once the run ends")  # fmt: skip
+             "decoding. During a run the strip shows each device's busy time instead")  # fmt: skip
 
 
 def _of(record) -> str:
@@ -155,9 +153,9 @@ class DeviceBar(QWidget):
 
 
 class DeviceStrip(QWidget):
-    """A small bar per device, as nvtop shows them: the share of the last run's time each device spent running
-    kernels when the run record carries it (device_busy_share); otherwise each device's share of the placed
-    experts' bytes, and the caption says that busy time is not reported to the window."""
+    """A small bar per device, as nvtop shows them: during a run, the share of the last steps' time each device spent
+    running kernels (LiveBuffer.busy_shares, redrawn with the live plots); after a run, the share over the whole
+    run (the record's device_busy_share); with no run yet, each device's share of the placed experts' bytes."""
 
     def __init__(self, state: WorkbenchState, parent=None):
         super().__init__(parent)
@@ -195,13 +193,19 @@ class DeviceStrip(QWidget):
         s = self.state
         self._rebuild([(d.name, d.kind) for d in s.devices])
         last = s.history[-1] if s.history else None
-        busy = getattr(last, "device_busy_share", None) if last is not None else None
-        where = "decoding…" if s.running else (f"run {last.index}" if last is not None else "")
-        if busy and not s.running:
+        if s.running:
+            busy = s.live.busy_shares()
+            what = f"the last {ROLLING_STEPS} steps' time"
+            where = "decoding…"
+        else:
+            busy = getattr(last, "device_busy_share", None) if last is not None else None
+            what = "run {}'s step time".format(last.index if last is not None else "")
+            where = f"run {last.index}" if last is not None else ""
+        if busy:
             self.source = "busy"
             self.caption.setText(f"Busy ({where}):")
-            self.caption.setToolTip(f"The share of {where}'s decode steps each device spent running kernels (several "
-                                    "threads or streams can make it exceed 100 %)")  # fmt: skip
+            self.caption.setToolTip(f"The share of {what} each device spent running kernels (several threads or "
+                                    "streams can make it exceed 100 %)")  # fmt: skip
             for name, bar in self.bars.items():
                 share = busy.get(name)
                 bar.set_share(share, "-" if share is None else f"{100 * share:.0f} % busy")
@@ -313,6 +317,8 @@ class LivePlots(QWidget):
 
     @Slot()
     def refresh_live(self) -> None:
+        if self.state.running:
+            self.devices.refresh()  # the live busy shares
         t, rate, accept = self.state.live.snapshot()
         self.rate_curve.setData(t, rate, connect="finite")
         ok = np.isfinite(accept)

@@ -589,7 +589,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # The window's options (app/launch.py): given first, they mean the window, as `expertbench gui` with them does.
 WINDOW_OPTIONS = ("--model", "--draft", "--no-draft", "--profile", "--placement", "--device", "--cpu-devices",
-                  "--runtimes", "--theme", "--screenshot")  # fmt: skip
+                  "--runtimes", "--theme", "--screenshot", "--size")  # fmt: skip
 
 
 def window_arguments(argv: list[str]) -> list[str] | None:

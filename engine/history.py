@@ -82,6 +82,8 @@ class RunRecord:
     predicted_tokens_per_second: float | None = None
     primary: str = ""  # the target's device
     fingerprint: str | None = None  # the target's (engine.profile.fingerprint)
+    # device -> share of the run's step time it spent running kernels (engine.run.RunResult.device_busy_share)
+    device_busy_share: dict[str, float] = field(default_factory=dict)
 
     @property
     def short_hash(self) -> str:
@@ -131,6 +133,7 @@ class RunRecord:
             predicted_tokens_per_second=predicted,
             primary=result.target_device,
             fingerprint=fingerprint,
+            device_busy_share=dict(getattr(result, "device_busy_share", {}) or {}),
         )
 
     # ---- JSON --------------------------------------------------------------------------------------------
@@ -183,6 +186,12 @@ def _checked(name: str, value):
             return RunSettings(**{k: v for k, v in value.items() if k in {f.name for f in fields(RunSettings)}})
         except TypeError as exc:
             raise ArgumentError(f"'settings': {exc}") from None
+    if name == "device_busy_share":
+        if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in value.items()
+        ):
+            raise ArgumentError("'device_busy_share' is not a map of device names to numbers")
+        return {k: float(v) for k, v in value.items()}
     if name == "output_sha256":
         if not isinstance(value, list) or not all(isinstance(h, str) for h in value):
             raise ArgumentError("'output_sha256' is not a list of hashes")

@@ -439,6 +439,17 @@ class Model(_Handle):
         return out
 
     @_locked
+    def busy_seconds(self) -> dict[str, float]:
+        """Each device's running total of time spent running kernels (counters()' busy_seconds alone: cheap enough
+        to read after every decode step)."""
+        dc = ffi.new("eb_device_counters *")
+        out = {}
+        for d in self.engine.devices:
+            check(lib.eb_model_device_counters(self._ptr, d.index, dc))
+            out[d.name] = dc.busy_ns / 1e9
+        return out
+
+    @_locked
     def reset_counters(self) -> None:
         lib.eb_model_reset_counters(self._live())
 

@@ -61,6 +61,9 @@ class StepEvent:
     ids: tuple[int, ...]
     prompt_tokens: int = 0  # prefill steps only
     spans: tuple[Span, ...] = ()  # with trace=True: what ran where during this step (engine.trace)
+    # each device's running total of kernel time (Model.busy_seconds) at the end of the step: the change between
+    # two events over the change in time is how busy each device was in between
+    busy_seconds: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -395,7 +398,8 @@ class DecodeRun:
                 rep.generated_tokens += 1
                 spans = self._step_spans()
                 if emit is not None:
-                    emit(StepEvent("prefill", r, p, 1, 0, 0, 1, t1 - t_run, t1 - t0, (out[0],), len(prompt), spans))
+                    emit(StepEvent("prefill", r, p, 1, 0, 0, 1, t1 - t_run, t1 - t0, (out[0],), len(prompt), spans,
+                                   self.target.busy_seconds()))  # fmt: skip
                 while len(out) < n and not self._cancel.is_set():
                     t0 = clock()
                     step = decoder.step(n - len(out))
@@ -409,7 +413,8 @@ class DecodeRun:
                     spans = self._step_spans()
                     if emit is not None:
                         emit(StepEvent("decode", r, p, len(step.tokens), step.drafted, step.accepted, len(out),
-                                       t1 - t_run, t1 - t0, tuple(step.tokens), 0, spans))  # fmt: skip
+                                       t1 - t_run, t1 - t0, tuple(step.tokens), 0, spans,
+                                       self.target.busy_seconds()))  # fmt: skip
                 if len(out) == n:
                     outputs[r].append(out)
                     rep.output_sha256.append(output_sha256(out))

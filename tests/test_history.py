@@ -27,7 +27,11 @@ def record(output="h1", placement="0-2=cpu:0", mode="reference", precision="f32"
 
 
 def test_a_record_round_trips_through_json_with_unknown_numbers_as_null():
-    r = record(predicted_tokens_per_second=123.4, decode_tokens_per_second_min=90.0)
+    r = record(
+        predicted_tokens_per_second=123.4,
+        decode_tokens_per_second_min=90.0,
+        device_busy_share={"cpu:0": 0.75, "cuda:0": 1.25},
+    )
     data = json.loads(json.dumps(r.to_dict()))
     assert data["prefill_tokens_per_second"] is None and data["decode_tokens_per_second_max"] is None
     back = H.RunRecord.from_dict(data)
@@ -49,6 +53,8 @@ def test_a_record_round_trips_through_json_with_unknown_numbers_as_null():
         (lambda d: d.update(seconds="long"), "'seconds' is 'long', expected a number"),
         (lambda d: d.update(settings={"tokens": 3}), "'settings' is not the run panel's settings"),
         (lambda d: d.update(output_sha256="x"), "'output_sha256' is not a list of hashes"),
+        (lambda d: d.update(device_busy_share={"cpu:0": "busy"}), "'device_busy_share' is not a map of device"),
+        (lambda d: d.update(device_busy_share=[0.5]), "'device_busy_share' is not a map of device"),
     ],
 )
 def test_a_damaged_record_is_refused_naming_the_field(change, message):

@@ -134,6 +134,9 @@ def test_the_screenshot_renders_at_the_size_asked_for(qtbot, make_window, tmp_pa
 
     args = build_parser().parse_args(window_arguments(["gui", "--screenshot", "x.png", "--size", "1100x720"]))
     assert (args.screenshot, args.size) == ("x.png", (1100, 720))
+    # the window's options open the window without `gui` too
+    assert window_arguments(["--size", "1100x720"]) == ["--size", "1100x720"]
+    assert window_arguments(["--size=800x600", "--theme", "dark"]) == ["--size=800x600", "--theme", "dark"]
     window = make_window()
     path = tmp_path / "small.png"
     assert capture(window, str(path), tokens=4, runs=1, size=args.size) == 0

@@ -236,3 +236,40 @@ def test_device_strip_shows_the_placements_shares_or_a_runs_busy_time(qtbot, mak
     set_history(state, [busy])
     assert strip.source == "busy" and strip.values() == {"cpu:0": 0.75, "hostsim:0": 0.25}
     assert strip.bars["cpu:0"].text == "75 % busy"
+
+
+def test_live_busy_shares_are_the_change_in_busy_time_over_the_last_steps():
+    from app.live import ROLLING_STEPS, LiveBuffer
+    from engine.run import StepEvent
+
+    live = LiveBuffer()
+    live.reset(100)
+    assert live.busy_shares() == {}  # nothing yet
+    live.append(StepEvent("prefill", 0, 0, 1, 0, 0, 1, 1.0, 0.5, (1,), 4, (), {"cpu:0": 0.2, "hostsim:0": 0.0}))
+    assert live.busy_shares() == {}  # one step: no interval yet
+    live.append(StepEvent("decode", 0, 0, 1, 0, 0, 2, 3.0, 2.0, (2,), 0, (), {"cpu:0": 1.2, "hostsim:0": 0.5}))
+    assert live.busy_shares() == pytest.approx({"cpu:0": 0.5, "hostsim:0": 0.25})  # 1.0 s and 0.5 s of 2 s
+    for i in range(ROLLING_STEPS + 5):  # the window slides: only the last steps count
+        live.append(StepEvent("decode", 0, 0, 1, 0, 0, 3 + i, 4.0 + i, 1.0, (3,), 0, (),
+                              {"cpu:0": 2.0 + i, "hostsim:0": 0.5}))  # fmt: skip
+    assert live.busy_shares() == pytest.approx({"cpu:0": 1.0, "hostsim:0": 0.0})
+
+
+def test_the_device_strip_shows_busy_time_while_a_run_decodes_and_the_runs_share_after(qtbot, make_window):
+    window = make_window()
+    state, strip = window.state, window.plots.devices
+    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        state.move({0: list(range(8))}, "hostsim:0")
+    setup_run(window, tokens=400, repeats=1)
+    window.run_panel.draft_check.setChecked(False)
+    seen = []
+    window.plots.timer.timeout.connect(lambda: seen.append((strip.source, strip.caption.text(), strip.values())))
+    with qtbot.waitSignal(state.sigRunFinished, timeout=TIMEOUT_MS) as finished:
+        window.act_start.trigger()
+    live = [v for source, caption, v in seen if source == "busy" and caption.startswith("Busy (decoding")]
+    assert live, f"no live busy shares among {len(seen)} redraws"
+    assert all(set(v) == {"cpu:0", "hostsim:0"} and v["cpu:0"] > 0 for v in live)
+    record = finished.args[0]
+    assert set(record.device_busy_share) == {"cpu:0", "hostsim:0"} and record.device_busy_share["hostsim:0"] > 0
+    assert strip.source == "busy" and strip.caption.text() == f"Busy (run {record.index}):"
+    assert strip.values() == pytest.approx(record.device_busy_share)
