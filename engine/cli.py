@@ -36,6 +36,7 @@ from .run import PRECISIONS, REDUCTION_MODES, DecodeRun, RunResult, StepEvent
 from .speculative import MAX_DRAFT_TOKENS
 from .strategy import STRATEGIES as _STRATEGIES
 from .trace import write_chrome_trace
+from .tune import add_parser as add_tune_parser
 
 SYNTHETIC_NOTE = "synthetic: random weights, its text is noise by design"
 STRATEGY_NAMES = tuple(_STRATEGIES)
@@ -582,6 +583,7 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_args(dev)
     dev.set_defaults(func=cmd_devices)
     add_regress_parser(sub)
+    add_tune_parser(sub)
     add_export_parser(sub)
     add_import_parser(sub)
     return parser
