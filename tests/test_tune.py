@@ -1,0 +1,337 @@
+"""`expertbench tune`: the search on made-up measurements (no timing), its budgets, cancel and front; the command."""
+
+import json
+import math
+import threading
+
+import pytest
+from fixture_paths import FIXTURES
+
+from engine import tune
+from engine.checkpoint import read_config
+from engine.cli import main
+from engine.costmodel import ModelShape
+from engine.errors import ArgumentError
+from engine.placement import Placement, device_bytes
+from engine.profile import load
+
+TARGET, DRAFT = FIXTURES / "qwen3moe-f32", FIXTURES / "qwen3-f32"
+FAST, PRIMARY = "hostsim:0", "cpu:0"
+# a made-up model: 4 MoE layers of 8 experts of 1 MiB, top-2
+SHAPE = ModelShape(4, (0, 1, 2, 3), 8, 2, 1 << 20)
+HASHES = ["a" * 64, "b" * 64]
+
+
+def point(speed: float, nbytes: int, q=2, excluded=None, rates=None) -> tune.Point:
+    placement = SHAPE.empty_placement(PRIMARY)
+    c = tune.Candidate(placement, q, f"{nbytes} bytes", {PRIMARY: 0, FAST: nbytes})
+    m = tune.Measurement(8, 1, rates or [speed], HASHES, reference_sha256=HASHES)
+    return tune.Point(c, [m], excluded)
+
+
+def test_the_front_holds_every_point_no_other_dominates_and_no_other():
+    points = [point(100, 0), point(90, 1), point(150, 2), point(140, 3), point(150, 4), point(200, 8), point(199, 9),
+              point(300, 5, excluded="a constraint"), point(math.nan, 0), point(120, 2, q=3)]  # fmt: skip
+    front = tune.pareto_front(points, FAST)
+    assert [(p.speed, p.fast_bytes(FAST)) for p in front] == [(100, 0), (150, 2), (200, 8)]
+    key = lambda p: (p.speed, p.fast_bytes(FAST))  # noqa: E731
+    for p in front:
+        assert not any(tune.dominates(key(o), key(p)) for o in points if o.excluded is None and o is not p)
+    for p in points:
+        if p not in front and p.excluded is None and math.isfinite(p.speed):
+            assert any(tune.dominates(key(f), key(p)) or key(f) == key(p) for f in front)
+    ranks = tune.pareto_ranks([p for p in points if p.excluded is None and math.isfinite(p.speed)], FAST)
+    assert sorted(set(ranks.values())) == [0, 1]  # what is left after the front is one front here
+    assert point(1, 0, rates=[1.0, 3.0, 2.0]).spread == (1.0, 3.0) and point(1, 0, rates=[1.0, 3.0, 2.0]).speed == 2.0
+
+
+class FakeBench:
+    """Made-up measurements: tokens/s from a function of the candidate, seconds from a unit per token, on a clock
+    that only moves when something is measured."""
+
+    def __init__(self, speed, unit=0.01, differs=lambda c: False, on_measure=None):
+        self.speed, self.unit, self.differs, self.on_measure = speed, unit, differs, on_measure
+        self.now = 0.0
+        self.measured: list[tuple] = []
+        self.cancelled = False
+
+    def clock(self):
+        return self.now
+
+    def reference(self, tokens):
+        self.now += self.unit * tokens
+        return [f"{tokens:064x}"], self.unit * tokens
+
+    def measure(self, candidate, tokens, repeats):
+        self.measured.append((candidate.key, tokens, repeats))
+        seconds = self.unit * tokens * repeats * 1.2
+        self.now += seconds
+        if self.on_measure is not None:
+            self.on_measure(len(self.measured))
+        if self.cancelled:  # as a run cancelled under way: cut short
+            return tune.Measurement(tokens, repeats, [], [], None, seconds)
+        hashes = ["f" * 64] if self.differs(candidate) else [f"{tokens:064x}"]
+        return tune.Measurement(tokens, repeats, [self.speed(candidate)] * repeats, hashes, 0.8, seconds)
+
+    def cancel(self):
+        self.cancelled = True
+
+
+def layers_on_fast(c: tune.Candidate) -> int:
+    return sum(1 for row in c.placement.owners if row and row[0] == FAST)
+
+
+def make_space(qs=(1, 2, 3), budgets=None):
+    budgets = {FAST: 3 * 8 << 20} if budgets is None else budgets
+    return tune.search_space(SHAPE, [PRIMARY, FAST], PRIMARY, FAST, budgets, qs=qs)
+
+
+def synthetic_speed(c: tune.Candidate) -> float:
+    """Best with one whole layer on the fast device (the last: ties go to higher layers) and q 2; a layer split
+    between the devices costs a little."""
+    n = c.device_bytes[FAST] / (8 << 20)
+    split = any(len(set(row)) > 1 for row in c.placement.owners)
+    whole = sum(layer for layer, row in enumerate(c.placement.owners) if row[0] == FAST and len(set(row)) == 1)
+    return 100 + 40 * n - 15 * n * n - 10 * abs((c.q or 2) - 2) - 3 * split + 0.01 * whole
+
+
+def test_the_search_finds_the_best_of_the_space_in_a_fraction_of_a_sweep():
+    candidates, notes = make_space()
+    bench = FakeBench(synthetic_speed)
+    sweep = sum(bench.unit * 64 * 3 * 1.2 for _ in candidates)
+    result = tune.Search(candidates, bench, FAST, time_budget=sweep, clock=bench.clock).run()
+    best = max(candidates, key=synthetic_speed)
+    chosen = result.chosen()
+    assert chosen.candidate.key == best.key == ("0-2=cpu:0; 3=hostsim:0", 2)
+    assert chosen.rung == len(tune.DEFAULT_RUNGS) - 1 and layers_on_fast(chosen.candidate) == 1
+    assert not result.stopped and not result.cancelled and result.seconds < 0.35 * sweep
+    # every candidate had a short run; fewer went on at each rung; the long runs went to few
+    by_rung = [sum(1 for k, t, r in bench.measured if t == rung.tokens) for rung in tune.DEFAULT_RUNGS]
+    assert by_rung[0] == len(candidates) and by_rung[1] < by_rung[0] and by_rung[-1] < by_rung[1]
+    assert result.front[-1] is chosen and all(p.same_as_reference for p in result.points)
+
+
+def test_the_time_budget_trims_the_candidates_and_the_rungs_and_is_kept():
+    candidates, _ = make_space()
+    bench = FakeBench(synthetic_speed)
+    budget = 30 * bench.unit * 8  # about thirty short runs' worth
+    result = tune.Search(candidates, bench, FAST, time_budget=budget, clock=bench.clock).run()
+    longest = bench.unit * 64 * 3 * 1.2
+    assert result.seconds <= budget + longest
+    assert result.planned[0] < len(candidates) and any("measures" in n for n in result.notes)
+    assert result.points and result.chosen() is not None
+    assert result.points[0].candidate.origin == "one device"  # the cheap end is always measured
+    with pytest.raises(ArgumentError, match="--time-budget 0: expected a positive number of seconds"):
+        tune.Search(candidates, bench, FAST, time_budget=0)
+    with pytest.raises(ArgumentError, match="no candidate placement fits the budgets"):
+        tune.Search([], bench, FAST)
+
+
+def test_every_candidate_fits_the_budgets_and_the_space_has_layers_experts_and_q():
+    budgets = {FAST: 2 * (8 << 20) + (3 << 20)}  # two layers and three experts
+    candidates, notes = make_space(qs=(1, 3), budgets=budgets)
+    for c in candidates:
+        assert c.device_bytes == device_bytes(c.placement, SHAPE.bytes_of, [PRIMARY, FAST])
+        assert c.device_bytes[FAST] <= budgets[FAST]
+    assert {c.q for c in candidates} == {1, 3} and candidates[0].origin == "one device"
+    assert len({c.key for c in candidates}) == len(candidates)  # no placement twice
+    origins = " | ".join(c.origin for c in candidates)
+    assert "2 cold layers" in origins and "hot first" in origins and "hottest expert" in origins
+    whole = [c for c in candidates if all(len(set(r)) == 1 for r in c.placement.owners)]
+    assert {layers_on_fast(c) for c in whole} == {0, 1, 2}
+    assert any("single device" in n for n in notes)  # every expert on the fast device is over its budget
+    split = [c for c in candidates if not all(len(set(r)) == 1 for r in c.placement.owners)]
+    assert split, "single experts are searched too"
+
+
+@pytest.mark.parametrize(
+    "budgets, message",
+    [
+        ({PRIMARY: 4 << 20, FAST: 4 << 20}, "--budget: the budgets (cpu:0 4.0 MiB, hostsim:0 4.0 MiB) hold less than "
+                                            "the 32.0 MiB of experts: no placement fits; expected budgets that hold "
+                                            "every expert together"),
+        ({FAST: 1000}, "--budget hostsim:0=1000: hostsim:0's budget of 0.0010 MiB holds no expert (one is 1.0 MiB): "
+                       "there is nothing to tune; expected at least 1.0 MiB on the fast device"),
+    ],
+)  # fmt: skip
+def test_an_impossible_budget_is_refused_in_numbers(budgets, message):
+    with pytest.raises(ArgumentError) as exc:
+        tune.check_budgets(SHAPE, [PRIMARY, FAST], FAST, budgets, budgets, {})
+    assert str(exc.value) == message
+
+
+def test_cancel_stops_before_the_next_measurement_and_keeps_what_was_measured():
+    candidates, _ = make_space()
+    box = {}
+    bench = FakeBench(synthetic_speed, on_measure=lambda n: n == 5 and box["search"].cancel())
+    progress = []
+    search = box["search"] = tune.Search(candidates, bench, FAST, time_budget=1e6, clock=bench.clock,
+                                         on_progress=progress.append)  # fmt: skip
+    result = search.run()
+    assert result.cancelled and result.stopped == "cancelled" and bench.cancelled
+    assert len(bench.measured) == 5 and len(result.points) == 4  # the run under way when cancelled is not kept
+    assert progress[-1].phase == "done" and progress[-1].done == 4
+    assert [p.done for p in progress if p.phase == "measuring"] == [1, 2, 3, 4]
+
+
+def test_a_point_whose_hashes_differ_is_reported_not_hidden_and_never_chosen():
+    candidates, _ = make_space(qs=(2,))
+    fastest = max(candidates, key=synthetic_speed)
+    bench = FakeBench(synthetic_speed, differs=lambda c: c.key == fastest.key)
+    search = tune.Search(candidates, bench, FAST, time_budget=1e6, clock=bench.clock)
+    result = search.run()
+    bad = [p for p in result.points if not p.same_as_reference]
+    assert [p.candidate.key for p in bad] == [fastest.key]
+    assert bad[0] in result.front  # it is the fastest: on the front, flagged
+    assert result.chosen().candidate.key != fastest.key and result.chosen().same_as_reference
+    doc = tune.report(_result(result))
+    assert [p["placement"] for p in doc["differing"]] == [fastest.placement.describe()]
+    assert any(not p["same_as_reference"] for p in doc["front"])
+    shown = tune.text(doc)
+    assert "DIFFERS" in shown and f"against the one-device {'0' * 12}" in shown
+
+
+def test_a_constraint_keeps_a_point_off_the_front_and_out_of_the_choice():
+    candidates, _ = make_space(qs=(2,))
+    fastest = max(candidates, key=synthetic_speed)
+    bench = FakeBench(synthetic_speed)
+    rule = lambda p: "over the limit" if p.candidate.key == fastest.key else None  # noqa: E731
+    result = tune.Search(candidates, bench, FAST, time_budget=1e6, clock=bench.clock, constraints=[rule]).run()
+    excluded = [p for p in result.points if p.excluded]
+    assert [p.candidate.key for p in excluded] == [fastest.key] and excluded[0].excluded == "over the limit"
+    assert excluded[0] not in result.front and result.chosen().candidate.key != fastest.key
+
+
+def _result(search_result) -> tune.TuneResult:
+    return tune.TuneResult(search_result, PRIMARY, [PRIMARY, FAST], {PRIMARY: None, FAST: 24 << 20}, {}, 10, None,
+                           "given", "the strategies", [])  # fmt: skip
+
+
+@pytest.mark.parametrize("text, qs", [("auto", tune.AUTO_Q), ("3", (3,)), ("8", (8,))])
+def test_q_is_auto_or_one_length(text, qs):
+    assert tune.parse_q(text) == qs
+
+
+# ---- the command and an engine --------------------------------------------------------------------------------
+
+
+def fixture_args(*more):
+    return ["tune", "--model", str(TARGET), "--draft", str(DRAFT), "--runtime", "hostsim", *more]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--q", "0"], "--q 0: expected auto or a draft length of 1..8 tokens"),
+        (["--q", "9"], "--q 9: expected auto or a draft length of 1..8 tokens"),
+        (["--q", "many"], "--q many: expected auto or a draft length of 1..8 tokens"),
+        (["--time-budget", "0"], "--time-budget 0.0: expected a positive number of seconds"),
+        (["--time-budget", "-5"], "--time-budget -5.0: expected a positive number of seconds"),
+        (["--time-budget", "nan"], "--time-budget nan: expected a positive number of seconds"),
+        (["--no-draft", "--q", "2"], "--q 2: there is no draft to give a length (drop --no-draft or --q)"),
+        (["--budget", "hostsim:0"], "--budget 'hostsim:0': expected DEVICE=SIZE, e.g."),
+        (["--budget", "hostsim:0=lots"], "--budget 'hostsim:0=lots': size 'lots': expected bytes or a number"),
+    ],
+)  # fmt: skip
+def test_bad_arguments_exit_2_naming_them_before_any_model_loads(args, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # an empty cache: nothing may get built
+    assert main(["tune", "--runtime", "hostsim", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("expertbench: error: ") and message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "expertbench").exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--budget", "cuda:0=1GB"], "--budget cuda:0=1000000000: no device cuda:0 (devices: cpu:0, hostsim:0)"),
+        (["--fast", "cuda:3"], "--fast cuda:3: no device cuda:3 (devices: cpu:0, hostsim:0)"),
+        (["--budget", "hostsim:0=1KB"], "--budget hostsim:0=1000: hostsim:0's budget of 0.0010 MiB holds no expert "
+                                        "(one is 0.0234 MiB): there is nothing to tune"),
+        (["--budget", "cpu:0=100KB", "--budget", "hostsim:0=100KB"], "--budget: the budgets (cpu:0 0.0954 MiB, hostsim:0 "
+                                                                     "0.0954 MiB) hold less than the 0.4 MiB of experts"),
+    ],
+)  # fmt: skip
+def test_budgets_and_devices_the_engine_cannot_honour_exit_2_naming_them(args, message, capsys):
+    assert main(fixture_args(*args)) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_one_device_is_not_enough_to_tune(capsys):
+    assert main(["tune", "--model", str(TARGET), "--no-draft"]) == 2
+    assert "tune needs a second device besides cpu:0" in capsys.readouterr().err
+
+
+def test_json_is_one_document_with_the_measured_front_and_out_writes_a_profile_regress_replays(tmp_path, capsys):
+    out = tmp_path / "tuned.yaml"
+    assert main(fixture_args("--q", "2", "--time-budget", "30", "--json", "--out", str(out))) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["front"] and doc["fast"] == FAST and doc["mode"] == "reference" and doc["out"] == str(out)
+    config = read_config(TARGET)
+    for p in doc["front"]:
+        assert {"placement", "q", "decode_tokens_per_second", "device_bytes", "output_sha256"} <= set(p)
+        assert p["q"] == 2 and p["decode_tokens_per_second"] > 0 and set(p["device_bytes"]) == {PRIMARY, FAST}
+        assert p["same_as_reference"] and p["output_sha256"] == doc["reference"]["output_sha256"][
+            str(p["tokens_per_prompt"])]  # fmt: skip
+        Placement.parse(p["placement"], config)  # the text form the command line reads
+    bytes_ = [p["fast_bytes"] for p in doc["front"]]
+    speeds = [p["decode_tokens_per_second"] for p in doc["front"]]
+    assert bytes_ == sorted(bytes_) and speeds == sorted(speeds)  # more bytes only where it is faster
+    assert doc["differing"] == [] and doc["candidates"] >= len(doc["points"]) >= len(doc["front"])
+    chosen = doc["chosen"]
+    profile = load(out)
+    assert profile.placement_for(config) == Placement.parse(chosen["placement"], config)
+    assert profile.run.q == 2 and profile.run.tokens == chosen["tokens_per_prompt"]
+    assert profile.expectations.output_sha256 == chosen["output_sha256"]
+    assert profile.model.fingerprint and profile.draft.fingerprint
+    from engine import regress
+
+    assert regress.run([str(out)]).exit_code == 0  # the replay gives what the tuner measured
+
+
+def test_the_table_names_the_front_and_the_chosen_point(capsys):
+    args = [
+        "tune",
+        "--model",
+        str(TARGET),
+        "--no-draft",
+        "--runtime",
+        "hostsim",
+        "--no-calibrate",
+        "--time-budget",
+        "20",
+    ]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "decode tokens/s against experts on hostsim:0" in out and "(one device)" in out
+    assert "chosen     " in out and " same " in out and "DIFFERS" not in out
+
+
+def test_a_tuning_on_an_engine_can_be_cancelled_and_leaves_the_placement_as_it_was():
+    from engine.model import Engine
+
+    with Engine(runtimes=("cpu", "hostsim")) as eng:
+        target, draft = eng.load(TARGET), eng.load(DRAFT)
+        target.set_placement("0=hostsim:0")
+        before = target.placement
+        seen = []
+        holder = {}
+
+        def progress(p):
+            seen.append(p.phase)
+            if p.phase == "measuring" and p.done >= 3:
+                holder["tuning"].cancel()
+
+        settings = tune.TuneSettings(qs=(1, 2), time_budget=60, calibrate=False)
+        tuning = holder["tuning"] = tune.Tuning(target, draft, settings, on_progress=progress)
+        result = tuning.run()
+        assert result.search.cancelled and result.search.stopped == "cancelled"
+        assert 3 <= len(result.search.points) <= 4 and "reference" in seen
+        assert target.placement == before
+        # cancelled from another thread while it measures
+        tuning = tune.Tuning(target, draft, settings)
+        timer = threading.Timer(0.5, tuning.cancel)
+        timer.start()
+        result = tuning.run()
+        timer.join()
+        assert result.search.cancelled and target.placement == before
