@@ -35,6 +35,16 @@ def _of(record) -> str:
     return "" if record.precision == "f32" else f" of {record.precision} precision"
 
 
+def divergence_mark(r: RunRecord) -> str:
+    """The short note under a changed run's mark: where its output first parts from the reference run's and whether
+    it was a near tie ('p1 t17 tie'); empty without a diagnosis."""
+    first = (r.diagnosis or {}).get("first")
+    if not first or first.get("index") is None:
+        return ""
+    tie = {True: " tie", False: " gap", None: ""}[first.get("near_tie")]
+    return f"p{first['prompt']} t{first['index']}{tie}"
+
+
 def settings_key(r: RunRecord) -> tuple:
     """What makes two runs' speeds comparable: the same placement, mode, precision, draft and q, and lengths."""
     return (r.target, r.placement, r.mode, r.precision, r.draft, r.q, r.tokens, r.prompts)
@@ -252,7 +262,9 @@ class LivePlots(QWidget):
         self.hash_plot = _plot("Output hash per run", "", "")
         self.hash_plot.setToolTip("Each run's output hash against the reference run (the first complete run of the "
                                   "same prompts, length and precision): a diamond the reference, a dot the same "
-                                  "output, a cross a CHANGED output, a triangle a stopped run")  # fmt: skip
+                                  "output, a cross a CHANGED output, a triangle a stopped run. Under a cross: the "
+                                  "prompt and token where the output first parts from the reference's, and whether "
+                                  "that was a near tie (its tooltip says why)")  # fmt: skip
         self.hash_plot.getPlotItem().hideAxis("left")
         self.hash_plot.getPlotItem().getViewBox().setLimits(yMin=-1.0)
         self.hash_plot.setYRange(-0.6, 1.7, padding=0)  # the marks at 0, their hashes above, the legend on top
@@ -363,6 +375,8 @@ class LivePlots(QWidget):
                 key, tip = "same", f"same output as the reference run{_of(r)}"
             else:
                 key, tip = "changed", f"output CHANGED from the reference run{_of(r)}"
+                if r.diagnosis:
+                    tip += "\n" + "\n".join(r.diagnosis.get("lines") or [r.diagnosis.get("summary", "")])
             brush, symbol = styles[key]
             spots.append({"pos": (r.index, 0), "brush": pg.mkBrush(brush), "symbol": symbol, "pen": None,
                           "data": f"run {r.index}: {tip}; output {r.short_hash}"})  # fmt: skip
@@ -375,6 +389,12 @@ class LivePlots(QWidget):
             label.setPos(r.index, 0.45)
             self.hash_plot.addItem(label)
             self._hash_labels.append(label)
+        for r in history[-room:]:  # under a changed run's mark, where its output parts from the reference's
+            if note := divergence_mark(r):
+                below = pg.TextItem(note, color=c["bad"], anchor=(0.5, 0.0), angle=0)
+                below.setPos(r.index, -0.15)
+                self.hash_plot.addItem(below)
+                self._hash_labels.append(below)
         step = max(1, math.ceil(len(history) / 10))
         for plot in (self.runs_plot, self.hash_plot):
             plot.getAxis("bottom").setTickSpacing(step, step)

@@ -23,7 +23,7 @@ from engine.costmodel import Calibration, ModelShape, calibrate, predict_tokens_
 from engine.demo import check_format, is_synthetic
 from engine.devices import DeviceSettings, differences, engine_for_profile
 from engine.errors import EngineError
-from engine.history import History, RunRecord, RunSettings, history_file, now
+from engine.history import History, RunRecord, RunSettings, diagnose_change, history_file, now, record_key
 from engine.model import WEIGHTS_MODES, DeviceInfo, Engine, Model
 from engine.placement import (
     ExpertRoom,
@@ -677,6 +677,7 @@ class WorkbenchState(QObject):
         use_draft = settings.use_draft and self.has_draft
         started = now()
         predicted = self.predicted_tokens_per_second()  # the edited placement is the one the run decodes with
+        m, runs = self.model, self.runs
 
         def task():
             run = DecodeRun(side.target, side.draft if use_draft else None, prompts=list(settings.prompts),
@@ -692,13 +693,18 @@ class WorkbenchState(QObject):
             finally:
                 with lock:
                     side.run = None
+            # Why the output changed, if it did, while the model is at hand (the reference's logits re-computed where
+            # its settings are the model's now)
+            probe = RunRecord.of_run(result, settings, m.target_path, m.draft_path, fingerprint=m.fingerprint)
+            ref = runs.reference(record_key(probe))
+            diagnosis = None if ref is None else diagnose_change(ref, result, side.target, run.prompt_ids)
             # The core counts every routed pair while decoding (since load or the last profiling pass).
-            return result, RoutingStats.from_model(side.target)
+            return result, RoutingStats.from_model(side.target), diagnosis
 
         def done(result):
             self.running = False
-            result, routing = result
-            record = self._record(result, settings, started, predicted)
+            result, routing, diagnosis = result
+            record = self._record(result, settings, started, predicted, diagnosis)
             self._after_run(record.index, routing)
 
         def failed(exc):
@@ -717,9 +723,11 @@ class WorkbenchState(QObject):
             if self._side.run is not None:
                 self._side.run.cancel()
 
-    def _record(self, result: RunResult, settings: RunSettings, started: str, predicted: float | None) -> RunRecord:
+    def _record(self, result: RunResult, settings: RunSettings, started: str, predicted: float | None,
+                diagnosis=None) -> RunRecord:  # fmt: skip
         m = self.model
         record = RunRecord.of_run(result, settings, m.target_path, m.draft_path, started, predicted, m.fingerprint)
+        record.diagnosis = None if diagnosis is None else diagnosis.to_dict()
         try:
             self.runs.add(record)
         except EngineError as exc:  # the run is in the history; only the file did not take it

@@ -199,7 +199,7 @@ def cmd_run(args) -> int:
         finally:
             if progress is not None:
                 progress.clear()
-        report = _report(result, target, draft, prompts, eng.runtimes[0].kernel_variant)
+        report = _report(result, target, draft, prompts, eng.runtimes[0].kernel_variant, run.prompt_ids)
     if args.trace is not None:
         meta = {k: report.get(k) for k in ("target", "draft", "target_device", "mode", "precision", "placement", "q")}
         write_chrome_trace(args.trace, run.spans, metadata=meta)
@@ -214,7 +214,7 @@ def cmd_run(args) -> int:
     return 0
 
 
-def _report(result: RunResult, target, draft, prompts, kernels: str) -> dict:
+def _report(result: RunResult, target, draft, prompts, kernels: str, prompt_ids=None) -> dict:
     report = {
         "synthetic": is_synthetic(target.checkpoint),
         "draft_synthetic": None if draft is None else is_synthetic(draft.checkpoint),
@@ -230,14 +230,15 @@ def _report(result: RunResult, target, draft, prompts, kernels: str) -> dict:
         {"prompt": text, "text": target.decode_text(p.generated_ids), **entry}
         for text, p, entry in zip(prompts, result.prompts, report["prompts"], strict=False)
     ]
-    report.update(_reference(result, target, prompts))
+    report.update(_reference(result, target, prompts, prompt_ids))
     return report
 
 
-def _reference(result: RunResult, target, prompts) -> dict:
+def _reference(result: RunResult, target, prompts, prompt_ids=None) -> dict:
     """The run's output hash as the window's history shows it (engine.history.combined_hash), and the reference run
-    of the same outputs key in that history (read only: `run` keeps nothing there), with whether they agree."""
-    from .history import History, combined_hash, history_file, outputs_key
+    of the same outputs key in that history (read only: `run` keeps nothing there), with whether they agree and,
+    where they do not, why (engine.diverge)."""
+    from .history import History, combined_hash, diagnose_change, history_file, outputs_key
     from .profile import fingerprint
 
     complete = bool(result.output_sha256) and len(result.output_sha256) == len(prompts)
@@ -250,8 +251,10 @@ def _reference(result: RunResult, target, prompts) -> dict:
                       result.placement or "", [result.target_device])  # fmt: skip
     ref = History.load(history_file(fp)).reference(key)
     if ref is not None and complete:
+        diagnosis = diagnose_change(ref, result, target, prompt_ids)
         out["reference"] = {"run": ref.index, "started": ref.started, "output_hash": ref.output_hash,
-                            "same": ref.output_hash == out["output_hash"]}  # fmt: skip
+                            "same": ref.output_hash == out["output_hash"],
+                            "diagnosis": None if diagnosis is None else diagnosis.to_dict()}  # fmt: skip
     return out
 
 
@@ -342,11 +345,16 @@ def _print_table(report: dict, result: RunResult, n_prompts: int) -> None:
     if complete > 1:
         held = "held over" if report["repeats_agree"] else "CHANGED between"
         print(f"hashes    {held} {complete} repeats")
+        diagnosis = result.repeats_diagnosis()
+        for line in diagnosis.lines() if diagnosis is not None else ():
+            print(f"          {line}")
     ref = report.get("reference")
     if ref is not None:
         said = "the same output as" if ref["same"] else f"CHANGED from {ref['output_hash'][:12]} of"
         print(f"reference {report['output_hash'][:12]}: {said} run {ref['run']} of the window's history "
               f"({ref['started'].replace('T', ' ')})")  # fmt: skip
+        for line in (ref.get("diagnosis") or {}).get("lines", ()):
+            print(f"          {line}")
     print()
     print(f"{'#':>2}  {'prompt':>6}  {'output sha256':16}  output")
     for i, p in enumerate(report["prompts"]):

@@ -84,6 +84,14 @@ class RunRecord:
     fingerprint: str | None = None  # the target's (engine.profile.fingerprint)
     # device -> share of the run's step time it spent running kernels (engine.run.RunResult.device_busy_share)
     device_busy_share: dict[str, float] = field(default_factory=dict)
+    kernels: str = ""  # the target runtime's kernels (RunResult.kernels)
+    top_k: int | None = None  # experts per token of an MoE target
+    # per prompt the generated ids and top-2 logit gaps, compact (engine.diverge.Trail.compact), when complete
+    outputs: list[dict] | None = None
+    # why the output differs from the reference run's (engine.diverge.Diagnosis.to_dict), when it does
+    diagnosis: dict | None = None
+    # the quality cost of the run's fast mode against the reference mode (engine.quality.QualityCost.to_dict)
+    quality: dict | None = None
 
     @property
     def short_hash(self) -> str:
@@ -134,7 +142,22 @@ class RunRecord:
             primary=result.target_device,
             fingerprint=fingerprint,
             device_busy_share=dict(getattr(result, "device_busy_share", {}) or {}),
+            kernels=getattr(result, "kernels", ""),
+            top_k=getattr(result, "top_k", None),
+            outputs=_compact_outputs(result) if complete else None,
         )
+
+    def trails(self) -> list:
+        """The kept outputs as engine.diverge Trails (ids and gaps), one per prompt; empty when none were kept."""
+        from .diverge import read_compact
+
+        return [read_compact(o, f"outputs[{i}]") for i, o in enumerate(self.outputs or [])]
+
+    def as_outputs(self, label: str | None = None):
+        """The run as a diagnosis compares it (engine.diverge.Outputs)."""
+        from .diverge import Outputs, settings_of
+
+        return Outputs(label or f"run {self.index}", self.trails(), settings_of(self))
 
     # ---- JSON --------------------------------------------------------------------------------------------
 
@@ -166,8 +189,14 @@ _TYPES = {
     "index": int, "q": (int, type(None)), "tokens": int, "repeats": int, "prompts": int, "cancelled": bool,
     "is_reference": bool, "accept_rate": (int, float, type(None)), "draft": (str, type(None)),
     "draft_path": (str, type(None)), "predicted_tokens_per_second": (int, float, type(None)),
-    "fingerprint": (str, type(None)),
+    "fingerprint": (str, type(None)), "top_k": (int, type(None)),
 }  # fmt: skip
+
+
+def _compact_outputs(result) -> list[dict] | None:
+    """A RunResult's first complete repeat's trails, compact."""
+    trails = next((t for t in getattr(result, "trails", []) if len(t) == len(result.prompts)), None)
+    return None if not trails else [t.compact() for t in trails]
 
 
 def _checked(name: str, value):
@@ -192,6 +221,20 @@ def _checked(name: str, value):
         ):
             raise ArgumentError("'device_busy_share' is not a map of device names to numbers")
         return {k: float(v) for k, v in value.items()}
+    if name == "outputs":
+        if value is None:
+            return None
+        if not isinstance(value, list):
+            raise ArgumentError(f"'outputs' is {type(value).__name__}, expected a list (one entry per prompt)")
+        from .diverge import read_compact
+
+        for i, entry in enumerate(value):
+            read_compact(entry, f"outputs[{i}]")
+        return value
+    if name in ("diagnosis", "quality"):
+        if value is not None and not isinstance(value, dict):
+            raise ArgumentError(f"'{name}' is {type(value).__name__}, expected an object")
+        return value
     if name == "output_sha256":
         if not isinstance(value, list) or not all(isinstance(h, str) for h in value):
             raise ArgumentError("'output_sha256' is not a list of hashes")
@@ -414,3 +457,22 @@ def expectations_for(profile: Profile, base: Profile | None, history: Sequence[R
             if base.placement == profile.placement and base.device_specs == profile.device_specs:
                 e.min_speed_ratio = base.expectations.min_speed_ratio
     return e
+
+
+def diagnose_change(ref: RunRecord, run, model=None, prompt_ids=None):
+    """Why a run's output (a RunResult, with its top-2 logits, or a RunRecord) differs from its reference run's
+    (engine.diverge.Diagnosis); None when they are the same. With the model the run decoded on and the prompts' ids,
+    the reference's logits are re-computed where it kept only ids and gaps and ran with the model's settings now
+    (engine.diverge.replay_missing)."""
+    from .diverge import Outputs, diagnose, replay_missing
+
+    record = run if isinstance(run, RunRecord) else None
+    hashes = record.output_hash if record is not None else combined_hash(run.output_sha256)
+    if not ref.output_hash or not hashes or ref.output_hash == hashes:
+        return None
+    a = ref.as_outputs(f"reference run {ref.index}")
+    b = record.as_outputs("this run") if record is not None else Outputs.of_result(run, "this run")
+    diagnosis = diagnose(a, b)
+    if model is not None and prompt_ids is not None:
+        replay_missing(diagnosis, a, b, model, prompt_ids)
+    return diagnosis

@@ -30,18 +30,20 @@ import numpy as np
 import yaml
 
 from .checkpoint import ModelConfig, read_config_json, read_weights
+from .diverge import SETTINGS, Trail, read_compact
 from .errors import ArgumentError, CheckpointError
 from .model import WEIGHTS_MODES
 from .placement import Placement
 from .routing import RoutingStats
-from .run import PRECISIONS, REDUCTION_MODES
+from .run import PRECISIONS, REDUCTION_MODES, output_sha256
 from .speculative import MAX_DRAFT_TOKENS
 
 # A profile is written in the oldest format version that says all it holds, so an older expertbench still reads
 # it; a version newer than the reader's is refused, never read as something else.
-FORMAT_VERSION = 3  # the newest format this reads and writes
+FORMAT_VERSION = 4  # the newest format this reads and writes
 DEMO_FORMAT_VERSION = 2  # added the demo's `format` and `quant` (model, draft): the demo pair as GGUF files
 FAMILY_FORMAT_VERSION = 3  # added the demo's `family` (model, draft): the DeepSeek-V3 demo pair
+OUTPUTS_FORMAT_VERSION = 4  # added expectations.outputs: the recorded ids and top-2 gaps (engine.diverge)
 VERSION_KEY = "expertbench_profile"
 RUNTIMES = ("cpu", "hostsim", "cuda", "hip")
 DEFAULT_TOKENS = 32
@@ -187,6 +189,10 @@ class Expectations:
     min_accept_rate: float | None = None
     baseline: str | None = None  # another profile, relative to this one's folder
     min_speed_ratio: float | None = None  # decode tokens/s of this profile over the baseline's, same invocation
+    # per prompt, the recorded run's ids and top-2 logit gaps (what a changed hash is diagnosed with), and the
+    # settings it ran with (engine.diverge.SETTINGS: placement, mode, precision, top_k, q, device, kernels)
+    outputs: list[Trail] | None = None
+    outputs_settings: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -237,6 +243,8 @@ class Profile:
     def needed_version(self) -> int:
         """The oldest format version that can say everything this profile holds."""
         refs = [r for r in (self.model, self.draft) if r is not None]
+        if self.expectations.outputs is not None:
+            return OUTPUTS_FORMAT_VERSION
         if any(r.family is not None for r in refs):
             return FAMILY_FORMAT_VERSION
         demo_format = any(r.format is not None or r.quant is not None for r in refs)
@@ -355,6 +363,9 @@ class Profile:
             exp["output_sha256"] = list(e.output_sha256)
         if e.min_accept_rate is not None:
             exp["min_accept_rate"] = e.min_accept_rate
+        if e.outputs is not None:
+            exp["outputs"] = {"settings": _flow(dict(e.outputs_settings)),
+                              "prompts": [t.compact() for t in e.outputs]}  # fmt: skip
         if e.baseline is not None or e.min_speed_ratio is not None:
             speed = {}
             if e.baseline is not None:
@@ -972,7 +983,7 @@ def _read_run(r: _Reader, node, has_draft: bool) -> RunSettings:
 
 
 def _read_expectations(r: _Reader, node, profile: Profile) -> Expectations:
-    m = r.mapping(node, "expectations", ("output_sha256", "min_accept_rate", "speed"))
+    m = r.mapping(node, "expectations", ("output_sha256", "min_accept_rate", "speed", "outputs"))
     e = Expectations()
     if "output_sha256" in m:
         vnode = m["output_sha256"][1]
@@ -996,7 +1007,47 @@ def _read_expectations(r: _Reader, node, profile: Profile) -> Expectations:
         r.mark(("expectations", "speed", "baseline"), s["baseline"][1])
         if "min_ratio" in s:
             e.min_speed_ratio = r.number(s["min_ratio"][1], "expectations.speed.min_ratio", 0.0, lo_open=True)
+    if "outputs" in m:
+        _read_outputs(r, m["outputs"][1], profile, e)
     return e
+
+
+def _read_outputs(r: _Reader, node, profile: Profile, e: Expectations) -> None:
+    """expectations.outputs: the settings the recorded run had, and per prompt its ids (as many as run.tokens) and
+    their gaps; the ids must hash to expectations.output_sha256."""
+    if profile.version < OUTPUTS_FORMAT_VERSION:
+        r.fail(node, f"expectations.outputs: the recorded outputs need format version {OUTPUTS_FORMAT_VERSION} "
+                     f"('{VERSION_KEY}: {OUTPUTS_FORMAT_VERSION}'; this file says {profile.version})")  # fmt: skip
+    m = r.mapping(node, "expectations.outputs", ("settings", "prompts"), required=("settings", "prompts"))
+    settings = r.mapping(m["settings"][1], "expectations.outputs.settings", SETTINGS)
+    for key, (_knode, vnode) in settings.items():
+        what = f"expectations.outputs.settings.{key}"
+        if key in ("q", "top_k"):
+            value = r.scalar(vnode, what)
+            if value is not None:
+                value = r.integer(vnode, what, 1)
+        else:
+            value = r.string(vnode, what)
+        e.outputs_settings[key] = value
+    rows = r.sequence(m["prompts"][1], "expectations.outputs.prompts")
+    resolved = profile.run.resolved()
+    if len(rows) != len(resolved["prompts"]):
+        r.fail(m["prompts"][1], f"expectations.outputs.prompts: {len(rows)} entries, expected one per prompt "
+                                f"({len(resolved['prompts'])})")  # fmt: skip
+    e.outputs = []
+    for i, row in enumerate(rows):
+        what = f"expectations.outputs.prompts[{i}]"
+        fields_ = r.mapping(row, what, ("ids", "gaps"), required=("ids", "gaps"))
+        data = {key: r.scalar(vnode, f"{what}.{key}") for key, (_knode, vnode) in fields_.items()}
+        try:
+            trail = read_compact(data, what, resolved["tokens_per_prompt"])
+        except ArgumentError as exc:
+            r.fail(row, str(exc))
+        if e.output_sha256 is not None and output_sha256(trail.ids) != e.output_sha256[i]:
+            r.fail(fields_["ids"][1], f"{what}.ids: they do not hash to expectations.output_sha256[{i}] (the ids or "
+                                      "the hashes were edited: record the profile again)")  # fmt: skip
+        e.outputs.append(trail)
+    r.mark(("expectations", "outputs"), node)
 
 
 def _read_routing(r: _Reader, node) -> RoutingSpec:

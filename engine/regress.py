@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .checkpoint import read_config
+from .diverge import Diagnosis, Outputs, diagnose
 from .errors import EngineError
 from .history import combined_hash, min_accept_rate, min_speed_ratio
 from .profile import Profile, ProfileError, RoutingSpec, fingerprint, load
@@ -45,6 +46,8 @@ class Measurement:
     routing: object | None = None  # RoutingStats of the target over the measured runs
     kernels: str = ""
     result: dict | None = None  # RunResult.to_dict()
+    outputs: Outputs | None = None  # the first complete repeat's ids and top-2 logits, and the run's settings
+    repeats_diagnosis: Diagnosis | None = None  # where the repeats part, when they disagree
 
 
 @dataclass
@@ -66,6 +69,7 @@ class Outcome:
     speed_ratio: float | None = None
     recorded: bool = False
     seconds: float = 0.0
+    diagnosis: Diagnosis | None = None  # why the output hashes differ from the recorded ones (or between repeats)
 
     @property
     def name(self) -> str:
@@ -107,6 +111,7 @@ class Report:
                 "repeat_output_sha256": m.repeat_hashes if m else None,
                 "expected_output_sha256": e.output_sha256 if e else None,
                 "kernels": m.kernels if m else None, "recorded": o.recorded, "seconds": o.seconds,
+                "diagnosis": o.diagnosis.to_dict() if o.diagnosis is not None else None,
                 "checks": [c.__dict__ for c in o.checks], "run": m.result if m else None,
             })  # fmt: skip
         return {"exit_code": self.exit_code, "record": self.record, "profiles": profiles}
@@ -120,7 +125,10 @@ class Report:
                 cases.append((classname, "load", o.seconds, "error", o.error))
                 continue
             for c in o.checks:
-                cases.append((classname, c.name, o.seconds / max(len(o.checks), 1), c.status, c.message))
+                message = c.message
+                if o.diagnosis is not None and c.status == "fail" and c.name in ("repeats agree", "output hash"):
+                    message += "\n" + "\n".join(o.diagnosis.lines())
+                cases.append((classname, c.name, o.seconds / max(len(o.checks), 1), c.status, message))
         suites = ET.Element("testsuites", name="expertbench regress")
         counts = {k: str(sum(1 for c in cases if c[3] == k)) for k in ("fail", "error", "skip")}
         suite = ET.SubElement(suites, "testsuite", name="expertbench regress", tests=str(len(cases)),
@@ -174,6 +182,8 @@ class Report:
             if o.error is not None:
                 details.append(f"{o.name}: error: {o.error}")
             details += [f"{o.name}: {c.name}: {c.message}" for c in o.checks if c.status == "fail"]
+            if o.diagnosis is not None:
+                details += [f"{o.name}: {line}" for line in o.diagnosis.lines()]
         return "\n".join(lines + ([""] + details if details else [])) + "\n"
 
 
@@ -227,7 +237,8 @@ def measure_profile(profile: Profile, portable: bool = False) -> Measurement:
         routing = RoutingStats.from_model(target) if target.config.num_experts > 0 else None
         kernels = engine.runtimes[0].kernel_variant
     hashes = [r.output_sha256 for r in result.repeat_results if r.complete]
-    return Measurement(result.decode_tokens_per_second, hashes, result.accept_rate, routing, kernels, result.to_dict())
+    return Measurement(result.decode_tokens_per_second, hashes, result.accept_rate, routing, kernels, result.to_dict(),
+                       Outputs.of_result(result, "the replay"), result.repeats_diagnosis())  # fmt: skip
 
 
 # ---- the whole invocation -----------------------------------------------------------------------------------
@@ -335,6 +346,8 @@ def _judge(o: Outcome, outcomes: dict[Path, Outcome], record: bool, slack: float
     if not o.listed:
         return
     stable = _stable(m)
+    if not stable and m.repeats_diagnosis is not None:
+        o.diagnosis = m.repeats_diagnosis
     o.checks.append(
         Check(
             "repeats agree",
@@ -342,7 +355,8 @@ def _judge(o: Outcome, outcomes: dict[Path, Outcome], record: bool, slack: float
             f"{len(m.repeat_hashes)} repeats gave the same output hashes"
             if stable
             else "the output hashes changed between repeats: "
-            + "; ".join(f"repeat {i}: {', '.join(h[:12] for h in hs)}" for i, hs in enumerate(m.repeat_hashes)),
+            + "; ".join(f"repeat {i}: {', '.join(h[:12] for h in hs)}" for i, hs in enumerate(m.repeat_hashes))
+            + (f"\n{o.diagnosis.summary()}" if o.diagnosis is not None else ""),
         )
     )
     if record:
@@ -355,9 +369,12 @@ def _judge(o: Outcome, outcomes: dict[Path, Outcome], record: bool, slack: float
         o.checks.append(Check("output hash", "fail", f"{len(got)} prompts finished, {len(e.output_sha256)} recorded"))
     elif differ:
         run = p.run.resolved()
+        if o.diagnosis is None:
+            o.diagnosis = recorded_diagnosis(p, m, [i for i, _a, _b in differ])
         o.checks.append(Check("output hash", "fail", "; ".join(f"prompt {i} gave {a[:16]}, recorded {b[:16]}"
                                                                for i, a, b in differ)
-                              + f" (mode {run['mode']}, precision {run['precision']})"))  # fmt: skip
+                              + f" (mode {run['mode']}, precision {run['precision']})"
+                              + (f"\n{o.diagnosis.summary()}" if o.diagnosis else "")))  # fmt: skip
     else:
         o.checks.append(Check("output hash", "pass", f"{len(got)} prompts as recorded"))
     if e.min_accept_rate is not None:
@@ -376,10 +393,23 @@ def _judge(o: Outcome, outcomes: dict[Path, Outcome], record: bool, slack: float
         o.checks.append(Check("speed", "skip", "no baseline and minimum ratio"))
 
 
+def recorded_diagnosis(p: Profile, m: Measurement, prompts: list[int]) -> Diagnosis | None:
+    """Where the replay parts from the profile's recorded outputs (expectations.outputs: ids and gaps, no logits, and
+    the settings the recorded run had) on these prompts."""
+    if m.outputs is None:
+        return None
+    e = p.expectations
+    recorded = Outputs("the recorded run", list(e.outputs or []), dict(e.outputs_settings))
+    return diagnose(recorded, m.outputs, prompts)
+
+
 def _record(o: Outcome, slack: float) -> None:
     m, p = o.measurement, o.profile
     e = p.expectations
     e.output_sha256 = list(m.repeat_hashes[0])
+    if m.outputs is not None and len(m.outputs.trails) == len(e.output_sha256):
+        e.outputs = [t.stored() for t in m.outputs.trails]
+        e.outputs_settings = dict(m.outputs.settings)
     if p.draft is not None and m.accept_rate is not None:
         e.min_accept_rate = min_accept_rate(m.accept_rate)
     if o.baseline is not None and o.speed_ratio is not None:

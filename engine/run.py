@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .diverge import Diagnosis, Outputs, Trail, diagnose
 from .errors import ArgumentError, RangeError, StateError
 from .model import Context, Model, _ids_array
 from .speculative import GreedyDecoder, SpeculativeDecoder, check_draft_q, check_shared_vocabulary
@@ -152,10 +153,32 @@ class RunResult:
     graph_launches: int = 0
     trace_spans: int = 0  # with trace=True: spans recorded (DecodeRun.spans holds them), and those lost
     trace_lost: int = 0
+    kernels: str = ""  # the kernels of the target's runtime (RuntimeInfo.kernel_variant)
+    top_k: int | None = None  # experts per token of an MoE target (an override where it was loaded with one)
+    # per repeat, per finished prompt: each generated token's id, runner-up and top-2 logits (engine.diverge)
+    trails: list[list[Trail]] = field(default_factory=list, repr=False)
+
+    def repeats_diagnosis(self) -> Diagnosis | None:
+        """Where the first complete repeat whose hashes differ from the first's parts from it (None: they agree)."""
+        complete = [r.index for r in self.repeat_results if r.complete]
+        first = self.repeat_results[complete[0]] if complete else None
+        other = next((i for i in complete if self.repeat_results[i].output_sha256 != first.output_sha256), None)
+        if other is None:
+            return None
+        a = Outputs.of_result(self, f"repeat {complete[0]}", complete[0])
+        return diagnose(a, Outputs.of_result(self, f"repeat {other}", other))
 
     def to_dict(self) -> dict:
-        """Plain JSON-ready data (NaN becomes None)."""
-        out = asdict(self)
+        """Plain JSON-ready data (NaN becomes None); the trails are left out, a diagnosis of repeats that disagree
+        is in (repeats_diagnosis)."""
+        trails, self.trails = self.trails, []
+        try:
+            out = asdict(self)
+        finally:
+            self.trails = trails
+        del out["trails"]
+        diagnosis = self.repeats_diagnosis()
+        out["repeats_diagnosis"] = None if diagnosis is None else diagnosis.to_dict()
         for r, rep in zip(out["repeat_results"], self.repeat_results, strict=True):
             r["decode_tokens_per_second"] = rep.decode_tokens_per_second
             r["prefill_tokens_per_second"] = rep.prefill_tokens_per_second
@@ -354,14 +377,15 @@ class DecodeRun:
         target_ctx.mode = self.mode
         target_ctx.precision = self.precision
         draft_ctx = None
+        self._tap = _LogitsTap(target_ctx)
         try:
             if self.draft is not None:
                 draft_ctx = self.draft.context(self.n_ctx)
                 draft_ctx.mode = self.mode
                 draft_ctx.precision = self.precision
-                decoder = SpeculativeDecoder(target_ctx, draft_ctx, self.q)
+                decoder = SpeculativeDecoder(self._tap, draft_ctx, self.q)
             else:
-                decoder = GreedyDecoder(target_ctx)
+                decoder = GreedyDecoder(self._tap)
             if self.trace:
                 self._contexts = [(target_ctx, "target")] + ([(draft_ctx, "draft")] if draft_ctx else [])
                 passes = 1 + (self.q or 0)  # the draft proposes q tokens a step, one pass each
@@ -371,6 +395,7 @@ class DecodeRun:
             before = [m.counters() for m in models]
             result = self._loop(decoder)
             _add_counters(result, models, before, [m.counters() for m in models])
+            result.kernels = _kernels(self.target)
             result.trace_spans, result.trace_lost = len(self.spans), self._trace_lost
             return result
         finally:
@@ -383,16 +408,20 @@ class DecodeRun:
         t_run = clock()
         reps: list[RepeatResult] = []
         outputs: list[list[list[int]]] = []  # per repeat, per finished prompt
+        self._trails: list[list[Trail]] = []  # the same, each token's top-2 logits
+        tap = self._tap
         for r in range(self.repeats):
             rep = RepeatResult(r)
             reps.append(rep)
             outputs.append([])
+            self._trails.append([])
             for p, prompt in enumerate(self.prompt_ids):
                 if self._cancel.is_set():
                     break
                 t0 = clock()
                 out = [decoder.start(prompt)]
                 t1 = clock()
+                steps = [tap.choices(1)]  # (after the clock: the top-2 is no part of a step's time)
                 rep.prefill_tokens += len(prompt)
                 rep.prefill_seconds += t1 - t0
                 rep.generated_tokens += 1
@@ -405,6 +434,7 @@ class DecodeRun:
                     step = decoder.step(n - len(out))
                     t1 = clock()
                     out.extend(step.tokens)
+                    steps.append(tap.choices(len(step.tokens)))
                     rep.decode_tokens += len(step.tokens)
                     rep.generated_tokens += len(step.tokens)
                     rep.decode_seconds += t1 - t0
@@ -417,6 +447,7 @@ class DecodeRun:
                                        self.target.busy_seconds()))  # fmt: skip
                 if len(out) == n:
                     outputs[r].append(out)
+                    self._trails[r].append(Trail.joined(steps))
                     rep.output_sha256.append(output_sha256(out))
             rep.complete = len(outputs[r]) == len(self.prompt_ids)
             if self._cancel.is_set():
@@ -475,7 +506,40 @@ class DecodeRun:
             repeat_results=reps,
             cancelled=self._cancel.is_set(),
             seconds=seconds,
+            top_k=self.target.config.top_k if self.target.config.num_experts > 0 else None,
+            trails=self._trails,
         )
+
+
+class _LogitsTap:
+    """The target's cache as a decoder sees it, keeping the logits rows of its latest evaluation: a step's emitted
+    tokens are its first rows (a prefill's last position; a verification's accepted positions and the next)."""
+
+    def __init__(self, ctx: Context):
+        self._ctx = ctx
+        self._rows: np.ndarray | None = None
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+    def prefill(self, ids, all_rows: bool = True) -> np.ndarray:
+        logits = self._ctx.prefill(ids, all_rows)
+        self._rows = logits if all_rows else logits[None, :]
+        return logits
+
+    def decode(self, ids) -> np.ndarray:
+        self._rows = self._ctx.decode(ids)
+        return self._rows
+
+    def choices(self, n: int) -> Trail:
+        """The top-2 of the n tokens the decoder just emitted."""
+        return Trail.of_rows(self._rows[:n])
+
+
+def _kernels(model: Model) -> str:
+    """The kernel variant of the runtime of the model's primary device."""
+    runtime = model.device.partition(":")[0]
+    return next((r.kernel_variant for r in model.engine.runtimes if r.name == runtime), "")
 
 
 def _add_counters(result: RunResult, models: list[Model], before: list[dict], after: list[dict]) -> None:

@@ -290,10 +290,36 @@ def test_run_reports_its_output_hash_and_the_windows_reference_run_of_the_same_o
     kept.add(H.RunRecord(index=0, output_hash="0" * 64, **common))  # a reference that gave another output
     assert main([*args, "--json"]) == 0
     again = json.loads(capsys.readouterr().out)
+    diagnosis = again["reference"].pop("diagnosis")
     assert again["reference"] == {"run": 1, "started": "2026-12-01T10:00:00", "output_hash": "0" * 64, "same": False}
+    assert diagnosis["first"]["note"] == "reference run 1 kept no ids for this prompt"
     assert main(args) == 0
     assert f"reference {report['output_hash'][:12]}: CHANGED from 000000000000 of run 1 of the window's history " \
            "(2026-12-01 10:00:00)" in capsys.readouterr().out  # fmt: skip
+    # a reference that kept its ids and gaps, which part from this run's at token 2 by a near tie: the run says where,
+    # and that only the placement differs, which must not change a reference-mode output
+    from engine.diverge import Trail
+    from engine.run import output_sha256
+
+    ids = list(report["prompts"][0]["generated_ids"])
+    ids[2] = (ids[2] + 1) % 64
+    kept_outputs = [Trail(ids, [1.0, 1.0, 0.004] + [1.0] * 5).compact()]
+    H.History(H.history_file(fp)).add(H.RunRecord(index=0, output_hash=H.combined_hash([output_sha256(ids)]),
+                                                  outputs=kept_outputs, **common))  # fmt: skip
+    H.history_file(fp).write_text(H.history_file(fp).read_text().splitlines()[1] + "\n")  # that one alone
+    assert main([*args, "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)["reference"]["diagnosis"]["first"]
+    assert (first["prompt"], first["index"], first["near_tie"], first["a"]["token"]) == (0, 2, True, ids[2])
+    assert first["b"]["token"] == report["prompts"][0]["generated_ids"][2] and first["b"]["logit"] is not None
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert (
+        "this run parts from reference run 1: a near tie (top-2 gap under 0.05); only the placement differs, which"
+        in out
+    )
+    assert "\n            prompt 0: first differing token 2 (a near tie)" in out and "a bug to look into" in out
+    assert f"\n              reference run 1: {ids[2]} (gap 0.004002 to the runner-up; logits not kept)" in out
+    assert "\n            placement: reference run 1 0-2=hostsim:0, this run 0-2=cpu:0" in out
     H.history_file(fp).unlink()
     H.History(H.history_file(fp)).add(H.RunRecord(index=0, output_hash=report["output_hash"], **common))
     assert main([*args, "--json"]) == 0

@@ -4,6 +4,7 @@ the user's data folder, and what a profile may expect (the rounding rules regres
 import json
 import math
 import os
+import re
 
 import pytest
 
@@ -44,6 +45,22 @@ def test_a_record_round_trips_through_json_with_unknown_numbers_as_null():
     assert H.RunRecord.from_dict({**data, "from_a_newer_version": 1}).index == r.index  # ignored
 
 
+def test_a_record_keeps_its_outputs_compactly_for_a_later_diagnosis():
+    from engine.diverge import Trail
+
+    trail = Trail([5, 9, 2], [0.5, 0.01, 2.0])
+    r = record(outputs=[trail.compact()], kernels="avx2", top_k=2, diagnosis={"summary": "parts at token 1"})
+    back = H.RunRecord.from_dict(json.loads(json.dumps(r.to_dict())))
+    assert back.trails() == [trail.stored()] and back.kernels == "avx2" and back.top_k == 2
+    assert back.as_outputs().settings == {"placement": "0-2=cpu:0", "mode": "reference", "precision": "f32",
+                                          "top_k": 2, "q": 2, "device": "cpu:0", "kernels": "avx2"}  # fmt: skip
+    assert back.diagnosis == {"summary": "parts at token 1"}
+    other = record(output="h2", outputs=[Trail([5, 3, 2], [0.5, 0.2, 2.0]).compact()], kernels="avx2", top_k=2)
+    d = H.diagnose_change(back, other)
+    assert (d.first.prompt, d.first.index, d.first.near_tie) == (0, 1, True) and d.differences == []
+    assert H.diagnose_change(back, record(outputs=r.outputs)) is None  # the same output hash
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
@@ -55,12 +72,16 @@ def test_a_record_round_trips_through_json_with_unknown_numbers_as_null():
         (lambda d: d.update(output_sha256="x"), "'output_sha256' is not a list of hashes"),
         (lambda d: d.update(device_busy_share={"cpu:0": "busy"}), "'device_busy_share' is not a map of device"),
         (lambda d: d.update(device_busy_share=[0.5]), "'device_busy_share' is not a map of device"),
+        (lambda d: d.update(outputs={"ids": ""}), "'outputs' is dict, expected a list (one entry per prompt)"),
+        (lambda d: d.update(outputs=[{"ids": "AQAAAA==", "gaps": "AAAAAA=="}]), "outputs[0].gaps: 2 gaps, expected 1"),
+        (lambda d: d.update(outputs=[{"ids": 7, "gaps": ""}]), "outputs[0].ids: expected base64 text"),
+        (lambda d: d.update(diagnosis="changed"), "'diagnosis' is str, expected an object"),
     ],
 )
 def test_a_damaged_record_is_refused_naming_the_field(change, message):
     data = record().to_dict()
     change(data)
-    with pytest.raises(ArgumentError, match=message.replace("(", r"\(")):
+    with pytest.raises(ArgumentError, match=re.escape(message)):
         H.RunRecord.from_dict(data)
     with pytest.raises(ArgumentError, match="expected an object, got list"):
         H.RunRecord.from_dict([1])

@@ -56,6 +56,31 @@ routing:
 """.format(fp="a" * 64, h="0123456789abcdef" * 4)
 
 
+IDS, GAPS = "AQAAAAIAAAA=", "jhYAPA=="  # ids [1, 2], gaps [0.0016, 1.0]
+OUT = """\
+expertbench_profile: {v}
+model: {{demo: default}}
+run: {{prompts: [[7, 8]], tokens: 2}}
+expectations:
+  output_sha256: [34fb5c825de7ca4aea6e712f19d439c1da0c92c37b423936c5f618545ca4fa1f]
+  outputs:
+    settings: {{placement: '0-7=cpu:0', mode: reference, precision: f32, q: 2, kernels: avx2}}
+    prompts:
+      - {{ids: {ids}, gaps: {gaps}}}
+"""
+
+
+def test_recorded_outputs_round_trip_and_ask_for_format_4(tmp_path):
+    p = P.load(write(tmp_path, OUT.format(v=4, ids=IDS, gaps=GAPS)))
+    e = p.expectations
+    assert e.outputs[0].ids.tolist() == [1, 2] and e.outputs[0].gaps.tolist() == pytest.approx([0.0016, 1.0], rel=1e-3)
+    assert e.outputs_settings == {"placement": "0-7=cpu:0", "mode": "reference", "precision": "f32", "q": 2,
+                                  "kernels": "avx2"}  # fmt: skip
+    p.save(tmp_path / "again.yaml")
+    assert P.load(tmp_path / "again.yaml") == p and p.needed_version() == 4
+    assert "- ids: AQAAAAIAAAA=\n" in (tmp_path / "again.yaml").read_text()
+
+
 def write(tmp_path, text, name="p.yaml"):
     path = tmp_path / name
     path.write_text(text)
@@ -137,8 +162,8 @@ def test_minimal_profile_defaults(tmp_path):
 BAD = [
     ("expertbench_profile: 1\nmodel: {demo: default}\ncolour: red\n", 3, "unknown key 'colour'"),
     ("model: {demo: default}\n", 1, "'expertbench_profile' is missing"),
-    ("expertbench_profile: 4\nmodel: {demo: default}\n", 1, "format 4 is newer than this expertbench reads (3)"),
-    ("expertbench_profile: 0\nmodel: {demo: default}\n", 1, "expected a format version 1..3, got 0"),
+    ("expertbench_profile: 5\nmodel: {demo: default}\n", 1, "format 5 is newer than this expertbench reads (4)"),
+    ("expertbench_profile: 0\nmodel: {demo: default}\n", 1, "expected a format version 1..4, got 0"),
     ("expertbench_profile: 1\n", 1, "'model' is missing"),
     ("expertbench_profile: 1\nmodel: {demo: default, path: x}\n", 2, "exactly one of 'path'"),
     ("expertbench_profile: 1\nmodel: {demo: huge}\n", 2, "unknown demo size 'huge'"),
@@ -185,6 +210,26 @@ BAD = [
      4, "expected a number > 0.0, got 0"),
     ("expertbench_profile: 1\nmodel: {demo: default}\nrouting:\n  top_k: 2\n  tokens: [1]\n  hits: [[1], [2]]\n",
      6, "2 rows, expected one per layer"),
+    # the recorded outputs (format 4): per prompt the ids and their top-2 gaps, base64, as many as run.tokens
+    (OUT.format(v=3, ids=IDS, gaps=GAPS), 7, "expectations.outputs: the recorded outputs need format version 4"),
+    (OUT.format(v=4, ids=IDS, gaps="AAA="), 9,
+     "expectations.outputs.prompts[0].gaps: 1 gaps, expected 2 (one per id in expectations.outputs.prompts[0].ids)"),
+    (OUT.format(v=4, ids="AQAAAA==", gaps="AAA="), 9,
+     "expectations.outputs.prompts[0].ids: 1 ids, expected 2 (one per generated token)"),
+    (OUT.format(v=4, ids="[1, 2]", gaps=GAPS), 9,
+     "expectations.outputs.prompts[0].ids: expected a single value, got a list"),
+    (OUT.format(v=4, ids=3, gaps=GAPS), 9,
+     "expectations.outputs.prompts[0].ids: expected base64 text of int32 token ids, got int 3"),
+    (OUT.format(v=4, ids="AQAAAAMAAAA=", gaps=GAPS), 9,
+     "expectations.outputs.prompts[0].ids: they do not hash to expectations.output_sha256[0]"),
+    (OUT.format(v=4, ids=IDS, gaps=GAPS).replace("      - {ids", "      - {why: 1, ids"), 9,
+     "expectations.outputs.prompts[0]: unknown key 'why' (expected one of ids, gaps)"),
+    (OUT.format(v=4, ids=IDS, gaps=GAPS) + "      - {ids: " + IDS + ", gaps: " + GAPS + "}\n", 9,
+     "expectations.outputs.prompts: 2 entries, expected one per prompt (1)"),
+    (OUT.format(v=4, ids=IDS, gaps=GAPS).replace("q: 2", "q: two"), 7,
+     "expectations.outputs.settings.q: expected an integer >= 1, got 'two'"),
+    (OUT.format(v=4, ids=IDS, gaps=GAPS).replace("    prompts:", "    prompt:"), 8,
+     "expectations.outputs: unknown key 'prompt'"),
     # the demo pair's file format and quantization (format 2)
     ("expertbench_profile: 2\nmodel:\n  demo: default\n  format: ggml\n", 4,
      "model.format: demo model format 'ggml' is unknown: expected one of safetensors, gguf"),

@@ -97,17 +97,64 @@ def test_weights_setting_reaches_the_engine_and_keeps_the_hashes(recorded, speed
         assert f"weights: {weights}" in (recorded / "split.yaml").read_text()
 
 
-def test_hash_mismatch_is_a_regression(recorded, capsys):
-    profile = P.load(recorded / "split.yaml")
-    good = profile.expectations.output_sha256[1]
-    profile.expectations.output_sha256[1] = "0" * 64
+def _tamper(path: Path, prompt: int, index: int, gap: float) -> tuple[str, str, int, int]:
+    """Make a recorded profile say its run chose another token at `index` of `prompt`, with this top-2 gap (ids and
+    hash changed together, as a recording elsewhere would give); returns (good hash, new hash, good id, new id)."""
+    from engine.diverge import Trail
+    from engine.run import output_sha256
+
+    profile = P.load(path)
+    e = profile.expectations
+    ids, gaps = e.outputs[prompt].ids.copy(), e.outputs[prompt].gaps.copy()
+    good_id, ids[index], gaps[index] = int(ids[index]), (int(ids[index]) + 1) % 64, gap
+    e.outputs[prompt] = Trail(ids, gaps).stored()
+    good, e.output_sha256[prompt] = e.output_sha256[prompt], output_sha256(ids)
     profile.save()
-    junit = recorded / "r.xml"
-    assert cli_main(["regress", str(recorded / "split.yaml"), "--junit", str(junit)]) == 1
+    return good, e.output_sha256[prompt], good_id, int(ids[index])
+
+
+def test_hash_mismatch_is_a_regression_diagnosed_in_the_table_and_both_reports(recorded, capsys):
+    """A recording that chose another token at token 3 of prompt 1, by a near tie: the replay fails there, and the
+    table, the JSON and the JUnit report name the index, both choices (the replay's top-2 logits; the recorded gap)
+    and that nothing but the recording differs."""
+    good, bad, good_id, bad_id = _tamper(recorded / "split.yaml", 1, 3, 0.01)
+    junit, report = recorded / "r.xml", recorded / "r.json"
+    assert cli_main(["regress", str(recorded / "split.yaml"), "--junit", str(junit), "--report-json", str(report)]) == 1
     out = capsys.readouterr().out
-    assert "1/2 as recorded" in out and f"output hash: prompt 1 gave {good[:16]}, recorded 0000000000000000" in out
+    assert "1/2 as recorded" in out and f"output hash: prompt 1 gave {good[:16]}, recorded {bad[:16]}" in out
+    assert (
+        f"parts from the recorded run at prompt 1, token 3: the replay chose {good_id}, the recorded run {bad_id}"
+        in out
+    )
+    assert "split:   prompt 1: first differing token 3 (a near tie)" in out
+    assert f"split:     the recorded run: {bad_id} (gap 0.01 to the runner-up; logits not kept)" in out
+    by_name = {p["name"]: p for p in json.loads(report.read_text())["profiles"]}
+    diagnosis, first = by_name["split"]["diagnosis"], by_name["split"]["diagnosis"]["first"]
+    assert by_name["base"]["diagnosis"] is None
+    assert (first["prompt"], first["index"], first["near_tie"]) == (1, 3, True)
+    assert (
+        first["a"]["token"] == bad_id and first["a"]["logit"] is None and first["a"]["gap"] == pytest.approx(0.01, 1e-3)
+    )
+    assert first["b"]["token"] == good_id and first["b"]["logit"] - first["b"]["runner_up_logit"] == pytest.approx(
+        first["b"]["gap"]
+    )
+    assert diagnosis["differences"] == [] and diagnosis["near_tie_gap"] == 0.05
     failure = ET.parse(junit).getroot().find("testsuite/testcase[@name='output hash']/failure")
     assert failure is not None and "prompt 1 gave" in failure.get("message")
+    assert (
+        "prompt 1: first differing token 3 (a near tie)" in failure.text
+        and "near tie: a top-2 logit gap under 0.05" in (failure.text)
+    )
+
+
+def test_a_recorded_hash_edited_without_its_ids_is_bad_input(recorded, capsys):
+    profile = P.load(recorded / "split.yaml")
+    profile.expectations.output_sha256[1] = "0" * 64
+    profile.save()
+    assert cli_main(["regress", str(recorded / "split.yaml")]) == 2
+    assert "expectations.outputs.prompts[1].ids: they do not hash to expectations.output_sha256[1]" in (
+        capsys.readouterr().err
+    )
 
 
 def test_speed_regression_against_the_baseline_of_the_same_invocation(recorded, speeds, capsys):
@@ -139,6 +186,22 @@ def test_changing_hashes_between_repeats_fail_and_are_never_recorded(recorded, m
     monkeypatch.setattr(regress, "measure_profile", flaky)
     assert cli_main(["regress", str(recorded / "split.yaml")]) == 1
     assert "CHANGED between repeats" in capsys.readouterr().out
+
+    def flaky_ids(profile, portable=False):  # a repeat that parts at token 2 of prompt 0: diagnosed
+        from engine.diverge import Outputs, diagnose
+
+        m = real(profile, portable=portable)
+        m.repeat_hashes[1] = ["f" * 64] + m.repeat_hashes[1][1:]
+        other = [t.stored() for t in m.outputs.trails]
+        other[0].ids[2] += 1
+        m.repeats_diagnosis = diagnose(m.outputs, Outputs("repeat 1", other, m.outputs.settings))
+        return m
+
+    monkeypatch.setattr(regress, "measure_profile", flaky_ids)
+    assert cli_main(["regress", "--json", str(recorded / "split.yaml")]) == 1
+    data = {p["name"]: p for p in json.loads(capsys.readouterr().out)["profiles"]}["split"]
+    assert data["diagnosis"]["first"]["index"] == 2 and "settings are the same" in data["diagnosis"]["verdict"]
+    assert "parts from the replay at prompt 0, token 2" in data["checks"][0]["message"]
     before = (recorded / "split.yaml").read_text()
     assert cli_main(["regress", "--record", str(recorded / "split.yaml")]) == 1
     assert (recorded / "split.yaml").read_text() == before
@@ -274,9 +337,14 @@ def test_precision_is_replayed_and_its_hashes_are_its_own(tmp_path, capsys):
     changed = P.load(tmp_path / "split.yaml")
     changed.run.precision = "f32"  # the q8 hashes kept: replayed in f32 they do not hold
     changed.save()
+    assert cli_main(["regress", "--json", paths[1]]) == 1
+    diagnosis = json.loads(capsys.readouterr().out)["profiles"][-1]["diagnosis"]
+    assert {"setting": "precision", "a": "q8", "b": "f32"} in diagnosis["differences"] and diagnosis["expected"]
+    assert diagnosis["first"]["index"] is not None and diagnosis["b"] == "the replay"
     assert cli_main(["regress", paths[1]]) == 1
     out = capsys.readouterr().out
     assert "split: output hash: prompt 1 gave" in out and "(mode reference, precision f32)" in out
+    assert "split:   precision: the recorded run q8, the replay f32" in out
 
 
 def test_a_profile_on_the_gguf_demo_pair_records_and_replays(tmp_path, monkeypatch, capsys):
@@ -299,7 +367,8 @@ def test_a_profile_on_the_gguf_demo_pair_records_and_replays(tmp_path, monkeypat
     recorded = P.load(path)
     assert recorded.model.fingerprint == P.fingerprint(pair.target)
     assert recorded.draft.fingerprint == P.fingerprint(pair.draft)
-    assert (recorded.model.format, recorded.model.quant, recorded.version) == ("gguf", "q8_0", 2)
+    # format 4: the recorded outputs (ids and top-2 gaps) are in it
+    assert (recorded.model.format, recorded.model.quant, recorded.version) == ("gguf", "q8_0", 4)
     assert len(recorded.expectations.output_sha256) == 2 and recorded.expectations.min_accept_rate is not None
     assert str(tmp_path / "cache") not in path.read_text()  # the demo by name, never a path into the cache
     capsys.readouterr()

@@ -273,3 +273,42 @@ def test_the_device_strip_shows_busy_time_while_a_run_decodes_and_the_runs_share
     assert set(record.device_busy_share) == {"cpu:0", "hostsim:0"} and record.device_busy_share["hostsim:0"] > 0
     assert strip.source == "busy" and strip.caption.text() == f"Busy (run {record.index}):"
     assert strip.values() == pytest.approx(record.device_busy_share)
+
+
+def test_a_changed_hash_is_explained_on_the_hash_plot(qtbot, make_window):
+    """The reference run as an earlier session kept it, choosing another token at token 2: the next run of the same
+    outputs is CHANGED, and its record, its mark's tooltip and the note under the mark say where, the choices on
+    both sides (the reference replayed here, its settings being the model's) and what differs."""
+    from engine.diverge import Trail
+    from engine.history import combined_hash
+    from engine.run import output_sha256
+
+    window = make_window()
+    state = window.state
+    panel = setup_run(window, tokens=8, repeats=1)
+    panel.draft_check.setChecked(False)
+    with qtbot.waitSignal(state.sigRunFinished, timeout=TIMEOUT_MS) as finished:
+        window.act_start.trigger()
+    ref = finished.args[0]
+    kept = ref.trails()[0]
+    ids = kept.ids.copy()
+    ids[2] = (ids[2] + 1) % 64
+    ref.outputs = [Trail(ids, kept.gaps).compact()]
+    ref.output_hash = ref.reference_hash = combined_hash([output_sha256(ids)])
+    state.runs.references = {k: ref.output_hash for k in state.runs.references}
+    with qtbot.waitSignal(state.sigRunFinished, timeout=TIMEOUT_MS) as finished:
+        window.act_start.trigger()
+    second = finished.args[0]
+    assert second.stable is False and second.diagnosis is not None
+    first = second.diagnosis["first"]
+    assert (first["prompt"], first["index"], first["a"]["token"]) == (0, 2, int(ids[2]))
+    assert first["b"]["logit"] is not None and first["b"]["token"] == kept.ids[2]
+    # the reference replayed here (its settings are the model's now) does not choose what it kept: said
+    assert first["note"].startswith(f"replayed here, reference run 1's ids lead to {kept.ids[2]} (logit ")
+    assert second.diagnosis["rerun"].startswith("reference run 1's top-2 logits re-computed here")
+    tips = [spot.data() for spot in window.plots.hash_marks.points()]
+    assert "output CHANGED from the reference run" in tips[1] and "prompt 0: first differing token 2" in tips[1]
+    notes = [item.toPlainText() for item in window.plots._hash_labels]
+    assert any(n.startswith("p0 t2") for n in notes)
+    model = window.history.model
+    assert model.index(1, OUTPUT).data() == "CHANGED"
