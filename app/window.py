@@ -36,6 +36,7 @@ from .plots import LivePlots
 from .routing_panel import RoutingPanel
 from .run_panel import RunPanel
 from .state import WorkbenchState
+from .tune_panel import TunePanel
 
 MAX_RECENT = 8
 LAYOUT_VERSION = 2  # 2: the compact and wide arrangements (a layout saved before them is not restored)
@@ -173,6 +174,7 @@ class MainWindow(QMainWindow):
         self.routing = RoutingPanel(self.state, prompts_source=lambda: self.run_panel.settings().prompts)
         self.plots = LivePlots(self.state)
         self.history = history.HistoryPanel(self.state)
+        self.tune = TunePanel(self.state, settings_source=self.run_panel.settings)
         self.docks: dict[str, QDockWidget] = {}
         # The run panel keeps its minimum size (Start, Stop and the progress never go under another panel); the
         # others scroll when the window leaves them less room than their contents want.
@@ -181,6 +183,7 @@ class MainWindow(QMainWindow):
         self._dock("routing", "Routing and strategies", scrolling(self.routing))
         self._dock("plots", "Live plots", self.plots)
         self._dock("history", "Run history", self.history)
+        self._dock("tune", "Tune", scrolling(self.tune))
         self.compact: bool | None = None  # which arrangement the docks are in (None: not arranged yet)
         self.arrange(compact=False)
         self._build_actions()
@@ -251,6 +254,9 @@ class MainWindow(QMainWindow):
         self.act_redo = a("Redo", self.editor.redo, S.Redo, "redo")
         self.act_start = a("Start run", self.run_panel.start, "Ctrl+R", "start", "Start a decode run")
         self.act_stop = a("Stop run", self.state.stop_run, "Ctrl+.", "stop", "Stop at the next step")
+        self.act_tune = a("Tune placements…", self.show_tune, None, None,
+                          "Measure placements and draft lengths: the Pareto front of tokens/s against fast-device "
+                          "bytes")  # fmt: skip
         self.act_clear_history = a("Clear run history", self.state.clear_history, None, "clear")
         self.act_reset_layout = a("Reset layout", self.reset_layout)
         self.act_about = a("About expertbench", self.about)
@@ -302,6 +308,7 @@ class MainWindow(QMainWindow):
         r = self.menuBar().addMenu("&Run")
         r.addAction(self.act_start)
         r.addAction(self.act_stop)
+        r.addAction(self.act_tune)
         r.addSeparator()
         r.addAction(self.act_clear_history)
         v = self.menuBar().addMenu("&View")
@@ -358,6 +365,12 @@ class MainWindow(QMainWindow):
         hints.colorSchemeChanged.connect(self._scheme_changed)
 
     # ---- reactions ---------------------------------------------------------------------------------------
+
+    @Slot()
+    def show_tune(self) -> None:
+        dock = self.docks["tune"]
+        dock.show()
+        dock.raise_()
 
     @Slot()
     def about(self) -> None:
@@ -626,15 +639,16 @@ class MainWindow(QMainWindow):
         self.setCorner(Qt.Corner.BottomRightCorner, area.RightDockWidgetArea)
         if compact:
             self.addDockWidget(area.LeftDockWidgetArea, d["run"])
-            for key in ("plots", "history", "routing", "devices"):
+            for key in ("plots", "history", "routing", "devices", "tune"):
                 self.addDockWidget(area.BottomDockWidgetArea, d[key])
-            for key in ("history", "routing", "devices"):
+            for key in ("history", "routing", "devices", "tune"):
                 self.tabifyDockWidget(d["plots"], d[key])
         else:
             self.addDockWidget(area.LeftDockWidgetArea, d["devices"])
             self.addDockWidget(area.LeftDockWidgetArea, d["run"])
             self.splitDockWidget(d["devices"], d["run"], Qt.Orientation.Vertical)
             self.addDockWidget(area.RightDockWidgetArea, d["routing"])
+            self.splitDockWidget(d["routing"], d["tune"], Qt.Orientation.Vertical)
             self.addDockWidget(area.BottomDockWidgetArea, d["plots"])
             self.splitDockWidget(d["plots"], d["history"], Qt.Orientation.Horizontal)
         for key, dock in d.items():
@@ -658,6 +672,7 @@ class MainWindow(QMainWindow):
             self.resizeDocks([docks["plots"]], [320], V)
             return
         self.resizeDocks([docks["devices"], docks["routing"]], [440, 360], H)
+        self.resizeDocks([docks["routing"], docks["tune"]], [640, 270], V)
         self.resizeDocks([docks["devices"], docks["run"]], [190, 420], V)
         self.resizeDocks([docks["plots"]], [330], V)
         self.resizeDocks([docks["plots"], docks["history"]], [760, 480], H)

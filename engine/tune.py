@@ -263,16 +263,22 @@ def dominates(a: tuple[float, float], b: tuple[float, float]) -> bool:
     return a[0] >= b[0] and a[1] <= b[1] and (a[0] > b[0] or a[1] < b[1])
 
 
-def pareto_front(points: Sequence[Point], fast: str) -> list[Point]:
-    """The points no other point dominates (faster at no more bytes on the fast device, or as fast at fewer), by
-    bytes ascending; of equal points the first. Points without a speed or excluded by a constraint take no part."""
-    alive = [p for p in points if p.excluded is None and p.measurements and math.isfinite(p.speed)]
-    alive.sort(key=lambda p: (p.fast_bytes(fast), -p.speed))
-    front: list[Point] = []
-    for p in alive:
-        if not front or p.speed > front[-1].speed:
-            front.append(p)
+def front_of(items, speed, nbytes) -> list:
+    """The items no other dominates (faster at no more bytes, or as fast at fewer), by bytes ascending; of equal
+    items the first; items without a finite speed take no part. speed, nbytes: functions of an item."""
+    alive = sorted((i for i in items if math.isfinite(speed(i))), key=lambda i: (nbytes(i), -speed(i)))
+    front: list = []
+    for i in alive:
+        if not front or speed(i) > speed(front[-1]):
+            front.append(i)
     return front
+
+
+def pareto_front(points: Sequence[Point], fast: str) -> list[Point]:
+    """The measured front: decode tokens/s against bytes on the fast device (front_of); points without a
+    measurement or excluded by a constraint take no part."""
+    alive = [p for p in points if p.excluded is None and p.measurements]
+    return front_of(alive, lambda p: p.speed, lambda p: p.fast_bytes(fast))
 
 
 def pareto_ranks(points: Sequence[Point], fast: str) -> dict[int, int]:

@@ -248,8 +248,8 @@ def test_bad_arguments_exit_2_naming_them_before_any_model_loads(args, message, 
         (["--fast", "cuda:3"], "--fast cuda:3: no device cuda:3 (devices: cpu:0, hostsim:0)"),
         (["--budget", "hostsim:0=1KB"], "--budget hostsim:0=1000: hostsim:0's budget of 0.0010 MiB holds no expert "
                                         "(one is 0.0234 MiB): there is nothing to tune"),
-        (["--budget", "cpu:0=100KB", "--budget", "hostsim:0=100KB"], "--budget: the budgets (cpu:0 0.0954 MiB, hostsim:0 "
-                                                                     "0.0954 MiB) hold less than the 0.4 MiB of experts"),
+        (["--budget", "cpu:0=100KB", "--budget", "hostsim:0=100KB"],
+         "--budget: the budgets (cpu:0 0.0954 MiB, hostsim:0 0.0954 MiB) hold less than the 0.4 MiB of experts"),
     ],
 )  # fmt: skip
 def test_budgets_and_devices_the_engine_cannot_honour_exit_2_naming_them(args, message, capsys):

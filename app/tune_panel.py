@@ -1,0 +1,381 @@
+"""The Tune panel: engine.tune's measured search on the loaded pair, its Pareto front, and a point to keep.
+
+Start runs the tuning on the engine thread (one task of the state's EngineWorker: other engine work waits for it);
+its progress comes back as queued signals carrying plain data, so the GUI thread never reads an object the engine
+thread is still filling. Cancel stops it before the next measurement (the run under way at its next step); what was
+measured is still shown. The scatter shows every measured point (grey) and the front (bytes on the fast device
+across, decode tokens/s up; a point whose output differs from one device's is red); hovering a mark says what it is.
+Apply puts the selected point's placement in the editor as one undoable edit; Save as profile writes it with its
+q, the prompts and tokens it was measured with, and the hashes it gave.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pyqtgraph as pg
+from PySide6.QtCore import QObject, Signal, Slot
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QGridLayout,
+    QHBoxLayout,
+    QLabel,
+    QListWidget,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine import tune
+from engine.demo import DEMO_PROMPTS
+from engine.errors import EngineError
+from engine.history import RunSettings, min_accept_rate
+from engine.placement import MIB, Placement
+from engine.speculative import MAX_DRAFT_TOKENS
+from engine.strategy import default_fast
+
+from . import profiles
+from .state import WorkbenchState, format_bytes
+
+MEASURED_BRUSH, FRONT_BRUSH, DIFFERS_BRUSH = (150, 150, 150, 120), (40, 120, 220), (220, 50, 50)
+
+
+@dataclass(frozen=True)
+class TunedPoint:
+    """A measured point as the GUI keeps it (plain data, copied on the engine thread)."""
+
+    placement: Placement
+    q: int | None
+    origin: str
+    speed: float
+    low: float
+    high: float
+    fast_bytes: int
+    same: bool
+    output_sha256: tuple[str, ...]
+    tokens: int
+    repeats: int
+    accept_rate: float | None
+
+    @classmethod
+    def of(cls, p: tune.Point, fast: str) -> TunedPoint:
+        lo, hi = p.spread
+        m = p.last
+        return cls(p.candidate.placement.copy(), p.candidate.q, p.candidate.origin, p.speed, lo, hi, p.fast_bytes(fast),
+                   p.same_as_reference, tuple(m.output_sha256), m.tokens, m.repeats, m.accept_rate)  # fmt: skip
+
+    def describe(self) -> str:
+        q = "no draft" if self.q is None else f"q {self.q}"
+        same = "same output as one device" if self.same else "output DIFFERS from one device"
+        return (f"{self.speed:.1f} tokens/s ({self.low:.1f}-{self.high:.1f}), {q}, {format_bytes(self.fast_bytes)} "
+                f"on the fast device, {same}\n{self.origin}: {self.placement.describe()}")  # fmt: skip
+
+
+class _Relay(QObject):
+    """Lives on the GUI thread: the engine thread emits, the panel's slots run here (queued)."""
+
+    sigProgress = Signal(object)  # (engine.tune.Progress less its point, TunedPoint or None)
+
+
+class TunePanel(QWidget):
+    sigFrontChanged = Signal()  # the scatter and the list show new points
+
+    def __init__(self, state: WorkbenchState, settings_source=None, parent=None):
+        super().__init__(parent)
+        self.state = state
+        self.settings_source = settings_source  # () -> RunSettings: the run panel's prompts
+        self.tuning: tune.Tuning | None = None
+        self._lock = threading.Lock()
+        self.running = False
+        self.cancel_asked = False
+        self.measured: list[TunedPoint] = []
+        self.front: list[TunedPoint] = []
+        self.fast: str | None = None
+        self.prompts: list[str] = list(DEMO_PROMPTS)
+        self.last_message = ""
+        self._relay = _Relay()
+        self._relay.sigProgress.connect(self._progress)
+
+        form = QGridLayout()
+        self.time_budget = QSpinBox()
+        self.time_budget.setRange(5, 3600)
+        self.time_budget.setValue(60)
+        self.time_budget.setSuffix(" s")
+        self.time_budget.setToolTip("Seconds to spend measuring, the calibration included")
+        self.q = QComboBox()
+        self.q.addItem(f"auto ({', '.join(map(str, tune.AUTO_Q))})", tune.AUTO_Q)
+        for q in range(1, MAX_DRAFT_TOKENS + 1):
+            self.q.addItem(str(q), (q,))
+        self.q.setToolTip("Draft lengths to search (none without a draft)")
+        self.fast_device = QComboBox()
+        self.fast_device.setToolTip("The device whose bytes the front counts, and whose budget is below")
+        self.budget = QDoubleSpinBox()
+        self.budget.setRange(0, 1 << 20)
+        self.budget.setDecimals(1)
+        self.budget.setSuffix(" MiB")
+        self.budget.setSpecialValueText("its room")
+        self.budget.setToolTip("The most experts the fast device may hold (0: its room: free memory plus this model's "
+                               "experts there, less a tenth for staging)")  # fmt: skip
+        for row, pairs in enumerate(((("Time", self.time_budget), ("q", self.q)),
+                                     (("Fast", self.fast_device), ("budget", self.budget)))):  # fmt: skip
+            for col, (label, widget) in enumerate(pairs):
+                form.addWidget(QLabel(label), row, 2 * col)
+                form.addWidget(widget, row, 2 * col + 1)
+        form.setColumnStretch(1, 1)
+        form.setColumnStretch(3, 1)
+
+        self.start_button = QPushButton("Tune")
+        self.start_button.setToolTip("Measure placements and draft lengths by successive halving (engine.tune)")
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setEnabled(False)
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 1)
+        self.progress.setValue(0)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.start_button)
+        buttons.addWidget(self.cancel_button)
+        buttons.addWidget(self.progress, 1)
+        self.status = QLabel("Not tuned yet")
+        self.status.setWordWrap(True)
+
+        self.plot = pg.PlotWidget()
+        self.plot.setLabel("bottom", "experts on the fast device (MiB)")
+        self.plot.setLabel("left", "decode tokens/s")
+        self.plot.setMinimumHeight(120)
+        self.measured_marks = pg.ScatterPlotItem(size=7, pen=None, brush=pg.mkBrush(*MEASURED_BRUSH), hoverable=True,
+                                                 tip=lambda x, y, data: data)  # fmt: skip
+        self.front_marks = pg.ScatterPlotItem(size=11, hoverable=True, tip=lambda x, y, data: data)
+        self.front_line = pg.PlotDataItem(pen=pg.mkPen(FRONT_BRUSH, width=1))
+        for item in (self.measured_marks, self.front_line, self.front_marks):
+            self.plot.addItem(item)
+        self.front_marks.sigClicked.connect(self._clicked)
+
+        self.front_list = QListWidget()
+        self.front_list.setToolTip("The measured front, fewest bytes on the fast device first")
+        self.front_list.setMaximumHeight(90)
+        self.apply_button = QPushButton("Apply")
+        self.apply_button.setToolTip("Put the selected point's placement in the editor (Edit > Undo takes it back)")
+        self.save_button = QPushButton("Save as profile…")
+        self.save_button.setToolTip("Write the selected point as a profile: placement, q, prompts, tokens and the "
+                                    "output hashes it gave (expertbench regress replays it)")  # fmt: skip
+        keep = QHBoxLayout()
+        keep.addWidget(self.apply_button)
+        keep.addWidget(self.save_button)
+
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addLayout(buttons)
+        layout.addWidget(self.status)
+        layout.addWidget(self.plot, 1)
+        layout.addWidget(self.front_list)
+        layout.addLayout(keep)
+
+        self.start_button.clicked.connect(self.start)
+        self.cancel_button.clicked.connect(self.cancel)
+        self.apply_button.clicked.connect(self.apply_selected)
+        self.save_button.clicked.connect(self.save_selected)
+        self.front_list.currentRowChanged.connect(lambda _row: self._update_buttons())
+        state.sigModelChanged.connect(self._model_changed)
+        state.sigEngineChanged.connect(self._model_changed)
+        self._model_changed()
+
+    # ---- state -------------------------------------------------------------------------------------------
+
+    @Slot()
+    def _model_changed(self) -> None:
+        s = self.state
+        self.fast_device.clear()
+        self.fast_device.addItems([d.name for d in s.devices])
+        if s.model is not None and s.devices:  # as `expertbench plan` and `tune` pick it
+            self.fast_device.setCurrentText(default_fast(s.devices, s.model.primary))
+        self._update_buttons()
+
+    def _update_buttons(self) -> None:
+        has = self.state.model is not None and len(self.state.devices) > 1
+        self.start_button.setEnabled(has and not self.running)
+        self.cancel_button.setEnabled(self.running)
+        chosen = self.selected() is not None
+        self.apply_button.setEnabled(chosen and not self.running)
+        self.save_button.setEnabled(chosen and not self.running)
+
+    def tune_settings(self) -> tune.TuneSettings:
+        fast = self.fast_device.currentText() or None
+        caps = {fast: int(self.budget.value() * MIB)} if fast and self.budget.value() > 0 else {}
+        prompts = list(self.settings_source().prompts) if self.settings_source is not None else list(DEMO_PROMPTS)
+        return tune.TuneSettings(fast=fast, caps=caps, qs=self.q.currentData(), time_budget=self.time_budget.value(),
+                                 prompts=prompts or list(DEMO_PROMPTS), routing=self.state.routing_stats)  # fmt: skip
+
+    # ---- running -----------------------------------------------------------------------------------------
+
+    @Slot()
+    def start(self, settings: tune.TuneSettings | None = None) -> bool:
+        """Tune on the engine thread (after what is queued there); False when there is nothing to tune or a tuning
+        runs."""
+        if self.running or self.state.model is None:
+            return False
+        settings = settings or self.tune_settings()
+        use_draft = self.state.has_draft
+        side, relay, lock = self.state._side, self._relay, self._lock
+        self.running, self.cancel_asked = True, False
+        self.measured, self.front, self.fast = [], [], settings.fast
+        self.prompts = list(settings.prompts or DEMO_PROMPTS)
+        self._show()
+        self.status.setText("Waiting for the engine…")
+        self._update_buttons()
+
+        def progress(p: tune.Progress) -> None:  # engine thread: copy, then emit
+            point = None if p.point is None else TunedPoint.of(p.point, self.fast or "")
+            relay.sigProgress.emit((replace(p, point=None), point))
+
+        def task():
+            tuning = tune.Tuning(side.target, side.draft if use_draft else None, settings, on_progress=progress)
+            with lock:
+                self.tuning = tuning
+                if self.cancel_asked:
+                    tuning.cancel()
+            try:
+                result = tuning.run()
+            finally:
+                with lock:
+                    self.tuning = None
+            s = result.search
+            return ([TunedPoint.of(p, s.fast) for p in s.points], [TunedPoint.of(p, s.fast) for p in s.front], s.fast,
+                    tune.report(result))  # fmt: skip
+
+        self.state.worker.submit(task, self._finished, self._failed, "tuning")
+        return True
+
+    @Slot()
+    def cancel(self) -> None:
+        """Stop before the next measurement (thread-safe: no engine call here)."""
+        with self._lock:
+            self.cancel_asked = True
+            if self.tuning is not None:
+                self.tuning.cancel()
+
+    @Slot(object)
+    def _progress(self, item) -> None:
+        p, point = item
+        self.progress.setRange(0, max(p.total, 1))
+        self.progress.setValue(min(p.done, max(p.total, 1)))
+        best = f", best {p.best:.1f} tokens/s" if p.best else ""
+        if p.phase == "measuring":
+            text = f"Rung {p.rung + 1} of {p.rungs}: {p.done} of {p.total} measured{best} ({p.elapsed:.0f} of " \
+                   f"{p.budget:.0f} s)"  # fmt: skip
+        else:
+            text = f"{p.message[:1].upper()}{p.message[1:]}…" if p.message else p.phase
+        self.status.setText(text)
+        self.last_message = text
+        if point is not None:
+            self.measured = [m for m in self.measured if (m.placement, m.q) != (point.placement, point.q)] + [point]
+            self.front = tune.front_of(self.measured, lambda p: p.speed, lambda p: p.fast_bytes)
+            self._show()
+
+    def _finished(self, result) -> None:
+        self.measured, self.front, self.fast, doc = result
+        self.running = False
+        differ = len(doc["differing"])
+        state = "cancelled: what was measured" if doc["cancelled"] else "done"
+        note = f"; {differ} point{'s' if differ > 1 else ''} DIFFER from one device's output" if differ else ""
+        self.status.setText(f"Tuning {state}: {doc['measurements']} measurements of {doc['candidates']} candidates in "
+                            f"{doc['seconds']:.0f} s, {len(self.front)} on the front{note}")  # fmt: skip
+        self.progress.setRange(0, 1)
+        self.progress.setValue(1)
+        self._show()
+        if self.front:
+            self.front_list.setCurrentRow(len(self.front) - 1)  # the fastest
+        self._update_buttons()
+        self.state.sigMessage.emit(self.status.text())
+
+    def _failed(self, exc: BaseException) -> None:
+        self.running = False
+        self.status.setText(f"Tuning failed: {exc}")
+        self._update_buttons()
+        if not isinstance(exc, EngineError):
+            self.state.sigError.emit("Tuning failed", str(exc) or type(exc).__name__)
+
+    # ---- showing -----------------------------------------------------------------------------------------
+
+    def _show(self) -> None:
+        mib = lambda p: p.fast_bytes / MIB  # noqa: E731
+        finite = [p for p in self.measured if math.isfinite(p.speed)]
+        self.measured_marks.setData(x=[mib(p) for p in finite], y=[p.speed for p in finite],
+                                    data=[p.describe() for p in finite])  # fmt: skip
+        brushes = [pg.mkBrush(*(FRONT_BRUSH if p.same else DIFFERS_BRUSH)) for p in self.front]
+        self.front_marks.setData(x=[mib(p) for p in self.front], y=[p.speed for p in self.front], brush=brushes,
+                                 data=[p.describe() for p in self.front])  # fmt: skip
+        self.front_line.setData([mib(p) for p in self.front], [p.speed for p in self.front])
+        row = self.front_list.currentRow()
+        self.front_list.clear()
+        for p in self.front:
+            q = "-" if p.q is None else p.q
+            same = "same" if p.same else "DIFFERS"
+            self.front_list.addItem(f"{p.speed:8.1f} tok/s  q {q}  {format_bytes(p.fast_bytes):>10}  {same}  "
+                                    f"{p.origin}")  # fmt: skip
+            self.front_list.item(self.front_list.count() - 1).setToolTip(p.describe())
+        if 0 <= row < len(self.front):
+            self.front_list.setCurrentRow(row)
+        self.sigFrontChanged.emit()
+
+    def _clicked(self, _item, points, _ev=None) -> None:
+        if points:
+            x, y = points[0].pos().x(), points[0].pos().y()
+            for i, p in enumerate(self.front):
+                if math.isclose(p.fast_bytes / MIB, x) and math.isclose(p.speed, y):
+                    self.front_list.setCurrentRow(i)
+
+    def selected(self) -> TunedPoint | None:
+        row = self.front_list.currentRow()
+        return self.front[row] if 0 <= row < len(self.front) else None
+
+    # ---- keeping a point ---------------------------------------------------------------------------------
+
+    @Slot()
+    def apply_selected(self) -> bool:
+        """The selected point's placement in the editor: one undoable edit (the run panel's q stays as it is)."""
+        p = self.selected()
+        if p is None:
+            return False
+        q = "no draft" if p.q is None else f"q {p.q}"
+        return self.state.set_placement(p.placement, f"tuned placement ({p.origin}; measured with {q})")
+
+    def profile_for(self, point: TunedPoint, path: str | Path):
+        """The profile of a point (app.profiles.build, checked as the window's saves are), its run settings those it
+        was measured with and its expectations the hashes and acceptance it gave."""
+        use_draft = point.q is not None
+        settings = RunSettings(prompts=list(self.prompts), tokens=point.tokens, repeats=point.repeats,
+                               q=point.q or 2, mode="reference", use_draft=use_draft)  # fmt: skip
+        profile = profiles.build(path, self.state.model, point.placement, settings, self.state.routing_stats,
+                                 self.state.history, self.state.profile)  # fmt: skip
+        profile.expectations.output_sha256 = list(point.output_sha256)
+        accept = point.accept_rate
+        profile.expectations.min_accept_rate = min_accept_rate(accept) if use_draft and accept is not None else None
+        return profile
+
+    @Slot()
+    def save_selected(self, path: str | None = None) -> bool:
+        p = self.selected()
+        if p is None or self.state.model is None:
+            return False
+        if not path:
+            path, _ = QFileDialog.getSaveFileName(self, "Save the tuned point as a profile", "tuned.yaml",
+                                                  "Profile (*.yaml *.yml)")  # fmt: skip
+            if not path:
+                return False
+            if not path.endswith((".yaml", ".yml")):
+                path += ".yaml"
+        try:
+            self.profile_for(p, path).save(path)
+        except (EngineError, OSError) as exc:
+            text = f"'{path}': {exc.strerror or exc}" if isinstance(exc, OSError) else str(exc)
+            self.state.sigError.emit("The profile could not be saved", text)
+            return False
+        self.state.sigMessage.emit(f"Saved the tuned point to {path}")
+        return True
