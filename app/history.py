@@ -54,6 +54,22 @@ def spread(r: RunRecord) -> tuple[float, float] | None:
     return lo, hi
 
 
+def quality(r: RunRecord) -> dict | None:
+    """The quality cost of the run's fast mode against the reference mode (engine.quality), when measured."""
+    return getattr(r, "quality", None)
+
+
+def _quality_text(r: RunRecord) -> str:
+    """'92.2 % · KL 0.0016' (greedy agreement, mean KL in nats) for a measured fast mode; blank otherwise."""
+    q = quality(r)
+    return "" if q is None else f"{100 * q['agreement']:.1f} % · KL {q['mean_kl']:.2g}"
+
+
+def _quality_value(r: RunRecord, key: str) -> float | str:
+    q = quality(r)
+    return "" if q is None else q[key]
+
+
 def _started(r: RunRecord) -> str:
     """RunRecord.started as a date and time ('2026-12-02T19:04:02' -> '2026-12-02 19:04:02'; a time as it is)."""
     return str(r.started).replace("T", " ")[:19]
@@ -98,6 +114,8 @@ FIELDS = [
         "decode_tokens_per_second",
         lambda r: r.decode_tokens_per_second,
     ),
+    Field("Quality", _quality_text, "greedy_agreement", lambda r: _quality_value(r, "agreement")),
+    Field(None, None, "mean_kl", lambda r: _quality_value(r, "mean_kl")),
     Field(
         "Prefill tok/s",
         lambda r: _blank(r.prefill_tokens_per_second),
@@ -116,7 +134,7 @@ FIELDS = [
     Field(None, None, "cancelled", lambda r: r.cancelled),
 ]
 COLUMNS = [f for f in FIELDS if f.header is not None]  # the history table's
-NUMERIC = {"#", "Decode tok/s", "Prefill tok/s", "Predicted tok/s", "Accept", "Tokens"}
+NUMERIC = {"#", "Decode tok/s", "Prefill tok/s", "Predicted tok/s", "Accept", "Tokens", "Quality"}
 PRECISION_TIPS = {
     "f32": "activations meet exactly dequantized weights in f32: the reference",
     "q8": "activations quantized to int8 per block, as llama.cpp: not the reference (other logits)",
@@ -136,6 +154,8 @@ def _sort_value(r: RunRecord, header: str) -> float | str:
         return float(r.prompts * r.tokens * r.repeats)
     if header == "Accept":
         return -1.0 if r.accept_rate is None else float(r.accept_rate)
+    if header == "Quality":  # by mean KL, unmeasured first
+        return -1.0 if quality(r) is None else float(quality(r)["mean_kl"])
     if header in NUMERIC:
         value = {"Decode tok/s": r.decode_tokens_per_second, "Prefill tok/s": r.prefill_tokens_per_second,
                  "Predicted tok/s": predicted(r)}[header]  # fmt: skip
@@ -196,6 +216,14 @@ class HistoryModel(QAbstractTableModel):
                         "were not measured yet)")  # fmt: skip
             if name == "Prefill tok/s":
                 return "Prompt tokens per second of prefill (the draft's prefill included)"
+            if name == "Quality":
+                q = quality(r)
+                if q is None:
+                    return ("The quality cost of a fast mode (owner_local, q8) against the reference mode: greedy "
+                            "agreement and mean KL divergence of the next-token distributions (blank: the "
+                            "reference settings, or not measured)")  # fmt: skip
+                first = (q.get("diagnosis") or {}).get("summary")
+                return q["summary"] + (f"\n{first}" if first else "")
             if name == "Placement":
                 return f"{r.placement}\n\nDouble-click: put this placement back in the editor (undoable)"
             if name == "Hash":

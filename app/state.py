@@ -37,6 +37,7 @@ from engine.placement import (
     overflow,
 )
 from engine.profile import Profile, fingerprint, load
+from engine.quality import is_fast, quality_cost
 from engine.routing import RoutingStats, profile
 from engine.run import DecodeRun, RunResult
 from engine.speculative import check_shared_vocabulary
@@ -698,13 +699,19 @@ class WorkbenchState(QObject):
             probe = RunRecord.of_run(result, settings, m.target_path, m.draft_path, fingerprint=m.fingerprint)
             ref = runs.reference(record_key(probe))
             diagnosis = None if ref is None else diagnose_change(ref, result, side.target, run.prompt_ids)
-            # The core counts every routed pair while decoding (since load or the last profiling pass).
-            return result, RoutingStats.from_model(side.target), diagnosis
+            # The core counts every routed pair while decoding (since load or the last profiling pass); the quality
+            # measurement below is not counted.
+            routing = RoutingStats.from_model(side.target)
+            cost = None
+            if is_fast(settings.mode, settings.precision) and not result.cancelled and not stop.is_set():
+                cost = quality_cost(side.target, prompts=list(settings.prompts), tokens=settings.tokens,
+                                    mode=settings.mode, precision=settings.precision, fast_result=result)  # fmt: skip
+            return result, routing, diagnosis, cost
 
         def done(result):
             self.running = False
-            result, routing, diagnosis = result
-            record = self._record(result, settings, started, predicted, diagnosis)
+            result, routing, diagnosis, cost = result
+            record = self._record(result, settings, started, predicted, diagnosis, cost)
             self._after_run(record.index, routing)
 
         def failed(exc):
@@ -724,10 +731,13 @@ class WorkbenchState(QObject):
                 self._side.run.cancel()
 
     def _record(self, result: RunResult, settings: RunSettings, started: str, predicted: float | None,
-                diagnosis=None) -> RunRecord:  # fmt: skip
+                diagnosis=None, cost=None) -> RunRecord:  # fmt: skip
+        """The run in the history, with why its output changed (a Diagnosis) and its fast mode's quality cost (a
+        QualityCost) where there are."""
         m = self.model
         record = RunRecord.of_run(result, settings, m.target_path, m.draft_path, started, predicted, m.fingerprint)
         record.diagnosis = None if diagnosis is None else diagnosis.to_dict()
+        record.quality = None if cost is None else cost.to_dict()
         try:
             self.runs.add(record)
         except EngineError as exc:  # the run is in the history; only the file did not take it

@@ -127,6 +127,8 @@ def _check_run_args(args) -> None:
         raise EngineError(f"--repeats {args.repeats}: expected a positive number")
     if not 1 <= args.q <= MAX_DRAFT_TOKENS:
         raise EngineError(f"--q {args.q}: expected a draft length of 1..{MAX_DRAFT_TOKENS} tokens")
+    if args.top_k is not None and args.top_k < 1:
+        raise EngineError(f"--top-k {args.top_k}: expected a positive number of experts per token")
     for p in args.prompt or ():
         if not p:
             raise EngineError("--prompt '' is empty: give some text")
@@ -171,7 +173,7 @@ def cmd_run(args) -> int:
     target_dir, draft_dir = _model_paths(args, with_draft=not args.no_draft)
     prompts = args.prompt or DEMO_PROMPTS
     with _make_engine(args) as eng:
-        target = eng.load(target_dir, device=args.device, weights=args.weights)
+        target = eng.load(target_dir, device=args.device, weights=args.weights, top_k=args.top_k)
         draft = None
         if draft_dir is not None:
             draft = eng.load(draft_dir, device=args.draft_device or args.device, weights=args.weights)
@@ -200,6 +202,10 @@ def cmd_run(args) -> int:
             if progress is not None:
                 progress.clear()
         report = _report(result, target, draft, prompts, eng.runtimes[0].kernel_variant, run.prompt_ids)
+        report["quality"] = None
+        if not (args.no_quality or interrupted or result.cancelled):
+            cost = _quality(eng, args, target_dir, target, prompts, result)
+            report["quality"] = None if cost is None else cost.to_dict()
     if args.trace is not None:
         meta = {k: report.get(k) for k in ("target", "draft", "target_device", "mode", "precision", "placement", "q")}
         write_chrome_trace(args.trace, run.spans, metadata=meta)
@@ -212,6 +218,27 @@ def cmd_run(args) -> int:
         print("expertbench: interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def _quality(eng, args, target_dir, target, prompts, result: RunResult):
+    """The quality cost of the run's fast settings (owner_local, q8, --top-k) against the reference mode on its prompts
+    (engine.quality), the run itself as the fast side; None for a run in the reference settings. With --top-k the
+    reference is the checkpoint loaded again with its own experts per token."""
+    from .quality import is_fast, quality_cost
+
+    native = getattr(target, "native_top_k", target.config.top_k)
+    if not is_fast(result.mode, result.precision, args.top_k, native):
+        return None
+    _tell("measuring the quality cost against the reference mode...")
+    reference = target
+    if args.top_k is not None and args.top_k != native:
+        reference = eng.load(target_dir, device=args.device, weights=args.weights)
+    try:
+        return quality_cost(reference, target, prompts=prompts, tokens=args.n, mode=result.mode,
+                            precision=result.precision, fast_result=result)  # fmt: skip
+    finally:
+        if reference is not target:
+            reference.close()
 
 
 def _report(result: RunResult, target, draft, prompts, kernels: str, prompt_ids=None) -> dict:
@@ -248,7 +275,7 @@ def _reference(result: RunResult, target, prompts, prompt_ids=None) -> dict:
     except EngineError:
         return out
     key = outputs_key(fp, list(prompts), result.tokens_per_prompt, result.precision, result.mode,
-                      result.placement or "", [result.target_device])  # fmt: skip
+                      result.placement or "", [result.target_device], result.top_k)  # fmt: skip
     ref = History.load(history_file(fp)).reference(key)
     if ref is not None and complete:
         diagnosis = diagnose_change(ref, result, target, prompt_ids)
@@ -326,6 +353,12 @@ def _print_table(report: dict, result: RunResult, n_prompts: int) -> None:
     for what in ("prefill", "decode"):
         key = f"{what}_tokens_per_second"
         print(f"{what:9s} {_rate(report[key], report[key + '_min'], report[key + '_max'])}")
+    if report.get("quality") is not None:
+        q = report["quality"]
+        experts = f", {q['native_top_k']} experts per token" if q["native_top_k"] else ""
+        print(f"quality   {q['summary']}  (against the reference mode, f32{experts})")
+        if q["diagnosis"] is not None:
+            print(f"          {q['diagnosis']['summary']}")
     if report["accept_rate"] is not None:
         print(f"accept    {100 * report['accept_rate']:10.1f} %  ({report['accepted_tokens']} of "
               f"{report['drafted_tokens']} drafted tokens)")  # fmt: skip
@@ -501,6 +534,14 @@ def build_parser() -> argparse.ArgumentParser:
                           "kernels: faster and deterministic, but NOT the reference: other logits, and its tokens "
                           "and output hashes may differ from f32's). Float weights are read in f32 either "
                           "way")  # fmt: skip
+    run.add_argument("--top-k", type=int, metavar="N",
+                     help="decode with N experts per token instead of the model's own num_experts_per_tok (a speed "
+                          "choice: its quality cost is measured and reported; the checkpoint is loaded a second time "
+                          "at its own count for that)")  # fmt: skip
+    run.add_argument("--no-quality", action="store_true",
+                     help="skip measuring the quality cost of a fast mode (owner_local, q8, --top-k): greedy "
+                          "agreement, mean KL divergence of the next-token distributions and the first divergence "
+                          "against the reference mode, on the same prompts")  # fmt: skip
     run.add_argument("--placement", metavar="TEXT",
                      help="where the target's experts live: rules LAYERS=DEVICE or LAYER.EXPERTS=DEVICE separated by "
                           "';', applied in order over --device, e.g. '0-7=cuda:0; 12.3=cuda:0' (default: all on "

@@ -190,7 +190,8 @@ def settings_of(run) -> dict[str, object]:
     values = {"placement": run.placement or None, "mode": run.mode, "precision": run.precision,
               "top_k": getattr(run, "top_k", None), "q": run.q, "device": device,
               "kernels": getattr(run, "kernels", None) or None}  # fmt: skip
-    return {k: v for k, v in values.items() if v is not None or k == "q"}  # q None: no draft; others: unknown
+    # q None: no draft; top_k None: the model's own; the others None: unknown
+    return {k: v for k, v in values.items() if v is not None or k in ("q", "top_k")}
 
 
 # ---- the diagnosis ------------------------------------------------------------------------------------------

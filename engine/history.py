@@ -85,7 +85,7 @@ class RunRecord:
     # device -> share of the run's step time it spent running kernels (engine.run.RunResult.device_busy_share)
     device_busy_share: dict[str, float] = field(default_factory=dict)
     kernels: str = ""  # the target runtime's kernels (RunResult.kernels)
-    top_k: int | None = None  # experts per token of an MoE target
+    top_k: int | None = None  # experts per token where the target decoded with another count than its own
     # per prompt the generated ids and top-2 logit gaps, compact (engine.diverge.Trail.compact), when complete
     outputs: list[dict] | None = None
     # why the output differs from the reference run's (engine.diverge.Diagnosis.to_dict), when it does
@@ -264,17 +264,20 @@ def placement_devices(placement: str) -> list[str]:
 
 
 def outputs_key(target: str, prompts: Sequence, tokens: int, precision: str, mode: str, placement: str = "",
-                devices: Iterable[str] = ()) -> tuple:  # fmt: skip
+                devices: Iterable[str] = (), top_k: int | None = None) -> tuple:  # fmt: skip
     """What decides a run's output ids: runs with equal keys must give equal hashes.
 
     The target (its fingerprint, or its path), the prompts, the tokens per prompt and the precision (q8 gives other
     logits than f32 by design) always; the reduction mode when it is not 'reference' (owner_local sums in another
     association); and the placement whenever the outputs depend on it (engine.run.outputs_any_placement over the
     placement's devices and the others given: owner_local always, q8 with a device that is not a CPU one). The
-    draft and q never: speculative greedy decoding gives the target-only greedy output, byte for byte. The
-    window's saved profiles pick the run whose hashes they expect by this key too (expectations_for)."""
+    draft and q never: speculative greedy decoding gives the target-only greedy output, byte for byte. An experts
+    per token override (top_k, None: the model's own) is another model. The window's saved profiles pick the run
+    whose hashes they expect by this key too (expectations_for)."""
     prompts = tuple(tuple(p) if isinstance(p, list) else p for p in prompts)
     key = (target, prompts, int(tokens), precision)
+    if top_k is not None:
+        key += (("top_k", top_k),)
     if mode != "reference":
         key += (mode,)
     if not outputs_any_placement(mode, precision, [*placement_devices(placement), *devices]):
@@ -287,7 +290,8 @@ def record_key(record: RunRecord) -> tuple:
     prompts = record.settings.prompts if record.settings is not None else (record.prompts,)
     target = record.fingerprint or record.target_path or record.target
     devices = [record.primary] if record.primary else []
-    return outputs_key(target, prompts, record.tokens, record.precision, record.mode, record.placement, devices)
+    return outputs_key(target, prompts, record.tokens, record.precision, record.mode, record.placement, devices,
+                       record.top_k)  # fmt: skip
 
 
 class History:

@@ -7,6 +7,7 @@ and mapped files are too valuable to free at an unknown time.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import threading
@@ -253,8 +254,9 @@ class Engine(_Handle):
             raise
         return idx[0]
 
-    def load(self, model: str | os.PathLike | Checkpoint, device: str = "cpu:0", weights: str = "auto") -> Model:
-        return Model(self, model, device, weights)
+    def load(self, model: str | os.PathLike | Checkpoint, device: str = "cpu:0", weights: str = "auto",
+             top_k: int | None = None) -> Model:  # fmt: skip
+        return Model(self, model, device, weights, top_k)
 
     @_locked
     def close(self) -> None:
@@ -267,13 +269,18 @@ class Engine(_Handle):
 
 class Model(_Handle):
     """A checkpoint bound to an engine: weights mapped or copied into host memory (weights: see WEIGHTS_MODES),
-    the primary device chosen."""
+    the primary device chosen. top_k: experts per token to decode with instead of the checkpoint's own
+    (num_experts_per_tok), a speed choice with a quality cost (engine.quality); the core takes it at load, so another
+    count is another load of the checkpoint (native_top_k keeps the checkpoint's own)."""
 
     def __init__(self, engine: Engine, source: str | os.PathLike | Checkpoint, device: str = "cpu:0",
-                 weights: str = "auto"):  # fmt: skip
+                 weights: str = "auto", top_k: int | None = None):  # fmt: skip
         if weights not in WEIGHTS_MODES:
             raise ArgumentError(f"weights {weights!r}: expected one of {', '.join(WEIGHTS_MODES)}")
         self.checkpoint = source if isinstance(source, Checkpoint) else Checkpoint.open(source)
+        self.native_top_k = self.checkpoint.config.top_k
+        if top_k is not None:
+            self.checkpoint = _with_top_k(self.checkpoint, top_k)
         self.engine = engine
         self._lock = engine._lock
         cfg = self.checkpoint.config
@@ -516,6 +523,21 @@ class Model(_Handle):
             lib.eb_model_free(self._ptr)
             self._ptr = ffi.NULL
             self.engine._models.remove(self)
+
+
+def _with_top_k(checkpoint: Checkpoint, top_k) -> Checkpoint:
+    """The checkpoint with another number of experts per token (1..num_experts; an MoE model only)."""
+    cfg = checkpoint.config
+    if cfg.num_experts <= 0:
+        raise ArgumentError(f"model '{checkpoint.folder}' has no experts: experts per token needs an MoE model")
+    if not _is_int(top_k) or not 1 <= top_k <= cfg.num_experts:
+        raise ArgumentError(f"experts per token (top_k) {top_k!r}: expected an integer 1..{cfg.num_experts} (the "
+                            f"model's experts; its own count is {cfg.top_k})")  # fmt: skip
+    group = cfg.num_experts // cfg.n_group if cfg.n_group > 1 else 0
+    if group and top_k > cfg.topk_group * group:
+        raise ArgumentError(f"experts per token (top_k) {top_k}: at most {cfg.topk_group * group} (the "
+                            f"{cfg.topk_group} kept groups of {group} experts)")  # fmt: skip
+    return dataclasses.replace(checkpoint, config=dataclasses.replace(cfg, top_k=int(top_k)))
 
 
 def _is_int(v) -> bool:

@@ -154,7 +154,7 @@ class RunResult:
     trace_spans: int = 0  # with trace=True: spans recorded (DecodeRun.spans holds them), and those lost
     trace_lost: int = 0
     kernels: str = ""  # the kernels of the target's runtime (RuntimeInfo.kernel_variant)
-    top_k: int | None = None  # experts per token of an MoE target (an override where it was loaded with one)
+    top_k: int | None = None  # experts per token where the target was loaded with another count than its own
     # per repeat, per finished prompt: each generated token's id, runner-up and top-2 logits (engine.diverge)
     trails: list[list[Trail]] = field(default_factory=list, repr=False)
 
@@ -506,7 +506,7 @@ class DecodeRun:
             repeat_results=reps,
             cancelled=self._cancel.is_set(),
             seconds=seconds,
-            top_k=self.target.config.top_k if self.target.config.num_experts > 0 else None,
+            top_k=_top_k_override(self.target),
             trails=self._trails,
         )
 
@@ -534,6 +534,12 @@ class _LogitsTap:
     def choices(self, n: int) -> Trail:
         """The top-2 of the n tokens the decoder just emitted."""
         return Trail.of_rows(self._rows[:n])
+
+
+def _top_k_override(model: Model) -> int | None:
+    """The experts per token a model was loaded with where that is not its checkpoint's own (Model's top_k)."""
+    native = getattr(model, "native_top_k", model.config.top_k)
+    return model.config.top_k if model.config.top_k != native else None
 
 
 def _kernels(model: Model) -> str:

@@ -67,7 +67,8 @@ def test_a_run_delivers_points_to_the_plots_and_a_history_row(qtbot, make_window
     history.write_csv(path, state.history)
     rows = list(csv.DictReader(path.open()))
     assert list(rows[0]) == ["run", "time", "placement", "mode", "precision", "draft", "q", "tokens",
-                             "decode_tokens_per_second", "prefill_tokens_per_second", "predicted_tokens_per_second",
+                             "decode_tokens_per_second", "greedy_agreement", "mean_kl", "prefill_tokens_per_second",
+                             "predicted_tokens_per_second",
                              "accept_rate", "output_sha256", "output", "cancelled"]  # fmt: skip
     assert [r["run"] for r in rows] == ["1", "2"]
     assert (rows[0]["q"], rows[0]["draft"], rows[1]["q"], rows[1]["draft"]) == ("2", "qwen3-f32", "", "")
@@ -147,13 +148,25 @@ def test_the_precision_choice_reaches_the_run_and_the_history(qtbot, make_window
             panel.start()
         records.append(finished.args[0])
     assert [r.precision for r in records] == ["q8", "f32", "q8"]
+    # beside the speed, the q8 runs' quality cost against the reference mode (f32) on the same prompts
+    assert [r.quality is not None for r in records] == [True, False, True]
+    q = records[0].quality
+    assert q["precision"] == "q8" and q["positions"] == 8 and 0 <= q["agreement"] <= 1 and q["mean_kl"] > 0
+    assert header[header.index("Decode tok/s") + 1] == "Quality"
+    quality = header.index("Quality")
+    assert model.index(0, quality).data() == f"{100 * q['agreement']:.1f} % · KL {q['mean_kl']:.2g}"
+    assert model.index(1, quality).data() == "" and model.index(0, quality).data(
+        Qt.ItemDataRole.ToolTipRole
+    ).startswith("q8: greedy agreement")
     assert [model.index(i, PRECISION).data() for i in range(3)] == ["q8", "f32", "q8"]
     assert [model.index(i, OUTPUT).data() for i in range(3)] == ["first q8", "reference", "same"]
     assert records[2].reference_hash == records[0].output_hash
     assert "not the reference" in model.index(0, PRECISION).data(Qt.ItemDataRole.ToolTipRole)
     assert "later q8 runs are compared with it" in model.index(0, OUTPUT).data(Qt.ItemDataRole.ToolTipRole)
     history.write_csv(tmp_path / "runs.csv", state.history)
-    assert [r["precision"] for r in csv.DictReader((tmp_path / "runs.csv").open())] == ["q8", "f32", "q8"]
+    rows = list(csv.DictReader((tmp_path / "runs.csv").open()))
+    assert [r["precision"] for r in rows] == ["q8", "f32", "q8"]
+    assert float(rows[0]["mean_kl"]) == pytest.approx(q["mean_kl"]) and rows[1]["mean_kl"] == ""
 
 
 def test_the_run_panel_repeats_three_times_by_default_as_the_command_line_does(make_window):

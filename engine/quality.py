@@ -1,0 +1,184 @@
+"""The quality cost of a fast mode: how far its next-token distributions and greedy choices are from the reference's.
+
+The fast modes trade exactness for speed: `owner_local` sums (each owner pre-sums its experts: another float
+association), the `q8` activation precision (int8 activations against quantized weights) and an experts-per-token
+override (decoding with fewer experts than the model's own num_experts_per_tok, a Model loaded with top_k). The
+reference is the reference mode in f32 with the model's own experts per token.
+
+On each prompt the reference decodes greedily; both sides then read the reference's own sequence (prompt and its
+generated ids) in one pass each, so that they are compared on the same prefixes. Per generated position:
+
+* agreement: whether the fast side's greedy choice equals the reference's (the greedy agreement rate is the share of
+  positions where it does);
+* the KL divergence KL(reference || fast) of the next-token distributions (softmax of the logits), in nats; the
+  figure reported is its mean over every position of every prompt (and the largest);
+* the first divergence: where the fast side's own greedy output (decoded freely, as a run in that mode decodes)
+  first parts from the reference's, per prompt, with the top-2 logits there (engine.diverge).
+
+`expertbench run` reports it for a run in a fast mode, the window's history shows it beside the speed, and
+`quality_cost` is what a tuner calls to keep only settings under a maximum mean KL (within_max_kl).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .diverge import Diagnosis, Outputs, diagnose
+from .errors import ArgumentError
+
+
+@dataclass
+class QualityCost:
+    """What a fast mode (mode, precision, top_k) costs against the reference mode over `positions` generated
+    positions of `prompts` prompts. agreement: the greedy agreement rate (0..1); mean_kl, max_kl: KL(reference ||
+    fast) in nats; first_divergence: the earliest generated token index at which a prompt's free-running fast
+    output parts from the reference's (None: none parts within the tokens decoded), diagnosis: every prompt's."""
+
+    mode: str
+    precision: str
+    top_k: int | None  # the experts per token the fast side decoded with (None: the model's own)
+    native_top_k: int | None
+    prompts: int
+    tokens: int  # per prompt
+    positions: int
+    agreement: float
+    mean_kl: float
+    max_kl: float
+    first_divergence: int | None
+    diagnosis: Diagnosis | None
+
+    @property
+    def fast_mode(self) -> str:
+        """The fast settings in words: 'owner_local, q8, top-2 experts' ('reference' when none)."""
+        parts = [] if self.mode == "reference" else [self.mode]
+        parts += [] if self.precision == "f32" else [self.precision]
+        if self.top_k is not None and self.top_k != self.native_top_k:
+            parts.append(f"top-{self.top_k} experts (of {self.native_top_k})")
+        return ", ".join(parts) or "reference"
+
+    def summary(self) -> str:
+        """One line: agreement, mean KL, first divergence."""
+        first = "none" if self.first_divergence is None else f"token {self.first_divergence}"
+        return (f"{self.fast_mode}: greedy agreement {100 * self.agreement:.1f} %, mean KL {self.mean_kl:.3g} nats "
+                f"(max {self.max_kl:.3g}) over {self.positions} positions; first divergence {first}")  # fmt: skip
+
+    def short(self) -> str:
+        """For a table cell: '98.4 % · KL 0.0012'."""
+        return f"{100 * self.agreement:.1f} % · KL {self.mean_kl:.2g}"
+
+    def to_dict(self) -> dict:
+        return {
+            "fast_mode": self.fast_mode, "mode": self.mode, "precision": self.precision, "top_k": self.top_k,
+            "native_top_k": self.native_top_k, "prompts": self.prompts, "tokens_per_prompt": self.tokens,
+            "positions": self.positions, "agreement": self.agreement, "mean_kl": self.mean_kl, "max_kl": self.max_kl,
+            "first_divergence": self.first_divergence, "summary": self.summary(),
+            "diagnosis": None if self.diagnosis is None else self.diagnosis.to_dict(),
+        }  # fmt: skip
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise log-probabilities, in float64."""
+    x = np.asarray(logits, dtype=np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def kl_divergence(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
+    """KL(P || Q) in nats per row, P and Q the softmax of each row of logits."""
+    lp, lq = log_softmax(p_logits), log_softmax(q_logits)
+    return np.maximum((np.exp(lp) * (lp - lq)).sum(axis=-1), 0.0)  # never below 0 by rounding
+
+
+def agreement(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
+    """Per row, whether the greedy (argmax) choices of two logits rows agree."""
+    return np.argmax(p_logits, axis=-1) == np.argmax(q_logits, axis=-1)
+
+
+def is_fast(mode: str, precision: str, top_k: int | None = None, native_top_k: int | None = None) -> bool:
+    """Whether these settings are not the reference's (so that they have a quality cost to measure)."""
+    return mode != "reference" or precision != "f32" or (top_k is not None and top_k != native_top_k)
+
+
+def within_max_kl(cost: QualityCost, max_kl: float) -> bool:
+    """The constraint `tune --max-kl` applies: the mean KL of the next-token distributions at most max_kl nats."""
+    if not isinstance(max_kl, (int, float)) or isinstance(max_kl, bool) or not max_kl >= 0:
+        raise ArgumentError(f"--max-kl {max_kl!r}: expected a number of nats >= 0")
+    return cost.mean_kl <= max_kl
+
+
+def _rows(model, sequence: Sequence[int], first: int, mode: str, precision: str) -> np.ndarray:
+    """The logits of every position of `sequence` from `first` on, in one prefill, in this mode and precision."""
+    ctx = model.context(len(sequence))
+    try:
+        ctx.mode, ctx.precision = mode, precision
+        return ctx.prefill(list(sequence), all_rows=True)[first:]
+    finally:
+        ctx.close()
+
+
+def quality_cost(reference, fast=None, *, prompts=None, tokens: int = 32, mode: str = "reference",
+                 precision: str = "f32", placement=None, reference_result=None,
+                 fast_result=None) -> QualityCost:  # fmt: skip
+    """Measure a fast mode against the reference mode on the prompts (texts or id lists; default the demo prompts),
+    `tokens` generated per prompt.
+
+    reference: the Model at its own experts per token (run in reference mode, f32); fast: the Model the fast side
+    decodes with (one loaded with top_k for an experts-per-token override; None: the reference model itself), in
+    `mode` and `precision`, on `placement` (None: its current one; it stays in force, as a run's does). The
+    routing statistics do not count these decodes. reference_result / fast_result: RunResults of these prompts and
+    tokens already decoded in those settings (a run just made), reused instead of decoding again."""
+    from .run import DecodeRun, check_mode, check_precision
+
+    check_mode(mode)
+    check_precision(precision)
+    fast = reference if fast is None else fast
+    if fast.config.vocab_size != reference.config.vocab_size:
+        raise ArgumentError("the fast model's vocabulary is not the reference's: load the same checkpoint")
+    with reference.routing_paused(), fast.routing_paused():
+        if reference_result is None:
+            reference_result = DecodeRun(reference, prompts=prompts, tokens_per_prompt=tokens).run()
+        if fast_result is None:
+            fast_result = DecodeRun(fast, prompts=prompts, tokens_per_prompt=tokens, mode=mode, precision=precision,
+                                    placement=placement).run()  # fmt: skip
+        prompt_ids = DecodeRun(reference, prompts=prompts, tokens_per_prompt=tokens).prompt_ids
+        _check_pair(reference_result, fast_result, len(prompt_ids), tokens, mode, precision)
+        kls, agree = [], []
+        for ids, p in zip(prompt_ids, reference_result.prompts, strict=True):
+            sequence = ids + p.generated_ids[:-1]  # each generated token is predicted from the ones before it
+            ref_rows = _rows(reference, sequence, len(ids) - 1, "reference", "f32")
+            fast_rows = _rows(fast, sequence, len(ids) - 1, mode, precision)
+            kls.append(kl_divergence(ref_rows, fast_rows))
+            agree.append(agreement(ref_rows, fast_rows))
+    kl, same = np.concatenate(kls), np.concatenate(agree)
+    sides = Outputs.of_result(reference_result, "the reference mode"), Outputs.of_result(fast_result, "the fast mode")
+    for side in sides:
+        side.settings.pop("q", None)  # a draft never changes the output: the reference decodes without one
+    diagnosis = diagnose(*sides)
+    found = [d.index for d in diagnosis.divergences if d.index is not None]
+    moe = fast.config.num_experts > 0
+    return QualityCost(
+        mode=mode,
+        precision=precision,
+        top_k=fast.config.top_k if moe else None,
+        native_top_k=getattr(reference, "native_top_k", reference.config.top_k) if moe else None,
+        prompts=len(prompt_ids),
+        tokens=tokens,
+        positions=len(kl),
+        agreement=float(same.mean()),
+        mean_kl=float(kl.mean()),
+        max_kl=float(kl.max()),
+        first_divergence=min(found) if found else None,
+        diagnosis=diagnosis if diagnosis.divergences else None,
+    )
+
+
+def _check_pair(ref, fast, n_prompts: int, tokens: int, mode: str, precision: str) -> None:
+    """Results handed in must be complete runs of these prompts and tokens in the settings they stand for."""
+    for what, result, want in (("reference", ref, ("reference", "f32")), ("fast", fast, (mode, precision))):
+        if (result.mode, result.precision) != want:
+            raise ArgumentError(f"the {what} run ran in {result.mode}, {result.precision}: expected {', '.join(want)}")
+        if len(result.prompts) != n_prompts or result.tokens_per_prompt != tokens or result.cancelled:
+            raise ArgumentError(f"the {what} run is not a complete run of {n_prompts} prompts x {tokens} tokens")
