@@ -182,3 +182,56 @@ def _check_pair(ref, fast, n_prompts: int, tokens: int, mode: str, precision: st
             raise ArgumentError(f"the {what} run ran in {result.mode}, {result.precision}: expected {', '.join(want)}")
         if len(result.prompts) != n_prompts or result.tokens_per_prompt != tokens or result.cancelled:
             raise ArgumentError(f"the {what} run is not a complete run of {n_prompts} prompts x {tokens} tokens")
+
+
+def quality_key(mode: str, precision: str, top_k: int | None = None, placement: str = "", devices=()) -> tuple:
+    """What a quality cost depends on: settings with equal keys cost the same. The placement counts only where the
+    outputs depend on it (engine.run.outputs_any_placement: owner_local always, q8 with a device that is not a CPU
+    one); the draft and q never do."""
+    from .history import placement_devices
+    from .run import outputs_any_placement
+
+    key = (mode, precision, top_k)
+    if not outputs_any_placement(mode, precision, [*placement_devices(placement), *devices]):
+        key += (placement,)
+    return key
+
+
+class KLLimit:
+    """A maximum mean KL divergence (nats) as a tuner's constraint (`tune --max-kl`): why(settings) is None for settings
+    within it, else the reason they are excluded. Each distinct quality_key is measured once, by measure(mode,
+    precision, top_k, placement) -> QualityCost (for_model: quality_cost on a loaded model); the reference settings
+    cost nothing and are never measured. costs holds what was measured."""
+
+    def __init__(self, max_kl: float, measure):
+        within_max_kl(QualityCost("reference", "f32", None, None, 0, 0, 0, 1.0, 0.0, 0.0, None, None), max_kl)
+        self.max_kl, self.measure = float(max_kl), measure
+        self.costs: dict[tuple, QualityCost] = {}
+
+    @classmethod
+    def for_model(cls, max_kl: float, reference, *, prompts=None, tokens: int = 32, load_top_k=None) -> KLLimit:
+        """On a loaded target: each fast setting decoded once against the reference mode; load_top_k(n) -> a Model of
+        the same checkpoint at n experts per token (needed only for top_k settings; the caller closes it)."""
+
+        def measure(mode, precision, top_k, placement):
+            fast = reference if top_k is None else load_top_k(top_k)
+            return quality_cost(reference, fast, prompts=prompts, tokens=tokens, mode=mode, precision=precision,
+                                placement=placement or None)  # fmt: skip
+
+        return cls(max_kl, measure)
+
+    def cost(self, mode: str, precision: str, top_k: int | None = None, placement: str = "",
+             devices=()) -> QualityCost | None:  # fmt: skip
+        """The measured cost of these settings (None: the reference settings, which cost nothing)."""
+        if not is_fast(mode, precision, top_k):
+            return None
+        key = quality_key(mode, precision, top_k, placement, devices)
+        if key not in self.costs:
+            self.costs[key] = self.measure(mode, precision, top_k, placement)
+        return self.costs[key]
+
+    def why(self, mode: str, precision: str, top_k: int | None = None, placement: str = "", devices=()) -> str | None:
+        cost = self.cost(mode, precision, top_k, placement, devices)
+        if cost is None or within_max_kl(cost, self.max_kl):
+            return None
+        return f"{cost.fast_mode}: mean KL {cost.mean_kl:.3g} nats > --max-kl {self.max_kl:g}"

@@ -126,3 +126,46 @@ def test_run_reports_the_quality_cost_of_a_fast_mode(capsys):
     assert "--top-k 0: expected a positive number of experts per token" in capsys.readouterr().err
     assert main([*args, "--top-k", "9"]) == 2
     assert "experts per token (top_k) 9: expected an integer 1..8" in capsys.readouterr().err
+
+
+def test_the_max_kl_limit_measures_each_distinct_setting_once_and_says_why():
+    """tune --max-kl's constraint on made-up costs: the reference settings are never measured, settings whose outputs
+    do not depend on the placement are measured once whatever the placement, owner_local once per placement."""
+    from engine.quality import KLLimit, QualityCost, quality_key
+
+    asked = []
+
+    def measure(mode, precision, top_k, placement):
+        asked.append((mode, precision, top_k, placement))
+        kl = {"owner_local": 0.0, "q8": 0.002}.get(mode if mode != "reference" else precision, 0.01)
+        return QualityCost(mode, precision, top_k, 8 if top_k else None, 4, 64, 256, 0.9, kl, kl, None, None)
+
+    limit = KLLimit(0.005, measure)
+    assert limit.why("reference", "f32") is None and asked == []
+    assert limit.why("reference", "q8", None, "0-3=cpu:1") is None
+    assert limit.why("reference", "q8", None, "0-7=cpu:0") is None and len(asked) == 1  # over CPU devices: one key
+    assert limit.why("reference", "f32", 2) == "top-2 experts (of 8): mean KL 0.01 nats > --max-kl 0.005"
+    limit.why("owner_local", "f32", None, "0-3=cpu:1")
+    limit.why("owner_local", "f32", None, "0-5=cpu:1")
+    limit.why("owner_local", "f32", None, "0-3=cpu:1")
+    assert len(asked) == 4 and len(limit.costs) == 4
+    assert quality_key("reference", "q8", None, "0=cuda:0") != quality_key("reference", "q8", None, "1=cuda:0")
+    with pytest.raises(ArgumentError, match="--max-kl -0.1"):
+        KLLimit(-0.1, measure)
+
+
+def test_the_max_kl_limit_on_a_model():
+    from engine.quality import KLLimit
+
+    with Engine() as eng:
+        target = eng.load(TARGET)
+        loaded = []
+
+        def load_top_k(k):
+            loaded.append(eng.load(TARGET, top_k=k))
+            return loaded[-1]
+
+        limit = KLLimit.for_model(1e-9, target, prompts=PROMPTS, tokens=6, load_top_k=load_top_k)
+        assert limit.why("reference", "f32", 1).startswith("top-1 experts (of 2): mean KL ")
+        assert [m.config.top_k for m in loaded] == [1]
+        assert limit.why("owner_local", "f32") is None  # the CPU runtime's owner_local sums: the reference's bits
