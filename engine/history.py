@@ -417,7 +417,7 @@ def matching_run(history: Sequence[RunRecord], target_path: str, settings: RunSe
     key = outputs_key(target_path, settings.prompts, settings.tokens, settings.precision, settings.mode, placement,
                       [primary])  # fmt: skip
     for record in reversed(history):
-        if record.settings is None or not record.output_sha256 or record.target_path != target_path:
+        if record.settings is None or not record.output_sha256 or record.target_path != target_path or record.top_k:
             continue
         s = record.settings
         devices = [primary, record.primary] if record.primary else [primary]
@@ -431,8 +431,9 @@ def expectations_for(profile: Profile, base: Profile | None, history: Sequence[R
                      primary: str) -> Expectations:  # fmt: skip
     """What a profile made from the window may expect of a replay:
 
-    * output hashes and acceptance from the latest complete run in the history with the same outputs key
-      (matching_run), the acceptance only when it used the profile's draft and q;
+    * output hashes (and the outputs they were diagnosed with: ids and top-2 gaps) and acceptance from the latest
+      complete run in the history with the same outputs key (matching_run), the acceptance only when it used the
+      profile's draft and q;
     * else those of the profile that was opened (base) when it was recorded on the same model and its outputs key
       is the profile's (same prompts, length, mode, precision; the same placement where the outputs depend on it);
     * a speed baseline is kept (its path made relative to the new folder); its minimum ratio only while the
@@ -442,6 +443,9 @@ def expectations_for(profile: Profile, base: Profile | None, history: Sequence[R
     record = matching_run(history, target_path, settings, placement, primary) if settings is not None else None
     if record is not None:
         e.output_sha256 = list(record.output_sha256)
+        if record.outputs and len(record.outputs) == len(e.output_sha256):  # what a changed hash is diagnosed with
+            outputs = record.as_outputs()
+            e.outputs, e.outputs_settings = outputs.trails, dict(outputs.settings)
         same_draft = use_draft and record.draft_path == draft_path and record.q == profile.run.q
         if same_draft and record.accept_rate is not None:
             e.min_accept_rate = min_accept_rate(record.accept_rate)
@@ -451,6 +455,7 @@ def expectations_for(profile: Profile, base: Profile | None, history: Sequence[R
         same_outputs = same_model and _profile_key(base, devices) == _profile_key(profile, devices)
         if same_outputs:
             e.output_sha256 = list(base.expectations.output_sha256)
+            e.outputs, e.outputs_settings = base.expectations.outputs, dict(base.expectations.outputs_settings)
             same_draft = base.draft is not None and use_draft and base.draft.fingerprint == profile.draft.fingerprint
             if same_draft and base.run.resolved()["q"] == profile.run.resolved()["q"]:
                 e.min_accept_rate = base.expectations.min_accept_rate

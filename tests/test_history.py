@@ -190,3 +190,26 @@ def test_a_profile_expects_the_hashes_of_the_latest_run_with_its_outputs_key():
     assert H.matching_run(runs, "/models/target", owner, "0-2=cpu:0", "cpu:0") is runs[1]
     assert H.matching_run(runs, "/models/target", owner, "0-2=hostsim:0", "cpu:0") is None  # another placement
     assert os.path.basename(H.history_file(FP)).endswith(".jsonl")
+
+
+def test_a_profile_saved_from_the_history_keeps_the_runs_outputs_for_a_later_diagnosis(tmp_path):
+    from engine.diverge import Trail
+    from engine.profile import ModelRef, Profile
+    from engine.profile import load as load_profile
+    from engine.run import output_sha256
+
+    trails = [Trail([1, 2, 3], [0.5, 0.01, 2.0]), Trail([4, 5, 6], [1.0, 1.0, 1.0])]
+    hashes = [output_sha256(t.ids) for t in trails]
+    run = record(output=H.combined_hash(hashes), output_sha256=hashes, outputs=[t.compact() for t in trails],
+                 kernels="avx2", tokens=3)  # fmt: skip
+    run.settings.tokens = 3
+    profile = Profile(model=ModelRef(path="/models/target"), path=tmp_path / "p.yaml")
+    profile.run.prompts, profile.run.tokens = ["a", "b"], 3
+    e = H.expectations_for(profile, None, [run], "/models/target", None, run.settings, "0-2=cpu:0", "cpu:0")
+    assert e.output_sha256 == hashes and e.outputs == [t.stored() for t in trails]
+    assert e.outputs_settings["kernels"] == "avx2" and e.outputs_settings["placement"] == "0-2=cpu:0"
+    profile.expectations = e
+    profile.save()
+    assert load_profile(tmp_path / "p.yaml").expectations.outputs == e.outputs
+    override = record(output="h2", output_sha256=hashes, top_k=1)  # another experts-per-token count: never expected
+    assert H.matching_run([override], "/models/target", run.settings, "0-2=cpu:0", "cpu:0") is None
