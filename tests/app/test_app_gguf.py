@@ -70,7 +70,8 @@ def test_open_the_gguf_demo_pair_and_save_a_profile_that_names_it(qtbot, make_wi
     text = path.read_text()
     assert str(cache) not in text and "path:" not in text
     written = load(path)
-    assert written.version == 2
+    # format 4: beside the hashes, the run's outputs (ids and top-2 gaps) a changed hash is diagnosed with
+    assert written.version == 4 and len(written.expectations.outputs) == 1
     assert written.model == ModelRef(demo="tiny", format="gguf", quant="mxfp4", fingerprint=m.fingerprint)
     assert written.draft == ModelRef(demo="tiny", format="gguf", quant="mxfp4", fingerprint=m.draft_fingerprint)
     assert written.expectations.output_sha256 is not None
