@@ -210,7 +210,8 @@ class TunePanel(QWidget):
         caps = {fast: int(self.budget.value() * MIB)} if fast and self.budget.value() > 0 else {}
         prompts = list(self.settings_source().prompts) if self.settings_source is not None else list(DEMO_PROMPTS)
         return tune.TuneSettings(fast=fast, caps=caps, qs=self.q.currentData(), time_budget=self.time_budget.value(),
-                                 prompts=prompts or list(DEMO_PROMPTS), routing=self.state.routing_stats)  # fmt: skip
+                                 prompts=prompts or list(DEMO_PROMPTS), routing=self.state.routing_stats,
+                                 calibration=self.state.calibration)  # fmt: skip
 
     # ---- running -----------------------------------------------------------------------------------------
 

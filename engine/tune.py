@@ -7,11 +7,14 @@ onto the fast device (and of its coldest off it) from the placements the cost mo
 each crossed with the draft lengths asked for. Every candidate fits the budgets (engine.placement's rule: a device's
 room for experts, or a smaller --budget) before it is ever measured.
 
-Time goes to measurements, by successive halving: every candidate decodes a short run (rung 0); the best third
-(half of the places by speed, the rest by Pareto rank of speed against bytes on the fast device, so the front keeps
-its cheap end) go on to longer runs, and so on up to the last rung's repeated runs. The rungs are planned to fit
-the time budget from the first measurement's time and re-planned after each rung; a rung that would not fit is
-cut short. Cancel stops before the next measurement (and the run under way at its next step).
+Time goes to measurements, by successive halving: every candidate decodes a short run (rung 0); the better half
+(a third when time is short; half of the places by speed, the rest by Pareto rank of speed against bytes on the
+fast device, so the front keeps its cheap end) go on to longer runs, and so on up to the last rung's repeated runs.
+The rungs are planned in PLAN_SHARE of the time budget from the one-device run's time (fewer candidates when even a
+third at each rung does not fit) and cut to the time left at each rung. With the time left, the front's points
+that were measured only briefly are measured at the deepest rung, then the fastest few again in turns, their runs
+pooled, so that the choice is not one run's luck. Cancel stops before the next measurement (and the run under way
+at its next step).
 
 The report is the measured front of decode tokens/s against expert bytes on the fast device: each point with its
 placement, q, median and spread over its runs, bytes per device and output hashes. In the reference mode every
@@ -47,8 +50,12 @@ from .speculative import MAX_DRAFT_TOKENS
 
 DEFAULT_TIME_BUDGET = 120.0  # seconds
 AUTO_Q = (1, 2, 3, 4)  # the draft lengths `--q auto` tries
-ETA = 3  # each rung keeps a third of the candidates (at least MIN_KEPT)
+ETA = 3  # each rung keeps at least a third of the candidates (at least MIN_KEPT) ...
+GENEROUS_ETA = 2  # ... a half where the time budget allows it
+PLAN_SHARE = 0.6  # the rungs are planned in this share of the time budget; the rest settles the best (REFINE)
 MIN_KEPT = 2
+REFINE = 3  # the fastest points of the deepest rung measured again, in turns, while time is left ...
+REFINE_ROUNDS = 6  # ... this many turns at most
 SLOWDOWN = 1.5  # a candidate's run is assumed this much slower than one device's until measured
 HOT_SEEDS = 3  # single-expert moves start from this many placements the cost model likes best
 MOVE_STEPS = (1, 2, 4, 8)  # experts moved onto (or off) the fast device from each seed
@@ -240,13 +247,19 @@ class Point:
         return self.last.rung if self.measurements else -1
 
     @property
+    def rates(self) -> list[float]:
+        """Decode tokens/s of every repeat measured at the point's deepest rung (its measurements there pooled)."""
+        top = self.rung
+        return [r for m in self.measurements if m.rung == top for r in m.rates if math.isfinite(r)]
+
+    @property
     def speed(self) -> float:
-        rates = [r for r in self.last.rates if math.isfinite(r)] if self.measurements else []
+        rates = self.rates
         return statistics.median(rates) if rates else math.nan
 
     @property
     def spread(self) -> tuple[float, float]:
-        rates = [r for r in self.last.rates if math.isfinite(r)]
+        rates = self.rates
         return (min(rates), max(rates)) if rates else (math.nan, math.nan)
 
     def fast_bytes(self, fast: str) -> int:
@@ -387,22 +400,26 @@ class Search:
         return self._unit * rung.tokens * rung.repeats
 
     def plan(self, n: int, budget: float) -> list[int]:
-        """Candidates per rung: as many rungs as fit with at least eta^(rungs - 1) candidates, then as many
-        candidates as fit; each rung keeps 1/eta of the one before (at least MIN_KEPT)."""
+        """Candidates per rung. Every candidate and every rung, each keeping half of the one before, when that fits
+        in PLAN_SHARE of the budget; else a third; else as many rungs as fit with at least eta^(rungs - 1)
+        candidates, then as many candidates as fit in the whole budget (at least MIN_KEPT each rung)."""
 
-        def counts(n0: int, depth: int) -> list[int]:
+        def counts(n0: int, depth: int, eta: int) -> list[int]:
             out = [n0]
             for _ in range(depth - 1):
-                out.append(min(out[-1], max(MIN_KEPT, math.ceil(out[-1] / self.eta))))
+                out.append(min(out[-1], max(MIN_KEPT, math.ceil(out[-1] / eta))))
             return out
 
         def cost(c: list[int]) -> float:
             return sum(k * self.estimate(r) for k, r in zip(c, self.rungs, strict=False))
 
+        for eta in sorted({min(GENEROUS_ETA, self.eta), self.eta}):
+            if cost(counts(n, len(self.rungs), eta)) <= PLAN_SHARE * budget:
+                return counts(n, len(self.rungs), eta)
         for depth in range(len(self.rungs), 0, -1):
             for n0 in range(n, min(n, self.eta ** (depth - 1)) - 1, -1):
-                if cost(counts(n0, depth)) <= budget:
-                    return counts(n0, depth)
+                if cost(counts(n0, depth, self.eta)) <= budget:
+                    return counts(n0, depth, self.eta)
         return [1]
 
     def _progress(self, phase: str, rung: int, point: Point | None = None, message: str = "") -> None:
@@ -444,7 +461,8 @@ class Search:
 
     def run(self) -> SearchResult:
         """The rungs (module docstring), then, with the time left, the front's points measured at the deepest rung
-        reached until every point of the front has been (a short run's luck does not stay on the front)."""
+        reached until every point of the front has been (a short run's luck does not stay on the front), then the
+        fastest REFINE again in turns."""
         self._t0 = self.clock()
         stopped, planned, alive, deepest = "", [], list(self.points), 0
         for r, rung in enumerate(self.rungs):
@@ -459,8 +477,8 @@ class Search:
                                       "cost model's best)")  # fmt: skip
                 alive = alive[: planned[0]]
             else:
-                keep = min(max(MIN_KEPT, math.ceil(len(alive) / self.eta)), len(alive),
-                           math.floor(left / max(self.estimate(rung), 1e-9)))  # fmt: skip
+                wanted = planned[r] if r < len(planned) else max(MIN_KEPT, math.ceil(len(alive) / self.eta))
+                keep = min(wanted, len(alive), math.floor(left / max(self.estimate(rung), 1e-9)))
                 if keep < 1:
                     stopped = f"the time budget leaves no room for rung {r + 1} of {len(self.rungs)}"
                     break
@@ -483,6 +501,15 @@ class Search:
                 break
             self._total = self._done + len(short)
             for point in sorted(short, key=lambda p: -p.speed):
+                if not self._fits(self.rungs[deepest]) or not self._measure(point, deepest):
+                    break
+        for _ in range(REFINE_ROUNDS):  # settle the best: the fastest few measured again, in turns
+            top = sorted((p for p in self.points if p.measurements and p.rung == deepest and p.excluded is None
+                          and math.isfinite(p.speed)), key=lambda p: -p.speed)[:REFINE]  # fmt: skip
+            if self.cancelled or len(top) < 2 or not self._fits(self.rungs[deepest]):
+                break
+            self._total = self._done + len(top)
+            for point in top:
                 if not self._fits(self.rungs[deepest]) or not self._measure(point, deepest):
                     break
         if self.cancelled:
@@ -571,6 +598,7 @@ class TuneSettings:
     prompts: list | None = None  # None: the demo prompts
     routing: RoutingStats | None = None  # None: what the first one-device run routes
     calibrate: bool = True  # seed with the cost model (a short calibration first)
+    calibration: Calibration | None = None  # figures measured before (the window's): no calibration then
     rungs: tuple[Rung, ...] = DEFAULT_RUNGS
 
 
@@ -652,8 +680,10 @@ class Tuning:
 
     def _run(self, t0: float) -> TuneResult:
         s, notes = self.settings, []
-        calibration, how = None, "strategies without the cost model (no calibration asked for)"
-        if s.calibrate and not self._cancel.is_set():
+        calibration, how = s.calibration, "the strategies and the cost model, from the devices measured before"
+        if calibration is None:
+            how = "strategies without the cost model (no calibration asked for)"
+        if calibration is None and s.calibrate and not self._cancel.is_set():
             self._say("calibrating", "measuring the devices for the cost model")
             try:
                 calibration = self.calibrate_fn(self.target, self.names, tokens=CALIBRATION_TOKENS, repeats=1,
@@ -714,7 +744,7 @@ def point_dict(p: Point, fast: str) -> dict:
         "same_as_reference": p.same_as_reference,
         "predicted_tokens_per_second": _number(p.candidate.predicted),
         "tokens_per_prompt": m.tokens,
-        "repeats": m.repeats,
+        "repeats": len(p.rates),  # the deepest rung's runs pooled
         "rung": p.rung,
         "excluded": p.excluded,
     }
@@ -778,7 +808,7 @@ def text(doc: dict, synthetic_note: str = "") -> str:
     c = doc["chosen"]
     if c is not None:
         lines.append(f"chosen     {c['decode_tokens_per_second']:.1f} tokens/s, q {c['q']}, {c['placement']} "
-                     f"({c['origin']}; {c['tokens_per_prompt']} tokens x {c['repeats']} repeats)")  # fmt: skip
+                     f"({c['origin']}; {c['repeats']} runs of {c['tokens_per_prompt']} tokens per prompt)")  # fmt: skip
     else:
         lines.append("chosen     none: no point was measured with the one-device hashes")
     for p in doc["differing"]:

@@ -99,12 +99,12 @@ def test_the_search_finds_the_best_of_the_space_in_a_fraction_of_a_sweep():
     candidates, notes = make_space()
     bench = FakeBench(synthetic_speed)
     sweep = sum(bench.unit * 64 * 3 * 1.2 for _ in candidates)
-    result = tune.Search(candidates, bench, FAST, time_budget=sweep, clock=bench.clock).run()
+    result = tune.Search(candidates, bench, FAST, time_budget=sweep / 5, clock=bench.clock).run()
     best = max(candidates, key=synthetic_speed)
     chosen = result.chosen()
     assert chosen.candidate.key == best.key == ("0-2=cpu:0; 3=hostsim:0", 2)
     assert chosen.rung == len(tune.DEFAULT_RUNGS) - 1 and layers_on_fast(chosen.candidate) == 1
-    assert not result.stopped and not result.cancelled and result.seconds < 0.35 * sweep
+    assert not result.stopped and not result.cancelled and result.seconds <= 0.25 * sweep
     # every candidate had a short run; fewer went on at each rung; the long runs went to few
     by_rung = [sum(1 for k, t, r in bench.measured if t == rung.tokens) for rung in tune.DEFAULT_RUNGS]
     assert by_rung[0] == len(candidates) and by_rung[1] < by_rung[0] and by_rung[-1] < by_rung[1]
