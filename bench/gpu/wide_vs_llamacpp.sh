@@ -7,7 +7,11 @@
 # count on both sides (THREADS, default all cores), 128 decoded tokens, 5 repetitions; llama-bench's KV cache is
 # f16, ours f32. Also the HBM read ceiling (bench/gpu/hbm_read.cu) and the all-GPU step's kernel times (ncu).
 # Needs the wheels of run_on_device.sh in .whl/.
-#   bash bench/gpu/wide_vs_llamacpp.sh [build] [gpu] [cpu] [kernels] [tests]   (default: all but tests)
+#   bash bench/gpu/wide_vs_llamacpp.sh [build] [gpu] [cpu] [kernels] [tests] [quick]   (default: the first four)
+# or, on a short lease, the build in parts with ours measured first (the pip install done before the second starts):
+#   bash S llama > $OUT/llama_build.txt 2>&1 & L=$!; sleep 15; bash S gguf ours-gpu; wait $L; bash S llama-gpu
+# quick: for trying a kernel change, ours alone on two layers of the wide shape (2.6 GB, built in /tmp in seconds
+# rather than the 10 GB demo): every expert on the GPU, decode tok/s and the step's kernel times.
 # Each step keeps what it made (the builds, the demo, the GGUF) for the next call on a machine still warm.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -67,8 +71,38 @@ for step in $steps; do
         GGUF=$(cat /tmp/gguf.path)
         [ -f "$GGUF" ] || { echo "conversion failed"; tail -20 "$OUT/convert.log"; exit 1; }
         ls -l "$GGUF" ;;
-    tests) python3 -m pytest -q -p no:cacheprovider tests/test_gpu_modules.py 2>&1 | tail -6 ;;
-    gpu) # every expert on the GPU: ours (graphs and not), llama.cpp
+    tests) build_ours || exit 1; python3 -m pytest -q -p no:cacheprovider tests/test_gpu_modules.py 2>&1 | tail -6 ;;
+    quick)
+        build_ours || exit 1
+        python3 - <<'PY'
+import dataclasses, statistics, sys
+from pathlib import Path
+sys.path.insert(0, "bench")
+from measure import decode_speed
+from engine.demo import DEMO_PROMPTS, SIZES, build_pair
+from engine.model import Engine
+folder = Path("/tmp/wide2")
+if not (folder / "manifest.json").exists():
+    build_pair(folder, dataclasses.replace(SIZES["wide"], name="wide2", num_layers=2, draft_layers=1))
+with Engine(runtimes=("cpu", "cuda")) as eng, eng.load(folder / "target", device="cuda:0") as m:
+    m.set_placement("*=cuda:0")
+    speeds, _ = decode_speed(m, m.encode(DEMO_PROMPTS[0]), 128, 5)
+    print(f"ours, 2 wide layers, every expert on cuda:0: {statistics.median(speeds):.1f} tok/s "
+          f"({m.info['bytes_per_token'] / 1e6:.1f} MB/token)")
+PY
+        for n in 2 6; do
+            ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+                python3 bench/gpu/kernel_times.py /tmp/wide2/target $n > "$OUT/ncu_wide2_$n.csv" 2> "$OUT/ncu.log" ||
+                tail -5 "$OUT/ncu.log"
+        done
+        python3 bench/gpu/kernel_summary.py "$OUT/ncu_wide2_6.csv" 4 "$OUT/ncu_wide2_2.csv" | tee "$OUT/kernels2.md" ;;
+    llama) build_llama || tail -5 /tmp/ll.build ;;
+    gguf) # ours and the demo's conversion alone (with llama: llama.cpp's build meanwhile, on other cores)
+        build_ours || exit 1
+        wide_gguf > /tmp/gguf.path
+        GGUF=$(cat /tmp/gguf.path)
+        [ -f "$GGUF" ] || { echo "conversion failed"; tail -20 "$OUT/convert.log"; exit 1; } ;;
+    gpu | ours-gpu) # every expert on the GPU: ours, then llama.cpp (gpu)
         GGUF=$(cat /tmp/gguf.path)
         HBM=$(hbm); echo "HBM read ceiling: $HBM GB/s"
         python3 - "$GGUF" "$HBM" <<'PY' | tee "$OUT/ours_gpu.txt"
@@ -88,7 +122,9 @@ with Engine(runtimes=("cpu", "cuda")) as eng, eng.load(ck, device="cuda:0") as m
           f"{per_token / 1e6:.1f} MB/token | {per_token * tps / 1e9:.0f} GB/s = "
           f"{100 * per_token * tps / 1e9 / float(sys.argv[2]):.1f} % of the HBM read ceiling")
 PY
-        [ -x $B/llama-bench ] && $B/llama-bench -m "$GGUF" -ngl 99 -p 0 -n 128 -r 5 -o md 2>&1 | tee "$OUT/llama_gpu.md" ;;
+        [ "$step" = gpu ] && [ -x $B/llama-bench ] && $B/llama-bench -m "$GGUF" -ngl 99 -p 0 -n 128 -r 5 -o md 2>&1 |
+            tee "$OUT/llama_gpu.md" ;;
+    llama-gpu) $B/llama-bench -m "$(cat /tmp/gguf.path)" -ngl 99 -p 0 -n 128 -r 5 -o md 2>&1 | tee "$OUT/llama_gpu.md" ;;
     cpu) # experts on the CPU, and the CPU alone
         GGUF=$(cat /tmp/gguf.path)
         python3 bench/gpu_primary.py --model "$GGUF" --tokens 128 --repeats 5 --threads "$THREADS" \

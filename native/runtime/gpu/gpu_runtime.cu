@@ -31,6 +31,7 @@
 #define gpuMemGetInfo hipMemGetInfo
 #define gpuMalloc hipMalloc
 #define gpuFree hipFree
+#define gpuMemset hipMemset
 #define gpuMallocHost hipHostMalloc
 #define gpuFreeHost hipHostFree
 #define gpuMemcpyAsync hipMemcpyAsync
@@ -51,6 +52,7 @@
 #define gpuGetLastError hipGetLastError
 #define SHFL_DOWN(v, o) __shfl_down((v), (o))
 #define SHFL_XOR32(v, o) __shfl_xor((v), (o), 32)
+#define SHFL_FROM(v, l) __shfl((v), (l))
 #define WARP_SYNC() __builtin_amdgcn_wave_barrier() // a wavefront runs in lockstep: order its shared memory accesses
 #define gpuGraph_t hipGraph_t
 #define gpuGraphExec_t hipGraphExec_t
@@ -76,6 +78,7 @@
 #define gpuMemGetInfo cudaMemGetInfo
 #define gpuMalloc cudaMalloc
 #define gpuFree cudaFree
+#define gpuMemset cudaMemset
 #define gpuMallocHost cudaMallocHost
 #define gpuFreeHost cudaFreeHost
 #define gpuMemcpyAsync cudaMemcpyAsync
@@ -96,6 +99,7 @@
 #define gpuGetLastError cudaGetLastError
 #define SHFL_DOWN(v, o) __shfl_down_sync(0xffffffffu, (v), (o))
 #define SHFL_XOR32(v, o) __shfl_xor_sync(0xffffffffu, (v), (o), 32)
+#define SHFL_FROM(v, l) __shfl_sync(0xffffffffu, (v), (l))
 #define WARP_SYNC() __syncwarp()
 #define gpuGraph_t cudaGraph_t
 #define gpuGraphExec_t cudaGraphExec_t
@@ -138,6 +142,9 @@ struct gpu_device {
     int slots_pending;
     int timing; // events recorded since the last synchronize
     int warp;
+    // route_kernel's arrivals per row when a row's experts are spread over blocks (the last block to arrive makes
+    // the choice and sets its count back to 0): DOT_TILE counters, zero between launches.
+    unsigned int *route_arrivals;
     unsigned long long busy_ns;
     // The event clock: clock_ref, recorded on clock_stream (which nothing else uses, so it is reached at once),
     // was reached at host time clock_host_ns (CLOCK_MONOTONIC); valid once clock_ready. clock_try: a calibration's
@@ -432,7 +439,7 @@ template <> struct qfmt<EB_DTYPE_Q6_K> {
     }
 };
 
-__device__ __forceinline__ bool quantized(int dtype) {
+__host__ __device__ __forceinline__ bool quantized(int dtype) {
     return dtype != EB_DTYPE_F32 && dtype != EB_DTYPE_F16 && dtype != EB_DTYPE_BF16;
 }
 
@@ -678,6 +685,7 @@ static void gpu_shutdown(void *rtp) {
         if (d->stream) (void)gpuStreamSynchronize(d->stream);
         if (d->slots_host) (void)gpuFreeHost(d->slots_host);
         if (d->slots_dev) (void)gpuFree(d->slots_dev);
+        if (d->route_arrivals) (void)gpuFree(d->route_arrivals);
         if (d->slots_copied) (void)gpuEventDestroy(d->slots_copied);
         if (d->start) (void)gpuEventDestroy(d->start);
         if (d->stop) (void)gpuEventDestroy(d->stop);
@@ -728,7 +736,9 @@ static int gpu_init(const eb_runtime_options *opt, void **out, char *err, size_t
             (e = gpuEventCreate(&d->start)) != gpuSuccess || (e = gpuEventCreate(&d->stop)) != gpuSuccess ||
             (e = gpuEventCreate(&d->slots_copied)) != gpuSuccess ||
             (e = gpuStreamCreateWithFlags(&d->clock_stream, gpuStreamNonBlocking)) != gpuSuccess ||
-            (e = gpuEventCreate(&d->clock_ref)) != gpuSuccess || (e = gpuEventCreate(&d->clock_try)) != gpuSuccess) {
+            (e = gpuEventCreate(&d->clock_ref)) != gpuSuccess || (e = gpuEventCreate(&d->clock_try)) != gpuSuccess ||
+            (e = gpuMalloc((void **)&d->route_arrivals, DOT_TILE * sizeof(unsigned int))) != gpuSuccess ||
+            (e = gpuMemset(d->route_arrivals, 0, DOT_TILE * sizeof(unsigned int))) != gpuSuccess) {
             rt->n_devices = i + 1; // shutdown releases what device i did create
             gpu_shutdown(rt);
             return eb_rt_fail(err, errlen, EB_ERR_DEVICE, API " device %d: %s (error %d)", i, gpuGetErrorString(e), (int)e);
@@ -1121,6 +1131,31 @@ static int gpu_event_time(void *rtp, int dev, void *event, uint64_t *ns, char *e
 #define MAX_HEAD_DIM 256
 #define ATT_GROUPS 8 // groups of 32 lanes per attention block
 
+#define LOADS 4 // 16-byte weight loads a lane has in flight in the 16-bit products
+
+// s + one chunk of 8 16-bit weights (wv) times 8 values of x (a, b): the one expression of every 16-bit product, so
+// that warp_dot_tile and warp_dot_rows give the same bits.
+__device__ __forceinline__ float dot8_add(float s, const float *wv, float4 a, float4 b) {
+    return s + (wv[0] * a.x + wv[1] * a.y + wv[2] * a.z + wv[3] * a.w + wv[4] * b.x + wv[5] * b.y + wv[6] * b.z +
+                wv[7] * b.w);
+}
+
+// Chunk c (8 weights, v) of a 16-bit row added to the sums of up to DOT_TILE rows of x (normalised on the fly when
+// nw is given).
+__device__ __forceinline__ void tile16_add(uint4 v, int dtype, int c, const float *const *xs, int nt, float *s,
+                                           const float *nw, const float *inv) {
+    float wv[8];
+    unpack8(v, dtype, wv);
+#pragma unroll
+    for (int j = 0; j < DOT_TILE; j++) {
+        if (j >= nt) continue;
+        const float4 *x4 = (const float4 *)(xs[j] + c * 8);
+        float4 a = x4[0], b = x4[1];
+        if (nw) a = normed(a, nw, c * 8, inv[j]), b = normed(b, nw, c * 8 + 4, inv[j]);
+        s[j] = dot8_add(s[j], wv, a, b);
+    }
+}
+
 // Partial dot products of weight row `row` with up to DOT_TILE rows of x (xs[j], j < nt), one load of the
 // weights serving all of them; reduced over the warp (lane 0 holds the sums).
 // nw (nullable): the rows of x are normalised on the fly, x[c] -> nw[c] * (x[c] * inv[j]), exactly as the
@@ -1134,21 +1169,18 @@ __device__ __forceinline__ void warp_dot_tile(const void *w, int dtype, long lon
         qdot_tile_any(w, dtype, row, cols, xs, nt, lane, warp, s, nw, inv);
     } else if (dtype != EB_DTYPE_F32 && (cols % 8) == 0) {
         const uint4 *w4 = (const uint4 *)((const unsigned short *)w + base);
-#pragma unroll 4
-        for (int c = lane; c < cols / 8; c += warp) {
-            uint4 v = w4[c];
-            float wv[8];
-            unpack8(v, dtype, wv);
+        int n8 = cols / 8, c = lane;
+        // LOADS chunks' loads issued before their sums: a load behind the loop's bound check waits for the sum
+        // before it, one load in flight per lane, which held a row of 2048 to about a quarter of the HBM's read.
+        // The sums still go in column order, as one chunk at a time adds them: the same bits.
+        for (; c + (LOADS - 1) * warp < n8; c += LOADS * warp) {
+            uint4 v[LOADS];
 #pragma unroll
-            for (int j = 0; j < DOT_TILE; j++) {
-                if (j >= nt) continue;
-                const float4 *x4 = (const float4 *)(xs[j] + c * 8);
-                float4 a = x4[0], b = x4[1];
-                if (nw) a = normed(a, nw, c * 8, inv[j]), b = normed(b, nw, c * 8 + 4, inv[j]);
-                s[j] += wv[0] * a.x + wv[1] * a.y + wv[2] * a.z + wv[3] * a.w + wv[4] * b.x + wv[5] * b.y +
-                        wv[6] * b.z + wv[7] * b.w;
-            }
+            for (int u = 0; u < LOADS; u++) v[u] = w4[c + u * warp];
+#pragma unroll
+            for (int u = 0; u < LOADS; u++) tile16_add(v[u], dtype, c + u * warp, xs, nt, s, nw, inv);
         }
+        for (; c < n8; c += warp) tile16_add(w4[c], dtype, c, xs, nt, s, nw, inv);
     } else if (dtype == EB_DTYPE_F32 && (cols % 4) == 0) {
         const float4 *w4 = (const float4 *)((const float *)w + base);
 #pragma unroll 4
@@ -1177,6 +1209,14 @@ __device__ __forceinline__ void warp_dot_tile(const void *w, int dtype, long lon
     for (int j = 0; j < DOT_TILE; j++) out[j] = s[j];
 }
 
+// Chunk c (8 weights, v) of a 16-bit row added to the sum s of its row of x.
+__device__ __forceinline__ void rows16_add(uint4 v, int dtype, int c, const float *x, float &s) {
+    float wv[8];
+    unpack8(v, dtype, wv);
+    const float4 *x4 = (const float4 *)(x + c * 8);
+    s = dot8_add(s, wv, x4[0], x4[1]);
+}
+
 // Dot products of distinct weight rows with distinct inputs, their loads in flight together:
 // out[j] = ws[j][row] . xs[j] for j < nt (one dtype); reduced over the warp (lane 0 holds the sums).
 __device__ __forceinline__ void warp_dot_rows(const void *const *ws, int dtype, long long row, int cols,
@@ -1186,21 +1226,25 @@ __device__ __forceinline__ void warp_dot_rows(const void *const *ws, int dtype, 
     if (quantized(dtype)) {
         qdot_rows_any(ws, dtype, row, cols, xs, nt, lane, warp, s);
     } else if (dtype != EB_DTYPE_F32 && (cols % 8) == 0) {
-#pragma unroll 2
-        for (int c = lane; c < cols / 8; c += warp) {
+        int n8 = cols / 8, c = lane;
+        // two chunks of every row in flight before their sums (as in warp_dot_tile), added in column order
+        for (; c + warp < n8; c += 2 * warp) {
+            uint4 v[2][DOT_TILE];
 #pragma unroll
-            for (int j = 0; j < DOT_TILE; j++) {
-                if (j >= nt) continue;
-                uint4 v = ((const uint4 *)((const unsigned short *)ws[j] + base))[c];
-                const float4 *x4 = (const float4 *)(xs[j] + c * 8);
-                float4 a = x4[0], b = x4[1];
-                float wv[8];
-                unpack8(v, dtype, wv);
-                // the expression of warp_dot_tile: the same bits whichever of the two computes a product
-                s[j] += wv[0] * a.x + wv[1] * a.y + wv[2] * a.z + wv[3] * a.w + wv[4] * b.x + wv[5] * b.y +
-                        wv[6] * b.z + wv[7] * b.w;
-            }
+            for (int u = 0; u < 2; u++)
+#pragma unroll
+                for (int j = 0; j < DOT_TILE; j++)
+                    if (j < nt) v[u][j] = ((const uint4 *)((const unsigned short *)ws[j] + base))[c + u * warp];
+#pragma unroll
+            for (int u = 0; u < 2; u++)
+#pragma unroll
+                for (int j = 0; j < DOT_TILE; j++)
+                    if (j < nt) rows16_add(v[u][j], dtype, c + u * warp, xs[j], s[j]);
         }
+        for (; c < n8; c += warp)
+#pragma unroll
+            for (int j = 0; j < DOT_TILE; j++)
+                if (j < nt) rows16_add(((const uint4 *)((const unsigned short *)ws[j] + base))[c], dtype, c, xs[j], s[j]);
     } else {
         for (int c = lane; c < cols; c += warp)
 #pragma unroll
@@ -1244,6 +1288,47 @@ struct mm_batch {
     int norm_n, norm_dim;
 };
 
+// 1 / RMS of a row of x (the scale of its RMSNorm), by one warp, every lane receiving the same bits: lane l adds the
+// squares of its chunks of 4 values (l, l + warp, ...) in column order with explicit fmaf, four chunks' loads in
+// flight, then the warp's tree. The one computation of every hidden row's norm scale (rmsnorm_kernel, the norms
+// fused into matmul_kernel and matvec16_kernel, route_kernel), so that whichever kernel normalises a row, the row
+// is the same. A warp of its own needs no block barrier: a block's warps start on their weight rows at once.
+__device__ __forceinline__ float warp_row_inv(const float *xr, int dim, float eps, int lane, int warp) {
+    float ss = 0.0f;
+    if ((dim & 3) == 0) { // rows of a multiple of 4 floats start 16-byte aligned in the core's buffers
+        const float4 *x4 = (const float4 *)xr;
+        int n4 = dim / 4, c = lane;
+        for (; c + 3 * warp < n4; c += 4 * warp) {
+            float4 a[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) a[u] = x4[c + u * warp];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                ss = fmaf(a[u].w, a[u].w, fmaf(a[u].z, a[u].z, fmaf(a[u].y, a[u].y, fmaf(a[u].x, a[u].x, ss))));
+        }
+        for (; c < n4; c += warp) {
+            float4 a = x4[c];
+            ss = fmaf(a.w, a.w, fmaf(a.z, a.z, fmaf(a.y, a.y, fmaf(a.x, a.x, ss))));
+        }
+    } else {
+        for (int i = lane; i < dim; i += warp) ss = fmaf(xr[i], xr[i], ss);
+    }
+    for (int o = warp / 2; o > 0; o /= 2) ss += SHFL_DOWN(ss, o);
+    return rsqrtf(SHFL_FROM(ss, 0) / (float)dim + eps);
+}
+
+// The normalised rows y = w * (x * inv[t]) of n rows of x (dim values each), written by the lanes of `warps` warps
+// (this one is warp g of them): a share of the values each, as rmsnorm_kernel writes them.
+__device__ __forceinline__ void write_normed(const float *x, const float *w, int n, int dim, const float *inv,
+                                             float *y, long long g, long long warps, int lane, int warp) {
+    long long per = dim, step = warps * warp;
+    for (int t = 0; t < n; t++)
+        for (long long i = g * warp + lane; i < per; i += step) {
+            long long k = (long long)t * dim + i;
+            y[k] = w[i] * (x[k] * inv[t]);
+        }
+}
+
 // The sum of v over the block (every thread must call it; blockDim a multiple of the warp).
 __device__ float block_sum(float v, float *sh, int warp) {
     for (int o = warp / 2; o > 0; o /= 2) v += SHFL_DOWN(v, o);
@@ -1261,38 +1346,35 @@ __device__ float block_sum(float v, float *sh, int warp) {
     return total;
 }
 
-// Every block computes the norms' scales itself; block 0 also writes the normalised rows.
-__device__ void fused_norm_scales(const mm_batch &b, float *inv, float *sh, int warp) {
-    for (int t = 0; t < b.norm_n; t++) {
-        const float *xr = b.nx + (long long)t * b.norm_dim;
-        float ss = 0.0f;
-        for (int i = threadIdx.x; i < b.norm_dim; i += blockDim.x) ss += xr[i] * xr[i];
-        float total = block_sum(ss, sh, warp);
-        if (threadIdx.x == 0) inv[t] = rsqrtf(total / (float)b.norm_dim + b.eps);
-    }
-    __syncthreads();
-    if (blockIdx.x == 0)
-        for (int t = 0; t < b.norm_n; t++)
-            for (int i = threadIdx.x; i < b.norm_dim; i += blockDim.x) {
-                long long k = (long long)t * b.norm_dim + i;
-                b.nxn[k] = b.nw[i] * (b.nx[k] * inv[t]);
-            }
+// The scales of the fused norm's rows (every warp its own, warp_row_inv), and this warp's share of the normalised
+// rows written to nxn.
+__device__ __forceinline__ void fused_norm(const mm_batch &b, float *inv, long long g, int lane, int warp) {
+#pragma unroll
+    for (int t = 0; t < DOT_TILE; t++)
+        if (t < b.norm_n) inv[t] = warp_row_inv(b.nx + (long long)t * b.norm_dim, b.norm_dim, b.eps, lane, warp);
+    long long warps = (long long)gridDim.x * (blockDim.x / warp);
+    write_normed(b.nx, b.nw, b.norm_n, b.norm_dim, inv, b.nxn, g, warps, lane, warp);
+}
+
+// The task and weight row of the batch's row g (the rows of all tasks numbered one after another); false past the
+// last. Constant indices only: a dynamic index into the parameters would copy them to local memory.
+__device__ __forceinline__ bool batch_row(const mm_batch &b, int g, mm_task &t, int &r) {
+    int ti = (g >= b.start[1]) + (g >= b.start[2]) + (g >= b.start[3]);
+    t = ti == 0 ? b.t[0] : ti == 1 ? b.t[1] : ti == 2 ? b.t[2] : b.t[3];
+    r = g - (ti == 0 ? 0 : ti == 1 ? b.start[1] : ti == 2 ? b.start[2] : b.start[3]);
+    return g < b.start[b.count];
 }
 
 __global__ void matmul_kernel(mm_batch b, int warp) {
-    __shared__ float sh[33];
-    __shared__ float inv[DOT_TILE];
+    float inv[DOT_TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
     int lane = threadIdx.x % warp;
-    int g = blockIdx.x * (blockDim.x / warp) + threadIdx.x / warp;
-    int live = g < b.start[b.count];
-    // constant indices only: a dynamic index into the parameters would copy them to local memory
-    int ti = (g >= b.start[1]) + (g >= b.start[2]) + (g >= b.start[3]);
-    const mm_task t = ti == 0 ? b.t[0] : ti == 1 ? b.t[1] : ti == 2 ? b.t[2] : b.t[3];
-    int r = g - (ti == 0 ? 0 : ti == 1 ? b.start[1] : ti == 2 ? b.start[2] : b.start[3]);
+    int g = blockIdx.x * (blockDim.x / warp) + threadIdx.x / warp, r;
+    mm_task t;
+    bool live = batch_row(b, g, t, r);
     // The weight row on its way while the norm's reduction runs, and a Q8_0 row always (its loads then wait less:
     // 1.2x for rows of 2048 on an H200, where the other formats gained nothing).
     if (live && (b.nw || t.dtype == EB_DTYPE_Q8_0)) prefetch_row(t.w, t.dtype, r, t.cols, lane, warp);
-    if (b.nw) fused_norm_scales(b, inv, sh, warp);
+    if (b.nw) fused_norm(b, inv, g, lane, warp);
     if (!live) return;
     for (int t0 = 0; t0 < t.n; t0 += DOT_TILE) {
         int nt = t.n - t0 < DOT_TILE ? t.n - t0 : DOT_TILE;
@@ -1311,6 +1393,58 @@ __global__ void matmul_kernel(mm_batch b, int warp) {
     }
 }
 
+#define MV_LOADS 8 // 16-byte weight loads a lane has in flight in matvec16_kernel
+
+// Weight row `row` (16-bit, cols a multiple of 8) times one row of x (normalised on the fly when nw is given), by
+// one warp: warp_dot_tile's per-lane order and expression for one row of x (the same bits), with MV_LOADS loads in
+// flight and one sum held (lane 0 holds the total). scale() gives the norm's scale (0 without a norm); it is called
+// once the row's first loads are on their way, so that the norm's reduction overlaps them.
+template <class Scale>
+__device__ __forceinline__ float warp_dot16(const void *w, int dtype, long long row, int cols, const float *x,
+                                            int lane, int warp, const float *nw, Scale scale) {
+    const uint4 *w4 = (const uint4 *)((const unsigned short *)w + row * (long long)cols);
+    int n8 = cols / 8, c = lane;
+    uint4 v[MV_LOADS];
+    bool full = c + (MV_LOADS - 1) * warp < n8;
+    if (full)
+#pragma unroll
+        for (int u = 0; u < MV_LOADS; u++) v[u] = w4[c + u * warp];
+    float inv = scale(), s = 0.0f;
+    while (full) {
+#pragma unroll
+        for (int u = 0; u < MV_LOADS; u++) tile16_add(v[u], dtype, c + u * warp, &x, 1, &s, nw, &inv);
+        c += MV_LOADS * warp;
+        full = c + (MV_LOADS - 1) * warp < n8;
+        if (full)
+#pragma unroll
+            for (int u = 0; u < MV_LOADS; u++) v[u] = w4[c + u * warp];
+    }
+    for (; c < n8; c += warp) tile16_add(w4[c], dtype, c, &x, 1, &s, nw, &inv);
+    for (int o = warp / 2; o > 0; o /= 2) s += SHFL_DOWN(s, o);
+    return s;
+}
+
+// matmul_kernel for one row of x (decode's n = 1) and 16-bit weights whose cols are multiples of 8: a warp per
+// weight row holding one sum instead of DOT_TILE (fewer registers, more warps per SM, more loads in flight); the
+// same bits as matmul_kernel. Measured on an H200 (5120 x 2048 BF16): see bench/gpu/gemv_bench.cu.
+__global__ void matvec16_kernel(mm_batch b, int warp) {
+    int lane = threadIdx.x % warp;
+    int g = blockIdx.x * (blockDim.x / warp) + threadIdx.x / warp, r;
+    mm_task t;
+    bool live = batch_row(b, g, t, r);
+    float inv[DOT_TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
+    auto scale = [&]() { // the norm's scale and this warp's share of the normalised row, the first loads in flight
+        if (b.nw) fused_norm(b, inv, g, lane, warp);
+        return inv[0];
+    };
+    if (!live) {
+        scale();
+        return;
+    }
+    float s = warp_dot16(t.w, t.dtype, r, t.cols, b.nw ? b.nx : t.x, lane, warp, b.nw, scale);
+    if (lane == 0) t.y[r] = b.accumulate ? t.y[r] + s : s;
+}
+
 __global__ void embed_kernel(const void *table, int dtype, int hidden, const int *ids, float *x) {
     long long row = ids[blockIdx.x];
     if (quantized(dtype)) { // a row of whole blocks, dequantized group by group
@@ -1326,13 +1460,10 @@ __global__ void embed_kernel(const void *table, int dtype, int hidden, const int
 }
 
 __global__ void rmsnorm_kernel(const float *x, const float *w, int dim, float eps, float *y, int warp) {
-    __shared__ float sh[33];
     const float *xr = x + (long long)blockIdx.x * dim;
-    float *yr = y + (long long)blockIdx.x * dim;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
-    float inv = rsqrtf(block_sum(ss, sh, warp) / (float)dim + eps);
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = w[i] * (xr[i] * inv);
+    int lane = threadIdx.x % warp, wid = threadIdx.x / warp;
+    float inv = warp_row_inv(xr, dim, eps, lane, warp); // every warp its own: no barrier
+    write_normed(xr, w, 1, dim, &inv, y + (long long)blockIdx.x * dim, wid, blockDim.x / warp, lane, warp);
 }
 
 __global__ void add_kernel(float *y, const float *b, long long n, int dim, int broadcast) {
@@ -1658,34 +1789,66 @@ __device__ void route_sigmoid_group(const eb_rt_route &r, int t, float *scores, 
     }
 }
 
-// One block per row: its RMSNorm (xn written), the router's logits (a warp per expert, kept in shared memory),
-// then warp 0 takes the top k by k rounds of a warp arg-max (ties to the lower id): of the softmax over every expert
-// (EB_ROUTE_SOFTMAX_TOPK), or of the logits plus the router's bias, their weights the softmax over the k chosen
-// (EB_ROUTE_TOPK_SOFTMAX, as the CPU's eb_route_topk_softmax_row).
-__global__ void __launch_bounds__(1024) route_kernel(eb_rt_route r, int warp) { // launched with 1024 threads
-    __shared__ float sh[33];
+#define ROUTE_THREADS 128 // the threads of each of a decode row's blocks
+
+// Per row: its RMSNorm (block x 0 writes xn), the router's logits (a warp per expert row, the row normalised on the
+// fly exactly as xn is written), then warp 0 takes the top k by k rounds of a warp arg-max (ties to the lower id):
+// of the softmax over every expert (EB_ROUTE_SOFTMAX_TOPK), or of the logits plus the router's bias, their weights
+// the softmax over the k chosen (EB_ROUTE_TOPK_SOFTMAX, as the CPU's eb_route_topk_softmax_row).
+// grid.y = row. A prefill's many rows: one block of 1024 threads per row (grid.x = 1). Decode's few rows (at most
+// DOT_TILE): a row's expert rows spread over grid.x blocks of ROUTE_THREADS, so that many SMs read the router
+// (one SM alone read it at about 20 GB/s), and the last block to arrive (arrivals[row]) makes the choice.
+// THREADS: the block's (1024 for a prefill's rows, ROUTE_THREADS for decode's), which bounds its registers.
+template <int THREADS>
+__global__ void __launch_bounds__(THREADS) route_kernel(eb_rt_route r, unsigned int *arrivals, int warp) {
     __shared__ float logits[MAX_EXPERTS];
     __shared__ unsigned char taken[MAX_EXPERTS];
-    int t = blockIdx.x, H = (int)r.norm.dim, E = r.n_experts, K = r.top_k;
-    const float *xr = r.norm.x + (long long)t * H;
-    float *xn = r.norm.xn + (long long)t * H;
-    if (gridDim.x <= DOT_TILE) // router rows on their way meanwhile (a few rows: not once per row of a prefill)
-        for (int e = threadIdx.x / warp; e < E; e += blockDim.x / warp)
-            prefetch_row(r.router, r.router_dtype, e, H, threadIdx.x % warp, warp);
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) ss += xr[i] * xr[i];
-    float inv = rsqrtf(block_sum(ss, sh, warp) / (float)H + r.norm.eps);
-    for (int i = threadIdx.x; i < H; i += blockDim.x) xn[i] = r.norm.w[i] * (xr[i] * inv);
-    __syncthreads(); // the block's writes of xn are visible to the block
+    __shared__ int last;
+    int t = blockIdx.y, H = (int)r.norm.dim, E = r.n_experts, K = r.top_k;
     int lane = threadIdx.x % warp, wid = threadIdx.x / warp, nw = blockDim.x / warp;
-    const float *xs[DOT_TILE] = {xn, xn, xn, xn};
+    int first = blockIdx.x * nw, stride = gridDim.x * nw; // this block's expert rows: first + wid + k * stride
+    const float *xr = r.norm.x + (long long)t * H;
+    if (gridDim.y <= DOT_TILE) // router rows on their way meanwhile (a few rows: not once per row of a prefill)
+        for (int e = first + wid; e < E; e += stride) prefetch_row(r.router, r.router_dtype, e, H, lane, warp);
+    int dot16 = !quantized(r.router_dtype) && r.router_dtype != EB_DTYPE_F32 && (H % 8) == 0;
+    float row_inv = 0.0f;
+    long long warps = (long long)gridDim.x * nw, g = (long long)blockIdx.x * nw + wid; // the row's warps write xn
+    auto scale = [&]() { // every warp its own scale (no barrier); with dot16, its first router loads in flight
+        row_inv = warp_row_inv(xr, H, r.norm.eps, lane, warp);
+        write_normed(xr, r.norm.w, 1, H, &row_inv, r.norm.xn + (long long)t * H, g, warps, lane, warp);
+        return row_inv;
+    };
+    int e = first + wid;
+    float v0 = dot16 && e < E ? warp_dot16(r.router, r.router_dtype, e, H, xr, lane, warp, r.norm.w, scale) : scale();
+    float inv[DOT_TILE] = {row_inv, row_inv, row_inv, row_inv};
+    const float *xs[DOT_TILE] = {xr, xr, xr, xr};
     int chosen_logits = r.scoring == EB_ROUTE_TOPK_SOFTMAX; // the top k of the (biased) logits themselves
-    for (int e = wid; e < E; e += nw) {
+    float *row_logits = r.logits + (long long)t * E;
+    for (; e < E; e += stride) {
         float v[DOT_TILE];
-        warp_dot_tile(r.router, r.router_dtype, e, H, xs, 1, lane, warp, v);
+        if (dot16 && e == first + wid)
+            v[0] = v0;
+        else if (dot16)
+            v[0] = warp_dot16(r.router, r.router_dtype, e, H, xr, lane, warp, r.norm.w, [&]() { return row_inv; });
+        else
+            warp_dot_tile(r.router, r.router_dtype, e, H, xs, 1, lane, warp, v, r.norm.w, inv);
         if (chosen_logits && r.bias) v[0] += r.bias[e];
-        if (lane == 0) logits[e] = v[0], r.logits[(long long)t * E + e] = v[0];
+        if (lane == 0) row_logits[e] = v[0];
     }
+    if (gridDim.x > 1) { // the last block of the row to arrive goes on; it sets the count back for the next launch
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            last = atomicAdd(&arrivals[t], 1u) == gridDim.x - 1;
+            if (last) arrivals[t] = 0;
+        }
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+    } else {
+        __syncthreads(); // the block's writes of the logits are visible to the block
+    }
+    for (int e = threadIdx.x; e < E; e += blockDim.x) logits[e] = ((volatile const float *)row_logits)[e];
     __syncthreads();
     if (threadIdx.x >= 32) return;
     lane = threadIdx.x;
@@ -1866,7 +2029,7 @@ __global__ void moe_pair_gate_up_kernel(eb_rt_moe b, int warp) {
 // (EB_MOE_EXPERTS): the same products, written to pair_out instead of added, so that moe_combine_kernel
 // (EB_MOE_COMBINE) then adds the same values in the same order with the same combine_term: the same bits.
 // combine is a template parameter, so that the EB_MOE_ALL build is the fused kernel alone, with no branch on it.
-template <int combine> __global__ void moe_pair_down_kernel(eb_rt_moe b, int warp) {
+template <int combine> __global__ void __launch_bounds__(BLOCK, 2) moe_pair_down_kernel(eb_rt_moe b, int warp) {
     int t = blockIdx.y, lane = threadIdx.x % warp;
     int j = blockIdx.x * (blockDim.x / warp) + threadIdx.x / warp;
     if (j >= b.hidden) return;
@@ -2006,7 +2169,14 @@ static int gpu_matmul(void *rtp, int dev, const eb_rt_norm *norm, const eb_rt_ma
                 b.start[i + 1] = b.start[i] + (int)t->rows;
             }
             for (int i = b.count + 1; i < 5; i++) b.start[i] = b.start[b.count]; // the kernel's task search needs these
-            matmul_kernel<<<blocks(b.start[b.count], rows_per_block), BLOCK, 0, d->stream>>>(b, d->warp);
+            int vec16 = 1; // decode's one row of x and 16-bit weights: the kernel of one sum per lane
+            for (int i = 0; i < b.count; i++)
+                vec16 &= b.t[i].n == 1 && !quantized(b.t[i].dtype) && b.t[i].dtype != EB_DTYPE_F32 &&
+                         b.t[i].cols % 8 == 0;
+            if (vec16)
+                matvec16_kernel<<<blocks(b.start[b.count], rows_per_block), BLOCK, 0, d->stream>>>(b, d->warp);
+            else
+                matmul_kernel<<<blocks(b.start[b.count], rows_per_block), BLOCK, 0, d->stream>>>(b, d->warp);
         }
     })
 }
@@ -2067,7 +2237,14 @@ static int gpu_route(void *rtp, int dev, const eb_rt_route *r, char *err, size_t
                           RUNTIME_NAME " runtime: %d experts, top_k %d: expected at most %d experts and top_k at most "
                                        "%d",
                           r->n_experts, r->top_k, MAX_EXPERTS, MAX_TOPK);
-    PRIMARY_OP(route_kernel<<<(unsigned)r->norm.n, 1024, 0, d->stream>>>(*r, d->warp)) // a warp per expert row
+    PRIMARY_OP({ // a warp per expert row; decode's rows spread over blocks of ROUTE_THREADS
+        int spread = r->norm.n <= DOT_TILE;
+        dim3 grid(spread ? blocks(r->n_experts, ROUTE_THREADS / d->warp) : 1, (unsigned)r->norm.n);
+        if (spread)
+            route_kernel<ROUTE_THREADS><<<grid, ROUTE_THREADS, 0, d->stream>>>(*r, d->route_arrivals, d->warp);
+        else
+            route_kernel<1024><<<grid, 1024, 0, d->stream>>>(*r, d->route_arrivals, d->warp);
+    })
 }
 
 static int gpu_mla(void *rtp, int dev, const eb_rt_mla *a, char *err, size_t errlen) {
