@@ -495,23 +495,11 @@ class Search:
             alive, deepest = measured, r if measured else deepest
             if stopped or self.cancelled or not alive:
                 break
-        while not self.cancelled and self._done:  # confirm the front at the deepest rung
-            short = [p for p in pareto_front(self.points, self.fast) if p.rung < deepest]
-            if not short or not self._fits(self.rungs[deepest]):
+        for turn in range(REFINE_ROUNDS + 1):  # the front confirmed, then the fastest again, in turns
+            if self.cancelled or not self._done or not self._confirm(deepest) or turn == REFINE_ROUNDS:
                 break
-            self._total = self._done + len(short)
-            for point in sorted(short, key=lambda p: -p.speed):
-                if not self._fits(self.rungs[deepest]) or not self._measure(point, deepest):
-                    break
-        for _ in range(REFINE_ROUNDS):  # settle the best: the fastest few measured again, in turns
-            top = sorted((p for p in self.points if p.measurements and p.rung == deepest and p.excluded is None
-                          and math.isfinite(p.speed)), key=lambda p: -p.speed)[:REFINE]  # fmt: skip
-            if self.cancelled or len(top) < 2 or not self._fits(self.rungs[deepest]):
+            if not self._refine(deepest):
                 break
-            self._total = self._done + len(top)
-            for point in top:
-                if not self._fits(self.rungs[deepest]) or not self._measure(point, deepest):
-                    break
         if self.cancelled:
             stopped = "cancelled"
         front = pareto_front(self.points, self.fast)
@@ -519,6 +507,28 @@ class Search:
         self._progress("done", deepest, message=stopped or "every rung measured")
         return SearchResult([p for p in self.points if p.measurements], front, self.fast, dict(self._references),
                             self.rungs, planned, self.elapsed(), self.cancelled, stopped, list(self.notes))  # fmt: skip
+
+    def _confirm(self, deepest: int) -> bool:
+        """Every point of the front measured at the deepest rung (the front changes as they are); False when the
+        time or a cancel ran out first."""
+        while True:
+            short = [p for p in pareto_front(self.points, self.fast) if p.rung < deepest]
+            if not short:
+                return True
+            self._total = self._done + len(short)
+            for point in sorted(short, key=lambda p: -p.speed):
+                if not self._fits(self.rungs[deepest]) or not self._measure(point, deepest):
+                    return False
+
+    def _refine(self, deepest: int) -> bool:
+        """The REFINE fastest points of the deepest rung measured once more each (their runs pool); False when there
+        is nothing to settle, or the time or a cancel ran out."""
+        top = sorted((p for p in self.points if p.measurements and p.rung == deepest and p.excluded is None
+                      and math.isfinite(p.speed)), key=lambda p: -p.speed)[:REFINE]  # fmt: skip
+        if len(top) < 2:
+            return False
+        self._total = self._done + len(top)
+        return all(self._fits(self.rungs[deepest]) and self._measure(point, deepest) for point in top)
 
     def _learn(self, m: Measurement) -> None:
         unit = m.seconds / max(m.tokens * m.repeats, 1)

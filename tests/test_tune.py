@@ -111,6 +111,17 @@ def test_the_search_finds_the_best_of_the_space_in_a_fraction_of_a_sweep():
     assert result.front[-1] is chosen and all(p.same_as_reference for p in result.points)
 
 
+def test_time_left_confirms_the_front_at_the_deepest_rung_and_measures_the_fastest_again():
+    candidates, _ = make_space()
+    bench = FakeBench(synthetic_speed)
+    sweep = sum(bench.unit * 64 * 3 * 1.2 for _ in candidates)
+    result = tune.Search(candidates, bench, FAST, time_budget=sweep, clock=bench.clock).run()
+    chosen = result.chosen()
+    assert result.planned[1] == math.ceil(result.planned[0] / 2)  # halves: the budget allows it
+    assert len(result.front) > 2 and all(p.rung == chosen.rung for p in result.front)  # no short run's luck
+    assert len(chosen.rates) == tune.DEFAULT_RUNGS[-1].repeats * (1 + tune.REFINE_ROUNDS)  # its runs pooled
+
+
 def test_the_time_budget_trims_the_candidates_and_the_rungs_and_is_kept():
     candidates, _ = make_space()
     bench = FakeBench(synthetic_speed)
