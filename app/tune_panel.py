@@ -299,7 +299,9 @@ class TunePanel(QWidget):
         self.running = False
         self.status.setText(f"Tuning failed: {exc}")
         self._update_buttons()
-        if not isinstance(exc, EngineError):
+        if isinstance(exc, EngineError):  # bad input (a budget that holds nothing): said where the user looks
+            self.state.sigMessage.emit(f"Tuning failed: {exc}")
+        else:
             self.state.sigError.emit("Tuning failed", str(exc) or type(exc).__name__)
 
     # ---- showing -----------------------------------------------------------------------------------------

@@ -81,3 +81,14 @@ def test_apply_is_one_undoable_edit_and_save_writes_the_point_as_a_profile(qtbot
     assert profile.placement_for(state.model.config) == point.placement
     assert profile.run.tokens == point.tokens and profile.expectations.output_sha256 == list(point.output_sha256)
     assert profile.run.q == point.q and profile.draft is not None
+
+
+def test_a_budget_that_holds_nothing_is_said_and_the_panel_stays_usable(qtbot, make_window):
+    window = make_window()
+    panel = window.tune
+    messages = []
+    window.state.sigMessage.connect(messages.append)
+    assert panel.start(settings(caps={FAST: 1000}))
+    qtbot.waitUntil(lambda: not panel.running, timeout=TIMEOUT_MS)
+    assert panel.status.text().startswith("Tuning failed: ") and "holds no expert" in panel.status.text()
+    assert any("holds no expert" in m for m in messages) and panel.start_button.isEnabled()
