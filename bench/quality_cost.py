@@ -25,8 +25,10 @@ from engine.run import DecodeRun
 
 
 def measure(reference, fast, label: str, devices: str, tokens: int, repeats: int, **settings) -> dict:
-    """One fast mode: its own run and the reference's (speeds), then the quality cost from those runs."""
-    ref = DecodeRun(reference, tokens_per_prompt=tokens, repeats=repeats).run()
+    """One fast mode: its own run and the reference's (speeds, both on the fast mode's placement when it names one,
+    so that the speed ratio is the mode's alone), then the quality cost from those runs."""
+    placement = settings.get("placement")
+    ref = DecodeRun(reference, tokens_per_prompt=tokens, repeats=repeats, placement=placement).run()
     run = DecodeRun(fast, tokens_per_prompt=tokens, repeats=repeats, **settings).run()
     mode, precision = settings.get("mode", "reference"), settings.get("precision", "f32")
     cost = quality_cost(reference, fast, tokens=tokens, mode=mode, precision=precision, reference_result=ref,
