@@ -2,7 +2,8 @@
 
 A decode step can take well under a millisecond on a small model, far more often than a screen can show, so
 the run does not signal each step: it appends to a fixed ring of numpy arrays under a lock, and the plots
-copy the ring at 10-30 Hz (one setData per tick).
+copy the ring at 10-30 Hz (one setData per tick). A traced run's spans go to a SpanRing the same way: the run's
+thread only keeps a reference to each step's spans; the timeline turns the steps it shows into numpy columns.
 """
 
 from __future__ import annotations
@@ -10,12 +11,96 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
 
 from engine.run import StepEvent
+from engine.trace import SPAN_KINDS, Span
 
 ROLLING_STEPS = 16  # decode steps averaged for the rolling tokens/s and acceptance
+TRACED_STEPS = 256  # steps of spans kept for the timeline (it shows the last few of them)
+_KIND_INDEX = {kind: i for i, kind in enumerate(SPAN_KINDS)}
+
+
+@dataclass(frozen=True)
+class SpanColumns:
+    """Spans as numpy columns, oldest step first: start and end in ns, device (an index into devices), kind (an
+    index into engine.trace.SPAN_KINDS), layer, token, rows, draft (the draft model's pass), step (its serial)."""
+
+    start: np.ndarray
+    end: np.ndarray
+    device: np.ndarray
+    kind: np.ndarray
+    layer: np.ndarray
+    token: np.ndarray
+    rows: np.ndarray
+    draft: np.ndarray
+    step: np.ndarray
+    devices: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+
+class SpanRing:
+    """The spans of a traced run's last steps (TRACED_STEPS of them: bounded whatever the run's length). The run's
+    thread adds each step's spans (a reference kept under the lock, nothing copied); the timeline's timer asks for
+    the last steps as numpy columns, built on its thread once per step and kept while that step is in the ring."""
+
+    def __init__(self, steps: int = TRACED_STEPS):
+        self._lock = threading.Lock()
+        self._steps: deque[tuple[int, tuple[Span, ...]]] = deque(maxlen=steps)
+        self._columns: dict[int, np.ndarray] = {}  # step serial -> its spans as an int64 array (GUI thread only)
+        self._devices: dict[str, int] = {}
+        self.reset()
+
+    def reset(self) -> None:
+        with self._lock:
+            self._steps.clear()
+            self.version = 0  # steps ever added (a view redraws when it changed)
+            self.spans = 0  # spans ever added
+            self.first_ns: int | None = None  # the run's first span: time 0 of the timeline
+
+    def add(self, spans: tuple[Span, ...]) -> None:
+        """Called on the run's thread with a step's spans (none when the run is not traced: nothing is kept)."""
+        if not spans:
+            return
+        with self._lock:
+            if self.first_ns is None:
+                self.first_ns = spans[0].start_ns
+            self._steps.append((self.version, spans))
+            self.version += 1
+            self.spans += len(spans)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._steps)
+
+    def last(self, steps: int) -> SpanColumns:
+        """The last `steps` steps' spans as columns (on the thread that draws: it keeps each step's array)."""
+        with self._lock:
+            shown = list(self._steps)[-steps:] if steps > 0 else []
+        keep = {serial for serial, _spans in shown}
+        self._columns = {k: v for k, v in self._columns.items() if k in keep}
+        parts = []
+        for serial, spans in shown:
+            part = self._columns.get(serial)
+            if part is None:
+                part = self._columns[serial] = self._array(serial, spans)
+            parts.append(part)
+        a = np.concatenate(parts) if parts else np.zeros((0, 9), dtype=np.int64)
+        devices = tuple(self._devices)
+        return SpanColumns(*(a[:, i] for i in range(9)), devices=devices)
+
+    def _array(self, serial: int, spans: tuple[Span, ...]) -> np.ndarray:
+        index = self._devices
+        for s in spans:
+            if s.device not in index:
+                index[s.device] = len(index)
+        rows = [(s.start_ns, s.end_ns, index[s.device], _KIND_INDEX.get(s.kind, -1), s.layer, s.token, s.rows,
+                 s.model == "draft", serial) for s in spans]  # fmt: skip
+        return np.array(rows, dtype=np.int64).reshape(-1, 9)
 
 
 class LiveBuffer:
@@ -25,6 +110,7 @@ class LiveBuffer:
         self._time = np.zeros(capacity, dtype=np.float64)
         self._rate = np.zeros(capacity, dtype=np.float64)
         self._accept = np.zeros(capacity, dtype=np.float64)
+        self.spans = SpanRing()  # a traced run's last steps, for the timeline
         self.reset(0)
 
     def reset(self, total_tokens: int) -> None:
@@ -35,9 +121,11 @@ class LiveBuffer:
             self.tokens_done = 0
             # (time, each device's busy seconds so far) of the last steps: the live busy shares
             self._busy: deque[tuple[float, dict[str, float]]] = deque(maxlen=ROLLING_STEPS + 1)
+        self.spans.reset()
 
     def append(self, event: StepEvent) -> None:
         """Called on the run's thread after each step: a few additions and three stores."""
+        self.spans.add(event.spans)
         with self._lock:
             self.tokens_done += event.tokens
             if event.busy_seconds:

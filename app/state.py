@@ -41,6 +41,7 @@ from engine.quality import is_fast, quality_cost
 from engine.routing import RoutingStats, profile
 from engine.run import DecodeRun, RunResult
 from engine.speculative import check_shared_vocabulary
+from engine.trace import Span, write_chrome_trace
 
 from . import profiles
 from .live import LiveBuffer
@@ -105,6 +106,20 @@ class ModelSnapshot:
     weights: str = "map"  # how the engine holds the target's files (engine.model.WEIGHTS_MODES, never "auto")
     file_bytes: int = 0  # the target's files
     huge_page_bytes: int = 0  # of a copy, what the kernel put on huge pages
+
+
+@dataclass(frozen=True)
+class RunTrace:
+    """A traced run's spans (engine.trace) and what the Chrome trace's metadata says of the run."""
+
+    run: int  # the run's index in the history
+    spans: list[Span]
+    metadata: dict
+    lost: int = 0  # spans the core had no room for
+
+    def write(self, path) -> Path:
+        """The Chrome trace event JSON (engine.trace.write_chrome_trace; ArgumentError naming the file)."""
+        return write_chrome_trace(path, self.spans, metadata=self.metadata)
 
 
 @dataclass(frozen=True)
@@ -231,6 +246,10 @@ class WorkbenchState(QObject):
         self.weights = "auto"  # how the next model opened is to be held (engine.model.WEIGHTS_MODES)
         self.running = False
         self.live = LiveBuffer()
+        # Whether runs record the per-token trace (engine.trace; the window's timeline turns it on while it is open),
+        # and the last run's trace when it was traced
+        self.trace_runs = False
+        self.last_trace: RunTrace | None = None
         self.runs = History()  # the loaded model's runs (engine.history: references, kept in the user's data folder)
         self.keep_history = True  # whether runs are kept across restarts (a model with a fingerprint only)
         self.routing: np.ndarray | None = None  # hits [layers, experts]
@@ -678,13 +697,13 @@ class WorkbenchState(QObject):
         use_draft = settings.use_draft and self.has_draft
         started = now()
         predicted = self.predicted_tokens_per_second()  # the edited placement is the one the run decodes with
-        m, runs = self.model, self.runs
+        m, runs, trace = self.model, self.runs, self.trace_runs
 
         def task():
             run = DecodeRun(side.target, side.draft if use_draft else None, prompts=list(settings.prompts),
                             tokens_per_prompt=settings.tokens, repeats=settings.repeats, q=settings.q,
                             mode=settings.mode, precision=settings.precision,
-                            on_event=self.live.append)  # fmt: skip
+                            on_event=self.live.append, trace=trace)  # fmt: skip
             with lock:
                 side.run = run
             if stop.is_set():
@@ -706,11 +725,17 @@ class WorkbenchState(QObject):
             if is_fast(settings.mode, settings.precision) and not result.cancelled and not stop.is_set():
                 cost = quality_cost(side.target, prompts=list(settings.prompts), tokens=settings.tokens,
                                     mode=settings.mode, precision=settings.precision, fast_result=result)  # fmt: skip
-            return result, routing, diagnosis, cost
+            return result, routing, diagnosis, cost, (run.spans if trace else None)
 
         def done(result):
             self.running = False
-            result, routing, diagnosis, cost = result
+            result, routing, diagnosis, cost, spans = result
+            self.last_trace = None
+            if spans is not None:
+                meta = {"run": self.runs.next_index, "target": m.target_path, "draft": m.draft_path if use_draft
+                        else None, "target_device": m.primary, "mode": settings.mode, "precision": settings.precision,
+                        "placement": result.placement, "q": settings.q if use_draft else None}  # fmt: skip
+                self.last_trace = RunTrace(meta["run"], spans, meta, result.trace_lost)
             record = self._record(result, settings, started, predicted, diagnosis, cost)
             self._after_run(record.index, routing)
 
