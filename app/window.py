@@ -36,10 +36,11 @@ from .plots import LivePlots
 from .routing_panel import RoutingPanel
 from .run_panel import RunPanel
 from .state import WorkbenchState
+from .timeline import Timeline
 from .tune_panel import TunePanel
 
 MAX_RECENT = 8
-LAYOUT_VERSION = 2  # 2: the compact and wide arrangements (a layout saved before them is not restored)
+LAYOUT_VERSION = 3  # 2: the compact and wide arrangements, 3: the device timeline (an older layout is not restored)
 COMPACT_WIDTH = 1200  # narrower windows show the side panels as tabs (the compact arrangement)
 DEFAULT_SIZE = (1560, 980)  # the first launch's size, or the screen's available area less a margin
 DEMO_SIZE = "default"  # the demo pair File > Open demo model pair opens (engine.demo.SIZES)
@@ -175,6 +176,7 @@ class MainWindow(QMainWindow):
         self.plots = LivePlots(self.state)
         self.history = history.HistoryPanel(self.state)
         self.tune = TunePanel(self.state, settings_source=self.run_panel.settings)
+        self.timeline = Timeline(self.state)
         self.docks: dict[str, QDockWidget] = {}
         # The run panel keeps its minimum size (Start, Stop and the progress never go under another panel); the
         # others scroll when the window leaves them less room than their contents want.
@@ -184,6 +186,7 @@ class MainWindow(QMainWindow):
         self._dock("plots", "Live plots", self.plots)
         self._dock("history", "Run history", self.history)
         self._dock("tune", "Tune", scrolling(self.tune))
+        self._dock("timeline", "Device timeline", scrolling(self.timeline))
         self.compact: bool | None = None  # which arrangement the docks are in (None: not arranged yet)
         self.arrange(compact=False)
         self._build_actions()
@@ -192,6 +195,7 @@ class MainWindow(QMainWindow):
         self._build_status()
         self._connect()
         self._restore_layout()
+        self.state.trace_runs = self.docks["timeline"].toggleViewAction().isChecked()
         self._update_title()
 
     # ---- construction ------------------------------------------------------------------------------------
@@ -249,6 +253,9 @@ class MainWindow(QMainWindow):
         self.act_export_hotness = a("Hotness CSV…", self.export_hotness)
         self.act_export_plots = a("Plots as PNG…", self.export_plots)
         self.act_export_history = a("Run history as CSV…", self.export_history)
+        self.act_export_trace = a("Trace for Perfetto…", self.export_trace, None, None,
+                                  "The last run's per-token trace as Chrome trace event JSON (Perfetto, "
+                                  "chrome://tracing)")  # fmt: skip
         self.act_quit = a("Quit", self.close, S.Quit)
         self.act_undo = a("Undo", self.editor.undo, S.Undo, "undo")
         self.act_redo = a("Redo", self.editor.redo, S.Redo, "redo")
@@ -298,7 +305,8 @@ class MainWindow(QMainWindow):
         m.addAction(self.act_save_as)
         m.addSeparator()
         export = m.addMenu(theme.icon("export"), "Export")
-        for act in (self.act_export_llama, self.act_export_hotness, self.act_export_plots, self.act_export_history):
+        for act in (self.act_export_llama, self.act_export_hotness, self.act_export_plots, self.act_export_history,
+                    self.act_export_trace):  # fmt: skip
             export.addAction(act)
         m.addSeparator()
         m.addAction(self.act_quit)
@@ -359,6 +367,10 @@ class MainWindow(QMainWindow):
         s.sigRunStarted.connect(self._update_actions)
         s.sigRunFinished.connect(lambda _r: self._update_actions())
         s.sigHistoryChanged.connect(self._update_actions)
+        # Runs record the trace while the timeline is open (it costs a decode about half a percent:
+        # bench/trace_cost.py)
+        traced = self.docks["timeline"].toggleViewAction()
+        traced.toggled.connect(lambda on: setattr(s, "trace_runs", on))
         self._update_undo()
         self._update_actions()
         hints = QGuiApplication.styleHints()
@@ -566,6 +578,28 @@ class MainWindow(QMainWindow):
             except ArgumentError as exc:  # atomic_write's: it names the file and why, and leaves the old one
                 QMessageBox.warning(self, "Cannot export the history", str(exc))
 
+    @Slot()
+    def export_trace(self, path: str | None = None) -> None:
+        """The last run's trace as Chrome trace event JSON; says so when that run was not traced."""
+        trace = self.state.last_trace
+        if trace is None:
+            last = self.state.history[-1].index if self.state.history else None
+            why = "No run yet" if last is None else f"Run {last} was not traced"
+            QMessageBox.information(self, "No traced run", f"{why}: runs are traced while the device timeline is "
+                                    "open (View > Device timeline). Open it and start a run.")  # fmt: skip
+            return
+        path = path or self._save_path("Export the trace", f"run{trace.run}.trace.json", "Chrome trace (*.json)")
+        if not path:
+            return
+        try:
+            trace.write(path)
+        except ArgumentError as exc:
+            QMessageBox.warning(self, "Cannot export the trace", str(exc))
+            return
+        lost = f", {trace.lost} lost" if trace.lost else ""
+        self.statusBar().showMessage(f"Run {trace.run}'s trace ({len(trace.spans)} spans{lost}) written to {path}: "
+                                     "open it in Perfetto", 8000)  # fmt: skip
+
     # ---- recent files ------------------------------------------------------------------------------------
 
     def _recent(self) -> list[list[str]]:
@@ -639,9 +673,10 @@ class MainWindow(QMainWindow):
         self.setCorner(Qt.Corner.BottomRightCorner, area.RightDockWidgetArea)
         if compact:
             self.addDockWidget(area.LeftDockWidgetArea, d["run"])
-            for key in ("plots", "history", "routing", "devices", "tune"):
+            for key in ("plots", "timeline", "history", "routing", "devices", "tune"):
+                self.removeDockWidget(d[key])  # out of the wide arrangement's nested splits first
                 self.addDockWidget(area.BottomDockWidgetArea, d[key])
-            for key in ("history", "routing", "devices", "tune"):
+            for key in ("timeline", "history", "routing", "devices", "tune"):
                 self.tabifyDockWidget(d["plots"], d[key])
         else:
             self.addDockWidget(area.LeftDockWidgetArea, d["devices"])
@@ -650,6 +685,7 @@ class MainWindow(QMainWindow):
             self.addDockWidget(area.RightDockWidgetArea, d["routing"])
             self.splitDockWidget(d["routing"], d["tune"], Qt.Orientation.Vertical)
             self.addDockWidget(area.BottomDockWidgetArea, d["plots"])
+            self.splitDockWidget(d["plots"], d["timeline"], Qt.Orientation.Vertical)
             self.splitDockWidget(d["plots"], d["history"], Qt.Orientation.Horizontal)
         for key, dock in d.items():
             dock.setVisible(key not in hidden)
@@ -674,7 +710,7 @@ class MainWindow(QMainWindow):
         self.resizeDocks([docks["devices"], docks["routing"]], [440, 360], H)
         self.resizeDocks([docks["routing"], docks["tune"]], [640, 270], V)
         self.resizeDocks([docks["devices"], docks["run"]], [190, 420], V)
-        self.resizeDocks([docks["plots"]], [330], V)
+        self.resizeDocks([docks["plots"], docks["timeline"]], [300, 170], V)
         self.resizeDocks([docks["plots"], docks["history"]], [760, 480], H)
 
     def reset_layout(self) -> None:
