@@ -8,8 +8,8 @@ and writes a JSON report:
 
 --window measures the same in the window itself (offscreen, wide arrangement, every panel shown): runs started as the
 Start button starts them, traced (the device timeline drawing them while they decode) and not traced (the timeline
-empty: as when it is closed, without a change of layout) in turns; there the GUI thread's drawing competes with the
-run's thread for the GIL and the cores.
+empty: as when it is closed, without a change of layout) in turns, and untraced with the live plots' panel closed;
+there the GUI thread's drawing competes with the run's thread for the GIL and the cores.
 """
 
 from __future__ import annotations
@@ -106,29 +106,34 @@ def in_window(args) -> int:
     panel.q.setValue(args.q or 1)
     panel.draft_check.setChecked(bool(args.q))
     panel.prompts.setPlainText("\n".join(DEMO_PROMPTS))
-    speeds: dict[bool, list[float]] = {False: [], True: []}
+    speeds: dict[str, list[float]] = {"untraced": [], "traced_and_drawn": [], "untraced_live_plots_closed": []}
     records = []
     state.sigRunFinished.connect(records.append)
     for _round in range(args.rounds + 1):  # the first round warms up and is not counted
-        for traced in (False, True):
+        for key in speeds:
+            traced = key == "traced_and_drawn"
             state.trace_runs = traced
+            window.docks["plots"].setVisible(key != "untraced_live_plots_closed")
+            app.processEvents()
             records.clear()
             window.act_start.trigger()
             _wait(app, state.sigRunFinished, done=lambda: bool(records))
             _wait(app, state.sigBusyChanged, done=lambda: not state.busy)
             assert (state.last_trace is not None) == traced
             if _round:
-                speeds[traced].append(records[0].decode_tokens_per_second)
+                speeds[key].append(records[0].decode_tokens_per_second)
     state.saved_placement = state.placement
     window.close()
-    off, on = statistics.median(speeds[False]), statistics.median(speeds[True])
+    off, on = statistics.median(speeds["untraced"]), statistics.median(speeds["traced_and_drawn"])
+    no_plots = statistics.median(speeds["untraced_live_plots_closed"])
     report = {"machine": platform.machine(), "cpus": os.cpu_count(), "size": args.size, "where": "window",
               "tokens_per_prompt": args.tokens, "prompts": len(DEMO_PROMPTS), "q": args.q,
               "placement": half.describe(), "rounds": args.rounds,
-              "decode_tokens_per_second": {"untraced": speeds[False], "traced_and_drawn": speeds[True]},
-              "median_untraced": off, "median_traced_and_drawn": on, "traced_over_untraced": on / off}  # fmt: skip
+              "decode_tokens_per_second": speeds, "median_untraced": off, "median_traced_and_drawn": on,
+              "median_untraced_live_plots_closed": no_plots, "traced_over_untraced": on / off}  # fmt: skip
     print(f"| window run | decode tokens/s (median of {args.rounds}) |\n|---|---|")
     print(f"| not traced | {off:.1f} |\n| traced, the timeline drawing | {on:.1f} |")
+    print(f"| not traced, the live plots' panel closed | {no_plots:.1f} |")
     print(f"traced / untraced: {on / off:.3f}")
     write_report(args.json, report)
     return 0
