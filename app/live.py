@@ -60,15 +60,12 @@ class SpanRing:
             self._steps.clear()
             self.version = 0  # steps ever added (a view redraws when it changed)
             self.spans = 0  # spans ever added
-            self.first_ns: int | None = None  # the run's first span: time 0 of the timeline
 
     def add(self, spans: tuple[Span, ...]) -> None:
         """Called on the run's thread with a step's spans (none when the run is not traced: nothing is kept)."""
         if not spans:
             return
         with self._lock:
-            if self.first_ns is None:
-                self.first_ns = spans[0].start_ns
             self._steps.append((self.version, spans))
             self.version += 1
             self.spans += len(spans)
