@@ -1,7 +1,7 @@
 """The device timeline: what each device ran, when, in a traced run's last steps (engine.trace's spans).
 
 One lane per device, one rectangle per span coloured by its kind (attention, routing, staging to the peers and back,
-experts, the primary's wait for the peers, ...), x the time in milliseconds since the run's first span; the draft's
+experts, the primary's wait for the peers, ...), x the time in milliseconds since the first step shown; the draft's
 passes take the lower half of a lane. Beside each lane, the device's busy share of the time shown: the union of its
 spans other than waits, over the shown time.
 
@@ -312,7 +312,8 @@ class Timeline(QWidget):
         for d, name in enumerate(cols.devices):
             on = cols.device == d
             counts = np.bincount(cols.kind[on & (cols.kind >= 0)], minlength=len(SPAN_KINDS))
-            out[name] = {SPAN_KINDS[k]: int(n) for k, n in enumerate(counts) if n}
+            if counts.any():
+                out[name] = {SPAN_KINDS[k]: int(n) for k, n in enumerate(counts) if n}
         return out
 
     def span_at(self, x: float, y: float, slack: float = 0.0) -> int | None:
@@ -344,11 +345,11 @@ class Timeline(QWidget):
     @Slot(object)
     def _hovered(self, pos: QPointF) -> None:
         box = self.plot.getPlotItem().getViewBox()
-        if not box.sceneBoundingRect().contains(pos):
-            return
-        p = box.mapSceneToView(pos)
-        slack = 3 * box.viewPixelSize()[0]  # a few pixels' room around a span narrower than one
-        i = self.span_at(p.x(), p.y(), slack)
+        i = None
+        if box.sceneBoundingRect().contains(pos):
+            p = box.mapSceneToView(pos)
+            slack = 3 * box.viewPixelSize()[0]  # a few pixels' room around a span narrower than one
+            i = self.span_at(p.x(), p.y(), slack)
         self.hovered = "" if i is None else self.describe(i)
         self.caption.setText(self.hovered or self.summary)
         if i is not None:

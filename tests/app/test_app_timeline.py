@@ -11,7 +11,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from app_helpers import TIMEOUT_MS  # noqa: E402
-from PySide6.QtCore import QTimer  # noqa: E402
+from PySide6.QtCore import QPointF, QTimer  # noqa: E402
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
 from app.live import TRACED_STEPS, SpanRing  # noqa: E402
@@ -176,6 +176,14 @@ def test_the_ring_is_bounded_and_the_view_draws_recorded_steps(qtbot, make_windo
     assert sorted(set(np.round(y0, 2))) == [0.1, 0.5]
     x = float(timeline.bars.getData("join")[0][-1]) + 1.0
     assert "wait for peers (join) on cpu:0" in timeline.describe(timeline.span_at(x, 0.5))
+    # the pointer over it: the caption says what it is, and again what is shown once the pointer leaves
+    qtbot.wait(50)  # the view's new range in its transform
+    box = timeline.plot.getPlotItem().getViewBox()
+    timeline.plot.scene().sigMouseMoved.emit(box.mapViewToScene(QPointF(x, 0.5)))
+    hovered = f"token {TRACED_STEPS + 39}, layer 0: wait for peers (join) on cpu:0 (target, 1 rows), 2.000 ms"
+    assert timeline.caption.text() == hovered
+    timeline.plot.scene().sigMouseMoved.emit(QPointF(-50, -50))
+    assert timeline.caption.text() == timeline.summary == "Last 4 steps, positions 292-295: 40.0 ms"
     # a new run empties the ring
     window.state.live.reset(10)
     timeline.redraw(force=True)
