@@ -148,6 +148,7 @@ class Timeline(QWidget):
         self._seen: set[str] = set()
         self.legend_kinds: list[str] = []
         top.addWidget(self.legend, 3)
+        top.addSpacing(8)
         top.addWidget(QLabel("Steps"))
         self.steps = QSpinBox()
         self.steps.setRange(1, 64)
