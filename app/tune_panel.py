@@ -290,8 +290,11 @@ class TunePanel(QWidget):
         self.progress.setRange(0, 1)
         self.progress.setValue(1)
         self._show()
-        if self.front:
-            self.front_list.setCurrentRow(len(self.front) - 1)  # the fastest
+        chosen = doc["chosen"]
+        rows = [i for i, p in enumerate(self.front) if chosen is not None and
+                (p.placement.describe(), p.q) == (chosen["placement"], chosen["q"])]  # fmt: skip
+        if self.front:  # the tuner's choice where it is on the front, else the fastest
+            self.front_list.setCurrentRow(rows[0] if rows else len(self.front) - 1)
         self._update_buttons()
         self.state.sigMessage.emit(self.status.text())
 

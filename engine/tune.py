@@ -13,7 +13,8 @@ fast device, so the front keeps its cheap end) go on to longer runs, and so on u
 The rungs are planned in PLAN_SHARE of the time budget from the one-device run's time (fewer candidates when even a
 third at each rung does not fit) and cut to the time left at each rung. With the time left, the front's points
 that were measured only briefly are measured at the deepest rung, then the fastest few again in turns, their runs
-pooled, so that the choice is not one run's luck. Cancel stops before the next measurement (and the run under way
+pooled; the choice among them compares each with the others of its turns, so that neither one run's luck nor the
+machine's drift between turns decides it. Cancel stops before the next measurement (and the run under way
 at its next step).
 
 The report is the measured front of decode tokens/s against expert bytes on the fast device: each point with its
@@ -224,6 +225,7 @@ class Measurement:
     seconds: float = 0.0
     reference_sha256: list[str] = field(default_factory=list)  # the one-device hashes at these tokens
     rung: int = 0  # the rung whose length it ran
+    turn: int | None = None  # the turn of measuring the fastest again it belongs to (Search._refine)
 
     @property
     def complete(self) -> bool:
@@ -350,13 +352,29 @@ class SearchResult:
     notes: list[str] = field(default_factory=list)
 
     def chosen(self) -> Point | None:
-        """The point to keep: the fastest of those measured longest whose hashes are the reference's (and no
-        constraint excludes), else the fastest such point at all."""
+        """The point to keep, of those whose hashes are the reference's (and no constraint excludes): where the
+        fastest were measured again in turns, the one fastest against the others of its turns (the median of its
+        speed over the turn's median: a machine that speeds up or slows down between turns moves them all alike);
+        else the fastest of those measured longest."""
         good = [p for p in self.points if p.excluded is None and p.same_as_reference and math.isfinite(p.speed)]
         if not good:
             return None
         top = max(p.rung for p in good)
-        return max((p for p in good if p.rung == top), key=lambda p: p.speed)
+        good = [p for p in good if p.rung == top]
+        turns: dict[int, dict[int, float]] = {}
+        for p in good:
+            for m in p.measurements:
+                if m.turn is not None and m.rates:
+                    turns.setdefault(m.turn, {})[id(p)] = statistics.median(m.rates)
+        scores: dict[int, list[float]] = {}
+        for speeds in turns.values():
+            if len(speeds) > 1:
+                middle = statistics.median(speeds.values())
+                for key, speed in speeds.items():
+                    scores.setdefault(key, []).append(speed / middle)
+        if scores:
+            return max((p for p in good if id(p) in scores), key=lambda p: statistics.median(scores[id(p)]))
+        return max(good, key=lambda p: p.speed)
 
 
 class Search:
@@ -438,7 +456,7 @@ class Search:
                 self._unit = SLOWDOWN * seconds / tokens
         return self._references[tokens]
 
-    def _measure(self, point: Point, r: int) -> bool:
+    def _measure(self, point: Point, r: int, turn: int | None = None) -> bool:
         """One measurement of a point at rung r's length; False when cancelled (nothing is kept then)."""
         rung = self.rungs[r]
         reference = self._reference(r, rung.tokens)
@@ -447,7 +465,7 @@ class Search:
         m = self.bench.measure(point.candidate, rung.tokens, rung.repeats)
         if self.cancelled and not m.complete:
             return False  # a run cut short measures nothing
-        m.rung, m.reference_sha256 = r, list(reference)
+        m.rung, m.turn, m.reference_sha256 = r, turn, list(reference)
         point.measurements.append(m)
         for check in self.constraints:
             point.excluded = point.excluded or check(point)
@@ -498,7 +516,7 @@ class Search:
         for turn in range(REFINE_ROUNDS + 1):  # the front confirmed, then the fastest again, in turns
             if self.cancelled or not self._done or not self._confirm(deepest) or turn == REFINE_ROUNDS:
                 break
-            if not self._refine(deepest):
+            if not self._refine(deepest, turn):
                 break
         if self.cancelled:
             stopped = "cancelled"
@@ -520,7 +538,7 @@ class Search:
                 if not self._fits(self.rungs[deepest]) or not self._measure(point, deepest):
                     return False
 
-    def _refine(self, deepest: int) -> bool:
+    def _refine(self, deepest: int, turn: int) -> bool:
         """The REFINE fastest points of the deepest rung measured once more each (their runs pool); False when there
         is nothing to settle, or the time or a cancel ran out."""
         top = sorted((p for p in self.points if p.measurements and p.rung == deepest and p.excluded is None
@@ -528,7 +546,7 @@ class Search:
         if len(top) < 2:
             return False
         self._total = self._done + len(top)
-        return all(self._fits(self.rungs[deepest]) and self._measure(point, deepest) for point in top)
+        return all(self._fits(self.rungs[deepest]) and self._measure(point, deepest, turn) for point in top)
 
     def _learn(self, m: Measurement) -> None:
         unit = m.seconds / max(m.tokens * m.repeats, 1)

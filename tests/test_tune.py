@@ -45,6 +45,26 @@ def test_the_front_holds_every_point_no_other_dominates_and_no_other():
     assert point(1, 0, rates=[1.0, 3.0, 2.0]).spread == (1.0, 3.0) and point(1, 0, rates=[1.0, 3.0, 2.0]).speed == 2.0
 
 
+def test_the_choice_compares_the_fastest_within_their_turns_not_one_lucky_run():
+    def measured(*runs):  # (turn, tokens/s) at the last rung
+        p = point(0, 0)
+        p.measurements = [
+            tune.Measurement(64, 1, [v], HASHES, reference_sha256=HASHES, rung=3, turn=t) for t, v in runs
+        ]
+        return p
+
+    steady = measured((None, 100), (0, 100), (1, 50), (2, 50))  # the machine slowed after turn 0
+    slower = measured((None, 95), (0, 90), (1, 45), (2, 45))
+    lucky = measured((None, 300))  # one run during a fast spell, never measured beside the others
+    short = point(500, 0)  # a short run only
+    result = tune.SearchResult(
+        [short, slower, lucky, steady], [], FAST, {}, list(tune.DEFAULT_RUNGS), [], 1.0, False, ""
+    )
+    assert lucky.speed > steady.speed and result.chosen() is steady
+    alone = tune.SearchResult([short, lucky], [], FAST, {}, list(tune.DEFAULT_RUNGS), [], 1.0, False, "")
+    assert alone.chosen() is lucky  # no turns: the fastest of those measured longest
+
+
 class FakeBench:
     """Made-up measurements: tokens/s from a function of the candidate, seconds from a unit per token, on a clock
     that only moves when something is measured."""

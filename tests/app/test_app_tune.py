@@ -39,7 +39,7 @@ def test_the_panel_tunes_on_the_engine_thread_and_shows_progress_and_the_front(q
     assert list(x) == [p.fast_bytes / MIB for p in panel.front] and list(x) == sorted(x) and list(y) == sorted(y)
     mx, my = panel.measured_marks.getData()
     assert len(mx) == len(panel.measured) >= len(x) and min(my) > 0
-    assert panel.front_list.count() == len(panel.front) and panel.selected() is panel.front[-1]  # the fastest
+    assert panel.front_list.count() == len(panel.front) and panel.selected() in panel.front
     assert panel.status.text().startswith("Tuning done: ") and panel.apply_button.isEnabled()
     # the engine's placement is the one it had before
     assert on_engine(qtbot, window.state, lambda side: side.target.placement) == window.state.applied
