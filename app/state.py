@@ -8,6 +8,7 @@ a task learns comes back as plain data and is stored here on the GUI thread.
 
 from __future__ import annotations
 
+import gc
 import math
 import threading
 from collections.abc import Callable
@@ -691,6 +692,9 @@ class WorkbenchState(QObject):
         if self.running or self.model is None:
             return False
         self.running = True
+        # While the run decodes, the collector's full passes walk only what the run makes: a pass over every object of
+        # the window (100 000 and more) holds the GIL for 50-100 ms, and the GUI thread would stall that long
+        gc.freeze()
         self._stop.clear()
         self.live.reset(settings.total_tokens)
         side, stop, lock = self._side, self._stop, self._run_lock
@@ -729,6 +733,7 @@ class WorkbenchState(QObject):
 
         def done(result):
             self.running = False
+            gc.unfreeze()
             result, routing, diagnosis, cost, spans = result
             self.last_trace = None
             if spans is not None:
@@ -741,6 +746,7 @@ class WorkbenchState(QObject):
 
         def failed(exc):
             self.running = False
+            gc.unfreeze()
             self.sigRunFinished.emit(None)
             self._fail("The run failed", exc)
 
