@@ -146,8 +146,8 @@ def search_space(shape: ModelShape, names: list[str], primary: str, fast: str, b
     def plan(origin: str, make: Callable[[], S.Plan]) -> None:
         try:
             seeds.append((origin, make().placement))
-        except EngineError as exc:
-            notes.append(f"{origin}: {exc}")
+        except EngineError as exc:  # the strategies' refusals name them already
+            notes.append(str(exc) if str(exc).startswith(origin) else f"{origin}: {exc}")
 
     if len(names) > 1:
         plan("single device", lambda: S.single_device(shape, fast, budgets, **common))
