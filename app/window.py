@@ -40,7 +40,9 @@ from .timeline import Timeline
 from .tune_panel import TunePanel
 
 MAX_RECENT = 8
-LAYOUT_VERSION = 3  # 2: the compact and wide arrangements, 3: the device timeline (an older layout is not restored)
+# 2: the compact and wide arrangements, 3: the device timeline, 4: Tune beside the history (the routing panel the
+# right column's whole height); an older layout is not restored
+LAYOUT_VERSION = 4
 COMPACT_WIDTH = 1200  # narrower windows show the side panels as tabs (the compact arrangement)
 DEFAULT_SIZE = (1560, 980)  # the first launch's size, or the screen's available area less a margin
 DEMO_SIZE = "default"  # the demo pair File > Open demo model pair opens (engine.demo.SIZES)
@@ -683,10 +685,10 @@ class MainWindow(QMainWindow):
             self.addDockWidget(area.LeftDockWidgetArea, d["run"])
             self.splitDockWidget(d["devices"], d["run"], Qt.Orientation.Vertical)
             self.addDockWidget(area.RightDockWidgetArea, d["routing"])
-            self.splitDockWidget(d["routing"], d["tune"], Qt.Orientation.Vertical)
             self.addDockWidget(area.BottomDockWidgetArea, d["plots"])
             self.splitDockWidget(d["plots"], d["timeline"], Qt.Orientation.Vertical)
             self.splitDockWidget(d["plots"], d["history"], Qt.Orientation.Horizontal)
+            self.splitDockWidget(d["history"], d["tune"], Qt.Orientation.Horizontal)
         for key, dock in d.items():
             dock.setVisible(key not in hidden)
         if compact:
@@ -708,10 +710,9 @@ class MainWindow(QMainWindow):
             self.resizeDocks([docks["plots"]], [320], V)
             return
         self.resizeDocks([docks["devices"], docks["routing"]], [440, 360], H)
-        self.resizeDocks([docks["routing"], docks["tune"]], [640, 270], V)
         self.resizeDocks([docks["devices"], docks["run"]], [190, 420], V)
         self.resizeDocks([docks["plots"], docks["timeline"]], [300, 170], V)
-        self.resizeDocks([docks["plots"], docks["history"]], [760, 480], H)
+        self.resizeDocks([docks["plots"], docks["history"], docks["tune"]], [640, 420, 340], H)
 
     def reset_layout(self) -> None:
         for dock in self.docks.values():
