@@ -4,8 +4,9 @@ The search space comes from what the engine already knows how to plan (engine.st
 devices' budgets, the k hottest whole layers on the fast device for every k, experts hottest first and the
 critical-path balance at fractions of the fast device's budget, and single-expert moves of the hottest experts
 onto the fast device (and of its coldest off it) from the placements the cost model (engine.costmodel) likes best;
-each crossed with the draft lengths asked for. Every candidate fits the budgets (engine.placement's rule: a device's
-room for experts, or a smaller --budget) before it is ever measured.
+each crossed with the draft lengths and the reduction modes asked for (--modes: the reference mode alone by
+default; owner_local measures every placement in that mode too). Every candidate fits the budgets
+(engine.placement's rule: a device's room for experts, or a smaller --budget) before it is ever measured.
 
 Time goes to measurements, by successive halving: every candidate decodes a short run (rung 0); the better half
 (a third when time is short; half of the places by speed, the rest by Pareto rank of speed against bytes on the
@@ -18,10 +19,13 @@ machine's drift between turns decides it. Cancel stops before the next measureme
 at its next step).
 
 The report is the measured front of decode tokens/s against expert bytes on the fast device: each point with its
-placement, q, median and spread over its runs, bytes per device and output hashes. In the reference mode every
+placement, q, mode, median and spread over its runs, bytes per device and output hashes. In the reference mode every
 hash must equal that of one device alone (the target without draft, every expert on the primary, decoding as many
-tokens): a point that differs is kept and flagged, never hidden. A constraint (a callable: point -> why it is
-excluded, or None) keeps points off the front and out of the choice without hiding them; quality limits go there.
+tokens): a point that differs is kept and flagged, never hidden, never chosen. owner_local points' outputs change
+with the placement (another float association), so their hashes are not held to one device's: their quality is
+what --max-kl judges. A constraint (a callable: point -> why it is excluded, or None) keeps points off the front and
+out of the choice without hiding them; `--max-kl` is one (engine.quality.KLLimit: the mean KL of the point's mode
+and placement against the reference mode, measured once per setting that can differ).
 
 Search and Tuning (on an engine) are apart so that the search runs on made-up measurements in tests: a bench is any
 object with reference(tokens) -> (hashes, seconds), measure(candidate, tokens, repeats) -> Measurement and
@@ -62,6 +66,7 @@ HOT_SEEDS = 3  # single-expert moves start from this many placements the cost mo
 MOVE_STEPS = (1, 2, 4, 8)  # experts moved onto (or off) the fast device from each seed
 BUDGET_FRACTIONS = (0.25, 0.5, 0.75)  # hot-first and critical-path also at these shares of the fast budget
 CALIBRATION_TOKENS = 16  # the short calibration that seeds the candidates (as `expertbench plan` makes it)
+QUALITY_TOKENS = 16  # tokens per prompt of the quality cost --max-kl measures for a fast mode's setting
 
 
 @dataclass(frozen=True)
@@ -78,18 +83,19 @@ DEFAULT_RUNGS = (Rung(8, 1), Rung(16, 1), Rung(32, 2), Rung(64, 3))
 
 @dataclass
 class Candidate:
-    """A placement and a draft length (None: no draft), where it came from, its bytes per device and the cost
-    model's decode tokens/s for the placement (target only; None without a calibration)."""
+    """A placement, a draft length (None: no draft) and a reduction mode, where it came from, its bytes per device
+    and the cost model's decode tokens/s for the placement (target only; None without a calibration)."""
 
     placement: Placement
     q: int | None
     origin: str
     device_bytes: dict[str, int]
     predicted: float | None = None
+    mode: str = "reference"
 
     @property
-    def key(self) -> tuple[str, int | None]:
-        return self.placement.describe(), self.q
+    def key(self) -> tuple[str, int | None, str]:
+        return self.placement.describe(), self.q, self.mode
 
 
 def parse_q(text: str) -> tuple[int, ...]:
@@ -103,6 +109,30 @@ def parse_q(text: str) -> tuple[int, ...]:
     if not 1 <= q <= MAX_DRAFT_TOKENS:
         raise ArgumentError(f"--q {text}: expected auto or a draft length of 1..{MAX_DRAFT_TOKENS} tokens")
     return (q,)
+
+
+def parse_modes(text: str) -> tuple[str, ...]:
+    """--modes: reduction modes, comma-separated (engine.run.REDUCTION_MODES), each once, in the order given."""
+    from .run import REDUCTION_MODES
+
+    modes = tuple(dict.fromkeys(m.strip() for m in text.split(",")))
+    bad = [m for m in modes if m not in REDUCTION_MODES]
+    if bad or not modes:
+        what = f"unknown mode {bad[0]!r}" if bad and bad[0] else "an empty mode"
+        raise ArgumentError(f"--modes {text}: {what}; expected a comma-separated list of "
+                            f"{', '.join(REDUCTION_MODES)}")  # fmt: skip
+    return modes
+
+
+def parse_max_kl(text: str) -> float:
+    """--max-kl: a number of nats >= 0 (engine.quality.within_max_kl's rule)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value >= 0:
+        raise ArgumentError(f"--max-kl {text}: expected a number of nats >= 0")
+    return value
 
 
 def check_time_budget(seconds: float) -> float:
@@ -133,10 +163,11 @@ def _fits(used: dict[str, int], budgets: dict[str, int]) -> bool:
 
 def search_space(shape: ModelShape, names: list[str], primary: str, fast: str, budgets: dict[str, int],
                  calibration: Calibration | None = None, stats: RoutingStats | None = None,
-                 qs: Sequence[int | None] = (None,)) -> tuple[list[Candidate], list[str]]:  # fmt: skip
+                 qs: Sequence[int | None] = (None,),
+                 modes: Sequence[str] = ("reference",)) -> tuple[list[Candidate], list[str]]:  # fmt: skip
     """The candidates (see the module docstring), every one within the budgets, in the order the search keeps them
-    when the time budget cannot measure them all: one device first, then the cost model's best; and notes on what
-    was left out and why."""
+    when the time budget cannot measure them all: one device first, then the cost model's best (each placement in
+    every mode with every q); and notes on what was left out and why."""
     notes: list[str] = []
     seeds: list[tuple[str, Placement]] = [("one device", shape.empty_placement(primary))]
     peer = S.peer_of(fast, names, primary) if len(names) > 1 else primary
@@ -174,8 +205,8 @@ def search_space(shape: ModelShape, names: list[str], primary: str, fast: str, b
             notes.append(f"{origin}: over a budget ({placement.describe()})")
             continue
         predicted = None if calibration is None else predict_tokens_per_second(shape, placement, calibration, stats)
-        out += [Candidate(placement, q, origin, used, predicted) for q in qs]
-    first, rest = out[: len(qs)], out[len(qs) :]
+        out += [Candidate(placement, q, origin, used, predicted, mode) for mode in modes for q in qs]
+    first, rest = out[: len(qs) * len(modes)], out[len(qs) * len(modes) :]
     rest.sort(key=lambda c: -(c.predicted or 0.0))  # stable: the strategies' order without a calibration
     return first + rest, notes
 
@@ -272,6 +303,11 @@ class Point:
         """Every measurement gave the one-device hashes."""
         return all(m.output_sha256 == m.reference_sha256 for m in self.measurements)
 
+    @property
+    def flagged(self) -> bool:
+        """A reference-mode point whose hashes differ from one device's (owner_local ones may: not flagged)."""
+        return self.candidate.mode == "reference" and not self.same_as_reference
+
 
 def dominates(a: tuple[float, float], b: tuple[float, float]) -> bool:
     """(speed, bytes): a is at least as fast with at most as many bytes, and better in one."""
@@ -352,11 +388,11 @@ class SearchResult:
     notes: list[str] = field(default_factory=list)
 
     def chosen(self) -> Point | None:
-        """The point to keep, of those whose hashes are the reference's (and no constraint excludes): where the
-        fastest were measured again in turns, the one fastest against the others of its turns (the median of its
-        speed over the turn's median: a machine that speeds up or slows down between turns moves them all alike);
-        else the fastest of those measured longest."""
-        good = [p for p in self.points if p.excluded is None and p.same_as_reference and math.isfinite(p.speed)]
+        """The point to keep, of those not flagged (a reference-mode point's hashes are one device's) and that no
+        constraint excludes: where the fastest were measured again in turns, the one fastest against the others of
+        its turns (the median of its speed over the turn's median: a machine that speeds up or slows down between
+        turns moves them all alike); else the fastest of those measured longest."""
+        good = [p for p in self.points if p.excluded is None and not p.flagged and math.isfinite(p.speed)]
         if not good:
             return None
         top = max(p.rung for p in good)
@@ -558,8 +594,9 @@ class Search:
 
 
 class EngineBench:
-    """Measurements with engine.run.DecodeRun on a loaded target (and draft): every run in the reference mode, its
-    routing not counted into the target's statistics (a calibration's is not either)."""
+    """Measurements with engine.run.DecodeRun on a loaded target (and draft): every run in its candidate's mode (the
+    one-device reference runs in the reference mode), its routing not counted into the target's statistics (a
+    calibration's is not either)."""
 
     def __init__(self, target, draft, prompts):
         self.target, self.draft, self.prompts = target, draft, list(prompts)
@@ -602,7 +639,7 @@ class EngineBench:
 
         draft = self.draft if candidate.q is not None else None
         run = DecodeRun(self.target, draft, prompts=self.prompts, tokens_per_prompt=tokens, repeats=repeats,
-                        q=candidate.q or 1, placement=candidate.placement)  # fmt: skip
+                        q=candidate.q or 1, mode=candidate.mode, placement=candidate.placement)  # fmt: skip
         with self.target.routing_paused():
             result = self._start(run)
         rates = [r.decode_tokens_per_second for r in result.repeat_results if r.complete]
@@ -622,6 +659,7 @@ class TuneSettings:
     fast: str | None = None  # the device whose bytes the front counts (default: as `plan` picks it)
     caps: dict[str, int] = field(default_factory=dict)  # --budget
     qs: tuple[int, ...] = AUTO_Q  # draft lengths (ignored without a draft)
+    modes: tuple[str, ...] = ("reference",)  # reduction modes each placement is measured in (--modes)
     time_budget: float = DEFAULT_TIME_BUDGET
     prompts: list | None = None  # None: the demo prompts
     routing: RoutingStats | None = None  # None: what the first one-device run routes
@@ -642,6 +680,7 @@ class TuneResult:
     routing_source: str  # "given", or measured on one device
     calibrated: str  # how the candidates were seeded
     notes: list[str]
+    modes: tuple[str, ...] = ("reference",)
 
 
 class Tuning:
@@ -671,6 +710,7 @@ class Tuning:
                                 f"{', '.join(self.names)})")  # fmt: skip
         for q in settings.qs:
             parse_q(str(q))
+        parse_modes(",".join(settings.modes))
         self.fast = settings.fast or S.default_fast(target.engine.devices, self.primary)
         self.shape = ModelShape.from_model(target)
         if settings.routing is not None and settings.routing.hits.shape != (self.shape.num_layers,
@@ -726,7 +766,7 @@ class Tuning:
             routing, source = self.bench.routing, "measured: one run over the prompts on one device"
         qs = tuple(s.qs) if self.draft is not None else (None,)
         candidates, space_notes = search_space(self.shape, self.names, self.primary, self.fast, self.budgets,
-                                               calibration, routing, qs)  # fmt: skip
+                                               calibration, routing, qs, s.modes)  # fmt: skip
         notes += space_notes
         spent = time.monotonic() - t0
         search = Search(candidates, self.bench, self.fast, time_budget=max(s.time_budget - spent, 1e-3),
@@ -739,7 +779,7 @@ class Tuning:
         result.seconds += spent
         budgets = {d: self.budgets.get(d) for d in self.names}
         return TuneResult(result, self.primary, self.names, budgets, dict(s.caps), len(candidates), routing, source,
-                          how, notes + result.notes)  # fmt: skip
+                          how, notes + result.notes, tuple(s.modes))  # fmt: skip
 
 
 def _demo_prompts() -> list[str]:
@@ -751,16 +791,47 @@ def _demo_prompts() -> list[str]:
 # ---- the report -----------------------------------------------------------------------------------------------
 
 
+class KLConstraint:
+    """--max-kl as the search's constraint: a point's mode and placement judged by an engine.quality.KLLimit (in f32,
+    at the model's own experts per token; the reference mode costs nothing and is never measured). cost(point): what
+    was measured for its setting (None: nothing, or not yet)."""
+
+    def __init__(self, limit, primary: str):
+        self.limit, self.devices = limit, (primary,)
+
+    def __call__(self, point: Point) -> str | None:
+        c = point.candidate
+        return self.limit.why(c.mode, "f32", None, c.placement.describe(), self.devices)
+
+    def cost(self, point: Point):
+        from .quality import is_fast, quality_key
+
+        c = point.candidate
+        if not is_fast(c.mode, "f32"):
+            return None
+        return self.limit.costs.get(quality_key(c.mode, "f32", None, c.placement.describe(), self.devices))
+
+
 def _number(v):
     return v if isinstance(v, (int, float)) and math.isfinite(v) else None
 
 
-def point_dict(p: Point, fast: str) -> dict:
+def _quality_dict(cost) -> dict | None:
+    if cost is None:
+        return None
+    return {"mean_kl": cost.mean_kl, "max_kl": cost.max_kl, "agreement": cost.agreement,
+            "first_divergence": cost.first_divergence, "positions": cost.positions,
+            "summary": cost.summary()}  # fmt: skip
+
+
+def point_dict(p: Point, fast: str, quality: Callable | None = None) -> dict:
+    """quality(point) -> its measured engine.quality.QualityCost or None (KLConstraint.cost)."""
     lo, hi = p.spread
     m = p.last
     return {
         "placement": p.candidate.placement.describe(),
         "q": p.candidate.q,
+        "mode": p.candidate.mode,
         "origin": p.candidate.origin,
         "decode_tokens_per_second": _number(p.speed),
         "decode_tokens_per_second_min": _number(lo),
@@ -770,6 +841,8 @@ def point_dict(p: Point, fast: str) -> dict:
         "fast_bytes": p.fast_bytes(fast),
         "output_sha256": list(m.output_sha256),
         "same_as_reference": p.same_as_reference,
+        "flagged": p.flagged,
+        "quality": _quality_dict(None if quality is None else quality(p)),
         "predicted_tokens_per_second": _number(p.candidate.predicted),
         "tokens_per_prompt": m.tokens,
         "repeats": len(p.rates),  # the deepest rung's runs pooled
@@ -778,17 +851,24 @@ def point_dict(p: Point, fast: str) -> dict:
     }
 
 
-def report(result: TuneResult) -> dict:
-    """One JSON-ready document: the front (bytes ascending), every point measured, the chosen one, the references."""
+def report(result: TuneResult, quality: Callable | None = None) -> dict:
+    """One JSON-ready document: the front (bytes ascending), every point measured, the chosen one, the flagged
+    (a reference-mode hash not one device's) and the excluded ones (with why), the references. quality: as for
+    point_dict."""
     s = result.search
     chosen = s.chosen()
-    differ = [p for p in s.points if not p.same_as_reference]
+
+    def pd(p: Point) -> dict:
+        return point_dict(p, s.fast, quality)
+
     return {
-        "front": [point_dict(p, s.fast) for p in s.front],
-        "chosen": None if chosen is None else point_dict(chosen, s.fast),
-        "differing": [point_dict(p, s.fast) for p in differ],
-        "points": [point_dict(p, s.fast) for p in sorted(s.points, key=lambda p: p.fast_bytes(s.fast))],
-        "mode": "reference",
+        "front": [pd(p) for p in s.front],
+        "chosen": None if chosen is None else pd(chosen),
+        "differing": [pd(p) for p in s.points if p.flagged],
+        "excluded": [pd(p) for p in s.points if p.excluded is not None],
+        "points": [pd(p) for p in sorted(s.points, key=lambda p: p.fast_bytes(s.fast))],
+        "mode": ",".join(result.modes),  # the modes searched, as --modes takes them
+        "modes": list(result.modes),
         "primary": result.primary,
         "fast": s.fast,
         "devices": result.devices,
@@ -816,26 +896,32 @@ def _elided(placement: str, width: int = 60) -> str:
 
 
 def text(doc: dict, synthetic_note: str = "") -> str:
-    """The report for a person: the front as a table, the chosen point, any hash that differs."""
-    fast = doc["fast"]
+    """The report for a person: the front as a table, the chosen point, any hash that differs, the excluded points."""
+    fast, modes = doc["fast"], doc.get("modes", ["reference"])
+    mixed = modes != ["reference"]
     lines = [f"tuned      {doc['candidates']} candidates, {doc['measurements']} measurements in {doc['seconds']:.1f} s"
              f"{' (cancelled: partial)' if doc['cancelled'] else ''}{synthetic_note}",
              f"seeded by  {doc['seeded_by']}"]  # fmt: skip
     if doc["stopped"] and not doc["cancelled"]:
         lines.append(f"stopped    {doc['stopped']}")
-    lines.append(f"front      decode tokens/s against experts on {fast} (mode reference; hashes against one device, "
-                 f"{doc['primary']})")  # fmt: skip
-    lines.append(f"  {'tokens/s':>9}  {'min-max':>15}  {'on ' + fast:>12}  {'q':>2}  {'hash':8}  placement")
+    hashes = f"{'reference-mode hashes' if mixed else 'hashes'} against one device, {doc['primary']}"
+    if "owner_local" in modes:
+        hashes += "; owner_local's own hashes: 'own'"
+    lines.append(f"front      decode tokens/s against experts on {fast} (mode {', '.join(modes)}; {hashes})")
+    mode_col = f"  {'mode':11}" if mixed else ""
+    lines.append(f"  {'tokens/s':>9}  {'min-max':>15}  {'on ' + fast:>12}  {'q':>2}{mode_col}  {'hash':8}  placement")
     for p in doc["front"]:
         lo, hi = p["decode_tokens_per_second_min"], p["decode_tokens_per_second_max"]
         spread = f"{lo:.1f}-{hi:.1f}" if lo is not None else "-"
-        same = "same" if p["same_as_reference"] else "DIFFERS"
+        same = "same" if p["same_as_reference"] else "DIFFERS" if p["flagged"] else "own"
         q = "-" if p["q"] is None else p["q"]
-        lines.append(f"  {p['decode_tokens_per_second']:9.1f}  {spread:>15}  {mib(p['fast_bytes']):>12}  {q:>2}  "
+        mode = f"  {p['mode']:11}" if mixed else ""
+        lines.append(f"  {p['decode_tokens_per_second']:9.1f}  {spread:>15}  {mib(p['fast_bytes']):>12}  {q:>2}{mode}  "
                      f"{same:8}  {_elided(p['placement'])}  ({p['origin']})")  # fmt: skip
     c = doc["chosen"]
     if c is not None:
-        lines.append(f"chosen     {c['decode_tokens_per_second']:.1f} tokens/s, q {c['q']}, {c['placement']} "
+        mode = f", mode {c['mode']}" if mixed else ""
+        lines.append(f"chosen     {c['decode_tokens_per_second']:.1f} tokens/s, q {c['q']}{mode}, {c['placement']} "
                      f"({c['origin']}; {c['repeats']} runs of {c['tokens_per_prompt']} tokens per prompt)")  # fmt: skip
     else:
         lines.append("chosen     none: no point was measured with the one-device hashes")
@@ -843,6 +929,8 @@ def text(doc: dict, synthetic_note: str = "") -> str:
         ref = doc["reference"]["output_sha256"].get(str(p["tokens_per_prompt"]), [])
         got, want = ", ".join(h[:12] for h in p["output_sha256"]), ", ".join(h[:12] for h in ref)
         lines.append(f"DIFFERS    q {p['q']}, {p['placement']}: output {got} against the one-device {want}")
+    for p in doc.get("excluded", ()):
+        lines.append(f"excluded   {p['mode']}, q {p['q']}, {_elided(p['placement'])}: {p['excluded']}")
     for note in doc["notes"]:
         lines.append(f"note       {note}")
     if doc.get("out"):
@@ -855,8 +943,8 @@ def text(doc: dict, synthetic_note: str = "") -> str:
 
 def profile_for(point: Point, path, target_ref, draft_ref, primary: str, prompts: list | None,
                 routing: RoutingStats | None = None):  # fmt: skip
-    """The profile `expertbench regress` replays for a point: its placement, its q, the prompts and tokens it was
-    measured with, the output hashes and acceptance it gave; the devices the placement names. target_ref and
+    """The profile `expertbench regress` replays for a point: its placement, its q, its mode, the prompts and tokens
+    it was measured with, the output hashes and acceptance it gave; the devices the placement names. target_ref and
     draft_ref: engine.profile.ModelRef (with fingerprints)."""
     from .demo import DEMO_PROMPTS
     from .history import min_accept_rate
@@ -871,7 +959,7 @@ def profile_for(point: Point, path, target_ref, draft_ref, primary: str, prompts
     use_draft = point.candidate.q is not None and draft_ref is not None
     run = RunSettings(prompts=None if prompts is None or list(prompts) == list(DEMO_PROMPTS) else list(prompts),
                       tokens=m.tokens, repeats=max(m.repeats, 1), q=point.candidate.q if use_draft else None,
-                      mode="reference")  # fmt: skip
+                      mode=point.candidate.mode)  # fmt: skip
     accept = min_accept_rate(m.accept_rate) if use_draft and m.accept_rate is not None else None
     profile = Profile(model=target_ref, draft=draft_ref if use_draft else None,
                       description=f"expertbench tune: {point.candidate.origin}, {point.speed:.1f} decode tokens/s "
@@ -899,7 +987,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "candidate, longer ones for the promising. Reports the measured Pareto front of decode tokens/s against "
         "expert bytes on the fast device (--fast; default as for plan), each point with its placement, q, spread and "
         "output hashes, which in the reference mode must equal those of one device alone (a point that differs is "
-        "reported). --out writes the chosen point (the fastest measured longest) as a profile for 'expertbench "
+        "reported). --modes reference,owner_local measures every placement in owner_local mode too (its outputs "
+        "differ with the placement: --max-kl NATS excludes the points whose mean KL against the reference mode is "
+        "larger). --out writes the chosen point (the fastest measured longest) as a profile for 'expertbench "
         "regress' and the window. With no --model, the demo pair.",
     )
     p.add_argument("--model", metavar="PATH",
@@ -923,6 +1013,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help=f"draft lengths to search: auto ({', '.join(map(str, AUTO_Q))}) or one N of "
                         f"1..{MAX_DRAFT_TOKENS} (default auto)")  # fmt: skip
     p.add_argument("--fast", metavar="DEVICE", help="the device whose bytes the front counts (default: as plan)")
+    p.add_argument("--modes", default="reference", metavar="MODE[,MODE]",
+                   help="reduction modes to measure each placement in: reference, owner_local (default "
+                        "reference)")  # fmt: skip
+    p.add_argument("--max-kl", metavar="NATS",
+                   help="exclude points whose mean KL divergence of the next-token distributions against the "
+                        f"reference mode is over NATS (measured once per setting, {QUALITY_TOKENS} tokens per "
+                        "prompt)")  # fmt: skip
     p.add_argument(
         "--routing",
         metavar="CSV",
@@ -970,6 +1067,8 @@ def _check_args(args) -> tuple[tuple[int, ...], dict[str, int]]:
     from .plan import parse_budgets
 
     qs = parse_q(args.q)
+    args.modes = parse_modes(args.modes)
+    args.max_kl = None if args.max_kl is None else parse_max_kl(args.max_kl)
     if args.no_draft and args.q != "auto":
         raise ArgumentError(f"--q {args.q}: there is no draft to give a length (drop --no-draft or --q)")
     check_time_budget(args.time_budget)
@@ -1018,14 +1117,25 @@ def cmd_tune(args) -> int:
             if draft.config.moe_layers:
                 draft.set_placement(f"*={draft.device}")
         routing = RoutingStats.read_hotness_csv(args.routing) if args.routing else None
-        settings = TuneSettings(fast=args.fast, caps=caps, qs=qs, time_budget=args.time_budget, prompts=prompts,
-                                routing=routing, calibrate=not args.no_calibrate)  # fmt: skip
+        settings = TuneSettings(fast=args.fast, caps=caps, qs=qs, modes=args.modes, time_budget=args.time_budget,
+                                prompts=prompts, routing=routing, calibrate=not args.no_calibrate)  # fmt: skip
+        constraints, kl = [], None
+        if args.max_kl is not None:
+            from .quality import KLLimit
+
+            limit = KLLimit.for_model(args.max_kl, target, prompts=prompts, tokens=QUALITY_TOKENS)
+            kl = KLConstraint(limit, target.device)
+            constraints.append(kl)
         progress = _ProgressLine() if sys.stderr.isatty() else None
-        tuning = Tuning(target, draft, settings, on_progress=progress)
+        tuning = Tuning(target, draft, settings, on_progress=progress, constraints=constraints)
         result, interrupted = _run_interruptible(tuning)
         if progress is not None:
             progress.clear()
-        doc = report(result)
+        doc = report(result, None if kl is None else kl.cost)
+        doc["max_kl"] = args.max_kl
+        if args.max_kl is not None and args.modes == ("reference",):
+            doc["notes"].append(f"--max-kl {args.max_kl:g}: only the reference mode was searched, which costs "
+                                "nothing: nothing to exclude (add --modes reference,owner_local)")  # fmt: skip
         if args.routing:
             doc["routing"] = args.routing
         doc["model"] = str(target.checkpoint.folder)

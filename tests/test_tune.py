@@ -122,7 +122,7 @@ def test_the_search_finds_the_best_of_the_space_in_a_fraction_of_a_sweep():
     result = tune.Search(candidates, bench, FAST, time_budget=sweep / 5, clock=bench.clock).run()
     best = max(candidates, key=synthetic_speed)
     chosen = result.chosen()
-    assert chosen.candidate.key == best.key == ("0-2=cpu:0; 3=hostsim:0", 2)
+    assert chosen.candidate.key == best.key == ("0-2=cpu:0; 3=hostsim:0", 2, "reference")
     assert chosen.rung == len(tune.DEFAULT_RUNGS) - 1 and layers_on_fast(chosen.candidate) == 1
     assert not result.stopped and not result.cancelled and result.seconds <= 0.25 * sweep
     # every candidate had a short run; fewer went on at each rung; the long runs went to few
@@ -233,9 +233,73 @@ def test_a_constraint_keeps_a_point_off_the_front_and_out_of_the_choice():
     assert excluded[0] not in result.front and result.chosen().candidate.key != fastest.key
 
 
-def _result(search_result) -> tune.TuneResult:
+def owner_local_faster(c: tune.Candidate) -> float:
+    return synthetic_speed(c) * (1.2 if c.mode == "owner_local" else 1.0)
+
+
+def test_owner_local_points_are_measured_beside_the_reference_and_on_the_front_when_faster():
+    modes = ("reference", "owner_local")
+    candidates, _ = tune.search_space(SHAPE, [PRIMARY, FAST], PRIMARY, FAST, {FAST: 3 * 8 << 20}, qs=(2,),
+                                      modes=modes)  # fmt: skip
+    placements = {c.placement.describe() for c in candidates}
+    assert {(c.placement.describe(), c.mode) for c in candidates} == {(p, m) for p in placements for m in modes}
+    assert [c.mode for c in candidates[:2]] == list(modes) and candidates[0].origin == "one device"
+    # owner_local sums change the output with the placement: not flagged for it
+    bench = FakeBench(owner_local_faster, differs=lambda c: c.mode == "owner_local")
+    result = tune.Search(candidates, bench, FAST, time_budget=1e6, clock=bench.clock).run()
+    assert result.front and all(p.candidate.mode == "owner_local" for p in result.front)
+    chosen = result.chosen()
+    assert chosen.candidate.mode == "owner_local" and not chosen.same_as_reference and not chosen.flagged
+    assert {"reference", "owner_local"} == {p.candidate.mode for p in result.points}
+    doc = tune.report(_result(result, modes))
+    assert doc["differing"] == [] and doc["excluded"] == [] and doc["modes"] == list(modes)
+    assert {p["mode"] for p in doc["front"]} == {"owner_local"} and doc["chosen"]["mode"] == "owner_local"
+    shown = tune.text(doc)
+    assert "DIFFERS" not in shown and "mode reference, owner_local" in shown and " own " in shown
+
+
+def test_a_reference_point_that_differs_is_still_flagged_beside_owner_local_ones():
+    candidates, _ = tune.search_space(SHAPE, [PRIMARY, FAST], PRIMARY, FAST, {FAST: 3 * 8 << 20}, qs=(2,),
+                                      modes=("reference", "owner_local"))  # fmt: skip
+    fastest = max((c for c in candidates if c.mode == "reference"), key=synthetic_speed)
+    bench = FakeBench(synthetic_speed, differs=lambda c: c.mode == "owner_local" or c.key == fastest.key)
+    result = tune.Search(candidates, bench, FAST, time_budget=1e6, clock=bench.clock).run()
+    assert [p.candidate.key for p in result.points if p.flagged] == [fastest.key]
+    assert result.chosen().candidate.key != fastest.key
+
+
+def test_a_constraint_on_the_mode_keeps_owner_local_off_the_front_and_reports_why():
+    modes = ("reference", "owner_local")
+    candidates, _ = tune.search_space(SHAPE, [PRIMARY, FAST], PRIMARY, FAST, {FAST: 3 * 8 << 20}, qs=(2,),
+                                      modes=modes)  # fmt: skip
+    bench = FakeBench(owner_local_faster, differs=lambda c: c.mode == "owner_local")
+    rule = lambda p: "owner_local: mean KL 0.5 nats > --max-kl 0.1" if p.candidate.mode == "owner_local" else None  # noqa: E731
+    result = tune.Search(candidates, bench, FAST, time_budget=1e6, clock=bench.clock, constraints=[rule]).run()
+    assert result.front and all(p.candidate.mode == "reference" for p in result.front)
+    assert result.chosen().candidate.mode == "reference"
+    doc = tune.report(_result(result, modes))
+    assert doc["excluded"] and all(p["mode"] == "owner_local" and "--max-kl" in p["excluded"] for p in doc["excluded"])
+    assert "excluded   owner_local, q 2, " in tune.text(doc)
+
+
+def _result(search_result, modes=("reference",)) -> tune.TuneResult:
     return tune.TuneResult(search_result, PRIMARY, [PRIMARY, FAST], {PRIMARY: None, FAST: 24 << 20}, {}, 10, None,
-                           "given", "the strategies", [])  # fmt: skip
+                           "given", "the strategies", [], modes)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("owner_local,bogus", "--modes owner_local,bogus: unknown mode 'bogus'; expected a comma-separated list of "
+                              "reference, owner_local"),
+        ("reference,", "--modes reference,: an empty mode; expected a comma-separated list of reference, owner_local"),
+    ],
+)  # fmt: skip
+def test_modes_are_known_reduction_modes(text, message):
+    assert tune.parse_modes("owner_local,reference,owner_local") == ("owner_local", "reference")
+    with pytest.raises(ArgumentError) as exc:
+        tune.parse_modes(text)
+    assert str(exc.value) == message
 
 
 @pytest.mark.parametrize("text, qs", [("auto", tune.AUTO_Q), ("3", (3,)), ("8", (8,))])
@@ -262,6 +326,11 @@ def fixture_args(*more):
         (["--no-draft", "--q", "2"], "--q 2: there is no draft to give a length (drop --no-draft or --q)"),
         (["--budget", "hostsim:0"], "--budget 'hostsim:0': expected DEVICE=SIZE, e.g."),
         (["--budget", "hostsim:0=lots"], "--budget 'hostsim:0=lots': size 'lots': expected bytes or a number"),
+        (["--modes", "owner_local,bogus"], "--modes owner_local,bogus: unknown mode 'bogus'; expected a "
+                                           "comma-separated list of reference, owner_local"),
+        (["--max-kl", "-1"], "--max-kl -1: expected a number of nats >= 0"),
+        (["--max-kl", "nan"], "--max-kl nan: expected a number of nats >= 0"),
+        (["--max-kl", "small"], "--max-kl small: expected a number of nats >= 0"),
     ],
 )  # fmt: skip
 def test_bad_arguments_exit_2_naming_them_before_any_model_loads(args, message, tmp_path, monkeypatch, capsys):
@@ -366,3 +435,50 @@ def test_a_tuning_on_an_engine_can_be_cancelled_and_leaves_the_placement_as_it_w
         result = tuning.run()
         timer.join()
         assert result.search.cancelled and target.placement == before
+
+
+def test_a_kl_limit_below_zero_is_refused_by_the_quality_rule_too():
+    from engine.quality import KLLimit
+
+    with pytest.raises(ArgumentError, match="--max-kl -1: expected a number of nats >= 0"):
+        KLLimit(-1, lambda *a: None)
+
+
+def test_owner_local_points_under_max_kl_are_excluded_exactly_where_their_measured_kl_is_over_it(tmp_path, capsys):
+    out = tmp_path / "tuned.yaml"
+    args = ["tune", "--model", str(TARGET), "--no-draft", "--runtime", "hostsim", "--no-calibrate", "--time-budget",
+            "8", "--modes", "reference,owner_local", "--max-kl", "0", "--json", "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["modes"] == ["reference", "owner_local"] and doc["max_kl"] == 0
+    points = doc["points"]
+    assert {p["mode"] for p in points} == {"reference", "owner_local"}
+    for p in points:
+        if p["mode"] == "reference":  # costs nothing, never measured; its hashes one device's
+            assert p["quality"] is None and p["excluded"] is None and p["same_as_reference"]
+        else:
+            kl = p["quality"]["mean_kl"]
+            assert kl >= 0 and p["quality"]["positions"] > 0
+            assert (p["excluded"] is not None) == (kl > 0), p
+            if p["excluded"]:
+                assert "--max-kl 0" in p["excluded"]
+    excluded = {(p["placement"], p["mode"]) for p in points if p["excluded"]}
+    assert {(p["placement"], p["mode"]) for p in doc["excluded"]} == excluded
+    assert not excluded & {(p["placement"], p["mode"]) for p in doc["front"]}
+    chosen = doc["chosen"]
+    assert chosen["excluded"] is None and not chosen["flagged"]
+    profile = load(out)
+    assert profile.run.mode == chosen["mode"] and profile.expectations.output_sha256 == chosen["output_sha256"]
+
+
+def test_the_profile_of_an_owner_local_point_is_written_in_that_mode(tmp_path):
+    from engine.profile import ModelRef, fingerprint
+
+    config = read_config(TARGET)
+    placement = Placement.parse("0=hostsim:0", config)
+    c = tune.Candidate(placement, None, "test", {}, mode="owner_local")
+    hashes = HASHES * 2  # one per demo prompt
+    p = tune.Point(c, [tune.Measurement(8, 1, [10.0], hashes, reference_sha256=HASHES)])
+    ref = ModelRef(path=str(TARGET), fingerprint=fingerprint(TARGET))
+    profile = tune.profile_for(p, tmp_path / "p.yaml", ref, None, PRIMARY, None)
+    assert profile.run.mode == "owner_local" and profile.run.resolved()["mode"] == "owner_local"
