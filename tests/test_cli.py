@@ -84,12 +84,8 @@ def test_bad_model_folder_exits_2_with_one_line(tmp_path, capsys):
         (["--model", "m", "--demo-size", "bench"], "--demo-size: choose the demo pair"),
     ],
 )
-def test_bad_run_options_exit_2_before_any_model_loads(args, message, tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # an empty cache: nothing may get built
-    assert main(["run", *args]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("expertbench: error: ") and message in err and err.count("\n") == 1
-    assert not (tmp_path / "expertbench").exists()
+def test_bad_run_options_exit_2_before_any_model_loads(args, message, refused_before_loading):
+    refused_before_loading(["run", *args], message)
 
 
 def test_placement_and_mode_options(capsys):
