@@ -435,26 +435,26 @@ class Model(_Handle):
         check(lib.eb_model_get_counters(self._live(), mc))
         out = {k: int(getattr(mc, k)) for k in ("joins", "layer_steps", "arena_allocations", "uploads",
                "host_round_trips", "graph_captures", "graph_launches")}  # fmt: skip
-        dc = ffi.new("eb_device_counters *")
         devices = {}
-        for d in self.engine.devices:
-            check(lib.eb_model_device_counters(self._ptr, d.index, dc))
-            devices[d.name] = {k: int(getattr(dc, k)) for k in ("experts_run", "rows", "bytes_to_device",
-                               "bytes_from_device", "waits", "weight_bytes", "allocated_bytes")}  # fmt: skip
-            devices[d.name]["busy_seconds"] = dc.busy_ns / 1e9
+        for name, dc in self._device_counters():
+            devices[name] = {k: int(getattr(dc, k)) for k in ("experts_run", "rows", "bytes_to_device",
+                             "bytes_from_device", "waits", "weight_bytes", "allocated_bytes")}  # fmt: skip
+            devices[name]["busy_seconds"] = dc.busy_ns / 1e9
         out["devices"] = devices
         return out
+
+    def _device_counters(self):
+        """(device name, its eb_device_counters for this model), device by device (the caller holds the lock)."""
+        dc = ffi.new("eb_device_counters *")
+        for d in self.engine.devices:
+            check(lib.eb_model_device_counters(self._ptr, d.index, dc))
+            yield d.name, dc
 
     @_locked
     def busy_seconds(self) -> dict[str, float]:
         """Each device's running total of time spent running kernels (counters()' busy_seconds alone: cheap enough
         to read after every decode step)."""
-        dc = ffi.new("eb_device_counters *")
-        out = {}
-        for d in self.engine.devices:
-            check(lib.eb_model_device_counters(self._ptr, d.index, dc))
-            out[d.name] = dc.busy_ns / 1e9
-        return out
+        return {name: dc.busy_ns / 1e9 for name, dc in self._device_counters()}
 
     @_locked
     def reset_counters(self) -> None:
