@@ -692,9 +692,6 @@ class WorkbenchState(QObject):
         if self.running or self.model is None:
             return False
         self.running = True
-        # While the run decodes, the collector's full passes walk only what the run makes: a pass over every object of
-        # the window (100 000 and more) holds the GIL for 50-100 ms, and the GUI thread would stall that long
-        gc.freeze()
         self._stop.clear()
         self.live.reset(settings.total_tokens)
         side, stop, lock = self._side, self._stop, self._run_lock
@@ -750,6 +747,10 @@ class WorkbenchState(QObject):
             self.sigRunFinished.emit(None)
             self._fail("The run failed", exc)
 
+        # While the run decodes, the collector's full passes walk only what the run makes: a pass over every object of
+        # the window (100 000 and more) holds the GIL for 50-100 ms, and the GUI thread would stall that long. Frozen
+        # here, after everything above that may raise; done or failed thaws them.
+        gc.freeze()
         self.worker.submit(task, done, failed, "decoding")
         self.sigRunStarted.emit()
         return True
