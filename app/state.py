@@ -117,6 +117,7 @@ class RunTrace:
     spans: list[Span]
     metadata: dict
     lost: int = 0  # spans the core had no room for
+    dropped: int = 0  # the oldest steps' spans, not kept (engine.run.TRACE_KEPT_SPANS)
 
     def write(self, path) -> Path:
         """The Chrome trace event JSON (engine.trace.write_chrome_trace; ArgumentError naming the file)."""
@@ -737,7 +738,8 @@ class WorkbenchState(QObject):
                 meta = {"run": self.runs.next_index, "target": m.target_path, "draft": m.draft_path if use_draft
                         else None, "target_device": m.primary, "mode": settings.mode, "precision": settings.precision,
                         "placement": result.placement, "q": settings.q if use_draft else None}  # fmt: skip
-                self.last_trace = RunTrace(meta["run"], spans, meta, result.trace_lost)
+                meta.update(trace_lost=result.trace_lost, trace_dropped=result.trace_dropped)
+                self.last_trace = RunTrace(meta["run"], spans, meta, result.trace_lost, result.trace_dropped)
             record = self._record(result, settings, started, predicted, diagnosis, cost)
             self._after_run(record.index, routing)
 

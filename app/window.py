@@ -599,6 +599,8 @@ class MainWindow(QMainWindow):
             QMessageBox.warning(self, "Cannot export the trace", str(exc))
             return
         lost = f", {trace.lost} lost" if trace.lost else ""
+        if trace.dropped:
+            lost += f"; the run's first {trace.dropped} not kept"
         self.statusBar().showMessage(f"Run {trace.run}'s trace ({len(trace.spans)} spans{lost}) written to {path}: "
                                      "open it in Perfetto", 8000)  # fmt: skip
 

@@ -207,7 +207,8 @@ def cmd_run(args) -> int:
             cost = _quality(eng, args, target_dir, target, prompts, result)
             report["quality"] = None if cost is None else cost.to_dict()
     if args.trace is not None:
-        meta = {k: report.get(k) for k in ("target", "draft", "target_device", "mode", "precision", "placement", "q")}
+        meta = {k: report.get(k) for k in ("target", "draft", "target_device", "mode", "precision", "placement", "q",
+                                           "trace_spans", "trace_lost", "trace_dropped")}  # fmt: skip
         write_chrome_trace(args.trace, run.spans, metadata=meta)
         report["trace"] = str(args.trace)
     if args.json:
@@ -373,6 +374,9 @@ def _print_table(report: dict, result: RunResult, n_prompts: int) -> None:
               f"{report['graph_launches']} recorded parts launched")  # fmt: skip
     if report.get("trace"):
         lost = f", {report['trace_lost']} lost" if report["trace_lost"] else ""
+        if report["trace_dropped"]:
+            lost += (f"; the newest {report['trace_spans'] - report['trace_dropped']} written, the first "
+                     f"{report['trace_dropped']} dropped to keep the trace bounded")  # fmt: skip
         print(f"trace     {report['trace']} ({report['trace_spans']} spans{lost}; open in Perfetto)")
     complete = sum(r.complete for r in result.repeat_results)
     if complete > 1:

@@ -24,6 +24,7 @@ import math
 import statistics
 import threading
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -40,6 +41,9 @@ PRECISIONS = tuple(Context.PRECISIONS)  # and the activation precisions (f32: th
 # combine), whatever its rows: room per layer, plus embed, logits and recorded parts.
 TRACE_ROOM_PER_LAYER = 16
 TRACE_ROOM_EXTRA = 64
+# A traced run keeps its newest spans, whole steps, up to this many (some 40 MB of Span objects; a few thousand
+# decode steps of a wide model): a run of any length stays bounded. Those dropped are counted (trace_dropped).
+TRACE_KEPT_SPANS = 200_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,8 +155,9 @@ class RunResult:
     waits: dict[str, int] = field(default_factory=dict)
     host_round_trips: int = 0
     graph_launches: int = 0
-    trace_spans: int = 0  # with trace=True: spans recorded (DecodeRun.spans holds them), and those lost
-    trace_lost: int = 0
+    trace_spans: int = 0  # with trace=True: spans recorded, those the core had no room for, and those recorded but
+    trace_lost: int = 0  # dropped to keep the run's trace bounded (the oldest steps': DecodeRun.spans holds the
+    trace_dropped: int = 0  # rest, trace_spans - trace_dropped of them)
     kernels: str = ""  # the kernels of the target's runtime (RuntimeInfo.kernel_variant)
     top_k: int | None = None  # experts per token where the target was loaded with another count than its own
     # per repeat, per finished prompt: each generated token's id, runner-up and top-2 logits (engine.diverge)
@@ -241,7 +246,8 @@ class DecodeRun:
     other logits than f32; float weights are read in f32 either way). placement: a Placement or its text form
     ("0-7=cuda:0; 8-15=cpu:0"), applied to the target when the run starts; None keeps the target's current one.
     on_event(StepEvent) is called after every step, on the run's thread. trace: record the per-token trace of both
-    models (engine.trace): each StepEvent carries its step's spans, and DecodeRun.spans collects them all.
+    models (engine.trace): each StepEvent carries its step's spans, and DecodeRun.spans keeps the newest steps'
+    spans, at most trace_keep of them (TRACE_KEPT_SPANS; the older steps' are counted in trace_dropped).
     Everything is checked here, before any run starts.
     """
 
@@ -259,6 +265,7 @@ class DecodeRun:
         placement=None,
         on_event=None,
         trace: bool = False,
+        trace_keep: int = TRACE_KEPT_SPANS,
     ):
         check_mode(mode)
         check_precision(precision)
@@ -289,7 +296,9 @@ class DecodeRun:
         if not isinstance(trace, bool):
             raise ArgumentError(f"trace must be True or False, got {trace!r}")
         self.trace = trace
-        self.spans: list[Span] = []
+        self.trace_keep = _positive("trace_keep (spans kept)", trace_keep)
+        self._kept: deque[tuple[Span, ...]] = deque()  # the newest steps' spans, trace_keep at most in all
+        self._kept_spans = self.trace_dropped = 0
         self._trace_lost = 0
         self._contexts: list[tuple[Context, str]] = []
         self._cancel = threading.Event()
@@ -396,7 +405,8 @@ class DecodeRun:
             result = self._loop(decoder)
             _add_counters(result, models, before, [m.counters() for m in models])
             result.kernels = _kernels(self.target)
-            result.trace_spans, result.trace_lost = len(self.spans), self._trace_lost
+            result.trace_spans = self._kept_spans + self.trace_dropped
+            result.trace_lost, result.trace_dropped = self._trace_lost, self.trace_dropped
             return result
         finally:
             if draft_ctx is not None:
@@ -464,8 +474,20 @@ class DecodeRun:
             self._trace_lost += ctx.trace_lost
             ctx.trace_lost = 0
         spans.sort(key=lambda s: s.start_ns)
-        self.spans += spans
-        return tuple(spans)
+        step = tuple(spans)
+        if step:
+            self._kept.append(step)
+            self._kept_spans += len(step)
+            while self._kept_spans > self.trace_keep and len(self._kept) > 1:  # the newest step stays whole
+                n = len(self._kept.popleft())
+                self._kept_spans -= n
+                self.trace_dropped += n
+        return step
+
+    @property
+    def spans(self) -> list[Span]:
+        """The traced spans kept (the newest steps', oldest first; read it after the run)."""
+        return [s for step in self._kept for s in step]
 
     def _summary(self, reps: list[RepeatResult], outputs: list[list[list[int]]], seconds: float) -> RunResult:
         complete = [r for r in reps if r.complete]

@@ -10,7 +10,7 @@ from fixture_paths import FIXTURES
 
 from engine.cli import main
 from engine.demo import ensure_demo_pair
-from engine.errors import RangeError
+from engine.errors import ArgumentError, RangeError
 from engine.model import Engine
 from engine.run import DecodeRun
 from engine.trace import SPAN_KINDS, chrome_trace, overlap_ns
@@ -143,3 +143,39 @@ def test_run_trace_to_a_missing_folder_fails_before_loading(tmp_path, capsys):
 def test_chrome_trace_of_no_spans_is_still_valid():
     doc = chrome_trace([])
     assert [e["ph"] for e in doc["traceEvents"]] == ["M"]
+
+
+def test_a_traced_run_keeps_its_newest_steps_spans_bounded_and_counts_the_rest(engine):
+    """A long traced run keeps the newest whole steps up to trace_keep spans; the older are counted as dropped, and
+    what is kept is what an unbounded run of the same settings kept last."""
+    model = engine.load(FIXTURES / "qwen3moe-f32", device="hostsim:0")
+    try:
+        model.set_placement("*=hostsim:0; 0=cpu:0")
+        events = []
+        full = DecodeRun(model, prompts=[[1, 2, 3]], tokens_per_prompt=12, trace=True, on_event=events.append)
+        whole = full.run()
+        steps = [e.spans for e in events if e.spans]
+        per_step = max(len(s) for s in steps)
+        keep = 3 * per_step
+        bounded = DecodeRun(model, prompts=[[1, 2, 3]], tokens_per_prompt=12, trace=True, trace_keep=keep)
+        result = bounded.run()
+    finally:
+        model.close()
+    assert whole.trace_dropped == 0 and whole.trace_spans == len(full.spans) == sum(map(len, steps))
+    kept = bounded.spans
+    assert 0 < len(kept) <= keep < result.trace_spans
+    assert result.trace_dropped == result.trace_spans - len(kept) > 0
+    assert result.trace_spans == whole.trace_spans  # the same steps were traced; only fewer kept
+    newest = [(s.kind, s.device, s.layer, s.token) for s in kept]
+    expected = [(s.kind, s.device, s.layer, s.token) for s in full.spans[-len(kept) :]]
+    assert newest == expected  # the newest steps', oldest first
+
+
+@pytest.mark.parametrize("keep", [0, -1, 2.5, True, "100"])
+def test_trace_keep_must_be_a_positive_count(engine, keep):
+    model = engine.load(FIXTURES / "qwen3moe-f32")
+    try:
+        with pytest.raises(ArgumentError, match=r"trace_keep \(spans kept\) = .*expected a positive integer"):
+            DecodeRun(model, prompts=[[1, 2, 3]], tokens_per_prompt=2, trace=True, trace_keep=keep)
+    finally:
+        model.close()
