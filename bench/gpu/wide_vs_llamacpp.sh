@@ -7,11 +7,19 @@
 # count on both sides (THREADS, default all cores), 128 decoded tokens, 5 repetitions; llama-bench's KV cache is
 # f16, ours f32. Also the HBM read ceiling (bench/gpu/hbm_read.cu) and the all-GPU step's kernel times (ncu).
 # Needs the wheels of run_on_device.sh in .whl/.
-#   bash bench/gpu/wide_vs_llamacpp.sh [build] [gpu] [cpu] [kernels] [tests] [quick]   (default: the first four)
+#   bash bench/gpu/wide_vs_llamacpp.sh [build] [gpu] [cpu] [kernels] [tests] [quick] [quant] [mixed]
+#   (default: the first four)
 # or, on a short lease, the build in parts with ours measured first (the pip install done before the second starts):
 #   bash S llama > $OUT/llama_build.txt 2>&1 & L=$!; sleep 15; bash S gguf ours-gpu; wait $L; bash S llama-gpu
 # quick: for trying a kernel change, ours alone on two layers of the wide shape (2.6 GB, built in /tmp in seconds
 # rather than the 10 GB demo): every expert on the GPU, decode tok/s and the step's kernel times.
+# quant: the wide target as our demo's own GGUF files (`demo-model --size wide --format gguf --quant Q`, written as
+# llama.cpp quantizes: Q8_0 everywhere, or MXFP4 experts and Q8_0 elsewhere = MXFP4_MOE), for each Q of $QUANTS
+# (default "q8_0 mxfp4"; each file takes some 4 minutes to write): ours (gpu_primary.py) and llama-bench on that
+# one file, the four rows of the BF16 table. Needs llama.cpp's build (the llama or build step) for its side.
+# mixed: experts split within layers between cuda:0 and cpu:0 on the wide demo: the per-token trace's overlap of
+# the two owners (bench/overlap.py) and the cost model's prediction against the measured speed for every placement
+# of bench/costmodel.py (the aim: within 10 % for each).
 # Each step keeps what it made (the builds, the demo, the GGUF) for the next call on a machine still warm.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -136,6 +144,28 @@ PY
             CUDA_VISIBLE_DEVICES= $B/llama-bench -m "$GGUF" -ngl 0 -t "$THREADS" -p 0 -n 128 -r 5 -o md 2>&1 |
                 tee "$OUT/llama_cpu_only.md"
         fi ;;
+    quant)
+        build_ours || exit 1
+        for q in ${QUANTS:-q8_0 mxfp4}; do
+            python3 -m engine demo-model --size wide --format gguf --quant "$q" | tail -1
+            Q=$(python3 -c "from engine.demo import ensure_demo_pair; print(ensure_demo_pair('wide', format='gguf', quant='$q').target)")
+            [ -f "$Q" ] || { echo "no wide $q GGUF"; continue; }
+            python3 bench/gpu_primary.py --model "$Q" --tokens 128 --repeats 5 --threads "$THREADS" \
+                --json "$OUT/gpu_primary_wide_$q.json" | tail -8
+            n=$(python3 -c "from engine.checkpoint import Checkpoint; print(Checkpoint.open('$Q').config.num_layers)")
+            [ -x $B/llama-bench ] || { echo "llama-bench not built: run the llama step first"; continue; }
+            $B/llama-bench -m "$Q" -ngl 99 -ncmoe "0,$((n / 2)),$n" -t "$THREADS" -p 0 -n 128 -r 5 -o md 2>&1 |
+                tee "$OUT/llama_wide_$q.md"
+            CUDA_VISIBLE_DEVICES= $B/llama-bench -m "$Q" -ngl 0 -t "$THREADS" -p 0 -n 128 -r 5 -o md 2>&1 |
+                tee -a "$OUT/llama_wide_$q.md"
+        done ;;
+    mixed)
+        build_ours || exit 1
+        python3 -m engine demo-model --size wide | tail -1
+        python3 bench/overlap.py --primary cuda:0 --peer cpu:0 --size wide --threads "$THREADS" --tokens 64 \
+            --rounds 3 --json "$OUT/overlap_cuda_wide.json" | tail -6
+        python3 bench/costmodel.py --size wide --primary cuda:0 --peer cpu:0 --threads "$THREADS" --repeats 3 \
+            --json "$OUT/costmodel_cuda_wide.json" | tail -16 ;;
     kernels) # the all-GPU decode step per kernel: 6 steps less 2
         GGUF=$(cat /tmp/gguf.path)
         for n in 2 6; do
