@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from engine.checkpoint import Checkpoint
-from engine.errors import CheckpointError, EngineError, ModuleLoadError, RangeError, UnsupportedError
+from engine.errors import CheckpointError, EngineError, ModuleLoadError, OutOfMemoryError, RangeError, UnsupportedError
 from engine.model import Engine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -604,6 +604,57 @@ def test_truncate_beyond_int32(ctx):
     with pytest.raises(RangeError, match=rf"truncate to position {2**40}: expected 0\.\.3"):
         ctx.truncate(2**40)
     assert ctx.position == 3
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Devices without room
+
+
+def hostsim_free(eng: Engine) -> int:
+    return next(d.memory_free for d in eng.devices if d.name == "hostsim:0")
+
+
+def test_prefill_without_room_for_its_staging_on_a_device_is_an_error_and_the_context_still_works():
+    """hostsim:0 holds every expert and has room left for a short batch's staging, not a long one's: the long prefill
+    raises an error naming the device, what it needed and what it had (it used to wait on a completion event never
+    created, and crash the process), and then the same context runs short prefills and decodes as without a limit."""
+    moe, prompt = FIXTURES / "qwen3moe-f32", list(range(1, 41))
+    with Engine(runtimes=("cpu", "hostsim")) as eng, eng.load(moe) as model:
+        model.set_placement("*=hostsim:0")
+        weights = model.counters()["devices"]["hostsim:0"]["weight_bytes"]
+        with model.context(64) as ctx:
+            want_short = ctx.prefill(prompt[:3])
+            want_next = ctx.decode([4])
+            ctx.truncate(0)
+            want_long = ctx.prefill(prompt)
+    limits = {"hostsim": {"memory_limit": weights + 48_000}}
+    with Engine(runtimes=("cpu", "hostsim"), runtime_options=limits) as eng, eng.load(moe) as model:
+        model.set_placement("*=hostsim:0")
+        with model.context(64) as ctx:
+            free = hostsim_free(eng)
+            for _ in range(2):  # the failure leaves nothing behind that makes the next one different
+                with pytest.raises(OutOfMemoryError) as err:
+                    ctx.prefill(prompt)
+                found = re.fullmatch(
+                    r"hostsim:0: out of device memory: the staging of a batch of 40 tokens \(\d+ expert rows\) needs "
+                    r"(\d+) bytes, (\d+) free \(of (\d+)\): evaluate fewer tokens at a time, or place fewer experts "
+                    r"on hostsim:0",
+                    str(err.value),
+                )
+                assert found, str(err.value)
+                need, left, total = map(int, found.groups())
+                assert left < need and total == weights + 48_000
+                assert ctx.position == 0
+            np.testing.assert_array_equal(ctx.prefill(prompt[:3]), want_short)
+            np.testing.assert_array_equal(ctx.decode([4]), want_next)
+            with pytest.raises(OutOfMemoryError, match="hostsim:0: out of device memory"):
+                ctx.prefill(prompt[4:])
+            assert ctx.position == 4
+            # in batches that fit, the long prompt gives the logits it gives without a limit
+            ctx.truncate(0)
+            got = np.concatenate([ctx.prefill(prompt[i : i + 4]) for i in range(0, len(prompt), 4)])
+            np.testing.assert_array_equal(got, want_long)
+        assert hostsim_free(eng) == free  # the context's staging went with it
 
 
 # ---------------------------------------------------------------------------------------------------------------

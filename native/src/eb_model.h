@@ -234,6 +234,8 @@ void eb_model_release(eb_model *m);
  * where its outputs are. */
 int eb_dispatch_peers(eb_context *c, const eb_layer *L, int64_t n, int inline_dev);
 int eb_join_peers(eb_context *c);
+/* The same join on a failure's path: what was queued is waited for, and the error being reported is kept. */
+void eb_drain_peers(eb_context *c);
 /* A device's event in *slot, created the first time (a context's events are kept until it is freed). */
 int eb_context_event(eb_context *c, int d, void **slot);
 

@@ -337,7 +337,7 @@ int eb_block_moe(eb_step *s, int l) {
     } else {
         if ((st = eb_dispatch_peers(c, &m->layers[l], n, -1))) return st;
         if ((st = shared_experts(s, l))) {
-            (void)eb_join_peers(c);
+            eb_drain_peers(c);
             return st;
         }
         t0 = trace_now(c);

@@ -336,11 +336,27 @@ void eb_scheduler_release(eb_context *c) {
     }
 }
 
-static int grow(eb_context *c, int d, size_t host_bytes, size_t dev_bytes) {
+/* A device allocation for the arena: half as much again as asked, so that slightly larger batches reuse it, or, where
+ * that does not fit, just what was asked. */
+static int arena_alloc(const eb_runtime *r, int local, size_t bytes, void **mem, size_t *cap, char *err, size_t errlen) {
+    size_t roomy = eb_align(bytes + bytes / 2);
+    if (r->table->mem_alloc(r->rt, local, roomy, mem, err, errlen) == 0) {
+        *cap = roomy;
+        return 0;
+    }
+    *cap = eb_align(bytes);
+    return r->table->mem_alloc(r->rt, local, *cap, mem, err, errlen);
+}
+
+/* The arenas of device d grown to hold a step of n tokens and n_pairs (token, expert) pairs. On failure the arena
+ * that could not grow is left empty (the next step allocates it again) and the error names the device, what the step
+ * needed and what the device had. */
+static int grow(eb_context *c, int d, int64_t n, int64_t n_pairs, size_t host_bytes, size_t dev_bytes) {
     eb_model *m = c->model;
     eb_engine *eng = m->engine;
     eb_arena *a = &c->arena[d];
     const eb_runtime *r = eb_device_runtime(eng, d);
+    const char *name = eng->devices[d].name;
     int local = eng->devices[d].local;
     char err[512] = "";
     int st;
@@ -350,20 +366,31 @@ static int grow(eb_context *c, int d, size_t host_bytes, size_t dev_bytes) {
         a->host = NULL;
         a->host_cap = 0;
         if ((st = r->table->host_alloc(r->rt, cap, &a->host, err, sizeof err)) != 0)
-            return eb_fail(st, "staging arena for %s: %s", eng->devices[d].name, err);
+            return eb_fail(st, "%s: out of host memory: the staging of a batch of %lld tokens (%lld expert rows) "
+                               "needs %zu bytes: %s", name, (long long)n, (long long)n_pairs, cap, err);
         a->host_cap = cap;
         m->counters.model.arena_allocations++;
     }
     if (dev_bytes > a->dev_cap) {
-        size_t cap = eb_align(dev_bytes + dev_bytes / 2);
-        if (a->dev) {
+        size_t cap = 0;
+        if (a->dev) { /* freed first: where memory is tight, the larger one fits only in place of the old */
             r->table->mem_free(r->rt, local, a->dev);
             m->arena_bytes[d] -= a->dev_cap;
         }
         a->dev = NULL;
         a->dev_cap = 0;
-        if ((st = r->table->mem_alloc(r->rt, local, cap, &a->dev, err, sizeof err)) != 0)
-            return eb_fail(st, "device staging arena on %s: %s", eng->devices[d].name, err);
+        if ((st = arena_alloc(r, local, dev_bytes, &a->dev, &cap, err, sizeof err)) != 0) {
+            eb_rt_device_info info;
+            char ierr[512] = "";
+            if (r->table->device_info(r->rt, local, &info, ierr, sizeof ierr) != 0)
+                return eb_fail(st, "%s: out of device memory: the staging of a batch of %lld tokens (%lld expert "
+                                   "rows) needs %zu bytes: %s", name, (long long)n, (long long)n_pairs,
+                               eb_align(dev_bytes), err);
+            return eb_fail(st, "%s: out of device memory: the staging of a batch of %lld tokens (%lld expert rows) "
+                               "needs %zu bytes, %llu free (of %llu): evaluate fewer tokens at a time, or place fewer "
+                               "experts on %s", name, (long long)n, (long long)n_pairs, eb_align(dev_bytes),
+                           (unsigned long long)info.memory_free, (unsigned long long)info.memory_total, name);
+        }
         a->dev_cap = cap;
         m->arena_bytes[d] += cap;
         m->counters.model.arena_allocations++;
@@ -380,7 +407,9 @@ int eb_context_event(eb_context *c, int d, void **slot) {
     return st ? eb_fail(st, "an event on %s: %s", eng->devices[d].name, err) : EB_OK;
 }
 
-/* Build one owner's plan (experts ascending, their pairs, its staged tokens), stage and submit its branch. */
+/* Build one owner's plan (experts ascending, their pairs, its staged tokens), stage and submit its branch. Its step
+ * counts pairs (n_pairs, what a join waits for and the reduction reads) only once the branch is queued whole: a
+ * failure before leaves it at 0, and one after part of it was queued waits for that part to finish first. */
 static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int inline_run) {
     eb_model *m = c->model;
     eb_engine *eng = m->engine;
@@ -400,7 +429,7 @@ static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int 
         tl[t] = used ? (int32_t)(staged ? n_tokens : t) : -1;
         n_tokens += used;
     }
-    s->n_pairs = (int32_t)n_pairs;
+    s->n_pairs = 0;
     s->staged = staged;
     s->inline_run = inline_run && !staged;
     if (n_pairs == 0) return EB_OK;
@@ -414,7 +443,8 @@ static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int 
     size_t in_bytes = x_bytes + pt_bytes + pw_bytes;
     size_t y_bytes = eb_align((size_t)(y_rows * H) * sizeof(float));
     size_t scratch = eb_align(eb_rt_expert_scratch_bytes(n_pairs, H, I));
-    int st = grow(c, d, in_bytes + y_bytes + (staged ? 0 : scratch), staged ? in_bytes + y_bytes + scratch : 0);
+    int st = grow(c, d, n, n_pairs, in_bytes + y_bytes + (staged ? 0 : scratch),
+                  staged ? in_bytes + y_bytes + scratch : 0);
     if (st) return st;
     unsigned char *hb = (unsigned char *)c->arena[d].host;
     float *hx = (float *)hb;
@@ -463,8 +493,7 @@ static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int 
         if ((st = r->table->event_record(r->rt, local, c->begun[d], err, sizeof err)))
             return eb_fail(st, "layer experts on %s: %s", eng->devices[d].name, err);
     }
-    ctr->experts_run += (uint64_t)ne;
-    ctr->rows += (uint64_t)n_pairs;
+    size_t y_used = 0;
     if (!staged) {
         b.x = c->xn;
         b.pair_token = pt;
@@ -481,16 +510,26 @@ static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int 
         b.y = (float *)(db + in_bytes);
         b.scratch = db + in_bytes + y_bytes;
         b.scratch_bytes = scratch;
-        size_t y_used = (size_t)(y_rows * H) * sizeof(float);
+        y_used = (size_t)(y_rows * H) * sizeof(float);
         if (!(st = r->table->copy_to_device(r->rt, local, db, hb, in_bytes, 1, err, sizeof err)) &&
             !(st = r->table->expert_ffn(r->rt, local, &b, 1, err, sizeof err)))
             st = r->table->copy_to_host(r->rt, local, s->y, b.y, y_used, 1, err, sizeof err);
-        ctr->bytes_to_device += in_bytes;
-        ctr->bytes_from_device += y_used;
     }
     if (s->inline_run) s->t1 = eb_now_ns();
     else if (!st) st = r->table->event_record(r->rt, local, c->done[d], err, sizeof err);
-    if (st) return eb_fail(st, "layer experts on %s: %s", eng->devices[d].name, err);
+    if (st) {
+        st = eb_fail(st, "layer experts on %s: %s", eng->devices[d].name, err);
+        if (!s->inline_run) { /* what was queued before the failure reads this context's buffers */
+            char ignored[512] = "";
+            (void)r->table->synchronize(r->rt, local, ignored, sizeof ignored);
+        }
+        return st;
+    }
+    s->n_pairs = (int32_t)n_pairs;
+    ctr->experts_run += (uint64_t)ne;
+    ctr->rows += (uint64_t)n_pairs;
+    ctr->bytes_to_device += staged ? in_bytes : 0;
+    ctr->bytes_from_device += y_used;
     return EB_OK;
 }
 
@@ -502,8 +541,15 @@ int eb_dispatch_peers(eb_context *c, const eb_layer *L, int64_t n, int inline_de
     for (int d = 0; d < eng->n_devices && st == EB_OK; d++)
         if (d != m->primary && d != inline_dev) st = submit_owner(c, L, d, n, 0);
     if (st == EB_OK && inline_dev >= 0) st = submit_owner(c, L, inline_dev, n, 1);
-    if (st) (void)eb_join_peers(c); /* what was queued reads this context's buffers: let it finish */
+    if (st) eb_drain_peers(c); /* what was queued reads this context's buffers: let it finish */
     return st;
+}
+
+void eb_drain_peers(eb_context *c) {
+    char first[1024]; /* the error being reported, kept over the join's */
+    eb_copy_str(first, sizeof first, eb_last_error());
+    (void)eb_join_peers(c);
+    (void)eb_fail(EB_OK, "%s", first);
 }
 
 int eb_join_peers(eb_context *c) {
