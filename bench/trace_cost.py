@@ -73,8 +73,10 @@ def main() -> int:
     return 0
 
 
-def in_window(args) -> int:
-    """The window's runs with the device timeline open and closed, in turns."""
+def demo_window(size: str, tokens: int, q: int):
+    """The window offscreen (1600x1000, the wide arrangement, every panel shown) on the demo pair, cpu:0 the primary
+    with half of every MoE layer's experts on hostsim:0, its run panel set for the four demo prompts x `tokens`, one
+    pass, the draft proposing `q` (0: no draft): (app, window, placement)."""
     import tempfile
 
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -91,7 +93,7 @@ def in_window(args) -> int:
     state = window.state
     state.keep_history = False  # the user's run history is not touched
     state.open_engine(lambda: Engine(runtimes=("cpu", "hostsim")))
-    state.load_models(None, primary="cpu:0", demo=args.size)
+    state.load_models(None, primary="cpu:0", demo=size)
     window.resize(1600, 1000)
     window.show()
     _wait(app, state.sigModelChanged, done=lambda: state.model is not None)
@@ -101,27 +103,42 @@ def in_window(args) -> int:
     state.set_placement(half, "half of every layer's experts on hostsim:0")
     _wait(app, state.sigPlacementApplied, done=lambda: not state.busy)
     panel = window.run_panel
-    panel.tokens.setValue(args.tokens)
+    panel.tokens.setValue(tokens)
     panel.repeats.setValue(1)
-    panel.q.setValue(args.q or 1)
-    panel.draft_check.setChecked(bool(args.q))
+    panel.q.setValue(q or 1)
+    panel.draft_check.setChecked(bool(q))
     panel.prompts.setPlainText("\n".join(DEMO_PROMPTS))
-    speeds: dict[str, list[float]] = {"untraced": [], "traced_and_drawn": [], "untraced_live_plots_closed": []}
-    records = []
+    return app, window, half
+
+
+def window_run(app, window):
+    """One run started as the Start button starts it; its record once the window is idle again."""
+    from app.screenshot import _wait
+
+    state, records = window.state, []
     state.sigRunFinished.connect(records.append)
+    window.act_start.trigger()
+    _wait(app, state.sigRunFinished, done=lambda: bool(records))
+    _wait(app, state.sigBusyChanged, done=lambda: not state.busy)
+    state.sigRunFinished.disconnect(records.append)
+    return records[0]
+
+
+def in_window(args) -> int:
+    """The window's runs with the device timeline open and closed, in turns."""
+    app, window, half = demo_window(args.size, args.tokens, args.q)
+    state = window.state
+    speeds: dict[str, list[float]] = {"untraced": [], "traced_and_drawn": [], "untraced_live_plots_closed": []}
     for _round in range(args.rounds + 1):  # the first round warms up and is not counted
         for key in speeds:
             traced = key == "traced_and_drawn"
             state.trace_runs = traced
             window.docks["plots"].setVisible(key != "untraced_live_plots_closed")
             app.processEvents()
-            records.clear()
-            window.act_start.trigger()
-            _wait(app, state.sigRunFinished, done=lambda: bool(records))
-            _wait(app, state.sigBusyChanged, done=lambda: not state.busy)
+            record = window_run(app, window)
             assert (state.last_trace is not None) == traced
             if _round:
-                speeds[key].append(records[0].decode_tokens_per_second)
+                speeds[key].append(record.decode_tokens_per_second)
     state.saved_placement = state.placement
     window.close()
     off, on = statistics.median(speeds["untraced"]), statistics.median(speeds["traced_and_drawn"])
