@@ -1,11 +1,17 @@
 """Live plots: rolling decode tokens/s and acceptance of the current run, per-run speed and output hash, and a strip
 of the devices (how busy each was in the last run, or its share of the experts' bytes).
 
-The live curves are redrawn by a timer (20 Hz) from the state's LiveBuffer, one setData each; the per-run
-plots are redrawn when the history changes. Per run, a point is the median decode tokens/s over the run's passes,
-with the slowest and the fastest pass as whiskers when the run record carries them; consecutive runs are joined
-by a line only when they share their settings (placement, mode, precision, draft and q, tokens) and both ran to
-the end. Every y axis starts at 0. A plot with nothing to show says so and shows no axes.
+The live curves are redrawn by a timer (20 Hz) from the state's LiveBuffer, one setData each, while the panel is
+shown; the per-run plots are redrawn when the history changes. The live plots keep their ranges while the data stays
+inside them: x from the run's start (its first second at first), y from 0, each grown to a round bound with headroom
+only when the data passes it, and set anew at a run's start, as the device timeline keeps its own. A new range lays
+the axes out anew (their ticks, labels and grid); done at every redraw, it held the GIL that the run's thread takes
+back after every engine call, and a run decoded at half its speed with the panel shown.
+
+Per run, a point is the median decode tokens/s over the run's passes, with the slowest and the fastest pass as
+whiskers when the run record carries them; consecutive runs are joined by a line only when they share their settings
+(placement, mode, precision, draft and q, tokens) and both ran to the end. Every y axis starts at 0. A plot with
+nothing to show says so and shows no axes.
 """
 
 from __future__ import annotations
@@ -16,13 +22,18 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt, QTimer, Slot
 from PySide6.QtGui import QColor, QPainter
-from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QGraphicsItem, QGridLayout, QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from . import theme
 from .live import ROLLING_STEPS
 from .state import RunRecord, WorkbenchState, format_bytes
 
 REFRESH_HZ = 20
+LIVE_HEADROOM = 1.15  # a live plot's range, when it grows, leaves this much room above the data
+LIVE_SECONDS = 1.0  # the live plots' time axis at a run's start (it grows when the run passes it)
+Y_STEPS = (1, 1.5, 2, 3, 4, 5, 6, 8)  # the values' bounds: the curve fills most of the plot's height
+X_STEPS = (1, 2, 5)  # the time's: fewer changes (each lays an axis out anew), the whole run still shown
+ACCEPT_TOP = 105.0  # the acceptance plot's y range: 0-100 % and a little room for the curve's top
 NO_DATA = "no data yet: start a run"
 RUNS_TIP = ("Each run's median decode tokens/s over its passes, with whiskers from the slowest to the fastest pass; a "
             "line joins consecutive runs of the same settings only")  # fmt: skip
@@ -114,6 +125,30 @@ def is_empty(plot: pg.PlotWidget) -> bool:
     return plot.no_data.isVisible()
 
 
+def round_above(value: float, steps: tuple[float, ...] = Y_STEPS) -> float:
+    """The least of `steps` times a power of ten at or above value (1 for none above 0): an axis bound whose ticks
+    read well."""
+    if not (value > 0 and math.isfinite(value)):
+        return 1.0
+    power = 10.0 ** math.floor(math.log10(value))
+    return next(m * power for m in (*steps, 10) if m * power >= value * (1 - 1e-12))
+
+
+def steady_top(top: float, needed: float, steps: tuple[float, ...] = Y_STEPS) -> float:
+    """An axis' upper bound that holds while the data stays under it: `top` while `needed` fits, else a round value
+    (round_above) above `needed` with LIVE_HEADROOM (the next growth is then some way off)."""
+    if needed <= top or not math.isfinite(needed):
+        return top
+    return round_above(needed * LIVE_HEADROOM, steps)
+
+
+def _hold_range(plot: pg.PlotWidget, x: tuple[float, float], y: tuple[float, float]) -> None:
+    """Show x and y (no padding) unless the plot already shows them: an unchanged range lays nothing out anew."""
+    shown = [v for pair in plot.viewRange() for v in pair]
+    if any(not math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) for a, b in zip(shown, (*x, *y), strict=True)):
+        plot.setRange(xRange=x, yRange=y, padding=0)
+
+
 def _y_from_zero(plot: pg.PlotWidget, values: np.ndarray, fallback: float = 1.0) -> None:
     finite = values[np.isfinite(values)]
     top = float(finite.max()) if finite.size else 0.0
@@ -133,9 +168,13 @@ class DeviceBar(QWidget):
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
 
     def set_share(self, share: float | None, text: str, tip: str = "") -> None:
+        # drawn anew only when the text or the bar's length (to a thousandth) changed: during a run it is set 20
+        # times a second
+        drawn = (self.text, None if self.share is None else round(self.share, 3))
         self.share, self.text = share, text
         self.setToolTip(f"{self.device}: {tip or text}")
-        self.update()
+        if drawn != (text, None if share is None else round(share, 3)):
+            self.update()
 
     def paintEvent(self, event) -> None:
         c = theme.colors()
@@ -277,6 +316,15 @@ class LivePlots(QWidget):
         for curve in (self.rate_curve, self.accept_curve):
             curve.setClipToView(True)
             curve.setDownsampling(auto=True, method="peak")
+        for plot in (self.rate_plot, self.accept_plot):
+            plot.getPlotItem().getViewBox().disableAutoRange()  # refresh_live sets the ranges
+            for axis in ("left", "bottom"):
+                # An axis draws its grid over the whole plot: each new curve would replay its drawing. Cached as a
+                # pixmap, it is drawn anew only when its range or size changes.
+                plot.getAxis(axis).setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
+        self._empty: dict[pg.PlotWidget, bool | None] = {self.rate_plot: None, self.accept_plot: None}
+        self.x_top, self.y_top = LIVE_SECONDS, 0.0  # the live plots' upper bounds (time s, tokens/s), grown in a run
+        self._stale = False  # a redraw was skipped while the panel was hidden
         self.runs_whiskers = pg.ErrorBarItem(x=np.zeros(0), y=np.zeros(0), beam=0.25, pen=pg.mkPen(accent, width=1.2))
         self.runs_plot.addItem(self.runs_whiskers)
         self.runs_curve = self.runs_plot.plot(pen=pg.mkPen(accent, width=1.5), symbol="o", symbolSize=7,
@@ -317,8 +365,14 @@ class LivePlots(QWidget):
         super().resizeEvent(event)
         self.refresh_runs()  # as many hash labels as the width has room for, the legend where it fits
 
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        if self._stale:  # what came while the panel was hidden
+            self.refresh_live()
+
     @Slot()
     def _started(self) -> None:
+        self.x_top, self.y_top = LIVE_SECONDS, 0.0  # each run its own ranges
         self.refresh_live()
         self.timer.start()
 
@@ -327,22 +381,34 @@ class LivePlots(QWidget):
         self.timer.stop()
         self.refresh_live()
 
+    def _set_empty(self, plot: pg.PlotWidget, empty: bool) -> None:
+        """set_empty when the plot's empty state changes (showing or hiding its axes lays the plot out anew)."""
+        if self._empty[plot] != empty:
+            self._empty[plot] = empty
+            set_empty(plot, empty)
+
     @Slot()
     def refresh_live(self) -> None:
+        """Redraw the live curves and the device strip, nothing while the panel is hidden (showEvent catches up)."""
+        self._stale = not self.isVisible()
+        if self._stale:
+            return
         if self.state.running:
             self.devices.refresh()  # the live busy shares
         t, rate, accept = self.state.live.snapshot()
         self.rate_curve.setData(t, rate, connect="finite")
         ok = np.isfinite(accept)
         self.accept_curve.setData(t[ok], accept[ok])
-        set_empty(self.rate_plot, len(t) == 0)
-        set_empty(self.accept_plot, not ok.any())
-        if len(t):
-            self.rate_plot.enableAutoRange(x=True)
-            _y_from_zero(self.rate_plot, rate)
+        self._set_empty(self.rate_plot, len(t) == 0)
+        self._set_empty(self.accept_plot, not ok.any())
+        if not len(t):
+            return
+        self.x_top = steady_top(self.x_top, float(t[-1]), X_STEPS)  # time runs forward: the last point is the latest
+        finite = rate[np.isfinite(rate)]
+        self.y_top = steady_top(self.y_top, float(finite.max()) if finite.size else 0.0)
+        _hold_range(self.rate_plot, (0.0, self.x_top), (0.0, self.y_top or 1.0))
         if ok.any():
-            self.accept_plot.enableAutoRange(x=True)
-            self.accept_plot.setYRange(0, 100, padding=0.05)
+            _hold_range(self.accept_plot, (0.0, self.x_top), (0.0, ACCEPT_TOP))
 
     @Slot()
     def refresh_runs(self) -> None:
