@@ -79,9 +79,9 @@ def start_run(window, tokens, repeats=1):
 
 def test_a_run_fills_a_lane_per_device_with_spans_by_kind_and_the_gui_keeps_answering(qtbot, make_window):
     """The stall is measured while the timeline draws a decoding run: from its first drawn step to the run's last
-    step, with the live plots' panel closed (their own redraws at 20 Hz are not the timeline's; with them the longest
-    stall was 50-80 ms on a busy 2-core machine, untraced too). The run's start is not counted: the window stalls
-    40-60 ms there before anything is traced or drawn (the first step reaching the panels)."""
+    step, with the live plots' panel closed (their own redraws at 20 Hz are not the timeline's: bench/live_plots_cost.py
+    measures those, 36-53 ms at most on a busy 2-core machine, untraced too). The run's start is not counted: the
+    window stalls 40-60 ms there before anything is traced or drawn (the first step reaching the panels)."""
     window = wide_window(qtbot, make_window)
     state, timeline = window.state, window.timeline
     assert state.trace_runs and timeline.kinds_shown() == {} and "no trace yet" in timeline.caption.text()
