@@ -688,6 +688,14 @@ class WorkbenchState(QObject):
     def has_draft(self) -> bool:
         return self.model is not None and self.model.draft_path is not None
 
+    def submit_with_models(self, fn: Callable[[Model | None, Model | None], object], on_done=None, on_error=None,
+                           label: str = "working") -> None:  # fmt: skip
+        """Run fn(target, draft) on the engine thread, after what is queued there, with the loaded models (None where
+        none is loaded); on_done(result) or on_error(exc) then run on the GUI thread. For engine work of a panel's
+        own (the Tune panel's tuning): fn is the only code that may touch the models, and only while it runs."""
+        side = self._side
+        self.worker.submit(lambda: fn(side.target, side.draft), on_done, on_error, label)
+
     def start_run(self, settings: RunSettings) -> bool:
         """Start a decode run on the engine thread (after any pending placement); False if one is running."""
         if self.running or self.model is None:

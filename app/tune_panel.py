@@ -1,6 +1,6 @@
 """The Tune panel: engine.tune's measured search on the loaded pair, its Pareto front, and a point to keep.
 
-Start runs the tuning on the engine thread (one task of the state's EngineWorker: other engine work waits for it);
+Start runs the tuning on the engine thread (WorkbenchState.submit_with_models: other engine work waits for it);
 its progress comes back as queued signals carrying plain data, so the GUI thread never reads an object the engine
 thread is still filling. Cancel stops it before the next measurement (the run under way at its next step); what was
 measured is still shown. The scatter shows every measured point (grey) and the front (bytes on the fast device
@@ -223,7 +223,7 @@ class TunePanel(QWidget):
             return False
         settings = settings or self.tune_settings()
         use_draft = self.state.has_draft
-        side, relay, lock = self.state._side, self._relay, self._lock
+        relay, lock = self._relay, self._lock
         self.running, self.cancel_asked = True, False
         self.measured, self.front, self.fast = [], [], settings.fast
         self.prompts = list(settings.prompts or DEMO_PROMPTS)
@@ -235,8 +235,8 @@ class TunePanel(QWidget):
             point = None if p.point is None else TunedPoint.of(p.point, self.fast or "")
             relay.sigProgress.emit((replace(p, point=None), point))
 
-        def task():
-            tuning = tune.Tuning(side.target, side.draft if use_draft else None, settings, on_progress=progress)
+        def task(target, draft):
+            tuning = tune.Tuning(target, draft if use_draft else None, settings, on_progress=progress)
             with lock:
                 self.tuning = tuning
                 if self.cancel_asked:
@@ -250,7 +250,7 @@ class TunePanel(QWidget):
             return ([TunedPoint.of(p, s.fast) for p in s.points], [TunedPoint.of(p, s.fast) for p in s.front], s.fast,
                     tune.report(result))  # fmt: skip
 
-        self.state.worker.submit(task, self._finished, self._failed, "tuning")
+        self.state.submit_with_models(task, self._finished, self._failed, "tuning")
         return True
 
     @Slot()
