@@ -3,10 +3,16 @@
 Start runs the tuning on the engine thread (WorkbenchState.submit_with_models: other engine work waits for it);
 its progress comes back as queued signals carrying plain data, so the GUI thread never reads an object the engine
 thread is still filling. Cancel stops it before the next measurement (the run under way at its next step); what was
-measured is still shown. The scatter shows every measured point (grey) and the front (bytes on the fast device
-across, decode tokens/s up; a point whose output differs from one device's is red); hovering a mark says what it is.
+measured is still shown. The scatter shows every measured point (grey; a cross where the KL limit excluded it) and
+the front (bytes on the fast device across, decode tokens/s up; a point whose output differs from one device's is
+red); hovering a mark says what it is.
 Apply puts the selected point's placement in the editor as one undoable edit; Save as profile writes it with its
-q, the prompts and tokens it was measured with, and the hashes it gave.
+q, its mode, the prompts and tokens it was measured with, and the hashes it gave.
+
+"also owner_local" measures every placement in owner_local mode too (TuneSettings.modes, as `tune --modes
+reference,owner_local`); its outputs change with the placement, so they are judged by their mean KL against the
+reference mode, not by hashes: a KL limit excludes the points over it (engine.tune.KLConstraint, as `--max-kl`),
+and they are listed below the front with the reason the command prints.
 """
 
 from __future__ import annotations
@@ -17,8 +23,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pyqtgraph as pg
-from PySide6.QtCore import QObject, Signal, Slot
+from PySide6.QtCore import QObject, Qt, Signal, Slot
+from PySide6.QtGui import QValidator
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QDoubleSpinBox,
     QFileDialog,
@@ -38,6 +46,7 @@ from engine.demo import DEMO_PROMPTS
 from engine.errors import EngineError
 from engine.history import RunSettings, min_accept_rate
 from engine.placement import MIB, Placement
+from engine.quality import KLLimit
 from engine.speculative import MAX_DRAFT_TOKENS
 from engine.strategy import default_fast
 
@@ -45,6 +54,57 @@ from . import profiles
 from .state import WorkbenchState, format_bytes
 
 MEASURED_BRUSH, FRONT_BRUSH, DIFFERS_BRUSH = (150, 150, 150, 120), (40, 120, 220), (220, 50, 50)
+FAST_MODE = "owner_local"  # the mode "also owner_local" adds to the reference mode
+NO_KL_LIMIT = -1.0  # the KL box's "no limit" (below any limit it takes)
+KL_STEPS = (NO_KL_LIMIT, 0.0, *(10.0**e for e in range(-9, 3)))  # its arrows go a decade at a time
+
+
+class KLLimitBox(QDoubleSpinBox):
+    """The most mean KL (nats) an owner_local point may have, or "no limit": numbers of any scale (1e-06), typed or a
+    decade per arrow step; nothing negative, nothing over the maximum."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setDecimals(12)  # a value's own digits are shown (textFromValue), not 12 of them
+        self.setRange(NO_KL_LIMIT, 100.0)
+        self.setSpecialValueText("no limit")
+        self.setSuffix(" nats")
+        self.setValue(NO_KL_LIMIT)
+
+    def limit(self) -> float | None:
+        return None if self.value() < 0 else self.value()
+
+    def textFromValue(self, value: float) -> str:
+        return f"{value:g}"
+
+    def valueFromText(self, text: str) -> float:
+        try:
+            return float(text.removesuffix(self.suffix()).strip())
+        except ValueError:
+            return NO_KL_LIMIT
+
+    def validate(self, text: str, pos: int) -> QValidator.State:
+        t = text.removesuffix(self.suffix()).strip()
+        if t == self.specialValueText():
+            return QValidator.State.Acceptable
+        try:
+            value = float(t)
+        except ValueError:  # a number being typed ('', '.', '1e-') may go on; anything else may not
+            partial = t in ("", ".") or (t[-1:] in "eE-" and t.rstrip("eE-")[-1:].isdigit())
+            return QValidator.State.Intermediate if partial else QValidator.State.Invalid
+        return QValidator.State.Acceptable if 0 <= value <= self.maximum() else QValidator.State.Invalid
+
+    def stepBy(self, steps: int) -> None:
+        value = self.value()
+        apart = lambda v: not math.isclose(v, value, rel_tol=1e-6)  # noqa: E731
+        above = [v for v in KL_STEPS if value < v <= self.maximum() and apart(v)]
+        below = [v for v in KL_STEPS if v < value and apart(v)]
+        for _ in range(abs(steps)):
+            if steps > 0 and above:
+                value = above.pop(0)
+            elif steps < 0 and below:
+                value = below.pop()
+        self.setValue(value)
 
 
 @dataclass(frozen=True)
@@ -63,19 +123,48 @@ class TunedPoint:
     tokens: int
     repeats: int
     accept_rate: float | None
+    mode: str = "reference"
+    mean_kl: float | None = None  # nats against the reference mode (an owner_local point, where a limit measured it)
+    excluded: str | None = None  # why the KL limit keeps it off the front (as `tune` prints it)
 
     @classmethod
-    def of(cls, p: tune.Point, fast: str) -> TunedPoint:
+    def of(cls, p: tune.Point, fast: str, quality=None) -> TunedPoint:
+        """quality(point) -> its measured engine.quality.QualityCost or None (engine.tune.KLConstraint.cost)."""
         lo, hi = p.spread
         m = p.last
+        cost = None if quality is None else quality(p)
         return cls(p.candidate.placement.copy(), p.candidate.q, p.candidate.origin, p.speed, lo, hi, p.fast_bytes(fast),
-                   p.same_as_reference, tuple(m.output_sha256), m.tokens, m.repeats, m.accept_rate)  # fmt: skip
+                   p.same_as_reference, tuple(m.output_sha256), m.tokens, m.repeats, m.accept_rate, p.candidate.mode,
+                   None if cost is None else cost.mean_kl, p.excluded)  # fmt: skip
+
+    @property
+    def key(self) -> tuple[str, int | None, str]:
+        return self.placement.describe(), self.q, self.mode
+
+    @property
+    def flagged(self) -> bool:
+        """A reference-mode point whose output is not one device's (owner_local's output may differ: its KL says)."""
+        return self.mode == "reference" and not self.same
+
+    @property
+    def quality(self) -> str:
+        """How its output was judged, in a word or two: 'same' or 'DIFFERS' (its hashes), 'KL 3e-07' (owner_local)."""
+        if self.mode == "reference":
+            return "same" if self.same else "DIFFERS"
+        return "KL -" if self.mean_kl is None else f"KL {self.mean_kl:.2g}"
 
     def describe(self) -> str:
         q = "no draft" if self.q is None else f"q {self.q}"
-        same = "same output as one device" if self.same else "output DIFFERS from one device"
-        return (f"{self.speed:.1f} tokens/s ({self.low:.1f}-{self.high:.1f}), {q}, {format_bytes(self.fast_bytes)} "
-                f"on the fast device, {same}\n{self.origin}: {self.placement.describe()}")  # fmt: skip
+        if self.mode == "reference":
+            same = "same output as one device" if self.same else "output DIFFERS from one device"
+        elif self.mean_kl is None:
+            same = "its own output (no KL limit: KL not measured)"
+        else:
+            same = f"its own output, mean KL {self.mean_kl:.3g} nats against the reference mode"
+        excluded = f"\nEXCLUDED: {self.excluded}" if self.excluded else ""
+        return (f"{self.speed:.1f} tokens/s ({self.low:.1f}-{self.high:.1f}), {q}, {self.mode}, "
+                f"{format_bytes(self.fast_bytes)} on the fast device, {same}\n{self.origin}: "
+                f"{self.placement.describe()}{excluded}")  # fmt: skip
 
 
 class _Relay(QObject):
@@ -123,11 +212,29 @@ class TunePanel(QWidget):
         self.budget.setSpecialValueText("its room")
         self.budget.setToolTip("The most experts the fast device may hold (0: its room: free memory plus this model's "
                                "experts there, less a tenth for staging)")  # fmt: skip
+        self.owner_local = QCheckBox(f"also {FAST_MODE} (fast, not bit-exact)")
+        self.owner_local.setToolTip(f"Measure every placement in the {FAST_MODE} reduction mode too (tune --modes "
+                                    f"reference,{FAST_MODE}): each device pre-sums its own experts' outputs, so fewer "
+                                    "bytes come back from a peer per token, but the sums are added in another order "
+                                    f"and the output changes with the placement. {FAST_MODE} points are therefore "
+                                    "judged by their mean KL divergence against the reference mode, not by output "
+                                    "hashes")  # fmt: skip
+        self.max_kl = KLLimitBox()
+        self.max_kl.setEnabled(False)
+        self.max_kl.setToolTip(f"The most mean KL divergence, in nats, of an {FAST_MODE} point's next-token "
+                               "distributions against the reference mode (tune --max-kl; measured once per placement, "
+                               f"{tune.QUALITY_TOKENS} tokens per prompt). Points over it are excluded: kept off the "
+                               "front and out of the choice, listed below it with their KL. No limit: nothing is "
+                               "measured or excluded")  # fmt: skip
+        self.owner_local.toggled.connect(self.max_kl.setEnabled)
         for row, pairs in enumerate(((("Time", self.time_budget), ("q", self.q)),
                                      (("Fast", self.fast_device), ("budget", self.budget)))):  # fmt: skip
             for col, (label, widget) in enumerate(pairs):
                 form.addWidget(QLabel(label), row, 2 * col)
                 form.addWidget(widget, row, 2 * col + 1)
+        form.addWidget(self.owner_local, 2, 0, 1, 4)  # a row of its own: the panel stays as narrow as before
+        form.addWidget(QLabel("max KL"), 3, 0)
+        form.addWidget(self.max_kl, 3, 1)
         form.setColumnStretch(1, 1)
         form.setColumnStretch(3, 1)
 
@@ -158,7 +265,8 @@ class TunePanel(QWidget):
         self.front_marks.sigClicked.connect(self._clicked)
 
         self.front_list = QListWidget()
-        self.front_list.setToolTip("The measured front, fewest bytes on the fast device first")
+        self.front_list.setToolTip("The measured front, fewest bytes on the fast device first; below it the points "
+                                   "the KL limit excluded, and why")  # fmt: skip
         self.front_list.setMaximumHeight(90)
         self.apply_button = QPushButton("Apply")
         self.apply_button.setToolTip("Put the selected point's placement in the editor (Edit > Undo takes it back)")
@@ -209,19 +317,26 @@ class TunePanel(QWidget):
         fast = self.fast_device.currentText() or None
         caps = {fast: int(self.budget.value() * MIB)} if fast and self.budget.value() > 0 else {}
         prompts = list(self.settings_source().prompts) if self.settings_source is not None else list(DEMO_PROMPTS)
-        return tune.TuneSettings(fast=fast, caps=caps, qs=self.q.currentData(), time_budget=self.time_budget.value(),
-                                 prompts=prompts or list(DEMO_PROMPTS), routing=self.state.routing_stats,
-                                 calibration=self.state.calibration)  # fmt: skip
+        modes = tune.parse_modes(f"reference,{FAST_MODE}" if self.owner_local.isChecked() else "reference")
+        return tune.TuneSettings(fast=fast, caps=caps, qs=self.q.currentData(), modes=modes,
+                                 time_budget=self.time_budget.value(), prompts=prompts or list(DEMO_PROMPTS),
+                                 routing=self.state.routing_stats, calibration=self.state.calibration)  # fmt: skip
+
+    def kl_limit(self) -> float | None:
+        """The --max-kl the panel asks for: None with no limit, or when only the reference mode is searched (it costs
+        nothing: there is nothing to exclude)."""
+        return self.max_kl.limit() if self.owner_local.isChecked() else None
 
     # ---- running -----------------------------------------------------------------------------------------
 
     @Slot()
-    def start(self, settings: tune.TuneSettings | None = None) -> bool:
+    def start(self, settings: tune.TuneSettings | None = None, max_kl: float | None = None) -> bool:
         """Tune on the engine thread (after what is queued there); False when there is nothing to tune or a tuning
-        runs."""
+        runs. settings and max_kl (the --max-kl in nats; None: no limit): the panel's when settings is None."""
         if self.running or self.state.model is None:
             return False
-        settings = settings or self.tune_settings()
+        if settings is None:
+            settings, max_kl = self.tune_settings(), self.kl_limit()
         use_draft = self.state.has_draft
         relay, lock = self._relay, self._lock
         self.running, self.cancel_asked = True, False
@@ -231,12 +346,19 @@ class TunePanel(QWidget):
         self.status.setText("Waiting for the engine…")
         self._update_buttons()
 
-        def progress(p: tune.Progress) -> None:  # engine thread: copy, then emit
-            point = None if p.point is None else TunedPoint.of(p.point, self.fast or "")
-            relay.sigProgress.emit((replace(p, point=None), point))
-
         def task(target, draft):
-            tuning = tune.Tuning(target, draft if use_draft else None, settings, on_progress=progress)
+            constraints, quality = [], None
+            if max_kl is not None:  # as `tune --max-kl` builds it
+                limit = KLLimit.for_model(max_kl, target, prompts=settings.prompts, tokens=tune.QUALITY_TOKENS)
+                kl = tune.KLConstraint(limit, target.device)
+                constraints, quality = [kl], kl.cost
+
+            def progress(p: tune.Progress) -> None:  # engine thread: copy, then emit
+                point = None if p.point is None else TunedPoint.of(p.point, self.fast or "", quality)
+                relay.sigProgress.emit((replace(p, point=None), point))
+
+            tuning = tune.Tuning(target, draft if use_draft else None, settings, on_progress=progress,
+                                 constraints=constraints)  # fmt: skip
             with lock:
                 self.tuning = tuning
                 if self.cancel_asked:
@@ -247,8 +369,8 @@ class TunePanel(QWidget):
                 with lock:
                     self.tuning = None
             s = result.search
-            return ([TunedPoint.of(p, s.fast) for p in s.points], [TunedPoint.of(p, s.fast) for p in s.front], s.fast,
-                    tune.report(result))  # fmt: skip
+            kept = lambda points: [TunedPoint.of(p, s.fast, quality) for p in points]  # noqa: E731
+            return kept(s.points), kept(s.front), s.fast, tune.report(result, quality)
 
         self.state.submit_with_models(task, self._finished, self._failed, "tuning")
         return True
@@ -275,8 +397,9 @@ class TunePanel(QWidget):
         self.status.setText(text)
         self.last_message = text
         if point is not None:
-            self.measured = [m for m in self.measured if (m.placement, m.q) != (point.placement, point.q)] + [point]
-            self.front = tune.front_of(self.measured, lambda p: p.speed, lambda p: p.fast_bytes)
+            self.measured = [m for m in self.measured if m.key != point.key] + [point]
+            self.front = tune.front_of([m for m in self.measured if m.excluded is None], lambda p: p.speed,
+                                       lambda p: p.fast_bytes)  # fmt: skip
             self._show()
 
     def _finished(self, result) -> None:
@@ -285,14 +408,16 @@ class TunePanel(QWidget):
         differ = len(doc["differing"])
         state = "cancelled: what was measured" if doc["cancelled"] else "done"
         note = f"; {differ} point{'s' if differ > 1 else ''} DIFFER from one device's output" if differ else ""
+        if doc["excluded"]:
+            note += f"; {len(doc['excluded'])} excluded by the KL limit"
         self.status.setText(f"Tuning {state}: {doc['measurements']} measurements of {doc['candidates']} candidates in "
                             f"{doc['seconds']:.0f} s, {len(self.front)} on the front{note}")  # fmt: skip
         self.progress.setRange(0, 1)
         self.progress.setValue(1)
         self._show()
         chosen = doc["chosen"]
-        rows = [i for i, p in enumerate(self.front) if chosen is not None and
-                (p.placement.describe(), p.q) == (chosen["placement"], chosen["q"])]  # fmt: skip
+        rows = [i for i, p in enumerate(self.front)
+                if chosen is not None and p.key == (chosen["placement"], chosen["q"], chosen["mode"])]  # fmt: skip
         if self.front:  # the tuner's choice where it is on the front, else the fastest
             self.front_list.setCurrentRow(rows[0] if rows else len(self.front) - 1)
         self._update_buttons()
@@ -313,19 +438,28 @@ class TunePanel(QWidget):
         mib = lambda p: p.fast_bytes / MIB  # noqa: E731
         finite = [p for p in self.measured if math.isfinite(p.speed)]
         self.measured_marks.setData(x=[mib(p) for p in finite], y=[p.speed for p in finite],
+                                    symbol=["x" if p.excluded else "o" for p in finite],
                                     data=[p.describe() for p in finite])  # fmt: skip
-        brushes = [pg.mkBrush(*(FRONT_BRUSH if p.same else DIFFERS_BRUSH)) for p in self.front]
+        brushes = [pg.mkBrush(*(DIFFERS_BRUSH if p.flagged else FRONT_BRUSH)) for p in self.front]
         self.front_marks.setData(x=[mib(p) for p in self.front], y=[p.speed for p in self.front], brush=brushes,
                                  data=[p.describe() for p in self.front])  # fmt: skip
         self.front_line.setData([mib(p) for p in self.front], [p.speed for p in self.front])
         row = self.front_list.currentRow()
         self.front_list.clear()
+        mixed = any(p.mode != "reference" for p in self.measured)  # the mode said where there is a choice
         for p in self.front:
             q = "-" if p.q is None else p.q
-            same = "same" if p.same else "DIFFERS"
-            self.front_list.addItem(f"{p.speed:8.1f} tok/s  q {q}  {format_bytes(p.fast_bytes):>10}  {same}  "
-                                    f"{p.origin}")  # fmt: skip
+            mode = f"{p.mode}  " if mixed else ""
+            self.front_list.addItem(f"{p.speed:8.1f} tok/s  q {q}  {format_bytes(p.fast_bytes):>10}  {mode}"
+                                    f"{p.quality}  {p.origin}")  # fmt: skip
             self.front_list.item(self.front_list.count() - 1).setToolTip(p.describe())
+        for p in (p for p in self.measured if p.excluded):  # below the front, as `tune` lists them; not to be chosen
+            q = "-" if p.q is None else p.q
+            self.front_list.addItem(f"excluded  {p.mode}, q {q}, {p.origin}: {p.excluded}")
+            item = self.front_list.item(self.front_list.count() - 1)
+            item.setToolTip(p.describe())
+            item.setFlags(Qt.ItemFlag.ItemIsEnabled)
+            item.setForeground(self.palette().placeholderText())
         if 0 <= row < len(self.front):
             self.front_list.setCurrentRow(row)
         self.sigFrontChanged.emit()
@@ -350,14 +484,16 @@ class TunePanel(QWidget):
         if p is None:
             return False
         q = "no draft" if p.q is None else f"q {p.q}"
-        return self.state.set_placement(p.placement, f"tuned placement ({p.origin}; measured with {q})")
+        mode = "" if p.mode == "reference" else f", {p.mode}"
+        return self.state.set_placement(p.placement, f"tuned placement ({p.origin}; measured with {q}{mode})")
 
     def profile_for(self, point: TunedPoint, path: str | Path):
         """The profile of a point (app.profiles.build, checked as the window's saves are), its run settings those it
-        was measured with and its expectations the hashes and acceptance it gave."""
+        was measured with (its mode among them, as `tune --out` writes it) and its expectations the hashes and
+        acceptance it gave."""
         use_draft = point.q is not None
         settings = RunSettings(prompts=list(self.prompts), tokens=point.tokens, repeats=point.repeats,
-                               q=point.q or 2, mode="reference", use_draft=use_draft)  # fmt: skip
+                               q=point.q or 2, mode=point.mode, use_draft=use_draft)  # fmt: skip
         profile = profiles.build(path, self.state.model, point.placement, settings, self.state.routing_stats,
                                  self.state.history, self.state.profile)  # fmt: skip
         profile.expectations.output_sha256 = list(point.output_sha256)
