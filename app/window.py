@@ -714,7 +714,8 @@ class MainWindow(QMainWindow):
         self.resizeDocks([docks["devices"], docks["routing"]], [440, 360], H)
         self.resizeDocks([docks["devices"], docks["run"]], [190, 420], V)
         self.resizeDocks([docks["plots"], docks["timeline"]], [300, 170], V)
-        self.resizeDocks([docks["plots"], docks["history"], docks["tune"]], [640, 420, 340], H)
+        # the Tune panel its controls' width (about 340 px); the history elides its placements
+        self.resizeDocks([docks["plots"], docks["history"], docks["tune"]], [520, 320, 380], H)
 
     def reset_layout(self) -> None:
         for dock in self.docks.values():
