@@ -270,8 +270,9 @@ class Engine(_Handle):
 class Model(_Handle):
     """A checkpoint bound to an engine: weights mapped or copied into host memory (weights: see WEIGHTS_MODES),
     the primary device chosen. top_k: experts per token to decode with instead of the checkpoint's own
-    (num_experts_per_tok), a speed choice with a quality cost (engine.quality); the core takes it at load, so another
-    count is another load of the checkpoint (native_top_k keeps the checkpoint's own)."""
+    (num_experts_per_tok), a speed choice with a quality cost (engine.quality), and the most a context of it can
+    decode with: fewer is a context's setting (Context.top_k), more is another load of the checkpoint (native_top_k
+    keeps the checkpoint's own)."""
 
     def __init__(self, engine: Engine, source: str | os.PathLike | Checkpoint, device: str = "cpu:0",
                  weights: str = "auto", top_k: int | None = None):  # fmt: skip
@@ -540,6 +541,23 @@ def _with_top_k(checkpoint: Checkpoint, top_k) -> Checkpoint:
     return dataclasses.replace(checkpoint, config=dataclasses.replace(cfg, top_k=int(top_k)))
 
 
+def check_context_top_k(cfg: ModelConfig, top_k) -> int:
+    """Experts per token a context of a model loaded with this config can decode with (Context.top_k): 1..its count,
+    and with grouped routing at most the kept groups' experts. ArgumentError / RangeError saying why not."""
+    if cfg.num_experts <= 0:
+        raise ArgumentError(f"experts per token (top_k) {top_k!r}: the model has no experts")
+    if not _is_int(top_k):
+        raise ArgumentError(f"experts per token (top_k) {top_k!r}: expected an integer 1..{cfg.top_k}")
+    group = cfg.num_experts // cfg.n_group if cfg.n_group > 1 else 0
+    if not 1 <= top_k <= cfg.top_k:
+        raise RangeError(f"experts per token (top_k) {top_k}: expected 1..{cfg.top_k} (the count the model was loaded "
+                         f"with; more needs a load with more: Engine.load(..., top_k=N))")  # fmt: skip
+    if group and top_k > cfg.topk_group * group:
+        raise RangeError(f"experts per token (top_k) {top_k}: at most {cfg.topk_group * group} (the "
+                         f"{cfg.topk_group} kept groups of {group} experts)")  # fmt: skip
+    return int(top_k)
+
+
 def _is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
@@ -657,6 +675,20 @@ class Context(_Handle):
             raise ArgumentError(f"graphs must be True or False, got {enabled!r}")
         check(lib.eb_context_set_graphs(self._live(), int(enabled)))
         self._graphs = enabled
+
+    @property
+    @_locked
+    def top_k(self) -> int:
+        return lib.eb_context_top_k(self._live())
+
+    @top_k.setter
+    @_locked
+    def top_k(self, top_k: int) -> None:
+        """Experts per token of this context's steps: 1..the count its model was loaded with (model.config.top_k, the
+        default; with grouped routing at most the kept groups' experts). Fewer is a speed choice with a quality cost
+        (engine.quality); more needs a model loaded with more (Engine.load(..., top_k=N)). The routing statistics
+        count the experts chosen."""
+        check(lib.eb_context_set_top_k(self._live(), check_context_top_k(self.model.config, top_k)))
 
     @property
     def trace(self) -> int:

@@ -318,6 +318,12 @@ int32_t eb_context_capacity(const eb_context *ctx);
 /* A device primary records a one-token step into graphs (one per part between host round trips) and replays them
  * (enabled = 1, the default); 0 queues each step's work anew. Results are the same either way. */
 int eb_context_set_graphs(eb_context *ctx, int32_t enabled);
+/* Experts per token of this context's steps: 1..the count the model was loaded with (its buffers are sized for that;
+ * the default), and with grouped routing at most the kept groups' experts. A speed choice with a quality cost; the
+ * routing statistics count the experts chosen. A GPU primary's recorded steps are recorded anew. The getter: the
+ * context's count (0 for a model without experts, -1 for NULL). */
+int eb_context_set_top_k(eb_context *ctx, int32_t top_k);
+int32_t eb_context_top_k(const eb_context *ctx);
 /* The per-token trace. Spans are kept per context while enabled (capacity > 0: room for that many; 0 turns it off
  * and frees it); read moves the oldest up to `room` of them out, and *lost says how many did not fit since the
  * last read. Times are the host's CLOCK_MONOTONIC in nanoseconds. On a primary whose operations are queued (a GPU),

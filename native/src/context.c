@@ -121,6 +121,7 @@ int eb_context_create(eb_model *m, int32_t n_ctx, int32_t n_batch, eb_context **
         }
     }
     c->use_graphs = 1;
+    c->top_k = cf->top_k;
     int st = eb_context_buffers_init(c);
     if (st) {
         eb_context_free(c);
@@ -156,6 +157,23 @@ int eb_context_set_graphs(eb_context *c, int32_t enabled) {
     c->use_graphs = enabled;
     return EB_OK;
 }
+
+int eb_context_set_top_k(eb_context *c, int32_t top_k) {
+    if (!c) return eb_fail(EB_ERR_ARGUMENT, "set top_k: context is NULL");
+    const eb_model_config *cf = &c->model->cfg;
+    if (cf->num_experts <= 0 || cf->top_k <= 0)
+        return eb_fail(EB_ERR_ARGUMENT, "experts per token (top_k) %d: the model has no experts", top_k);
+    if (top_k < 1 || top_k > cf->top_k)
+        return eb_fail(EB_ERR_RANGE, "experts per token (top_k) %d: expected 1..%d (the count the model was loaded "
+                                     "with; load it with more to decode with more)", top_k, cf->top_k);
+    int per = cf->n_group > 1 ? cf->num_experts / cf->n_group : 0;
+    if (per && top_k > cf->topk_group * per)
+        return eb_fail(EB_ERR_RANGE, "experts per token (top_k) %d: expected at most %d (the %d kept groups of %d "
+                                     "experts)", top_k, cf->topk_group * per, cf->topk_group, per);
+    c->top_k = top_k;
+    return EB_OK;
+}
+int32_t eb_context_top_k(const eb_context *c) { return c ? c->top_k : -1; }
 
 int eb_context_truncate(eb_context *c, int32_t pos) {
     if (!c) return eb_fail(EB_ERR_ARGUMENT, "truncate: context is NULL");

@@ -161,8 +161,8 @@ typedef struct {
     float *host_topk_w, *host_xn;
     float *foreign_host;    /* n_batch * top_k rows of hidden: other owners' outputs */
     void **graphs;          /* per part of a one-token step (between host round trips): its recording, or NULL */
-    uint64_t graph_generation; /* the expert tables' generation, the mode and the routing counting the graphs were */
-    int graph_mode, graph_precision, graph_routing_off; /* recorded with */
+    uint64_t graph_generation; /* the expert tables' generation, the mode, the routing counting and the experts per */
+    int graph_mode, graph_precision, graph_routing_off, graph_top_k; /* token the graphs were recorded with */
 } eb_dev_context;
 
 /* One span of the per-token trace: what ran where, when (host CLOCK_MONOTONIC nanoseconds). */
@@ -174,6 +174,7 @@ typedef struct {
 struct eb_context {
     eb_model *model;
     int32_t n_ctx, n_batch, pos, mode, precision, n_devices;
+    int32_t top_k;       /* experts per token of its steps: 1..the model's cfg.top_k, which sizes its buffers */
     int32_t *cache_rows; /* per layer, the rows of its KV cache: n_ctx, or a window's ring (eb_cache_rows) */
     size_t *cache_at;    /* per layer, its first row in the caches */
     float *rope_cos, *rope_sin; /* [n_ctx][head_dim / 2], host: computed once, uploaded */

@@ -212,7 +212,7 @@ static int read_routing(eb_step *s, int l) {
     eb_model *m = s->m;
     eb_dev_context *dc = s->c->dc;
     const eb_runtime_table *t = s->r->table;
-    int64_t n = s->n, H = m->cfg.hidden_size, K = m->cfg.top_k;
+    int64_t n = s->n, H = m->cfg.hidden_size, K = s->c->top_k;
     size_t id_bytes = (size_t)(n * K) * sizeof(int32_t), w_bytes = (size_t)(n * K) * sizeof(float);
     int st;
     if ((st = t->copy_to_host(s->rt, s->dev, dc->host_topk_id, dc->topk_id, id_bytes, 1, s->err, sizeof s->err)) ||
@@ -236,7 +236,7 @@ static int send_foreign(eb_step *s, int l) {
     eb_engine *eng = m->engine;
     eb_dev_context *dc = c->dc;
     const eb_layer *L = &m->layers[l];
-    int64_t n = s->n, H = m->cfg.hidden_size, K = m->cfg.top_k;
+    int64_t n = s->n, H = m->cfg.hidden_size, K = c->top_k;
     float *f = dc->foreign_host;
     size_t rows;
     if (c->mode == EB_MODE_REFERENCE) {
@@ -286,7 +286,7 @@ int eb_block_moe(eb_step *s, int l) {
     const eb_dev_primary *dp = m->dp;
     const eb_dev_layer *D = &dp->layers[l];
     eb_dev_context *dc = c->dc;
-    int64_t n = s->n, E = cf->num_experts, K = cf->top_k;
+    int64_t n = s->n, E = cf->num_experts, K = c->top_k;
     int st, prim = m->primary;
     uint64_t t0 = trace_now(c);
     eb_rt_norm post = {dc->x, D->post_norm, dc->xn, n, cf->hidden_size, (float)cf->rms_norm_eps};
@@ -401,15 +401,18 @@ int eb_eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logits, i
     if (n == 1 && c->use_graphs && r->table->graphs) {
         s.graphs = r->table->graphs;
         if (dc->graph_generation != m->dp->generation || dc->graph_mode != c->mode ||
-            dc->graph_precision != c->precision || dc->graph_routing_off != m->routing_off) {
+            dc->graph_precision != c->precision || dc->graph_routing_off != m->routing_off ||
+            dc->graph_top_k != c->top_k) {
             /* the expert tables changed (so may the parts), or the reduction mode (recorded in the expert steps), or
-             * whether the routing counts (the recorded route operations write the counters or not) */
+             * whether the routing counts (the recorded route operations write the counters or not), or the experts
+             * per token (in the route and expert operations' arguments) */
             for (int i = 0; i <= cf->num_layers; i++)
                 if (dc->graphs[i]) s.graphs->free(s.rt, s.dev, dc->graphs[i]), dc->graphs[i] = NULL;
             dc->graph_generation = m->dp->generation;
             dc->graph_mode = c->mode;
             dc->graph_precision = c->precision;
             dc->graph_routing_off = m->routing_off;
+            dc->graph_top_k = c->top_k;
         }
     }
     dc->host_ids[0] = c->pos; /* the position, then the ids: one copy of n + 1 values */

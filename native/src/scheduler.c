@@ -414,7 +414,7 @@ static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int 
     eb_model *m = c->model;
     eb_engine *eng = m->engine;
     const eb_model_config *cf = &m->cfg;
-    int64_t H = cf->hidden_size, I = cf->moe_intermediate_size, K = cf->top_k, E = cf->num_experts;
+    int64_t H = cf->hidden_size, I = cf->moe_intermediate_size, K = c->top_k, E = cf->num_experts;
     int staged = !eng->devices[d].host_addressable;
     int owner_local = c->mode == EB_MODE_OWNER_LOCAL;
     eb_owner_step *s = &c->step[d];
