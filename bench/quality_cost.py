@@ -32,7 +32,7 @@ def measure(reference, fast, label: str, devices: str, tokens: int, repeats: int
     run = DecodeRun(fast, tokens_per_prompt=tokens, repeats=repeats, **settings).run()
     mode, precision = settings.get("mode", "reference"), settings.get("precision", "f32")
     cost = quality_cost(reference, fast, tokens=tokens, mode=mode, precision=precision, reference_result=ref,
-                        fast_result=run)  # fmt: skip
+                        fast_result=run, top_k=settings.get("top_k"))  # fmt: skip
     return {"fast_mode": label, "devices": devices, "placement": run.placement,
             "reference_tokens_per_second": ref.decode_tokens_per_second,
             "decode_tokens_per_second": run.decode_tokens_per_second,
@@ -61,12 +61,9 @@ def main() -> int:
         rows.append(measure(target, target, "owner_local", devices, args.tokens, args.repeats, mode="owner_local",
                             placement=f"*={args.primary}; 0-{half - 1}={args.peer}"))  # fmt: skip
         target.set_placement(f"*={args.primary}")
-        for k in range(target.config.top_k - 1, 0, -1):
-            fewer = eng.load(pair.target, device=args.primary, top_k=k)
-            fewer.set_placement(f"*={args.primary}")
-            rows.append(measure(target, fewer, f"top-{k} of {target.config.top_k}", args.primary, args.tokens,
-                                args.repeats))  # fmt: skip
-            fewer.close()
+        for k in range(target.config.top_k - 1, 0, -1):  # the target's own contexts, decoding with fewer experts
+            rows.append(measure(target, target, f"top-{k} of {target.config.top_k}", args.primary, args.tokens,
+                                args.repeats, top_k=k))  # fmt: skip
     if args.primary.startswith("cpu"):  # the q8 precision's kernels are the CPU runtime's (a GPU reads it as f32)
         quantized = ensure_demo_pair(args.size, format="gguf", quant="q8_0")
         with Engine() as eng:

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from .checkpoint import Checkpoint
 from .demo import (
     DEFAULT_FAMILY,
     DEMO_FORMATS,
@@ -173,7 +174,10 @@ def cmd_run(args) -> int:
     target_dir, draft_dir = _model_paths(args, with_draft=not args.no_draft)
     prompts = args.prompt or DEMO_PROMPTS
     with _make_engine(args) as eng:
-        target = eng.load(target_dir, device=args.device, weights=args.weights, top_k=args.top_k)
+        # fewer experts per token than the checkpoint's are the run's context setting; more need a load with more
+        checkpoint = Checkpoint.open(target_dir)
+        reload = args.top_k is not None and args.top_k > checkpoint.config.top_k
+        target = eng.load(checkpoint, device=args.device, weights=args.weights, top_k=args.top_k if reload else None)
         draft = None
         if draft_dir is not None:
             draft = eng.load(draft_dir, device=args.draft_device or args.device, weights=args.weights)
@@ -184,7 +188,7 @@ def cmd_run(args) -> int:
             placement = f"*={args.device}"
         run = DecodeRun(target, draft, prompts=prompts, tokens_per_prompt=args.n, repeats=args.repeats, q=args.q,
                         mode=args.mode, precision=args.precision, placement=placement,
-                        trace=args.trace is not None)  # fmt: skip
+                        trace=args.trace is not None, top_k=None if reload else args.top_k)  # fmt: skip
         progress = None
         if sys.stderr.isatty():
             progress = ProgressBar(args.n * len(prompts) * args.repeats, args.repeats, len(prompts))
@@ -223,7 +227,8 @@ def cmd_run(args) -> int:
 
 def _quality(eng, args, target_dir, target, prompts, result: RunResult):
     """The quality cost of the run's fast settings (owner_local, q8, --top-k) against the reference mode on its prompts
-    (engine.quality), the run itself as the fast side; None for a run in the reference settings. With --top-k the
+    (engine.quality), the run itself as the fast side; None for a run in the reference settings. With --top-k below the
+    checkpoint's own the target is its own reference (the fast side's contexts decode with fewer); above it the
     reference is the checkpoint loaded again with its own experts per token."""
     from .quality import is_fast, quality_cost
 
@@ -231,12 +236,15 @@ def _quality(eng, args, target_dir, target, prompts, result: RunResult):
     if not is_fast(result.mode, result.precision, args.top_k, native):
         return None
     _tell("measuring the quality cost against the reference mode...")
-    reference = target
+    reference, top_k = target, None
     if args.top_k is not None and args.top_k != native:
-        reference = eng.load(target_dir, device=args.device, weights=args.weights)
+        if target.config.top_k == native:  # loaded with its own count: the run's contexts decoded with fewer
+            top_k = args.top_k
+        else:
+            reference = eng.load(target_dir, device=args.device, weights=args.weights)
     try:
         return quality_cost(reference, target, prompts=prompts, tokens=args.n, mode=result.mode,
-                            precision=result.precision, fast_result=result)  # fmt: skip
+                            precision=result.precision, fast_result=result, top_k=top_k)  # fmt: skip
     finally:
         if reference is not target:
             reference.close()
@@ -540,8 +548,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "way")  # fmt: skip
     run.add_argument("--top-k", type=int, metavar="N",
                      help="decode with N experts per token instead of the model's own num_experts_per_tok (a speed "
-                          "choice: its quality cost is measured and reported; the checkpoint is loaded a second time "
-                          "at its own count for that)")  # fmt: skip
+                          "choice: its quality cost is measured and reported). Fewer than its own are a setting of "
+                          "the run, with no second load; more than its own load the checkpoint with N, and a second "
+                          "time at its own count for the quality measurement")  # fmt: skip
     run.add_argument("--no-quality", action="store_true",
                      help="skip measuring the quality cost of a fast mode (owner_local, q8, --top-k): greedy "
                           "agreement, mean KL divergence of the next-token distributions and the first divergence "

@@ -2,8 +2,8 @@
 
 The fast modes trade exactness for speed: `owner_local` sums (each owner pre-sums its experts: another float
 association), the `q8` activation precision (int8 activations against quantized weights) and an experts-per-token
-override (decoding with fewer experts than the model's own num_experts_per_tok, a Model loaded with top_k). The
-reference is the reference mode in f32 with the model's own experts per token.
+override (decoding with fewer experts than the model's own num_experts_per_tok: a context's top_k, or a Model loaded
+with top_k for more than its own). The reference is the reference mode in f32 with the model's own experts per token.
 
 On each prompt the reference decodes greedily; both sides then read the reference's own sequence (prompt and its
 generated ids) in one pass each, so that they are compared on the same prefixes. Per generated position:
@@ -109,47 +109,58 @@ def within_max_kl(cost: QualityCost, max_kl: float) -> bool:
     return cost.mean_kl <= max_kl
 
 
-def _rows(model, sequence: Sequence[int], first: int, mode: str, precision: str) -> np.ndarray:
-    """The logits of every position of `sequence` from `first` on, in one prefill, in this mode and precision."""
+def _rows(model, sequence: Sequence[int], first: int, mode: str, precision: str, top_k=None) -> np.ndarray:
+    """The logits of every position of `sequence` from `first` on, in one prefill, in this mode and precision (and
+    experts per token: None, the model's loaded count)."""
     ctx = model.context(len(sequence))
     try:
         ctx.mode, ctx.precision = mode, precision
+        if top_k is not None:
+            ctx.top_k = top_k
         return ctx.prefill(list(sequence), all_rows=True)[first:]
     finally:
         ctx.close()
 
 
 def quality_cost(reference, fast=None, *, prompts=None, tokens: int = 32, mode: str = "reference",
-                 precision: str = "f32", placement=None, reference_result=None,
-                 fast_result=None) -> QualityCost:  # fmt: skip
+                 precision: str = "f32", placement=None, reference_result=None, fast_result=None,
+                 top_k: int | None = None) -> QualityCost:  # fmt: skip
     """Measure a fast mode against the reference mode on the prompts (texts or id lists; default the demo prompts),
     `tokens` generated per prompt.
 
     reference: the Model at its own experts per token (run in reference mode, f32); fast: the Model the fast side
-    decodes with (one loaded with top_k for an experts-per-token override; None: the reference model itself), in
-    `mode` and `precision`, on `placement` (None: its current one; it stays in force, as a run's does). The
-    routing statistics do not count these decodes. reference_result / fast_result: RunResults of these prompts and
+    decodes with (None: the reference model itself; one loaded with top_k for more experts per token than its own),
+    in `mode` and `precision`, with `top_k` experts per token (its contexts' Context.top_k; None: as loaded), on
+    `placement` (None: its current one; it stays in force, as a run's does). The routing statistics do not count
+    these decodes. reference_result / fast_result: RunResults of these prompts and
     tokens already decoded in those settings (a run just made), reused instead of decoding again."""
-    from .run import DecodeRun, check_mode, check_precision
+    from .model import check_context_top_k
+    from .run import DecodeRun, _top_k_override, check_mode, check_precision
 
     check_mode(mode)
     check_precision(precision)
     fast = reference if fast is None else fast
     if fast.config.vocab_size != reference.config.vocab_size:
         raise ArgumentError("the fast model's vocabulary is not the reference's: load the same checkpoint")
+    if top_k is not None:
+        top_k = check_context_top_k(fast.config, top_k)
     with reference.routing_paused(), fast.routing_paused():
         if reference_result is None:
             reference_result = DecodeRun(reference, prompts=prompts, tokens_per_prompt=tokens).run()
         if fast_result is None:
             fast_result = DecodeRun(fast, prompts=prompts, tokens_per_prompt=tokens, mode=mode, precision=precision,
-                                    placement=placement).run()  # fmt: skip
+                                    placement=placement, top_k=top_k).run()  # fmt: skip
         prompt_ids = DecodeRun(reference, prompts=prompts, tokens_per_prompt=tokens).prompt_ids
         _check_pair(reference_result, fast_result, len(prompt_ids), tokens, mode, precision)
+        override = _top_k_override(fast, top_k)
+        if fast_result.top_k != override:
+            raise ArgumentError(f"the fast run decoded with top_k {fast_result.top_k}: expected {override} (None: the "
+                                f"checkpoint's own experts per token)")  # fmt: skip
         kls, agree = [], []
         for ids, p in zip(prompt_ids, reference_result.prompts, strict=True):
             sequence = ids + p.generated_ids[:-1]  # each generated token is predicted from the ones before it
             ref_rows = _rows(reference, sequence, len(ids) - 1, "reference", "f32")
-            fast_rows = _rows(fast, sequence, len(ids) - 1, mode, precision)
+            fast_rows = _rows(fast, sequence, len(ids) - 1, mode, precision, top_k)
             kls.append(kl_divergence(ref_rows, fast_rows))
             agree.append(agreement(ref_rows, fast_rows))
     kl, same = np.concatenate(kls), np.concatenate(agree)
@@ -162,7 +173,7 @@ def quality_cost(reference, fast=None, *, prompts=None, tokens: int = 32, mode: 
     return QualityCost(
         mode=mode,
         precision=precision,
-        top_k=fast.config.top_k if moe else None,
+        top_k=(fast.config.top_k if top_k is None else top_k) if moe else None,
         native_top_k=getattr(reference, "native_top_k", reference.config.top_k) if moe else None,
         prompts=len(prompt_ids),
         tokens=tokens,
@@ -210,13 +221,19 @@ class KLLimit:
 
     @classmethod
     def for_model(cls, max_kl: float, reference, *, prompts=None, tokens: int = 32, load_top_k=None) -> KLLimit:
-        """On a loaded target: each fast setting decoded once against the reference mode; load_top_k(n) -> a Model of
-        the same checkpoint at n experts per token (needed only for top_k settings; the caller closes it)."""
+        """On a loaded target: each fast setting decoded once against the reference mode; a top_k up to the target's
+        own count through its contexts' setting, one above it on load_top_k(n) -> a Model of the same checkpoint at n
+        experts per token (the caller closes it)."""
 
         def measure(mode, precision, top_k, placement):
-            fast = reference if top_k is None else load_top_k(top_k)
+            fast, k = reference, top_k
+            if top_k is not None and top_k > reference.config.top_k:
+                if load_top_k is None:
+                    raise ArgumentError(f"experts per token (top_k) {top_k}: more than the model's "
+                                        f"{reference.config.top_k} needs load_top_k (another load)")  # fmt: skip
+                fast, k = load_top_k(top_k), None
             return quality_cost(reference, fast, prompts=prompts, tokens=tokens, mode=mode, precision=precision,
-                                placement=placement or None)  # fmt: skip
+                                placement=placement or None, top_k=k)  # fmt: skip
 
         return cls(max_kl, measure)
 

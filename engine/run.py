@@ -31,7 +31,7 @@ import numpy as np
 
 from .diverge import Diagnosis, Outputs, Trail, diagnose
 from .errors import ArgumentError, RangeError, StateError
-from .model import Context, Model, _ids_array
+from .model import Context, Model, _ids_array, check_context_top_k
 from .speculative import GreedyDecoder, SpeculativeDecoder, check_draft_q, check_shared_vocabulary
 from .trace import Span
 
@@ -159,7 +159,7 @@ class RunResult:
     trace_lost: int = 0  # dropped to keep the run's trace bounded (the oldest steps': DecodeRun.spans holds the
     trace_dropped: int = 0  # rest, trace_spans - trace_dropped of them)
     kernels: str = ""  # the kernels of the target's runtime (RuntimeInfo.kernel_variant)
-    top_k: int | None = None  # experts per token where the target was loaded with another count than its own
+    top_k: int | None = None  # experts per token where the target decoded with another count than its checkpoint's
     # per repeat, per finished prompt: each generated token's id, runner-up and top-2 logits (engine.diverge)
     trails: list[list[Trail]] = field(default_factory=list, repr=False)
 
@@ -245,6 +245,8 @@ class DecodeRun:
     "q8" (activations quantized to int8 per block, integer products, as llama.cpp: faster, deterministic,
     other logits than f32; float weights are read in f32 either way). placement: a Placement or its text form
     ("0-7=cuda:0; 8-15=cpu:0"), applied to the target when the run starts; None keeps the target's current one.
+    top_k: experts per token the target decodes with (its context's Context.top_k: 1..the count it was loaded with);
+    None: that count.
     on_event(StepEvent) is called after every step, on the run's thread. trace: record the per-token trace of both
     models (engine.trace): each StepEvent carries its step's spans, and DecodeRun.spans keeps the newest steps'
     spans, at most trace_keep of them (TRACE_KEPT_SPANS; the older steps' are counted in trace_dropped).
@@ -266,9 +268,11 @@ class DecodeRun:
         on_event=None,
         trace: bool = False,
         trace_keep: int = TRACE_KEPT_SPANS,
+        top_k: int | None = None,
     ):
         check_mode(mode)
         check_precision(precision)
+        self.top_k = None if top_k is None else check_context_top_k(target.config, top_k)
         if placement is not None:
             target.placement_bytes(placement)  # checks devices, layers and experts now; moves nothing yet
         self.target, self.draft = target, draft
@@ -385,6 +389,8 @@ class DecodeRun:
         target_ctx = self.target.context(self.n_ctx)
         target_ctx.mode = self.mode
         target_ctx.precision = self.precision
+        if self.top_k is not None:
+            target_ctx.top_k = self.top_k
         draft_ctx = None
         self._tap = _LogitsTap(target_ctx)
         try:
@@ -528,7 +534,7 @@ class DecodeRun:
             repeat_results=reps,
             cancelled=self._cancel.is_set(),
             seconds=seconds,
-            top_k=_top_k_override(self.target),
+            top_k=_top_k_override(self.target, self.top_k),
             trails=self._trails,
         )
 
@@ -558,10 +564,12 @@ class _LogitsTap:
         return Trail.of_rows(self._rows[:n])
 
 
-def _top_k_override(model: Model) -> int | None:
-    """The experts per token a model was loaded with where that is not its checkpoint's own (Model's top_k)."""
+def _top_k_override(model: Model, top_k: int | None = None) -> int | None:
+    """The experts per token a model decoded with (top_k, its context's; None: the count it was loaded with) where that
+    is not its checkpoint's own."""
     native = getattr(model, "native_top_k", model.config.top_k)
-    return model.config.top_k if model.config.top_k != native else None
+    used = model.config.top_k if top_k is None else top_k
+    return used if used != native else None
 
 
 def _kernels(model: Model) -> str:

@@ -167,5 +167,7 @@ def test_the_max_kl_limit_on_a_model():
 
         limit = KLLimit.for_model(1e-9, target, prompts=PROMPTS, tokens=6, load_top_k=load_top_k)
         assert limit.why("reference", "f32", 1).startswith("top-1 experts (of 2): mean KL ")
-        assert [m.config.top_k for m in loaded] == [1]
+        assert loaded == []  # fewer than its own: the target's contexts decode with them
+        assert limit.why("reference", "f32", 3).startswith("top-3 experts (of 2): mean KL ")
+        assert [m.config.top_k for m in loaded] == [3]  # more: another load
         assert limit.why("owner_local", "f32") is None  # the CPU runtime's owner_local sums: the reference's bits

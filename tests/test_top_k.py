@@ -1,17 +1,26 @@
-"""Experts per token as a context's setting (Context.top_k): a context decoding with k experts gives the bits of the
-model loaded with k, on a CPU primary and on a hostsim primary (recorded steps) with experts split with cpu:0, for each
-family (DeepSeek's grouped routing too)."""
+"""Experts per token as a context's setting (Context.top_k, DecodeRun(top_k=...), `run --top-k`): a context decoding
+with k experts gives the bits of the model loaded with k, on a CPU primary and on a hostsim primary (recorded steps)
+with experts split with cpu:0, for each family (DeepSeek's grouped routing too); fewer than the checkpoint's own need
+no second load."""
+
+import json
 
 import numpy as np
 import pytest
 from fixture_paths import FIXTURES
 
+import engine.model as engine_model
+from engine.cli import main
+from engine.demo import DEMO_PROMPTS
 from engine.errors import ArgumentError, RangeError
 from engine.model import Engine
 from engine.native import check, lib
+from engine.quality import quality_cost
+from engine.run import DecodeRun
 
 # (fixture, its own experts per token, the smaller counts checked)
 FAMILIES = [("qwen3moe-f32", 2, (1,)), ("deepseek-f32", 4, (1, 3)), ("gpt-oss-bf16", 4, (2,))]
+PROMPTS = [[1, 2, 3, 4], [5, 6, 7]]
 
 
 @pytest.fixture(scope="module")
@@ -117,9 +126,66 @@ def test_bad_counts_are_refused_and_the_context_still_works(engine):
         with model.context(16) as ctx:
             ctx.top_k = 1
             assert np.array_equal(ctx.prefill([1, 2, 3]), got)
+        for bad, error in ((0, RangeError), (3, RangeError), (True, ArgumentError), (1.5, ArgumentError)):
+            with pytest.raises(error, match="experts per token"):  # before anything runs
+                DecodeRun(model, prompts=PROMPTS, tokens_per_prompt=2, top_k=bad)
     finally:
         model.close()
     with Engine() as eng, eng.load(FIXTURES / "qwen3-f32") as dense, dense.context(8) as ctx:
         assert ctx.top_k == 0
         with pytest.raises(ArgumentError, match=r"experts per token \(top_k\) 1: the model has no experts"):
             ctx.top_k = 1
+        with pytest.raises(ArgumentError, match="the model has no experts"):
+            DecodeRun(dense, prompts=PROMPTS, top_k=1)
+
+
+def test_a_decode_run_with_fewer_experts_equals_one_on_a_model_loaded_with_them():
+    """DecodeRun(top_k=...) sets the target's context (not the draft's): the outputs, hashes and the RunResult's
+    top_k of a run on a model loaded with that count; its own count is no override."""
+    with Engine() as eng:
+        target, fewer = eng.load(FIXTURES / "qwen3moe-f32"), eng.load(FIXTURES / "qwen3moe-f32", top_k=1)
+        draft = eng.load(FIXTURES / "qwen3-f32")
+        for d in (None, draft):
+            got = DecodeRun(target, d, prompts=PROMPTS, tokens_per_prompt=8, top_k=1).run()
+            want = DecodeRun(fewer, d, prompts=PROMPTS, tokens_per_prompt=8).run()
+            assert got.output_sha256 == want.output_sha256 and got.top_k == want.top_k == 1
+        own = DecodeRun(target, prompts=PROMPTS, tokens_per_prompt=8, top_k=2).run()
+        assert own.top_k is None
+        assert own.output_sha256 == DecodeRun(target, prompts=PROMPTS, tokens_per_prompt=8).run().output_sha256
+        cost = quality_cost(target, prompts=PROMPTS, tokens=8, top_k=1)
+        assert cost.to_dict() == quality_cost(target, fewer, prompts=PROMPTS, tokens=8).to_dict()
+        assert cost.fast_mode == "top-1 experts (of 2)"
+        with pytest.raises(ArgumentError, match="the fast run decoded with top_k None: expected 1"):
+            quality_cost(target, prompts=PROMPTS, tokens=8, top_k=1, fast_result=own)
+
+
+@pytest.fixture
+def loads(monkeypatch):
+    """The experts per token of every Model loaded from here on."""
+    counts = []
+    init = engine_model.Model.__init__
+
+    def counted(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        counts.append(self.config.top_k)
+
+    monkeypatch.setattr(engine_model.Model, "__init__", counted)
+    return counts
+
+
+def test_run_with_fewer_experts_loads_once_and_reports_as_before(loads, capsys):
+    target = FIXTURES / "qwen3moe-f32"
+    args = ["run", "--model", str(target), "--no-draft", "-n", "8", "--repeats", "1", "--json"]
+    assert main([*args, "--top-k", "1"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert loads == [2], "one load, at the checkpoint's own count"
+    with Engine() as eng:  # what the second load reported
+        own, fewer = eng.load(target), eng.load(target, top_k=1)
+        run = DecodeRun(fewer, prompts=DEMO_PROMPTS, tokens_per_prompt=8).run()
+        cost = quality_cost(own, fewer, prompts=DEMO_PROMPTS, tokens=8, fast_result=run)
+    assert report["top_k"] == 1 and report["output_sha256"] == run.output_sha256
+    assert report["quality"] == json.loads(json.dumps(cost.to_dict()))
+    loads.clear()
+    assert main([*args, "--top-k", "3"]) == 0  # more than its own: loaded with them, and again for the reference
+    report = json.loads(capsys.readouterr().out)
+    assert loads == [3, 2] and report["top_k"] == 3 and report["quality"]["native_top_k"] == 2
