@@ -313,6 +313,8 @@ class LivePlots(QWidget):
         accent = theme.KIND_COLORS["cpu"]
         self.rate_curve = self.rate_plot.plot(pen=pg.mkPen(accent, width=2))
         self.accept_curve = self.accept_plot.plot(pen=pg.mkPen(theme.KIND_COLORS["gpu"], width=2))
+        # its range is always 0-100 %: three fixed ticks stay readable where the plot is short
+        self.accept_plot.getAxis("left").setTicks([[(v, str(v)) for v in (0, 50, 100)], []])
         for curve in (self.rate_curve, self.accept_curve):
             curve.setClipToView(True)
             curve.setDownsampling(auto=True, method="peak")
