@@ -353,13 +353,17 @@ def diagnose(a: Outputs, b: Outputs, prompts: Sequence[int] | None = None) -> Di
 
 
 def replay_choice(model, prompt_ids: Sequence[int], ids: Sequence[int], index: int, mode: str = "reference",
-                  precision: str = "f32") -> Choice:  # fmt: skip
-    """The top-2 logits a greedy run in this mode and precision had at token `index` of its output `ids`: the prompt
-    prefilled, then ids[:index] fed one at a time as greedy decoding feeds them (on the model's current placement:
-    the same logits as the run's where the outputs do not depend on the placement)."""
+                  precision: str = "f32", top_k: int | None = None) -> Choice:  # fmt: skip
+    """The top-2 logits a greedy run in this mode, precision and experts per token (top_k; None: the checkpoint's
+    own) had at token `index` of its output `ids`: the prompt prefilled, then ids[:index] fed one at a time as greedy
+    decoding feeds them (on the model's current placement: the same logits as the run's where the outputs do not
+    depend on the placement)."""
     ctx = model.context(len(prompt_ids) + index + 1)
     try:
         ctx.mode, ctx.precision = mode, precision
+        k = top_k if top_k is not None else getattr(model, "native_top_k", None)
+        if k and model.config.num_experts > 0 and ctx.top_k != k:  # a count below the loaded one: the context's
+            ctx.top_k = k
         row = ctx.prefill(list(prompt_ids), all_rows=False)
         for token in ids[:index]:
             row = ctx.decode([int(token)])[0]
@@ -377,11 +381,12 @@ def replay_missing(diagnosis: Diagnosis, a: Outputs, b: Outputs, model, prompt_i
     if any(a.settings.get(k) != b.settings.get(k) for k in keys):
         return
     mode, precision = a.settings.get("mode", "reference"), a.settings.get("precision", "f32")
+    top_k = a.settings.get("top_k")
     replayed = []
     for d in diagnosis.divergences:
         if d.index is None or d.a is None or d.a.logit is not None:
             continue
-        choice = replay_choice(model, prompt_ids[d.prompt], a.trails[d.prompt].ids, d.index, mode, precision)
+        choice = replay_choice(model, prompt_ids[d.prompt], a.trails[d.prompt].ids, d.index, mode, precision, top_k)
         if choice.token == d.a.token:
             d.a = choice
         else:  # this machine does not reproduce a: its choice stays as kept, the replay's is said
@@ -389,5 +394,6 @@ def replay_missing(diagnosis: Diagnosis, a: Outputs, b: Outputs, model, prompt_i
                       f"{d.a.token}")  # fmt: skip
         replayed.append(d.prompt)
     if replayed:
+        experts = f", top-{top_k} experts" if top_k is not None else ""
         diagnosis.rerun = (f"{a.label}'s top-2 logits re-computed here: its ids replayed as greedy decoding in "
-                           f"{mode}, {precision} on the same placement")  # fmt: skip
+                           f"{mode}, {precision}{experts} on the same placement")  # fmt: skip

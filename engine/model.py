@@ -549,7 +549,9 @@ def check_context_top_k(cfg: ModelConfig, top_k) -> int:
     if not _is_int(top_k):
         raise ArgumentError(f"experts per token (top_k) {top_k!r}: expected an integer 1..{cfg.top_k}")
     group = cfg.num_experts // cfg.n_group if cfg.n_group > 1 else 0
-    if not 1 <= top_k <= cfg.top_k:
+    if top_k < 1:
+        raise RangeError(f"experts per token (top_k) {top_k}: expected 1..{cfg.top_k} (at least one expert)")
+    if top_k > cfg.top_k:
         raise RangeError(f"experts per token (top_k) {top_k}: expected 1..{cfg.top_k} (the count the model was loaded "
                          f"with; more needs a load with more: Engine.load(..., top_k=N))")  # fmt: skip
     if group and top_k > cfg.topk_group * group:

@@ -153,6 +153,9 @@ def quality_cost(reference, fast=None, *, prompts=None, tokens: int = 32, mode: 
         prompt_ids = DecodeRun(reference, prompts=prompts, tokens_per_prompt=tokens).prompt_ids
         _check_pair(reference_result, fast_result, len(prompt_ids), tokens, mode, precision)
         override = _top_k_override(fast, top_k)
+        if reference_result.top_k is not None:
+            raise ArgumentError(f"the reference run decoded with top_k {reference_result.top_k}: expected the "
+                                "checkpoint's own experts per token")  # fmt: skip
         if fast_result.top_k != override:
             raise ArgumentError(f"the fast run decoded with top_k {fast_result.top_k}: expected {override} (None: the "
                                 f"checkpoint's own experts per token)")  # fmt: skip

@@ -387,13 +387,13 @@ class DecodeRun:
         if self.placement is not None:
             self.target.set_placement(self.placement)
         target_ctx = self.target.context(self.n_ctx)
-        target_ctx.mode = self.mode
-        target_ctx.precision = self.precision
-        if self.top_k is not None:
-            target_ctx.top_k = self.top_k
         draft_ctx = None
-        self._tap = _LogitsTap(target_ctx)
         try:
+            target_ctx.mode = self.mode
+            target_ctx.precision = self.precision
+            if self.top_k is not None:
+                target_ctx.top_k = self.top_k
+            self._tap = _LogitsTap(target_ctx)
             if self.draft is not None:
                 draft_ctx = self.draft.context(self.n_ctx)
                 draft_ctx.mode = self.mode

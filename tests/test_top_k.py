@@ -189,3 +189,21 @@ def test_run_with_fewer_experts_loads_once_and_reports_as_before(loads, capsys):
     assert main([*args, "--top-k", "3"]) == 0  # more than its own: loaded with them, and again for the reference
     report = json.loads(capsys.readouterr().out)
     assert loads == [3, 2] and report["top_k"] == 3 and report["quality"]["native_top_k"] == 2
+
+
+def test_a_divergence_replays_a_run_of_fewer_experts_with_its_own_count(engine):
+    """engine.diverge re-computes a side's top-2 logits by replaying its ids: for a run that decoded with fewer experts
+    than loaded, with that count (a model loaded with it gives the same choice), not the loaded one."""
+    from engine.diverge import replay_choice
+
+    ids = [int(t) for t in np.load(FIXTURES / "qwen3moe-f32" / "reference.npz")["generated_ids"][:6]]
+    model = engine.load(FIXTURES / "qwen3moe-f32")
+    one = engine.load(FIXTURES / "qwen3moe-f32", top_k=1)
+    try:
+        for index in (0, 3, 5):
+            fewer = replay_choice(model, PROMPTS[0], ids, index, top_k=1)
+            assert fewer == replay_choice(one, PROMPTS[0], ids, index, top_k=1)
+            assert replay_choice(model, PROMPTS[0], ids, index) != fewer  # two experts per token: other logits
+    finally:
+        one.close()
+        model.close()
