@@ -657,6 +657,48 @@ def test_prefill_without_room_for_its_staging_on_a_device_is_an_error_and_the_co
         assert hostsim_free(eng) == free  # the context's staging went with it
 
 
+def test_a_later_batch_without_room_keeps_the_earlier_ones_and_a_sliding_window_stays_right():
+    """An eval longer than the context's batch runs in batches; when a later one fails (here hostsim:0's staging:
+    the pairs routed to it differ per batch), the earlier batches' rows stay in the cache and the error says where
+    the position now is. Going back to the eval's start was wrong for a sliding-window layer: its ring of window +
+    batch - 1 rows had been overwritten for the positions before it (gpt-oss, window 8: the continuation's logits
+    were off by more than 1)."""
+    gpt_oss = FIXTURES / "gpt-oss-bf16"
+    prompt = [int(x) for x in np.random.default_rng(0).integers(1, 500, 32)]
+    placement = "*=cpu:0; *.0-3=hostsim:0"
+    with Engine(runtimes=("cpu", "hostsim")) as eng, eng.load(gpt_oss) as model:
+        model.set_placement(placement)
+        weights = model.counters()["devices"]["hostsim:0"]["weight_bytes"]
+        with model.context(64, n_batch=4) as ctx:
+            want = ctx.prefill(prompt)
+    found = False
+    for extra in range(0, 40_000, 256):  # the smallest room where a later batch of the continuation fails
+        limits = {"hostsim": {"memory_limit": weights + extra}}
+        with Engine(runtimes=("cpu", "hostsim"), runtime_options=limits) as eng, eng.load(gpt_oss) as model:
+            model.set_placement(placement)
+            with model.context(64, n_batch=4) as ctx:
+                try:
+                    for i in range(8):  # one token at a time: the least staging
+                        np.testing.assert_array_equal(ctx.prefill(prompt[i : i + 1]), want[i : i + 1])
+                    ctx.prefill(prompt[8:])
+                except OutOfMemoryError as exc:
+                    message, position = str(exc), ctx.position
+                else:
+                    break
+                if position <= 8:
+                    continue  # the room is too small for the first tokens, or for the continuation's first batch
+                found = True
+                done = position - 8
+                assert done % 4 == 0 and 0 < done < 24
+                assert message.startswith("hostsim:0: out of device memory: the staging of a batch of 4 tokens")
+                assert message.endswith(f"(the first {done} of the 24 tokens were evaluated: the context's position "
+                                        f"is now {position})")  # fmt: skip
+                rest = np.concatenate([ctx.prefill(prompt[i : i + 1]) for i in range(position, len(prompt))])
+                np.testing.assert_array_equal(rest, want[position:])
+                break
+    assert found, "no room between a batch of the continuation fitting and failing: the fixture's routing changed?"
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Runtime modules
 

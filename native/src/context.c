@@ -196,7 +196,6 @@ int eb_context_eval(eb_context *c, const int32_t *ids, int32_t n, float *logits,
                                      "truncate or create a larger context", (long long)c->pos + n, c->n_ctx);
     int st = eb_model_check_files(c->model); /* a weight file changed under a mapping: refused from then on */
     if (st) return st;
-    int32_t start = c->pos;
     int64_t V = cf->vocab_size;
     for (int32_t done = 0; done < n;) {
         int32_t chunk = n - done < c->n_batch ? n - done : c->n_batch;
@@ -207,8 +206,14 @@ int eb_context_eval(eb_context *c, const int32_t *ids, int32_t n, float *logits,
         st = eb_eval_batch(c, ids + done, chunk, out, all_rows);
         if (!st) st = eb_model_file_faulted(c->model); /* this step may have read zeros in place of the file */
         if (st) {
-            c->pos = start;
-            return st;
+            if (done == 0) return st; /* nothing of this eval is in the cache: the position is where it was */
+            /* The earlier chunks' rows are in the cache, and a sliding-window layer's ring (window + n_batch - 1
+             * rows) no longer holds every row before them: the context keeps them rather than go back to start,
+             * where the ring would be read with rows of later positions in it. The error says so. */
+            char first[768];
+            eb_copy_str(first, sizeof first, eb_last_error());
+            return eb_fail(st, "%s (the first %d of the %d tokens were evaluated: the context's position is now %d)",
+                           first, done, n, c->pos);
         }
         c->pos += chunk;
         done += chunk;
