@@ -109,8 +109,8 @@ def test_bad_counts_are_refused_and_the_context_still_works(engine):
         with model.context(16) as ctx:
             ctx.top_k = 1
             for bad, error, message in (
-                (0, RangeError, r"experts per token \(top_k\) 0: expected 1..2 \(the count the model was loaded with"),
-                (3, RangeError, r"experts per token \(top_k\) 3: expected 1..2"),
+                (0, RangeError, r"experts per token \(top_k\) 0: expected 1..2 \(at least one expert\)$"),
+                (3, RangeError, r"experts per token \(top_k\) 3: expected 1..2 \(the count the model was loaded with"),
                 (1.0, ArgumentError, r"experts per token \(top_k\) 1.0: expected an integer 1..2"),
                 (True, ArgumentError, r"experts per token \(top_k\) True: expected an integer 1..2"),
                 ("2", ArgumentError, r"experts per token \(top_k\) '2': expected an integer"),
