@@ -657,6 +657,40 @@ def test_prefill_without_room_for_its_staging_on_a_device_is_an_error_and_the_co
         assert hostsim_free(eng) == free  # the context's staging went with it
 
 
+def test_a_second_peer_without_room_after_the_first_was_queued_is_an_error_and_the_context_still_works():
+    """Experts split between hostsim:0 and hostsim:1 (each with the same room): where hostsim:0's branch fits and
+    is queued and hostsim:1's staging does not, the error names hostsim:1, the queued branch is waited for before
+    it returns, and the same context then gives the unlimited engine's logits."""
+    moe, prompt = FIXTURES / "qwen3moe-f32", list(range(1, 41))
+    placement = "*=cpu:0; *.0-3=hostsim:0; *.4-7=hostsim:1"
+    two = {"n_devices": 2}
+    with Engine(runtimes=("cpu", "hostsim"), runtime_options={"hostsim": two}) as eng, eng.load(moe) as model:
+        model.set_placement(placement)
+        devices = model.counters()["devices"]
+        weights = max(devices[d]["weight_bytes"] for d in ("hostsim:0", "hostsim:1"))
+        with model.context(64) as ctx:
+            want = ctx.prefill(prompt)
+    found = False
+    for extra in range(0, 200_000, 2_000):  # the least room where hostsim:0's branch fits and hostsim:1's does not
+        limits = {"hostsim": {**two, "memory_limit": weights + extra}}
+        with Engine(runtimes=("cpu", "hostsim"), runtime_options=limits) as eng, eng.load(moe) as model:
+            model.set_placement(placement)
+            with model.context(64) as ctx:
+                try:
+                    ctx.prefill(prompt)
+                except OutOfMemoryError as exc:
+                    if not str(exc).startswith("hostsim:1: out of device memory: the staging of a batch of 40"):
+                        continue
+                else:
+                    break
+                found = True
+                assert ctx.position == 0
+                got = np.concatenate([ctx.prefill(prompt[i : i + 4]) for i in range(0, len(prompt), 4)])
+                np.testing.assert_array_equal(got, want)
+                break
+    assert found, "no room where the first peer's branch fits and the second's does not: the fixture changed?"
+
+
 def test_a_later_batch_without_room_keeps_the_earlier_ones_and_a_sliding_window_stays_right():
     """An eval longer than the context's batch runs in batches; when a later one fails (here hostsim:0's staging:
     the pairs routed to it differ per batch), the earlier batches' rows stay in the cache and the error says where
