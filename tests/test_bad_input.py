@@ -685,10 +685,20 @@ def test_a_second_peer_without_room_after_the_first_was_queued_is_an_error_and_t
                     break
                 found = True
                 assert ctx.position == 0
+                assert_routing_counts_agree(model)  # the layers routed before the failure count their tokens too
                 got = np.concatenate([ctx.prefill(prompt[i : i + 4]) for i in range(0, len(prompt), 4)])
                 np.testing.assert_array_equal(got, want)
+                assert_routing_counts_agree(model)
                 break
     assert found, "no room where the first peer's branch fits and the second's does not: the fixture changed?"
+
+
+def assert_routing_counts_agree(model) -> None:
+    """Every MoE layer's hits are top_k per token it routed (a failed step's routed layers count both)."""
+    hits, tokens = model.routing_counts()
+    moe = model.config.moe_layers
+    assert tokens[moe].sum() > 0
+    np.testing.assert_array_equal(hits[moe].sum(axis=1), tokens[moe] * model.config.top_k)
 
 
 def test_a_later_batch_without_room_keeps_the_earlier_ones_and_a_sliding_window_stays_right():

@@ -298,6 +298,9 @@ int eb_block_moe(eb_step *s, int l) {
                      dc->topk_id, dc->topk_w, m->routing_off ? NULL : dp->hits + (size_t)l * (size_t)E,
                      D->router_bias, cf->n_group, cf->topk_group, (float)cf->routed_scaling_factor};
     OP(s, s->ops->route(s->rt, s->dev, &r, s->err, sizeof s->err));
+    /* the tokens routed, with the hits the operation adds: a step that fails further on keeps both (one step
+     * recorded or replayed counts them when it has run, eb_eval_batch) */
+    if (!s->graphs && !m->routing_off) m->route_tokens[l] += (uint64_t)n;
     if (!s->replaying) span(c, prim, l, EB_SPAN_ROUTE, n, t0, trace_now(c));
     eb_rt_moe b = {D->experts, (int32_t)E, (int32_t)K, (int32_t)n, (int32_t)cf->hidden_size,
                    cf->moe_intermediate_size, c->mode == EB_MODE_OWNER_LOCAL ? EB_REDUCE_OWNER_LOCAL : EB_REDUCE_REFERENCE,
@@ -433,7 +436,7 @@ int eb_eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logits, i
     }
     for (int l = 0; l < cf->num_layers; l++)
         if (m->layers[l].is_moe) {
-            if (!m->routing_off) m->route_tokens[l] += (uint64_t)n;
+            if (s.graphs && !m->routing_off) m->route_tokens[l] += (uint64_t)n; /* the others as they routed */
             m->counters.model.layer_steps++;
         }
     if (logits)
