@@ -6,7 +6,8 @@ kernel_summary.py subtract them: what remains is the decode steps alone (no load
     ncu ... python3 bench/gpu/kernel_times.py MODEL 6 > b.csv
     python3 bench/gpu/kernel_summary.py b.csv 4 a.csv
 
-MODEL is a demo size (default bench) or a model folder or .gguf file; the second argument the decode steps (4).
+MODEL is a demo size (default bench) or a model folder or .gguf file; the second argument the decode steps (4); a
+third, a cuda module file to use instead of the installed one (an A/B of two builds).
 """
 
 import sys
@@ -18,7 +19,8 @@ from engine.model import Engine
 what = sys.argv[1] if len(sys.argv) > 1 else "bench"
 steps = int(sys.argv[2]) if len(sys.argv) > 2 else 4
 path = ensure_demo_pair(what).target if what in SIZES else Path(what)
-with Engine(runtimes=("cpu", "cuda")) as eng, eng.load(path, device="cuda:0") as model:
+module = {"cuda": sys.argv[3]} if len(sys.argv) > 3 else None
+with Engine(runtimes=("cpu", "cuda"), module_paths=module) as eng, eng.load(path, device="cuda:0") as model:
     model.set_placement("*=cuda:0")
     with model.context(256) as ctx:
         ctx.graphs = False

@@ -7,7 +7,7 @@
 # count on both sides (THREADS, default all cores), 128 decoded tokens, 5 repetitions; llama-bench's KV cache is
 # f16, ours f32. Also the HBM read ceiling (bench/gpu/hbm_read.cu) and the all-GPU step's kernel times (ncu).
 # Needs the wheels of run_on_device.sh in .whl/.
-#   bash bench/gpu/wide_vs_llamacpp.sh [build] [gpu] [cpu] [kernels] [tests] [quick] [quant] [mixed]
+#   bash bench/gpu/wide_vs_llamacpp.sh [build] [gpu] [cpu] [kernels] [tests] [quick] [quant] [mixed] [ab]
 #   (default: the first four)
 # or, on a short lease, the build in parts with ours measured first (the pip install done before the second starts):
 #   bash S llama > $OUT/llama_build.txt 2>&1 & L=$!; sleep 15; bash S gguf ours-gpu; wait $L; bash S llama-gpu
@@ -20,6 +20,10 @@
 # mixed: experts split within layers between cuda:0 and cpu:0 on the wide demo: the per-token trace's overlap of
 # the two owners (bench/overlap.py) and the cost model's prediction against the measured speed for every placement
 # of bench/costmodel.py (the aim: within 10 % for each).
+# ab: the GPU module built from $A_SOURCE (default .ab/a.cu, e.g. `git show HEAD:native/runtime/gpu/gpu_runtime.cu`,
+# carried in) against the checkout's, on the two wide layers of quick and on the bench checkpoint: decode speeds in
+# turns and whether the logits are the same bits (bench/gpu/ab_modules.py), then the all-GPU step's kernel times of
+# each (ncu with the caches left as the step before leaves them: the figures of kernels inside a step).
 # Each step keeps what it made (the builds, the demo, the GGUF) for the next call on a machine still warm.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -62,6 +66,15 @@ print(to_gguf(demo_target('wide', 'bf16'), 'bf16', python=Path(sys.executable), 
 " 2> "$OUT/convert.log" | tail -1
 }
 
+wide2() { # two layers of the wide shape (2.6 GB), built in /tmp in seconds
+    python3 -c "
+import dataclasses; from pathlib import Path
+from engine.demo import SIZES, build_pair
+if not Path('/tmp/wide2/manifest.json').exists():
+    build_pair(Path('/tmp/wide2'), dataclasses.replace(SIZES['wide'], name='wide2', num_layers=2, draft_layers=1))
+"
+}
+
 hbm() {
     [ -x /tmp/hbm_read ] || nvcc -O3 -gencode=arch=compute_90,code=sm_90 -o /tmp/hbm_read bench/gpu/hbm_read.cu
     /tmp/hbm_read | awk '/hbm_read_gbs/ {print $2}'
@@ -82,16 +95,15 @@ for step in $steps; do
     tests) build_ours || exit 1; python3 -m pytest -q -p no:cacheprovider tests/test_gpu_modules.py 2>&1 | tail -6 ;;
     quick)
         build_ours || exit 1
+        wide2
         python3 - <<'PY'
-import dataclasses, statistics, sys
+import statistics, sys
 from pathlib import Path
 sys.path.insert(0, "bench")
 from measure import decode_speed
-from engine.demo import DEMO_PROMPTS, SIZES, build_pair
+from engine.demo import DEMO_PROMPTS
 from engine.model import Engine
 folder = Path("/tmp/wide2")
-if not (folder / "manifest.json").exists():
-    build_pair(folder, dataclasses.replace(SIZES["wide"], name="wide2", num_layers=2, draft_layers=1))
 with Engine(runtimes=("cpu", "cuda")) as eng, eng.load(folder / "target", device="cuda:0") as m:
     m.set_placement("*=cuda:0")
     speeds, _ = decode_speed(m, m.encode(DEMO_PROMPTS[0]), 128, 5)
@@ -104,6 +116,27 @@ PY
                 tail -5 "$OUT/ncu.log"
         done
         python3 bench/gpu/kernel_summary.py "$OUT/ncu_wide2_6.csv" 4 "$OUT/ncu_wide2_2.csv" | tee "$OUT/kernels2.md" ;;
+    ab)
+        build_ours || exit 1
+        cp engine/expertbench_rt_cuda.so /tmp/b.so
+        nvcc -O3 -std=c++20 -shared -Inative/include -Xcompiler -fPIC,-fvisibility=hidden \
+            -gencode=arch=compute_90,code=sm_90 -o /tmp/a.so "${A_SOURCE:-.ab/a.cu}" || exit 1
+        wide2
+        BENCH=$(python3 -c "from engine.demo import ensure_demo_pair; print(ensure_demo_pair('bench').target)")
+        for m in /tmp/wide2/target "$BENCH"; do
+            python3 bench/gpu/ab_modules.py --model "$m" --module A=/tmp/a.so --module B=/tmp/b.so --tokens 128 \
+                --repeats 3 --rounds 2 --threads "$THREADS" --json "$OUT/ab_$(basename "$(dirname "$m")").json" |
+                grep "^|"
+        done
+        for v in a b; do
+            for n in 2 6; do
+                ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
+                    python3 bench/gpu/kernel_times.py /tmp/wide2/target $n /tmp/$v.so > "/tmp/ncu_${v}_$n.csv" \
+                    2> "$OUT/ncu.log" || tail -5 "$OUT/ncu.log"
+            done
+            echo "== $v (two wide layers, caches not flushed)"
+            python3 bench/gpu/kernel_summary.py "/tmp/ncu_${v}_6.csv" 4 "/tmp/ncu_${v}_2.csv" | tee "$OUT/kernels_ab_$v.md"
+        done ;;
     llama) build_llama || tail -5 /tmp/ll.build ;;
     gguf) # ours and the demo's conversion alone (with llama: llama.cpp's build meanwhile, on other cores)
         build_ours || exit 1
