@@ -100,7 +100,7 @@ def test_a_run_fills_a_lane_per_device_with_spans_by_kind_and_the_gui_keeps_answ
     beat = Heartbeat(lambda: len(timeline.shown or ()) > 0 and 0 < state.live.progress[0] < state.live.progress[1])
     beat.start()
     with qtbot.waitSignal(state.sigRunFinished, timeout=TIMEOUT_MS) as finished:
-        start_run(window, tokens=160, repeats=3)
+        start_run(window, tokens=160, repeats=8)  # a second or more: several timer ticks
         qtbot.waitUntil(lambda: len(timeline.shown or ()) > 0, timeout=TIMEOUT_MS)  # drawn during the run
         assert state.running
     beat.stop()
