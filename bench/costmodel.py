@@ -71,13 +71,14 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=32, help="decode steps per measurement")
     ap.add_argument("--repeats", type=int, default=5, help="measurements per placement (median)")
     ap.add_argument("--json", help="write the report here")
+    ap.add_argument("--model", help="a target checkpoint (folder or .gguf) instead of the demo's of --size")
     add_weights_argument(ap)
     args = ap.parse_args()
     names = [args.primary, args.peer]
     cpu_devices = max(int(d.split(":")[1]) + 1 for d in names if d.startswith("cpu:")) if any(
         d.startswith("cpu:") for d in names) else 1  # fmt: skip
     runtimes = ("cpu", *dict.fromkeys(d.split(":")[0] for d in names if not d.startswith("cpu:")))
-    target = ensure_demo_pair(args.size).target
+    target = args.model or ensure_demo_pair(args.size).target
     with Engine(runtimes=runtimes, cpu_devices=cpu_devices, cpu_threads=args.threads) as eng:
         model = eng.load(target, device=args.primary, weights=args.weights)
         primary = model.device

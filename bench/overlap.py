@@ -78,12 +78,13 @@ def main() -> int:
     ap.add_argument("--tokens", type=at_least(2), default=48, help="decode steps per round")
     ap.add_argument("--rounds", type=at_least(1), default=4, help="pairs of rounds, trace off and on")
     ap.add_argument("--family", default=None, help="the demo family (engine.demo's; default: its default one)")
+    ap.add_argument("--model", help="a target checkpoint (folder or .gguf) instead of the demo's of --size")
     args = ap.parse_args()
 
-    pair = ensure_demo_pair(args.size, family=args.family)
+    target = args.model or ensure_demo_pair(args.size, family=args.family).target
     runtimes, cpu_devices = runtimes_for(args.primary, args.peer)
     with Engine(runtimes=runtimes, cpu_devices=cpu_devices, cpu_threads=args.threads) as eng:
-        model = eng.load(pair.target, device=args.primary, weights=args.weights)
+        model = eng.load(target, device=args.primary, weights=args.weights)
         cfg = model.config
         prompt = prefill_ids(cfg.vocab_size, 16)
         model.set_placement(f"*={args.primary}")
@@ -123,7 +124,7 @@ def main() -> int:
     ratio = statistics.median(b / a for a, b in zip(speeds["off"], speeds["on"], strict=True))
     report = {
         "machine": platform.node(),
-        "model": str(pair.target),
+        "model": str(target),
         "primary": args.primary,
         "peer": args.peer,
         "placement": placement,
