@@ -1288,8 +1288,10 @@ struct mm_batch {
     int norm_n, norm_dim;
 };
 
+#define NORM_LOADS 8 // 16-byte loads of x a lane has in flight in warp_row_inv (a row of 2048: two rounds)
+
 // 1 / RMS of a row of x (the scale of its RMSNorm), by one warp, every lane receiving the same bits: lane l adds the
-// squares of its chunks of 4 values (l, l + warp, ...) in column order with explicit fmaf, four chunks' loads in
+// squares of its chunks of 4 values (l, l + warp, ...) in column order with explicit fmaf, NORM_LOADS chunks' loads in
 // flight, then the warp's tree. The one computation of every hidden row's norm scale (rmsnorm_kernel, the norms
 // fused into matmul_kernel and matvec16_kernel, route_kernel), so that whichever kernel normalises a row, the row
 // is the same. A warp of its own needs no block barrier: a block's warps start on their weight rows at once.
@@ -1298,12 +1300,12 @@ __device__ __forceinline__ float warp_row_inv(const float *xr, int dim, float ep
     if ((dim & 3) == 0) { // rows of a multiple of 4 floats start 16-byte aligned in the core's buffers
         const float4 *x4 = (const float4 *)xr;
         int n4 = dim / 4, c = lane;
-        for (; c + 3 * warp < n4; c += 4 * warp) {
-            float4 a[4];
+        for (; c + (NORM_LOADS - 1) * warp < n4; c += NORM_LOADS * warp) {
+            float4 a[NORM_LOADS];
 #pragma unroll
-            for (int u = 0; u < 4; u++) a[u] = x4[c + u * warp];
+            for (int u = 0; u < NORM_LOADS; u++) a[u] = x4[c + u * warp];
 #pragma unroll
-            for (int u = 0; u < 4; u++)
+            for (int u = 0; u < NORM_LOADS; u++)
                 ss = fmaf(a[u].w, a[u].w, fmaf(a[u].z, a[u].z, fmaf(a[u].y, a[u].y, fmaf(a[u].x, a[u].x, ss))));
         }
         for (; c < n4; c += warp) {
@@ -1862,6 +1864,9 @@ __global__ void __launch_bounds__(THREADS) route_kernel(eb_rt_route r, unsigned 
         for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, SHFL_XOR32(mx, o));
         for (int e = lane; e < E; e += 32) sum += expf(logits[e] - mx);
         for (int o = 16; o > 0; o /= 2) sum += SHFL_XOR32(sum, o);
+        // the probabilities once, each lane its own entries (the rounds below read only those): the same values
+        // every round would compute again
+        for (int e = lane; e < E; e += 32) logits[e] = expf(logits[e] - mx) / sum;
     }
     for (int e = lane; e < E; e += 32) taken[e] = 0;
     float total = 0.0f, top[MAX_TOPK];
@@ -1870,7 +1875,7 @@ __global__ void __launch_bounds__(THREADS) route_kernel(eb_rt_route r, unsigned 
         float best = 0.0f;
         int id = E;
         for (int e = lane; e < E; e += 32) {
-            float pe = chosen_logits ? logits[e] : expf(logits[e] - mx) / sum;
+            float pe = logits[e]; // the probability, or the (biased) logit itself
             if (!taken[e] && (id == E || pe > best)) best = pe, id = e; // ascending e: the first of equals stays
         }
         for (int o = 16; o > 0; o /= 2) {
@@ -2074,13 +2079,16 @@ template <int combine> __global__ void __launch_bounds__(BLOCK, 2) moe_pair_down
                 for (int q = 0; q < DOT_TILE; q++) wr[q] = ws[q] ? ws[q] : any;
                 warp_dot_rows(wr, dtype, j, b.inter, hs, nt, lane, warp, v);
             } else {
-#pragma unroll
+                // not unrolled (hipcc could not): the rare path of experts whose down weights differ in format
                 for (int q = 0; q < DOT_TILE; q++) {
                     const float *h1[DOT_TILE] = {hs[q], hs[q], hs[q], hs[q]};
                     float y[DOT_TILE];
                     const eb_rt_expert ex = b.experts[ids[n0 + q < b.top_k ? order[n0 + q] : order[n0]]];
                     if (q < nt && ws[q]) warp_dot_tile(ws[q], ex.down_dtype, j, b.inter, h1, 1, lane, warp, y);
-                    v[q] = q < nt && ws[q] ? y[0] : 0.0f;
+                    float vq = q < nt && ws[q] ? y[0] : 0.0f;
+#pragma unroll
+                    for (int r = 0; r < DOT_TILE; r++) // constant indices: v stays in registers
+                        if (r == q) v[r] = vq;
                 }
             }
 #pragma unroll
