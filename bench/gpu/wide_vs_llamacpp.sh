@@ -17,7 +17,7 @@
 # llama.cpp quantizes: Q8_0 everywhere, or MXFP4 experts and Q8_0 elsewhere = MXFP4_MOE), for each Q of $QUANTS
 # (default "q8_0 mxfp4"; each file takes some 4 minutes to write): ours (gpu_primary.py) and llama-bench on that
 # one file, the four rows of the BF16 table. Needs llama.cpp's build (the llama or build step) for its side.
-# mixed: experts split within layers between cuda:0 and cpu:0 on the wide demo: the per-token trace's overlap of
+# mixed: experts split within layers between cuda:0 and cpu:0 on two wide layers: the per-token trace's overlap of
 # the two owners (bench/overlap.py) and the cost model's prediction against the measured speed for every placement
 # of bench/costmodel.py (the aim: within 10 % for each).
 # ab: the GPU module built from $A_SOURCE (default .ab/a.cu, e.g. `git show HEAD:native/runtime/gpu/gpu_runtime.cu`,
@@ -192,13 +192,13 @@ PY
             CUDA_VISIBLE_DEVICES= $B/llama-bench -m "$Q" -ngl 0 -t "$THREADS" -p 0 -n 128 -r 5 -o md 2>&1 |
                 tee -a "$OUT/llama_wide_$q.md"
         done ;;
-    mixed)
+    mixed) # on the two wide layers of quick: a layer's split is the same in 2 layers as in 8
         build_ours || exit 1
-        python3 -m engine demo-model --size wide | tail -1
-        python3 bench/overlap.py --primary cuda:0 --peer cpu:0 --size wide --threads "$THREADS" --tokens 64 \
-            --rounds 3 --json "$OUT/overlap_cuda_wide.json" | tail -6
-        python3 bench/costmodel.py --size wide --primary cuda:0 --peer cpu:0 --threads "$THREADS" --repeats 3 \
-            --json "$OUT/costmodel_cuda_wide.json" | tail -16 ;;
+        wide2
+        python3 bench/overlap.py --primary cuda:0 --peer cpu:0 --model /tmp/wide2/target --threads "$THREADS" \
+            --tokens 64 --rounds 3 --json "$OUT/overlap_cuda_wide2.json" | tail -12
+        python3 bench/costmodel.py --model /tmp/wide2/target --primary cuda:0 --peer cpu:0 --threads "$THREADS" \
+            --repeats 3 --json "$OUT/costmodel_cuda_wide2.json" | tail -16 ;;
     kernels) # the all-GPU decode step per kernel: 6 steps less 2
         GGUF=$(cat /tmp/gguf.path)
         for n in 2 6; do
