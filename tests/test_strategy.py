@@ -216,6 +216,27 @@ def test_critical_path_balances_equal_devices_and_stops_when_moving_no_longer_he
     assert S.critical_path(SHAPE, "cpu:0", "cpu:1", calibration=cal).device_bytes == {"cpu:0": SHAPE.total_bytes}
 
 
+def test_critical_path_puts_experts_never_seen_chosen_on_the_fast_device_while_it_has_room():
+    # layer 0's experts 6 and 7 never chosen: the model gives them no cost on either device, but one chosen after
+    # all would make layer 0 wait on the peer
+    stats = skewed_stats()
+    stats.hits[0, 6:] = 0
+    ample = S.critical_path(SHAPE, "cuda:0", "cpu:0", calibration=CAL, stats=stats)
+    assert ample.placement.owners[0][6:] == ["cuda:0", "cuda:0"]
+    assert any("never saw chosen" in note for note in ample.notes)
+    # a budget too small for every expert: the unseen take only the room the seen experts' moves left
+    tight = S.critical_path(SHAPE, "cuda:0", "cpu:0", calibration=CAL, stats=stats, budgets={"cuda:0": 15 * MB})
+    on_fast = [e for e in (6, 7) if tight.placement.owners[0][e] == "cuda:0"]
+    assert tight.device_bytes["cuda:0"] <= 15 * MB
+    assert len(on_fast) == 2 or tight.device_bytes["cuda:0"] + MB > 15 * MB  # they took the room there was
+    back = Placement([list(row) for row in tight.placement.owners])
+    back.owners[0][6:] = ["cpu:0", "cpu:0"]
+    assert step_seconds(SHAPE, back, CAL, stats) == pytest.approx(step_seconds(SHAPE, tight.placement, CAL, stats))
+    # without statistics every expert has the uniform share: nothing is unseen
+    plain = S.critical_path(SHAPE, "cuda:0", "cpu:0", calibration=CAL)
+    assert not any("never saw chosen" in note for note in plain.notes)
+
+
 def test_critical_path_honours_the_peer_budget_too():
     plan = S.critical_path(SHAPE, "cuda:0", "cpu:0", calibration=CAL, budgets={"cuda:0": 30 * MB, "cpu:0": 20 * MB})
     assert plan.device_bytes["cpu:0"] <= 20 * MB and plan.device_bytes["cuda:0"] <= 30 * MB
