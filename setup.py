@@ -1,6 +1,7 @@
 """Build glue: setuptools refuses cffi_modules in pyproject.toml, and the CPU runtime module is a separate
 shared library that must land next to the core (the cffi extension), where the core looks for it."""
 
+import importlib.util
 import os
 import platform
 import shutil
@@ -11,11 +12,13 @@ from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
 NATIVE = Path("native")
+# the source lists: native/sources.mk, read through native/manifest.py (the Makefile includes the same file)
+_spec = importlib.util.spec_from_file_location("native_manifest", NATIVE / "manifest.py")
+manifest = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(manifest)
 CFLAGS = ["-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-fPIC", "-ffp-contract=off", "-fvisibility=hidden"]
 # the cpu runtime modules built with sanitizers too (see engine/_build_native.py)
 SANITIZE = [f"-fsanitize={s}", "-fno-omit-frame-pointer"] if (s := os.environ.get("EXPERTBENCH_SANITIZE")) else []
-# the q8 kernels' AVX-512 file (called only where the CPU has all four)
-AVX512 = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]
 
 
 class BuildWithRuntimes(build_ext):
@@ -32,7 +35,7 @@ class BuildWithRuntimes(build_ext):
 
     def build_gpu_runtimes(self, out_dir: Path):
         """The cuda and hip modules from one source, each where its compiler exists."""
-        source = str(NATIVE / "runtime/gpu/gpu_runtime.cu")
+        (source,) = map(str, manifest.paths("GPU_SRC", NATIVE))
         common = ["-O3", "-std=c++20", "-shared", f"-I{NATIVE / 'include'}"]
         nvcc = shutil.which("nvcc") or next((p for p in ["/usr/local/cuda/bin/nvcc"] if Path(p).exists()), None)
         if nvcc:
@@ -67,20 +70,19 @@ class BuildWithRuntimes(build_ext):
         include = [str(NATIVE / "include"), str(NATIVE / "runtime" / "cpu")]
         tmp = Path(self.build_temp) / f"rt_{name}"
         objects = cc.compile(
-            [str(NATIVE / "runtime/cpu/cpu_runtime.c"), str(NATIVE / "runtime/cpu/cpu_kernels_portable.c")],
+            [str(p) for p in manifest.paths("CPU_RUNTIME_SRC", NATIVE) + manifest.paths("CPU_KERNELS_SRC", NATIVE)],
             output_dir=str(tmp),
             include_dirs=include,
             macros=macros,
             extra_postargs=CFLAGS + SANITIZE,
         )
         if platform.machine() in ("x86_64", "AMD64"):
-            avx2 = ["-mavx2", "-mfma", "-mf16c"]
-            for source, isa in (("avx2", avx2), ("avx512", [*avx2, *AVX512])):
+            for isa in ("AVX2", "AVX512"):
                 objects += cc.compile(
-                    [str(NATIVE / f"runtime/cpu/cpu_kernels_{source}.c")],
+                    [str(p) for p in manifest.paths(f"CPU_{isa}_SRC", NATIVE)],
                     output_dir=str(tmp),
                     include_dirs=include,
-                    extra_postargs=[*CFLAGS, *SANITIZE, *isa],
+                    extra_postargs=[*CFLAGS, *SANITIZE, *manifest.flags(f"{isa}_FLAGS")],
                 )
         out_dir.mkdir(parents=True, exist_ok=True)
         cc.link_shared_object(

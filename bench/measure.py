@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import platform
 import subprocess
@@ -16,10 +17,13 @@ from engine.model import WEIGHTS_MODES
 BENCH = Path(__file__).resolve().parent
 NATIVE = BENCH.parent / "native"
 
-# The flags of the engine's AVX2 kernel sources (as setup.py builds them).
-AVX2_FLAGS = ["-mavx2", "-mfma", "-mf16c"]
-# the cpu module's AVX-512 q8 file (setup.py builds it with the same flags)
-AVX512_FLAGS = [*AVX2_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]
+# The native source manifest (native/sources.mk, as the Makefile and setup.py read it): the cpu module's sources and
+# the flags of its vector kernels.
+_spec = importlib.util.spec_from_file_location("native_manifest", NATIVE / "manifest.py")
+manifest = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(manifest)
+AVX2_FLAGS = manifest.flags("AVX2_FLAGS")
+AVX512_FLAGS = manifest.flags("AVX512_FLAGS")
 
 # The benchmarks' C programs (bench/membw/): sources, compiler flags, libraries. Their header comments give the
 # same commands for running them by hand.
@@ -27,8 +31,7 @@ INCLUDES = [f"-I{NATIVE / 'include'}", f"-I{NATIVE / 'runtime/cpu'}"]
 C_PROGRAMS = {
     "membw": ([BENCH / "membw/membw.c"], ["-mavx2", "-mfma", *INCLUDES], []),
     "matmul_stream": (
-        [BENCH / "membw/matmul_stream.c", NATIVE / "runtime/cpu/cpu_kernels_avx2.c",
-         NATIVE / "runtime/cpu/cpu_kernels_portable.c"],
+        [BENCH / "membw/matmul_stream.c", *manifest.paths("CPU_AVX2_SRC"), *manifest.paths("CPU_KERNELS_SRC")],
         ["-ffp-contract=off", *AVX2_FLAGS, f"-I{NATIVE / 'include'}", f"-I{NATIVE / 'runtime/cpu'}"],
         [],
     ),

@@ -28,7 +28,7 @@ from engine.model import Engine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoints import demo_target  # noqa: E402
-from measure import AVX2_FLAGS, AVX512_FLAGS, NATIVE, add_model_arguments, run_cc, write_report  # noqa: E402
+from measure import AVX2_FLAGS, AVX512_FLAGS, NATIVE, add_model_arguments, manifest, run_cc, write_report  # noqa: E402
 
 ITEM_SIZES = ((64 << 10, "< 64 KiB"), (256 << 10, "64-256 KiB"), (1 << 20, "256 KiB-1 MiB"), (float("inf"), ">= 1 MiB"))
 KINDS = {1: "parallel run (attention)", 2: "product", 3: "products together", 4: "experts' gate+up, silu"}
@@ -39,11 +39,11 @@ FLAGS = ["-std=c11", "-O2", "-fPIC", "-ffp-contract=off", "-fvisibility=hidden",
 
 def build_traced_module(out_dir: Path, extra_flags: tuple = ()) -> Path:
     """The cpu runtime module with the pool trace compiled in."""
-    cpu = NATIVE / "runtime/cpu"
     objects = []
-    sources = [(cpu / "cpu_runtime.c", []), (cpu / "cpu_kernels_portable.c", [])]
+    sources = [(src, []) for src in manifest.paths("CPU_RUNTIME_SRC") + manifest.paths("CPU_KERNELS_SRC")]
     if platform.machine() in ("x86_64", "AMD64"):
-        sources += [(cpu / "cpu_kernels_avx2.c", AVX2_FLAGS), (cpu / "cpu_kernels_avx512.c", AVX512_FLAGS)]
+        sources += [(src, AVX2_FLAGS) for src in manifest.paths("CPU_AVX2_SRC")]
+        sources += [(src, AVX512_FLAGS) for src in manifest.paths("CPU_AVX512_SRC")]
     for src, extra in sources:
         obj = out_dir / f"{src.stem}.o"
         run_cc(["cc", *FLAGS, *extra, *extra_flags, "-c", str(src), "-o", str(obj)], "the traced module")

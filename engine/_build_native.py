@@ -1,5 +1,6 @@
 """cffi out-of-line API build of the core: the one public header, the core's C sources compiled in."""
 
+import importlib.util
 import os
 import re
 from pathlib import Path
@@ -9,6 +10,10 @@ from cffi import FFI
 ROOT = Path(__file__).resolve().parent.parent
 NATIVE = ROOT / "native"
 HEADER = NATIVE / "include" / "expertbench.h"
+# the core's sources: native/sources.mk (the Makefile includes it), read by file path as cffi runs this file alone
+_spec = importlib.util.spec_from_file_location("native_manifest", NATIVE / "manifest.py")
+manifest = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(manifest)
 
 
 def _cdef() -> str:
@@ -28,7 +33,7 @@ ffibuilder.cdef(_cdef())
 ffibuilder.set_source(
     "engine._native",
     '#include "expertbench.h"',
-    sources=[str(p.relative_to(ROOT)) for p in sorted((NATIVE / "src").glob("**/*.c"))],
+    sources=[str(p.relative_to(ROOT)) for p in manifest.paths("CORE_SRC", NATIVE)],
     include_dirs=[str(NATIVE / "include"), str(NATIVE / "src")],
     extra_compile_args=["-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-ffp-contract=off", *SANITIZE],
     extra_link_args=SANITIZE,
