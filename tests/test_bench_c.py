@@ -15,9 +15,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 from measure import build_c, cpu_has_avx2_kernels  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    not cpu_has_avx2_kernels(), reason="the benchmarks' C programs need x86 with AVX2, FMA and F16C"
-)
+pytestmark = [
+    pytest.mark.bench,
+    pytest.mark.skipif(
+        not cpu_has_avx2_kernels(), reason="the benchmarks' C programs need x86 with AVX2, FMA and F16C"
+    ),
+]
 
 
 def build(name: str, out_dir: Path) -> Path:

@@ -64,6 +64,7 @@ def gpu_engine(runtime: str):
     return eng
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", ["qwen3moe-f32", "qwen3moe-bf16", "qwen3-f32"])
 @pytest.mark.parametrize("runtime", ["cuda", "hip"])
 def test_gpu_primary_matches_transformers_and_cpu_tokens(runtime, name):
@@ -106,6 +107,7 @@ def test_gpu_primary_matches_transformers_and_cpu_tokens(runtime, name):
         model.close()
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("runtime", ["cuda", "hip"])
 def test_speculative_run_on_a_gpu_primary_gives_its_greedy_tokens(runtime):
     """Verification batches (q + 1 rows: the multi-row kernels) against one-row steps (the decode kernels and
@@ -125,6 +127,7 @@ def test_speculative_run_on_a_gpu_primary_gives_its_greedy_tokens(runtime):
         draft.close()
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", ["qwen3moe-f32", "qwen3moe-bf16"])
 @pytest.mark.parametrize("runtime", ["cuda", "hip"])
 def test_gpu_experts_match_transformers_and_cpu_tokens(runtime, name):
@@ -153,6 +156,7 @@ def test_gpu_experts_match_transformers_and_cpu_tokens(runtime, name):
         assert model.counters()["devices"][gpu]["rows"] > 0
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize(
     "name", ["deepseek-f32", "deepseek-bf16", "deepseek-noqlora-f32", "gpt-oss-bf16", "gpt-oss-mxfp4"]
 )

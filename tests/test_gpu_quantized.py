@@ -32,6 +32,7 @@ GGUF = FIXTURES / "qwen3moe-gguf"
 QUANTS = ["q8_0", "q4_k_m", "mxfp4_moe"]
 TOLERANCE = 1e-4  # against transformers, as tests/test_gguf_quantized.py
 RUNTIMES = ["cuda", "hip"]
+pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)

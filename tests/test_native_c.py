@@ -1,4 +1,5 @@
-"""The native tests (native/tests/test_native.c), built with -Wall -Wextra -Werror: plain, ASan+UBSan, TSan."""
+"""The native tests (native/tests/test_native.c), built with -Wall -Wextra -Werror: plain (the `build` lane),
+ASan+UBSan and TSan, and the Python suites against a sanitized core (the `sanitize` lane)."""
 
 import os
 import shutil
@@ -24,18 +25,21 @@ def run_make(target: str, build: Path) -> str:
     return output
 
 
+@pytest.mark.build
 def test_native_tests_pass_without_warnings(tmp_path):
     out = run_make("test", tmp_path / "build")
     assert "warning:" not in out
     assert ", 0 failed" in out
 
 
+@pytest.mark.sanitize
 def test_native_tests_clean_under_address_and_undefined_sanitizers(tmp_path):
     out = run_make("sanitize", tmp_path / "build-asan")
     assert "runtime error" not in out and "AddressSanitizer" not in out
     assert ", 0 failed" in out
 
 
+@pytest.mark.sanitize
 def test_native_tests_clean_under_thread_sanitizer(tmp_path):
     out = run_make("tsan", tmp_path / "build-tsan")
     assert "ThreadSanitizer" not in out
@@ -58,14 +62,15 @@ SANITIZED_TESTS = {
 RUNTIMES = {"address,undefined": ["libasan.so", "libubsan.so"], "thread": ["libtsan.so"]}
 
 
+@pytest.mark.sanitize
 @pytest.mark.parametrize("sanitizers", list(SANITIZED_TESTS))
 def test_python_suites_against_a_sanitized_core(tmp_path, sanitizers):
     """The engine package beside a core and cpu runtime built with the sanitizers (EXPERTBENCH_SANITIZE), the
     sanitizer's runtime preloaded into this interpreter; a report stops the run (halt_on_error) and fails here."""
     out = tmp_path / "site"
-    (out / "engine").mkdir(parents=True)
-    for f in (ROOT / "engine").glob("*.py"):
-        shutil.copy(f, out / "engine")
+    for f in (ROOT / "engine").rglob("*.py"):  # the package and its subpackages, without the installed modules
+        (out / f.relative_to(ROOT)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(f, out / f.relative_to(ROOT))
     env = {**os.environ, "EXPERTBENCH_NO_GPU": "1", "EXPERTBENCH_SANITIZE": sanitizers}
     build = subprocess.run(
         [sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(out), "--build-temp", str(tmp_path / "o")],

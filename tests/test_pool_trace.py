@@ -15,6 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 from pool_trace import build_traced_module  # noqa: E402
 
+pytestmark = pytest.mark.bench  # builds the traced cpu module
+
 
 def test_the_traced_module_builds_without_warnings(tmp_path):
     if shutil.which("cc") is None:

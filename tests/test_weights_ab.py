@@ -6,6 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.bench  # runs bench/weights_ab.py
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

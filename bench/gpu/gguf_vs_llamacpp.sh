@@ -16,7 +16,7 @@ export PYTHONPATH=/tmp/site:$PWD EXPERTBENCH_CUDA_ARCHS=${EXPERTBENCH_CUDA_ARCHS
         -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=ON > /tmp/ll.cfg 2>&1 &&
     cmake --build build -j "$(nproc)" --target llama-bench > /tmp/ll.build 2>&1; echo "llama.cpp build: $?" > /tmp/ll.done) &
 python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-python3 -m pytest -q -p no:cacheprovider tests/test_gpu_quantized.py tests/test_gpu_modules.py 2>&1 | tail -4
+python3 -m pytest -q -p no:cacheprovider -m "gpu or not (build or sanitize or bench)" tests/test_gpu_quantized.py tests/test_gpu_modules.py 2>&1 | tail -4
 for q in $quants; do
     python3 -m engine demo-model --size bench --format gguf --quant "$q" | tail -1
 done

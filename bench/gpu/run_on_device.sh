@@ -18,7 +18,9 @@ python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$
 for step in $steps; do
     case $step in
     tests)
-        python3 -m pytest -q -p no:cacheprovider -x tests/test_gpu_modules.py tests/test_device_primary.py \
+        # the fast lane's tests of these files and the gpu lane's (pyproject's default leaves the gpu lane out)
+        python3 -m pytest -q -p no:cacheprovider -x -m "gpu or not (build or sanitize or bench)" \
+            tests/test_gpu_modules.py tests/test_gpu_quantized.py tests/test_device_primary.py \
             tests/test_placement.py tests/test_trace.py 2>&1 | tail -25 || echo "TESTS FAILED" ;;
     hbm)
         nvcc -O3 -gencode=arch=compute_90,code=sm_90 -o /tmp/hbm_read bench/gpu/hbm_read.cu
