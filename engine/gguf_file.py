@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from . import formats
-from .checkpoint import Checkpoint, ModelConfig, TensorInfo, yarn_rope
 from .errors import CheckpointError, EngineError, UnsupportedError
+from .model_config import ModelConfig, TensorInfo, yarn_rope
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)  # the same layout; 3 added big-endian files, which the engine does not read
@@ -932,15 +932,16 @@ def read_config(path: str | Path) -> ModelConfig:
     return parse_config(read_parts(path))
 
 
-def read_checkpoint(path: str | Path) -> Checkpoint:
-    """A GGUF model (a file, or the parts of a split given any of them) as a Checkpoint: `folder` is the file (the
-    first part of a split), `files` every part, the tensors under the Hugging Face names."""
+def read_checkpoint(path: str | Path) -> tuple[Path, ModelConfig, dict[str, TensorInfo], list[Path], Any, dict]:
+    """A GGUF model (a file, or the parts of a split given any of them) as the fields of a Checkpoint, in its order
+    (Checkpoint.open makes it): `folder` is the file (the first part of a split), `files` every part, the tensors
+    under the Hugging Face names."""
     parts = read_parts(path)
     config = parse_config(parts)
     tensors = map_tensors(parts, config)
     tokenizer = build_tokenizer(parts[0], config.vocab_size)
     raw = {k: v.value for k, v in parts[0].metadata.items() if v.type != ARRAY}
-    return Checkpoint(parts[0].path, config, tensors, [p.path for p in parts], tokenizer, raw)
+    return parts[0].path, config, tensors, [p.path for p in parts], tokenizer, raw
 
 
 def fingerprint_data(path: str | Path) -> dict:

@@ -12,6 +12,8 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .files import atomic_write
+
 # the core's eb_span_kind, by value
 SPAN_KINDS = (
     "embed", "attention", "route", "experts", "stage", "join", "combine", "dense", "logits", "graph", "shared",
@@ -78,7 +80,5 @@ def chrome_trace(spans: list[Span], *, metadata: dict | None = None) -> dict:
 def write_chrome_trace(path, spans: list[Span], *, metadata: dict | None = None) -> Path:
     """Write chrome_trace(spans) to path atomically (a temporary file beside it, then renamed)."""
     path = Path(path)
-    from .profile import atomic_write
-
     atomic_write(path, json.dumps(chrome_trace(spans, metadata=metadata)))
     return path
