@@ -9,9 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .. import export, regress
 from ..errors import EngineError
-from . import demo_model, devices, gui, plan, run, tune
+from . import demo_model, devices, export, gui, import_routing, plan, regress, run, tune
 from .gui import open_window, window_arguments
 
 
@@ -31,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     regress.add_parser(sub)
     tune.add_parser(sub)
     export.add_parser(sub)
-    export.add_import_parser(sub)
+    import_routing.add_parser(sub)
     return parser
 
 
