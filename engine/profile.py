@@ -464,10 +464,21 @@ class _Dumper(yaml.SafeDumper):
         return super().increase_indent(flow, False)
 
 
-_Dumper.add_representer(
-    _Text,
-    lambda d, data: d.represent_scalar("tag:yaml.org,2002:str", str(data), style=">" if "\n" not in data else "|"),
-)
+# YAML reads NEL and the Unicode line and paragraph separators as line breaks, which a plain, single-quoted or folded
+# scalar folds into a space on reading: a text holding one is written double-quoted, where they are escapes.
+_YAML_BREAKS = frozenset("\x85\u2028\u2029")
+
+
+def _represent_text(d, data: str):
+    if not _YAML_BREAKS.isdisjoint(data):
+        return d.represent_scalar("tag:yaml.org,2002:str", str(data), style='"')
+    if isinstance(data, _Text):
+        return d.represent_scalar("tag:yaml.org,2002:str", str(data), style=">" if "\n" not in data else "|")
+    return d.represent_str(data)
+
+
+_Dumper.add_representer(_Text, _represent_text)
+_Dumper.add_representer(str, _represent_text)
 _Dumper.add_representer(
     _FlowSeq, lambda d, data: d.represent_sequence("tag:yaml.org,2002:seq", list(data), flow_style=True)
 )
@@ -511,15 +522,20 @@ MAX_INDEX = 65535  # the largest layer or expert index a profile may name
 MAX_NODES = 200_000  # what a profile may hold once its aliases are expanded (profiles/ examples: a few thousand)
 
 
-def _expanded_nodes(root) -> int:
+def _expanded_nodes(root, path: Path) -> int:
     """Nodes of the tree as a reader walks it, every alias expanded (memoised on the shared nodes, so counting a
-    fan-out costs what the file is, not what it expands to)."""
+    fan-out costs what the file is, not what it expands to). An alias inside the value it names (`a: &x {b: *x}`)
+    would expand forever: refused with the line of that value."""
     sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()  # the values being walked: an alias reaching one of them is a cycle
     stack = [(root, False)]
     while stack:
         node, done = stack.pop()
         if id(node) in sizes:
             continue
+        if not done and id(node) in open_nodes:
+            line = node.start_mark.line + 1
+            raise ProfileError(f"{path}:{line}: not a profile: an alias refers to the value that contains it (a cycle)")
         kids = (
             []
             if isinstance(node, yaml.ScalarNode)
@@ -527,7 +543,9 @@ def _expanded_nodes(root) -> int:
         )
         if done or not kids:
             sizes[id(node)] = 1 + sum(sizes[id(k)] for k in kids)
+            open_nodes.discard(id(node))
             continue
+        open_nodes.add(id(node))
         stack.append((node, True))
         stack.extend((k, False) for k in kids if id(k) not in sizes)
     return sizes[id(root)]
@@ -678,7 +696,7 @@ def loads(text: str, path: str | os.PathLike = "<profile>") -> Profile:
     r = _Reader(path)
     if root is None:
         raise ProfileError(f"{path}:1: the file is empty: expected a profile (see profiles/README.md)")
-    if (nodes := _expanded_nodes(root)) > MAX_NODES:
+    if (nodes := _expanded_nodes(root, path)) > MAX_NODES:
         raise ProfileError(f"{path}:1: not a profile: its aliases expand it to {nodes} values (at most {MAX_NODES})")
     keys = (VERSION_KEY, "description", "model", "draft", "devices", "primary", "placement", "run",
             "expectations", "routing")  # fmt: skip

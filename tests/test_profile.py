@@ -474,3 +474,34 @@ def test_the_full_example_in_the_readme_is_a_valid_profile(tmp_path):
     assert profile.placement.experts == [(12, 0, 3, "cpu:0"), (12, 17, 17, "cpu:0")]
     assert profile.run.mode == "reference" and profile.run.precision == "f32"  # every run key is shown
     assert P.loads(profile.to_yaml()) == profile
+
+
+def _every_character(step: int = 1):
+    """Every Unicode scalar value (no surrogates: they are not text), in chunks of 4096, as test strings."""
+    chars = [chr(c) for c in range(0, 0x110000, step) if not 0xD800 <= c <= 0xDFFF]
+    return ["".join(chars[i : i + 4096]) for i in range(0, len(chars), 4096)]
+
+
+def test_load_save_load_keeps_every_character_of_descriptions_and_prompts(tmp_path):
+    """NEL (U+0085), the line and paragraph separators and the rest: YAML reads some of them as line breaks, which
+    a single-quoted or folded scalar turns into spaces; a saved profile keeps every character."""
+    base = P.load(write(tmp_path, FULL))
+    texts = _every_character()
+    texts += ["a\x85b", "\u2028", "x\u2029y", "\ufeffz", "tab\tand\nnewline \x85" * 20, " lead", "trail "]
+    for i, text in enumerate(texts):
+        base.description = text
+        base.run.prompts = [text, "plain"]
+        saved = base.save(tmp_path / f"p{i}.yaml")
+        again = P.load(saved)
+        assert again.description == text, f"chunk {i}: description changed"
+        assert again.run.prompts == [text, "plain"], f"chunk {i}: prompt changed"
+        assert again == base
+
+
+def test_a_self_referential_alias_is_refused_with_its_line(tmp_path):
+    path = write(tmp_path, "expertbench_profile: 2\nmodel: &a {path: *a}\n")
+    with pytest.raises(ProfileError, match=r"p\.yaml:2: .*alias refers to the value that contains it"):
+        P.load(path)
+    deep = write(tmp_path, "expertbench_profile: 2\nmodel: {path: x}\nrun: &r\n  prompts: [[*r]]\n")
+    with pytest.raises(ProfileError, match=r":3: .*a cycle"):
+        P.load(deep)
