@@ -6,18 +6,46 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import stat
 import tempfile
 from pathlib import Path
 
 from .errors import ArgumentError
 
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
+
+
+def output_problem(path: str | os.PathLike) -> str | None:
+    """Why a file the tool writes may not go to path, or None: it exists (through any symbolic links) and is not a
+    regular file. Replacing a device node or a FIFO with a regular file (as root, /dev/full) or blocking on one is
+    never what a --trace, --out or -o meant."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot write '{path}': {exc.strerror or exc}"
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    return f"cannot write '{path}': it is {kind}; expected a regular file or a path that does not exist yet"
+
+
+def check_output(path: str | os.PathLike) -> None:
+    """Raise ArgumentError where output_problem finds one (before long work whose result would go there)."""
+    if (problem := output_problem(path)) is not None:
+        raise ArgumentError(problem)
+
 
 def atomic_write(path: str | os.PathLike, text: str) -> None:
     """Write text to path so that readers see the old file or the whole new one, never a part: a temp file in
     the same folder, fsync, os.replace, then fsync of the folder. On any failure the temp file is removed and
-    the old file is untouched. An existing file's permission bits are kept, a new file gets the ones the user's umask
+    the old file is untouched; a path that exists and is not a regular file is refused (output_problem). An existing
+    file's permission bits are kept, a new file gets the ones the user's umask
     leaves of 0666 (as open() would give it; mkstemp's own are 0600). A symbolic link is written through (its
     target replaced, the link kept); temp files that a killed save left beside it are removed."""
+    check_output(path)
     path = Path(path)
     if path.is_symlink():
         path = Path(os.path.realpath(path))

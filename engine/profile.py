@@ -672,6 +672,8 @@ class _Reader:
 def load(path: str | os.PathLike) -> Profile:
     """Read and check a profile file (everything that does not need the model; see Profile.check_model)."""
     path = Path(path)
+    if path.exists() and not path.is_file():  # a FIFO would be read forever, a device node makes no sense
+        raise ProfileError(f"{path}: not a regular file: expected a profile file (YAML)")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:

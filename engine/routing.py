@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ArgumentError, CheckpointError
+from .files import atomic_write
 
 _HEADER = re.compile(r"^#\s*hotness table:\s*n_layer=(\d+)\s+n_expert=(\d+)\s+n_expert_used=(\d+)\s*$")
 
@@ -121,7 +122,7 @@ class RoutingStats:
         return "\n".join(lines) + "\n"
 
     def write_hotness_csv(self, path: str | os.PathLike) -> None:
-        Path(path).write_text(self.to_hotness_csv())
+        atomic_write(path, self.to_hotness_csv())
 
     @classmethod
     def read_hotness_csv(cls, path: str | os.PathLike) -> RoutingStats:

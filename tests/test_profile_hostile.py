@@ -3,6 +3,9 @@ nesting. Each is a ProfileError with file:line (said once), quickly, and `expert
 without a traceback."""
 
 import os
+import shutil
+import stat
+from pathlib import Path
 
 import pytest
 
@@ -103,3 +106,51 @@ def test_regress_on_a_hostile_profile_exits_2_with_one_line(tmp_path, capsys, bo
     assert cli_main(["regress", str(path)]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.count(f"{path}:") == 1, err
+
+
+def _fifo_and_link(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    link = tmp_path / "link-to-pipe"
+    link.symlink_to(fifo)
+    return fifo, link
+
+
+def test_files_the_tool_writes_never_replace_a_fifo_or_block_on_it(tmp_path):
+    """atomic_write (profiles, traces, history and exports) and every command's output path: a path that exists and
+    is not a regular file (a device node, a FIFO; through a link too) is refused, and stays what it was."""
+    from engine.errors import ArgumentError
+    from engine.files import atomic_write
+
+    fifo, link = _fifo_and_link(tmp_path)
+    for target in (fifo, link):
+        with pytest.raises(ArgumentError, match=rf"cannot write '{target}': it is a FIFO; expected a regular file"):
+            atomic_write(target, "text")
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and link.is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link-to-pipe", "pipe"]  # no temp file left
+    with pytest.raises(ProfileError, match="not a regular file: expected a profile file"):
+        P.load(fifo)  # read, it would block forever
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["run", "--trace", "OUT", "-n", "4", "--repeats", "1"],
+     ["tune", "--out", "OUT"],
+     ["regress", "PROFILE", "--report-json", "OUT"],
+     ["regress", "PROFILE", "--junit", "OUT"],
+     ["export", "PROFILE", "--format", "llama.cpp", "-o", "OUT"],
+     ["export", "PROFILE", "--format", "sglang", "-o", "OUT"],
+     ["import-routing", "CSV", "--format", "lucebox", "--into", "OUT"]],
+)  # fmt: skip
+def test_each_commands_output_path_refuses_a_fifo_with_one_line(tmp_path, capsys, argv, xdg_cache):
+    fifo, link = _fifo_and_link(tmp_path)
+    profile = tmp_path / "split.yaml"
+    shutil.copy(Path(__file__).resolve().parent.parent / "profiles" / "split.yaml", profile)
+    csv = tmp_path / "hot.csv"
+    csv.write_text("# hotness table: n_layer=8 n_expert=8 n_expert_used=2\n" + "1,1,1,1,1,1,1,1\n" * 8)
+    for target in (fifo, link):
+        args = [{"OUT": str(target), "PROFILE": str(profile), "CSV": str(csv)}.get(a, a) for a in argv]
+        assert cli_main(args) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and ("not a regular file" in err or "it is a FIFO" in err), err
+        assert stat.S_ISFIFO(os.stat(fifo).st_mode) and link.is_symlink()

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-from pathlib import Path
 
 from ..checkpoint import read_config
 from ..export import to_ktransformers, to_llama_cpp, to_lucebox, to_sglang, to_vllm
+from ..files import atomic_write, check_output
 from ..profile import ProfileError, load
 
 
@@ -38,6 +38,8 @@ def add_parser(sub):
 
 
 def cmd_export(args) -> int:
+    if args.output:
+        check_output(args.output)  # before any note: the one line says what is wrong
     profile = load(args.profile)
     if args.format == "hotness-csv":
         stats = profile.routing_stats()
@@ -84,7 +86,7 @@ def cmd_export(args) -> int:
             for line in exported.notes:
                 print(f"expertbench: note: {line}", file=sys.stderr)
     if args.output:
-        _write(lambda path: Path(path).write_text(text, encoding="utf-8"), args.output)
+        _write(lambda path: atomic_write(path, text), args.output)
     else:
         sys.stdout.write(text)
     return 0

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
+from ..errors import ArgumentError
+from ..files import atomic_write, check_output
 from ..profile import ProfileError
 from ..regress import DEFAULT_SPEED_SLACK, run
 
@@ -40,14 +41,17 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def cmd_regress(args) -> int:
     if not 0 <= args.speed_slack < 1:
         raise ProfileError(f"--speed-slack {args.speed_slack}: expected 0 <= F < 1")
+    for path in (args.report_json, args.junit):  # before the runs, not after them
+        if path:
+            check_output(path)
     report = run(args.profiles, record=args.record, speed_slack=args.speed_slack, portable=args.portable)
     data = report.to_dict()
     for path, text in ((args.report_json, lambda: json.dumps(data, indent=2) + "\n"), (args.junit, report.to_junit)):
         if path:
             try:
-                Path(path).write_text(text(), encoding="utf-8")
-            except OSError as exc:
-                print(f"expertbench: error: cannot write '{path}': {exc.strerror or exc}", file=sys.stderr)
+                atomic_write(path, text())
+            except ArgumentError as exc:
+                print(f"expertbench: error: {exc}", file=sys.stderr)
                 return 2
     if args.json:
         print(json.dumps(data, indent=2))

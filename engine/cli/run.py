@@ -12,6 +12,7 @@ from pathlib import Path
 from ..checkpoint import Checkpoint
 from ..demo import DEMO_PROMPTS, is_synthetic
 from ..errors import EngineError
+from ..files import check_output
 from ..formats import FORMATS
 from ..model import WEIGHTS_MODES
 from ..run import PRECISIONS, REDUCTION_MODES, DecodeRun, RunResult, StepEvent
@@ -144,6 +145,7 @@ def _check_run_args(args) -> None:
         folder = args.trace.parent
         if args.trace.is_dir():
             raise EngineError(f"--trace {args.trace}: is a folder, expected a file to write")
+        check_output(args.trace)
         if not folder.is_dir() or not os.access(folder, os.W_OK):
             raise EngineError(f"--trace {args.trace}: the folder {folder} does not exist or is not writable")
 

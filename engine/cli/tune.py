@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..demo import DEFAULT_FAMILY, check_format, is_synthetic
 from ..errors import ArgumentError
+from ..files import check_output
 from ..model import WEIGHTS_MODES
 from ..routing import RoutingStats
 from ..speculative import MAX_DRAFT_TOKENS
@@ -136,6 +137,7 @@ def _check_args(args) -> tuple[tuple[int, ...], dict[str, int]]:
     if args.out is not None:
         if args.out.is_dir():
             raise ArgumentError(f"--out {args.out}: is a folder, expected a profile file to write")
+        check_output(args.out)
         folder = args.out.expanduser().resolve().parent
         if not folder.is_dir():
             raise ArgumentError(f"--out {args.out}: the folder {folder} does not exist")
