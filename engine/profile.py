@@ -32,7 +32,7 @@ from .errors import ArgumentError, CheckpointError
 from .files import atomic_write, new_file_mode  # noqa: F401 (new_file_mode: still importable from here)
 from .model import WEIGHTS_MODES
 from .placement import Placement
-from .routing import RoutingStats
+from .routing import MAX_COUNT, RoutingStats
 from .run import PRECISIONS, REDUCTION_MODES, output_sha256
 from .speculative import MAX_DRAFT_TOKENS
 
@@ -1003,14 +1003,14 @@ def _read_routing(r: _Reader, node) -> RoutingSpec:
         if key not in m:
             r.fail(node, f"routing: {key!r} is missing (or give 'hotness_csv: FILE')")
     spec = RoutingSpec(top_k=r.integer(m["top_k"][1], "routing.top_k", 1))
-    spec.tokens = [r.integer(v, "routing.tokens", 0) for v in r.sequence(m["tokens"][1], "routing.tokens")]
+    spec.tokens = [r.integer(v, "routing.tokens", 0, MAX_COUNT) for v in r.sequence(m["tokens"][1], "routing.tokens")]
     spec.hits = []
     rows = r.sequence(m["hits"][1], "routing.hits")
     if len(rows) != len(spec.tokens) or not rows:
         r.fail(m["hits"][1], f"routing.hits: {len(rows)} rows, expected one per layer as in routing.tokens "
                              f"({len(spec.tokens)})")  # fmt: skip
     for i, row in enumerate(rows):
-        counts = [r.integer(v, f"routing.hits[{i}]", 0) for v in r.sequence(row, f"routing.hits[{i}]")]
+        counts = [r.integer(v, f"routing.hits[{i}]", 0, MAX_COUNT) for v in r.sequence(row, f"routing.hits[{i}]")]
         if spec.hits and len(counts) != len(spec.hits[0]):
             r.fail(row, f"routing.hits[{i}]: {len(counts)} counts, expected {len(spec.hits[0])} like row 0")
         spec.hits.append(counts)

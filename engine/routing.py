@@ -22,7 +22,12 @@ import numpy as np
 from .errors import ArgumentError, CheckpointError
 from .files import atomic_write
 
-_HEADER = re.compile(r"^#\s*hotness table:\s*n_layer=(\d+)\s+n_expert=(\d+)\s+n_expert_used=(\d+)\s*$")
+_HEADER = re.compile(r"^#\s*hotness table:\s*n_layer=(\d+)\s+n_expert=(\d+)\s+n_expert_used=(\d+)\s*$", re.ASCII)
+_COUNT = re.compile(r"[0-9]+", re.ASCII)  # not str.isdigit: it takes '²' and other Unicode digits
+# A count, and a layer's sum of counts, below 2**53: exact as a float (JSON readers, numpy's sums) and far beyond
+# any run (2**53 routed tokens is years of decoding at a million tokens/s).
+MAX_COUNT = (1 << 53) - 1
+MAX_TABLE_SIDE = 1 << 16  # layers or experts a table may declare (no model has more; checked before allocating)
 
 
 MAX_HOTNESS_BYTES = 64 << 20  # far more than any table's counts (a thousand layers of a thousand experts: ~20 MiB)
@@ -104,17 +109,22 @@ class RoutingStats:
         counts = doc.get("logical_count") if isinstance(doc, dict) else None
         if counts is None:
             raise CheckpointError(f"'{path}': no 'logical_count' key (expected SGLang's expert distribution counts)")
+        bad = _first_bad_count(counts)
+        if bad is not None:
+            at, value = bad
+            raise CheckpointError(f"'{path}': 'logical_count'{at} = {repr(value)[:40]}: expected a whole count "
+                                  f"0..{MAX_COUNT} (non-negative whole counts: JSON integers below 2^53)")  # fmt: skip
         try:
-            arr = np.array(counts, dtype=np.float64)
-        except (ValueError, TypeError):
-            raise CheckpointError(f"'{path}': 'logical_count' is not a rectangular array of numbers") from None
+            arr = np.array(counts, dtype=np.uint64)
+        except (ValueError, TypeError, OverflowError):
+            raise CheckpointError(f"'{path}': 'logical_count' is not a rectangular array of counts") from None
         if arr.ndim == 3:
-            arr = arr.sum(axis=0)
-        if arr.ndim != 2 or not np.isfinite(arr).all() or (arr < 0).any() or (arr != np.floor(arr)).any():
+            arr = _checked_sum(arr, path, axis=0)
+        if arr.ndim != 2:
             raise CheckpointError(f"'{path}': 'logical_count' of shape {list(arr.shape)}: expected [layers, experts] "
                                   "or [steps, layers, experts] of non-negative whole counts")  # fmt: skip
-        hits = arr.astype(np.uint64)
-        return cls(hits, hits.sum(axis=1) // np.uint64(max(1, top_k)), top_k)
+        hits = arr
+        return cls(hits, _checked_sum(hits, path, axis=1) // np.uint64(max(1, top_k)), top_k)
 
     def to_hotness_csv(self) -> str:
         lines = [f"# hotness table: n_layer={self.num_layers} n_expert={self.num_experts} n_expert_used={self.top_k}"]
@@ -145,6 +155,9 @@ class RoutingStats:
                 else f"'{path}': empty file, expected a hotness table"
             )
         n_layer, n_expert, used = (int(g) for g in m.groups())
+        for name, value in (("n_layer", n_layer), ("n_expert", n_expert), ("n_expert_used", used)):
+            if value > MAX_TABLE_SIDE:
+                raise CheckpointError(f"'{path}':1: {name}={value}: expected at most {MAX_TABLE_SIDE}")
         rows = [ln for ln in lines[1:] if not ln.lstrip().startswith("#")]  # lucebox adds a '# format:' line
         if len(rows) != n_layer:
             raise CheckpointError(f"'{path}': {len(rows)} rows of counts, expected n_layer={n_layer}")
@@ -154,12 +167,34 @@ class RoutingStats:
             if len(cells) != n_expert:
                 raise CheckpointError(f"'{path}':{i + 2}: {len(cells)} counts, expected n_expert={n_expert}")
             for j, c in enumerate(cells):
-                if not c.isdigit():
-                    raise CheckpointError(f"'{path}':{i + 2}: count {c!r} is not a non-negative integer")
+                if not _COUNT.fullmatch(c) or int(c) > MAX_COUNT:
+                    where = f"'{path}':{i + 2}"
+                    raise CheckpointError(f"{where}: count {c[:40]!r} is not a non-negative integer below 2^53")
                 hits[i, j] = int(c)
         # each routed token picks n_expert_used experts, so a layer's tokens are its hits / n_expert_used
-        tokens = hits.sum(axis=1) // max(used, 1)
+        tokens = _checked_sum(hits, path, axis=1) // np.uint64(max(used, 1))
         return cls(hits, tokens.astype(np.uint64), used)
+
+
+def _first_bad_count(value, where: str = "") -> tuple[str, object] | None:
+    """The first element of nested lists that is not a whole count 0..MAX_COUNT (an int; not a bool, a float such as
+    1e30, a string), as (its index path, it); None if every one is."""
+    stack = [(value, where)]
+    while stack:
+        v, at = stack.pop()
+        if isinstance(v, list):
+            stack.extend((x, f"{at}[{i}]") for i, x in reversed(list(enumerate(v))))
+        elif isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_COUNT:
+            return at, v
+    return None
+
+
+def _checked_sum(counts: np.ndarray, path, axis: int) -> np.ndarray:
+    """counts summed over an axis, refused where a sum passes MAX_COUNT (uint64 sums would wrap silently)."""
+    sums = counts.astype(object).sum(axis=axis) if counts.size else counts.sum(axis=axis)
+    if counts.size and max(int(s) for s in np.ravel(sums)) > MAX_COUNT:
+        raise CheckpointError(f"'{path}': the counts sum past {MAX_COUNT} (2^53 - 1): not a recorded run's")
+    return np.asarray(sums, dtype=np.uint64)
 
 
 def profile(model, prompts: list[list[int]], tokens_per_prompt: int = 32) -> RoutingStats:

@@ -187,7 +187,15 @@ def test_import_routing_round_trips_what_the_export_wrote(tmp_path, capsys, xdg_
     ("content", "message"),
     [('{"logical_count": [[1, 2], [3, 4]]}', "2 layers x 2 experts, but the model has"),
      ('{"nothing": 1}', "no 'logical_count' key"), ('{"logical_count": [[1, -2]]}', "non-negative whole counts"),
-     ('{"logical_count": [[1], [2, 3]]}', "not a rectangular array"), ("[[[[", "not SGLang's logical_count JSON")],
+     ('{"logical_count": [[1], [2, 3]]}', "not a rectangular array"), ("[[[[", "not SGLang's logical_count JSON"),
+     # counts that do not survive a save and load, or that silently became 0: refused, named by index
+     ('{"logical_count": [[1, 9223372036854775808]]}', "'logical_count'[0][1] = 9223372036854775808: expected"),
+     ('{"logical_count": [[18446744073709551616, 1]]}', "'logical_count'[0][0] = 18446744073709551616"),
+     ('{"logical_count": [[1e30, 1]]}', "'logical_count'[0][0] = 1e+30"),
+     ('{"logical_count": [[true, 1]]}', "'logical_count'[0][0] = True"),
+     ('{"logical_count": [["5", 1]]}', "'logical_count'[0][0] = '5'"),
+     ('{"logical_count": [[9007199254740991, 9007199254740991]]}', "sum past 9007199254740991"),
+     ('{"logical_count": [[[9007199254740991]], [[1]]]}', "sum past 9007199254740991")],
 )  # fmt: skip
 def test_import_routing_refuses_what_does_not_fit_the_model(tmp_path, capsys, xdg_cache, monkeypatch, content,
                                                             message):  # fmt: skip
@@ -208,3 +216,39 @@ def test_a_hotness_csv_as_lucebox_writes_it_is_read(tmp_path):
                    "5,0,7\n1 2\t3\n")  # fmt: skip
     stats = RoutingStats.read_hotness_csv(csv)
     assert stats.hits.tolist() == [[5, 0, 7], [1, 2, 3]] and stats.top_k == 2
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [("# hotness table: n_layer=1000000000000 n_expert=1 n_expert_used=1\n1\n", "n_layer=1000000000000: expected"),
+     ("# hotness table: n_layer=1 n_expert=1000000000000 n_expert_used=1\n1\n", "n_expert=1000000000000: expected"),
+     ("# hotness table: n_layer=1 n_expert=2 n_expert_used=1\n1,\u00b2\n", "count '\u00b2' is not a non-negative"),
+     ("# hotness table: n_layer=1 n_expert=2 n_expert_used=1\n1,\u0661\n", "count '\u0661' is not"),
+     ("# hotness table: n_layer=1 n_expert=2 n_expert_used=1\n1,9223372036854775808\n", "count '9223372036854775808'"),
+     ("# hotness table: n_layer=1 n_expert=2 n_expert_used=1\n9007199254740991,1\n", "sum past 9007199254740991")],
+)  # fmt: skip
+def test_import_routing_refuses_a_hotness_table_of_counts_a_profile_cannot_hold(
+    tmp_path, capsys, xdg_cache, monkeypatch, content, message
+):
+    """Counts below 2^53 (said in the error), ASCII digits only, the declared size checked before allocating;
+    exit 2 with one line and the profile not touched."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg_cache))
+    profile = _profile_copy(tmp_path)
+    before = profile.read_text()
+    bad = tmp_path / "bad.csv"
+    bad.write_text(content, encoding="utf-8")
+    assert cli_main(["import-routing", str(bad), "--format", "lucebox", "--into", str(profile)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert profile.read_text() == before
+
+
+def test_a_profile_with_counts_past_2_53_is_refused_by_name(tmp_path, xdg_cache, monkeypatch):
+    from engine.profile import ProfileError, load
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg_cache))
+    profile = _profile_copy(tmp_path)
+    text = profile.read_text().split("\nrouting:", 1)[0]
+    profile.write_text(text + "\nrouting:\n  top_k: 1\n  tokens: [9007199254740993]\n  hits: [[1]]\n")
+    with pytest.raises(ProfileError, match=r"routing.tokens: expected an integer 0..9007199254740991"):
+        load(profile)
