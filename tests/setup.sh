@@ -18,6 +18,10 @@ if ((${#need[@]})); then
     $sudo apt-get install -y -qq --no-install-recommends "${need[@]}"
 fi
 
+if [ "${EXPERTBENCH_NO_GPU:-}" != 1 ] && { command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || command -v hipcc >/dev/null; }; then
+    echo "building the GPU modules too (nvcc/hipcc found; CUDA's four architectures take about 4 minutes):" \
+        "EXPERTBENCH_NO_GPU=1 skips them, EXPERTBENCH_CUDA_ARCHS=\"90\" builds one architecture"
+fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[test]'

@@ -17,7 +17,7 @@ SYNTHETIC_NOTE = "synthetic: random weights, its text is noise by design"
 def engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runtime", action="append", default=[], metavar="NAME",
                    help="load runtime NAME as well as cpu (cuda, hip, hostsim); repeat for several")  # fmt: skip
-    p.add_argument("--cpu-devices", type=int, default=0, help="split the CPU into N devices (default 1)")
+    p.add_argument("--cpu-devices", type=int, default=0, help="split the CPU into N devices (default: one per NUMA node)")
     p.add_argument("--threads", type=int, default=0, help="worker threads per CPU device (default: all cores)")
     p.add_argument("--kernels", choices=("best", "avx2", "portable"),
                    help="the most the CPU kernels may use: best (AVX2, and AVX-512 VNNI for --precision q8, where the "
