@@ -404,14 +404,53 @@ static int uses_q8(const cpu_runtime *rt, int precision, int dtype) {
     return precision == EB_PRECISION_Q8 && rt->kernels.format[dtype].q8 != NULL;
 }
 
+/* Debug builds (sanitizers, or -DEB_CPU_CHECK_WRITES=1) check that a product writes every output it owns: each is
+ * first set to a NaN no kernel computes and looked for after, so a format or precision routed to a kernel that leaves
+ * outputs unwritten (stale memory: another result on every run) stops the process at that product. */
+#ifndef EB_CPU_CHECK_WRITES
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define EB_CPU_CHECK_WRITES 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define EB_CPU_CHECK_WRITES 1
+#endif
+#endif
+#endif
+#if EB_CPU_CHECK_WRITES
+#define UNWRITTEN 0x7fc0dead
+static void mark_unwritten(float *y, int64_t r0, int64_t r1, int64_t n, int64_t ldy) {
+    uint32_t bits = UNWRITTEN;
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t r = r0; r < r1; r++) memcpy(&y[t * ldy + r], &bits, sizeof bits);
+}
+static void check_written(const float *y, int dtype, int q8, int64_t r0, int64_t r1, int64_t n, int64_t ldy) {
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t r = r0; r < r1; r++) {
+            uint32_t bits;
+            memcpy(&bits, &y[t * ldy + r], sizeof bits);
+            if (bits != UNWRITTEN) continue;
+            fprintf(stderr, RUNTIME_NAME " runtime: a %s product (%s activations) left row %lld of token %lld "
+                            "unwritten\n",
+                    eb_dtype_name(dtype), q8 ? "q8" : "f32", (long long)r, (long long)t);
+            abort();
+        }
+}
+#endif
+
 /* Rows [r0, r1) of w times n tokens into y (token t's row r at y[t * ldy + r]): the format's integer products where
  * its activations were quantized for them (xq), else its f32 ones. The one place a product picks its kernel. */
 static void product(const eb_cpu_kernel_set *k, const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols,
                     const float *x, const eb_cpu_q8_rows *xq, int64_t n, float *y, int64_t ldy) {
     const eb_cpu_format_kernels *f = &k->format[dtype];
     int q8 = xq && xq->q && f->q8;
+#if EB_CPU_CHECK_WRITES
+    mark_unwritten(y, r0, r1, n, ldy);
+#endif
     if (q8) f->q8(w, dtype, r0, r1, cols, xq, n, y, ldy);
     else f->rows(w, dtype, r0, r1, cols, x, n, y, ldy);
+#if EB_CPU_CHECK_WRITES
+    check_written(y, dtype, q8, r0, r1, n, ldy);
+#endif
 }
 
 /* A device buffer of at least bytes, grown by half again on demand and kept: no allocation once warm. */
