@@ -614,11 +614,26 @@ def _deepseek2_config(m: _Meta, a: str, heads: int, layers: int, tensors: dict[s
         }
         if mscale:
             scaling["mscale"] = scaling["mscale_all_dim"] = mscale / 0.1
-        freq, factor, softmax = yarn_rope(scaling, rope, theta, max_pos, m.path)
+        freq, factor, softmax = yarn_rope(scaling, rope, theta, max_pos, m.path, _yarn_keys(a))
         kw.update(rope_inv_freq=freq, rope_attention_factor=factor, attention_scale=qk**-0.5 * softmax)
     elif kind != "none":
         m.fail(f"'{a}rope.scaling.type' = {kind!r} is not supported (expected 'yarn' or none)", UnsupportedError)
     return kw
+
+
+def _yarn_keys(a: str) -> dict[str, str]:
+    """The metadata keys llama.cpp writes YaRN's config.json values to, so that yarn_rope's errors name the key."""
+    s = a + "rope.scaling."
+    return {
+        "rope_theta": a + "rope.freq_base",
+        "factor": s + "factor",
+        "beta_fast": s + "yarn_beta_fast",
+        "beta_slow": s + "yarn_beta_slow",
+        "original_max_position_embeddings": s + "original_context_length",
+        "attention_factor": s + "yarn_attn_factor",
+        "mscale": s + "yarn_log_multiplier",
+        "mscale_all_dim": s + "yarn_log_multiplier",
+    }
 
 
 def _gpt_oss_config(m: _Meta, a: str, layers: int, head_dim: int) -> dict[str, Any]:
@@ -669,7 +684,7 @@ def _gpt_oss_config(m: _Meta, a: str, layers: int, head_dim: int) -> dict[str, A
         if a + "rope.scaling.yarn_attn_factor" in m.md:
             scaling["attention_factor"] = m.number(a + "rope.scaling.yarn_attn_factor", ..., lambda v: 0 < v < 1e6,
                                                    "a positive number")  # fmt: skip
-        freq, factor, _ = yarn_rope(scaling, head_dim, theta, max_pos, m.path)
+        freq, factor, _ = yarn_rope(scaling, head_dim, theta, max_pos, m.path, _yarn_keys(a))
         kw.update(rope_inv_freq=freq, rope_attention_factor=factor)
     elif kind != "none":
         m.fail(f"'{a}rope.scaling.type' = {kind!r} is not supported (expected 'yarn' or none)", UnsupportedError)
@@ -716,6 +731,9 @@ def parse_config(parts: list[Part]) -> ModelConfig:
         head_dim = kw.pop("head_dim")
     if heads % kv_heads:
         m.fail(f"'{a}attention.head_count' = {heads} is not a multiple of '{a}attention.head_count_kv' = {kv_heads}")
+    if arch != "deepseek_v3" and head_dim % 2:  # (DeepSeek rotates rope.dimension_count dimensions, checked above)
+        given = "" if a + "attention.key_length" in m.md else " (absent: embedding_length / head_count)"
+        m.fail(f"'{a}attention.key_length' = {head_dim}{given}, expected an even number (RoPE rotates pairs)")
     if arch == "gpt_oss":
         kw = _gpt_oss_config(m, a, layers, head_dim)
     elif arch != "deepseek_v3":

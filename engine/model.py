@@ -18,7 +18,7 @@ import numpy as np
 
 from . import formats
 from .checkpoint import Checkpoint, ModelConfig
-from .errors import ArgumentError, EngineError, RangeError, StateError, UnsupportedError
+from .errors import ArgumentError, EngineError, OutOfMemoryError, RangeError, StateError, UnsupportedError
 from .native import check, ffi, lib, text
 from .placement import Placement
 from .trace import SPAN_KINDS, Span
@@ -31,6 +31,10 @@ RAW_U8 = 16
 # are enabled and the files take at most half of the memory available.
 WEIGHTS_MODES = {"auto": 0, "map": 1, "copy": 2}
 _WEIGHTS_NAMES = {code: name for name, code in WEIGHTS_MODES.items()}
+# The most spans a context's trace holds between two reads: a step records about 16 per layer (DecodeRun asks for
+# 16 per layer and pass), so this is hundreds of steps of the largest models; the core allows 2**26, which is
+# gigabytes held twice (in the core and in the context's read buffer) for nothing a run needs.
+MAX_TRACE_SPANS = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,22 @@ def _name(value, what: str) -> bytes:
         raise ArgumentError(f"{what} must be a name (text) like 'cpu:0', got {value!r}")
     if "\0" in value:
         raise ArgumentError(f"{what} {value!r} contains a NUL character")
-    return value.encode()
+    return check_text(value, what).encode()
+
+
+def check_text(value, what: str) -> str:
+    """Text the tokenizer or the core takes: a str that encodes as UTF-8 (not a lone surrogate, which a non-UTF-8
+    byte of a command line becomes, nor bytes); ArgumentError naming `what` and the first bad character."""
+    if not isinstance(value, str):
+        raise ArgumentError(f"{what} must be text (str), got {type(value).__name__} {value!r:.80}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = f"{value[exc.start]!r} at index {exc.start} is a lone surrogate"
+        raise ArgumentError(
+            f"{what} {value!r:.80} is not valid Unicode text: {bad} (expected text that is UTF-8)"
+        ) from None
+    return value
 
 
 def _count(value, what: str, lo: int, hi: int) -> int:
@@ -276,8 +295,11 @@ class Model(_Handle):
 
     def __init__(self, engine: Engine, source: str | os.PathLike | Checkpoint, device: str = "cpu:0",
                  weights: str = "auto", top_k: int | None = None):  # fmt: skip
-        if weights not in WEIGHTS_MODES:
+        if not isinstance(weights, str) or weights not in WEIGHTS_MODES:
             raise ArgumentError(f"weights {weights!r}: expected one of {', '.join(WEIGHTS_MODES)}")
+        if not isinstance(source, (str, os.PathLike, Checkpoint)):
+            raise ArgumentError(f"model must be the path of a model folder or GGUF file (str or os.PathLike) or a "
+                                f"Checkpoint, got {type(source).__name__} {source!r:.80}")  # fmt: skip
         self.checkpoint = source if isinstance(source, Checkpoint) else Checkpoint.open(source)
         self.native_top_k = self.checkpoint.config.top_k
         if top_k is not None:
@@ -502,7 +524,7 @@ class Model(_Handle):
                 f"model '{self.checkpoint.folder}' has no tokenizer (a folder without tokenizer.json, or a GGUF file "
                 "without a vocabulary): pass token ids instead"
             )
-        return self.tokenizer.encode(text_, add_special_tokens=False).ids
+        return self.tokenizer.encode(check_text(text_, "text to encode"), add_special_tokens=False).ids
 
     def decode_text(self, ids) -> str:
         if hasattr(ids, "__len__") and len(ids) == 0:
@@ -640,7 +662,7 @@ class Context(_Handle):
     @_locked
     def mode(self, mode: str) -> None:
         """How expert outputs are reduced: "reference" (placement-invariant) or "owner_local" (faster)."""
-        if mode not in self.MODES:
+        if not isinstance(mode, str) or mode not in self.MODES:
             raise ArgumentError(f"reduction mode {mode!r}: expected 'reference' or 'owner_local'")
         check(lib.eb_context_set_mode(self._live(), self.MODES[mode]))
         self._mode = mode
@@ -658,7 +680,7 @@ class Context(_Handle):
         same on every placement) or "q8" (activations quantized to int8 per block of 32 or 256 values, integer
         products, as llama.cpp runs them: faster, deterministic and placement-independent across CPU devices, not the
         reference's output; a GPU module reads it as f32). Float weights are read in f32 either way."""
-        if precision not in self.PRECISIONS:
+        if not isinstance(precision, str) or precision not in self.PRECISIONS:
             raise ArgumentError(f"precision {precision!r}: expected one of {', '.join(self.PRECISIONS)}")
         check(lib.eb_context_set_precision(self._live(), self.PRECISIONS[precision]))
         self._precision = precision
@@ -701,11 +723,20 @@ class Context(_Handle):
     def trace(self, capacity: int) -> None:
         """The per-token trace: room for `capacity` spans between two trace_spans() reads (0, the default: off).
         Spans that do not fit are counted in trace_lost, not kept."""
-        if not _is_int(capacity) or not 0 <= capacity <= 1 << 26:
-            raise RangeError(f"trace capacity {capacity!r}: expected 0 (off) .. {1 << 26} spans")
-        check(lib.eb_context_set_trace(self._live(), int(capacity)))
-        self._trace = int(capacity)
-        self._trace_buf = ffi.new("eb_trace_span[]", capacity) if capacity else None  # kept: reads allocate none
+        if not _is_int(capacity) or not 0 <= capacity <= MAX_TRACE_SPANS:
+            size = MAX_TRACE_SPANS * ffi.sizeof("eb_trace_span") >> 20
+            raise RangeError(f"trace capacity {capacity!r}: expected 0 (off) .. {MAX_TRACE_SPANS} spans (at most "
+                             f"{size} MiB in the core and as much here)")  # fmt: skip
+        self._live()
+        # The read buffer first: if it cannot be had, the core has not been touched and keeps tracing as before
+        # (its own allocation failing leaves it as it was too).
+        try:
+            buf = ffi.new("eb_trace_span[]", int(capacity)) if capacity else None  # kept: reads allocate none
+        except MemoryError:
+            raise OutOfMemoryError(f"out of memory for a trace of {capacity} spans: tracing left at "
+                                   f"{self._trace or 'off'}") from None  # fmt: skip
+        check(lib.eb_context_set_trace(self._ptr, int(capacity)))
+        self._trace, self._trace_buf = int(capacity), buf
         self.trace_lost = 0
 
     @_locked
@@ -766,6 +797,9 @@ class Context(_Handle):
             raise ArgumentError(f"number of tokens to choose must be a positive integer, got {n!r}")
         if not _is_int(first):
             raise ArgumentError(f"first token must be an integer, got {first!r}")
+        if not 0 <= first < self.vocab_size:  # (past int32, cffi would raise OverflowError)
+            raise RangeError(f"greedy: first token id {first} out of range: the vocabulary has {self.vocab_size} "
+                             f"tokens (ids 0..{self.vocab_size - 1})")  # fmt: skip
         room = self.capacity - self.position + 1  # every chosen token but the last is appended
         if n > room:
             raise RangeError(
@@ -775,9 +809,15 @@ class Context(_Handle):
         return self._greedy(int(first), n, self._stop_array(stop_ids))
 
     def _stop_array(self, stop_ids) -> np.ndarray:
-        stop_list = list(stop_ids)
+        bad = ArgumentError(f"stop ids must be integers, got {stop_ids!r:.80} (stop_ids: expected a list of token ids)")
+        if isinstance(stop_ids, (str, bytes)):  # bytes would list as small integers
+            raise bad
+        try:
+            stop_list = list(stop_ids)
+        except TypeError:
+            raise bad from None
         if not all(_is_int(s) for s in stop_list):
-            raise ArgumentError(f"stop ids must be integers, got {stop_ids!r}")
+            raise bad
         # ids outside the vocabulary can never be chosen
         return np.array([s for s in stop_list if 0 <= s < self.vocab_size], dtype=np.int32)
 

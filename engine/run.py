@@ -31,7 +31,7 @@ import numpy as np
 
 from .diverge import Diagnosis, Outputs, Trail, diagnose
 from .errors import ArgumentError, RangeError, StateError
-from .model import Context, Model, _ids_array, check_context_top_k
+from .model import Context, Model, _ids_array, check_context_top_k, check_text
 from .speculative import GreedyDecoder, SpeculativeDecoder, check_draft_q, check_shared_vocabulary
 from .trace import Span
 
@@ -296,6 +296,8 @@ class DecodeRun:
                     f"positions, more than the {role}'s max_position_embeddings "
                     f"({model.config.max_position_embeddings})"
                 )
+        if on_event is not None and not callable(on_event):
+            raise ArgumentError(f"on_event {on_event!r:.80}: expected a function taking a StepEvent, or None")
         self.on_event = on_event
         if not isinstance(trace, bool):
             raise ArgumentError(f"trace must be True or False, got {trace!r}")
@@ -322,6 +324,7 @@ class DecodeRun:
             if isinstance(p, str):
                 if not p:
                     raise ArgumentError(f"prompt {i} is empty: expected some text")
+                check_text(p, f"prompt {i}")
                 ids = self.target.encode(p)
                 if not ids:
                     raise ArgumentError(f"prompt {i} ({p!r}) encodes to no tokens: expected some text")

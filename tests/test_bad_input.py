@@ -9,10 +9,12 @@ transformers reference.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -893,3 +895,56 @@ def test_a_shape_beyond_any_memory_is_refused_with_the_tensor_name(tmp_path):
     edit_header(st, lambda h: h[name].update(shape=[0, 2**63]))
     with pytest.raises(CheckpointError, match=rf"{q(st)}.*tensor '{q(name)}': shape \[0, {2**63}\] is not a list"):
         load(folder)
+
+
+# YaRN's values outside the domain of its formulas (a correction dimension is dim * log(original / (2π·beta)) /
+# (2 log(rope_theta)); mscale(factor, m) = 0.1·m·ln(factor) + 1 divides): each named by its key, never a math domain
+# error, a ZeroDivisionError or an OverflowError
+YARN_CASES = [
+    ("beta_fast", -1, r"rope_scaling: 'beta_fast' = -1.0, expected a positive number of rotations"),
+    ("beta_slow", -1, r"rope_scaling: 'beta_slow' = -1.0, expected a positive number of rotations"),
+    ("beta_fast", 0.5, r"rope_scaling: 'beta_fast' = 0.5, expected at least rope_scaling: 'beta_slow' = 1.0"),
+    ("beta_fast", 1e308, r"rope_scaling: 'beta_fast' = 1e\+308, expected a number of rotations for .* = 0.0\)"),
+    ("beta_slow", 1e-320, r"rope_scaling: 'beta_slow' = 1e-320, expected a number of rotations for .* = inf\)"),
+    ("mscale_all_dim", -10 / math.log(4.0), r"rope_scaling: 'mscale_all_dim' = -7.21.*, expected a number >= 0"),
+    ("attention_factor", "x", r"rope_scaling: 'attention_factor' = 'x', expected a number"),
+    ("original_max_position_embeddings", 10**400, r"rope_scaling: 'original_max_position_embeddings' = 10+, "),
+    ("truncate", "no", r"rope_scaling: 'truncate' = 'no', expected true or false"),
+    ("rope_theta", 1.0, r"'rope_theta' = 1.0, expected a number > 1 with YaRN scaling"),
+]
+
+
+@pytest.mark.parametrize("name", ["deepseek-f32", "gpt-oss-bf16"])
+@pytest.mark.parametrize(("key", "value", "message"), YARN_CASES, ids=[f"{k}={v!r:.8}" for k, v, _ in YARN_CASES])
+def test_yarn_values_outside_its_formulas_name_the_key(tmp_path, name, key, value, message):
+    folder = copy_fixture(tmp_path, name)
+
+    def edit(c: dict) -> None:
+        (c if key == "rope_theta" else c["rope_scaling"])[key] = value
+
+    config = edit_config(folder, edit)
+    with pytest.raises(CheckpointError, match=rf"{q(config)}': {message}"):
+        load(folder)
+
+
+def test_a_prompt_that_is_not_utf8_on_the_command_line_is_exit_2_naming_the_byte():
+    """Python hands a non-UTF-8 argument over as lone surrogates (surrogateescape), which the tokenizer refuses with a
+    TypeError: the command names the prompt and the byte instead."""
+    args = [sys.executable, "-m", "engine", "run", "--model", str(FIXTURES / "qwen3moe-f32"), "--no-draft",
+            "--no-quality", "-n", "2", "--repeats", "1", "--prompt", b"caf\xe9 au lait"]  # fmt: skip
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, timeout=120)
+    err = done.stderr.decode("utf-8", "replace")
+    assert done.returncode == 2, err
+    assert err.splitlines() == [
+        r"expertbench: error: --prompt b'caf\xe9 au lait' is not valid UTF-8: byte 0xe9 at offset 3 (invalid "
+        "continuation byte); expected UTF-8 text"
+    ]
+
+
+def test_a_lone_surrogate_prompt_given_to_main_is_exit_2(capsys):
+    from engine.cli import main
+
+    base = ["run", "--model", str(FIXTURES / "qwen3moe-f32"), "--no-draft", "--no-quality", "-n", "2", "--repeats", "1"]
+    assert main(base + ["--prompt", "fine", "--prompt", "x\ud800"]) == 2
+    assert "--prompt 'x\\ud800' is not valid text: '\\ud800' at index 1 is a lone surrogate" in capsys.readouterr().err
+    assert main(base + ["--prompt", "fine"]) == 0

@@ -410,3 +410,44 @@ def test_a_split_whose_tensor_count_is_wrong(tmp_path):
     with pytest.raises(CheckpointError, match=rf"'{q(parts[0])}': the 3 parts hold 38 tensors, but "
                                               r"split.tensors.count = 40"):  # fmt: skip
         Checkpoint.open(parts[0])
+
+
+# ---- YaRN keys and head sizes of the DeepSeek and gpt-oss files ----------------------------------------------
+
+YARN_FILES = {"deepseek2": FIXTURES / "deepseek-gguf" / "model-f32.gguf",
+              "gpt-oss": FIXTURES / "gpt-oss-gguf" / "model-mxfp4_moe.gguf"}  # fmt: skip
+
+
+def with_value(tmp_path: Path, source: Path, key: str, fmt: str, value: float) -> Path:
+    """A copy of source with the scalar value of `key` rewritten in place (same type, same size)."""
+    raw = source.read_bytes()
+    _, vpos, end = Layout(raw).kv[key]
+    assert end - vpos - 4 == struct.calcsize(fmt)
+    return patched(tmp_path, raw, (vpos + 4, struct.pack(fmt, value)))
+
+
+def loads_and_runs(path: Path) -> None:
+    """The process goes on: the file the bad one was made from loads and decodes."""
+    with Engine(cpu_devices=1, cpu_threads=1) as eng, eng.load(path) as model, model.context(8) as ctx:
+        assert np.isfinite(ctx.prefill([1, 2, 3])).all()
+
+
+@pytest.mark.parametrize("arch", sorted(YARN_FILES))
+@pytest.mark.parametrize(("key", "fmt", "value", "pattern"), [
+    ("rope.freq_base", "<f", 1.0, r"'{a}rope.freq_base' = 1.0, expected a number > 1 with YaRN scaling"),
+    ("rope.scaling.yarn_beta_fast", "<f", 0.5,
+     r"'{a}rope.scaling.yarn_beta_fast' = 0.5, expected at least '{a}rope.scaling.yarn_beta_slow' = 1.0"),
+    ("rope.scaling.yarn_beta_fast", "<f", -1.0, r"'{a}rope.scaling.yarn_beta_fast' = -1.0, expected a positive"),
+    ("rope.scaling.yarn_beta_slow", "<f", -1.0, r"'{a}rope.scaling.yarn_beta_slow' = -1.0, expected a positive"),
+], ids=["freq_base=1", "beta_fast<beta_slow", "beta_fast=-1", "beta_slow=-1"])  # fmt: skip
+def test_yarn_keys_outside_its_formulas_are_named(tmp_path, arch, key, fmt, value, pattern):
+    a = re.escape(arch + ".")
+    path = with_value(tmp_path, YARN_FILES[arch], arch + "." + key, fmt, value)
+    refused(path, CheckpointError, pattern.format(a=a))
+    loads_and_runs(YARN_FILES[arch])
+
+
+def test_an_odd_gpt_oss_key_length_is_named(tmp_path):
+    path = with_value(tmp_path, YARN_FILES["gpt-oss"], "gpt-oss.attention.key_length", "<I", 33)
+    refused(path, CheckpointError, r"'gpt-oss.attention.key_length' = 33, expected an even number \(RoPE rotates")
+    loads_and_runs(YARN_FILES["gpt-oss"])

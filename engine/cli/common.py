@@ -8,7 +8,7 @@ import sys
 
 from ..demo import DEFAULT_FAMILY, DEMO_FORMATS, FAMILIES, QUANTS, SIZES, check_format, ensure_demo_pair
 from ..devices import DeviceSettings
-from ..errors import EngineError
+from ..errors import ArgumentError, EngineError
 from ..model import Engine
 
 SYNTHETIC_NOTE = "synthetic: random weights, its text is noise by design"
@@ -17,7 +17,8 @@ SYNTHETIC_NOTE = "synthetic: random weights, its text is noise by design"
 def engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runtime", action="append", default=[], metavar="NAME",
                    help="load runtime NAME as well as cpu (cuda, hip, hostsim); repeat for several")  # fmt: skip
-    p.add_argument("--cpu-devices", type=int, default=0, help="split the CPU into N devices (default: one per NUMA node)")
+    p.add_argument("--cpu-devices", type=int, default=0,
+                   help="split the CPU into N devices (default: one per NUMA node)")  # fmt: skip
     p.add_argument("--threads", type=int, default=0, help="worker threads per CPU device (default: all cores)")
     p.add_argument("--kernels", choices=("best", "avx2", "portable"),
                    help="the most the CPU kernels may use: best (AVX2, and AVX-512 VNNI for --precision q8, where the "
@@ -62,6 +63,26 @@ def check_model_args(args) -> None:
         raise EngineError(f"{' and '.join(demo)}: choose the demo pair, which runs only without --model")
     if args.demo_quant is not None and args.demo_format != "gguf":
         raise EngineError(f"--demo-quant {args.demo_quant}: only the GGUF demo is quantized (add --demo-format gguf)")
+
+
+def check_prompt(text: str) -> None:
+    """A prompt from the command line that is not UTF-8 reaches Python with its bad bytes as lone surrogates
+    (surrogateescape), which the tokenizer cannot take: name the byte and where it is."""
+    try:
+        text.encode("utf-8")
+        return
+    except UnicodeEncodeError as exc:
+        first = exc.start
+    try:
+        raw = text.encode("utf-8", "surrogateescape")  # the bytes of the command line
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ArgumentError(f"--prompt {raw!r:.80} is not valid UTF-8: byte 0x{raw[exc.start]:02x} at offset "
+                            f"{exc.start} ({exc.reason}); expected UTF-8 text") from None  # fmt: skip
+    except UnicodeEncodeError:  # a surrogate no byte becomes (main() called from Python)
+        pass
+    raise ArgumentError(f"--prompt {text!r:.80} is not valid text: {text[first]!r} at index {first} is a lone "
+                        "surrogate; expected UTF-8 text")  # fmt: skip
 
 
 def model_paths(args, with_draft: bool) -> tuple:

@@ -20,6 +20,7 @@ from ..speculative import MAX_DRAFT_TOKENS
 from ..trace import write_chrome_trace
 from .common import (
     check_model_args,
+    check_prompt,
     demo_args,
     engine_args,
     make_engine,
@@ -140,6 +141,7 @@ def _check_run_args(args) -> None:
     for p in args.prompt or ():
         if not p:
             raise EngineError("--prompt '' is empty: give some text")
+        check_prompt(p)
     check_model_args(args)
     if args.trace is not None:
         folder = args.trace.parent

@@ -33,7 +33,7 @@ from ..tune import (
     report,
     text,
 )
-from .common import check_model_args, demo_args, engine_args, make_engine, model_paths, synthetic_note
+from .common import check_model_args, check_prompt, demo_args, engine_args, make_engine, model_paths, synthetic_note
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -134,6 +134,7 @@ def _check_args(args) -> tuple[tuple[int, ...], dict[str, int]]:
     for p in args.prompt or ():
         if not p:
             raise ArgumentError("--prompt '' is empty: give some text")
+        check_prompt(p)
     if args.out is not None:
         if args.out.is_dir():
             raise ArgumentError(f"--out {args.out}: is a folder, expected a profile file to write")
