@@ -52,6 +52,7 @@ class DeviceInfo:
     memory_free: int
     threads: int
     formats: tuple[str, ...] = ()  # the weight formats its kernels read (engine/formats.py names)
+    precisions: tuple[str, ...] = ()  # the activation precisions its kernels run (Context.PRECISIONS names)
 
     def reads(self, fmt: str) -> bool:
         return fmt in self.formats
@@ -232,9 +233,10 @@ class Engine(_Handle):
         for i in range(lib.eb_engine_device_count(self._live())):
             check(lib.eb_engine_device_info(self._ptr, i, info))
             reads = tuple(f.name for f in formats.FORMATS.values() if info.formats >> f.code & 1)
+            runs = tuple(p for p, code in Context.PRECISIONS.items() if info.precisions >> code & 1)
             out.append(
                 DeviceInfo(i, text(info.name), text(info.kind), text(info.description), info.memory_total,
-                           info.memory_free, info.threads, reads)
+                           info.memory_free, info.threads, reads, runs)
             )  # fmt: skip
         return out
 

@@ -107,6 +107,7 @@ typedef struct {
     int32_t local_index;
     int32_t threads;
     uint32_t formats;               /* the weight formats its kernels read: bit (1 << eb_dtype) each */
+    uint32_t precisions;            /* the activation precisions its kernels run: bit (1 << eb_precision) each */
 } eb_device_info;
 
 typedef struct {

@@ -921,6 +921,7 @@ static int cpu_device_info(void *rtp, int dev, eb_rt_device_info *info, char *er
     info->threads = d->pool.n_threads;
     info->host_addressable = HOST_ADDRESSABLE;
     info->formats = (1u << EB_DTYPE_COUNT) - 1; /* every format, in both kernel variants */
+    info->precisions = 1u << EB_PRECISION_F32 | 1u << EB_PRECISION_Q8;
     return 0;
 }
 

@@ -773,6 +773,7 @@ static int gpu_device_info(void *rtp, int dev, eb_rt_device_info *info, char *er
     info->host_addressable = 0;
     info->queued_ops = 1;
     info->formats = (1u << EB_DTYPE_COUNT) - 1; // every format: the quantized ones dequantized in f32 (qfmt)
+    info->precisions = 1u << EB_PRECISION_F32; // no q8 kernels yet: the core refuses a q8 step here
     return 0;
 }
 
