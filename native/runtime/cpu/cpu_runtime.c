@@ -29,6 +29,7 @@
 #include "cpu_kernels.h"
 #include "eb_formats.h"
 #include "eb_ops.h"
+#include "eb_q8.h"
 #include "eb_runtime.h"
 
 #ifdef EB_CPU_HOSTSIM
@@ -534,11 +535,16 @@ static void gate_up_chunk(void *arg, int64_t begin, int64_t end) {
             }
         }
         const eb_rt_act *act = &j->b->act;
+        /* both products q8 ones: the q8 precision's activation (eb_q8.h), which the GPU modules compute alike */
+        int q8 = uses_q8(j->b->precision, dt[0]) && uses_q8(j->b->precision, dt[1]);
         for (int64_t p = 0; p < m; p++) {
             float *gp = g + p * I, *up = u + p * I;
             if (e->bias)
                 for (int64_t r = r0; r < r1; r++) gp[r] += e->bias[r], up[r] += e->bias[I + r];
-            for (int64_t r = r0; r < r1; r++) gp[r] = eb_act(act->kind, act->alpha, act->limit, gp[r], up[r]);
+            if (q8)
+                for (int64_t r = r0; r < r1; r++) gp[r] = eb_q8_act(act->kind, act->alpha, act->limit, gp[r], up[r]);
+            else
+                for (int64_t r = r0; r < r1; r++) gp[r] = eb_act(act->kind, act->alpha, act->limit, gp[r], up[r]);
         }
     }
 }
