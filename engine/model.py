@@ -658,8 +658,9 @@ class Context(_Handle):
     def precision(self, precision: str) -> None:
         """How activations meet quantized weights: "f32" (exactly dequantized weights, f32 sums: the reference, the
         same on every placement) or "q8" (activations quantized to int8 per block of 32 or 256 values, integer
-        products, as llama.cpp runs them: faster, deterministic and placement-independent across CPU devices, not the
-        reference's output; a GPU module reads it as f32). Float weights are read in f32 either way."""
+        products, as llama.cpp runs them: faster, deterministic, the same bits on every placement of a primary over CPU
+        and GPU devices, not the reference's output). Float weights are read in f32 either way. A device whose
+        kernels do not run the precision (DeviceInfo.precisions) is refused by name, here and at every step."""
         if precision not in self.PRECISIONS:
             raise ArgumentError(f"precision {precision!r}: expected one of {', '.join(self.PRECISIONS)}")
         check(lib.eb_context_set_precision(self._live(), self.PRECISIONS[precision]))
