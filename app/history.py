@@ -284,7 +284,7 @@ class HistoryPanel(QWidget):
         header.setSectionResizeMode(column("Placement"), QHeaderView.ResizeMode.Stretch)
         header.setMinimumSectionSize(40)
         self.view.verticalHeader().setDefaultSectionSize(24)
-        self.setMinimumSize(280, 120)  # a few rows; the table scrolls
+        self.setMinimumSize(180, 104)  # a few rows and columns; the table scrolls
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 4, 8, 8)
         layout.addWidget(self.view)

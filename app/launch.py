@@ -30,7 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runtimes", help="runtime modules to load, comma-separated (default: cpu,cuda,hip, and "
                    "hostsim when no accelerator is found)")  # fmt: skip
     p.add_argument("--theme", choices=("system", "light", "dark"), default="system")
-    p.add_argument("--screenshot", metavar="PNG", help="open, make a short demo run, save the window as PNG, exit")
+    p.add_argument("--screenshot", metavar="PNG", help="open, make a short demo run, save the window as PNG, exit "
+                   "(on a private state: the run history and window settings kept for you are neither shown nor "
+                   "changed)")  # fmt: skip
     p.add_argument("--size", metavar="WxH", type=window_size,
                    help="the window's size in pixels, e.g. 1100x720 (default: the last one, or 1560x980; "
                    "1600x1000 for --screenshot)")  # fmt: skip
@@ -56,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.theme != "system":
         os.environ["EXPERTBENCH_THEME"] = args.theme
 
+    from PySide6.QtCore import QSize
     from PySide6.QtWidgets import QApplication
 
     from . import theme
@@ -67,7 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     app.setOrganizationName("expertbench")
     app.setWindowIcon(theme.app_icon())
     theme.apply_theme(app)
-    window = MainWindow()
+    if args.screenshot:
+        from .screenshot import private_window
+
+        window, private = private_window()
+    else:
+        window, private = MainWindow(), None
     state = window.state
     runtimes = tuple(r.strip() for r in args.runtimes.split(",")) if args.runtimes else None
     state.open_engine(lambda: default_engine(args.cpu_devices, runtimes))
@@ -86,8 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.screenshot:
         from .screenshot import SIZE, capture
 
-        return capture(window, args.screenshot, size=args.size or SIZE)
+        with private:
+            return capture(window, args.screenshot, size=args.size or SIZE)
+    from . import actions
+
+    actions.install_excepthook()  # an exception in any slot is a dialog, not a line on stderr alone
     if args.size:
-        window.resize(*args.size)
+        window.set_size(QSize(*args.size))
     window.show()
     return app.exec()

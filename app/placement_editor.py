@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from . import theme
+from . import actions, theme
 from .state import WorkbenchState, format_bytes
 
 _ROOT = QModelIndex()  # the invalid index: Qt's default parent
@@ -530,10 +530,10 @@ class PlacementEditor(QWidget):
         bar.addWidget(title)
         self.undo_button = QToolButton()
         self.undo_button.setIcon(theme.icon("undo"))
-        self.undo_button.clicked.connect(self.undo)
+        actions.connect(self.undo_button.clicked, self.undo, "Undo", parent=self)
         self.redo_button = QToolButton()
         self.redo_button.setIcon(theme.icon("redo"))
-        self.redo_button.clicked.connect(self.redo)
+        actions.connect(self.redo_button.clicked, self.redo, "Redo", parent=self)
         bar.addSpacing(8)
         bar.addWidget(self.undo_button)
         bar.addWidget(self.redo_button)

@@ -21,7 +21,7 @@ import math
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt, QTimer, Slot
-from PySide6.QtGui import QColor, QPainter
+from PySide6.QtGui import QColor, QFontMetrics, QPainter
 from PySide6.QtWidgets import QGraphicsItem, QGridLayout, QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from . import theme
@@ -91,11 +91,16 @@ def whiskers(history: list[RunRecord]) -> tuple[np.ndarray, np.ndarray, np.ndarr
 def _plot(title: str, left: str, bottom: str) -> pg.PlotWidget:
     w = pg.PlotWidget()
     w.setTitle(title, size="10pt")
+    font = w.font()
+    font.setPointSize(10)
+    # never narrower than its title (drawn over the plot, beside the left axis' room where it has a labelled one):
+    # none is cut
+    title_width = QFontMetrics(font).horizontalAdvance(title) + (64 if left else 16)
     w.setLabel("left", left)
     w.setLabel("bottom", bottom)
     w.showGrid(x=True, y=True, alpha=0.15)
     w.setMenuEnabled(False)
-    w.setMinimumSize(200, 100)
+    w.setMinimumSize(max(150, title_width), 100)
     w.getPlotItem().getViewBox().setDefaultPadding(0.04)
     w.getPlotItem().getViewBox().setLimits(yMin=0)  # speeds and shares: never below 0
     for axis in ("left", "bottom"):
@@ -164,7 +169,9 @@ class DeviceBar(QWidget):
         self.color = theme.device_color(device, kind)
         self.share: float | None = None
         self.text = ""
-        self.setMinimumSize(150, 20)
+        # its name and the longest text it shows whole, beside each other
+        metrics = self.fontMetrics()
+        self.setMinimumSize(metrics.horizontalAdvance(device) + 8 + metrics.horizontalAdvance("100 % busy") + 16, 20)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
 
     def set_share(self, share: float | None, text: str, tip: str = "") -> None:
@@ -211,12 +218,17 @@ class DeviceStrip(QWidget):
         self.state = state
         self.bars: dict[str, DeviceBar] = {}
         self.source = "none"  # "busy" (a run's busy shares) or "bytes" (the placement's bytes shares)
-        self.row = QHBoxLayout(self)
+        # the caption above the bars: beside them it would widen the panel by its longest text
+        column = QVBoxLayout(self)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.setSpacing(2)
+        self.row = QHBoxLayout()
         self.row.setContentsMargins(0, 0, 0, 0)
         self.row.setSpacing(12)
         self.caption = QLabel()
         self.caption.setObjectName("muted")
-        self.row.addWidget(self.caption)
+        column.addWidget(self.caption)
+        column.addLayout(self.row)
         for sig in (state.sigEngineChanged, state.sigModelChanged, state.sigPlacementChanged, state.sigRunStarted,
                     state.sigHistoryChanged):  # fmt: skip
             sig.connect(self.refresh)
@@ -263,13 +275,13 @@ class DeviceStrip(QWidget):
         total = sum(used.values())
         if s.model is None or total <= 0:
             self.source = "none"
-            self.caption.setText("Devices: no model loaded" if s.model is None else "Devices: no experts placed")
+            self.caption.setText("No model loaded" if s.model is None else "No experts placed")
             self.caption.setToolTip("")
             for bar in self.bars.values():
                 bar.set_share(None, "")
             return
         self.source = "bytes"
-        self.caption.setText("Experts' bytes (decoding):" if s.running else "Experts' bytes:")
+        self.caption.setText("Experts' bytes:")
         self.caption.setToolTip(BYTES_TIP)
         for name, bar in self.bars.items():
             share = used.get(name, 0) / total
@@ -290,13 +302,14 @@ class LivePlots(QWidget):
         grid = QGridLayout()
         grid.setSpacing(8)
         outer.addLayout(grid, 1)
-        # Short titles: a title wider than its plot would widen the plot past its dock (the rest in the tooltips).
-        self.rate_plot = _plot("Decode tokens/s (rolling)", "tokens/s", "seconds")
+        # Short titles: each plot is as wide as its title (the rest in the tooltips), and four fit a 1366 screen; the
+        # live plots' time axes say they are this run's.
+        self.rate_plot = _plot("Decode tok/s", "tokens/s", "seconds")
         self.rate_plot.setToolTip(f"This run's decode tokens/s over the last {ROLLING_STEPS} decode steps")
-        self.accept_plot = _plot("Draft acceptance (rolling)", "%", "seconds")
+        self.accept_plot = _plot("Acceptance", "%", "seconds")
         self.accept_plot.setToolTip(f"This run's accepted share of drafted tokens over the last {ROLLING_STEPS} "
                                     "decode steps")  # fmt: skip
-        self.runs_plot = _plot("Decode tokens/s per run", "tokens/s", "run")
+        self.runs_plot = _plot("Tok/s per run", "tokens/s", "run")
         self.runs_plot.setToolTip(RUNS_TIP)
         self.hash_plot = _plot("Output hash per run", "", "")
         self.hash_plot.setToolTip("Each run's output hash against the reference run (the first complete run of the "
@@ -350,6 +363,7 @@ class LivePlots(QWidget):
         state.sigRunStarted.connect(self._started)
         state.sigRunFinished.connect(self._finished)
         state.sigHistoryChanged.connect(self.refresh_runs)
+        state.sigModelChanged.connect(self._model_changed)
         self.refresh_live()
         self.refresh_runs()
 
@@ -382,6 +396,13 @@ class LivePlots(QWidget):
     def _finished(self, _record) -> None:
         self.timer.stop()
         self.refresh_live()
+
+    @Slot()
+    def _model_changed(self) -> None:
+        """Another model: the live curves (the state emptied its buffer) and their ranges start again."""
+        if not self.state.running:
+            self.x_top, self.y_top = LIVE_SECONDS, 0.0
+            self.refresh_live()
 
     def _set_empty(self, plot: pg.PlotWidget, empty: bool) -> None:
         """set_empty when the plot's empty state changes (showing or hiding its axes lays the plot out anew)."""

@@ -28,7 +28,8 @@ from PySide6.QtWidgets import (
 
 from engine.errors import EngineError
 
-from . import strategies, theme
+from . import actions, strategies, theme
+from .scrolling import FitsItsHeight
 from .state import WorkbenchState, format_bytes
 
 
@@ -88,6 +89,7 @@ class HeatMap(pg.PlotWidget):
             self.note.setText("")
         else:
             self.image.setImage(np.zeros((layers, experts)), levels=(0, 1))
+            self.colorbar.setLevels((0, 1))  # no counts: the previous model's scale goes with them
             self.image.setVisible(False)
             self.note.setText(note)
             self.note.setPos(experts / 2, layers / 2)
@@ -99,7 +101,7 @@ class HeatMap(pg.PlotWidget):
         self.setYRange(0, layers, padding=0.02)
 
 
-class RoutingPanel(QWidget):
+class RoutingPanel(FitsItsHeight, QWidget):
     def __init__(self, state: WorkbenchState, prompts_source=None, parent=None):
         super().__init__(parent)
         self.state = state
@@ -114,11 +116,11 @@ class RoutingPanel(QWidget):
         self.body.addLayout(outer, 1)
         top = QHBoxLayout()
         self.profile_button = QPushButton(theme.icon("profile"), "Profile routing")
-        self.profile_button.clicked.connect(self.profile)
+        actions.connect(self.profile_button.clicked, self.profile, "Profiling routing", parent=self)
         top.addWidget(self.profile_button)
         self.reset_button = QPushButton("Reset")
         self.reset_button.setToolTip("Forget the routing statistics counted so far (the engine's counters too)")
-        self.reset_button.clicked.connect(self.state.reset_routing)
+        actions.connect(self.reset_button.clicked, self.state.reset_routing, "Resetting the routing", parent=self)
         top.addWidget(self.reset_button)
         top.addStretch(1)
         outer.addLayout(top)
@@ -137,12 +139,12 @@ class RoutingPanel(QWidget):
         grid.setVerticalSpacing(6)
         self.single_button = QPushButton(theme.icon("single"), "All on")
         self.single_button.setToolTip("Every expert of every MoE layer on the chosen device")
-        self.single_button.clicked.connect(self.all_on)
+        actions.connect(self.single_button.clicked, self.all_on, "All on", parent=self)
         self.device_combo = QComboBox()
         self.device_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.uniform_button = QPushButton(theme.icon("uniform"), "Uniform split")
         self.uniform_button.setToolTip("MoE layers in equal contiguous blocks, one block per device")
-        self.uniform_button.clicked.connect(self.uniform)
+        actions.connect(self.uniform_button.clicked, self.uniform, "Uniform split", parent=self)
         grid.addWidget(self.single_button, 0, 0)
         grid.addWidget(self.device_combo, 0, 1)
         grid.addWidget(self.uniform_button, 1, 0, 1, 2)
@@ -168,7 +170,7 @@ class RoutingPanel(QWidget):
         self.routing_buttons: dict[str, QPushButton] = {}
         for i, (name, (text, _what, _routed)) in enumerate(strategies.STRATEGIES.items()):
             b = QPushButton(text)
-            b.clicked.connect(lambda _=False, n=name: self.apply(n))
+            actions.connect(b.clicked, lambda n=name: self.apply(n), text, parent=self)
             grid.addWidget(b, 3 + i // 2, i % 2)
             self.routing_buttons[name] = b
         predicted = QHBoxLayout()

@@ -24,10 +24,12 @@ from engine.profile import DEFAULT_REPEATS, Profile
 from engine.run import PRECISIONS, REDUCTION_MODES
 from engine.speculative import MAX_DRAFT_TOKENS
 
-from . import theme
+from . import actions, theme
+from .scrolling import FitsItsHeight, Scrolling
 from .state import RunSettings, WorkbenchState
 
 MODE_TEXT = {"reference": "reference (identical outputs)", "owner_local": "owner-local (faster sums)"}
+SETTINGS_MIN_HEIGHT = 72  # the run settings' least height before they scroll: two or three rows
 PRECISION_TEXT = {"f32": "f32 (the reference)", "q8": "q8 (not the reference)"}
 PRECISION_TIP = (
     "How activations meet quantized weights (GGUF Q8_0, Q4_K, Q5_K, Q6_K, MXFP4).\n"
@@ -47,6 +49,10 @@ def _name(folder: str) -> str:
     return f"{path.parent.name}/{path.name}" if demo else path.name
 
 
+class _Settings(FitsItsHeight, QWidget):
+    """The run settings, in their scroll area: the height the panel has, no more than their wrapped text needs."""
+
+
 class RunPanel(QWidget):
     def __init__(self, state: WorkbenchState, parent=None):
         super().__init__(parent)
@@ -54,6 +60,12 @@ class RunPanel(QWidget):
         outer = QVBoxLayout(self)
         outer.setContentsMargins(10, 6, 10, 10)
         outer.setSpacing(8)
+        # The settings scroll where the panel is short (a 768-pixel screen); Start, Stop and the progress below them
+        # stay in view whatever its height.
+        settings = _Settings()
+        inner = QVBoxLayout(settings)
+        inner.setContentsMargins(0, 0, 0, 0)
+        inner.setSpacing(8)
         form = QFormLayout()
         form.setHorizontalSpacing(10)
         form.setVerticalSpacing(6)
@@ -94,21 +106,24 @@ class RunPanel(QWidget):
         form.addRow("Precision", self.precision)
         form.addRow("Tokens", self.tokens)
         form.addRow("Repeats", self.repeats)
-        outer.addLayout(form)
+        inner.addLayout(form)
         prompts_label = QLabel("Prompts (one per line)")
         prompts_label.setObjectName("muted")
-        outer.addWidget(prompts_label)
+        inner.addWidget(prompts_label)
         self.prompts = QPlainTextEdit("\n".join(DEMO_PROMPTS))
         self.prompts.setMinimumHeight(48)
-        outer.addWidget(self.prompts, 1)
+        inner.addWidget(self.prompts, 1)
+        # as wide as the settings (never a sideways scroll), as short as a few of their rows
+        self.settings_area = Scrolling(settings, sideways=False, min_height=SETTINGS_MIN_HEIGHT)
+        outer.addWidget(self.settings_area, 1)
         buttons = QHBoxLayout()
         buttons.setSpacing(6)
         self.start_button = QPushButton(theme.icon("start"), "Start")
         self.start_button.setDefault(True)
         self.stop_button = QPushButton(theme.icon("stop"), "Stop")
         self.stop_button.setEnabled(False)
-        self.start_button.clicked.connect(self.start)
-        self.stop_button.clicked.connect(state.stop_run)
+        actions.connect(self.start_button.clicked, self.start, "Starting the run", parent=self)
+        actions.connect(self.stop_button.clicked, state.stop_run, "Stop", parent=self)
         buttons.addWidget(self.start_button, 1)
         buttons.addWidget(self.stop_button, 1)
         outer.addLayout(buttons)

@@ -5,22 +5,37 @@ buttons (the first measures the devices for the cost model), make short runs, an
     expertbench gui --screenshot small.png --size 1100x720
 
 Runs without a display (Qt's offscreen platform); every step waits on the state's signals, never on a clock,
-except an overall time limit so that a broken engine cannot hang it.
+except an overall time limit so that a broken engine cannot hang it. It runs on a private state (private_window): the
+user's run history is neither shown nor added to, and the window's settings (size, panels, recent files) are a
+temporary file's, so neither the picture nor the user's next session depends on the other.
 """
 
 from __future__ import annotations
 
 import sys
+import tempfile
+from pathlib import Path
 
-from PySide6.QtCore import QEventLoop, QTimer
+from PySide6.QtCore import QEventLoop, QSettings, QSize, QTimer
 from PySide6.QtWidgets import QApplication
 
+from . import actions
 from .placement_editor import WholeRole
 from .state import WorkbenchState
 from .window import MainWindow
 
 SIZE = (1600, 1000)
 TIME_LIMIT_MS = 15 * 60 * 1000
+
+
+def private_window() -> tuple[MainWindow, tempfile.TemporaryDirectory]:
+    """A window on a private state: runs kept in memory only (no history file read or written) and settings in a
+    temporary folder, removed when the returned folder is cleaned up (a `with` block)."""
+    folder = tempfile.TemporaryDirectory(prefix="expertbench-screenshot-")
+    settings = QSettings(str(Path(folder.name) / "window.ini"), QSettings.Format.IniFormat)
+    state = WorkbenchState()
+    state.keep_history = False
+    return MainWindow(state, settings), folder
 
 
 def _wait(app: QApplication, signal, limit_ms: int = TIME_LIMIT_MS, done=None) -> bool:
@@ -79,7 +94,17 @@ def capture(
     errors: list[str] = []
     state.sigError.disconnect(window.show_error)  # no modal dialog: report on stderr and fail
     state.sigError.connect(lambda title, text: errors.append(f"{title}: {text}"))
-    window.resize(*size)
+    report, actions.report = actions.report, lambda title, text, _parent: errors.append(f"{title}: {text}")
+    try:
+        return _capture(app, window, path, tokens, runs, budget, size, errors)
+    finally:
+        actions.report = report
+
+
+def _capture(app: QApplication, window: MainWindow, path: str, tokens: int, runs: int, budget: int,
+             size: tuple[int, int], errors: list[str]) -> int:  # fmt: skip
+    state = window.state
+    window.set_size(QSize(*size))
     window.show()
     app.processEvents()
     window.default_sizes()  # once the window has its size: the docks' default share of it
@@ -101,7 +126,7 @@ def capture(
             _expand_first_split_layer(window)
         if i == 2:
             panel.q.setValue(3)
-        panel.start()
+        panel.start_button.click()
         _wait(app, state.sigRunFinished)
         _wait(app, state.sigBusyChanged, done=lambda: _idle(state))
     app.processEvents()

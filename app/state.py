@@ -348,6 +348,9 @@ class WorkbenchState(QObject):
         self._undo.clear()
         self._redo.clear()
         self._counted(None, False)  # a model's counters start at zero
+        if not self.running:  # the live plots and the timeline show the previous model's last run no more
+            self.live.reset(0)
+            self.last_trace = None
         self.routing = self.routing_stats = self._heat = self.routing_origin = self.routing_runs = None
         self.routing_tokens = 0
         self._set_devices(snapshot.devices)

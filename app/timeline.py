@@ -192,6 +192,7 @@ class Timeline(QWidget):
         state.sigRunStarted.connect(self._started)
         state.sigRunFinished.connect(self._finished)
         state.sigEngineChanged.connect(lambda: self.redraw(force=True))
+        state.sigModelChanged.connect(self._model_changed)
         self.plot.scene().sigMouseMoved.connect(self._hovered)
         self.redraw(force=True)
 
@@ -205,6 +206,15 @@ class Timeline(QWidget):
     def _finished(self, _record) -> None:
         self.timer.stop()
         self.redraw(force=True)
+
+    @Slot()
+    def _model_changed(self) -> None:
+        """Another model: the previous one's spans are gone (the state emptied the ring), and so are its kinds from the
+        legend (a model without shared experts lists none)."""
+        if not self.state.running:
+            self._seen.clear()
+            self.hovered = ""
+            self.redraw(force=True)
 
     def showEvent(self, event) -> None:
         super().showEvent(event)

@@ -36,6 +36,7 @@ from PySide6.QtWidgets import (
     QListWidget,
     QProgressBar,
     QPushButton,
+    QSizePolicy,
     QSpinBox,
     QVBoxLayout,
     QWidget,
@@ -50,7 +51,8 @@ from engine.quality import KLLimit
 from engine.speculative import MAX_DRAFT_TOKENS
 from engine.strategy import default_fast
 
-from . import profiles
+from . import actions, profiles
+from .scrolling import FitsItsHeight
 from .state import WorkbenchState, format_bytes
 
 MEASURED_BRUSH, FRONT_BRUSH, DIFFERS_BRUSH = (150, 150, 150, 120), (40, 120, 220), (220, 50, 50)
@@ -173,7 +175,7 @@ class _Relay(QObject):
     sigProgress = Signal(object)  # (engine.tune.Progress less its point, TunedPoint or None)
 
 
-class TunePanel(QWidget):
+class TunePanel(FitsItsHeight, QWidget):
     sigFrontChanged = Signal()  # the scatter and the list show new points
 
     def __init__(self, state: WorkbenchState, settings_source=None, parent=None):
@@ -199,10 +201,12 @@ class TunePanel(QWidget):
         self.time_budget.setSuffix(" s")
         self.time_budget.setToolTip("Seconds to spend measuring, the calibration included")
         self.q = QComboBox()
-        self.q.addItem(f"auto ({', '.join(map(str, tune.AUTO_Q))})", tune.AUTO_Q)
+        lo, hi = tune.AUTO_Q[0], tune.AUTO_Q[-1]
+        auto = f"{lo}-{hi}" if tuple(range(lo, hi + 1)) == tune.AUTO_Q else ", ".join(map(str, tune.AUTO_Q))
+        self.q.addItem(f"auto ({auto})", tune.AUTO_Q)
         for q in range(1, MAX_DRAFT_TOKENS + 1):
             self.q.addItem(str(q), (q,))
-        self.q.setToolTip("Draft lengths to search (none without a draft)")
+        self.q.setToolTip(f"Draft lengths to search (none without a draft); auto: {', '.join(map(str, tune.AUTO_Q))}")
         self.fast_device = QComboBox()
         self.fast_device.setToolTip("The device whose bytes the front counts, and whose budget is below")
         self.budget = QDoubleSpinBox()
@@ -227,6 +231,9 @@ class TunePanel(QWidget):
                                "front and out of the choice, listed below it with their KL. No limit: nothing is "
                                "measured or excluded")  # fmt: skip
         self.owner_local.toggled.connect(self.max_kl.setEnabled)
+        # as narrow as their text, not their widest value: the panel fits beside the plots on a 1280-pixel screen
+        for box in (self.time_budget, self.budget, self.max_kl):
+            box.setSizePolicy(QSizePolicy.Policy.Preferred, box.sizePolicy().verticalPolicy())
         for row, pairs in enumerate(((("Time", self.time_budget), ("q", self.q)),
                                      (("Fast", self.fast_device), ("budget", self.budget)))):  # fmt: skip
             for col, (label, widget) in enumerate(pairs):
@@ -278,17 +285,17 @@ class TunePanel(QWidget):
         keep.addWidget(self.save_button)
 
         layout = QVBoxLayout(self)
-        layout.addLayout(form)
-        layout.addLayout(buttons)
+        layout.addLayout(buttons)  # first: Tune and Cancel in view however low the panel (its settings scroll)
         layout.addWidget(self.status)
+        layout.addLayout(form)
         layout.addWidget(self.plot, 1)
         layout.addWidget(self.front_list)
         layout.addLayout(keep)
 
-        self.start_button.clicked.connect(self.start)
-        self.cancel_button.clicked.connect(self.cancel)
-        self.apply_button.clicked.connect(self.apply_selected)
-        self.save_button.clicked.connect(self.save_selected)
+        actions.connect(self.start_button.clicked, self.start, "Tuning", recover=self._update_buttons, parent=self)
+        actions.connect(self.cancel_button.clicked, self.cancel, "Cancel", recover=self._update_buttons, parent=self)
+        actions.connect(self.apply_button.clicked, self.apply_selected, "Apply", parent=self)
+        actions.connect(self.save_button.clicked, self.save_selected, "Saving the tuned point", parent=self)
         self.front_list.currentRowChanged.connect(lambda _row: self._update_buttons())
         state.sigModelChanged.connect(self._model_changed)
         state.sigEngineChanged.connect(self._model_changed)
@@ -298,7 +305,15 @@ class TunePanel(QWidget):
 
     @Slot()
     def _model_changed(self) -> None:
+        """The devices of the engine and the model opened: the points measured on the previous ones are gone (their
+        placements are that model's)."""
         s = self.state
+        if not self.running:
+            self.measured, self.front = [], []
+            self.status.setText("Not tuned yet")
+            self.progress.setRange(0, 1)
+            self.progress.setValue(0)
+            self._show()
         self.fast_device.clear()
         self.fast_device.addItems([d.name for d in s.devices])
         if s.model is not None and s.devices:  # as `expertbench plan` and `tune` pick it
@@ -339,12 +354,6 @@ class TunePanel(QWidget):
             settings, max_kl = self.tune_settings(), self.kl_limit()
         use_draft = self.state.has_draft
         relay, lock = self._relay, self._lock
-        self.running, self.cancel_asked = True, False
-        self.measured, self.front, self.fast = [], [], settings.fast
-        self.prompts = list(settings.prompts or DEMO_PROMPTS)
-        self._show()
-        self.status.setText("Waiting for the engine…")
-        self._update_buttons()
 
         def task(target, draft):
             constraints, quality = [], None
@@ -372,7 +381,19 @@ class TunePanel(QWidget):
             kept = lambda points: [TunedPoint.of(p, s.fast, quality) for p in points]  # noqa: E731
             return kept(s.points), kept(s.front), s.fast, tune.report(result, quality)
 
-        self.state.submit_with_models(task, self._finished, self._failed, "tuning")
+        self.running, self.cancel_asked = True, False
+        try:
+            self.measured, self.front, self.fast = [], [], settings.fast
+            self.prompts = list(settings.prompts or DEMO_PROMPTS)
+            self._show()
+            self.status.setText("Waiting for the engine…")
+            self._update_buttons()
+            self.state.submit_with_models(task, self._finished, self._failed, "tuning")
+        except BaseException:  # nothing was queued: the panel stays ready for the next try
+            self.running = False
+            self.status.setText("Not tuned: the tuning could not start")
+            self._update_buttons()
+            raise
         return True
 
     @Slot()

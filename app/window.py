@@ -13,14 +13,13 @@ from PySide6.QtWidgets import (
     QDialogButtonBox,
     QDockWidget,
     QFileDialog,
-    QFrame,
     QInputDialog,
     QLabel,
     QMainWindow,
     QMessageBox,
     QProgressBar,
     QPushButton,
-    QScrollArea,
+    QToolBar,
     QWidget,
 )
 
@@ -29,21 +28,27 @@ from engine.errors import ArgumentError, EngineError
 from engine.export import LlamaCppExport, to_llama_cpp
 from engine.model import WEIGHTS_MODES
 
-from . import history, theme
+from . import actions, history, theme
 from .devices_panel import DevicesPanel
 from .placement_editor import PlacementEditor
 from .plots import LivePlots
 from .routing_panel import RoutingPanel
 from .run_panel import RunPanel
+from .scrolling import Scrolling
 from .state import WorkbenchState
 from .timeline import Timeline
 from .tune_panel import TunePanel
 
 MAX_RECENT = 8
 # 2: the compact and wide arrangements, 3: the device timeline, 4: Tune beside the history (the routing panel the
-# right column's whole height); an older layout is not restored
-LAYOUT_VERSION = 4
-COMPACT_WIDTH = 1200  # narrower windows show the side panels as tabs (the compact arrangement)
+# right column's whole height), 5: the timeline below the history and Tune (the plots the bottom row's whole height);
+# an older layout is not restored
+LAYOUT_VERSION = 5
+# Windows narrower or lower than these, or than the wide arrangement's own minimum, show the side panels as tabs (the
+# compact arrangement): the wide one fits 1280 x 720 (a 1366 x 768 screen less a task bar and a title bar too)
+COMPACT_WIDTH = 1200
+COMPACT_HEIGHT = 600
+SWITCH_ROOM = 16  # pixels above the wide arrangement's minimum where a shrinking window turns compact
 DEFAULT_SIZE = (1560, 980)  # the first launch's size, or the screen's available area less a margin
 DEMO_SIZE = "default"  # the demo pair File > Open demo model pair opens (engine.demo.SIZES)
 SYNTHETIC = "synthetic: random weights, its text is noise by design"
@@ -120,19 +125,9 @@ def add_copy_button(dialog: QInputDialog) -> QPushButton:
         QGuiApplication.clipboard().setText(dialog.textValue())
         button.setText("Copied")
 
-    button.clicked.connect(copy)
+    actions.connect(button.clicked, copy, "Copy", parent=dialog)
     dialog.findChild(QDialogButtonBox).addButton(button, QDialogButtonBox.ButtonRole.ActionRole)
     return button
-
-
-def scrolling(panel: QWidget) -> QScrollArea:
-    """A panel in a scroll area: the dock may be smaller than the panel wants, and nothing overlaps then."""
-    area = QScrollArea()
-    area.setWidget(panel)
-    area.setWidgetResizable(True)
-    area.setFrameShape(QFrame.Shape.NoFrame)
-    area.setMinimumSize(160, 90)
-    return area
 
 
 def parse_rect(value) -> QRect | None:
@@ -182,15 +177,16 @@ class MainWindow(QMainWindow):
         self.docks: dict[str, QDockWidget] = {}
         # The run panel keeps its minimum size (Start, Stop and the progress never go under another panel); the
         # others scroll when the window leaves them less room than their contents want.
-        self._dock("devices", "Devices", scrolling(self.devices))
+        self._dock("devices", "Devices", Scrolling(self.devices))
         self._dock("run", "Run", self.run_panel)
-        self._dock("routing", "Routing and strategies", scrolling(self.routing))
-        self._dock("plots", "Live plots", self.plots)
+        self._dock("routing", "Routing and strategies", Scrolling(self.routing, sideways=False))
+        self._dock("plots", "Live plots", Scrolling(self.plots, sideways=False))
         self._dock("history", "Run history", self.history)
-        self._dock("tune", "Tune", scrolling(self.tune))
-        self._dock("timeline", "Device timeline", scrolling(self.timeline))
+        self._dock("tune", "Tune", Scrolling(self.tune, sideways=False))
+        self._dock("timeline", "Device timeline", Scrolling(self.timeline))
         self.compact: bool | None = None  # which arrangement the docks are in (None: not arranged yet)
         self.arrange(compact=False)
+        self.wide_minimum = self.minimumSizeHint()  # the wide arrangement's, measured anew while it is shown
         self._build_actions()
         self._build_menus()
         self._build_toolbar()
@@ -221,7 +217,7 @@ class MainWindow(QMainWindow):
         if tip:
             action.setStatusTip(tip)
             action.setToolTip(tip)
-        action.triggered.connect(slot)
+        actions.connect(action.triggered, slot, text, parent=self)
         return action
 
     def _build_actions(self) -> None:
@@ -234,7 +230,7 @@ class MainWindow(QMainWindow):
                                      "Open a draft model in GGUF format")  # fmt: skip
         self.act_open_demos = {}  # (format, quant) -> the action that opens that demo pair
         for fmt, quant, text, tip in demo_choices():
-            self.act_open_demos[fmt, quant] = a(text, lambda _=False, f=fmt, q=quant: self.open_demo(f, q), None, None,
+            self.act_open_demos[fmt, quant] = a(text, lambda f=fmt, q=quant: self.open_demo(f, q), None, None,
                                                 tip)  # fmt: skip
         self.act_open_demo = self.act_open_demos["safetensors", None]
         self.act_open_family_demos = {}  # family -> (format, quant) -> its action, for the other demo families
@@ -242,8 +238,8 @@ class MainWindow(QMainWindow):
             if family == DEFAULT_FAMILY:
                 continue
             self.act_open_family_demos[family] = {
-                (fmt, quant): a(text, lambda _=False, f=fmt, q=quant, fam=family: self.open_demo(f, q, fam), None,
-                                None, tip)
+                (fmt, quant): a(text, lambda f=fmt, q=quant, fam=family: self.open_demo(f, q, fam), None, None,
+                                tip)
                 for fmt, quant, text, tip in demo_choices(family)
             }  # fmt: skip
         self.act_open_profile = a("Open profile…", self.open_profile, "Ctrl+Shift+O", "open",
@@ -280,10 +276,10 @@ class MainWindow(QMainWindow):
         for act in self.act_open_demos.values():
             self.demo_menu.addAction(act)
         self.family_demo_menus = {}  # the other demo families' pairs, each a menu below the default one's
-        for family, actions in self.act_open_family_demos.items():
+        for family, family_actions in self.act_open_family_demos.items():
             menu = m.addMenu(f"Open {FAMILIES[family][0]} demo model pair (synthetic)")
             menu.setToolTipsVisible(True)
-            for act in actions.values():
+            for act in family_actions.values():
                 menu.addAction(act)
             self.family_demo_menus[family] = menu
         self.weights_menu = m.addMenu("Hold weights as")
@@ -297,7 +293,8 @@ class MainWindow(QMainWindow):
             act.setCheckable(True)
             act.setChecked(mode == self.state.weights)
             act.setToolTip(tip)
-            act.triggered.connect(lambda _=False, mode=mode: self.set_weights(mode))
+            actions.connect(act.triggered, lambda mode=mode: self.set_weights(mode), f"Hold weights as {mode}",
+                            parent=self)  # fmt: skip
             group.addAction(act)
             self.act_weights[mode] = act
         m.addSeparator()
@@ -620,7 +617,8 @@ class MainWindow(QMainWindow):
         recent = self._recent()
         for kind, path in recent:
             act = self.recent_menu.addAction(f"{Path(path).name}  ({kind}: {path})")
-            act.triggered.connect(lambda _=False, k=kind, p=path: self._open_recent(k, p))
+            actions.connect(act.triggered, lambda k=kind, p=path: self._open_recent(k, p), f"Opening {path}",
+                            parent=self)  # fmt: skip
         self.recent_menu.setEnabled(bool(recent))
 
     def _load_recent_on_success(self, path: str) -> None:
@@ -658,8 +656,7 @@ class MainWindow(QMainWindow):
         if restored:
             self.compact = str(self.settings.value("compact", "false")).lower() == "true"
         else:
-            self.resize(default_size(self._screens()))
-            self.arrange(self.width() < COMPACT_WIDTH)
+            self.set_size(default_size(self._screens()))
         hidden = str(self.settings.value("hidden_docks", "") or "").split(",")
         for key in hidden:
             if key in self.docks:
@@ -687,9 +684,11 @@ class MainWindow(QMainWindow):
             self.addDockWidget(area.LeftDockWidgetArea, d["run"])
             self.splitDockWidget(d["devices"], d["run"], Qt.Orientation.Vertical)
             self.addDockWidget(area.RightDockWidgetArea, d["routing"])
+            # below: the plots, then the history and Tune side by side over the timeline (the plots their row's
+            # whole height, so that a 768-pixel screen leaves them room)
             self.addDockWidget(area.BottomDockWidgetArea, d["plots"])
-            self.splitDockWidget(d["plots"], d["timeline"], Qt.Orientation.Vertical)
             self.splitDockWidget(d["plots"], d["history"], Qt.Orientation.Horizontal)
+            self.splitDockWidget(d["history"], d["timeline"], Qt.Orientation.Vertical)
             self.splitDockWidget(d["history"], d["tune"], Qt.Orientation.Horizontal)
         for key, dock in d.items():
             dock.setVisible(key not in hidden)
@@ -699,9 +698,25 @@ class MainWindow(QMainWindow):
         self.default_sizes()
         QTimer.singleShot(0, self.default_sizes)  # again once the layout has the docks where they now are
 
+    def wants_compact(self, size: QSize) -> bool:
+        """The compact arrangement for a window of this size: narrower or lower than COMPACT_WIDTH x COMPACT_HEIGHT,
+        or than the wide arrangement's minimum (its panels' minimum sizes, which the fonts and devices change) with a
+        little room: a wide window cannot be made smaller than its minimum, so the switch comes just above it."""
+        wide = self.wide_minimum
+        return (size.width() < max(COMPACT_WIDTH, wide.width() + SWITCH_ROOM)
+                or size.height() < max(COMPACT_HEIGHT, wide.height() + SWITCH_ROOM))  # fmt: skip
+
+    def set_size(self, size: QSize) -> None:
+        """Resize the window to `size` (`--size WxH`, a first launch's size), in the arrangement for that size first:
+        the other one's minimum would keep it larger."""
+        self.arrange(self.wants_compact(size))
+        self.resize(size)
+
     def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)
-        compact = event.size().width() < COMPACT_WIDTH
+        if self.compact is False:
+            self.wide_minimum = self.minimumSizeHint()
+        compact = self.wants_compact(event.size())
         if compact != self.compact:
             self.arrange(compact)
 
@@ -711,16 +726,21 @@ class MainWindow(QMainWindow):
             self.resizeDocks([docks["run"]], [280], H)
             self.resizeDocks([docks["plots"]], [320], V)
             return
-        self.resizeDocks([docks["devices"], docks["routing"]], [440, 360], H)
-        self.resizeDocks([docks["devices"], docks["run"]], [190, 420], V)
-        self.resizeDocks([docks["plots"], docks["timeline"]], [300, 170], V)
+        # The editor the room the side columns leave; the bottom row less than half the height the docks share (the
+        # run settings and the editor keep their room), but what the plots need
+        self.resizeDocks([docks["devices"], docks["routing"]], [min(440, self.width() * 28 // 100), 360], H)
+        self.resizeDocks([docks["devices"], docks["run"]], [150, 420], V)  # the run settings whole where there is room
+        bars = sum(bar.height() for bar in (self.menuBar(), self.statusBar(), *self.findChildren(QToolBar)))
+        bottom = min(470, max(290, (self.height() - bars) * 45 // 100))  # the plots whole from a 768-pixel screen on
+        timeline = max(140, bottom * 170 // 470)  # its lanes and axis whole, however low the window
+        self.resizeDocks([docks["history"], docks["timeline"]], [bottom - timeline, timeline], V)
         # the Tune panel its controls' width (about 340 px); the history elides its placements
-        self.resizeDocks([docks["plots"], docks["history"], docks["tune"]], [520, 320, 380], H)
+        self.resizeDocks([docks["plots"], docks["history"], docks["tune"]], [480, 320, 380], H)
 
     def reset_layout(self) -> None:
         for dock in self.docks.values():
             dock.show()
-        self.arrange(self.width() < COMPACT_WIDTH)
+        self.arrange(self.wants_compact(self.size()))
 
     def confirm_discard(self) -> bool:
         """True when there are no unsaved placement changes, or the user saved or discarded them."""

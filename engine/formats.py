@@ -1,4 +1,4 @@
-"""Weight formats: the one table of what each stored format is (the core's native/include/eb_formats.h is its twin).
+"""Weight formats: the core's table of them (EB_FORMATS in native/include/expertbench.h), read through eb_format_info.
 
 A format stores a row of `cols` values as cols / block blocks of `block_bytes` each; float formats are blocks of one.
 Nothing else in the engine computes a weight's bytes: every byte count goes through `row_bytes` / `tensor_bytes`.
@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 from .errors import CheckpointError
+from .native import check, ffi, lib
 
 
 @dataclass(frozen=True)
@@ -20,23 +21,20 @@ class Format:
     block_bytes: int
     ggml_type: int  # the GGUF file's type code
     quantized: bool
+    q8_block: int  # the q8 precision's activation block against it; 0: read with f32 activations
 
 
-FORMATS: dict[str, Format] = {
-    f.name: f
-    for f in (
-        Format("F32", 0, 1, 4, 0, False),
-        Format("F16", 1, 1, 2, 1, False),
-        Format("BF16", 2, 1, 2, 30, False),
-        Format("Q8_0", 3, 32, 34, 8, True),  # f16 scale, 32 int8
-        Format("Q4_K", 4, 256, 144, 12, True),  # f16 d, f16 dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles
-        Format("Q5_K", 5, 256, 176, 13, True),  # as Q4_K, plus 32 bytes of fifth bits
-        Format("Q6_K", 6, 256, 210, 14, True),  # 128 bytes low nibbles, 64 bytes high 2 bits, 16 int8 scales, f16 d
-        Format("MXFP4", 7, 32, 17, 39, True),  # one E8M0 exponent, 16 bytes of E2M1 nibbles
-        Format("Q5_0", 8, 32, 22, 6, True),  # f16 d, 32 fifth bits, 16 bytes of nibbles (a K-quant's fallback)
-        Format("Q5_1", 9, 32, 24, 7, True),  # f16 d and m, 32 fifth bits, 16 bytes of nibbles
-    )
-}
+def _core_formats() -> tuple[Format, ...]:
+    out = []
+    desc = ffi.new("eb_format_desc *")
+    for code in range(lib.eb_format_count()):
+        check(lib.eb_format_info(code, desc))
+        out.append(Format(ffi.string(desc.name).decode(), desc.dtype, desc.block, desc.block_bytes, desc.ggml_type,
+                          bool(desc.quantized), desc.q8_block))  # fmt: skip
+    return tuple(out)
+
+
+FORMATS: dict[str, Format] = {f.name: f for f in _core_formats()}
 BY_GGML_TYPE: dict[int, Format] = {f.ggml_type: f for f in FORMATS.values()}
 
 
@@ -69,8 +67,6 @@ def dequantize(name: str, data: bytes | memoryview, count: int):
     """`count` values stored as `name` (bytes of whole blocks) as float32, computed by the core: the values its kernels
     multiply with."""
     import numpy as np
-
-    from .native import check, ffi, lib
 
     fmt = get(name)
     buf = bytes(data)

@@ -58,6 +58,24 @@ def test_tables_agree_with_ggml_and_the_core():
     assert lib.eb_format_row_bytes(len(formats.FORMATS), 256) == 0
 
 
+def test_the_python_table_is_the_cores():
+    """engine.formats is read through eb_format_info, code by code: nothing on the Python side to keep in step."""
+    from engine.errors import RangeError
+    from engine.native import check, ffi
+
+    assert [f.code for f in formats.FORMATS.values()] == list(range(lib.eb_format_count()))
+    assert formats.BY_GGML_TYPE[formats.get("MXFP4").ggml_type].name == "MXFP4"
+    assert {f.name: f.q8_block for f in formats.FORMATS.values() if f.q8_block} == {
+        "Q8_0": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "MXFP4": 32
+    }  # fmt: skip
+    desc = ffi.new("eb_format_desc *")
+    for bad in (-1, lib.eb_format_count()):
+        with pytest.raises(RangeError, match=f"code {bad} is not one of 0..{lib.eb_format_count() - 1}"):
+            check(lib.eb_format_info(bad, desc))
+    with pytest.raises(ArgumentError, match="out is NULL"):
+        check(lib.eb_format_info(0, ffi.NULL))
+
+
 @pytest.mark.parametrize("name", QUANTIZED)
 def test_dequantize_matches_the_gguf_package_bit_for_bit(name):
     fmt = formats.get(name)

@@ -80,3 +80,47 @@ def test_reading_past_the_new_end_of_a_mapped_file_is_survived(tmp_path):
         with pytest.raises(CheckpointError, match="load the model again"), model.context(8) as ctx:
             ctx.decode([1])
         model.close()
+
+
+SCRIPT = """
+import resource, sys
+from engine.errors import EngineError
+from engine.model import Engine
+
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8192), hard))  # each mapped file keeps its descriptor
+with Engine(cpu_devices=1, cpu_threads=1) as eng:
+    models = []
+    try:
+        for _ in range(4200):
+            models.append(eng.load(sys.argv[1], weights="map"))
+    except EngineError as exc:
+        print("refused after", len(models), type(exc).__name__, exc)
+    else:
+        print("loaded all", len(models))
+    with models[0].context(8) as ctx:  # the guarded ones still run
+        ctx.prefill([3, 17])
+    for m in models[:10]:
+        m.close()
+    models.append(eng.load(sys.argv[1], weights="map"))  # room again once models are closed
+    copied = eng.load(sys.argv[1], weights="copy")  # a copy is never mapped: no guard needed
+    print("after closing: ok")
+"""
+
+
+def test_past_the_guard_tables_size_a_mapped_load_is_refused_not_left_unguarded(tmp_path):
+    """4096 files mapped at once are guarded against truncation; the next mapped load is refused with the file and
+    the limit (unguarded, a truncation would kill the process), and closing models makes room."""
+    import resource
+    import subprocess
+    import sys
+
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 4200:
+        pytest.skip("the hard limit on open files is under 4200: the guard's limit cannot be reached")
+    folder = FIXTURES / "qwen3-f32"  # one weight file
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(folder)], capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "refused after 4096 " in proc.stdout, proc.stdout
+    assert "weight files are memory-mapped already" in proc.stdout and "model.safetensors" in proc.stdout
+    assert "after closing: ok" in proc.stdout

@@ -1,4 +1,5 @@
-/* Weight formats (internal, header-only; engine/formats.py is its twin on the Python side).
+/* Weight formats (internal, header-only): the table made from EB_FORMATS (expertbench.h), and the scalar reference
+ * dequantization.
  *
  * A format stores a row of `cols` values as cols / block blocks of block_bytes each (the float formats are blocks of
  * one value). The table is the one place that knows a format's sizes: every byte count of a weight is
@@ -26,16 +27,39 @@
 
 typedef struct {
     const char *name;
+    int32_t dtype;
     int32_t block;       /* values per block */
     int32_t block_bytes; /* bytes per block */
+    int32_t ggml_type;
     int32_t quantized;
+    int32_t q8_block; /* the q8 precision's activation block against it (0: f32 activations) */
 } eb_format_traits;
 
-static const eb_format_traits eb_format_table[EB_DTYPE_COUNT] = {
-    {"F32", 1, 4, 0},      {"F16", 1, 2, 0},    {"BF16", 1, 2, 0},   {"Q8_0", 32, 34, 1},
-    {"Q4_K", 256, 144, 1}, {"Q5_K", 256, 176, 1}, {"Q6_K", 256, 210, 1}, {"MXFP4", 32, 17, 1},
-    {"Q5_0", 32, 22, 1},   {"Q5_1", 32, 24, 1},
+/* EB_FORMATS lists the formats in code order, so that the table's index is the code. */
+#define EB_FORMAT_ROW(name, code, block, block_bytes, ggml_type, quantized, q8_block) \
+    {#name, code, block, block_bytes, ggml_type, quantized, q8_block},
+static const eb_format_traits eb_format_table[EB_DTYPE_COUNT] = {EB_FORMATS(EB_FORMAT_ROW)};
+#undef EB_FORMAT_ROW
+
+#ifdef __cplusplus
+#define EB_STATIC_ASSERT static_assert
+#else
+#define EB_STATIC_ASSERT _Static_assert
+#endif
+enum { /* each format's place in the list */
+    EB_FORMAT_PLACE_FIRST = -1,
+#define EB_FORMAT_PLACE(name, code, block, block_bytes, ggml_type, quantized, q8_block) EB_FORMAT_PLACE_##name,
+    EB_FORMATS(EB_FORMAT_PLACE)
+#undef EB_FORMAT_PLACE
 };
+#define EB_FORMAT_CHECK(name, code, block, block_bytes, ggml_type, quantized, q8_block)                             \
+    EB_STATIC_ASSERT(EB_FORMAT_PLACE_##name == code, "EB_FORMATS: " #name " is not in code order");              \
+    EB_STATIC_ASSERT(block > 0 && block_bytes > 0 && (quantized ? block % EB_CHUNK == 0 : block == 1),           \
+                     "EB_FORMATS: " #name ": a quantized format's blocks are whole chunks, a float one's one value"); \
+    EB_STATIC_ASSERT(q8_block == 0 || (quantized && q8_block % block == 0),                                     \
+                     "EB_FORMATS: " #name ": a q8 block is a whole number of weight blocks");
+EB_FORMATS(EB_FORMAT_CHECK)
+#undef EB_FORMAT_CHECK
 
 static inline const eb_format_traits *eb_format(int dtype) {
     return dtype >= 0 && dtype < EB_DTYPE_COUNT ? &eb_format_table[dtype] : NULL;

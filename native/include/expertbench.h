@@ -17,6 +17,47 @@
 extern "C" {
 #endif
 
+/* Weight formats: the one list of them. The core's table of sizes (eb_formats.h), the eb_dtype codes below, the GPU
+ * kernels' row sizes and, through eb_format_info, the Python engine's formats are all made from it.
+ *
+ * Columns: the name (as the gguf package and safetensors name it; the code is EB_DTYPE_<name>); the code (the ABI's
+ * numbering: a format keeps its code, a new one takes the next; listed in code order); values per block (1: a float
+ * format); bytes per block; the GGUF file's type code (ggml_type); quantized; and the q8 precision's activation block
+ * against it (the values quantized to int8 under one scale for its integer products: a scale per weight block of 32,
+ * one per 256-value block of the K formats, whose eight sub-blocks then sum in integers as llama.cpp's Q8_K does; 0:
+ * no integer product, read with f32 activations in either precision).
+ *
+ * The quantized formats are ggml's blocks, as GGUF files store them (a row is a whole number of blocks): Q8_0 (f16
+ * scale, 32 int8), Q4_K / Q5_K (f16 scale and minimum, eight 6-bit sub-block scales and minima, 4-bit quants, Q5_K a
+ * fifth bit), Q6_K (6-bit quants, sixteen int8 scales, f16 scale), MXFP4 (an E8M0 exponent, 32 E2M1 quants), Q5_0 /
+ * Q5_1 (f16 scale (Q5_1: and minimum), 32 fifth bits, 4-bit quants; what llama.cpp's quantizer writes for a K-quant's
+ * rows that are not whole 256-value blocks, such as DeepSeek's attn_k_b in a Q4_K_M file, and in some files for an
+ * expert's gate or up beside a Q8_0 or MXFP4 one; rare and small, they have no integer product). */
+/*      name   code block bytes ggml quantized q8_block */
+#define EB_FORMATS(X)                  \
+    X(F32,   0,   1,   4,   0, 0,   0) \
+    X(F16,   1,   1,   2,   1, 0,   0) \
+    X(BF16,  2,   1,   2,  30, 0,   0) \
+    X(Q8_0,  3,  32,  34,   8, 1,  32) \
+    X(Q4_K,  4, 256, 144,  12, 1, 256) \
+    X(Q5_K,  5, 256, 176,  13, 1, 256) \
+    X(Q6_K,  6, 256, 210,  14, 1, 256) \
+    X(MXFP4, 7,  32,  17,  39, 1,  32) \
+    X(Q5_0,  8,  32,  22,   6, 1,   0) \
+    X(Q5_1,  9,  32,  24,   7, 1,   0)
+
+/* Outside the cdef, which expands no macros: Python reads the codes through eb_format_info. */
+typedef enum {
+#define EB_FORMAT_CODE(name, code, block, block_bytes, ggml_type, quantized, q8_block) EB_DTYPE_##name = code,
+    EB_FORMATS(EB_FORMAT_CODE)
+#undef EB_FORMAT_CODE
+#define EB_FORMAT_ONE(name, code, block, block_bytes, ggml_type, quantized, q8_block) +1
+    EB_DTYPE_COUNT = 0 EB_FORMATS(EB_FORMAT_ONE),
+#undef EB_FORMAT_ONE
+    EB_DTYPE_U8 = 16 /* not a weight format: bytes of a format's parts stored apart (a Hugging Face MXFP4 checkpoint's
+                        *_blocks and *_scales), which the loader reads and packs into MXFP4 rows */
+} eb_dtype;
+
 /* EB_CDEF_BEGIN */
 enum {
     EB_API_VERSION = 1,
@@ -37,28 +78,6 @@ typedef enum {
     EB_ERR_DEVICE = 8,      /* a device reported an error */
     EB_ERR_STATE = 9        /* the call is not valid in the object's current state */
 } eb_status;
-
-/* Weight formats. The quantized ones are ggml's blocks, as GGUF files store them (a row is a whole number of blocks):
- * Q8_0 (32 values: f16 scale, 32 int8), Q4_K / Q5_K (256 values: f16 scale and minimum, eight 6-bit sub-block scales
- * and minima, 4-bit quants, Q5_K a fifth bit), Q6_K (256 values: 6-bit quants, sixteen int8 scales, f16 scale), MXFP4
- * (32 values: an E8M0 exponent, 32 E2M1 quants), Q5_0 / Q5_1 (32 values: f16 scale (Q5_1: and minimum), 32 fifth bits,
- * 4-bit quants; what llama.cpp's quantizer writes for a K-quant's rows that are not whole 256-value blocks, such as
- * DeepSeek's attn_k_b in a Q4_K_M / Q5_K_M file). */
-typedef enum {
-    EB_DTYPE_F32 = 0,
-    EB_DTYPE_F16 = 1,
-    EB_DTYPE_BF16 = 2,
-    EB_DTYPE_Q8_0 = 3,
-    EB_DTYPE_Q4_K = 4,
-    EB_DTYPE_Q5_K = 5,
-    EB_DTYPE_Q6_K = 6,
-    EB_DTYPE_MXFP4 = 7,
-    EB_DTYPE_Q5_0 = 8,
-    EB_DTYPE_Q5_1 = 9,
-    EB_DTYPE_COUNT = 10,
-    EB_DTYPE_U8 = 16 /* not a weight format: bytes of a format's parts stored apart (a Hugging Face MXFP4 checkpoint's
-                        *_blocks and *_scales), which the loader reads and packs into MXFP4 rows */
-} eb_dtype;
 
 typedef enum {
     EB_ARCH_QWEN3 = 1,    /* Qwen3ForCausalLM (dense) */
@@ -227,6 +246,17 @@ typedef struct {
     int32_t weights; /* eb_weights_mode */
 } eb_load_options;
 
+/* One weight format of the core's table (EB_FORMATS in this header): what engine/formats.py is made from. */
+typedef struct {
+    char name[16];       /* "Q4_K" */
+    int32_t dtype;       /* eb_dtype: the code */
+    int32_t block;       /* values per block (1: a float format) */
+    int32_t block_bytes; /* bytes per block */
+    int32_t ggml_type;   /* the GGUF file's type code */
+    int32_t quantized;
+    int32_t q8_block;    /* the q8 precision's activation block against it; 0: read with f32 activations */
+} eb_format_desc;
+
 typedef struct {
     int32_t n_layers;
     int32_t n_moe_layers;
@@ -247,6 +277,9 @@ typedef struct {
 const char *eb_last_error(void);
 /* Bytes of a row of cols values in a weight format (eb_dtype), 0 where cols is not a whole number of its blocks. */
 uint64_t eb_format_row_bytes(int32_t dtype, int64_t cols);
+/* The formats: codes 0 .. eb_format_count() - 1, each described by eb_format_info (EB_ERR_RANGE past the last). */
+int32_t eb_format_count(void);
+int eb_format_info(int32_t dtype, eb_format_desc *out);
 /* n values (a whole number of blocks) of a row in a weight format, as f32: the values every kernel computes with. */
 int eb_dequantize(int32_t dtype, const void *src, uint64_t src_bytes, int64_t n, float *out);
 const char *eb_status_name(int status);

@@ -85,7 +85,13 @@ int eb_mapping_register(eb_model *m, int index) {
         atomic_store(&slots[slot].end, (uintptr_t)f->addr + f->map_bytes);
     }
     pthread_mutex_unlock(&slots_mu);
-    f->slot = slot; /* -1: every slot taken; the file is mapped without a guard */
+    f->slot = slot;
+    if (slot < 0) /* an unguarded mapping would let a truncation kill the process: refused instead */
+        return eb_fail(EB_ERR_IO,
+                       "cannot map '%s': %d weight files are memory-mapped already (every model loaded in this "
+                       "process counts), the most whose truncation the engine can guard against; close a model, or "
+                       "load this one with weights 'copy'",
+                       f->path, MAX_MAPPINGS);
     return EB_OK;
 }
 

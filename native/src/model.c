@@ -296,7 +296,7 @@ static int check_descriptors(const eb_model *m, const eb_tensor_desc *tensors, i
             return eb_fail(EB_ERR_ARGUMENT, "tensor '%s': file index %d out of range (%d files)", t->name,
                            t->file_index, m->n_files);
         const char *file = m->files[t->file_index].path;
-        static const eb_format_traits raw = {"U8", 1, 1, 0};
+        static const eb_format_traits raw = {.name = "U8", .dtype = EB_DTYPE_U8, .block = 1, .block_bytes = 1};
         const eb_format_traits *f = t->dtype == EB_DTYPE_U8 ? &raw : eb_format(t->dtype);
         if (!f) {
             char names[256];
@@ -857,6 +857,23 @@ int eb_model_get_info(const eb_model *m, eb_model_info *out) {
 }
 
 uint64_t eb_format_row_bytes(int32_t dtype, int64_t cols) { return eb_row_bytes(dtype, cols); }
+
+int32_t eb_format_count(void) { return EB_DTYPE_COUNT; }
+
+int eb_format_info(int32_t dtype, eb_format_desc *out) {
+    if (!out) return eb_fail(EB_ERR_ARGUMENT, "format info: out is NULL");
+    const eb_format_traits *f = eb_format(dtype);
+    if (!f) return eb_fail(EB_ERR_RANGE, "format info: code %d is not one of 0..%d", dtype, EB_DTYPE_COUNT - 1);
+    memset(out, 0, sizeof *out);
+    snprintf(out->name, sizeof out->name, "%s", f->name);
+    out->dtype = f->dtype;
+    out->block = f->block;
+    out->block_bytes = f->block_bytes;
+    out->ggml_type = f->ggml_type;
+    out->quantized = f->quantized;
+    out->q8_block = f->q8_block;
+    return EB_OK;
+}
 
 int eb_dequantize(int32_t dtype, const void *src, uint64_t src_bytes, int64_t n, float *out) {
     const eb_format_traits *f = eb_format(dtype);

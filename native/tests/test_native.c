@@ -814,8 +814,8 @@ static void test_kernels(const char *module) {
                                 seed = seed * 1664525u + 1013904223u;
                                 x[i] = (float)(seed >> 8) / (float)(1u << 24) - 0.5f;
                             }
-                            int block = dt == EB_DTYPE_Q4_K || dt == EB_DTYPE_Q5_K || dt == EB_DTYPE_Q6_K ? 256 : 32;
-                            q8_reference(x, MAXN * cols, block, xdq);
+                            int q8_block = eb_format(dt)->q8_block;
+                            if (q8_block) q8_reference(x, MAXN * cols, q8_block, xdq);
                             for (int prec = 0; prec <= (quant ? 1 : 0); prec++)
                                 for (int n = 1; n <= MAXN; n++) {
                                     /* a failed call counts as a mismatch: its buffers hold nothing to compare */
@@ -833,9 +833,9 @@ static void test_kernels(const char *module) {
                                     if (!quant) continue;
                                     eb_rt_matmul f = {wf, EB_DTYPE_F32, rows, cols, x, n, yf, EB_PRECISION_F32};
                                     unlike_f32 += T->forward->matmul(rt, 0, NULL, &f, 1, 0, err, sizeof err) != 0;
-                                    /* Q5_0 / Q5_1 have no q8 kernels: both precisions read them in f32 */
-                                    int f32_only = dt == EB_DTYPE_Q5_0 || dt == EB_DTYPE_Q5_1;
-                                    if (prec == EB_PRECISION_F32 || f32_only) {
+                                    /* a format without integer products (Q5_0 / Q5_1): both precisions read it in
+                                     * f32 */
+                                    if (prec == EB_PRECISION_F32 || !q8_block) {
                                         unlike_f32 += memcmp(yf, yb, sizeof(float) * (size_t)n * rows) != 0;
                                     } else { /* q8: the exact product of the dequantized weights and activations */
                                         for (int t = 0; t < n; t++)

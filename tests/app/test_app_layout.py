@@ -7,7 +7,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import pytest  # noqa: E402
 from PySide6.QtCore import QRect  # noqa: E402
-from PySide6.QtWidgets import QApplication, QScrollArea  # noqa: E402
+from PySide6.QtWidgets import QAbstractScrollArea, QApplication, QScrollArea  # noqa: E402
 
 from app.window import COMPACT_WIDTH, MainWindow, default_size, layout_fits, parse_rect  # noqa: E402
 
@@ -34,13 +34,33 @@ def shown_inside(window: MainWindow, widget) -> bool:
     return widget.isVisible() and not widget.visibleRegion().isEmpty() and window.rect().contains(rect)
 
 
-@pytest.mark.parametrize("size", [(1100, 720), (1600, 1000)])
+def wholly_shown(window: MainWindow, widget) -> bool:
+    """Shown inside the window and not cut at all: no scroll area, panel or window edge hides a part of it (of a plot,
+    its viewport, which covers it)."""
+    if isinstance(widget, QAbstractScrollArea):
+        widget = widget.viewport()
+    return shown_inside(window, widget) and widget.visibleRegion().boundingRect() == widget.rect()
+
+
+def key_controls(window: MainWindow) -> dict[str, list]:
+    """Per dock, the controls a user must see in it whole: the strategies, Tune and Cancel, the per-run plots, the
+    device timeline."""
+    return {"routing": [window.routing.strategies_box], "tune": [window.tune.start_button, window.tune.cancel_button],
+            "plots": [window.plots.runs_plot, window.plots.hash_plot], "timeline": [window.timeline.plot]}  # fmt: skip
+
+
+# a netbook (compact), the most common laptop screens, the README's screenshot, a desktop
+@pytest.mark.parametrize("size", [(1100, 720), (1280, 720), (1366, 768), (1600, 1000), (1920, 1080)])
 def test_no_panel_over_another_and_the_run_controls_shown(qtbot, make_window, size):
+    import numpy as np
+
     window = make_window()
+    cfg = window.state.model.config
+    window.state.set_routing(np.ones((cfg.num_layers, cfg.num_experts)), "profiling")  # the map's caption: 3 lines
     window.resize(*size)
     qtbot.waitUntil(lambda: (window.width(), window.height()) == size)
     QApplication.processEvents()
-    assert window.compact == (size[0] < COMPACT_WIDTH)
+    assert window.compact == (size[0] < COMPACT_WIDTH) == (size == (1100, 720))
     rects = panels(window)
     assert {"dock run", "editor", "status bar"} <= set(rects)
     names = sorted(rects)
@@ -55,6 +75,46 @@ def test_no_panel_over_another_and_the_run_controls_shown(qtbot, make_window, si
         assert sum(f"dock {key}" in rects for key in ("plots", "history", "routing", "devices")) == 1
     else:
         assert {f"dock {key}" for key in window.docks} <= set(rects)
+    for key, controls in key_controls(window).items():
+        if window.compact:  # its tab brought to the front, as a click on the tab does
+            window.docks[key].raise_()
+            QApplication.processEvents()
+        for widget in controls:
+            assert wholly_shown(window, widget), (key, widget, widget.visibleRegion().boundingRect(), widget.rect())
+
+
+# a laptop's 1366 x 768 less a task bar, a desktop's, a 1280 x 720 less bars, a wide but low screen, a netbook
+@pytest.mark.parametrize(("available", "compact"), [((1366, 728), False), ((1920, 1040), False), ((1280, 600), True),
+                                                    ((1600, 600), True), ((1024, 560), True)])  # fmt: skip
+def test_the_first_size_and_the_arrangement_follow_the_screens_available_area(qtbot, make_window, monkeypatch,
+                                                                               available, compact):  # fmt: skip
+    """A first launch (no saved layout) on a screen of that available area: the window fits it, height included, in
+    the arrangement that fits it (the wide one only where the height leaves it room too), and asks no more."""
+    area = QRect(0, 0, *available)
+    monkeypatch.setattr(MainWindow, "_screens", lambda self: [area])
+    window = make_window(settings_file=f"first-{available[0]}x{available[1]}.ini")
+    size = default_size([area])
+    qtbot.waitUntil(lambda: window.size() == size)
+    QApplication.processEvents()
+    assert window.compact is compact and window.size() == size
+    minimum = window.minimumSizeHint()
+    assert minimum.width() <= size.width() and minimum.height() <= size.height() <= area.height(), minimum
+
+
+@pytest.mark.parametrize("size", [(1366, 768), (1280, 720), (1600, 500), (1100, 900)])
+def test_set_size_gives_the_height_asked_for(qtbot, make_window, size):
+    """--size WxH: the window gets that size, height too, from either arrangement (the wide one's minimum never makes
+    it taller)."""
+    from PySide6.QtCore import QSize
+
+    window = make_window()
+    for start in ((1920, 1080), (900, 600)):
+        window.set_size(QSize(*start))
+        qtbot.waitUntil(lambda start=start: (window.width(), window.height()) == start)
+        window.set_size(QSize(*size))
+        qtbot.waitUntil(lambda: (window.width(), window.height()) == size)
+        QApplication.processEvents()
+        assert (window.width(), window.height()) == size and window.compact == (size[0] < 1200 or size[1] < 600)
 
 
 def test_the_arrangement_follows_the_width_and_keeps_closed_panels_closed(qtbot, make_window):

@@ -410,7 +410,7 @@ def test_llama_cpp_export_has_a_copy_button(qtbot, make_window):
         dialogs = [d for d in window.findChildren(QInputDialog) if d.isVisible()]
         try:
             button = dialogs[0].findChild(QPushButton, "copy")
-            button.click()
+            qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
             seen.append((dialogs[0].textValue(), QGuiApplication.clipboard().text(), button.text()))
         finally:
             for dialog in dialogs:

@@ -19,8 +19,8 @@ typedef void (*eb_cpu_matmul_rows_fn)(const void *w, int dtype, int64_t r0, int6
 /* Activations quantized for the q8 precision: each row's blocks of `block` values as int8 with one f32 scale (d = the
  * block's largest magnitude / 127, q = x / d rounded to nearest even), and the sums of every 16 quants (the K
  * formats' minima and Q6_K's offset need them). Row t: q + t * cols, d + t * cols / block, s16 + t * cols / 16.
- * Blocks of 32 meet Q8_0 and MXFP4 weights (a scale per weight block); blocks of 256 the K formats, whose 256-value
- * blocks then sum their eight sub-blocks in integers, as llama.cpp's Q8_K does. */
+ * The block is the format's q8_block (EB_FORMATS): 32 against Q8_0 and MXFP4 (a scale per weight block), 256 against
+ * the K formats, whose 256-value blocks then sum their eight sub-blocks in integers, as llama.cpp's Q8_K does. */
 typedef struct {
     int8_t *q;
     float *d;
@@ -29,16 +29,12 @@ typedef struct {
     int32_t block;
 } eb_cpu_q8_rows;
 
-static inline int32_t eb_cpu_q8_block(int dtype) {
-    return dtype == EB_DTYPE_Q4_K || dtype == EB_DTYPE_Q5_K || dtype == EB_DTYPE_Q6_K ? 256 : 32;
-}
 static inline size_t eb_cpu_q8_bytes(int64_t n, int64_t cols, int32_t block) {
     return (size_t)(n * cols) + (size_t)(n * cols / block) * sizeof(float) + (size_t)(n * cols / 16) * sizeof(int16_t) +
            192;
 }
 /* Carve an eb_cpu_q8_rows for n rows of cols (a multiple of block) out of mem (eb_cpu_q8_bytes of it). */
 eb_cpu_q8_rows eb_cpu_q8_layout(void *mem, int64_t n, int64_t cols, int32_t block);
-void eb_cpu_quantize_q8(const float *x, int64_t n, int64_t cols, eb_cpu_q8_rows *out);
 typedef void (*eb_cpu_quantize_q8_fn)(const float *x, int64_t n, int64_t cols, eb_cpu_q8_rows *out);
 
 /* y[t * ldy + r] = dot(w row r, activations row t) for r in [r0, r1), t < n: a quantized format against q8
@@ -47,21 +43,35 @@ typedef void (*eb_cpu_quantize_q8_fn)(const float *x, int64_t n, int64_t cols, e
 typedef void (*eb_cpu_matmul_q8_fn)(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols,
                                     const eb_cpu_q8_rows *x, int64_t n, float *y, int64_t ldy);
 
-void eb_cpu_matmul_q8_portable(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,
-                               int64_t n, float *y, int64_t ldy);
-void eb_cpu_matmul_rows_portable(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const float *x,
-                                 int64_t n, float *y, int64_t ldy);
+/* Values 0 .. n - 1 of a row (n a whole number of blocks): eb_dequantize_row's values. */
+typedef void (*eb_cpu_dequantize_fn)(const void *row, int64_t n, float *out);
+
+/* One format's kernels in one instruction set. rows and dequantize: a format the module reads has both. q8: the
+ * integer products against activations quantized in blocks of the format's q8_block; NULL where it has none, and then
+ * the q8 precision reads it with f32 activations through rows. */
+typedef struct {
+    eb_cpu_dequantize_fn dequantize;
+    eb_cpu_matmul_rows_fn rows;
+    eb_cpu_matmul_q8_fn q8;
+} eb_cpu_format_kernels;
+
+/* The kernels of an instruction set, indexed by format. A set either stands alone (portable) or lies over the one
+ * below it, where a NULL entry is the lower set's (AVX2 over portable, AVX-512 VNNI over AVX2: it replaces only the
+ * q8 products it makes faster). */
+typedef struct {
+    const char *variant;
+    eb_cpu_quantize_q8_fn quantize_q8; /* every set's gives the same bytes */
+    eb_cpu_format_kernels format[EB_DTYPE_COUNT];
+} eb_cpu_kernel_set;
+
+extern const eb_cpu_kernel_set eb_cpu_kernels_portable;
 #if defined(__x86_64__) || defined(__i386__)
 #define EB_CPU_HAVE_AVX2_BUILD 1
-void eb_cpu_matmul_rows_avx2(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const float *x,
-                             int64_t n, float *y, int64_t ldy);
-void eb_cpu_quantize_q8_avx2(const float *x, int64_t n, int64_t cols, eb_cpu_q8_rows *out);
-void eb_cpu_matmul_q8_avx2(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,
-                           int64_t n, float *y, int64_t ldy);
-/* The q8 products with AVX-512 F, BW, VL and VNNI for Q8_0 and Q6_K, AVX2 for the rest: the bits of
- * eb_cpu_matmul_q8_avx2 (cpu_kernels_avx512.c). */
 #define EB_CPU_HAVE_AVX512_BUILD 1
-void eb_cpu_matmul_q8_avx512(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,
+extern const eb_cpu_kernel_set eb_cpu_kernels_avx2;   /* AVX2 + FMA + F16C */
+extern const eb_cpu_kernel_set eb_cpu_kernels_avx512; /* AVX-512 F, BW, VL and VNNI: the AVX2 q8 products' bits */
+/* The AVX2 products of any format through its table (for the benchmarks). */
+void eb_cpu_matmul_rows_avx2(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const float *x,
                              int64_t n, float *y, int64_t ldy);
 #endif
 

@@ -287,22 +287,6 @@ INLINE void matmul_rows(const void *w, int dtype, int64_t r0, int64_t r1, int64_
     }
 }
 
-void eb_cpu_matmul_rows_avx2(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const float *x,
-                             int64_t n, float *y, int64_t ldy) {
-    switch (dtype) { /* a constant dtype in each copy: load8's and dequant32's choices fold away */
-    case EB_DTYPE_BF16: matmul_rows(w, EB_DTYPE_BF16, r0, r1, cols, x, n, y, ldy); return;
-    case EB_DTYPE_F16: matmul_rows(w, EB_DTYPE_F16, r0, r1, cols, x, n, y, ldy); return;
-    case EB_DTYPE_Q8_0: matmul_rows(w, EB_DTYPE_Q8_0, r0, r1, cols, x, n, y, ldy); return;
-    case EB_DTYPE_Q4_K: matmul_rows(w, EB_DTYPE_Q4_K, r0, r1, cols, x, n, y, ldy); return;
-    case EB_DTYPE_Q5_K: matmul_rows(w, EB_DTYPE_Q5_K, r0, r1, cols, x, n, y, ldy); return;
-    case EB_DTYPE_Q6_K: matmul_rows(w, EB_DTYPE_Q6_K, r0, r1, cols, x, n, y, ldy); return;
-    case EB_DTYPE_MXFP4: matmul_rows(w, EB_DTYPE_MXFP4, r0, r1, cols, x, n, y, ldy); return;
-    case EB_DTYPE_Q5_0: matmul_rows(w, EB_DTYPE_Q5_0, r0, r1, cols, x, n, y, ldy); return;
-    case EB_DTYPE_Q5_1: matmul_rows(w, EB_DTYPE_Q5_1, r0, r1, cols, x, n, y, ldy); return;
-    default: matmul_rows(w, EB_DTYPE_F32, r0, r1, cols, x, n, y, ldy); return;
-    }
-}
-
 /* ---- the q8 precision: integer products of 32 values, one f32 sum per row -------------------------------------
  *
  * Each 32-value chunk's products are summed exactly in int32 lanes (maddubs then madd: unsigned quants times signed
@@ -467,22 +451,9 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
     UNROLL for (int t = 0; t < T; t++) out[t] = f->block == 256 ? ksum[t] : hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
 }
 
-/* One copy of the loops per quantized format, its dtype a constant in each (the format's choices fold away). */
-void eb_cpu_matmul_q8_avx2(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,
-                           int64_t n, float *y, int64_t ldy) {
-    switch (dtype) {
-    case EB_DTYPE_Q8_0: matmul_q8(w, EB_DTYPE_Q8_0, r0, r1, cols, x, n, y, ldy); return;
-    case EB_DTYPE_Q4_K: matmul_q8(w, EB_DTYPE_Q4_K, r0, r1, cols, x, n, y, ldy); return;
-    case EB_DTYPE_Q5_K: matmul_q8(w, EB_DTYPE_Q5_K, r0, r1, cols, x, n, y, ldy); return;
-    case EB_DTYPE_Q6_K: matmul_q8(w, EB_DTYPE_Q6_K, r0, r1, cols, x, n, y, ldy); return;
-    case EB_DTYPE_MXFP4: matmul_q8(w, EB_DTYPE_MXFP4, r0, r1, cols, x, n, y, ldy); return;
-    default: return;
-    }
-}
-
-/* eb_cpu_quantize_q8 with vectors: the same maxima, scales, rounding (to nearest even, as nearbyintf in the default
- * mode) and sums, so the same bytes. */
-void eb_cpu_quantize_q8_avx2(const float *x, int64_t n, int64_t cols, eb_cpu_q8_rows *out) {
+/* cpu_kernels_portable.c's quantize_q8 with vectors: the same maxima, scales, rounding (to nearest even, as nearbyintf
+ * in the default mode) and sums, so the same bytes. */
+static void quantize_q8(const float *x, int64_t n, int64_t cols, eb_cpu_q8_rows *out) {
     int64_t B = out->block;
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t b = 0; b < n * cols / B; b++) {
@@ -511,5 +482,54 @@ void eb_cpu_quantize_q8_avx2(const float *x, int64_t n, int64_t cols, eb_cpu_q8_
         }
         out->d[b] = d;
     }
+}
+
+/* ---- the table: one copy of the loops per format, its dtype a constant in each (load8's and dequant32's choices
+ * fold away) ------------------------------------------------------------------------------------------------ */
+
+#define ROWS_KERNEL(name, code, block, block_bytes, ggml_type, quantized, q8_block)                                   \
+    static void rows_##name(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const float *x, int64_t n, \
+                            float *y, int64_t ldy) {                                                                  \
+        (void)dtype;                                                                                                  \
+        matmul_rows(w, EB_DTYPE_##name, r0, r1, cols, x, n, y, ldy);                                                  \
+    }
+EB_FORMATS(ROWS_KERNEL)
+#undef ROWS_KERNEL
+
+#define Q8_KERNEL(name)                                                                                            \
+    static void q8_##name(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x, \
+                          int64_t n, float *y, int64_t ldy) {                                                     \
+        (void)dtype;                                                                                              \
+        matmul_q8(w, EB_DTYPE_##name, r0, r1, cols, x, n, y, ldy);                                                \
+    }
+Q8_KERNEL(Q8_0)
+Q8_KERNEL(Q4_K)
+Q8_KERNEL(Q5_K)
+Q8_KERNEL(Q6_K)
+Q8_KERNEL(MXFP4)
+#undef Q8_KERNEL
+
+/* Over the portable set: its dequantization (the same values) stays. */
+const eb_cpu_kernel_set eb_cpu_kernels_avx2 = {
+    .variant = "avx2+fma+f16c",
+    .quantize_q8 = quantize_q8,
+    .format =
+        {
+            [EB_DTYPE_F32] = {NULL, rows_F32, NULL},
+            [EB_DTYPE_F16] = {NULL, rows_F16, NULL},
+            [EB_DTYPE_BF16] = {NULL, rows_BF16, NULL},
+            [EB_DTYPE_Q8_0] = {NULL, rows_Q8_0, q8_Q8_0},
+            [EB_DTYPE_Q4_K] = {NULL, rows_Q4_K, q8_Q4_K},
+            [EB_DTYPE_Q5_K] = {NULL, rows_Q5_K, q8_Q5_K},
+            [EB_DTYPE_Q6_K] = {NULL, rows_Q6_K, q8_Q6_K},
+            [EB_DTYPE_MXFP4] = {NULL, rows_MXFP4, q8_MXFP4},
+            [EB_DTYPE_Q5_0] = {NULL, rows_Q5_0, NULL},
+            [EB_DTYPE_Q5_1] = {NULL, rows_Q5_1, NULL},
+        },
+};
+
+void eb_cpu_matmul_rows_avx2(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const float *x,
+                             int64_t n, float *y, int64_t ldy) {
+    eb_cpu_kernels_avx2.format[dtype].rows(w, dtype, r0, r1, cols, x, n, y, ldy);
 }
 #endif

@@ -1,6 +1,6 @@
-/* The q8 precision's products with AVX-512 VNNI (F, BW, VL and VNNI) for Q8_0 and Q6_K, the formats where they beat
- * the AVX2 kernels (eb_cpu_matmul_q8_avx512 sends the others there). Compiled with those instruction sets and only
- * called after a run-time check.
+/* The q8 precision's products with AVX-512 VNNI (F, BW, VL and VNNI) for Q8_0, Q6_K and MXFP4, the formats where
+ * they beat the AVX2 kernels (its table lies over the AVX2 one, which keeps the others). Compiled with those
+ * instruction sets and only called after a run-time check.
  *
  * The same bits as cpu_kernels_avx2.c's q8 kernels, on every input: the integer sums are exact in both, and the
  * float steps are the same operations in the same order.
@@ -197,37 +197,54 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
     UNROLL for (int t = 0; t < T; t++) out[t] = ksum[t];
 }
 
-/* Q8_0 and Q6_K here; the other formats go to the AVX2 kernels (the same bits either way). On 2 cores of a Xeon
- * with AMX (bench/RESULTS.md) these two ran faster than their AVX2 kernels (Q6_K 1.5-2x, Q8_0 1.0-1.2x of the
- * decode step's products); 512-bit versions of Q4_K, Q5_K (the same vpdpwssd scheme) and MXFP4 (two blocks a
- * register, as Q8_0) ran 0.7-1.15x of AVX2 there, mostly below 1, so they are not kept. */
-void eb_cpu_matmul_q8_avx512(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,
-                             int64_t n, float *y, int64_t ldy) {
-    switch (dtype) {
-    case EB_DTYPE_Q8_0: matmul_q8(w, EB_DTYPE_Q8_0, r0, r1, cols, x, n, y, ldy); return;
-    case EB_DTYPE_Q6_K: matmul_q8(w, EB_DTYPE_Q6_K, r0, r1, cols, x, n, y, ldy); return;
-    case EB_DTYPE_MXFP4: {
-        /* the correction once for every row here where it fits in the buffer (a decode step's few tokens) */
-        _Alignas(64) int32_t corr[MXFP4_CORR_BYTES / sizeof(int32_t)];
-        size_t bytes = (size_t)n * (size_t)cols;
-        if (bytes <= sizeof corr) {
-            const __m512i twelve = _mm512_set1_epi8(12), zero = _mm512_setzero_si512();
-            size_t i = 0;
-            for (; i + 64 <= bytes; i += 64)
-                _mm512_store_si512((void *)((char *)corr + i),
-                                   _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, twelve, _mm512_loadu_si512((const void *)(x->q + i)))));
-            for (; i < bytes; i += 32) /* cols is a whole number of 32-value blocks */
-                _mm256_storeu_si256((__m256i *)((char *)corr + i),
-                                    _mm256_sub_epi32(_mm512_castsi512_si256(zero),
-                                                     _mm256_dpbusd_epi32(_mm512_castsi512_si256(zero), _mm512_castsi512_si256(twelve),
-                                                                         _mm256_loadu_si256((const __m256i *)(x->q + i)))));
-            mxfp4_corr = corr, mxfp4_corr_q = x->q;
-        }
-        matmul_q8(w, EB_DTYPE_MXFP4, r0, r1, cols, x, n, y, ldy);
-        mxfp4_corr = NULL, mxfp4_corr_q = NULL;
-        return;
-    }
-    default: eb_cpu_matmul_q8_avx2(w, dtype, r0, r1, cols, x, n, y, ldy); return;
-    }
+/* Q8_0, Q6_K and MXFP4 here; the other formats keep the AVX2 kernels (the same bits either way). On 2 cores of a Xeon
+ * with AMX (bench/RESULTS.md) Q8_0 and Q6_K ran faster than their AVX2 kernels (Q6_K 1.5-2x, Q8_0 1.0-1.2x of the
+ * decode step's products), MXFP4 at 75 % of a plain read where AVX2 reached 39 % (bench/membw/decode_products.c, one
+ * thread); 512-bit versions of Q4_K and Q5_K (the same vpdpwssd scheme) ran 0.7-1.15x of AVX2 there, mostly below 1,
+ * so they are not kept. */
+static void q8_Q8_0(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x, int64_t n,
+                    float *y, int64_t ldy) {
+    (void)dtype;
+    matmul_q8(w, EB_DTYPE_Q8_0, r0, r1, cols, x, n, y, ldy);
 }
+
+static void q8_Q6_K(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x, int64_t n,
+                    float *y, int64_t ldy) {
+    (void)dtype;
+    matmul_q8(w, EB_DTYPE_Q6_K, r0, r1, cols, x, n, y, ldy);
+}
+
+static void q8_MXFP4(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,
+                     int64_t n, float *y, int64_t ldy) {
+    (void)dtype;
+    /* the correction once for every row here where it fits in the buffer (a decode step's few tokens) */
+    _Alignas(64) int32_t corr[MXFP4_CORR_BYTES / sizeof(int32_t)];
+    size_t bytes = (size_t)n * (size_t)cols;
+    if (bytes <= sizeof corr) {
+        const __m512i twelve = _mm512_set1_epi8(12), zero = _mm512_setzero_si512();
+        size_t i = 0;
+        for (; i + 64 <= bytes; i += 64)
+            _mm512_store_si512((void *)((char *)corr + i),
+                               _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, twelve, _mm512_loadu_si512((const void *)(x->q + i)))));
+        for (; i < bytes; i += 32) /* cols is a whole number of 32-value blocks */
+            _mm256_storeu_si256((__m256i *)((char *)corr + i),
+                                _mm256_sub_epi32(_mm512_castsi512_si256(zero),
+                                                 _mm256_dpbusd_epi32(_mm512_castsi512_si256(zero), _mm512_castsi512_si256(twelve),
+                                                                     _mm256_loadu_si256((const __m256i *)(x->q + i)))));
+        mxfp4_corr = corr, mxfp4_corr_q = x->q;
+    }
+    matmul_q8(w, EB_DTYPE_MXFP4, r0, r1, cols, x, n, y, ldy);
+    mxfp4_corr = NULL, mxfp4_corr_q = NULL;
+}
+
+/* Over the AVX2 set: only these q8 products. */
+const eb_cpu_kernel_set eb_cpu_kernels_avx512 = {
+    .variant = "avx2+fma+f16c+avx512vnni",
+    .format =
+        {
+            [EB_DTYPE_Q8_0] = {NULL, NULL, q8_Q8_0},
+            [EB_DTYPE_Q6_K] = {NULL, NULL, q8_Q6_K},
+            [EB_DTYPE_MXFP4] = {NULL, NULL, q8_MXFP4},
+        },
+};
 #endif

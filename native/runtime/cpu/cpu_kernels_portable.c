@@ -61,8 +61,8 @@ static float dot_quant(const unsigned char *w, int dtype, const float *x, int64_
     return (s0 + s1) + (s2 + s3);
 }
 
-void eb_cpu_matmul_rows_portable(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const float *x,
-                                 int64_t n, float *y, int64_t ldy) {
+static void matmul_rows(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const float *x, int64_t n,
+                        float *y, int64_t ldy) {
     const unsigned char *base = (const unsigned char *)w;
     size_t rowbytes = (size_t)eb_row_bytes(dtype, cols);
     int quantized = eb_dtype_quantized(dtype);
@@ -90,7 +90,7 @@ eb_cpu_q8_rows eb_cpu_q8_layout(void *mem, int64_t n, int64_t cols, int32_t bloc
     return r;
 }
 
-void eb_cpu_quantize_q8(const float *x, int64_t n, int64_t cols, eb_cpu_q8_rows *out) {
+static void quantize_q8(const float *x, int64_t n, int64_t cols, eb_cpu_q8_rows *out) {
     int64_t B = out->block;
     for (int64_t b = 0; b < n * cols / B; b++) {
         const float *v = x + B * b;
@@ -170,8 +170,8 @@ static float dot_q8(const unsigned char *row, int dtype, int64_t cols, const int
     return acc;
 }
 
-void eb_cpu_matmul_q8_portable(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,
-                               int64_t n, float *y, int64_t ldy) {
+static void matmul_q8(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,
+                      int64_t n, float *y, int64_t ldy) {
     size_t rowbytes = (size_t)eb_row_bytes(dtype, cols);
     for (int64_t r = r0; r < r1; r++) {
         const unsigned char *row = (const unsigned char *)w + (size_t)r * rowbytes;
@@ -180,3 +180,51 @@ void eb_cpu_matmul_q8_portable(const void *w, int dtype, int64_t r0, int64_t r1,
                 dot_q8(row, dtype, cols, x->q + t * cols, x->d + t * cols / x->block, x->s16 + t * cols / 16);
     }
 }
+
+/* ---- the table ---------------------------------------------------------------------------------------------- */
+
+/* Each format's entries: the loops above with its dtype a constant (the dtype argument is the table's index). */
+#define FORMAT_KERNELS(name, code, block, block_bytes, ggml_type, quantized, q8_block)                                 \
+    static void dequantize_##name(const void *row, int64_t n, float *out) {                                           \
+        eb_dequantize_row(row, EB_DTYPE_##name, n, out);                                                              \
+    }                                                                                                                 \
+    static void rows_##name(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const float *x, int64_t n, \
+                            float *y, int64_t ldy) {                                                                  \
+        (void)dtype;                                                                                                  \
+        matmul_rows(w, EB_DTYPE_##name, r0, r1, cols, x, n, y, ldy);                                                  \
+    }
+EB_FORMATS(FORMAT_KERNELS)
+#undef FORMAT_KERNELS
+
+#define Q8_KERNEL(name)                                                                                            \
+    static void q8_##name(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x, \
+                          int64_t n, float *y, int64_t ldy) {                                                     \
+        (void)dtype;                                                                                              \
+        matmul_q8(w, EB_DTYPE_##name, r0, r1, cols, x, n, y, ldy);                                                \
+    }
+Q8_KERNEL(Q8_0)
+Q8_KERNEL(Q4_K)
+Q8_KERNEL(Q5_K)
+Q8_KERNEL(Q6_K)
+Q8_KERNEL(MXFP4)
+#undef Q8_KERNEL
+
+/* Integer products for the formats whose q8_block says they have them: Q5_0 / Q5_1 have none (dot_q8 reads every
+ * other block as a K format's). */
+const eb_cpu_kernel_set eb_cpu_kernels_portable = {
+    .variant = "portable",
+    .quantize_q8 = quantize_q8,
+    .format =
+        {
+            [EB_DTYPE_F32] = {dequantize_F32, rows_F32, NULL},
+            [EB_DTYPE_F16] = {dequantize_F16, rows_F16, NULL},
+            [EB_DTYPE_BF16] = {dequantize_BF16, rows_BF16, NULL},
+            [EB_DTYPE_Q8_0] = {dequantize_Q8_0, rows_Q8_0, q8_Q8_0},
+            [EB_DTYPE_Q4_K] = {dequantize_Q4_K, rows_Q4_K, q8_Q4_K},
+            [EB_DTYPE_Q5_K] = {dequantize_Q5_K, rows_Q5_K, q8_Q5_K},
+            [EB_DTYPE_Q6_K] = {dequantize_Q6_K, rows_Q6_K, q8_Q6_K},
+            [EB_DTYPE_MXFP4] = {dequantize_MXFP4, rows_MXFP4, q8_MXFP4},
+            [EB_DTYPE_Q5_0] = {dequantize_Q5_0, rows_Q5_0, NULL},
+            [EB_DTYPE_Q5_1] = {dequantize_Q5_1, rows_Q5_1, NULL},
+        },
+};

@@ -131,10 +131,8 @@ typedef struct {
 typedef struct cpu_runtime {
     int n_devices;
     cpu_device *devices;
-    eb_cpu_matmul_rows_fn matmul_rows;
-    eb_cpu_matmul_q8_fn matmul_q8;
-    eb_cpu_quantize_q8_fn quantize_q8; /* every variant's gives the same bytes */
-    const char *variant;
+    eb_cpu_kernel_set kernels; /* the best set the CPU runs, each NULL entry filled from the sets below it */
+    int avx2;                  /* the AVX2 sets (attention's AVX2 copy) */
     char cpu_name[EB_MAX_NAME];
     uint64_t memory_limit;
     /* A product's work items each take 1/(threads x per_thread) of the rows left, down to one step (guided
@@ -401,11 +399,59 @@ static int64_t step_rows(int64_t cols, int dtype) {
 /* Several products as one pool run over their concatenated rows. */
 #define MAX_TASKS 64
 
-/* The q8 precision applies where a quantized weight meets activations (float weights are read in f32). */
-/* Q5_0 / Q5_1 have no q8 kernels (llama.cpp writes them only for a few small rows): read in f32 in either precision */
-static int uses_q8(int precision, int dtype) {
-    return precision == EB_PRECISION_Q8 && eb_dtype_quantized(dtype) && dtype != EB_DTYPE_Q5_0 &&
-           dtype != EB_DTYPE_Q5_1;
+/* The q8 precision applies where the format has integer products (its q8_block, EB_FORMATS); the others (the float
+ * formats, Q5_0 / Q5_1) are read with f32 activations in either precision. */
+static int uses_q8(const cpu_runtime *rt, int precision, int dtype) {
+    return precision == EB_PRECISION_Q8 && rt->kernels.format[dtype].q8 != NULL;
+}
+
+/* Debug builds (sanitizers, or -DEB_CPU_CHECK_WRITES=1) check that a product writes every output it owns: each is
+ * first set to a NaN no kernel computes and looked for after, so a format or precision routed to a kernel that leaves
+ * outputs unwritten (stale memory: another result on every run) stops the process at that product. */
+#ifndef EB_CPU_CHECK_WRITES
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define EB_CPU_CHECK_WRITES 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define EB_CPU_CHECK_WRITES 1
+#endif
+#endif
+#endif
+#if EB_CPU_CHECK_WRITES
+#define UNWRITTEN 0x7fc0dead
+static void mark_unwritten(float *y, int64_t r0, int64_t r1, int64_t n, int64_t ldy) {
+    uint32_t bits = UNWRITTEN;
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t r = r0; r < r1; r++) memcpy(&y[t * ldy + r], &bits, sizeof bits);
+}
+static void check_written(const float *y, int dtype, int q8, int64_t r0, int64_t r1, int64_t n, int64_t ldy) {
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t r = r0; r < r1; r++) {
+            uint32_t bits;
+            memcpy(&bits, &y[t * ldy + r], sizeof bits);
+            if (bits != UNWRITTEN) continue;
+            fprintf(stderr, RUNTIME_NAME " runtime: a %s product (%s activations) left row %lld of token %lld "
+                            "unwritten\n",
+                    eb_dtype_name(dtype), q8 ? "q8" : "f32", (long long)r, (long long)t);
+            abort();
+        }
+}
+#endif
+
+/* Rows [r0, r1) of w times n tokens into y (token t's row r at y[t * ldy + r]): the format's integer products where
+ * its activations were quantized for them (xq), else its f32 ones. The one place a product picks its kernel. */
+static void product(const eb_cpu_kernel_set *k, const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols,
+                    const float *x, const eb_cpu_q8_rows *xq, int64_t n, float *y, int64_t ldy) {
+    const eb_cpu_format_kernels *f = &k->format[dtype];
+    int q8 = xq && xq->q && f->q8;
+#if EB_CPU_CHECK_WRITES
+    mark_unwritten(y, r0, r1, n, ldy);
+#endif
+    if (q8) f->q8(w, dtype, r0, r1, cols, xq, n, y, ldy);
+    else f->rows(w, dtype, r0, r1, cols, x, n, y, ldy);
+#if EB_CPU_CHECK_WRITES
+    check_written(y, dtype, q8, r0, r1, n, ldy);
+#endif
 }
 
 /* A device buffer of at least bytes, grown by half again on demand and kept: no allocation once warm. */
@@ -425,8 +471,7 @@ static void *grown(void **buf, size_t *cap, size_t bytes) {
 static void *act_buffer(cpu_device *d, size_t bytes) { return grown(&d->act, &d->act_cap, bytes); }
 
 typedef struct {
-    eb_cpu_matmul_rows_fn fn;
-    eb_cpu_matmul_q8_fn q8;
+    const eb_cpu_kernel_set *k;
     const eb_rt_matmul *tasks;
     int n_tasks;
     int64_t start[MAX_TASKS + 1];
@@ -439,10 +484,8 @@ static void multi_chunk(void *arg, int64_t begin, int64_t end) {
         int64_t lo = begin > j->start[i] ? begin : j->start[i], hi = end < j->start[i + 1] ? end : j->start[i + 1];
         if (lo >= hi) continue;
         const eb_rt_matmul *t = &j->tasks[i];
-        if (j->xq[i].q)
-            j->q8(t->w, t->dtype, lo - j->start[i], hi - j->start[i], t->cols, &j->xq[i], t->n, t->y, t->rows);
-        else
-            j->fn(t->w, t->dtype, lo - j->start[i], hi - j->start[i], t->cols, t->x, t->n, t->y, t->rows);
+        product(j->k, t->w, t->dtype, lo - j->start[i], hi - j->start[i], t->cols, t->x, &j->xq[i], t->n, t->y,
+                t->rows);
     }
 }
 
@@ -450,17 +493,18 @@ static void multi_chunk(void *arg, int64_t begin, int64_t end) {
  * memory for them the tasks read x in f32 instead: slower is not wrong, but it is another result, so it is an
  * error. */
 static int quantize_tasks(cpu_device *d, multi_job *job) {
+    const cpu_runtime *rt = d->rt;
     size_t bytes = 0;
     for (int i = 0; i < job->n_tasks; i++)
-        if (uses_q8(job->tasks[i].precision, job->tasks[i].dtype))
-            bytes += eb_cpu_q8_bytes(job->tasks[i].n, job->tasks[i].cols, eb_cpu_q8_block(job->tasks[i].dtype));
+        if (uses_q8(rt, job->tasks[i].precision, job->tasks[i].dtype))
+            bytes += eb_cpu_q8_bytes(job->tasks[i].n, job->tasks[i].cols, eb_format(job->tasks[i].dtype)->q8_block);
     if (!bytes) return 0;
     unsigned char *mem = act_buffer(d, bytes);
     if (!mem) return EB_ERR_MEMORY;
     for (int i = 0; i < job->n_tasks; i++) {
         const eb_rt_matmul *t = &job->tasks[i];
-        if (!uses_q8(t->precision, t->dtype)) continue;
-        int same = -1, block = eb_cpu_q8_block(t->dtype);
+        if (!uses_q8(rt, t->precision, t->dtype)) continue;
+        int same = -1, block = eb_format(t->dtype)->q8_block;
         for (int k = 0; k < i && same < 0; k++)
             if (job->xq[k].q && job->tasks[k].x == t->x && job->tasks[k].n == t->n && job->tasks[k].cols == t->cols &&
                 job->xq[k].block == block)
@@ -470,7 +514,7 @@ static int quantize_tasks(cpu_device *d, multi_job *job) {
             continue;
         }
         job->xq[i] = eb_cpu_q8_layout(mem, t->n, t->cols, block);
-        d->rt->quantize_q8(t->x, t->n, t->cols, &job->xq[i]);
+        rt->kernels.quantize_q8(t->x, t->n, t->cols, &job->xq[i]);
         mem += eb_cpu_q8_bytes(t->n, t->cols, block);
     }
     return 0;
@@ -478,7 +522,7 @@ static int quantize_tasks(cpu_device *d, multi_job *job) {
 
 static int run_multi(cpu_runtime *rt, cpu_device *d, const eb_rt_matmul *tasks, int n_tasks) {
     for (int first = 0; first < n_tasks; first += MAX_TASKS) {
-        multi_job job = {.fn = rt->matmul_rows, .q8 = rt->matmul_q8, .tasks = tasks + first};
+        multi_job job = {.k = &rt->kernels, .tasks = tasks + first};
         job.n_tasks = n_tasks - first < MAX_TASKS ? n_tasks - first : MAX_TASKS;
         int st = quantize_tasks(d, &job);
         if (st) return st;
@@ -501,8 +545,7 @@ static int run_multi(cpu_runtime *rt, cpu_device *d, const eb_rt_matmul *tasks, 
  * of an expert's gate and of its up product, then g = silu(g) * u for them, so that the down products can start
  * at once (no pass over g by the calling thread alone between the two runs). */
 typedef struct {
-    eb_cpu_matmul_rows_fn fn;
-    eb_cpu_matmul_q8_fn q8;
+    const eb_cpu_kernel_set *k;
     const eb_cpu_q8_rows *xq; /* the gathered rows quantized (q8 precision) in blocks of 32 and 256, or NULL */
     const eb_rt_expert_batch *b;
     int32_t expert[MAX_TASKS];     /* indices into b->experts, those with pairs */
@@ -525,18 +568,19 @@ static void gate_up_chunk(void *arg, int64_t begin, int64_t end) {
         const void *w[2] = {e->gate, e->up};
         int dt[2] = {e->gate_dtype, e->up_dtype};
         float *out[2] = {g, u};
+        /* gate and up may differ in format (llama.cpp's quantizer writes Q5_0 beside Q8_0 or MXFP4): each takes its
+         * own block's activations, or f32 ones where it has no integer products */
         for (int k = 0; k < 2; k++) {
-            if (j->xq && eb_dtype_quantized(dt[k])) {
-                const eb_cpu_q8_rows *a = &j->xq[eb_cpu_q8_block(dt[k]) == 256];
-                eb_cpu_q8_rows x = {a->q + p0 * H, a->d + p0 * H / a->block, a->s16 + p0 * H / 16, H, a->block};
-                j->q8(w[k], dt[k], r0, r1, H, &x, m, out[k], I);
-            } else {
-                j->fn(w[k], dt[k], r0, r1, H, j->xe + p0 * H, m, out[k], I);
-            }
+            int block = eb_format(dt[k])->q8_block;
+            const eb_cpu_q8_rows *a = j->xq && block ? &j->xq[block == 256] : NULL;
+            eb_cpu_q8_rows x = {0};
+            if (a && a->q)
+                x = (eb_cpu_q8_rows){a->q + p0 * H, a->d + p0 * H / a->block, a->s16 + p0 * H / 16, H, a->block};
+            product(j->k, w[k], dt[k], r0, r1, H, j->xe + p0 * H, &x, m, out[k], I);
         }
         const eb_rt_act *act = &j->b->act;
         /* both products q8 ones: the q8 precision's activation (eb_q8.h), which the GPU modules compute alike */
-        int q8 = uses_q8(j->b->precision, dt[0]) && uses_q8(j->b->precision, dt[1]);
+        int q8 = j->b->precision == EB_PRECISION_Q8 && j->k->format[dt[0]].q8 && j->k->format[dt[1]].q8;
         for (int64_t p = 0; p < m; p++) {
             float *gp = g + p * I, *up = u + p * I;
             if (e->bias)
@@ -552,16 +596,19 @@ static void gate_up_chunk(void *arg, int64_t begin, int64_t end) {
 /* The same arithmetic as the core's single-device path: every expert's products over its gathered rows. Per 64
  * experts, one pool run computes the gate and up products and silu(g) * u (gate_up_chunk), then another the down
  * products. */
-/* The gathered rows in both block sizes of the q8 precision (32: Q8_0, MXFP4; 256: the K formats). */
+/* The gathered rows in both block sizes of the q8 precision (32: Q8_0, MXFP4; 256: the K formats) that H is a whole
+ * number of. */
 static int quantize_gathered(cpu_device *d, const float *xe, int64_t n, int64_t H, eb_cpu_q8_rows *xq) {
-    size_t small = eb_cpu_q8_bytes(n, H, 32), big = H % 256 ? 0 : eb_cpu_q8_bytes(n, H, 256);
+    size_t small = H % 32 ? 0 : eb_cpu_q8_bytes(n, H, 32), big = H % 256 ? 0 : eb_cpu_q8_bytes(n, H, 256);
     unsigned char *mem = act_buffer(d, small + big);
     if (!mem) return EB_ERR_MEMORY;
-    xq[0] = eb_cpu_q8_layout(mem, n, H, 32);
-    d->rt->quantize_q8(xe, n, H, &xq[0]);
+    if (small) {
+        xq[0] = eb_cpu_q8_layout(mem, n, H, 32);
+        d->rt->kernels.quantize_q8(xe, n, H, &xq[0]);
+    }
     if (big) {
         xq[1] = eb_cpu_q8_layout(mem + small, n, H, 256);
-        d->rt->quantize_q8(xe, n, H, &xq[1]);
+        d->rt->kernels.quantize_q8(xe, n, H, &xq[1]);
     }
     return 0;
 }
@@ -581,14 +628,13 @@ static int run_expert_batch(cpu_runtime *rt, cpu_device *d, const eb_rt_expert_b
     int quantize = 0;
     for (int32_t i = 0; i < b->n_experts; i++) {
         int g = b->experts[i].gate_dtype, u = b->experts[i].up_dtype;
-        quantize |= uses_q8(b->precision, g) || uses_q8(b->precision, u);
+        quantize |= uses_q8(rt, b->precision, g) || uses_q8(rt, b->precision, u);
     }
     if (quantize && quantize_gathered(d, xe, b->n_pairs, H, xq)) return EB_ERR_MEMORY;
     eb_rt_matmul tasks[MAX_TASKS];
     for (int32_t first = 0; first < b->n_experts; first += MAX_TASKS) {
         int32_t last = first + MAX_TASKS < b->n_experts ? first + MAX_TASKS : b->n_experts;
-        gate_up_job job = {.fn = rt->matmul_rows, .q8 = rt->matmul_q8, .xq = quantize ? xq : NULL, .b = b, .xe = xe,
-                           .g = g, .u = u};
+        gate_up_job job = {.k = &rt->kernels, .xq = quantize ? xq : NULL, .b = b, .xe = xe, .g = g, .u = u};
         int64_t step = 8;
         uint64_t bytes = 0;
         for (int32_t i = first; i < last; i++) {
@@ -816,6 +862,19 @@ static void cpu_shutdown(void *rtp) {
     trace_write();
 }
 
+/* Set k's entries to those of the set above it where that has them. */
+static void over(eb_cpu_kernel_set *k, const eb_cpu_kernel_set *above) {
+    if (above->variant) k->variant = above->variant;
+    if (above->quantize_q8) k->quantize_q8 = above->quantize_q8;
+    for (int dt = 0; dt < EB_DTYPE_COUNT; dt++) {
+        const eb_cpu_format_kernels *a = &above->format[dt];
+        eb_cpu_format_kernels *f = &k->format[dt];
+        if (a->dequantize) f->dequantize = a->dequantize;
+        if (a->rows) f->rows = a->rows;
+        if (a->q8) f->q8 = a->q8;
+    }
+}
+
 static int cpu_init(const eb_runtime_options *opt, void **out, char *err, size_t errlen) {
     *out = NULL;
     cpu_runtime *rt = calloc(1, sizeof *rt);
@@ -844,27 +903,31 @@ static int cpu_init(const eb_runtime_options *opt, void **out, char *err, size_t
         return eb_rt_fail(err, errlen, EB_ERR_ARGUMENT,
                           RUNTIME_NAME " runtime: kernels = %d, expected 0 (best), 1 (portable) or 2 (avx2)", kernels);
     }
+    rt->kernels = eb_cpu_kernels_portable;
 #ifdef EB_CPU_HAVE_AVX2_BUILD
     __builtin_cpu_init();
     if (kernels != EB_CPU_KERNELS_PORTABLE && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("f16c")) {
-        rt->matmul_rows = eb_cpu_matmul_rows_avx2;
-        rt->matmul_q8 = eb_cpu_matmul_q8_avx2;
-        rt->quantize_q8 = eb_cpu_quantize_q8_avx2;
-        rt->variant = "avx2+fma+f16c";
+        over(&rt->kernels, &eb_cpu_kernels_avx2);
+        rt->avx2 = 1;
         /* the q8 products in AVX-512 VNNI (the same bits); the float products keep AVX2's 8-lane order */
         if (kernels == EB_CPU_KERNELS_BEST && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni")) {
-            rt->matmul_q8 = eb_cpu_matmul_q8_avx512;
-            rt->variant = "avx2+fma+f16c+avx512vnni";
-        }
+            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
+            over(&rt->kernels, &eb_cpu_kernels_avx512);
     }
 #endif
-    if (!rt->matmul_rows) {
-        rt->matmul_rows = eb_cpu_matmul_rows_portable;
-        rt->matmul_q8 = eb_cpu_matmul_q8_portable;
-        rt->quantize_q8 = eb_cpu_quantize_q8;
-        rt->variant = "portable";
+    for (int dt = 0; dt < EB_DTYPE_COUNT; dt++) {
+        const eb_cpu_format_kernels *f = &rt->kernels.format[dt];
+        /* every set has integer products for exactly the formats whose q8_block says so: the q8 precision's result
+         * then never depends on the instruction set beyond the sums' order */
+        if ((f->q8 != NULL) != (eb_format_table[dt].q8_block != 0) || (f->q8 && !f->rows)) {
+            const char *variant = rt->kernels.variant; /* a string constant of the set */
+            free(rt);
+            return eb_rt_fail(err, errlen, EB_ERR_MODULE,
+                              RUNTIME_NAME " runtime: the %s kernels' %s integer products disagree with its q8 "
+                                           "block %d",
+                              variant, eb_dtype_name(dt), eb_format_table[dt].q8_block);
+        }
     }
     read_cpu_name(rt->cpu_name, sizeof rt->cpu_name);
     rt->devices = calloc((size_t)n_dev, sizeof *rt->devices);
@@ -891,7 +954,7 @@ static int cpu_init(const eb_runtime_options *opt, void **out, char *err, size_t
     return 0;
 }
 
-static const char *cpu_kernel_variant(void *rtp) { return ((cpu_runtime *)rtp)->variant; }
+static const char *cpu_kernel_variant(void *rtp) { return ((cpu_runtime *)rtp)->kernels.variant; }
 
 static int cpu_device_count(void *rtp) { return ((cpu_runtime *)rtp)->n_devices; }
 
@@ -926,7 +989,9 @@ static int cpu_device_info(void *rtp, int dev, eb_rt_device_info *info, char *er
     info->memory_free = avail;
     info->threads = d->pool.n_threads;
     info->host_addressable = HOST_ADDRESSABLE;
-    info->formats = (1u << EB_DTYPE_COUNT) - 1; /* every format, in both kernel variants */
+    info->formats = 0; /* the formats its kernels read */
+    for (int dt = 0; dt < EB_DTYPE_COUNT; dt++)
+        if (rt->kernels.format[dt].dequantize && rt->kernels.format[dt].rows) info->formats |= 1u << dt;
     info->precisions = 1u << EB_PRECISION_F32 | 1u << EB_PRECISION_Q8;
     return 0;
 }
@@ -1160,7 +1225,7 @@ static int op_embed(void *rtp, int dev, const void *table, int dtype, int64_t hi
     if (!d) return EB_ERR_RANGE;
     for (int64_t t = 0; t < n; t++) {
         const unsigned char *row = (const unsigned char *)table + (size_t)ids[t] * eb_row_bytes(dtype, hidden);
-        eb_dequantize_row(row, dtype, hidden, x + t * hidden);
+        ((cpu_runtime *)rtp)->kernels.format[dtype].dequantize(row, hidden, x + t * hidden);
     }
     return op_end(d, t0, 0);
 }
@@ -1270,7 +1335,7 @@ static int op_attention(void *rtp, int dev, const eb_rt_attention *a, char *err,
     attention_job job = {a, pos, d->pool.n_threads <= nkv ? nh / nkv : 1, stride, scores};
     pool_fn attend = attend_portable;
 #if defined(CPU_ATTENTION_AVX2) && defined(EB_CPU_HAVE_AVX2_BUILD)
-    if (rt->matmul_rows == eb_cpu_matmul_rows_avx2) attend = attend_avx2;
+    if (rt->avx2) attend = attend_avx2;
 #endif
     trace_note(TRACE_PARALLEL_FOR, 0);
     pool_run(&d->pool, attend, &job, nh / job.heads, 1, 0);
@@ -1312,7 +1377,7 @@ static int op_route(void *rtp, int dev, const eb_rt_route *r, char *err, size_t 
  * rope query, the latent mix and a row of scores). */
 typedef struct {
     const eb_rt_mla *a;
-    eb_cpu_matmul_rows_fn rows;
+    const eb_cpu_kernel_set *k;
     int64_t pos;
     float *scratch;
 } mla_job;
@@ -1334,7 +1399,8 @@ static void mla_heads(void *arg, int64_t h0, int64_t h1) {
             if (a->interleave) eb_rope_interleaved(qp, cs, sn, P);
             else eb_rope(qp, cs, sn, P);
             /* the query's nope part through the key half of kv_b: its dot with the latent is q_nope . k_nope */
-            j->rows((const unsigned char *)a->k_b + (size_t)h * kb_head, a->k_b_dtype, 0, R, N, q, 1, ql, R);
+            product(j->k, (const unsigned char *)a->k_b + (size_t)h * kb_head, a->k_b_dtype, 0, R, N, q, NULL, 1, ql,
+                    R);
             float mx = -INFINITY, sum = 0.0f;
             for (int64_t s = 0; s <= p; s++) {
                 const float *row = a->cache + s * C;
@@ -1353,7 +1419,7 @@ static void mla_heads(void *arg, int64_t h0, int64_t h1) {
                 float ps = sc[s] * inv;
                 for (int64_t i = 0; i < R; i++) ol[i] += ps * row[i];
             }
-            j->rows((const unsigned char *)a->v_b + (size_t)h * vb_head, a->v_b_dtype, 0, V, R, ol, 1,
+            product(j->k, (const unsigned char *)a->v_b + (size_t)h * vb_head, a->v_b_dtype, 0, V, R, ol, NULL, 1,
                     a->out + (t * a->n_heads + h) * V, V);
         }
     }
@@ -1375,7 +1441,7 @@ static int op_mla(void *rtp, int dev, const eb_rt_mla *a, char *err, size_t errl
         if (a->interleave) eb_rope_interleaved(row + R, cs, sn, P);
         else eb_rope(row + R, cs, sn, P);
     }
-    mla_job job = {a, rt->matmul_rows, pos, mem};
+    mla_job job = {a, &rt->kernels, pos, mem};
     trace_note(TRACE_PARALLEL_FOR, 0);
     pool_run(&d->pool, mla_heads, &job, a->n_heads, 1, 0);
     return op_end(d, t0, 0);

@@ -202,8 +202,8 @@ __device__ __forceinline__ void unpack8(uint4 v, int dtype, float *wv) {
 
 // ---- quantized weights: each value exactly as eb_dequantize_chunk gives it ---------------------------------
 //
-// A quantized row is a whole number of blocks at w + row * row_bytes (gpu_row_bytes, eb_row_bytes' twin). A warp
-// reads it in groups (qfmt<>::GROUPS per block, group g of the row on lane g % warp): the values one lane
+// A quantized row is a whole number of blocks at w + row * row_bytes (gpu_row_bytes: eb_row_bytes in device code).
+// A warp reads it in groups (qfmt<>::GROUPS per block, group g of the row on lane g % warp): the values one lane
 // dequantizes from one read of its block, RUNS runs of RUN consecutive columns (multiples of 8 from the block's
 // first column). The lanes of a block read its bytes side by side, the widest pieces its layout allows: 16 bytes
 // of Q4_K / Q5_K nibbles (one vector load where the row is 16-byte aligned, as the core's device allocations are),
@@ -218,20 +218,14 @@ __device__ __forceinline__ void unpack8(uint4 v, int dtype, float *wv) {
 // A lane multiplies and adds the values with explicit fmaf in column order within each run, so that no compiler
 // contracts one kernel's sums differently from another's (warp_dot_tile and warp_dot_rows give the same bits).
 
-// Bytes of one row of cols values (cols a whole number of the format's blocks); the table eb_format_table's twin,
-// checked against it at init.
+// Bytes of one row of cols values (cols a whole number of the format's blocks), in device code too: a case per format
+// of EB_FORMATS (expertbench.h), so its constants are the core's table's.
 __host__ __device__ __forceinline__ unsigned long long gpu_row_bytes(int dtype, long long cols) {
     switch (dtype) {
-    case EB_DTYPE_F32: return 4ull * (unsigned long long)cols;
-    case EB_DTYPE_F16:
-    case EB_DTYPE_BF16: return 2ull * (unsigned long long)cols;
-    case EB_DTYPE_Q8_0: return (unsigned long long)(cols / 32) * 34u;
-    case EB_DTYPE_Q4_K: return (unsigned long long)(cols / 256) * 144u;
-    case EB_DTYPE_Q5_K: return (unsigned long long)(cols / 256) * 176u;
-    case EB_DTYPE_Q6_K: return (unsigned long long)(cols / 256) * 210u;
-    case EB_DTYPE_MXFP4: return (unsigned long long)(cols / 32) * 17u;
-    case EB_DTYPE_Q5_0: return (unsigned long long)(cols / 32) * 22u;
-    case EB_DTYPE_Q5_1: return (unsigned long long)(cols / 32) * 24u;
+#define GPU_ROW_BYTES(name, code, block, block_bytes, ggml_type, quantized, q8_block) \
+    case code: return (unsigned long long)(cols / block) * (unsigned long long)block_bytes;
+        EB_FORMATS(GPU_ROW_BYTES)
+#undef GPU_ROW_BYTES
     default: return 0;
     }
 }
@@ -709,14 +703,6 @@ static int q8_allow_shared(const gpuDeviceProp &prop);
 static int gpu_init(const eb_runtime_options *opt, void **out, char *err, size_t errlen) {
     (void)opt;
     *out = NULL;
-    for (int dt = 0; dt < EB_DTYPE_COUNT; dt++) // the kernels' row sizes are the format table's
-        for (long long cols = 256; cols <= 512; cols += 256)
-            if (gpu_row_bytes(dt, cols) != eb_row_bytes(dt, cols))
-                return eb_rt_fail(err, errlen, EB_ERR_UNSUPPORTED,
-                                  RUNTIME_NAME " runtime: a row of %lld %s values is %llu bytes here, %llu in the "
-                                               "format table",
-                                  cols, eb_dtype_name(dt), gpu_row_bytes(dt, cols),
-                                  (unsigned long long)eb_row_bytes(dt, cols));
     int count = 0;
     gpuError_t e = gpuGetDeviceCount(&count);
     if (e != gpuSuccess)

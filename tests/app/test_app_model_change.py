@@ -1,0 +1,62 @@
+"""Opening another model (File > Open model folder…) leaves nothing of the previous one on screen: the rolling plots,
+the device timeline and its legend, the heat map's scale, the Tune panel's points."""
+
+from app_helpers import FIXTURES, TARGET, TIMEOUT_MS
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QFileDialog
+from test_app_tune import made_up
+
+DEEPSEEK = FIXTURES / "deepseek-f32"  # shared experts: the timeline's legend lists them
+
+
+def open_model(qtbot, window, monkeypatch, folder) -> None:
+    monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda *a, **k: str(folder))
+    window.state.saved_placement = window.state.placement  # nothing unsaved to ask about
+    window.act_open_model.trigger()
+    qtbot.waitUntil(lambda: not window.state.busy and window.state.model.target_path == str(folder),
+                    timeout=TIMEOUT_MS)  # fmt: skip
+
+
+def test_opening_another_model_clears_what_the_previous_one_showed(qtbot, make_window, monkeypatch):
+    made_up(monkeypatch)
+    window = make_window()
+    window.resize(1600, 1000)  # every panel shown: the timeline records its runs' traces
+    qtbot.waitUntil(lambda: window.compact is False)
+    state, plots, timeline, heatmap, tune = (
+        window.state,
+        window.plots,
+        window.timeline,
+        window.routing.heatmap,
+        window.tune,
+    )
+    open_model(qtbot, window, monkeypatch, DEEPSEEK)
+    window.run_panel.tokens.setValue(8)
+    window.run_panel.repeats.setValue(1)
+    with qtbot.waitSignal(state.sigRunFinished, timeout=TIMEOUT_MS):
+        qtbot.mouseClick(window.run_panel.start_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not state.busy, timeout=TIMEOUT_MS)
+    plots.refresh_live()
+    timeline.redraw(force=True)
+    # what the DeepSeek run left: curves, spans with shared experts, counts on the heat map's scale, a tuned front
+    assert len(plots.rate_curve.getData()[0]) > 0 and len(timeline.shown) > 0 and state.last_trace is not None
+    assert "shared" in timeline.legend_kinds and "shared&nbsp;experts" in timeline.legend.text()
+    assert heatmap.counts is not None and heatmap.colorbar.levels()[1] > 1
+    qtbot.mouseClick(tune.start_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not tune.running, timeout=TIMEOUT_MS)
+    assert tune.front and tune.front_list.count()
+
+    open_model(qtbot, window, monkeypatch, TARGET)  # no shared experts
+    x, _y = plots.rate_curve.getData()
+    assert x is None or len(x) == 0
+    assert plots.rate_plot.no_data.isVisible() and plots.accept_plot.no_data.isVisible()
+    assert len(timeline.shown) == 0 and timeline.legend_kinds == [] and "shared" not in timeline.legend.text()
+    assert timeline.bars.rects == {} and state.last_trace is None
+    assert heatmap.counts is None and tuple(heatmap.colorbar.levels()) == (0, 1)
+    assert tune.front == [] and tune.measured == [] and tune.front_list.count() == 0
+    assert tune.status.text() == "Not tuned yet" and tune.start_button.isEnabled()
+    # the new model's own run draws as the first did
+    with qtbot.waitSignal(state.sigRunFinished, timeout=TIMEOUT_MS):
+        qtbot.mouseClick(window.run_panel.start_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not state.busy, timeout=TIMEOUT_MS)
+    timeline.redraw(force=True)
+    assert len(timeline.shown) > 0 and "shared" not in timeline.legend_kinds
