@@ -64,7 +64,7 @@ def main() -> int:
         for k in range(target.config.top_k - 1, 0, -1):  # the target's own contexts, decoding with fewer experts
             rows.append(measure(target, target, f"top-{k} of {target.config.top_k}", args.primary, args.tokens,
                                 args.repeats, top_k=k))  # fmt: skip
-    if args.primary.startswith("cpu"):  # the q8 precision's kernels are the CPU runtime's (a GPU reads it as f32)
+    if args.primary.startswith("cpu"):  # measured on the CPU: a GPU's q8 products are its bits (the same cost)
         quantized = ensure_demo_pair(args.size, format="gguf", quant="q8_0")
         with Engine() as eng:
             target = eng.load(quantized.target)

@@ -270,7 +270,7 @@ def outputs_key(target: str, prompts: Sequence, tokens: int, precision: str, mod
     The target (its fingerprint, or its path), the prompts, the tokens per prompt and the precision (q8 gives other
     logits than f32 by design) always; the reduction mode when it is not 'reference' (owner_local sums in another
     association); and the placement whenever the outputs depend on it (engine.run.outputs_any_placement over the
-    placement's devices and the others given: owner_local always, q8 with a device that is not a CPU one). The
+    placement's devices and the others given: owner_local always). The
     draft and q never: speculative greedy decoding gives the target-only greedy output, byte for byte. An experts
     per token override (top_k, None: the model's own) is another model. The window's saved profiles pick the run
     whose hashes they expect by this key too (expectations_for)."""

@@ -56,6 +56,7 @@ class DeviceInfo:
     memory_free: int
     threads: int
     formats: tuple[str, ...] = ()  # the weight formats its kernels read (engine/formats.py names)
+    precisions: tuple[str, ...] = ()  # the activation precisions its kernels run (Context.PRECISIONS names)
 
     def reads(self, fmt: str) -> bool:
         return fmt in self.formats
@@ -251,9 +252,10 @@ class Engine(_Handle):
         for i in range(lib.eb_engine_device_count(self._live())):
             check(lib.eb_engine_device_info(self._ptr, i, info))
             reads = tuple(f.name for f in formats.FORMATS.values() if info.formats >> f.code & 1)
+            runs = tuple(p for p, code in Context.PRECISIONS.items() if info.precisions >> code & 1)
             out.append(
                 DeviceInfo(i, text(info.name), text(info.kind), text(info.description), info.memory_total,
-                           info.memory_free, info.threads, reads)
+                           info.memory_free, info.threads, reads, runs)
             )  # fmt: skip
         return out
 
@@ -678,8 +680,9 @@ class Context(_Handle):
     def precision(self, precision: str) -> None:
         """How activations meet quantized weights: "f32" (exactly dequantized weights, f32 sums: the reference, the
         same on every placement) or "q8" (activations quantized to int8 per block of 32 or 256 values, integer
-        products, as llama.cpp runs them: faster, deterministic and placement-independent across CPU devices, not the
-        reference's output; a GPU module reads it as f32). Float weights are read in f32 either way."""
+        products, as llama.cpp runs them: faster, deterministic, the same bits on every placement of a primary over CPU
+        and GPU devices, not the reference's output). Float weights are read in f32 either way. A device whose
+        kernels do not run the precision (DeviceInfo.precisions) is refused by name, here and at every step."""
         if not isinstance(precision, str) or precision not in self.PRECISIONS:
             raise ArgumentError(f"precision {precision!r}: expected one of {', '.join(self.PRECISIONS)}")
         check(lib.eb_context_set_precision(self._live(), self.PRECISIONS[precision]))

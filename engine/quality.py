@@ -200,8 +200,8 @@ def _check_pair(ref, fast, n_prompts: int, tokens: int, mode: str, precision: st
 
 def quality_key(mode: str, precision: str, top_k: int | None = None, placement: str = "", devices=()) -> tuple:
     """What a quality cost depends on: settings with equal keys cost the same. The placement counts only where the
-    outputs depend on it (engine.run.outputs_any_placement: owner_local always, q8 with a device that is not a CPU
-    one); the draft and q never do."""
+    outputs depend on it (engine.run.outputs_any_placement: owner_local always); the draft and q
+    never do."""
     from .history import placement_devices
     from .run import outputs_any_placement
 

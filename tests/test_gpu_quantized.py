@@ -10,6 +10,14 @@ eb_dequantize_chunk gives it (the cpu module's values), products and sums in f32
 - the quantized GGUF fixtures (Q8_0; Q4_K_M: Q4_K, Q5_K, Q6_K and Q8_0; MXFP4_MOE) with the GPU as the primary and as
   an expert owner: logits within 1e-4 of transformers on the dequantized weights, the 64 greedy tokens, recorded steps
   equal to steps queued anew.
+- the q8 precision (the cpu module's x86 q8 kernels' arithmetic, eb_q8.h's expert activation): in the driver, every
+  product of a format with q8 kernels (Q8_0, Q4_K, Q5_K, Q6_K, MXFP4) memcmp-equal to the cpu module's for every shape
+  above, on random and extreme blocks (largest quants, f16 scales 65504 and subnormal, E8M0 at both halving cases)
+  and activations (+-1, spikes, far into exp's tails); Q5_0, Q5_1 and the float formats (f32 products in either
+  precision) within 1e-5; expert_ffn's rows and moe's pair rows the cpu module's bits for experts of such formats
+  (both reductions, gpt-oss's biases and clamped SwiGLU, widths not a multiple of 256), ALL the bits of EXPERTS then
+  COMBINE; on the GGUF fixtures of three families, the same logits bits on every placement of a primary, and the
+  CPU primary's greedy tokens on the GPU primary.
 
 Every test skips on a machine without the GPU (runs on the GPU machine: bench/gpu/run_on_device.sh).
 """
@@ -40,6 +48,7 @@ def test_device_info_reports_every_format(runtime):
     with gpu_engine(runtime) as eng:
         gpu = next(d for d in eng.devices if d.name == f"{runtime}:0")
         assert set(gpu.formats) == set(formats.FORMATS), gpu.formats
+        assert gpu.precisions == ("f32", "q8"), gpu.precisions
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
@@ -131,6 +140,68 @@ def test_quantized_experts_on_a_gpu_owner_match_transformers_and_its_tokens(runt
             assert model.counters()["devices"][gpu]["rows"] > 0
 
 
+# The q8 precision on the quantized files (the GGUF fixtures of three families: Q8_0, Q4_K_M's Q4_K/Q5_K/Q6_K/Q8_0,
+# MXFP4 experts; gpt-oss's biased experts with the clamped SwiGLU): placements of each primary and the experts to try.
+Q8_FILES = [("qwen3moe-gguf", "q8_0"), ("qwen3moe-gguf", "q4_k_m"), ("qwen3moe-gguf", "mxfp4_moe"),
+            ("gpt-oss-gguf", "mxfp4_moe"), ("deepseek-gguf", "q8_0")]  # fmt: skip
+
+
+def q8_placements(folder: str, gpu: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(placements with a CPU primary, placements with the GPU primary): all experts on the other device, and mixed."""
+    if folder == "qwen3moe-gguf":  # 2 layers of 8 experts
+        cpu_primary = (f"*={gpu}", f"0={gpu}", f"*=cpu:0; 0.1-3={gpu}; 1.6={gpu}")
+        return cpu_primary, (f"*={gpu}", "*=cpu:0", f"*={gpu}; 0=cpu:0; 1.2-5=cpu:0")
+    return (f"*={gpu}", f"*=cpu:0; 2={gpu}; 1.0-5={gpu}"), (f"*={gpu}", "*=cpu:0", f"*={gpu}; 1=cpu:0; 3.2-5=cpu:0")
+
+
+def q8_run(model, prompt, generated, graphs=True):
+    with model.context(len(prompt) + len(generated)) as ctx:
+        ctx.precision, ctx.graphs = "q8", graphs
+        rows = np.concatenate([ctx.prefill(prompt)] + [ctx.decode([t]) for t in generated])
+        ctx.truncate(0)
+        ids = ctx.generate(prompt, len(generated)).ids
+    return rows, ids
+
+
+@pytest.mark.parametrize(("folder", "quant"), Q8_FILES)
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_q8_logits_are_the_same_bits_on_every_placement(runtime, folder, quant):
+    """The q8 precision with the GPU as an expert owner and as the primary (its products the cpu module's bits, its
+    experts' activation eb_q8.h's): a CPU primary's logits bit-identical whether its experts run on the CPU, the GPU
+    or both; the GPU primary's bit-identical across its placements and between graphs and steps queued anew; the two
+    primaries' greedy tokens the same (their logits differ a little: attention, norms and the router run in f32 on
+    each, in its own order, and feed q8 quantization); and q8 really ran on the GPU (not its f32 logits)."""
+    path = FIXTURES / folder / f"model-{quant}.gguf"
+    ref = np.load(FIXTURES / folder / f"reference-{quant}.npz")
+    prompt, generated = ref["prompt_ids"], ref["generated_ids"]
+    with gpu_engine(runtime) as eng:
+        gpu = f"{runtime}:0"
+        on_cpu, on_gpu = q8_placements(folder, gpu)
+        with eng.load(path) as model:
+            cpu_rows, cpu_ids = q8_run(model, prompt, generated)
+            for text in on_cpu:
+                model.set_placement(text)
+                rows, ids = q8_run(model, prompt, generated)
+                worst = relative_error(rows, cpu_rows).max()
+                assert np.array_equal(rows, cpu_rows), f"CPU primary, {text}: other bits (relative error {worst:.2e})"
+                assert ids == cpu_ids, text
+            assert model.counters()["devices"][gpu]["rows"] > 0
+        with eng.load(path, device=gpu) as model:
+            base = None
+            for text in on_gpu:
+                model.set_placement(text)
+                for graphs in (True, False):
+                    rows, ids = q8_run(model, prompt, generated, graphs)
+                    base = base if base is not None else rows
+                    assert np.array_equal(rows, base), f"GPU primary, {text}, graphs={graphs}"
+                    assert ids == cpu_ids, f"GPU primary, {text}: tokens unlike the CPU primary's"
+            err = relative_error(base, cpu_rows)
+            assert np.median(err) < 1e-3, f"GPU primary against the CPU's: median relative error {np.median(err):.2e}"
+            model.set_placement(f"*={gpu}")
+            f32, _ = run_all(model, prompt, generated)
+            assert not np.array_equal(base, f32), "the GPU's q8 logits are its f32 ones"
+
+
 # The driver: both modules loaded with dlopen, every operation run on each with the same inputs.
 DRIVER = r"""
 /* The GPU module's reads of quantized weights against the cpu module's (f32 precision), op by op: matmul (alone,
@@ -158,6 +229,8 @@ typedef struct {
 static int failures, checks;
 static char err[512];
 static unsigned seed = 12345;
+/* what the runs below ask for: the activation precision, and gpt-oss's experts (biases, the clamped SwiGLU) */
+static int precision = EB_PRECISION_F32, oai = 0;
 
 static unsigned rnd(void) { return seed = seed * 1664525u + 1013904223u; }
 static float frand(void) { return (float)(rnd() >> 8) / (float)(1u << 24) - 0.5f; }
@@ -314,7 +387,7 @@ static float *run_matmul(mod *m, int n_tasks, const mm_case *c, unsigned char *c
         t[i].x = norm_w ? dxn : dx;
         t[i].n = c[i].n;
         t[i].y = y[i];
-        t[i].precision = EB_PRECISION_F32;
+        t[i].precision = precision;
         at += ny;
     }
     eb_rt_norm norm = {dx, dnw, dxn, n, cols, 1e-6f};
@@ -450,6 +523,7 @@ typedef struct {
     int dt[NE][3]; /* gate, up, down per expert */
     int64_t H, I;
     unsigned char *w[NE][3];
+    float *bias[NE]; /* 2 I + H per expert (used when oai) */
 } experts;
 
 static void make_experts(experts *x, const int (*dts)[3], int64_t H, int64_t I) {
@@ -459,15 +533,17 @@ static void make_experts(experts *x, const int (*dts)[3], int64_t H, int64_t I) 
             x->dt[e][p] = dts[e][p];
             x->w[e][p] = make_weights(dts[e][p], p < 2 ? I : H, p < 2 ? H : I);
         }
+    for (int e = 0; e < NE; e++) x->bias[e] = randf((size_t)(2 * I + H));
 }
 
 static void free_experts(experts *x) {
     for (int e = 0; e < NE; e++)
         for (int p = 0; p < 3; p++) free(x->w[e][p]);
+    for (int e = 0; e < NE; e++) free(x->bias[e]);
 }
 
-/* the experts' weights on m (owned[e] = 0: gate NULL, another device's) */
-static void upload_experts(mod *m, const experts *x, const int *owned, eb_rt_expert *out, void *(*mem)[3]) {
+/* the experts' weights on m (owned[e] = 0: gate NULL, another device's), and their biases when oai */
+static void upload_experts(mod *m, const experts *x, const int *owned, eb_rt_expert *out, void *(*mem)[4]) {
     for (int e = 0; e < NE; e++) {
         memset(&out[e], 0, sizeof out[e]);
         out[e].expert_id = e;
@@ -477,20 +553,23 @@ static void upload_experts(mod *m, const experts *x, const int *owned, eb_rt_exp
         }
         out[e].gate = mem[e][0], out[e].up = mem[e][1], out[e].down = mem[e][2];
         out[e].gate_dtype = x->dt[e][0], out[e].up_dtype = x->dt[e][1], out[e].down_dtype = x->dt[e][2];
+        mem[e][3] = oai && owned[e] ? up(m, x->bias[e], (size_t)(2 * x->I + x->H) * sizeof(float)) : NULL;
+        out[e].bias = mem[e][3];
     }
 }
 
-static void free_uploaded(mod *m, void *(*mem)[3]) {
+static void free_uploaded(mod *m, void *(*mem)[4]) {
     for (int e = 0; e < NE; e++)
-        for (int p = 0; p < 3; p++)
+        for (int p = 0; p < 4; p++)
             if (mem[e][p]) done(m, mem[e][p]);
 }
 
-/* expert_ffn: n_tok tokens, each pair (token t, expert e) where (t + e) % 3 != 0, grouped by expert */
-static float *run_ffn(mod *m, const experts *x, int n_tok, const float *xs, int mode, int *n_out) {
+/* expert_ffn: n_tok tokens, each pair (token t, expert e) where (t + e) % 3 != 0, grouped by expert (their first
+ * pairs into start when given) */
+static float *run_ffn(mod *m, const experts *x, int n_tok, const float *xs, int mode, int *n_out, int32_t *start_out) {
     int owned[NE] = {1, 1, 1, 1};
     eb_rt_expert ex[NE];
-    void *mem[NE][3];
+    void *mem[NE][4];
     upload_experts(m, x, owned, ex, mem);
     int32_t start[NE + 1], tok[64];
     float pw[64];
@@ -501,6 +580,7 @@ static float *run_ffn(mod *m, const experts *x, int n_tok, const float *xs, int 
             if ((t + e) % 3 != 0) tok[p] = t, pw[p] = 0.25f + 0.1f * (float)e, p++;
     }
     start[NE] = p;
+    if (start_out) memcpy(start_out, start, sizeof start);
     int64_t H = x->H, I = x->I;
     int rows = mode == EB_REDUCE_OWNER_LOCAL ? n_tok : p;
     float *dx = up(m, xs, (size_t)(n_tok * H) * sizeof(float));
@@ -513,7 +593,8 @@ static float *run_ffn(mod *m, const experts *x, int n_tok, const float *xs, int 
     memset(&b, 0, sizeof b);
     b.n_experts = NE, b.experts = ex, b.pair_start = start, b.n_pairs = p, b.n_tokens = n_tok;
     b.hidden = (int32_t)H, b.inter = (int32_t)I, b.mode = mode, b.x = dx, b.pair_token = dtok, b.pair_weight = dpw;
-    b.y = dy, b.scratch = scratch, b.scratch_bytes = sb, b.precision = EB_PRECISION_F32;
+    b.y = dy, b.scratch = scratch, b.scratch_bytes = sb, b.precision = precision;
+    if (oai) b.act = (eb_rt_act){EB_ACT_SWIGLU_OAI, 1.702f, 7.0f};
     if (m->T->expert_ffn(m->rt, 0, &b, 0, err, sizeof err)) {
         printf("FAIL %s expert_ffn: %s\n", m->name, err);
         exit(1);
@@ -529,7 +610,7 @@ static float *run_ffn(mod *m, const experts *x, int n_tok, const float *xs, int 
 static void check_ffn(mod *cpu, mod *gpu, const experts *x, int n_tok, int mode, const char *label) {
     float *xs = randf((size_t)(n_tok * x->H));
     int nc, ng;
-    float *yc = run_ffn(cpu, x, n_tok, xs, mode, &nc), *yg = run_ffn(gpu, x, n_tok, xs, mode, &ng);
+    float *yc = run_ffn(cpu, x, n_tok, xs, mode, &nc, NULL), *yg = run_ffn(gpu, x, n_tok, xs, mode, &ng, NULL);
     double e = rel_l2(yg, yc, (size_t)nc);
     char what[160];
     snprintf(what, sizeof what, "expert_ffn %s, %d tokens, %s: rel %.2e", label, n_tok,
@@ -538,12 +619,14 @@ static void check_ffn(mod *cpu, mod *gpu, const experts *x, int n_tok, int mode,
     free(xs), free(yc), free(yg);
 }
 
-/* moe: n tokens, top_k 2 of NE experts; phases ALL or EXPERTS then COMBINE; x returned */
+/* moe: n tokens, top_k 2 of NE experts; phases ALL or EXPERTS then COMBINE; x returned (and, split, pair_out as
+ * EXPERTS left it into pair_out_host when given) */
 static float *run_moe(mod *m, const experts *x, int n, const float *xs0, const float *xn, const int32_t *ids,
-                      const float *tw, const int *owned, const float *foreign, int mode, int split) {
+                      const float *tw, const int *owned, const float *foreign, int mode, int split,
+                      float *pair_out_host) {
     enum { K = 2 };
     eb_rt_expert ex[NE];
-    void *mem[NE][3];
+    void *mem[NE][4];
     upload_experts(m, x, owned, ex, mem);
     int64_t H = x->H, I = x->I;
     eb_rt_expert *dex = up(m, ex, sizeof ex);
@@ -558,11 +641,13 @@ static float *run_moe(mod *m, const experts *x, int n, const float *xs0, const f
     memset(&b, 0, sizeof b);
     b.experts = dex, b.n_experts = NE, b.top_k = K, b.n = n, b.hidden = (int32_t)H, b.inter = (int32_t)I;
     b.mode = mode, b.xn = dxn, b.topk_id = did, b.topk_w = dtw, b.foreign = dfor, b.pair_out = dpo, b.h = dh;
-    b.x = dx, b.precision = EB_PRECISION_F32;
+    b.x = dx, b.precision = precision;
+    if (oai) b.act = (eb_rt_act){EB_ACT_SWIGLU_OAI, 1.702f, 7.0f};
     int st = 0;
     if (split) {
         b.phase = EB_MOE_EXPERTS;
         st = m->T->forward->moe(m->rt, 0, &b, err, sizeof err);
+        if (!st && pair_out_host) down(m, pair_out_host, dpo, (size_t)(n * K * H) * sizeof(float));
         b.phase = EB_MOE_COMBINE;
         if (!st) st = m->T->forward->moe(m->rt, 0, &b, err, sizeof err);
     } else {
@@ -599,8 +684,8 @@ static void check_moe(mod *cpu, mod *gpu, const experts *x, int n, int foreign_e
         owned[foreign_expert] = 0;
         foreign = randf((size_t)((mode == EB_REDUCE_OWNER_LOCAL ? n : n * K) * H));
     }
-    float *yc = run_moe(cpu, x, n, xs0, xn, ids, tw, owned, foreign, mode, split);
-    float *yg = run_moe(gpu, x, n, xs0, xn, ids, tw, owned, foreign, mode, split);
+    float *yc = run_moe(cpu, x, n, xs0, xn, ids, tw, owned, foreign, mode, split, NULL);
+    float *yg = run_moe(gpu, x, n, xs0, xn, ids, tw, owned, foreign, mode, split, NULL);
     /* the change of x, which is what the experts computed */
     for (int64_t i = 0; i < n * H; i++) yc[i] -= xs0[i], yg[i] -= xs0[i];
     double e = rel_l2(yg, yc, (size_t)(n * H));
@@ -610,6 +695,190 @@ static void check_moe(mod *cpu, mod *gpu, const experts *x, int n, int foreign_e
              foreign_expert >= 0 ? ", one expert foreign" : "", e);
     fail_if(!(e < TOL), what);
     free(xs0), free(xn), free(foreign), free(yc), free(yg);
+}
+
+/* ---- the q8 precision: the cpu module's bits wherever the products are q8 ones ---------------------------- */
+
+#define Q8_TOL 1e-2 /* where one module's f32 rows feed q8 products (a norm, an f32 gate or up): a few quants differ */
+
+static int q8_format(int dt) {
+    return dt == EB_DTYPE_Q8_0 || dt == EB_DTYPE_MXFP4 || dt == EB_DTYPE_Q4_K || dt == EB_DTYPE_Q5_K ||
+           dt == EB_DTYPE_Q6_K;
+}
+
+static int q8_expert(const experts *x, int e) {
+    return q8_format(x->dt[e][0]) && q8_format(x->dt[e][1]) && q8_format(x->dt[e][2]);
+}
+
+static const char *const x_kinds[] = {"random x", "x of +-1", "x with spikes", "x times 40"};
+
+/* activations: random; every value +-1 (every quant +-127: the largest integer sums); random with every 64th value
+ * 1000 times larger (the rest of its block quantized to few levels); random times 40 (the activation's exp far into
+ * its tails) */
+static float *q8_x(size_t n, int kind) {
+    float *x = randf(n);
+    for (size_t i = 0; i < n; i++) {
+        if (kind == 1) x[i] = rnd() & 1 ? 1.0f : -1.0f;
+        if (kind == 2 && i % 64 == 0) x[i] *= 1000.0f;
+        if (kind == 3) x[i] *= 40.0f;
+    }
+    return x;
+}
+
+/* weights for the q8 checks: random blocks, or every block's quants at their largest magnitudes (both signs) with
+ * its f16 scales random, the largest (65504) or the smallest subnormal, and MXFP4's exponents at both cases of the
+ * E8M0 halving and far from them */
+static unsigned char *q8_weights(int dt, int64_t rows, int64_t cols, int extreme) {
+    unsigned char *w = make_weights(dt, rows, cols);
+    if (!extreme || !eb_dtype_quantized(dt)) return w;
+    const eb_format_traits *f = eb_format(dt);
+    size_t nb = (size_t)rows * eb_row_bytes(dt, cols) / (size_t)f->block_bytes;
+    for (size_t k = 0; k < nb; k++) {
+        unsigned char *b = w + k * (size_t)f->block_bytes;
+        uint16_t big = 0x7bff, tiny = 0x0001, h = k % 3 == 1 ? big : tiny;
+        static const unsigned char exps[] = {0, 1, 2, 127, 160};
+        switch (dt) {
+        case EB_DTYPE_Q8_0:
+            for (int i = 2; i < 34; i++) b[i] = i & 1 ? 0x80 : 0x7F; /* -128, 127 */
+            if (k % 3) memcpy(b, &h, 2);
+            break;
+        case EB_DTYPE_MXFP4:
+            b[0] = exps[k % sizeof exps];
+            for (int i = 1; i < 17; i++) b[i] = i & 1 ? 0xFF : 0x77; /* -12 and -12, 12 and 12 */
+            break;
+        case EB_DTYPE_Q4_K:
+        case EB_DTYPE_Q5_K:
+            memset(b + 4, 0xFF, (size_t)f->block_bytes - 4); /* scales and minima 63, quants 15 or 31 */
+            if (k % 3) memcpy(b, &h, 2), memcpy(b + 2, k % 2 ? &big : &tiny, 2);
+            break;
+        case EB_DTYPE_Q6_K:
+            memset(b, 0xFF, 192); /* quants 63 - 32 */
+            for (int i = 192; i < 208; i++) b[i] = i & 1 ? 0x80 : 0x7F; /* scales -128, 127 */
+            if (k % 3) memcpy(b + 208, &h, 2);
+            break;
+        default: break; /* Q5_0, Q5_1: f32 products either way */
+        }
+    }
+    return w;
+}
+
+/* matmul in q8: a format's q8 products memcmp-equal to the cpu module's (without a norm: the modules normalise in
+ * other orders), the others (Q5_0, Q5_1, the float formats: f32 products) within TOL */
+static void check_matmul_q8(mod *cpu, mod *gpu, int n_tasks, const mm_case *c, int norm, int accumulate, int extreme,
+                            int xkind) {
+    unsigned char *w[8];
+    size_t ytot = 0;
+    for (int i = 0; i < n_tasks; i++)
+        w[i] = q8_weights(c[i].dt, c[i].rows, c[i].cols, extreme), ytot += (size_t)(c[i].n * c[i].rows);
+    int64_t cols = c[0].cols, n = c[0].n;
+    float *x = q8_x((size_t)(n * cols), xkind), *nw = norm ? randf((size_t)cols) : NULL, *y0 = randf(ytot);
+    precision = EB_PRECISION_Q8;
+    float *yc = run_matmul(cpu, n_tasks, c, w, x, nw, accumulate ? y0 : NULL, accumulate);
+    float *yg = run_matmul(gpu, n_tasks, c, w, x, nw, accumulate ? y0 : NULL, accumulate);
+    precision = EB_PRECISION_F32;
+    size_t at = 0;
+    for (int i = 0; i < n_tasks; i++) {
+        size_t ny = (size_t)(c[i].n * c[i].rows);
+        int same = memcmp(yg + at, yc + at, ny * sizeof(float)) == 0;
+        double e = rel_l2(yg + at, yc + at, ny);
+        int bits = q8_format(c[i].dt) && !norm;
+        char what[300];
+        snprintf(what, sizeof what,
+                 "q8 matmul %s rows %lld cols %lld n %lld off %zu task %d of %d norm %d acc %d %s%s: %s (rel %.2e)",
+                 eb_dtype_name(c[i].dt), (long long)c[i].rows, (long long)cols, (long long)n, c[i].off, i, n_tasks,
+                 norm, accumulate, extreme ? "extreme blocks, " : "", x_kinds[xkind],
+                 same ? "the cpu module's bits" : "other bits", e);
+        fail_if(bits ? !same : !(e < (norm ? Q8_TOL : TOL)), what);
+        if ((bits && !same) || getenv("VERBOSE")) printf("     %s\n", what);
+        at += ny;
+    }
+    for (int i = 0; i < n_tasks; i++) free(w[i]);
+    free(x), free(nw), free(y0), free(yc), free(yg);
+}
+
+/* expert_ffn in q8: every pair's row of an expert whose products are all q8 ones the cpu module's bits (reference),
+ * the rest within Q8_TOL; owner_local's sums the same bits where every expert is such */
+static void check_ffn_q8(mod *cpu, mod *gpu, const experts *x, int n_tok, int mode, int xkind, const char *label) {
+    float *xs = q8_x((size_t)(n_tok * x->H), xkind);
+    int nc, ng;
+    int32_t start[NE + 1];
+    precision = EB_PRECISION_Q8;
+    float *yc = run_ffn(cpu, x, n_tok, xs, mode, &nc, start), *yg = run_ffn(gpu, x, n_tok, xs, mode, &ng, NULL);
+    precision = EB_PRECISION_F32;
+    int all = 1, bad = 0, rows = 0;
+    double worst = 0;
+    for (int e = 0; e < NE; e++) all &= q8_expert(x, e);
+    if (mode == EB_REDUCE_OWNER_LOCAL) {
+        worst = rel_l2(yg, yc, (size_t)nc);
+        bad = all ? memcmp(yg, yc, (size_t)nc * sizeof(float)) != 0 : !(worst < Q8_TOL);
+    } else {
+        for (int e = 0; e < NE; e++)
+            for (int p = start[e]; p < start[e + 1]; p++, rows++) {
+                const float *a = yg + (size_t)p * x->H, *b = yc + (size_t)p * x->H;
+                double r = rel_l2(a, b, (size_t)x->H);
+                worst = r > worst ? r : worst;
+                bad += q8_expert(x, e) ? memcmp(a, b, (size_t)x->H * sizeof(float)) != 0 : !(r < Q8_TOL);
+            }
+    }
+    char what[260];
+    snprintf(what, sizeof what, "q8 expert_ffn %s%s, %d tokens, %s, %s: %d of %d rows unlike the cpu module's "
+             "(rel %.2e)", label, oai ? " (biases, clamped SwiGLU)" : "", n_tok,
+             mode == EB_REDUCE_OWNER_LOCAL ? "owner_local" : "reference", x_kinds[xkind], bad,
+             mode == EB_REDUCE_OWNER_LOCAL ? 1 : rows, worst);
+    fail_if(nc != ng || bad, what);
+    if (bad || getenv("VERBOSE")) printf("     %s\n", what);
+    free(xs), free(yc), free(yg);
+}
+
+/* moe in q8 on a primary: the rows EXPERTS writes for the owned experts whose products are all q8 ones the cpu
+ * module's bits (the others within Q8_TOL), x after COMBINE within TOL (the modules add the weighted rows with other
+ * roundings, the GPU's fused); ALL the bits of EXPERTS then COMBINE on the GPU */
+static void check_moe_q8(mod *cpu, mod *gpu, const experts *x, int n, int foreign_expert, int mode, int xkind,
+                         const char *label) {
+    enum { K = 2 };
+    int64_t H = x->H;
+    float *xs0 = randf((size_t)(n * H)), *xn = q8_x((size_t)(n * H), xkind);
+    int32_t ids[64];
+    float tw[64];
+    for (int t = 0; t < n; t++) {
+        int a = (3 * t + 1) % NE, b = (a + 1 + t % (NE - 1)) % NE;
+        ids[t * K] = a, ids[t * K + 1] = b;
+        tw[t * K] = 0.6f, tw[t * K + 1] = 0.4f;
+    }
+    int owned[NE] = {1, 1, 1, 1};
+    float *foreign = NULL;
+    if (foreign_expert >= 0) {
+        owned[foreign_expert] = 0;
+        foreign = randf((size_t)((mode == EB_REDUCE_OWNER_LOCAL ? n : n * K) * H));
+    }
+    float *pc = malloc((size_t)(n * K * H) * sizeof(float)), *pg = malloc((size_t)(n * K * H) * sizeof(float));
+    precision = EB_PRECISION_Q8;
+    float *yc = run_moe(cpu, x, n, xs0, xn, ids, tw, owned, foreign, mode, 1, pc);
+    float *yg = run_moe(gpu, x, n, xs0, xn, ids, tw, owned, foreign, mode, 1, pg);
+    float *ya = run_moe(gpu, x, n, xs0, xn, ids, tw, owned, foreign, mode, 0, NULL);
+    precision = EB_PRECISION_F32;
+    int bad = 0, rows = 0;
+    double worst = 0;
+    for (int q = 0; q < n * K; q++) {
+        if (!owned[ids[q]]) continue;
+        const float *a = pg + (size_t)q * H, *b = pc + (size_t)q * H;
+        double r = rel_l2(a, b, (size_t)H);
+        worst = r > worst ? r : worst;
+        bad += q8_expert(x, ids[q]) ? memcmp(a, b, (size_t)H * sizeof(float)) != 0 : !(r < Q8_TOL);
+        rows++;
+    }
+    int all_same = memcmp(ya, yg, (size_t)(n * H) * sizeof(float)) == 0;
+    for (int64_t i = 0; i < n * H; i++) yc[i] -= xs0[i], yg[i] -= xs0[i];
+    double e = rel_l2(yg, yc, (size_t)(n * H));
+    char what[300];
+    snprintf(what, sizeof what, "q8 moe %s%s, %d tokens, %s%s, %s: %d of %d pair rows unlike the cpu module's (rel "
+             "%.2e), x rel %.2e, ALL %s EXPERTS then COMBINE", label, oai ? " (biases, clamped SwiGLU)" : "", n,
+             mode == EB_REDUCE_OWNER_LOCAL ? "owner_local" : "reference",
+             foreign_expert >= 0 ? ", one expert foreign" : "", x_kinds[xkind], bad, rows, worst, e,
+             all_same ? "==" : "!=");
+    fail_if(bad || !(e < (worst > 0 ? Q8_TOL : TOL)) || !all_same, what);
+    if (bad || !all_same || getenv("VERBOSE")) printf("     %s\n", what);
+    free(xs0), free(xn), free(foreign), free(pc), free(pg), free(yc), free(yg), free(ya);
 }
 
 int main(int argc, char **argv) {
@@ -627,6 +896,7 @@ int main(int argc, char **argv) {
     }
     printf("device: %s, formats 0x%x\n", info.name, info.formats);
     fail_if(info.formats != (1u << EB_DTYPE_COUNT) - 1, "device_info formats: every format");
+    fail_if(info.precisions != (1u << EB_PRECISION_F32 | 1u << EB_PRECISION_Q8), "device_info precisions: f32, q8");
 
     static const int64_t rows_list[] = {1, 7, 130};
     static const int64_t ns[] = {1, 2, 4, 5, 9};
@@ -690,6 +960,64 @@ int main(int argc, char **argv) {
                     for (int foreign = -1; foreign <= 2; foreign += 3)
                         check_moe(&cpu, &gpu, &x, n, foreign, mode, split, sets[si].label);
         }
+        free_experts(&x);
+    }
+
+    /* the q8 precision: every format and shape above, random and extreme blocks and activations */
+    for (int dt = 0; dt < EB_DTYPE_COUNT; dt++) {
+        int big = eb_format(dt)->block == 256;
+        int64_t cols_list[4] = {256, 512, 2048, big ? 1280 : 96};
+        for (int ci = 0; ci < 4; ci++)
+            for (int ri = 0; ri < 3; ri++)
+                for (int ni = 0; ni < 5; ni++) {
+                    mm_case c = {dt, rows_list[ri], cols_list[ci], ns[ni], 0};
+                    check_matmul_q8(&cpu, &gpu, 1, &c, 0, 0, 0, (ci + ri + ni) % 4);
+                }
+        for (int extreme = 0; extreme <= 1; extreme++)
+            for (int xkind = 0; xkind < 4; xkind++) {
+                mm_case c = {dt, 37, big ? 768 : 544, 5, (size_t)xkind};
+                check_matmul_q8(&cpu, &gpu, 1, &c, 0, 0, extreme, xkind);
+            }
+        for (size_t off = 1; off <= 6; off++) {
+            mm_case c = {dt, 37, 512, 3, off};
+            check_matmul_q8(&cpu, &gpu, 1, &c, 0, 0, 0, 0);
+        }
+        for (int ni = 0; ni < 5; ni++) {
+            mm_case c = {dt, 37, 512, ns[ni], 0};
+            check_matmul_q8(&cpu, &gpu, 1, &c, 1, 0, 0, 0); /* norm */
+            check_matmul_q8(&cpu, &gpu, 1, &c, 0, 1, 0, 0); /* accumulate */
+        }
+    }
+    for (int ni = 0; ni < 5; ni++) {
+        mm_case c[6] = {{EB_DTYPE_Q4_K, 40, 512, ns[ni], 0}, {EB_DTYPE_Q8_0, 9, 512, ns[ni], 2},
+                        {EB_DTYPE_MXFP4, 33, 512, ns[ni], 1}, {EB_DTYPE_Q6_K, 17, 512, ns[ni], 0},
+                        {EB_DTYPE_BF16, 5, 512, ns[ni], 0}, {EB_DTYPE_Q5_K, 70, 512, ns[ni], 4}};
+        check_matmul_q8(&cpu, &gpu, 6, c, 0, 0, 0, ni % 4);
+        check_matmul_q8(&cpu, &gpu, 6, c, 1, 0, 0, 0);
+    }
+    struct {
+        const int (*dts)[3];
+        const char *label;
+        int64_t H, I;
+        int oai;
+    } q8_sets[5] = {{same, "Q4_K/Q4_K/Q6_K", 512, 256, 0},
+                    {mixed, "mixed formats", 512, 256, 0},
+                    {mx, "MXFP4 and Q8_0", 512, 256, 0},
+                    {mx, "MXFP4 and Q8_0", 544, 288, 1},
+                    {same, "Q4_K/Q4_K/Q6_K wide", 2048, 768, 0}};
+    for (int si = 0; si < 5; si++) {
+        experts x;
+        make_experts(&x, q8_sets[si].dts, q8_sets[si].H, q8_sets[si].I);
+        oai = q8_sets[si].oai;
+        for (int mode = 0; mode <= 1; mode++)
+            for (int xkind = 0; xkind < 4; xkind++) {
+                check_ffn_q8(&cpu, &gpu, &x, 1, mode, xkind, q8_sets[si].label);
+                check_ffn_q8(&cpu, &gpu, &x, 5, mode, xkind, q8_sets[si].label);
+                for (int n = 1; n <= 6; n += (n == 2 ? 4 : 1))
+                    for (int foreign = -1; foreign <= 2; foreign += 3)
+                        check_moe_q8(&cpu, &gpu, &x, n, foreign, mode, xkind, q8_sets[si].label);
+            }
+        oai = 0;
         free_experts(&x);
     }
     printf("%d checks, %d failed\n", checks, failures);

@@ -18,10 +18,13 @@ python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$
 for step in $steps; do
     case $step in
     tests)
-        # the fast lane's tests of these files and the gpu lane's (pyproject's default leaves the gpu lane out)
-        python3 -m pytest -q -p no:cacheprovider -x -m "gpu or not (build or sanitize or bench)" \
-            tests/test_gpu_modules.py tests/test_gpu_quantized.py tests/test_device_primary.py \
-            tests/test_placement.py tests/test_trace.py 2>&1 | tail -25 || echo "TESTS FAILED" ;;
+        # the fast lane's tests of these files and the gpu lane's (pyproject's default leaves the gpu lane out); every
+        # failure reported (no -x: one call of the GPU machine should say all that differs), the whole log in $OUT
+        python3 -m pytest -q -p no:cacheprovider -m "gpu or not (build or sanitize or bench)" \
+            tests/test_gpu_modules.py tests/test_gpu_quantized.py tests/test_precisions.py \
+            tests/test_device_primary.py tests/test_placement.py tests/test_trace.py > "$OUT/tests.log" 2>&1 ||
+            echo "TESTS FAILED"
+        tail -40 "$OUT/tests.log" ;;
     hbm)
         nvcc -O3 -gencode=arch=compute_90,code=sm_90 -o /tmp/hbm_read bench/gpu/hbm_read.cu
         HBM_GBS=$(/tmp/hbm_read | awk '/hbm_read_gbs/ {print $2}')

@@ -35,7 +35,8 @@ def cmd_devices(args) -> int:
             if d.name.split(":")[0] == r.name:
                 threads = f"{d.threads} threads, " if d.threads else ""
                 print(f"  {d.name:10s} {d.kind:4s} {d.description} - {threads}"
-                      f"{d.memory_free / gib:.1f} of {d.memory_total / gib:.1f} GiB free")  # fmt: skip
+                      f"{d.memory_free / gib:.1f} of {d.memory_total / gib:.1f} GiB free, "
+                      f"precisions {', '.join(d.precisions) or 'none'}")  # fmt: skip
     for name, reason in missing.items():
         print(f"runtime {name}: unavailable - {reason}")
     return 0

@@ -55,9 +55,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                      help="how activations meet quantized weights (GGUF Q8_0, Q4_K, Q5_K, Q6_K, MXFP4): f32 (exactly "
                           "dequantized weights, f32 sums: the reference, identical on any placement; default) or q8 "
                           "(activations quantized to int8 per block, integer products, as llama.cpp's CPU "
-                          "kernels: faster and deterministic, but NOT the reference: other logits, and its tokens "
-                          "and output hashes may differ from f32's). Float weights are read in f32 either "
-                          "way")  # fmt: skip
+                          "kernels, with the same bits on a GPU: faster and deterministic, but NOT the reference: "
+                          "other logits, and its tokens and output hashes may differ from f32's). Float weights are "
+                          "read in f32 either way")  # fmt: skip
     run.add_argument("--top-k", type=int, metavar="N",
                      help="decode with N experts per token instead of the model's own num_experts_per_tok (a speed "
                           "choice: its quality cost is measured and reported). Fewer than its own are a setting of "

@@ -16,7 +16,7 @@
 
 #include "expertbench.h"
 
-#define EB_RUNTIME_ABI_VERSION 7u
+#define EB_RUNTIME_ABI_VERSION 8u
 #define EB_RUNTIME_ENTRY "eb_runtime_module"
 
 #if defined(__GNUC__)
@@ -36,6 +36,9 @@ typedef struct {
                                       0: they run on the calling thread (a CPU device, hostsim) */
     uint32_t formats;              /* the weight formats its kernels read: bit (1 << dtype) per eb_dtype. The core
                                       places no weight of another format there (a clear error at load or placement) */
+    uint32_t precisions;           /* the activation precisions its kernels run: bit (1 << precision) per
+                                      eb_precision. The core runs no step in another precision on it (a clear error,
+                                      never the operation reading the precision it has instead) */
 } eb_rt_device_info;
 
 /* One expert's weights on its owner device (device pointers for a GPU). gate/up: inter x hidden,
@@ -99,7 +102,7 @@ typedef struct {
     const float *x;
     int64_t n;
     float *y;
-    int32_t precision; /* eb_precision: how x meets a quantized w (a module without q8 kernels may read it as f32) */
+    int32_t precision; /* eb_precision: how x meets a quantized w (one the device's info lists) */
 } eb_rt_matmul;
 
 /* ---- the forward pass: the primary's operations ----------------------------------------------------------

@@ -126,6 +126,7 @@ typedef struct {
     int32_t local_index;
     int32_t threads;
     uint32_t formats;               /* the weight formats its kernels read: bit (1 << eb_dtype) each */
+    uint32_t precisions;            /* the activation precisions its kernels run: bit (1 << eb_precision) each */
 } eb_device_info;
 
 typedef struct {
@@ -199,7 +200,8 @@ typedef enum {
                              placement-invariant, equal to the float model of the dequantized weights */
     EB_PRECISION_Q8 = 1   /* activations quantized to int8 per block (32 values against Q8_0 and MXFP4, 256 against
                              the K formats), integer products (as llama.cpp's CPU kernels):
-                             faster, deterministic and placement-invariant across CPU devices, another result */
+                             faster, deterministic and placement-invariant across CPU and GPU devices (the GPU
+                             modules compute the cpu module's x86 kernels' bits), another result */
 } eb_precision;
 
 typedef enum {

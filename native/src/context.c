@@ -146,6 +146,8 @@ int eb_context_set_precision(eb_context *c, int32_t precision) {
     if (precision != EB_PRECISION_F32 && precision != EB_PRECISION_Q8)
         return eb_fail(EB_ERR_ARGUMENT, "precision %d: expected %d (f32) or %d (q8)", precision, EB_PRECISION_F32,
                        EB_PRECISION_Q8);
+    int st = eb_check_precision(c->model, precision); /* said now; each step checks again (placements change) */
+    if (st) return st;
     c->precision = precision;
     return EB_OK;
 }

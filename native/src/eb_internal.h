@@ -26,6 +26,7 @@ typedef struct {
     int host_addressable;
     int queued_ops; /* its forward operations return before they have run (a GPU) */
     uint32_t formats; /* the weight formats its kernels read (1 << dtype) */
+    uint32_t precisions; /* the activation precisions its kernels run (1 << eb_precision) */
     char name[EB_MAX_NAME];
 } eb_device;
 

@@ -245,6 +245,9 @@ int eb_primary_init(eb_model *m);
 int eb_primary_refresh(eb_model *m);
 /* EB_OK when device d's kernels read dtype, else an error naming the weight (layer, expert: -1 where none). */
 int eb_check_format(const eb_model *m, int d, int dtype, const char *what, int layer, int expert);
+/* EB_OK when every device a step uses (the primary, each expert's owner) runs this activation precision, else an error
+ * naming the first that does not. */
+int eb_check_precision(const eb_model *m, int precision);
 void eb_primary_release(eb_model *m);
 /* A context's buffers on the primary, and one batch of the forward pass. */
 int eb_context_buffers_init(eb_context *c);

@@ -222,6 +222,7 @@ int eb_engine_load_runtime(eb_engine *engine, const char *name, const char *path
         d->host_addressable = info.host_addressable;
         d->queued_ops = info.queued_ops;
         d->formats = info.formats;
+        d->precisions = info.precisions;
         snprintf(d->name, sizeof d->name, "%s:%d", name, i);
     }
     engine->n_devices += nd;
@@ -267,6 +268,7 @@ int eb_engine_device_info(const eb_engine *engine, int index, eb_device_info *ou
     out->local_index = d->local;
     out->threads = info.threads;
     out->formats = info.formats;
+    out->precisions = info.precisions;
     return EB_OK;
 }
 

@@ -401,6 +401,7 @@ int eb_eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logits, i
     if (m->dp->stale)
         return eb_fail(EB_ERR_STATE, "the expert tables on %s are out of date after a placement that failed to "
                                      "finish: set the placement again", s.name);
+    if ((st = eb_check_precision(m, c->precision))) return st;
     if (n == 1 && c->use_graphs && r->table->graphs) {
         s.graphs = r->table->graphs;
         if (dc->graph_generation != m->dp->generation || dc->graph_mode != c->mode ||

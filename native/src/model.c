@@ -630,6 +630,33 @@ int eb_check_format(const eb_model *m, int d, int dtype, const char *what, int l
                    eb_dtype_name(dtype), dev->name, eb_format_list(dev->formats, list, sizeof list));
 }
 
+/* Whether every device a step of this model uses runs the precision: a device that cannot is refused by name, never
+ * left to read the activations in the precision it has instead (another result under the requested one's name). */
+int eb_check_precision(const eb_model *m, int precision) {
+    static const char *const names[] = {"f32", "q8"};
+    const eb_engine *eng = m->engine;
+    uint32_t bit = 1u << precision, every = bit;
+    for (int d = 0; d < eng->n_devices; d++) every &= eng->devices[d].precisions;
+    if (every) return EB_OK; /* the common case: no device lacks it */
+    int bad = eng->devices[m->primary].precisions & bit ? -1 : m->primary, layer = -1, expert = -1;
+    for (int l = 0; bad < 0 && l < m->cfg.num_layers; l++) {
+        const eb_layer *L = &m->layers[l];
+        for (int e = 0; L->is_moe && L->experts && bad < 0 && e < m->cfg.num_experts; e++)
+            if (!(eng->devices[L->experts[e].owner].precisions & bit)) bad = L->experts[e].owner, layer = l, expert = e;
+    }
+    if (bad < 0) return EB_OK;
+    char what[96], runs[32] = "";
+    if (expert < 0) snprintf(what, sizeof what, "the primary");
+    else snprintf(what, sizeof what, "the owner of expert %d of layer %d", expert, layer);
+    for (int p = 0; p < (int)(sizeof names / sizeof *names); p++)
+        if (eng->devices[bad].precisions & (1u << p))
+            snprintf(runs + strlen(runs), sizeof runs - strlen(runs), "%s%s", *runs ? ", " : "", names[p]);
+    return eb_fail(EB_ERR_UNSUPPORTED, "precision %s: %s, %s, does not run it (its kernels run %s); set another "
+                                       "precision or %s", names[precision], eng->devices[bad].name, what,
+                   *runs ? runs : "none",
+                   expert < 0 ? "load the model on another primary" : "place those experts elsewhere");
+}
+
 /* Every weight the primary reads, in a format its kernels read (the experts are checked where they are placed). */
 static int check_primary_formats(const eb_model *m) {
     int p = m->primary, st;

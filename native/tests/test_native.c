@@ -15,6 +15,7 @@
 #include "eb_formats.h"
 #include "eb_internal.h" /* eb_weights_choose: internal to the core, exported by this build of it */
 #include "eb_ops.h"
+#include "eb_q8.h"
 #include "eb_runtime.h"
 #include "expertbench.h"
 
@@ -962,6 +963,42 @@ static void test_kernel_variants_agree(const char *module) {
     dlclose(h);
 }
 
+/* The q8 precision's exp (eb_q8.h), which every module computes alike: within one ulp of e^x everywhere (the double
+ * exp rounded to f32 as the reference), equal to it on all but a few in a million of the f32 values where e^x is a
+ * finite non-zero f32 (a sweep of every 997th bit pattern there), its edges (overflow to inf, subnormals, 0 below,
+ * NaN), and the activations built on it within two ulps of the f32 precision's (libm's expf). */
+static void test_q8_exp(void) {
+    long swept = 0, differ = 0, far = 0;
+    for (uint32_t bits = 0; bits < 0xff800000u; bits += 997) {
+        float x;
+        memcpy(&x, &bits, sizeof x);
+        if (!(x > -103.9f && x < 88.72f)) continue;
+        float got = eb_q8_exp(x), want = (float)exp((double)x);
+        swept++;
+        if (got != want) {
+            differ++;
+            far += !(nextafterf(want, INFINITY) == got || nextafterf(want, -INFINITY) == got);
+        }
+    }
+    CHECK(swept > 1000000 && far == 0 && differ * 100000 < swept,
+          "eb_q8_exp: %ld of %ld values differ from the rounded double exp, %ld by more than one ulp", differ, swept,
+          far);
+    CHECK(isinf(eb_q8_exp(89.5f)) && isinf(eb_q8_exp(INFINITY)) && eb_q8_exp(88.72f) < INFINITY, "overflow");
+    CHECK(eb_q8_exp(-105.0f) == 0.0f && eb_q8_exp(-INFINITY) == 0.0f && eb_q8_exp(-100.0f) > 0.0f &&
+              eb_q8_exp(-100.0f) == (float)exp(-100.0),
+          "underflow and subnormals");
+    CHECK(eb_q8_exp(0.0f) == 1.0f && eb_q8_exp(-0.0f) == 1.0f && isnan(eb_q8_exp(NAN)), "exp(0), NaN");
+    int act_far = 0;
+    for (int i = 0; i < 20000; i++) {
+        float g = (float)(i - 10000) * 0.0137f, u = 0.5f - (float)(i % 7) * 0.31f;
+        for (int kind = 0; kind <= 1; kind++) {
+            float a = eb_q8_act(kind, 1.702f, 7.0f, g, u), b = eb_act(kind, 1.702f, 7.0f, g, u);
+            act_far += !(fabsf(a - b) <= 2.0f * (nextafterf(fabsf(b), INFINITY) - fabsf(b)));
+        }
+    }
+    CHECK(act_far == 0, "eb_q8_act: %d activations more than two ulps from eb_act's", act_far);
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: %s BUILD_DIR\n", argv[0]);
@@ -980,6 +1017,7 @@ int main(int argc, char **argv) {
     test_modules(argv[1]);
     test_kernels(module);
     test_kernel_variants_agree(module);
+    test_q8_exp();
     test_forward(module, file, &cfg, &b);
     test_attend_group_blocks();
     test_attention_items(module, file, &cfg, &b);

@@ -209,7 +209,7 @@ def test_which_runs_give_a_profiles_outputs_on_another_placement():
 
     assert outputs_any_placement("reference", "f32", ["cpu:0", "cuda:0"])
     assert outputs_any_placement("reference", "q8", ["cpu:0", "cpu:1", "hostsim:0"])
-    assert not outputs_any_placement("reference", "q8", ["cpu:0", "cuda:0"])  # a GPU module may read q8 as f32
+    assert outputs_any_placement("reference", "q8", ["cpu:0", "cuda:0"])  # the GPU modules compute the CPU's q8 bits
     assert not outputs_any_placement("owner_local", "f32", ["cpu:0", "cpu:1"])
 
 

@@ -2,7 +2,11 @@
  * and its block's one f32 expression in the q8 precision, and the q8 loops over rows and tokens. Both files include it and compile it with their own instruction sets; every function here uses AVX2 at
  * most, so the two variants compute these steps with the same instructions.
  *
- * The q8 loops call dot_q8 (one row, one to four tokens), which the including file defines first. */
+ * The q8 loops call dot_q8 (one row, one to four tokens), which the including file defines first.
+ *
+ * The GPU modules' q8 kernels (gpu_runtime.cu, q8_dot32 and q8_dotk) reproduce these kernels' order of float
+ * operations, so that a q8 run gives the same bits on a CPU and a GPU: a change to that order is a change there too
+ * (tests/test_gpu_quantized.py compares the bits on the GPU machine). */
 #ifndef EB_CPU_KERNELS_X86_H
 #define EB_CPU_KERNELS_X86_H
 

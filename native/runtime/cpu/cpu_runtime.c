@@ -29,6 +29,7 @@
 #include "cpu_kernels.h"
 #include "eb_formats.h"
 #include "eb_ops.h"
+#include "eb_q8.h"
 #include "eb_runtime.h"
 
 #ifdef EB_CPU_HOSTSIM
@@ -578,11 +579,16 @@ static void gate_up_chunk(void *arg, int64_t begin, int64_t end) {
             product(j->k, w[k], dt[k], r0, r1, H, j->xe + p0 * H, &x, m, out[k], I);
         }
         const eb_rt_act *act = &j->b->act;
+        /* both products q8 ones: the q8 precision's activation (eb_q8.h), which the GPU modules compute alike */
+        int q8 = j->b->precision == EB_PRECISION_Q8 && j->k->format[dt[0]].q8 && j->k->format[dt[1]].q8;
         for (int64_t p = 0; p < m; p++) {
             float *gp = g + p * I, *up = u + p * I;
             if (e->bias)
                 for (int64_t r = r0; r < r1; r++) gp[r] += e->bias[r], up[r] += e->bias[I + r];
-            for (int64_t r = r0; r < r1; r++) gp[r] = eb_act(act->kind, act->alpha, act->limit, gp[r], up[r]);
+            if (q8)
+                for (int64_t r = r0; r < r1; r++) gp[r] = eb_q8_act(act->kind, act->alpha, act->limit, gp[r], up[r]);
+            else
+                for (int64_t r = r0; r < r1; r++) gp[r] = eb_act(act->kind, act->alpha, act->limit, gp[r], up[r]);
         }
     }
 }
@@ -986,6 +992,7 @@ static int cpu_device_info(void *rtp, int dev, eb_rt_device_info *info, char *er
     info->formats = 0; /* the formats its kernels read */
     for (int dt = 0; dt < EB_DTYPE_COUNT; dt++)
         if (rt->kernels.format[dt].dequantize && rt->kernels.format[dt].rows) info->formats |= 1u << dt;
+    info->precisions = 1u << EB_PRECISION_F32 | 1u << EB_PRECISION_Q8;
     return 0;
 }
 
