@@ -1,6 +1,6 @@
-"""Where the test fixtures are (a plain module: `conftest` names clash between test folders)."""
+"""Where the test fixtures are (a plain module: `conftest` names clash between test folders). Every fixture with its
+reference is listed in tests/fixture_registry.py."""
 
 from pathlib import Path
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-MODELS = ["qwen3moe-f32", "qwen3moe-bf16", "qwen3-f32", "qwen3-bf16"]

@@ -1,10 +1,11 @@
-"""The forward pass against transformers' own logits (computed by tests/fixtures/generate.py)."""
-
-from pathlib import Path
+"""Qwen3 and Qwen3-MoE beyond the conformance suite (tests/test_conformance.py holds every fixture's logits, greedy
+tokens and batches against transformers' own, tests/fixtures/generate.py): rolling back, prefill in chunks, the last
+row alone, the CPU kernels the engine chooses, thread counts, and f16 weights."""
 
 import numpy as np
 import pytest
-from fixture_paths import FIXTURES, MODELS
+from fixture_paths import FIXTURES
+from fixture_registry import cpu_has_avx2, cpu_has_avx512_vnni
 
 from engine.model import Engine
 
@@ -20,23 +21,6 @@ def relative_error(ours, ref):
     return np.linalg.norm(ours - ref, axis=-1) / np.linalg.norm(ref, axis=-1)
 
 
-def cpu_flags() -> set[str]:
-    """Read from the kernel, independently of the engine's own detection."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        return set(next(ln for ln in text.splitlines() if ln.startswith("flags")).split())
-    except (OSError, StopIteration):
-        return set()
-
-
-def cpu_has_avx2() -> bool:
-    return {"avx2", "fma", "f16c"} <= cpu_flags()
-
-
-def cpu_has_avx512_vnni() -> bool:
-    return cpu_has_avx2() and {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= cpu_flags()
-
-
 @pytest.fixture(params=["avx2", "portable"])
 def engine(request):
     with Engine(kernels=request.param) as eng:
@@ -48,42 +32,6 @@ def engine(request):
         else:
             assert variant == "portable"
         yield eng
-
-
-@pytest.mark.parametrize("name", MODELS)
-def test_logits_match_transformers_at_every_position(engine, name):
-    prompt, generated, ref = reference(name)
-    model = engine.load(FIXTURES / name)
-    with model.context() as ctx:
-        rows = [ctx.prefill(prompt)]
-        rows += [ctx.decode([t]) for t in generated]
-    ours = np.concatenate(rows)
-    assert ours.shape == ref.shape
-    err = relative_error(ours, ref)
-    assert err.max() < TOLERANCE, f"worst position {err.argmax()}: relative error {err.max():.2e}"
-
-
-@pytest.mark.parametrize("name", MODELS)
-def test_greedy_64_tokens_identical(engine, name):
-    prompt, generated, _ = reference(name)
-    model = engine.load(FIXTURES / name)
-    with model.context() as ctx:
-        assert ctx.generate(prompt, 64).ids == generated.tolist()
-
-
-@pytest.mark.parametrize("name", ["qwen3moe-f32", "qwen3moe-bf16", "qwen3-bf16"])
-@pytest.mark.parametrize("q", [1, 3, 8])
-def test_batch_of_q_plus_1_equals_single_steps(engine, name, q):
-    prompt, generated, _ = reference(name)
-    batch = generated[: q + 1]
-    model = engine.load(FIXTURES / name)
-    with model.context() as ctx:
-        ctx.prefill(prompt, all_rows=False)
-        single = np.concatenate([ctx.decode([t]) for t in batch])
-        ctx.truncate(len(prompt))
-        batched = ctx.decode(batch)
-    assert batched.shape == (q + 1, model.config.vocab_size)
-    assert np.abs(batched - single).max() <= 1e-5 * np.abs(single).max()
 
 
 @pytest.mark.parametrize("name", ["qwen3moe-f32", "qwen3-bf16"])
