@@ -20,15 +20,10 @@ from typing import Any
 
 from . import gguf_file
 from .errors import CheckpointError, UnsupportedError
-from .model_config import ModelConfig, TensorInfo, yarn_rope
+from .families import BY_HF_CLASS, family
+from .families.base import ConfigKeys
+from .model_config import ModelConfig, TensorInfo
 
-ARCHITECTURES = {
-    "Qwen3ForCausalLM": "qwen3",
-    "Qwen3MoeForCausalLM": "qwen3_moe",
-    "DeepseekV3ForCausalLM": "deepseek_v3",
-    "GptOssForCausalLM": "gpt_oss",
-}
-GPT_OSS_SWIGLU_ALPHA = 1.702  # transformers' GptOssExperts.alpha (not a config key)
 # Every dtype the safetensors format defines, with its element size, to check byte counts of any tensor.
 ALL_DTYPE_SIZES = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
@@ -119,38 +114,19 @@ def read_config(path: str | Path) -> ModelConfig:
     return parse_config(read_config_json(path / "config.json"), path / "config.json")
 
 
-def _get(raw: dict, key: str, kind: type, path: Path, default: Any = ..., check=None, expect: str = "") -> Any:
-    if key not in raw or raw[key] is None:
-        if default is ...:
-            raise CheckpointError(f"'{path}': '{key}' is missing")
-        return default
-    value = raw[key]
-    ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value, ok = float(value), True
-    if not ok:
-        raise CheckpointError(f"'{path}': '{key}' = {value!r}, expected {kind.__name__}")
-    if check is not None and not check(value):
-        raise CheckpointError(f"'{path}': '{key}' = {value!r}, expected {expect}")
-    return value
-
-
 def parse_config(raw: dict, path: Path) -> ModelConfig:
     archs = raw.get("architectures")
     if not isinstance(archs, list) or not archs or not all(isinstance(a, str) for a in archs):
         raise CheckpointError(f"'{path}': 'architectures' is missing or not a list of names")
-    known = [a for a in archs if a in ARCHITECTURES]
+    known = [a for a in archs if a in BY_HF_CLASS]
     if not known:
         raise UnsupportedError(
-            f"'{path}': architecture {', '.join(archs)} is not supported (expected one of {', '.join(ARCHITECTURES)})"
+            f"'{path}': architecture {', '.join(archs)} is not supported (expected one of {', '.join(BY_HF_CLASS)})"
         )
-    arch = ARCHITECTURES[known[0]]
-    positive = (lambda v: 0 < v < 2**31, "a positive integer below 2**31")
-
-    def pos_int(key: str, default: Any = ...) -> int:
-        return _get(raw, key, int, path, default, *positive)
-
-    if arch not in ("deepseek_v3", "gpt_oss") and raw.get("rope_scaling") not in (None, {}):
+    fam = BY_HF_CLASS[known[0]]
+    keys = ConfigKeys(raw, path)
+    get, pos_int = keys.get, keys.count
+    if not fam.rope_scaling and raw.get("rope_scaling") not in (None, {}):
         raise UnsupportedError(f"'{path}': rope_scaling {raw['rope_scaling']!r} is not supported (expected null)")
     if raw.get("use_sliding_window"):
         raise UnsupportedError(f"'{path}': use_sliding_window = true is not supported (expected false)")
@@ -160,29 +136,12 @@ def parse_config(raw: dict, path: Path) -> ModelConfig:
     hidden = pos_int("hidden_size")
     heads = pos_int("num_attention_heads")
     layers = pos_int("num_hidden_layers")
-    kw: dict[str, Any] = {}
-    if arch == "qwen3_moe":
-        kw["num_experts"] = pos_int("num_experts")
-        kw["top_k"] = _get(
-            raw, "num_experts_per_tok", int, path, ..., lambda v: 1 <= v <= kw["num_experts"], "1..num_experts"
-        )
-        kw["moe_intermediate_size"] = pos_int("moe_intermediate_size")
-        kw["norm_topk_prob"] = _get(raw, "norm_topk_prob", bool, path, False)
-        kw["decoder_sparse_step"] = pos_int("decoder_sparse_step", 1)
-        only = _get(raw, "mlp_only_layers", list, path, [])
-        for v in only:
-            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < layers:
-                raise CheckpointError(f"'{path}': 'mlp_only_layers' contains {v!r}, expected layers 0..{layers - 1}")
-        kw["mlp_only_layers"] = tuple(sorted(set(only)))
-    elif arch == "deepseek_v3":
-        kw.update(_deepseek_config(raw, path, heads, layers))
-    elif arch == "gpt_oss":
-        kw.update(_gpt_oss_config(raw, path, hidden, heads, layers))
+    kw = fam.config_keys(keys, hidden, heads, layers)
     eos = raw.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
     bos = raw.get("bos_token_id")
     config = ModelConfig(
-        architecture=arch,
+        architecture=fam.architecture,
         vocab_size=pos_int("vocab_size"),
         hidden_size=hidden,
         intermediate_size=pos_int("intermediate_size"),
@@ -193,10 +152,10 @@ def parse_config(raw: dict, path: Path) -> ModelConfig:
         max_position_embeddings=pos_int("max_position_embeddings"),
         # a RoPE base below 1 or past f32's reach turns the rotation tables into inf and NaN; an epsilon of 1 or more
         # swamps the norm it guards: no real model has either
-        rope_theta=_get(raw, "rope_theta", float, path, 10000.0, lambda v: 1.0 <= v <= 1e12, "a number in 1..1e12"),
-        rms_norm_eps=_get(raw, "rms_norm_eps", float, path, 1e-6, lambda v: 0 < v < 1, "a number in (0, 1)"),
-        tie_word_embeddings=_get(raw, "tie_word_embeddings", bool, path, False),
-        attention_bias=kw.pop("attention_bias", None) or _get(raw, "attention_bias", bool, path, False),
+        rope_theta=keys.rope_theta(),
+        rms_norm_eps=get("rms_norm_eps", float, 1e-6, lambda v: 0 < v < 1, "a number in (0, 1)"),
+        tie_word_embeddings=get("tie_word_embeddings", bool, False),
+        attention_bias=kw.pop("attention_bias", None) or get("attention_bias", bool, False),
         bos_token_id=bos if isinstance(bos, int) else None,
         eos_token_id=eos_ids,
         synthetic=bool(raw.get("expertbench_synthetic", False)),
@@ -209,124 +168,6 @@ def parse_config(raw: dict, path: Path) -> ModelConfig:
     return config
 
 
-def _deepseek_config(raw: dict, path: Path, heads: int, layers: int) -> dict[str, Any]:
-    """DeepseekV3Config's keys as transformers reads them: MLA ranks and head widths, grouped routing, shared experts,
-    YaRN. Each inconsistency is named by its key."""
-    positive = (lambda v: 0 < v < 2**16, "a positive integer below 65536")
-
-    def pos_int(key: str, default: Any = ...) -> int:
-        return _get(raw, key, int, path, default, *positive)
-
-    for key, allowed in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc"), ("hidden_act", "silu")):
-        if raw.get(key, allowed) != allowed:
-            raise UnsupportedError(f"'{path}': {key} {raw[key]!r} is not supported (expected {allowed!r})")
-    if _get(raw, "attention_bias", bool, path, False):
-        raise UnsupportedError(f"'{path}': attention_bias = true is not supported for deepseek_v3 (expected false)")
-    kw: dict[str, Any] = {
-        "q_lora_rank": _get(raw, "q_lora_rank", int, path, 0, *positive),
-        "kv_lora_rank": pos_int("kv_lora_rank"),
-        "qk_nope_head_dim": pos_int("qk_nope_head_dim"),
-        "qk_rope_head_dim": _get(raw, "qk_rope_head_dim", int, path, ..., lambda v: 0 < v <= 512 and v % 2 == 0,
-                                 "an even number in 2..512"),
-        "v_head_dim": pos_int("v_head_dim"),
-        "num_experts": pos_int("n_routed_experts"),
-        "moe_intermediate_size": pos_int("moe_intermediate_size"),
-        "n_shared_experts": _get(raw, "n_shared_experts", int, path, 0, lambda v: 0 <= v <= 64, "0..64"),
-        "first_k_dense_replace": _get(raw, "first_k_dense_replace", int, path, 0, lambda v: 0 <= v <= layers,
-                                      f"0..num_hidden_layers ({layers})"),
-        "norm_topk_prob": _get(raw, "norm_topk_prob", bool, path, False),
-        "routed_scaling_factor": _get(raw, "routed_scaling_factor", float, path, 1.0, lambda v: 0 < v < 1e6,
-                                      "a positive number"),
-        "rope_interleave": _get(raw, "rope_interleave", bool, path, True),
-    }  # fmt: skip
-    if _get(raw, "moe_layer_freq", int, path, 1) != 1:
-        raise UnsupportedError(f"'{path}': moe_layer_freq = {raw['moe_layer_freq']} is not supported (expected 1)")
-    E = kw["num_experts"]
-    kw["n_group"] = n_group = _get(raw, "n_group", int, path, 1, lambda v: 1 <= v <= 256, "1..256")
-    if E % n_group:
-        raise CheckpointError(f"'{path}': 'n_routed_experts' = {E} is not divisible by 'n_group' = {n_group}")
-    if n_group > 1 and E // n_group < 2:
-        raise CheckpointError(f"'{path}': 'n_group' = {n_group} leaves {E // n_group} expert per group, expected at "
-                              "least 2 (a group scores by its two best experts)")  # fmt: skip
-    kw["topk_group"] = topk_group = _get(raw, "topk_group", int, path, 1, lambda v: v >= 1, "a positive integer")
-    if topk_group > n_group:
-        raise CheckpointError(f"'{path}': 'topk_group' = {topk_group} is larger than 'n_group' = {n_group}")
-    kept = topk_group * (E // n_group)
-    kw["top_k"] = _get(raw, "num_experts_per_tok", int, path, ..., lambda v: 1 <= v <= kept,
-                       f"1..{kept} (the experts of the topk_group groups kept)")  # fmt: skip
-    rope = kw["qk_rope_head_dim"]
-    kw["head_dim"] = rope  # as DeepseekV3Config sets it: the rotated part
-    kw["rope_dim"] = rope
-    kw["num_kv_heads"] = heads
-    qk = kw["qk_nope_head_dim"] + rope
-    scaling = raw.get("rope_scaling")
-    theta = _get(raw, "rope_theta", float, path, 10000.0, lambda v: 1.0 <= v <= 1e12, "a number in 1..1e12")
-    max_pos = _get(raw, "max_position_embeddings", int, path, ..., lambda v: 0 < v < 2**31, "a positive integer")
-    kw["attention_scale"] = qk**-0.5
-    if scaling not in (None, {}):
-        freq, factor, scale = yarn_rope(scaling, rope, theta, max_pos, path)
-        kw["rope_inv_freq"], kw["rope_attention_factor"] = freq, factor
-        kw["attention_scale"] = qk**-0.5 * scale
-    return kw
-
-
-def _gpt_oss_config(raw: dict, path: Path, hidden: int, heads: int, layers: int) -> dict[str, Any]:
-    """GptOssConfig's keys as transformers reads them: experts (num_local_experts of intermediate_size each), the
-    layers' attention kinds and window, the clamped SwiGLU's limit, YaRN, the MXFP4 quantization of the released
-    checkpoints. Each inconsistency is named by its key."""
-    positive = (lambda v: 0 < v < 2**31, "a positive integer below 2**31")
-
-    def pos_int(key: str, default: Any = ...) -> int:
-        return _get(raw, key, int, path, default, *positive)
-
-    experts = pos_int("num_local_experts")
-    inter = pos_int("intermediate_size")
-    kw: dict[str, Any] = {
-        "num_experts": experts,
-        "top_k": _get(raw, "num_experts_per_tok", int, path, ..., lambda v: 1 <= v <= experts,
-                      f"1..num_local_experts ({experts})"),
-        "moe_intermediate_size": inter,
-        "norm_topk_prob": True,  # the softmax over the chosen k sums to 1
-        "attention_bias": _get(raw, "attention_bias", bool, path, True),
-        "swiglu_limit": _get(raw, "swiglu_limit", float, path, 7.0, lambda v: 0 < v < 1e30, "a positive number"),
-        "swiglu_alpha": GPT_OSS_SWIGLU_ALPHA,
-    }  # fmt: skip
-    quant = raw.get("quantization_config")
-    if quant is not None and (not isinstance(quant, dict) or quant.get("quant_method") != "mxfp4"):
-        method = quant.get("quant_method") if isinstance(quant, dict) else quant
-        raise UnsupportedError(f"'{path}': quantization_config quant_method {method!r} is not supported (expected "
-                               "'mxfp4', as the released gpt-oss checkpoints have, or none)")  # fmt: skip
-    kinds = raw.get("layer_types")
-    if kinds is None:  # GptOssConfig's default: sliding, full, sliding, ...
-        kinds = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
-    if not isinstance(kinds, list) or len(kinds) != layers:
-        got = f"{len(kinds)} entries" if isinstance(kinds, list) else repr(kinds)
-        raise CheckpointError(f"'{path}': 'layer_types' has {got}, expected one per layer (num_hidden_layers = "
-                              f"{layers})")  # fmt: skip
-    for i, kind in enumerate(kinds):
-        if kind not in ("sliding_attention", "full_attention"):
-            raise CheckpointError(f"'{path}': 'layer_types'[{i}] = {kind!r}, expected 'sliding_attention' or "
-                                  "'full_attention'")  # fmt: skip
-    max_pos = _get(raw, "max_position_embeddings", int, path, ..., *positive)
-    window = 0
-    if "sliding_attention" in kinds:
-        window = pos_int("sliding_window")
-        if window > max_pos:
-            raise CheckpointError(f"'{path}': 'sliding_window' = {window} is larger than the context "
-                                  f"('max_position_embeddings' = {max_pos}), expected at most {max_pos}")  # fmt: skip
-    kw["layer_windows"] = tuple(window if kind == "sliding_attention" else 0 for kind in kinds)
-    head_dim = pos_int("head_dim", hidden // heads if hidden % heads == 0 else ...)
-    if head_dim % 2:
-        raise CheckpointError(f"'{path}': 'head_dim' = {head_dim}, expected an even number (RoPE rotates pairs)")
-    kw["head_dim"] = head_dim
-    scaling = raw.get("rope_scaling")
-    if scaling not in (None, {}):
-        theta = _get(raw, "rope_theta", float, path, 10000.0, lambda v: 1.0 <= v <= 1e12, "a number in 1..1e12")
-        freq, factor, _ = yarn_rope(scaling, head_dim, theta, max_pos, path)
-        kw["rope_inv_freq"], kw["rope_attention_factor"] = freq, factor
-    return kw
-
-
 MAX_DIM = 1 << 40  # a dimension past this (a shape like [0, 2**63]) fits no memory and no int64 product
 
 LAYER_TENSOR = re.compile(r"model\.layers\.(\d+)\.")
@@ -334,12 +175,9 @@ LAYER_TENSOR = re.compile(r"model\.layers\.(\d+)\.")
 
 def drop_next_token_layers(config: ModelConfig, raw: dict, tensors: dict[str, TensorInfo],
                            path: Path) -> dict[str, TensorInfo]:  # fmt: skip
-    """DeepSeek-V3's released folders hold its multi-token-prediction module as layers num_hidden_layers ..
-    num_hidden_layers + num_nextn_predict_layers - 1 (model.layers.61.* in V3): transformers does not load them and
-    neither does this engine (nor llama.cpp's converter), so they are left out here."""
-    if config.architecture != "deepseek_v3":
-        return tensors
-    extra = _get(raw, "num_nextn_predict_layers", int, path, 0, lambda v: 0 <= v <= 64, "0..64")
+    """Layers a released folder holds past num_hidden_layers that transformers does not load, nor this engine (nor
+    llama.cpp's converter): DeepSeek-V3's multi-token-prediction module (the family's extra_layers), left out here."""
+    extra = family(config.architecture).extra_layers(ConfigKeys(raw, path))
     if not extra:
         return tensors
     mtp = range(config.num_layers, config.num_layers + extra)

@@ -1029,7 +1029,8 @@ def gguf_tensors(spec: DemoSize, role: str, quant: str) -> list[GGUFTensor]:
     """The tensors of model_tensors() under llama.cpp's names (engine/gguf_file.py's table read backwards), each MoE
     layer's experts merged per projection, in file order; their formats as llama.cpp's quantizer picks them: 1-D
     norms and the router F32, experts QUANTS[quant][1], every other matrix QUANTS[quant][2]."""
-    from .gguf_file import EXPERT_TENSORS, GLOBAL_TENSORS, LAYER_TENSORS, MOE_LAYER_TENSORS
+    from .families.base import LAYER_TENSORS, MOE_LAYER_TENSORS
+    from .gguf_file import EXPERT_TENSORS, GLOBAL_TENSORS
 
     global_names = {hf: g for g, hf in GLOBAL_TENSORS.items()}
     layer_names = {hf: g for g, hf in (LAYER_TENSORS | MOE_LAYER_TENSORS).items()}

@@ -38,6 +38,7 @@ import numpy as np
 
 from .checkpoint import ModelConfig
 from .errors import ArgumentError
+from .families import family
 from .placement import Placement
 from .routing import RoutingStats
 
@@ -355,20 +356,14 @@ def to_ktransformers(placement: Placement, config: ModelConfig) -> EngineExport:
                                f"{n * len(moe)} most used overall (frequency, from a torch .pt of logical_count, "
                                f"which this export cannot write); the profile keeps {total} chosen ones")  # fmt: skip
     whole = [layer for layer, h in zip(moe, on_gpu, strict=True) if len(h) == config.num_experts]
-    if whole and config.architecture == "deepseek_v3":  # its DeepSeek YAML rules place whole layers' experts
-        notes.append(f"layers {', '.join(map(str, whole))} have every expert on the GPU: ktransformers' DeepSeek-V3 "
-                     "YAML optimize rules can also place them whole (a rule matching those layers' mlp.experts with "
-                     "KTransformersExperts, generate_op KExpertsMarlin)")  # fmt: skip
-    elif config.architecture == "gpt_oss":  # no YAML optimize rules for this family
-        notes.append("ktransformers' YAML optimize rules have no gpt-oss file (its optimize_rules hold DeepSeek, "
-                     "Qwen2/Qwen3-MoE, Mixtral, GLM-4-MoE and other families' rules), so only the flags above can say "
-                     "this placement; they were not checked against a gpt-oss launch of ktransformers (its CPU "
-                     "experts must run gpt-oss's MXFP4 experts with their biases and the clamped SwiGLU)")  # fmt: skip
-    elif whole:  # its older YAML optimize rules place whole layers' experts, but not for this family on a GPU
-        notes.append(f"layers {', '.join(map(str, whole))} have every expert on the GPU: ktransformers' YAML optimize "
-                     "rules can place a whole layer's experts (KTransformersExperts with generate_op KExpertsMarlin, "
-                     "DeepSeek's rules), but its Qwen3-MoE rules (KTransformersExpertsV2) run experts with "
-                     "KExpertsCPU only; the flags above are the supported route")  # fmt: skip
+    note = family(config.architecture).ktransformers_note(whole)
+    if note is None and whole:  # ktransformers' YAML optimize rules place whole layers' experts (DeepSeek's rules)
+        note = (
+            f"layers {', '.join(map(str, whole))} have every expert on the GPU: ktransformers' YAML optimize "
+            "rules can place a whole layer's experts (KTransformersExperts with generate_op KExpertsMarlin)"
+        )
+    if note is not None:
+        notes.append(note)
     return EngineExport("ktransformers", None, args, not_expressible, notes)
 
 

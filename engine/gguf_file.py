@@ -24,7 +24,9 @@ from typing import Any, NoReturn
 
 from . import formats
 from .errors import CheckpointError, EngineError, UnsupportedError
-from .model_config import ModelConfig, TensorInfo, yarn_rope
+from .families import BY_GGUF_ARCH, family
+from .families.base import ATTENTION_BIASES, GGUFShape
+from .model_config import ModelConfig, TensorInfo
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)  # the same layout; 3 added big-endian files, which the engine does not read
@@ -32,8 +34,6 @@ DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_DIM = 1 << 40  # as for safetensors (checkpoint.MAX_DIM): the core refuses more
 MAX_ARRAY = 1 << 24  # entries of one metadata array: a vocabulary has some 10**5; a damaged count is refused early
-# general.architecture -> ModelConfig.architecture
-ARCHITECTURES = {"qwen3moe": "qwen3_moe", "qwen3": "qwen3", "deepseek2": "deepseek_v3", "gpt-oss": "gpt_oss"}
 SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")  # llama.cpp's llama_split_path
 
 # GGUF value types (gguf.GGUFValueType): struct format of the scalars
@@ -49,70 +49,6 @@ GLOBAL_TENSORS = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-LAYER_TENSORS = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.bias": "self_attn.o_proj.bias",
-    "attn_q_norm.weight": "self_attn.q_norm.weight",
-    "attn_k_norm.weight": "self_attn.k_norm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-MOE_LAYER_TENSORS = {"ffn_gate_inp.weight": "mlp.gate.weight"}
-# deepseek2 (llama.cpp's name for DeepSeek-V2/V3): MLA attention, the router's correction bias, shared experts. The
-# converter splits kv_b_proj into attn_k_b ([heads, kv_lora_rank, nope]: the key half transposed) and attn_v_b
-# ([heads, v, kv_lora_rank]); older files hold attn_kv_b whole. Their 3-D tensors are bound as 2-D (heads stacked).
-DEEPSEEK_LAYER_TENSORS = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "attn_q_a.weight": "self_attn.q_a_proj.weight",
-    "attn_q_a_norm.weight": "self_attn.q_a_layernorm.weight",
-    "attn_q_b.weight": "self_attn.q_b_proj.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",
-    "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight",
-    "attn_kv_b.weight": "self_attn.kv_b_proj.weight",
-    "attn_k_b.weight": "self_attn.k_b_proj.weight",
-    "attn_v_b.weight": "self_attn.v_b_proj.weight",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-    "ffn_gate_inp.weight": "mlp.gate.weight",
-    "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
-    "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight",
-    "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
-    "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight",
-}
-GATING_SIGMOID = 2  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
-# gpt-oss: attention biases and sinks, the router's bias, post_attention_norm; the experts' biases are merged like
-# their weights ([inter or hidden, experts] in GGUF order) and become one vector per expert
-GPT_OSS_LAYER_TENSORS = {
-    **{
-        k: v
-        for k, v in LAYER_TENSORS.items()
-        if k.startswith(("attn_norm", "attn_q.", "attn_k.", "attn_v.", "attn_out"))
-    },
-    "post_attention_norm.weight": "post_attention_layernorm.weight",
-    "attn_sinks.weight": "self_attn.sinks",
-    "ffn_gate_inp.weight": "mlp.router.weight",
-    "ffn_gate_inp.bias": "mlp.router.bias",
-}
-EXPERT_BIASES = {
-    "ffn_gate_exps.bias": "gate_proj.bias",
-    "ffn_up_exps.bias": "up_proj.bias",
-    "ffn_down_exps.bias": "down_proj.bias",
-}
-# llama.cpp runs gpt-oss's clamped SwiGLU with these constants (no GGUF key holds them), as transformers does
-GPT_OSS_SWIGLU = (7.0, 1.702)
 EXPERT_TENSORS = {  # [cols, rows, experts] in GGUF order; expert E's slice is model.layers.N.mlp.experts.E.<proj>
     "ffn_gate_exps.weight": "gate_proj.weight",
     "ffn_up_exps.weight": "up_proj.weight",
@@ -509,186 +445,17 @@ class _Meta:
             self.fail(f"'{key}' = {value!r}, expected {expect}")
         return value
 
-
-def _unsupported_keys(m: _Meta, arch: str, head_dim: int) -> None:
-    """Keys that would make the model another computation than the one the engine runs (parse_config's rope_scaling
-    and use_sliding_window, in llama.cpp's terms)."""
-
-    def refuse(key: str, value: Any, expect: str) -> None:
-        m.fail(f"'{key}' = {value!r} is not supported (expected {expect})", UnsupportedError)
-
-    a = f"{arch}."
-    kind = m.get(a + "rope.scaling.type", "str", "none")
-    if kind != "none":
-        refuse(a + "rope.scaling.type", kind, "'none': the engine runs plain RoPE")
-    for key in ("rope.scaling.factor", "rope.scale_linear"):
-        factor = m.get(a + key, "float", 1.0)
-        if factor not in (0.0, 1.0):  # 0: unset, as llama.cpp reads it
-            refuse(a + key, factor, "1: no rope scaling")
-    attn_factor = m.get(a + "rope.scaling.attn_factor", "float", 1.0)
-    if attn_factor != 1.0:
-        refuse(a + "rope.scaling.attn_factor", attn_factor, "1")
-    rot = m.get(a + "rope.dimension_count", "int", head_dim)
-    if rot != head_dim:
-        refuse(a + "rope.dimension_count", rot, f"the head size {head_dim}: the engine rotates whole heads")
-    if a + "rope.dimension_sections" in m.md:
-        refuse(a + "rope.dimension_sections", m.md[a + "rope.dimension_sections"].value, "none: no multi-axis RoPE")
-    window = m.get(a + "attention.sliding_window", "int", 0)
-    if window:
-        refuse(a + "attention.sliding_window", window, "0: the engine runs full attention")
-    if a + "attention.sliding_window_pattern" in m.md:
-        refuse(a + "attention.sliding_window_pattern", "...", "none: the engine runs full attention")
-    if not m.get(a + "attention.causal", "bool", True):
-        refuse(a + "attention.causal", False, "true")
-    value_length = m.get(a + "attention.value_length", "int", head_dim)
-    if value_length != head_dim:
-        refuse(a + "attention.value_length", value_length, f"attention.key_length ({head_dim})")
-    scale = m.get(a + "expert_weights_scale", "float", 0.0)
-    if scale not in (0.0, 1.0):
-        refuse(a + "expert_weights_scale", scale, "1: unscaled expert weights")
-    gating = m.get(a + "expert_gating_func", "int", 1)
-    if gating != 1:
-        refuse(a + "expert_gating_func", gating, "1: softmax routing")
-
-
-def _deepseek2_config(m: _Meta, a: str, heads: int, layers: int, tensors: dict[str, RawTensor]) -> dict[str, Any]:
-    """A deepseek2 file's MLA, routing and RoPE keys as DeepseekV3Config's fields (llama.cpp writes them from the
-    config.json: conversion of DeepseekV2Model), each checked by its key."""
-    kw: dict[str, Any] = {}
-    gating = m.get(a + "expert_gating_func", "int", None)
-    # The converter writes the key only when config.json names scoring_func, which transformers' DeepseekV3Config does
-    # not save; llama.cpp then reads softmax (DeepSeek-V2). A router correction bias (exp_probs_b) is V3's sigmoid
-    # routing whatever the key says, so a file holding it without the key is read as transformers runs its source.
-    biased = any(t.name.endswith(".exp_probs_b.bias") for t in tensors.values())
-    if gating != GATING_SIGMOID and not (gating is None and biased):
-        found = "missing" if gating is None else f"{gating}"
-        m.fail(f"'{a}expert_gating_func' is {found}, expected {GATING_SIGMOID} (sigmoid, DeepSeek-V3): a file with "
-               "neither it nor a router correction bias (blk.N.exp_probs_b.bias) is DeepSeek-V2's softmax routing, "
-               "which the engine does not run", UnsupportedError)  # fmt: skip
-    q_lora = m.get(a + "attention.q_lora_rank", "int", None)
-    kw["q_lora_rank"] = 0 if q_lora is None else m.count(a + "attention.q_lora_rank")
-    kw["kv_lora_rank"] = m.count(a + "attention.kv_lora_rank")
-    rope = m.count(a + "rope.dimension_count")
-    if rope % 2 or rope > 512:
-        m.fail(f"'{a}rope.dimension_count' = {rope}, expected an even number up to 512")
-    qk = m.count(a + "attention.key_length_mla")
-    if qk <= rope:
-        m.fail(f"'{a}attention.key_length_mla' = {qk}, expected more than '{a}rope.dimension_count' = {rope} "
-               "(the nope and rope parts of a query head)")  # fmt: skip
-    kw.update(qk_rope_head_dim=rope, qk_nope_head_dim=qk - rope, head_dim=rope, rope_dim=rope, rope_interleave=True)
-    kw["v_head_dim"] = m.count(a + "attention.value_length_mla")
-    experts = m.count(a + "expert_count")
-    n_group = m.count(a + "expert_group_count", 1)
-    topk_group = m.count(a + "expert_group_used_count", 1)
-    if experts % n_group:
-        m.fail(f"'{a}expert_count' = {experts} is not divisible by '{a}expert_group_count' = {n_group}")
-    if topk_group > n_group:
-        m.fail(f"'{a}expert_group_used_count' = {topk_group} is larger than '{a}expert_group_count' = {n_group}")
-    if n_group > 1 and experts // n_group < 2:
-        m.fail(f"'{a}expert_group_count' = {n_group} leaves {experts // n_group} expert per group, expected at least 2")
-    top_k = m.count(a + "expert_used_count")
-    if top_k > topk_group * (experts // n_group):
-        m.fail(f"'{a}expert_used_count' = {top_k}, expected at most {topk_group * (experts // n_group)} (the experts "
-               "of the groups kept)")  # fmt: skip
-    scale = m.number(a + "expert_weights_scale", 0.0, lambda v: 0 <= v < 1e6, "a number in 0..1e6")
-    kw.update(num_experts=experts, top_k=top_k, n_group=n_group, topk_group=topk_group,
-              routed_scaling_factor=scale or 1.0,  # llama.cpp: 0 (unset) scales nothing
-              norm_topk_prob=m.get(a + "expert_weights_norm", "bool", False),
-              moe_intermediate_size=m.count(a + "expert_feed_forward_length"),
-              n_shared_experts=m.count(a + "expert_shared_count", 0, lo=0),
-              first_k_dense_replace=m.count(a + "leading_dense_block_count", 0, lo=0))  # fmt: skip
-    if kw["first_k_dense_replace"] > layers:
-        m.fail(f"'{a}leading_dense_block_count' = {kw['first_k_dense_replace']}, expected 0..{layers}")
-    max_pos = m.count(a + "context_length")
-    theta = m.number(a + "rope.freq_base", 10000.0, lambda v: 1.0 <= v <= 1e12, "a number in 1..1e12")
-    kw["attention_scale"] = qk**-0.5
-    kind = m.get(a + "rope.scaling.type", "str", "none")
-    if kind == "yarn":  # as transformers reads the config.json it came from (mscale = mscale_all_dim, as in DeepSeek's)
-        mscale = m.number(a + "rope.scaling.yarn_log_multiplier", 0.0, lambda v: 0 <= v < 100, "a number in 0..100")
-        scaling = {
-            "type": "yarn",
-            "factor": m.number(a + "rope.scaling.factor", ..., lambda v: 1 <= v < 1e6, "a number >= 1"),
-            "original_max_position_embeddings": m.count(a + "rope.scaling.original_context_length", max_pos),
-            "beta_fast": m.number(a + "rope.scaling.yarn_beta_fast", 32.0, lambda v: v > 0, "a positive number"),
-            "beta_slow": m.number(a + "rope.scaling.yarn_beta_slow", 1.0, lambda v: v > 0, "a positive number"),
-        }
-        if mscale:
-            scaling["mscale"] = scaling["mscale_all_dim"] = mscale / 0.1
-        freq, factor, softmax = yarn_rope(scaling, rope, theta, max_pos, m.path, _yarn_keys(a))
-        kw.update(rope_inv_freq=freq, rope_attention_factor=factor, attention_scale=qk**-0.5 * softmax)
-    elif kind != "none":
-        m.fail(f"'{a}rope.scaling.type' = {kind!r} is not supported (expected 'yarn' or none)", UnsupportedError)
-    return kw
-
-
-def _yarn_keys(a: str) -> dict[str, str]:
-    """The metadata keys llama.cpp writes YaRN's config.json values to, so that yarn_rope's errors name the key."""
-    s = a + "rope.scaling."
-    return {
-        "rope_theta": a + "rope.freq_base",
-        "factor": s + "factor",
-        "beta_fast": s + "yarn_beta_fast",
-        "beta_slow": s + "yarn_beta_slow",
-        "original_max_position_embeddings": s + "original_context_length",
-        "attention_factor": s + "yarn_attn_factor",
-        "mscale": s + "yarn_log_multiplier",
-        "mscale_all_dim": s + "yarn_log_multiplier",
-    }
-
-
-def _gpt_oss_config(m: _Meta, a: str, layers: int, head_dim: int) -> dict[str, Any]:
-    """A gpt-oss file's expert, window and RoPE keys as GptOssConfig's fields (llama.cpp writes them from the
-    config.json: conversion/gpt_oss.py), each checked by its key. The windowed layers: the pattern llama.cpp reads
-    (attention.sliding_window_pattern, a period or one flag per layer; by default every other layer from the first,
-    as transformers' layer_types default)."""
-    experts = m.count(a + "expert_count")
-    top_k = m.count(a + "expert_used_count")
-    if top_k > experts:
-        m.fail(f"'{a}expert_used_count' = {top_k}, expected 1..{experts} ('{a}expert_count')")
-    max_pos = m.count(a + "context_length")
-    window = m.count(a + "attention.sliding_window")
-    if window > max_pos:
-        m.fail(f"'{a}attention.sliding_window' = {window} is larger than the context ('{a}context_length' = "
-               f"{max_pos}), expected at most {max_pos}")  # fmt: skip
-    v = m.md.get(a + "attention.sliding_window_pattern")
-    if v is not None and v.type == ARRAY:
-        flags = list(v.value)
-        if len(flags) != layers or (flags and v.item_type not in INTS | {BOOL}):
-            m.fail(f"'{a}attention.sliding_window_pattern' holds {len(flags)} values, expected one per layer "
-                   f"({layers})")  # fmt: skip
-        sliding = [bool(f) for f in flags]
-    else:
-        period = m.count(a + "attention.sliding_window_pattern", 2)
-        sliding = [layer % period < period - 1 for layer in range(layers)]
-    rot = m.get(a + "rope.dimension_count", "int", head_dim)
-    if rot != head_dim:
-        m.fail(f"'{a}rope.dimension_count' = {rot} is not supported (expected the head size {head_dim})",
-               UnsupportedError)  # fmt: skip
-    kw: dict[str, Any] = dict(
-        num_experts=experts, top_k=top_k, norm_topk_prob=True,
-        moe_intermediate_size=m.count(a + "expert_feed_forward_length"),
-        layer_windows=tuple(window if s else 0 for s in sliding),
-        swiglu_limit=GPT_OSS_SWIGLU[0], swiglu_alpha=GPT_OSS_SWIGLU[1],
-    )  # fmt: skip
-    kind = m.get(a + "rope.scaling.type", "str", "none")
-    if kind == "yarn":  # as transformers reads gpt-oss's config.json (truncate: false, which no GGUF key holds)
-        theta = m.number(a + "rope.freq_base", 10000.0, lambda v: 1.0 <= v <= 1e12, "a number in 1..1e12")
-        scaling = {
-            "type": "yarn",
-            "factor": m.number(a + "rope.scaling.factor", ..., lambda v: 1 <= v < 1e6, "a number >= 1"),
-            "original_max_position_embeddings": m.count(a + "rope.scaling.original_context_length", max_pos),
-            "beta_fast": m.number(a + "rope.scaling.yarn_beta_fast", 32.0, lambda v: v > 0, "a positive number"),
-            "beta_slow": m.number(a + "rope.scaling.yarn_beta_slow", 1.0, lambda v: v > 0, "a positive number"),
-            "truncate": False,
-        }
-        if a + "rope.scaling.yarn_attn_factor" in m.md:
-            scaling["attention_factor"] = m.number(a + "rope.scaling.yarn_attn_factor", ..., lambda v: 0 < v < 1e6,
-                                                   "a positive number")  # fmt: skip
-        freq, factor, _ = yarn_rope(scaling, head_dim, theta, max_pos, m.path, _yarn_keys(a))
-        kw.update(rope_inv_freq=freq, rope_attention_factor=factor)
-    elif kind != "none":
-        m.fail(f"'{a}rope.scaling.type' = {kind!r} is not supported (expected 'yarn' or none)", UnsupportedError)
-    return kw
+    def layer_pattern(self, key: str, layers: int, period: int) -> list[bool]:
+        """A flag per layer as llama.cpp reads it (its set_swa_pattern): one flag per layer, or a period whose last
+        layer is the unflagged one (the default period when the key is absent)."""
+        v = self.md.get(key)
+        if v is not None and v.type == ARRAY:
+            flags = list(v.value)
+            if len(flags) != layers or (flags and v.item_type not in INTS | {BOOL}):
+                self.fail(f"'{key}' holds {len(flags)} values, expected one per layer ({layers})")
+            return [bool(f) for f in flags]
+        period = self.count(key, period)
+        return [layer % period < period - 1 for layer in range(layers)]
 
 
 def _layer_kinds(tensors: dict[str, RawTensor], n_layers: int, key: str, path: Path) -> tuple[set[int], bool]:
@@ -704,19 +471,19 @@ def _layer_kinds(tensors: dict[str, RawTensor], n_layers: int, key: str, path: P
                                   f"expected layers 0..{n_layers - 1}")  # fmt: skip
         if m[2] == "ffn_gate_inp.weight":
             moe.add(layer)
-        bias = bias or m[2] in ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias")
+        bias = bias or m[2] in ATTENTION_BIASES
     return moe, bias
 
 
 def parse_config(parts: list[Part]) -> ModelConfig:
     """The ModelConfig of a GGUF model from its `<arch>.*` and `tokenizer.ggml.*` keys and its tensor names, with
-    the ranges parse_config (checkpoint.py) checks for a folder."""
+    the ranges parse_config (checkpoint.py) checks for a folder; the family (engine/families/) reads its own keys."""
     m = _Meta(parts[0])
     arch_name = m.get("general.architecture", "str")
-    if arch_name not in ARCHITECTURES:
+    if arch_name not in BY_GGUF_ARCH:
         m.fail(f"architecture '{arch_name}' (general.architecture) is not supported (expected one of "
-               f"{', '.join(ARCHITECTURES)})", UnsupportedError)  # fmt: skip
-    arch = ARCHITECTURES[arch_name]
+               f"{', '.join(BY_GGUF_ARCH)})", UnsupportedError)  # fmt: skip
+    fam = BY_GGUF_ARCH[arch_name]
     a = f"{arch_name}."
     tensors = {t.name: t for part in parts for t in part.tensors}
     layers = m.count(a + "block_count")
@@ -724,20 +491,6 @@ def parse_config(parts: list[Part]) -> ModelConfig:
     heads = m.count(a + "attention.head_count")
     kv_heads = m.count(a + "attention.head_count_kv", heads)
     head_dim = m.count(a + "attention.key_length", hidden // heads if hidden % heads == 0 else ...)
-    kw: dict[str, Any] = {}
-    if arch == "deepseek_v3":  # one latent shared by every head: head_count_kv is 1, the lengths are MLA's
-        kv_heads = heads
-        kw = _deepseek2_config(m, a, heads, layers, tensors)
-        head_dim = kw.pop("head_dim")
-    if heads % kv_heads:
-        m.fail(f"'{a}attention.head_count' = {heads} is not a multiple of '{a}attention.head_count_kv' = {kv_heads}")
-    if arch != "deepseek_v3" and head_dim % 2:  # (DeepSeek rotates rope.dimension_count dimensions, checked above)
-        given = "" if a + "attention.key_length" in m.md else " (absent: embedding_length / head_count)"
-        m.fail(f"'{a}attention.key_length' = {head_dim}{given}, expected an even number (RoPE rotates pairs)")
-    if arch == "gpt_oss":
-        kw = _gpt_oss_config(m, a, layers, head_dim)
-    elif arch != "deepseek_v3":
-        _unsupported_keys(m, arch_name, head_dim)
     embed = tensors.get("token_embd.weight")
     if embed is None or len(embed.ne) != 2:
         found = "missing" if embed is None else f"of dimensions {list(embed.ne)}"
@@ -748,36 +501,13 @@ def parse_config(parts: list[Part]) -> ModelConfig:
         m.fail(f"'{a}vocab_size' = {stated}, but token_embd.weight holds {vocab} tokens: expected them equal")
     moe_layers, bias = _layer_kinds(tensors, layers, f"'{a}block_count'", m.path)
     intermediate = m.get(a + "feed_forward_length", "int", None)
-    if arch == "qwen3_moe":
-        experts = m.count(a + "expert_count")
-        top_k = m.count(a + "expert_used_count")
-        if top_k > experts:
-            m.fail(f"'{a}expert_used_count' = {top_k}, expected 1..{experts} ('{a}expert_count')")
-        # llama.cpp's fallback when the key is absent; qwen3moe normalises the top-k weights unless told otherwise
-        fallback = intermediate // top_k if intermediate else ...
-        kw["moe_intermediate_size"] = m.count(a + "expert_feed_forward_length", fallback)
-        kw.update(num_experts=experts, top_k=top_k, norm_topk_prob=m.get(a + "expert_weights_norm", "bool", True))
-        # a layer without a router is dense (the engine runs those; llama.cpp's qwen3moe has none)
-        kw["mlp_only_layers"] = tuple(i for i in range(layers) if i not in moe_layers)
-        if intermediate is None and not kw["mlp_only_layers"]:
-            intermediate = kw["moe_intermediate_size"]  # unused: every layer is routed
-    elif arch == "deepseek_v3":
-        lead = kw["first_k_dense_replace"]
-        if moe_layers != set(range(lead, layers)):
-            m.fail(f"the layers with an expert router ({sorted(moe_layers)[:8]}...) are not layers {lead}.."
-                   f"{layers - 1}: expected every layer from '{a}leading_dense_block_count' = {lead} on")  # fmt: skip
-        if intermediate is None and lead == 0:
-            intermediate = kw["moe_intermediate_size"]  # unused: every layer is routed
-    elif arch == "gpt_oss":
-        if moe_layers != set(range(layers)):
-            missing = min(set(range(layers)) - moe_layers)
-            m.fail(f"layer {missing} has no expert router (blk.{missing}.ffn_gate_inp.weight): every gpt-oss layer "
-                   "routes")  # fmt: skip
-        if intermediate is None:
-            intermediate = kw["moe_intermediate_size"]
-    elif moe_layers:
-        m.fail(f"a {arch_name} (dense) file holds expert routers (blk.{min(moe_layers)}.ffn_gate_inp.weight): "
-               "expected qwen3moe as general.architecture", UnsupportedError)  # fmt: skip
+    shape = GGUFShape(a, layers, hidden, heads, head_dim, intermediate, frozenset(moe_layers), frozenset(tensors))
+    kw = fam.gguf_keys(m, shape)
+    kv_heads = kw.pop("num_kv_heads", kv_heads)
+    head_dim = kw.pop("head_dim", head_dim)
+    intermediate = kw.pop("intermediate_size", intermediate)
+    if heads % kv_heads:
+        m.fail(f"'{a}attention.head_count' = {heads} is not a multiple of '{a}attention.head_count_kv' = {kv_heads}")
     if intermediate is None:
         m.fail(f"metadata key '{a}feed_forward_length' is missing")
     ids = {}
@@ -787,7 +517,7 @@ def parse_config(parts: list[Part]) -> ModelConfig:
             m.fail(f"'tokenizer.ggml.{key}' = {value}, expected a token id in 0..{vocab - 1}")
         ids[key] = value
     return ModelConfig(
-        architecture=arch,
+        architecture=fam.architecture,
         vocab_size=m.count(a + "vocab_size", vocab),
         hidden_size=hidden,
         intermediate_size=m.count(a + "feed_forward_length", intermediate),
@@ -812,14 +542,10 @@ def parse_config(parts: list[Part]) -> ModelConfig:
 
 def map_tensors(parts: list[Part], config: ModelConfig) -> dict[str, TensorInfo]:
     """llama.cpp's names to the Hugging Face names; each merged expert tensor becomes one 2-D slice per expert."""
-    arch = {"qwen3_moe": "qwen3moe", "deepseek_v3": "deepseek2", "gpt_oss": "gpt-oss"}.get(config.architecture, "qwen3")
-    routed = arch != "qwen3"
-    layer_names = {
-        "qwen3moe": LAYER_TENSORS | MOE_LAYER_TENSORS,
-        "deepseek2": DEEPSEEK_LAYER_TENSORS,
-        "gpt-oss": GPT_OSS_LAYER_TENSORS,
-    }.get(arch, LAYER_TENSORS)
-    biases = EXPERT_BIASES if arch == "gpt-oss" else {}
+    fam = family(config.architecture)
+    arch, routed = fam.gguf_arch, fam.routed
+    layer_names = fam.gguf_layer_tensors
+    biases = fam.gguf_expert_biases
     out: dict[str, TensorInfo] = {}
     for part in parts:
         for t in part.tensors:

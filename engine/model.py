@@ -19,11 +19,11 @@ import numpy as np
 from . import formats
 from .checkpoint import Checkpoint, ModelConfig
 from .errors import ArgumentError, EngineError, OutOfMemoryError, RangeError, StateError, UnsupportedError
+from .families import family
 from .native import check, ffi, lib, text
 from .placement import Placement
 from .trace import SPAN_KINDS, Span
 
-ARCH_CODES = {"qwen3": 1, "qwen3_moe": 2, "deepseek_v3": 3, "gpt_oss": 4}
 # eb_dtype's code for raw bytes: a Hugging Face MXFP4 checkpoint's *_blocks and *_scales, which the core packs at load
 RAW_U8 = 16
 # How the core holds a model's files in host memory (eb_weights_mode): "copy" reads them into private memory
@@ -340,7 +340,7 @@ class Model(_Handle):
             d.nbytes = t.nbytes
         mlp_only = ffi.new("int32_t[]", list(cfg.mlp_only_layers) or [0])
         c = ffi.new("eb_model_config *")
-        c.arch = ARCH_CODES[cfg.architecture]
+        c.arch = family(cfg.architecture).native_code
         for field in ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_layers",
                       "num_heads", "num_kv_heads", "head_dim", "num_experts", "top_k", "decoder_sparse_step",
                       "max_position_embeddings"):  # fmt: skip

@@ -1,0 +1,32 @@
+"""The model families the engine runs, one module each (engine/families/<family>.py), registered here once.
+
+The readers of a Hugging Face folder (engine/checkpoint.py) and of a GGUF file (engine/gguf_file.py), the model's
+configuration (engine/model_config.py), the loader (engine/model.py) and the exports (engine/export.py) look a family
+up here and do what it says; none of them names a family. Adding a family is its module here, its file in
+native/src/models/ and its tests.
+"""
+
+from __future__ import annotations
+
+from ..errors import UnsupportedError
+from .base import Family
+from .deepseek_v3 import DEEPSEEK_V3
+from .gpt_oss import GPT_OSS
+from .qwen3 import QWEN3, QWEN3_MOE
+
+FAMILIES: tuple[Family, ...] = (QWEN3_MOE, QWEN3, DEEPSEEK_V3, GPT_OSS)
+BY_ARCHITECTURE = {f.architecture: f for f in FAMILIES}
+BY_HF_CLASS = {c: f for f in FAMILIES for c in f.hf_classes}
+BY_GGUF_ARCH = {f.gguf_arch: f for f in FAMILIES}
+
+
+def family(architecture: str) -> Family:
+    """The family of a ModelConfig.architecture ('deepseek_v3')."""
+    found = BY_ARCHITECTURE.get(architecture)
+    if found is None:
+        raise UnsupportedError(f"architecture {architecture!r:.80} is not one the engine runs (expected one of "
+                               f"{', '.join(BY_ARCHITECTURE)})")  # fmt: skip
+    return found
+
+
+__all__ = ["BY_ARCHITECTURE", "BY_GGUF_ARCH", "BY_HF_CLASS", "FAMILIES", "Family", "family"]
