@@ -41,7 +41,7 @@ from engine.profile import Profile, fingerprint, load
 from engine.quality import is_fast, quality_cost
 from engine.routing import RoutingStats, profile
 from engine.run import DecodeRun, RunResult
-from engine.speculative import check_shared_vocabulary
+from engine.session import open_pair
 from engine.trace import Span, write_chrome_trace
 
 from . import profiles
@@ -139,16 +139,11 @@ def _load_pair(engine: Engine, target, draft, primary: str, weights: str, demo: 
     if demo is not None:
         from engine.demo import ensure_demo_pair
 
-        pair = ensure_demo_pair(demo.size, format=demo.format, quant=demo.quant)
-        target, draft = pair.target, (pair.draft if demo.with_draft else None)
-    new_target = engine.load(target, device=primary, weights=weights)
-    new_draft = None
+        built = ensure_demo_pair(demo.size, format=demo.format, quant=demo.quant)
+        target, draft = built.target, (built.draft if demo.with_draft else None)
+    pair = open_pair(engine, target, draft, device=primary, weights=weights, experts_needed=True)
+    new_target, new_draft = pair.target, pair.draft
     try:
-        if new_target.config.num_experts <= 0:
-            raise EngineError(f"'{target}' is a dense model: it has no experts to place (open an MoE model)")
-        if draft is not None:
-            new_draft = engine.load(draft, device=primary, weights=weights)
-            check_shared_vocabulary(new_target, new_draft)
         info = new_target.info
         snapshot = ModelSnapshot(
             target_path=str(target),
@@ -172,9 +167,7 @@ def _load_pair(engine: Engine, target, draft, primary: str, weights: str, demo: 
             huge_page_bytes=info["huge_page_bytes"],
         )
     except BaseException:
-        if new_draft is not None:
-            new_draft.close()
-        new_target.close()
+        pair.close()
         raise
     return new_target, new_draft, snapshot
 

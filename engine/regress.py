@@ -30,6 +30,7 @@ from .diverge import Diagnosis, Outputs, diagnose
 from .errors import EngineError
 from .history import combined_hash, min_accept_rate, min_speed_ratio
 from .profile import Profile, ProfileError, RoutingSpec, fingerprint, load
+from .session import open_pair
 
 DEFAULT_SPEED_SLACK = 0.25
 
@@ -211,12 +212,12 @@ def measure_profile(profile: Profile, portable: bool = False) -> Measurement:
 
     settings = profile.run.resolved()
     with make_engine(profile, portable) as engine:
-        target = engine.load(profile.model_folder(), device=profile.primary_device, weights=settings["weights"])
-        draft = None
-        if profile.draft is not None:
-            draft = engine.load(profile.model_folder(profile.draft, "draft"),
-                                device=profile.draft.device or profile.primary_device,
-                                weights=settings["weights"])  # fmt: skip
+        draft_ref = profile.draft
+        pair = open_pair(engine, profile.model_folder(),
+                         None if draft_ref is None else profile.model_folder(draft_ref, "draft"),
+                         device=profile.primary_device, draft_device=None if draft_ref is None else draft_ref.device,
+                         weights=settings["weights"])  # fmt: skip
+        target, draft = pair.target, pair.draft
         placement = profile.placement_for(target.config) if target.config.num_experts > 0 else None
         common = {"q": settings["q"], "mode": settings["mode"], "precision": settings["precision"],
                   "placement": placement}  # fmt: skip

@@ -9,13 +9,13 @@ import sys
 import time
 from pathlib import Path
 
-from ..checkpoint import Checkpoint
 from ..demo import DEMO_PROMPTS, is_synthetic
 from ..errors import EngineError
 from ..files import check_output
 from ..formats import FORMATS
 from ..model import WEIGHTS_MODES
 from ..run import PRECISIONS, REDUCTION_MODES, DecodeRun, RunResult, StepEvent
+from ..session import open_pair
 from ..speculative import MAX_DRAFT_TOKENS
 from ..trace import write_chrome_trace
 from .common import (
@@ -158,20 +158,15 @@ def cmd_run(args) -> int:
     prompts = args.prompt or DEMO_PROMPTS
     with make_engine(args) as eng:
         # fewer experts per token than the checkpoint's are the run's context setting; more need a load with more
-        checkpoint = Checkpoint.open(target_dir)
-        reload = args.top_k is not None and args.top_k > checkpoint.config.top_k
-        target = eng.load(checkpoint, device=args.device, weights=args.weights, top_k=args.top_k if reload else None)
-        draft = None
-        if draft_dir is not None:
-            draft = eng.load(draft_dir, device=args.draft_device or args.device, weights=args.weights)
-        if draft is not None and draft.config.moe_layers:  # (the DeepSeek demo's draft has experts, but no MoE layer)
-            draft.set_placement(f"*={draft.device}")  # a GPU primary's experts start in host memory
+        pair = open_pair(eng, target_dir, draft_dir, device=args.device, draft_device=args.draft_device,
+                         weights=args.weights, top_k=args.top_k)  # fmt: skip
+        target, draft = pair.target, pair.draft
         placement = args.placement
         if placement is None and target.config.num_experts > 0:
             placement = f"*={args.device}"
         run = DecodeRun(target, draft, prompts=prompts, tokens_per_prompt=args.n, repeats=args.repeats, q=args.q,
                         mode=args.mode, precision=args.precision, placement=placement,
-                        trace=args.trace is not None, top_k=None if reload else args.top_k)  # fmt: skip
+                        trace=args.trace is not None, top_k=pair.run_top_k)  # fmt: skip
         progress = None
         if sys.stderr.isatty():
             progress = ProgressBar(args.n * len(prompts) * args.repeats, args.repeats, len(prompts))

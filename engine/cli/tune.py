@@ -15,6 +15,7 @@ from ..errors import ArgumentError
 from ..files import check_output
 from ..model import WEIGHTS_MODES
 from ..routing import RoutingStats
+from ..session import open_pair
 from ..speculative import MAX_DRAFT_TOKENS
 from ..tune import (
     AUTO_Q,
@@ -167,12 +168,8 @@ def cmd_tune(args) -> int:
         raise ArgumentError(f"--q {args.q}: there is no draft to give a length (add --draft)")
     prompts = args.prompt or None
     with make_engine(args) as eng:
-        target = eng.load(target_dir, device=args.device, weights=args.weights)
-        draft = None
-        if draft_dir is not None:
-            draft = eng.load(draft_dir, device=args.device, weights=args.weights)
-            if draft.config.moe_layers:
-                draft.set_placement(f"*={draft.device}")
+        pair = open_pair(eng, target_dir, draft_dir, device=args.device, weights=args.weights)
+        target, draft = pair.target, pair.draft
         routing = RoutingStats.read_hotness_csv(args.routing) if args.routing else None
         settings = TuneSettings(fast=args.fast, caps=caps, qs=qs, modes=args.modes, time_budget=args.time_budget,
                                 prompts=prompts, routing=routing, calibrate=not args.no_calibrate)  # fmt: skip
