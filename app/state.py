@@ -26,17 +26,7 @@ from engine.devices import DeviceSettings, differences, engine_for_profile
 from engine.errors import EngineError
 from engine.history import History, RunRecord, RunSettings, diagnose_change, history_file, now, record_key
 from engine.model import WEIGHTS_MODES, DeviceInfo, Engine, Model
-from engine.placement import (
-    ExpertRoom,
-    Placement,
-    PlacementRefused,
-    check_fits,
-    device_bytes,
-    expert_rooms,
-    model_bytes,
-    moved,
-    overflow,
-)
+from engine.placement import ExpertRoom, Placement, expert_rooms, model_bytes
 from engine.profile import Profile, fingerprint, load
 from engine.quality import is_fast, quality_cost
 from engine.routing import RoutingStats, profile
@@ -46,6 +36,7 @@ from engine.trace import Span, write_chrome_trace
 
 from . import profiles
 from .live import LiveBuffer
+from .models.placement import PlacementEdits, Refusal
 from .worker import EngineWorker
 
 
@@ -75,13 +66,6 @@ def format_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
-
-
-@dataclass
-class Edit:
-    label: str
-    before: Placement
-    after: Placement
 
 
 @dataclass
@@ -222,20 +206,14 @@ class WorkbenchState(QObject):
         self.load_errors: dict[str, str] = {}
         self.devices: list[DeviceInfo] = []
         self.model: ModelSnapshot | None = None
-        self._placement: Placement | None = None  # as edited (the `placement` property)
-        self.used_bytes: dict[str, int] = {}  # expert bytes on each device under the edited placement
+        # the placement as edited, with undo, the drag's preview and the bytes per device (Qt-free: app/models)
+        self.edits = PlacementEdits()
+        self.edits.on("changed", self._placement_edited)
+        self.edits.on("preview", self.sigPreviewChanged.emit)
         self.applied: Placement | None = None  # as the engine has it
         self.capacity: dict[str, int] = {}  # bytes of experts each device can hold for this model (free + held)
-        self.rooms: dict[str, ExpertRoom] = {}  # engine.placement's room per device: free, held, reserve
-        self.preview: dict[str, int] | None = None
-        self.preview_device: str | None = None
-        self.preview_ok = True
-        self._preview_key: tuple | None = None  # the hover the preview shows, and what preview_move answered
-        self._undo: list[Edit] = []
-        self._redo: list[Edit] = []
         self._applies = 0  # apply tasks queued and not yet finished
         self._wanted: Placement | None = None
-        self.saved_placement: Placement | None = None
         self.profile_path: Path | None = None  # the profile file the placement was opened from or saved to
         self.profile: Profile | None = None  # that profile (what a save keeps from it: app.profiles)
         self.weights = "auto"  # how the next model opened is to be held (engine.model.WEIGHTS_MODES)
@@ -292,7 +270,8 @@ class WorkbenchState(QObject):
 
         def done(result):
             self.devices, self.load_errors = result
-            self.model = self.placement = self.applied = None
+            self.model = self.applied = None
+            self.edits.reset(None)
             self.sigEngineChanged.emit()
             self.sigModelChanged.emit()
             self.sigPlacementChanged.emit()
@@ -333,13 +312,10 @@ class WorkbenchState(QObject):
 
     def _models_loaded(self, snapshot: ModelSnapshot) -> None:
         self.model = snapshot
-        self.placement = snapshot.placement.copy()
+        self.edits.reset(snapshot.placement, snapshot.shape.bytes_of, snapshot.config.num_experts)
         self.applied = snapshot.placement.copy()
         self._wanted = snapshot.placement.copy()
-        self.saved_placement = snapshot.placement.copy()
         self.profile_path = self.profile = None
-        self._undo.clear()
-        self._redo.clear()
         self._counted(None, False)  # a model's counters start at zero
         if not self.running:  # the live plots and the timeline show the previous model's last run no more
             self.live.reset(0)
@@ -360,10 +336,10 @@ class WorkbenchState(QObject):
 
     def _set_devices(self, devices: list[DeviceInfo]) -> None:
         self.devices = devices
-        self.rooms = expert_rooms(devices, self.bytes_on(self.applied) if self.applied is not None else {})
-        self.capacity = {name: room.capacity for name, room in self.rooms.items()}
-        self.used_bytes = self.bytes_on(self.placement)
-        self._preview_key = None  # the room changed: a hover over the same device is judged again
+        names = [d.name for d in devices]
+        rooms = expert_rooms(devices, self.edits.bytes_on(self.applied, names) if self.applied is not None else {})
+        self.edits.set_rooms(names, rooms)
+        self.capacity = {name: room.capacity for name, room in rooms.items()}
         self.sigDevicesChanged.emit()
 
     # ---- bytes -------------------------------------------------------------------------------------------
@@ -371,20 +347,47 @@ class WorkbenchState(QObject):
     @property
     def placement(self) -> Placement | None:
         """The placement as edited (the engine applies it on its thread: `applied`)."""
-        return self._placement
+        return self.edits.placement
 
     @placement.setter
     def placement(self, placement: Placement | None) -> None:
-        # Every edit comes through here: the bytes per device are counted once per edit, not on each repaint.
-        self._placement = placement
-        self.used_bytes = self.bytes_on(placement)
-        self._preview_key = None
+        self.edits.set(placement)
+
+    @property
+    def saved_placement(self) -> Placement | None:
+        """The placement as the profile file has it: `dirty` when the edited one differs."""
+        return self.edits.saved
+
+    @saved_placement.setter
+    def saved_placement(self, placement: Placement | None) -> None:
+        self.edits.saved = placement
+
+    @property
+    def rooms(self) -> dict[str, ExpertRoom]:
+        """engine.placement's room per device: free, held, reserve."""
+        return self.edits.rooms
+
+    @property
+    def used_bytes(self) -> dict[str, int]:
+        """Expert bytes on each device under the edited placement."""
+        return self.edits.used_bytes
+
+    @property
+    def preview(self) -> dict[str, int] | None:
+        """Expert bytes on each device under the move a drag hovers (None: no hover)."""
+        return self.edits.preview
+
+    @property
+    def preview_device(self) -> str | None:
+        return self.edits.preview_device
+
+    @property
+    def preview_ok(self) -> bool:
+        return self.edits.preview_ok
 
     def bytes_on(self, placement: Placement | None) -> dict[str, int]:
         """Expert bytes each device holds under a placement (the engine's figures: engine.strategy)."""
-        if self.model is None:
-            return dict.fromkeys(self.device_names, 0)
-        return device_bytes(placement, self.model.shape.bytes_of, self.device_names)
+        return self.edits.bytes_on(placement)
 
     def model_bytes_on(self, device: str) -> int:
         """Bytes of this model on a device: its experts there, plus every other weight on the primary."""
@@ -396,92 +399,35 @@ class WorkbenchState(QObject):
 
     # ---- editing -----------------------------------------------------------------------------------------
 
-    def _moved(self, moves: dict[int, list[int]], device: str) -> tuple[Placement | None, str]:
-        """The placement after a move (engine.placement.moved), or (None, why not)."""
-        if self.placement is None or self.model is None:
-            return None, "no model is loaded"
-        try:
-            return moved(self.placement, moves, device, self.device_names), ""
-        except PlacementRefused as exc:
-            return None, str(exc)
-
     def preview_move(self, moves: dict[int, list[int]], device: str) -> bool:
-        """Show what the bars would read after a move (while a drag hovers); True when it would fit.
-        A drag reports every mouse move: the same hover as last time is answered without counting again."""
-        key = (device, tuple((layer, tuple(experts)) for layer, experts in sorted(moves.items())))
-        if self._preview_key is not None and self._preview_key[0] == key:
-            return self._preview_key[1]
-        new, why = self._moved(moves, device)
-        if new is None:
-            self.clear_preview()
-            ok = False
-        else:
-            self.preview = self.bytes_on(new)
-            self.preview_device = device
-            self.preview_ok = ok = not overflow(self.used_bytes, self.preview, self.rooms)
-            self.sigPreviewChanged.emit()
-        self._preview_key = key, ok
-        return ok
+        """Show what the bars would read after a move (while a drag hovers); True when it would fit."""
+        return self.edits.preview_move(moves, device)
 
     def clear_preview(self) -> None:
-        self._preview_key = None
-        if self.preview is not None:
-            self.preview = self.preview_device = None
-            self.preview_ok = True
-            self.sigPreviewChanged.emit()
+        self.edits.clear_preview()
 
     def move(self, moves: dict[int, list[int]], device: str, label: str | None = None) -> bool:
         """Move experts ({layer: [expert, ...]}) to a device. Refused (False, with a message) when it would
         overflow a device; otherwise recorded for undo and applied to the engine on its thread."""
-        self.clear_preview()
-        new, why = self._moved(moves, device)
-        if new is None:
-            self.sigMessage.emit(f"Nothing moved: {why}")
-            return False
-        try:
-            check_fits(self.placement, new, self.model.shape.bytes_of, self.rooms, "move")
-        except PlacementRefused as exc:
-            self.sigMessage.emit(str(exc))
-            return False
-        if label is None:
-            whole = [layer for layer, ex in moves.items() if len(ex) == self.model.config.num_experts]
-            if len(moves) == len(whole):
-                label = f"move layer{'s' if len(whole) > 1 else ''} {', '.join(map(str, sorted(whole)))} to {device}"
-            else:
-                n = sum(len(ex) for ex in moves.values())
-                label = f"move {n} expert{'s' if n > 1 else ''} to {device}"
-        self._commit(new, label)
-        return True
+        done = self.edits.move(moves, device, label)
+        return self._said(done, "Nothing moved: ")
 
     def set_placement(self, placement: Placement, label: str = "set placement") -> bool:
         """Replace the whole placement (a strategy, a file); refused like a move when it would overflow."""
-        if self.placement is None:
-            self.sigMessage.emit("No model is loaded")
+        return self._said(self.edits.replace(placement, label))
+
+    def _said(self, done: str | Refusal, prefix: str = "") -> bool:
+        """An edit's outcome told: its label in the status bar, or its refusal (a dialog for an unknown device)."""
+        if isinstance(done, Refusal):
+            if done.reason == "unknown-device":
+                self.sigError.emit("Unknown device", done.text)
+            else:
+                self.sigMessage.emit(prefix + done.text if done.reason in ("no-model", "invalid-move") else done.text)
             return False
-        if placement == self.placement:
-            self.sigMessage.emit("The placement is already so")
-            return False
-        unknown = sorted(set(placement.devices()) - set(self.device_names))
-        if unknown:
-            self.sigError.emit("Unknown device", f"the placement names {', '.join(unknown)}, which this engine "
-                               f"does not have (devices: {', '.join(self.device_names)})")  # fmt: skip
-            return False
-        try:
-            check_fits(self.placement, placement, self.model.shape.bytes_of, self.rooms)
-        except PlacementRefused as exc:
-            self.sigMessage.emit(str(exc))
-            return False
-        self._commit(placement.copy(), label)
+        self.sigMessage.emit(done[0].upper() + done[1:])
         return True
 
-    def _commit(self, new: Placement, label: str) -> None:
-        self._undo.append(Edit(label, self.placement.copy(), new.copy()))
-        self._redo.clear()
-        self._edit(new)
-        self.sigMessage.emit(label[0].upper() + label[1:])
-
-    def _edit(self, new: Placement) -> None:
-        self.placement = new
+    def _placement_edited(self) -> None:
         self.sigPlacementChanged.emit()
         self.sigUndoChanged.emit()
         self.sigDirtyChanged.emit(self.dirty)
@@ -489,27 +435,21 @@ class WorkbenchState(QObject):
 
     @property
     def undo_text(self) -> str:
-        return self._undo[-1].label if self._undo else ""
+        return self.edits.undo_text
 
     @property
     def redo_text(self) -> str:
-        return self._redo[-1].label if self._redo else ""
+        return self.edits.redo_text
 
     def undo(self) -> None:
-        if self._undo:
-            edit = self._undo.pop()
-            self._redo.append(edit)
-            self._edit(edit.before.copy())
+        self.edits.undo()
 
     def redo(self) -> None:
-        if self._redo:
-            edit = self._redo.pop()
-            self._undo.append(edit)
-            self._edit(edit.after.copy())
+        self.edits.redo()
 
     @property
     def dirty(self) -> bool:
-        return self.placement is not None and self.placement != self.saved_placement
+        return self.edits.dirty
 
     # ---- applying ----------------------------------------------------------------------------------------
 
@@ -551,10 +491,8 @@ class WorkbenchState(QObject):
         def failed(exc):
             # The engine kept its previous placement: show that one again, and forget the edits it refused.
             self._applies -= 1
-            while self._undo and self._undo[-1].after != self.applied:
-                self._undo.pop()
-            self._redo.clear()
-            self.placement = self._wanted = self.applied.copy()
+            self.edits.refused_since(self.applied)
+            self._wanted = self.applied.copy()
             if self._applies == 0:
                 self.sigApplyingChanged.emit(False)
             self.sigPlacementChanged.emit()

@@ -162,8 +162,10 @@ def test_bytes_are_counted_once_per_edit_and_a_repeated_hover_is_not_counted_aga
     sim = window.editor.columns["hostsim:0"]
     assert state.used_bytes == {"cpu:0": 2 * LAYER_BYTES, "hostsim:0": 0}
     counted = []
-    real = type(state).bytes_on
-    monkeypatch.setattr(type(state), "bytes_on", lambda self, p: counted.append(p) or real(self, p))
+    real = type(state.edits).bytes_on  # where the window's placement model counts (app/models/placement.py)
+    monkeypatch.setattr(
+        type(state.edits), "bytes_on", lambda self, p, *names: counted.append(p) or real(self, p, *names)
+    )
     sim.bar.repaint()
     sim.bar.text()
     assert counted == []  # painting reads what the last edit counted

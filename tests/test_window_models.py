@@ -1,0 +1,104 @@
+"""The window's Qt-free models (app/models): edited without a window, each refusal a reason and a text."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from app.models.placement import PlacementEdits, Refusal
+from engine.placement import ExpertRoom, Placement
+
+LAYERS, EXPERTS, EXPERT_BYTES = 3, 4, 100  # layer 0 dense
+
+
+def placement(device: str = "cpu:0") -> Placement:
+    return Placement([[None] * EXPERTS] + [[device] * EXPERTS for _ in range(1, LAYERS)])
+
+
+def rooms(gpu_free: int) -> dict[str, ExpertRoom]:
+    return {"cpu:0": ExpertRoom("cpu:0", 1 << 40, 0, 0, unlimited=True), "gpu:0": ExpertRoom("gpu:0", gpu_free, 0, 0)}
+
+
+@pytest.fixture
+def edits():
+    e = PlacementEdits()
+    e.reset(placement(), lambda layer: EXPERT_BYTES, EXPERTS)
+    e.set_rooms(["cpu:0", "gpu:0"], rooms(6 * EXPERT_BYTES))
+    return e
+
+
+def test_a_move_is_undone_and_redone_and_tells_its_listeners(edits):
+    heard = []
+    edits.on("changed", lambda: heard.append(edits.undo_text))
+    assert edits.used_bytes == {"cpu:0": 8 * EXPERT_BYTES, "gpu:0": 0} and not edits.dirty
+    assert edits.move({1: list(range(EXPERTS))}, "gpu:0") == "move layer 1 to gpu:0"
+    assert edits.move({2: [0, 3]}, "gpu:0") == "move 2 experts to gpu:0"
+    assert edits.used_bytes == {"cpu:0": 2 * EXPERT_BYTES, "gpu:0": 6 * EXPERT_BYTES} and edits.dirty
+    assert heard == ["move layer 1 to gpu:0", "move 2 experts to gpu:0"]
+    assert (
+        edits.undo()
+        and edits.placement.owners[2] == ["cpu:0"] * EXPERTS
+        and edits.redo_text == "move 2 experts to gpu:0"
+    )
+    assert edits.undo() and edits.placement == placement() and not edits.dirty and not edits.undo()
+    assert edits.redo() and edits.placement.owners[1] == ["gpu:0"] * EXPERTS
+    edits.move({2: [1]}, "gpu:0")
+    assert edits.redo_text == "" and not edits.redo()  # a new edit drops what undo had kept for redo
+
+
+def test_a_move_past_a_devices_room_is_refused_as_overflow_and_changes_nothing(edits):
+    heard = []
+    edits.on("changed", lambda: heard.append(True))
+    done = edits.move({1: list(range(EXPERTS)), 2: list(range(EXPERTS))}, "gpu:0")  # 8 experts, room for 6
+    assert isinstance(done, Refusal) and done.reason == "overflow" and "gpu:0" in done.text
+    assert edits.placement == placement() and heard == [] and edits.undo_text == ""
+
+
+def test_a_move_of_a_dense_layer_or_to_an_unknown_device_is_an_invalid_move(edits):
+    dense = edits.move({0: [0]}, "gpu:0")
+    assert isinstance(dense, Refusal) and dense.reason == "invalid-move"
+    unknown = edits.move({1: [0]}, "gpu:7")
+    assert isinstance(unknown, Refusal) and unknown.reason == "invalid-move" and "gpu:7" in unknown.text
+
+
+def test_a_replacement_is_refused_by_reason(edits):
+    assert edits.replace(placement()) == Refusal("unchanged", "The placement is already so")
+    foreign = edits.replace(placement("cuda:3"))
+    assert foreign.reason == "unknown-device" and foreign.text.startswith("the placement names cuda:3, which this")
+    assert edits.replace(placement("gpu:0")).reason == "overflow"  # 8 experts, room for 6
+    assert PlacementEdits().replace(placement()) == Refusal("no-model", "No model is loaded")
+    assert PlacementEdits().move({1: [0]}, "gpu:0") == Refusal("no-model", "no model is loaded")
+
+
+def test_the_preview_counts_a_hover_once_and_says_whether_it_fits(edits):
+    seen = []
+    edits.on("preview", lambda: seen.append(edits.preview))
+    assert edits.preview_move({1: [0, 1]}, "gpu:0") and edits.preview_device == "gpu:0"
+    assert edits.preview_move({1: [0, 1]}, "gpu:0") and len(seen) == 1  # the same hover: not counted again
+    assert not edits.preview_move({1: list(range(EXPERTS)), 2: list(range(EXPERTS))}, "gpu:0")
+    assert not edits.preview_ok
+    edits.clear_preview()
+    assert edits.preview is None and edits.preview_ok and len(seen) == 3
+
+
+def test_edits_the_engine_refused_are_forgotten(edits):
+    edits.move({1: [0]}, "gpu:0")
+    applied = edits.placement.copy()
+    edits.move({1: [1]}, "gpu:0")
+    edits.move({1: [2]}, "gpu:0")
+    edits.refused_since(applied)
+    assert edits.placement == applied and edits.undo_text == "move 1 expert to gpu:0" and len(edits.undo_stack) == 1
+
+
+def test_an_unknown_event_is_named():
+    with pytest.raises(ValueError, match="event 'moved': expected one of changed, preview"):
+        PlacementEdits().on("moved", print)
+
+
+def test_the_models_import_no_qt():
+    qt = "('PySide6', 'pyqtgraph')"
+    code = f"import sys, app.models.placement; print(sorted(m for m in sys.modules if m.startswith({qt})))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
