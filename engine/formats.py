@@ -19,9 +19,21 @@ class Format:
     code: int  # eb_dtype in the core
     block: int  # values per block
     block_bytes: int
-    ggml_type: int  # the GGUF file's type code
+    ggml_type: int  # the GGUF file's type code; -1: none
     quantized: bool
     q8_block: int  # the q8 precision's activation block against it; 0: read with f32 activations
+    scale_block: tuple[int, int] = (0, 0)  # rows x cols of one scale of its scale companion; (0, 0): it takes none
+
+    @property
+    def needs_scale(self) -> bool:
+        """Whether its values are multiplied by a scale companion (an F32 tensor beside the weight: one scale per
+        scale_block of values, a grid of ceil(rows / scale rows) x ceil(cols / scale cols))."""
+        return self.scale_block != (0, 0)
+
+    def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, int]:
+        """The shape of the scale companion of a [rows, cols] weight in this format."""
+        (br, bc), (rows, cols) = self.scale_block, shape
+        return -(-rows // br), -(-cols // bc)
 
 
 def _core_formats() -> tuple[Format, ...]:
@@ -30,12 +42,20 @@ def _core_formats() -> tuple[Format, ...]:
     for code in range(lib.eb_format_count()):
         check(lib.eb_format_info(code, desc))
         out.append(Format(ffi.string(desc.name).decode(), desc.dtype, desc.block, desc.block_bytes, desc.ggml_type,
-                          bool(desc.quantized), desc.q8_block))  # fmt: skip
+                          bool(desc.quantized), desc.q8_block, (desc.scale_rows, desc.scale_cols)))  # fmt: skip
     return tuple(out)
 
 
 FORMATS: dict[str, Format] = {f.name: f for f in _core_formats()}
-BY_GGML_TYPE: dict[int, Format] = {f.ggml_type: f for f in FORMATS.values()}
+BY_GGML_TYPE: dict[int, Format] = {f.ggml_type: f for f in FORMATS.values() if f.ggml_type >= 0}
+
+
+def scaled(element: str, block: tuple[int, int]) -> Format | None:
+    """The format that stores `element` values (a safetensors dtype: "F8_E4M3") with a scale companion of `block`
+    (rows x cols) per scale: the core's row named <element>_B<rows> whose scale block is `block`; None where the core
+    has none."""
+    fmt = FORMATS.get(f"{element}_B{block[0]}")
+    return fmt if fmt is not None and fmt.scale_block == tuple(block) else None
 
 
 def get(name: str, where: str = "") -> Format:

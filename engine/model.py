@@ -18,7 +18,15 @@ import numpy as np
 
 from . import formats
 from .checkpoint import Checkpoint, ModelConfig
-from .errors import ArgumentError, EngineError, OutOfMemoryError, RangeError, StateError, UnsupportedError
+from .errors import (
+    ArgumentError,
+    CheckpointError,
+    EngineError,
+    OutOfMemoryError,
+    RangeError,
+    StateError,
+    UnsupportedError,
+)
 from .families import family
 from .native import check, ffi, lib, text
 from .placement import Placement
@@ -288,6 +296,56 @@ class Engine(_Handle):
             self._ptr = ffi.NULL
 
 
+# Safetensors dtypes whose weights are stored with a scale companion '<name>_scale_inv' (DeepSeek-V3/V4's released
+# FP8 checkpoints, transformers' finegrained FP8): read as the core's format for the block of the config's
+# quantization_config (weight_block_size; [128, 128] where it says none).
+SCALED_ELEMENTS = ("F8_E4M3",)
+
+
+def _scaled_formats(checkpoint: Checkpoint, tensors) -> dict[str, int]:
+    """The core's format code of every weight stored as a scaled element (SCALED_ELEMENTS), each checked against its
+    scale companion '<name>_scale_inv': present, F32, of the grid the block makes of the weight. Errors name the
+    tensor, its file and what was expected."""
+    scaled = [t for t in tensors if t.dtype in SCALED_ELEMENTS]
+    if not scaled:
+        return {}
+    where = f"'{checkpoint.folder}'"
+    quant = checkpoint.raw_config.get("quantization_config")
+    quant = quant if isinstance(quant, dict) else {}
+    block = quant.get("weight_block_size", [128, 128])
+    if quant and (quant.get("quant_method") != "fp8" or quant.get("fmt", "e4m3") != "e4m3"):
+        raise UnsupportedError(f"{where}: quantization_config {quant!r:.200} is not supported beside {scaled[0].dtype} "
+                               "weights (expected quant_method 'fp8', fmt 'e4m3')")  # fmt: skip
+    if not (isinstance(block, list) and len(block) == 2 and all(type(v) is int and v > 0 for v in block)):
+        raise UnsupportedError(f"{where}: quantization_config weight_block_size {block!r:.80}, expected two positive "
+                               "integers [rows, cols]")  # fmt: skip
+    codes = {}
+    for t in scaled:
+        fmt = formats.scaled(t.dtype, (block[0], block[1]))
+        if fmt is None:
+            have = [f"{f.name} ({f.scale_block[0]} x {f.scale_block[1]})" for f in formats.FORMATS.values()
+                    if f.needs_scale]  # fmt: skip
+            raise UnsupportedError(f"tensor '{t.name}' in '{t.file}': {t.dtype} in scale blocks of {block[0]} x "
+                                   f"{block[1]} (quantization_config weight_block_size) is not supported (expected "
+                                   f"one of {', '.join(have)})")  # fmt: skip
+        name = f"{t.name}_scale_inv"
+        companion = checkpoint.tensors.get(name)
+        want = fmt.scale_shape(t.shape) if len(t.shape) == 2 else None
+        if want is None:
+            raise CheckpointError(f"tensor '{t.name}' in '{t.file}' is {t.dtype} of shape {list(t.shape)}, expected a "
+                                  "matrix [rows, cols] (a scaled format is for matrices)")  # fmt: skip
+        expected = f"F32 of shape {list(want)}: one scale per block of {block[0]} x {block[1]} of {list(t.shape)}"
+        if companion is None:
+            raise CheckpointError(f"tensor '{t.name}' in '{t.file}' is {t.dtype}, which needs its scale companion "
+                                  f"'{name}' ({expected}); the checkpoint has none")  # fmt: skip
+        if companion.dtype != "F32" or tuple(companion.shape) != want:
+            got = f"{companion.dtype} of shape {list(companion.shape)}"
+            raise CheckpointError(f"tensor '{name}' in '{companion.file}' (the scale companion of '{t.name}') is "
+                                  f"{got}, expected {expected}")  # fmt: skip
+        codes[t.name] = fmt.code
+    return codes
+
+
 class Model(_Handle):
     """A checkpoint bound to an engine: weights mapped or copied into host memory (weights: see WEIGHTS_MODES),
     the primary device chosen. top_k: experts per token to decode with instead of the checkpoint's own
@@ -317,8 +375,9 @@ class Model(_Handle):
         def raw(t) -> bool:
             return t.dtype == "U8" and t.name.endswith(("_blocks", "_scales"))
 
+        codes = _scaled_formats(self.checkpoint, usable)
         for t in usable:
-            if t.dtype not in formats.FORMATS and not raw(t):
+            if t.dtype not in formats.FORMATS and not raw(t) and t.name not in codes:
                 raise UnsupportedError(
                     f"tensor '{t.name}' in '{t.file}' has dtype {t.dtype}, expected one of {', '.join(formats.FORMATS)}"
                 )
@@ -332,7 +391,7 @@ class Model(_Handle):
             names.append(ffi.new("char[]", t.name.encode()))
             d.name = names[-1]
             d.file_index = file_index[t.file]
-            d.dtype = RAW_U8 if raw(t) else formats.FORMATS[t.dtype].code
+            d.dtype = RAW_U8 if raw(t) else codes[t.name] if t.name in codes else formats.FORMATS[t.dtype].code
             d.ndim = len(t.shape)
             for i, s in enumerate(t.shape):
                 d.shape[i] = s

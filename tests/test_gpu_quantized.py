@@ -47,7 +47,8 @@ pytestmark = pytest.mark.gpu
 def test_device_info_reports_every_format(runtime):
     with gpu_engine(runtime) as eng:
         gpu = next(d for d in eng.devices if d.name == f"{runtime}:0")
-        assert set(gpu.formats) == set(formats.FORMATS), gpu.formats
+        # every format but those with a scale companion (F8_E4M3_B128), which have no GPU kernels yet
+        assert set(gpu.formats) == {n for n, f in formats.FORMATS.items() if not f.needs_scale}, gpu.formats
         assert gpu.precisions == ("f32", "q8"), gpu.precisions
 
 

@@ -62,7 +62,7 @@ static void *sweep(void *arg) {
     if (j->kind == 0) {
         int64_t r0 = ROWS * j->id / j->n, r1 = ROWS * (j->id + 1) / j->n;
         for (int64_t m = 0; m < j->n_mat; m++) {
-            eb_cpu_matmul_rows_avx2(j->w + (size_t)m * mat, DTYPE, r0, r1, COLS, j->x, 1, j->y + m * ROWS, ROWS);
+            eb_cpu_matmul_rows_avx2(j->w + (size_t)m * mat, DTYPE, NULL, r0, r1, COLS, j->x, 1, j->y + m * ROWS, ROWS);
             meet(j);
         }
     } else {

@@ -35,6 +35,23 @@ static inline float eb_f16_to_f32(uint16_t h) {
     return eb_bits_to_f32(sign | ((exp + 127 - 15) << 23) | (mant << 13));
 }
 
+static inline uint32_t eb_f32_to_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+/* OCP FP8 E4M3FN (torch.float8_e4m3fn): sign, 4-bit exponent of bias 7, 3-bit mantissa; exponent 0 the subnormals
+ * m * 2^-9; 0x7F and 0xFF NaN (the quiet NaN of that sign); no infinities, the largest magnitude 448. Every value is
+ * exact in f32. The vector kernels compute the same bits (normal values by moving the exponent and mantissa into an
+ * f32's fields and adding 120 to the exponent, subnormals by an exact integer conversion and power-of-two product). */
+static inline float eb_e4m3_to_f32(uint8_t b) {
+    uint32_t sign = (uint32_t)(b & 0x80u) << 24, mag = b & 0x7Fu;
+    if (mag == 0x7Fu) return eb_bits_to_f32(sign | 0x7FC00000u);
+    if (mag < 8u) return eb_bits_to_f32(sign | eb_f32_to_bits((float)mag * 0x1p-9f));
+    return eb_bits_to_f32(sign | ((mag << 20) + (120u << 23)));
+}
+
 static inline float eb_load_f32(const void *p) {
     float f;
     memcpy(&f, p, sizeof f);
@@ -49,6 +66,7 @@ static inline float eb_load_as_f32(const void *base, int dtype, int64_t i) {
     case EB_DTYPE_F32: return eb_load_f32(b + 4 * i);
     case EB_DTYPE_F16: memcpy(&h, b + 2 * i, 2); return eb_f16_to_f32(h);
     case EB_DTYPE_BF16: memcpy(&h, b + 2 * i, 2); return eb_bf16_to_f32(h);
+    case EB_DTYPE_F8_E4M3_B128: return eb_e4m3_to_f32(b[i]); /* before its scale */
     default: return 0.0f;
     }
 }

@@ -33,11 +33,12 @@ typedef struct {
     int32_t ggml_type;
     int32_t quantized;
     int32_t q8_block; /* the q8 precision's activation block against it (0: f32 activations) */
+    int32_t scale_rows, scale_cols; /* the block of one scale of its scale companion (0: it takes none) */
 } eb_format_traits;
 
 /* EB_FORMATS lists the formats in code order, so that the table's index is the code. */
-#define EB_FORMAT_ROW(name, code, block, block_bytes, ggml_type, quantized, q8_block) \
-    {#name, code, block, block_bytes, ggml_type, quantized, q8_block},
+#define EB_FORMAT_ROW(name, code, block, block_bytes, ggml_type, quantized, q8_block, scale_rows, scale_cols) \
+    {#name, code, block, block_bytes, ggml_type, quantized, q8_block, scale_rows, scale_cols},
 static const eb_format_traits eb_format_table[EB_DTYPE_COUNT] = {EB_FORMATS(EB_FORMAT_ROW)};
 #undef EB_FORMAT_ROW
 
@@ -48,16 +49,21 @@ static const eb_format_traits eb_format_table[EB_DTYPE_COUNT] = {EB_FORMATS(EB_F
 #endif
 enum { /* each format's place in the list */
     EB_FORMAT_PLACE_FIRST = -1,
-#define EB_FORMAT_PLACE(name, code, block, block_bytes, ggml_type, quantized, q8_block) EB_FORMAT_PLACE_##name,
+#define EB_FORMAT_PLACE(name, code, block, block_bytes, ggml_type, quantized, q8_block, scale_rows, scale_cols) \
+    EB_FORMAT_PLACE_##name,
     EB_FORMATS(EB_FORMAT_PLACE)
 #undef EB_FORMAT_PLACE
 };
-#define EB_FORMAT_CHECK(name, code, block, block_bytes, ggml_type, quantized, q8_block)                             \
+#define EB_FORMAT_CHECK(name, code, block, block_bytes, ggml_type, quantized, q8_block, scale_rows, scale_cols)     \
     EB_STATIC_ASSERT(EB_FORMAT_PLACE_##name == code, "EB_FORMATS: " #name " is not in code order");              \
     EB_STATIC_ASSERT(block > 0 && block_bytes > 0 && (quantized ? block % EB_CHUNK == 0 : block == 1),           \
                      "EB_FORMATS: " #name ": a quantized format's blocks are whole chunks, a float one's one value"); \
     EB_STATIC_ASSERT(q8_block == 0 || (quantized && q8_block % block == 0),                                     \
-                     "EB_FORMATS: " #name ": a q8 block is a whole number of weight blocks");
+                     "EB_FORMATS: " #name ": a q8 block is a whole number of weight blocks");                     \
+    EB_STATIC_ASSERT((scale_rows == 0) == (scale_cols == 0) && scale_cols % EB_CHUNK == 0 &&                   \
+                         (scale_cols == 0 || (block == 1 && q8_block == 0)),                                    \
+                     "EB_FORMATS: " #name ": a scale companion's blocks are both sides or none, whole chunks wide, "  \
+                     "of a one-value format without integer products");
 EB_FORMATS(EB_FORMAT_CHECK)
 #undef EB_FORMAT_CHECK
 
@@ -73,6 +79,28 @@ static inline const char *eb_dtype_name(int dtype) {
 static inline int eb_dtype_quantized(int dtype) {
     const eb_format_traits *f = eb_format(dtype);
     return f && f->quantized;
+}
+
+/* Whether a format's values are multiplied by a scale companion (EB_FORMATS' scale block). */
+static inline int eb_dtype_scaled(int dtype) {
+    const eb_format_traits *f = eb_format(dtype);
+    return f && f->scale_rows > 0;
+}
+
+/* The scale companion's grid for a weight of rows x cols in a scaled format: ceil(rows / scale_rows) x
+ * ceil(cols / scale_cols) scales, row-major (0 x 0 for a format without). */
+static inline int64_t eb_scale_grid_rows(int dtype, int64_t rows) {
+    const eb_format_traits *f = eb_format(dtype);
+    return f && f->scale_rows ? (rows + f->scale_rows - 1) / f->scale_rows : 0;
+}
+static inline int64_t eb_scale_grid_cols(int dtype, int64_t cols) {
+    const eb_format_traits *f = eb_format(dtype);
+    return f && f->scale_cols ? (cols + f->scale_cols - 1) / f->scale_cols : 0;
+}
+/* The scales of row r of a weight of cols values per row (grid: its scale companion; NULL without one). */
+static inline const float *eb_scale_row(const float *grid, int dtype, int64_t r, int64_t cols) {
+    if (!grid) return NULL;
+    return grid + (size_t)(r / eb_format_table[dtype].scale_rows) * (size_t)eb_scale_grid_cols(dtype, cols);
 }
 
 /* Bytes of one row of cols values; 0 for an unknown format or a row that is not a whole number of blocks. */
@@ -193,13 +221,24 @@ static inline void eb_dequantize_chunk(const void *row, int dtype, int64_t c, fl
     }
 }
 
-/* Values 0 .. n - 1 of a row as f32 (n a whole number of blocks for a quantized format). */
+/* Values 0 .. n - 1 of a row as f32 (n a whole number of blocks for a quantized format). A scaled format's values
+ * before their scales (eb_dequantize_scaled_row gives them with). */
 static inline void eb_dequantize_row(const void *row, int dtype, int64_t n, float *out) {
     if (!eb_dtype_quantized(dtype)) {
         for (int64_t i = 0; i < n; i++) out[i] = eb_load_as_f32(row, dtype, i);
         return;
     }
     for (int64_t c = 0; c < n / EB_CHUNK; c++) eb_dequantize_chunk(row, dtype, c, out + EB_CHUNK * c);
+}
+
+/* A row's values as every kernel computes with them: of a scaled format each value times its block's scale
+ * (scales: the row's scales, eb_scale_row; one f32 product, as DeepSeek's and transformers' dequantization form it),
+ * of any other format eb_dequantize_row's (scales NULL). */
+static inline void eb_dequantize_scaled_row(const void *row, int dtype, const float *scales, int64_t n, float *out) {
+    eb_dequantize_row(row, dtype, n, out);
+    if (!scales || !eb_dtype_scaled(dtype)) return;
+    int64_t sc = eb_format_table[dtype].scale_cols;
+    for (int64_t i = 0; i < n; i++) out[i] = out[i] * scales[i / sc];
 }
 
 #endif

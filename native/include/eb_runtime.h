@@ -16,7 +16,7 @@
 
 #include "expertbench.h"
 
-#define EB_RUNTIME_ABI_VERSION 8u
+#define EB_RUNTIME_ABI_VERSION 9u
 #define EB_RUNTIME_ENTRY "eb_runtime_module"
 
 #if defined(__GNUC__)
@@ -41,6 +41,16 @@ typedef struct {
                                       never the operation reading the precision it has instead) */
 } eb_rt_device_info;
 
+/* A weight's scale companion (a format whose EB_FORMATS row has a scale block): f32 scales, one per block of rows x
+ * cols values of the weight, row-major over its grid of ceil(weight rows / rows) x ceil(weight cols / cols); the value
+ * at (r, c) is the format's value times data[(r / rows) * ceil(weight cols / cols) + c / cols]. In the owner's memory
+ * beside the weight. data NULL (rows = cols = 0): none, as for every format without a scale block. The core binds the
+ * block of the format's row, so a module may read the block from its table instead. */
+typedef struct {
+    const float *data;
+    int32_t rows, cols;
+} eb_rt_scale;
+
 /* One expert's weights on its owner device (device pointers for a GPU). gate/up: inter x hidden,
  * down: hidden x inter, each in its own format (a GGUF Q4_K_M file stores gate and up as Q4_K, down as Q6_K in some
  * layers). bias (gpt-oss; NULL: none): inter gate biases, inter up biases, hidden down biases, f32, each added to its
@@ -50,6 +60,7 @@ typedef struct {
     int32_t gate_dtype, up_dtype, down_dtype;
     int32_t expert_id;
     const float *bias;
+    eb_rt_scale gate_scale, up_scale, down_scale;
 } eb_rt_expert;
 
 /* The experts' activation between the gate/up products and down:
@@ -94,7 +105,7 @@ static inline size_t eb_rt_expert_scratch_bytes(int64_t n_pairs, int64_t hidden,
 }
 
 /* One matrix product of a group run together: y[t][r] = w[r] . x[t] for t < n, r < rows (w: rows of
- * eb_row_bytes(dtype, cols) bytes). */
+ * eb_row_bytes(dtype, cols) bytes, its values times scale's where its format has a scale companion). */
 typedef struct {
     const void *w;
     int32_t dtype;
@@ -103,6 +114,7 @@ typedef struct {
     int64_t n;
     float *y;
     int32_t precision; /* eb_precision: how x meets a quantized w (one the device's info lists) */
+    eb_rt_scale scale;
 } eb_rt_matmul;
 
 /* ---- the forward pass: the primary's operations ----------------------------------------------------------
@@ -195,6 +207,7 @@ typedef struct {
     const float *bias;          /* SIGMOID_GROUP: n_experts, added for the choice only; TOPK_SOFTMAX: to the logits */
     int32_t n_group, topk_group; /* EB_ROUTE_SIGMOID_GROUP */
     float scale;                /* EB_ROUTE_SIGMOID_GROUP: the weights' factor */
+    eb_rt_scale router_scale;   /* the router's scale companion (none: data NULL) */
 } eb_rt_route;
 
 /* Multi-head latent attention (DeepSeek-V3's MLA) of n new rows at positions *pos .. *pos + n - 1 for one layer, in
@@ -206,7 +219,8 @@ typedef struct {
     float *q;                         /* n rows of n_heads * (nope + rope); scratch afterwards */
     float *kv;                        /* n rows of rank + rope: the latent and the rope key before norm and rotation */
     const float *kv_norm;             /* rank: the latent's RMSNorm weight */
-    const void *k_b;                  /* head h's rank rows of nope values start at row h * rank */
+    const void *k_b;                  /* head h's rank rows of nope values start at row h * rank (k_b and v_b are in
+                                         formats without a scale companion: the core dequantizes a scaled kv_b) */
     const void *v_b;                  /* head h's v_dim rows of rank values start at row h * v_b_head_rows */
     int32_t k_b_dtype, v_b_dtype;
     int64_t v_b_head_rows;
@@ -226,9 +240,10 @@ typedef struct {
 typedef struct {
     /* Whether the kernels take a model of this shape: a limit is reported at load, not at the first step. */
     int (*check_model)(void *rt, int dev, const eb_rt_model_shape *shape, char *err, size_t errlen);
-    /* x[t] = row ids[t] of the embedding table (dtype), n rows of hidden */
-    int (*embed)(void *rt, int dev, const void *table, int dtype, int64_t hidden, const int32_t *ids, int64_t n,
-                 float *x, char *err, size_t errlen);
+    /* x[t] = row ids[t] of the embedding table (dtype; its values times scale's where its format has a scale
+     * companion), n rows of hidden */
+    int (*embed)(void *rt, int dev, const void *table, int dtype, const eb_rt_scale *scale, int64_t hidden,
+                 const int32_t *ids, int64_t n, float *x, char *err, size_t errlen);
     /* The products of tasks (y = w x per task); accumulate = 1: y += w x (the product first, then one addition per
      * element). norm (nullable): first xn = RMSNorm(x), and every task's x is norm->xn (a module may fuse them). */
     int (*matmul)(void *rt, int dev, const eb_rt_norm *norm, const eb_rt_matmul *tasks, int n_tasks, int accumulate,

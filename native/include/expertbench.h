@@ -32,26 +32,36 @@ extern "C" {
  * fifth bit), Q6_K (6-bit quants, sixteen int8 scales, f16 scale), MXFP4 (an E8M0 exponent, 32 E2M1 quants), Q5_0 /
  * Q5_1 (f16 scale (Q5_1: and minimum), 32 fifth bits, 4-bit quants; what llama.cpp's quantizer writes for a K-quant's
  * rows that are not whole 256-value blocks, such as DeepSeek's attn_k_b in a Q4_K_M file, and in some files for an
- * expert's gate or up beside a Q8_0 or MXFP4 one; rare and small, they have no integer product). */
-/*      name   code block bytes ggml quantized q8_block */
-#define EB_FORMATS(X)                  \
-    X(F32,   0,   1,   4,   0, 0,   0) \
-    X(F16,   1,   1,   2,   1, 0,   0) \
-    X(BF16,  2,   1,   2,  30, 0,   0) \
-    X(Q8_0,  3,  32,  34,   8, 1,  32) \
-    X(Q4_K,  4, 256, 144,  12, 1, 256) \
-    X(Q5_K,  5, 256, 176,  13, 1, 256) \
-    X(Q6_K,  6, 256, 210,  14, 1, 256) \
-    X(MXFP4, 7,  32,  17,  39, 1,  32) \
-    X(Q5_0,  8,  32,  22,   6, 1,   0) \
-    X(Q5_1,  9,  32,  24,   7, 1,   0)
+ * expert's gate or up beside a Q8_0 or MXFP4 one; rare and small, they have no integer product).
+ *
+ * The last two columns, the scale block (rows x cols; 0 x 0: none), mark a format whose values are multiplied by a
+ * scale companion: a separate f32 tensor of one scale per block of the weight, ceil(rows / scale_rows) x
+ * ceil(cols / scale_cols) of them, which the core binds beside the weight (eb_weight, eb_rt_scale) and every kernel
+ * reads with it. F8_E4M3_B128 is DeepSeek-V3's and V4's released FP8 (transformers' finegrained FP8): one byte per
+ * value in OCP FP8 E4M3FN (sign, 4-bit exponent of bias 7, 3-bit mantissa, subnormals, 0x7F and 0xFF NaN, no
+ * infinities), the value at (r, c) that E4M3 value times scale[r / 128][c / 128], the safetensors file's F8_E4M3
+ * tensor beside its F32 '<name>_scale_inv'. No GGUF type (-1); no integer product. */
+/*           name   code block bytes ggml quantized q8_block scale_rows scale_cols */
+#define EB_FORMATS(X)                               \
+    X(F32,          0,   1,   4,   0, 0,   0,   0,   0) \
+    X(F16,          1,   1,   2,   1, 0,   0,   0,   0) \
+    X(BF16,         2,   1,   2,  30, 0,   0,   0,   0) \
+    X(Q8_0,         3,  32,  34,   8, 1,  32,   0,   0) \
+    X(Q4_K,         4, 256, 144,  12, 1, 256,   0,   0) \
+    X(Q5_K,         5, 256, 176,  13, 1, 256,   0,   0) \
+    X(Q6_K,         6, 256, 210,  14, 1, 256,   0,   0) \
+    X(MXFP4,        7,  32,  17,  39, 1,  32,   0,   0) \
+    X(Q5_0,         8,  32,  22,   6, 1,   0,   0,   0) \
+    X(Q5_1,         9,  32,  24,   7, 1,   0,   0,   0) \
+    X(F8_E4M3_B128, 10,  1,   1,  -1, 0,   0, 128, 128)
 
 /* Outside the cdef, which expands no macros: Python reads the codes through eb_format_info. */
 typedef enum {
-#define EB_FORMAT_CODE(name, code, block, block_bytes, ggml_type, quantized, q8_block) EB_DTYPE_##name = code,
+#define EB_FORMAT_CODE(name, code, block, block_bytes, ggml_type, quantized, q8_block, scale_rows, scale_cols) \
+    EB_DTYPE_##name = code,
     EB_FORMATS(EB_FORMAT_CODE)
 #undef EB_FORMAT_CODE
-#define EB_FORMAT_ONE(name, code, block, block_bytes, ggml_type, quantized, q8_block) +1
+#define EB_FORMAT_ONE(name, code, block, block_bytes, ggml_type, quantized, q8_block, scale_rows, scale_cols) +1
     EB_DTYPE_COUNT = 0 EB_FORMATS(EB_FORMAT_ONE),
 #undef EB_FORMAT_ONE
     EB_DTYPE_U8 = 16 /* not a weight format: bytes of a format's parts stored apart (a Hugging Face MXFP4 checkpoint's
@@ -252,9 +262,11 @@ typedef struct {
     int32_t dtype;       /* eb_dtype: the code */
     int32_t block;       /* values per block (1: a float format) */
     int32_t block_bytes; /* bytes per block */
-    int32_t ggml_type;   /* the GGUF file's type code */
+    int32_t ggml_type;   /* the GGUF file's type code; -1: none */
     int32_t quantized;
     int32_t q8_block;    /* the q8 precision's activation block against it; 0: read with f32 activations */
+    int32_t scale_rows;  /* the block of one scale of its scale companion (rows x cols); 0 x 0: it takes none */
+    int32_t scale_cols;
 } eb_format_desc;
 
 typedef struct {
@@ -280,7 +292,8 @@ uint64_t eb_format_row_bytes(int32_t dtype, int64_t cols);
 /* The formats: codes 0 .. eb_format_count() - 1, each described by eb_format_info (EB_ERR_RANGE past the last). */
 int32_t eb_format_count(void);
 int eb_format_info(int32_t dtype, eb_format_desc *out);
-/* n values (a whole number of blocks) of a row in a weight format, as f32: the values every kernel computes with. */
+/* n values (a whole number of blocks) of a row in a weight format, as f32: the values every kernel computes with (of a
+ * format with a scale companion, the values before their scales: each is then multiplied by its block's scale). */
 int eb_dequantize(int32_t dtype, const void *src, uint64_t src_bytes, int64_t n, float *out);
 const char *eb_status_name(int status);
 uint32_t eb_runtime_abi_version(void); /* the runtime-module ABI this core loads */

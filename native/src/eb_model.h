@@ -13,6 +13,7 @@ typedef struct {
     int dtype;
     int64_t rows;
     int64_t cols;
+    eb_rt_scale scale; /* its scale companion where its format has one (EB_FORMATS), in the same memory as data */
 } eb_weight;
 
 /* Device allocations are carved into pieces aligned to this many bytes (what GPU vector loads need). */
@@ -23,9 +24,23 @@ static inline uint64_t eb_weight_bytes(const eb_weight *w) {
     return (uint64_t)w->rows * eb_row_bytes(w->dtype, w->cols);
 }
 
+/* Bytes of a weight's scale companion (0 without). */
+static inline uint64_t eb_scale_bytes(const eb_weight *w) {
+    if (!w->scale.data || w->scale.rows <= 0 || w->scale.cols <= 0) return 0;
+    uint64_t gr = (uint64_t)((w->rows + w->scale.rows - 1) / w->scale.rows);
+    return gr * (uint64_t)((w->cols + w->scale.cols - 1) / w->scale.cols) * sizeof(float);
+}
+
+/* Row r of a weight as f32, its scales applied: the values its products compute with. */
+static inline void eb_weight_row_f32(const eb_weight *w, int64_t r, float *out) {
+    const unsigned char *row = (const unsigned char *)w->data + (size_t)r * eb_row_bytes(w->dtype, w->cols);
+    eb_dequantize_scaled_row(row, w->dtype, eb_scale_row(w->scale.data, w->dtype, r, w->cols), w->cols, out);
+}
+
 typedef struct {
     eb_weight gate, up, down; /* where the owner reads them: the mapped file, or the owner's copy */
     const void *host_gate, *host_up, *host_down; /* always the mapped file (or the model's packed copy) */
+    const float *host_scale[3]; /* gate's, up's and down's scale companions there (NULL: none) */
     const float *bias, *host_bias; /* gpt-oss: gate, up and down biases (eb_rt_expert), where the owner reads them and
                                       in host memory; NULL without */
     void *dev_mem;            /* the owner's copy (gate | up | down | bias), NULL when it reads the host's */
@@ -38,10 +53,18 @@ static inline eb_rt_act eb_model_act(const eb_model_config *c) {
     return (eb_rt_act){EB_ACT_SILU, 0.0f, 0.0f};
 }
 
-/* An expert's bytes: its weights and biases. */
+/* An expert's bytes: its weights, their scale companions and its biases. */
 static inline uint64_t eb_expert_bytes(const eb_expert *x) {
     uint64_t bias = x->host_bias || x->bias ? (uint64_t)(2 * x->gate.rows + x->down.rows) * sizeof(float) : 0;
-    return eb_weight_bytes(&x->gate) + eb_weight_bytes(&x->up) + eb_weight_bytes(&x->down) + bias;
+    return eb_weight_bytes(&x->gate) + eb_weight_bytes(&x->up) + eb_weight_bytes(&x->down) + eb_scale_bytes(&x->gate) +
+           eb_scale_bytes(&x->up) + eb_scale_bytes(&x->down) + bias;
+}
+
+/* An expert as its owner's kernels take it (gate NULL: another device owns it). */
+static inline eb_rt_expert eb_rt_expert_of(const eb_expert *x, int e, int own) {
+    return (eb_rt_expert){own ? x->gate.data : NULL, own ? x->up.data : NULL, own ? x->down.data : NULL,
+                          x->gate.dtype, x->up.dtype, x->down.dtype, e, own ? x->bias : NULL,
+                          x->gate.scale, x->up.scale, x->down.scale};
 }
 
 typedef struct {
@@ -58,6 +81,7 @@ typedef struct {
     float *q_a_norm, *kv_a_norm;
     int64_t v_b_head_rows;
     void *k_b_owned;          /* k_b transposed from kv_b_proj at load, or NULL (a file's split k_b is read in place) */
+    void *v_b_owned;          /* v_b from a kv_b_proj in a scaled format, dequantized at load, or NULL */
     float *router_bias;       /* grouped sigmoid routing: the correction bias */
     eb_weight sh_gate, sh_up, sh_down; /* the shared experts, as one FFN (MoE layers) */
     float *sinks;             /* gpt-oss: one attention-sink logit per head */
@@ -130,6 +154,8 @@ struct eb_model {
     const struct eb_family *family;       /* the model family's forward pass */
     _Atomic int changed_file;             /* a mapped file changed under the model: its index + 1 (mapping.c) */
     int routing_off;                      /* evaluation does not count routing (eb_model_set_routing_counting) */
+    float **scale_copies;                 /* scale companions copied at load from where a file holds them unaligned */
+    int n_scale_copies;
 };
 
 /* A staging arena: host memory (pinned where the owner's runtime can) and device memory, grown on demand. */

@@ -91,14 +91,14 @@ int eb_block_embed(eb_step *s) {
     const eb_dev_primary *dp = s->m->dp;
     eb_dev_context *dc = s->c->dc;
     uint64_t t0 = trace_now(s->c);
-    OP(s, s->ops->embed(s->rt, s->dev, dp->embed.data, dp->embed.dtype, s->m->cfg.hidden_size, dc->ids + 1, s->n,
-                        dc->x, s->err, sizeof s->err));
+    OP(s, s->ops->embed(s->rt, s->dev, dp->embed.data, dp->embed.dtype, &dp->embed.scale, s->m->cfg.hidden_size,
+                        dc->ids + 1, s->n, dc->x, s->err, sizeof s->err));
     if (!s->replaying) span(s->c, s->m->primary, -1, EB_SPAN_EMBED, s->n, t0, trace_now(s->c));
     return EB_OK;
 }
 
 static eb_rt_matmul product(const eb_step *s, const eb_weight *w, const float *x, int64_t n, float *y) {
-    return (eb_rt_matmul){w->data, w->dtype, w->rows, w->cols, x, n, y, s->c->precision};
+    return (eb_rt_matmul){w->data, w->dtype, w->rows, w->cols, x, n, y, s->c->precision, w->scale};
 }
 
 int eb_block_attention(eb_step *s, int l) {
@@ -296,7 +296,7 @@ int eb_block_moe(eb_step *s, int l) {
     eb_rt_route r = {post,       D->router.data, D->router.dtype, (int32_t)E,  (int32_t)K,
                      scoring,    cf->norm_topk_prob, dc->router,
                      dc->topk_id, dc->topk_w, m->routing_off ? NULL : dp->hits + (size_t)l * (size_t)E,
-                     D->router_bias, cf->n_group, cf->topk_group, (float)cf->routed_scaling_factor};
+                     D->router_bias, cf->n_group, cf->topk_group, (float)cf->routed_scaling_factor, D->router.scale};
     OP(s, s->ops->route(s->rt, s->dev, &r, s->err, sizeof s->err));
     /* the tokens routed, with the hits the operation adds: a step that fails further on keeps both (one step
      * recorded or replayed counts them when it has run, eb_eval_batch) */

@@ -153,6 +153,64 @@ static const eb_tensor_desc *find_tensor(const eb_binder *b, const char *name) {
     return hit ? *hit : NULL;
 }
 
+/* A weight's scale companion: the tensor '<name>_scale_inv' (the name DeepSeek's and transformers' FP8 checkpoints
+ * give it), F32 of the grid its format's scale block makes of the weight. A weight of a scaled format is refused
+ * without it (or as a vector, which no family stores so), and a companion beside a weight whose format takes none. */
+static int bind_scale(const eb_binder *b, const eb_tensor_desc *t, eb_weight *w) {
+    char name[320];
+    snprintf(name, sizeof name, "%s_scale_inv", t->name);
+    const eb_tensor_desc *s = find_tensor(b, name);
+    const eb_format_traits *f = eb_format(w->dtype);
+    const char *file = b->m->files[t->file_index].path;
+    if (!f->scale_rows) {
+        if (s)
+            return eb_fail(EB_ERR_FORMAT, "tensor '%s' in '%s' is a scale companion of '%s', which is stored as %s and "
+                                          "takes none (expected no '%s' beside a weight of a format without a scale "
+                                          "block)", name, b->m->files[s->file_index].path, t->name, f->name, name);
+        return EB_OK;
+    }
+    int64_t gr = eb_scale_grid_rows(w->dtype, w->rows), gc = eb_scale_grid_cols(w->dtype, w->cols);
+    if (t->ndim != 2)
+        return eb_fail(EB_ERR_FORMAT, "tensor '%s' in '%s' is a vector stored as %s, expected F32, F16 or BF16 (a "
+                                      "scaled format is for matrices)", t->name, file, f->name);
+    if (!s)
+        return eb_fail(EB_ERR_FORMAT, "tensor '%s' in '%s' is stored as %s, which needs its scale companion '%s' (F32 "
+                                      "of shape [%lld, %lld]: one scale per block of %d x %d values); the checkpoint "
+                                      "has none", t->name, file, f->name, name, (long long)gr, (long long)gc,
+                       f->scale_rows, f->scale_cols);
+    if (s->dtype != EB_DTYPE_F32 || s->ndim != 2 || s->shape[0] != gr || s->shape[1] != gc) {
+        char got[96] = "";
+        int off = 0;
+        for (int i = 0; i < s->ndim && i < 4; i++)
+            off += snprintf(got + off, sizeof got - (size_t)off, "%s%lld", i ? ", " : "", (long long)s->shape[i]);
+        return eb_fail(EB_ERR_FORMAT, "tensor '%s' in '%s' (the scale companion of '%s', [%lld, %lld] in %s) is %s of "
+                                      "shape [%s], expected F32 of shape [%lld, %lld] (one scale per block of %d x %d "
+                                      "values)", name, b->m->files[s->file_index].path, t->name, (long long)w->rows,
+                       (long long)w->cols, f->name, s->dtype == EB_DTYPE_U8 ? "U8" : eb_dtype_name(s->dtype), got,
+                       (long long)gr, (long long)gc, f->scale_rows, f->scale_cols);
+    }
+    const unsigned char *at = (const unsigned char *)b->m->files[s->file_index].addr + s->offset;
+    const float *grid = NULL;
+    if ((uintptr_t)at % _Alignof(float) == 0) {
+        grid = (const float *)(const void *)at;
+    } else { /* a file may hold it at any offset: the kernels read it as floats, so an aligned copy */
+        eb_model *m = b->m;
+        float **list = realloc(m->scale_copies, (size_t)(m->n_scale_copies + 1) * sizeof *list);
+        float *copy = malloc((size_t)s->nbytes);
+        if (list) m->scale_copies = list;
+        if (!list || !copy) {
+            free(copy);
+            return eb_fail(EB_ERR_MEMORY, "out of memory for tensor '%s'", name);
+        }
+        memcpy(copy, at, (size_t)s->nbytes);
+        m->scale_copies[m->n_scale_copies++] = copy;
+        grid = copy;
+    }
+    w->scale = (eb_rt_scale){grid, f->scale_rows, f->scale_cols};
+    b->m->info.weight_bytes += s->nbytes;
+    return EB_OK;
+}
+
 int eb_bind(const eb_binder *b, const char *name, int64_t d0, int64_t d1, eb_weight *out) {
     const eb_tensor_desc *t = find_tensor(b, name);
     if (!t) return eb_fail(EB_ERR_FORMAT, "tensor '%s' is missing from the checkpoint", name);
@@ -172,10 +230,10 @@ int eb_bind(const eb_binder *b, const char *name, int64_t d0, int64_t d1, eb_wei
     if (t->dtype == EB_DTYPE_U8)
         return eb_fail(EB_ERR_FORMAT, "tensor '%s' in '%s' holds raw bytes (U8), expected a weight format", name,
                        b->m->files[t->file_index].path);
-    out->data = (const unsigned char *)b->m->files[t->file_index].addr + t->offset;
-    out->dtype = t->dtype;
-    out->rows = d0;
-    out->cols = ndim == 2 ? d1 : 1;
+    *out = (eb_weight){(const unsigned char *)b->m->files[t->file_index].addr + t->offset, t->dtype, d0,
+                       ndim == 2 ? d1 : 1, {NULL, 0, 0}};
+    int st = bind_scale(b, t, out);
+    if (st) return st;
     b->m->info.weight_bytes += t->nbytes;
     return EB_OK;
 }
@@ -591,6 +649,7 @@ void eb_model_release(eb_model *m) {
             free(L->kv_a_norm);
             free(L->router_bias);
             free(L->k_b_owned);
+            free(L->v_b_owned);
             free(L->sinks);
             free(L->experts_owned);
             free(L->expert_bias);
@@ -600,6 +659,8 @@ void eb_model_release(eb_model *m) {
     }
     free(m->final_norm);
     free(m->route_tokens);
+    for (int i = 0; i < m->n_scale_copies; i++) free(m->scale_copies[i]);
+    free(m->scale_copies);
     for (int i = 0; i < m->n_files; i++) {
         eb_mapping_unregister(&m->files[i]);
         if (m->files[i].addr) munmap(m->files[i].addr, m->files[i].map_bytes);
@@ -680,23 +741,26 @@ static int check_primary_formats(const eb_model *m) {
     return EB_OK;
 }
 
+/* A weight's bytes with its scale companion's: what a product reads. */
+static uint64_t read_bytes(const eb_weight *w) { return eb_weight_bytes(w) + eb_scale_bytes(w); }
+
 static void compute_bytes_per_token(eb_model *m) {
     const eb_model_config *c = &m->cfg;
-    uint64_t total = eb_row_bytes(m->embed.dtype, c->hidden_size) + eb_weight_bytes(&m->lm_head);
+    uint64_t total = eb_row_bytes(m->embed.dtype, c->hidden_size) + read_bytes(&m->lm_head);
     eb_dims d = eb_model_dims(c);
     for (int l = 0; l < c->num_layers; l++) {
         const eb_layer *L = &m->layers[l];
         const eb_weight *attn[] = {&L->q, &L->k, &L->v, &L->o, &L->q_a, &L->q_b, &L->kv_a, &L->k_b};
-        for (size_t i = 0; i < sizeof attn / sizeof *attn; i++) total += eb_weight_bytes(attn[i]);
+        for (size_t i = 0; i < sizeof attn / sizeof *attn; i++) total += read_bytes(attn[i]);
         if (L->v_b.data) /* each head's value rows (in kv_b_proj they alternate with the key rows) */
             total += (uint64_t)c->num_heads * (uint64_t)c->v_head_dim * eb_row_bytes(L->v_b.dtype, c->kv_lora_rank);
         if (L->is_moe) {
-            uint64_t shared = eb_weight_bytes(&L->sh_gate) + eb_weight_bytes(&L->sh_up) + eb_weight_bytes(&L->sh_down);
-            total += eb_weight_bytes(&L->router) + shared;
+            uint64_t shared = read_bytes(&L->sh_gate) + read_bytes(&L->sh_up) + read_bytes(&L->sh_down);
+            total += read_bytes(&L->router) + shared;
             m->info.shared_expert_bytes += shared;
             total += (uint64_t)c->top_k * eb_expert_bytes(&L->experts[0]);
         } else {
-            total += eb_weight_bytes(&L->gate) + eb_weight_bytes(&L->up) + eb_weight_bytes(&L->down);
+            total += read_bytes(&L->gate) + read_bytes(&L->up) + read_bytes(&L->down);
         }
     }
     m->info.bytes_per_token = total;
@@ -826,6 +890,9 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
             x->host_up = x->up.data;
             x->host_down = x->down.data;
             x->host_bias = x->bias;
+            x->host_scale[0] = x->gate.scale.data;
+            x->host_scale[1] = x->up.scale.data;
+            x->host_scale[2] = x->down.scale.data;
             x->owner = m->expert_home;
             m->info.expert_bytes += eb_expert_bytes(x);
         }
@@ -872,6 +939,8 @@ int eb_format_info(int32_t dtype, eb_format_desc *out) {
     out->ggml_type = f->ggml_type;
     out->quantized = f->quantized;
     out->q8_block = f->q8_block;
+    out->scale_rows = f->scale_rows;
+    out->scale_cols = f->scale_cols;
     return EB_OK;
 }
 

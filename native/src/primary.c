@@ -47,9 +47,12 @@ static void *place(layout *a, const void *src, size_t bytes) {
     return dst;
 }
 
+/* A weight and its scale companion, each its own piece of the allocation. */
 static eb_weight place_weight(layout *a, const eb_weight *w) {
     eb_weight out = *w;
-    if (!a->in_place) out.data = w->data ? place(a, w->data, (size_t)eb_weight_bytes(w)) : NULL;
+    if (a->in_place) return out;
+    out.data = w->data ? place(a, w->data, (size_t)eb_weight_bytes(w)) : NULL;
+    if (w->data && w->scale.data) out.scale.data = place(a, w->scale.data, (size_t)eb_scale_bytes(w));
     return out;
 }
 
@@ -150,8 +153,7 @@ int eb_primary_refresh(eb_model *m) {
             const eb_expert *x = &L->experts[e];
             int own = x->owner == m->primary;
             D->n_foreign += !own;
-            table[e] = (eb_rt_expert){own ? x->gate.data : NULL, own ? x->up.data : NULL, own ? x->down.data : NULL,
-                                      x->gate.dtype, x->up.dtype, x->down.dtype, e, own ? x->bias : NULL};
+            table[e] = eb_rt_expert_of(x, e, own);
         }
         if ((st = p.r->table->copy_to_device(p.r->rt, p.local, D->experts, table,
                                              (size_t)cf->num_experts * sizeof *table, 0, err, sizeof err)))

@@ -24,9 +24,11 @@ static uint64_t bias_bytes(const eb_expert *e) {
     return e->host_bias ? (uint64_t)(2 * e->gate.rows + e->down.rows) * sizeof(float) : 0;
 }
 
+/* An owner's copy of an expert: gate | up | down | bias | gate's, up's and down's scale companions, each aligned. */
 static uint64_t expert_copy_bytes(const eb_expert *e) {
     return eb_align(eb_weight_bytes(&e->gate)) + eb_align(eb_weight_bytes(&e->up)) + eb_align(eb_weight_bytes(&e->down)) +
-           eb_align(bias_bytes(e));
+           eb_align(bias_bytes(e)) + eb_align(eb_scale_bytes(&e->gate)) + eb_align(eb_scale_bytes(&e->up)) +
+           eb_align(eb_scale_bytes(&e->down));
 }
 
 /* ---- placement --------------------------------------------------------------------------------------- */
@@ -96,6 +98,9 @@ static void point_at_host(eb_expert *x) {
     x->up.data = x->host_up;
     x->down.data = x->host_down;
     x->bias = x->host_bias;
+    x->gate.scale.data = x->host_scale[0];
+    x->up.scale.data = x->host_scale[1];
+    x->down.scale.data = x->host_scale[2];
 }
 
 static void point_at_copy(eb_expert *x, void *mem) {
@@ -105,6 +110,13 @@ static void point_at_copy(eb_expert *x, void *mem) {
     x->down.data = p + eb_align(eb_weight_bytes(&x->gate)) + eb_align(eb_weight_bytes(&x->up));
     x->bias = x->host_bias ? (const float *)((const unsigned char *)x->down.data + eb_align(eb_weight_bytes(&x->down)))
                            : NULL;
+    p = (unsigned char *)x->down.data + eb_align(eb_weight_bytes(&x->down)) + eb_align(bias_bytes(x));
+    eb_weight *w[3] = {&x->gate, &x->up, &x->down};
+    for (int k = 0; k < 3; k++) {
+        uint64_t bytes = eb_scale_bytes(w[k]);
+        w[k]->scale.data = x->host_scale[k] ? (const float *)p : NULL;
+        p += eb_align(bytes);
+    }
 }
 
 static void refresh_weight_counters(eb_model *m) {
@@ -166,12 +178,16 @@ int eb_model_set_placement(eb_model *m, const int32_t *owners, int64_t n) {
             fresh[l * E + e] = mem;
             eb_expert tmp = *x;
             point_at_copy(&tmp, mem);
-            const void *src[4] = {x->host_gate, x->host_up, x->host_down, x->host_bias};
-            void *dst[4] = {(void *)tmp.gate.data, (void *)tmp.up.data, (void *)tmp.down.data, (void *)tmp.bias};
-            uint64_t sz[4] = {eb_weight_bytes(&x->gate), eb_weight_bytes(&x->up), eb_weight_bytes(&x->down),
-                              bias_bytes(x)};
-            for (int k = 0; k < 4 && st == EB_OK && sz[k]; k++)
-                if ((st = r->table->copy_to_device(r->rt, local, dst[k], src[k], sz[k], 0, err, sizeof err)) != 0)
+            const void *src[7] = {x->host_gate,     x->host_up,       x->host_down,    x->host_bias,
+                                  x->host_scale[0], x->host_scale[1], x->host_scale[2]};
+            void *dst[7] = {(void *)tmp.gate.data,       (void *)tmp.up.data,       (void *)tmp.down.data,
+                            (void *)tmp.bias,            (void *)tmp.gate.scale.data, (void *)tmp.up.scale.data,
+                            (void *)tmp.down.scale.data};
+            uint64_t sz[7] = {eb_weight_bytes(&x->gate), eb_weight_bytes(&x->up),     eb_weight_bytes(&x->down),
+                              bias_bytes(x),             eb_scale_bytes(&x->gate),    eb_scale_bytes(&x->up),
+                              eb_scale_bytes(&x->down)};
+            for (int k = 0; k < 7 && st == EB_OK; k++)
+                if (sz[k] && (st = r->table->copy_to_device(r->rt, local, dst[k], src[k], sz[k], 0, err, sizeof err)) != 0)
                     st = eb_fail(st, "placement: uploading expert %lld of layer %d to %s: %s", (long long)e, l,
                                  eng->devices[o].name, err);
         }
@@ -467,8 +483,7 @@ static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int 
             c->pair_slot[slot] = i;
         }
         if (p == first) continue;
-        c->plan_experts[ne] = (eb_rt_expert){x->gate.data, x->up.data,   x->down.data, x->gate.dtype,
-                                              x->up.dtype,  x->down.dtype, e,          x->bias};
+        c->plan_experts[ne] = eb_rt_expert_of(x, e, 1);
         c->plan_start[ne] = (int32_t)first;
         ne++;
     }

@@ -89,23 +89,84 @@ static void add(builder *b, const char *name, int dtype, int64_t d0, int64_t d1,
     b->n++;
 }
 
-static void write_model(const char *path, eb_model_config *cfg, builder *b, int32_t *mlp_only) {
+/* An E4M3FN code's value from its definition (ldexp of the integer significand), NaN for 0x7F / 0xFF: computed here
+ * apart from the core's bit moves. */
+static float e4m3_reference(unsigned code) {
+    unsigned e = (code >> 3) & 15, m = code & 7;
+    if ((code & 0x7F) == 0x7F) return NAN;
+    double v = e ? ldexp(8.0 + m, (int)e - 10) : ldexp((double)m, -9);
+    return (float)(code & 0x80 ? -v : v);
+}
+
+/* A random E4M3 code of magnitude below 2 (no NaN), for the small model's weights. */
+static unsigned char small_e4m3(builder *b) {
+    b->seed = b->seed * 1664525u + 1013904223u;
+    unsigned code = (b->seed >> 11) & 0xBF; /* exponent at most 7: |value| < 2 */
+    return (unsigned char)code;
+}
+
+/* A weight in F8_E4M3_B128 with its scale companion '<name>_scale_inv' (as_f32: the same weight dequantized, one F32
+ * tensor, the same random draws). */
+static void add_scaled(builder *b, const char *name, int64_t d0, int64_t d1, int as_f32) {
+    int64_t gr = (d0 + 127) / 128, gc = (d1 + 127) / 128;
+    float grid[64];
+    unsigned char *codes = malloc((size_t)(d0 * d1));
+    for (int64_t i = 0; i < gr * gc; i++) grid[i] = 0.05f + 0.1f * (rnd(b) + 0.2f);
+    for (int64_t i = 0; i < d0 * d1; i++) codes[i] = small_e4m3(b);
+    eb_tensor_desc *t = &b->d[b->n];
+    snprintf(b->names[b->n], sizeof b->names[0], "%s", name);
+    *t = (eb_tensor_desc){.name = b->names[b->n], .dtype = as_f32 ? EB_DTYPE_F32 : EB_DTYPE_F8_E4M3_B128, .ndim = 2,
+                          .shape = {d0, d1}, .offset = b->offset};
+    if (as_f32) {
+        for (int64_t i = 0; i < d0 * d1; i++) {
+            float v = e4m3_reference(codes[i]) * grid[(i / d1 / 128) * gc + (i % d1) / 128];
+            fwrite(&v, 4, 1, b->f);
+        }
+        t->nbytes = (uint64_t)(d0 * d1) * 4;
+    } else {
+        fwrite(codes, 1, (size_t)(d0 * d1), b->f);
+        t->nbytes = (uint64_t)(d0 * d1);
+    }
+    b->offset += t->nbytes;
+    b->n++;
+    free(codes);
+    if (as_f32) return;
+    eb_tensor_desc *s = &b->d[b->n];
+    snprintf(b->names[b->n], sizeof b->names[0], "%s_scale_inv", name);
+    *s = (eb_tensor_desc){.name = b->names[b->n], .dtype = EB_DTYPE_F32, .ndim = 2, .shape = {gr, gc},
+                          .offset = b->offset, .nbytes = (uint64_t)(gr * gc) * 4};
+    fwrite(grid, 4, (size_t)(gr * gc), b->f);
+    b->offset += s->nbytes;
+    b->n++;
+}
+
+/* A matrix of the test model: in its dtype, or (mode SCALED_FP8 / SCALED_AS_F32, and `scaled`) in F8_E4M3_B128 with
+ * its scale companion / the same weight dequantized to F32. */
+enum { PLAIN = 0, SCALED_FP8 = 1, SCALED_AS_F32 = 2 };
+static void matrix(builder *b, const char *name, int dtype, int64_t d0, int64_t d1, int mode, int scaled) {
+    if (mode != PLAIN && scaled) add_scaled(b, name, d0, d1, mode == SCALED_AS_F32);
+    else add(b, name, dtype, d0, d1, 0);
+}
+
+/* The test model; mode (matrix): its lm_head, q, k, o, dense FFN and experts 1 and 3 scaled, or not. */
+static void write_model(const char *path, eb_model_config *cfg, builder *b, int32_t *mlp_only, int mode) {
     memset(b, 0, sizeof *b);
     b->seed = 12345;
     b->f = fopen(path, "wb");
     char n[96];
     add(b, "model.embed_tokens.weight", EB_DTYPE_BF16, V, H, 0);
     add(b, "model.norm.weight", EB_DTYPE_F32, H, 0, 1);
-    add(b, "lm_head.weight", EB_DTYPE_F16, V, H, 0);
+    matrix(b, "lm_head.weight", EB_DTYPE_F16, V, H, mode, 1);
     for (int l = 0; l < L; l++) {
         int wt = l == 0 ? EB_DTYPE_BF16 : EB_DTYPE_F32;
 #define ADD(fmt, ...) (snprintf(n, sizeof n, "model.layers.%d." fmt, l), add(b, n, __VA_ARGS__))
+#define MATRIX(fmt, ...) (snprintf(n, sizeof n, "model.layers.%d." fmt, l), matrix(b, n, __VA_ARGS__))
         ADD("input_layernorm.weight", EB_DTYPE_BF16, H, 0, 1);
         ADD("post_attention_layernorm.weight", EB_DTYPE_F32, H, 0, 1);
-        ADD("self_attn.q_proj.weight", wt, NH * HD, H, 0);
-        ADD("self_attn.k_proj.weight", wt, NKV * HD, H, 0);
+        MATRIX("self_attn.q_proj.weight", wt, NH * HD, H, mode, 1);
+        MATRIX("self_attn.k_proj.weight", wt, NKV * HD, H, mode, 1);
         ADD("self_attn.v_proj.weight", wt, NKV * HD, H, 0);
-        ADD("self_attn.o_proj.weight", wt, H, NH * HD, 0);
+        MATRIX("self_attn.o_proj.weight", wt, H, NH * HD, mode, 1);
         ADD("self_attn.q_norm.weight", EB_DTYPE_F32, HD, 0, 1);
         ADD("self_attn.k_norm.weight", EB_DTYPE_F32, HD, 0, 1);
         if (l == 0) {
@@ -113,18 +174,19 @@ static void write_model(const char *path, eb_model_config *cfg, builder *b, int3
             for (int e = 0; e < E; e++) {
                 int et = e % 3 == 0 ? EB_DTYPE_BF16 : (e % 3 == 1 ? EB_DTYPE_F16 : EB_DTYPE_F32);
                 snprintf(n, sizeof n, "model.layers.0.mlp.experts.%d.gate_proj.weight", e);
-                add(b, n, et, IM, H, 0);
+                matrix(b, n, et, IM, H, mode, e % 2);
                 snprintf(n, sizeof n, "model.layers.0.mlp.experts.%d.up_proj.weight", e);
-                add(b, n, et, IM, H, 0);
+                matrix(b, n, et, IM, H, mode, e % 2);
                 snprintf(n, sizeof n, "model.layers.0.mlp.experts.%d.down_proj.weight", e);
-                add(b, n, et, H, IM, 0);
+                matrix(b, n, et, H, IM, mode, e % 2);
             }
         } else {
-            ADD("mlp.gate_proj.weight", wt, ID, H, 0);
-            ADD("mlp.up_proj.weight", wt, ID, H, 0);
-            ADD("mlp.down_proj.weight", wt, H, ID, 0);
+            MATRIX("mlp.gate_proj.weight", wt, ID, H, mode, 1);
+            MATRIX("mlp.up_proj.weight", wt, ID, H, mode, 1);
+            MATRIX("mlp.down_proj.weight", wt, H, ID, mode, 1);
         }
 #undef ADD
+#undef MATRIX
     }
     fclose(b->f);
     b->f = NULL;
@@ -379,6 +441,15 @@ static void expect_load_error(const char *module, const char *file, const eb_mod
     CHECK(strstr(eb_last_error(), needle) != NULL, "%s: message lacks '%s'", what, needle);
     eb_model_free(m);
     eb_engine_destroy(e);
+}
+
+/* A load refused with EB_ERR_FORMAT whose message holds the tensor's name followed by `at`, and what was expected. */
+static void expect_refusal(const char *module, const char *file, const eb_model_config *cfg, builder *b,
+                           const char *tensor, const char *at, const char *expected) {
+    char names[256];
+    snprintf(names, sizeof names, "%s%s", tensor, at);
+    expect_load_error(module, file, cfg, b, EB_ERR_FORMAT, names, tensor);
+    expect_load_error(module, file, cfg, b, EB_ERR_FORMAT, expected, tensor);
 }
 
 static void test_bad_checkpoints(const char *module, const char *file, eb_model_config *cfg, builder *b) {
@@ -727,6 +798,7 @@ static void fill_weights(unsigned char *w, int dt, int rows, int cols, unsigned 
         case EB_DTYPE_Q5_K: memcpy(b, &h, 2), memcpy(b + 2, &h2, 2); break;
         case EB_DTYPE_Q6_K: memcpy(b + 208, &h, 2); break;
         case EB_DTYPE_MXFP4: b[0] = (unsigned char)(100 + *seed % 51); break;
+        case EB_DTYPE_F8_E4M3_B128: b[0] = (b[0] & 0x7F) == 0x7F ? b[0] ^ 1 : b[0]; break; /* no NaN */
         default: break;
         }
     }
@@ -782,6 +854,7 @@ static void test_kernels(const char *module) {
     enum { MAXN = 7 };
     static const int rows_list[] = {1, 3, 4, 5, 9, 37, 130, 1030}, cols_float[] = {7, 64, 100};
     static const int cols_quant[] = {256, 512, 96};
+    static const int cols_scaled[] = {7, 200, 300}; /* in scale blocks of 128: within one, partial, several */
     unsigned seed = 7;
     for (int threads = 1; threads <= 3; threads++)
         for (int kernels = 0; kernels < EB_CPU_KERNELS_COUNT; kernels++) {
@@ -795,8 +868,16 @@ static void test_kernels(const char *module) {
                         int quant = eb_dtype_quantized(dt);
                         if (quant && ci == 2 && eb_format(dt)->block != 32) continue;
                         if (quant && threads == 2 && rows_list[ri] > 130) continue; /* enough of the long ones */
-                        int rows = rows_list[ri], cols = quant ? cols_quant[ci] : cols_float[ci];
+                        int scaled = eb_dtype_scaled(dt);
+                        int rows = rows_list[ri], cols = quant ? cols_quant[ci] : scaled ? cols_scaled[ci] : cols_float[ci];
                         size_t count = (size_t)rows * (size_t)cols;
+                        size_t n_scales = (size_t)(eb_scale_grid_rows(dt, rows) * eb_scale_grid_cols(dt, cols));
+                        float *grid = n_scales ? malloc(n_scales * sizeof *grid) : NULL;
+                        for (size_t k = 0; k < n_scales; k++) {
+                            seed = seed * 1664525u + 1013904223u;
+                            grid[k] = ((float)(seed >> 8) / (float)(1u << 24) + 0.01f) * 0.003f;
+                        }
+                        eb_rt_scale sc = {grid, grid ? eb_format(dt)->scale_rows : 0, grid ? eb_format(dt)->scale_cols : 0};
                         unsigned char *w = malloc((size_t)rows * eb_row_bytes(dt, cols));
                         float *wf = malloc(count * sizeof(float));
                         float *x = malloc(sizeof(float) * MAXN * (size_t)cols);
@@ -804,34 +885,35 @@ static void test_kernels(const char *module) {
                         float *ys = malloc(sizeof(float) * (size_t)rows);
                         float *yf = malloc(sizeof(float) * MAXN * (size_t)rows);
                         double *xdq = malloc(sizeof(double) * MAXN * (size_t)cols);
-                        if (!w || !wf || !x || !yb || !ys || !yf || !xdq) {
+                        if (!w || !wf || !x || !yb || !ys || !yf || !xdq || (n_scales && !grid)) {
                             CHECK(0, "out of memory");
                         } else {
                             fill_weights(w, dt, rows, cols, &seed);
                             for (int r = 0; r < rows; r++)
-                                eb_dequantize_row(w + (size_t)r * eb_row_bytes(dt, cols), dt, cols, wf + (size_t)r * cols);
+                                eb_dequantize_scaled_row(w + (size_t)r * eb_row_bytes(dt, cols), dt,
+                                                         eb_scale_row(grid, dt, r, cols), cols, wf + (size_t)r * cols);
                             for (int i = 0; i < MAXN * cols; i++) {
                                 seed = seed * 1664525u + 1013904223u;
                                 x[i] = (float)(seed >> 8) / (float)(1u << 24) - 0.5f;
                             }
                             int q8_block = eb_format(dt)->q8_block;
                             if (q8_block) q8_reference(x, MAXN * cols, q8_block, xdq);
-                            for (int prec = 0; prec <= (quant ? 1 : 0); prec++)
+                            for (int prec = 0; prec <= (quant || scaled ? 1 : 0); prec++)
                                 for (int n = 1; n <= MAXN; n++) {
                                     /* a failed call counts as a mismatch: its buffers hold nothing to compare */
-                                    eb_rt_matmul batch = {w, dt, rows, cols, x, n, yb, prec};
+                                    eb_rt_matmul batch = {w, dt, rows, cols, x, n, yb, prec, sc};
                                     mismatches += T->forward->matmul(rt, 0, NULL, &batch, 1, 0, err, sizeof err) != 0;
                                     for (int t = 0; t < n; t++) {
-                                        eb_rt_matmul one = {w, dt, rows, cols, x + t * cols, 1, ys, prec};
+                                        eb_rt_matmul one = {w, dt, rows, cols, x + t * cols, 1, ys, prec, sc};
                                         mismatches += T->forward->matmul(rt, 0, NULL, &one, 1, 0, err, sizeof err) != 0;
                                         mismatches += memcmp(ys, yb + (size_t)t * rows, sizeof(float) * rows) != 0;
                                     }
-                                    eb_rt_matmul two[2] = {{w, dt, rows, cols, x, 1, ys, prec},
-                                                           {w, dt, rows, cols, x, n, yb, prec}};
+                                    eb_rt_matmul two[2] = {{w, dt, rows, cols, x, 1, ys, prec, sc},
+                                                           {w, dt, rows, cols, x, n, yb, prec, sc}};
                                     mismatches += T->forward->matmul(rt, 0, NULL, two, 2, 0, err, sizeof err) != 0;
                                     mismatches += memcmp(ys, yb, sizeof(float) * rows) != 0;
-                                    if (!quant) continue;
-                                    eb_rt_matmul f = {wf, EB_DTYPE_F32, rows, cols, x, n, yf, EB_PRECISION_F32};
+                                    if (!quant && !scaled) continue;
+                                    eb_rt_matmul f = {wf, EB_DTYPE_F32, rows, cols, x, n, yf, EB_PRECISION_F32, {0}};
                                     unlike_f32 += T->forward->matmul(rt, 0, NULL, &f, 1, 0, err, sizeof err) != 0;
                                     /* a format without integer products (Q5_0 / Q5_1): both precisions read it in
                                      * f32 */
@@ -861,6 +943,7 @@ static void test_kernels(const char *module) {
                         free(ys);
                         free(yf);
                         free(xdq);
+                        free(grid);
                     }
             CHECK(mismatches == 0, "%s kernels, %d threads: %d batch rows differ from single steps",
                   kernels_name(kernels), threads, mismatches);
@@ -942,8 +1025,8 @@ static void test_kernel_variants_agree(const char *module) {
                                 for (size_t k = 0; k < wbytes; k += (size_t)eb_format(dt)->block_bytes)
                                     extreme_block(w + k, dt);
                             for (int n = 1; n <= MAXN; n++) {
-                                eb_rt_matmul a = {w, dt, rows, cols, x, n, ya, EB_PRECISION_Q8};
-                                eb_rt_matmul b = {w, dt, rows, cols, x, n, yb, EB_PRECISION_Q8};
+                                eb_rt_matmul a = {w, dt, rows, cols, x, n, ya, EB_PRECISION_Q8, {0}};
+                                eb_rt_matmul b = {w, dt, rows, cols, x, n, yb, EB_PRECISION_Q8, {0}};
                                 int fa = T->forward->matmul(avx2, 0, NULL, &a, 1, 0, err, sizeof err);
                                 int fb = T->forward->matmul(best, 0, NULL, &b, 1, 0, err, sizeof err);
                                 differ += fa != 0 || fb != 0 || memcmp(ya, yb, sizeof(float) * (size_t)n * rows) != 0;
@@ -999,6 +1082,198 @@ static void test_q8_exp(void) {
     CHECK(act_far == 0, "eb_q8_act: %d activations more than two ulps from eb_act's", act_far);
 }
 
+/* ---- the scaled format F8_E4M3_B128 ---------------------------------------------------------------------------- */
+
+/* Every one of the 256 codes: the core's decode (eb_dequantize) and each kernel variant's products (one row per code,
+ * scale 1, against a one-hot activation: the product is the value) against the reference table; the extremes named. */
+static void test_e4m3_decode(const char *module) {
+    unsigned char codes[256];
+    float got[256];
+    for (int i = 0; i < 256; i++) codes[i] = (unsigned char)i;
+    CHECK(eb_dequantize(EB_DTYPE_F8_E4M3_B128, codes, sizeof codes, 256, got) == EB_OK, "dequantize 256 codes");
+    int wrong = 0;
+    for (int i = 0; i < 256; i++) {
+        float want = e4m3_reference((unsigned)i);
+        wrong += isnan(want) ? !isnan(got[i]) : memcmp(&got[i], &want, sizeof want) != 0;
+    }
+    CHECK(wrong == 0, "E4M3 decode: %d of 256 codes differ from the reference table", wrong);
+    CHECK(got[0x7E] == 448.0f && got[0xFE] == -448.0f && got[0x01] == 0x1p-9f && got[0x08] == 0x1p-6f &&
+              got[0x07] == 7 * 0x1p-9f && signbit(got[0x80]) && got[0x80] == 0.0f && isnan(got[0x7F]) &&
+              isnan(got[0xFF]),
+          "E4M3 extremes: 448, -448, the least subnormal 2^-9, the least normal 2^-6, -0, NaN");
+    void *h;
+    const eb_runtime_table *T = open_module(module, &h);
+    if (!T) return;
+    /* row i: code i then seven zeros; cols 8 and 13: the vector loop, and the scalar tail */
+    for (int cols = 8; cols <= 13; cols += 5)
+        for (int kernels = 0; kernels < EB_CPU_KERNELS_COUNT; kernels++) {
+            void *rt = init_kernels(T, kernels, 1);
+            if (!rt) continue;
+            unsigned char w[256 * 13];
+            float x[13] = {0}, y[256], ones[2 * 1] = {1.0f, 1.0f};
+            memset(w, 0, sizeof w);
+            int at = cols == 8 ? 0 : 9; /* the code in the vector part, or in the tail */
+            for (int i = 0; i < 256; i++) w[i * cols + at] = (unsigned char)i;
+            x[at] = 1.0f;
+            char err[256] = "";
+            eb_rt_matmul mm = {w, EB_DTYPE_F8_E4M3_B128, 256, cols, x, 1, y, EB_PRECISION_F32, {ones, 128, 128}};
+            CHECK(T->forward->matmul(rt, 0, NULL, &mm, 1, 0, err, sizeof err) == 0, "matmul: %s", err);
+            int bad = 0;
+            for (int i = 0; i < 256; i++) {
+                float want = e4m3_reference((unsigned)i);
+                bad += isnan(want) ? !isnan(y[i]) : y[i] != want;
+            }
+            CHECK(bad == 0, "%s kernels, %d columns: %d of 256 E4M3 codes decode wrongly in the products",
+                  kernels_name(kernels), cols, bad);
+            T->shutdown(rt);
+        }
+    dlclose(h);
+}
+
+/* A scaled matrix of 300 x 260 (scale blocks of 128: 3 x 3, the last ones partial) times 3 tokens against a double
+ * sum of E4M3 value x scale x activation: within f32 rounding, in every kernel variant. */
+static void test_scaled_matvec(const char *module) {
+    void *h;
+    const eb_runtime_table *T = open_module(module, &h);
+    if (!T) return;
+    enum { R = 300, C = 260, N = 3, GR = 3, GC = 3 };
+    static unsigned char w[R * C];
+    static float x[N * C], y[N * R], grid[GR * GC];
+    unsigned seed = 99;
+    for (int i = 0; i < R * C; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        w[i] = (unsigned char)(seed >> 13);
+        if ((w[i] & 0x7F) == 0x7F) w[i] ^= 1;
+    }
+    for (int i = 0; i < N * C; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        x[i] = (float)(seed >> 8) / (float)(1u << 24) - 0.5f;
+    }
+    for (int i = 0; i < GR * GC; i++) grid[i] = 0.001f * (float)(i + 1);
+    for (int kernels = 0; kernels < EB_CPU_KERNELS_COUNT; kernels++) {
+        void *rt = init_kernels(T, kernels, 2);
+        if (!rt) continue;
+        char err[256] = "";
+        eb_rt_matmul mm = {w, EB_DTYPE_F8_E4M3_B128, R, C, x, N, y, EB_PRECISION_F32, {grid, 128, 128}};
+        CHECK(T->forward->matmul(rt, 0, NULL, &mm, 1, 0, err, sizeof err) == 0, "matmul: %s", err);
+        int far = 0;
+        for (int t = 0; t < N; t++)
+            for (int r = 0; r < R; r++) {
+                double ref = 0.0, mag = 0.0;
+                for (int c = 0; c < C; c++) {
+                    double v = (double)e4m3_reference(w[r * C + c]) * grid[(r / 128) * GC + c / 128] * x[t * C + c];
+                    ref += v, mag += fabs(v);
+                }
+                far += !(fabs(y[t * R + r] - ref) <= 1e-5 * mag);
+            }
+        CHECK(far == 0, "%s kernels: %d of %d scaled products differ from the double reference", kernels_name(kernels),
+              far, N * R);
+        T->shutdown(rt);
+    }
+    dlclose(h);
+}
+
+/* The logits of 8 positions of a model on an engine of cpu:0, cpu:1 and hostsim:0 (a device that cannot read host
+ * memory: its experts are copies, their scale companions with them), the experts placed by owners (NULL: all on
+ * cpu:0), kernels capped as `kernels` says. */
+static int scaled_logits(const char *build, const char *file, const eb_model_config *cfg, builder *b, int kernels,
+                         const int32_t *owners, float *out) {
+    char cpu[1024], sim[1024];
+    snprintf(cpu, sizeof cpu, "%s/expertbench_rt_cpu.so", build);
+    snprintf(sim, sizeof sim, "%s/expertbench_rt_hostsim.so", build);
+    eb_engine *e = NULL;
+    eb_runtime_options o = {.n_devices = 2, .threads_per_device = 2, .kernels = kernels};
+    eb_runtime_options so = {.n_devices = 1, .threads_per_device = 1, .kernels = kernels};
+    int st = eb_engine_create(&e);
+    if (!st) st = eb_engine_load_runtime(e, "cpu", cpu, &o);
+    if (!st) st = eb_engine_load_runtime(e, "hostsim", sim, &so);
+    const char *files[] = {file};
+    eb_model *m = NULL;
+    eb_context *c = NULL;
+    if (!st) st = eb_model_load(e, cfg, files, 1, b->d, b->n, 0, NULL, &m);
+    if (!st && owners) st = eb_model_set_placement(m, owners, (int64_t)L * E);
+    if (!st) st = eb_context_create(m, 16, 8, &c);
+    int32_t prompt[6] = {3, 17, 42, 5, 63, 8}, next[2] = {9, 1};
+    if (!st) st = eb_context_eval(c, prompt, 6, out, 1);
+    if (!st) st = eb_context_eval(c, next, 2, out + 6 * V, 1);
+    eb_context_free(c);
+    eb_model_free(m);
+    eb_engine_destroy(e);
+    return st;
+}
+
+/* A model whose weights are F8_E4M3_B128 with scale companions gives the bits of the same model with the weights
+ * dequantized to F32 (the kernels' promise), in every kernel variant and whatever device owns the scaled experts;
+ * and the load refuses, naming the tensor and what was expected: a scaled weight without its companion, with one of
+ * the wrong shape or dtype, a companion beside a weight whose format takes none, a vector in the scaled format. */
+static void test_scaled_model(const char *build) {
+    char fp8[] = "/tmp/eb_native_fp8_XXXXXX", f32[] = "/tmp/eb_native_fp8f32_XXXXXX";
+    int fd1 = mkstemp(fp8), fd2 = mkstemp(f32);
+    CHECK(fd1 >= 0 && fd2 >= 0, "mkstemp");
+    close(fd1);
+    close(fd2);
+    static builder bs, bf;
+    eb_model_config c2;
+    int32_t mlp_only[1];
+    write_model(fp8, &c2, &bs, mlp_only, SCALED_FP8);
+    write_model(f32, &c2, &bf, mlp_only, SCALED_AS_F32);
+    const eb_model_config *cfg = &c2;
+    static float ys[8 * V], yf[8 * V];
+    /* layer 0: the scaled experts 1 and 3 on hostsim:0 and cpu:1, the others on cpu:0 */
+    int32_t owners[L * E] = {0, 2, 0, 1, -1, -1, -1, -1};
+    for (int kernels = 0; kernels < EB_CPU_KERNELS_COUNT; kernels++)
+        for (int placed = 0; placed <= 1; placed++) {
+            int a = scaled_logits(build, fp8, cfg, &bs, kernels, placed ? owners : NULL, ys);
+            CHECK(a == EB_OK, "%s kernels: the scaled model (placed %d): %s", kernels_name(kernels), placed,
+                  eb_last_error());
+            int b = scaled_logits(build, f32, cfg, &bf, kernels, placed ? owners : NULL, yf);
+            CHECK(b == EB_OK, "the dequantized model: %s", eb_last_error());
+            CHECK(a == EB_OK && b == EB_OK && memcmp(ys, yf, sizeof ys) == 0,
+                  "%s kernels (placed %d): the scaled model's logits differ from its dequantized F32 model's",
+                  kernels_name(kernels), placed);
+        }
+    char module[1024];
+    snprintf(module, sizeof module, "%s/expertbench_rt_cpu.so", build);
+    /* each case: one descriptor edited (renamed, or given a dtype, a shape [d0, d1] (d1 0: its rows only), bytes and
+     * an offset moved by shift), then the tensor the message names (followed by its file) and what it expects */
+    static const struct {
+        const char *edit, *rename;
+        int dtype, d0, d1, nbytes, shift;
+        const char *tensor, *expected;
+    } cases[] = {
+        {"model.layers.1.mlp.up_proj.weight_scale_inv", "model.layers.1.mlp.up_proj.weight_scales", 0, 0, 0, 0, 0,
+         "tensor 'model.layers.1.mlp.up_proj.weight", "is stored as F8_E4M3_B128, which needs its scale companion "
+         "'model.layers.1.mlp.up_proj.weight_scale_inv' (F32 of shape [1, 1]"},
+        {"model.layers.1.mlp.up_proj.weight_scale_inv", NULL, EB_DTYPE_F32, 1, 2, 8, -4,
+         "tensor 'model.layers.1.mlp.up_proj.weight_scale_inv", "(the scale companion of "
+         "'model.layers.1.mlp.up_proj.weight', [40, 32] in F8_E4M3_B128) is F32 of shape [1, 2], expected F32 of shape "
+         "[1, 1] (one scale per block of 128 x 128 values)"},
+        {"model.layers.1.mlp.up_proj.weight_scale_inv", NULL, EB_DTYPE_BF16, 1, 2, 4, 0,
+         "tensor 'model.layers.1.mlp.up_proj.weight_scale_inv", "is BF16 of shape [1, 2], expected F32 of shape [1, 1]"},
+        {"model.layers.1.mlp.up_proj.weight_scale_inv", "model.layers.1.self_attn.v_proj.weight_scale_inv", 0, 0, 0, 0,
+         0, "tensor 'model.layers.1.self_attn.v_proj.weight_scale_inv", "is a scale companion of "
+         "'model.layers.1.self_attn.v_proj.weight', which is stored as F32 and takes none"},
+        {"model.norm.weight", NULL, EB_DTYPE_F8_E4M3_B128, H, 0, H, 0, "tensor 'model.norm.weight",
+         "is a vector stored as F8_E4M3_B128, expected F32, F16 or BF16"},
+    };
+    builder saved = bs;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        bs = saved;
+        for (int k = 0; k < bs.n; k++) bs.d[k].name = bs.names[k];
+        int t = find(&bs, cases[i].edit);
+        if (cases[i].rename) {
+            snprintf(bs.names[t], sizeof bs.names[t], "%s", cases[i].rename);
+        } else {
+            bs.d[t].dtype = cases[i].dtype, bs.d[t].shape[0] = cases[i].d0, bs.d[t].nbytes = (uint64_t)cases[i].nbytes;
+            if (cases[i].d1) bs.d[t].shape[1] = cases[i].d1;
+            bs.d[t].offset += (uint64_t)(int64_t)cases[i].shift;
+        }
+        expect_refusal(module, fp8, cfg, &bs, cases[i].tensor, "' in '/tmp/eb_native_fp8_", cases[i].expected);
+    }
+    unlink(fp8);
+    unlink(f32);
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: %s BUILD_DIR\n", argv[0]);
@@ -1013,11 +1288,14 @@ int main(int argc, char **argv) {
     eb_model_config cfg;
     int32_t mlp_only[1];
     static builder b;
-    write_model(file, &cfg, &b, mlp_only);
+    write_model(file, &cfg, &b, mlp_only, PLAIN);
     test_modules(argv[1]);
     test_kernels(module);
     test_kernel_variants_agree(module);
     test_q8_exp();
+    test_e4m3_decode(module);
+    test_scaled_matvec(module);
+    test_scaled_model(argv[1]);
     test_forward(module, file, &cfg, &b);
     test_attend_group_blocks();
     test_attention_items(module, file, &cfg, &b);

@@ -12,9 +12,10 @@
  * 1-4 KiB); bench/membw's read_ahead requests lines as far ahead, so the ceiling keeps in step with the kernels. */
 #define EB_CPU_AHEAD_BYTES 2048
 
-/* y[t * ldy + r] = dot(w row r, x[t * cols ...]) for r in [r0, r1), t < n. */
-typedef void (*eb_cpu_matmul_rows_fn)(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols,
-                                      const float *x, int64_t n, float *y, int64_t ldy);
+/* y[t * ldy + r] = dot(w row r, x[t * cols ...]) for r in [r0, r1), t < n. scale: the weight's scale companion
+ * (eb_rt_scale's data, its blocks the format's scale block) where its format has one, else NULL. */
+typedef void (*eb_cpu_matmul_rows_fn)(const void *w, int dtype, const float *scale, int64_t r0, int64_t r1,
+                                      int64_t cols, const float *x, int64_t n, float *y, int64_t ldy);
 
 /* Activations quantized for the q8 precision: each row's blocks of `block` values as int8 with one f32 scale (d = the
  * block's largest magnitude / 127, q = x / d rounded to nearest even), and the sums of every 16 quants (the K
@@ -43,12 +44,13 @@ typedef void (*eb_cpu_quantize_q8_fn)(const float *x, int64_t n, int64_t cols, e
 typedef void (*eb_cpu_matmul_q8_fn)(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols,
                                     const eb_cpu_q8_rows *x, int64_t n, float *y, int64_t ldy);
 
-/* Values 0 .. n - 1 of a row (n a whole number of blocks): eb_dequantize_row's values. */
-typedef void (*eb_cpu_dequantize_fn)(const void *row, int64_t n, float *out);
+/* Values 0 .. n - 1 of a row (n a whole number of blocks): eb_dequantize_scaled_row's values (scales: the row's
+ * scales, eb_scale_row, where its format has a scale companion; else NULL). */
+typedef void (*eb_cpu_dequantize_fn)(const void *row, const float *scales, int64_t n, float *out);
 
 /* One format's kernels in one instruction set. rows and dequantize: a format the module reads has both. q8: the
  * integer products against activations quantized in blocks of the format's q8_block; NULL where it has none, and then
- * the q8 precision reads it with f32 activations through rows. */
+ * the q8 precision reads it with f32 activations through rows (a scaled format has none: its rows read the scales). */
 typedef struct {
     eb_cpu_dequantize_fn dequantize;
     eb_cpu_matmul_rows_fn rows;
@@ -71,8 +73,8 @@ extern const eb_cpu_kernel_set eb_cpu_kernels_portable;
 extern const eb_cpu_kernel_set eb_cpu_kernels_avx2;   /* AVX2 + FMA + F16C */
 extern const eb_cpu_kernel_set eb_cpu_kernels_avx512; /* AVX-512 F, BW, VL and VNNI: the AVX2 q8 products' bits */
 /* The AVX2 products of any format through its table (for the benchmarks). */
-void eb_cpu_matmul_rows_avx2(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const float *x,
-                             int64_t n, float *y, int64_t ldy);
+void eb_cpu_matmul_rows_avx2(const void *w, int dtype, const float *scale, int64_t r0, int64_t r1, int64_t cols,
+                             const float *x, int64_t n, float *y, int64_t ldy);
 #endif
 
 #endif

@@ -54,9 +54,42 @@ INLINE float tail(const unsigned char *row, int dtype, int64_t c0, int64_t cols,
  * the same request in L2 only. A request past the end of the rows is harmless: a prefetch never faults. */
 
 INLINE void ahead(const unsigned char *row, int dtype, int64_t c) {
-    int64_t byte = c * (dtype == EB_DTYPE_F32 ? 4 : 2);
+    int64_t byte = c * eb_format_table[dtype].block_bytes; /* a float format: one value a block */
     /* an address, not a pointer into the rows: it may lie past their end */
     if ((byte & 63) == 0) _mm_prefetch((const char *)((uintptr_t)row + (uintptr_t)byte + AHEAD_BYTES), _MM_HINT_T0);
+}
+
+/* ---- scaled rows: F8_E4M3_B128, 8 values at a time, eb_e4m3_to_f32's bits times their scale ------------------ */
+
+/* Eight E4M3 bytes as f32: normal values by moving exponent and mantissa into an f32's fields (the exponent 120
+ * more: bias 127 for 7), subnormals (exponent 0) as the integer mantissa times 2^-9, both exact; 0x7F the quiet NaN;
+ * then the sign. */
+INLINE __m256 e4m3x8(const unsigned char *p) {
+    __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    __m256i mag = _mm256_and_si256(b, _mm256_set1_epi32(0x7F));
+    __m256 normal = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32(120 << 23)));
+    __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(mag), _mm256_set1_ps(0x1p-9f));
+    __m256 v = _mm256_blendv_ps(normal, sub, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag)));
+    v = _mm256_blendv_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)),
+                         _mm256_castsi256_ps(_mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7F))));
+    return _mm256_or_ps(v, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24)));
+}
+
+/* The scales of the rows of a tile: row `row + r * step` reads the grid's row of its scale block. */
+INLINE const float *scale_row(const float *sc, int dtype, int64_t cols, int64_t row) {
+    return sc + (size_t)(row / eb_format_table[dtype].scale_rows) * (size_t)eb_scale_grid_cols(dtype, cols);
+}
+
+/* tail's scaled values: each E4M3 value times its scale, rounded, then as a float weight's. */
+INLINE float tail_scaled(const unsigned char *row, int dtype, const float *srow, int64_t c0, int64_t cols,
+                         const float *x) {
+    int64_t per = eb_format_table[dtype].scale_cols;
+    float s = 0.0f;
+    for (int64_t c = c0; c < cols; c++) {
+        float v = eb_e4m3_to_f32(row[c]) * srow[c / per];
+        s += v * x[c];
+    }
+    return s;
 }
 
 /* ---- quantized rows: 32 values at a time, the same values as eb_dequantize_chunk ---------------------------- */
@@ -161,12 +194,31 @@ INLINE void ahead_q(const unsigned char *row, int dtype, int64_t c) {
 /* R rows x T tokens of dot products, one accumulator each; rows at w + r * rowbytes, tokens at x + t * cols.
  * PF: request each row's weights AHEAD_BYTES ahead (the streaming tiles of decode and short drafts). A quantized
  * row is read 32 values at a time and its four vectors of 8 go into each accumulator in column order: the same
- * products and sums as the float loop over its dequantized row (whose empty tail adds 0 as here). */
+ * products and sums as the float loop over its dequantized row (whose empty tail adds 0 as here). A scaled row
+ * (sc: the weight's scale grid; tile row r is the weight's row `row + r * step`) is read 8 values at a time, each
+ * vector times its scale (eight values share one: scale_cols is a whole number of chunks), then as the float loop. */
 #define TILE(NAME, R, T, PF)                                                                                     \
     INLINE void NAME(const unsigned char *w, size_t rowbytes, int dtype, int64_t cols, const float *x,            \
-                     float *out) {                                                                               \
+                     float *out, const float *sc, int64_t row, int64_t step) {                                   \
         __m256 acc[R][T];                                                                                        \
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();   \
+        if (eb_dtype_scaled(dtype)) {                                                                            \
+            int64_t per = eb_format_table[dtype].scale_cols, c8 = cols & ~(int64_t)7;                             \
+            const float *srow[R];                                                                                \
+            UNROLL for (int r = 0; r < R; r++) srow[r] = scale_row(sc, dtype, cols, row + r * step);             \
+            for (int64_t c = 0; c < c8; c += 8) {                                                                \
+                __m256 xv[T];                                                                                    \
+                UNROLL for (int t = 0; t < T; t++) xv[t] = _mm256_loadu_ps(x + t * cols + c);                    \
+                UNROLL for (int r = 0; r < R; r++) {                                                             \
+                    if (PF) ahead(w + r * rowbytes, dtype, c);                                                   \
+                    __m256 wv = _mm256_mul_ps(e4m3x8(w + r * rowbytes + c), _mm256_set1_ps(srow[r][c / per]));  \
+                    UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);        \
+                }                                                                                                \
+            }                                                                                                    \
+            UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) out[r * T + t] =               \
+                hsum(acc[r][t]) + tail_scaled(w + r * rowbytes, dtype, srow[r], c8, cols, x + t * cols);         \
+            return;                                                                                              \
+        }                                                                                                        \
         if (eb_dtype_quantized(dtype)) {                                                                         \
             const eb_format_traits *f = &eb_format_table[dtype];                                                 \
             int per = f->block / EB_CHUNK, k4 = dtype == EB_DTYPE_Q4_K || dtype == EB_DTYPE_Q5_K;                \
@@ -224,12 +276,13 @@ TILE(stream_1x4, 1, 4, 1)
     do {                                                                                                         \
         int64_t seg = (r1 - r0) / (S);                                                                           \
         for (int64_t i = 0; i < seg; i++) {                                                                      \
-            TILE_S(base + (size_t)(r0 + i) * rowbytes, (size_t)seg * rowbytes, dtype, cols, x, o);               \
+            TILE_S(base + (size_t)(r0 + i) * rowbytes, (size_t)seg * rowbytes, dtype, cols, x, o, scale, r0 + i, \
+                   seg);                                                                                         \
             for (int g = 0; g < (S); g++)                                                                        \
                 for (int t = 0; t < (T); t++) y[t * ldy + r0 + g * seg + i] = o[g * (T) + t];                    \
         }                                                                                                        \
         for (int64_t r = r0 + (S) * seg; r < r1; r++) {                                                         \
-            TILE1(base + (size_t)r * rowbytes, rowbytes, dtype, cols, x, o);                                     \
+            TILE1(base + (size_t)r * rowbytes, rowbytes, dtype, cols, x, o, scale, r, 1);                        \
             for (int t = 0; t < (T); t++) y[t * ldy + r] = o[t];                                                 \
         }                                                                                                        \
     } while (0)
@@ -237,8 +290,8 @@ TILE(stream_1x4, 1, 4, 1)
 #define ROW_BLOCK_BYTES (64 * 1024)
 #define TOKEN_BLOCK_BYTES (64 * 1024)
 
-INLINE void matmul_rows(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const float *x, int64_t n,
-                        float *y, int64_t ldy) {
+INLINE void matmul_rows(const void *w, int dtype, const float *scale, int64_t r0, int64_t r1, int64_t cols,
+                        const float *x, int64_t n, float *y, int64_t ldy) {
     const unsigned char *base = (const unsigned char *)w;
     size_t rowbytes = (size_t)eb_row_bytes(dtype, cols);
     float o[16];
@@ -262,12 +315,12 @@ INLINE void matmul_rows(const void *w, int dtype, int64_t r0, int64_t r1, int64_
                 const unsigned char *wr = base + (size_t)r * rowbytes;
                 int64_t t = ts;
                 for (; t + 3 <= te; t += 3) {
-                    tile_4x3(wr, rowbytes, dtype, cols, x + t * cols, o);
+                    tile_4x3(wr, rowbytes, dtype, cols, x + t * cols, o, scale, r, 1);
                     for (int i = 0; i < 4; i++)
                         for (int k = 0; k < 3; k++) y[(t + k) * ldy + r + i] = o[3 * i + k];
                 }
                 for (; t < te; t++) {
-                    tile_4x1(wr, rowbytes, dtype, cols, x + t * cols, o);
+                    tile_4x1(wr, rowbytes, dtype, cols, x + t * cols, o, scale, r, 1);
                     for (int i = 0; i < 4; i++) y[t * ldy + r + i] = o[i];
                 }
             }
@@ -275,11 +328,11 @@ INLINE void matmul_rows(const void *w, int dtype, int64_t r0, int64_t r1, int64_
                 const unsigned char *wr = base + (size_t)r * rowbytes;
                 int64_t t = ts;
                 for (; t + 3 <= te; t += 3) {
-                    tile_1x3(wr, rowbytes, dtype, cols, x + t * cols, o);
+                    tile_1x3(wr, rowbytes, dtype, cols, x + t * cols, o, scale, r, 1);
                     for (int k = 0; k < 3; k++) y[(t + k) * ldy + r] = o[k];
                 }
                 for (; t < te; t++) {
-                    tile_1x1(wr, rowbytes, dtype, cols, x + t * cols, o);
+                    tile_1x1(wr, rowbytes, dtype, cols, x + t * cols, o, scale, r, 1);
                     y[t * ldy + r] = o[0];
                 }
             }
@@ -487,11 +540,11 @@ static void quantize_q8(const float *x, int64_t n, int64_t cols, eb_cpu_q8_rows 
 /* ---- the table: one copy of the loops per format, its dtype a constant in each (load8's and dequant32's choices
  * fold away) ------------------------------------------------------------------------------------------------ */
 
-#define ROWS_KERNEL(name, code, block, block_bytes, ggml_type, quantized, q8_block)                                   \
-    static void rows_##name(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const float *x, int64_t n, \
-                            float *y, int64_t ldy) {                                                                  \
+#define ROWS_KERNEL(name, code, block, block_bytes, ggml_type, quantized, q8_block, scale_rows, scale_cols)         \
+    static void rows_##name(const void *w, int dtype, const float *scale, int64_t r0, int64_t r1, int64_t cols,       \
+                            const float *x, int64_t n, float *y, int64_t ldy) {                                       \
         (void)dtype;                                                                                                  \
-        matmul_rows(w, EB_DTYPE_##name, r0, r1, cols, x, n, y, ldy);                                                  \
+        matmul_rows(w, EB_DTYPE_##name, scale, r0, r1, cols, x, n, y, ldy);                                           \
     }
 EB_FORMATS(ROWS_KERNEL)
 #undef ROWS_KERNEL
@@ -525,11 +578,12 @@ const eb_cpu_kernel_set eb_cpu_kernels_avx2 = {
             [EB_DTYPE_MXFP4] = {NULL, rows_MXFP4, q8_MXFP4},
             [EB_DTYPE_Q5_0] = {NULL, rows_Q5_0, NULL},
             [EB_DTYPE_Q5_1] = {NULL, rows_Q5_1, NULL},
+            [EB_DTYPE_F8_E4M3_B128] = {NULL, rows_F8_E4M3_B128, NULL},
         },
 };
 
-void eb_cpu_matmul_rows_avx2(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const float *x,
-                             int64_t n, float *y, int64_t ldy) {
-    eb_cpu_kernels_avx2.format[dtype].rows(w, dtype, r0, r1, cols, x, n, y, ldy);
+void eb_cpu_matmul_rows_avx2(const void *w, int dtype, const float *scale, int64_t r0, int64_t r1, int64_t cols,
+                             const float *x, int64_t n, float *y, int64_t ldy) {
+    eb_cpu_kernels_avx2.format[dtype].rows(w, dtype, scale, r0, r1, cols, x, n, y, ldy);
 }
 #endif

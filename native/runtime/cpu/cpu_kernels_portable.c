@@ -61,16 +61,42 @@ static float dot_quant(const unsigned char *w, int dtype, const float *x, int64_
     return (s0 + s1) + (s2 + s3);
 }
 
-static void matmul_rows(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const float *x, int64_t n,
-                        float *y, int64_t ldy) {
+/* A row of a scaled format (one byte a value: F8_E4M3_B128) with its scales (sc: the row's, one per scale_cols
+ * values), into the same four sums in the same order as dot_f32 over its dequantized row: a value is its E4M3 value
+ * times its scale, rounded once, then multiplied and added as an f32 weight is (four values share a scale: scale_cols
+ * is a whole number of chunks). */
+static float dot_scaled(const unsigned char *w, int dtype, const float *sc, const float *x, int64_t cols) {
+    int64_t per = eb_format_table[dtype].scale_cols;
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+    int64_t c = 0;
+    for (; c + 4 <= cols; c += 4) {
+        float d = sc[c / per];
+        float v0 = eb_e4m3_to_f32(w[c]) * d, v1 = eb_e4m3_to_f32(w[c + 1]) * d;
+        float v2 = eb_e4m3_to_f32(w[c + 2]) * d, v3 = eb_e4m3_to_f32(w[c + 3]) * d;
+        s0 += v0 * x[c];
+        s1 += v1 * x[c + 1];
+        s2 += v2 * x[c + 2];
+        s3 += v3 * x[c + 3];
+    }
+    for (; c < cols; c++) {
+        float v = eb_e4m3_to_f32(w[c]) * sc[c / per];
+        s0 += v * x[c];
+    }
+    return (s0 + s1) + (s2 + s3);
+}
+
+static void matmul_rows(const void *w, int dtype, const float *scale, int64_t r0, int64_t r1, int64_t cols,
+                        const float *x, int64_t n, float *y, int64_t ldy) {
     const unsigned char *base = (const unsigned char *)w;
     size_t rowbytes = (size_t)eb_row_bytes(dtype, cols);
-    int quantized = eb_dtype_quantized(dtype);
+    int quantized = eb_dtype_quantized(dtype), scaled = eb_dtype_scaled(dtype);
     for (int64_t r = r0; r < r1; r++) {
         const unsigned char *row = base + (size_t)r * rowbytes;
+        const float *sc = scaled ? eb_scale_row(scale, dtype, r, cols) : NULL;
         for (int64_t t = 0; t < n; t++) {
             const float *xt = x + t * cols;
             y[t * ldy + r] = quantized               ? dot_quant(row, dtype, xt, cols)
+                             : scaled                ? dot_scaled(row, dtype, sc, xt, cols)
                              : dtype == EB_DTYPE_F32 ? dot_f32(row, xt, cols)
                                                      : dot_16bit(row, xt, cols, dtype);
         }
@@ -184,14 +210,14 @@ static void matmul_q8(const void *w, int dtype, int64_t r0, int64_t r1, int64_t 
 /* ---- the table ---------------------------------------------------------------------------------------------- */
 
 /* Each format's entries: the loops above with its dtype a constant (the dtype argument is the table's index). */
-#define FORMAT_KERNELS(name, code, block, block_bytes, ggml_type, quantized, q8_block)                                 \
-    static void dequantize_##name(const void *row, int64_t n, float *out) {                                           \
-        eb_dequantize_row(row, EB_DTYPE_##name, n, out);                                                              \
+#define FORMAT_KERNELS(name, code, block, block_bytes, ggml_type, quantized, q8_block, scale_rows, scale_cols)      \
+    static void dequantize_##name(const void *row, const float *scales, int64_t n, float *out) {                      \
+        eb_dequantize_scaled_row(row, EB_DTYPE_##name, scales, n, out);                                               \
     }                                                                                                                 \
-    static void rows_##name(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const float *x, int64_t n, \
-                            float *y, int64_t ldy) {                                                                  \
+    static void rows_##name(const void *w, int dtype, const float *scale, int64_t r0, int64_t r1, int64_t cols,       \
+                            const float *x, int64_t n, float *y, int64_t ldy) {                                       \
         (void)dtype;                                                                                                  \
-        matmul_rows(w, EB_DTYPE_##name, r0, r1, cols, x, n, y, ldy);                                                  \
+        matmul_rows(w, EB_DTYPE_##name, scale, r0, r1, cols, x, n, y, ldy);                                           \
     }
 EB_FORMATS(FORMAT_KERNELS)
 #undef FORMAT_KERNELS
@@ -226,5 +252,6 @@ const eb_cpu_kernel_set eb_cpu_kernels_portable = {
             [EB_DTYPE_MXFP4] = {dequantize_MXFP4, rows_MXFP4, q8_MXFP4},
             [EB_DTYPE_Q5_0] = {dequantize_Q5_0, rows_Q5_0, NULL},
             [EB_DTYPE_Q5_1] = {dequantize_Q5_1, rows_Q5_1, NULL},
+            [EB_DTYPE_F8_E4M3_B128] = {dequantize_F8_E4M3_B128, rows_F8_E4M3_B128, NULL},
         },
 };

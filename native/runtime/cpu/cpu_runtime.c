@@ -440,15 +440,15 @@ static void check_written(const float *y, int dtype, int q8, int64_t r0, int64_t
 
 /* Rows [r0, r1) of w times n tokens into y (token t's row r at y[t * ldy + r]): the format's integer products where
  * its activations were quantized for them (xq), else its f32 ones. The one place a product picks its kernel. */
-static void product(const eb_cpu_kernel_set *k, const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols,
-                    const float *x, const eb_cpu_q8_rows *xq, int64_t n, float *y, int64_t ldy) {
+static void product(const eb_cpu_kernel_set *k, const void *w, int dtype, const float *scale, int64_t r0, int64_t r1,
+                    int64_t cols, const float *x, const eb_cpu_q8_rows *xq, int64_t n, float *y, int64_t ldy) {
     const eb_cpu_format_kernels *f = &k->format[dtype];
     int q8 = xq && xq->q && f->q8;
 #if EB_CPU_CHECK_WRITES
     mark_unwritten(y, r0, r1, n, ldy);
 #endif
     if (q8) f->q8(w, dtype, r0, r1, cols, xq, n, y, ldy);
-    else f->rows(w, dtype, r0, r1, cols, x, n, y, ldy);
+    else f->rows(w, dtype, scale, r0, r1, cols, x, n, y, ldy);
 #if EB_CPU_CHECK_WRITES
     check_written(y, dtype, q8, r0, r1, n, ldy);
 #endif
@@ -484,8 +484,8 @@ static void multi_chunk(void *arg, int64_t begin, int64_t end) {
         int64_t lo = begin > j->start[i] ? begin : j->start[i], hi = end < j->start[i + 1] ? end : j->start[i + 1];
         if (lo >= hi) continue;
         const eb_rt_matmul *t = &j->tasks[i];
-        product(j->k, t->w, t->dtype, lo - j->start[i], hi - j->start[i], t->cols, t->x, &j->xq[i], t->n, t->y,
-                t->rows);
+        product(j->k, t->w, t->dtype, t->scale.data, lo - j->start[i], hi - j->start[i], t->cols, t->x, &j->xq[i], t->n,
+                t->y, t->rows);
     }
 }
 
@@ -566,6 +566,7 @@ static void gate_up_chunk(void *arg, int64_t begin, int64_t end) {
         int64_t p0 = j->b->pair_start[j->expert[i]], m = j->b->pair_start[j->expert[i] + 1] - p0;
         float *g = j->g + p0 * I, *u = j->u + p0 * I;
         const void *w[2] = {e->gate, e->up};
+        const float *sc[2] = {e->gate_scale.data, e->up_scale.data};
         int dt[2] = {e->gate_dtype, e->up_dtype};
         float *out[2] = {g, u};
         /* gate and up may differ in format (llama.cpp's quantizer writes Q5_0 beside Q8_0 or MXFP4): each takes its
@@ -576,7 +577,7 @@ static void gate_up_chunk(void *arg, int64_t begin, int64_t end) {
             eb_cpu_q8_rows x = {0};
             if (a && a->q)
                 x = (eb_cpu_q8_rows){a->q + p0 * H, a->d + p0 * H / a->block, a->s16 + p0 * H / 16, H, a->block};
-            product(j->k, w[k], dt[k], r0, r1, H, j->xe + p0 * H, &x, m, out[k], I);
+            product(j->k, w[k], dt[k], sc[k], r0, r1, H, j->xe + p0 * H, &x, m, out[k], I);
         }
         const eb_rt_act *act = &j->b->act;
         /* both products q8 ones: the q8 precision's activation (eb_q8.h), which the GPU modules compute alike */
@@ -653,7 +654,8 @@ static int run_expert_batch(cpu_runtime *rt, cpu_device *d, const eb_rt_expert_b
             int64_t p0 = b->pair_start[i], m = b->pair_start[i + 1] - p0;
             const eb_rt_expert *e = &b->experts[i];
             if (m <= 0) continue;
-            tasks[n++] = (eb_rt_matmul){e->down, e->down_dtype, H, I, g + p0 * I, m, down_out + p0 * H, b->precision};
+            tasks[n++] = (eb_rt_matmul){e->down, e->down_dtype,  H,           I, g + p0 * I, m, down_out + p0 * H,
+                                        b->precision, e->down_scale};
         }
         int st = run_multi(rt, d, tasks, n);
         if (st) return st;
@@ -1218,14 +1220,16 @@ static int op_check_model(void *rtp, int dev, const eb_rt_model_shape *shape, ch
     return 0;
 }
 
-static int op_embed(void *rtp, int dev, const void *table, int dtype, int64_t hidden, const int32_t *ids, int64_t n,
-                    float *x, char *err, size_t errlen) {
+static int op_embed(void *rtp, int dev, const void *table, int dtype, const eb_rt_scale *scale, int64_t hidden,
+                    const int32_t *ids, int64_t n, float *x, char *err, size_t errlen) {
     uint64_t t0;
     cpu_device *d = op_begin(rtp, dev, &t0, err, errlen);
     if (!d) return EB_ERR_RANGE;
+    const float *grid = scale ? scale->data : NULL;
     for (int64_t t = 0; t < n; t++) {
         const unsigned char *row = (const unsigned char *)table + (size_t)ids[t] * eb_row_bytes(dtype, hidden);
-        ((cpu_runtime *)rtp)->kernels.format[dtype].dequantize(row, hidden, x + t * hidden);
+        ((cpu_runtime *)rtp)->kernels.format[dtype].dequantize(row, eb_scale_row(grid, dtype, ids[t], hidden), hidden,
+                                                               x + t * hidden);
     }
     return op_end(d, t0, 0);
 }
@@ -1357,7 +1361,8 @@ static int op_route(void *rtp, int dev, const eb_rt_route *r, char *err, size_t 
         return op_end(d, t0, eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory"));
     norm_rows(&r->norm);
     /* the router in f32 whatever the precision: the choice of experts is what a precision must not move */
-    eb_rt_matmul logits = {r->router, r->router_dtype, E, r->norm.dim, r->norm.xn, n, r->logits, EB_PRECISION_F32};
+    eb_rt_matmul logits = {r->router, r->router_dtype, E,   r->norm.dim,    r->norm.xn,
+                           n,         r->logits,       EB_PRECISION_F32, r->router_scale};
     (void)run_multi((cpu_runtime *)rtp, d, &logits, 1); /* f32 needs no quantized activations: it cannot fail */
     for (int64_t t = 0; t < n; t++) {
         if (choice)
@@ -1399,8 +1404,8 @@ static void mla_heads(void *arg, int64_t h0, int64_t h1) {
             if (a->interleave) eb_rope_interleaved(qp, cs, sn, P);
             else eb_rope(qp, cs, sn, P);
             /* the query's nope part through the key half of kv_b: its dot with the latent is q_nope . k_nope */
-            product(j->k, (const unsigned char *)a->k_b + (size_t)h * kb_head, a->k_b_dtype, 0, R, N, q, NULL, 1, ql,
-                    R);
+            product(j->k, (const unsigned char *)a->k_b + (size_t)h * kb_head, a->k_b_dtype, NULL, 0, R, N, q, NULL, 1,
+                    ql, R);
             float mx = -INFINITY, sum = 0.0f;
             for (int64_t s = 0; s <= p; s++) {
                 const float *row = a->cache + s * C;
@@ -1419,8 +1424,8 @@ static void mla_heads(void *arg, int64_t h0, int64_t h1) {
                 float ps = sc[s] * inv;
                 for (int64_t i = 0; i < R; i++) ol[i] += ps * row[i];
             }
-            product(j->k, (const unsigned char *)a->v_b + (size_t)h * vb_head, a->v_b_dtype, 0, V, R, ol, NULL, 1,
-                    a->out + (t * a->n_heads + h) * V, V);
+            product(j->k, (const unsigned char *)a->v_b + (size_t)h * vb_head, a->v_b_dtype, NULL, 0, V, R, ol, NULL,
+                    1, a->out + (t * a->n_heads + h) * V, V);
         }
     }
 }
@@ -1534,6 +1539,7 @@ typedef struct {
     eb_rt_route route;
     eb_rt_moe moe;
     eb_rt_mla mla;
+    eb_rt_scale scale; /* embed: the table's scale companion */
 } sim_op;
 
 typedef struct {
@@ -1548,7 +1554,7 @@ static _Thread_local sim_graph *recording_here;
 static int run_op(void *rtp, int dev, const sim_op *o, char *err, size_t errlen) {
     switch (o->kind) {
     case OP_EMBED:
-        return op_embed(rtp, dev, o->in0, o->flag, o->dim, o->in1, o->n, o->out, err, errlen);
+        return op_embed(rtp, dev, o->in0, o->flag, &o->scale, o->dim, o->in1, o->n, o->out, err, errlen);
     case OP_MATMUL:
         return op_matmul(rtp, dev, o->has_norm ? &o->norm : NULL, o->tasks, o->n_tasks, o->flag, err, errlen);
     case OP_ADD:
@@ -1590,9 +1596,10 @@ static int submit(void *rtp, int dev, const sim_op *o, char *err, size_t errlen)
     return st || recorded ? st : run_op(rtp, dev, o, err, errlen);
 }
 
-static int sim_embed(void *rtp, int dev, const void *table, int dtype, int64_t hidden, const int32_t *ids, int64_t n,
-                     float *x, char *err, size_t errlen) {
+static int sim_embed(void *rtp, int dev, const void *table, int dtype, const eb_rt_scale *scale, int64_t hidden,
+                     const int32_t *ids, int64_t n, float *x, char *err, size_t errlen) {
     sim_op o = {.kind = OP_EMBED, .in0 = table, .in1 = ids, .out = x, .n = n, .dim = hidden, .flag = dtype};
+    if (scale) o.scale = *scale;
     return submit(rtp, dev, &o, err, errlen);
 }
 

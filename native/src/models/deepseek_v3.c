@@ -16,7 +16,8 @@ static int is_moe_layer(const eb_model_config *c, int layer) {
 }
 
 /* k_b from kv_b_proj (heads blocks of nope key rows then v value rows, rank values each): per head its key rows
- * transposed into rank rows of nope, an owned copy in kv_b's format (f32 where that is a block format). */
+ * transposed into rank rows of nope, an owned copy in kv_b's format (f32 where that is a block format or a scaled
+ * one: its values with their scales). */
 static int transpose_k_b(eb_layer *L, const eb_weight *kv_b, int64_t heads, int64_t nope, int64_t v, int64_t rank) {
     int dt = kv_b->dtype;
     size_t es = dt == EB_DTYPE_F32 ? 4 : dt == EB_DTYPE_F16 || dt == EB_DTYPE_BF16 ? 2 : 0;
@@ -31,7 +32,7 @@ static int transpose_k_b(eb_layer *L, const eb_weight *kv_b, int64_t heads, int6
     for (int64_t h = 0; h < heads; h++)
         for (int64_t i = 0; i < nope; i++) {
             const unsigned char *src = (const unsigned char *)kv_b->data + (size_t)(h * (nope + v) + i) * row_bytes;
-            if (!es) eb_dequantize_row(src, dt, rank, row);
+            if (!es) eb_weight_row_f32(kv_b, h * (nope + v) + i, row);
             for (int64_t j = 0; j < rank; j++) {
                 unsigned char *dst = out + (size_t)((h * rank + j) * nope + i) * out_es;
                 memcpy(dst, es ? src + (size_t)j * es : (const unsigned char *)(row + j), out_es);
@@ -39,7 +40,20 @@ static int transpose_k_b(eb_layer *L, const eb_weight *kv_b, int64_t heads, int6
         }
     free(row);
     L->k_b_owned = out;
-    L->k_b = (eb_weight){out, es ? dt : EB_DTYPE_F32, heads * rank, nope};
+    L->k_b = (eb_weight){out, es ? dt : EB_DTYPE_F32, heads * rank, nope, {NULL, 0, 0}};
+    return EB_OK;
+}
+
+/* v_b from a kv_b_proj in a scaled format: its value rows with their scales, an owned f32 copy (the attention reads a
+ * head's rows at any row of kv_b, where a scale block's rows do not begin). */
+static int dequantize_v_b(eb_layer *L, const eb_weight *kv_b, int64_t heads, int64_t nope, int64_t v, int64_t rank) {
+    float *out = malloc((size_t)(heads * v * rank) * sizeof *out);
+    if (!out) return eb_fail(EB_ERR_MEMORY, "out of memory for kv_b_proj's values");
+    for (int64_t h = 0; h < heads; h++)
+        for (int64_t i = 0; i < v; i++) eb_weight_row_f32(kv_b, h * (nope + v) + nope + i, out + (h * v + i) * rank);
+    L->v_b_owned = out;
+    L->v_b = (eb_weight){out, EB_DTYPE_F32, heads * v, rank, {NULL, 0, 0}};
+    L->v_b_head_rows = v;
     return EB_OK;
 }
 
@@ -70,14 +84,22 @@ static int bind_layer(const eb_binder *b, int l) {
         TRY(eb_bind(b, name, heads * rank, nope, &L->k_b))
         TRY(eb_bind(b, NAME("self_attn.v_b_proj.weight"), heads * v, rank, &L->v_b))
         L->v_b_head_rows = v;
+        if (eb_dtype_scaled(L->k_b.dtype) || eb_dtype_scaled(L->v_b.dtype))
+            return eb_fail(EB_ERR_UNSUPPORTED, "tensors 'model.layers.%d.self_attn.k_b_proj.weight' and 'v_b_proj' are "
+                                               "stored as %s and %s, expected formats without a scale companion (a "
+                                               "scaled kv_b_proj is read whole)", l, eb_dtype_name(L->k_b.dtype),
+                           eb_dtype_name(L->v_b.dtype));
     } else {
         eb_weight kv_b;
         TRY(eb_bind(b, NAME("self_attn.kv_b_proj.weight"), heads * (nope + v), rank, &kv_b))
         TRY(transpose_k_b(L, &kv_b, heads, nope, v, rank))
-        /* the value rows read in place: head h's v rows follow its nope key rows */
-        L->v_b = (eb_weight){(const unsigned char *)kv_b.data + (size_t)nope * eb_row_bytes(kv_b.dtype, rank),
-                             kv_b.dtype, heads * (nope + v) - nope, rank};
-        L->v_b_head_rows = nope + v;
+        if (eb_dtype_scaled(kv_b.dtype)) {
+            TRY(dequantize_v_b(L, &kv_b, heads, nope, v, rank))
+        } else { /* the value rows read in place: head h's v rows follow its nope key rows */
+            L->v_b = (eb_weight){(const unsigned char *)kv_b.data + (size_t)nope * eb_row_bytes(kv_b.dtype, rank),
+                                 kv_b.dtype, heads * (nope + v) - nope, rank, {NULL, 0, 0}};
+            L->v_b_head_rows = nope + v;
+        }
     }
     L->is_moe = is_moe_layer(c, l);
     if (!L->is_moe) {

@@ -43,9 +43,9 @@ static int point_experts(eb_layer *L, int64_t E, int64_t H, int64_t I, int dtype
     L->experts_owned = mem;
     for (int64_t e = 0; e < E; e++) {
         unsigned char *p = mem + (size_t)e * (2 * gb + db);
-        L->experts[e].gate = (eb_weight){p, dtype, I, H};
-        L->experts[e].up = (eb_weight){p + gb, dtype, I, H};
-        L->experts[e].down = (eb_weight){p + 2 * gb, dtype, H, I};
+        L->experts[e].gate = (eb_weight){p, dtype, I, H, {NULL, 0, 0}};
+        L->experts[e].up = (eb_weight){p + gb, dtype, I, H, {NULL, 0, 0}};
+        L->experts[e].down = (eb_weight){p + 2 * gb, dtype, H, I, {NULL, 0, 0}};
     }
     *at = mem;
     return EB_OK;
