@@ -54,11 +54,22 @@ int eb_bind_attention(const eb_binder *b, int layer);
 int eb_bind_ffn(const eb_binder *b, int layer, const char *prefix, int64_t inter, eb_weight *gate, eb_weight *up,
                 eb_weight *down);
 
-/* A model family, one file each (models/): which of its layers route to experts, its tensors by name (the
- * model's, then each layer's: experts bound into layer->experts, allocated by the family), and its forward pass of
- * one step (first: the first row whose logits are wanted; logits 0: none). */
+/* A model family, one file each (models/), registered once (eb_families in forward.c): the core's code for it, what it
+ * checks of a config beyond what every family has, its activations' sizes, which of its layers route to experts and
+ * how its router scores, its tensors by name (the model's, then each layer's: experts bound into layer->experts,
+ * allocated by the family), the operations it needs of the primary's runtime beyond the common ones, and its
+ * forward pass of one step (first: the first row whose logits are wanted; logits 0: none). */
 typedef struct eb_family {
-    const char *name;
+    const char *name;  /* "deepseek_v3" (engine/families/) */
+    const char *title; /* "DeepSeek-V3", for messages */
+    int32_t arch;      /* EB_ARCH_* */
+    int routing;       /* EB_ROUTE_*: how its routers score */
+    int clamped_swiglu; /* its experts' activation is gpt-oss's clamped SwiGLU (swiglu_limit set), else SiLU */
+    int needs_mla;     /* its attention is MLA: the primary's runtime must have eb_rt_forward_ops.mla */
+    /* its own keys (rope: the rotated dimensions); NULL: none beyond the common ones */
+    int (*check_config)(const eb_model_config *c, int rope);
+    /* its activations' sizes where they are not grouped-query attention's; NULL: they are */
+    void (*dims)(const eb_model_config *c, eb_dims *d);
     int (*is_moe_layer)(const eb_model_config *c, int layer);
     int (*bind_model)(const eb_binder *b);
     int (*bind_layer)(const eb_binder *b, int layer);
@@ -66,8 +77,11 @@ typedef struct eb_family {
 } eb_family;
 
 extern const eb_family eb_family_qwen3;
+extern const eb_family eb_family_qwen3_moe;
 extern const eb_family eb_family_deepseek_v3;
 extern const eb_family eb_family_gpt_oss;
+extern const eb_family *const eb_families[];
+extern const int eb_n_families;
 const eb_family *eb_family_for(int32_t arch);
 
 int eb_block_embed(eb_step *s);

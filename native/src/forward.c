@@ -11,10 +11,15 @@
 
 #include "eb_forward.h"
 
+/* Every family the core runs: adding one is its file in models/ and its line here. */
+const eb_family *const eb_families[] = {&eb_family_qwen3, &eb_family_qwen3_moe, &eb_family_deepseek_v3,
+                                        &eb_family_gpt_oss};
+const int eb_n_families = (int)(sizeof eb_families / sizeof eb_families[0]);
+
 const eb_family *eb_family_for(int32_t arch) {
-    if (arch == EB_ARCH_QWEN3 || arch == EB_ARCH_QWEN3_MOE) return &eb_family_qwen3;
-    if (arch == EB_ARCH_GPT_OSS) return &eb_family_gpt_oss;
-    return arch == EB_ARCH_DEEPSEEK_V3 ? &eb_family_deepseek_v3 : NULL;
+    for (int i = 0; i < eb_n_families; i++)
+        if (eb_families[i]->arch == arch) return eb_families[i];
+    return NULL;
 }
 
 uint64_t eb_now_ns(void) {
@@ -290,9 +295,7 @@ int eb_block_moe(eb_step *s, int l) {
     int st, prim = m->primary;
     uint64_t t0 = trace_now(c);
     eb_rt_norm post = {dc->x, D->post_norm, dc->xn, n, cf->hidden_size, (float)cf->rms_norm_eps};
-    int scoring = cf->arch == EB_ARCH_DEEPSEEK_V3 ? EB_ROUTE_SIGMOID_GROUP
-                  : cf->arch == EB_ARCH_GPT_OSS   ? EB_ROUTE_TOPK_SOFTMAX
-                                                  : EB_ROUTE_SOFTMAX_TOPK;
+    int scoring = m->family->routing;
     eb_rt_route r = {post,       D->router.data, D->router.dtype, (int32_t)E,  (int32_t)K,
                      scoring,    cf->norm_topk_prob, dc->router,
                      dc->topk_id, dc->topk_w, m->routing_off ? NULL : dp->hits + (size_t)l * (size_t)E,

@@ -17,11 +17,22 @@
 
 #define EB_MAX_DIM (1 << 20)
 
+/* The families' codes and names, for the error of an unknown one: "1 Qwen3, 2 Qwen3-MoE, ... or 4 gpt-oss". */
+static int unknown_arch(int32_t arch) {
+    char known[256] = "";
+    size_t used = 0;
+    for (int i = 0; i < eb_n_families && used < sizeof known; i++) {
+        const char *sep = i == 0 ? "" : i + 1 < eb_n_families ? ", " : " or ";
+        used += (size_t)snprintf(known + used, sizeof known - used, "%s%d %s", sep, eb_families[i]->arch,
+                                 eb_families[i]->title);
+    }
+    return eb_fail(EB_ERR_UNSUPPORTED, "config: architecture code %d is not supported (expected %s)", arch, known);
+}
+
 static int check_config(const eb_model_config *c) {
-    if (!eb_family_for(c->arch))
-        return eb_fail(EB_ERR_UNSUPPORTED, "config: architecture code %d is not supported (expected %d Qwen3, %d "
-                                           "Qwen3-MoE, %d DeepSeek-V3 or %d gpt-oss)", c->arch, EB_ARCH_QWEN3,
-                       EB_ARCH_QWEN3_MOE, EB_ARCH_DEEPSEEK_V3, EB_ARCH_GPT_OSS);
+    const eb_family *family = eb_family_for(c->arch);
+    int st;
+    if (!family) return unknown_arch(c->arch);
 #define POSITIVE(field)                                                                                          \
     if (c->field <= 0 || c->field > EB_MAX_DIM)                                                                  \
         return eb_fail(EB_ERR_FORMAT, "config: " #field " = %d, expected 1..%d", (int)c->field, EB_MAX_DIM);
@@ -67,51 +78,10 @@ static int check_config(const eb_model_config *c) {
                                           "1..max_position_embeddings (%d)", i, c->layer_window[i],
                            c->max_position_embeddings);
     if (!(c->swiglu_limit >= 0.0 && c->swiglu_limit < 1e30) || !(c->swiglu_alpha >= 0.0 && c->swiglu_alpha < 1e30) ||
-        (c->swiglu_limit > 0.0) != (c->arch == EB_ARCH_GPT_OSS))
+        (c->swiglu_limit > 0.0) != (family->clamped_swiglu != 0))
         return eb_fail(EB_ERR_FORMAT, "config: swiglu_limit = %g, swiglu_alpha = %g: expected positive finite numbers "
                                       "for gpt-oss and 0 for the other families", c->swiglu_limit, c->swiglu_alpha);
-    if (c->arch == EB_ARCH_GPT_OSS && c->num_experts <= 0)
-        return eb_fail(EB_ERR_FORMAT, "config: num_local_experts = %d, expected at least 1 (gpt-oss routes every layer)",
-                       c->num_experts);
-    if (c->arch == EB_ARCH_DEEPSEEK_V3) {
-#define MLA_DIM(field)                                                                                           \
-    if (c->field <= 0 || c->field > 65536)                                                                       \
-        return eb_fail(EB_ERR_FORMAT, "config: " #field " = %d, expected 1..65536", (int)c->field);
-        MLA_DIM(kv_lora_rank)
-        MLA_DIM(qk_nope_head_dim)
-        MLA_DIM(qk_rope_head_dim)
-        MLA_DIM(v_head_dim)
-#undef MLA_DIM
-        if (c->q_lora_rank < 0 || c->q_lora_rank > 65536)
-            return eb_fail(EB_ERR_FORMAT, "config: q_lora_rank = %d, expected 0 (none) or 1..65536", c->q_lora_rank);
-        if (rope != c->qk_rope_head_dim)
-            return eb_fail(EB_ERR_FORMAT, "config: the rotated dimensions (%d) must be qk_rope_head_dim (%d)", rope,
-                           c->qk_rope_head_dim);
-        if (c->first_k_dense_replace < 0 || c->first_k_dense_replace > c->num_layers)
-            return eb_fail(EB_ERR_FORMAT, "config: first_k_dense_replace = %d, expected 0..num_hidden_layers (%d)",
-                           c->first_k_dense_replace, c->num_layers);
-        if (c->n_shared_experts < 0 || c->n_shared_experts > 64)
-            return eb_fail(EB_ERR_FORMAT, "config: n_shared_experts = %d, expected 0..64", c->n_shared_experts);
-        if (c->num_experts > 0) {
-            if (c->n_group <= 0 || c->n_group > 256 || c->num_experts % c->n_group)
-                return eb_fail(EB_ERR_FORMAT, "config: n_group = %d, expected 1..256 dividing n_routed_experts (%d)",
-                               c->n_group, c->num_experts);
-            if (c->n_group > 1 && c->num_experts / c->n_group < 2)
-                return eb_fail(EB_ERR_FORMAT, "config: n_group = %d leaves %d expert per group, expected at least 2 "
-                                              "(a group's score is the sum of its two best)", c->n_group,
-                               c->num_experts / c->n_group);
-            if (c->topk_group <= 0 || c->topk_group > c->n_group)
-                return eb_fail(EB_ERR_FORMAT, "config: topk_group = %d, expected 1..n_group (%d)", c->topk_group,
-                               c->n_group);
-            if (c->top_k > c->topk_group * (c->num_experts / c->n_group))
-                return eb_fail(EB_ERR_FORMAT, "config: num_experts_per_tok = %d, expected at most the experts of the "
-                                              "topk_group kept groups (%d)", c->top_k,
-                               c->topk_group * (c->num_experts / c->n_group));
-            if (!(c->routed_scaling_factor > 0.0 && c->routed_scaling_factor < 1e6))
-                return eb_fail(EB_ERR_FORMAT, "config: routed_scaling_factor = %g, expected a positive finite number",
-                               c->routed_scaling_factor);
-        }
-    }
+    if (family->check_config && (st = family->check_config(c, rope))) return st;
     if (c->n_mlp_only_layers < 0 || (c->n_mlp_only_layers > 0 && !c->mlp_only_layers))
         return eb_fail(EB_ERR_ARGUMENT, "config: mlp_only_layers is inconsistent");
     for (int i = 0; i < c->n_mlp_only_layers; i++)
@@ -120,9 +90,7 @@ static int check_config(const eb_model_config *c) {
                            c->mlp_only_layers[i], c->num_layers - 1);
     int any_dense = 0, any_moe = 0;
     for (int l = 0; l < c->num_layers; l++) {
-        if (c->arch == EB_ARCH_QWEN3_MOE && c->decoder_sparse_step <= 0)
-            return eb_fail(EB_ERR_FORMAT, "config: decoder_sparse_step = %d, expected >= 1", c->decoder_sparse_step);
-        if (eb_family_for(c->arch)->is_moe_layer(c, l)) any_moe = 1;
+        if (family->is_moe_layer(c, l)) any_moe = 1;
         else any_dense = 1;
     }
     if (any_dense && (c->intermediate_size <= 0 || c->intermediate_size > EB_MAX_DIM))
@@ -609,16 +577,10 @@ eb_dims eb_model_dims(const eb_model_config *c) {
     int64_t shared = (int64_t)c->moe_intermediate_size * c->n_shared_experts;
     d.ffn = c->intermediate_size > c->moe_intermediate_size ? c->intermediate_size : c->moe_intermediate_size;
     if (shared > d.ffn) d.ffn = shared;
-    if (c->arch == EB_ARCH_DEEPSEEK_V3) {
-        d.q = (int64_t)c->num_heads * (c->qk_nope_head_dim + c->qk_rope_head_dim);
-        d.k = d.cache_k = (int64_t)c->kv_lora_rank + c->qk_rope_head_dim;
-        d.v = 2 * (int64_t)c->q_lora_rank; /* q_a's output, then its norm */
-        d.att = (int64_t)c->num_heads * c->v_head_dim;
-        d.cache_v = 0;
-        return d;
-    }
     d.q = d.att = (int64_t)c->num_heads * c->head_dim;
     d.k = d.v = d.cache_k = d.cache_v = (int64_t)c->num_kv_heads * c->head_dim;
+    const eb_family *family = eb_family_for(c->arch);
+    if (family && family->dims) family->dims(c, &d);
     return d;
 }
 
@@ -806,10 +768,10 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
                                config->max_position_embeddings};
     if ((st = rt->table->forward->check_model(rt->rt, dev->local, &shape, err, sizeof err)) != 0)
         return eb_fail(st, "primary device %s: %s", dev->name, err);
-    if (config->arch == EB_ARCH_DEEPSEEK_V3 && !rt->table->forward->mla)
-        return eb_fail(EB_ERR_UNSUPPORTED, "primary device %s: the '%s' runtime has no MLA attention (DeepSeek-V3); "
+    if (family->needs_mla && !rt->table->forward->mla)
+        return eb_fail(EB_ERR_UNSUPPORTED, "primary device %s: the '%s' runtime has no MLA attention (%s); "
                                            "choose a CPU device as the primary (its experts can still be placed on %s)",
-                       dev->name, rt->name, dev->name);
+                       dev->name, rt->name, family->title, dev->name);
     if (!rinfo.host_addressable) {
         /* experts start in host memory (the first CPU device); a placement moves them */
         for (home = 0; home < engine->n_devices && !engine->devices[home].host_addressable; home++) {

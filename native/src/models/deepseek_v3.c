@@ -12,7 +12,55 @@
 #include "eb_forward.h"
 
 static int is_moe_layer(const eb_model_config *c, int layer) {
-    return c->arch == EB_ARCH_DEEPSEEK_V3 && c->num_experts > 0 && layer >= c->first_k_dense_replace;
+    return c->num_experts > 0 && layer >= c->first_k_dense_replace;
+}
+
+/* MLA's ranks and head widths, the dense lead, the shared experts and the grouped routing. */
+static int check_config(const eb_model_config *c, int rope) {
+#define MLA_DIM(field)                                                                                           \
+    if (c->field <= 0 || c->field > 65536)                                                                       \
+        return eb_fail(EB_ERR_FORMAT, "config: " #field " = %d, expected 1..65536", (int)c->field);
+    MLA_DIM(kv_lora_rank)
+    MLA_DIM(qk_nope_head_dim)
+    MLA_DIM(qk_rope_head_dim)
+    MLA_DIM(v_head_dim)
+#undef MLA_DIM
+    if (c->q_lora_rank < 0 || c->q_lora_rank > 65536)
+        return eb_fail(EB_ERR_FORMAT, "config: q_lora_rank = %d, expected 0 (none) or 1..65536", c->q_lora_rank);
+    if (rope != c->qk_rope_head_dim)
+        return eb_fail(EB_ERR_FORMAT, "config: the rotated dimensions (%d) must be qk_rope_head_dim (%d)", rope,
+                       c->qk_rope_head_dim);
+    if (c->first_k_dense_replace < 0 || c->first_k_dense_replace > c->num_layers)
+        return eb_fail(EB_ERR_FORMAT, "config: first_k_dense_replace = %d, expected 0..num_hidden_layers (%d)",
+                       c->first_k_dense_replace, c->num_layers);
+    if (c->n_shared_experts < 0 || c->n_shared_experts > 64)
+        return eb_fail(EB_ERR_FORMAT, "config: n_shared_experts = %d, expected 0..64", c->n_shared_experts);
+    if (c->num_experts <= 0) return EB_OK;
+    if (c->n_group <= 0 || c->n_group > 256 || c->num_experts % c->n_group)
+        return eb_fail(EB_ERR_FORMAT, "config: n_group = %d, expected 1..256 dividing n_routed_experts (%d)", c->n_group,
+                       c->num_experts);
+    if (c->n_group > 1 && c->num_experts / c->n_group < 2)
+        return eb_fail(EB_ERR_FORMAT, "config: n_group = %d leaves %d expert per group, expected at least 2 (a group's "
+                                      "score is the sum of its two best)", c->n_group, c->num_experts / c->n_group);
+    if (c->topk_group <= 0 || c->topk_group > c->n_group)
+        return eb_fail(EB_ERR_FORMAT, "config: topk_group = %d, expected 1..n_group (%d)", c->topk_group, c->n_group);
+    if (c->top_k > c->topk_group * (c->num_experts / c->n_group))
+        return eb_fail(EB_ERR_FORMAT, "config: num_experts_per_tok = %d, expected at most the experts of the topk_group "
+                                      "kept groups (%d)", c->top_k, c->topk_group * (c->num_experts / c->n_group));
+    if (!(c->routed_scaling_factor > 0.0 && c->routed_scaling_factor < 1e6))
+        return eb_fail(EB_ERR_FORMAT, "config: routed_scaling_factor = %g, expected a positive finite number",
+                       c->routed_scaling_factor);
+    return EB_OK;
+}
+
+/* MLA's activations: the query heads' nope and rope parts, the cached latent with the rope key (no value cache), q_a's
+ * output and its norm, the heads' values. */
+static void dims(const eb_model_config *c, eb_dims *d) {
+    d->q = (int64_t)c->num_heads * (c->qk_nope_head_dim + c->qk_rope_head_dim);
+    d->k = d->cache_k = (int64_t)c->kv_lora_rank + c->qk_rope_head_dim;
+    d->v = 2 * (int64_t)c->q_lora_rank;
+    d->att = (int64_t)c->num_heads * c->v_head_dim;
+    d->cache_v = 0;
 }
 
 /* k_b from kv_b_proj (heads blocks of nope key rows then v value rows, rank values each): per head its key rows
@@ -126,4 +174,16 @@ static int forward(eb_step *s, int64_t first, int logits) {
     return st;
 }
 
-const eb_family eb_family_deepseek_v3 = {"deepseek_v3", is_moe_layer, eb_bind_embeddings, bind_layer, forward};
+const eb_family eb_family_deepseek_v3 = {
+    .name = "deepseek_v3",
+    .title = "DeepSeek-V3",
+    .arch = EB_ARCH_DEEPSEEK_V3,
+    .routing = EB_ROUTE_SIGMOID_GROUP,
+    .needs_mla = 1,
+    .check_config = check_config,
+    .dims = dims,
+    .is_moe_layer = is_moe_layer,
+    .bind_model = eb_bind_embeddings,
+    .bind_layer = bind_layer,
+    .forward = forward,
+};

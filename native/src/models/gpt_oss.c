@@ -20,7 +20,15 @@
 
 static int is_moe_layer(const eb_model_config *c, int layer) {
     (void)layer;
-    return c->arch == EB_ARCH_GPT_OSS && c->num_experts > 0;
+    return c->num_experts > 0;
+}
+
+static int check_config(const eb_model_config *c, int rope) {
+    (void)rope;
+    if (c->num_experts <= 0)
+        return eb_fail(EB_ERR_FORMAT, "config: num_local_experts = %d, expected at least 1 (gpt-oss routes every layer)",
+                       c->num_experts);
+    return EB_OK;
 }
 
 /* The owned copy of a layer's experts: bytes, advised for huge pages (it is read like the mapped files). */
@@ -215,4 +223,15 @@ static int forward(eb_step *s, int64_t first, int logits) {
     return st;
 }
 
-const eb_family eb_family_gpt_oss = {"gpt_oss", is_moe_layer, eb_bind_embeddings, bind_layer, forward};
+const eb_family eb_family_gpt_oss = {
+    .name = "gpt_oss",
+    .title = "gpt-oss",
+    .arch = EB_ARCH_GPT_OSS,
+    .routing = EB_ROUTE_TOPK_SOFTMAX,
+    .clamped_swiglu = 1,
+    .check_config = check_config,
+    .is_moe_layer = is_moe_layer,
+    .bind_model = eb_bind_embeddings,
+    .bind_layer = bind_layer,
+    .forward = forward,
+};

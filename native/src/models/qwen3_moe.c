@@ -7,10 +7,22 @@
 #include "eb_forward.h"
 
 static int is_moe_layer(const eb_model_config *c, int layer) {
-    if (c->arch != EB_ARCH_QWEN3_MOE || c->num_experts <= 0) return 0;
+    if (c->num_experts <= 0) return 0;
     for (int i = 0; i < c->n_mlp_only_layers; i++)
         if (c->mlp_only_layers[i] == layer) return 0;
     return (layer + 1) % c->decoder_sparse_step == 0;
+}
+
+static int is_dense_layer(const eb_model_config *c, int layer) {
+    (void)c, (void)layer;
+    return 0;
+}
+
+static int check_moe_config(const eb_model_config *c, int rope) {
+    (void)rope;
+    if (c->decoder_sparse_step <= 0)
+        return eb_fail(EB_ERR_FORMAT, "config: decoder_sparse_step = %d, expected >= 1", c->decoder_sparse_step);
+    return EB_OK;
 }
 
 static int bind_layer(const eb_binder *b, int l) {
@@ -26,7 +38,7 @@ static int bind_layer(const eb_binder *b, int l) {
     TRY(eb_bind_attention(b, l))
     TRY(eb_bind_vector(b, NAME("self_attn.q_norm.weight"), c->head_dim, &L->q_norm))
     TRY(eb_bind_vector(b, NAME("self_attn.k_norm.weight"), c->head_dim, &L->k_norm))
-    L->is_moe = is_moe_layer(c, l);
+    L->is_moe = m->family->is_moe_layer(c, l);
     if (!L->is_moe) {
         return eb_bind_ffn(b, l, "mlp", c->intermediate_size, &L->gate, &L->up, &L->down);
     }
@@ -49,4 +61,25 @@ static int forward(eb_step *s, int64_t first, int logits) {
     return st;
 }
 
-const eb_family eb_family_qwen3 = {"qwen3", is_moe_layer, eb_bind_embeddings, bind_layer, forward};
+const eb_family eb_family_qwen3 = {
+    .name = "qwen3",
+    .title = "Qwen3",
+    .arch = EB_ARCH_QWEN3,
+    .routing = EB_ROUTE_SOFTMAX_TOPK,
+    .is_moe_layer = is_dense_layer,
+    .bind_model = eb_bind_embeddings,
+    .bind_layer = bind_layer,
+    .forward = forward,
+};
+
+const eb_family eb_family_qwen3_moe = {
+    .name = "qwen3_moe",
+    .title = "Qwen3-MoE",
+    .arch = EB_ARCH_QWEN3_MOE,
+    .routing = EB_ROUTE_SOFTMAX_TOPK,
+    .check_config = check_moe_config,
+    .is_moe_layer = is_moe_layer,
+    .bind_model = eb_bind_embeddings,
+    .bind_layer = bind_layer,
+    .forward = forward,
+};
