@@ -137,6 +137,9 @@ def parse_config(raw: dict, path: Path) -> ModelConfig:
     heads = pos_int("num_attention_heads")
     layers = pos_int("num_hidden_layers")
     kw = fam.config_keys(keys, hidden, heads, layers)
+    quant = raw.get("quantization_config")
+    if isinstance(quant, dict) and quant.get("quant_method") == "fp8":  # block-scaled FP8 weights, any family
+        kw["weight_block"] = keys.fp8_block()
     eos = raw.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
     bos = raw.get("bos_token_id")

@@ -242,7 +242,7 @@ def _check_tensor(w: _Walk, data_start: int, alignment: int, name: str, ne: tupl
     if fmt is None:
         from gguf import GGMLQuantizationType
 
-        supported = ", ".join(f"{f.name} ({f.ggml_type})" for f in formats.FORMATS.values())
+        supported = ", ".join(f"{f.name} ({f.ggml_type})" for f in formats.FORMATS.values() if f.ggml_type >= 0)
         try:
             known = GGMLQuantizationType(ttype).name
         except ValueError:

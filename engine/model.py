@@ -297,8 +297,8 @@ class Engine(_Handle):
 
 
 # Safetensors dtypes whose weights are stored with a scale companion '<name>_scale_inv' (DeepSeek-V3/V4's released
-# FP8 checkpoints, transformers' finegrained FP8): read as the core's format for the block of the config's
-# quantization_config (weight_block_size; [128, 128] where it says none).
+# FP8 checkpoints, transformers' finegrained FP8): read as the core's format for the config's weight_block (its
+# quantization_config's weight_block_size; 128 x 128 where it has none).
 SCALED_ELEMENTS = ("F8_E4M3",)
 
 
@@ -309,16 +309,12 @@ def _scaled_formats(checkpoint: Checkpoint, tensors) -> dict[str, int]:
     scaled = [t for t in tensors if t.dtype in SCALED_ELEMENTS]
     if not scaled:
         return {}
-    where = f"'{checkpoint.folder}'"
     quant = checkpoint.raw_config.get("quantization_config")
-    quant = quant if isinstance(quant, dict) else {}
-    block = quant.get("weight_block_size", [128, 128])
-    if quant and (quant.get("quant_method") != "fp8" or quant.get("fmt", "e4m3") != "e4m3"):
-        raise UnsupportedError(f"{where}: quantization_config {quant!r:.200} is not supported beside {scaled[0].dtype} "
-                               "weights (expected quant_method 'fp8', fmt 'e4m3')")  # fmt: skip
-    if not (isinstance(block, list) and len(block) == 2 and all(type(v) is int and v > 0 for v in block)):
-        raise UnsupportedError(f"{where}: quantization_config weight_block_size {block!r:.80}, expected two positive "
-                               "integers [rows, cols]")  # fmt: skip
+    if quant is not None and not checkpoint.config.weight_block:
+        method = quant.get("quant_method") if isinstance(quant, dict) else quant
+        raise UnsupportedError(f"'{checkpoint.folder}': quantization_config quant_method {method!r:.80} is not "
+                               f"supported beside {scaled[0].dtype} weights (expected 'fp8')")  # fmt: skip
+    block = checkpoint.config.weight_block or (128, 128)  # (the config's quantization_config, checked where read)
     codes = {}
     for t in scaled:
         fmt = formats.scaled(t.dtype, (block[0], block[1]))

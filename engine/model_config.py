@@ -68,6 +68,8 @@ class ModelConfig:
     layer_windows: tuple[int, ...] = ()
     swiglu_limit: float = 0.0
     swiglu_alpha: float = 0.0
+    # block-scaled FP8 weights (quantization_config's quant_method 'fp8'): the scale block (rows, cols); empty: none
+    weight_block: tuple[int, ...] = ()
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether the layer routes to experts, as its family says (engine/families/)."""

@@ -77,6 +77,24 @@ class ConfigKeys:
     def rope_theta(self) -> float:
         return self.get("rope_theta", float, 10000.0, lambda v: 1.0 <= v <= 1e12, "a number in 1..1e12")
 
+    def fp8_block(self) -> tuple[int, int]:
+        """The scale block (rows, cols) of a quantization_config of block-scaled FP8 weights, as transformers'
+        finegrained FP8 and DeepSeek's released checkpoints write it: quant_method 'fp8', fmt 'e4m3',
+        weight_block_size [rows, cols] (128 x 128 where absent), activation_scheme 'dynamic' (the engine runs the
+        activations in its own precision: a static scheme's input scales would be left unread)."""
+        quant = self.raw["quantization_config"]
+        where = "quantization_config"
+        fmt = quant.get("fmt", "e4m3")
+        if fmt != "e4m3":
+            self.fail(f"{where} fmt {fmt!r} is not supported (expected 'e4m3')", UnsupportedError)
+        scheme = quant.get("activation_scheme", "dynamic")
+        if scheme != "dynamic":
+            self.fail(f"{where} activation_scheme {scheme!r} is not supported (expected 'dynamic')", UnsupportedError)
+        block = quant.get("weight_block_size", [128, 128])
+        if not (isinstance(block, list) and len(block) == 2 and all(type(v) is int and 0 < v <= 65536 for v in block)):
+            self.fail(f"{where} weight_block_size = {block!r:.80}, expected two integers [rows, cols] in 1..65536")
+        return block[0], block[1]
+
 
 def _power(n: int) -> str:
     return f"2**{n.bit_length() - 1}" if n > 65536 and n & (n - 1) == 0 else str(n)
