@@ -218,3 +218,34 @@ def test_a_block_the_core_has_no_format_for_is_refused(folders, tmp_path):
                        r"weight_block_size\) is not supported \(expected one of "
                        r"F8_E4M3_B128 \(128 x 128\)\)"):  # fmt: skip
         load(out)
+
+
+@pytest.mark.parametrize(
+    ("quant", "error", "message"),
+    [
+        ({"fmt": "e5m2"}, UnsupportedError, r"config.json': quantization_config fmt 'e5m2' is not supported \(expected "
+                                            r"'e4m3'\)"),
+        ({"activation_scheme": "static"}, UnsupportedError, r"quantization_config activation_scheme 'static' is not "
+                                                            r"supported \(expected 'dynamic'\)"),
+        ({"weight_block_size": [128]}, CheckpointError, r"quantization_config weight_block_size = \[128\], expected "
+                                                        r"two integers \[rows, cols\] in 1..65536"),
+        ({"weight_block_size": [0, 128]}, CheckpointError, r"weight_block_size = \[0, 128\], expected two integers"),
+        ({"quant_method": "awq"}, UnsupportedError, r"quantization_config quant_method 'awq' is not supported beside "
+                                                    r"F8_E4M3 weights \(expected 'fp8'\)"),
+    ],
+)  # fmt: skip
+def test_a_quantization_config_the_engine_does_not_run_is_named(folders, tmp_path, quant, error, message):
+    out = tmp_path / "quant"
+    shutil.copytree(folders[0], out)
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"] = {**config["quantization_config"], **quant}
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(error, match=message):
+        load(out)
+
+
+def test_the_config_says_its_scale_block(folders):
+    from engine.checkpoint import read_config
+
+    assert read_config(folders[0]).weight_block == (128, 128)
+    assert read_config(folders[1]).weight_block == ()  # the dequantized twin has no quantization_config
