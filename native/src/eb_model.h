@@ -67,24 +67,42 @@ static inline eb_rt_expert eb_rt_expert_of(const eb_expert *x, int e, int own) {
                           x->gate.scale, x->up.scale, x->down.scale};
 }
 
+/* A layer's weights and vectors that the primary reads, one line each: the common core, then what a family adds. A
+ * family that needs another adds its line here; the layer (eb_layer), the primary's view of it (eb_dev_layer), the
+ * upload (primary.c) and the release (model.c) follow from these lists. EB_LAYER_VECTORS(X, c): X(field, length),
+ * the length an expression of the config c (f32 vectors, owned by the layer). NULL or empty: the layer has none. */
+#define EB_LAYER_WEIGHTS(X)                                                                                    \
+    X(q) X(k) X(v) X(o)          /* grouped-query attention */                                                 \
+    X(gate) X(up) X(down)        /* a dense layer's MLP */                                                     \
+    X(router)                    /* num_experts x hidden (MoE layers) */                                       \
+    X(sh_gate) X(sh_up) X(sh_down) /* the shared experts, as one FFN (MoE layers) */                           \
+    X(q_a) X(q_b) X(kv_a) X(k_b) X(v_b) /* MLA (DeepSeek-V3): q_a then q_b, or q alone; kv_a; k_b, v_b */
+#define EB_LAYER_VECTORS(X, c)                                                                                 \
+    X(input_norm, (c)->hidden_size)                                                                            \
+    X(post_norm, (c)->hidden_size)                                                                             \
+    X(q_norm, (c)->head_dim)                                                                                   \
+    X(k_norm, (c)->head_dim)                                                                                   \
+    X(q_bias, (int64_t)(c)->num_heads * (c)->head_dim) /* the biases: only with attention_bias */              \
+    X(k_bias, (int64_t)(c)->num_kv_heads * (c)->head_dim)                                                      \
+    X(v_bias, (int64_t)(c)->num_kv_heads * (c)->head_dim)                                                      \
+    X(o_bias, (c)->hidden_size)                                                                                \
+    X(router_bias, (c)->num_experts) /* the router's bias: gpt-oss's, or grouped sigmoid routing's correction */ \
+    X(q_a_norm, (c)->q_lora_rank)    /* MLA */                                                                 \
+    X(kv_a_norm, (c)->kv_lora_rank)                                                                            \
+    X(sinks, (c)->num_heads)         /* gpt-oss: one attention-sink logit per head */
+
+#define EB_LAYER_WEIGHT_FIELD(f) eb_weight f;
+#define EB_LAYER_VECTOR_FIELD(f, n) float *f;
+#define EB_DEV_VECTOR_FIELD(f, n) const float *f;
+
 typedef struct {
-    float *input_norm, *post_norm;
-    eb_weight q, k, v, o;
-    float *q_norm, *k_norm;
-    float *q_bias, *k_bias, *v_bias, *o_bias; /* only with attention_bias */
+    EB_LAYER_WEIGHTS(EB_LAYER_WEIGHT_FIELD)
+    EB_LAYER_VECTORS(EB_LAYER_VECTOR_FIELD, _)
     int is_moe;
-    eb_weight gate, up, down; /* dense MLP */
-    eb_weight router;         /* num_experts x hidden */
     eb_expert *experts;
-    /* MLA (DeepSeek-V3): q_a then q_b, or q alone (no q_lora_rank); kv_a; k_b, v_b (eb_rt_mla) */
-    eb_weight q_a, q_b, kv_a, k_b, v_b;
-    float *q_a_norm, *kv_a_norm;
     int64_t v_b_head_rows;
     void *k_b_owned;          /* k_b transposed from kv_b_proj at load, or NULL (a file's split k_b is read in place) */
     void *v_b_owned;          /* v_b from a kv_b_proj in a scaled format, dequantized at load, or NULL */
-    float *router_bias;       /* grouped sigmoid routing: the correction bias */
-    eb_weight sh_gate, sh_up, sh_down; /* the shared experts, as one FFN (MoE layers) */
-    float *sinks;             /* gpt-oss: one attention-sink logit per head */
     int32_t window;           /* attention window (0: every position) */
     void *experts_owned;      /* the experts packed at load from a layout the kernels do not read, or NULL */
     float *expert_bias;       /* the experts' biases, (2 inter + hidden) per expert, or NULL */
@@ -95,10 +113,8 @@ typedef struct {
  * Per MoE layer the table of experts its kernels read (owned ones only), and the routing counters, are in its
  * memory either way. */
 typedef struct {
-    eb_weight q, k, v, o, router, gate, up, down;
-    const float *input_norm, *post_norm, *q_norm, *k_norm, *q_bias, *k_bias, *v_bias, *o_bias;
-    eb_weight q_a, q_b, kv_a, k_b, v_b, sh_gate, sh_up, sh_down;
-    const float *q_a_norm, *kv_a_norm, *router_bias, *sinks;
+    EB_LAYER_WEIGHTS(EB_LAYER_WEIGHT_FIELD)
+    EB_LAYER_VECTORS(EB_DEV_VECTOR_FIELD, _)
     eb_rt_expert *experts; /* device memory: num_experts entries, gate NULL where another device owns it */
     int n_foreign;         /* experts of this layer another device owns */
 } eb_dev_layer;

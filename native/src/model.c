@@ -599,20 +599,11 @@ void eb_model_release(eb_model *m) {
     if (m->layers) {
         for (int l = 0; l < m->cfg.num_layers; l++) {
             eb_layer *L = &m->layers[l];
-            free(L->input_norm);
-            free(L->post_norm);
-            free(L->q_norm);
-            free(L->k_norm);
-            free(L->q_bias);
-            free(L->k_bias);
-            free(L->v_bias);
-            free(L->o_bias);
-            free(L->q_a_norm);
-            free(L->kv_a_norm);
-            free(L->router_bias);
+#define FREE_VECTOR(f, n) free(L->f);
+            EB_LAYER_VECTORS(FREE_VECTOR, _)
+#undef FREE_VECTOR
             free(L->k_b_owned);
             free(L->v_b_owned);
-            free(L->sinks);
             free(L->experts_owned);
             free(L->expert_bias);
             free(L->experts);

@@ -65,45 +65,20 @@ static void lay_out(layout *a) {
     eb_model *m = a->m;
     eb_dev_primary *dp = m->dp;
     const eb_model_config *cf = &m->cfg;
-    int64_t H = cf->hidden_size, hd = cf->head_dim, qd = (int64_t)cf->num_heads * hd, kvd = (int64_t)cf->num_kv_heads * hd;
+    int64_t H = cf->hidden_size;
     dp->embed = place_weight(a, &m->embed);
     dp->lm_head = m->lm_head.data == m->embed.data ? dp->embed : place_weight(a, &m->lm_head);
     dp->final_norm = place_vector(a, m->final_norm, H);
     for (int l = 0; l < cf->num_layers; l++) {
         const eb_layer *L = &m->layers[l];
         eb_dev_layer *D = &dp->layers[l];
-        D->input_norm = place_vector(a, L->input_norm, H);
-        D->post_norm = place_vector(a, L->post_norm, H);
-        D->q = place_weight(a, &L->q);
-        D->k = place_weight(a, &L->k);
-        D->v = place_weight(a, &L->v);
-        D->o = place_weight(a, &L->o);
-        D->q_norm = place_vector(a, L->q_norm, hd);
-        D->k_norm = place_vector(a, L->k_norm, hd);
-        D->q_bias = place_vector(a, L->q_bias, qd);
-        D->k_bias = place_vector(a, L->k_bias, kvd);
-        D->v_bias = place_vector(a, L->v_bias, kvd);
-        D->o_bias = place_vector(a, L->o_bias, H);
-        D->q_a = place_weight(a, &L->q_a);
-        D->q_b = place_weight(a, &L->q_b);
-        D->kv_a = place_weight(a, &L->kv_a);
-        D->k_b = place_weight(a, &L->k_b);
-        D->v_b = place_weight(a, &L->v_b);
-        D->sinks = place_vector(a, L->sinks, cf->num_heads);
-        D->q_a_norm = place_vector(a, L->q_a_norm, cf->q_lora_rank);
-        D->kv_a_norm = place_vector(a, L->kv_a_norm, cf->kv_lora_rank);
-        if (L->is_moe) {
-            D->router = place_weight(a, &L->router);
-            D->router_bias = place_vector(a, L->router_bias, cf->num_experts);
-            D->sh_gate = place_weight(a, &L->sh_gate);
-            D->sh_up = place_weight(a, &L->sh_up);
-            D->sh_down = place_weight(a, &L->sh_down);
-            D->experts = place(a, NULL, (size_t)cf->num_experts * sizeof(eb_rt_expert));
-        } else {
-            D->gate = place_weight(a, &L->gate);
-            D->up = place_weight(a, &L->up);
-            D->down = place_weight(a, &L->down);
-        }
+#define PLACE_WEIGHT(f) D->f = place_weight(a, &L->f);
+#define PLACE_VECTOR(f, n) D->f = place_vector(a, L->f, n);
+        EB_LAYER_WEIGHTS(PLACE_WEIGHT)
+        EB_LAYER_VECTORS(PLACE_VECTOR, cf)
+#undef PLACE_WEIGHT
+#undef PLACE_VECTOR
+        if (L->is_moe) D->experts = place(a, NULL, (size_t)cf->num_experts * sizeof(eb_rt_expert));
     }
     size_t n_hits = (size_t)cf->num_layers * (size_t)(cf->num_experts > 0 ? cf->num_experts : 1);
     dp->hits = place(a, a->zeros, n_hits * sizeof *dp->hits); /* counters start at zero */
