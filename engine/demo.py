@@ -1,5 +1,8 @@
 """The built-in demo model pair: a seeded synthetic Qwen3-MoE target and a dense Qwen3 draft built from it.
 
+Each family's pair is its recipe (engine/families/<family>.py: its sizes, config.json and tensors, made of the seeded
+weights of engine/families/synthetic.py); this module builds, writes (safetensors, GGUF) and caches them.
+
 Nothing is downloaded: the weights are random numbers with a structure chosen so that the pair behaves like a
 real target and draft (numpy, a byte-level BPE tokenizer trained on a built-in corpus, safetensors files).
 
@@ -51,7 +54,6 @@ exists with its recorded size and that the recipe is current (cheap); `verify=Tr
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 import os
@@ -64,13 +66,12 @@ from pathlib import Path
 
 import numpy as np
 
+from . import families
 from .errors import ArgumentError, CheckpointError
+from .families.qwen3 import DemoSize
+from .families.synthetic import FORMAT_VERSION, INIT_STD, NORM_STD, SEED, DemoRecipe, RawTensor, Tensor
 
-FORMAT_VERSION = 1
 GGUF_FORMAT_VERSION = 1  # of the GGUF files' recipe (their keys and tensor types), beside the weights' FORMAT_VERSION
-SEED = 20240604
-INIT_STD = 0.1  # of every weight matrix; larger than usual so a random model's greedy output varies
-NORM_STD = 0.1  # RMSNorm weights are 1 + NORM_STD * N(0, 1), so the norms are not all ones
 EOS = "<|endoftext|>"
 
 DEMO_PROMPTS = [
@@ -81,159 +82,19 @@ DEMO_PROMPTS = [
 ]
 
 
-@dataclass(frozen=True)
-class DemoSize:
-    name: str
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    draft_layers: int  # the draft carries this many of the target's layers, evenly spaced
-    num_experts: int
-    top_k: int
-    moe_intermediate_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    max_position_embeddings: int = 4096
-    rope_theta: float = 1000000.0
-    expert_deviation: float = 0.033  # std of each expert's deviation from the base MLP, relative to INIT_STD
-    skipped_layer_scale: float = 0.018  # output scale (o_proj, down_proj) of the target layers the draft skips
-    shard_bytes: int = 1 << 30  # safetensors shards of at most this size (one file when the model fits)
-
-
-SIZES = {
-    # About 60 M parameters (17 M active per token): decodes far above 10 tokens/s on a 2-core laptop CPU.
-    "default": DemoSize("default", vocab_size=4096, hidden_size=512, num_layers=8, draft_layers=4, num_experts=16,
-                        top_k=4, moe_intermediate_size=256, num_heads=8, num_kv_heads=2, head_dim=64),
-    # About one billion parameters, for benchmarks.
-    "bench": DemoSize("bench", vocab_size=32000, hidden_size=1024, num_layers=16, draft_layers=4, num_experts=32,
-                      top_k=4, moe_intermediate_size=512, num_heads=16, num_kv_heads=4, head_dim=64,
-                      expert_deviation=0.024, skipped_layer_scale=0.011, shard_bytes=512 << 20),
-    # Qwen3-30B-A3B's layer shape (hidden 2048, 32 heads of 128 with 4 KV heads, 128 experts top-8 of width 768) in
-    # 8 layers: 5.1 G parameters (10 GB in bf16), 0.33 G active per token. For the GPU benchmarks (bench/gpu/), where
-    # the bench size is launch-bound; its draft's acceptance was not tuned.
-    "wide": DemoSize("wide", vocab_size=32000, hidden_size=2048, num_layers=8, draft_layers=4, num_experts=128,
-                     top_k=8, moe_intermediate_size=768, num_heads=32, num_kv_heads=4, head_dim=128,
-                     expert_deviation=0.024, skipped_layer_scale=0.011),
-}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class DeepSeekDemoSize:
-    """A size of the DeepSeek-V3-shaped pair (family 'deepseek'). The first first_k_dense_replace layers are dense,
-    with intermediate_size = moe_intermediate_size * (n_shared_experts + 1): the width of a draft layer, which holds
-    the shared expert and the base MLP side by side."""
-
-    name: str
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    draft_layers: int  # the draft carries this many of the target's layers, evenly spaced
-    num_experts: int  # n_routed_experts
-    top_k: int  # num_experts_per_tok
-    n_group: int
-    topk_group: int
-    moe_intermediate_size: int
-    num_heads: int
-    q_lora_rank: int
-    kv_lora_rank: int
-    qk_nope_head_dim: int
-    qk_rope_head_dim: int
-    v_head_dim: int
-    n_shared_experts: int = 1
-    first_k_dense_replace: int = 1
-    routed_scaling_factor: float = 2.5
-    max_position_embeddings: int = 4096
-    rope_theta: float = 10000.0
-    yarn_factor: float = 4.0  # rope_scaling: YaRN as DeepSeek-V3 has it, over original_max_position_embeddings
-    yarn_original_max_position_embeddings: int = 1024
-    router_bias_std: float = 0.1  # e_score_correction_bias: N(0, router_bias_std) (it only changes the choice)
-    expert_deviation: float = 0.033  # std of each expert's deviation from the base MLP, relative to INIT_STD
-    skipped_layer_scale: float = 0.018  # output scale (o_proj, the experts' down_proj) of the layers the draft skips
-    shard_bytes: int = 1 << 30
-    family: str = "deepseek"  # in the recipe, so that no manifest of one family passes for the other
-
-    @property
-    def intermediate_size(self) -> int:
-        return self.moe_intermediate_size * (self.n_shared_experts + 1)
-
-
-DEEPSEEK_SIZES = {
-    # About 60 M parameters, like the Qwen3-MoE default.
-    "default": DeepSeekDemoSize("default", vocab_size=4096, hidden_size=512, num_layers=8, draft_layers=4,
-                                num_experts=16, top_k=4, n_group=4, topk_group=2, moe_intermediate_size=256,
-                                num_heads=8, q_lora_rank=256, kv_lora_rank=128, qk_nope_head_dim=64,
-                                qk_rope_head_dim=32, v_head_dim=64),
-    # About one billion parameters, the bytes of the Qwen3-MoE bench size, for benchmarks.
-    "bench": DeepSeekDemoSize("bench", vocab_size=32000, hidden_size=1024, num_layers=16, draft_layers=4,
-                              num_experts=32, top_k=4, n_group=8, topk_group=4, moe_intermediate_size=512,
-                              num_heads=16, q_lora_rank=512, kv_lora_rank=256, qk_nope_head_dim=64,
-                              qk_rope_head_dim=32, v_head_dim=64, expert_deviation=0.019,
-                              skipped_layer_scale=0.009, shard_bytes=512 << 20),
-}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class GptOssDemoSize:
-    """A size of the gpt-oss-shaped pair (family 'gpt-oss'): config.json as GptOssConfig writes it, the experts in the
-    released MXFP4 layout. Layers alternate sliding_attention (even) and full_attention (odd); the draft carries
-    draft_layers // 2 evenly spaced pairs of them. Every matrix width is a multiple of 32 (MXFP4 blocks)."""
-
-    name: str
-    vocab_size: int
-    hidden_size: int
-    num_layers: int  # even: a sliding and a full attention layer per pair
-    draft_layers: int  # even: the draft carries this many of the target's layers, in pairs
-    num_experts: int  # num_local_experts
-    top_k: int  # num_experts_per_tok
-    intermediate_size: int  # each expert's width (gpt-oss's intermediate_size)
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    sliding_window: int
-    max_position_embeddings: int = 4096
-    rope_theta: float = 150000.0
-    yarn_factor: float = 32.0  # rope_scaling: YaRN as gpt-oss has it (factor 32 over its original context)
-    yarn_original_max_position_embeddings: int = 128
-    swiglu_limit: float = 7.0
-    bias_std: float = 0.1  # of every bias (attention, router, experts)
-    sink_std: float = 1.0  # of the attention sinks (one logit per head)
-    # std of each expert's deviation from the base MLP, relative to INIT_STD: far smaller than the other families'
-    # (a deviation that moves a value past the midpoint between two 4-bit codes moves it a whole step)
-    expert_deviation: float = 0.0005
-    skipped_layer_scale: float = 0.01  # output scale (o_proj, the experts' down_proj, their biases) of skipped layers
-    shard_bytes: int = 1 << 30
-    family: str = "gpt-oss"  # in the recipe, so that no manifest of one family passes for another
-
-
-GPT_OSS_SIZES = {
-    # About 110 M parameters in 77 MB of files (the experts MXFP4); acceptance at q=2: 77 %.
-    "default": GptOssDemoSize("default", vocab_size=4096, hidden_size=512, num_layers=8, draft_layers=4,
-                              num_experts=16, top_k=4, intermediate_size=512, num_heads=12, num_kv_heads=2,
-                              head_dim=64, sliding_window=32),
-    # gpt-oss-20b's shape scaled down (hidden = intermediate_size, 32 experts, top-4, head_dim 64, window 128):
-    # about 0.9 B parameters in 600 MB of files, for speed measurements; acceptance at q=2: 79 %.
-    "bench": GptOssDemoSize("bench", vocab_size=32000, hidden_size=1024, num_layers=8, draft_layers=4,
-                            num_experts=32, top_k=4, intermediate_size=1024, num_heads=16, num_kv_heads=2,
-                            head_dim=64, sliding_window=128, expert_deviation=0.0001, skipped_layer_scale=0.006,
-                            shard_bytes=512 << 20),
-}  # fmt: skip
-
-# The demo families: name -> the target and the draft in words (family_sizes() has their sizes). The default is the
+# The demo families, each a family's recipe (engine/families/<family>.py: DEMO): name -> recipe. The default is the
 # Qwen3-MoE pair; a demo of another family is named 'family/size' where one string names a pair (demo_name()).
-FAMILIES = {
-    "qwen3": ("Qwen3-MoE", "dense Qwen3"),
-    "deepseek": ("DeepSeek-V3", "dense DeepSeek-V3"),
-    "gpt-oss": ("gpt-oss", "one-expert gpt-oss"),
-}
+RECIPES: dict[str, DemoRecipe] = {f.demo.name: f.demo for f in families.FAMILIES if f.demo is not None}
+FAMILIES = {name: (r.target, r.draft) for name, r in RECIPES.items()}  # the target and the draft in words
 DEFAULT_FAMILY = "qwen3"
-FAMILY_FORMATS = {"qwen3": ("safetensors", "gguf"), "deepseek": ("safetensors",), "gpt-oss": ("safetensors",)}
-FAMILY_SIZES = {"qwen3": SIZES, "deepseek": DEEPSEEK_SIZES, "gpt-oss": GPT_OSS_SIZES}
+SIZES = RECIPES[DEFAULT_FAMILY].sizes  # the default family's sizes
+# The weights of a family's safetensors folders where they are not all bf16 (both roles)
+FOLDER_FORMATS = {name: r.folder_weights for name, r in RECIPES.items() if r.folder_weights}
 
 
 def family_sizes(family: str = DEFAULT_FAMILY) -> dict:
     """The sizes of a demo family (ArgumentError naming the families for an unknown one)."""
-    return FAMILY_SIZES[check_family(family)]
+    return RECIPES[check_family(family)].sizes
 
 
 def check_family(family) -> str:
@@ -266,6 +127,27 @@ def split_demo(name: str, family: str | None = None) -> tuple[str, str]:
 
 def spec_family(spec) -> str:
     return getattr(spec, "family", DEFAULT_FAMILY)
+
+
+def spec_recipe(spec) -> DemoRecipe:
+    """The recipe of a size of any family."""
+    return RECIPES[spec_family(spec)]
+
+
+def model_config(spec, role: str, eos_id: int) -> dict:
+    """config.json of the target or the draft of a size of any family, as its recipe writes it."""
+    return spec_recipe(spec).config(spec, role, eos_id)
+
+
+def model_tensors(spec, role: str) -> Iterator[Tensor]:
+    """The tensors of the target or the draft of a size of any family, in file order (shapes are known before any
+    value is made)."""
+    return spec_recipe(spec).tensors(spec, role)
+
+
+def draft_layer_map(spec) -> list[int]:
+    """The target layer each draft layer carries."""
+    return spec_recipe(spec).layer_map(spec)
 
 
 # The demo pair's file formats, and the GGUF quantizations: quant -> (llama.cpp's general.file_type, the experts'
@@ -311,13 +193,10 @@ TOKENIZER_CONFIG = {
 }
 
 
-DemoSpec = DemoSize | DeepSeekDemoSize | GptOssDemoSize  # a size of any family
-
-
-def recipe(size: DemoSpec, format: str = "safetensors", quant: str | None = None) -> dict:
+def recipe(size, format: str = "safetensors", quant: str | None = None) -> dict:
     """Everything the files depend on: a manifest with another recipe is rebuilt."""
     out = {"format": FORMAT_VERSION, "seed": SEED, "init_std": INIT_STD, "norm_std": NORM_STD, **asdict(size)}
-    if spec_family(size) != DEFAULT_FAMILY:
+    if spec_recipe(size).tokenizer_config:
         out["tokenizer_config"] = TOKENIZER_CONFIG
     if format == "gguf":
         out.update(file_format="gguf", gguf_format=GGUF_FORMAT_VERSION, quant=quant)
@@ -329,10 +208,10 @@ def check_format(format: str = "safetensors", quant: str | None = None, family: 
     quantization, a quantization given for safetensors, or a format the family is not written in."""
     if format not in DEMO_FORMATS:
         raise ArgumentError(f"demo model format {format!r:.80} is unknown: expected one of {', '.join(DEMO_FORMATS)}")
-    if format not in FAMILY_FORMATS[check_family(family)]:
+    if format not in RECIPES[check_family(family)].formats:
         said = {"safetensors": "safetensors folders", "gguf": "GGUF files"}
         raise ArgumentError(f"the {FAMILIES[family][0]} demo (family {family!r}) is written as "
-                            f"{' or '.join(said[f] for f in FAMILY_FORMATS[family])} only, not as "
+                            f"{' or '.join(said[f] for f in RECIPES[family].formats)} only, not as "
                             f"{said[format]}")  # fmt: skip
     if format == "safetensors":
         if quant is not None and family in FOLDER_FORMATS:
@@ -348,10 +227,6 @@ def check_format(format: str = "safetensors", quant: str | None = None, family: 
                             "every matrix Q8_0; mxfp4: MXFP4 experts, Q8_0 elsewhere, as llama.cpp's "
                             "MXFP4_MOE)")  # fmt: skip
     return quant
-
-
-# The weights of a family's safetensors folders where they are not all bf16 (both roles)
-FOLDER_FORMATS = {"gpt-oss": "MXFP4 experts, BF16 elsewhere"}
 
 
 def quant_formats(quant: str | None, role: str = "target", family: str = DEFAULT_FAMILY) -> str:
@@ -460,10 +335,11 @@ def build_pair(folder: Path, spec: DemoSize, format: str = "safetensors", quant:
                 continue
             (tmp / role).mkdir()
             (tmp / role / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
-            if spec_family(spec) != DEFAULT_FAMILY:  # as real folders have it (llama.cpp's converter needs it)
+            if spec_recipe(spec).tokenizer_config:  # as real folders have it (llama.cpp's converter needs it)
                 config = {**TOKENIZER_CONFIG, "eos_token": json.loads(tokenizer_json)["added_tokens"][0]["content"]}
                 (tmp / role / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-            (tmp / role / "config.json").write_text(json.dumps(model_config(spec, role, eos_id), indent=2) + "\n")
+            config = model_config(spec, role, eos_id)
+            (tmp / role / "config.json").write_text(json.dumps(config, indent=2) + "\n")
             write_safetensors(tmp / role, list(model_tensors(spec, role)), spec.shard_bytes)
         files = {}
         for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
@@ -477,477 +353,6 @@ def build_pair(folder: Path, spec: DemoSize, format: str = "safetensors", quant:
         raise CheckpointError(f"cannot write the demo model into '{folder}': {exc.strerror or exc}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def model_config(spec: DemoSize, role: str, eos_id: int) -> dict:
-    """config.json as transformers writes it for Qwen3MoeForCausalLM (target) / Qwen3ForCausalLM (draft); for a
-    DeepSeek size, deepseek_config()'s; for a gpt-oss size, gpt_oss_config()'s."""
-    if isinstance(spec, DeepSeekDemoSize):
-        return deepseek_config(spec, role, eos_id)
-    if isinstance(spec, GptOssDemoSize):
-        return gpt_oss_config(spec, role, eos_id)
-    common = {
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "bos_token_id": eos_id,
-        "eos_token_id": eos_id,
-        "head_dim": spec.head_dim,
-        "hidden_act": "silu",
-        "hidden_size": spec.hidden_size,
-        "initializer_range": INIT_STD,
-        "max_position_embeddings": spec.max_position_embeddings,
-        "num_attention_heads": spec.num_heads,
-        "num_key_value_heads": spec.num_kv_heads,
-        "rms_norm_eps": 1e-06,
-        "rope_scaling": None,
-        "rope_theta": spec.rope_theta,
-        "sliding_window": None,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "use_cache": True,
-        "use_sliding_window": False,
-        "vocab_size": spec.vocab_size,
-        "expertbench_synthetic": True,
-        "expertbench_demo": {"size": spec.name, "role": role, "format": FORMAT_VERSION},
-    }
-    if role == "draft":
-        return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
-                "intermediate_size": spec.moe_intermediate_size, "num_hidden_layers": spec.draft_layers,
-                "max_window_layers": spec.draft_layers, **common}  # fmt: skip
-    return {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "decoder_sparse_step": 1,
-            "intermediate_size": spec.moe_intermediate_size * spec.top_k, "mlp_only_layers": [],
-            "moe_intermediate_size": spec.moe_intermediate_size, "norm_topk_prob": True,
-            "num_experts": spec.num_experts, "num_experts_per_tok": spec.top_k, "num_hidden_layers": spec.num_layers,
-            "output_router_logits": False, "router_aux_loss_coef": 0.001, **common}  # fmt: skip
-
-
-def draft_layer_map(spec: DemoSize) -> list[int]:
-    """Target layer carried by each draft layer: evenly spaced, the first and last included (for gpt-oss, evenly
-    spaced pairs of a sliding and a full attention layer, so that the draft's layers alternate as the target's do)."""
-    if isinstance(spec, GptOssDemoSize):
-        pairs, carried = spec.num_layers // 2, spec.draft_layers // 2
-        starts = [0] if carried == 1 else [round(j * (pairs - 1) / (carried - 1)) for j in range(carried)]
-        return [layer for i in starts for layer in (2 * i, 2 * i + 1)]
-    if spec.draft_layers == 1:
-        return [0]
-    return [round(j * (spec.num_layers - 1) / (spec.draft_layers - 1)) for j in range(spec.draft_layers)]
-
-
-# A tensor to write: its name, shape and a function producing its float32 values (called once, when written).
-Tensor = tuple[str, tuple[int, ...], Callable[[], np.ndarray]]
-
-
-def model_tensors(spec: DemoSize, role: str) -> Iterator[Tensor]:
-    """The tensors of the target or the draft, in file order. Values depend only on (SEED, key), so the draft's
-    copy of a target tensor is bit-identical to it. For a DeepSeek size, deepseek_tensors()'s; for a gpt-oss size,
-    gpt_oss_tensors()'s."""
-    if isinstance(spec, DeepSeekDemoSize):
-        yield from deepseek_tensors(spec, role)
-        return
-    if isinstance(spec, GptOssDemoSize):
-        yield from gpt_oss_tensors(spec, role)
-        return
-    H, inter, hd = spec.hidden_size, spec.moe_intermediate_size, spec.head_dim
-    yield "model.embed_tokens.weight", (spec.vocab_size, H), lambda: _normal("embed", (spec.vocab_size, H))
-    carried = draft_layer_map(spec)
-    layers = range(spec.num_layers) if role == "target" else carried
-    for out_index, t in enumerate(layers):
-        p = f"model.layers.{t if role == 'target' else out_index}."
-        skipped = role == "target" and t not in carried
-        scale = spec.skipped_layer_scale if skipped else 1.0
-        for norm, n in (("input_layernorm", H), ("post_attention_layernorm", H),
-                        ("self_attn.q_norm", hd), ("self_attn.k_norm", hd)):  # fmt: skip
-            yield p + norm + ".weight", (n,), _norm_weight(f"{t}.{norm}", n)
-        q_rows, kv_rows = spec.num_heads * hd, spec.num_kv_heads * hd
-        yield p + "self_attn.q_proj.weight", (q_rows, H), _matrix(f"{t}.q", (q_rows, H))
-        yield p + "self_attn.k_proj.weight", (kv_rows, H), _matrix(f"{t}.k", (kv_rows, H))
-        yield p + "self_attn.v_proj.weight", (kv_rows, H), _matrix(f"{t}.v", (kv_rows, H))
-        yield p + "self_attn.o_proj.weight", (H, q_rows), _matrix(f"{t}.o", (H, q_rows), scale)
-        shapes = {"gate_proj": (inter, H), "up_proj": (inter, H), "down_proj": (H, inter)}
-        if role == "draft":
-            for proj, shape in shapes.items():
-                yield p + f"mlp.{proj}.weight", shape, _matrix(f"{t}.base.{proj}", shape)
-            continue
-        dev = spec.expert_deviation
-        yield p + "mlp.gate.weight", (spec.num_experts, H), _matrix(f"{t}.router", (spec.num_experts, H))
-        for e in range(spec.num_experts):
-            for proj, shape in shapes.items():
-                out_scale = scale if proj == "down_proj" else 1.0
-                yield p + f"mlp.experts.{e}.{proj}.weight", shape, _expert(t, e, proj, shape, dev, out_scale)
-    yield "model.norm.weight", (H,), _norm_weight("final_norm", H)
-    yield "lm_head.weight", (spec.vocab_size, H), lambda: _normal("lm_head", (spec.vocab_size, H))
-
-
-# ---- the DeepSeek-V3 pair ------------------------------------------------------------------------------------
-
-
-def deepseek_config(spec: DeepSeekDemoSize, role: str, eos_id: int) -> dict:
-    """config.json of the DeepSeek pair: DeepseekV3Config's keys as transformers saves them, with DeepSeek's own
-    scoring_func and topk_method beside them (as DeepSeek-V3's config.json has them). The draft is the same model
-    with fewer layers, every one of them dense (first_k_dense_replace = num_hidden_layers)."""
-    layers = spec.num_layers if role == "target" else spec.draft_layers
-    qk = spec.qk_nope_head_dim + spec.qk_rope_head_dim
-    return {
-        "architectures": ["DeepseekV3ForCausalLM"],
-        "model_type": "deepseek_v3",
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "bos_token_id": eos_id,
-        "eos_token_id": eos_id,
-        "first_k_dense_replace": spec.first_k_dense_replace if role == "target" else layers,
-        "head_dim": spec.qk_rope_head_dim,
-        "hidden_act": "silu",
-        "hidden_size": spec.hidden_size,
-        "initializer_range": INIT_STD,
-        "intermediate_size": spec.intermediate_size,
-        "kv_lora_rank": spec.kv_lora_rank,
-        "max_position_embeddings": spec.max_position_embeddings,
-        "moe_intermediate_size": spec.moe_intermediate_size,
-        "n_group": spec.n_group,
-        "n_routed_experts": spec.num_experts,
-        "n_shared_experts": spec.n_shared_experts,
-        "norm_topk_prob": True,
-        "num_attention_heads": spec.num_heads,
-        "num_experts_per_tok": spec.top_k,
-        "num_hidden_layers": layers,
-        "num_key_value_heads": spec.num_heads,
-        "q_lora_rank": spec.q_lora_rank,
-        "qk_head_dim": qk,
-        "qk_nope_head_dim": spec.qk_nope_head_dim,
-        "qk_rope_head_dim": spec.qk_rope_head_dim,
-        "rms_norm_eps": 1e-06,
-        "rope_interleave": True,
-        "rope_scaling": {
-            "beta_fast": 32,
-            "beta_slow": 1,
-            "factor": spec.yarn_factor,
-            "mscale": 1.0,
-            "mscale_all_dim": 1.0,
-            "original_max_position_embeddings": spec.yarn_original_max_position_embeddings,
-            "rope_type": "yarn",
-            "type": "yarn",
-        },
-        "rope_theta": spec.rope_theta,
-        "routed_scaling_factor": spec.routed_scaling_factor,
-        "scoring_func": "sigmoid",
-        "tie_word_embeddings": False,
-        "topk_group": spec.topk_group,
-        "topk_method": "noaux_tc",
-        "torch_dtype": "bfloat16",
-        "use_cache": True,
-        "v_head_dim": spec.v_head_dim,
-        "vocab_size": spec.vocab_size,
-        "expertbench_synthetic": True,
-        "expertbench_demo": {"family": spec.family, "size": spec.name, "role": role, "format": FORMAT_VERSION},
-    }
-
-
-def deepseek_tensors(spec: DeepSeekDemoSize, role: str) -> Iterator[Tensor]:
-    """The DeepSeek pair's tensors under transformers' DeepseekV3ForCausalLM names, in file order. Every routed
-    expert is the layer's base MLP plus a small deviation; a draft layer holds its target layer's attention and norms
-    as they are and, as its dense FFN, the target's dense FFN or [shared expert | base MLP] (gate and up rows stacked,
-    down columns side by side, the base's down_proj times routed_scaling_factor)."""
-    H, inter, heads = spec.hidden_size, spec.moe_intermediate_size, spec.num_heads
-    qk, rope = spec.qk_nope_head_dim + spec.qk_rope_head_dim, spec.qk_rope_head_dim
-    shared = inter * spec.n_shared_experts
-    yield "model.embed_tokens.weight", (spec.vocab_size, H), lambda: _normal("ds.embed", (spec.vocab_size, H))
-    carried = draft_layer_map(spec)
-    layers = range(spec.num_layers) if role == "target" else carried
-    for out_index, t in enumerate(layers):
-        p, k = f"model.layers.{t if role == 'target' else out_index}.", f"ds.{t}"
-        scale = spec.skipped_layer_scale if role == "target" and t not in carried else 1.0
-        for norm, n in (("input_layernorm", H), ("post_attention_layernorm", H),
-                        ("self_attn.q_a_layernorm", spec.q_lora_rank),
-                        ("self_attn.kv_a_layernorm", spec.kv_lora_rank)):  # fmt: skip
-            yield p + norm + ".weight", (n,), _norm_weight(f"{k}.{norm}", n)
-        attention = {
-            "q_a_proj": ((spec.q_lora_rank, H), 1.0),
-            "q_b_proj": ((heads * qk, spec.q_lora_rank), 1.0),
-            "kv_a_proj_with_mqa": ((spec.kv_lora_rank + rope, H), 1.0),
-            "kv_b_proj": ((heads * (spec.qk_nope_head_dim + spec.v_head_dim), spec.kv_lora_rank), 1.0),
-            "o_proj": ((H, heads * spec.v_head_dim), scale),
-        }
-        for proj, (shape, s) in attention.items():
-            yield p + f"self_attn.{proj}.weight", shape, _matrix(f"{k}.{proj}", shape, s)
-        dense = t < spec.first_k_dense_replace
-        if dense or role == "draft":
-            I = spec.intermediate_size  # noqa: E741
-            for proj, shape in (("gate_proj", (I, H)), ("up_proj", (I, H)), ("down_proj", (H, I))):
-                if dense:
-                    make = _matrix(f"{k}.dense.{proj}", shape, scale if proj == "down_proj" else 1.0)
-                else:
-                    make = _shared_and_base(k, proj, shared, inter, H, spec.routed_scaling_factor)
-                yield p + f"mlp.{proj}.weight", shape, make
-            continue
-        E = spec.num_experts
-        yield p + "mlp.gate.weight", (E, H), _matrix(f"{k}.router", (E, H))
-        yield p + "mlp.gate.e_score_correction_bias", (E,), _vector(f"{k}.router_bias", E, spec.router_bias_std)
-        shapes = {"gate_proj": (inter, H), "up_proj": (inter, H), "down_proj": (H, inter)}
-        for e in range(E):
-            for proj, shape in shapes.items():
-                out_scale = scale if proj == "down_proj" else 1.0
-                yield p + f"mlp.experts.{e}.{proj}.weight", shape, _expert(k, e, proj, shape, spec.expert_deviation,
-                                                                           out_scale)  # fmt: skip
-        for proj in shapes:
-            shape, s = ((shared, H), 1.0) if proj != "down_proj" else ((H, shared), scale)
-            yield p + f"mlp.shared_experts.{proj}.weight", shape, _matrix(f"{k}.shared.{proj}", shape, s)
-    yield "model.norm.weight", (H,), _norm_weight("ds.final_norm", H)
-    yield "lm_head.weight", (spec.vocab_size, H), lambda: _normal("ds.lm_head", (spec.vocab_size, H))
-
-
-def _vector(key: str, n: int, std: float) -> Callable[[], np.ndarray]:
-    return lambda: _normal(key, (n,), std)
-
-
-def _shared_and_base(k: str, proj: str, shared: int, inter: int, H: int, routed_scale: float):
-    """A draft FFN matrix standing for a target MoE layer: the shared expert's and the base MLP's side by side."""
-
-    def make() -> np.ndarray:
-        if proj == "down_proj":
-            base = _normal(f"{k}.base.{proj}", (H, inter))
-            base *= np.float32(routed_scale)
-            return np.concatenate([_normal(f"{k}.shared.{proj}", (H, shared)), base], axis=1)
-        return np.concatenate([_normal(f"{k}.shared.{proj}", (shared, H)), _normal(f"{k}.base.{proj}", (inter, H))])
-
-    return make
-
-
-# ---- the gpt-oss pair ---------------------------------------------------------------------------------------
-
-# quantization_config of the released gpt-oss checkpoints (openai/gpt-oss-20b's and -120b's config.json)
-GPT_OSS_QUANTIZATION = {
-    "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
-                               "lm_head"],
-    "quant_method": "mxfp4",
-}  # fmt: skip
-
-
-def gpt_oss_config(spec: GptOssDemoSize, role: str, eos_id: int) -> dict:
-    """config.json of the gpt-oss pair: GptOssConfig's keys as transformers saves them, with the released
-    checkpoints' swiglu_limit and quantization_config. The draft is the same model with fewer layers and one expert
-    (top-1); its layer_types alternate as the target's."""
-    layers = spec.num_layers if role == "target" else spec.draft_layers
-    return {
-        "architectures": ["GptOssForCausalLM"],
-        "attention_bias": True,
-        "attention_dropout": 0.0,
-        "bos_token_id": eos_id,
-        "dtype": "bfloat16",
-        "eos_token_id": eos_id,
-        "head_dim": spec.head_dim,
-        "hidden_act": "silu",
-        "hidden_size": spec.hidden_size,
-        "initializer_range": INIT_STD,
-        "intermediate_size": spec.intermediate_size,
-        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
-        "max_position_embeddings": spec.max_position_embeddings,
-        "model_type": "gpt_oss",
-        "num_attention_heads": spec.num_heads,
-        "num_experts_per_tok": spec.top_k if role == "target" else 1,
-        "num_hidden_layers": layers,
-        "num_key_value_heads": spec.num_kv_heads,
-        "num_local_experts": spec.num_experts if role == "target" else 1,
-        "output_router_logits": False,
-        "quantization_config": GPT_OSS_QUANTIZATION,
-        "rms_norm_eps": 1e-05,
-        "rope_scaling": {
-            "beta_fast": 32.0,
-            "beta_slow": 1.0,
-            "factor": spec.yarn_factor,
-            "original_max_position_embeddings": spec.yarn_original_max_position_embeddings,
-            "rope_type": "yarn",
-            "truncate": False,
-        },
-        "rope_theta": spec.rope_theta,
-        "router_aux_loss_coef": 0.9,
-        "sliding_window": spec.sliding_window,
-        "swiglu_limit": spec.swiglu_limit,
-        "tie_word_embeddings": False,
-        "use_cache": True,
-        "vocab_size": spec.vocab_size,
-        "expertbench_synthetic": True,
-        "expertbench_demo": {"family": spec.family, "size": spec.name, "role": role, "format": FORMAT_VERSION},
-    }
-
-
-def gpt_oss_tensors(spec: GptOssDemoSize, role: str) -> Iterator[Tensor]:
-    """The gpt-oss pair's tensors under transformers' GptOssForCausalLM names, the experts in the released MXFP4
-    layout (RawTensor: *_blocks and *_scales as uint8), in file order. Target expert e of a layer is its base MLP
-    plus a deviation (weights and biases), quantized on its own; a draft layer holds its target layer's attention
-    (biases and sinks too) and norms as they are, a router of one expert, and as that expert the MXFP4 of the base
-    MLP. The layers the draft skips write small updates: their o_proj and experts' down_proj (with biases) scaled."""
-    H, inter, hd = spec.hidden_size, spec.intermediate_size, spec.head_dim
-    yield "model.embed_tokens.weight", (spec.vocab_size, H), lambda: _normal("go.embed", (spec.vocab_size, H))
-    carried = draft_layer_map(spec)
-    layers = range(spec.num_layers) if role == "target" else carried
-    E = spec.num_experts if role == "target" else 1
-    dev = spec.expert_deviation if role == "target" else 0.0
-    for out_index, t in enumerate(layers):
-        p, k = f"model.layers.{t if role == 'target' else out_index}.", f"go.{t}"
-        scale = spec.skipped_layer_scale if role == "target" and t not in carried else 1.0
-        yield p + "input_layernorm.weight", (H,), _norm_weight(f"{k}.input_layernorm", H)
-        q_rows, kv_rows = spec.num_heads * hd, spec.num_kv_heads * hd
-        for proj, shape, s in (("q_proj", (q_rows, H), 1.0), ("k_proj", (kv_rows, H), 1.0),
-                               ("v_proj", (kv_rows, H), 1.0), ("o_proj", (H, q_rows), scale)):  # fmt: skip
-            yield p + f"self_attn.{proj}.weight", shape, _matrix(f"{k}.{proj}", shape, s)
-            yield p + f"self_attn.{proj}.bias", shape[:1], _vector(f"{k}.{proj}.bias", shape[0], spec.bias_std * s)
-        yield p + "self_attn.sinks", (spec.num_heads,), _vector(f"{k}.sinks", spec.num_heads, spec.sink_std)
-        yield p + "post_attention_layernorm.weight", (H,), _norm_weight(f"{k}.post_attention_layernorm", H)
-        yield p + "mlp.router.weight", (E, H), _matrix(f"{k}.router", (E, H))
-        yield p + "mlp.router.bias", (E,), _vector(f"{k}.router.bias", E, spec.bias_std)
-        for proj, rows, cols, s in (("gate_up_proj", 2 * inter, H, 1.0), ("down_proj", H, inter, scale)):
-            blocks, scales = _mxfp4_experts(k, proj, E, rows, cols, dev, s)
-            yield p + f"mlp.experts.{proj}_blocks", (E, rows, cols // 32, 16), blocks
-            yield p + f"mlp.experts.{proj}_scales", (E, rows, cols // 32), scales
-            yield p + f"mlp.experts.{proj}_bias", (E, rows), _expert_biases(k, proj, E, rows, dev, spec.bias_std * s)
-    yield "model.norm.weight", (H,), _norm_weight("go.final_norm", H)
-    yield "lm_head.weight", (spec.vocab_size, H), lambda: _normal("go.lm_head", (spec.vocab_size, H))
-
-
-def _expert_rows(k: str, proj: str, e: int | None, rows: int, cols: int, deviation: float) -> np.ndarray:
-    """One expert's matrix of a gpt-oss layer, one row per output ([rows, cols]): gate_up_proj's rows interleave the
-    gate (even rows) and up (odd rows) projections, as the released layout does. e None: the base MLP's."""
-    parts = ("gate", "up") if proj == "gate_up_proj" else ("down",)
-    out = np.empty((rows, cols), dtype=np.float32)
-    for i, part in enumerate(parts):
-        w = _normal(f"{k}.base.{part}", (rows // len(parts), cols))
-        if e is not None and deviation:
-            w += _normal(f"{k}.expert.{e}.{part}", w.shape, INIT_STD * deviation)
-        out[i :: len(parts)] = w
-    return out
-
-
-def _expert_biases(k: str, proj: str, E: int, rows: int, deviation: float, std: float) -> Callable[[], np.ndarray]:
-    """[E, rows]: each expert's bias is the base bias plus a deviation (gate and up interleaved as the rows are)."""
-    parts = ("gate", "up") if proj == "gate_up_proj" else ("down",)
-
-    def make() -> np.ndarray:
-        out = np.empty((E, rows), dtype=np.float32)
-        for i, part in enumerate(parts):
-            base = _normal(f"{k}.base.{part}.bias", (rows // len(parts),), std)
-            for e in range(E):
-                b = base.copy()
-                if deviation:
-                    b += _normal(f"{k}.expert.{e}.{part}.bias", b.shape, std * deviation)
-                out[e, i :: len(parts)] = b
-        return out
-
-    return make
-
-
-def _mxfp4_experts(k: str, proj: str, E: int, rows: int, cols: int, deviation: float,
-                   scale: float) -> tuple[RawTensor, RawTensor]:  # fmt: skip
-    """The makers of one layer's *_blocks [E, rows, cols/32, 16] and *_scales [E, rows, cols/32]: every expert's
-    matrix (times scale) quantized once for both (the writer asks for the blocks, then the scales)."""
-    made: dict[str, np.ndarray] = {}
-
-    def quantized() -> dict[str, np.ndarray]:
-        if not made:
-            blocks = np.empty((E, rows, cols // 32, 16), dtype=np.uint8)
-            scales = np.empty((E, rows, cols // 32), dtype=np.uint8)
-            for e in range(E):
-                w = _expert_rows(k, proj, e, rows, cols, deviation)
-                if scale != 1.0:
-                    w *= np.float32(scale)
-                blocks[e], scales[e] = mxfp4_quantize(w)
-            made.update(blocks=blocks, scales=scales)
-        return made
-
-    def scales() -> np.ndarray:
-        out = quantized()["scales"]
-        made.clear()
-        return out
-
-    return RawTensor(lambda: quantized()["blocks"]), RawTensor(scales)
-
-
-# FP4 E2M1: the magnitudes of codes 0..7 (bit 3 is the sign) and the midpoints between neighbours
-E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
-_E2M1_MIDPOINTS = (E2M1[1:] + E2M1[:-1]) / 2
-
-
-def mxfp4_quantize(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """float32 [..., n] (n a multiple of 32) -> (blocks uint8 [..., n/32, 16], scales uint8 [..., n/32]): the OCP MX
-    rule as the gpt-oss fixtures' quantizer has it. Per block of 32 values the exponent e = floor(log2(max |x|)) - 2
-    (E2M1's largest exponent is 2), stored as e + 127; each x / 2^e rounded to the nearest E2M1 magnitude, ties to
-    the even code, past 6 to 6; a value that rounds to zero is +0. Element i of a block is in byte i // 2, the low
-    nibble for even i. Dequantized: E2M1[code & 7] * (-1 if code & 8) * 2^(scale - 127) (transformers'
-    convert_moe_packed_tensors)."""
-    x = np.asarray(rows, dtype=np.float32).reshape(*rows.shape[:-1], -1, 32)
-    _, exp = np.frexp(np.abs(x).max(axis=-1))  # max = m * 2^exp, m in [0.5, 1): floor(log2(max)) = exp - 1
-    e = np.clip(exp - 3, -127, 127)
-    scaled = np.abs(x) * np.exp2(-e).astype(np.float32)[..., None]  # exact: a power of two
-    code = np.searchsorted(_E2M1_MIDPOINTS, scaled, side="left")  # on a midpoint: the smaller code
-    tie = (code % 2 == 1) & (scaled == _E2M1_MIDPOINTS[np.minimum(code, len(_E2M1_MIDPOINTS) - 1)])
-    code = (code + tie).astype(np.uint8)
-    code |= np.where((x < 0) & (code > 0), np.uint8(8), np.uint8(0))
-    return code[..., 0::2] | (code[..., 1::2] << 4), (e + 127).astype(np.uint8)
-
-
-def mxfp4_dequantize(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """The inverse of mxfp4_quantize: (blocks [..., G, 16], scales [..., G]) -> float32 [..., G * 32]."""
-    code = np.stack([blocks & 0x0F, blocks >> 4], axis=-1).reshape(*blocks.shape[:-1], 32)
-    values = np.where(code & 8, -1.0, 1.0).astype(np.float32) * E2M1[code & 7]
-    values *= np.exp2(scales.astype(np.int32) - 127).astype(np.float32)[..., None]
-    return values.reshape(*blocks.shape[:-2], -1)
-
-
-class RawTensor:
-    """The maker of a tensor written as the values it makes (uint8: MXFP4 blocks and scales), not rounded to bf16."""
-
-    dtype = "U8"
-
-    def __init__(self, make: Callable[[], np.ndarray]):
-        self.make = make
-
-    def __call__(self) -> np.ndarray:
-        return self.make()
-
-
-def _rng(key: str) -> np.random.Generator:
-    digest = hashlib.sha256(key.encode()).digest()
-    return np.random.default_rng([SEED, int.from_bytes(digest[:8], "little")])
-
-
-def _normal(key: str, shape: tuple[int, ...], std: float = INIT_STD) -> np.ndarray:
-    a = _rng(key).standard_normal(shape, dtype=np.float32)
-    a *= np.float32(std)
-    return a
-
-
-def _matrix(key: str, shape, scale: float = 1.0) -> Callable[[], np.ndarray]:
-    return lambda: _normal(key, shape, INIT_STD * scale)
-
-
-def _norm_weight(key: str, n: int) -> Callable[[], np.ndarray]:
-    def make() -> np.ndarray:
-        w = _normal(f"norm.{key}", (n,), NORM_STD)
-        w += np.float32(1.0)
-        return w
-
-    return make
-
-
-@functools.lru_cache(maxsize=4)
-def _base(key: str, shape: tuple[int, ...]) -> np.ndarray:
-    """A layer's base MLP matrix, read-only: every expert of the layer adds its deviation to it (kept for the next
-    expert: the experts of a layer are written one after the other)."""
-    a = _normal(key, shape)
-    a.flags.writeable = False
-    return a
-
-
-def _expert(
-    layer: int | str, expert: int, proj: str, shape, deviation: float, scale: float
-) -> Callable[[], np.ndarray]:
-    def make() -> np.ndarray:
-        w = _base(f"{layer}.base.{proj}", tuple(shape)).copy()
-        w += _normal(f"{layer}.expert.{expert}.{proj}", shape, INIT_STD * deviation)
-        if scale != 1.0:
-            w *= np.float32(scale)
-        return w
-
-    return make
 
 
 def bf16_bytes(a: np.ndarray) -> bytes:

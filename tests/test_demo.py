@@ -138,12 +138,12 @@ def test_wide_size_has_qwen3_30b_a3b_layers():
 
 def test_experts_share_their_layers_base_bit_for_bit():
     """The cached base changes no bit: an expert is the base plus its deviation, made again from the keys."""
-    from engine.demo import INIT_STD, _expert, _normal
+    from engine.families.synthetic import INIT_STD, expert, normal
 
     for e in (0, 1, 0):
-        w = _expert(3, e, "up_proj", (64, 32), 0.05, 1.0)()
-        want = _normal("3.base.up_proj", (64, 32))
-        want += _normal(f"3.expert.{e}.up_proj", (64, 32), INIT_STD * 0.05)
+        w = expert(3, e, "up_proj", (64, 32), 0.05, 1.0)()
+        want = normal("3.base.up_proj", (64, 32))
+        want += normal(f"3.expert.{e}.up_proj", (64, 32), INIT_STD * 0.05)
         assert np.array_equal(w, want)
         w[:] = 0  # a caller writing into its expert leaves the base alone
 

@@ -15,7 +15,6 @@ from engine import demo
 from engine.checkpoint import Checkpoint
 from engine.cli import main
 from engine.demo import (
-    DEEPSEEK_SIZES,
     DEMO_PROMPTS,
     SIZES,
     check_pair,
@@ -26,6 +25,7 @@ from engine.demo import (
     split_demo,
 )
 from engine.errors import ArgumentError
+from engine.families.deepseek_v3 import DEMO_SIZES as DEEPSEEK_SIZES
 from engine.model import Engine
 from engine.profile import ModelRef, ProfileError
 from engine.profile import loads as load_profile

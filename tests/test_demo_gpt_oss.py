@@ -21,7 +21,6 @@ from engine.cli import main
 from engine.costmodel import ModelShape
 from engine.demo import (
     DEMO_PROMPTS,
-    GPT_OSS_SIZES,
     SIZES,
     check_pair,
     demo_folder,
@@ -33,6 +32,8 @@ from engine.demo import (
 )
 from engine.errors import ArgumentError
 from engine.export import to_ktransformers, to_llama_cpp
+from engine.families.gpt_oss import DEMO_SIZES as GPT_OSS_SIZES
+from engine.families.synthetic import normal
 from engine.model import Engine
 from engine.placement import Placement
 from engine.profile import ModelRef, ProfileError
@@ -139,7 +140,7 @@ def test_the_draft_carries_its_target_layers(go_pair):
     assert np.all((same > 0.9) & (same < 1.0)), same  # close to the base, each its own
     # the layout: dequantized, the even rows are the base gate projection, the odd rows the base up projection
     base = _dequantize(db[0], _u8(draft.tensors["model.layers.3.mlp.experts.gate_up_proj_scales"])[0])
-    gate, up = demo._normal("go.7.base.gate", (spec.intermediate_size, spec.hidden_size)), demo._normal(
+    gate, up = normal("go.7.base.gate", (spec.intermediate_size, spec.hidden_size)), normal(
         "go.7.base.up", (spec.intermediate_size, spec.hidden_size))  # fmt: skip
     assert np.corrcoef(base[0::2].ravel(), gate.ravel())[0, 1] > 0.97
     assert np.corrcoef(base[1::2].ravel(), up.ravel())[0, 1] > 0.97

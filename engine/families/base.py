@@ -19,6 +19,7 @@ from ..errors import CheckpointError, EngineError, UnsupportedError
 
 if TYPE_CHECKING:
     from ..model_config import ModelConfig
+    from .synthetic import DemoRecipe
 
 # llama.cpp's per-layer tensor names -> the Hugging Face names (engine/model.py binds those), as the llama-shaped
 # families (Qwen3, and gpt-oss's attention) name them
@@ -130,19 +131,6 @@ class GGUFShape:
 
 
 @dataclass(frozen=True)
-class DemoRecipe:
-    """The family's built-in synthetic pair (engine/demo.py): its name there ('deepseek'), the target and the draft
-    in words, the file formats it is written in, what its folders' weights are where not all BF16, and its sizes."""
-
-    name: str
-    target: str
-    draft: str
-    formats: tuple[str, ...]
-    sizes: Mapping[str, Any]
-    folder_weights: str | None = None
-
-
-@dataclass(frozen=True)
 class Family:
     """One architecture the engine runs (ModelConfig.architecture), as data and small functions.
 
@@ -170,7 +158,7 @@ class Family:
     gguf_expert_biases: Mapping[str, str] = field(default_factory=dict)
     extra_layers: Callable[[ConfigKeys], int] = lambda keys: 0
     ktransformers_note: Callable[[list[int]], str | None] = lambda whole: None
-    demo: DemoRecipe | None = None
+    demo: DemoRecipe | None = None  # its built-in synthetic pair (engine/demo.py), when it has one
 
 
 def gguf_yarn_keys(a: str) -> dict[str, str]:

@@ -4,10 +4,26 @@ DeepSeek-V2/V3)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from ..errors import UnsupportedError
 from .base import ConfigKeys, Family, GGUFShape, Metadata, gguf_theta, gguf_yarn, gguf_yarn_keys, yarn_rope
+from .synthetic import (
+    FORMAT_VERSION,
+    INIT_STD,
+    DemoRecipe,
+    Tensor,
+    evenly_spaced,
+    expert,
+    matrix,
+    norm_weight,
+    normal,
+    vector,
+)
 
 # The converter splits kv_b_proj into attn_k_b ([heads, kv_lora_rank, nope]: the key half transposed) and attn_v_b
 # ([heads, v, kv_lora_rank]); older files hold attn_kv_b whole. Their 3-D tensors are bound as 2-D (heads stacked).
@@ -182,6 +198,208 @@ def _ktransformers(whole: list[int]) -> str | None:
             "KTransformersExperts, generate_op KExpertsMarlin)")  # fmt: skip
 
 
+# ---- the demo pair (engine/demo.py): a DeepSeek-V3 target and a draft of dense DeepSeek-V3 layers -------------
+
+
+@dataclass(frozen=True)
+class DeepSeekDemoSize:
+    """A size of the DeepSeek-V3-shaped pair (family 'deepseek'). The first first_k_dense_replace layers are dense,
+    with intermediate_size = moe_intermediate_size * (n_shared_experts + 1): the width of a draft layer, which holds
+    the shared expert and the base MLP side by side."""
+
+    name: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    draft_layers: int  # the draft carries this many of the target's layers, evenly spaced
+    num_experts: int  # n_routed_experts
+    top_k: int  # num_experts_per_tok
+    n_group: int
+    topk_group: int
+    moe_intermediate_size: int
+    num_heads: int
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    n_shared_experts: int = 1
+    first_k_dense_replace: int = 1
+    routed_scaling_factor: float = 2.5
+    max_position_embeddings: int = 4096
+    rope_theta: float = 10000.0
+    yarn_factor: float = 4.0  # rope_scaling: YaRN as DeepSeek-V3 has it, over original_max_position_embeddings
+    yarn_original_max_position_embeddings: int = 1024
+    router_bias_std: float = 0.1  # e_score_correction_bias: N(0, router_bias_std) (it only changes the choice)
+    expert_deviation: float = 0.033  # std of each expert's deviation from the base MLP, relative to INIT_STD
+    skipped_layer_scale: float = 0.018  # output scale (o_proj, the experts' down_proj) of the layers the draft skips
+    shard_bytes: int = 1 << 30
+    family: str = "deepseek"  # in the recipe, so that no manifest of one family passes for the other
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.moe_intermediate_size * (self.n_shared_experts + 1)
+
+
+DEMO_SIZES = {
+    # About 60 M parameters, like the Qwen3-MoE default.
+    "default": DeepSeekDemoSize("default", vocab_size=4096, hidden_size=512, num_layers=8, draft_layers=4,
+                                num_experts=16, top_k=4, n_group=4, topk_group=2, moe_intermediate_size=256,
+                                num_heads=8, q_lora_rank=256, kv_lora_rank=128, qk_nope_head_dim=64,
+                                qk_rope_head_dim=32, v_head_dim=64),
+    # About one billion parameters, the bytes of the Qwen3-MoE bench size, for benchmarks.
+    "bench": DeepSeekDemoSize("bench", vocab_size=32000, hidden_size=1024, num_layers=16, draft_layers=4,
+                              num_experts=32, top_k=4, n_group=8, topk_group=4, moe_intermediate_size=512,
+                              num_heads=16, q_lora_rank=512, kv_lora_rank=256, qk_nope_head_dim=64,
+                              qk_rope_head_dim=32, v_head_dim=64, expert_deviation=0.019,
+                              skipped_layer_scale=0.009, shard_bytes=512 << 20),
+}  # fmt: skip
+
+
+def demo_layers(spec: DeepSeekDemoSize) -> list[int]:
+    return evenly_spaced(spec.num_layers, spec.draft_layers)
+
+
+def demo_config(spec: DeepSeekDemoSize, role: str, eos_id: int) -> dict:
+    """config.json of the DeepSeek pair: DeepseekV3Config's keys as transformers saves them, with DeepSeek's own
+    scoring_func and topk_method beside them (as DeepSeek-V3's config.json has them). The draft is the same model
+    with fewer layers, every one of them dense (first_k_dense_replace = num_hidden_layers)."""
+    layers = spec.num_layers if role == "target" else spec.draft_layers
+    qk = spec.qk_nope_head_dim + spec.qk_rope_head_dim
+    return {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": eos_id,
+        "eos_token_id": eos_id,
+        "first_k_dense_replace": spec.first_k_dense_replace if role == "target" else layers,
+        "head_dim": spec.qk_rope_head_dim,
+        "hidden_act": "silu",
+        "hidden_size": spec.hidden_size,
+        "initializer_range": INIT_STD,
+        "intermediate_size": spec.intermediate_size,
+        "kv_lora_rank": spec.kv_lora_rank,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "moe_intermediate_size": spec.moe_intermediate_size,
+        "n_group": spec.n_group,
+        "n_routed_experts": spec.num_experts,
+        "n_shared_experts": spec.n_shared_experts,
+        "norm_topk_prob": True,
+        "num_attention_heads": spec.num_heads,
+        "num_experts_per_tok": spec.top_k,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": spec.num_heads,
+        "q_lora_rank": spec.q_lora_rank,
+        "qk_head_dim": qk,
+        "qk_nope_head_dim": spec.qk_nope_head_dim,
+        "qk_rope_head_dim": spec.qk_rope_head_dim,
+        "rms_norm_eps": 1e-06,
+        "rope_interleave": True,
+        "rope_scaling": {
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "factor": spec.yarn_factor,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+            "original_max_position_embeddings": spec.yarn_original_max_position_embeddings,
+            "rope_type": "yarn",
+            "type": "yarn",
+        },
+        "rope_theta": spec.rope_theta,
+        "routed_scaling_factor": spec.routed_scaling_factor,
+        "scoring_func": "sigmoid",
+        "tie_word_embeddings": False,
+        "topk_group": spec.topk_group,
+        "topk_method": "noaux_tc",
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "v_head_dim": spec.v_head_dim,
+        "vocab_size": spec.vocab_size,
+        "expertbench_synthetic": True,
+        "expertbench_demo": {"family": spec.family, "size": spec.name, "role": role, "format": FORMAT_VERSION},
+    }
+
+
+def demo_tensors(spec: DeepSeekDemoSize, role: str) -> Iterator[Tensor]:
+    """The DeepSeek pair's tensors under transformers' DeepseekV3ForCausalLM names, in file order. Every routed
+    expert is the layer's base MLP plus a small deviation; a draft layer holds its target layer's attention and norms
+    as they are and, as its dense FFN, the target's dense FFN or [shared expert | base MLP] (gate and up rows stacked,
+    down columns side by side, the base's down_proj times routed_scaling_factor)."""
+    H, inter, heads = spec.hidden_size, spec.moe_intermediate_size, spec.num_heads
+    qk, rope = spec.qk_nope_head_dim + spec.qk_rope_head_dim, spec.qk_rope_head_dim
+    shared = inter * spec.n_shared_experts
+    yield "model.embed_tokens.weight", (spec.vocab_size, H), lambda: normal("ds.embed", (spec.vocab_size, H))
+    carried = demo_layers(spec)
+    layers = range(spec.num_layers) if role == "target" else carried
+    for out_index, t in enumerate(layers):
+        p, k = f"model.layers.{t if role == 'target' else out_index}.", f"ds.{t}"
+        scale = spec.skipped_layer_scale if role == "target" and t not in carried else 1.0
+        for norm, n in (("input_layernorm", H), ("post_attention_layernorm", H),
+                        ("self_attn.q_a_layernorm", spec.q_lora_rank),
+                        ("self_attn.kv_a_layernorm", spec.kv_lora_rank)):  # fmt: skip
+            yield p + norm + ".weight", (n,), norm_weight(f"{k}.{norm}", n)
+        attention = {
+            "q_a_proj": ((spec.q_lora_rank, H), 1.0),
+            "q_b_proj": ((heads * qk, spec.q_lora_rank), 1.0),
+            "kv_a_proj_with_mqa": ((spec.kv_lora_rank + rope, H), 1.0),
+            "kv_b_proj": ((heads * (spec.qk_nope_head_dim + spec.v_head_dim), spec.kv_lora_rank), 1.0),
+            "o_proj": ((H, heads * spec.v_head_dim), scale),
+        }
+        for proj, (shape, s) in attention.items():
+            yield p + f"self_attn.{proj}.weight", shape, matrix(f"{k}.{proj}", shape, s)
+        dense = t < spec.first_k_dense_replace
+        if dense or role == "draft":
+            I = spec.intermediate_size  # noqa: E741
+            for proj, shape in (("gate_proj", (I, H)), ("up_proj", (I, H)), ("down_proj", (H, I))):
+                if dense:
+                    make = matrix(f"{k}.dense.{proj}", shape, scale if proj == "down_proj" else 1.0)
+                else:
+                    make = _shared_and_base(k, proj, shared, inter, H, spec.routed_scaling_factor)
+                yield p + f"mlp.{proj}.weight", shape, make
+            continue
+        E = spec.num_experts
+        yield p + "mlp.gate.weight", (E, H), matrix(f"{k}.router", (E, H))
+        yield p + "mlp.gate.e_score_correction_bias", (E,), vector(f"{k}.router_bias", E, spec.router_bias_std)
+        shapes = {"gate_proj": (inter, H), "up_proj": (inter, H), "down_proj": (H, inter)}
+        for e in range(E):
+            for proj, shape in shapes.items():
+                out_scale = scale if proj == "down_proj" else 1.0
+                yield p + f"mlp.experts.{e}.{proj}.weight", shape, expert(k, e, proj, shape, spec.expert_deviation,
+                                                                           out_scale)  # fmt: skip
+        for proj in shapes:
+            shape, s = ((shared, H), 1.0) if proj != "down_proj" else ((H, shared), scale)
+            yield p + f"mlp.shared_experts.{proj}.weight", shape, matrix(f"{k}.shared.{proj}", shape, s)
+    yield "model.norm.weight", (H,), norm_weight("ds.final_norm", H)
+    yield "lm_head.weight", (spec.vocab_size, H), lambda: normal("ds.lm_head", (spec.vocab_size, H))
+
+
+def _shared_and_base(k: str, proj: str, shared: int, inter: int, H: int, routed_scale: float):
+    """A draft FFN matrix standing for a target MoE layer: the shared expert's and the base MLP's side by side."""
+
+    def make() -> np.ndarray:
+        if proj == "down_proj":
+            base = normal(f"{k}.base.{proj}", (H, inter))
+            base *= np.float32(routed_scale)
+            return np.concatenate([normal(f"{k}.shared.{proj}", (H, shared)), base], axis=1)
+        return np.concatenate([normal(f"{k}.shared.{proj}", (shared, H)), normal(f"{k}.base.{proj}", (inter, H))])
+
+    return make
+
+
+DEMO = DemoRecipe(
+    "deepseek",
+    "DeepSeek-V3",
+    "dense DeepSeek-V3",
+    ("safetensors",),
+    DEMO_SIZES,
+    demo_config,
+    demo_tensors,
+    demo_layers,
+    tokenizer_config=True,
+)
+
+
 DEEPSEEK_V3 = Family(
     architecture="deepseek_v3",
     hf_classes=("DeepseekV3ForCausalLM",),
@@ -194,4 +412,5 @@ DEEPSEEK_V3 = Family(
     rope_scaling=True,
     extra_layers=next_token_layers,
     ktransformers_note=_ktransformers,
+    demo=DEMO,
 )

@@ -4,10 +4,23 @@ llama.cpp's qwen3 and qwen3moe."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UnsupportedError
 from .base import LAYER_TENSORS, MOE_LAYER_TENSORS, ConfigKeys, Family, GGUFShape, Metadata, gguf_even_head
+from .synthetic import (
+    FORMAT_VERSION,
+    INIT_STD,
+    DemoRecipe,
+    Tensor,
+    evenly_spaced,
+    expert,
+    matrix,
+    norm_weight,
+    normal,
+)
 
 
 def _dense_config(keys: ConfigKeys, hidden: int, heads: int, layers: int) -> dict[str, Any]:
@@ -114,6 +127,126 @@ def _ktransformers(whole: list[int]) -> str | None:
             "the supported route")  # fmt: skip
 
 
+# ---- the demo pair (engine/demo.py): a Qwen3-MoE target and a dense Qwen3 draft built from it -----------------
+
+
+@dataclass(frozen=True)
+class DemoSize:
+    name: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    draft_layers: int  # the draft carries this many of the target's layers, evenly spaced
+    num_experts: int
+    top_k: int
+    moe_intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int = 4096
+    rope_theta: float = 1000000.0
+    expert_deviation: float = 0.033  # std of each expert's deviation from the base MLP, relative to INIT_STD
+    skipped_layer_scale: float = 0.018  # output scale (o_proj, down_proj) of the target layers the draft skips
+    shard_bytes: int = 1 << 30  # safetensors shards of at most this size (one file when the model fits)
+
+
+SIZES = {
+    # About 60 M parameters (17 M active per token): decodes far above 10 tokens/s on a 2-core laptop CPU.
+    "default": DemoSize("default", vocab_size=4096, hidden_size=512, num_layers=8, draft_layers=4, num_experts=16,
+                        top_k=4, moe_intermediate_size=256, num_heads=8, num_kv_heads=2, head_dim=64),
+    # About one billion parameters, for benchmarks.
+    "bench": DemoSize("bench", vocab_size=32000, hidden_size=1024, num_layers=16, draft_layers=4, num_experts=32,
+                      top_k=4, moe_intermediate_size=512, num_heads=16, num_kv_heads=4, head_dim=64,
+                      expert_deviation=0.024, skipped_layer_scale=0.011, shard_bytes=512 << 20),
+    # Qwen3-30B-A3B's layer shape (hidden 2048, 32 heads of 128 with 4 KV heads, 128 experts top-8 of width 768) in
+    # 8 layers: 5.1 G parameters (10 GB in bf16), 0.33 G active per token. For the GPU benchmarks (bench/gpu/), where
+    # the bench size is launch-bound; its draft's acceptance was not tuned.
+    "wide": DemoSize("wide", vocab_size=32000, hidden_size=2048, num_layers=8, draft_layers=4, num_experts=128,
+                     top_k=8, moe_intermediate_size=768, num_heads=32, num_kv_heads=4, head_dim=128,
+                     expert_deviation=0.024, skipped_layer_scale=0.011),
+}  # fmt: skip
+
+
+def demo_layers(spec: DemoSize) -> list[int]:
+    return evenly_spaced(spec.num_layers, spec.draft_layers)
+
+
+def demo_config(spec: DemoSize, role: str, eos_id: int) -> dict:
+    """config.json as transformers writes it for Qwen3MoeForCausalLM (target) / Qwen3ForCausalLM (draft)."""
+    common = {
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": eos_id,
+        "eos_token_id": eos_id,
+        "head_dim": spec.head_dim,
+        "hidden_act": "silu",
+        "hidden_size": spec.hidden_size,
+        "initializer_range": INIT_STD,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": spec.rope_theta,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": spec.vocab_size,
+        "expertbench_synthetic": True,
+        "expertbench_demo": {"size": spec.name, "role": role, "format": FORMAT_VERSION},
+    }
+    if role == "draft":
+        return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+                "intermediate_size": spec.moe_intermediate_size, "num_hidden_layers": spec.draft_layers,
+                "max_window_layers": spec.draft_layers, **common}  # fmt: skip
+    return {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "decoder_sparse_step": 1,
+            "intermediate_size": spec.moe_intermediate_size * spec.top_k, "mlp_only_layers": [],
+            "moe_intermediate_size": spec.moe_intermediate_size, "norm_topk_prob": True,
+            "num_experts": spec.num_experts, "num_experts_per_tok": spec.top_k, "num_hidden_layers": spec.num_layers,
+            "output_router_logits": False, "router_aux_loss_coef": 0.001, **common}  # fmt: skip
+
+
+def demo_tensors(spec: DemoSize, role: str) -> Iterator[Tensor]:
+    """The tensors of the target or the draft, in file order: every expert the layer's base MLP plus a small
+    deviation; the draft's layers carry the target layers' attention and base MLPs."""
+    H, inter, hd = spec.hidden_size, spec.moe_intermediate_size, spec.head_dim
+    yield "model.embed_tokens.weight", (spec.vocab_size, H), lambda: normal("embed", (spec.vocab_size, H))
+    carried = demo_layers(spec)
+    layers = range(spec.num_layers) if role == "target" else carried
+    for out_index, t in enumerate(layers):
+        p = f"model.layers.{t if role == 'target' else out_index}."
+        skipped = role == "target" and t not in carried
+        scale = spec.skipped_layer_scale if skipped else 1.0
+        for norm, n in (("input_layernorm", H), ("post_attention_layernorm", H),
+                        ("self_attn.q_norm", hd), ("self_attn.k_norm", hd)):  # fmt: skip
+            yield p + norm + ".weight", (n,), norm_weight(f"{t}.{norm}", n)
+        q_rows, kv_rows = spec.num_heads * hd, spec.num_kv_heads * hd
+        yield p + "self_attn.q_proj.weight", (q_rows, H), matrix(f"{t}.q", (q_rows, H))
+        yield p + "self_attn.k_proj.weight", (kv_rows, H), matrix(f"{t}.k", (kv_rows, H))
+        yield p + "self_attn.v_proj.weight", (kv_rows, H), matrix(f"{t}.v", (kv_rows, H))
+        yield p + "self_attn.o_proj.weight", (H, q_rows), matrix(f"{t}.o", (H, q_rows), scale)
+        shapes = {"gate_proj": (inter, H), "up_proj": (inter, H), "down_proj": (H, inter)}
+        if role == "draft":
+            for proj, shape in shapes.items():
+                yield p + f"mlp.{proj}.weight", shape, matrix(f"{t}.base.{proj}", shape)
+            continue
+        dev = spec.expert_deviation
+        yield p + "mlp.gate.weight", (spec.num_experts, H), matrix(f"{t}.router", (spec.num_experts, H))
+        for e in range(spec.num_experts):
+            for proj, shape in shapes.items():
+                out_scale = scale if proj == "down_proj" else 1.0
+                yield p + f"mlp.experts.{e}.{proj}.weight", shape, expert(t, e, proj, shape, dev, out_scale)
+    yield "model.norm.weight", (H,), norm_weight("final_norm", H)
+    yield "lm_head.weight", (spec.vocab_size, H), lambda: normal("lm_head", (spec.vocab_size, H))
+
+
+DEMO = DemoRecipe(
+    "qwen3", "Qwen3-MoE", "dense Qwen3", ("safetensors", "gguf"), SIZES, demo_config, demo_tensors, demo_layers
+)
+
+
 QWEN3 = Family(
     architecture="qwen3",
     hf_classes=("Qwen3ForCausalLM",),
@@ -137,4 +270,5 @@ QWEN3_MOE = Family(
     gguf_layer_tensors=LAYER_TENSORS | MOE_LAYER_TENSORS,
     moe_layer=_moe_layer,
     ktransformers_note=_ktransformers,
+    demo=DEMO,
 )
