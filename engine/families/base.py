@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 from ..errors import CheckpointError, EngineError, UnsupportedError
 
 if TYPE_CHECKING:
-    from ..model_config import ModelConfig
     from .synthetic import DemoRecipe
 
 # llama.cpp's per-layer tensor names -> the Hugging Face names (engine/model.py binds those), as the llama-shaped
@@ -152,7 +151,7 @@ class Family:
     config_keys: Callable[[ConfigKeys, int, int, int], dict[str, Any]]
     gguf_keys: Callable[[Metadata, GGUFShape], dict[str, Any]]
     gguf_layer_tensors: Mapping[str, str]
-    moe_layer: Callable[[ModelConfig, int], bool]
+    moe_layer: Callable[[Any, int], bool]  # (a ModelConfig, a layer index)
     routed: bool = True
     rope_scaling: bool = False  # reads config.json's rope_scaling (YaRN); else a rope_scaling is refused
     gguf_expert_biases: Mapping[str, str] = field(default_factory=dict)
