@@ -86,3 +86,17 @@ def test_only_the_gui_command_imports_the_window():
             if any(n == "app" or n.startswith("app.") for n in names):
                 importers.append(name)
     assert sorted(set(importers)) == ["engine.cli.gui"]
+
+
+def test_every_package_is_installed():
+    """pyproject's packages list names every package of engine/ and app/: one left out is missing from a built
+    wheel, though an editable install (tests/setup.sh's) would not show it."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"])
+    found = {
+        ".".join(p.parent.relative_to(ROOT).parts)
+        for top in ("engine", "app")
+        for p in (ROOT / top).rglob("__init__.py")
+    }
+    assert found - listed == set()

@@ -27,6 +27,3 @@ def family(architecture: str) -> Family:
         raise UnsupportedError(f"architecture {architecture!r:.80} is not one the engine runs (expected one of "
                                f"{', '.join(BY_ARCHITECTURE)})")  # fmt: skip
     return found
-
-
-__all__ = ["BY_ARCHITECTURE", "BY_GGUF_ARCH", "BY_HF_CLASS", "FAMILIES", "Family", "family"]
