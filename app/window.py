@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import html
 import importlib.metadata
+import json
+import shlex
 from pathlib import Path
 
 from PySide6.QtCore import QRect, QSettings, QSize, Qt, QTimer, Slot
@@ -25,7 +27,8 @@ from PySide6.QtWidgets import (
 
 from engine.demo import DEFAULT_FAMILY, DEFAULT_QUANT, FAMILIES, FOLDER_FORMATS, QUANTS, demo_name, quant_formats
 from engine.errors import ArgumentError, EngineError
-from engine.export import LlamaCppExport, to_llama_cpp
+from engine.export import ENGINE_EXPORTS, EngineExport, LlamaCppExport, export_to, to_llama_cpp
+from engine.files import atomic_write
 from engine.model import WEIGHTS_MODES
 
 from . import actions, history, theme
@@ -78,6 +81,17 @@ def demo_choices(family: str = DEFAULT_FAMILY) -> list[tuple[str, str | None, st
 def llama_cpp_note(exported: LlamaCppExport) -> str:
     """What the llama.cpp export dialog says above the arguments: where they go, and what they cannot say."""
     lines = ["Expert tensors placed as here, for llama-cli / llama-server on the same checkpoint as GGUF:"]
+    lines += [f"Not expressible: {line}" for line in exported.not_expressible]
+    lines += [f"Note: {line}" for line in exported.notes]
+    return "\n".join(lines)
+
+
+def engine_note(title: str, exported: EngineExport, saved: str | None) -> str:
+    """What another engine's export dialog says above its arguments: the file written, the predicted balance, and
+    what the engine cannot say of this placement."""
+    lines = [f"For {title}" + (f"; its file is written to {saved}" if saved else "") + ":"]
+    if exported.balance is not None:
+        lines.append(f"Predicted GPU load, max / mean: {exported.balance['worst']:.3f} in the worst layer")
     lines += [f"Not expressible: {line}" for line in exported.not_expressible]
     lines += [f"Note: {line}" for line in exported.notes]
     return "\n".join(lines)
@@ -248,6 +262,12 @@ class MainWindow(QMainWindow):
         self.act_save = a("Save profile", self.save, S.Save, "save", replays)
         self.act_save_as = a("Save profile as…", self.save_as, S.SaveAs)
         self.act_export_llama = a("llama.cpp arguments…", self.export_llama, None, "export")
+        self.act_export_engines = {
+            fmt: a(f"{title} arguments…", lambda f=fmt: self.export_engine(f), None, None,
+                   f"The placement and routing statistics in {title}'s terms: its arguments, and its file where it "
+                   "reads one")
+            for fmt, (title, _) in ENGINE_EXPORTS.items()
+        }  # fmt: skip
         self.act_export_hotness = a("Hotness CSV…", self.export_hotness)
         self.act_export_plots = a("Plots as PNG…", self.export_plots)
         self.act_export_history = a("Run history as CSV…", self.export_history)
@@ -304,8 +324,8 @@ class MainWindow(QMainWindow):
         m.addAction(self.act_save_as)
         m.addSeparator()
         export = m.addMenu(theme.icon("export"), "Export")
-        for act in (self.act_export_llama, self.act_export_hotness, self.act_export_plots, self.act_export_history,
-                    self.act_export_trace):  # fmt: skip
+        for act in (self.act_export_llama, *self.act_export_engines.values(), self.act_export_hotness,
+                    self.act_export_plots, self.act_export_history, self.act_export_trace):  # fmt: skip
             export.addAction(act)
         m.addSeparator()
         m.addAction(self.act_quit)
@@ -409,7 +429,7 @@ class MainWindow(QMainWindow):
         s = self.state
         has = s.model is not None
         for act in (self.act_save, self.act_save_as, self.act_open_profile, self.act_export_llama,
-                    self.act_open_draft, self.act_open_draft_gguf):  # fmt: skip
+                    *self.act_export_engines.values(), self.act_open_draft, self.act_open_draft_gguf):  # fmt: skip
             act.setEnabled(has)
         self.act_export_hotness.setEnabled(has and s.routing is not None)
         self.act_export_history.setEnabled(bool(s.history))
@@ -545,6 +565,37 @@ class MainWindow(QMainWindow):
             return
         QTimer.singleShot(0, self._offer_copy)  # once the modal dialog below shows: its Copy button
         QInputDialog.getMultiLineText(self, "llama.cpp arguments", llama_cpp_note(exported), exported.command_line())
+
+    @Slot()
+    def export_engine(self, fmt: str) -> None:
+        """The placement (and routing statistics) for another engine (engine.export.ENGINE_EXPORTS): its file saved
+        where the user says when it reads one (SGLang's expert location, lucebox's placement), then its arguments
+        with that path in place of FILE.json, and what it cannot say, in a dialog with a Copy button."""
+        s = self.state
+        if s.placement is None or s.model is None:
+            return
+        title = ENGINE_EXPORTS[fmt][0]
+        try:
+            exported = export_to(fmt, s.placement, s.model.config, s.routing_stats)
+        except EngineError as exc:
+            QMessageBox.warning(self, f"Cannot export to {title}", str(exc))
+            return
+        saved = None
+        if exported.document is not None:
+            saved = self._save_path(f"{title}'s file", f"{fmt}-placement.json", "JSON (*.json)")
+            if not saved:
+                return
+            try:
+                atomic_write(saved, json.dumps(exported.document) + "\n")
+            except (OSError, EngineError) as exc:
+                text = f"'{saved}': {exc.strerror or exc}" if isinstance(exc, OSError) else str(exc)
+                QMessageBox.warning(self, f"Cannot export to {title}", text)
+                return
+        args = [saved if saved and a == "FILE.json" else a for a in exported.args]
+        QTimer.singleShot(0, self._offer_copy)
+        # an engine that takes no arguments (lucebox) reads the file: its path is what to copy
+        QInputDialog.getMultiLineText(self, f"{title} arguments", engine_note(title, exported, saved),
+                                      shlex.join(args) if args else saved or "")  # fmt: skip
 
     def _offer_copy(self) -> None:
         for dialog in self.findChildren(QInputDialog):

@@ -367,6 +367,26 @@ def to_ktransformers(placement: Placement, config: ModelConfig) -> EngineExport:
     return EngineExport("ktransformers", None, args, not_expressible, notes)
 
 
+# The engines whose export is an EngineExport: format name -> (its name in words, the export of a placement, a config
+# and routing statistics, with the expert-parallel GPUs and replicas where the engine takes them)
+ENGINE_EXPORTS = {
+    "sglang": ("SGLang", lambda placement, config, stats, gpus, redundant: to_sglang(placement, config, stats, gpus,
+                                                                                   redundant)),
+    "vllm": ("vLLM", lambda placement, config, stats, gpus, redundant: to_vllm(placement, config, gpus, redundant)),
+    "lucebox": ("lucebox", lambda placement, config, stats, gpus, redundant: to_lucebox(placement, config, stats)),
+    "ktransformers": ("ktransformers", lambda placement, config, stats, gpus, redundant: to_ktransformers(placement,
+                                                                                                        config)),
+}  # fmt: skip
+
+
+def export_to(fmt: str, placement: Placement, config: ModelConfig, stats: RoutingStats | None = None,
+              gpus: int | None = None, redundant: int = 0) -> EngineExport:  # fmt: skip
+    """The export of ENGINE_EXPORTS[fmt] (ArgumentError naming the formats for an unknown one)."""
+    if fmt not in ENGINE_EXPORTS:
+        raise ArgumentError(f"export format {fmt!r:.40} is unknown: expected one of {', '.join(ENGINE_EXPORTS)}")
+    return ENGINE_EXPORTS[fmt][1](placement, config, stats, gpus, redundant)
+
+
 def import_routing(path, fmt: str, config: ModelConfig) -> RoutingStats:
     """Another engine's routing statistics for a model of this config, checked against its shape."""
     from .errors import CheckpointError

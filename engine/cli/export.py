@@ -7,7 +7,7 @@ import shlex
 import sys
 
 from ..checkpoint import read_config
-from ..export import to_ktransformers, to_llama_cpp, to_lucebox, to_sglang, to_vllm
+from ..export import ENGINE_EXPORTS, export_to, to_llama_cpp
 from ..files import atomic_write, check_output
 from ..profile import ProfileError, load
 
@@ -26,7 +26,7 @@ def add_parser(sub):
     )
     p.add_argument("profile", metavar="PROFILE", help="a profile file (YAML)")
     p.add_argument("--format", required=True, help="what to write",
-                   choices=("llama.cpp", "hotness-csv", "sglang", "vllm", "lucebox", "ktransformers"))  # fmt: skip
+                   choices=("llama.cpp", "hotness-csv", *ENGINE_EXPORTS))  # fmt: skip
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     p.add_argument("--json", action="store_true", help="one JSON document (args, the file's content, notes)")
     p.add_argument("--gpus", type=int, metavar="N", help="sglang, vllm: the expert-parallel GPUs (sglang: write a "
@@ -54,14 +54,7 @@ def cmd_export(args) -> int:
         folder = profile.model_folder()
         config = read_config(folder)
         placement, stats = profile.placement_for(config), profile.routing_stats()
-        if args.format == "sglang":
-            out = to_sglang(placement, config, stats, args.gpus, args.redundant)
-        elif args.format == "vllm":
-            out = to_vllm(placement, config, args.gpus, args.redundant)
-        elif args.format == "lucebox":
-            out = to_lucebox(placement, config, stats)
-        else:
-            out = to_ktransformers(placement, config)
+        out = export_to(args.format, placement, config, stats, args.gpus, args.redundant)
         if args.json:
             text = json.dumps(out.to_dict(), indent=2) + "\n"
         else:

@@ -330,6 +330,11 @@ def test_every_menu_action_does_its_work_when_triggered(qtbot, make_window, monk
     monkeypatch.setattr(QInputDialog, "getMultiLineText", lambda parent, title, label, text, *a: asked.append(text))
     trigger(window.act_export_llama)
     assert asked and asked[0].startswith("-ngl")
+    for fmt, action in window.act_export_engines.items():  # each engine's arguments; SGLang's and lucebox's file
+        answer("getSaveFileName", (str(tmp_path / f"{fmt}.json"), ""))
+        trigger(action)
+        assert asked[-1], fmt
+        assert (tmp_path / f"{fmt}.json").is_file() == (fmt in ("sglang", "lucebox")), fmt
     trigger(window.act_clear_history)
     assert state.history == []
     # View: each panel closed and opened again by its action; Reset layout opens a closed one

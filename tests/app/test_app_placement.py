@@ -181,3 +181,44 @@ def test_bytes_are_counted_once_per_edit_and_a_repeated_hover_is_not_counted_aga
     assert state.used_bytes == {"cpu:0": LAYER_BYTES, "hostsim:0": LAYER_BYTES} and sim.bar.used == LAYER_BYTES
     # After an edit the same hover is a new question (the move is now a no-op: nothing to preview).
     assert not state.preview_move({0: list(range(8))}, "hostsim:0") and state.preview is None
+
+
+def test_the_other_engines_exports_write_their_file_and_show_their_arguments(qtbot, make_window, monkeypatch,
+                                                                           tmp_path):  # fmt: skip
+    """File > Export offers every engine the CLI's `export` does: a click on SGLang's writes its expert location
+    where the user says and shows its arguments with that path; vLLM's (arguments only) asks for no file; a
+    cancelled save writes nothing and shows nothing; a path that cannot be written is a warning."""
+    import json
+
+    from PySide6.QtWidgets import QInputDialog, QMessageBox
+
+    from engine.export import ENGINE_EXPORTS, export_to
+
+    shown, warned, asked = [], [], []
+    monkeypatch.setattr(QInputDialog, "getMultiLineText", lambda parent, title, label, text, *a: shown.append(
+        (title, label, text)) or (text, True))  # fmt: skip
+    monkeypatch.setattr(QMessageBox, "warning", lambda parent, title, text, *a: warned.append((title, text)))
+    window = make_window()
+    state = window.state
+    with qtbot.waitSignal(state.sigPlacementApplied, timeout=TIMEOUT_MS):
+        state.move({2: list(range(8))}, "hostsim:0")
+    assert set(window.act_export_engines) == set(ENGINE_EXPORTS)
+    assert all(act.isEnabled() for act in window.act_export_engines.values())
+    target = tmp_path / "location.json"
+    monkeypatch.setattr(window, "_save_path", lambda *a: asked.append(a) or str(target))
+    window.act_export_engines["sglang"].trigger()
+    expected = export_to("sglang", state.placement, state.model.config, state.routing_stats)
+    assert json.loads(target.read_text()) == expected.document
+    assert shown[-1][0] == "SGLang arguments" and f"--init-expert-location {target}" in shown[-1][2]
+    assert all(line in shown[-1][1] for line in expected.not_expressible)
+    asked.clear()
+    window.act_export_engines["vllm"].trigger()
+    assert asked == [] and shown[-1][0] == "vLLM arguments" and "--enable-eplb" in shown[-1][2]
+    monkeypatch.setattr(window, "_save_path", lambda *a: "")  # the save dialog cancelled
+    count = len(shown)
+    window.act_export_engines["lucebox"].trigger()
+    assert len(shown) == count and not warned
+    monkeypatch.setattr(window, "_save_path", lambda *a: str(tmp_path))  # a folder: not a file to write
+    window.act_export_engines["lucebox"].trigger()
+    assert len(shown) == count and warned and warned[-1][0] == "Cannot export to lucebox"
+    assert str(tmp_path) in warned[-1][1]
