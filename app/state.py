@@ -37,6 +37,7 @@ from engine.trace import Span, write_chrome_trace
 from . import profiles
 from .live import LiveBuffer
 from .models.placement import PlacementEdits, Refusal
+from .models.routing import RoutingMap
 from .worker import EngineWorker
 
 
@@ -225,15 +226,9 @@ class WorkbenchState(QObject):
         self.last_trace: RunTrace | None = None
         self.runs = History()  # the loaded model's runs (engine.history: references, kept in the user's data folder)
         self.keep_history = True  # whether runs are kept across restarts (a model with a fingerprint only)
-        self.routing: np.ndarray | None = None  # hits [layers, experts]
-        self._heat: np.ndarray | None = None  # routing relative to each layer's hottest expert (expert_heat)
-        self.routing_stats: RoutingStats | None = None
-        # what the map counts: tokens per MoE layer, where from (set_routing's origin), which runs (first, last)
-        self.routing_tokens = 0
-        self.routing_origin: str | None = None
-        self.routing_runs: tuple[int, int] | None = None
-        self._counted_runs: tuple[int, int] | None = None  # what the engine's counters hold (_counted)
-        self._counted_profiling = False
+        # the routing statistics the map shows, and what the engine's counters hold (Qt-free: app/models)
+        self.routing_map = RoutingMap()
+        self.routing_map.on_change(self.sigRoutingChanged.emit)
         # (model, prompts) -> RoutingStats or a hits array; replaceable (tests inject their own)
         self.routing_provider: Callable[[Model, list[str]], RoutingStats | np.ndarray] = profile_routing
         # the cost model's figures for the loaded model and devices (None until measured), and every set measured
@@ -316,12 +311,10 @@ class WorkbenchState(QObject):
         self.applied = snapshot.placement.copy()
         self._wanted = snapshot.placement.copy()
         self.profile_path = self.profile = None
-        self._counted(None, False)  # a model's counters start at zero
         if not self.running:  # the live plots and the timeline show the previous model's last run no more
             self.live.reset(0)
             self.last_trace = None
-        self.routing = self.routing_stats = self._heat = self.routing_origin = self.routing_runs = None
-        self.routing_tokens = 0
+        self.routing_map.clear()  # the previous model's routing no more; a model's counters start at zero
         self._set_devices(snapshot.devices)
         self._load_history()
         self.calibration = self._calibrations.get(self.calibration_key())
@@ -752,41 +745,49 @@ class WorkbenchState(QObject):
 
     # ---- routing -----------------------------------------------------------------------------------------
 
+    @property
+    def routing(self) -> np.ndarray | None:
+        """Hits [layers, experts] the map shows (None: none yet)."""
+        return self.routing_map.counts
+
+    @property
+    def routing_stats(self) -> RoutingStats | None:
+        return self.routing_map.stats
+
+    @property
+    def routing_tokens(self) -> int:
+        """Tokens per MoE layer the statistics count."""
+        return self.routing_map.tokens
+
+    @property
+    def routing_origin(self) -> str | None:
+        """Where they come from (app.models.routing.ORIGINS)."""
+        return self.routing_map.origin
+
+    @property
+    def routing_runs(self) -> tuple[int, int] | None:
+        """Which runs of the history they count (first, last), when they count runs."""
+        return self.routing_map.runs
+
+    def _routing_shape(self) -> tuple[int, int] | None:
+        cfg = self.model.config if self.model else None
+        return None if cfg is None else (cfg.num_layers, cfg.num_experts)
+
     def set_routing(self, counts: RoutingStats | np.ndarray | None, origin: str = "given",
                     runs: tuple[int, int] | None = None) -> None:  # fmt: skip
-        """Per-layer, per-expert hit counts ([num_layers, num_experts]) for the heat map and the chips. origin says
-        where they come from ("runs", "profiling", "profiling and runs", "profile", "given"), runs which runs of the
-        history they count (first, last), when they count runs."""
-        stats = counts if isinstance(counts, RoutingStats) else None
-        if stats is not None:
-            counts = stats.hits
-        if counts is not None:
-            counts = np.asarray(counts, dtype=np.float64)
-            cfg = self.model.config if self.model else None
-            if cfg is None or counts.shape != (cfg.num_layers, cfg.num_experts):
-                shape = None if cfg is None else (cfg.num_layers, cfg.num_experts)
-                raise ValueError(f"routing counts of shape {counts.shape}, expected {shape}")
-            if stats is None:
-                stats = RoutingStats.from_hits(counts, cfg.top_k)
-        self.routing = counts
-        self.routing_stats = stats
-        self._heat = None if stats is None else stats.heat()
-        self.routing_tokens = 0 if stats is None else stats.tokens_counted
-        self.routing_origin = None if stats is None else origin
-        self.routing_runs = runs if stats is not None else None
-        self.sigRoutingChanged.emit()
+        """Per-layer, per-expert hit counts ([num_layers, num_experts]) for the heat map and the chips
+        (app.models.routing.RoutingMap.set: a ValueError for another shape)."""
+        top_k = self.model.config.top_k if self.model else 0
+        self.routing_map.set(counts, self._routing_shape(), top_k, origin, runs)
 
     def _counted(self, runs: tuple[int, int] | None, profiled: bool) -> None:
         """What the engine's routing counters hold now: the runs (first, last) since they were reset or a profiling
         pass, and whether a profiling pass is in them. Calibrations never count (engine.costmodel pauses the
         counting: Model.routing_paused)."""
-        self._counted_runs, self._counted_profiling = runs, profiled
+        self.routing_map.counted(runs, profiled)
 
     def _after_run(self, index: int, routing: RoutingStats) -> None:
-        first = self._counted_runs[0] if self._counted_runs else index
-        self._counted((first, index), self._counted_profiling)
-        if routing.tokens_counted > 0:
-            self.set_routing(routing, "profiling and runs" if self._counted_profiling else "runs", self._counted_runs)
+        self.routing_map.after_run(index, routing, self._routing_shape())
 
     def reset_routing(self) -> None:
         """Forget the routing statistics: the engine's counters (on the engine thread), then the map's."""
@@ -819,7 +820,7 @@ class WorkbenchState(QObject):
 
     def expert_heat(self) -> np.ndarray | None:
         """Each expert's hits relative to the hottest expert of its layer (0..1; computed when routing is set)."""
-        return self._heat
+        return self.routing_map.heat
 
     # ---- cost model and strategies ----------------------------------------------------------------------
 

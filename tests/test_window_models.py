@@ -102,3 +102,31 @@ def test_the_models_import_no_qt():
     code = f"import sys, app.models.placement; print(sorted(m for m in sys.modules if m.startswith({qt})))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_routing_statistics_of_another_shape_or_origin_are_refused_and_runs_are_counted():
+    import numpy as np
+
+    from app.models.routing import RoutingMap
+    from engine.routing import RoutingStats
+
+    routing, heard = RoutingMap(), []
+    routing.on_change(lambda: heard.append(routing.origin))
+    with pytest.raises(ValueError, match=r"routing counts of shape \(2, 4\), expected \(3, 4\)"):
+        routing.set(np.ones((2, 4)), (3, 4), 2)
+    with pytest.raises(ValueError, match="routing origin 'guess': expected one of runs, profiling"):
+        routing.set(np.ones((3, 4)), (3, 4), 2, origin="guess")
+    assert heard == [] and routing.counts is None
+    hits = np.array([[0, 0, 0, 0], [4, 2, 1, 1], [1, 1, 1, 1]], dtype=np.float64)
+    routing.set(hits, (3, 4), 2, origin="profile")
+    assert heard == ["profile"] and routing.tokens == 4 and routing.heat[1].tolist() == [1.0, 0.5, 0.25, 0.25]
+    routing.counted(None, True)  # a profiling pass, then two runs: each run's statistics count it and them
+    stats = RoutingStats.from_hits(hits * 2, 2)
+    routing.after_run(7, stats, (3, 4))
+    routing.after_run(8, stats, (3, 4))
+    assert routing.origin == "profiling and runs" and routing.runs == (7, 8) and heard[-1] == "profiling and runs"
+    routing.counted(None, False)
+    routing.after_run(9, RoutingStats.from_hits(np.zeros((3, 4)), 2), (3, 4))  # counts nothing: the map stays
+    assert routing.runs == (7, 8) and routing.counted_runs == (9, 9)
+    routing.clear()
+    assert routing.counts is None and routing.counted_runs is None and len(heard) == 3
