@@ -74,10 +74,13 @@ static int64_t scan_row(const eb_weight *w, int64_t r, float *buf, float *value)
         eb_dequantize_row(row + eb_row_bytes(w->dtype, c0), w->dtype, n, buf);
         if (scales)
             for (int64_t i = 0; i < n; i++) buf[i] = buf[i] * scales[(c0 + i) / w->scale.cols];
-        int ok = 1;
-        for (int64_t i = 0; i < n; i++) ok &= fabsf(buf[i]) <= EB_WEIGHT_LIMIT; /* false for NaN */
-        if (ok) continue;
-        for (int64_t i = 0; i < n; i++)
+        int64_t i = 0;
+        for (; i + EB_CHUNK <= n; i += EB_CHUNK) { /* a fixed count the compiler vectorises at -O2 */
+            int ok = 1;
+            for (int k = 0; k < EB_CHUNK; k++) ok &= fabsf(buf[i + k]) <= EB_WEIGHT_LIMIT; /* false for NaN */
+            if (!ok) break;
+        }
+        for (; i < n; i++)
             if (!(fabsf(buf[i]) <= EB_WEIGHT_LIMIT)) {
                 *value = buf[i];
                 return c0 + i;
@@ -134,7 +137,7 @@ static int report(const eb_model *m, const eb_checked_weight *it, const check_pa
                  (long long)idx[2], (long long)idx[3]);
     int huge = !isnan(p->value) && !isinf(p->value);
     if (huge)
-        snprintf(what, sizeof what, "%g, past any weight's range (|value| > 2^64)", (double)p->value);
+        snprintf(what, sizeof what, "%g (a magnitude past 2^64, which no weight has)", (double)p->value);
     else
         snprintf(what, sizeof what, "%s", isnan(p->value) ? "NaN" : p->value > 0 ? "inf" : "-inf");
     const char *scale = huge ? "out of range" : "of NaN or inf";

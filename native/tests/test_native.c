@@ -499,8 +499,10 @@ static void test_weight_check(const char *module, const char *file, eb_model_con
     static const struct {
         float value;
         const char *holds;
-    } bad[] = {{NAN, "holds NaN at row 3, column 5 "}, {INFINITY, "holds inf at row 3, column 5 "},
-               {-INFINITY, "holds -inf at row 3, column 5 "}, {1e30f, "holds 1e+30, past any weight's range"}};
+    } bad[] = {{NAN, "holds NaN at row 3, column 5 "},
+               {INFINITY, "holds inf at row 3, column 5 "},
+               {-INFINITY, "holds -inf at row 3, column 5 "},
+               {1e30f, "holds 1e+30 (a magnitude past 2^64, which no weight has) at row 3, column 5 "}};
     for (int k = 0; k < 4; k++) {
         patch p[] = {{down1, (3 * ID + 5) * 4, bad[k].value}, {down1, (7 * ID + 1) * 4, NAN}};
         damaged_copy(file, b, path, p, 2);
