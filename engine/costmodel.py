@@ -43,6 +43,7 @@ import numpy as np
 
 from .checkpoint import Checkpoint, ModelConfig
 from .errors import ArgumentError
+from .greedy import greedy_choice
 from .placement import Placement, expert_room, mib
 from .routing import RoutingStats
 
@@ -332,11 +333,11 @@ def measure_decode(model, placement: Placement | str, tokens: int = 32, repeats:
         r = 0
         while len(runs) < repeats:
             ctx.truncate(0)
-            token = int(np.argmax(ctx.prefill(ids, all_rows=False)))
+            token = greedy_choice(ctx.prefill(ids, all_rows=False), 0, len(ids) - 1)
             before = model.counters()["devices"]
             t0 = time.perf_counter()
-            for _ in range(tokens):
-                token = int(np.argmax(ctx.decode([token] * batch)[-1]))
+            for step in range(1, tokens + 1):
+                token = greedy_choice(ctx.decode([token] * batch)[-1], step, ctx.position - 1)
             seconds = time.perf_counter() - t0
             after = model.counters()["devices"]
             r += 1

@@ -37,6 +37,10 @@ class OutOfMemoryError(EngineError, MemoryError):
     """An allocation failed."""
 
 
+class NumericError(EngineError, ArithmeticError):
+    """A step's numbers are not finite (NaN or inf logits): no token is chosen from them."""
+
+
 # eb_status codes (native/include/expertbench.h) to exception classes.
 STATUS_ERRORS: dict[int, type[EngineError]] = {
     1: ArgumentError,
@@ -48,4 +52,5 @@ STATUS_ERRORS: dict[int, type[EngineError]] = {
     7: OutOfMemoryError,
     8: DeviceError,
     9: StateError,
+    10: NumericError,
 }

@@ -28,6 +28,7 @@ from .errors import (
     UnsupportedError,
 )
 from .families import family
+from .greedy import greedy_choice
 from .native import check, ffi, lib, text
 from .placement import Placement
 from .trace import SPAN_KINDS, Span
@@ -284,8 +285,8 @@ class Engine(_Handle):
         return idx[0]
 
     def load(self, model: str | os.PathLike | Checkpoint, device: str = "cpu:0", weights: str = "auto",
-             top_k: int | None = None) -> Model:  # fmt: skip
-        return Model(self, model, device, weights, top_k)
+             top_k: int | None = None, check_weights: bool = True) -> Model:  # fmt: skip
+        return Model(self, model, device, weights, top_k, check_weights)
 
     @_locked
     def close(self) -> None:
@@ -347,12 +348,16 @@ class Model(_Handle):
     the primary device chosen. top_k: experts per token to decode with instead of the checkpoint's own
     (num_experts_per_tok), a speed choice with a quality cost (engine.quality), and the most a context of it can
     decode with: fewer is a context's setting (Context.top_k), more is another load of the checkpoint (native_top_k
-    keeps the checkpoint's own)."""
+    keeps the checkpoint's own). check_weights: every value of every weight is checked at load to be a number (no
+    NaN or inf, as a damaged file or block scale makes) and the load refused naming the file, the tensor and the
+    index; False loads them unchecked (a bad value then fails the first greedy choice from its NaN logits)."""
 
     def __init__(self, engine: Engine, source: str | os.PathLike | Checkpoint, device: str = "cpu:0",
-                 weights: str = "auto", top_k: int | None = None):  # fmt: skip
+                 weights: str = "auto", top_k: int | None = None, check_weights: bool = True):  # fmt: skip
         if not isinstance(weights, str) or weights not in WEIGHTS_MODES:
             raise ArgumentError(f"weights {weights!r}: expected one of {', '.join(WEIGHTS_MODES)}")
+        if not isinstance(check_weights, bool):
+            raise ArgumentError(f"check_weights {check_weights!r:.80}: expected True or False")
         if not isinstance(source, (str, os.PathLike, Checkpoint)):
             raise ArgumentError(f"model must be the path of a model folder or GGUF file (str or os.PathLike) or a "
                                 f"Checkpoint, got {type(source).__name__} {source!r:.80}")  # fmt: skip
@@ -421,7 +426,8 @@ class Model(_Handle):
         c.rope_inv_freq = inv_freq if cfg.rope_inv_freq else ffi.NULL
         out = ffi.new("eb_model **")
         file_array = ffi.new("char *[]", files)
-        options = ffi.new("eb_load_options *", {"weights": WEIGHTS_MODES[weights]})
+        checking = lib.EB_CHECK_WEIGHTS_ON if check_weights else lib.EB_CHECK_WEIGHTS_OFF
+        options = ffi.new("eb_load_options *", {"weights": WEIGHTS_MODES[weights], "check_weights": checking})
         with self._lock:  # a close of the engine meanwhile waits for the load, then closes this model too
             dev = engine.device_index(device)
             try:
@@ -910,7 +916,7 @@ class Context(_Handle):
         t0 = time.perf_counter()
         last = self.prefill(prompt, all_rows=False)
         t1 = time.perf_counter()
-        ids = self._greedy(int(np.argmax(last)), n, stops)
+        ids = self._greedy(greedy_choice(last, 0, self.position - 1), n, stops)
         t2 = time.perf_counter()
         return GenerateResult(ids, len(prompt), t1 - t0, len(ids) - 1, t2 - t1)
 

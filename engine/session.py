@@ -32,8 +32,9 @@ class ModelPair:
 
 def open_pair(engine: Engine, target: ModelSource, draft: ModelSource | None = None, *, device: str = "cpu:0",
               draft_device: str | None = None, weights: str = "auto", top_k: int | None = None,
-              experts_needed: bool = False) -> ModelPair:  # fmt: skip
-    """Load target on device and draft (when given) on draft_device (device when None), both with the weights mode.
+              experts_needed: bool = False, check_weights: bool = True) -> ModelPair:  # fmt: skip
+    """Load target on device and draft (when given) on draft_device (device when None), both with the weights mode
+    and check_weights (Model: the weights' values checked at load, or not).
 
     - top_k: experts per token for the run; more than the checkpoint's own needs the target loaded with them.
     - experts_needed: a dense target (no experts to place) is refused, naming it (the window places experts).
@@ -44,14 +45,15 @@ def open_pair(engine: Engine, target: ModelSource, draft: ModelSource | None = N
     reload = top_k is not None and top_k > checkpoint.config.top_k
     more = {"top_k": top_k} if reload else {}
     pair = ModelPair(
-        engine.load(checkpoint, device=device, weights=weights, **more), run_top_k=None if reload else top_k
+        engine.load(checkpoint, device=device, weights=weights, check_weights=check_weights, **more),
+        run_top_k=None if reload else top_k,
     )
     try:
         if experts_needed and pair.target.config.num_experts <= 0:
             raise EngineError(f"'{checkpoint.folder}' is a dense model: it has no experts to place (open an MoE "
                               "model)")  # fmt: skip
         if draft is not None:
-            pair.draft = engine.load(draft, device=draft_device or device, weights=weights)
+            pair.draft = engine.load(draft, device=draft_device or device, weights=weights, check_weights=check_weights)
             if pair.draft.config.moe_layers:  # (the DeepSeek demo's draft has experts, but no MoE layer)
                 pair.draft.set_placement(f"*={pair.draft.device}")
             check_shared_vocabulary(pair.target, pair.draft)

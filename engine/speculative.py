@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import ArgumentError, RangeError
+from .greedy import greedy_choice
 from .model import Context, Model, _ids_array
 
 MAX_DRAFT_TOKENS = 8
@@ -68,17 +69,25 @@ class GreedyDecoder:
     def __init__(self, target: Context):
         self.target = target
         self.ids: list[int] = []
+        self.n_prompt = 0
+
+    @property
+    def steps(self) -> int:
+        """Tokens generated so far: the step of the next one (the first is step 0)."""
+        return len(self.ids) - self.n_prompt
 
     def start(self, prompt_ids) -> int:
         """Prefill the prompt from position 0; returns the first generated token."""
         prompt = _ids_array(prompt_ids)
         self.target.truncate(0)
-        first = int(np.argmax(self.target.prefill(prompt, all_rows=False)))
-        self.ids = prompt.tolist() + [first]
+        self.ids, self.n_prompt = prompt.tolist(), len(prompt)
+        first = greedy_choice(self.target.prefill(prompt, all_rows=False), 0, len(prompt) - 1)
+        self.ids.append(first)
         return first
 
     def step(self, max_tokens: int) -> Step:
-        token = int(np.argmax(self.target.decode(self.ids[-1:])[0]))
+        row = self.target.decode(self.ids[-1:])[0]
+        token = greedy_choice(row, self.steps, self.target.position - 1)
         self.ids.append(token)
         return Step([token], 0, 0)
 
@@ -107,14 +116,19 @@ class SpeculativeDecoder(GreedyDecoder):
         if q > 0:
             # Catch the draft up (the newest token, plus the last proposal after a full acceptance), then propose.
             row = draft.decode(ids[draft.position :])[-1]
-            proposals.append(int(np.argmax(row)))
-            while len(proposals) < q:
-                proposals.append(int(np.argmax(draft.decode(proposals[-1:])[0])))
+            while True:
+                step = self.steps + len(proposals)
+                proposals.append(greedy_choice(row, step, draft.position - 1, "the draft's logits"))
+                if len(proposals) == q:
+                    break
+                row = draft.decode(proposals[-1:])[0]
         base = target.position
-        predicted = np.argmax(target.decode(ids[-1:] + proposals), axis=1)
+        rows = target.decode(ids[-1:] + proposals)
+        predicted = np.argmax(rows, axis=1)
         accepted = 0
         while accepted < q and int(predicted[accepted]) == proposals[accepted]:
             accepted += 1
+        greedy_choice(rows[: accepted + 1], self.steps, base)  # the rows the emitted tokens come from hold numbers
         emitted = proposals[:accepted] + [int(predicted[accepted])]
         if accepted < q:
             target.truncate(base + 1 + accepted)

@@ -3,7 +3,7 @@
 # through native/manifest.py. Paths are relative to native/. Plain `NAME = words` lines only.
 
 # the core (engine/_native through cffi, libexpertbench.so through the Makefile)
-CORE_SRC = src/engine.c src/model.c src/mapping.c src/context.c src/forward.c src/primary.c src/scheduler.c \
+CORE_SRC = src/engine.c src/model.c src/mapping.c src/context.c src/forward.c src/primary.c src/scheduler.c src/weight_check.c \
 	src/models/qwen3_moe.c src/models/deepseek_v3.c src/models/gpt_oss.c
 
 # the cpu runtime module (and the hostsim module: the same sources with EB_CPU_HOSTSIM): the runtime, its portable

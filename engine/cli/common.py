@@ -14,7 +14,8 @@ from ..model import Engine
 SYNTHETIC_NOTE = "synthetic: random weights, its text is noise by design"
 
 
-def engine_args(p: argparse.ArgumentParser) -> None:
+def engine_args(p: argparse.ArgumentParser, loads_models: bool = False) -> None:
+    """The engine's options; loads_models: the command loads models, and takes the options of their loading too."""
     p.add_argument("--runtime", action="append", default=[], metavar="NAME",
                    help="load runtime NAME as well as cpu (cuda, hip, hostsim); repeat for several")  # fmt: skip
     p.add_argument("--cpu-devices", type=int, default=0,
@@ -27,6 +28,10 @@ def engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--portable", action="store_true", help="the portable C kernels (same as --kernels portable)")
     p.add_argument("--module-path", action="append", default=[], metavar="NAME=FILE",
                    help="load runtime module NAME from FILE (authoritative)")  # fmt: skip
+    if loads_models:
+        p.add_argument("--no-check-weights", dest="check_weights", action="store_false",
+                       help="load the weights without checking that every value is a number (a damaged file's NaN or "
+                            "inf then fails the run at its first step instead of the load)")  # fmt: skip
 
 
 def device_settings(args, strict: bool = True) -> DeviceSettings:

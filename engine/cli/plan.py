@@ -46,7 +46,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                       help="how the engine holds the files (as for run; default auto)")  # fmt: skip
     demo_args(plan)
     plan.add_argument("--json", action="store_true", help="print one JSON document")
-    engine_args(plan)
+    engine_args(plan, loads_models=True)
     plan.set_defaults(func=cmd_plan)
     return plan
 
@@ -63,7 +63,7 @@ def cmd_plan(args) -> int:
     check_model_args(args)
     target_dir, _draft = model_paths(args, with_draft=False)
     with make_engine(args) as eng:
-        target = eng.load(target_dir, device=args.device, weights=args.weights)
+        target = eng.load(target_dir, device=args.device, weights=args.weights, check_weights=args.check_weights)
         routing = None
         if args.routing is not None:
             routing = RoutingStats.read_hotness_csv(args.routing)

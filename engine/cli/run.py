@@ -86,7 +86,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     run.add_argument("--trace", metavar="FILE", type=Path,
                      help="write the per-token trace (what ran on which device, when, per step and layer) as Chrome "
                           "trace event JSON, for Perfetto or chrome://tracing")  # fmt: skip
-    engine_args(run)
+    engine_args(run, loads_models=True)
     run.set_defaults(func=cmd_run)
     return run
 
@@ -159,7 +159,7 @@ def cmd_run(args) -> int:
     with make_engine(args) as eng:
         # fewer experts per token than the checkpoint's are the run's context setting; more need a load with more
         pair = open_pair(eng, target_dir, draft_dir, device=args.device, draft_device=args.draft_device,
-                         weights=args.weights, top_k=args.top_k)  # fmt: skip
+                         weights=args.weights, check_weights=args.check_weights, top_k=args.top_k)  # fmt: skip
         target, draft = pair.target, pair.draft
         placement = args.placement
         if placement is None and target.config.num_experts > 0:
@@ -219,7 +219,7 @@ def _quality(eng, args, target_dir, target, prompts, result: RunResult):
         if target.config.top_k == native:  # loaded with its own count: the run's contexts decoded with fewer
             top_k = args.top_k
         else:
-            reference = eng.load(target_dir, device=args.device, weights=args.weights)
+            reference = eng.load(target_dir, device=args.device, weights=args.weights, check_weights=args.check_weights)
     try:
         return quality_cost(reference, target, prompts=prompts, tokens=args.n, mode=result.mode,
                             precision=result.precision, fast_result=result, top_k=top_k)  # fmt: skip

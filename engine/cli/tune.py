@@ -94,7 +94,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="how the engine holds the files (as for run; default auto)")  # fmt: skip
     demo_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON document")
-    engine_args(p)
+    engine_args(p, loads_models=True)
     p.set_defaults(func=cmd_tune)
     return p
 
@@ -168,7 +168,9 @@ def cmd_tune(args) -> int:
         raise ArgumentError(f"--q {args.q}: there is no draft to give a length (add --draft)")
     prompts = args.prompt or None
     with make_engine(args) as eng:
-        pair = open_pair(eng, target_dir, draft_dir, device=args.device, weights=args.weights)
+        pair = open_pair(
+            eng, target_dir, draft_dir, device=args.device, weights=args.weights, check_weights=args.check_weights
+        )
         target, draft = pair.target, pair.draft
         routing = RoutingStats.read_hotness_csv(args.routing) if args.routing else None
         settings = TuneSettings(fast=args.fast, caps=caps, qs=qs, modes=args.modes, time_budget=args.time_budget,

@@ -224,6 +224,17 @@ static inline void eb_dequantize_chunk(const void *row, int dtype, int64_t c, fl
 /* Values 0 .. n - 1 of a row as f32 (n a whole number of blocks for a quantized format). A scaled format's values
  * before their scales (eb_dequantize_scaled_row gives them with). */
 static inline void eb_dequantize_row(const void *row, int dtype, int64_t n, float *out) {
+    const unsigned char *b = (const unsigned char *)row;
+    switch (dtype) { /* the float formats' loops apart (a row of them is read whole at load: the weights' check) */
+    case EB_DTYPE_F32: memcpy(out, row, (size_t)n * sizeof *out); return;
+    case EB_DTYPE_BF16:
+        for (int64_t i = 0; i < n; i++) out[i] = eb_bf16_to_f32(eb_load_u16(b + 2 * i));
+        return;
+    case EB_DTYPE_F16:
+        for (int64_t i = 0; i < n; i++) out[i] = eb_f16_to_f32(eb_load_u16(b + 2 * i));
+        return;
+    default: break;
+    }
     if (!eb_dtype_quantized(dtype)) {
         for (int64_t i = 0; i < n; i++) out[i] = eb_load_as_f32(row, dtype, i);
         return;

@@ -86,7 +86,8 @@ typedef enum {
     EB_ERR_MODULE = 6,      /* a runtime module failed to load or has the wrong ABI */
     EB_ERR_MEMORY = 7,      /* an allocation failed */
     EB_ERR_DEVICE = 8,      /* a device reported an error */
-    EB_ERR_STATE = 9        /* the call is not valid in the object's current state */
+    EB_ERR_STATE = 9,       /* the call is not valid in the object's current state */
+    EB_ERR_NUMERIC = 10     /* a step's numbers are not finite (NaN or inf logits): never a token chosen from them */
 } eb_status;
 
 typedef enum {
@@ -252,8 +253,18 @@ typedef enum {
                             takes one TLB entry where 4 KiB pages take 512, which streams weights faster */
 } eb_weights_mode;
 
+/* Whether a load checks the weights: every value of every weight the model reads, dequantized as its kernels read it,
+ * must be a number (no NaN, no inf, no magnitude past 2^64, as a NaN or inf block scale or scale companion, an MXFP4
+ * exponent of 255 or an FP8 NaN byte make): otherwise the load is refused naming the file, the tensor and the first bad
+ * value's index. It reads every byte of the weights once, by a thread per CPU. */
+typedef enum {
+    EB_CHECK_WEIGHTS_ON = 0, /* the default */
+    EB_CHECK_WEIGHTS_OFF = 1 /* load them unchecked: a bad value then makes NaN logits, which greedy decoding refuses */
+} eb_check_weights_mode;
+
 typedef struct {
-    int32_t weights; /* eb_weights_mode */
+    int32_t weights;       /* eb_weights_mode */
+    int32_t check_weights; /* eb_check_weights_mode */
 } eb_load_options;
 
 /* One weight format of the core's table (EB_FORMATS in this header): what engine/formats.py is made from. */
@@ -354,7 +365,9 @@ int eb_context_eval(eb_context *ctx, const int32_t *ids, int32_t n, float *logit
 /* Greedy decoding: out[0] = first (chosen by the caller, from the logits of the positions so far); then, until n
  * tokens are chosen or the last one chosen is one of stop_ids, append the last one chosen and choose the argmax of
  * its logits (the first of equal values; numpy's argmax). Every chosen token but the last is appended. *n_out: the
- * tokens chosen (out has room for n), also on an error, which keeps the positions appended before it. */
+ * tokens chosen (out has room for n), also on an error, which keeps the positions appended before it. Logits that
+ * hold NaN or inf are EB_ERR_NUMERIC naming the step (the index in out of the token they would choose), the position
+ * and the first bad token id. */
 int eb_context_greedy(eb_context *ctx, int32_t first, int32_t n, const int32_t *stop_ids, int32_t n_stop,
                       int32_t *out, int32_t *n_out);
 /* Forget every position from pos on (0 <= pos <= current position). */

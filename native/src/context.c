@@ -223,19 +223,24 @@ int eb_context_eval(eb_context *c, const int32_t *ids, int32_t n, float *logits,
     return EB_OK;
 }
 
-/* The index of the largest value, the first of equal ones; the first NaN where there is one (numpy's argmax). Two
- * branch-light passes (the largest value and whether a NaN is there, then its first index) rather than one that
- * carries the index of the best so far from element to element. */
+/* The index of the largest value, the first of equal ones (numpy's argmax), of a row with no NaN (greedy refuses
+ * those first). Two branch-light passes (the largest value, then its first index) rather than one that carries the
+ * index of the best so far from element to element. */
 static int32_t argmax(const float *v, int32_t n) {
     float mx = v[0];
-    int nan = 0;
-    for (int32_t i = 0; i < n; i++) {
-        mx = v[i] > mx ? v[i] : mx;
-        nan |= v[i] != v[i];
-    }
+    for (int32_t i = 0; i < n; i++) mx = v[i] > mx ? v[i] : mx;
     for (int32_t i = 0; i < n; i++)
-        if (nan ? v[i] != v[i] : v[i] == mx) return i;
+        if (v[i] == mx) return i;
     return 0;
+}
+
+/* The first value that is NaN or inf, or -1: one pass that only ORs, a second only where one is there. */
+static int32_t first_nonfinite(const float *v, int32_t n) {
+    int bad = 0;
+    for (int32_t i = 0; i < n; i++) bad |= !isfinite(v[i]);
+    for (int32_t i = 0; bad && i < n; i++)
+        if (!isfinite(v[i])) return i;
+    return -1;
 }
 
 int eb_context_greedy(eb_context *c, int32_t first, int32_t n, const int32_t *stop_ids, int32_t n_stop, int32_t *out,
@@ -257,6 +262,11 @@ int eb_context_greedy(eb_context *c, int32_t first, int32_t n, const int32_t *st
         if (*n_out == n) return EB_OK;
         int st = eb_context_eval(c, &last, 1, c->logits, 0);
         if (st) return st;
+        int32_t bad = first_nonfinite(c->logits, V);
+        if (bad >= 0)
+            return eb_fail(EB_ERR_NUMERIC, "step %d (position %d): the logits hold %s at token id %d: the model's "
+                                           "numbers overflowed or a weight is damaged", *n_out, c->pos - 1,
+                           isnan(c->logits[bad]) ? "NaN" : c->logits[bad] > 0 ? "inf" : "-inf", bad);
         out[(*n_out)++] = argmax(c->logits, V);
     }
 }

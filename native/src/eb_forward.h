@@ -33,6 +33,7 @@ typedef struct {
     const eb_tensor_desc **sorted;
     int32_t n;
     eb_model *m;
+    eb_weight_checks *checks; /* every weight bound is noted here for the load's check (NULL: unchecked) */
 } eb_binder;
 int eb_bind(const eb_binder *b, const char *name, int64_t d0, int64_t d1, eb_weight *out);
 int eb_bind_vector(const eb_binder *b, const char *name, int64_t d0, float **out);
@@ -40,6 +41,11 @@ int eb_bind_vector(const eb_binder *b, const char *name, int64_t d0, float **out
  * dtype is EB_DTYPE_U8 (refused otherwise); *data its bytes, *dtype_out its format. */
 int eb_bind_tensor(const eb_binder *b, const char *name, int ndim, const int64_t *shape, int raw, const void **data,
                    int *dtype_out);
+/* A weight a family made at load from raw bytes (packed into a format its kernels read), noted for the load's check
+ * under the tensor it comes from: its value (r, c) is element base + r * row_stride + c / col_div of that tensor. A
+ * copy made from a bound float or format tensor needs none: its source is checked. */
+int eb_check_owned(const eb_binder *b, const char *tensor, const eb_weight *w, int64_t base, int64_t row_stride,
+                   int64_t col_div);
 /* Whether the checkpoint holds a tensor of this name. */
 int eb_has_tensor(const eb_binder *b, const char *name);
 /* What every family names alike: the embeddings, the final norm and lm_head (the embeddings when tied); a MoE

@@ -63,6 +63,11 @@ int eb_weights_choose(int requested, uint64_t file_bytes, uint64_t available, in
 void eb_set_copy_min_part(uint64_t bytes);
 /* How many threads read the last file copied. */
 int eb_copy_threads_used(void);
+/* The most bytes of weights one part of the load's finiteness check reads (default 8 MiB; 0 restores it: tests make
+ * it small so that their small weights are checked in many parts by several threads), and how many threads the last
+ * check ran on. */
+void eb_set_check_part(uint64_t bytes);
+int eb_check_threads_used(void);
 
 static inline const eb_runtime *eb_device_runtime(const eb_engine *e, int device) {
     return &e->runtimes[e->devices[device].runtime];

@@ -245,6 +245,31 @@ struct eb_context {
     int32_t *own_pending, n_own_pending;
 };
 
+/* The weights a load checks for values no weight holds (NaN, inf, or a magnitude past EB_WEIGHT_LIMIT), collected
+ * while binding in binding order (weight_check.c): each as its kernels read it, with the tensor it comes from. */
+#define EB_WEIGHT_LIMIT 0x1p64f
+typedef struct {
+    char *name;        /* the tensor's name in the checkpoint (owned) */
+    int file;          /* its file's index */
+    eb_weight w;       /* what the kernels read: w.rows rows of w.cols values (a vector: one row), its scales applied */
+    int ndim;          /* the tensor's shape, to name an index in it */
+    int64_t shape[4];
+    int64_t base, row_stride; /* value (r, c) of w is element base + r * row_stride + c / col_div of the tensor */
+    int64_t col_div;          /* (a packed copy: the elements of its source that hold the value's scale) */
+} eb_checked_weight;
+
+typedef struct {
+    eb_checked_weight *items;
+    int64_t n, cap;
+} eb_weight_checks;
+
+/* Append one (its name copied), free the list. */
+int eb_checks_add(eb_weight_checks *list, const eb_checked_weight *item);
+void eb_checks_free(eb_weight_checks *list);
+/* Every listed weight dequantized in row parts by a thread per CPU (at most 32): EB_OK, or EB_ERR_FORMAT naming the
+ * file, the tensor and the index of the first bad value of the first bad weight in the list's order. */
+int eb_check_weights(const eb_model *m, const eb_weight_checks *list);
+
 /* The SIGBUS guard of mapped weight files (mapping.c): register a model's mapped file, withdraw it before unmapping;
  * whether any of its files changed (check_files: their size and time too, before a step; file_faulted: only whether
  * a read faulted, after one), EB_ERR_IO naming it, for every step from then on. */

@@ -40,6 +40,7 @@ const char *eb_status_name(int status) {
     case EB_ERR_MEMORY: return "memory";
     case EB_ERR_DEVICE: return "device";
     case EB_ERR_STATE: return "state";
+    case EB_ERR_NUMERIC: return "numeric";
     default: return "unknown";
     }
 }

@@ -179,6 +179,23 @@ static int bind_scale(const eb_binder *b, const eb_tensor_desc *t, eb_weight *w)
     return EB_OK;
 }
 
+/* A bound weight into the load's list of weights to check (none when the load does not check). w: rows x cols as the
+ * kernels read it; value (r, c) is element base + r * row_stride + c / col_div of tensor t. */
+static int note_weight(const eb_binder *b, const eb_tensor_desc *t, const eb_weight *w, int64_t base,
+                       int64_t row_stride, int64_t col_div) {
+    if (!b->checks) return EB_OK;
+    eb_checked_weight item = {(char *)t->name, t->file_index, *w, t->ndim, {0, 0, 0, 0}, base, row_stride, col_div};
+    memcpy(item.shape, t->shape, sizeof item.shape);
+    return eb_checks_add(b->checks, &item);
+}
+
+int eb_check_owned(const eb_binder *b, const char *tensor, const eb_weight *w, int64_t base, int64_t row_stride,
+                   int64_t col_div) {
+    const eb_tensor_desc *t = find_tensor(b, tensor);
+    if (!t) return eb_fail(EB_ERR_FORMAT, "tensor '%s' is missing from the checkpoint", tensor);
+    return note_weight(b, t, w, base, row_stride, col_div);
+}
+
 int eb_bind(const eb_binder *b, const char *name, int64_t d0, int64_t d1, eb_weight *out) {
     const eb_tensor_desc *t = find_tensor(b, name);
     if (!t) return eb_fail(EB_ERR_FORMAT, "tensor '%s' is missing from the checkpoint", name);
@@ -202,6 +219,8 @@ int eb_bind(const eb_binder *b, const char *name, int64_t d0, int64_t d1, eb_wei
                        ndim == 2 ? d1 : 1, {NULL, 0, 0}};
     int st = bind_scale(b, t, out);
     if (st) return st;
+    eb_weight as_read = ndim == 2 ? *out : (eb_weight){out->data, t->dtype, 1, d0, {NULL, 0, 0}}; /* a vector: a row */
+    if ((st = note_weight(b, t, &as_read, 0, as_read.cols, 1))) return st;
     b->m->info.weight_bytes += t->nbytes;
     return EB_OK;
 }
@@ -230,6 +249,13 @@ int eb_bind_tensor(const eb_binder *b, const char *name, int ndim, const int64_t
                        t->dtype == EB_DTYPE_U8 ? "U8" : eb_dtype_name(t->dtype), raw ? "U8" : "F32, F16 or BF16");
     *data = (const unsigned char *)b->m->files[t->file_index].addr + t->offset;
     *dtype_out = t->dtype;
+    if (!raw) { /* (raw bytes are checked as the family packs them: eb_check_owned) */
+        int64_t rows = 1;
+        for (int i = 0; i + 1 < ndim; i++) rows *= shape[i];
+        eb_weight w = {*data, t->dtype, rows, shape[ndim - 1], {NULL, 0, 0}};
+        int st = note_weight(b, t, &w, 0, w.cols, 1);
+        if (st) return st;
+    }
     b->m->info.weight_bytes += t->nbytes;
     return EB_OK;
 }
@@ -735,6 +761,11 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
     if (n_tensors <= 0) return eb_fail(EB_ERR_FORMAT, "the checkpoint has no tensors");
     int weights = options ? options->weights : EB_WEIGHTS_AUTO, st = check_weights_mode(weights);
     if (st) return st;
+    int check = options ? options->check_weights : EB_CHECK_WEIGHTS_ON;
+    if (check != EB_CHECK_WEIGHTS_ON && check != EB_CHECK_WEIGHTS_OFF)
+        return eb_fail(EB_ERR_ARGUMENT, "check_weights %d is not one of %d (check the weights at load) or %d (load "
+                                        "them unchecked)", check, EB_CHECK_WEIGHTS_ON, EB_CHECK_WEIGHTS_OFF);
+    check = check == EB_CHECK_WEIGHTS_ON;
     if (primary_device < 0 || primary_device >= engine->n_devices)
         return eb_fail(EB_ERR_RANGE, "primary device index %d out of range (%d devices loaded)", primary_device,
                        engine->n_devices);
@@ -807,7 +838,8 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
         memcpy(m->rope_inv_freq, config->rope_inv_freq, half * sizeof *m->rope_inv_freq);
     }
     m->cfg.rope_inv_freq = m->rope_inv_freq;
-    eb_binder b = {NULL, n_tensors, m};
+    eb_weight_checks checks = {NULL, 0, 0};
+    eb_binder b = {NULL, n_tensors, m, check ? &checks : NULL};
     if ((st = load_files(m, files, n_files, weights)) || (st = check_descriptors(m, tensors, n_tensors))) {
         eb_model_free(m);
         return st;
@@ -853,6 +885,8 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
     }
     free(b.sorted);
     b.sorted = NULL;
+    if ((st = eb_check_weights(m, &checks)) || (st = eb_model_file_faulted(m))) goto fail;
+    eb_checks_free(&checks);
     if ((st = check_primary_formats(m))) goto fail;
     m->info.n_layers = c->num_layers;
     m->info.primary_device = primary_device;
@@ -866,6 +900,7 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
     return EB_OK;
 fail:
     free(b.sorted);
+    eb_checks_free(&checks);
     eb_model_free(m);
     return st;
 }

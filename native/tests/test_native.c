@@ -370,7 +370,7 @@ static void test_weights_modes(const char *module, const char *file, eb_model_co
     for (int k = 0; k < 2; k++) {
         eb_engine *e = new_engine(module, 0, 2);
         eb_model *m = NULL;
-        eb_load_options o = {modes[k]};
+        eb_load_options o = {modes[k], EB_CHECK_WEIGHTS_ON};
         CHECK(eb_model_load(e, cfg, files, 1, b->d, b->n, 0, &o, &m) == EB_OK, "load, weights mode %d", modes[k]);
         eb_model_info info;
         CHECK(eb_model_get_info(m, &info) == EB_OK && info.weights == modes[k], "weights held as %d, asked %d",
@@ -392,7 +392,7 @@ static void test_weights_modes(const char *module, const char *file, eb_model_co
         eb_set_copy_min_part(4096);
         eb_engine *e = new_engine(module, 0, 2);
         eb_model *m = NULL;
-        eb_load_options o = {EB_WEIGHTS_COPY};
+        eb_load_options o = {EB_WEIGHTS_COPY, EB_CHECK_WEIGHTS_ON};
         static float parted[4 * V];
         CHECK(eb_model_load(e, cfg, files, 1, b->d, b->n, 0, &o, &m) == EB_OK, "load, copy in parts");
         cpu_set_t set;
@@ -411,7 +411,7 @@ static void test_weights_modes(const char *module, const char *file, eb_model_co
     }
     eb_engine *e = new_engine(module, 0, 1);
     eb_model *m = NULL;
-    eb_load_options bad = {7};
+    eb_load_options bad = {7, EB_CHECK_WEIGHTS_ON};
     CHECK_ERR(eb_model_load(e, cfg, files, 1, b->d, b->n, 0, &bad, &m), EB_ERR_ARGUMENT, "weights mode 7");
     CHECK(m == NULL, "no model from a bad weights mode");
     eb_engine_destroy(e);
@@ -450,6 +450,113 @@ static void expect_refusal(const char *module, const char *file, const eb_model_
     snprintf(names, sizeof names, "%s%s", tensor, at);
     expect_load_error(module, file, cfg, b, EB_ERR_FORMAT, names, tensor);
     expect_load_error(module, file, cfg, b, EB_ERR_FORMAT, expected, tensor);
+}
+
+/* A copy of the file at `path` with 4-byte values written over it: each at a tensor's byte offset + at. */
+typedef struct {
+    const char *tensor;
+    uint64_t at;
+    float value;
+} patch;
+static void damaged_copy(const char *file, builder *b, const char *path, const patch *p, int n) {
+    FILE *in = fopen(file, "rb"), *out = fopen(path, "wb");
+    CHECK(in && out, "copy %s", file);
+    char buf[4096];
+    size_t got;
+    while (in && out && (got = fread(buf, 1, sizeof buf, in)) > 0) fwrite(buf, 1, got, out);
+    for (int i = 0; out && i < n; i++) {
+        int t = find(b, p[i].tensor);
+        CHECK(t >= 0 && b->d[t].dtype == EB_DTYPE_F32, "%s: an F32 tensor of the test model", p[i].tensor);
+        fseek(out, (long)(b->d[t].offset + p[i].at), SEEK_SET);
+        fwrite(&p[i].value, 4, 1, out);
+    }
+    if (in) fclose(in);
+    if (out) fclose(out);
+}
+
+static int load_checked(const char *module, const char *file, const eb_model_config *cfg, builder *b, int check,
+                        eb_engine **e, eb_model **m) {
+    const char *files[] = {file};
+    *e = new_engine(module, 0, 1);
+    *m = NULL;
+    eb_load_options o = {EB_WEIGHTS_MAP, check};
+    return eb_model_load(*e, cfg, files, 1, b->d, b->n, 0, &o, m);
+}
+
+/* Weights that are not numbers refused at load: the file, the tensor (the first bad one in binding order) and the
+ * first bad value's index in it, the same whatever the threads do; loaded with EB_CHECK_WEIGHTS_OFF, their NaN
+ * logits refused by greedy decoding naming the step. */
+static void test_weight_check(const char *module, const char *file, eb_model_config *cfg, builder *b) {
+    char path[] = "/tmp/eb_native_damaged_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0, "mkstemp");
+    close(fd);
+    eb_engine *e;
+    eb_model *m;
+    const char *down1 = "model.layers.1.mlp.down_proj.weight"; /* F32 [H, ID] */
+    const char *down0 = "model.layers.0.mlp.experts.2.down_proj.weight"; /* F32 [H, IM], bound before layer 1 */
+    char want[512];
+    static const struct {
+        float value;
+        const char *holds;
+    } bad[] = {{NAN, "holds NaN at row 3, column 5 "},
+               {INFINITY, "holds inf at row 3, column 5 "},
+               {-INFINITY, "holds -inf at row 3, column 5 "},
+               {1e30f, "holds 1e+30 (a magnitude past 2^64, which no weight has) at row 3, column 5 "}};
+    for (int k = 0; k < 4; k++) {
+        patch p[] = {{down1, (3 * ID + 5) * 4, bad[k].value}, {down1, (7 * ID + 1) * 4, NAN}};
+        damaged_copy(file, b, path, p, 2);
+        snprintf(want, sizeof want, "'%s': tensor '%s' %s", path, down1, bad[k].holds);
+        CHECK_ERR(load_checked(module, path, cfg, b, EB_CHECK_WEIGHTS_ON, &e, &m), EB_ERR_FORMAT, want);
+        CHECK(strstr(eb_last_error(), "; --no-check-weights (check_weights=False) loads it anyway"), "the way out");
+        CHECK(m == NULL, "a model from damaged weights");
+        eb_engine_destroy(e);
+    }
+    /* a vector: its index */
+    patch norm[] = {{"model.layers.1.post_attention_layernorm.weight", 7 * 4, INFINITY}};
+    damaged_copy(file, b, path, norm, 1);
+    CHECK_ERR(load_checked(module, path, cfg, b, EB_CHECK_WEIGHTS_ON, &e, &m), EB_ERR_FORMAT,
+              "tensor 'model.layers.1.post_attention_layernorm.weight' holds inf at index 7 (a damaged file)");
+    eb_engine_destroy(e);
+
+    /* in many small parts over every thread: always the first bad weight in binding order, and its first value */
+    patch two[] = {{down1, 0, NAN}, {down0, (H - 1) * IM * 4 + 4 * 3, NAN}, {down0, (H - 1) * IM * 4 + 4 * 9, NAN}};
+    damaged_copy(file, b, path, two, 3);
+    snprintf(want, sizeof want, "tensor '%s' holds NaN at row %d, column 3 ", down0, H - 1);
+    eb_set_check_part(64);
+    for (int rep = 0; rep < 20; rep++) {
+        CHECK_ERR(load_checked(module, path, cfg, b, EB_CHECK_WEIGHTS_ON, &e, &m), EB_ERR_FORMAT, want);
+        eb_engine_destroy(e);
+    }
+    cpu_set_t set;
+    int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    CHECK(eb_check_threads_used() == (cpus < 32 ? cpus : 32), "the check ran on %d threads, %d CPUs",
+          eb_check_threads_used(), cpus);
+    CHECK(load_checked(module, file, cfg, b, EB_CHECK_WEIGHTS_ON, &e, &m) == EB_OK, "the intact file in small parts");
+    eb_model_free(m);
+    eb_engine_destroy(e);
+    eb_set_check_part(0);
+
+    /* unchecked: it loads, and greedy decoding refuses the NaN logits rather than choose token 0 */
+    patch final[] = {{"model.norm.weight", 2 * 4, NAN}};
+    damaged_copy(file, b, path, final, 1);
+    CHECK(load_checked(module, path, cfg, b, EB_CHECK_WEIGHTS_OFF, &e, &m) == EB_OK, "an unchecked load");
+    eb_context *c = NULL;
+    int32_t out[8] = {0}, n = -1;
+    CHECK(m && eb_context_create(m, 16, 4, &c) == EB_OK, "context");
+    int32_t prompt[3] = {3, 17, 42};
+    CHECK(c && eb_context_eval(c, prompt, 3, NULL, 0) == EB_OK, "prefill");
+    if (c)
+        CHECK_ERR(eb_context_greedy(c, 5, 8, NULL, 0, out, &n), EB_ERR_NUMERIC,
+                  "step 1 (position 3): the logits hold NaN at token id 0: the model's numbers overflowed or a "
+                  "weight is damaged");
+    CHECK(n == 1 && out[0] == 5, "greedy chose %d tokens (%d) from NaN logits", n, out[1]);
+    eb_context_free(c);
+    eb_model_free(m);
+    eb_engine_destroy(e);
+    CHECK_ERR(load_checked(module, file, cfg, b, 5, &e, &m), EB_ERR_ARGUMENT, "check_weights 5 is not one of");
+    eb_engine_destroy(e);
+    unlink(path);
 }
 
 static void test_bad_checkpoints(const char *module, const char *file, eb_model_config *cfg, builder *b) {
@@ -1303,6 +1410,7 @@ int main(int argc, char **argv) {
     test_bad_checkpoints(module, file, &cfg, &b);
     test_descriptor_fuzz(module, file, &cfg, &b);
     test_weights_modes(module, file, &cfg, &b);
+    test_weight_check(module, file, &cfg, &b);
     test_placement(argv[1], file, &cfg, &b);
     test_device_primary(argv[1], file, &cfg, &b);
     test_lifetimes(module, file, &cfg, &b);

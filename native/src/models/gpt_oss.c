@@ -93,6 +93,13 @@ static int pack_mxfp4(const eb_binder *b, int l, const char *proj, int64_t E, in
                            (const unsigned char *)scales + (size_t)((e * rows + r) * (cols / 32)), cols,
                            (unsigned char *)w->data + (size_t)to * row);
         }
+    /* the packed rows are what the kernels read; a bad value's exponent is an element of the scales tensor */
+    for (int64_t e = 0; e < E; e++)
+        for (int k = 0; k < (interleave ? 2 : 1); k++) {
+            const eb_weight *w = interleave ? (k ? &L->experts[e].up : &L->experts[e].gate) : &L->experts[e].down;
+            if ((st = eb_check_owned(b, name, w, (e * rows + k) * (cols / 32), (interleave ? 2 : 1) * (cols / 32), 32)))
+                return st;
+        }
     return EB_OK;
 }
 
