@@ -81,9 +81,9 @@ def test_weights_setting_reaches_the_engine_and_keeps_the_hashes(recorded, speed
 
     asked, real_load = [], Engine.load
 
-    def load(self, model, device="cpu:0", weights="auto"):
+    def load(self, model, device="cpu:0", weights="auto", **options):
         asked.append(weights)
-        return real_load(self, model, device, weights)
+        return real_load(self, model, device, weights, **options)
 
     monkeypatch.setattr(Engine, "load", load)
     for weights in ("copy", "map"):
