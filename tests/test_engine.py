@@ -209,29 +209,33 @@ def test_greedy_in_the_core_reports_bad_arguments():
         assert chosen[0] == 17 and ctx.position == 16
 
 
-def test_greedy_chooses_the_first_nan_as_numpy_does(tmp_path):
-    """A broken checkpoint (tied embeddings, row 5 NaN) gives NaN logits for token 5 beside finite ones, then, once
-    5 is fed back, NaN everywhere: the core's argmax chooses as numpy's does (the first NaN), not a finite token."""
+def test_greedy_chooses_no_token_from_logits_that_hold_nan(tmp_path):
+    """A broken checkpoint (tied embeddings, row 5 NaN) is refused at load; loaded anyway (check_weights=False) it
+    gives NaN logits for token 5 beside finite ones: the core's greedy loop chooses no token from them (numpy's argmax
+    would take the first NaN, 5, and then 0 from rows all NaN) but fails naming the step and the token id."""
     from safetensors.numpy import load_file, save_file
 
-    from engine.native import check, ffi, lib
+    from engine.errors import CheckpointError, NumericError
+    from engine.native import ffi, lib
 
     folder = tmp_path / "nan-row"
     shutil.copytree(FIXTURES / "qwen3-f32", folder)
     tensors = load_file(folder / "model.safetensors")
     tensors["model.embed_tokens.weight"][5] = np.nan
     save_file(tensors, folder / "model.safetensors")
-    with Engine() as eng, eng.load(folder) as model, model.context(16) as ctx:
-        loop = [1]
-        while len(loop) < 3:
-            row = ctx.decode([loop[-1]])[0]
-            assert np.isnan(row).any() and (len(loop) > 1 or np.isfinite(row).sum() > 1)
-            loop.append(int(np.argmax(row)))
-        assert loop == [1, 5, 0]  # NaN at 5 beside finite logits, then NaN everywhere
-        ctx.truncate(0)
-        out, chosen = ffi.new("int32_t[3]"), ffi.new("int32_t *")
-        check(lib.eb_context_greedy(ctx._live(), 1, 3, ffi.NULL, 0, out, chosen))  # the core chooses from token 1
-        assert list(out) == loop and chosen[0] == 3
+    with Engine() as eng:
+        with pytest.raises(CheckpointError, match=r"tensor 'model.embed_tokens.weight' holds NaN at row 5, column 0"):
+            eng.load(folder)
+        with eng.load(folder, check_weights=False) as model, model.context(16) as ctx:
+            row = ctx.decode([1])[0]
+            assert np.isnan(row[5]) and np.isfinite(row).sum() > 1  # NaN at 5 beside finite logits
+            ctx.truncate(0)
+            with pytest.raises(NumericError, match=r"step 1 \(position 0\): the logits hold NaN at token id 5"):
+                ctx.greedy(1, 3)
+            out, chosen = ffi.new("int32_t[3]"), ffi.new("int32_t *")
+            ctx.truncate(0)
+            assert lib.eb_context_greedy(ctx._live(), 1, 3, ffi.NULL, 0, out, chosen) == lib.EB_ERR_NUMERIC
+            assert chosen[0] == 1  # the first token only (given): none was chosen from the NaN row
 
 
 def test_greedy_continues_from_a_chosen_token_and_refuses_bad_arguments():
