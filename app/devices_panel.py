@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 
-from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt, Slot
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt, Signal, Slot
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QAbstractItemView, QLabel, QTableView, QVBoxLayout, QWidget
 
@@ -121,6 +121,8 @@ class DevicesModel(QAbstractTableModel):
 
 
 class DevicesPanel(QWidget):
+    sigTableWidthChanged = Signal(int)  # the table's columns, sized to their contents, take this many pixels now
+
     def __init__(self, state: WorkbenchState, parent=None):
         super().__init__(parent)
         self.model = DevicesModel(state, self)
@@ -143,8 +145,18 @@ class DevicesPanel(QWidget):
         self.reasons.setTextFormat(Qt.TextFormat.RichText)
         layout.addWidget(self.reasons)
         self.model.modelReset.connect(self._spans)
-        self.model.dataChanged.connect(lambda *_: self.view.resizeColumnsToContents())
+        self.model.dataChanged.connect(lambda *_: self._fit_columns())
         self._spans()
+
+    def table_width(self) -> int:
+        """What the table needs to show its columns whole."""
+        return self.view.horizontalHeader().length() + 2 * self.view.frameWidth()
+
+    def _fit_columns(self) -> None:
+        before = self.table_width()
+        self.view.resizeColumnsToContents()
+        if self.table_width() != before:
+            self.sigTableWidthChanged.emit(self.table_width())
 
     @Slot()
     def _spans(self) -> None:
@@ -157,7 +169,7 @@ class DevicesPanel(QWidget):
                 reasons.append(f"<b>{html.escape(name)}</b>: {html.escape(self.model.reason(row))}")
         self.reasons.setText("<br>".join(reasons))
         self.reasons.setVisible(bool(reasons))
-        self.view.resizeColumnsToContents()
+        self._fit_columns()
         # As tall as its rows (no scroll bar for a handful of devices); the reasons sit right below.
         rows = sum(self.view.rowHeight(r) for r in range(self.model.rowCount()))
         self.view.setFixedHeight(self.view.horizontalHeader().height() + rows + 2 * self.view.frameWidth() + 6)

@@ -134,6 +134,7 @@ FIELDS = [
     Field(None, None, "cancelled", lambda r: r.cancelled),
 ]
 COLUMNS = [f for f in FIELDS if f.header is not None]  # the history table's
+FIRST_COLUMNS = ("Decode tok/s", "Accept", "Hash", "Mode", "Precision")  # shown right after "#"
 NUMERIC = {"#", "Decode tok/s", "Prefill tok/s", "Predicted tok/s", "Accept", "Tokens", "Quality"}
 PRECISION_TIPS = {
     "f32": "activations meet exactly dequantized weights in f32: the reference",
@@ -283,6 +284,10 @@ class HistoryPanel(QWidget):
         header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
         header.setSectionResizeMode(column("Placement"), QHeaderView.ResizeMode.Stretch)
         header.setMinimumSectionSize(40)
+        # what a run is judged by first (its speed, acceptance and output), then its settings; the model keeps FIELDS'
+        # order (the CSV's), only the view shows them so
+        for visual, name in enumerate(FIRST_COLUMNS, start=1):
+            header.moveSection(header.visualIndex(column(name)), visual)
         self.view.verticalHeader().setDefaultSectionSize(24)
         self.setMinimumSize(180, 104)  # a few rows and columns; the table scrolls
         layout = QVBoxLayout(self)

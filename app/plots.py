@@ -17,6 +17,7 @@ nothing to show says so and shows no axes.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pyqtgraph as pg
@@ -33,7 +34,8 @@ LIVE_HEADROOM = 1.15  # a live plot's range, when it grows, leaves this much roo
 LIVE_SECONDS = 1.0  # the live plots' time axis at a run's start (it grows when the run passes it)
 Y_STEPS = (1, 1.5, 2, 3, 4, 5, 6, 8)  # the values' bounds: the curve fills most of the plot's height
 X_STEPS = (1, 2, 5)  # the time's: fewer changes (each lays an axis out anew), the whole run still shown
-ACCEPT_TOP = 105.0  # the acceptance plot's y range: 0-100 % and a little room for the curve's top
+ACCEPT_RANGE = (-6.0, 106.0)  # the acceptance plot's y range: 0-100 % and room for the curve and the end labels
+ACCEPT_TICKS = (0, 25, 50, 75, 100)
 NO_DATA = "no data yet: start a run"
 RUNS_TIP = ("Each run's median decode tokens/s over its passes, with whiskers from the slowest to the fastest pass; a "
             "line joins consecutive runs of the same settings only")  # fmt: skip
@@ -158,6 +160,45 @@ def _y_from_zero(plot: pg.PlotWidget, values: np.ndarray, fallback: float = 1.0)
     finite = values[np.isfinite(values)]
     top = float(finite.max()) if finite.size else 0.0
     plot.setYRange(0, top * 1.15 if top > 0 else fallback, padding=0)
+
+
+class Readout:
+    """The value under the pointer: the point of a curve nearest the pointer's x, marked, with its x and y in words
+    beside it (text(x, y)); hidden when the pointer leaves the plot or the curve has no point there."""
+
+    def __init__(self, plot: pg.PlotWidget, curve, text: Callable[[float, float], str]):
+        self.plot, self.curve, self.text = plot, curve, text
+        c = theme.colors()
+        self.label = pg.TextItem("", color=c["text"], fill=pg.mkBrush(c["base"]), border=pg.mkPen(c["muted"]))
+        self.dot = pg.ScatterPlotItem(size=9, brush=pg.mkBrush(c["highlight"]), pen=None)
+        for item in (self.label, self.dot):
+            item.setZValue(10)
+            plot.addItem(item, ignoreBounds=True)
+        self.hide()
+        plot.scene().sigMouseMoved.connect(self.moved)
+
+    def hide(self) -> None:
+        self.label.hide()
+        self.dot.hide()
+
+    def moved(self, scene_pos) -> None:
+        box = self.plot.getPlotItem().getViewBox()
+        x, y = self.curve.getData()
+        if not box.sceneBoundingRect().contains(scene_pos) or x is None or not len(x) or is_empty(self.plot):
+            self.hide()
+            return
+        at = box.mapSceneToView(scene_pos)
+        i = int(np.argmin(np.abs(np.asarray(x, dtype=np.float64) - at.x())))
+        if not (math.isfinite(x[i]) and math.isfinite(y[i])):
+            self.hide()
+            return
+        (x0, x1), _ = box.viewRange()
+        self.label.setAnchor((1.0, 1.0) if x[i] > (x0 + x1) / 2 else (0.0, 1.0))  # toward the middle: never cut
+        self.label.setText(self.text(float(x[i]), float(y[i])))
+        self.label.setPos(x[i], y[i])
+        self.dot.setData([x[i]], [y[i]])
+        self.label.show()
+        self.dot.show()
 
 
 class DeviceBar(QWidget):
@@ -326,8 +367,10 @@ class LivePlots(QWidget):
         accent = theme.KIND_COLORS["cpu"]
         self.rate_curve = self.rate_plot.plot(pen=pg.mkPen(accent, width=2))
         self.accept_curve = self.accept_plot.plot(pen=pg.mkPen(theme.KIND_COLORS["gpu"], width=2))
-        # its range is always 0-100 %: three fixed ticks stay readable where the plot is short
-        self.accept_plot.getAxis("left").setTicks([[(v, str(v)) for v in (0, 50, 100)], []])
+        # its range is always 0-100 %, with room below 0 and above 100 so that their labels are drawn too (an axis
+        # drops the label of a tick at its very end): five fixed ticks stay readable where the plot is short
+        self.accept_plot.getAxis("left").setTicks([[(v, str(v)) for v in ACCEPT_TICKS], []])
+        self.accept_plot.getPlotItem().getViewBox().setLimits(yMin=ACCEPT_RANGE[0])
         for curve in (self.rate_curve, self.accept_curve):
             curve.setClipToView(True)
             curve.setDownsampling(auto=True, method="peak")
@@ -344,6 +387,12 @@ class LivePlots(QWidget):
         self.runs_plot.addItem(self.runs_whiskers)
         self.runs_curve = self.runs_plot.plot(pen=pg.mkPen(accent, width=1.5), symbol="o", symbolSize=7,
                                               symbolBrush=accent, symbolPen=None)  # fmt: skip
+        # the value under the pointer: each point's time (or run) and value
+        self.readouts = {
+            self.rate_plot: Readout(self.rate_plot, self.rate_curve, lambda x, y: f"{x:.1f} s: {y:.1f} tok/s"),
+            self.accept_plot: Readout(self.accept_plot, self.accept_curve, lambda x, y: f"{x:.1f} s: {y:.0f} %"),
+            self.runs_plot: Readout(self.runs_plot, self.runs_curve, lambda x, y: f"run {x:.0f}: {y:.1f} tok/s"),
+        }
         self.hash_marks = pg.ScatterPlotItem(size=13, hoverable=True, tip=lambda x, y, data: data)
         self.hash_plot.addItem(self.hash_marks)
         self.hash_legend = pg.LegendItem(labelTextColor=c["muted"], colCount=4, labelTextSize="8pt",
@@ -431,7 +480,7 @@ class LivePlots(QWidget):
         self.y_top = steady_top(self.y_top, float(finite.max()) if finite.size else 0.0)
         _hold_range(self.rate_plot, (0.0, self.x_top), (0.0, self.y_top or 1.0))
         if ok.any():
-            _hold_range(self.accept_plot, (0.0, self.x_top), (0.0, ACCEPT_TOP))
+            _hold_range(self.accept_plot, (0.0, self.x_top), ACCEPT_RANGE)
 
     @Slot()
     def refresh_runs(self) -> None:

@@ -43,6 +43,7 @@ from .timeline import Timeline
 from .tune_panel import TunePanel
 
 MAX_RECENT = 8
+DOCK_MARGINS = 48  # a dock's frame, its panel's margins and a scroll bar's width beside what the panel shows
 # 2: the compact and wide arrangements, 3: the device timeline, 4: Tune beside the history (the routing panel the
 # right column's whole height), 5: the timeline below the history and Tune (the plots the bottom row's whole height);
 # an older layout is not restored
@@ -182,6 +183,7 @@ class MainWindow(QMainWindow):
         self.editor = PlacementEditor(self.state)
         self.setCentralWidget(self.editor)
         self.devices = DevicesPanel(self.state)
+        self.devices.sigTableWidthChanged.connect(self._devices_widened)
         self.run_panel = RunPanel(self.state)
         self.routing = RoutingPanel(self.state, prompts_source=lambda: self.run_panel.settings().prompts)
         self.plots = LivePlots(self.state)
@@ -779,14 +781,38 @@ class MainWindow(QMainWindow):
             return
         # The editor the room the side columns leave; the bottom row less than half the height the docks share (the
         # run settings and the editor keep their room), but what the plots need
-        self.resizeDocks([docks["devices"], docks["routing"]], [min(440, self.width() * 28 // 100), 360], H)
-        self.resizeDocks([docks["devices"], docks["run"]], [150, 420], V)  # the run settings whole where there is room
+        # the devices' columns whole where the window has room for them (a third of it at most; 28 % of a wide one)
+        self.resizeDocks([docks["devices"], docks["routing"]], [self._devices_width(), 360], H)
+        # the devices' rows whole (the table is as tall as they are), the run settings whole where there is room
+        devices = (
+            self.devices.sizeHint().height() + docks["devices"].titleBarWidget().sizeHint().height()
+            if docks["devices"].titleBarWidget() is not None
+            else self.devices.sizeHint().height() + 28
+        )
+        self.resizeDocks([docks["devices"], docks["run"]], [max(150, devices), 420], V)
         bars = sum(bar.height() for bar in (self.menuBar(), self.statusBar(), *self.findChildren(QToolBar)))
         bottom = min(470, max(290, (self.height() - bars) * 45 // 100))  # the plots whole from a 768-pixel screen on
         timeline = max(140, bottom * 170 // 470)  # its lanes and axis whole, however low the window
         self.resizeDocks([docks["history"], docks["timeline"]], [bottom - timeline, timeline], V)
-        # the Tune panel its controls' width (about 340 px); the history elides its placements
-        self.resizeDocks([docks["plots"], docks["history"], docks["tune"]], [480, 320, 380], H)
+        # the Tune panel its controls' width (about 340 px); the history what a wide window has beyond them (its
+        # placements are elided first)
+        plots = 480 if self.width() < 1800 else 600  # a wide window: room for more runs' hashes
+        history = max(320, self.width() - docks["routing"].width() - plots - 380 - 24)
+        self.resizeDocks([docks["plots"], docks["history"], docks["tune"]], [plots, history, 380], H)
+
+    def _devices_width(self) -> int:
+        """The devices' column: their table whole where the window has room for it (a third of it at most), and 28 %
+        of a wide window (the run settings below it)."""
+        return min(max(self.devices.table_width() + DOCK_MARGINS, min(560, self.width() * 28 // 100)),
+                   self.width() // 3)  # fmt: skip
+
+    @Slot(int)
+    def _devices_widened(self, _width: int) -> None:
+        """The devices' table grew (a device's figures are longer now): its column widened to show it whole, in the
+        wide arrangement, as far as _devices_width allows."""
+        dock = self.docks["devices"]
+        if self.compact is False and dock.isVisible() and dock.width() < self._devices_width():
+            self.resizeDocks([dock], [self._devices_width()], Qt.Orientation.Horizontal)
 
     def reset_layout(self) -> None:
         for dock in self.docks.values():

@@ -12,7 +12,7 @@ import pytest  # noqa: E402
 
 from app import plots as plots_module  # noqa: E402
 from app.plots import (  # noqa: E402
-    ACCEPT_TOP,
+    ACCEPT_RANGE,
     LIVE_HEADROOM,
     LIVE_SECONDS,
     X_STEPS,
@@ -114,7 +114,7 @@ def test_the_ranges_hold_while_the_data_stays_inside_and_grow_when_it_passes(liv
         t, rate, accept = plots.state.live.snapshot()
         ok = np.isfinite(accept)
         assert inside(rate_view, t, rate) and rate_view[0][0] == 0 and rate_view[1][0] == 0  # x and y from 0
-        assert inside(accept_view, t[ok], accept[ok]) and accept_view == [rate_view[0], [0, ACCEPT_TOP]]
+        assert inside(accept_view, t[ok], accept[ok]) and accept_view == [rate_view[0], list(ACCEPT_RANGE)]
         x, y = plots.rate_curve.getData()
         assert np.array_equal(x, t) and np.array_equal(y, rate, equal_nan=True)  # the whole run drawn
         if views:
@@ -159,3 +159,47 @@ def test_a_hidden_panel_draws_nothing_and_catches_up_when_shown(live_plots, qtbo
     t, rate, _accept = plots.state.live.snapshot()
     assert len(plots.rate_curve.getData()[0]) == len(t) == 40
     assert inside(plots.rate_plot.viewRange(), t, rate)
+
+
+def test_the_pointer_over_a_plot_reads_the_nearest_points_value(live_plots, qtbot):
+    """A mouse move over the tokens/s or acceptance plot marks the point nearest the pointer's time and says its
+    time and value beside it; off the plot, or before any data, nothing is shown."""
+    from PySide6.QtCore import QEvent, QPointF, Qt
+    from PySide6.QtGui import QMouseEvent
+    from PySide6.QtWidgets import QApplication
+
+    plots = live_plots
+    readout = plots.readouts[plots.rate_plot]
+    box = plots.rate_plot.getPlotItem().getViewBox()
+
+    def move_to(x: float, y: float) -> None:  # as the user's pointer does: a move event on the plot's viewport
+        viewport = plots.rate_plot.viewport()
+        at = QPointF(plots.rate_plot.mapFromScene(box.mapViewToScene(QPointF(x, y))))
+        none = Qt.MouseButton.NoButton
+        event = QMouseEvent(QEvent.Type.MouseMove, at, QPointF(viewport.mapToGlobal(at.toPoint())), none, none,
+                            Qt.KeyboardModifier.NoModifier)  # fmt: skip
+        QApplication.sendEvent(viewport, event)
+        qtbot.wait(20)
+
+    move_to(0.5, 0.5)
+    assert not readout.label.isVisible()  # no data yet
+    run = Run(plots)
+    run.start()
+    run.steps(np.r_[np.full(200, 100.0), np.full(200, 50.0)])
+    run.tick()
+    t, rate, _ = plots.state.live.snapshot()
+    i = len(t) // 4
+    move_to(float(t[i]), float(rate[i]))
+    assert readout.label.isVisible() and readout.dot.isVisible()
+    near = int(np.argmin(np.abs(t - readout.label.pos().x())))
+    assert readout.label.textItem.toPlainText() == f"{t[near]:.1f} s: {rate[near]:.1f} tok/s"
+    assert abs(near - i) <= 1  # the point under the pointer
+    (x0, x1), (y0, y1) = box.viewRange()
+    readout.moved(box.mapViewToScene(QPointF(x1 + (x1 - x0), y1)))  # beyond the plot's right edge
+    assert not readout.label.isVisible()
+    accept = plots.readouts[plots.accept_plot]
+    accept_box = plots.accept_plot.getPlotItem().getViewBox()
+    x, y = plots.accept_curve.getData()
+    accept.moved(accept_box.mapViewToScene(QPointF(float(x[-1]), float(y[-1]))))
+    assert accept.label.textItem.toPlainText() == f"{x[-1]:.1f} s: {y[-1]:.0f} %"
+    run.finish()
