@@ -6,10 +6,11 @@ the kernel its own format has (integer products, or f32 activations where it has
 
 The fixtures are one-layer Qwen3-MoE GGUF files whose attention output is zero, so each position's logits are the
 embedding plus the experts, through the final norm and lm_head: a float64 numpy reference on the gguf package's
-dequantized weights gives them exactly. The (gate, up, down) formats are the 100 rows (a, b, a + b mod 10) of an
-orthogonal array over the ten formats: every ordered pair of formats meets in every pair of projections. Each file
-runs in the f32 and q8 precisions on cpu:0, cpu:1 and hostsim:0 (experts split between them), in the best kernels
-this CPU runs and in the portable ones, against the reference, and gives the same bits on every run and placement.
+dequantized weights gives them exactly. The (gate, up, down) formats are the N^2 rows (a, b, a + b mod N) of an
+orthogonal array over the N formats of GGUF files: every ordered pair of formats meets in every pair of projections.
+Each file runs in the f32 and q8 precisions on cpu:0, cpu:1 and hostsim:0 (experts split between them), in the best
+kernels this CPU runs and in the portable ones, against the reference, and gives the same bits on every run and
+placement.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ HIDDEN = INTER = 256  # the K formats' rows are whole 256-value blocks
 E = TOP_K = 2  # every expert on every position: no routing choice for the q8 precision's rounding to flip
 HEADS, KV_HEADS, HEAD_DIM = 2, 1, 32
 NAMES = [name for name, f in formats.FORMATS.items() if f.ggml_type >= 0]  # the formats a GGUF file holds
-assert len(NAMES) == 10, NAMES  # the orthogonal array below is of order 10
-TRIPLES = [(NAMES[a], NAMES[b], NAMES[(a + b) % 10]) for a in range(10) for b in range(10)]
+N = len(NAMES)  # the order of the orthogonal array below: (a, b, a + b mod N) meets every pair in every two columns
+TRIPLES = [(NAMES[a], NAMES[b], NAMES[(a + b) % N]) for a in range(N) for b in range(N)]
 PROMPT = [5, 17, 42, 99, 300, 7, 511]
 F32_TOLERANCE = 1e-4  # relative L2 per position: the f32 precision is the dequantized weights' float model
 # q8: activations rounded to 8 bits per block move a position by 1-3 % here; an output left unwritten moves it by

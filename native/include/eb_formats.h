@@ -66,6 +66,7 @@ enum { /* each format's place in the list */
                      "of a one-value format without integer products");
 EB_FORMATS(EB_FORMAT_CHECK)
 #undef EB_FORMAT_CHECK
+EB_STATIC_ASSERT(EB_DTYPE_COUNT <= EB_DTYPE_U8, "EB_FORMATS: a format's code would be the raw bytes' (EB_DTYPE_U8)");
 
 static inline const eb_format_traits *eb_format(int dtype) {
     return dtype >= 0 && dtype < EB_DTYPE_COUNT ? &eb_format_table[dtype] : NULL;
@@ -135,7 +136,19 @@ static inline float eb_e8m0_half(uint8_t e) {
     return eb_bits_to_f32(bits);
 }
 
+/* The values of a 4-bit code in the formats that look their quants up in 16 entries: MXFP4's E2M1 values (doubled), and
+ * Q4_0's code less 8. */
 static const int8_t eb_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+static const int8_t eb_q4_0_values[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+
+/* 32 values of 16 bytes of 4-bit codes (value i in byte i's low half, i + 16 in its high), each d times its entry in
+ * values: one f32 product of exact operands, as the gguf package forms them. */
+static inline void eb_nibbles_times(const unsigned char *qs, const int8_t *values, float d, float *out) {
+    for (int i = 0; i < 16; i++) {
+        out[i] = d * (float)values[qs[i] & 0xF];
+        out[i + 16] = d * (float)values[qs[i] >> 4];
+    }
+}
 
 /* The 6-bit scale and minimum of sub-block j (< 8) of a Q4_K / Q5_K block's 12 packed bytes. */
 static inline void eb_k4_scale_min(const unsigned char *s, int j, int *sc, int *m) {
@@ -166,14 +179,8 @@ static inline void eb_dequantize_chunk(const void *row, int dtype, int64_t c, fl
         for (int i = 0; i < 32; i++) out[i] = (float)(int8_t)b[2 + i] * d;
         return;
     }
-    case EB_DTYPE_MXFP4: {
-        float d = eb_e8m0_half(b[0]);
-        for (int i = 0; i < 16; i++) {
-            out[i] = d * (float)eb_mxfp4_values[b[1 + i] & 0xF];
-            out[i + 16] = d * (float)eb_mxfp4_values[b[1 + i] >> 4];
-        }
-        return;
-    }
+    case EB_DTYPE_MXFP4: eb_nibbles_times(b + 1, eb_mxfp4_values, eb_e8m0_half(b[0]), out); return;
+    case EB_DTYPE_Q4_0: eb_nibbles_times(b + 2, eb_q4_0_values, eb_f16_to_f32(eb_load_u16(b)), out); return;
     case EB_DTYPE_Q5_0:
     case EB_DTYPE_Q5_1: { /* d, (m,) 32 fifth bits, nibbles: value j in byte j's low half, j + 16 in its high */
         int q51 = dtype == EB_DTYPE_Q5_1;
