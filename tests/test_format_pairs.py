@@ -51,6 +51,9 @@ def _dequantized(name: str, data: np.ndarray) -> np.ndarray:
     return gguf.quants.dequantize(data, _qtype(name)).astype(np.float64)
 
 
+F16_MINIMUM = ("Q4_K", "Q5_K", "Q5_1", "Q4_1")  # the formats whose blocks hold an f16 minimum (dmin, m) at bytes 2..3
+
+
 def _unit_scales(name: str, raw: np.ndarray) -> None:
     """Scale fields of blocks set to one (and the minima to centre the values): the values are then the quants'."""
     one = np.float16(1.0).view(np.uint16)
@@ -63,8 +66,9 @@ def _unit_scales(name: str, raw: np.ndarray) -> None:
         raw[:, 0:2] = np.array([one], dtype=np.uint16).view(np.uint8)
         if name in half:  # dmin: the minima scaled to about the mean of the quants times the scales
             raw[:, 2:4] = np.array([np.float16(half[name])], dtype=np.float16).view(np.uint8)
-        elif name == "Q5_1":  # m = -15.5 d: quants 0..31 about zero
-            raw[:, 2:4] = np.array([np.float16(-15.5)], dtype=np.float16).view(np.uint8)
+        elif name in ("Q5_1", "Q4_1"):  # m = -15.5 d (-7.5 d): quants 0..31 (0..15) about zero
+            m = -15.5 if name == "Q5_1" else -7.5
+            raw[:, 2:4] = np.array([np.float16(m)], dtype=np.float16).view(np.uint8)
 
 
 def _rescale(name: str, raw: np.ndarray, factor: float) -> None:
@@ -72,7 +76,7 @@ def _rescale(name: str, raw: np.ndarray, factor: float) -> None:
     if name == "MXFP4":
         raw[:, 0] = np.clip(raw[:, 0].astype(int) + int(round(np.log2(factor))), 1, 254)
         return
-    fields = [(208, 210)] if name == "Q6_K" else [(0, 2)] + ([(2, 4)] if name in ("Q4_K", "Q5_K", "Q5_1") else [])
+    fields = [(208, 210)] if name == "Q6_K" else [(0, 2)] + ([(2, 4)] if name in F16_MINIMUM else [])
     for lo, hi in fields:
         v = np.ascontiguousarray(raw[:, lo:hi]).view(np.float16).astype(np.float32) * factor
         raw[:, lo:hi] = v.astype(np.float16).view(np.uint8)

@@ -137,9 +137,10 @@ static inline float eb_e8m0_half(uint8_t e) {
 }
 
 /* The values of a 4-bit code in the formats that look their quants up in 16 entries: MXFP4's E2M1 values (doubled), and
- * Q4_0's code less 8. */
+ * Q4_0's code less 8, Q4_1's code. */
 static const int8_t eb_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 static const int8_t eb_q4_0_values[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+static const int8_t eb_q4_1_values[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
 /* 32 values of 16 bytes of 4-bit codes (value i in byte i's low half, i + 16 in its high), each d times its entry in
  * values: one f32 product of exact operands, as the gguf package forms them. */
@@ -181,6 +182,12 @@ static inline void eb_dequantize_chunk(const void *row, int dtype, int64_t c, fl
     }
     case EB_DTYPE_MXFP4: eb_nibbles_times(b + 1, eb_mxfp4_values, eb_e8m0_half(b[0]), out); return;
     case EB_DTYPE_Q4_0: eb_nibbles_times(b + 2, eb_q4_0_values, eb_f16_to_f32(eb_load_u16(b)), out); return;
+    case EB_DTYPE_Q4_1: { /* d times the code, then plus m: two roundings, as the gguf package's (d * q) + m */
+        float m = eb_f16_to_f32(eb_load_u16(b + 2));
+        eb_nibbles_times(b + 4, eb_q4_1_values, eb_f16_to_f32(eb_load_u16(b)), out);
+        for (int i = 0; i < 32; i++) out[i] = out[i] + m;
+        return;
+    }
     case EB_DTYPE_Q5_0:
     case EB_DTYPE_Q5_1: { /* d, (m,) 32 fifth bits, nibbles: value j in byte j's low half, j + 16 in its high */
         int q51 = dtype == EB_DTYPE_Q5_1;

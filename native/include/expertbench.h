@@ -33,7 +33,8 @@ extern "C" {
  * Q5_1 (f16 scale (Q5_1: and minimum), 32 fifth bits, 4-bit quants; what llama.cpp's quantizer writes for a K-quant's
  * rows that are not whole 256-value blocks, such as DeepSeek's attn_k_b in a Q4_K_M file, and in some files for an
  * expert's gate or up beside a Q8_0 or MXFP4 one; rare and small, they have no integer product), Q4_0 (f16 scale,
- * 4-bit quants less 8; older tooling's files), whose q8 activations are blocks of 32 as llama.cpp's Q8_0 beside it.
+ * 4-bit quants less 8; older tooling's files) and Q4_1 (f16 scale and minimum, 4-bit quants), whose q8 activations
+ * are blocks of 32 as llama.cpp's Q8_0 / Q8_1 beside them.
  *
  * The last two columns, the scale block (rows x cols; 0 x 0: none), mark a format whose values are multiplied by a
  * scale companion: a separate f32 tensor of one scale per block of the weight, ceil(rows / scale_rows) x
@@ -55,7 +56,8 @@ extern "C" {
     X(Q5_0,         8,  32,  22,   6, 1,   0,   0,   0) \
     X(Q5_1,         9,  32,  24,   7, 1,   0,   0,   0) \
     X(F8_E4M3_B128, 10,  1,   1,  -1, 0,   0, 128, 128) \
-    X(Q4_0,         11, 32,  18,   2, 1,  32,   0,   0)
+    X(Q4_0,         11, 32,  18,   2, 1,  32,   0,   0) \
+    X(Q4_1,         12, 32,  20,   3, 1,  32,   0,   0)
 
 /* Outside the cdef, which expands no macros: Python reads the codes through eb_format_info. */
 typedef enum {

@@ -794,7 +794,8 @@ static void fill_weights(unsigned char *w, int dt, int rows, int cols, unsigned 
         case EB_DTYPE_Q8_0:
         case EB_DTYPE_Q5_0:
         case EB_DTYPE_Q4_0: memcpy(b, &h, 2); break;
-        case EB_DTYPE_Q5_1: memcpy(b, &h, 2), memcpy(b + 2, &h2, 2); break;
+        case EB_DTYPE_Q5_1:
+        case EB_DTYPE_Q4_1: memcpy(b, &h, 2), memcpy(b + 2, &h2, 2); break;
         case EB_DTYPE_Q4_K:
         case EB_DTYPE_Q5_K: memcpy(b, &h, 2), memcpy(b + 2, &h2, 2); break;
         case EB_DTYPE_Q6_K: memcpy(b + 208, &h, 2); break;
@@ -975,6 +976,7 @@ static void extreme_block(unsigned char *b, int dt) {
     case EB_DTYPE_Q4_0:
         for (int i = 2; i < 18; i++) b[i] = i & 1 ? 0x0F : 0xF0; /* -8 and 7, 7 and -8 */
         return;
+    case EB_DTYPE_Q4_1: memset(b + 4, 0xFF, 16); return; /* 15 */
     case EB_DTYPE_Q4_K: memset(b + 4, 0xFF, 140); return; /* scales and minima 63, quants 15 */
     case EB_DTYPE_Q5_K: memset(b + 4, 0xFF, 172); return; /* quants 31 */
     case EB_DTYPE_Q6_K:

@@ -126,11 +126,12 @@ INLINE void scale_i8x32(__m256i q, float d, __m256 *w) {
     w[3] = _mm256_mul_ps(vd, cvt_i8(_mm_srli_si128(hi, 8)));
 }
 
-/* A 32-value block of Q8_0, MXFP4 or Q4_0 as its 32 signed quants; *d its scale. */
+/* A 32-value block of Q8_0, MXFP4, Q4_0 or Q4_1 as its 32 signed quants; *d its scale (Q4_1: then plus its minimum). */
 INLINE __m256i block32_quants(const unsigned char *b, int dtype, float *d) {
     switch (dtype) {
     case EB_DTYPE_Q8_0: *d = _cvtsh_ss(eb_load_u16(b)); return _mm256_loadu_si256((const __m256i *)(b + 2));
     case EB_DTYPE_MXFP4: *d = eb_e8m0_half(b[0]); return nibble_values(b + 1, eb_mxfp4_values);
+    case EB_DTYPE_Q4_1: *d = _cvtsh_ss(eb_load_u16(b)); return nibble_values(b + 4, eb_q4_1_values);
     default: *d = _cvtsh_ss(eb_load_u16(b)); return nibble_values(b + 2, eb_q4_0_values);
     }
 }
@@ -147,6 +148,14 @@ INLINE void dequant32(const unsigned char *row, int dtype, int64_t c, __m256 *w)
         float d;
         __m256i q = block32_quants(b, dtype, &d);
         scale_i8x32(q, d, w);
+        return;
+    }
+    case EB_DTYPE_Q4_1: { /* (d q) + m, as eb_dequantize_chunk */
+        float d;
+        __m256i q = block32_quants(b, dtype, &d);
+        __m256 m = _mm256_set1_ps(_cvtsh_ss(eb_load_u16(b + 2)));
+        scale_i8x32(q, d, w);
+        for (int i = 0; i < 4; i++) w[i] = _mm256_add_ps(w[i], m);
         return;
     }
     case EB_DTYPE_Q6_K: {
@@ -425,7 +434,7 @@ INLINE float k4_block_value(const unsigned char *b, float dx, int32_t isum, int3
 INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_cpu_q8_rows *xr, int64_t t0, int T,
                    float *out, int pf) {
     __m256 acc[4][2]; /* Q8_0, MXFP4, Q4_0: per token, the even and odd blocks' lanes */
-    float ksum[4];    /* the K formats: per token, one sum of their blocks */
+    float ksum[4];    /* the K formats: per token, one sum of their blocks; Q4_1: of its minima's terms */
     const int8_t *xq[4];
     const float *xd[4];
     const int16_t *xs[4];
@@ -448,6 +457,7 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
                 __m256i x = _mm256_loadu_si256((const __m256i *)(xq[t] + 32 * k));
                 __m256i isum = sum_u8_i8(aw, _mm256_sign_epi8(x, w));
                 acc[t][k & 1] = scaled(isum, dw * xd[t][k], acc[t][k & 1]);
+                if (dtype == EB_DTYPE_Q4_1) ksum[t] += eb_q4_1_min_term(b, xd[t][k], xs[t] + 2 * k);
             }
             continue;
         }
@@ -510,7 +520,10 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
         UNROLL for (int t = 0; t < T; t++)
             ksum[t] += k4_block_value(b, xd[t][k], hsum_i32(iacc[t]), k4_min_sum(m8, xs[t] + 16 * k));
     }
-    UNROLL for (int t = 0; t < T; t++) out[t] = f->block == 256 ? ksum[t] : hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
+    UNROLL for (int t = 0; t < T; t++) {
+        float lanes = hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
+        out[t] = f->block == 256 ? ksum[t] : dtype == EB_DTYPE_Q4_1 ? lanes + ksum[t] : lanes;
+    }
 }
 
 /* cpu_kernels_portable.c's quantize_q8 with vectors: the same maxima, scales, rounding (to nearest even, as nearbyintf
@@ -570,6 +583,7 @@ Q8_KERNEL(Q5_K)
 Q8_KERNEL(Q6_K)
 Q8_KERNEL(MXFP4)
 Q8_KERNEL(Q4_0)
+Q8_KERNEL(Q4_1)
 #undef Q8_KERNEL
 
 /* Over the portable set: its dequantization (the same values) stays. */
@@ -590,6 +604,7 @@ const eb_cpu_kernel_set eb_cpu_kernels_avx2 = {
             [EB_DTYPE_Q5_1] = {NULL, rows_Q5_1, NULL},
             [EB_DTYPE_F8_E4M3_B128] = {NULL, rows_F8_E4M3_B128, NULL},
             [EB_DTYPE_Q4_0] = {NULL, rows_Q4_0, q8_Q4_0},
+            [EB_DTYPE_Q4_1] = {NULL, rows_Q4_1, q8_Q4_1},
         },
 };
 

@@ -181,11 +181,13 @@ static void nibble_quants(const unsigned char *qs, const int8_t *values, int8_t 
     }
 }
 
-/* A block of 32 values (Q8_0, MXFP4, Q4_0) as 32 signed quants; returns its scale (the values are the quants times it). */
+/* A block of 32 values (Q8_0, MXFP4, Q4_0, Q4_1) as 32 signed quants; returns its scale (the values are the quants
+ * times it, Q4_1's plus its minimum, block32_min). */
 static float block32_quants(const unsigned char *b, int dtype, int8_t *q) {
     switch (dtype) {
     case EB_DTYPE_Q8_0: memcpy(q, b + 2, 32); return eb_f16_to_f32(eb_load_u16(b));
     case EB_DTYPE_MXFP4: nibble_quants(b + 1, eb_mxfp4_values, q); return eb_e8m0_half(b[0]);
+    case EB_DTYPE_Q4_1: nibble_quants(b + 4, eb_q4_1_values, q); return eb_f16_to_f32(eb_load_u16(b));
     default: nibble_quants(b + 2, eb_q4_0_values, q); return eb_f16_to_f32(eb_load_u16(b));
     }
 }
@@ -193,7 +195,7 @@ static float block32_quants(const unsigned char *b, int dtype, int8_t *q) {
 /* One row against one row of q8 activations: per block the integer sum of products, scaled once. */
 static float dot_q8(const unsigned char *row, int dtype, int64_t cols, const int8_t *xq, const float *xd,
                     const int16_t *xs) {
-    float acc = 0.0f;
+    float acc = 0.0f, macc = 0.0f; /* macc: Q4_1's minima times the sums of their activations */
     const eb_format_traits *f = &eb_format_table[dtype];
     for (int64_t k = 0; k < cols / f->block; k++) {
         const unsigned char *b = row + (size_t)k * (size_t)f->block_bytes;
@@ -203,11 +205,12 @@ static float dot_q8(const unsigned char *row, int dtype, int64_t cols, const int
             int32_t sum = 0;
             for (int i = 0; i < 32; i++) sum += q[i] * xq[32 * k + i];
             acc += (float)sum * (dw * xd[k]);
+            if (dtype == EB_DTYPE_Q4_1) macc += eb_q4_1_min_term(b, xd[k], xs + 2 * k);
         } else {
             acc += block_k_q8(b, dtype, xq + 256 * k, xd[k], xs + 16 * k);
         }
     }
-    return acc;
+    return dtype == EB_DTYPE_Q4_1 ? acc + macc : acc;
 }
 
 static void matmul_q8(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,
@@ -248,6 +251,7 @@ Q8_KERNEL(Q5_K)
 Q8_KERNEL(Q6_K)
 Q8_KERNEL(MXFP4)
 Q8_KERNEL(Q4_0)
+Q8_KERNEL(Q4_1)
 #undef Q8_KERNEL
 
 /* Integer products for the formats whose q8_block says they have them: Q5_0 / Q5_1 have none (dot_q8 reads every
@@ -269,5 +273,6 @@ const eb_cpu_kernel_set eb_cpu_kernels_portable = {
             [EB_DTYPE_Q5_1] = {dequantize_Q5_1, rows_Q5_1, NULL},
             [EB_DTYPE_F8_E4M3_B128] = {dequantize_F8_E4M3_B128, rows_F8_E4M3_B128, NULL},
             [EB_DTYPE_Q4_0] = {dequantize_Q4_0, rows_Q4_0, q8_Q4_0},
+            [EB_DTYPE_Q4_1] = {dequantize_Q4_1, rows_Q4_1, q8_Q4_1},
         },
 };
