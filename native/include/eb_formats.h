@@ -137,10 +137,11 @@ static inline float eb_e8m0_half(uint8_t e) {
 }
 
 /* The values of a 4-bit code in the formats that look their quants up in 16 entries: MXFP4's E2M1 values (doubled), and
- * Q4_0's code less 8, Q4_1's code. */
+ * Q4_0's code less 8, Q4_1's code, and IQ4_NL's (and IQ4_XS's) grid, ggml's kvalues_iq4nl. */
 static const int8_t eb_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 static const int8_t eb_q4_0_values[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
 static const int8_t eb_q4_1_values[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+static const int8_t eb_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 /* 32 values of 16 bytes of 4-bit codes (value i in byte i's low half, i + 16 in its high), each d times its entry in
  * values: one f32 product of exact operands, as the gguf package forms them. */
@@ -182,6 +183,7 @@ static inline void eb_dequantize_chunk(const void *row, int dtype, int64_t c, fl
     }
     case EB_DTYPE_MXFP4: eb_nibbles_times(b + 1, eb_mxfp4_values, eb_e8m0_half(b[0]), out); return;
     case EB_DTYPE_Q4_0: eb_nibbles_times(b + 2, eb_q4_0_values, eb_f16_to_f32(eb_load_u16(b)), out); return;
+    case EB_DTYPE_IQ4_NL: eb_nibbles_times(b + 2, eb_iq4nl_values, eb_f16_to_f32(eb_load_u16(b)), out); return;
     case EB_DTYPE_Q4_1: { /* d times the code, then plus m: two roundings, as the gguf package's (d * q) + m */
         float m = eb_f16_to_f32(eb_load_u16(b + 2));
         eb_nibbles_times(b + 4, eb_q4_1_values, eb_f16_to_f32(eb_load_u16(b)), out);

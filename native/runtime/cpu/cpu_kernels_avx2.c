@@ -126,17 +126,18 @@ INLINE void scale_i8x32(__m256i q, float d, __m256 *w) {
     w[3] = _mm256_mul_ps(vd, cvt_i8(_mm_srli_si128(hi, 8)));
 }
 
-/* A 32-value block of Q8_0, MXFP4, Q4_0 or Q4_1 as its 32 signed quants; *d its scale (Q4_1: then plus its minimum). */
+/* A 32-value block of Q8_0, MXFP4, Q4_0, Q4_1 or IQ4_NL as its 32 signed quants; *d its scale (Q4_1: then plus its minimum). */
 INLINE __m256i block32_quants(const unsigned char *b, int dtype, float *d) {
     switch (dtype) {
     case EB_DTYPE_Q8_0: *d = _cvtsh_ss(eb_load_u16(b)); return _mm256_loadu_si256((const __m256i *)(b + 2));
     case EB_DTYPE_MXFP4: *d = eb_e8m0_half(b[0]); return nibble_values(b + 1, eb_mxfp4_values);
     case EB_DTYPE_Q4_1: *d = _cvtsh_ss(eb_load_u16(b)); return nibble_values(b + 4, eb_q4_1_values);
+    case EB_DTYPE_IQ4_NL: *d = _cvtsh_ss(eb_load_u16(b)); return nibble_values(b + 2, eb_iq4nl_values);
     default: *d = _cvtsh_ss(eb_load_u16(b)); return nibble_values(b + 2, eb_q4_0_values);
     }
 }
 
-/* Chunk c of a Q8_0, MXFP4, Q4_0 or Q6_K row (Q4_K and Q5_K: dequant32_k4, their scales unpacked once per block). */
+/* Chunk c of a Q8_0, MXFP4, Q4_0, Q4_1, IQ4_NL or Q6_K row (Q4_K and Q5_K: dequant32_k4, their scales unpacked once per block). */
 INLINE void dequant32(const unsigned char *row, int dtype, int64_t c, __m256 *w) {
     int j;
     const unsigned char *b = eb_chunk_block(row, dtype, c, &j);
@@ -144,7 +145,8 @@ INLINE void dequant32(const unsigned char *row, int dtype, int64_t c, __m256 *w)
     switch (dtype) {
     case EB_DTYPE_Q8_0:
     case EB_DTYPE_MXFP4:
-    case EB_DTYPE_Q4_0: {
+    case EB_DTYPE_Q4_0:
+    case EB_DTYPE_IQ4_NL: {
         float d;
         __m256i q = block32_quants(b, dtype, &d);
         scale_i8x32(q, d, w);
@@ -584,6 +586,7 @@ Q8_KERNEL(Q6_K)
 Q8_KERNEL(MXFP4)
 Q8_KERNEL(Q4_0)
 Q8_KERNEL(Q4_1)
+Q8_KERNEL(IQ4_NL)
 #undef Q8_KERNEL
 
 /* Over the portable set: its dequantization (the same values) stays. */
@@ -605,6 +608,7 @@ const eb_cpu_kernel_set eb_cpu_kernels_avx2 = {
             [EB_DTYPE_F8_E4M3_B128] = {NULL, rows_F8_E4M3_B128, NULL},
             [EB_DTYPE_Q4_0] = {NULL, rows_Q4_0, q8_Q4_0},
             [EB_DTYPE_Q4_1] = {NULL, rows_Q4_1, q8_Q4_1},
+            [EB_DTYPE_IQ4_NL] = {NULL, rows_IQ4_NL, q8_IQ4_NL},
         },
 };
 

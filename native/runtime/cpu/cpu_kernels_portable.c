@@ -181,13 +181,14 @@ static void nibble_quants(const unsigned char *qs, const int8_t *values, int8_t 
     }
 }
 
-/* A block of 32 values (Q8_0, MXFP4, Q4_0, Q4_1) as 32 signed quants; returns its scale (the values are the quants
+/* A block of 32 values (Q8_0, MXFP4, Q4_0, Q4_1, IQ4_NL) as 32 signed quants; returns its scale (the values are the quants
  * times it, Q4_1's plus its minimum, block32_min). */
 static float block32_quants(const unsigned char *b, int dtype, int8_t *q) {
     switch (dtype) {
     case EB_DTYPE_Q8_0: memcpy(q, b + 2, 32); return eb_f16_to_f32(eb_load_u16(b));
     case EB_DTYPE_MXFP4: nibble_quants(b + 1, eb_mxfp4_values, q); return eb_e8m0_half(b[0]);
     case EB_DTYPE_Q4_1: nibble_quants(b + 4, eb_q4_1_values, q); return eb_f16_to_f32(eb_load_u16(b));
+    case EB_DTYPE_IQ4_NL: nibble_quants(b + 2, eb_iq4nl_values, q); return eb_f16_to_f32(eb_load_u16(b));
     default: nibble_quants(b + 2, eb_q4_0_values, q); return eb_f16_to_f32(eb_load_u16(b));
     }
 }
@@ -252,6 +253,7 @@ Q8_KERNEL(Q6_K)
 Q8_KERNEL(MXFP4)
 Q8_KERNEL(Q4_0)
 Q8_KERNEL(Q4_1)
+Q8_KERNEL(IQ4_NL)
 #undef Q8_KERNEL
 
 /* Integer products for the formats whose q8_block says they have them: Q5_0 / Q5_1 have none (dot_q8 reads every
@@ -274,5 +276,6 @@ const eb_cpu_kernel_set eb_cpu_kernels_portable = {
             [EB_DTYPE_F8_E4M3_B128] = {dequantize_F8_E4M3_B128, rows_F8_E4M3_B128, NULL},
             [EB_DTYPE_Q4_0] = {dequantize_Q4_0, rows_Q4_0, q8_Q4_0},
             [EB_DTYPE_Q4_1] = {dequantize_Q4_1, rows_Q4_1, q8_Q4_1},
+            [EB_DTYPE_IQ4_NL] = {dequantize_IQ4_NL, rows_IQ4_NL, q8_IQ4_NL},
         },
 };

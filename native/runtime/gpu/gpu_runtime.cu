@@ -771,8 +771,8 @@ static int gpu_device_info(void *rtp, int dev, eb_rt_device_info *info, char *er
     info->host_addressable = 0;
     info->queued_ops = 1;
     // the formats with kernels here: the float ones and the quantized ones of QUANT_CASES (dequantized in f32, qfmt).
-    // The others (F8_E4M3_B128 with its scale companion, Q4_0) have none yet, so the core refuses such a weight on
-    // this device by name.
+    // The others (F8_E4M3_B128 with its scale companion, the formats after it in EB_FORMATS) have none yet, so the
+    // core refuses such a weight on this device by name.
     info->formats = GPU_FORMATS;
     info->precisions = 1u << EB_PRECISION_F32 | 1u << EB_PRECISION_Q8; // q8: the cpu module's bits (q8_* kernels)
     return 0;
