@@ -163,6 +163,13 @@ static inline void eb_k4_scale_min(const unsigned char *s, int j, int *sc, int *
     }
 }
 
+/* The signed 6-bit scale of chunk j (< 8) of an IQ4_XS block: its low four bits from bytes 4..7 (two chunks a byte,
+ * the even one low), its top two from the 16-bit word at byte 2 (two bits a chunk), less 32. */
+static inline int eb_iq4xs_scale(const unsigned char *b, int j) {
+    int lo = (b[4 + j / 2] >> (4 * (j & 1))) & 0xF, hi = (eb_load_u16(b + 2) >> (2 * j)) & 3;
+    return (lo | hi << 4) - 32;
+}
+
 /* Where chunk c (the values 32c .. 32c + 31) of a quantized row begins, and which of its block's chunks it is. */
 static inline const unsigned char *eb_chunk_block(const void *row, int dtype, int64_t c, int *sub) {
     const eb_format_traits *f = &eb_format_table[dtype];
@@ -184,6 +191,11 @@ static inline void eb_dequantize_chunk(const void *row, int dtype, int64_t c, fl
     case EB_DTYPE_MXFP4: eb_nibbles_times(b + 1, eb_mxfp4_values, eb_e8m0_half(b[0]), out); return;
     case EB_DTYPE_Q4_0: eb_nibbles_times(b + 2, eb_q4_0_values, eb_f16_to_f32(eb_load_u16(b)), out); return;
     case EB_DTYPE_IQ4_NL: eb_nibbles_times(b + 2, eb_iq4nl_values, eb_f16_to_f32(eb_load_u16(b)), out); return;
+    case EB_DTYPE_IQ4_XS: { /* the chunk's scale d * s rounded once, then times each grid value, as the gguf package */
+        float dl = eb_f16_to_f32(eb_load_u16(b)) * (float)eb_iq4xs_scale(b, j);
+        eb_nibbles_times(b + 8 + 16 * j, eb_iq4nl_values, dl, out);
+        return;
+    }
     case EB_DTYPE_Q4_1: { /* d times the code, then plus m: two roundings, as the gguf package's (d * q) + m */
         float m = eb_f16_to_f32(eb_load_u16(b + 2));
         eb_nibbles_times(b + 4, eb_q4_1_values, eb_f16_to_f32(eb_load_u16(b)), out);

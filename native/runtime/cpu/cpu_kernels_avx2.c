@@ -137,7 +137,7 @@ INLINE __m256i block32_quants(const unsigned char *b, int dtype, float *d) {
     }
 }
 
-/* Chunk c of a Q8_0, MXFP4, Q4_0, Q4_1, IQ4_NL or Q6_K row (Q4_K and Q5_K: dequant32_k4, their scales unpacked once per block). */
+/* Chunk c of a Q8_0, MXFP4, Q4_0, Q4_1, IQ4_NL, IQ4_XS or Q6_K row (Q4_K and Q5_K: dequant32_k4, their scales unpacked once per block). */
 INLINE void dequant32(const unsigned char *row, int dtype, int64_t c, __m256 *w) {
     int j;
     const unsigned char *b = eb_chunk_block(row, dtype, c, &j);
@@ -152,6 +152,9 @@ INLINE void dequant32(const unsigned char *row, int dtype, int64_t c, __m256 *w)
         scale_i8x32(q, d, w);
         return;
     }
+    case EB_DTYPE_IQ4_XS:
+        scale_i8x32(nibble_values(b + 8 + 16 * j, eb_iq4nl_values), _cvtsh_ss(eb_load_u16(b)) * (float)eb_iq4xs_scale(b, j), w);
+        return;
     case EB_DTYPE_Q4_1: { /* (d q) + m, as eb_dequantize_chunk */
         float d;
         __m256i q = block32_quants(b, dtype, &d);
@@ -468,6 +471,21 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
         if (pf) _mm_prefetch((const char *)((uintptr_t)b + 64 + AHEAD_BYTES), _MM_HINT_T0);
         __m256i iacc[4];
         UNROLL for (int t = 0; t < T; t++) iacc[t] = _mm256_setzero_si256();
+        if (dtype == EB_DTYPE_IQ4_XS) { /* per chunk: grid values times activations (the sign trick), times its scale */
+            if (pf) _mm_prefetch((const char *)((uintptr_t)b + 128 + AHEAD_BYTES), _MM_HINT_T0);
+            for (int j = 0; j < 8; j++) {
+                __m256i w = nibble_values(b + 8 + 16 * j, eb_iq4nl_values), aw = _mm256_sign_epi8(w, w);
+                __m256i sc = _mm256_set1_epi16((short)eb_iq4xs_scale(b, j));
+                UNROLL for (int t = 0; t < T; t++) {
+                    __m256i x = _mm256_loadu_si256((const __m256i *)(xq[t] + 256 * k + 32 * j));
+                    __m256i p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w));
+                    iacc[t] = _mm256_add_epi32(iacc[t], _mm256_madd_epi16(p16, sc));
+                }
+            }
+            /* cpu_kernels_portable.c's block_k_q8 expression */
+            UNROLL for (int t = 0; t < T; t++) ksum[t] += _cvtsh_ss(eb_load_u16(b)) * xd[t][k] * (float)hsum_i32(iacc[t]);
+            continue;
+        }
         if (dtype == EB_DTYPE_Q6_K) {
             if (pf) _mm_prefetch((const char *)((uintptr_t)b + 128 + AHEAD_BYTES), _MM_HINT_T0);
             __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
@@ -587,6 +605,7 @@ Q8_KERNEL(MXFP4)
 Q8_KERNEL(Q4_0)
 Q8_KERNEL(Q4_1)
 Q8_KERNEL(IQ4_NL)
+Q8_KERNEL(IQ4_XS)
 #undef Q8_KERNEL
 
 /* Over the portable set: its dequantization (the same values) stays. */
@@ -609,6 +628,7 @@ const eb_cpu_kernel_set eb_cpu_kernels_avx2 = {
             [EB_DTYPE_Q4_0] = {NULL, rows_Q4_0, q8_Q4_0},
             [EB_DTYPE_Q4_1] = {NULL, rows_Q4_1, q8_Q4_1},
             [EB_DTYPE_IQ4_NL] = {NULL, rows_IQ4_NL, q8_IQ4_NL},
+            [EB_DTYPE_IQ4_XS] = {NULL, rows_IQ4_XS, q8_IQ4_XS},
         },
 };
 

@@ -137,12 +137,30 @@ static void quantize_q8(const float *x, int64_t n, int64_t cols, eb_cpu_q8_rows 
     }
 }
 
+/* The 16 bytes of 4-bit codes of a 32-value block as their entries in values (eb_nibbles_times' order). */
+static void nibble_quants(const unsigned char *qs, const int8_t *values, int8_t *q) {
+    for (int i = 0; i < 16; i++) {
+        q[i] = values[qs[i] & 0xF];
+        q[i + 16] = values[qs[i] >> 4];
+    }
+}
+
 /* A K-format block (256 values) against 256 activations of one scale: the eight sub-blocks' integer sums times
- * their 6-bit (Q4_K, Q5_K) or int8 (Q6_K, per 16) scales, summed in integers, then scaled once; the minima (Q4_K,
+ * their 6-bit (Q4_K, Q5_K, IQ4_XS's signed ones) or int8 (Q6_K, per 16) scales, summed in integers, then scaled once; the minima (Q4_K,
  * Q5_K) and Q6_K's offset of 32 through the activations' sums of 16. The vector kernels compute the same integers
  * and this same float expression. */
 static float block_k_q8(const unsigned char *b, int dtype, const int8_t *x, float dx, const int16_t *s) {
     int32_t isum = 0, msum = 0;
+    if (dtype == EB_DTYPE_IQ4_XS) { /* each chunk's grid values times its activations, times its signed scale */
+        for (int j = 0; j < 8; j++) {
+            int8_t q[32];
+            int32_t part = 0;
+            nibble_quants(b + 8 + 16 * j, eb_iq4nl_values, q);
+            for (int i = 0; i < 32; i++) part += q[i] * x[32 * j + i];
+            isum += eb_iq4xs_scale(b, j) * part;
+        }
+        return eb_f16_to_f32(eb_load_u16(b)) * dx * (float)isum;
+    }
     if (dtype == EB_DTYPE_Q6_K) {
         const int8_t *sc = (const int8_t *)(b + 192);
         for (int j = 0; j < 8; j++) {
@@ -173,16 +191,8 @@ static float block_k_q8(const unsigned char *b, int dtype, const int8_t *x, floa
     return eb_f16_to_f32(eb_load_u16(b)) * dx * (float)isum - eb_f16_to_f32(eb_load_u16(b + 2)) * dx * (float)msum;
 }
 
-/* The 16 bytes of 4-bit codes of a 32-value block as their entries in values (eb_nibbles_times' order). */
-static void nibble_quants(const unsigned char *qs, const int8_t *values, int8_t *q) {
-    for (int i = 0; i < 16; i++) {
-        q[i] = values[qs[i] & 0xF];
-        q[i + 16] = values[qs[i] >> 4];
-    }
-}
-
-/* A block of 32 values (Q8_0, MXFP4, Q4_0, Q4_1, IQ4_NL) as 32 signed quants; returns its scale (the values are the quants
- * times it, Q4_1's plus its minimum, block32_min). */
+/* A block of 32 values (Q8_0, MXFP4, Q4_0, Q4_1, IQ4_NL) as 32 signed quants; returns its scale (the values are the
+ * quants times it, Q4_1's plus its minimum: eb_q4_1_min_term). */
 static float block32_quants(const unsigned char *b, int dtype, int8_t *q) {
     switch (dtype) {
     case EB_DTYPE_Q8_0: memcpy(q, b + 2, 32); return eb_f16_to_f32(eb_load_u16(b));
@@ -254,6 +264,7 @@ Q8_KERNEL(MXFP4)
 Q8_KERNEL(Q4_0)
 Q8_KERNEL(Q4_1)
 Q8_KERNEL(IQ4_NL)
+Q8_KERNEL(IQ4_XS)
 #undef Q8_KERNEL
 
 /* Integer products for the formats whose q8_block says they have them: Q5_0 / Q5_1 have none (dot_q8 reads every
@@ -277,5 +288,6 @@ const eb_cpu_kernel_set eb_cpu_kernels_portable = {
             [EB_DTYPE_Q4_0] = {dequantize_Q4_0, rows_Q4_0, q8_Q4_0},
             [EB_DTYPE_Q4_1] = {dequantize_Q4_1, rows_Q4_1, q8_Q4_1},
             [EB_DTYPE_IQ4_NL] = {dequantize_IQ4_NL, rows_IQ4_NL, q8_IQ4_NL},
+            [EB_DTYPE_IQ4_XS] = {dequantize_IQ4_XS, rows_IQ4_XS, q8_IQ4_XS},
         },
 };
