@@ -36,7 +36,7 @@ def scale_fields(name: str) -> list[int]:
     """Byte offsets of a block's f16 scales (d, and the minimum where the format has one)."""
     if name == "Q6_K":
         return [208]
-    return [0, 2] if name in ("Q4_K", "Q5_K", "Q5_1") else [0]
+    return [0, 2] if name in ("Q4_K", "Q5_K", "Q5_1", "Q4_1") else [0]
 
 
 def damage(path, name: str, fmt: str, rng: random.Random) -> tuple[str, int]:

@@ -6,10 +6,11 @@ the kernel its own format has (integer products, or f32 activations where it has
 
 The fixtures are one-layer Qwen3-MoE GGUF files whose attention output is zero, so each position's logits are the
 embedding plus the experts, through the final norm and lm_head: a float64 numpy reference on the gguf package's
-dequantized weights gives them exactly. The (gate, up, down) formats are the 100 rows (a, b, a + b mod 10) of an
-orthogonal array over the ten formats: every ordered pair of formats meets in every pair of projections. Each file
-runs in the f32 and q8 precisions on cpu:0, cpu:1 and hostsim:0 (experts split between them), in the best kernels
-this CPU runs and in the portable ones, against the reference, and gives the same bits on every run and placement.
+dequantized weights gives them exactly. The (gate, up, down) formats are the N^2 rows (a, b, a + b mod N) of an
+orthogonal array over the N formats of GGUF files: every ordered pair of formats meets in every pair of projections.
+Each file runs in the f32 and q8 precisions on cpu:0, cpu:1 and hostsim:0 (experts split between them), in the best
+kernels this CPU runs and in the portable ones, against the reference, and gives the same bits on every run and
+placement.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ HIDDEN = INTER = 256  # the K formats' rows are whole 256-value blocks
 E = TOP_K = 2  # every expert on every position: no routing choice for the q8 precision's rounding to flip
 HEADS, KV_HEADS, HEAD_DIM = 2, 1, 32
 NAMES = [name for name, f in formats.FORMATS.items() if f.ggml_type >= 0]  # the formats a GGUF file holds
-assert len(NAMES) == 10, NAMES  # the orthogonal array below is of order 10
-TRIPLES = [(NAMES[a], NAMES[b], NAMES[(a + b) % 10]) for a in range(10) for b in range(10)]
+N = len(NAMES)  # the order of the orthogonal array below: (a, b, a + b mod N) meets every pair in every two columns
+TRIPLES = [(NAMES[a], NAMES[b], NAMES[(a + b) % N]) for a in range(N) for b in range(N)]
 PROMPT = [5, 17, 42, 99, 300, 7, 511]
 F32_TOLERANCE = 1e-4  # relative L2 per position: the f32 precision is the dequantized weights' float model
 # q8: activations rounded to 8 bits per block move a position by 1-3 % here; an output left unwritten moves it by
@@ -50,6 +51,9 @@ def _dequantized(name: str, data: np.ndarray) -> np.ndarray:
     return gguf.quants.dequantize(data, _qtype(name)).astype(np.float64)
 
 
+F16_MINIMUM = ("Q4_K", "Q5_K", "Q5_1", "Q4_1")  # the formats whose blocks hold an f16 minimum (dmin, m) at bytes 2..3
+
+
 def _unit_scales(name: str, raw: np.ndarray) -> None:
     """Scale fields of blocks set to one (and the minima to centre the values): the values are then the quants'."""
     one = np.float16(1.0).view(np.uint16)
@@ -62,8 +66,9 @@ def _unit_scales(name: str, raw: np.ndarray) -> None:
         raw[:, 0:2] = np.array([one], dtype=np.uint16).view(np.uint8)
         if name in half:  # dmin: the minima scaled to about the mean of the quants times the scales
             raw[:, 2:4] = np.array([np.float16(half[name])], dtype=np.float16).view(np.uint8)
-        elif name == "Q5_1":  # m = -15.5 d: quants 0..31 about zero
-            raw[:, 2:4] = np.array([np.float16(-15.5)], dtype=np.float16).view(np.uint8)
+        elif name in ("Q5_1", "Q4_1"):  # m = -15.5 d (-7.5 d): quants 0..31 (0..15) about zero
+            m = -15.5 if name == "Q5_1" else -7.5
+            raw[:, 2:4] = np.array([np.float16(m)], dtype=np.float16).view(np.uint8)
 
 
 def _rescale(name: str, raw: np.ndarray, factor: float) -> None:
@@ -71,7 +76,7 @@ def _rescale(name: str, raw: np.ndarray, factor: float) -> None:
     if name == "MXFP4":
         raw[:, 0] = np.clip(raw[:, 0].astype(int) + int(round(np.log2(factor))), 1, 254)
         return
-    fields = [(208, 210)] if name == "Q6_K" else [(0, 2)] + ([(2, 4)] if name in ("Q4_K", "Q5_K", "Q5_1") else [])
+    fields = [(208, 210)] if name == "Q6_K" else [(0, 2)] + ([(2, 4)] if name in F16_MINIMUM else [])
     for lo, hi in fields:
         v = np.ascontiguousarray(raw[:, lo:hi]).view(np.float16).astype(np.float32) * factor
         raw[:, lo:hi] = v.astype(np.float16).view(np.uint8)

@@ -37,7 +37,7 @@ def _blocks(name: str, n: int, seed: int) -> np.ndarray:
         raw[:, 208:210] = _f16_bits(rng, n).view(np.uint8).reshape(n, 2)
     else:
         raw[:, 0:2] = _f16_bits(rng, n).view(np.uint8).reshape(n, 2)
-        if name in ("Q4_K", "Q5_K", "Q5_1"):
+        if name in ("Q4_K", "Q5_K", "Q5_1", "Q4_1"):
             raw[:, 2:4] = _f16_bits(rng, n).view(np.uint8).reshape(n, 2)
     return raw
 
@@ -72,7 +72,8 @@ def test_the_python_table_is_the_cores():
     assert [f.code for f in formats.FORMATS.values()] == list(range(lib.eb_format_count()))
     assert formats.BY_GGML_TYPE[formats.get("MXFP4").ggml_type].name == "MXFP4"
     assert {f.name: f.q8_block for f in formats.FORMATS.values() if f.q8_block} == {
-        "Q8_0": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "MXFP4": 32
+        "Q8_0": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "MXFP4": 32,
+        "Q4_0": 32, "Q4_1": 32, "IQ4_NL": 32, "IQ4_XS": 256,
     }  # fmt: skip
     desc = ffi.new("eb_format_desc *")
     for bad in (-1, lib.eb_format_count()):
@@ -94,12 +95,17 @@ def test_dequantize_matches_the_gguf_package_bit_for_bit(name):
     assert np.isfinite(theirs).mean() > 0.99  # the comparison is of numbers, not of NaNs
 
 
+# how many quant values each format's codes name
+LEVELS = {"Q8_0": 256, "MXFP4": 16, "Q4_K": 16, "Q5_K": 32, "Q6_K": 64, "Q5_0": 32, "Q5_1": 32, "Q4_0": 16}
+LEVELS |= {"Q4_1": 16, "IQ4_NL": 16, "IQ4_XS": 16}
+
+
 @pytest.mark.parametrize("name", QUANTIZED)
 def test_every_quant_value_is_reached(name):
     """One block per quant value v (every nibble of MXFP4, every 6-bit value of Q6_K, ...) with scale 1 and no
     minimum: each value dequantizes as the gguf package says, so no bit of the packing goes unread."""
     fmt = formats.get(name)
-    levels = {"Q8_0": 256, "MXFP4": 16, "Q4_K": 16, "Q5_K": 32, "Q6_K": 64, "Q5_0": 32, "Q5_1": 32}[name]
+    levels = LEVELS[name]
     blocks = _blocks(name, levels * 8, seed=1)
     # random bytes reach every value with overwhelming probability; make it certain with one value per block
     for v in range(levels):
@@ -116,6 +122,8 @@ def test_every_quant_value_is_reached(name):
         elif name == "Q6_K":
             b[0:128] = (v & 0xF) * 0x11
             b[128:192] = ((v >> 4) & 3) * 0x55
+        elif name in ("Q4_0", "Q4_1", "IQ4_NL", "IQ4_XS"):
+            b[{"Q4_1": 4, "IQ4_XS": 8}.get(name, 2) :] = v * 0x11
         elif name in ("Q5_0", "Q5_1"):  # d (and m), the fifth bits, the nibbles
             qh = 2 if name == "Q5_0" else 4
             b[qh : qh + 4] = 0xFF if v & 16 else 0
@@ -124,6 +132,35 @@ def test_every_quant_value_is_reached(name):
     with np.errstate(over="ignore"):
         theirs = gguf_dequantize(blocks, GGMLQuantizationType(fmt.ggml_type)).reshape(-1)
     assert np.array_equal(_bits(ours), _bits(theirs))
+
+
+# where each format keeps its f16 scales (d, and a minimum's dmin or m): byte offsets in its block
+F16_SCALES = {"Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "Q5_0": [0], "Q5_1": [0, 2], "Q4_0": [0]}
+F16_SCALES |= {"Q4_1": [0, 2], "IQ4_NL": [0], "IQ4_XS": [0]}
+# the largest, smallest normal and smallest subnormal f16 magnitudes, both signs, and both zeros
+EXTREME_F16 = [0x7BFF, 0xFBFF, 0x0400, 0x8400, 0x0001, 0x8001, 0x0000, 0x8000]
+
+
+@pytest.mark.parametrize("name", list(F16_SCALES))
+def test_extreme_scales_with_every_code(name):
+    """Blocks whose f16 scales are the extremes (every pair of them where a block has two) over random codes and
+    over blocks of one code repeated (0x00, 0xFF, 0x0F, 0xF0, 0x55, 0xAA bytes): the gguf package's values, bit for bit,
+    infinities where its products overflow included."""
+    fmt = formats.get(name)
+    fields = F16_SCALES[name]
+    pairs = [(a, b) for a in EXTREME_F16 for b in EXTREME_F16] if len(fields) == 2 else [(a,) for a in EXTREME_F16]
+    fills = [None, 0x00, 0xFF, 0x0F, 0xF0, 0x55, 0xAA]
+    rng = np.random.default_rng(fmt.code)
+    blocks = rng.integers(0, 256, (len(pairs) * len(fills), fmt.block_bytes), dtype=np.uint8)
+    for i, (scales, fill) in enumerate((p, f) for p in pairs for f in fills):
+        if fill is not None:
+            blocks[i, :] = fill
+        for off, bits in zip(fields, scales, strict=True):
+            blocks[i, off : off + 2] = np.array([bits], dtype=np.uint16).view(np.uint8)
+    ours = formats.dequantize(name, blocks.tobytes(), blocks.shape[0] * fmt.block)
+    with np.errstate(over="ignore", invalid="ignore"):
+        theirs = gguf_dequantize(blocks, GGMLQuantizationType(fmt.ggml_type)).reshape(-1)
+    assert np.array_equal(_bits(ours), _bits(theirs)), f"{name}: {np.sum(_bits(ours) != _bits(theirs))} values differ"
 
 
 def test_float_formats_dequantize_to_their_values():

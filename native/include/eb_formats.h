@@ -66,6 +66,7 @@ enum { /* each format's place in the list */
                      "of a one-value format without integer products");
 EB_FORMATS(EB_FORMAT_CHECK)
 #undef EB_FORMAT_CHECK
+EB_STATIC_ASSERT(EB_DTYPE_COUNT <= EB_DTYPE_U8, "EB_FORMATS: a format's code would be the raw bytes' (EB_DTYPE_U8)");
 
 static inline const eb_format_traits *eb_format(int dtype) {
     return dtype >= 0 && dtype < EB_DTYPE_COUNT ? &eb_format_table[dtype] : NULL;
@@ -135,7 +136,21 @@ static inline float eb_e8m0_half(uint8_t e) {
     return eb_bits_to_f32(bits);
 }
 
+/* The values of a 4-bit code in the formats that look their quants up in 16 entries: MXFP4's E2M1 values (doubled), and
+ * Q4_0's code less 8, Q4_1's code, and IQ4_NL's (and IQ4_XS's) grid, ggml's kvalues_iq4nl. */
 static const int8_t eb_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+static const int8_t eb_q4_0_values[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+static const int8_t eb_q4_1_values[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+static const int8_t eb_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+/* 32 values of 16 bytes of 4-bit codes (value i in byte i's low half, i + 16 in its high), each d times its entry in
+ * values: one f32 product of exact operands, as the gguf package forms them. */
+static inline void eb_nibbles_times(const unsigned char *qs, const int8_t *values, float d, float *out) {
+    for (int i = 0; i < 16; i++) {
+        out[i] = d * (float)values[qs[i] & 0xF];
+        out[i + 16] = d * (float)values[qs[i] >> 4];
+    }
+}
 
 /* The 6-bit scale and minimum of sub-block j (< 8) of a Q4_K / Q5_K block's 12 packed bytes. */
 static inline void eb_k4_scale_min(const unsigned char *s, int j, int *sc, int *m) {
@@ -146,6 +161,13 @@ static inline void eb_k4_scale_min(const unsigned char *s, int j, int *sc, int *
         *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
         *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
     }
+}
+
+/* The signed 6-bit scale of chunk j (< 8) of an IQ4_XS block: its low four bits from bytes 4..7 (two chunks a byte,
+ * the even one low), its top two from the 16-bit word at byte 2 (two bits a chunk), less 32. */
+static inline int eb_iq4xs_scale(const unsigned char *b, int j) {
+    int lo = (b[4 + j / 2] >> (4 * (j & 1))) & 0xF, hi = (eb_load_u16(b + 2) >> (2 * j)) & 3;
+    return (lo | hi << 4) - 32;
 }
 
 /* Where chunk c (the values 32c .. 32c + 31) of a quantized row begins, and which of its block's chunks it is. */
@@ -166,12 +188,18 @@ static inline void eb_dequantize_chunk(const void *row, int dtype, int64_t c, fl
         for (int i = 0; i < 32; i++) out[i] = (float)(int8_t)b[2 + i] * d;
         return;
     }
-    case EB_DTYPE_MXFP4: {
-        float d = eb_e8m0_half(b[0]);
-        for (int i = 0; i < 16; i++) {
-            out[i] = d * (float)eb_mxfp4_values[b[1 + i] & 0xF];
-            out[i + 16] = d * (float)eb_mxfp4_values[b[1 + i] >> 4];
-        }
+    case EB_DTYPE_MXFP4: eb_nibbles_times(b + 1, eb_mxfp4_values, eb_e8m0_half(b[0]), out); return;
+    case EB_DTYPE_Q4_0: eb_nibbles_times(b + 2, eb_q4_0_values, eb_f16_to_f32(eb_load_u16(b)), out); return;
+    case EB_DTYPE_IQ4_NL: eb_nibbles_times(b + 2, eb_iq4nl_values, eb_f16_to_f32(eb_load_u16(b)), out); return;
+    case EB_DTYPE_IQ4_XS: { /* the chunk's scale d * s rounded once, then times each grid value, as the gguf package */
+        float dl = eb_f16_to_f32(eb_load_u16(b)) * (float)eb_iq4xs_scale(b, j);
+        eb_nibbles_times(b + 8 + 16 * j, eb_iq4nl_values, dl, out);
+        return;
+    }
+    case EB_DTYPE_Q4_1: { /* d times the code, then plus m: two roundings, as the gguf package's (d * q) + m */
+        float m = eb_f16_to_f32(eb_load_u16(b + 2));
+        eb_nibbles_times(b + 4, eb_q4_1_values, eb_f16_to_f32(eb_load_u16(b)), out);
+        for (int i = 0; i < 32; i++) out[i] = out[i] + m;
         return;
     }
     case EB_DTYPE_Q5_0:

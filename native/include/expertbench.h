@@ -32,7 +32,11 @@ extern "C" {
  * fifth bit), Q6_K (6-bit quants, sixteen int8 scales, f16 scale), MXFP4 (an E8M0 exponent, 32 E2M1 quants), Q5_0 /
  * Q5_1 (f16 scale (Q5_1: and minimum), 32 fifth bits, 4-bit quants; what llama.cpp's quantizer writes for a K-quant's
  * rows that are not whole 256-value blocks, such as DeepSeek's attn_k_b in a Q4_K_M file, and in some files for an
- * expert's gate or up beside a Q8_0 or MXFP4 one; rare and small, they have no integer product).
+ * expert's gate or up beside a Q8_0 or MXFP4 one; rare and small, they have no integer product), Q4_0 (f16 scale,
+ * 4-bit quants less 8; older tooling's files) and Q4_1 (f16 scale and minimum, 4-bit quants), whose q8 activations
+ * are blocks of 32 as llama.cpp's Q8_0 / Q8_1 beside them, IQ4_NL (f16 scale, 4-bit codes into a non-linear grid
+ * of 16 values, eb_iq4nl_values), q8 blocks of 32 too, and IQ4_XS (256 values: f16 scale, eight signed 6-bit
+ * sub-block scales, IQ4_NL's codes), q8 blocks of 256 as llama.cpp's Q8_K beside it.
  *
  * The last two columns, the scale block (rows x cols; 0 x 0: none), mark a format whose values are multiplied by a
  * scale companion: a separate f32 tensor of one scale per block of the weight, ceil(rows / scale_rows) x
@@ -53,7 +57,11 @@ extern "C" {
     X(MXFP4,        7,  32,  17,  39, 1,  32,   0,   0) \
     X(Q5_0,         8,  32,  22,   6, 1,   0,   0,   0) \
     X(Q5_1,         9,  32,  24,   7, 1,   0,   0,   0) \
-    X(F8_E4M3_B128, 10,  1,   1,  -1, 0,   0, 128, 128)
+    X(F8_E4M3_B128, 10,  1,   1,  -1, 0,   0, 128, 128) \
+    X(Q4_0,         11, 32,  18,   2, 1,  32,   0,   0) \
+    X(Q4_1,         12, 32,  20,   3, 1,  32,   0,   0) \
+    X(IQ4_NL,       13, 32,  18,  20, 1,  32,   0,   0) \
+    X(IQ4_XS,       14, 256, 136, 23, 1, 256,   0,   0)
 
 /* Outside the cdef, which expands no macros: Python reads the codes through eb_format_info. */
 typedef enum {
@@ -65,7 +73,8 @@ typedef enum {
     EB_DTYPE_COUNT = 0 EB_FORMATS(EB_FORMAT_ONE),
 #undef EB_FORMAT_ONE
     EB_DTYPE_U8 = 16 /* not a weight format: bytes of a format's parts stored apart (a Hugging Face MXFP4 checkpoint's
-                        *_blocks and *_scales), which the loader reads and packs into MXFP4 rows */
+                        *_blocks and *_scales), which the loader reads and packs into MXFP4 rows; engine/model.py
+                        names it too (RAW_U8), so the formats' codes stay below it */
 } eb_dtype;
 
 /* EB_CDEF_BEGIN */

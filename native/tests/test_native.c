@@ -899,8 +899,12 @@ static void fill_weights(unsigned char *w, int dt, int rows, int cols, unsigned 
         }
         case EB_DTYPE_F16:
         case EB_DTYPE_Q8_0:
-        case EB_DTYPE_Q5_0: memcpy(b, &h, 2); break;
-        case EB_DTYPE_Q5_1: memcpy(b, &h, 2), memcpy(b + 2, &h2, 2); break;
+        case EB_DTYPE_Q5_0:
+        case EB_DTYPE_Q4_0:
+        case EB_DTYPE_IQ4_NL:
+        case EB_DTYPE_IQ4_XS: memcpy(b, &h, 2); break;
+        case EB_DTYPE_Q5_1:
+        case EB_DTYPE_Q4_1: memcpy(b, &h, 2), memcpy(b + 2, &h2, 2); break;
         case EB_DTYPE_Q4_K:
         case EB_DTYPE_Q5_K: memcpy(b, &h, 2), memcpy(b + 2, &h2, 2); break;
         case EB_DTYPE_Q6_K: memcpy(b + 208, &h, 2); break;
@@ -1078,6 +1082,15 @@ static void extreme_block(unsigned char *b, int dt) {
         for (int i = 1; i < 17; i++) b[i] = i & 1 ? 0xFF : 0x77; /* -12 and -12, 12 and 12 */
         return;
     }
+    case EB_DTYPE_Q4_0:
+    case EB_DTYPE_IQ4_NL: /* the first and last values: -8 and 7 (Q4_0), -127 and 113 (IQ4_NL) */
+        for (int i = 2; i < 18; i++) b[i] = i & 1 ? 0x0F : 0xF0;
+        return;
+    case EB_DTYPE_Q4_1: memset(b + 4, 0xFF, 16); return; /* 15 */
+    case EB_DTYPE_IQ4_XS: /* scales -32, the grid's ends */
+        memset(b + 2, 0, 6);
+        for (int i = 8; i < 136; i++) b[i] = i & 1 ? 0x0F : 0xF0;
+        return;
     case EB_DTYPE_Q4_K: memset(b + 4, 0xFF, 140); return; /* scales and minima 63, quants 15 */
     case EB_DTYPE_Q5_K: memset(b + 4, 0xFF, 172); return; /* quants 31 */
     case EB_DTYPE_Q6_K:

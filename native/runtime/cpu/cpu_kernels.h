@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "eb_formats.h"
 #include "expertbench.h"
 
 /* How far ahead the streaming decode tiles request each row's weights (bench/RESULTS.md: 2 KiB was the fastest of
@@ -37,6 +38,12 @@ static inline size_t eb_cpu_q8_bytes(int64_t n, int64_t cols, int32_t block) {
 /* Carve an eb_cpu_q8_rows for n rows of cols (a multiple of block) out of mem (eb_cpu_q8_bytes of it). */
 eb_cpu_q8_rows eb_cpu_q8_layout(void *mem, int64_t n, int64_t cols, int32_t block);
 typedef void (*eb_cpu_quantize_q8_fn)(const float *x, int64_t n, int64_t cols, eb_cpu_q8_rows *out);
+
+/* A Q4_1 block's minimum times its 32 activations in the q8 precision (dx: their scale, s16: their two sums of 16):
+ * the one float expression every variant adds beside the block's integer product. */
+static inline float eb_q4_1_min_term(const unsigned char *b, float dx, const int16_t *s16) {
+    return eb_f16_to_f32(eb_load_u16(b + 2)) * dx * (float)(s16[0] + s16[1]);
+}
 
 /* y[t * ldy + r] = dot(w row r, activations row t) for r in [r0, r1), t < n: a quantized format against q8
  * activations, integer products per 32 values and one f32 sum per row in a fixed order (any batch, any thread split

@@ -107,26 +107,60 @@ INLINE void scale_u8x32(__m256i q, float d, float m, __m256 *w) {
     w[3] = _mm256_sub_ps(_mm256_mul_ps(vd, cvt_u8(_mm_srli_si128(hi, 8))), vm);
 }
 
-/* Chunk c of a Q8_0, MXFP4 or Q6_K row (Q4_K and Q5_K: dequant32_k4, their scales unpacked once per block). */
+/* 16 bytes of 4-bit codes as the 32 int8 entries of values they name, in eb_nibbles_times' order (the low halves'
+ * entries, then the high halves'). */
+INLINE __m256i nibble_values(const unsigned char *qs, const int8_t *values) {
+    __m128i lut = _mm_loadu_si128((const __m128i *)values), q = _mm_loadu_si128((const __m128i *)qs);
+    __m128i m4 = _mm_set1_epi8(0x0F);
+    __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(q, m4)), hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(q, 4), m4));
+    return _mm256_set_m128i(hi, lo);
+}
+
+/* 32 signed bytes as four vectors of 8 floats, each times d: Q8_0 and the formats of eb_nibbles_times */
+INLINE void scale_i8x32(__m256i q, float d, __m256 *w) {
+    __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    __m256 vd = _mm256_set1_ps(d);
+    w[0] = _mm256_mul_ps(vd, cvt_i8(lo));
+    w[1] = _mm256_mul_ps(vd, cvt_i8(_mm_srli_si128(lo, 8)));
+    w[2] = _mm256_mul_ps(vd, cvt_i8(hi));
+    w[3] = _mm256_mul_ps(vd, cvt_i8(_mm_srli_si128(hi, 8)));
+}
+
+/* A 32-value block of Q8_0, MXFP4, Q4_0, Q4_1 or IQ4_NL as its 32 signed quants; *d its scale (Q4_1: then plus its minimum). */
+INLINE __m256i block32_quants(const unsigned char *b, int dtype, float *d) {
+    switch (dtype) {
+    case EB_DTYPE_Q8_0: *d = _cvtsh_ss(eb_load_u16(b)); return _mm256_loadu_si256((const __m256i *)(b + 2));
+    case EB_DTYPE_MXFP4: *d = eb_e8m0_half(b[0]); return nibble_values(b + 1, eb_mxfp4_values);
+    case EB_DTYPE_Q4_1: *d = _cvtsh_ss(eb_load_u16(b)); return nibble_values(b + 4, eb_q4_1_values);
+    case EB_DTYPE_IQ4_NL: *d = _cvtsh_ss(eb_load_u16(b)); return nibble_values(b + 2, eb_iq4nl_values);
+    default: *d = _cvtsh_ss(eb_load_u16(b)); return nibble_values(b + 2, eb_q4_0_values);
+    }
+}
+
+/* Chunk c of a Q8_0, MXFP4, Q4_0, Q4_1, IQ4_NL, IQ4_XS or Q6_K row (Q4_K and Q5_K: dequant32_k4, their scales unpacked once per block). */
 INLINE void dequant32(const unsigned char *row, int dtype, int64_t c, __m256 *w) {
     int j;
     const unsigned char *b = eb_chunk_block(row, dtype, c, &j);
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     switch (dtype) {
-    case EB_DTYPE_Q8_0: {
-        __m256 d = _mm256_set1_ps(_cvtsh_ss(eb_load_u16(b)));
-        for (int i = 0; i < 4; i++) w[i] = _mm256_mul_ps(cvt_i8(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * i))), d);
+    case EB_DTYPE_Q8_0:
+    case EB_DTYPE_MXFP4:
+    case EB_DTYPE_Q4_0:
+    case EB_DTYPE_IQ4_NL: {
+        float d;
+        __m256i q = block32_quants(b, dtype, &d);
+        scale_i8x32(q, d, w);
         return;
     }
-    case EB_DTYPE_MXFP4: {
-        __m256 d = _mm256_set1_ps(eb_e8m0_half(b[0]));
-        __m128i lut = _mm_loadu_si128((const __m128i *)eb_mxfp4_values), qs = _mm_loadu_si128((const __m128i *)(b + 1));
-        __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(qs, _mm256_castsi256_si128(low4)));
-        __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(qs, 4), _mm256_castsi256_si128(low4)));
-        w[0] = _mm256_mul_ps(d, cvt_i8(lo));
-        w[1] = _mm256_mul_ps(d, cvt_i8(_mm_srli_si128(lo, 8)));
-        w[2] = _mm256_mul_ps(d, cvt_i8(hi));
-        w[3] = _mm256_mul_ps(d, cvt_i8(_mm_srli_si128(hi, 8)));
+    case EB_DTYPE_IQ4_XS:
+        scale_i8x32(nibble_values(b + 8 + 16 * j, eb_iq4nl_values), _cvtsh_ss(eb_load_u16(b)) * (float)eb_iq4xs_scale(b, j), w);
+        return;
+    case EB_DTYPE_Q4_1: { /* (d q) + m, as eb_dequantize_chunk */
+        float d;
+        __m256i q = block32_quants(b, dtype, &d);
+        __m256 m = _mm256_set1_ps(_cvtsh_ss(eb_load_u16(b + 2)));
+        scale_i8x32(q, d, w);
+        for (int i = 0; i < 4; i++) w[i] = _mm256_add_ps(w[i], m);
         return;
     }
     case EB_DTYPE_Q6_K: {
@@ -404,8 +438,8 @@ INLINE float k4_block_value(const unsigned char *b, float dx, int32_t isum, int3
  * integer sums, the same float operations in the same order), so a batch gives the bits of single steps. */
 INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_cpu_q8_rows *xr, int64_t t0, int T,
                    float *out, int pf) {
-    __m256 acc[4][2]; /* Q8_0, MXFP4: per token, the even and odd blocks' lanes */
-    float ksum[4];    /* the K formats: per token, one sum of their blocks */
+    __m256 acc[4][2]; /* Q8_0, MXFP4, Q4_0: per token, the even and odd blocks' lanes */
+    float ksum[4];    /* the K formats: per token, one sum of their blocks; Q4_1: of its minima's terms */
     const int8_t *xq[4];
     const float *xd[4];
     const int16_t *xs[4];
@@ -420,25 +454,15 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
     for (int64_t k = 0; k < nb; k++) {
         const unsigned char *b = row + (size_t)k * (size_t)f->block_bytes;
         if (pf) _mm_prefetch((const char *)((uintptr_t)b + AHEAD_BYTES), _MM_HINT_T0);
-        if (dtype == EB_DTYPE_Q8_0 || dtype == EB_DTYPE_MXFP4) {
-            __m256i w;
+        if (f->block == 32) {
             float dw;
-            if (dtype == EB_DTYPE_Q8_0) {
-                w = _mm256_loadu_si256((const __m256i *)(b + 2));
-                dw = _cvtsh_ss(eb_load_u16(b));
-            } else {
-                __m128i lut = _mm_loadu_si128((const __m128i *)eb_mxfp4_values);
-                __m128i qs = _mm_loadu_si128((const __m128i *)(b + 1)), m4 = _mm256_castsi256_si128(low4);
-                __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(qs, m4));
-                __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(qs, 4), m4));
-                w = _mm256_set_m128i(hi, lo);
-                dw = eb_e8m0_half(b[0]);
-            }
+            __m256i w = block32_quants(b, dtype, &dw);
             __m256i aw = _mm256_sign_epi8(w, w);
             UNROLL for (int t = 0; t < T; t++) {
                 __m256i x = _mm256_loadu_si256((const __m256i *)(xq[t] + 32 * k));
                 __m256i isum = sum_u8_i8(aw, _mm256_sign_epi8(x, w));
                 acc[t][k & 1] = scaled(isum, dw * xd[t][k], acc[t][k & 1]);
+                if (dtype == EB_DTYPE_Q4_1) ksum[t] += eb_q4_1_min_term(b, xd[t][k], xs[t] + 2 * k);
             }
             continue;
         }
@@ -447,6 +471,21 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
         if (pf) _mm_prefetch((const char *)((uintptr_t)b + 64 + AHEAD_BYTES), _MM_HINT_T0);
         __m256i iacc[4];
         UNROLL for (int t = 0; t < T; t++) iacc[t] = _mm256_setzero_si256();
+        if (dtype == EB_DTYPE_IQ4_XS) { /* per chunk: grid values times activations (the sign trick), times its scale */
+            if (pf) _mm_prefetch((const char *)((uintptr_t)b + 128 + AHEAD_BYTES), _MM_HINT_T0);
+            for (int j = 0; j < 8; j++) {
+                __m256i w = nibble_values(b + 8 + 16 * j, eb_iq4nl_values), aw = _mm256_sign_epi8(w, w);
+                __m256i sc = _mm256_set1_epi16((short)eb_iq4xs_scale(b, j));
+                UNROLL for (int t = 0; t < T; t++) {
+                    __m256i x = _mm256_loadu_si256((const __m256i *)(xq[t] + 256 * k + 32 * j));
+                    __m256i p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w));
+                    iacc[t] = _mm256_add_epi32(iacc[t], _mm256_madd_epi16(p16, sc));
+                }
+            }
+            /* cpu_kernels_portable.c's block_k_q8 expression */
+            UNROLL for (int t = 0; t < T; t++) ksum[t] += _cvtsh_ss(eb_load_u16(b)) * xd[t][k] * (float)hsum_i32(iacc[t]);
+            continue;
+        }
         if (dtype == EB_DTYPE_Q6_K) {
             if (pf) _mm_prefetch((const char *)((uintptr_t)b + 128 + AHEAD_BYTES), _MM_HINT_T0);
             __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
@@ -501,7 +540,10 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
         UNROLL for (int t = 0; t < T; t++)
             ksum[t] += k4_block_value(b, xd[t][k], hsum_i32(iacc[t]), k4_min_sum(m8, xs[t] + 16 * k));
     }
-    UNROLL for (int t = 0; t < T; t++) out[t] = f->block == 256 ? ksum[t] : hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
+    UNROLL for (int t = 0; t < T; t++) {
+        float lanes = hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
+        out[t] = f->block == 256 ? ksum[t] : dtype == EB_DTYPE_Q4_1 ? lanes + ksum[t] : lanes;
+    }
 }
 
 /* cpu_kernels_portable.c's quantize_q8 with vectors: the same maxima, scales, rounding (to nearest even, as nearbyintf
@@ -560,6 +602,10 @@ Q8_KERNEL(Q4_K)
 Q8_KERNEL(Q5_K)
 Q8_KERNEL(Q6_K)
 Q8_KERNEL(MXFP4)
+Q8_KERNEL(Q4_0)
+Q8_KERNEL(Q4_1)
+Q8_KERNEL(IQ4_NL)
+Q8_KERNEL(IQ4_XS)
 #undef Q8_KERNEL
 
 /* Over the portable set: its dequantization (the same values) stays. */
@@ -579,6 +625,10 @@ const eb_cpu_kernel_set eb_cpu_kernels_avx2 = {
             [EB_DTYPE_Q5_0] = {NULL, rows_Q5_0, NULL},
             [EB_DTYPE_Q5_1] = {NULL, rows_Q5_1, NULL},
             [EB_DTYPE_F8_E4M3_B128] = {NULL, rows_F8_E4M3_B128, NULL},
+            [EB_DTYPE_Q4_0] = {NULL, rows_Q4_0, q8_Q4_0},
+            [EB_DTYPE_Q4_1] = {NULL, rows_Q4_1, q8_Q4_1},
+            [EB_DTYPE_IQ4_NL] = {NULL, rows_IQ4_NL, q8_IQ4_NL},
+            [EB_DTYPE_IQ4_XS] = {NULL, rows_IQ4_XS, q8_IQ4_XS},
         },
 };
 

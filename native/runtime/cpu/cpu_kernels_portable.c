@@ -137,12 +137,30 @@ static void quantize_q8(const float *x, int64_t n, int64_t cols, eb_cpu_q8_rows 
     }
 }
 
+/* The 16 bytes of 4-bit codes of a 32-value block as their entries in values (eb_nibbles_times' order). */
+static void nibble_quants(const unsigned char *qs, const int8_t *values, int8_t *q) {
+    for (int i = 0; i < 16; i++) {
+        q[i] = values[qs[i] & 0xF];
+        q[i + 16] = values[qs[i] >> 4];
+    }
+}
+
 /* A K-format block (256 values) against 256 activations of one scale: the eight sub-blocks' integer sums times
- * their 6-bit (Q4_K, Q5_K) or int8 (Q6_K, per 16) scales, summed in integers, then scaled once; the minima (Q4_K,
+ * their 6-bit (Q4_K, Q5_K, IQ4_XS's signed ones) or int8 (Q6_K, per 16) scales, summed in integers, then scaled once; the minima (Q4_K,
  * Q5_K) and Q6_K's offset of 32 through the activations' sums of 16. The vector kernels compute the same integers
  * and this same float expression. */
 static float block_k_q8(const unsigned char *b, int dtype, const int8_t *x, float dx, const int16_t *s) {
     int32_t isum = 0, msum = 0;
+    if (dtype == EB_DTYPE_IQ4_XS) { /* each chunk's grid values times its activations, times its signed scale */
+        for (int j = 0; j < 8; j++) {
+            int8_t q[32];
+            int32_t part = 0;
+            nibble_quants(b + 8 + 16 * j, eb_iq4nl_values, q);
+            for (int i = 0; i < 32; i++) part += q[i] * x[32 * j + i];
+            isum += eb_iq4xs_scale(b, j) * part;
+        }
+        return eb_f16_to_f32(eb_load_u16(b)) * dx * (float)isum;
+    }
     if (dtype == EB_DTYPE_Q6_K) {
         const int8_t *sc = (const int8_t *)(b + 192);
         for (int j = 0; j < 8; j++) {
@@ -173,27 +191,37 @@ static float block_k_q8(const unsigned char *b, int dtype, const int8_t *x, floa
     return eb_f16_to_f32(eb_load_u16(b)) * dx * (float)isum - eb_f16_to_f32(eb_load_u16(b + 2)) * dx * (float)msum;
 }
 
+/* A block of 32 values (Q8_0, MXFP4, Q4_0, Q4_1, IQ4_NL) as 32 signed quants; returns its scale (the values are the
+ * quants times it, Q4_1's plus its minimum: eb_q4_1_min_term). */
+static float block32_quants(const unsigned char *b, int dtype, int8_t *q) {
+    switch (dtype) {
+    case EB_DTYPE_Q8_0: memcpy(q, b + 2, 32); return eb_f16_to_f32(eb_load_u16(b));
+    case EB_DTYPE_MXFP4: nibble_quants(b + 1, eb_mxfp4_values, q); return eb_e8m0_half(b[0]);
+    case EB_DTYPE_Q4_1: nibble_quants(b + 4, eb_q4_1_values, q); return eb_f16_to_f32(eb_load_u16(b));
+    case EB_DTYPE_IQ4_NL: nibble_quants(b + 2, eb_iq4nl_values, q); return eb_f16_to_f32(eb_load_u16(b));
+    default: nibble_quants(b + 2, eb_q4_0_values, q); return eb_f16_to_f32(eb_load_u16(b));
+    }
+}
+
 /* One row against one row of q8 activations: per block the integer sum of products, scaled once. */
 static float dot_q8(const unsigned char *row, int dtype, int64_t cols, const int8_t *xq, const float *xd,
                     const int16_t *xs) {
-    float acc = 0.0f;
+    float acc = 0.0f, macc = 0.0f; /* macc: Q4_1's minima times the sums of their activations */
     const eb_format_traits *f = &eb_format_table[dtype];
     for (int64_t k = 0; k < cols / f->block; k++) {
         const unsigned char *b = row + (size_t)k * (size_t)f->block_bytes;
-        int32_t sum = 0;
-        if (dtype == EB_DTYPE_Q8_0) {
-            for (int i = 0; i < 32; i++) sum += (int8_t)b[2 + i] * xq[32 * k + i];
-            acc += (float)sum * (eb_f16_to_f32(eb_load_u16(b)) * xd[k]);
-        } else if (dtype == EB_DTYPE_MXFP4) {
-            for (int i = 0; i < 16; i++)
-                sum += eb_mxfp4_values[b[1 + i] & 0xF] * xq[32 * k + i] +
-                       eb_mxfp4_values[b[1 + i] >> 4] * xq[32 * k + i + 16];
-            acc += (float)sum * (eb_e8m0_half(b[0]) * xd[k]);
+        if (f->block == 32) {
+            int8_t q[32];
+            float dw = block32_quants(b, dtype, q);
+            int32_t sum = 0;
+            for (int i = 0; i < 32; i++) sum += q[i] * xq[32 * k + i];
+            acc += (float)sum * (dw * xd[k]);
+            if (dtype == EB_DTYPE_Q4_1) macc += eb_q4_1_min_term(b, xd[k], xs + 2 * k);
         } else {
             acc += block_k_q8(b, dtype, xq + 256 * k, xd[k], xs + 16 * k);
         }
     }
-    return acc;
+    return dtype == EB_DTYPE_Q4_1 ? acc + macc : acc;
 }
 
 static void matmul_q8(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,
@@ -233,6 +261,10 @@ Q8_KERNEL(Q4_K)
 Q8_KERNEL(Q5_K)
 Q8_KERNEL(Q6_K)
 Q8_KERNEL(MXFP4)
+Q8_KERNEL(Q4_0)
+Q8_KERNEL(Q4_1)
+Q8_KERNEL(IQ4_NL)
+Q8_KERNEL(IQ4_XS)
 #undef Q8_KERNEL
 
 /* Integer products for the formats whose q8_block says they have them: Q5_0 / Q5_1 have none (dot_q8 reads every
@@ -253,5 +285,9 @@ const eb_cpu_kernel_set eb_cpu_kernels_portable = {
             [EB_DTYPE_Q5_0] = {dequantize_Q5_0, rows_Q5_0, NULL},
             [EB_DTYPE_Q5_1] = {dequantize_Q5_1, rows_Q5_1, NULL},
             [EB_DTYPE_F8_E4M3_B128] = {dequantize_F8_E4M3_B128, rows_F8_E4M3_B128, NULL},
+            [EB_DTYPE_Q4_0] = {dequantize_Q4_0, rows_Q4_0, q8_Q4_0},
+            [EB_DTYPE_Q4_1] = {dequantize_Q4_1, rows_Q4_1, q8_Q4_1},
+            [EB_DTYPE_IQ4_NL] = {dequantize_IQ4_NL, rows_IQ4_NL, q8_IQ4_NL},
+            [EB_DTYPE_IQ4_XS] = {dequantize_IQ4_XS, rows_IQ4_XS, q8_IQ4_XS},
         },
 };

@@ -509,6 +509,9 @@ __device__ __forceinline__ void qdot_rows(const void *const *ws, unsigned long l
     }
 }
 
+#define GPU_FORMATS                                                                                              \
+    (1u << EB_DTYPE_F32 | 1u << EB_DTYPE_F16 | 1u << EB_DTYPE_BF16 | 1u << EB_DTYPE_Q8_0 | 1u << EB_DTYPE_Q4_K |     \
+     1u << EB_DTYPE_Q5_K | 1u << EB_DTYPE_Q6_K | 1u << EB_DTYPE_MXFP4 | 1u << EB_DTYPE_Q5_0 | 1u << EB_DTYPE_Q5_1)
 #define QUANT_CASES(CALL)                                                                                        \
     case EB_DTYPE_Q8_0: CALL(qfmt<EB_DTYPE_Q8_0>); break;                                                         \
     case EB_DTYPE_Q4_K: CALL(qfmt<EB_DTYPE_Q4_K>); break;                                                         \
@@ -767,11 +770,10 @@ static int gpu_device_info(void *rtp, int dev, eb_rt_device_info *info, char *er
     info->threads = 0;
     info->host_addressable = 0;
     info->queued_ops = 1;
-    // every format but those with a scale companion (F8_E4M3_B128: no kernels here yet, so the core refuses such a
-    // weight on this device by name): the quantized ones dequantized in f32 (qfmt)
-    info->formats = 0;
-    for (int dt = 0; dt < EB_DTYPE_COUNT; dt++)
-        if (!eb_dtype_scaled(dt)) info->formats |= 1u << dt;
+    // the formats with kernels here: the float ones and the quantized ones of QUANT_CASES (dequantized in f32, qfmt).
+    // The others (F8_E4M3_B128 with its scale companion, the formats after it in EB_FORMATS) have none yet, so the
+    // core refuses such a weight on this device by name.
+    info->formats = GPU_FORMATS;
     info->precisions = 1u << EB_PRECISION_F32 | 1u << EB_PRECISION_Q8; // q8: the cpu module's bits (q8_* kernels)
     return 0;
 }
