@@ -102,7 +102,8 @@ def test_an_extreme_block_scale_is_refused_or_runs_as_its_reference(engine, tmp_
         tensor = f"'model.layers.0.mlp.experts.{expert}.{PROJECTIONS[proj]}_proj.weight'"
         assert str(info.value).startswith(f"'{path}': tensor {tensor} holds "), f"{where}: {info.value}"
         return
-    want = reference_logits(ref, PROMPT)
+    with np.errstate(over="ignore"):  # silu's exp(-g) of a huge negative g: inf, and silu's 0, as it should be
+        want = reference_logits(ref, PROMPT)
     with engine.load(path) as model:
         for placement in ("*=cpu:0", "*=hostsim:0"):
             model.set_placement(placement)
