@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine.demo import DEMO_PROMPTS, quant_formats
+from engine.families import family
 from engine.profile import DEFAULT_REPEATS, Profile
 from engine.run import PRECISIONS, REDUCTION_MODES
 from engine.speculative import MAX_DRAFT_TOKENS
@@ -187,7 +188,8 @@ class RunPanel(QWidget):
         quantized = "" if m.demo_quant is None else f"; quantized: {quant_formats(m.demo_quant)}"
         note = f"synthetic demo: random weights, its text is noise{quantized}"
         synthetic = f"<br><span style='color:{warn}'>{note}</span>"
-        self.target_label.setText(_name(m.target_path) + (synthetic if m.synthetic else ""))
+        kind = f" <span style='color:{theme.colors()['muted']}'>({family(m.config.architecture).title})</span>"
+        self.target_label.setText(_name(m.target_path) + kind + (synthetic if m.synthetic else ""))
         self.target_label.setToolTip(m.target_path)
         self.draft_check.setEnabled(m.draft_path is not None)
         self.draft_check.setText("none (target only)" if m.draft_path is None else _name(m.draft_path))

@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
 from engine.demo import DEFAULT_FAMILY, DEFAULT_QUANT, FAMILIES, FOLDER_FORMATS, QUANTS, demo_name, quant_formats
 from engine.errors import ArgumentError, EngineError
 from engine.export import ENGINE_EXPORTS, EngineExport, LlamaCppExport, export_to, to_llama_cpp
+from engine.families import family as model_family
 from engine.files import atomic_write
 from engine.model import WEIGHTS_MODES
 
@@ -443,7 +444,8 @@ class MainWindow(QMainWindow):
         s = self.state
         parts = ["expertbench"]
         if s.model is not None:
-            name = Path(s.model.target_path).name
+            # the family first: two demos' targets are both 'target' (its format and quantization in the brackets)
+            name = f"{model_family(s.model.config.architecture).title}: {Path(s.model.target_path).name}"
             if s.model.demo_quant is not None:
                 parts.append(f"{name} (synthetic demo, {quant_formats(s.model.demo_quant)})")
             else:

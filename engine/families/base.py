@@ -145,6 +145,7 @@ class Family:
     """
 
     architecture: str
+    title: str  # in words, for people ("DeepSeek-V3")
     hf_classes: tuple[str, ...]
     gguf_arch: str
     native_code: int  # eb_model_config.arch: the core's code (native/include/expertbench.h EB_ARCH_*)

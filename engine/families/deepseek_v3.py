@@ -402,6 +402,7 @@ DEMO = DemoRecipe(
 
 DEEPSEEK_V3 = Family(
     architecture="deepseek_v3",
+    title="DeepSeek-V3",
     hf_classes=("DeepseekV3ForCausalLM",),
     gguf_arch="deepseek2",
     native_code=3,

@@ -411,6 +411,7 @@ DEMO = DemoRecipe(
 
 GPT_OSS = Family(
     architecture="gpt_oss",
+    title="gpt-oss",
     hf_classes=("GptOssForCausalLM",),
     gguf_arch="gpt-oss",
     native_code=4,

@@ -249,6 +249,7 @@ DEMO = DemoRecipe(
 
 QWEN3 = Family(
     architecture="qwen3",
+    title="Qwen3",
     hf_classes=("Qwen3ForCausalLM",),
     gguf_arch="qwen3",
     native_code=1,
@@ -262,6 +263,7 @@ QWEN3 = Family(
 
 QWEN3_MOE = Family(
     architecture="qwen3_moe",
+    title="Qwen3-MoE",
     hf_classes=("Qwen3MoeForCausalLM",),
     gguf_arch="qwen3moe",
     native_code=2,

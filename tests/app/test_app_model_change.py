@@ -60,3 +60,13 @@ def test_opening_another_model_clears_what_the_previous_one_showed(qtbot, make_w
     qtbot.waitUntil(lambda: not state.busy, timeout=TIMEOUT_MS)
     timeline.redraw(force=True)
     assert len(timeline.shown) > 0 and "shared" not in timeline.legend_kinds
+
+
+def test_the_title_and_the_run_panel_name_the_models_family(qtbot, make_window, monkeypatch):
+    """Two demos' targets are both called 'target': the window's title and the run panel say whose they are."""
+    window = make_window()
+    assert window.windowTitle().startswith("expertbench — Qwen3-MoE: ")
+    assert "(Qwen3-MoE)" in window.run_panel.target_label.text()
+    open_model(qtbot, window, monkeypatch, DEEPSEEK)
+    qtbot.waitUntil(lambda: "DeepSeek-V3: deepseek-f32" in window.windowTitle(), timeout=TIMEOUT_MS)
+    assert "(DeepSeek-V3)" in window.run_panel.target_label.text()
