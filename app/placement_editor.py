@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from PySide6.QtCore import QAbstractItemModel, QMimeData, QModelIndex, QRectF, QSize, Qt, Slot
+from PySide6.QtCore import QAbstractItemModel, QMimeData, QModelIndex, QRectF, QSize, Qt, QTimer, Slot
 from PySide6.QtGui import QColor, QFont, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -33,6 +33,7 @@ from .state import WorkbenchState, format_bytes
 
 _ROOT = QModelIndex()  # the invalid index: Qt's default parent
 MIME = "application/x-expertbench-experts"
+BANNER_MS = 12_000  # how long a refused move is said above the columns
 
 LayerRole = Qt.ItemDataRole.UserRole + 1  # layer index
 ExpertsRole = Qt.ItemDataRole.UserRole + 2  # experts of that layer in this row (list)
@@ -557,6 +558,12 @@ class PlacementEditor(QWidget):
         self.banner.setObjectName("banner")
         self.banner.setWordWrap(True)
         self.banner.hide()
+        self.banner.setToolTip("Click to dismiss")
+        self.banner.mousePressEvent = lambda _event: self.banner.hide()
+        self.banner_timer = QTimer(self)
+        self.banner_timer.setSingleShot(True)
+        self.banner_timer.setInterval(BANNER_MS)
+        self.banner_timer.timeout.connect(self.banner.hide)
         outer.addWidget(self.banner)
         self.scroll = QScrollArea()
         self.scroll.setWidgetResizable(True)
@@ -576,7 +583,7 @@ class PlacementEditor(QWidget):
         state.sigPlacementChanged.connect(self._update_text)
         state.sigUndoChanged.connect(self._update_undo)
         state.sigApplyingChanged.connect(self._applying)
-        state.sigMessage.connect(self._message)
+        state.sigRefused.connect(self._refused)
         self._update_undo()
         self.rebuild()
 
@@ -638,8 +645,12 @@ class PlacementEditor(QWidget):
         self.progress.setVisible(on)
         self.apply_label.setText("applying…" if on else "applied to the engine")
 
-    @Slot(str)
-    def _message(self, text: str) -> None:
-        if "refused" in text:
-            self.banner.setText(text)
-            self.banner.show()
+    @Slot(str, str)
+    def _refused(self, reason: str, text: str) -> None:
+        """An edit that would overflow a device: said above the columns until the next edit, a click on it, or
+        BANNER_MS (the status bar says the other refusals)."""
+        if reason != "overflow":
+            return
+        self.banner.setText(text)
+        self.banner.show()
+        self.banner_timer.start()

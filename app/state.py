@@ -187,6 +187,7 @@ class WorkbenchState(QObject):
     sigDirtyChanged = Signal(bool)
     sigPathChanged = Signal()
     sigMessage = Signal(str)  # a short note for the status bar (a refused drop, a saved file)
+    sigRefused = Signal(str, str)  # an edit refused: its reason (app.models.placement.Refusal) and text
     sigError = Signal(str, str)  # title, text: an engine call failed; the window shows a dialog
     sigBusyChanged = Signal(str)  # what the engine thread is doing, "" when idle
     sigRunStarted = Signal()
@@ -416,6 +417,7 @@ class WorkbenchState(QObject):
                 self.sigError.emit("Unknown device", done.text)
             else:
                 self.sigMessage.emit(prefix + done.text if done.reason in ("no-model", "invalid-move") else done.text)
+            self.sigRefused.emit(done.reason, done.text)
             return False
         self.sigMessage.emit(done[0].upper() + done[1:])
         return True

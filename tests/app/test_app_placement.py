@@ -97,6 +97,12 @@ def test_an_overflowing_drop_is_refused(qtbot, make_window):
         assert not drop(cpu, sim, [cpu.model.index(0, 0)])
     assert "refused" in message.args[0] and "hostsim:0" in message.args[0]
     assert window.editor.banner.isVisibleTo(window) and "refused" in window.editor.banner.text()
+    window.editor.banner_timer.timeout.emit()  # its time is up: it goes
+    assert not window.editor.banner.isVisibleTo(window)
+    assert not drop(cpu, sim, [cpu.model.index(0, 0)])  # refused again: said again, until a click on it
+    assert window.editor.banner.isVisibleTo(window) and window.editor.banner_timer.isActive()
+    qtbot.mouseClick(window.editor.banner, Qt.MouseButton.LeftButton)
+    assert not window.editor.banner.isVisibleTo(window)
     assert state.placement.owners == before and not state.applying
     assert engine_owners(qtbot, state)[2] == ["cpu:0"] * 8
     assert sim.bar.used == LAYER_BYTES
