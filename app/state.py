@@ -26,7 +26,7 @@ from engine.devices import DeviceSettings, differences, engine_for_profile
 from engine.errors import EngineError
 from engine.history import History, RunRecord, RunSettings, diagnose_change, history_file, now, record_key
 from engine.model import WEIGHTS_MODES, DeviceInfo, Engine, Model
-from engine.placement import ExpertRoom, Placement, expert_rooms, model_bytes
+from engine.placement import ExpertRoom, Placement, expert_rooms, format_bytes, model_bytes
 from engine.profile import Profile, fingerprint, load
 from engine.quality import is_fast, quality_cost
 from engine.routing import RoutingStats, profile
@@ -59,14 +59,6 @@ def calibrate_devices(model: Model, devices: list[str]) -> Calibration:
     """engine.costmodel's measurement of every device (runs on the engine thread: a few short decodes with
     every expert on each device in turn; the placement is restored after)."""
     return calibrate(model, devices)
-
-
-def format_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 @dataclass

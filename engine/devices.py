@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from .errors import EngineError
 from .model import Engine, describe_load_error
+from .placement import format_bytes
 
 GPU_RUNTIMES = ("cuda", "hip")
 HOST_RUNTIMES = ("cpu", "hostsim")  # runtimes whose devices are worker threads (a count and threads per device)
@@ -135,8 +136,10 @@ def differences(profile, devices) -> list[str]:
         for name in names:
             d = have[name]
             if spec.memory_limit is not None and d.memory_total > spec.memory_limit:
-                out.append(f"devices.{runtime}.memory_limit: {name} has {d.memory_total} bytes, not "
-                           f"{spec.memory_limit}")  # fmt: skip
+                cap = f"{format_bytes(spec.memory_limit)} ({spec.memory_limit} bytes)"
+                out.append(f"devices.{runtime}.memory_limit: {name} has {format_bytes(d.memory_total)}, not the {cap} "
+                           "the profile caps it at")  # fmt: skip
             if spec.threads is not None and d.threads != spec.threads:
-                out.append(f"devices.{runtime}.threads: {name} has {d.threads} threads, not {spec.threads}")
+                have = f"{d.threads} thread{'s' if d.threads != 1 else ''}"
+                out.append(f"devices.{runtime}.threads: {name} has {have}, not {spec.threads}")
     return out

@@ -147,6 +147,15 @@ class PlacementRefused(ArgumentError):
     """A move or a placement that does not fit or makes no sense; the message says why, with the numbers."""
 
 
+def format_bytes(n: float) -> str:
+    """Bytes as a person reads them: '768 B', '48.0 MiB', '23.5 GiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
 def mib(nbytes: float) -> str:
     """Bytes in MiB, one decimal (four below 0.1 MiB, so that a small size does not read as nothing)."""
     value = nbytes / MIB

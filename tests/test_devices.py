@@ -5,6 +5,7 @@ from fixture_paths import FIXTURES
 
 from engine import profile as P
 from engine.devices import DeviceSettings, differences, engine_for_profile
+from engine.placement import format_bytes
 from engine.profile import ProfileError
 
 PROFILE = f"""expertbench_profile: 1
@@ -43,8 +44,9 @@ def test_a_profiles_devices_open_as_it_says(tmp_path):
     with DeviceSettings(runtimes=("cpu", "hostsim"), required=("cpu",)).open() as plain:
         total = {d.name: d.memory_total for d in plain.devices}["hostsim:0"]
         assert differences(one, plain.devices) == [
-            f"devices.hostsim.memory_limit: hostsim:0 has {total} bytes, not 40000000",
-            "devices.hostsim.threads: hostsim:0 has 1 threads, not 3",
+            f"devices.hostsim.memory_limit: hostsim:0 has {format_bytes(total)}, not the 38.1 MiB (40000000 bytes) "
+            "the profile caps it at",
+            "devices.hostsim.threads: hostsim:0 has 1 thread, not 3",
         ]
 
 
