@@ -15,6 +15,7 @@ from PySide6.QtCore import Signal, Slot
 from PySide6.QtWidgets import (
     QBoxLayout,
     QComboBox,
+    QGraphicsRectItem,
     QGridLayout,
     QGroupBox,
     QHBoxLayout,
@@ -54,6 +55,8 @@ class HeatMap(pg.PlotWidget):
         self.addItem(self.note)
         self.setMinimumHeight(110)
         self.counts: np.ndarray | None = None
+        self.dense: set[int] = set()  # layers without experts: no routing to show (DeepSeek's leading dense layers)
+        self._dense_items: list = []
         self.colorbar = pg.ColorBarItem(values=(0, 1), colorMap=pg.colormap.get("inferno"), label="hits",
                                         interactive=False, width=10)  # fmt: skip
         self.colorbar.setImageItem(self.image, insert_in=self.getPlotItem())
@@ -67,6 +70,8 @@ class HeatMap(pg.PlotWidget):
         e, layer = int(np.floor(x)), int(np.floor(y))
         if not (0 <= e < experts and 0 <= layer < layers):
             return ""
+        if layer in self.dense:
+            return f"layer {layer}: a dense layer, no experts to route"
         hits, total = self.counts[layer, e], self.counts[layer].sum()
         share = f"{100 * hits / total:.1f} % of the layer's selections" if total > 0 else "the layer routed nothing"
         return f"layer {layer}, expert {e}: {int(hits)} hits, {share}"
@@ -77,10 +82,13 @@ class HeatMap(pg.PlotWidget):
         self.setToolTip(text)
         self.sigHover.emit(text)
 
-    def set_counts(self, counts: np.ndarray | None, shape: tuple[int, int] | None, note: str = "") -> None:
-        """counts: [layers, experts] hit counts, or None to show `note` over an empty grid of `shape`."""
+    def set_counts(self, counts: np.ndarray | None, shape: tuple[int, int] | None, note: str = "",
+                   dense: tuple[int, ...] = ()) -> None:  # fmt: skip
+        """counts: [layers, experts] hit counts, or None to show `note` over an empty grid of `shape`; dense: the
+        layers that route nothing, each drawn as a labelled band (not a row of zero hits)."""
         self.counts = None if counts is None else np.asarray(counts, dtype=np.float64)
         layers, experts = shape if shape is not None else (1, 1)
+        self._mark_dense(set(dense) if self.counts is not None else set(), experts)
         if self.counts is not None:
             top = max(1.0, float(self.counts.max()))
             self.image.setImage(self.counts, levels=(0, top))
@@ -99,6 +107,24 @@ class HeatMap(pg.PlotWidget):
             self.getAxis(axis).setTicks([[(i + 0.5, str(i)) for i in range(0, n, step)], []])
         self.setXRange(0, experts, padding=0.02)
         self.setYRange(0, layers, padding=0.02)
+
+    def _mark_dense(self, dense: set[int], experts: int) -> None:
+        for item in self._dense_items:
+            self.removeItem(item)
+        self._dense_items.clear()
+        self.dense = dense
+        c = theme.colors()
+        for layer in sorted(dense):
+            band = QGraphicsRectItem(0, layer, experts, 1)
+            band.setBrush(pg.mkBrush(c["alt"]))
+            band.setPen(pg.mkPen(None))
+            band.setZValue(5)
+            label = pg.TextItem("dense layer", color=c["muted"], anchor=(0.5, 0.5))
+            label.setPos(experts / 2, layer + 0.5)
+            label.setZValue(6)
+            for item in (band, label):
+                self.addItem(item)
+                self._dense_items.append(item)
 
 
 class RoutingPanel(FitsItsHeight, QWidget):
@@ -223,7 +249,8 @@ class RoutingPanel(FitsItsHeight, QWidget):
         self.reset_button.setEnabled(has_model and s.routing is not None)
         self.caption.setText(self._caption())
         if s.routing is not None:
-            self.heatmap.set_counts(s.routing, shape)
+            dense = tuple(layer for layer in range(m.config.num_layers) if not m.config.is_moe_layer(layer))
+            self.heatmap.set_counts(s.routing, shape, dense=dense)
         else:
             note = "No routing statistics yet:\nProfile routing or a run fills this map"
             self.heatmap.set_counts(None, shape, note if has_model else "No model loaded")

@@ -70,3 +70,21 @@ def test_the_title_and_the_run_panel_name_the_models_family(qtbot, make_window, 
     open_model(qtbot, window, monkeypatch, DEEPSEEK)
     qtbot.waitUntil(lambda: "DeepSeek-V3: deepseek-f32" in window.windowTitle(), timeout=TIMEOUT_MS)
     assert "(DeepSeek-V3)" in window.run_panel.target_label.text()
+
+
+def test_the_heat_map_labels_a_dense_layer_instead_of_a_row_of_zero_hits(qtbot, make_window, monkeypatch):
+    import numpy as np
+
+    window = make_window()
+    open_model(qtbot, window, monkeypatch, DEEPSEEK)
+    cfg = window.state.model.config
+    dense = [layer for layer in range(cfg.num_layers) if not cfg.is_moe_layer(layer)]
+    assert dense == [0]  # the fixture's first_k_dense_replace
+    window.state.set_routing(np.ones((cfg.num_layers, cfg.num_experts)), "profiling")
+    heatmap = window.routing.heatmap
+    qtbot.waitUntil(lambda: heatmap.dense == {0})
+    assert heatmap.describe(0.5, 0.5) == "layer 0: a dense layer, no experts to route"
+    assert heatmap.describe(0.5, 1.5).startswith("layer 1, expert 0: 1 hits")
+    assert [item.toPlainText() for item in heatmap._dense_items if hasattr(item, "toPlainText")] == ["dense layer"]
+    window.state.set_routing(None)  # no counts: no band either
+    qtbot.waitUntil(lambda: heatmap.dense == set())

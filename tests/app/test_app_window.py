@@ -300,7 +300,7 @@ def test_heat_map_has_a_colour_scale_a_value_on_hover_a_caption_and_a_reset(qtbo
     heat = panel.heatmap
     assert heat.colorbar.levels() == (0, 60.0)  # the colour bar spans the counts
     assert heat.describe(3.5, 0.5) == "layer 0, expert 3: 60 hits, 60.0 % of the layer's selections"
-    assert heat.describe(0.2, 1.5) == "layer 1, expert 0: 0 hits, the layer routed nothing"
+    assert heat.describe(0.2, 1.5) == "layer 1: a dense layer, no experts to route"  # (a band, not zero hits)
     assert heat.describe(-1, 0) == "" and heat.describe(cfg.num_experts + 0.5, 0) == ""
     assert "Hits of 50 tokens per MoE layer (top-2)" in panel.caption.text()  # 100 selections / top-2
     assert "device measurements do not count" in panel.caption.text()
