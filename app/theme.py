@@ -32,12 +32,12 @@ ASSETS = _assets()
 LIGHT = {
     "window": "#f3f4f6", "base": "#ffffff", "alt": "#f7f8fa", "text": "#1d2430", "muted": "#6b7280",
     "button": "#eceef2", "highlight": "#2f6fdf", "highlight_text": "#ffffff", "border": "#d5d9e0",
-    "chip": "#eef2f8", "ok": "#2e9d5b", "bad": "#d2463c", "warn": "#c98a14",
+    "chip": "#eef2f8", "ok": "#2e9d5b", "bad": "#d2463c", "warn": "#c98a14", "edge": "#b9bfc9",
 }  # fmt: skip
 DARK = {
     "window": "#1e2227", "base": "#252a31", "alt": "#2a3038", "text": "#e3e6ea", "muted": "#9aa3ae",
     "button": "#2f353d", "highlight": "#4c8dff", "highlight_text": "#ffffff", "border": "#3a414b",
-    "chip": "#2f3640", "ok": "#48c07a", "bad": "#ef6a5f", "warn": "#e0a93a",
+    "chip": "#2f3640", "ok": "#48c07a", "bad": "#ef6a5f", "warn": "#e0a93a", "edge": "#5d6672",
 }  # fmt: skip
 
 # One colour per device kind, used by columns, bars and plots.
@@ -121,6 +121,16 @@ def checkbox_palette(dark: bool) -> QPalette:
     return p
 
 
+def field_palette(dark: bool) -> QPalette:
+    """A number or text field's palette: Fusion draws its frame in the window colour darkened by 40 %, which is no
+    edge at all on the dark theme's background; a lighter window colour for the fields alone gives them the "edge"
+    colour's frame (their text and background stay the palette's)."""
+    p = make_palette(dark)
+    edge = QColor((DARK if dark else LIGHT)["edge"])
+    p.setColor(QPalette.ColorRole.Window, edge.lighter(140))
+    return p
+
+
 def apply_theme(app: QApplication, dark: bool | None = None) -> bool:
     """Fusion style with our palette (light or dark: the system's when dark is None); returns dark."""
     if dark is None:
@@ -130,6 +140,8 @@ def apply_theme(app: QApplication, dark: bool | None = None) -> bool:
     _current.update(DARK if dark else LIGHT)
     app.setPalette(make_palette(dark))
     app.setPalette(checkbox_palette(dark), "QCheckBox")
+    for kind in ("QAbstractSpinBox", "QLineEdit"):
+        app.setPalette(field_palette(dark), kind)
     app.setStyleSheet(STYLE_SHEET.format(**_current))
     pg.setConfigOptions(antialias=True, background=_current["base"], foreground=_current["text"])
     icon.cache_clear()
