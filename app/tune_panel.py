@@ -258,6 +258,10 @@ class TunePanel(FitsItsHeight, QWidget):
         buttons.addWidget(self.progress, 1)
         self.status = QLabel("Not tuned yet")
         self.status.setWordWrap(True)
+        self.why = QLabel()  # why the chosen point is not the fastest listed, when it is not
+        self.why.setObjectName("muted")
+        self.why.setWordWrap(True)
+        self.why.hide()
 
         self.plot = pg.PlotWidget()
         self.plot.setLabel("bottom", "experts on the fast device (MiB)")
@@ -287,6 +291,7 @@ class TunePanel(FitsItsHeight, QWidget):
         layout = QVBoxLayout(self)
         layout.addLayout(buttons)  # first: Tune and Cancel in view however low the panel (its settings scroll)
         layout.addWidget(self.status)
+        layout.addWidget(self.why)
         layout.addLayout(form)
         layout.addWidget(self.plot, 1)
         layout.addWidget(self.front_list)
@@ -311,6 +316,7 @@ class TunePanel(FitsItsHeight, QWidget):
         if not self.running:
             self.measured, self.front = [], []
             self.status.setText("Not tuned yet")
+            self.why.hide()
             self.progress.setRange(0, 1)
             self.progress.setValue(0)
             self._show()
@@ -387,6 +393,7 @@ class TunePanel(FitsItsHeight, QWidget):
             self.prompts = list(settings.prompts or DEMO_PROMPTS)
             self._show()
             self.status.setText("Waiting for the engine…")
+            self.why.hide()
             self._update_buttons()
             self.state.submit_with_models(task, self._finished, self._failed, "tuning")
         except BaseException:  # nothing was queued: the panel stays ready for the next try
@@ -433,6 +440,9 @@ class TunePanel(FitsItsHeight, QWidget):
             note += f"; {len(doc['excluded'])} excluded by the KL limit"
         self.status.setText(f"Tuning {state}: {doc['measurements']} measurements of {doc['candidates']} candidates in "
                             f"{doc['seconds']:.0f} s, {len(self.front)} on the front{note}")  # fmt: skip
+        why = doc.get("why_chosen")  # the choice is not the fastest point listed: why (the report's 'why' line)
+        self.why.setText(f"Chosen, not the fastest listed: {why}" if why else "")
+        self.why.setVisible(bool(why))
         self.progress.setRange(0, 1)
         self.progress.setValue(1)
         self._show()

@@ -65,6 +65,32 @@ def test_the_choice_compares_the_fastest_within_their_turns_not_one_lucky_run():
     assert alone.chosen() is lucky  # no turns: the fastest of those measured longest
 
 
+def test_the_report_says_why_the_chosen_point_is_not_the_fastest_listed():
+    def measured(q, *runs):  # (turn, tokens/s) at the last rung
+        p = point(0, 0, q=q)
+        p.measurements = [
+            tune.Measurement(64, 1, [v], HASHES, reference_sha256=HASHES, rung=3, turn=t) for t, v in runs
+        ]
+        return p
+
+    # a's pooled median (400, 100, 50) beats b's (110, 55), but in each turn b ran above a
+    a, b = measured(2, (None, 400), (0, 100), (1, 50)), measured(1, (0, 110), (1, 55))
+    result = tune.SearchResult([a, b], [a, b], FAST, {}, list(tune.DEFAULT_RUNGS), [], 1.0, False, "")
+    assert a.speed > b.speed and result.chosen() is b
+    why = result.why_chosen()
+    assert why.startswith("measured again in 2 turns beside the other fastest points, the chosen one ran +4.8 % ")
+    assert "the 100.0 tokens/s point (q 2) -4.8 %" in why
+    short = point(500, 0)  # one short run, faster than anything measured longer
+    longer = tune.SearchResult([short, b], [short, b], FAST, {}, list(tune.DEFAULT_RUNGS), [], 1.0, False, "")
+    assert longer.chosen() is b
+    assert longer.why_chosen() == ("the 500.0 tokens/s point (q 2) was measured in 1 short run(s) only; the chosen one "
+                                   "in 2 runs of 64 tokens per prompt")  # fmt: skip
+    alone = tune.SearchResult([b], [b], FAST, {}, list(tune.DEFAULT_RUNGS), [], 1.0, False, "")
+    assert alone.why_chosen() is None  # the fastest listed is the chosen one: nothing to say
+    doc = tune.report(_result(result))
+    assert doc["why_chosen"] == why and f"why        {why}" in tune.text(doc)
+
+
 class FakeBench:
     """Made-up measurements: tokens/s from a function of the candidate, seconds from a unit per token, on a clock
     that only moves when something is measured."""
@@ -220,6 +246,7 @@ def test_a_point_whose_hashes_differ_is_reported_not_hidden_and_never_chosen():
     assert any(not p["same_as_reference"] for p in doc["front"])
     shown = tune.text(doc)
     assert "DIFFERS" in shown and f"against the one-device {'0' * 12}" in shown
+    assert doc["why_chosen"].endswith("gives other outputs than one device: never chosen")
 
 
 def test_a_constraint_keeps_a_point_off_the_front_and_out_of_the_choice():

@@ -66,6 +66,7 @@ def report(result: TuneResult, quality: Callable | None = None) -> dict:
     return {
         "front": [pd(p) for p in s.front],
         "chosen": None if chosen is None else pd(chosen),
+        "why_chosen": s.why_chosen(),  # why it is not the fastest the front lists (None when it is)
         "differing": [pd(p) for p in s.points if p.flagged],
         "excluded": [pd(p) for p in s.points if p.excluded is not None],
         "points": [pd(p) for p in sorted(s.points, key=lambda p: p.fast_bytes(s.fast))],
@@ -125,6 +126,8 @@ def text(doc: dict, synthetic_note: str = "") -> str:
         mode = f", mode {c['mode']}" if mixed else ""
         lines.append(f"chosen     {c['decode_tokens_per_second']:.1f} tokens/s, q {c['q']}{mode}, {c['placement']} "
                      f"({c['origin']}; {c['repeats']} runs of {c['tokens_per_prompt']} tokens per prompt)")  # fmt: skip
+        if doc.get("why_chosen"):
+            lines.append(f"why        {doc['why_chosen']}")
     else:
         lines.append("chosen     none: no point was measured with the one-device hashes")
     for p in doc["differing"]:

@@ -351,16 +351,14 @@ class SearchResult:
     stopped: str  # "" when every planned rung ran; otherwise why not
     notes: list[str] = field(default_factory=list)
 
-    def chosen(self) -> Point | None:
-        """The point to keep, of those not flagged (a reference-mode point's hashes are one device's) and that no
-        constraint excludes: where the fastest were measured again in turns, the one fastest against the others of
-        its turns (the median of its speed over the turn's median: a machine that speeds up or slows down between
-        turns moves them all alike); else the fastest of those measured longest."""
+    def _candidates(self) -> list[Point]:
+        """The points a choice is made among: not flagged, not excluded, measured, at the deepest rung reached."""
         good = [p for p in self.points if p.excluded is None and not p.flagged and math.isfinite(p.speed)]
-        if not good:
-            return None
-        top = max(p.rung for p in good)
-        good = [p for p in good if p.rung == top]
+        top = max((p.rung for p in good), default=-1)
+        return [p for p in good if p.rung == top]
+
+    def _turn_scores(self, good: list[Point]) -> dict[int, list[float]]:
+        """Per point (by id), its speed over the median of the others' in each turn they were measured in together."""
         turns: dict[int, dict[int, float]] = {}
         for p in good:
             for m in p.measurements:
@@ -372,9 +370,47 @@ class SearchResult:
                 middle = statistics.median(speeds.values())
                 for key, speed in speeds.items():
                     scores.setdefault(key, []).append(speed / middle)
+        return scores
+
+    def chosen(self) -> Point | None:
+        """The point to keep, of those not flagged (a reference-mode point's hashes are one device's) and that no
+        constraint excludes: where the fastest were measured again in turns, the one fastest against the others of
+        its turns (the median of its speed over the turn's median: a machine that speeds up or slows down between
+        turns moves them all alike); else the fastest of those measured longest."""
+        good = self._candidates()
+        if not good:
+            return None
+        scores = self._turn_scores(good)
         if scores:
             return max((p for p in good if id(p) in scores), key=lambda p: statistics.median(scores[id(p)]))
         return max(good, key=lambda p: p.speed)
+
+    def why_chosen(self) -> str | None:
+        """Why the chosen point is not the fastest the front lists (None when it is): the faster one was measured
+        in fewer runs, differs from one device's hashes, is excluded, or lost to it in the turns they ran in."""
+        chosen = self.chosen()
+        listed = [p for p in self.front if math.isfinite(p.speed)]
+        if chosen is None or not listed:
+            return None
+        fastest = max(listed, key=lambda p: p.speed)
+        if fastest is chosen or fastest.speed <= chosen.speed:
+            return None
+        what = f"the {fastest.speed:.1f} tokens/s point (q {fastest.candidate.q if fastest.candidate.q else '-'})"
+        if fastest.flagged:
+            return f"{what} gives other outputs than one device: never chosen"
+        if fastest.excluded is not None:
+            return f"{what} is excluded: {fastest.excluded}"
+        if fastest.rung < chosen.rung:
+            runs = f"{len(chosen.rates)} runs of {chosen.last.tokens} tokens per prompt"
+            return f"{what} was measured in {len(fastest.rates)} short run(s) only; the chosen one in {runs}"
+        scores = self._turn_scores(self._candidates())
+        if id(fastest) in scores and id(chosen) in scores:
+            mine, theirs = statistics.median(scores[id(chosen)]), statistics.median(scores[id(fastest)])
+            turns = len(scores[id(chosen)])
+            return (f"measured again in {turns} turns beside the other fastest points, the chosen one ran "
+                    f"{100 * (mine - 1):+.1f} % against each turn's median and {what} {100 * (theirs - 1):+.1f} %: "
+                    "its higher figure pools runs from turns where the machine ran faster")  # fmt: skip
+        return f"{what} was not measured in the turns the chosen one was compared in"
 
 
 class Search:

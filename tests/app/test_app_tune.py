@@ -233,3 +233,17 @@ def test_owner_local_points_are_measured_and_judged_by_their_kl(qtbot, make_wind
     assert all(p.same for p in panel.measured if p.mode == "reference")
     rows = [panel.front_list.item(i).text() for i in range(panel.front_list.count())]
     assert len(rows) == len(panel.front) and all(("reference" in r) != ("owner_local" in r) for r in rows)
+
+
+def test_the_panel_says_why_the_choice_is_not_the_fastest_point_listed(qtbot, make_window, monkeypatch):
+    made_up(monkeypatch)
+    window = make_window()
+    panel = window.tune
+    assert panel.start(settings(modes=("reference", "owner_local")))
+    qtbot.waitUntil(lambda: not panel.running, timeout=TIMEOUT_MS)
+    assert not panel.why.isVisibleTo(window)  # the made-up front's fastest is the choice: nothing to say
+    monkeypatch.setattr(tune.SearchResult, "why_chosen", lambda self: "the faster point ran in one short run only")
+    assert panel.start(settings(modes=("reference", "owner_local")))
+    qtbot.waitUntil(lambda: not panel.running, timeout=TIMEOUT_MS)
+    assert panel.why.text() == "Chosen, not the fastest listed: the faster point ran in one short run only"
+    assert panel.why.isVisibleTo(window)
