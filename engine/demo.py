@@ -71,7 +71,9 @@ from .errors import ArgumentError, CheckpointError
 from .families.qwen3 import DemoSize
 from .families.synthetic import FORMAT_VERSION, INIT_STD, NORM_STD, SEED, DemoRecipe, RawTensor, Tensor
 
-GGUF_FORMAT_VERSION = 1  # of the GGUF files' recipe (their keys and tensor types), beside the weights' FORMAT_VERSION
+# of the GGUF files' recipe (their keys and tensor types), beside the weights' FORMAT_VERSION; 2: the draft's FFN of
+# a pair with coarser experts (mxfp4) is the mean of its target layer's quantized experts
+GGUF_FORMAT_VERSION = 2
 EOS = "<|endoftext|>"
 
 DEMO_PROMPTS = [
@@ -433,7 +435,8 @@ class GGUFTensor:
 def gguf_tensors(spec: DemoSize, role: str, quant: str) -> list[GGUFTensor]:
     """The tensors of model_tensors() under llama.cpp's names (engine/gguf_file.py's table read backwards), each MoE
     layer's experts merged per projection, in file order; their formats as llama.cpp's quantizer picks them: 1-D
-    norms and the router F32, experts QUANTS[quant][1], every other matrix QUANTS[quant][2]."""
+    norms and the router F32, experts QUANTS[quant][1], every other matrix QUANTS[quant][2] (where the experts' format
+    is coarser, the draft's FFN is the mean of its target layer's experts as quantized: _quantized_mean)."""
     from .families.base import LAYER_TENSORS, MOE_LAYER_TENSORS
     from .gguf_file import EXPERT_TENSORS, GLOBAL_TENSORS
 
@@ -457,11 +460,37 @@ def gguf_tensors(spec: DemoSize, role: str, quant: str) -> list[GGUFTensor]:
             merged[gname].makers.append(make)
             continue
         router = rest == "mlp.gate.weight"
+        if role == "draft" and expert_fmt != matrix_fmt and rest.startswith("mlp.") and rest.endswith("_proj.weight"):
+            make = _quantized_mean(spec, int(layer), rest.removeprefix("mlp.").removesuffix(".weight"), expert_fmt)
         out.append(GGUFTensor(f"blk.{layer}.{layer_names[rest]}", shape,
                               "F32" if len(shape) == 1 or router else matrix_fmt, [make]))  # fmt: skip
     for t in merged.values():
         t.shape = (len(t.makers), *t.shape)
     return out
+
+
+def _quantized_mean(spec, draft_layer: int, proj: str, fmt: str):
+    """The maker of a draft FFN matrix standing for a target layer whose experts are stored in a coarse format (MXFP4):
+    the mean of that layer's experts as the file holds them (each quantized, then dequantized by the gguf package).
+    The base MLP alone strays from every quantized expert by the format's rounding, which flips 4-bit codes a whole
+    step where a deviation crosses a midpoint: averaged over the experts, those flips shrink as the routed mix of
+    experts does."""
+    import gguf
+
+    target_layer = draft_layer_map(spec)[draft_layer]
+    prefix = f"model.layers.{target_layer}.mlp.experts."
+    makers = [make for name, _shape, make in model_tensors(spec, "target")
+              if name.startswith(prefix) and name.endswith(f".{proj}.weight")]  # fmt: skip
+    qtype = gguf.GGMLQuantizationType[fmt]
+
+    def make() -> np.ndarray:
+        total = None
+        for m in makers:
+            values = gguf.quants.dequantize(gguf.quants.quantize(bf16_rounded(m()), qtype), qtype)
+            total = values.astype(np.float64) if total is None else total + values
+        return (total / len(makers)).astype(np.float32)
+
+    return make
 
 
 def check_block_widths(spec: DemoSize, quant: str) -> None:
