@@ -45,6 +45,7 @@ from .tune_panel import TunePanel
 
 MAX_RECENT = 8
 DOCK_MARGINS = 48  # a dock's frame, its panel's margins and a scroll bar's width beside what the panel shows
+DOCK_TITLE = 28  # a dock's title bar
 # 2: the compact and wide arrangements, 3: the device timeline, 4: Tune beside the history (the routing panel the
 # right column's whole height), 5: the timeline below the history and Tune (the plots the bottom row's whole height);
 # an older layout is not restored
@@ -782,15 +783,11 @@ class MainWindow(QMainWindow):
             self.resizeDocks([docks["plots"]], [320], V)
             return
         # The editor the room the side columns leave; the bottom row less than half the height the docks share (the
-        # run settings and the editor keep their room), but what the plots need
-        # the devices' columns whole where the window has room for them (a third of it at most; 28 % of a wide one)
+        # run settings and the editor keep their room), but what the plots need. The devices' column their table's
+        # width where the window has room (_devices_width), and their rows' height (the table is as tall as they are);
+        # the run settings whole below where there is room
         self.resizeDocks([docks["devices"], docks["routing"]], [self._devices_width(), 360], H)
-        # the devices' rows whole (the table is as tall as they are), the run settings whole where there is room
-        devices = (
-            self.devices.sizeHint().height() + docks["devices"].titleBarWidget().sizeHint().height()
-            if docks["devices"].titleBarWidget() is not None
-            else self.devices.sizeHint().height() + 28
-        )
+        devices = self.devices.sizeHint().height() + DOCK_TITLE
         self.resizeDocks([docks["devices"], docks["run"]], [max(150, devices), 420], V)
         bars = sum(bar.height() for bar in (self.menuBar(), self.statusBar(), *self.findChildren(QToolBar)))
         bottom = min(470, max(290, (self.height() - bars) * 45 // 100))  # the plots whole from a 768-pixel screen on
