@@ -35,6 +35,8 @@ ffibuilder.set_source(
     '#include "expertbench.h"',
     sources=[str(p.relative_to(ROOT)) for p in manifest.paths("CORE_SRC", NATIVE)],
     include_dirs=[str(NATIVE / "include"), str(NATIVE / "src")],
+    # a header changed (the formats table, a struct) rebuilds the core, not only a changed source
+    depends=sorted(str(p.relative_to(ROOT)) for d in ("include", "src") for p in (NATIVE / d).glob("*.h")),
     extra_compile_args=["-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-ffp-contract=off", *SANITIZE],
     extra_link_args=SANITIZE,
     libraries=["dl", "m", "pthread"],
