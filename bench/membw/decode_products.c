@@ -35,6 +35,8 @@
 #include "eb_formats.h"
 #include "expertbench.h"
 
+#define NO_SCALE ((eb_rt_scale){NULL, 0, 0}) /* these formats take no scale companion */
+
 enum { H = 1024, LAYERS = 16, EXPERTS = 32, TOP_K = 4, INTER = 512, QD = 1024, KVD = 256, VOCAB = 32000 };
 
 /* Fill bytes of weights at w (one after another in one arena on huge pages, as a copied checkpoint's are). */
@@ -171,9 +173,9 @@ int main(int argc, char **argv) {
         if (tok == 0) t0 = bench_now();
         for (int l = 0; l < LAYERS; l++) {
             void **L = w + l * PER_LAYER;
-            eb_rt_matmul qkv[3] = {{L[0], dtype, QD, H, x, 1, y, prec}, {L[1], dtype, KVD, H, x, 1, y + QD, prec},
-                                   {L[2], dtype, KVD, H, x, 1, y + QD + KVD, prec}};
-            eb_rt_matmul o = {L[3], dtype, H, QD, x, 1, y, prec}, router = {L[4], dtype, EXPERTS, H, x, 1, y, prec};
+            eb_rt_matmul qkv[3] = {{L[0], dtype, QD, H, x, 1, y, prec, NO_SCALE}, {L[1], dtype, KVD, H, x, 1, y + QD, prec, NO_SCALE},
+                                   {L[2], dtype, KVD, H, x, 1, y + QD + KVD, prec, NO_SCALE}};
+            eb_rt_matmul o = {L[3], dtype, H, QD, x, 1, y, prec, NO_SCALE}, router = {L[4], dtype, EXPERTS, H, x, 1, y, prec, NO_SCALE};
             int st = t->forward->matmul(rt, 0, NULL, qkv, 3, 0, err, sizeof err);
             st = st ? st : t->forward->matmul(rt, 0, NULL, &o, 1, 0, err, sizeof err);
             st = st ? st : t->forward->matmul(rt, 0, NULL, &router, 1, 0, err, sizeof err);
@@ -192,7 +194,7 @@ int main(int argc, char **argv) {
             }
             for (int k = 0; k < TOP_K; k++) {
                 void **E = L + 5 + 3 * chosen[k];
-                experts[k] = (eb_rt_expert){E[0], E[1], E[2], dtype, dtype, dtype, chosen[k], NULL};
+                experts[k] = (eb_rt_expert){E[0], E[1], E[2], dtype, dtype, dtype, chosen[k], NULL, NO_SCALE, NO_SCALE, NO_SCALE};
             }
             st = st ? st : t->expert_ffn(rt, 0, &batch, 0, err, sizeof err);
             if (st) {
@@ -200,7 +202,7 @@ int main(int argc, char **argv) {
                 return 1;
             }
         }
-        eb_rt_matmul lm = {w[nw - 1], dtype, VOCAB, H, x, 1, y, prec};
+        eb_rt_matmul lm = {w[nw - 1], dtype, VOCAB, H, x, 1, y, prec, NO_SCALE};
         if (t->forward->matmul(rt, 0, NULL, &lm, 1, 0, err, sizeof err)) {
             fprintf(stderr, "%s: %s\n", module, err);
             return 1;
