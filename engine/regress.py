@@ -205,7 +205,7 @@ def make_engine(profile: Profile, portable: bool = False):
     return engine_for_profile(profile, portable)
 
 
-def measure_profile(profile: Profile, portable: bool = False) -> Measurement:
+def measure_profile(profile: Profile, portable: bool = False, check_weights: bool = True) -> Measurement:
     """Decode the profile's runs once (after a short warm-up) and collect what the checks need."""
     from .routing import RoutingStats
     from .run import DecodeRun
@@ -216,7 +216,7 @@ def measure_profile(profile: Profile, portable: bool = False) -> Measurement:
         pair = open_pair(engine, profile.model_folder(),
                          None if draft_ref is None else profile.model_folder(draft_ref, "draft"),
                          device=profile.primary_device, draft_device=None if draft_ref is None else draft_ref.device,
-                         weights=settings["weights"])  # fmt: skip
+                         weights=settings["weights"], check_weights=check_weights)  # fmt: skip
         target, draft = pair.target, pair.draft
         placement = profile.placement_for(target.config) if target.config.num_experts > 0 else None
         common = {"q": settings["q"], "mode": settings["mode"], "precision": settings["precision"],
@@ -271,8 +271,9 @@ def _check_models(profile: Profile, record: bool) -> None:
 
 
 def run(paths: list[str], record: bool = False, speed_slack: float = DEFAULT_SPEED_SLACK, portable: bool = False,
-        measure=None) -> Report:  # fmt: skip
-    """Load, check, measure and judge the profiles; measure(profile, portable=...) -> Measurement."""
+        measure=None, check_weights: bool = True) -> Report:  # fmt: skip
+    """Load, check, measure and judge the profiles; measure(profile, portable=..., check_weights=...) -> Measurement
+    (check_weights: the models' weights checked at load, engine.model.Model)."""
     measure = measure or measure_profile
     outcomes: dict[Path, Outcome] = {}
     order: list[Path] = []
@@ -321,7 +322,7 @@ def run(paths: list[str], record: bool = False, speed_slack: float = DEFAULT_SPE
         _tell(f"running {o.name} ({i + 1}/{len(report.outcomes)})...")
         t0 = time.perf_counter()
         try:
-            o.measurement = measure(o.profile, portable=portable)
+            o.measurement = measure(o.profile, portable=portable, check_weights=check_weights)
         except EngineError as exc:
             o.error = o.profile.error_at(("run",), str(exc))
         o.seconds = time.perf_counter() - t0

@@ -29,8 +29,8 @@ def speeds(monkeypatch):
     table: dict[str, float] = {}
     real = regress.measure_profile
 
-    def measure(profile, portable=False):
-        m = real(profile, portable=portable)
+    def measure(profile, **options):
+        m = real(profile, **options)
         if profile.name in table:
             m.decode_tokens_per_second = table[profile.name]
         return m
@@ -95,6 +95,25 @@ def test_weights_setting_reaches_the_engine_and_keeps_the_hashes(recorded, speed
         # split's target and draft as it says; its baseline (base.yaml, no weights key) with the default
         assert sorted(asked) == sorted([weights, weights, "auto", "auto"]), asked
         assert f"weights: {weights}" in (recorded / "split.yaml").read_text()
+
+
+def test_no_check_weights_reaches_every_load(recorded, speeds, monkeypatch, capsys):
+    """`regress --no-check-weights`: every model of the profiles (targets, drafts, baselines) loaded unchecked; by
+    default checked."""
+    from engine.model import Engine
+
+    asked, real_load = [], Engine.load
+
+    def load(self, model, device="cpu:0", weights="auto", check_weights=True, **options):
+        asked.append(check_weights)
+        return real_load(self, model, device, weights, check_weights=check_weights, **options)
+
+    monkeypatch.setattr(Engine, "load", load)
+    assert cli_main(["regress", "--no-check-weights", str(recorded / "split.yaml")]) == 0, capsys.readouterr().out
+    assert asked and not any(asked)
+    asked.clear()
+    assert cli_main(["regress", str(recorded / "split.yaml")]) == 0, capsys.readouterr().out
+    assert asked and all(asked)
 
 
 def _tamper(path: Path, prompt: int, index: int, gap: float) -> tuple[str, str, int, int]:
@@ -178,8 +197,8 @@ def test_acceptance_below_the_minimum_is_a_regression(recorded, capsys):
 def test_changing_hashes_between_repeats_fail_and_are_never_recorded(recorded, monkeypatch, capsys):
     real = regress.measure_profile
 
-    def flaky(profile, portable=False):
-        m = real(profile, portable=portable)
+    def flaky(profile, **options):
+        m = real(profile, **options)
         m.repeat_hashes[1] = ["f" * 64] * len(m.repeat_hashes[1])
         return m
 
@@ -187,10 +206,10 @@ def test_changing_hashes_between_repeats_fail_and_are_never_recorded(recorded, m
     assert cli_main(["regress", str(recorded / "split.yaml")]) == 1
     assert "CHANGED between repeats" in capsys.readouterr().out
 
-    def flaky_ids(profile, portable=False):  # a repeat that parts at token 2 of prompt 0: diagnosed
+    def flaky_ids(profile, **options):  # a repeat that parts at token 2 of prompt 0: diagnosed
         from engine.diverge import Outputs, diagnose
 
-        m = real(profile, portable=portable)
+        m = real(profile, **options)
         m.repeat_hashes[1] = ["f" * 64] + m.repeat_hashes[1][1:]
         other = [t.stored() for t in m.outputs.trails]
         other[0].ids[2] += 1
@@ -261,8 +280,8 @@ def test_example_profiles_pass_here(tmp_path_factory, monkeypatch, capsys):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-cache"))
     real = regress.measure_profile
 
-    def steady(profile, portable=False):
-        m = real(profile, portable=portable)
+    def steady(profile, **options):
+        m = real(profile, **options)
         m.decode_tokens_per_second = 100.0
         return m
 

@@ -31,6 +31,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help=f"with --record: min_ratio = measured ratio x (1 - F) (default {DEFAULT_SPEED_SLACK})",
     )
     p.add_argument("--portable", action="store_true", help="use the portable C kernels instead of AVX2")
+    p.add_argument("--no-check-weights", dest="check_weights", action="store_false",
+                   help="load the models without checking that every weight is a number (see run --help)")  # fmt: skip
     p.add_argument("--report-json", metavar="FILE", help="write a JSON report here")
     p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report here")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
@@ -44,7 +46,8 @@ def cmd_regress(args) -> int:
     for path in (args.report_json, args.junit):  # before the runs, not after them
         if path:
             check_output(path)
-    report = run(args.profiles, record=args.record, speed_slack=args.speed_slack, portable=args.portable)
+    report = run(args.profiles, record=args.record, speed_slack=args.speed_slack, portable=args.portable,
+                 check_weights=args.check_weights)  # fmt: skip
     data = report.to_dict()
     for path, text in ((args.report_json, lambda: json.dumps(data, indent=2) + "\n"), (args.junit, report.to_junit)):
         if path:
