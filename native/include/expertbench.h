@@ -36,7 +36,9 @@ extern "C" {
  * 4-bit quants less 8; older tooling's files) and Q4_1 (f16 scale and minimum, 4-bit quants), whose q8 activations
  * are blocks of 32 as llama.cpp's Q8_0 / Q8_1 beside them, IQ4_NL (f16 scale, 4-bit codes into a non-linear grid
  * of 16 values, eb_iq4nl_values), q8 blocks of 32 too, and IQ4_XS (256 values: f16 scale, eight signed 6-bit
- * sub-block scales, IQ4_NL's codes), q8 blocks of 256 as llama.cpp's Q8_K beside it.
+ * sub-block scales, IQ4_NL's codes), q8 blocks of 256 as llama.cpp's Q8_K beside it, and Q2_K (256 values: sixteen
+ * 4-bit sub-block scales and minima, 2-bit quants, f16 scale and minimum; the down projections of llama.cpp's 2-bit
+ * files), q8 blocks of 256 too.
  *
  * The last two columns, the scale block (rows x cols; 0 x 0: none), mark a format whose values are multiplied by a
  * scale companion: a separate f32 tensor of one scale per block of the weight, ceil(rows / scale_rows) x
@@ -61,7 +63,8 @@ extern "C" {
     X(Q4_0,         11, 32,  18,   2, 1,  32,   0,   0) \
     X(Q4_1,         12, 32,  20,   3, 1,  32,   0,   0) \
     X(IQ4_NL,       13, 32,  18,  20, 1,  32,   0,   0) \
-    X(IQ4_XS,       14, 256, 136, 23, 1, 256,   0,   0)
+    X(IQ4_XS,       14, 256, 136, 23, 1, 256,   0,   0) \
+    X(Q2_K,         15, 256,  84, 10, 1, 256,   0,   0)
 
 /* Outside the cdef, which expands no macros: Python reads the codes through eb_format_info. */
 typedef enum {

@@ -192,7 +192,7 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
             }
         }
         UNROLL for (int t = 0; t < T; t++)
-            ksum[t] += q6_block_value(b, xd[t][k], _mm512_reduce_add_epi32(iacc[t]), q6_offset_sum(sc16, xs[t] + 16 * k));
+            ksum[t] += q6_block_value(b, xd[t][k], _mm512_reduce_add_epi32(iacc[t]), per16_sum(sc16, xs[t] + 16 * k));
     }
     UNROLL for (int t = 0; t < T; t++) out[t] = ksum[t];
 }

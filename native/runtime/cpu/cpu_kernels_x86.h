@@ -51,8 +51,9 @@ INLINE int32_t hsum_i32(__m256i v) {
     return _mm_cvtsi128_si32(_mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1)));
 }
 
-/* Q6_K: its sixteen scales (int16) times the sums of their 16 activations (the offset of 32 is subtracted as this). */
-INLINE int32_t q6_offset_sum(__m256i sc16, const int16_t *s) {
+/* Sixteen int16 times the sums of their 16 activations: Q6_K's scales (its offset of 32 is subtracted as this), Q2_K's
+ * minima. */
+INLINE int32_t per16_sum(__m256i sc16, const int16_t *s) {
     return hsum_i32(_mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)s)));
 }
 
