@@ -56,7 +56,7 @@ F16_MINIMUM = ("Q4_K", "Q5_K", "Q5_1", "Q4_1", "Q2_K")  # the formats whose bloc
 
 def f16_fields(name: str) -> list[int]:
     """Where a block's f16 scale lies, then its f16 minimum where it has one: byte offsets."""
-    return {"Q6_K": [208], "Q2_K": [80, 82]}.get(name, [0, 2] if name in F16_MINIMUM else [0])
+    return {"Q6_K": [208], "Q2_K": [80, 82], "Q3_K": [108]}.get(name, [0, 2] if name in F16_MINIMUM else [0])
 
 
 def _unit_scales(name: str, raw: np.ndarray) -> None:

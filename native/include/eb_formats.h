@@ -170,26 +170,30 @@ static inline int eb_iq4xs_scale(const unsigned char *b, int j) {
     return (lo | hi << 4) - 32;
 }
 
-/* The formats of sixteen 16-value sub-blocks in a 256-value block, each its own scale (Q6_K, Q2_K): value i of chunk
- * j (< 8) is d times its sub-block's scale times its unsigned quant less an offset (Q6_K: 32), Q2_K's less its
- * sub-block's minimum times dmin. Their quants lie in two 128-value halves; in each the chunk's (s = j % 4) are bits
- * 2s.. of the half's 32 bytes of 2-bit fields (Q2_K at byte 16), Q6_K's low four from a nibble of 64 bytes and its
- * top two from the half's 32 bytes at 128. */
+/* The formats of sixteen 16-value sub-blocks in a 256-value block, each its own scale (Q6_K, Q2_K, Q3_K): value i of
+ * chunk j (< 8) is d times its sub-block's scale times its unsigned quant less an offset (Q6_K: 32, Q3_K: 4), Q2_K's
+ * less its sub-block's minimum times dmin. Their quants lie in two 128-value halves; in each the chunk's (s = j % 4)
+ * are bits 2s.. of the half's 32 bytes of 2-bit fields (Q2_K at byte 16, Q3_K at 32, its third bit bit j of the
+ * first 32 bytes: the offset where that bit is clear, as the gguf package reads it), Q6_K's low four from a nibble of
+ * 64 bytes and its top two from the half's 32 bytes at 128. */
 static inline int eb_k16_quant(const unsigned char *b, int dtype, int j, int i) {
     int h = j / 4, s = j % 4;
     if (dtype == EB_DTYPE_Q2_K) return (b[16 + 32 * h + i] >> (2 * s)) & 3;
+    if (dtype == EB_DTYPE_Q3_K) return ((b[32 + 32 * h + i] >> (2 * s)) & 3) | ((b[i] >> j) & 1) << 2;
     return ((b[64 * h + 32 * (s & 1) + i] >> (4 * (s >> 1))) & 0xF) | ((b[128 + 32 * h + i] >> (2 * s)) & 3) << 4;
 }
 
-/* The scale of sub-block g (< 16): Q6_K's int8 at byte 192, Q2_K's low nibble of byte g (its minimum the high). */
+/* The scale of sub-block g (< 16): Q6_K's int8 at byte 192, Q2_K's low nibble of byte g (its minimum the high), Q3_K's
+ * 6 bits less 32, its low four a nibble of bytes 96..103 (g < 8 low), its top two from bytes 104..107 (bits 2 (g / 4)). */
 static inline int eb_k16_scale(const unsigned char *b, int dtype, int g) {
+    if (dtype == EB_DTYPE_Q3_K) return (((b[96 + g % 8] >> (4 * (g / 8))) & 0xF) | ((b[104 + g % 4] >> (2 * (g / 4))) & 3) << 4) - 32;
     return dtype == EB_DTYPE_Q2_K ? b[g] & 0xF : (int8_t)b[192 + g];
 }
 
-static inline int eb_k16_offset(int dtype) { return dtype == EB_DTYPE_Q6_K ? 32 : 0; }
+static inline int eb_k16_offset(int dtype) { return dtype == EB_DTYPE_Q6_K ? 32 : dtype == EB_DTYPE_Q3_K ? 4 : 0; }
 
 /* Where the block's f16 scale d lies (Q2_K's dmin follows it). */
-static inline int eb_k16_d(int dtype) { return dtype == EB_DTYPE_Q2_K ? 80 : 208; }
+static inline int eb_k16_d(int dtype) { return dtype == EB_DTYPE_Q2_K ? 80 : dtype == EB_DTYPE_Q3_K ? 108 : 208; }
 
 /* Where chunk c (the values 32c .. 32c + 31) of a quantized row begins, and which of its block's chunks it is. */
 static inline const unsigned char *eb_chunk_block(const void *row, int dtype, int64_t c, int *sub) {
@@ -252,7 +256,8 @@ static inline void eb_dequantize_chunk(const void *row, int dtype, int64_t c, fl
         return;
     }
     case EB_DTYPE_Q6_K:
-    case EB_DTYPE_Q2_K: { /* per 16 values d * scale rounded once, times the quant less its offset; Q2_K's scaled
+    case EB_DTYPE_Q2_K:
+    case EB_DTYPE_Q3_K: { /* per 16 values d * scale rounded once, times the quant less its offset; Q2_K's scaled
                            * minimum subtracted after, as the gguf package's dl * q - ml */
         int q2 = dtype == EB_DTYPE_Q2_K;
         float d = eb_f16_to_f32(eb_load_u16(b + eb_k16_d(dtype))), dmin = q2 ? eb_f16_to_f32(eb_load_u16(b + 82)) : 0.0f;

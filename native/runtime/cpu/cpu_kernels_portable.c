@@ -152,9 +152,9 @@ static float min_block_value(const unsigned char *dm, float dx, int32_t isum, in
 }
 
 /* A K-format block (256 values) against 256 activations of one scale: the eight sub-blocks' integer sums times
- * their 6-bit (Q4_K, Q5_K, IQ4_XS's signed ones), int8 (Q6_K, per 16) or 4-bit (Q2_K, per 16) scales, summed in
- * integers, then scaled once; the minima (Q4_K, Q5_K, Q2_K) and Q6_K's offset of 32 through the activations' sums of
- * 16. The vector kernels compute the same integers and this same float expression. */
+ * their 6-bit (Q4_K, Q5_K, IQ4_XS's signed ones; Q3_K's signed, per 16), int8 (Q6_K, per 16) or 4-bit (Q2_K, per
+ * 16) scales, summed in integers, then scaled once; the minima (Q4_K, Q5_K, Q2_K) and the offsets of Q6_K (32) and
+ * Q3_K (4) through the activations' sums of 16. The vector kernels compute the same integers and this same float expression. */
 static float block_k_q8(const unsigned char *b, int dtype, const int8_t *x, float dx, const int16_t *s) {
     int32_t isum = 0, msum = 0;
     if (dtype == EB_DTYPE_IQ4_XS) { /* each chunk's grid values times its activations, times its signed scale */
@@ -167,7 +167,7 @@ static float block_k_q8(const unsigned char *b, int dtype, const int8_t *x, floa
         }
         return eb_f16_to_f32(eb_load_u16(b)) * dx * (float)isum;
     }
-    if (dtype == EB_DTYPE_Q6_K || dtype == EB_DTYPE_Q2_K) { /* per 16 values: eb_k16_quant's unsigned quants */
+    if (dtype == EB_DTYPE_Q6_K || dtype == EB_DTYPE_Q2_K || dtype == EB_DTYPE_Q3_K) { /* eb_k16_quant's, per 16 */
         for (int g = 0; g < 16; g++) {
             int32_t part = 0;
             for (int i = 0; i < 16; i++) part += eb_k16_quant(b, dtype, g / 2, 16 * (g & 1) + i) * x[16 * g + i];
@@ -175,7 +175,7 @@ static float block_k_q8(const unsigned char *b, int dtype, const int8_t *x, floa
             msum += (dtype == EB_DTYPE_Q2_K ? b[g] >> 4 : eb_k16_scale(b, dtype, g)) * s[g];
         }
         if (dtype == EB_DTYPE_Q2_K) return min_block_value(b + 80, dx, isum, msum);
-        return eb_f16_to_f32(eb_load_u16(b + 208)) * dx * (float)(isum - 32 * msum);
+        return eb_f16_to_f32(eb_load_u16(b + eb_k16_d(dtype))) * dx * (float)(isum - eb_k16_offset(dtype) * msum);
     }
     int q5 = dtype == EB_DTYPE_Q5_K;
     const unsigned char *qh = b + 16, *qs = b + 16 + (q5 ? 32 : 0);
@@ -269,6 +269,7 @@ Q8_KERNEL(Q4_1)
 Q8_KERNEL(IQ4_NL)
 Q8_KERNEL(IQ4_XS)
 Q8_KERNEL(Q2_K)
+Q8_KERNEL(Q3_K)
 #undef Q8_KERNEL
 
 /* Integer products for the formats whose q8_block says they have them: Q5_0 / Q5_1 have none (dot_q8 reads every
@@ -294,5 +295,6 @@ const eb_cpu_kernel_set eb_cpu_kernels_portable = {
             [EB_DTYPE_IQ4_NL] = {dequantize_IQ4_NL, rows_IQ4_NL, q8_IQ4_NL},
             [EB_DTYPE_IQ4_XS] = {dequantize_IQ4_XS, rows_IQ4_XS, q8_IQ4_XS},
             [EB_DTYPE_Q2_K] = {dequantize_Q2_K, rows_Q2_K, q8_Q2_K},
+            [EB_DTYPE_Q3_K] = {dequantize_Q3_K, rows_Q3_K, q8_Q3_K},
         },
 };
