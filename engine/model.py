@@ -34,7 +34,7 @@ from .placement import Placement
 from .trace import SPAN_KINDS, Span
 
 # eb_dtype's code for raw bytes: a Hugging Face MXFP4 checkpoint's *_blocks and *_scales, which the core packs at load
-RAW_U8 = 16
+RAW_U8 = 63
 # How the core holds a model's files in host memory (eb_weights_mode): "copy" reads them into private memory
 # advised for transparent huge pages (faster to stream), "map" memory-maps them, "auto" copies where huge pages
 # are enabled and the files take at most half of the memory available.

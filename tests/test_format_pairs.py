@@ -51,21 +51,25 @@ def _dequantized(name: str, data: np.ndarray) -> np.ndarray:
     return gguf.quants.dequantize(data, _qtype(name)).astype(np.float64)
 
 
-F16_MINIMUM = ("Q4_K", "Q5_K", "Q5_1", "Q4_1")  # the formats whose blocks hold an f16 minimum (dmin, m) at bytes 2..3
+F16_MINIMUM = ("Q4_K", "Q5_K", "Q5_1", "Q4_1", "Q2_K")  # the formats whose blocks hold an f16 minimum (dmin, m)
+
+
+def f16_fields(name: str) -> list[int]:
+    """Where a block's f16 scale lies, then its f16 minimum where it has one: byte offsets."""
+    return {"Q6_K": [208], "Q2_K": [80, 82], "Q3_K": [108]}.get(name, [0, 2] if name in F16_MINIMUM else [0])
 
 
 def _unit_scales(name: str, raw: np.ndarray) -> None:
     """Scale fields of blocks set to one (and the minima to centre the values): the values are then the quants'."""
     one = np.float16(1.0).view(np.uint16)
-    half = {"Q4_K": 7.5, "Q5_K": 15.5}
+    half = {"Q4_K": 7.5, "Q5_K": 15.5, "Q2_K": 1.5}
     if name == "MXFP4":
         raw[:, 0] = 127
-    elif name == "Q6_K":
-        raw[:, 208:210] = np.array([one], dtype=np.uint16).view(np.uint8)
     else:
-        raw[:, 0:2] = np.array([one], dtype=np.uint16).view(np.uint8)
+        fields = f16_fields(name)
+        raw[:, fields[0] : fields[0] + 2] = np.array([one], dtype=np.uint16).view(np.uint8)
         if name in half:  # dmin: the minima scaled to about the mean of the quants times the scales
-            raw[:, 2:4] = np.array([np.float16(half[name])], dtype=np.float16).view(np.uint8)
+            raw[:, fields[1] : fields[1] + 2] = np.array([np.float16(half[name])], dtype=np.float16).view(np.uint8)
         elif name in ("Q5_1", "Q4_1"):  # m = -15.5 d (-7.5 d): quants 0..31 (0..15) about zero
             m = -15.5 if name == "Q5_1" else -7.5
             raw[:, 2:4] = np.array([np.float16(m)], dtype=np.float16).view(np.uint8)
@@ -76,8 +80,8 @@ def _rescale(name: str, raw: np.ndarray, factor: float) -> None:
     if name == "MXFP4":
         raw[:, 0] = np.clip(raw[:, 0].astype(int) + int(round(np.log2(factor))), 1, 254)
         return
-    fields = [(208, 210)] if name == "Q6_K" else [(0, 2)] + ([(2, 4)] if name in F16_MINIMUM else [])
-    for lo, hi in fields:
+    for lo in f16_fields(name):
+        hi = lo + 2
         v = np.ascontiguousarray(raw[:, lo:hi]).view(np.float16).astype(np.float32) * factor
         raw[:, lo:hi] = v.astype(np.float16).view(np.uint8)
 
@@ -170,17 +174,19 @@ def _rms_norm(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-6) * weight
 
 
-def reference_logits(ref: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
-    """The model's logits per position in float64 (its attention adds nothing: positions are independent)."""
+def reference_logits(ref: dict[str, np.ndarray], ids: list[int], activations=None) -> np.ndarray:
+    """The model's logits per position in float64 (its attention adds nothing: positions are independent).
+    activations(x, projection): what the expert projection ("gate", "up", "down") reads of its input x (default: x)."""
+    act = activations or (lambda x, _projection: x)
     x = ref["token_embd.weight"][ids]
     xn = _rms_norm(x, ref["blk.0.ffn_norm.weight"])
     scores = xn @ ref["blk.0.ffn_gate_inp.weight"].T
     p = np.exp(scores - scores.max(axis=-1, keepdims=True))
     p /= p.sum(axis=-1, keepdims=True)  # every expert chosen: the normalized top-k weights are the softmax
     for e in range(E):
-        g = xn @ ref["blk.0.ffn_gate_exps.weight"][e].T
-        u = xn @ ref["blk.0.ffn_up_exps.weight"][e].T
-        x = x + p[:, e : e + 1] * ((g / (1.0 + np.exp(-g)) * u) @ ref["blk.0.ffn_down_exps.weight"][e].T)
+        g = act(xn, "gate") @ ref["blk.0.ffn_gate_exps.weight"][e].T
+        u = act(xn, "up") @ ref["blk.0.ffn_up_exps.weight"][e].T
+        x = x + p[:, e : e + 1] * (act(g / (1.0 + np.exp(-g)) * u, "down") @ ref["blk.0.ffn_down_exps.weight"][e].T)
     return _rms_norm(x, ref["output_norm.weight"]) @ ref["output.weight"].T
 
 

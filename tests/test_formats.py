@@ -33,8 +33,12 @@ def _blocks(name: str, n: int, seed: int) -> np.ndarray:
     if name == "MXFP4":
         raw[:, 0] = rng.integers(0, 255, n, dtype=np.uint8)  # E8M0 0..254 (255 is NaN in the spec)
         raw[: min(n, 4), 0] = [0, 1, 254, 127][: min(n, 4)]
-    elif name == "Q6_K":
-        raw[:, 208:210] = _f16_bits(rng, n).view(np.uint8).reshape(n, 2)
+    elif name in ("Q6_K", "Q3_K"):  # d after the quants and scales
+        at = 208 if name == "Q6_K" else 108
+        raw[:, at : at + 2] = _f16_bits(rng, n).view(np.uint8).reshape(n, 2)
+    elif name == "Q2_K":  # d and dmin after the scales and quants
+        raw[:, 80:82] = _f16_bits(rng, n).view(np.uint8).reshape(n, 2)
+        raw[:, 82:84] = _f16_bits(rng, n).view(np.uint8).reshape(n, 2)
     else:
         raw[:, 0:2] = _f16_bits(rng, n).view(np.uint8).reshape(n, 2)
         if name in ("Q4_K", "Q5_K", "Q5_1", "Q4_1"):
@@ -73,7 +77,7 @@ def test_the_python_table_is_the_cores():
     assert formats.BY_GGML_TYPE[formats.get("MXFP4").ggml_type].name == "MXFP4"
     assert {f.name: f.q8_block for f in formats.FORMATS.values() if f.q8_block} == {
         "Q8_0": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "MXFP4": 32,
-        "Q4_0": 32, "Q4_1": 32, "IQ4_NL": 32, "IQ4_XS": 256,
+        "Q4_0": 32, "Q4_1": 32, "IQ4_NL": 32, "IQ4_XS": 256, "Q2_K": 256, "Q3_K": 256,
     }  # fmt: skip
     desc = ffi.new("eb_format_desc *")
     for bad in (-1, lib.eb_format_count()):
@@ -97,7 +101,7 @@ def test_dequantize_matches_the_gguf_package_bit_for_bit(name):
 
 # how many quant values each format's codes name
 LEVELS = {"Q8_0": 256, "MXFP4": 16, "Q4_K": 16, "Q5_K": 32, "Q6_K": 64, "Q5_0": 32, "Q5_1": 32, "Q4_0": 16}
-LEVELS |= {"Q4_1": 16, "IQ4_NL": 16, "IQ4_XS": 16}
+LEVELS |= {"Q4_1": 16, "IQ4_NL": 16, "IQ4_XS": 16, "Q2_K": 4, "Q3_K": 8}
 
 
 @pytest.mark.parametrize("name", QUANTIZED)
@@ -124,6 +128,11 @@ def test_every_quant_value_is_reached(name):
             b[128:192] = ((v >> 4) & 3) * 0x55
         elif name in ("Q4_0", "Q4_1", "IQ4_NL", "IQ4_XS"):
             b[{"Q4_1": 4, "IQ4_XS": 8}.get(name, 2) :] = v * 0x11
+        elif name == "Q2_K":  # the quants between the scales and d
+            b[16:80] = v * 0x55
+        elif name == "Q3_K":  # the third bits, then the 2-bit fields
+            b[0:32] = 0xFF if v & 4 else 0
+            b[32:96] = (v & 3) * 0x55
         elif name in ("Q5_0", "Q5_1"):  # d (and m), the fifth bits, the nibbles
             qh = 2 if name == "Q5_0" else 4
             b[qh : qh + 4] = 0xFF if v & 16 else 0
@@ -136,7 +145,7 @@ def test_every_quant_value_is_reached(name):
 
 # where each format keeps its f16 scales (d, and a minimum's dmin or m): byte offsets in its block
 F16_SCALES = {"Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "Q5_0": [0], "Q5_1": [0, 2], "Q4_0": [0]}
-F16_SCALES |= {"Q4_1": [0, 2], "IQ4_NL": [0], "IQ4_XS": [0]}
+F16_SCALES |= {"Q4_1": [0, 2], "IQ4_NL": [0], "IQ4_XS": [0], "Q2_K": [80, 82], "Q3_K": [108]}
 # the largest, smallest normal and smallest subnormal f16 magnitudes, both signs, and both zeros
 EXTREME_F16 = [0x7BFF, 0xFBFF, 0x0400, 0x8400, 0x0001, 0x8001, 0x0000, 0x8000]
 
@@ -174,8 +183,8 @@ def test_float_formats_dequantize_to_their_values():
 
 
 def test_bad_arguments_are_named():
-    with pytest.raises(CheckpointError, match="'Q3_K' is not supported"):
-        formats.get("Q3_K")
+    with pytest.raises(CheckpointError, match="'IQ2_XXS' is not supported"):
+        formats.get("IQ2_XXS")
     with pytest.raises(CheckpointError, match="300 values is not a whole number of Q4_K blocks"):
         formats.row_bytes("Q4_K", 300)
     with pytest.raises(ArgumentError, match="not a whole number of Q8_0 blocks"):

@@ -170,6 +170,31 @@ static inline int eb_iq4xs_scale(const unsigned char *b, int j) {
     return (lo | hi << 4) - 32;
 }
 
+/* The formats of sixteen 16-value sub-blocks in a 256-value block, each its own scale (Q6_K, Q2_K, Q3_K): value i of
+ * chunk j (< 8) is d times its sub-block's scale times its unsigned quant less an offset (Q6_K: 32, Q3_K: 4), Q2_K's
+ * less its sub-block's minimum times dmin. Their quants lie in two 128-value halves; in each the chunk's (s = j % 4)
+ * are bits 2s.. of the half's 32 bytes of 2-bit fields (Q2_K at byte 16, Q3_K at 32, its third bit bit j of the
+ * first 32 bytes: the offset where that bit is clear, as the gguf package reads it), Q6_K's low four from a nibble of
+ * 64 bytes and its top two from the half's 32 bytes at 128. */
+static inline int eb_k16_quant(const unsigned char *b, int dtype, int j, int i) {
+    int h = j / 4, s = j % 4;
+    if (dtype == EB_DTYPE_Q2_K) return (b[16 + 32 * h + i] >> (2 * s)) & 3;
+    if (dtype == EB_DTYPE_Q3_K) return ((b[32 + 32 * h + i] >> (2 * s)) & 3) | ((b[i] >> j) & 1) << 2;
+    return ((b[64 * h + 32 * (s & 1) + i] >> (4 * (s >> 1))) & 0xF) | ((b[128 + 32 * h + i] >> (2 * s)) & 3) << 4;
+}
+
+/* The scale of sub-block g (< 16): Q6_K's int8 at byte 192, Q2_K's low nibble of byte g (its minimum the high), Q3_K's
+ * 6 bits less 32, its low four a nibble of bytes 96..103 (g < 8 low), its top two from bytes 104..107 (bits 2 (g / 4)). */
+static inline int eb_k16_scale(const unsigned char *b, int dtype, int g) {
+    if (dtype == EB_DTYPE_Q3_K) return (((b[96 + g % 8] >> (4 * (g / 8))) & 0xF) | ((b[104 + g % 4] >> (2 * (g / 4))) & 3) << 4) - 32;
+    return dtype == EB_DTYPE_Q2_K ? b[g] & 0xF : (int8_t)b[192 + g];
+}
+
+static inline int eb_k16_offset(int dtype) { return dtype == EB_DTYPE_Q6_K ? 32 : dtype == EB_DTYPE_Q3_K ? 4 : 0; }
+
+/* Where the block's f16 scale d lies (Q2_K's dmin follows it). */
+static inline int eb_k16_d(int dtype) { return dtype == EB_DTYPE_Q2_K ? 80 : dtype == EB_DTYPE_Q3_K ? 108 : 208; }
+
 /* Where chunk c (the values 32c .. 32c + 31) of a quantized row begins, and which of its block's chunks it is. */
 static inline const unsigned char *eb_chunk_block(const void *row, int dtype, int64_t c, int *sub) {
     const eb_format_traits *f = &eb_format_table[dtype];
@@ -230,15 +255,19 @@ static inline void eb_dequantize_chunk(const void *row, int dtype, int64_t c, fl
         }
         return;
     }
-    case EB_DTYPE_Q6_K: {
-        int h = j / 4, s = j % 4;
-        const unsigned char *ql = b + 64 * h + 32 * (s & 1), *qh = b + 128 + 32 * h;
-        const int8_t *sc = (const int8_t *)(b + 192) + 8 * h + 2 * s;
-        float d = eb_f16_to_f32(eb_load_u16(b + 208));
-        float d0 = d * (float)sc[0], d1 = d * (float)sc[1];
-        for (int i = 0; i < 32; i++) {
-            int q = (((ql[i] >> (4 * (s >> 1))) & 0xF) | (((qh[i] >> (2 * s)) & 3) << 4)) - 32;
-            out[i] = (i < 16 ? d0 : d1) * (float)q;
+    case EB_DTYPE_Q6_K:
+    case EB_DTYPE_Q2_K:
+    case EB_DTYPE_Q3_K: { /* per 16 values d * scale rounded once, times the quant less its offset; Q2_K's scaled
+                           * minimum subtracted after, as the gguf package's dl * q - ml */
+        int q2 = dtype == EB_DTYPE_Q2_K;
+        float d = eb_f16_to_f32(eb_load_u16(b + eb_k16_d(dtype))), dmin = q2 ? eb_f16_to_f32(eb_load_u16(b + 82)) : 0.0f;
+        for (int half = 0; half < 2; half++) {
+            int g = 2 * j + half;
+            float dl = d * (float)eb_k16_scale(b, dtype, g), ml = q2 ? dmin * (float)(b[g] >> 4) : 0.0f;
+            for (int i = 16 * half; i < 16 * half + 16; i++) {
+                float q = (float)(eb_k16_quant(b, dtype, j, i) - eb_k16_offset(dtype));
+                out[i] = q2 ? dl * q - ml : dl * q;
+            }
         }
         return;
     }

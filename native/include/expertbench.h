@@ -36,7 +36,10 @@ extern "C" {
  * 4-bit quants less 8; older tooling's files) and Q4_1 (f16 scale and minimum, 4-bit quants), whose q8 activations
  * are blocks of 32 as llama.cpp's Q8_0 / Q8_1 beside them, IQ4_NL (f16 scale, 4-bit codes into a non-linear grid
  * of 16 values, eb_iq4nl_values), q8 blocks of 32 too, and IQ4_XS (256 values: f16 scale, eight signed 6-bit
- * sub-block scales, IQ4_NL's codes), q8 blocks of 256 as llama.cpp's Q8_K beside it.
+ * sub-block scales, IQ4_NL's codes), q8 blocks of 256 as llama.cpp's Q8_K beside it, and Q2_K (256 values: sixteen
+ * 4-bit sub-block scales and minima, 2-bit quants, f16 scale and minimum; the down projections of llama.cpp's 2-bit
+ * files), and Q3_K (256 values: 2-bit quants and a third bit, sixteen signed 6-bit sub-block scales, f16 scale;
+ * llama.cpp's Q3_K presets), q8 blocks of 256 too.
  *
  * The last two columns, the scale block (rows x cols; 0 x 0: none), mark a format whose values are multiplied by a
  * scale companion: a separate f32 tensor of one scale per block of the weight, ceil(rows / scale_rows) x
@@ -61,7 +64,9 @@ extern "C" {
     X(Q4_0,         11, 32,  18,   2, 1,  32,   0,   0) \
     X(Q4_1,         12, 32,  20,   3, 1,  32,   0,   0) \
     X(IQ4_NL,       13, 32,  18,  20, 1,  32,   0,   0) \
-    X(IQ4_XS,       14, 256, 136, 23, 1, 256,   0,   0)
+    X(IQ4_XS,       14, 256, 136, 23, 1, 256,   0,   0) \
+    X(Q2_K,         15, 256,  84, 10, 1, 256,   0,   0) \
+    X(Q3_K,         16, 256, 110, 11, 1, 256,   0,   0)
 
 /* Outside the cdef, which expands no macros: Python reads the codes through eb_format_info. */
 typedef enum {
@@ -72,9 +77,9 @@ typedef enum {
 #define EB_FORMAT_ONE(name, code, block, block_bytes, ggml_type, quantized, q8_block, scale_rows, scale_cols) +1
     EB_DTYPE_COUNT = 0 EB_FORMATS(EB_FORMAT_ONE),
 #undef EB_FORMAT_ONE
-    EB_DTYPE_U8 = 16 /* not a weight format: bytes of a format's parts stored apart (a Hugging Face MXFP4 checkpoint's
+    EB_DTYPE_U8 = 63 /* not a weight format: bytes of a format's parts stored apart (a Hugging Face MXFP4 checkpoint's
                         *_blocks and *_scales), which the loader reads and packs into MXFP4 rows; engine/model.py
-                        names it too (RAW_U8), so the formats' codes stay below it */
+                        names it too (RAW_U8); well above the formats' codes, which stay below it */
 } eb_dtype;
 
 /* EB_CDEF_BEGIN */

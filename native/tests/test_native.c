@@ -574,9 +574,11 @@ static void test_bad_checkpoints(const char *module, const char *file, eb_model_
              (unsigned long long)b->d[i].nbytes + 2);
     expect_load_error(module, file, cfg, b, EB_ERR_FORMAT, counts, "wrong byte count");
     b->d[i].nbytes += 2;
-    b->d[i].dtype = EB_DTYPE_COUNT;
+    /* the first code after the formats that the raw bytes (EB_DTYPE_U8) do not take */
+    int unknown = EB_DTYPE_COUNT == EB_DTYPE_U8 ? EB_DTYPE_U8 + 1 : EB_DTYPE_COUNT;
+    b->d[i].dtype = unknown;
     char code[32];
-    snprintf(code, sizeof code, "dtype code %d", EB_DTYPE_COUNT);
+    snprintf(code, sizeof code, "dtype code %d", unknown);
     expect_load_error(module, file, cfg, b, EB_ERR_UNSUPPORTED, code, "unknown dtype");
     b->d[i].dtype = EB_DTYPE_Q4_K; /* rows of 32 values: not whole 256-value blocks */
     expect_load_error(module, file, cfg, b, EB_ERR_FORMAT, "rows of 32 values are not a whole number of Q4_K blocks",
@@ -908,6 +910,8 @@ static void fill_weights(unsigned char *w, int dt, int rows, int cols, unsigned 
         case EB_DTYPE_Q4_K:
         case EB_DTYPE_Q5_K: memcpy(b, &h, 2), memcpy(b + 2, &h2, 2); break;
         case EB_DTYPE_Q6_K: memcpy(b + 208, &h, 2); break;
+        case EB_DTYPE_Q2_K: memcpy(b + 80, &h, 2), memcpy(b + 82, &h2, 2); break;
+        case EB_DTYPE_Q3_K: memcpy(b + 108, &h, 2); break;
         case EB_DTYPE_MXFP4: b[0] = (unsigned char)(100 + *seed % 51); break;
         case EB_DTYPE_F8_E4M3_B128: b[0] = (b[0] & 0x7F) == 0x7F ? b[0] ^ 1 : b[0]; break; /* no NaN */
         default: break;
@@ -1096,6 +1100,11 @@ static void extreme_block(unsigned char *b, int dt) {
     case EB_DTYPE_Q6_K:
         memset(b, 0xFF, 192); /* quants 63 - 32 */
         for (int i = 192; i < 208; i++) b[i] = i & 1 ? 0x80 : 0x7F; /* scales -128, 127 */
+        return;
+    case EB_DTYPE_Q2_K: memset(b, 0xFF, 80); return; /* scales and minima 15, quants 3 */
+    case EB_DTYPE_Q3_K: /* quants -4 and 3, scales -32 */
+        for (int i = 0; i < 96; i++) b[i] = i & 1 ? 0xFF : 0x00;
+        memset(b + 96, 0, 12);
         return;
     default: return;
     }

@@ -116,14 +116,55 @@ INLINE __m256i nibble_values(const unsigned char *qs, const int8_t *values) {
     return _mm256_set_m128i(hi, lo);
 }
 
-/* 32 signed bytes as four vectors of 8 floats, each times d: Q8_0 and the formats of eb_nibbles_times */
-INLINE void scale_i8x32(__m256i q, float d, __m256 *w) {
+/* 32 signed bytes as four vectors of 8 floats, the first 16 times d0, the last 16 times d1 */
+INLINE void scale_i8x32_halves(__m256i q, float d0, float d1, __m256 *w) {
     __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
-    __m256 vd = _mm256_set1_ps(d);
-    w[0] = _mm256_mul_ps(vd, cvt_i8(lo));
-    w[1] = _mm256_mul_ps(vd, cvt_i8(_mm_srli_si128(lo, 8)));
-    w[2] = _mm256_mul_ps(vd, cvt_i8(hi));
-    w[3] = _mm256_mul_ps(vd, cvt_i8(_mm_srli_si128(hi, 8)));
+    __m256 v0 = _mm256_set1_ps(d0), v1 = _mm256_set1_ps(d1);
+    w[0] = _mm256_mul_ps(v0, cvt_i8(lo));
+    w[1] = _mm256_mul_ps(v0, cvt_i8(_mm_srli_si128(lo, 8)));
+    w[2] = _mm256_mul_ps(v1, cvt_i8(hi));
+    w[3] = _mm256_mul_ps(v1, cvt_i8(_mm_srli_si128(hi, 8)));
+}
+
+/* 32 signed bytes as four vectors of 8 floats, each times d: Q8_0 and the formats of eb_nibbles_times */
+INLINE void scale_i8x32(__m256i q, float d, __m256 *w) { scale_i8x32_halves(q, d, d, w); }
+
+/* The bytes of half h (chunks 4h .. 4h + 3) of a Q6_K, Q2_K or Q3_K block that its quants come from, loaded once for
+ * its four chunks: Q6_K's two 32 bytes of nibbles and its 32 of top bits, Q2_K's and Q3_K's 2-bit fields, Q3_K's
+ * third bits. */
+typedef struct {
+    __m256i lo, lo2, hi;
+} k16_half;
+
+INLINE k16_half k16_load(const unsigned char *b, int dtype, int h) {
+    k16_half v;
+    switch (dtype) {
+    case EB_DTYPE_Q6_K:
+        v.lo = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
+        v.lo2 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
+        v.hi = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+        return v;
+    case EB_DTYPE_Q2_K: v.lo = v.lo2 = v.hi = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * h)); return v;
+    default:
+        v.lo = v.lo2 = _mm256_loadu_si256((const __m256i *)(b + 32 + 32 * h));
+        v.hi = _mm256_loadu_si256((const __m256i *)b);
+        return v;
+    }
+}
+
+/* eb_k16_quant's 32 unsigned quants of chunk 4h + s, from its half's bytes. */
+INLINE __m256i k16_quants(k16_half v, int dtype, int h, int s) {
+    const __m256i three = _mm256_set1_epi8(3);
+    if (dtype == EB_DTYPE_Q6_K) {
+        __m256i ql = s & 1 ? v.lo2 : v.lo;
+        ql = _mm256_and_si256(s >> 1 ? _mm256_srli_epi16(ql, 4) : ql, _mm256_set1_epi8(0x0F));
+        __m256i qh = _mm256_and_si256(_mm256_srli_epi16(v.hi, 2 * s), three);
+        return _mm256_or_si256(ql, _mm256_slli_epi16(qh, 4));
+    }
+    __m256i q = _mm256_and_si256(_mm256_srli_epi16(v.lo, 2 * s), three);
+    if (dtype == EB_DTYPE_Q2_K) return q;
+    __m256i third = _mm256_and_si256(_mm256_srli_epi16(v.hi, 4 * h + s), _mm256_set1_epi8(1));
+    return _mm256_or_si256(q, _mm256_slli_epi16(third, 2));
 }
 
 /* A 32-value block of Q8_0, MXFP4, Q4_0, Q4_1 or IQ4_NL as its 32 signed quants; *d its scale (Q4_1: then plus its minimum). */
@@ -137,11 +178,10 @@ INLINE __m256i block32_quants(const unsigned char *b, int dtype, float *d) {
     }
 }
 
-/* Chunk c of a Q8_0, MXFP4, Q4_0, Q4_1, IQ4_NL, IQ4_XS or Q6_K row (Q4_K and Q5_K: dequant32_k4, their scales unpacked once per block). */
+/* Chunk c of a Q8_0, MXFP4, Q4_0, Q4_1, IQ4_NL, IQ4_XS, Q6_K, Q2_K or Q3_K row (Q4_K and Q5_K: dequant32_k4, their scales unpacked once per block). */
 INLINE void dequant32(const unsigned char *row, int dtype, int64_t c, __m256 *w) {
     int j;
     const unsigned char *b = eb_chunk_block(row, dtype, c, &j);
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
     switch (dtype) {
     case EB_DTYPE_Q8_0:
     case EB_DTYPE_MXFP4:
@@ -163,22 +203,19 @@ INLINE void dequant32(const unsigned char *row, int dtype, int64_t c, __m256 *w)
         for (int i = 0; i < 4; i++) w[i] = _mm256_add_ps(w[i], m);
         return;
     }
-    case EB_DTYPE_Q6_K: {
-        int h = j / 4, s = j % 4;
-        const int8_t *sc = (const int8_t *)(b + 192) + 8 * h + 2 * s;
-        float d = _cvtsh_ss(eb_load_u16(b + 208));
-        __m256i ql = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32 * (s & 1)));
-        __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
-        ql = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (s >> 1))), low4);
-        qh = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * s)), _mm256_set1_epi8(3));
-        __m256i q = _mm256_or_si256(ql, _mm256_slli_epi16(qh, 4));
-        __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
-        __m256i k32 = _mm256_set1_epi32(32);
-        __m256 d0 = _mm256_set1_ps(d * (float)sc[0]), d1 = _mm256_set1_ps(d * (float)sc[1]);
-        w[0] = _mm256_mul_ps(d0, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(lo), k32)));
-        w[1] = _mm256_mul_ps(d0, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)), k32)));
-        w[2] = _mm256_mul_ps(d1, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(hi), k32)));
-        w[3] = _mm256_mul_ps(d1, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)), k32)));
+    case EB_DTYPE_Q6_K:
+    case EB_DTYPE_Q2_K:
+    case EB_DTYPE_Q3_K: { /* eb_dequantize_chunk's dl * (q - offset), Q2_K's then less ml, per 16 values */
+        __m256i q = k16_quants(k16_load(b, dtype, j / 4), dtype, j / 4, j % 4);
+        q = _mm256_sub_epi8(q, _mm256_set1_epi8((char)eb_k16_offset(dtype)));
+        float d = _cvtsh_ss(eb_load_u16(b + eb_k16_d(dtype)));
+        scale_i8x32_halves(q, d * (float)eb_k16_scale(b, dtype, 2 * j), d * (float)eb_k16_scale(b, dtype, 2 * j + 1), w);
+        if (dtype == EB_DTYPE_Q2_K) {
+            float dmin = _cvtsh_ss(eb_load_u16(b + 82));
+            __m256 m0 = _mm256_set1_ps(dmin * (float)(b[2 * j] >> 4)), m1 = _mm256_set1_ps(dmin * (float)(b[2 * j + 1] >> 4));
+            w[0] = _mm256_sub_ps(w[0], m0), w[1] = _mm256_sub_ps(w[1], m0);
+            w[2] = _mm256_sub_ps(w[2], m1), w[3] = _mm256_sub_ps(w[3], m1);
+        }
         return;
     }
     case EB_DTYPE_Q5_0:
@@ -426,10 +463,22 @@ INLINE int32_t k4_min_sum(__m128i m8, const int16_t *s) {
     return _mm_cvtsi128_si32(_mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0xb1)));
 }
 
-/* A Q4_K / Q5_K block's value in the q8 precision, from its exact integer sums: cpu_kernels_portable.c's block_k_q8
- * expression, the same float operations in the same order. */
-INLINE float k4_block_value(const unsigned char *b, float dx, int32_t isum, int32_t msum) {
-    float d = _cvtsh_ss(eb_load_u16(b)), dmin = _cvtsh_ss(eb_load_u16(b + 2));
+/* The sixteen scales of a Q6_K, Q2_K or Q3_K block as int16 (eb_k16_scale). */
+INLINE __m256i k16_scales(const unsigned char *b, int dtype) {
+    if (dtype == EB_DTYPE_Q6_K) return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
+    if (dtype == EB_DTYPE_Q2_K) return _mm256_cvtepu8_epi16(_mm_and_si128(_mm_loadu_si128((const __m128i *)b), _mm_set1_epi8(0x0F)));
+    uint32_t u[3]; /* Q3_K: eb_k16_scale four at a time */
+    memcpy(u, b + 96, sizeof u);
+    const uint32_t m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
+    __m128i s = _mm_set_epi32((int)(((u[1] >> 4) & m4) | ((u[2] >> 6) & m2) << 4), (int)(((u[0] >> 4) & m4) | ((u[2] >> 4) & m2) << 4),
+                              (int)((u[1] & m4) | ((u[2] >> 2) & m2) << 4), (int)((u[0] & m4) | (u[2] & m2) << 4));
+    return _mm256_cvtepi8_epi16(_mm_sub_epi8(s, _mm_set1_epi8(32)));
+}
+
+/* A Q4_K / Q5_K / Q2_K block's value in the q8 precision (dm: its f16 d and dmin), from its exact integer sums:
+ * cpu_kernels_portable.c's min_block_value expression, the same float operations in the same order. */
+INLINE float k4_block_value(const unsigned char *dm, float dx, int32_t isum, int32_t msum) {
+    float d = _cvtsh_ss(eb_load_u16(dm)), dmin = _cvtsh_ss(eb_load_u16(dm + 2));
     return d * dx * (float)isum - dmin * dx * (float)msum;
 }
 
@@ -486,31 +535,33 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
             UNROLL for (int t = 0; t < T; t++) ksum[t] += _cvtsh_ss(eb_load_u16(b)) * xd[t][k] * (float)hsum_i32(iacc[t]);
             continue;
         }
-        if (dtype == EB_DTYPE_Q6_K) {
-            if (pf) _mm_prefetch((const char *)((uintptr_t)b + 128 + AHEAD_BYTES), _MM_HINT_T0);
-            __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
+        if (dtype == EB_DTYPE_Q6_K || dtype == EB_DTYPE_Q2_K || dtype == EB_DTYPE_Q3_K) { /* unsigned quants, per 16 */
+            int q2 = dtype == EB_DTYPE_Q2_K;
+            if (pf && !q2) _mm_prefetch((const char *)((uintptr_t)b + 128 + AHEAD_BYTES), _MM_HINT_T0);
+            __m128i nib = _mm_loadu_si128((const __m128i *)b), m4 = _mm_set1_epi8(0x0F); /* Q2_K's scales, minima */
+            __m256i sc16 = k16_scales(b, dtype);
             for (int h = 0; h < 2; h++) {
                 /* this half's 8 scales in both lanes: chunk q4 takes scales 2 q4 (low lane) and 2 q4 + 1 (high) */
                 __m256i sch = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(sc16, 1)
                                                             : _mm256_castsi256_si128(sc16));
-                __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
-                __m256i ql0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
-                __m256i ql1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
+                k16_half v = k16_load(b, dtype, h);
                 for (int q4 = 0; q4 < 4; q4++) {
                     int j = 4 * h + q4;
-                    __m256i ql = q4 & 1 ? ql1 : ql0;
-                    ql = _mm256_and_si256(q4 >> 1 ? _mm256_srli_epi16(ql, 4) : ql, low4);
-                    __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * q4), _mm256_set1_epi8(3));
-                    __m256i q = _mm256_or_si256(ql, _mm256_slli_epi16(hb, 4));
-                    __m256i scj = pair_of(sch, 2 * q4);
+                    __m256i q = k16_quants(v, dtype, h, q4), scj = pair_of(sch, 2 * q4);
                     UNROLL for (int t = 0; t < T; t++) {
                         __m256i p16 = _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)(xq[t] + 256 * k + 32 * j)));
                         iacc[t] = _mm256_add_epi32(iacc[t], _mm256_madd_epi16(p16, scj));
                     }
                 }
             }
-            UNROLL for (int t = 0; t < T; t++)
-                ksum[t] += q6_block_value(b, xd[t][k], hsum_i32(iacc[t]), q6_offset_sum(sc16, xs[t] + 16 * k));
+            if (q2) {
+                __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(nib, 4), m4));
+                UNROLL for (int t = 0; t < T; t++)
+                    ksum[t] += k4_block_value(b + 80, xd[t][k], hsum_i32(iacc[t]), per16_sum(m16, xs[t] + 16 * k));
+            } else {
+                UNROLL for (int t = 0; t < T; t++)
+                    ksum[t] += k16_block_value(b, dtype, xd[t][k], hsum_i32(iacc[t]), per16_sum(sc16, xs[t] + 16 * k));
+            }
             continue;
         }
         int q5 = dtype == EB_DTYPE_Q5_K;
@@ -606,6 +657,8 @@ Q8_KERNEL(Q4_0)
 Q8_KERNEL(Q4_1)
 Q8_KERNEL(IQ4_NL)
 Q8_KERNEL(IQ4_XS)
+Q8_KERNEL(Q2_K)
+Q8_KERNEL(Q3_K)
 #undef Q8_KERNEL
 
 /* Over the portable set: its dequantization (the same values) stays. */
@@ -629,6 +682,8 @@ const eb_cpu_kernel_set eb_cpu_kernels_avx2 = {
             [EB_DTYPE_Q4_1] = {NULL, rows_Q4_1, q8_Q4_1},
             [EB_DTYPE_IQ4_NL] = {NULL, rows_IQ4_NL, q8_IQ4_NL},
             [EB_DTYPE_IQ4_XS] = {NULL, rows_IQ4_XS, q8_IQ4_XS},
+            [EB_DTYPE_Q2_K] = {NULL, rows_Q2_K, q8_Q2_K},
+            [EB_DTYPE_Q3_K] = {NULL, rows_Q3_K, q8_Q3_K},
         },
 };
 

@@ -11,7 +11,7 @@
  *   activations negated where the weight is negative (a mask), the products the sign trick gives.
  * - Q6_K (blocks of 256): 64 quants a register, their products in int16 pairs (vpmaddubsw, as AVX2), each times its
  *   16 values' scale and summed into int32 lanes by vpdpwssd; a block's integer sums are exact, so any order of them
- *   is the AVX2 kernel's sum, and one shared expression (q6_block_value) makes the block's float.
+ *   is the AVX2 kernel's sum, and one shared expression (k16_block_value) makes the block's float.
  * So a run's tokens and hashes do not depend on whether the machine has AVX-512, and the batch == single steps and
  * thread-count identities carry over unchanged. */
 #include "cpu_kernels.h"
@@ -192,7 +192,7 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
             }
         }
         UNROLL for (int t = 0; t < T; t++)
-            ksum[t] += q6_block_value(b, xd[t][k], _mm512_reduce_add_epi32(iacc[t]), q6_offset_sum(sc16, xs[t] + 16 * k));
+            ksum[t] += k16_block_value(b, EB_DTYPE_Q6_K, xd[t][k], _mm512_reduce_add_epi32(iacc[t]), per16_sum(sc16, xs[t] + 16 * k));
     }
     UNROLL for (int t = 0; t < T; t++) out[t] = ksum[t];
 }

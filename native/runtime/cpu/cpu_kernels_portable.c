@@ -145,10 +145,16 @@ static void nibble_quants(const unsigned char *qs, const int8_t *values, int8_t 
     }
 }
 
+/* A block of scaled minima (Q4_K, Q5_K, Q2_K; dm: its f16 d and dmin) from its integer sums of quants times scales and
+ * of minima times activations. */
+static float min_block_value(const unsigned char *dm, float dx, int32_t isum, int32_t msum) {
+    return eb_f16_to_f32(eb_load_u16(dm)) * dx * (float)isum - eb_f16_to_f32(eb_load_u16(dm + 2)) * dx * (float)msum;
+}
+
 /* A K-format block (256 values) against 256 activations of one scale: the eight sub-blocks' integer sums times
- * their 6-bit (Q4_K, Q5_K, IQ4_XS's signed ones) or int8 (Q6_K, per 16) scales, summed in integers, then scaled once; the minima (Q4_K,
- * Q5_K) and Q6_K's offset of 32 through the activations' sums of 16. The vector kernels compute the same integers
- * and this same float expression. */
+ * their 6-bit (Q4_K, Q5_K, IQ4_XS's signed ones; Q3_K's signed, per 16), int8 (Q6_K, per 16) or 4-bit (Q2_K, per
+ * 16) scales, summed in integers, then scaled once; the minima (Q4_K, Q5_K, Q2_K) and the offsets of Q6_K (32) and
+ * Q3_K (4) through the activations' sums of 16. The vector kernels compute the same integers and this same float expression. */
 static float block_k_q8(const unsigned char *b, int dtype, const int8_t *x, float dx, const int16_t *s) {
     int32_t isum = 0, msum = 0;
     if (dtype == EB_DTYPE_IQ4_XS) { /* each chunk's grid values times its activations, times its signed scale */
@@ -161,18 +167,15 @@ static float block_k_q8(const unsigned char *b, int dtype, const int8_t *x, floa
         }
         return eb_f16_to_f32(eb_load_u16(b)) * dx * (float)isum;
     }
-    if (dtype == EB_DTYPE_Q6_K) {
-        const int8_t *sc = (const int8_t *)(b + 192);
-        for (int j = 0; j < 8; j++) {
-            int h = j / 4, q4 = j % 4;
-            const unsigned char *ql = b + 64 * h + 32 * (q4 & 1), *qh = b + 128 + 32 * h;
-            int32_t part[2] = {0, 0};
-            for (int i = 0; i < 32; i++)
-                part[i / 16] += ((((ql[i] >> (4 * (q4 >> 1))) & 0xF) | (((qh[i] >> (2 * q4)) & 3) << 4))) * x[32 * j + i];
-            isum += sc[2 * j] * part[0] + sc[2 * j + 1] * part[1];
+    if (dtype == EB_DTYPE_Q6_K || dtype == EB_DTYPE_Q2_K || dtype == EB_DTYPE_Q3_K) { /* eb_k16_quant's, per 16 */
+        for (int g = 0; g < 16; g++) {
+            int32_t part = 0;
+            for (int i = 0; i < 16; i++) part += eb_k16_quant(b, dtype, g / 2, 16 * (g & 1) + i) * x[16 * g + i];
+            isum += eb_k16_scale(b, dtype, g) * part;
+            msum += (dtype == EB_DTYPE_Q2_K ? b[g] >> 4 : eb_k16_scale(b, dtype, g)) * s[g];
         }
-        for (int k = 0; k < 16; k++) msum += sc[k] * s[k];
-        return eb_f16_to_f32(eb_load_u16(b + 208)) * dx * (float)(isum - 32 * msum);
+        if (dtype == EB_DTYPE_Q2_K) return min_block_value(b + 80, dx, isum, msum);
+        return eb_f16_to_f32(eb_load_u16(b + eb_k16_d(dtype))) * dx * (float)(isum - eb_k16_offset(dtype) * msum);
     }
     int q5 = dtype == EB_DTYPE_Q5_K;
     const unsigned char *qh = b + 16, *qs = b + 16 + (q5 ? 32 : 0);
@@ -188,7 +191,7 @@ static float block_k_q8(const unsigned char *b, int dtype, const int8_t *x, floa
         isum += sc * part;
         msum += m * (s[2 * j] + s[2 * j + 1]);
     }
-    return eb_f16_to_f32(eb_load_u16(b)) * dx * (float)isum - eb_f16_to_f32(eb_load_u16(b + 2)) * dx * (float)msum;
+    return min_block_value(b, dx, isum, msum);
 }
 
 /* A block of 32 values (Q8_0, MXFP4, Q4_0, Q4_1, IQ4_NL) as 32 signed quants; returns its scale (the values are the
@@ -265,6 +268,8 @@ Q8_KERNEL(Q4_0)
 Q8_KERNEL(Q4_1)
 Q8_KERNEL(IQ4_NL)
 Q8_KERNEL(IQ4_XS)
+Q8_KERNEL(Q2_K)
+Q8_KERNEL(Q3_K)
 #undef Q8_KERNEL
 
 /* Integer products for the formats whose q8_block says they have them: Q5_0 / Q5_1 have none (dot_q8 reads every
@@ -289,5 +294,7 @@ const eb_cpu_kernel_set eb_cpu_kernels_portable = {
             [EB_DTYPE_Q4_1] = {dequantize_Q4_1, rows_Q4_1, q8_Q4_1},
             [EB_DTYPE_IQ4_NL] = {dequantize_IQ4_NL, rows_IQ4_NL, q8_IQ4_NL},
             [EB_DTYPE_IQ4_XS] = {dequantize_IQ4_XS, rows_IQ4_XS, q8_IQ4_XS},
+            [EB_DTYPE_Q2_K] = {dequantize_Q2_K, rows_Q2_K, q8_Q2_K},
+            [EB_DTYPE_Q3_K] = {dequantize_Q3_K, rows_Q3_K, q8_Q3_K},
         },
 };

@@ -51,15 +51,16 @@ INLINE int32_t hsum_i32(__m256i v) {
     return _mm_cvtsi128_si32(_mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1)));
 }
 
-/* Q6_K: its sixteen scales (int16) times the sums of their 16 activations (the offset of 32 is subtracted as this). */
-INLINE int32_t q6_offset_sum(__m256i sc16, const int16_t *s) {
+/* Sixteen int16 times the sums of their 16 activations: Q6_K's scales (its offset of 32 is subtracted as this), Q2_K's
+ * minima. */
+INLINE int32_t per16_sum(__m256i sc16, const int16_t *s) {
     return hsum_i32(_mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)s)));
 }
 
-/* A Q6_K block's value in the q8 precision, from its exact integer sums: cpu_kernels_portable.c's block_k_q8
- * expression, the same float operations in the same order, in every variant. */
-INLINE float q6_block_value(const unsigned char *b, float dx, int32_t isum, int32_t msum) {
-    return _cvtsh_ss(eb_load_u16(b + 208)) * dx * (float)(isum - 32 * msum);
+/* A Q6_K or Q3_K block's value in the q8 precision, from its exact integer sums (msum: per16_sum of its scales):
+ * cpu_kernels_portable.c's block_k_q8 expression, the same float operations in the same order, in every variant. */
+INLINE float k16_block_value(const unsigned char *b, int dtype, float dx, int32_t isum, int32_t msum) {
+    return _cvtsh_ss(eb_load_u16(b + eb_k16_d(dtype))) * dx * (float)(isum - eb_k16_offset(dtype) * msum);
 }
 
 /* The tokens of one row in groups of up to four (the row's blocks read once per group; from L1 after the first). */

@@ -2325,7 +2325,7 @@ __device__ __forceinline__ void q8_dot32(const unsigned char *row, int cols, con
 // Q4_K, Q5_K and Q6_K against blocks of 256: the x86 kernels' arithmetic (cpu_kernels_avx2.c dot_q8 and
 // cpu_kernels_x86.h). Per weight block two exact int32 sums: isum, every quant times its sub-block's scale times its
 // activation, and msum, the minima (Q4_K, Q5_K) or the scales (Q6_K, whose quants are offset by 32) times the
-// activations' sums of 16; the block's f32 value from them by the CPU's expression (k4_block_value, q6_block_value);
+// activations' sums of 16; the block's f32 value from them by the CPU's expression (k4_block_value, k16_block_value);
 // the values added into one sum in block order. 32 lanes a row, four blocks at a time: lane 8i + g takes group g of
 // block k0 + i (qfmt's groups), the block's 8 lanes add their partial sums by shuffles, then every lane adds the four
 // values in order. Every lane receives the sums.
