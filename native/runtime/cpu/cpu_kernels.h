@@ -73,6 +73,27 @@ typedef struct {
     eb_cpu_format_kernels format[EB_DTYPE_COUNT];
 } eb_cpu_kernel_set;
 
+/* A format has integer (q8) products where its q8 block (EB_FORMATS) is not 0, so a set's q8 entries follow from the
+ * table: EB_IF_Q8(q8_block, code...) is the code for a block of 32 or 256 and nothing for 0, EB_Q8_OR_NULL(q8_block,
+ * fn) the function or NULL. A new format with a q8 block gets its entries from its row; it needs its loops only. */
+#define EB_IF_Q8_0(...)
+#define EB_IF_Q8_32(...) __VA_ARGS__
+#define EB_IF_Q8_256(...) __VA_ARGS__
+#define EB_IF_Q8(q8_block, ...) EB_IF_Q8_##q8_block(__VA_ARGS__)
+#define EB_Q8_OR_NULL_0(fn) NULL
+#define EB_Q8_OR_NULL_32(fn) fn
+#define EB_Q8_OR_NULL_256(fn) fn
+#define EB_Q8_OR_NULL(q8_block, fn) EB_Q8_OR_NULL_##q8_block(fn)
+
+/* A set's q8 entry points of every format that has them: q8_NAME, the loop matmul_q8 of the set's file with its dtype
+ * a constant (the dtype argument is the table's index). */
+#define EB_CPU_Q8_KERNEL(name, code, block, block_bytes, ggml_type, quantized, q8_block, scale_rows, scale_cols)     \
+    EB_IF_Q8(q8_block, static void q8_##name(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols,          \
+                                             const eb_cpu_q8_rows *x, int64_t n, float *y, int64_t ldy) {              \
+        (void)dtype;                                                                                                  \
+        matmul_q8(w, EB_DTYPE_##name, r0, r1, cols, x, n, y, ldy);                                                    \
+    })
+
 extern const eb_cpu_kernel_set eb_cpu_kernels_portable;
 #if defined(__x86_64__) || defined(__i386__)
 #define EB_CPU_HAVE_AVX2_BUILD 1

@@ -642,24 +642,7 @@ static void quantize_q8(const float *x, int64_t n, int64_t cols, eb_cpu_q8_rows 
 EB_FORMATS(ROWS_KERNEL)
 #undef ROWS_KERNEL
 
-#define Q8_KERNEL(name)                                                                                            \
-    static void q8_##name(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x, \
-                          int64_t n, float *y, int64_t ldy) {                                                     \
-        (void)dtype;                                                                                              \
-        matmul_q8(w, EB_DTYPE_##name, r0, r1, cols, x, n, y, ldy);                                                \
-    }
-Q8_KERNEL(Q8_0)
-Q8_KERNEL(Q4_K)
-Q8_KERNEL(Q5_K)
-Q8_KERNEL(Q6_K)
-Q8_KERNEL(MXFP4)
-Q8_KERNEL(Q4_0)
-Q8_KERNEL(Q4_1)
-Q8_KERNEL(IQ4_NL)
-Q8_KERNEL(IQ4_XS)
-Q8_KERNEL(Q2_K)
-Q8_KERNEL(Q3_K)
-#undef Q8_KERNEL
+EB_FORMATS(EB_CPU_Q8_KERNEL)
 
 /* Over the portable set: its dequantization (the same values) stays. */
 const eb_cpu_kernel_set eb_cpu_kernels_avx2 = {
@@ -667,23 +650,10 @@ const eb_cpu_kernel_set eb_cpu_kernels_avx2 = {
     .quantize_q8 = quantize_q8,
     .format =
         {
-            [EB_DTYPE_F32] = {NULL, rows_F32, NULL},
-            [EB_DTYPE_F16] = {NULL, rows_F16, NULL},
-            [EB_DTYPE_BF16] = {NULL, rows_BF16, NULL},
-            [EB_DTYPE_Q8_0] = {NULL, rows_Q8_0, q8_Q8_0},
-            [EB_DTYPE_Q4_K] = {NULL, rows_Q4_K, q8_Q4_K},
-            [EB_DTYPE_Q5_K] = {NULL, rows_Q5_K, q8_Q5_K},
-            [EB_DTYPE_Q6_K] = {NULL, rows_Q6_K, q8_Q6_K},
-            [EB_DTYPE_MXFP4] = {NULL, rows_MXFP4, q8_MXFP4},
-            [EB_DTYPE_Q5_0] = {NULL, rows_Q5_0, NULL},
-            [EB_DTYPE_Q5_1] = {NULL, rows_Q5_1, NULL},
-            [EB_DTYPE_F8_E4M3_B128] = {NULL, rows_F8_E4M3_B128, NULL},
-            [EB_DTYPE_Q4_0] = {NULL, rows_Q4_0, q8_Q4_0},
-            [EB_DTYPE_Q4_1] = {NULL, rows_Q4_1, q8_Q4_1},
-            [EB_DTYPE_IQ4_NL] = {NULL, rows_IQ4_NL, q8_IQ4_NL},
-            [EB_DTYPE_IQ4_XS] = {NULL, rows_IQ4_XS, q8_IQ4_XS},
-            [EB_DTYPE_Q2_K] = {NULL, rows_Q2_K, q8_Q2_K},
-            [EB_DTYPE_Q3_K] = {NULL, rows_Q3_K, q8_Q3_K},
+#define TABLE_ENTRY(name, code, block, block_bytes, ggml_type, quantized, q8_block, scale_rows, scale_cols)          \
+    [EB_DTYPE_##name] = {NULL, rows_##name, EB_Q8_OR_NULL(q8_block, q8_##name)},
+            EB_FORMATS(TABLE_ENTRY)
+#undef TABLE_ENTRY
         },
 };
 

@@ -253,24 +253,7 @@ static void matmul_q8(const void *w, int dtype, int64_t r0, int64_t r1, int64_t 
 EB_FORMATS(FORMAT_KERNELS)
 #undef FORMAT_KERNELS
 
-#define Q8_KERNEL(name)                                                                                            \
-    static void q8_##name(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x, \
-                          int64_t n, float *y, int64_t ldy) {                                                     \
-        (void)dtype;                                                                                              \
-        matmul_q8(w, EB_DTYPE_##name, r0, r1, cols, x, n, y, ldy);                                                \
-    }
-Q8_KERNEL(Q8_0)
-Q8_KERNEL(Q4_K)
-Q8_KERNEL(Q5_K)
-Q8_KERNEL(Q6_K)
-Q8_KERNEL(MXFP4)
-Q8_KERNEL(Q4_0)
-Q8_KERNEL(Q4_1)
-Q8_KERNEL(IQ4_NL)
-Q8_KERNEL(IQ4_XS)
-Q8_KERNEL(Q2_K)
-Q8_KERNEL(Q3_K)
-#undef Q8_KERNEL
+EB_FORMATS(EB_CPU_Q8_KERNEL)
 
 /* Integer products for the formats whose q8_block says they have them: Q5_0 / Q5_1 have none (dot_q8 reads every
  * other block as a K format's). */
@@ -279,22 +262,9 @@ const eb_cpu_kernel_set eb_cpu_kernels_portable = {
     .quantize_q8 = quantize_q8,
     .format =
         {
-            [EB_DTYPE_F32] = {dequantize_F32, rows_F32, NULL},
-            [EB_DTYPE_F16] = {dequantize_F16, rows_F16, NULL},
-            [EB_DTYPE_BF16] = {dequantize_BF16, rows_BF16, NULL},
-            [EB_DTYPE_Q8_0] = {dequantize_Q8_0, rows_Q8_0, q8_Q8_0},
-            [EB_DTYPE_Q4_K] = {dequantize_Q4_K, rows_Q4_K, q8_Q4_K},
-            [EB_DTYPE_Q5_K] = {dequantize_Q5_K, rows_Q5_K, q8_Q5_K},
-            [EB_DTYPE_Q6_K] = {dequantize_Q6_K, rows_Q6_K, q8_Q6_K},
-            [EB_DTYPE_MXFP4] = {dequantize_MXFP4, rows_MXFP4, q8_MXFP4},
-            [EB_DTYPE_Q5_0] = {dequantize_Q5_0, rows_Q5_0, NULL},
-            [EB_DTYPE_Q5_1] = {dequantize_Q5_1, rows_Q5_1, NULL},
-            [EB_DTYPE_F8_E4M3_B128] = {dequantize_F8_E4M3_B128, rows_F8_E4M3_B128, NULL},
-            [EB_DTYPE_Q4_0] = {dequantize_Q4_0, rows_Q4_0, q8_Q4_0},
-            [EB_DTYPE_Q4_1] = {dequantize_Q4_1, rows_Q4_1, q8_Q4_1},
-            [EB_DTYPE_IQ4_NL] = {dequantize_IQ4_NL, rows_IQ4_NL, q8_IQ4_NL},
-            [EB_DTYPE_IQ4_XS] = {dequantize_IQ4_XS, rows_IQ4_XS, q8_IQ4_XS},
-            [EB_DTYPE_Q2_K] = {dequantize_Q2_K, rows_Q2_K, q8_Q2_K},
-            [EB_DTYPE_Q3_K] = {dequantize_Q3_K, rows_Q3_K, q8_Q3_K},
+#define TABLE_ENTRY(name, code, block, block_bytes, ggml_type, quantized, q8_block, scale_rows, scale_cols)          \
+    [EB_DTYPE_##name] = {dequantize_##name, rows_##name, EB_Q8_OR_NULL(q8_block, q8_##name)},
+            EB_FORMATS(TABLE_ENTRY)
+#undef TABLE_ENTRY
         },
 };
