@@ -16,9 +16,9 @@ from PySide6.QtCore import QAbstractTableModel, QModelIndex, QSortFilterProxyMod
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableView, QVBoxLayout, QWidget
 
-from engine.errors import EngineError
-from engine.placement import Placement
-from engine.profile import atomic_write
+from engine.core.errors import EngineError
+from engine.placement.placement import Placement
+from engine.profiles.profile import atomic_write
 
 from . import theme
 from .state import RunRecord, WorkbenchState
@@ -55,7 +55,7 @@ def spread(r: RunRecord) -> tuple[float, float] | None:
 
 
 def quality(r: RunRecord) -> dict | None:
-    """The quality cost of the run's fast mode against the reference mode (engine.quality), when measured."""
+    """The quality cost of the run's fast mode against the reference mode (engine.runs.quality), when measured."""
     return getattr(r, "quality", None)
 
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.run import StepEvent
-from engine.trace import SPAN_KINDS, Span
+from engine.core.trace import SPAN_KINDS, Span
+from engine.runs.run import StepEvent
 
 ROLLING_STEPS = 16  # decode steps averaged for the rolling tokens/s and acceptance
 TRACED_STEPS = 256  # steps of spans kept for the timeline (it shows the last few of them)
@@ -26,7 +26,7 @@ _KIND_INDEX = {kind: i for i, kind in enumerate(SPAN_KINDS)}
 @dataclass(frozen=True)
 class SpanColumns:
     """Spans as numpy columns, oldest step first: start and end in ns, device (an index into devices), kind (an
-    index into engine.trace.SPAN_KINDS), layer, token, rows, draft (the draft model's pass), step (its serial)."""
+    index into engine.core.trace.SPAN_KINDS), layer, token, rows, draft (the draft model's pass), step (its serial)."""
 
     start: np.ndarray
     end: np.ndarray

@@ -1,17 +1,17 @@
-"""The window's profiles: engine.profile files made from what the window holds, and read back into it.
+"""The window's profiles: engine.profiles.profile files made from what the window holds, and read back into it.
 
 A profile saved here names the loaded model (its folder or file, or the demo size with its files' format and
 quantization) with its fingerprint, the draft when the run panel uses one, the devices the placement needs, the
 placement, the run panel's settings and the routing statistics the heat map shows, so `expertbench regress`
 replays it. How the engine holds the files (run.weights) is not set here: an opened profile's value is kept, and
 none is written otherwise (regress then loads with auto).
-Expectations come from what is known to hold (engine.history.expectations_for, the one place that infers them):
-output hashes and acceptance from a complete run in the history with the same outputs key (engine.history.outputs_key:
-the same model, prompts, length, precision, mode, and placement where the outputs depend on it), or kept from the
-profile that was opened when its key is unchanged; a speed baseline is kept, its minimum ratio only while the
-placement and devices are those it was recorded for.
+Expectations come from what is known to hold (engine.profiles.history.expectations_for, the one place that infers them):
+output hashes and acceptance from a complete run in the history with the same outputs key
+(engine.profiles.history.outputs_key: the same model, prompts, length, precision, mode, and placement where the outputs
+depend on it), or kept from the profile that was opened when its key is unchanged; a speed baseline is kept, its minimum
+ratio only while the placement and devices are those it was recorded for.
 
-Otherwise `expertbench regress --record FILE` records them. engine.profile does the writing and every check:
+Otherwise `expertbench regress --record FILE` records them. engine.profiles.profile does the writing and every check:
 a profile is read back from its text before it is written, so the window never writes one regress refuses.
 """
 
@@ -22,10 +22,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.demo import DEMO_PROMPTS
-from engine.history import expectations_for
-from engine.placement import Placement
-from engine.profile import (
+from engine.checkpoints.demo import DEMO_PROMPTS
+from engine.placement.placement import Placement
+from engine.placement.routing import RoutingStats
+from engine.profiles.history import expectations_for
+from engine.profiles.profile import (
     DeviceSpec,
     ModelRef,
     PlacementSpec,
@@ -34,11 +35,10 @@ from engine.profile import (
     RoutingSpec,
     loads,
 )
-from engine.profile import RunSettings as ProfileRun
-from engine.routing import RoutingStats
+from engine.profiles.profile import RunSettings as ProfileRun
 
 if TYPE_CHECKING:  # the state imports this module
-    from engine.history import RunRecord, RunSettings
+    from engine.profiles.history import RunRecord, RunSettings
 
     from .state import ModelSnapshot
 
@@ -65,7 +65,7 @@ def device_specs(placement: Placement, primary: str) -> dict[str, DeviceSpec]:
 def build(path: str | os.PathLike, model: ModelSnapshot, placement: Placement, settings: RunSettings | None,
           routing: RoutingStats | None = None, history: Sequence[RunRecord] = (), base: Profile | None = None
           ) -> Profile:  # fmt: skip
-    """The profile to save at `path`: see the module docstring. Raises ProfileError if engine.profile would
+    """The profile to save at `path`: see the module docstring. Raises ProfileError if engine.profiles.profile would
     not read it back."""
     path = Path(path).expanduser().resolve()
     use_draft = model.draft_path is not None and (settings is None or settings.use_draft)

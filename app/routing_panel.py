@@ -1,8 +1,8 @@
 """Routing heat map (layers by experts) and the placement strategies.
 
-The counts come from `state.routing`, filled by a profiling pass (engine.routing.profile over the run
+The counts come from `state.routing`, filled by a profiling pass (engine.placement.routing.profile over the run
 panel's prompts) and refreshed after every run (the core keeps counting while it decodes). The strategies
-(app.strategies over engine.strategy) fill the editor as one undoable edit; the ones that rank experts stay
+(app.strategies over engine.placement.strategy) fill the editor as one undoable edit; the ones that rank experts stay
 disabled until there are counts. The predicted tokens/s is the cost model's for the placement in the editor,
 once the devices are measured (on the engine thread, once per model and device set).
 """
@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.errors import EngineError
+from engine.core.errors import EngineError
 
 from . import actions, strategies, theme
 from .scrolling import FitsItsHeight

@@ -19,11 +19,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.demo import DEMO_PROMPTS, quant_formats
+from engine.checkpoints.demo import DEMO_PROMPTS, quant_formats
 from engine.families import family
-from engine.profile import DEFAULT_REPEATS, Profile
-from engine.run import PRECISIONS, REDUCTION_MODES
-from engine.speculative import MAX_DRAFT_TOKENS
+from engine.profiles.profile import DEFAULT_REPEATS, Profile
+from engine.runs.run import PRECISIONS, REDUCTION_MODES
+from engine.runs.speculative import MAX_DRAFT_TOKENS
 
 from . import actions, theme
 from .scrolling import FitsItsHeight, Scrolling
@@ -149,7 +149,7 @@ class RunPanel(QWidget):
                            precision=self.precision.currentData())  # fmt: skip
 
     def apply_profile(self, profile: Profile) -> None:
-        """Take a profile's run settings (engine.profile's defaults where it gives none)."""
+        """Take a profile's run settings (engine.profiles.profile's defaults where it gives none)."""
         run = profile.run.resolved()
         prompts = run["prompts"]
         if all(isinstance(p, str) and "\n" not in p for p in prompts):

@@ -18,21 +18,22 @@ from pathlib import Path
 import numpy as np
 from PySide6.QtCore import QObject, Signal
 
-from engine import strategy
-from engine.checkpoint import ModelConfig
-from engine.costmodel import Calibration, ModelShape, calibrate, predict_tokens_per_second
-from engine.demo import check_format, is_synthetic
-from engine.devices import DeviceSettings, differences, engine_for_profile
-from engine.errors import EngineError
-from engine.history import History, RunRecord, RunSettings, diagnose_change, history_file, now, record_key
-from engine.model import WEIGHTS_MODES, DeviceInfo, Engine, Model
-from engine.placement import ExpertRoom, Placement, expert_rooms, format_bytes, model_bytes
-from engine.profile import Profile, fingerprint, load
-from engine.quality import is_fast, quality_cost
-from engine.routing import RoutingStats, profile
-from engine.run import DecodeRun, RunResult
+from engine.checkpoints.checkpoint import ModelConfig
+from engine.checkpoints.demo import check_format, is_synthetic
+from engine.core.devices import DeviceSettings
+from engine.core.errors import EngineError
+from engine.core.model import WEIGHTS_MODES, DeviceInfo, Engine, Model
+from engine.core.trace import Span, write_chrome_trace
+from engine.placement import strategy
+from engine.placement.costmodel import Calibration, ModelShape, calibrate, predict_tokens_per_second
+from engine.placement.placement import ExpertRoom, Placement, expert_rooms, format_bytes, model_bytes
+from engine.placement.routing import RoutingStats, profile
+from engine.profiles.devices import differences, engine_for_profile
+from engine.profiles.history import History, RunRecord, RunSettings, diagnose_change, history_file, now, record_key
+from engine.profiles.profile import Profile, fingerprint, load
+from engine.runs.quality import is_fast, quality_cost
+from engine.runs.run import DecodeRun, RunResult
 from engine.session import open_pair
-from engine.trace import Span, write_chrome_trace
 
 from . import profiles
 from .live import LiveBuffer
@@ -42,7 +43,7 @@ from .worker import EngineWorker
 
 
 def default_engine(cpu_devices: int = 0, runtimes: tuple[str, ...] | None = None) -> Engine:
-    """The window's engine (engine.devices.DeviceSettings.window): cpu plus every GPU runtime that loads; with no
+    """The window's engine (engine.core.devices.DeviceSettings.window): cpu plus every GPU runtime that loads; with no
     accelerator at all, a simulated one (hostsim), so that there is a second device to place experts on."""
     return DeviceSettings.window(cpu_devices, runtimes).open()
 
@@ -51,12 +52,12 @@ PROFILE_TOKENS = 32  # greedy tokens generated after each prompt when profiling 
 
 
 def profile_routing(model: Model, prompts: list[str]) -> RoutingStats:
-    """engine.routing's profiling pass over text prompts (runs on the engine thread)."""
+    """engine.placement.routing's profiling pass over text prompts (runs on the engine thread)."""
     return profile(model, [model.encode(p) for p in prompts], tokens_per_prompt=PROFILE_TOKENS)
 
 
 def calibrate_devices(model: Model, devices: list[str]) -> Calibration:
-    """engine.costmodel's measurement of every device (runs on the engine thread: a few short decodes with
+    """engine.placement.costmodel's measurement of every device (runs on the engine thread: a few short decodes with
     every expert on each device in turn; the placement is restored after)."""
     return calibrate(model, devices)
 
@@ -77,27 +78,27 @@ class ModelSnapshot:
     shape: ModelShape  # what the cost model and the strategies know of the target
     draft_weight_bytes: int = 0
     demo: str | None = None  # the demo pair's size, when that is what was loaded
-    demo_format: str = "safetensors"  # and its files' format (engine.demo.DEMO_FORMATS)
-    demo_quant: str | None = None  # and, as GGUF, their quantization (engine.demo.QUANTS)
-    fingerprint: str | None = None  # engine.profile.fingerprint of the target folder or GGUF file (None: unreadable)
+    demo_format: str = "safetensors"  # and its files' format (engine.checkpoints.demo.DEMO_FORMATS)
+    demo_quant: str | None = None  # and, as GGUF, their quantization (engine.checkpoints.demo.QUANTS)
+    fingerprint: str | None = None  # engine.profiles.profile.fingerprint of the target (None: unreadable)
     draft_fingerprint: str | None = None
-    weights: str = "map"  # how the engine holds the target's files (engine.model.WEIGHTS_MODES, never "auto")
+    weights: str = "map"  # how the engine holds the target's files (engine.core.model.WEIGHTS_MODES, never "auto")
     file_bytes: int = 0  # the target's files
     huge_page_bytes: int = 0  # of a copy, what the kernel put on huge pages
 
 
 @dataclass(frozen=True)
 class RunTrace:
-    """A traced run's spans (engine.trace) and what the Chrome trace's metadata says of the run."""
+    """A traced run's spans (engine.core.trace) and what the Chrome trace's metadata says of the run."""
 
     run: int  # the run's index in the history
     spans: list[Span]
     metadata: dict
     lost: int = 0  # spans the core had no room for
-    dropped: int = 0  # the oldest steps' spans, not kept (engine.run.TRACE_KEPT_SPANS)
+    dropped: int = 0  # the oldest steps' spans, not kept (engine.runs.run.TRACE_KEPT_SPANS)
 
     def write(self, path) -> Path:
-        """The Chrome trace event JSON (engine.trace.write_chrome_trace; ArgumentError naming the file)."""
+        """The Chrome trace event JSON (engine.core.trace.write_chrome_trace; ArgumentError naming the file)."""
         return write_chrome_trace(path, self.spans, metadata=self.metadata)
 
 
@@ -114,7 +115,7 @@ def _load_pair(engine: Engine, target, draft, primary: str, weights: str, demo: 
     """Load a target (and a draft) on an engine (the engine thread's work): the models and what the GUI may know of
     them. Nothing stays loaded when this fails."""
     if demo is not None:
-        from engine.demo import ensure_demo_pair
+        from engine.checkpoints.demo import ensure_demo_pair
 
         built = ensure_demo_pair(demo.size, format=demo.format, quant=demo.quant)
         target, draft = built.target, (built.draft if demo.with_draft else None)
@@ -210,14 +211,15 @@ class WorkbenchState(QObject):
         self._wanted: Placement | None = None
         self.profile_path: Path | None = None  # the profile file the placement was opened from or saved to
         self.profile: Profile | None = None  # that profile (what a save keeps from it: app.profiles)
-        self.weights = "auto"  # how the next model opened is to be held (engine.model.WEIGHTS_MODES)
+        self.weights = "auto"  # how the next model opened is to be held (engine.core.model.WEIGHTS_MODES)
         self.running = False
         self.live = LiveBuffer()
-        # Whether runs record the per-token trace (engine.trace; the window's timeline turns it on while it is open),
-        # and the last run's trace when it was traced
+        # Whether runs record the per-token trace (engine.core.trace; the window's timeline turns it on while it is
+        # open), and the last run's trace when it was traced
         self.trace_runs = False
         self.last_trace: RunTrace | None = None
-        self.runs = History()  # the loaded model's runs (engine.history: references, kept in the user's data folder)
+        # the loaded model's runs (engine.profiles.history: references, kept in the user's data folder)
+        self.runs = History()
         self.keep_history = True  # whether runs are kept across restarts (a model with a fingerprint only)
         # the routing statistics the map shows, and what the engine's counters hold (Qt-free: app/models)
         self.routing_map = RoutingMap()
@@ -350,7 +352,7 @@ class WorkbenchState(QObject):
 
     @property
     def rooms(self) -> dict[str, ExpertRoom]:
-        """engine.placement's room per device: free, held, reserve."""
+        """engine.placement.placement's room per device: free, held, reserve."""
         return self.edits.rooms
 
     @property
@@ -372,7 +374,7 @@ class WorkbenchState(QObject):
         return self.edits.preview_ok
 
     def bytes_on(self, placement: Placement | None) -> dict[str, int]:
-        """Expert bytes each device holds under a placement (the engine's figures: engine.strategy)."""
+        """Expert bytes each device holds under a placement (the engine's figures: engine.placement.strategy)."""
         return self.edits.bytes_on(placement)
 
     def model_bytes_on(self, device: str) -> int:
@@ -493,7 +495,7 @@ class WorkbenchState(QObject):
     # ---- files -------------------------------------------------------------------------------------------
 
     def save_profile(self, path: str | Path, settings: RunSettings | None = None) -> bool:
-        """Write the placement, with the model, devices, run settings and routing, as an engine.profile file."""
+        """Write the placement, with the model, devices, run settings and routing, as a profile (engine.profiles)."""
         if self.placement is None or self.model is None:
             return False
         try:
@@ -515,7 +517,7 @@ class WorkbenchState(QObject):
         return True
 
     def set_weights(self, mode: str) -> None:
-        """How the next model opened is held (engine.model.WEIGHTS_MODES); the loaded pair stays as it is."""
+        """How the next model opened is held (engine.core.model.WEIGHTS_MODES); the loaded pair stays as it is."""
         if mode not in WEIGHTS_MODES:
             raise ValueError(f"weights mode {mode!r}: expected one of {', '.join(WEIGHTS_MODES)}")
         if mode == self.weights:
@@ -526,11 +528,11 @@ class WorkbenchState(QObject):
                                  f"'{self.model.weights}')")  # fmt: skip
 
     def open_profile(self, path: str | Path) -> Profile | None:
-        """Read a profile (engine.profile: file:line errors) and put its placement and routing in the editor.
+        """Read a profile (engine.profiles.profile: file:line errors) and put its placement and routing in the editor.
         Refused, with the engine's error in a dialog, when it was made for another model or does not fit it.
 
         When the open engine lacks what the profile's `devices:` section asks for (a device, a memory cap, a thread
-        count), the engine is made again with the profile's devices (engine.devices; the GPU runtimes loaded now
+        count), the engine is made again with the profile's devices (engine.core.devices; the GPU runtimes loaded now
         stay) and the pair reloaded on it, then the placement applied; a devices entry this machine cannot provide
         is refused at its file:line, with a hint, and the open engine stays."""
         if self.model is None:
@@ -726,7 +728,7 @@ class WorkbenchState(QObject):
         self.sigHistoryChanged.emit()
 
     def _load_history(self) -> None:
-        """The loaded model's runs kept from earlier sessions (engine.history); a damaged file is said and skipped."""
+        """The loaded model's runs kept from earlier sessions (engine.profiles.history); a damaged one is skipped."""
         fp = self.model.fingerprint if self.model is not None else None
         if not self.keep_history or fp is None:
             self.runs = History()
@@ -776,7 +778,7 @@ class WorkbenchState(QObject):
 
     def _counted(self, runs: tuple[int, int] | None, profiled: bool) -> None:
         """What the engine's routing counters hold now: the runs (first, last) since they were reset or a profiling
-        pass, and whether a profiling pass is in them. Calibrations never count (engine.costmodel pauses the
+        pass, and whether a profiling pass is in them. Calibrations never count (engine.placement.costmodel pauses the
         counting: Model.routing_paused)."""
         self.routing_map.counted(runs, profiled)
 
@@ -797,8 +799,8 @@ class WorkbenchState(QObject):
         self.worker.submit(lambda: side.target.reset_routing(), done, failed, "resetting routing")
 
     def profile_routing(self, prompts: list[str]) -> bool:
-        """Count expert hits over prompts with the provider (engine.routing's profiling pass unless replaced: it
-        resets the engine's counters first, so runs before it no longer count)."""
+        """Count expert hits over prompts with the provider (engine.placement.routing's profiling pass unless replaced:
+        it resets the engine's counters first, so runs before it no longer count)."""
         if self.model is None:
             self.sigMessage.emit("Open a model first")
             return False
@@ -878,9 +880,9 @@ class WorkbenchState(QObject):
             return None
 
     def apply_strategy(self, name: str, fast: str, fast_budget: int | None = None) -> bool:
-        """Fill the editor with a strategy of engine.strategy.STRATEGIES (one undoable edit), chosen by
-        engine.strategy.choose: the fast device holds at most fast_budget bytes of experts, every device at most its
-        room for experts. Measures the devices first when that has not been done (the edit then comes when the
+        """Fill the editor with a strategy of engine.placement.strategy.STRATEGIES (one undoable edit), chosen by
+        engine.placement.strategy.choose: the fast device holds at most fast_budget bytes of experts, every device at
+        most its room for experts. Measures the devices first when that has not been done (the edit then comes when the
         measurement ends)."""
         if self.model is None:
             return False

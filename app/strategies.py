@@ -1,11 +1,11 @@
-"""The placement strategies the window offers: engine.strategy's, which also picks the peer, orders the devices and
-sets the budgets (engine.strategy.choose). This module only names the buttons."""
+"""The placement strategies the window offers: engine.placement.strategy's, which also picks the peer, orders the
+devices and sets the budgets (engine.placement.strategy.choose). This module only names the buttons."""
 
 from __future__ import annotations
 
-from engine import strategy
-from engine.costmodel import ModelShape
-from engine.placement import Placement
+from engine.placement import strategy
+from engine.placement.costmodel import ModelShape
+from engine.placement.placement import Placement
 
 # the strategy buttons: name -> (button text, what it does, whether it needs routing statistics)
 STRATEGIES = {name: (strategy.STRATEGIES[name].title, strategy.STRATEGIES[name].what, strategy.STRATEGIES[name].ranks)

@@ -1,4 +1,4 @@
-"""The device timeline: what each device ran, when, in a traced run's last steps (engine.trace's spans).
+"""The device timeline: what each device ran, when, in a traced run's last steps (engine.core.trace's spans).
 
 One lane per device, one rectangle per span coloured by its kind (attention, routing, staging to the peers and back,
 experts, the primary's wait for the peers, ...), x the time in milliseconds since the first step shown; the draft's
@@ -24,7 +24,7 @@ from PySide6.QtCore import QPointF, QRectF, Qt, QTimer, Slot
 from PySide6.QtGui import QColor, QCursor, QPen
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSizePolicy, QSpinBox, QToolTip, QVBoxLayout, QWidget
 
-from engine.trace import SPAN_KINDS
+from engine.core.trace import SPAN_KINDS
 
 from .live import TRACED_STEPS, SpanColumns
 from .plots import _plot

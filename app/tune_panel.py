@@ -11,7 +11,7 @@ q, its mode, the prompts and tokens it was measured with, and the hashes it gave
 
 "also owner_local" measures every placement in owner_local mode too (TuneSettings.modes, as `tune --modes
 reference,owner_local`); its outputs change with the placement, so they are judged by their mean KL against the
-reference mode, not by hashes: a KL limit excludes the points over it (engine.tune.KLConstraint, as `--max-kl`),
+reference mode, not by hashes: a KL limit excludes the points over it (engine.tune.bench.KLConstraint, as `--max-kl`),
 and they are listed below the front with the reason the command prints.
 """
 
@@ -43,13 +43,13 @@ from PySide6.QtWidgets import (
 )
 
 from engine import tune
-from engine.demo import DEMO_PROMPTS
-from engine.errors import EngineError
-from engine.history import RunSettings, min_accept_rate
-from engine.placement import MIB, Placement
-from engine.quality import KLLimit
-from engine.speculative import MAX_DRAFT_TOKENS
-from engine.strategy import default_fast
+from engine.checkpoints.demo import DEMO_PROMPTS
+from engine.core.errors import EngineError
+from engine.placement.placement import MIB, Placement
+from engine.placement.strategy import default_fast
+from engine.profiles.history import RunSettings, min_accept_rate
+from engine.runs.quality import KLLimit
+from engine.runs.speculative import MAX_DRAFT_TOKENS
 
 from . import actions, profiles
 from .scrolling import FitsItsHeight
@@ -131,7 +131,8 @@ class TunedPoint:
 
     @classmethod
     def of(cls, p: tune.Point, fast: str, quality=None) -> TunedPoint:
-        """quality(point) -> its measured engine.quality.QualityCost or None (engine.tune.KLConstraint.cost)."""
+        """quality(point) -> its measured engine.runs.quality.QualityCost or None
+        (engine.tune.bench.KLConstraint.cost)."""
         lo, hi = p.spread
         m = p.last
         cost = None if quality is None else quality(p)

@@ -25,12 +25,21 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.demo import DEFAULT_FAMILY, DEFAULT_QUANT, FAMILIES, FOLDER_FORMATS, QUANTS, demo_name, quant_formats
-from engine.errors import ArgumentError, EngineError
-from engine.export import ENGINE_EXPORTS, EngineExport, LlamaCppExport, export_to, to_llama_cpp
+from engine.checkpoints.demo import (
+    DEFAULT_FAMILY,
+    DEFAULT_QUANT,
+    FAMILIES,
+    FOLDER_FORMATS,
+    QUANTS,
+    demo_name,
+    quant_formats,
+)
+from engine.core.errors import ArgumentError, EngineError
+from engine.core.files import atomic_write
+from engine.core.model import WEIGHTS_MODES
+from engine.export.engines import ENGINE_EXPORTS, EngineExport, export_to
+from engine.export.llama_cpp import LlamaCppExport, to_llama_cpp
 from engine.families import family as model_family
-from engine.files import atomic_write
-from engine.model import WEIGHTS_MODES
 
 from . import actions, history, theme
 from .devices_panel import DevicesPanel
@@ -56,14 +65,14 @@ COMPACT_WIDTH = 1200
 COMPACT_HEIGHT = 600
 SWITCH_ROOM = 16  # pixels above the wide arrangement's minimum where a shrinking window turns compact
 DEFAULT_SIZE = (1560, 980)  # the first launch's size, or the screen's available area less a margin
-DEMO_SIZE = "default"  # the demo pair File > Open demo model pair opens (engine.demo.SIZES)
+DEMO_SIZE = "default"  # the demo pair File > Open demo model pair opens (engine.checkpoints.demo.SIZES)
 SYNTHETIC = "synthetic: random weights, its text is noise by design"
 
 
 def demo_choices(family: str = DEFAULT_FAMILY) -> list[tuple[str, str | None, str, str]]:
     """File > Open demo model pair: (format, quant, menu text, tip) for the folder pair and each GGUF quantization;
-    for another demo family (engine.demo.FAMILIES), its folder pair (the DeepSeek and gpt-oss pairs have no GGUF form;
-    the gpt-oss folders hold MXFP4 experts, as released)."""
+    for another demo family (engine.checkpoints.demo.FAMILIES), its folder pair (the DeepSeek and gpt-oss pairs have
+    no GGUF form; the gpt-oss folders hold MXFP4 experts, as released)."""
     if family != DEFAULT_FAMILY:
         target, draft = FAMILIES[family]
         weights = FOLDER_FORMATS.get(family)
@@ -514,8 +523,9 @@ class MainWindow(QMainWindow):
         self.act_weights[mode].setChecked(True)
 
     def open_demo(self, format: str = "safetensors", quant: str | None = None, family: str = DEFAULT_FAMILY) -> None:
-        """The built-in synthetic demo pair: safetensors folders (bf16) or GGUF files (quant: engine.demo.QUANTS), of
-        the Qwen3-MoE family or another (engine.demo.FAMILIES: named to the state as 'family/size')."""
+        """The built-in synthetic demo pair: safetensors folders (bf16) or GGUF files (quant:
+        engine.checkpoints.demo.QUANTS), of the Qwen3-MoE family or another (engine.checkpoints.demo.FAMILIES: named to
+        the state as 'family/size')."""
         if self.confirm_discard():
             self.state.load_models(None, demo=demo_name(DEMO_SIZE, family), demo_format=format, demo_quant=quant)
 
@@ -573,8 +583,8 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def export_engine(self, fmt: str) -> None:
-        """The placement (and routing statistics) for another engine (engine.export.ENGINE_EXPORTS): its file saved
-        where the user says when it reads one (SGLang's expert location, lucebox's placement), then its arguments
+        """The placement (and routing statistics) for another engine (engine.export.engines.ENGINE_EXPORTS): its file
+        saved where the user says when it reads one (SGLang's expert location, lucebox's placement), then its arguments
         with that path in place of FILE.json, and what it cannot say, in a dialog with a Copy button."""
         s = self.state
         if s.placement is None or s.model is None:

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from engine.checkpoint import Checkpoint
-from engine.demo import ensure_demo_pair
+from engine.checkpoints.checkpoint import Checkpoint
+from engine.checkpoints.demo import ensure_demo_pair
 
 
 def _as_f32(raw: bytes, dtype: str) -> np.ndarray:
@@ -67,8 +67,8 @@ def convert(src: Path, dst: Path, dtype: str) -> Path:
 
 
 def demo_target(size: str, dtype: str, family: str | None = None) -> Path:
-    """The demo target of a size (and family: engine.demo's, the default one when None) in bf16 (as built) or f32
-    (converted once, next to it in the cache)."""
+    """The demo target of a size (and family: engine.checkpoints.demo's, the default one when None) in bf16 (as built)
+    or f32 (converted once, next to it in the cache)."""
     target = ensure_demo_pair(size, family=family).target
     if dtype == "bf16":
         return target

@@ -1,8 +1,8 @@
 """The cost model's predicted decode tokens/s against measured speed, for several placements of the demo model.
 
-Calibrates the model on the devices (engine.costmodel.calibrate: a short decode with every expert on the primary,
-and one with every expert on the peer), profiles the routing over the demo prompts, then for each placement
-(single devices, which are the calibration points, and the strategies of engine.strategy) prints the predicted
+Calibrates the model on the devices (engine.placement.costmodel.calibrate: a short decode with every expert on the
+primary, and one with every expert on the peer), profiles the routing over the demo prompts, then for each placement
+(single devices, which are the calibration points, and the strategies of engine.placement.strategy) prints the predicted
 and the measured greedy decode tokens/s (target only, median of --repeats after a warm-up) and the error
 predicted / measured - 1. A last run of the first placement shows how far the machine drifted meanwhile.
 
@@ -22,12 +22,12 @@ import sys
 import time
 from pathlib import Path
 
-from engine import strategy as S
-from engine.costmodel import ModelShape, calibrate, measure_decode, predict_tokens_per_second
-from engine.demo import DEMO_PROMPTS, ensure_demo_pair
-from engine.errors import OutOfMemoryError
-from engine.model import Engine
-from engine.routing import profile as profile_routing
+from engine.checkpoints.demo import DEMO_PROMPTS, ensure_demo_pair
+from engine.core.errors import OutOfMemoryError
+from engine.core.model import Engine
+from engine.placement import strategy as S
+from engine.placement.costmodel import ModelShape, calibrate, measure_decode, predict_tokens_per_second
+from engine.placement.routing import profile as profile_routing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure import add_weights_argument  # noqa: E402

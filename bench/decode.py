@@ -28,8 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine.demo import DEMO_PROMPTS
-from engine.model import Engine
+from engine.checkpoints.demo import DEMO_PROMPTS
+from engine.core.model import Engine
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

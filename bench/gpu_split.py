@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 from measure import add_gpu_arguments, greedy_decode, write_report
 
-from engine.costmodel import ModelShape
-from engine.demo import DEMO_PROMPTS, ensure_demo_pair
-from engine.model import Engine
+from engine.checkpoints.demo import DEMO_PROMPTS, ensure_demo_pair
+from engine.core.model import Engine
+from engine.placement.costmodel import ModelShape
 
 
 def decode(model, prompt_ids, n_tokens, gpu=None, gpu_decode=None):

@@ -27,7 +27,7 @@ import time
 from measure import write_report
 from trace_cost import demo_window, window_run
 
-from engine.demo import DEMO_PROMPTS
+from engine.checkpoints.demo import DEMO_PROMPTS
 
 KEYS = ("shown", "hidden")
 

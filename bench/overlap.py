@@ -27,9 +27,9 @@ import sys
 
 from measure import add_model_arguments, at_least, prefill_ids, write_report
 
-from engine.demo import ensure_demo_pair
-from engine.model import Engine
-from engine.run import TRACE_ROOM_EXTRA, TRACE_ROOM_PER_LAYER
+from engine.checkpoints.demo import ensure_demo_pair
+from engine.core.model import Engine
+from engine.runs.run import TRACE_ROOM_EXTRA, TRACE_ROOM_PER_LAYER
 
 
 def runtimes_for(primary: str, peer: str) -> tuple[tuple[str, ...], int]:
@@ -77,7 +77,9 @@ def main() -> int:
     ap.add_argument("--peer", default="cpu:0")
     ap.add_argument("--tokens", type=at_least(2), default=48, help="decode steps per round")
     ap.add_argument("--rounds", type=at_least(1), default=4, help="pairs of rounds, trace off and on")
-    ap.add_argument("--family", default=None, help="the demo family (engine.demo's; default: its default one)")
+    ap.add_argument(
+        "--family", default=None, help="the demo family (engine.checkpoints.demo's; default: its default one)"
+    )
     ap.add_argument("--model", help="a target checkpoint (folder or .gguf) instead of the demo's of --size")
     args = ap.parse_args()
 

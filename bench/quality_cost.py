@@ -2,7 +2,7 @@
 the q8 activation precision (on the Q8_0 GGUF demo), and every experts-per-token count below the model's own.
 
 Each fast mode against the reference mode (f32, the model's own experts per token), target only, on the demo
-prompts (engine.quality.quality_cost): greedy agreement, mean and largest KL of the next-token distributions, the
+prompts (engine.runs.quality.quality_cost): greedy agreement, mean and largest KL of the next-token distributions, the
 first token where the outputs part; and decode tokens/s of both (median of --repeats passes) with their ratio.
 Prints a Markdown table and writes a JSON report:
 
@@ -18,10 +18,10 @@ import sys
 
 from measure import write_report
 
-from engine.demo import ensure_demo_pair
-from engine.model import Engine
-from engine.quality import quality_cost
-from engine.run import DecodeRun
+from engine.checkpoints.demo import ensure_demo_pair
+from engine.core.model import Engine
+from engine.runs.quality import quality_cost
+from engine.runs.run import DecodeRun
 
 
 def measure(reference, fast, label: str, devices: str, tokens: int, repeats: int, **settings) -> dict:

@@ -22,9 +22,9 @@ import statistics
 from measure import write_report
 
 from app.live import LiveBuffer
-from engine.demo import DEMO_PROMPTS, ensure_demo_pair
-from engine.model import Engine
-from engine.run import DecodeRun
+from engine.checkpoints.demo import DEMO_PROMPTS, ensure_demo_pair
+from engine.core.model import Engine
+from engine.runs.run import DecodeRun
 
 
 def main() -> int:
@@ -85,7 +85,7 @@ def demo_window(size: str, tokens: int, q: int):
 
     from app.screenshot import _wait
     from app.window import MainWindow
-    from engine.placement import Placement
+    from engine.placement.placement import Placement
 
     app = QApplication.instance() or QApplication([])
     folder = tempfile.mkdtemp()

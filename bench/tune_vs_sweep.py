@@ -27,10 +27,10 @@ import time
 from pathlib import Path
 
 from engine import tune
-from engine.costmodel import ModelShape
-from engine.demo import DEMO_PROMPTS, ensure_demo_pair
-from engine.model import Engine
-from engine.placement import device_bytes
+from engine.checkpoints.demo import DEMO_PROMPTS, ensure_demo_pair
+from engine.core.model import Engine
+from engine.placement.costmodel import ModelShape
+from engine.placement.placement import device_bytes
 
 LAST = tune.DEFAULT_RUNGS[-1]
 

@@ -47,9 +47,9 @@ import sys
 import tarfile
 from pathlib import Path
 
-from engine.checkpoint import Checkpoint
-from engine.demo import DEMO_PROMPTS
-from engine.model import Engine
+from engine.checkpoints.checkpoint import Checkpoint
+from engine.checkpoints.demo import DEMO_PROMPTS
+from engine.core.model import Engine
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -282,7 +282,9 @@ def main() -> int:
         choices=("q8", "f32"),
         help="our activation precisions on the quantized files (default: q8 f32)",
     )
-    ap.add_argument("--family", default=None, help="the demo family (engine.demo's; default: its default one)")
+    ap.add_argument(
+        "--family", default=None, help="the demo family (engine.checkpoints.demo's; default: its default one)"
+    )
     ap.add_argument("--llama-env", type=Path, help="an existing environment with llama-cpp-python")
     ap.add_argument("--llama-run-env", type=Path,
                     help="another environment whose llama-cpp-python runs the files (the converter and quantizer stay "

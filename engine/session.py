@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .checkpoint import Checkpoint
-from .errors import EngineError
-from .model import Engine, Model
-from .speculative import check_shared_vocabulary
+from .checkpoints.checkpoint import Checkpoint
+from .core.errors import EngineError
+from .core.model import Engine, Model
+from .runs.speculative import check_shared_vocabulary
 
 ModelSource = str | os.PathLike | Checkpoint
 

@@ -1,7 +1,7 @@
 import pytest
 from fixture_paths import FIXTURES
 
-from engine.demo import ensure_demo_pair
+from engine.checkpoints.demo import ensure_demo_pair
 
 
 @pytest.fixture(scope="session")

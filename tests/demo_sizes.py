@@ -1,7 +1,7 @@
 """A demo size far smaller than the built-in ones, for the tests that build demo pairs of their own (a plain module:
 tests/ is on the path through tests/conftest.py)."""
 
-from engine.demo import SIZES, DemoSize
+from engine.checkpoints.demo import SIZES, DemoSize
 
 # every width a multiple of 32, so that it is also written as GGUF (Q8_0 and MXFP4 store rows in blocks of 32)
 TINY = DemoSize("tiny", vocab_size=512, hidden_size=64, num_layers=3, draft_layers=2, num_experts=4, top_k=2,

@@ -20,9 +20,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.checkpoint import Checkpoint
-from engine.errors import CheckpointError, EngineError, ModuleLoadError, OutOfMemoryError, RangeError, UnsupportedError
-from engine.model import Engine
+from engine.checkpoints.checkpoint import Checkpoint
+from engine.core.errors import (
+    CheckpointError,
+    EngineError,
+    ModuleLoadError,
+    OutOfMemoryError,
+    RangeError,
+    UnsupportedError,
+)
+from engine.core.model import Engine
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -783,7 +790,7 @@ def test_module_path_does_not_exist_no_fallback():
 
 def test_module_wrong_abi_version(tmp_path):
     so = build_module(tmp_path, MODULE_WITH_TABLE % ("EB_RUNTIME_ABI_VERSION + 1", "&table"))
-    from engine.native import RUNTIME_ABI_VERSION as abi
+    from engine.core.native import RUNTIME_ABI_VERSION as abi
 
     with pytest.raises(ModuleLoadError, match=rf"{q(so)}.*ABI version {abi + 1}, expected {abi}"):
         Engine(module_paths={"cpu": str(so)})

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from test_format_pairs import F32_TOLERANCE, PROMPT, f16_fields, reference_logits, relative_error, write_model
 
-from engine import formats
-from engine.errors import CheckpointError
-from engine.model import Engine
+from engine.core import formats
+from engine.core.errors import CheckpointError
+from engine.core.model import Engine
 
 CASES = 48
 # q8 rounds each block of 32 activations to 8 bits; where one weight block's scale is hundreds of times its layer's,

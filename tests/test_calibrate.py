@@ -8,9 +8,9 @@ every layer must be given only the layers it can hold.
 import pytest
 from fixture_paths import FIXTURES
 
-from engine import costmodel
-from engine.errors import ArgumentError
-from engine.model import Engine
+from engine.core.errors import ArgumentError
+from engine.core.model import Engine
+from engine.placement import costmodel
 
 FIXED, TP, TD, JOIN, DENSE = 2e-3, 4e-5, 1e-5, 3e-4, 1.5e-3  # seconds: fixed, per expert on P / on d, join, P's dense
 
@@ -35,7 +35,7 @@ def calibrate_with_limit(monkeypatch, layers_room: float, placement: str | None 
     monkeypatch.setattr(costmodel, "measure_decode", fake_measure)
     with Engine(runtimes=("cpu", "hostsim"), cpu_threads=1) as probe:
         layer = costmodel.ModelShape.from_model(probe.load(FIXTURES / "qwen3moe-f32")).layer_bytes
-    # room for the layers asked for, after the tenth kept back for staging (engine.placement.ExpertRoom)
+    # room for the layers asked for, after the tenth kept back for staging (engine.placement.placement.ExpertRoom)
     limit = int(layers_room * layer / 0.9)
     opts = {"hostsim": {"memory_limit": limit}}
     with Engine(runtimes=("cpu", "hostsim"), cpu_threads=1, runtime_options=opts) as eng:

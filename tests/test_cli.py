@@ -180,7 +180,7 @@ def test_devices_json(capsys):
 
 
 def test_devices_lists_every_built_runtime_with_devices_or_its_reason(capsys):
-    from engine.native import core_location
+    from engine.core.native import core_location
 
     assert main(["devices"]) == 0
     out = capsys.readouterr().out
@@ -265,10 +265,10 @@ def test_gui_help_lists_the_windows_options(capsys):
 
 
 def test_run_reports_its_output_hash_and_the_windows_reference_run_of_the_same_outputs(capsys):
-    """`run` hashes its outputs as the window's history does (engine.history) and names the reference run of the same
-    outputs key kept there, saying whether it still gives the same output; it keeps nothing there itself."""
-    from engine import history as H
-    from engine.profile import fingerprint
+    """`run` hashes its outputs as the window's history does (engine.profiles.history) and names the reference run of
+    the same outputs key kept there, saying whether it still gives the same output; it keeps nothing there itself."""
+    from engine.profiles import history as H
+    from engine.profiles.profile import fingerprint
 
     model = FIXTURES / "qwen3moe-f32"
     args = ["run", "--model", str(model), "--prompt", REF_PROMPT, "-n", "8", "--repeats", "1"]
@@ -294,8 +294,8 @@ def test_run_reports_its_output_hash_and_the_windows_reference_run_of_the_same_o
            "(2026-12-01 10:00:00)" in capsys.readouterr().out  # fmt: skip
     # a reference that kept its ids and gaps, which part from this run's at token 2 by a near tie: the run says where,
     # and that only the placement differs, which must not change a reference-mode output
-    from engine.diverge import Trail
-    from engine.run import output_sha256
+    from engine.runs.diverge import Trail
+    from engine.runs.run import output_sha256
 
     ids = list(report["prompts"][0]["generated_ids"])
     ids[2] = (ids[2] + 1) % 64

@@ -31,9 +31,9 @@ from fixture_registry import (
     fixtures_on_disk,
 )
 
-from engine.checkpoint import Checkpoint
-from engine.model import Engine, Model
-from engine.placement import Placement
+from engine.checkpoints.checkpoint import Checkpoint
+from engine.core.model import Engine, Model
+from engine.placement.placement import Placement
 
 # A GGUF file that holds its folder's weights bit for bit (test_a_gguf_file_gives_the_bits_of_the_folder_it_came_from)
 # runs in the best kernels; in the portable ones its folder stands for it

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.demo import DEMO_PROMPTS
-from engine.model import Engine
+from engine.checkpoints.demo import DEMO_PROMPTS
+from engine.core.model import Engine
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))

@@ -12,13 +12,13 @@ import pytest
 from fixture_paths import FIXTURES
 from safetensors.numpy import load_file, save_file
 
-from engine.checkpoint import Checkpoint
-from engine.costmodel import Calibration, DeviceRate, ModelShape, predict_tokens_per_second
-from engine.errors import CheckpointError, EngineError, UnsupportedError
-from engine.export import to_llama_cpp
-from engine.model import Engine
-from engine.placement import Placement
-from engine.speculative import generate
+from engine.checkpoints.checkpoint import Checkpoint
+from engine.core.errors import CheckpointError, EngineError, UnsupportedError
+from engine.core.model import Engine
+from engine.export.llama_cpp import to_llama_cpp
+from engine.placement.costmodel import Calibration, DeviceRate, ModelShape, predict_tokens_per_second
+from engine.placement.placement import Placement
+from engine.runs.speculative import generate
 
 GGUF = FIXTURES / "deepseek-gguf"
 

@@ -7,13 +7,13 @@ import shutil
 import numpy as np
 import pytest
 
-from engine import demo
-from engine.checkpoint import Checkpoint
+from engine.checkpoints import demo
+from engine.checkpoints.checkpoint import Checkpoint
+from engine.checkpoints.demo import DEMO_PROMPTS, SIZES, check_pair, ensure_demo_pair, model_tensors
 from engine.cli import main
-from engine.demo import DEMO_PROMPTS, SIZES, check_pair, ensure_demo_pair, model_tensors
-from engine.errors import ArgumentError
-from engine.model import Engine
-from engine.run import DecodeRun
+from engine.core.errors import ArgumentError
+from engine.core.model import Engine
+from engine.runs.run import DecodeRun
 
 
 @pytest.fixture(scope="session")

@@ -11,10 +11,9 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # for the window's test, 
 
 import pytest
 
-from engine import demo
-from engine.checkpoint import Checkpoint
-from engine.cli import main
-from engine.demo import (
+from engine.checkpoints import demo
+from engine.checkpoints.checkpoint import Checkpoint
+from engine.checkpoints.demo import (
     DEMO_PROMPTS,
     SIZES,
     check_pair,
@@ -24,13 +23,14 @@ from engine.demo import (
     recipe,
     split_demo,
 )
-from engine.errors import ArgumentError
+from engine.cli import main
+from engine.core.errors import ArgumentError
+from engine.core.model import Engine
 from engine.families.deepseek_v3 import DEMO_SIZES as DEEPSEEK_SIZES
-from engine.model import Engine
-from engine.profile import ModelRef, ProfileError
-from engine.profile import loads as load_profile
-from engine.run import DecodeRun, output_sha256
-from engine.speculative import generate
+from engine.profiles.profile import ModelRef, ProfileError
+from engine.profiles.profile import loads as load_profile
+from engine.runs.run import DecodeRun, output_sha256
+from engine.runs.speculative import generate
 
 N = 48  # tokens per prompt in the greedy comparisons
 
@@ -252,7 +252,7 @@ def test_the_window_offers_the_deepseek_pair_and_saves_a_profile_naming_it(ds_pa
 
     from app.state import WorkbenchState
     from app.window import MainWindow
-    from engine.profile import load
+    from engine.profiles.profile import load
 
     def unexpected(parent, title, text, *args, **kwargs):
         raise AssertionError(f"unexpected dialog {title!r}: {text}")

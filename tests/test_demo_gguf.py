@@ -10,13 +10,14 @@ import pytest
 from demo_sizes import TINY
 from safetensors.numpy import save_file
 
-from engine import demo, formats
-from engine.checkpoint import Checkpoint
+from engine.checkpoints import demo
+from engine.checkpoints.checkpoint import Checkpoint
+from engine.checkpoints.demo import DEMO_PROMPTS, SIZES, DemoSize, check_block_widths, ensure_demo_pair
 from engine.cli import main
-from engine.demo import DEMO_PROMPTS, SIZES, DemoSize, check_block_widths, ensure_demo_pair
-from engine.errors import ArgumentError
-from engine.model import Engine
-from engine.run import DecodeRun
+from engine.core import formats
+from engine.core.errors import ArgumentError
+from engine.core.model import Engine
+from engine.runs.run import DecodeRun
 
 QUANTS = ["q8_0", "mxfp4"]
 

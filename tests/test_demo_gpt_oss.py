@@ -15,11 +15,9 @@ import numpy as np
 import pytest
 from fixture_paths import FIXTURES
 
-from engine import demo
-from engine.checkpoint import Checkpoint
-from engine.cli import main
-from engine.costmodel import ModelShape
-from engine.demo import (
+from engine.checkpoints import demo
+from engine.checkpoints.checkpoint import Checkpoint
+from engine.checkpoints.demo import (
     DEMO_PROMPTS,
     SIZES,
     check_pair,
@@ -30,16 +28,19 @@ from engine.demo import (
     recipe,
     split_demo,
 )
-from engine.errors import ArgumentError
-from engine.export import to_ktransformers, to_llama_cpp
+from engine.cli import main
+from engine.core.errors import ArgumentError
+from engine.core.model import Engine
+from engine.export.engines import to_ktransformers
+from engine.export.llama_cpp import to_llama_cpp
 from engine.families.gpt_oss import DEMO_SIZES as GPT_OSS_SIZES
 from engine.families.synthetic import normal
-from engine.model import Engine
-from engine.placement import Placement
-from engine.profile import ModelRef, ProfileError
-from engine.profile import loads as load_profile
-from engine.run import DecodeRun, output_sha256
-from engine.speculative import generate
+from engine.placement.costmodel import ModelShape
+from engine.placement.placement import Placement
+from engine.profiles.profile import ModelRef, ProfileError
+from engine.profiles.profile import loads as load_profile
+from engine.runs.run import DecodeRun, output_sha256
+from engine.runs.speculative import generate
 
 N = 48  # tokens per prompt in the greedy comparisons
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
@@ -336,7 +337,7 @@ def test_the_window_offers_the_gpt_oss_pair_and_saves_a_profile_naming_it(go_pai
 
     from app.state import WorkbenchState
     from app.window import MainWindow
-    from engine.profile import load
+    from engine.profiles.profile import load
 
     def unexpected(parent, title, text, *args, **kwargs):
         raise AssertionError(f"unexpected dialog {title!r}: {text}")

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from fixture_paths import FIXTURES
 
-from engine.errors import ArgumentError, OutOfMemoryError, UnsupportedError
-from engine.model import Engine
-from engine.run import DecodeRun
+from engine.core.errors import ArgumentError, OutOfMemoryError, UnsupportedError
+from engine.core.model import Engine
+from engine.runs.run import DecodeRun
 
 PLACEMENTS = {
     "all on the primary": "*=hostsim:0",

@@ -1,12 +1,13 @@
-"""engine.devices: one way to open an engine from device settings, a profile's `devices:` section included."""
+"""engine.core.devices: one way to open an engine from device settings, a profile's `devices:` section included."""
 
 import pytest
 from fixture_paths import FIXTURES
 
-from engine import profile as P
-from engine.devices import DeviceSettings, differences, engine_for_profile
-from engine.placement import format_bytes
-from engine.profile import ProfileError
+from engine.core.devices import DeviceSettings
+from engine.placement.placement import format_bytes
+from engine.profiles import profile as P
+from engine.profiles.devices import differences, engine_for_profile
+from engine.profiles.profile import ProfileError
 
 PROFILE = f"""expertbench_profile: 1
 model:

@@ -5,7 +5,9 @@ import pytest
 from fixture_paths import FIXTURES
 from quantized_fixtures import q8_0_gguf
 
-from engine.diverge import (
+from engine.core.errors import ArgumentError
+from engine.core.model import Engine
+from engine.runs.diverge import (
     NEAR_TIE_GAP,
     Outputs,
     Trail,
@@ -16,9 +18,7 @@ from engine.diverge import (
     replay_missing,
     top2,
 )
-from engine.errors import ArgumentError
-from engine.model import Engine
-from engine.run import DecodeRun
+from engine.runs.run import DecodeRun
 
 PROMPTS = [[1, 2, 3, 4], [5, 6, 7]]
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from fixture_paths import FIXTURES
 
-from engine.errors import ArgumentError, StateError
-from engine.model import Engine
-from engine.native import RUNTIME_ABI_VERSION, core_location
+from engine.core.errors import ArgumentError, StateError
+from engine.core.model import Engine
+from engine.core.native import RUNTIME_ABI_VERSION, core_location
 
 
 def test_cpu_module_found_next_to_the_core():
@@ -64,7 +64,7 @@ def test_several_cpu_devices():
 
 
 def test_unknown_device():
-    from engine.errors import RangeError
+    from engine.core.errors import RangeError
 
     with Engine() as eng, pytest.raises(RangeError, match="no device named 'cuda:0'"):
         eng.load(FIXTURES / "qwen3-f32", device="cuda:0")
@@ -141,7 +141,7 @@ def test_decode_returns_independent_arrays():
 
 
 def test_unknown_device_of_a_runtime_not_loaded_says_how_to_load_it():
-    from engine.errors import RangeError
+    from engine.core.errors import RangeError
 
     with Engine() as eng, pytest.raises(RangeError, match="runtime 'hostsim' is not loaded.*--runtime hostsim"):
         eng.device_index("hostsim:0")
@@ -150,7 +150,7 @@ def test_unknown_device_of_a_runtime_not_loaded_says_how_to_load_it():
 
 
 def test_generate_refuses_a_bool_token_count():
-    from engine.errors import ArgumentError
+    from engine.core.errors import ArgumentError
 
     with (
         Engine() as eng,
@@ -191,8 +191,8 @@ def test_generate_refuses_stop_ids_that_are_not_integers():
 
 
 def test_greedy_in_the_core_reports_bad_arguments():
-    from engine.errors import RangeError
-    from engine.native import check, ffi, lib
+    from engine.core.errors import RangeError
+    from engine.core.native import check, ffi, lib
 
     with Engine() as eng, eng.load(FIXTURES / "qwen3-f32") as model, model.context(16) as ctx:
         out, chosen = ffi.new("int32_t[4]"), ffi.new("int32_t *")
@@ -215,8 +215,8 @@ def test_greedy_chooses_no_token_from_logits_that_hold_nan(tmp_path):
     would take the first NaN, 5, and then 0 from rows all NaN) but fails naming the step and the token id."""
     from safetensors.numpy import load_file, save_file
 
-    from engine.errors import CheckpointError, NumericError
-    from engine.native import ffi, lib
+    from engine.core.errors import CheckpointError, NumericError
+    from engine.core.native import ffi, lib
 
     folder = tmp_path / "nan-row"
     shutil.copytree(FIXTURES / "qwen3-f32", folder)
@@ -239,7 +239,7 @@ def test_greedy_chooses_no_token_from_logits_that_hold_nan(tmp_path):
 
 
 def test_greedy_continues_from_a_chosen_token_and_refuses_bad_arguments():
-    from engine.errors import RangeError
+    from engine.core.errors import RangeError
 
     with Engine() as eng, eng.load(FIXTURES / "qwen3-f32") as model, model.context(32) as ctx:
         ctx.prefill([3, 17, 42], all_rows=False)

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from fixture_paths import FIXTURES
 
-from engine import export
-from engine.checkpoint import Checkpoint
+from engine.checkpoints.checkpoint import Checkpoint
 from engine.cli import main as cli_main
-from engine.errors import ArgumentError
-from engine.placement import Placement
-from engine.routing import RoutingStats
+from engine.core.errors import ArgumentError
+from engine.export import llama_cpp
+from engine.placement.placement import Placement
+from engine.placement.routing import RoutingStats
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "profiles"
 
@@ -46,25 +46,25 @@ def resolve(ot: str, names: list[str]) -> dict[str, str]:
 
 
 def uniform_config(n_layers=24):
-    from engine.checkpoint import ModelConfig
+    from engine.checkpoints.checkpoint import ModelConfig
 
     return ModelConfig("qwen3_moe", 100, 8, 8, n_layers, 1, 1, 8, 64, 1e4, 1e-6, False, False, num_experts=8, top_k=2,
                        moe_intermediate_size=4)  # fmt: skip
 
 
 def test_buffer_names():
-    assert export.llama_cpp_buffer("cpu:0") == "CPU" and export.llama_cpp_buffer("cpu:3") == "CPU"
-    assert export.llama_cpp_buffer("hostsim:0") == "CPU"
-    assert export.llama_cpp_buffer("cuda:0") == "CUDA0" and export.llama_cpp_buffer("cuda:12") == "CUDA12"
-    assert export.llama_cpp_buffer("hip:1") == "ROCm1"
+    assert llama_cpp.llama_cpp_buffer("cpu:0") == "CPU" and llama_cpp.llama_cpp_buffer("cpu:3") == "CPU"
+    assert llama_cpp.llama_cpp_buffer("hostsim:0") == "CPU"
+    assert llama_cpp.llama_cpp_buffer("cuda:0") == "CUDA0" and llama_cpp.llama_cpp_buffer("cuda:12") == "CUDA12"
+    assert llama_cpp.llama_cpp_buffer("hip:1") == "ROCm1"
     with pytest.raises(ArgumentError, match="no llama.cpp buffer type"):
-        export.llama_cpp_buffer("tpu:0")
+        llama_cpp.llama_cpp_buffer("tpu:0")
 
 
 def test_whole_layer_placement_round_trips_through_llama_cpp_matching():
     config = uniform_config(24)
     placement = Placement.parse("0-9=cuda:0; 10-11=cuda:1; 20-23=cuda:0; 1=cpu:0", config)
-    out = export.to_llama_cpp(placement, "cpu:0")
+    out = llama_cpp.to_llama_cpp(placement, "cpu:0")
     assert out.exact and out.args[:2] == ["-ngl", "0"] and out.args[2] == "-ot"
     names = gguf_tensor_names(24)
     got = resolve(out.override_tensor, names)
@@ -76,11 +76,11 @@ def test_whole_layer_placement_round_trips_through_llama_cpp_matching():
     # nothing but expert tensors is matched: not the router, not attention, not the embeddings
     assert all("_exps" in name for name in got)
     assert not any(p.search("blk.1.ffn_gate_inp.weight") for p, _ in
-                   ((re.compile(a), b) for a, b in export.parse_override_tensor(out.override_tensor)))  # fmt: skip
+                   ((re.compile(a), b) for a, b in llama_cpp.parse_override_tensor(out.override_tensor)))  # fmt: skip
 
 
 def test_layer_regex_does_not_match_other_layers_with_the_same_digits():
-    pattern = re.compile(export.layer_pattern([1, 2]))
+    pattern = re.compile(llama_cpp.layer_pattern([1, 2]))
     assert pattern.search("blk.1.ffn_up_exps.weight") and pattern.search("blk.2.ffn_down_exps.weight")
     for name in ("blk.11.ffn_up_exps.weight", "blk.21.ffn_up_exps.weight", "blk.12.ffn_gate_exps.weight",
                  "blk.1.ffn_up.weight", "blk.1.ffn_gate_inp.weight", "blk.1.ffn_up_shexp.weight"):  # fmt: skip
@@ -91,7 +91,7 @@ def test_layer_regex_does_not_match_other_layers_with_the_same_digits():
 
 def test_gpu_primary_and_hip_names():
     config = uniform_config(4)
-    out = export.to_llama_cpp(Placement.parse("*=cuda:0; 0-1=hip:1", config), "cuda:0")
+    out = llama_cpp.to_llama_cpp(Placement.parse("*=cuda:0; 0-1=hip:1", config), "cuda:0")
     assert out.args[:6] == ["-ngl", "999", "--split-mode", "none", "--main-gpu", "0"]
     assert out.override_tensor == r"blk\.(0|1)\.ffn_(up|down|gate|gate_up)_(ch|)exps=ROCm1"
 
@@ -99,13 +99,13 @@ def test_gpu_primary_and_hip_names():
 def ncmoe_overrides(n: int) -> str:
     r"""The -ot value llama.cpp builds for --n-cpu-moe N (llm_add_n_cpu_ffn_overrides, common/common.h): one
     override per layer 0..N-1, blk\.I + LLM_FFN_EXPS_REGEX, to the CPU."""
-    return ",".join(rf"blk\.{i}{export.EXPS_SUFFIX}=CPU" for i in range(n))
+    return ",".join(rf"blk\.{i}{llama_cpp.EXPS_SUFFIX}=CPU" for i in range(n))
 
 
 @pytest.mark.parametrize(("text", "n"), [("*=cuda:0; 0-7=cpu:0", 8), ("*=cpu:0", 16), ("*=cuda:0; 0=cpu:1", 1)])
 def test_the_first_n_expert_layers_on_the_cpu_export_as_n_cpu_moe(text, n):
     config = uniform_config(16)
-    out = export.to_llama_cpp(Placement.parse(text, config), "cuda:0")
+    out = llama_cpp.to_llama_cpp(Placement.parse(text, config), "cuda:0")
     assert out.exact and out.n_cpu_moe == n and out.args[-2:] == ["--n-cpu-moe", str(n)] and "-ot" not in out.args
     names = gguf_tensor_names(16)  # the same tensors land where llama.cpp's own --n-cpu-moe sends them
     assert resolve(out.override_tensor, names) == resolve(ncmoe_overrides(n), names)
@@ -114,22 +114,22 @@ def test_the_first_n_expert_layers_on_the_cpu_export_as_n_cpu_moe(text, n):
 @pytest.mark.parametrize("text", ["*=cuda:0; 1-7=cpu:0", "*=cuda:0; 0-3=cpu:0; 5=cpu:0", "*=cuda:0; 0-3=cuda:1",
                                   "*=cuda:0; 0-3=cpu:0; 8-9=cuda:1"])  # fmt: skip
 def test_other_placements_keep_their_override_tensor(text):
-    out = export.to_llama_cpp(Placement.parse(text, uniform_config(16)), "cuda:0")
+    out = llama_cpp.to_llama_cpp(Placement.parse(text, uniform_config(16)), "cuda:0")
     assert out.n_cpu_moe is None and "--n-cpu-moe" not in out.args and "-ot" in out.args
 
 
 def test_n_cpu_moe_counts_dense_layers_by_index():
     config = Checkpoint.open(FIXTURES / "qwen3moe-f32").config  # layer 1 is dense (mlp_only_layers)
-    out = export.to_llama_cpp(Placement.parse("*=cuda:0; 0=cpu:0; 2=cpu:0", config), "cuda:0")
+    out = llama_cpp.to_llama_cpp(Placement.parse("*=cuda:0; 0=cpu:0; 2=cpu:0", config), "cuda:0")
     assert out.n_cpu_moe == 3  # layers 0..2 by index; layer 1 has no expert tensors to move
-    out = export.to_llama_cpp(Placement.parse("*=cuda:0; 2=cpu:0", config), "cuda:0")
+    out = llama_cpp.to_llama_cpp(Placement.parse("*=cuda:0; 2=cpu:0", config), "cuda:0")
     assert out.n_cpu_moe is None
 
 
 def test_per_expert_exceptions_are_reported_not_silently_dropped():
     config = Checkpoint.open(FIXTURES / "qwen3moe-f32").config
     placement = Placement.parse("2=cuda:0; 2.6-7=cpu:1; 2.3=hip:0", config)
-    out = export.to_llama_cpp(placement, "cpu:0")
+    out = llama_cpp.to_llama_cpp(placement, "cpu:0")
     assert not out.exact
     (line,) = out.not_expressible
     assert line.startswith("layer 2: experts 3 on hip:0, 6-7 on cpu:1:") and "CUDA0 (cuda:0)" in line
@@ -139,7 +139,7 @@ def test_per_expert_exceptions_are_reported_not_silently_dropped():
 
 def test_cpu_devices_collapse_to_one_cpu_buffer():
     config = uniform_config(4)
-    out = export.to_llama_cpp(Placement.parse("0-1=cpu:1", config), "cpu:0")
+    out = llama_cpp.to_llama_cpp(Placement.parse("0-1=cpu:1", config), "cpu:0")
     assert out.exact and out.args == ["-ngl", "0"] and out.override_tensor == ""
     assert out.notes == ["cpu:0, cpu:1 are all the CPU in llama.cpp (one CPU buffer type; NUMA is --numa)"]
 

@@ -8,12 +8,12 @@ import json
 import numpy as np
 import pytest
 
-from engine import export
-from engine.checkpoint import ModelConfig
+from engine.checkpoints.checkpoint import ModelConfig
 from engine.cli import main as cli_main
-from engine.errors import ArgumentError
-from engine.placement import Placement
-from engine.routing import RoutingStats
+from engine.core.errors import ArgumentError
+from engine.export import engines
+from engine.placement.placement import Placement
+from engine.placement.routing import RoutingStats
 
 L, E, K = 6, 16, 4
 
@@ -51,7 +51,7 @@ def sglang_accepts(doc: dict, cfg, gpus: int | None, redundant: int) -> None:
 def test_sglang_logical_count_has_the_shape_sglang_reads():
     cfg = config()
     stats = skewed_stats(cfg)
-    out = export.to_sglang(Placement.single(cfg, "cpu:0"), cfg, stats)
+    out = engines.to_sglang(Placement.single(cfg, "cpu:0"), cfg, stats)
     sglang_accepts(out.document, cfg, None, 0)
     counts = np.array(out.document["logical_count"])
     assert (counts[1] == 0).all() and (counts[0] == stats.hits[0]).all()  # the dense layer's row is zeros
@@ -62,7 +62,7 @@ def test_sglang_logical_count_has_the_shape_sglang_reads():
 def test_sglang_physical_map_covers_every_expert_and_balances_the_load(gpus, redundant):
     cfg = config()
     stats = skewed_stats(cfg, seed=gpus + redundant)
-    out = export.to_sglang(Placement.single(cfg, "cpu:0"), cfg, stats, gpus, redundant)
+    out = engines.to_sglang(Placement.single(cfg, "cpu:0"), cfg, stats, gpus, redundant)
     sglang_accepts(out.document, cfg, gpus, redundant)
     m = np.array(out.document["physical_to_logical_map"])
     per_gpu = (E + redundant) // gpus
@@ -88,17 +88,17 @@ def test_sglang_physical_map_covers_every_expert_and_balances_the_load(gpus, red
 
 def test_sglang_and_vllm_refuse_replicas_that_do_not_divide_over_the_gpus():
     cfg = config()
-    for fn in (lambda: export.to_sglang(Placement.single(cfg, "cpu:0"), cfg, None, 3, 0),
-               lambda: export.to_vllm(Placement.single(cfg, "cpu:0"), cfg, 3, 1)):  # fmt: skip
+    for fn in (lambda: engines.to_sglang(Placement.single(cfg, "cpu:0"), cfg, None, 3, 0),
+               lambda: engines.to_vllm(Placement.single(cfg, "cpu:0"), cfg, 3, 1)):  # fmt: skip
         with pytest.raises(ArgumentError, match=r"divide evenly over --gpus 3"):
             fn()
     with pytest.raises(ArgumentError, match="--redundant -1"):
-        export.to_sglang(Placement.single(cfg, "cpu:0"), cfg, None, 4, -1)
+        engines.to_sglang(Placement.single(cfg, "cpu:0"), cfg, None, 4, -1)
 
 
 def test_vllm_gets_its_eplb_settings_and_is_told_what_it_cannot_take():
     cfg = config()
-    out = export.to_vllm(Placement.parse("*=cpu:0; 0=cuda:0", cfg), cfg, 4, 4)
+    out = engines.to_vllm(Placement.parse("*=cpu:0; 0=cuda:0", cfg), cfg, 4, 4)
     assert out.args[:2] == ["--enable-expert-parallel", "--enable-eplb"]
     eplb = json.loads(out.args[out.args.index("--eplb-config") + 1])
     assert eplb == {"num_redundant_experts": 4}  # EPLBConfig field; >= 0, (E + R) % ep_size == 0
@@ -109,7 +109,7 @@ def test_lucebox_placement_json_has_the_keys_and_shapes_it_checks():
     cfg = config()
     stats = skewed_stats(cfg)
     placement = Placement.parse("*=cpu:0; 0.0-5=cuda:0; 2=cuda:0; 3.8=cuda:1", cfg)
-    doc = export.to_lucebox(placement, cfg, stats).document
+    doc = engines.to_lucebox(placement, cfg, stats).document
     assert set(doc) == {"arch", "version", "n_layer", "n_expert", "n_expert_used", "total_hot", "hot_counts",
                         "hot_expert_ids"}  # fmt: skip
     assert (doc["n_layer"], doc["n_expert"], doc["n_expert_used"], doc["version"]) == (L, E, K, 1)
@@ -129,7 +129,7 @@ def test_lucebox_placement_json_has_the_keys_and_shapes_it_checks():
 )  # fmt: skip
 def test_ktransformers_gpu_experts(text, n, strategy):
     cfg = config()
-    out = export.to_ktransformers(Placement.parse(text, cfg), cfg)
+    out = engines.to_ktransformers(Placement.parse(text, cfg), cfg)
     assert out.args[:4] == ["--kt-num-gpu-experts", str(n), "--kt-expert-placement-strategy", strategy]
     assert bool(out.not_expressible) == (strategy == "frequency")
 
@@ -164,7 +164,7 @@ def _profile_copy(tmp_path):
 def test_import_routing_round_trips_what_the_export_wrote(tmp_path, capsys, xdg_cache, monkeypatch, fmt):
     """export (the sglang logical_count / the lucebox hotness CSV) then import-routing into another profile: the
     same statistics come back."""
-    from engine.profile import load
+    from engine.profiles.profile import load
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(xdg_cache))
     profile = _profile_copy(tmp_path)
@@ -244,7 +244,7 @@ def test_import_routing_refuses_a_hotness_table_of_counts_a_profile_cannot_hold(
 
 
 def test_a_profile_with_counts_past_2_53_is_refused_by_name(tmp_path, xdg_cache, monkeypatch):
-    from engine.profile import ProfileError, load
+    from engine.profiles.profile import ProfileError, load
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(xdg_cache))
     profile = _profile_copy(tmp_path)

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from engine import families
-from engine.checkpoint import parse_config
-from engine.errors import UnsupportedError
+from engine.checkpoints.checkpoint import parse_config
+from engine.core.errors import UnsupportedError
+from engine.core.native import lib
 from engine.families.base import ConfigKeys
-from engine.native import lib
 
 ENGINE = Path(__file__).resolve().parent.parent / "engine"
 
@@ -77,12 +77,12 @@ ARCH_NAME = re.compile(r"[\"'](qwen3|qwen3_moe|qwen3moe|deepseek_v3|deepseek2|gp
 
 
 def test_no_engine_module_outside_the_registry_names_a_family():
-    """A family is its module in engine/families/ (and its demo recipe, engine/demo.py): a module elsewhere that
-    names one (`if config.architecture == "deepseek_v3"`) is a second place the next family must find."""
+    """A family is its module in engine/families/ (and its demo recipe, engine/checkpoints/demo.py): a module elsewhere
+    that names one (`if config.architecture == "deepseek_v3"`) is a second place the next family must find."""
     named = []
     for path in sorted(ENGINE.rglob("*.py")):
         rel = path.relative_to(ENGINE).as_posix()
-        if rel.startswith("families/") or rel == "demo.py":
+        if rel.startswith("families/") or rel == "checkpoints/demo.py":
             continue
         for no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if ARCH_NAME.search(line):

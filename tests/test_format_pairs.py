@@ -23,8 +23,8 @@ import pytest
 from fixture_paths import FIXTURES
 from gguf_models import tokenizer_keys  # tests/gguf_models.py
 
-from engine import formats
-from engine.model import Engine
+from engine.core import formats
+from engine.core.model import Engine
 
 FOLDER = FIXTURES / "qwen3moe-f32"  # its tokenizer
 HIDDEN = INTER = 256  # the K formats' rows are whole 256-value blocks

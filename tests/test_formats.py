@@ -9,9 +9,9 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
-from engine import formats
-from engine.errors import ArgumentError, CheckpointError, UnsupportedError
-from engine.native import lib
+from engine.core import formats
+from engine.core.errors import ArgumentError, CheckpointError, UnsupportedError
+from engine.core.native import lib
 
 QUANTIZED = [name for name, f in formats.FORMATS.items() if f.quantized]
 
@@ -69,9 +69,9 @@ def test_tables_agree_with_ggml_and_the_core():
 
 
 def test_the_python_table_is_the_cores():
-    """engine.formats is read through eb_format_info, code by code: nothing on the Python side to keep in step."""
-    from engine.errors import RangeError
-    from engine.native import check, ffi
+    """engine.core.formats is read through eb_format_info, code by code: nothing on the Python side to keep in step."""
+    from engine.core.errors import RangeError
+    from engine.core.native import check, ffi
 
     assert [f.code for f in formats.FORMATS.values()] == list(range(lib.eb_format_count()))
     assert formats.BY_GGML_TYPE[formats.get("MXFP4").ggml_type].name == "MXFP4"
@@ -192,7 +192,7 @@ def test_bad_arguments_are_named():
     with pytest.raises(Exception, match="need 68 bytes, 34 given"):
         formats.dequantize("Q8_0", b"\0" * 34, 64)
     with pytest.raises(UnsupportedError, match="format code 99"):
-        from engine.native import check, ffi
+        from engine.core.native import check, ffi
 
         out = np.empty(32, dtype=np.float32)
         check(lib.eb_dequantize(99, b"\0" * 64, 64, 32, ffi.from_buffer("float[]", out)))

@@ -19,9 +19,9 @@ import pytest
 from fixture_paths import FIXTURES
 from test_bad_input import read_st, write_st
 
-from engine import formats
-from engine.errors import CheckpointError, EngineError, UnsupportedError
-from engine.model import Engine, Model
+from engine.core import formats
+from engine.core.errors import CheckpointError, EngineError, UnsupportedError
+from engine.core.model import Engine, Model
 
 SOURCE = FIXTURES / "deepseek-f32"
 FP8 = formats.get("F8_E4M3_B128")
@@ -245,7 +245,7 @@ def test_a_quantization_config_the_engine_does_not_run_is_named(folders, tmp_pat
 
 
 def test_the_config_says_its_scale_block(folders):
-    from engine.checkpoint import read_config
+    from engine.checkpoints.checkpoint import read_config
 
     assert read_config(folders[0]).weight_block == (128, 128)
     assert read_config(folders[1]).weight_block == ()  # the dequantized twin has no quantization_config

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from fixture_paths import FIXTURES
 
-from engine import profile as P
-from engine.checkpoint import Checkpoint
-from engine.errors import EngineError
-from engine.model import Engine
+from engine.checkpoints.checkpoint import Checkpoint
+from engine.core.errors import EngineError
+from engine.core.model import Engine
+from engine.profiles import profile as P
 
 PROMPT = [5, 17, 3, 44]
 NAME = "qwen3moe-f32"

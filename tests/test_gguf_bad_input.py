@@ -17,9 +17,9 @@ import pytest
 from fixture_paths import FIXTURES
 from gguf_models import Layout, gguf_tensors, to_gguf
 
-from engine.checkpoint import Checkpoint
-from engine.errors import CheckpointError, UnsupportedError
-from engine.model import Engine
+from engine.checkpoints.checkpoint import Checkpoint
+from engine.core.errors import CheckpointError, UnsupportedError
+from engine.core.model import Engine
 
 SOURCE = FIXTURES / "qwen3moe-f32"
 V = gguf.GGUFValueType

@@ -17,9 +17,9 @@ import pytest
 from fixture_paths import FIXTURES
 from gguf_models import Layout, to_gguf
 
-from engine.checkpoint import Checkpoint
-from engine.errors import CheckpointError, EngineError, UnsupportedError
-from engine.model import Engine
+from engine.checkpoints.checkpoint import Checkpoint
+from engine.core.errors import CheckpointError, EngineError, UnsupportedError
+from engine.core.model import Engine
 
 CASES = 2000
 PROMPT = [5, 17, 3, 44]

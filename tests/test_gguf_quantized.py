@@ -15,7 +15,7 @@ import pytest
 from fixture_paths import FIXTURES
 from fixture_registry import QUANTIZED
 
-from engine.model import Engine
+from engine.core.model import Engine
 
 GGUF = FIXTURES / "qwen3moe-gguf"
 
@@ -63,7 +63,7 @@ def test_avx512_q8_kernels_give_the_avx2_bits():
 
 @pytest.mark.parametrize("bad", ["avx512", "", "PORTABLE"])
 def test_unknown_kernels_are_named(bad, monkeypatch):
-    from engine.errors import ArgumentError
+    from engine.core.errors import ArgumentError
 
     with pytest.raises(ArgumentError, match="expected one of best, portable, avx2"):
         Engine(kernels=bad)

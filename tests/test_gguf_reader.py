@@ -18,13 +18,13 @@ from fixture_paths import FIXTURES
 from gguf_models import gguf_tensors, to_gguf
 from tokenizers import Tokenizer
 
-from engine import formats
-from engine.checkpoint import Checkpoint, read_config
+from engine.checkpoints.checkpoint import Checkpoint, read_config
+from engine.checkpoints.gguf_file import QWEN2_PATTERN, read_parts
 from engine.cli import main
-from engine.gguf_file import QWEN2_PATTERN, read_parts
-from engine.model import Engine
-from engine.profile import fingerprint
-from engine.profile import load as load_profile
+from engine.core import formats
+from engine.core.model import Engine
+from engine.profiles.profile import fingerprint
+from engine.profiles.profile import load as load_profile
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog.",

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from fixture_paths import FIXTURES
 
-from engine.checkpoint import Checkpoint
-from engine.errors import CheckpointError, EngineError
-from engine.model import Engine
-from engine.speculative import SpeculativeDecoder, generate
+from engine.checkpoints.checkpoint import Checkpoint
+from engine.core.errors import CheckpointError, EngineError
+from engine.core.model import Engine
+from engine.runs.speculative import SpeculativeDecoder, generate
 
 TOLERANCE = 1e-4  # relative L2 error per position
 
@@ -257,7 +257,7 @@ def test_gguf_reads_as_the_folder_it_came_from():
 
 
 def test_a_gguf_whose_expert_bias_has_the_wrong_count_names_the_tensor(tmp_path):
-    from engine import gguf_file
+    from engine.checkpoints import gguf_file
 
     data = bytearray(GGUF.read_bytes())
     part = gguf_file.read_part(GGUF)

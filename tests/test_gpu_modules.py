@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from fixture_paths import FIXTURES
 
-from engine.model import Engine
-from engine.native import core_location
+from engine.core.model import Engine
+from engine.core.native import core_location
 
 MODULES = Path(core_location())
 
@@ -112,7 +112,7 @@ def test_gpu_primary_matches_transformers_and_cpu_tokens(runtime, name):
 def test_speculative_run_on_a_gpu_primary_gives_its_greedy_tokens(runtime):
     """Verification batches (q + 1 rows: the multi-row kernels) against one-row steps (the decode kernels and
     graphs): a speculative run writes the tokens of target-only greedy decoding on the same GPU."""
-    from engine.run import DecodeRun
+    from engine.runs.run import DecodeRun
 
     with gpu_engine(runtime) as eng:
         gpu = f"{runtime}:0"

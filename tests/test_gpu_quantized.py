@@ -31,8 +31,8 @@ import pytest
 from fixture_paths import FIXTURES
 from test_gpu_modules import gpu_engine  # the engine with a GPU runtime, or a skip saying why there is none
 
-from engine import formats
-from engine.native import core_location
+from engine.core import formats
+from engine.core.native import core_location
 
 MODULES = Path(core_location())
 INCLUDE = Path(__file__).resolve().parent.parent / "native" / "include"

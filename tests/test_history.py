@@ -1,5 +1,5 @@
-"""engine.history: run records, which runs must give the same outputs, the reference of each, the history kept in
-the user's data folder, and what a profile may expect (the rounding rules regress and the window share)."""
+"""engine.profiles.history: run records, which runs must give the same outputs, the reference of each, the history kept
+in the user's data folder, and what a profile may expect (the rounding rules regress and the window share)."""
 
 import json
 import math
@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from engine import history as H
-from engine.errors import ArgumentError
-from engine.profile import new_file_mode
+from engine.core.errors import ArgumentError
+from engine.core.files import new_file_mode
+from engine.profiles import history as H
 
 FP = "sha256:" + "ab" * 32
 
@@ -46,7 +46,7 @@ def test_a_record_round_trips_through_json_with_unknown_numbers_as_null():
 
 
 def test_a_record_keeps_its_outputs_compactly_for_a_later_diagnosis():
-    from engine.diverge import Trail
+    from engine.runs.diverge import Trail
 
     trail = Trail([5, 9, 2], [0.5, 0.01, 2.0])
     r = record(outputs=[trail.compact()], kernels="avx2", top_k=2, diagnosis={"summary": "parts at token 1"})
@@ -193,10 +193,10 @@ def test_a_profile_expects_the_hashes_of_the_latest_run_with_its_outputs_key():
 
 
 def test_a_profile_saved_from_the_history_keeps_the_runs_outputs_for_a_later_diagnosis(tmp_path):
-    from engine.diverge import Trail
-    from engine.profile import ModelRef, Profile
-    from engine.profile import load as load_profile
-    from engine.run import output_sha256
+    from engine.profiles.profile import ModelRef, Profile
+    from engine.profiles.profile import load as load_profile
+    from engine.runs.diverge import Trail
+    from engine.runs.run import output_sha256
 
     trails = [Trail([1, 2, 3], [0.5, 0.01, 2.0]), Trail([4, 5, 6], [1.0, 1.0, 1.0])]
     hashes = [output_sha256(t.ids) for t in trails]

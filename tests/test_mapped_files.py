@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from fixture_paths import FIXTURES
 
-from engine.errors import CheckpointError
-from engine.model import Engine
+from engine.core.errors import CheckpointError
+from engine.core.model import Engine
 
 TOKENS = [3, 17, 42, 5]
 
@@ -84,8 +84,8 @@ def test_reading_past_the_new_end_of_a_mapped_file_is_survived(tmp_path):
 
 SCRIPT = """
 import resource, sys
-from engine.errors import EngineError
-from engine.model import Engine
+from engine.core.errors import EngineError
+from engine.core.model import Engine
 
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8192), hard))  # each mapped file keeps its descriptor

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from fixture_paths import FIXTURES
 
-from engine.errors import ArgumentError, OutOfMemoryError, RangeError
-from engine.model import Engine
-from engine.placement import Placement
+from engine.core.errors import ArgumentError, OutOfMemoryError, RangeError
+from engine.core.model import Engine
+from engine.placement.placement import Placement
 
 PLACEMENTS = {
     "all on cpu:0": "*=cpu:0",
@@ -205,7 +205,7 @@ def test_overflowing_a_device_is_refused_and_old_placement_kept():
 
 
 def test_dense_model_has_nothing_to_place(engine):
-    from engine.errors import UnsupportedError
+    from engine.core.errors import UnsupportedError
 
     model = engine.load(FIXTURES / "qwen3-f32")
     with pytest.raises((UnsupportedError, ArgumentError), match="no experts to place"):
@@ -213,7 +213,7 @@ def test_dense_model_has_nothing_to_place(engine):
 
 
 def test_text_form_round_trip():
-    from engine.checkpoint import Checkpoint
+    from engine.checkpoints.checkpoint import Checkpoint
 
     cfg = Checkpoint.open(FIXTURES / "qwen3moe-f32").config
     for text in ("0-2=cpu:0", "0=hostsim:0; 2=cpu:1", "0=cpu:1; 2.0-3=cpu:0; 2.4-7=hostsim:0"):
@@ -226,7 +226,7 @@ def test_text_form_round_trip():
         p.move_layer(1, "cpu:0")
 
 
-# ---- fit checks and moves (engine.placement: what the window and the command line ask) ----------------------
+# ---- fit checks and moves (engine.placement.placement: what the window and the command line ask) ---------------------
 
 
 class Dev:
@@ -243,7 +243,7 @@ SIZES = [MIB, 0, MIB]
 
 
 def test_rooms_count_what_the_models_experts_hold_and_a_reserve_on_devices_that_hold_copies():
-    from engine.placement import STAGING_MAX, expert_room, expert_rooms
+    from engine.placement.placement import STAGING_MAX, expert_room, expert_rooms
 
     sim = expert_room(Dev("hostsim:0", "sim", 2 * MIB), held=38 * MIB)  # a device full of this model's experts
     assert (sim.free, sim.held, sim.reserve) == (2 * MIB, 38 * MIB, 4 * MIB)  # a tenth of free + held
@@ -259,7 +259,7 @@ def test_rooms_count_what_the_models_experts_hold_and_a_reserve_on_devices_that_
 
 
 def test_a_move_gives_the_new_placement_or_says_why_not():
-    from engine.placement import PlacementRefused, device_bytes, moved
+    from engine.placement.placement import PlacementRefused, device_bytes, moved
 
     p = Placement([list(r) for r in OWNERS])
     devices = ["cpu:0", "hostsim:0"]
@@ -280,7 +280,7 @@ def test_a_move_gives_the_new_placement_or_says_why_not():
 
 
 def test_a_placement_that_overflows_a_device_is_refused_with_needed_against_free():
-    from engine.placement import PlacementRefused, check_fits, expert_rooms
+    from engine.placement.placement import PlacementRefused, check_fits, expert_rooms
 
     rooms = expert_rooms([Dev("cpu:0", "cpu", 0), Dev("hostsim:0", "sim", 3 * MIB)], {"hostsim:0": 0})
     before = Placement([list(r) for r in OWNERS])
@@ -301,7 +301,7 @@ def test_a_placement_that_overflows_a_device_is_refused_with_needed_against_free
 
 
 def test_a_models_bytes_on_a_device_count_its_other_weights_on_the_primary_only():
-    from engine.placement import model_bytes
+    from engine.placement.placement import model_bytes
 
     assert model_bytes("cpu:0", "cpu:0", experts=6, weight_bytes=100, all_expert_bytes=80, draft_weight_bytes=7) == 33
     assert model_bytes("hostsim:0", "cpu:0", experts=6, weight_bytes=100, all_expert_bytes=80) == 6

@@ -5,9 +5,9 @@ import json
 import pytest
 from fixture_paths import FIXTURES
 
-from engine import costmodel, plan
 from engine.cli import main
-from engine.errors import ArgumentError
+from engine.core.errors import ArgumentError
+from engine.placement import costmodel, plan
 
 DEMO_LAYER = 12 << 20  # the default demo target: 8 MoE layers of 12 MiB of experts
 
@@ -46,7 +46,7 @@ def test_plan_json_is_one_document_with_what_the_window_would_plan(demo, capsys)
     room = report["rooms"]["hostsim:0"]
     assert room["room"] == room["free"] + room["held"] - room["reserve"] and room["held"] == 0
     assert report["predicted_tokens_per_second"] > 0 and report["synthetic"] is True
-    # the same choice in Python: engine.strategy.choose with the window's rules
+    # the same choice in Python: engine.placement.strategy.choose with the window's rules
     placement = report["placement"]
     assert "hostsim:0" in placement and "cpu:0" in placement
 
@@ -118,7 +118,7 @@ def test_a_strategy_that_needs_two_devices_or_a_calibration_says_so(demo, capsys
 
 
 def test_a_device_that_cannot_be_measured_leaves_the_plan_without_a_prediction(capsys):
-    from engine.model import Engine
+    from engine.core.model import Engine
 
     def refuse(model, devices, **kwargs):
         raise ArgumentError("calibration: hostsim:0 cannot hold one MoE layer's experts to be measured")
@@ -136,7 +136,7 @@ def test_a_device_that_cannot_be_measured_leaves_the_plan_without_a_prediction(c
 
 
 def test_sizes_are_read_in_both_kinds_of_units():
-    from engine.placement import parse_size
+    from engine.placement.placement import parse_size
 
     assert parse_size("40MB") == 40_000_000 and parse_size("40 MiB") == 40 << 20 and parse_size("1.5GiB") == 3 << 29
     assert parse_size("65536") == 65536 and parse_size("2kb") == 2000 and parse_size("1TiB") == 1 << 40

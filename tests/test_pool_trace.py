@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.demo import ensure_demo_pair
+from engine.checkpoints.demo import ensure_demo_pair
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
@@ -25,7 +25,7 @@ def test_the_traced_module_builds_without_warnings(tmp_path):
 
 
 def test_pool_trace_accounts_for_every_weight_byte_of_a_step(tmp_path, xdg_cache):
-    from engine.model import Engine
+    from engine.core.model import Engine
 
     report_path = tmp_path / "trace.json"
     env = {**os.environ, "XDG_CACHE_HOME": str(xdg_cache), "PYTHONPATH": str(ROOT)}

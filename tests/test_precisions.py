@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from fixture_paths import FIXTURES
 
-from engine.errors import UnsupportedError
-from engine.model import Engine
-from engine.native import core_location
+from engine.core.errors import UnsupportedError
+from engine.core.model import Engine
+from engine.core.native import core_location
 
 GGUF = FIXTURES / "qwen3moe-gguf" / "model-q4_k_m.gguf"
 INCLUDE = Path(__file__).resolve().parent.parent / "native" / "include"

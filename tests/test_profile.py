@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 from fixture_paths import FIXTURES
 
-from engine import profile as P
-from engine.checkpoint import Checkpoint
-from engine.errors import ArgumentError
-from engine.placement import Placement
-from engine.profile import Profile, ProfileError
+from engine.checkpoints.checkpoint import Checkpoint
+from engine.core.errors import ArgumentError
+from engine.placement.placement import Placement
+from engine.profiles import profile as P
+from engine.profiles.profile import Profile, ProfileError
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "profiles"
 
@@ -405,12 +405,13 @@ def test_a_new_file_gets_the_users_umask_not_mkstemps_0600(tmp_path, umask, mode
     """Profiles, traces and history exports are written through a temp file (mkstemp: 0600); the file a user finds is
     the one open() would have made."""
     from app import history
-    from engine.trace import write_chrome_trace
+    from engine.core.files import atomic_write, new_file_mode
+    from engine.core.trace import write_chrome_trace
 
     old = os.umask(umask)
     try:
-        assert P.new_file_mode() == mode
-        P.atomic_write(tmp_path / "new.yaml", "a: 1\n")
+        assert new_file_mode() == mode
+        atomic_write(tmp_path / "new.yaml", "a: 1\n")
         write_chrome_trace(tmp_path / "t.json", [])
         history.write_csv(tmp_path / "runs.csv", [])
     finally:
@@ -441,7 +442,7 @@ def test_fingerprint_follows_the_model_not_its_packaging(tmp_path):
 def test_example_profiles_fit_a_freshly_built_demo_pair(tmp_path_factory, monkeypatch):
     """What 'expertbench regress profiles/*.yaml' checks before running, on the demo pairs built here and now (the
     folder pair, and the GGUF pair of the examples that name one)."""
-    from engine.demo import ensure_demo_pair
+    from engine.checkpoints.demo import ensure_demo_pair
 
     cache = tmp_path_factory.getbasetemp() / "xdg-cache"  # shared with the other test files
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import profile as P
 from engine.cli import main as cli_main
-from engine.profile import ProfileError
+from engine.profiles import profile as P
+from engine.profiles.profile import ProfileError
 
 HEAD = "expertbench_profile: 1\nmodel: {demo: default}\n"
 
@@ -119,8 +119,8 @@ def _fifo_and_link(tmp_path):
 def test_files_the_tool_writes_never_replace_a_fifo_or_block_on_it(tmp_path):
     """atomic_write (profiles, traces, history and exports) and every command's output path: a path that exists and
     is not a regular file (a device node, a FIFO; through a link too) is refused, and stays what it was."""
-    from engine.errors import ArgumentError
-    from engine.files import atomic_write
+    from engine.core.errors import ArgumentError
+    from engine.core.files import atomic_write
 
     fifo, link = _fifo_and_link(tmp_path)
     for target in (fifo, link):

@@ -10,11 +10,11 @@ from fixture_paths import FIXTURES
 from quantized_fixtures import q8_0_gguf
 
 from engine.cli import main
-from engine.diverge import first_difference
-from engine.errors import ArgumentError
-from engine.model import Engine
-from engine.quality import agreement, is_fast, kl_divergence, quality_cost, within_max_kl
-from engine.run import DecodeRun
+from engine.core.errors import ArgumentError
+from engine.core.model import Engine
+from engine.runs.diverge import first_difference
+from engine.runs.quality import agreement, is_fast, kl_divergence, quality_cost, within_max_kl
+from engine.runs.run import DecodeRun
 
 PROMPTS = [[1, 2, 3, 4], [5, 6, 7]]
 TARGET = FIXTURES / "qwen3moe-f32"
@@ -131,7 +131,7 @@ def test_run_reports_the_quality_cost_of_a_fast_mode(capsys):
 def test_the_max_kl_limit_measures_each_distinct_setting_once_and_says_why():
     """tune --max-kl's constraint on made-up costs: the reference settings are never measured, settings whose outputs
     do not depend on the placement are measured once whatever the placement, owner_local once per placement."""
-    from engine.quality import KLLimit, QualityCost, quality_key
+    from engine.runs.quality import KLLimit, QualityCost, quality_key
 
     asked = []
 
@@ -157,7 +157,7 @@ def test_the_max_kl_limit_measures_each_distinct_setting_once_and_says_why():
 
 
 def test_the_max_kl_limit_on_a_model():
-    from engine.quality import KLLimit
+    from engine.runs.quality import KLLimit
 
     with Engine() as eng:
         target = eng.load(TARGET)

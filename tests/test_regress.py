@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from fixture_paths import FIXTURES
 
-from engine import profile as P
-from engine import regress
 from engine.cli import main as cli_main
+from engine.profiles import profile as P
+from engine.profiles import regress
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET, DRAFT = FIXTURES / "qwen3moe-f32", FIXTURES / "qwen3-f32"
@@ -77,7 +77,7 @@ def test_record_writes_expectations_then_replay_passes(recorded, speeds, capsys)
 
 def test_weights_setting_reaches_the_engine_and_keeps_the_hashes(recorded, speeds, monkeypatch, capsys):
     """run.weights: the profile's files held as it says; the recorded hashes hold for copied and mapped weights."""
-    from engine.model import Engine
+    from engine.core.model import Engine
 
     asked, real_load = [], Engine.load
 
@@ -100,7 +100,7 @@ def test_weights_setting_reaches_the_engine_and_keeps_the_hashes(recorded, speed
 def test_no_check_weights_reaches_every_load(recorded, speeds, monkeypatch, capsys):
     """`regress --no-check-weights`: every model of the profiles (targets, drafts, baselines) loaded unchecked; by
     default checked."""
-    from engine.model import Engine
+    from engine.core.model import Engine
 
     asked, real_load = [], Engine.load
 
@@ -119,8 +119,8 @@ def test_no_check_weights_reaches_every_load(recorded, speeds, monkeypatch, caps
 def _tamper(path: Path, prompt: int, index: int, gap: float) -> tuple[str, str, int, int]:
     """Make a recorded profile say its run chose another token at `index` of `prompt`, with this top-2 gap (ids and
     hash changed together, as a recording elsewhere would give); returns (good hash, new hash, good id, new id)."""
-    from engine.diverge import Trail
-    from engine.run import output_sha256
+    from engine.runs.diverge import Trail
+    from engine.runs.run import output_sha256
 
     profile = P.load(path)
     e = profile.expectations
@@ -207,7 +207,7 @@ def test_changing_hashes_between_repeats_fail_and_are_never_recorded(recorded, m
     assert "CHANGED between repeats" in capsys.readouterr().out
 
     def flaky_ids(profile, **options):  # a repeat that parts at token 2 of prompt 0: diagnosed
-        from engine.diverge import Outputs, diagnose
+        from engine.runs.diverge import Outputs, diagnose
 
         m = real(profile, **options)
         m.repeat_hashes[1] = ["f" * 64] + m.repeat_hashes[1][1:]
@@ -266,7 +266,7 @@ def test_missing_profile_and_unavailable_devices_exit_2(recorded, capsys):
     junit = recorded / "gpu.xml"
     assert cli_main(["regress", str(recorded / "gpu.yaml"), "--junit", str(junit)]) == 2
     err = capsys.readouterr().err
-    # at the file:line of the cuda entry (engine.devices), with a hint
+    # at the file:line of the cuda entry (engine.core.devices), with a hint
     line = next(i for i, text in enumerate((recorded / "gpu.yaml").read_text().splitlines(), 1) if "cuda:" in text)
     where = f"{recorded / 'gpu.yaml'}:{line}: devices.cuda: this machine"
     assert f"{where} cannot provide it: " in err or f"{where} has no cuda:" in err, err
@@ -316,7 +316,7 @@ def test_exit_codes_through_the_command_line(recorded, tmp_path, capsys):
     assert main(["regress", str(recorded / "split.yaml"), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["exit_code"] == 0
-    from engine.history import combined_hash  # the one hash the window's history shows
+    from engine.profiles.history import combined_hash  # the one hash the window's history shows
 
     (split,) = (o for o in report["profiles"] if o["name"] == "split")
     assert split["output_hash"] == split["expected_output_hash"] == combined_hash(split["output_sha256"])
@@ -371,7 +371,7 @@ def test_a_profile_on_the_gguf_demo_pair_records_and_replays(tmp_path, monkeypat
     records and replays in the profile's precision; another quantization is another model (exit 2, named)."""
     from demo_sizes import use_tiny
 
-    from engine.demo import ensure_demo_pair
+    from engine.checkpoints.demo import ensure_demo_pair
 
     use_tiny(monkeypatch, tmp_path / "cache")
     text = ("expertbench_profile: 2\nmodel: {demo: tiny, format: gguf, quant: q8_0}\n"

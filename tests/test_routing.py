@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 from fixture_paths import FIXTURES
 
-from engine.errors import ArgumentError, CheckpointError
-from engine.model import Engine
-from engine.routing import RoutingStats, profile
+from engine.core.errors import ArgumentError, CheckpointError
+from engine.core.model import Engine
+from engine.placement.routing import RoutingStats, profile
 
 
 @pytest.fixture

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from fixture_paths import FIXTURES
 
-from engine import costmodel
-from engine.errors import StateError
-from engine.model import Engine
+from engine.core.errors import StateError
+from engine.core.model import Engine
+from engine.placement import costmodel
 
 
 @pytest.mark.parametrize("device", ["cpu:0", "hostsim:0"])

@@ -9,10 +9,10 @@ import pytest
 from fixture_paths import FIXTURES
 from quantized_fixtures import q8_0_gguf
 
-from engine.demo import ensure_demo_pair
-from engine.errors import ArgumentError, RangeError, StateError
-from engine.model import Engine
-from engine.run import DecodeRun, StepEvent
+from engine.checkpoints.demo import ensure_demo_pair
+from engine.core.errors import ArgumentError, RangeError, StateError
+from engine.core.model import Engine
+from engine.runs.run import DecodeRun, StepEvent
 
 PROMPTS = ["The quick brown fox jumps over the lazy dog.", "Mixture of experts"]
 

@@ -9,8 +9,8 @@ import shutil
 import pytest
 from fixture_paths import FIXTURES
 
-from engine.errors import ArgumentError, EngineError
-from engine.model import Engine
+from engine.core.errors import ArgumentError, EngineError
+from engine.core.model import Engine
 from engine.session import open_pair
 
 TARGET, DRAFT = FIXTURES / "qwen3moe-f32", FIXTURES / "qwen3-f32"

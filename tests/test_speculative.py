@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from fixture_paths import FIXTURES
 
-from engine.demo import DEMO_PROMPTS, ensure_demo_pair
-from engine.errors import ArgumentError, RangeError
-from engine.model import Engine
-from engine.run import output_sha256
-from engine.speculative import GreedyDecoder, SpeculativeDecoder, check_draft_q, generate
+from engine.checkpoints.demo import DEMO_PROMPTS, ensure_demo_pair
+from engine.core.errors import ArgumentError, RangeError
+from engine.core.model import Engine
+from engine.runs.run import output_sha256
+from engine.runs.speculative import GreedyDecoder, SpeculativeDecoder, check_draft_q, generate
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Mixture of experts"
 N = 48

@@ -4,9 +4,11 @@ import numpy as np
 import pytest
 from fixture_paths import FIXTURES
 
-from engine import strategy as S
-from engine.checkpoint import Checkpoint
-from engine.costmodel import (
+from engine.checkpoints.checkpoint import Checkpoint
+from engine.core.errors import ArgumentError
+from engine.core.model import Engine
+from engine.placement import strategy as S
+from engine.placement.costmodel import (
     Calibration,
     DeviceRate,
     ModelShape,
@@ -15,10 +17,8 @@ from engine.costmodel import (
     predict_tokens_per_second,
     step_seconds,
 )
-from engine.errors import ArgumentError
-from engine.model import Engine
-from engine.placement import Placement
-from engine.routing import RoutingStats
+from engine.placement.placement import Placement
+from engine.placement.routing import RoutingStats
 
 MB = 1_000_000
 # 6 layers (layer 3 dense), 8 experts of 1 MB, top-2
@@ -94,7 +94,7 @@ def test_dispatch_time_is_paid_once_per_layer_a_device_works_in():
 
 
 def test_calibration_solves_bandwidth_and_dispatch_from_two_batch_sizes():
-    from engine.costmodel import _rate
+    from engine.placement.costmodel import _rate
 
     # 5 layers: 10 experts per step at 1 position, 25 at 4; 2 us dispatch per layer, 1 MB per expert at 1 GB/s
     seconds = {1: 5 * 2e-6 + 10 * 1e-3, 4: 5 * 2e-6 + 25 * 1e-3}
@@ -384,7 +384,7 @@ class Dev:
 
 
 def rooms(free_gpu, held_gpu=0, devices=("cuda:0", "cpu:0")):
-    from engine.placement import expert_rooms
+    from engine.placement.placement import expert_rooms
 
     info = [Dev(d, "cpu" if d.startswith("cpu") else "gpu", free_gpu if d == "cuda:0" else 1 << 40) for d in devices]
     return expert_rooms(info, {"cuda:0": held_gpu})

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 from fixture_paths import FIXTURES
 
-import engine.model as engine_model
+import engine.core.model as engine_model
+from engine.checkpoints.demo import DEMO_PROMPTS
 from engine.cli import main
-from engine.demo import DEMO_PROMPTS
-from engine.errors import ArgumentError, RangeError
-from engine.model import Engine
-from engine.native import check, lib
-from engine.quality import quality_cost
-from engine.run import DecodeRun
+from engine.core.errors import ArgumentError, RangeError
+from engine.core.model import Engine
+from engine.core.native import check, lib
+from engine.runs.quality import quality_cost
+from engine.runs.run import DecodeRun
 
 # (fixture, its own experts per token, the smaller counts checked)
 FAMILIES = [("qwen3moe-f32", 2, (1,)), ("deepseek-f32", 4, (1, 3)), ("gpt-oss-bf16", 4, (2,))]
@@ -192,9 +192,9 @@ def test_run_with_fewer_experts_loads_once_and_reports_as_before(loads, capsys):
 
 
 def test_a_divergence_replays_a_run_of_fewer_experts_with_its_own_count(engine):
-    """engine.diverge re-computes a side's top-2 logits by replaying its ids: for a run that decoded with fewer experts
-    than loaded, with that count (a model loaded with it gives the same choice), not the loaded one."""
-    from engine.diverge import replay_choice
+    """engine.runs.diverge re-computes a side's top-2 logits by replaying its ids: for a run that decoded with fewer
+    experts than loaded, with that count (a model loaded with it gives the same choice), not the loaded one."""
+    from engine.runs.diverge import replay_choice
 
     ids = [int(t) for t in np.load(FIXTURES / "qwen3moe-f32" / "reference.npz")["generated_ids"][:6]]
     model = engine.load(FIXTURES / "qwen3moe-f32")

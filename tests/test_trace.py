@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from fixture_paths import FIXTURES
 
+from engine.checkpoints.demo import ensure_demo_pair
 from engine.cli import main
-from engine.demo import ensure_demo_pair
-from engine.errors import ArgumentError, RangeError
-from engine.model import Engine
-from engine.run import DecodeRun
-from engine.trace import SPAN_KINDS, chrome_trace, overlap_ns
+from engine.core.errors import ArgumentError, RangeError
+from engine.core.model import Engine
+from engine.core.trace import SPAN_KINDS, chrome_trace, overlap_ns
+from engine.runs.run import DecodeRun
 
 
 @pytest.fixture(scope="module")

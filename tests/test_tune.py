@@ -8,12 +8,12 @@ import pytest
 from fixture_paths import FIXTURES
 
 from engine import tune
-from engine.checkpoint import read_config
+from engine.checkpoints.checkpoint import read_config
 from engine.cli import main
-from engine.costmodel import ModelShape
-from engine.errors import ArgumentError
-from engine.placement import Placement, device_bytes
-from engine.profile import load
+from engine.core.errors import ArgumentError
+from engine.placement.costmodel import ModelShape
+from engine.placement.placement import Placement, device_bytes
+from engine.profiles.profile import load
 
 TARGET, DRAFT = FIXTURES / "qwen3moe-f32", FIXTURES / "qwen3-f32"
 FAST, PRIMARY = "hostsim:0", "cpu:0"
@@ -407,7 +407,7 @@ def test_json_is_one_document_with_the_measured_front_and_out_writes_a_profile_r
     assert profile.run.q == 2 and profile.run.tokens == chosen["tokens_per_prompt"]
     assert profile.expectations.output_sha256 == chosen["output_sha256"]
     assert profile.model.fingerprint and profile.draft.fingerprint
-    from engine import regress
+    from engine.profiles import regress
 
     assert regress.run([str(out)]).exit_code == 0  # the replay gives what the tuner measured
 
@@ -431,7 +431,7 @@ def test_the_table_names_the_front_and_the_chosen_point(capsys):
 
 
 def test_a_tuning_on_an_engine_can_be_cancelled_and_leaves_the_placement_as_it_was():
-    from engine.model import Engine
+    from engine.core.model import Engine
 
     with Engine(runtimes=("cpu", "hostsim")) as eng:
         target, draft = eng.load(TARGET), eng.load(DRAFT)
@@ -461,7 +461,7 @@ def test_a_tuning_on_an_engine_can_be_cancelled_and_leaves_the_placement_as_it_w
 
 
 def test_a_kl_limit_below_zero_is_refused_by_the_quality_rule_too():
-    from engine.quality import KLLimit
+    from engine.runs.quality import KLLimit
 
     with pytest.raises(ArgumentError, match="--max-kl -1: expected a number of nats >= 0"):
         KLLimit(-1, lambda *a: None)
@@ -495,7 +495,7 @@ def test_owner_local_points_under_max_kl_are_excluded_exactly_where_their_measur
 
 
 def test_the_profile_of_an_owner_local_point_is_written_in_that_mode(tmp_path):
-    from engine.profile import ModelRef, fingerprint
+    from engine.profiles.profile import ModelRef, fingerprint
 
     config = read_config(TARGET)
     placement = Placement.parse("0=hostsim:0", config)

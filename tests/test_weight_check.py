@@ -18,12 +18,12 @@ from fixture_paths import FIXTURES
 from test_fp8_weights import NAME as FP8_NAME
 from test_fp8_weights import folders  # noqa: F401 (the FP8 folder, a fixture)
 
-from engine import speculative
-from engine.checkpoint import Checkpoint
+from engine.checkpoints.checkpoint import Checkpoint
 from engine.cli import main
-from engine.errors import CheckpointError, NumericError
-from engine.greedy import greedy_choice
-from engine.model import Engine
+from engine.core.errors import CheckpointError, NumericError
+from engine.core.greedy import greedy_choice
+from engine.core.model import Engine
+from engine.runs import speculative
 
 QWEN = FIXTURES / "qwen3moe-f32"
 GGUF = FIXTURES / "qwen3moe-gguf"

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from app.models.placement import PlacementEdits, Refusal
-from engine.placement import ExpertRoom, Placement
+from engine.placement.placement import ExpertRoom, Placement
 
 LAYERS, EXPERTS, EXPERT_BYTES = 3, 4, 100  # layer 0 dense
 
@@ -108,7 +108,7 @@ def test_routing_statistics_of_another_shape_or_origin_are_refused_and_runs_are_
     import numpy as np
 
     from app.models.routing import RoutingMap
-    from engine.routing import RoutingStats
+    from engine.placement.routing import RoutingStats
 
     routing, heard = RoutingMap(), []
     routing.on_change(lambda: heard.append(routing.origin))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine.placement import Placement, PlacementRefused, check_fits, device_bytes, moved, overflow
+from engine.placement.placement import Placement, PlacementRefused, check_fits, device_bytes, moved, overflow
 
 EVENTS = ("changed", "preview")  # changed: the edited placement (and so undo, redo, dirty); preview: a hover's bytes
 
@@ -33,7 +33,7 @@ class Edit:
 
 @dataclass
 class PlacementEdits:
-    """The edited placement of the loaded model. bytes_of and rooms (engine.placement.ExpertRoom per
+    """The edited placement of the loaded model. bytes_of and rooms (engine.placement.placement.ExpertRoom per
     device) come with the model and the devices (reset, set_rooms). bytes_of(layer): one expert's bytes there."""
 
     placement: Placement | None = None
@@ -84,7 +84,7 @@ class PlacementEdits:
 
     def bytes_on(self, placement: Placement | None, device_names: list[str] | None = None) -> dict[str, int]:
         """Expert bytes each device (of device_names, else the model's devices) holds under a placement (the
-        engine's figures: engine.strategy)."""
+        engine's figures: engine.placement.strategy)."""
         names = self.device_names if device_names is None else device_names
         if self.bytes_of is None:
             return dict.fromkeys(names, 0)

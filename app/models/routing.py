@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.routing import RoutingStats
+from engine.placement.routing import RoutingStats
 
 ORIGINS = ("runs", "profiling", "profiling and runs", "profile", "given")
 

@@ -39,8 +39,8 @@ def ours(args) -> int:
     from decode import SustainedRead
     from measure import decode_speed, prefill_ids, prefill_speed
 
-    from engine.demo import DEMO_PROMPTS
-    from engine.model import Engine
+    from engine.checkpoints.demo import DEMO_PROMPTS
+    from engine.core.model import Engine
 
     with Engine(cpu_devices=1, cpu_threads=args.threads) as eng:
         model = eng.load(args.file)
@@ -225,7 +225,9 @@ def main() -> int:
     p = sub.add_parser("convert", help="the bench demo target as an F32 GGUF, by llama.cpp's converter")
     p.add_argument("--src", required=True, help="llama.cpp's source folder")
     p.add_argument("--size", default="bench")
-    p.add_argument("--family", default=None, help="the demo family (engine.demo's; default: its default one)")
+    p.add_argument(
+        "--family", default=None, help="the demo family (engine.checkpoints.demo's; default: its default one)"
+    )
     p.add_argument("--outtype", choices=("f32", "bf16"), default="f32")
     args = ap.parse_args()
     return {"run": run, "ours": ours, "convert": convert}[args.what](args)

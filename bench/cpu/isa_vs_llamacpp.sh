@@ -148,7 +148,7 @@ else
 fi
 
 files=()
-gguf() { python3 -c "from engine.demo import demo_folder; print(demo_folder('bench', format='gguf', quant='$1') \
+gguf() { python3 -c "from engine.checkpoints.demo import demo_folder; print(demo_folder('bench', format='gguf', quant='$1') \
 / 'target.gguf')"; }
 if [ "$FAMILY" = qwen3 ]; then
     f=$(gguf q8_0) && [ -f "$f" ] && files+=("Q8_0=$f")

@@ -18,9 +18,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from measure import decode_speed, greedy_decode, write_report  # noqa: E402
 
-from engine.checkpoint import Checkpoint  # noqa: E402
-from engine.demo import DEMO_PROMPTS  # noqa: E402
-from engine.model import Engine  # noqa: E402
+from engine.checkpoints.checkpoint import Checkpoint  # noqa: E402
+from engine.checkpoints.demo import DEMO_PROMPTS  # noqa: E402
+from engine.core.model import Engine  # noqa: E402
 
 
 def main() -> int:

@@ -24,9 +24,9 @@ python3 - "$quants" <<'PY' | tee "$OUT/ours.txt"  # the CPU's share in both prec
 import json, pathlib, statistics, sys
 sys.path.insert(0, "bench")
 from measure import decode_speed
-from engine.checkpoint import Checkpoint
-from engine.demo import DEMO_PROMPTS, ensure_demo_pair
-from engine.model import Engine
+from engine.checkpoints.checkpoint import Checkpoint
+from engine.checkpoints.demo import DEMO_PROMPTS, ensure_demo_pair
+from engine.core.model import Engine
 rows = []
 for q in sys.argv[1].split():
     pair = ensure_demo_pair("bench", format="gguf", quant=q)
@@ -49,8 +49,8 @@ cat /tmp/ll.done 2>/dev/null || { echo "llama.cpp build not done"; tail -3 /tmp/
 B=/tmp/ll/llama.cpp/build/bin/llama-bench
 if [ -x $B ]; then
     for q in $quants; do
-        f=$(python3 -c "from engine.demo import ensure_demo_pair; print(ensure_demo_pair('bench', format='gguf', quant='$q').target)")
-        n=$(python3 -c "from engine.checkpoint import Checkpoint; print(Checkpoint.open('$f').config.num_layers)")
+        f=$(python3 -c "from engine.checkpoints.demo import ensure_demo_pair; print(ensure_demo_pair('bench', format='gguf', quant='$q').target)")
+        n=$(python3 -c "from engine.checkpoints.checkpoint import Checkpoint; print(Checkpoint.open('$f').config.num_layers)")
         $B -m "$f" -ngl 99 -p 0 -n 128 -r 5 -o md 2>&1 | grep -E "tg128|error" | sed "s/^/$q all on GPU: /"
         $B -m "$f" -ngl 99 -ncmoe $((n / 2)) -t 8 -p 0 -n 128 -r 5 -o md 2>&1 | grep -E "tg128|error" |
             sed "s/^/$q ncmoe $((n / 2)): /"

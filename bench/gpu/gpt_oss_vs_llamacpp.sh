@@ -36,9 +36,9 @@ python3 - "$GGUF" "$THREADS" <<'PY' | tee "$OUT/ours.txt"
 import json, pathlib, statistics, sys
 sys.path.insert(0, "bench")
 from measure import decode_speed
-from engine.checkpoint import Checkpoint
-from engine.demo import DEMO_PROMPTS
-from engine.model import Engine
+from engine.checkpoints.checkpoint import Checkpoint
+from engine.checkpoints.demo import DEMO_PROMPTS
+from engine.core.model import Engine
 path, threads = sys.argv[1], int(sys.argv[2])
 ck = Checkpoint.open(path)
 prompt = ck.tokenizer.encode(DEMO_PROMPTS[0], add_special_tokens=False).ids
@@ -63,6 +63,6 @@ for i in $(seq 1 90); do [ -f /tmp/ll.done ] && break; sleep 5; done
 cat /tmp/ll.done 2>/dev/null || { echo "llama.cpp build not done"; tail -3 /tmp/ll.build; }
 B=/tmp/ll/llama.cpp/build/bin/llama-bench
 if [ -x $B ]; then
-    n=$(python3 -c "from engine.checkpoint import Checkpoint; print(Checkpoint.open('$GGUF').config.num_layers)")
+    n=$(python3 -c "from engine.checkpoints.checkpoint import Checkpoint; print(Checkpoint.open('$GGUF').config.num_layers)")
     $B -m "$GGUF" -ngl 99 -ncmoe "0,$((n / 2)),$n" -t "$THREADS" -p 0 -n 128 -r 5 -o md 2>&1 | tee "$OUT/llama.md"
 fi

@@ -13,8 +13,8 @@ third, a cuda module file to use instead of the installed one (an A/B of two bui
 import sys
 from pathlib import Path
 
-from engine.demo import DEMO_PROMPTS, SIZES, ensure_demo_pair
-from engine.model import Engine
+from engine.checkpoints.demo import DEMO_PROMPTS, SIZES, ensure_demo_pair
+from engine.core.model import Engine
 
 what = sys.argv[1] if len(sys.argv) > 1 else "bench"
 steps = int(sys.argv[2]) if len(sys.argv) > 2 else 4

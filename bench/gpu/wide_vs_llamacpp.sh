@@ -69,7 +69,7 @@ print(to_gguf(demo_target('wide', 'bf16'), 'bf16', python=Path(sys.executable), 
 wide2() { # two layers of the wide shape (2.6 GB), built in /tmp in seconds
     python3 -c "
 import dataclasses; from pathlib import Path
-from engine.demo import SIZES, build_pair
+from engine.checkpoints.demo import SIZES, build_pair
 if not Path('/tmp/wide2/manifest.json').exists():
     build_pair(Path('/tmp/wide2'), dataclasses.replace(SIZES['wide'], name='wide2', num_layers=2, draft_layers=1))
 "
@@ -101,8 +101,8 @@ import statistics, sys
 from pathlib import Path
 sys.path.insert(0, "bench")
 from measure import decode_speed
-from engine.demo import DEMO_PROMPTS
-from engine.model import Engine
+from engine.checkpoints.demo import DEMO_PROMPTS
+from engine.core.model import Engine
 folder = Path("/tmp/wide2")
 with Engine(runtimes=("cpu", "cuda")) as eng, eng.load(folder / "target", device="cuda:0") as m:
     m.set_placement("*=cuda:0")
@@ -122,7 +122,7 @@ PY
         nvcc -O3 -std=c++20 -shared -Inative/include -Xcompiler -fPIC,-fvisibility=hidden \
             -gencode=arch=compute_90,code=sm_90 -o /tmp/a.so "${A_SOURCE:-.ab/a.cu}" || exit 1
         wide2
-        BENCH=$(python3 -c "from engine.demo import ensure_demo_pair; print(ensure_demo_pair('bench').target)")
+        BENCH=$(python3 -c "from engine.checkpoints.demo import ensure_demo_pair; print(ensure_demo_pair('bench').target)")
         for m in /tmp/wide2/target "$BENCH"; do
             python3 bench/gpu/ab_modules.py --model "$m" --module A=/tmp/a.so --module B=/tmp/b.so --tokens 128 \
                 --repeats 3 --rounds 2 --threads "$THREADS" --json "$OUT/ab_$(basename "$(dirname "$m")").json" |
@@ -150,9 +150,9 @@ PY
 import statistics, sys
 sys.path.insert(0, "bench")
 from measure import decode_speed
-from engine.checkpoint import Checkpoint
-from engine.demo import DEMO_PROMPTS
-from engine.model import Engine
+from engine.checkpoints.checkpoint import Checkpoint
+from engine.checkpoints.demo import DEMO_PROMPTS
+from engine.core.model import Engine
 ck = Checkpoint.open(sys.argv[1])
 prompt = ck.tokenizer.encode(DEMO_PROMPTS[0], add_special_tokens=False).ids
 with Engine(runtimes=("cpu", "cuda")) as eng, eng.load(ck, device="cuda:0") as m:
@@ -170,7 +170,7 @@ PY
         GGUF=$(cat /tmp/gguf.path)
         python3 bench/gpu_primary.py --model "$GGUF" --tokens 128 --repeats 5 --threads "$THREADS" \
             --json "$OUT/gpu_primary_wide.json" | tail -8
-        n=$(python3 -c "from engine.checkpoint import Checkpoint; print(Checkpoint.open('$GGUF').config.num_layers)")
+        n=$(python3 -c "from engine.checkpoints.checkpoint import Checkpoint; print(Checkpoint.open('$GGUF').config.num_layers)")
         if [ -x $B/llama-bench ]; then
             $B/llama-bench -m "$GGUF" -ngl 99 -ncmoe "$((n / 2)),$n" -t "$THREADS" -p 0 -n 128 -r 5 -o md 2>&1 |
                 tee "$OUT/llama_cpu_experts.md"
@@ -181,11 +181,11 @@ PY
         build_ours || exit 1
         for q in ${QUANTS:-q8_0 mxfp4}; do
             python3 -m engine demo-model --size wide --format gguf --quant "$q" | tail -1
-            Q=$(python3 -c "from engine.demo import ensure_demo_pair; print(ensure_demo_pair('wide', format='gguf', quant='$q').target)")
+            Q=$(python3 -c "from engine.checkpoints.demo import ensure_demo_pair; print(ensure_demo_pair('wide', format='gguf', quant='$q').target)")
             [ -f "$Q" ] || { echo "no wide $q GGUF"; continue; }
             python3 bench/gpu_primary.py --model "$Q" --tokens 128 --repeats 5 --threads "$THREADS" \
                 --json "$OUT/gpu_primary_wide_$q.json" | tail -8
-            n=$(python3 -c "from engine.checkpoint import Checkpoint; print(Checkpoint.open('$Q').config.num_layers)")
+            n=$(python3 -c "from engine.checkpoints.checkpoint import Checkpoint; print(Checkpoint.open('$Q').config.num_layers)")
             [ -x $B/llama-bench ] || { echo "llama-bench not built: run the llama step first"; continue; }
             $B/llama-bench -m "$Q" -ngl 99 -ncmoe "0,$((n / 2)),$n" -t "$THREADS" -p 0 -n 128 -r 5 -o md 2>&1 |
                 tee "$OUT/llama_wide_$q.md"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import EngineError
+from ..core.errors import EngineError
 from . import demo_model, devices, export, gui, import_routing, plan, regress, run, tune
 from .gui import open_window, window_arguments
 

@@ -6,8 +6,17 @@ import argparse
 import json
 import time
 
-from ..demo import DEFAULT_FAMILY, DEMO_FORMATS, FAMILIES, QUANTS, SIZES, check_format, ensure_demo_pair, quant_formats
-from ..errors import EngineError
+from ..checkpoints.demo import (
+    DEFAULT_FAMILY,
+    DEMO_FORMATS,
+    FAMILIES,
+    QUANTS,
+    SIZES,
+    check_format,
+    ensure_demo_pair,
+    quant_formats,
+)
+from ..core.errors import EngineError
 from .common import SYNTHETIC_NOTE, demo_name, tell
 
 

@@ -6,10 +6,11 @@ import json
 import shlex
 import sys
 
-from ..checkpoint import read_config
-from ..export import ENGINE_EXPORTS, export_to, to_llama_cpp
-from ..files import atomic_write, check_output
-from ..profile import ProfileError, load
+from ..checkpoints.checkpoint import read_config
+from ..core.files import atomic_write, check_output
+from ..export.engines import ENGINE_EXPORTS, export_to
+from ..export.llama_cpp import to_llama_cpp
+from ..profiles.profile import ProfileError, load
 
 
 def add_parser(sub):

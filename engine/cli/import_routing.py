@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ..checkpoint import read_config
-from ..export import import_routing
-from ..profile import RoutingSpec, load
+from ..checkpoints.checkpoint import read_config
+from ..export.engines import import_routing
+from ..profiles.profile import RoutingSpec, load
 
 
 def add_parser(sub):

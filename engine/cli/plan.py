@@ -6,11 +6,11 @@ import argparse
 import json
 import sys
 
-from ..demo import is_synthetic
-from ..errors import EngineError
-from ..model import WEIGHTS_MODES
-from ..strategy import STRATEGIES as _STRATEGIES
-from ..strategy import check_name
+from ..checkpoints.demo import is_synthetic
+from ..core.errors import EngineError
+from ..core.model import WEIGHTS_MODES
+from ..placement.strategy import STRATEGIES as _STRATEGIES
+from ..placement.strategy import check_name
 from .common import check_model_args, demo_args, engine_args, make_engine, model_paths, synthetic_note, tell
 
 STRATEGY_NAMES = tuple(_STRATEGIES)
@@ -52,8 +52,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def cmd_plan(args) -> int:
-    from .. import plan
-    from ..routing import RoutingStats
+    from ..placement import plan
+    from ..placement.routing import RoutingStats
 
     try:
         check_name(args.strategy)

@@ -6,10 +6,10 @@ import argparse
 import json
 import sys
 
-from ..errors import ArgumentError
-from ..files import atomic_write, check_output
-from ..profile import ProfileError
-from ..regress import DEFAULT_SPEED_SLACK, run
+from ..core.errors import ArgumentError
+from ..core.files import atomic_write, check_output
+from ..profiles.profile import ProfileError
+from ..profiles.regress import DEFAULT_SPEED_SLACK, run
 
 
 def add_parser(sub) -> argparse.ArgumentParser:

@@ -9,15 +9,15 @@ import sys
 import time
 from pathlib import Path
 
-from ..demo import DEMO_PROMPTS, is_synthetic
-from ..errors import EngineError
-from ..files import check_output
-from ..formats import FORMATS
-from ..model import WEIGHTS_MODES
-from ..run import PRECISIONS, REDUCTION_MODES, DecodeRun, RunResult, StepEvent
+from ..checkpoints.demo import DEMO_PROMPTS, is_synthetic
+from ..core.errors import EngineError
+from ..core.files import check_output
+from ..core.formats import FORMATS
+from ..core.model import WEIGHTS_MODES
+from ..core.trace import write_chrome_trace
+from ..runs.run import PRECISIONS, REDUCTION_MODES, DecodeRun, RunResult, StepEvent
+from ..runs.speculative import MAX_DRAFT_TOKENS
 from ..session import open_pair
-from ..speculative import MAX_DRAFT_TOKENS
-from ..trace import write_chrome_trace
 from .common import (
     check_model_args,
     check_prompt,
@@ -205,10 +205,10 @@ def cmd_run(args) -> int:
 
 def _quality(eng, args, target_dir, target, prompts, result: RunResult):
     """The quality cost of the run's fast settings (owner_local, q8, --top-k) against the reference mode on its prompts
-    (engine.quality), the run itself as the fast side; None for a run in the reference settings. With --top-k below the
-    checkpoint's own the target is its own reference (the fast side's contexts decode with fewer); above it the
+    (engine.runs.quality), the run itself as the fast side; None for a run in the reference settings. With --top-k below
+    the checkpoint's own the target is its own reference (the fast side's contexts decode with fewer); above it the
     reference is the checkpoint loaded again with its own experts per token."""
-    from ..quality import is_fast, quality_cost
+    from ..runs.quality import is_fast, quality_cost
 
     native = getattr(target, "native_top_k", target.config.top_k)
     if not is_fast(result.mode, result.precision, args.top_k, native):
@@ -249,11 +249,11 @@ def _report(result: RunResult, target, draft, prompts, kernels: str, prompt_ids=
 
 
 def _reference(result: RunResult, target, prompts, prompt_ids=None) -> dict:
-    """The run's output hash as the window's history shows it (engine.history.combined_hash), and the reference run
-    of the same outputs key in that history (read only: `run` keeps nothing there), with whether they agree and,
-    where they do not, why (engine.diverge)."""
-    from ..history import History, combined_hash, diagnose_change, history_file, outputs_key
-    from ..profile import fingerprint
+    """The run's output hash as the window's history shows it (engine.profiles.history.combined_hash), and the reference
+    run of the same outputs key in that history (read only: `run` keeps nothing there), with whether they agree and,
+    where they do not, why (engine.runs.diverge)."""
+    from ..profiles.history import History, combined_hash, diagnose_change, history_file, outputs_key
+    from ..profiles.profile import fingerprint
 
     complete = bool(result.output_sha256) and len(result.output_sha256) == len(prompts)
     out = {"output_hash": combined_hash(result.output_sha256) if complete else None, "reference": None}
@@ -273,8 +273,8 @@ def _reference(result: RunResult, target, prompts, prompt_ids=None) -> dict:
 
 
 def _formats(model) -> list[str]:
-    """The weight formats of a model's tensors (engine/formats.py names), most bytes first (a gpt-oss folder's uint8
-    *_blocks and *_scales are the MXFP4 rows the core packs them into)."""
+    """The weight formats of a model's tensors (engine/core/formats.py names), most bytes first (a gpt-oss folder's
+    uint8 *_blocks and *_scales are the MXFP4 rows the core packs them into)."""
     held: dict[str, int] = {}
     for name, t in model.checkpoint.tensors.items():
         fmt = "MXFP4" if t.dtype == "U8" and name.endswith(("_blocks", "_scales")) else t.dtype

@@ -10,13 +10,13 @@ import threading
 import time
 from pathlib import Path
 
-from ..demo import DEFAULT_FAMILY, check_format, is_synthetic
-from ..errors import ArgumentError
-from ..files import check_output
-from ..model import WEIGHTS_MODES
-from ..routing import RoutingStats
+from ..checkpoints.demo import DEFAULT_FAMILY, check_format, is_synthetic
+from ..core.errors import ArgumentError
+from ..core.files import check_output
+from ..core.model import WEIGHTS_MODES
+from ..placement.routing import RoutingStats
+from ..runs.speculative import MAX_DRAFT_TOKENS
 from ..session import open_pair
-from ..speculative import MAX_DRAFT_TOKENS
 from ..tune import (
     AUTO_Q,
     DEFAULT_TIME_BUDGET,
@@ -123,7 +123,7 @@ class _ProgressLine:
 
 
 def _check_args(args) -> tuple[tuple[int, ...], dict[str, int]]:
-    from ..plan import parse_budgets
+    from ..placement.plan import parse_budgets
 
     qs = parse_q(args.q)
     args.modes = parse_modes(args.modes)
@@ -148,7 +148,7 @@ def _check_args(args) -> tuple[tuple[int, ...], dict[str, int]]:
 
 
 def _model_ref(args, folder):
-    from ..profile import ModelRef, fingerprint
+    from ..profiles.profile import ModelRef, fingerprint
 
     fp = fingerprint(folder)
     if args.model is None:  # the demo pair, by its name (never a path into the cache)
@@ -177,7 +177,7 @@ def cmd_tune(args) -> int:
                                 prompts=prompts, routing=routing, calibrate=not args.no_calibrate)  # fmt: skip
         constraints, kl = [], None
         if args.max_kl is not None:
-            from ..quality import KLLimit
+            from ..runs.quality import KLLimit
 
             limit = KLLimit.for_model(args.max_kl, target, prompts=prompts, tokens=QUALITY_TOKENS)
             kl = KLConstraint(limit, target.device)

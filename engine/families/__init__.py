@@ -1,14 +1,14 @@
 """The model families the engine runs, one module each (engine/families/<family>.py), registered here once.
 
-The readers of a Hugging Face folder (engine/checkpoint.py) and of a GGUF file (engine/gguf_file.py), the model's
-configuration (engine/model_config.py), the loader (engine/model.py) and the exports (engine/export.py) look a family
-up here and do what it says; none of them names a family. Adding a family is its module here, its file in
-native/src/models/ and its tests.
+The readers of a Hugging Face folder (engine/checkpoints/checkpoint.py) and of a GGUF file
+(engine/checkpoints/gguf_file.py), the model's configuration (engine/checkpoints/model_config.py), the loader
+(engine/core/model.py) and the exports (engine/export/engines.py) look a family up here and do what it says; none of
+them names a family. Adding a family is its module here, its file in native/src/models/ and its tests.
 """
 
 from __future__ import annotations
 
-from ..errors import UnsupportedError
+from ..core.errors import UnsupportedError
 from .base import Family
 from .deepseek_v3 import DEEPSEEK_V3
 from .gpt_oss import GPT_OSS

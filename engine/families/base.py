@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
-from ..errors import CheckpointError, EngineError, UnsupportedError
+from ..core.errors import CheckpointError, EngineError, UnsupportedError
 
 if TYPE_CHECKING:
     from .synthetic import DemoRecipe
 
-# llama.cpp's per-layer tensor names -> the Hugging Face names (engine/model.py binds those), as the llama-shaped
+# llama.cpp's per-layer tensor names -> the Hugging Face names (engine/core/model.py binds those), as the llama-shaped
 # families (Qwen3, and gpt-oss's attention) name them
 LAYER_TENSORS = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -101,7 +101,7 @@ def _power(n: int) -> str:
 
 
 class Metadata(Protocol):
-    """Typed reads of a GGUF file's metadata (engine/gguf_file.py's reader); errors name the file and the key."""
+    """Typed reads of a GGUF file's metadata (engine/checkpoints/gguf_file.py's reader); errors name file and key."""
 
     path: Path
     md: Mapping[str, Any]
@@ -158,7 +158,7 @@ class Family:
     gguf_expert_biases: Mapping[str, str] = field(default_factory=dict)
     extra_layers: Callable[[ConfigKeys], int] = lambda keys: 0
     ktransformers_note: Callable[[list[int]], str | None] = lambda whole: None
-    demo: DemoRecipe | None = None  # its built-in synthetic pair (engine/demo.py), when it has one
+    demo: DemoRecipe | None = None  # its built-in synthetic pair (engine/checkpoints/demo.py), when it has one
 
 
 def gguf_yarn_keys(a: str) -> dict[str, str]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import UnsupportedError
+from ..core.errors import UnsupportedError
 from .base import ConfigKeys, Family, GGUFShape, Metadata, gguf_theta, gguf_yarn, gguf_yarn_keys, yarn_rope
 from .synthetic import (
     FORMAT_VERSION,
@@ -198,7 +198,7 @@ def _ktransformers(whole: list[int]) -> str | None:
             "KTransformersExperts, generate_op KExpertsMarlin)")  # fmt: skip
 
 
-# ---- the demo pair (engine/demo.py): a DeepSeek-V3 target and a draft of dense DeepSeek-V3 layers -------------
+# ---- the demo pair (engine/checkpoints/demo.py): a DeepSeek-V3 target and a draft of dense DeepSeek-V3 layers --------
 
 
 @dataclass(frozen=True)

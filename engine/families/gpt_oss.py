@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import UnsupportedError
+from ..core.errors import UnsupportedError
 from .base import (
     LAYER_TENSORS,
     ConfigKeys,
@@ -159,7 +159,7 @@ def _ktransformers(whole: list[int]) -> str:
             "experts must run gpt-oss's MXFP4 experts with their biases and the clamped SwiGLU)")  # fmt: skip
 
 
-# ---- the demo pair (engine/demo.py): gpt-oss target and draft in the released MXFP4 layout ---------------------
+# ---- the demo pair (engine/checkpoints/demo.py): gpt-oss target and draft in the released MXFP4 layout ---------------
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import UnsupportedError
+from ..core.errors import UnsupportedError
 from .base import LAYER_TENSORS, MOE_LAYER_TENSORS, ConfigKeys, Family, GGUFShape, Metadata, gguf_even_head
 from .synthetic import (
     FORMAT_VERSION,
@@ -127,7 +127,7 @@ def _ktransformers(whole: list[int]) -> str | None:
             "the supported route")  # fmt: skip
 
 
-# ---- the demo pair (engine/demo.py): a Qwen3-MoE target and a dense Qwen3 draft built from it -----------------
+# ---- the demo pair (engine/checkpoints/demo.py): a Qwen3-MoE target and a dense Qwen3 draft built from it ------------
 
 
 @dataclass(frozen=True)

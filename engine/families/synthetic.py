@@ -1,4 +1,4 @@
-"""The seeded synthetic weights the families' demo recipes are made of (engine/demo.py writes them).
+"""The seeded synthetic weights the families' demo recipes are made of (engine/checkpoints/demo.py writes them).
 
 A tensor is a name, a shape and a maker of its float32 values; values depend only on (SEED, key), so the draft's
 copy of a target tensor is bit-identical to it, and a recipe is its code: a manifest with another recipe is rebuilt.
@@ -96,11 +96,12 @@ def evenly_spaced(num_layers: int, draft_layers: int) -> list[int]:
 
 @dataclass(frozen=True)
 class DemoRecipe:
-    """A family's built-in synthetic pair (engine/demo.py builds and caches it): its name there ('deepseek'), the
-    target and the draft in words, the file formats it is written in, its sizes (name -> a frozen dataclass, whose
-    fields are part of the recipe), config(size, role, eos_id) -> config.json, tensors(size, role) -> the tensors in
-    file order, layer_map(size) -> the target layer each draft layer carries, what its folders' weights are where not
-    all BF16, and whether its folders carry a tokenizer_config.json (engine.demo.TOKENIZER_CONFIG)."""
+    """A family's built-in synthetic pair (engine/checkpoints/demo.py builds and caches it): its name there
+    ('deepseek'), the target and the draft in words, the file formats it is written in, its sizes (name -> a frozen
+    dataclass, whose fields are part of the recipe), config(size, role, eos_id) -> config.json, tensors(size, role) ->
+    the tensors in file order, layer_map(size) -> the target layer each draft layer carries, what its folders' weights
+    are where not all BF16, and whether its folders carry a tokenizer_config.json
+    (engine.checkpoints.demo.TOKENIZER_CONFIG)."""
 
     name: str
     target: str

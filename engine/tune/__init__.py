@@ -1,12 +1,12 @@
 """`expertbench tune`: a measured search over placements and the draft length q, and its Pareto front.
 
-The search space comes from what the engine already knows how to plan (engine.strategy): every strategy under the
-devices' budgets, the k hottest whole layers on the fast device for every k, experts hottest first and the
+The search space comes from what the engine already knows how to plan (engine.placement.strategy): every strategy under
+the devices' budgets, the k hottest whole layers on the fast device for every k, experts hottest first and the
 critical-path balance at fractions of the fast device's budget, and single-expert moves of the hottest experts
-onto the fast device (and of its coldest off it) from the placements the cost model (engine.costmodel) likes best;
-each crossed with the draft lengths and the reduction modes asked for (--modes: the reference mode alone by
+onto the fast device (and of its coldest off it) from the placements the cost model (engine.placement.costmodel) likes
+best; each crossed with the draft lengths and the reduction modes asked for (--modes: the reference mode alone by
 default; owner_local measures every placement in that mode too). Every candidate fits the budgets
-(engine.placement's rule: a device's room for experts, or a smaller --budget) before it is ever measured.
+(engine.placement.placement's rule: a device's room for experts, or a smaller --budget) before it is ever measured.
 
 Time goes to measurements, by successive halving: every candidate decodes a short run (rung 0); the better half
 (a third when time is short; half of the places by speed, the rest by Pareto rank of speed against bytes on the
@@ -24,7 +24,7 @@ hash must equal that of one device alone (the target without draft, every expert
 tokens): a point that differs is kept and flagged, never hidden, never chosen. owner_local points' outputs change
 with the placement (another float association), so their hashes are not held to one device's: their quality is
 what --max-kl judges. A constraint (a callable: point -> why it is excluded, or None) keeps points off the front and
-out of the choice without hiding them; `--max-kl` is one (engine.quality.KLLimit: the mean KL of the point's mode
+out of the choice without hiding them; `--max-kl` is one (engine.runs.quality.KLLimit: the mean KL of the point's mode
 and placement against the reference mode, measured once per setting that can differ).
 
 Search and Tuning (on an engine) are apart so that the search runs on made-up measurements in tests: a bench is any

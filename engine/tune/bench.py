@@ -8,11 +8,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .. import strategy as S
-from ..costmodel import Calibration, ModelShape, calibrate
-from ..errors import ArgumentError
-from ..placement import Placement, expert_rooms
-from ..routing import RoutingStats
+from ..core.errors import ArgumentError
+from ..placement import strategy as S
+from ..placement.costmodel import Calibration, ModelShape, calibrate
+from ..placement.placement import Placement, expert_rooms
+from ..placement.routing import RoutingStats
 from .search import (
     AUTO_Q,
     CALIBRATION_TOKENS,
@@ -36,8 +36,8 @@ from .search import (
 
 
 class EngineBench:
-    """Measurements with engine.run.DecodeRun on a loaded target (and draft): every run in its candidate's mode (the
-    one-device reference runs in the reference mode), its routing not counted into the target's statistics (a
+    """Measurements with engine.runs.run.DecodeRun on a loaded target (and draft): every run in its candidate's mode
+    (the one-device reference runs in the reference mode), its routing not counted into the target's statistics (a
     calibration's is not either)."""
 
     def __init__(self, target, draft, prompts):
@@ -61,7 +61,7 @@ class EngineBench:
 
     def reference(self, tokens: int) -> tuple[list[str], float]:
         """The one-device hashes at this many tokens per prompt (measured once), and how long that run took."""
-        from ..run import DecodeRun
+        from ..runs.run import DecodeRun
 
         if tokens in self._references:
             return self._references[tokens]
@@ -77,7 +77,7 @@ class EngineBench:
         return list(result.output_sha256), result.seconds
 
     def measure(self, candidate: Candidate, tokens: int, repeats: int) -> Measurement:
-        from ..run import DecodeRun
+        from ..runs.run import DecodeRun
 
         draft = self.draft if candidate.q is not None else None
         run = DecodeRun(self.target, draft, prompts=self.prompts, tokens_per_prompt=tokens, repeats=repeats,
@@ -225,15 +225,15 @@ class Tuning:
 
 
 def _demo_prompts() -> list[str]:
-    from ..demo import DEMO_PROMPTS
+    from ..checkpoints.demo import DEMO_PROMPTS
 
     return list(DEMO_PROMPTS)
 
 
 class KLConstraint:
-    """--max-kl as the search's constraint: a point's mode and placement judged by an engine.quality.KLLimit (in f32,
-    at the model's own experts per token; the reference mode costs nothing and is never measured). cost(point): what
-    was measured for its setting (None: nothing, or not yet)."""
+    """--max-kl as the search's constraint: a point's mode and placement judged by an engine.runs.quality.KLLimit (in
+    f32, at the model's own experts per token; the reference mode costs nothing and is never measured). cost(point):
+    what was measured for its setting (None: nothing, or not yet)."""
 
     def __init__(self, limit, primary: str):
         self.limit, self.devices = limit, (primary,)
@@ -243,7 +243,7 @@ class KLConstraint:
         return self.limit.why(c.mode, "f32", None, c.placement.describe(), self.devices)
 
     def cost(self, point: Point):
-        from ..quality import is_fast, quality_key
+        from ..runs.quality import is_fast, quality_key
 
         c = point.candidate
         if not is_fast(c.mode, "f32"):

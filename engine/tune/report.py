@@ -6,8 +6,8 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
-from ..placement import mib
-from ..routing import RoutingStats
+from ..placement.placement import mib
+from ..placement.routing import RoutingStats
 from .bench import TuneResult
 from .search import Point
 
@@ -27,7 +27,7 @@ def _quality_dict(cost) -> dict | None:
 
 
 def point_dict(p: Point, fast: str, quality: Callable | None = None) -> dict:
-    """quality(point) -> its measured engine.quality.QualityCost or None (KLConstraint.cost)."""
+    """quality(point) -> its measured engine.runs.quality.QualityCost or None (KLConstraint.cost)."""
     lo, hi = p.spread
     m = p.last
     return {
@@ -150,10 +150,10 @@ def profile_for(point: Point, path, target_ref, draft_ref, primary: str, prompts
                 routing: RoutingStats | None = None):  # fmt: skip
     """The profile `expertbench regress` replays for a point: its placement, its q, its mode, the prompts and tokens
     it was measured with, the output hashes and acceptance it gave; the devices the placement names. target_ref and
-    draft_ref: engine.profile.ModelRef (with fingerprints)."""
-    from ..demo import DEMO_PROMPTS
-    from ..history import min_accept_rate
-    from ..profile import DeviceSpec, Expectations, PlacementSpec, Profile, RoutingSpec, RunSettings, loads
+    draft_ref: engine.profiles.profile.ModelRef (with fingerprints)."""
+    from ..checkpoints.demo import DEMO_PROMPTS
+    from ..profiles.history import min_accept_rate
+    from ..profiles.profile import DeviceSpec, Expectations, PlacementSpec, Profile, RoutingSpec, RunSettings, loads
 
     counts: dict[str, int] = {}
     for name in {primary, *point.candidate.placement.devices()}:

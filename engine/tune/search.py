@@ -10,12 +10,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .. import strategy as S
-from ..costmodel import Calibration, ModelShape, expert_shares, predict_tokens_per_second
-from ..errors import ArgumentError, EngineError
-from ..placement import Placement, device_bytes, mib
-from ..routing import RoutingStats
-from ..speculative import MAX_DRAFT_TOKENS
+from ..core.errors import ArgumentError, EngineError
+from ..placement import strategy as S
+from ..placement.costmodel import Calibration, ModelShape, expert_shares, predict_tokens_per_second
+from ..placement.placement import Placement, device_bytes, mib
+from ..placement.routing import RoutingStats
+from ..runs.speculative import MAX_DRAFT_TOKENS
 
 DEFAULT_TIME_BUDGET = 120.0  # seconds
 AUTO_Q = (1, 2, 3, 4)  # the draft lengths `--q auto` tries
@@ -76,8 +76,8 @@ def parse_q(text: str) -> tuple[int, ...]:
 
 
 def parse_modes(text: str) -> tuple[str, ...]:
-    """--modes: reduction modes, comma-separated (engine.run.REDUCTION_MODES), each once, in the order given."""
-    from ..run import REDUCTION_MODES
+    """--modes: reduction modes, comma-separated (engine.runs.run.REDUCTION_MODES), each once, in the order given."""
+    from ..runs.run import REDUCTION_MODES
 
     modes = tuple(dict.fromkeys(m.strip() for m in text.split(",")))
     bad = [m for m in modes if m not in REDUCTION_MODES]
@@ -89,7 +89,7 @@ def parse_modes(text: str) -> tuple[str, ...]:
 
 
 def parse_max_kl(text: str) -> float:
-    """--max-kl: a number of nats >= 0 (engine.quality.within_max_kl's rule)."""
+    """--max-kl: a number of nats >= 0 (engine.runs.quality.within_max_kl's rule)."""
     try:
         value = float(text)
     except ValueError:

@@ -10,8 +10,8 @@ from PySide6.QtWidgets import QAbstractButton, QFileDialog, QInputDialog, QMessa
 from test_app_tune import MadeUpTuning, made_up
 
 from app import actions
-from engine.costmodel import Calibration, DeviceRate
-from engine.profile import load
+from engine.placement.costmodel import Calibration, DeviceRate
+from engine.profiles.profile import load
 
 CALIBRATION = Calibration("cpu:0", 0.001, {"cpu:0": DeviceRate(bandwidth=2e9), "hostsim:0": DeviceRate(bandwidth=8e9)})
 

@@ -3,7 +3,7 @@
 from app_helpers import DRAFT, TARGET, TIMEOUT_MS
 from gguf_models import to_gguf  # tests/gguf_models.py (tests/ is on the path through tests/conftest.py)
 
-from engine.profile import fingerprint
+from engine.profiles.profile import fingerprint
 
 
 def test_open_gguf_target_and_draft(qtbot, make_window, tmp_path, monkeypatch):
@@ -31,8 +31,8 @@ def test_open_the_gguf_demo_pair_and_save_a_profile_that_names_it(qtbot, make_wi
     from demo_sizes import use_tiny
 
     import app.window
-    from engine import regress
-    from engine.profile import ModelRef, load
+    from engine.profiles import regress
+    from engine.profiles.profile import ModelRef, load
 
     cache = tmp_path / "cache"
     use_tiny(monkeypatch, cache)  # a tiny demo size, built in tmp_path

@@ -134,7 +134,7 @@ def test_a_placement_the_engine_refuses_shows_an_error_and_rolls_back(qtbot, mak
 def test_llama_cpp_export_shows_the_engines_arguments(qtbot, make_window, monkeypatch):
     from PySide6.QtWidgets import QInputDialog, QMessageBox
 
-    from engine.export import to_llama_cpp
+    from engine.export.llama_cpp import to_llama_cpp
 
     shown = []
     monkeypatch.setattr(QInputDialog, "getMultiLineText", lambda parent, title, label, text, *a: shown.append(
@@ -198,7 +198,7 @@ def test_the_other_engines_exports_write_their_file_and_show_their_arguments(qtb
 
     from PySide6.QtWidgets import QInputDialog, QMessageBox
 
-    from engine.export import ENGINE_EXPORTS, export_to
+    from engine.export.engines import ENGINE_EXPORTS, export_to
 
     shown, warned, asked = [], [], []
     monkeypatch.setattr(QInputDialog, "getMultiLineText", lambda parent, title, label, text, *a: shown.append(

@@ -21,7 +21,7 @@ from app.plots import (  # noqa: E402
     round_above,
     steady_top,
 )
-from engine.run import StepEvent  # noqa: E402
+from engine.runs.run import StepEvent  # noqa: E402
 
 
 @pytest.fixture

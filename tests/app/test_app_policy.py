@@ -1,5 +1,5 @@
-"""The window's state asks the engine for its policy: the run history kept per model (engine.history), predictions
-beside results, routing statistics of runs only, and the devices a profile names (engine.devices)."""
+"""The window's state asks the engine for its policy: the run history kept per model (engine.profiles.history),
+predictions beside results, routing statistics of runs only, and the devices a profile names (engine.core.devices)."""
 
 import os
 
@@ -10,8 +10,8 @@ import json  # noqa: E402
 from app_helpers import TIMEOUT_MS  # noqa: E402
 
 from app.state import RunRecord, RunSettings  # noqa: E402
-from engine import history as engine_history  # noqa: E402
-from engine.costmodel import Calibration, DeviceRate  # noqa: E402
+from engine.placement.costmodel import Calibration, DeviceRate  # noqa: E402
+from engine.profiles import history as engine_history  # noqa: E402
 
 CAL = Calibration("cpu:0", 0.001, {"cpu:0": DeviceRate(bandwidth=2e9), "hostsim:0": DeviceRate(bandwidth=8e9)})
 SHORT = RunSettings(["The quick brown fox"], tokens=4, repeats=1)
@@ -86,7 +86,7 @@ def test_a_history_that_cannot_be_kept_is_said_and_the_run_is_still_shown(qtbot,
 
 
 def state_engine_factory():
-    from engine.model import Engine
+    from engine.core.model import Engine
 
     return lambda: Engine(runtimes=("cpu", "hostsim"), strict=False)
 
@@ -94,7 +94,7 @@ def state_engine_factory():
 def test_a_profiles_devices_are_opened_a_memory_cap_included(qtbot, make_state, tmp_path):
     from app_helpers import on_engine
 
-    from engine import profile as engine_profile
+    from engine.profiles import profile as engine_profile
 
     state = make_state(draft=False)
     assert state.save_profile(tmp_path / "plain.yaml")
@@ -120,7 +120,7 @@ def test_a_profiles_devices_are_opened_a_memory_cap_included(qtbot, make_state, 
 def test_a_devices_entry_this_machine_cannot_provide_is_refused_at_its_line_and_the_engine_stays(
     qtbot, make_state, tmp_path
 ):
-    from engine import profile as engine_profile
+    from engine.profiles import profile as engine_profile
 
     state = make_state(draft=False)
     assert state.save_profile(tmp_path / "plain.yaml")

@@ -1,4 +1,4 @@
-"""Profiles from the window: File > Save writes an engine.profile file that reopens to the same placement and
+"""Profiles from the window: File > Save writes an engine.profiles.profile file that reopens to the same placement and
 replays with `expertbench regress`; a damaged file or another model's profile shows the engine's error."""
 
 import os
@@ -10,9 +10,10 @@ import pytest
 from app_helpers import DRAFT, FIXTURES, TARGET, TIMEOUT_MS, on_engine  # noqa: E402
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
-from engine import profile as engine_profile  # noqa: E402
-from engine import regress  # noqa: E402
-from engine.placement import Placement  # noqa: E402
+from engine.core.files import new_file_mode  # noqa: E402
+from engine.placement.placement import Placement  # noqa: E402
+from engine.profiles import profile as engine_profile  # noqa: E402
+from engine.profiles import regress  # noqa: E402
 
 
 @pytest.fixture
@@ -204,7 +205,7 @@ def test_a_q8_run_gives_a_q8_profile_that_replays(qtbot, make_window, tmp_path):
 
 
 def test_which_runs_give_a_profiles_outputs_on_another_placement():
-    from engine.run import outputs_any_placement
+    from engine.runs.run import outputs_any_placement
 
     assert outputs_any_placement("reference", "f32", ["cpu:0", "cuda:0"])
     assert outputs_any_placement("reference", "q8", ["cpu:0", "cpu:1", "hostsim:0"])
@@ -226,4 +227,4 @@ def test_a_history_export_that_cannot_be_written_says_which_file_and_why(qtbot, 
     monkeypatch.setattr(window, "_save_path", lambda *a: str(good))
     window.export_history()
     assert good.read_text().startswith("run,time,") and len(warned) == 1
-    assert good.stat().st_mode & 0o777 == engine_profile.new_file_mode()
+    assert good.stat().st_mode & 0o777 == new_file_mode()

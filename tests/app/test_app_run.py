@@ -253,7 +253,7 @@ def test_device_strip_shows_the_placements_shares_or_a_runs_busy_time(qtbot, mak
 
 def test_live_busy_shares_are_the_change_in_busy_time_over_the_last_steps():
     from app.live import ROLLING_STEPS, LiveBuffer
-    from engine.run import StepEvent
+    from engine.runs.run import StepEvent
 
     live = LiveBuffer()
     live.reset(100)
@@ -292,9 +292,9 @@ def test_a_changed_hash_is_explained_on_the_hash_plot(qtbot, make_window):
     """The reference run as an earlier session kept it, choosing another token at token 2: the next run of the same
     outputs is CHANGED, and its record, its mark's tooltip and the note under the mark say where, the choices on
     both sides (the reference replayed here, its settings being the model's) and what differs."""
-    from engine.diverge import Trail
-    from engine.history import combined_hash
-    from engine.run import output_sha256
+    from engine.profiles.history import combined_hash
+    from engine.runs.diverge import Trail
+    from engine.runs.run import output_sha256
 
     window = make_window()
     state = window.state

@@ -9,10 +9,10 @@ from PySide6.QtGui import QImage
 import app.screenshot
 import app.theme
 from app.launch import main
-from engine.costmodel import Calibration, DeviceRate
-from engine.demo import ensure_demo_pair
-from engine.history import History, history_file
-from engine.profile import fingerprint
+from engine.checkpoints.demo import ensure_demo_pair
+from engine.placement.costmodel import Calibration, DeviceRate
+from engine.profiles.history import History, history_file
+from engine.profiles.profile import fingerprint
 
 
 def test_a_screenshot_leaves_the_users_history_and_settings_as_they_were(qtbot, tmp_path, monkeypatch, xdg_cache):

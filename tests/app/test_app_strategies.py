@@ -1,4 +1,4 @@
-"""The strategy buttons: engine.strategy plans under the fast device's budget, one undoable edit, the cost
+"""The strategy buttons: engine.placement.strategy plans under the fast device's budget, one undoable edit, the cost
 model's prediction; the devices measured once per model and device set, on the engine thread. Fixed
 calibration figures are injected, so nothing here depends on timing."""
 
@@ -13,8 +13,8 @@ import pytest  # noqa: E402
 from app_helpers import TARGET, TIMEOUT_MS, on_engine  # noqa: E402
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
-from engine import strategy  # noqa: E402
-from engine.costmodel import Calibration, DeviceRate  # noqa: E402
+from engine.placement import strategy  # noqa: E402
+from engine.placement.costmodel import Calibration, DeviceRate  # noqa: E402
 
 # hostsim:0 reads expert weights four times as fast as cpu:0, but each layer step it joins costs 20 us
 CAL = Calibration("cpu:0", 0.001, {"cpu:0": DeviceRate(bandwidth=2e9, join_seconds=0.0),
@@ -133,7 +133,7 @@ def test_each_strategy_fills_the_editor_as_one_undoable_edit_with_its_prediction
 
 
 def test_a_failed_measurement_shows_an_error_and_the_window_stays_usable(qtbot, make_window, monkeypatch):
-    from engine.errors import OutOfMemoryError
+    from engine.core.errors import OutOfMemoryError
 
     shown = []
     monkeypatch.setattr(QMessageBox, "critical", lambda parent, title, text, *a: shown.append((title, text)))

@@ -16,8 +16,8 @@ from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
 from app.live import TRACED_STEPS, SpanRing  # noqa: E402
 from app.timeline import busy_share  # noqa: E402
-from engine.run import StepEvent  # noqa: E402
-from engine.trace import SPAN_KINDS, Span  # noqa: E402
+from engine.core.trace import SPAN_KINDS, Span  # noqa: E402
+from engine.runs.run import StepEvent  # noqa: E402
 
 STALL_MS = 50  # the longest the GUI thread may go without answering while the timeline draws
 

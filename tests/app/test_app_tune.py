@@ -5,9 +5,9 @@ from app_helpers import LAYER_BYTES, TIMEOUT_MS, on_engine
 from PySide6.QtGui import QValidator
 
 from engine import tune
-from engine.placement import MIB, Placement
-from engine.profile import load
-from engine.quality import QualityCost
+from engine.placement.placement import MIB, Placement
+from engine.profiles.profile import load
+from engine.runs.quality import QualityCost
 
 FAST = "hostsim:0"
 

@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QLabel, QMessageBox  # noqa: E402
 
 from app.placement_editor import HeatRole, ShareRole  # noqa: E402
 from app.state import format_bytes  # noqa: E402
-from engine.routing import RoutingStats  # noqa: E402
+from engine.placement.routing import RoutingStats  # noqa: E402
 
 
 def test_every_item_model_passes_the_model_tester(qtbot, make_window, qtmodeltester):
@@ -225,7 +225,7 @@ def test_screenshot_command_writes_a_png(qtbot, make_window, tmp_path):
     from PySide6.QtGui import QImage
 
     from app.screenshot import capture
-    from engine.costmodel import Calibration, DeviceRate
+    from engine.placement.costmodel import Calibration, DeviceRate
 
     window = make_window()
     cal = Calibration("cpu:0", 0.001, {"cpu:0": DeviceRate(bandwidth=2e9), "hostsim:0": DeviceRate(bandwidth=8e9)})
@@ -263,7 +263,7 @@ def test_hold_weights_as_applies_to_the_next_model_opened_and_is_remembered(qtbo
     from PySide6.QtCore import QSettings
 
     from app.window import WEIGHTS_TIPS
-    from engine.model import WEIGHTS_MODES
+    from engine.core.model import WEIGHTS_MODES
 
     window = make_window()
     state = window.state
@@ -319,7 +319,7 @@ def test_heat_map_has_a_colour_scale_a_value_on_hover_a_caption_and_a_reset(qtbo
 def test_devices_panel_says_why_a_gpu_runtime_is_missing_in_users_words(qtbot, make_window):
     """The loader's text ("file '.../expertbench_rt_hip.so' does not exist", "CUDA driver version is insufficient")
     becomes what it means for the user; the raw text stays in the tooltip."""
-    from engine.model import describe_load_error
+    from engine.core.model import describe_load_error
 
     raw = {
         "hip": "runtime module 'hip': file '/x/engine/expertbench_rt_hip.so' does not exist",

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -26,22 +25,23 @@ from typing import Any
 import numpy as np
 import yaml
 
-from .checkpoint import ModelConfig, read_config_json, read_weights
-from .diverge import SETTINGS, Trail, read_compact
-from .errors import ArgumentError, CheckpointError
-from .files import atomic_write, new_file_mode  # noqa: F401 (new_file_mode: still importable from here)
-from .model import WEIGHTS_MODES
-from .placement import Placement
-from .routing import MAX_COUNT, RoutingStats
-from .run import PRECISIONS, REDUCTION_MODES, output_sha256
-from .speculative import MAX_DRAFT_TOKENS
+from ..checkpoints.checkpoint import ModelConfig, read_config_json, read_weights
+from ..core.errors import ArgumentError, CheckpointError
+from ..core.files import atomic_write
+from ..core.model import WEIGHTS_MODES
+from ..placement.placement import Placement
+from ..placement.routing import MAX_COUNT, RoutingStats
+from ..runs.diverge import SETTINGS, Trail, read_compact
+from ..runs.run import PRECISIONS, REDUCTION_MODES, output_sha256
+from ..runs.speculative import MAX_DRAFT_TOKENS
+from .strict_yaml import Reader, Text, compose, dump, flow
 
 # A profile is written in the oldest format version that says all it holds, so an older expertbench still reads
 # it; a version newer than the reader's is refused, never read as something else.
 FORMAT_VERSION = 4  # the newest format this reads and writes
 DEMO_FORMAT_VERSION = 2  # added the demo's `format` and `quant` (model, draft): the demo pair as GGUF files
 FAMILY_FORMAT_VERSION = 3  # added the demo's `family` (model, draft): the DeepSeek-V3 demo pair
-OUTPUTS_FORMAT_VERSION = 4  # added expectations.outputs: the recorded ids and top-2 gaps (engine.diverge)
+OUTPUTS_FORMAT_VERSION = 4  # added expectations.outputs: the recorded ids and top-2 gaps (engine.runs.diverge)
 VERSION_KEY = "expertbench_profile"
 RUNTIMES = ("cpu", "hostsim", "cuda", "hip")
 DEFAULT_TOKENS = 32
@@ -65,11 +65,11 @@ class ProfileError(ArgumentError):
 @dataclass
 class ModelRef:
     """A model folder or GGUF file (`path`, relative to the profile's folder) or a demo pair size (`demo`), exactly
-    one. A demo names its family too (`family`: engine.demo.FAMILIES; None: the Qwen3-MoE pair), and its files'
-    format: `format` (engine.demo.DEMO_FORMATS; None: safetensors) and, for GGUF, `quant` (engine.demo.QUANTS; None:
-    engine.demo.DEFAULT_QUANT); all as written, None when not. A demo given with its family in one name, as
-    engine.demo.demo_name() writes it ('deepseek/bench': how the window knows the pair it opened), is split into
-    the two keys."""
+    one. A demo names its family too (`family`: engine.checkpoints.demo.FAMILIES; None: the Qwen3-MoE pair), and its
+    files' format: `format` (engine.checkpoints.demo.DEMO_FORMATS; None: safetensors) and, for GGUF, `quant`
+    (engine.checkpoints.demo.QUANTS; None: engine.checkpoints.demo.DEFAULT_QUANT); all as written, None when not. A demo
+    given with its family in one name, as engine.checkpoints.demo.demo_name() writes it ('deepseek/bench': how the
+    window knows the pair it opened), is split into the two keys."""
 
     path: str | None = None
     demo: str | None = None
@@ -85,14 +85,14 @@ class ModelRef:
 
     def demo_format(self) -> tuple[str, str | None]:
         """(format, quantization) of a demo: ('safetensors', None), or ('gguf', the quantization or the default)."""
-        from .demo import check_format
+        from ..checkpoints.demo import check_format
 
         fmt = self.format or "safetensors"
         return fmt, check_format(fmt, self.quant, self.demo_family())
 
     def demo_family(self) -> str:
-        """The demo's family (engine.demo.FAMILIES), the default one when not named."""
-        from .demo import DEFAULT_FAMILY
+        """The demo's family (engine.checkpoints.demo.FAMILIES), the default one when not named."""
+        from ..checkpoints.demo import DEFAULT_FAMILY
 
         return self.family or DEFAULT_FAMILY
 
@@ -164,11 +164,11 @@ class RunSettings:
     repeats: int | None = None
     q: int | None = None
     mode: str | None = None
-    weights: str | None = None  # how the engine holds the files (engine.model.WEIGHTS_MODES)
-    precision: str | None = None  # how activations meet quantized weights (engine.run.PRECISIONS)
+    weights: str | None = None  # how the engine holds the files (engine.core.model.WEIGHTS_MODES)
+    precision: str | None = None  # how activations meet quantized weights (engine.runs.run.PRECISIONS)
 
     def resolved(self) -> dict:
-        from .demo import DEMO_PROMPTS
+        from ..checkpoints.demo import DEMO_PROMPTS
 
         return {
             "prompts": list(self.prompts) if self.prompts is not None else list(DEMO_PROMPTS),
@@ -188,7 +188,7 @@ class Expectations:
     baseline: str | None = None  # another profile, relative to this one's folder
     min_speed_ratio: float | None = None  # decode tokens/s of this profile over the baseline's, same invocation
     # per prompt, the recorded run's ids and top-2 logit gaps (what a changed hash is diagnosed with), and the
-    # settings it ran with (engine.diverge.SETTINGS: placement, mode, precision, top_k, q, device, kernels)
+    # settings it ran with (engine.runs.diverge.SETTINGS: placement, mode, precision, top_k, q, device, kernels)
     outputs: list[Trail] | None = None
     outputs_settings: dict[str, Any] = field(default_factory=dict)
 
@@ -270,7 +270,7 @@ class Profile:
         """The folder (or GGUF file) of the target (or of `ref`); a demo size is built into the cache when missing."""
         ref = ref or self.model
         if ref.demo is not None:
-            from .demo import ensure_demo_pair
+            from ..checkpoints.demo import ensure_demo_pair
 
             fmt, quant = ref.demo_format()
             pair = ensure_demo_pair(ref.demo, format=fmt, quant=quant, family=ref.demo_family())
@@ -327,7 +327,7 @@ class Profile:
         """The canonical YAML data (what save() writes)."""
         out: dict[str, Any] = {VERSION_KEY: max(self.version, self.needed_version())}
         if self.description is not None:
-            out["description"] = _Text(self.description) if len(self.description) > 80 else self.description
+            out["description"] = Text(self.description) if len(self.description) > 80 else self.description
         out["model"] = _ref_data(self.model)
         if self.draft is not None:
             out["draft"] = _ref_data(self.draft)
@@ -346,10 +346,10 @@ class Profile:
                 by_layer: dict[int, dict] = {}
                 for layer, lo, hi, dev in p.experts:
                     by_layer.setdefault(layer, {})[_span_key(lo, hi)] = dev
-                placement["experts"] = {layer: _flow(rules) for layer, rules in by_layer.items()}
+                placement["experts"] = {layer: flow(rules) for layer, rules in by_layer.items()}
             out["placement"] = placement
         run = {k: v for k, v in (("prompts", None if self.run.prompts is None else
-                                  [_flow(p) if isinstance(p, list) else p for p in self.run.prompts]),
+                                  [flow(p) if isinstance(p, list) else p for p in self.run.prompts]),
                                  ("tokens", self.run.tokens), ("repeats", self.run.repeats), ("q", self.run.q),
                                  ("mode", self.run.mode), ("precision", self.run.precision),
                                  ("weights", self.run.weights)) if v is not None}  # fmt: skip
@@ -362,7 +362,7 @@ class Profile:
         if e.min_accept_rate is not None:
             exp["min_accept_rate"] = e.min_accept_rate
         if e.outputs is not None:
-            exp["outputs"] = {"settings": _flow(dict(e.outputs_settings)),
+            exp["outputs"] = {"settings": flow(dict(e.outputs_settings)),
                               "prompts": [t.compact() for t in e.outputs]}  # fmt: skip
         if e.baseline is not None or e.min_speed_ratio is not None:
             speed = {}
@@ -378,13 +378,13 @@ class Profile:
             if r.hotness_csv is not None:
                 out["routing"] = {"hotness_csv": r.hotness_csv}
             else:
-                out["routing"] = {"top_k": r.top_k, "tokens": _flow(r.tokens), "hits": [_flow(h) for h in r.hits]}
+                out["routing"] = {"top_k": r.top_k, "tokens": flow(r.tokens), "hits": [flow(h) for h in r.hits]}
         return out
 
     def to_yaml(self) -> str:
         data = self.to_data()
         head = f"# expertbench profile, format {data[VERSION_KEY]} (see profiles/README.md)\n"
-        return head + yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
+        return head + dump(data)
 
     def save(self, path: str | os.PathLike | None = None) -> Path:
         target = Path(path) if path is not None else self.path
@@ -440,53 +440,6 @@ def _spans(values: list[int]) -> str:
     return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in out) or "none"
 
 
-class _FlowSeq(list):
-    """A list written on one line."""
-
-
-class _FlowMap(dict):
-    """A mapping written on one line."""
-
-
-class _Text(str):
-    """A long text, written as a folded block (wrapped at the dumper's width, read back as one line)."""
-
-
-def _flow(value):
-    return _FlowMap(value) if isinstance(value, dict) else _FlowSeq(value)
-
-
-class _Dumper(yaml.SafeDumper):
-    def ignore_aliases(self, data):  # a saved profile never holds aliases (a load refuses fan-outs)
-        return True
-
-    def increase_indent(self, flow=False, indentless=False):  # lists indented under their key
-        return super().increase_indent(flow, False)
-
-
-# YAML reads NEL and the Unicode line and paragraph separators as line breaks, which a plain, single-quoted or folded
-# scalar folds into a space on reading: a text holding one is written double-quoted, where they are escapes.
-_YAML_BREAKS = frozenset("\x85\u2028\u2029")
-
-
-def _represent_text(d, data: str):
-    if not _YAML_BREAKS.isdisjoint(data):
-        return d.represent_scalar("tag:yaml.org,2002:str", str(data), style='"')
-    if isinstance(data, _Text):
-        return d.represent_scalar("tag:yaml.org,2002:str", str(data), style=">" if "\n" not in data else "|")
-    return d.represent_str(data)
-
-
-_Dumper.add_representer(_Text, _represent_text)
-_Dumper.add_representer(str, _represent_text)
-_Dumper.add_representer(
-    _FlowSeq, lambda d, data: d.represent_sequence("tag:yaml.org,2002:seq", list(data), flow_style=True)
-)
-_Dumper.add_representer(
-    _FlowMap, lambda d, data: d.represent_mapping("tag:yaml.org,2002:map", data.items(), flow_style=True)
-)
-
-
 # ---- fingerprint --------------------------------------------------------------------------------------------
 
 
@@ -498,7 +451,7 @@ def fingerprint(folder: str | os.PathLike) -> str:
     metadata (split.* left out: re-splitting keeps it) and its tensor table (name, format, dimensions)."""
     folder = Path(folder)
     if folder.is_file():
-        from .gguf_file import fingerprint_data
+        from ..checkpoints.gguf_file import fingerprint_data
 
         blob = json.dumps(fingerprint_data(folder), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
@@ -514,135 +467,12 @@ def fingerprint(folder: str | os.PathLike) -> str:
 
 # ---- reading ------------------------------------------------------------------------------------------------
 
-_STR, _INT, _FLOAT, _BOOL, _NULL = (f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null"))
-_MAP, _SEQ = "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"
-
-
 MAX_INDEX = 65535  # the largest layer or expert index a profile may name
 MAX_NODES = 200_000  # what a profile may hold once its aliases are expanded (profiles/ examples: a few thousand)
 
 
-def _expanded_nodes(root, path: Path) -> int:
-    """Nodes of the tree as a reader walks it, every alias expanded (memoised on the shared nodes, so counting a
-    fan-out costs what the file is, not what it expands to). An alias inside the value it names (`a: &x {b: *x}`)
-    would expand forever: refused with the line of that value."""
-    sizes: dict[int, int] = {}
-    open_nodes: set[int] = set()  # the values being walked: an alias reaching one of them is a cycle
-    stack = [(root, False)]
-    while stack:
-        node, done = stack.pop()
-        if id(node) in sizes:
-            continue
-        if not done and id(node) in open_nodes:
-            line = node.start_mark.line + 1
-            raise ProfileError(f"{path}:{line}: not a profile: an alias refers to the value that contains it (a cycle)")
-        kids = (
-            []
-            if isinstance(node, yaml.ScalarNode)
-            else ([n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else list(node.value))
-        )
-        if done or not kids:
-            sizes[id(node)] = 1 + sum(sizes[id(k)] for k in kids)
-            open_nodes.discard(id(node))
-            continue
-        open_nodes.add(id(node))
-        stack.append((node, True))
-        stack.extend((k, False) for k in kids if id(k) not in sizes)
-    return sizes[id(root)]
-
-
-class _Reader:
-    """Walks a composed YAML node tree; every error names file:line and the offending value."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.lines: dict[tuple, int] = {}
-        self._scalars = yaml.constructor.SafeConstructor()
-
-    def fail(self, node, message: str):
-        line = node.start_mark.line + 1 if node is not None else 1
-        raise ProfileError(f"{self.path}:{line}: {message}")
-
-    def mark(self, key: tuple, node) -> None:
-        self.lines[key] = node.start_mark.line + 1
-
-    def scalar(self, node, what: str):
-        if isinstance(node, yaml.MappingNode):
-            self.fail(node, f"{what}: expected a single value, got a mapping")
-        if isinstance(node, yaml.SequenceNode):
-            self.fail(node, f"{what}: expected a single value, got a list")
-        if node.tag not in (_STR, _INT, _FLOAT, _BOOL, _NULL):
-            self.fail(node, f"{what}: tag {node.tag!r} is not allowed (plain strings, numbers, true/false, null)")
-        try:
-            value = self._scalars.construct_object(node)
-        except yaml.YAMLError as exc:
-            self.fail(node, f"{what}: {getattr(exc, 'problem', None) or exc} (got {node.value!r:.80})")
-        except (ValueError, TypeError, OverflowError):  # a tag the value does not fit, like !!int 'abc'
-            self.fail(node, f"{what}: {node.value!r:.80} is not a valid {node.tag.rsplit(':', 1)[-1]}")
-        if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
-            self.fail(node, f"{what}: {node.value:.40} does not fit in 64 bits")
-        return value
-
-    def mapping(self, node, what: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> dict:
-        """{key: (key_node, value_node)} of a mapping with string keys from `allowed`."""
-        if not isinstance(node, yaml.MappingNode) or node.tag != _MAP:
-            self.fail(node, f"{what}: expected a mapping with keys {', '.join(allowed)}, got {self._show(node)}")
-        out: dict[str, tuple] = {}
-        for knode, vnode in node.value:
-            key = self.scalar(knode, f"{what}: key")
-            if key not in allowed:
-                self.fail(knode, f"{what}: unknown key {key!r} (expected one of {', '.join(allowed)})")
-            if key in out:
-                self.fail(knode, f"{what}: key {key!r} appears twice (first on line "
-                                 f"{out[key][0].start_mark.line + 1})")  # fmt: skip
-            out[key] = (knode, vnode)
-        for key in required:
-            if key not in out:
-                self.fail(node, f"{what}: {key!r} is missing")
-        return out
-
-    def pairs(self, node, what: str) -> list[tuple]:
-        """(key_node, value_node) pairs of a mapping with any scalar keys (checked by the caller)."""
-        if not isinstance(node, yaml.MappingNode) or node.tag != _MAP:
-            self.fail(node, f"{what}: expected a mapping, got {self._show(node)}")
-        seen: dict = {}
-        for knode, _ in node.value:
-            key = self.scalar(knode, f"{what}: key")
-            if key in seen:
-                self.fail(knode, f"{what}: key {key!r} appears twice (first on line {seen[key]})")
-            seen[key] = knode.start_mark.line + 1
-        return list(node.value)
-
-    def sequence(self, node, what: str) -> list:
-        if not isinstance(node, yaml.SequenceNode) or node.tag != _SEQ:
-            self.fail(node, f"{what}: expected a list, got {self._show(node)}")
-        return list(node.value)
-
-    def string(self, node, what: str, pattern: re.Pattern | None = None, expect: str = "") -> str:
-        value = self.scalar(node, what)
-        if not isinstance(value, str) or not value:
-            self.fail(node, f"{what}: expected {expect or 'a non-empty string'}, got {value!r}")
-        if pattern is not None and not pattern.match(value):
-            self.fail(node, f"{what}: expected {expect}, got {value!r}")
-        return value
-
-    def integer(self, node, what: str, lo: int | None = None, hi: int | None = None) -> int:
-        value = self.scalar(node, what)
-        ok = isinstance(value, int) and not isinstance(value, bool)
-        if not ok or (lo is not None and value < lo) or (hi is not None and value > hi):
-            rng = f" {lo}..{hi}" if hi is not None else (f" >= {lo}" if lo is not None else "")
-            self.fail(node, f"{what}: expected an integer{rng}, got {value!r}")
-        return value
-
-    def number(self, node, what: str, lo: float, hi: float | None = None, lo_open: bool = False) -> float:
-        value = self.scalar(node, what)
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        if ok:
-            ok = (value > lo if lo_open else value >= lo) and (hi is None or value <= hi)
-        if not ok:
-            rng = f"> {lo}" if lo_open else f"{lo}..{hi}" if hi is not None else f">= {lo}"
-            self.fail(node, f"{what}: expected a number {rng}, got {value!r}")
-        return value
+class _Reader(Reader):
+    """The strict reader with a profile's own values: device names and index ranges."""
 
     def device(self, node, what: str) -> str:
         return self.string(node, what, _DEVICE, "a device name RUNTIME:INDEX such as 'cpu:0' or 'cuda:0'")
@@ -659,14 +489,6 @@ class _Reader:
         if hi > MAX_INDEX:  # no model has as many layers or experts: an entry per index would never end
             self.fail(node, f"{what}: index {hi} is beyond any model (at most {MAX_INDEX})")
         return lo, hi
-
-    @staticmethod
-    def _show(node) -> str:
-        if isinstance(node, yaml.MappingNode):
-            return "a mapping"
-        if isinstance(node, yaml.SequenceNode):
-            return "a list"
-        return repr(node.value)
 
 
 def load(path: str | os.PathLike) -> Profile:
@@ -685,21 +507,8 @@ def load(path: str | os.PathLike) -> Profile:
 
 def loads(text: str, path: str | os.PathLike = "<profile>") -> Profile:
     path = Path(path)
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark is not None else 1
-        raise ProfileError(f"{path}:{line}: not valid YAML: {exc.problem or exc.context}") from None
-    except yaml.YAMLError as exc:
-        raise ProfileError(f"{path}:1: not valid YAML: {exc}") from None
-    except RecursionError:
-        raise ProfileError(f"{path}:1: not a profile: nested too deeply") from None
-    r = _Reader(path)
-    if root is None:
-        raise ProfileError(f"{path}:1: the file is empty: expected a profile (see profiles/README.md)")
-    if (nodes := _expanded_nodes(root, path)) > MAX_NODES:
-        raise ProfileError(f"{path}:1: not a profile: its aliases expand it to {nodes} values (at most {MAX_NODES})")
+    root = compose(text, path, ProfileError, MAX_NODES, "a profile", "a profile (see profiles/README.md)")
+    r = _Reader(path, ProfileError)
     keys = (VERSION_KEY, "description", "model", "draft", "devices", "primary", "placement", "run",
             "expectations", "routing")  # fmt: skip
     top = r.mapping(root, "profile", keys, required=(VERSION_KEY, "model"))
@@ -773,7 +582,7 @@ def _read_ref(r: _Reader, node, what: str, version: int, allow_device: bool) -> 
         if version < FAMILY_FORMAT_VERSION:
             r.fail(knode, f"{what}.family: the demo's family needs format version {FAMILY_FORMAT_VERSION} "
                           f"('{VERSION_KEY}: {FAMILY_FORMAT_VERSION}'; this file says {version})")  # fmt: skip
-        from .demo import check_family
+        from ..checkpoints.demo import check_family
 
         ref.family = r.string(m["family"][1], f"{what}.family")
         try:
@@ -781,7 +590,7 @@ def _read_ref(r: _Reader, node, what: str, version: int, allow_device: bool) -> 
         except ArgumentError as exc:
             r.fail(m["family"][1], f"{what}.family: {exc}")
     if "demo" in m:
-        from .demo import family_sizes
+        from ..checkpoints.demo import family_sizes
 
         sizes = family_sizes(ref.demo_family())
         ref.demo = r.string(m["demo"][1], f"{what}.demo")
@@ -800,7 +609,7 @@ def _read_ref(r: _Reader, node, what: str, version: int, allow_device: bool) -> 
                           f"('{VERSION_KEY}: {DEMO_FORMAT_VERSION}'; this file says {version})")  # fmt: skip
         setattr(ref, key, r.string(m[key][1], f"{what}.{key}"))
     if ref.format is not None or ref.quant is not None:
-        from .demo import check_format
+        from ..checkpoints.demo import check_format
 
         try:
             check_format(ref.format or "safetensors", family=ref.demo_family())

@@ -29,11 +29,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from ..core.errors import ArgumentError, RangeError, StateError
+from ..core.model import Context, Model, _ids_array, check_context_top_k, check_text
+from ..core.trace import Span
 from .diverge import Diagnosis, Outputs, Trail, diagnose
-from .errors import ArgumentError, RangeError, StateError
-from .model import Context, Model, _ids_array, check_context_top_k, check_text
 from .speculative import GreedyDecoder, SpeculativeDecoder, check_draft_q, check_shared_vocabulary
-from .trace import Span
 
 REDUCTION_MODES = tuple(Context.MODES)  # the context owns the mode names
 PRECISIONS = tuple(Context.PRECISIONS)  # and the activation precisions (f32: the reference; q8: llama.cpp's way)
@@ -65,7 +65,7 @@ class StepEvent:
     seconds: float
     ids: tuple[int, ...]
     prompt_tokens: int = 0  # prefill steps only
-    spans: tuple[Span, ...] = ()  # with trace=True: what ran where during this step (engine.trace)
+    spans: tuple[Span, ...] = ()  # with trace=True: what ran where during this step (engine.core.trace)
     # each device's running total of kernel time (Model.busy_seconds) at the end of the step: the change between
     # two events over the change in time is how busy each device was in between
     busy_seconds: dict[str, float] = field(default_factory=dict)
@@ -160,7 +160,7 @@ class RunResult:
     trace_dropped: int = 0  # rest, trace_spans - trace_dropped of them)
     kernels: str = ""  # the kernels of the target's runtime (RuntimeInfo.kernel_variant)
     top_k: int | None = None  # experts per token where the target decoded with another count than its checkpoint's
-    # per repeat, per finished prompt: each generated token's id, runner-up and top-2 logits (engine.diverge)
+    # per repeat, per finished prompt: each generated token's id, runner-up and top-2 logits (engine.runs.diverge)
     trails: list[list[Trail]] = field(default_factory=list, repr=False)
 
     def repeats_diagnosis(self) -> Diagnosis | None:
@@ -205,6 +205,11 @@ def output_sha256(ids) -> str:
     return hashlib.sha256(np.asarray(ids, dtype="<i4").tobytes()).hexdigest()
 
 
+def placement_devices(placement: str) -> list[str]:
+    """The devices a placement's text form names (engine.placement.placement: RULE=DEVICE separated by ';')."""
+    return sorted({rule.rpartition("=")[2].strip() for rule in placement.split(";") if "=" in rule})
+
+
 def outputs_any_placement(mode: str, precision: str, devices: list[str]) -> bool:
     """Whether runs in this mode and precision give the same outputs whatever the placement over these devices:
     reference mode in either precision on any (in q8 the GPU modules compute the CPU module's q8 bits, and the core
@@ -244,7 +249,7 @@ class DecodeRun:
     top_k: experts per token the target decodes with (its context's Context.top_k: 1..the count it was loaded with);
     None: that count.
     on_event(StepEvent) is called after every step, on the run's thread. trace: record the per-token trace of both
-    models (engine.trace): each StepEvent carries its step's spans, and DecodeRun.spans keeps the newest steps'
+    models (engine.core.trace): each StepEvent carries its step's spans, and DecodeRun.spans keeps the newest steps'
     spans, at most trace_keep of them (TRACE_KEPT_SPANS; the older steps' are counted in trace_dropped).
     Everything is checked here, before any run starts.
     """
@@ -279,7 +284,7 @@ class DecodeRun:
         if draft is not None:
             check_shared_vocabulary(target, draft)
         if prompts is None:
-            from .demo import DEMO_PROMPTS
+            from ..checkpoints.demo import DEMO_PROMPTS
 
             prompts = DEMO_PROMPTS
         self.prompt_ids = self._encode_prompts(prompts)

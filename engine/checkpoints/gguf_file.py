@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from . import formats
-from .errors import CheckpointError, EngineError, UnsupportedError
-from .families import BY_GGUF_ARCH, family
-from .families.base import ATTENTION_BIASES, GGUFShape
+from ..core import formats
+from ..core.errors import CheckpointError, EngineError, UnsupportedError
+from ..families import BY_GGUF_ARCH, family
+from ..families.base import ATTENTION_BIASES, GGUFShape
 from .model_config import ModelConfig, TensorInfo
 
 MAGIC = b"GGUF"
@@ -43,7 +43,7 @@ INTS, FLOATS, BOOL = {0, 1, 2, 3, 4, 5, 10, 11}, {6, 12}, 7
 TYPE_NAMES = {0: "uint8", 1: "int8", 2: "uint16", 3: "int16", 4: "uint32", 5: "int32", 6: "float32", 7: "bool",
               8: "string", 9: "array", 10: "uint64", 11: "int64", 12: "float64"}  # fmt: skip
 
-# llama.cpp's tensor names -> the Hugging Face names (engine/model.py binds those)
+# llama.cpp's tensor names -> the Hugging Face names (engine/core/model.py binds those)
 GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -532,7 +532,7 @@ def parse_config(parts: list[Part]) -> ModelConfig:
         attention_bias=bias,
         bos_token_id=ids["bos_token_id"],
         eos_token_id=tuple(dict.fromkeys(i for k, i in ids.items() if k != "bos_token_id" and i is not None)),
-        synthetic=bool(m.get("expertbench.synthetic", "bool", False)),  # the demo pair's mark (engine/demo.py)
+        synthetic=bool(m.get("expertbench.synthetic", "bool", False)),  # the demo pair's mark (checkpoints/demo.py)
         **kw,
     )
 

@@ -1,18 +1,18 @@
 """`expertbench plan`: a strategy's placement for a loaded model on an engine's devices, without running it.
 
-The strategy is chosen as the window chooses it (engine.strategy.choose: the fast device, its peer, the others by
-measured bandwidth, each device's budget from its room for experts or a smaller --budget). The prediction is the
-cost model's (engine.costmodel) from a short calibration made here, or unavailable (--no-calibrate, or a device
-that cannot be measured: the report says which and why).
+The strategy is chosen as the window chooses it (engine.placement.strategy.choose: the fast device, its peer, the others
+by measured bandwidth, each device's budget from its room for experts or a smaller --budget). The prediction is the
+cost model's (engine.placement.costmodel) from a short calibration made here, or unavailable (--no-calibrate, or a
+device that cannot be measured: the report says which and why).
 """
 
 from __future__ import annotations
 
 import math
 
+from ..core.errors import ArgumentError
 from . import strategy as S
 from .costmodel import ModelShape, calibrate
-from .errors import ArgumentError
 from .placement import expert_rooms, mib, parse_size
 from .routing import RoutingStats
 
@@ -41,7 +41,7 @@ def parse_budgets(items: list[str]) -> dict[str, int]:
 def make_plan(target, name: str, fast: str | None = None, caps: dict[str, int] | None = None,
               measure: bool = True, routing: RoutingStats | None = None, routing_source: str | None = None,
               calibrate_fn=None) -> dict:  # fmt: skip
-    """The plan of strategy `name` for a loaded target (engine.model.Model) as one JSON-ready document."""
+    """The plan of strategy `name` for a loaded target (engine.core.model.Model) as one JSON-ready document."""
     info = S.check_name(name)
     engine = target.engine
     devices = engine.devices

@@ -1,6 +1,6 @@
 """What a checkpoint is made of, whatever its file format: the model's hyper-parameters (ModelConfig) and its
-tensors as descriptors (TensorInfo). The readers of a Hugging Face folder (engine/checkpoint.py) and of a GGUF file
-(engine/gguf_file.py) both produce them.
+tensors as descriptors (TensorInfo). The readers of a Hugging Face folder (engine/checkpoints/checkpoint.py) and of a
+GGUF file (engine/checkpoints/gguf_file.py) both produce them.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .families import family
+from ..families import family
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..checkpoints.checkpoint import Checkpoint, ModelConfig
+from ..families import family
+from ..placement.placement import Placement
 from . import formats
-from .checkpoint import Checkpoint, ModelConfig
 from .errors import (
     ArgumentError,
     CheckpointError,
@@ -27,10 +29,8 @@ from .errors import (
     StateError,
     UnsupportedError,
 )
-from .families import family
 from .greedy import greedy_choice
 from .native import check, ffi, lib, text
-from .placement import Placement
 from .trace import SPAN_KINDS, Span
 
 # eb_dtype's code for raw bytes: a Hugging Face MXFP4 checkpoint's *_blocks and *_scales, which the core packs at load
@@ -64,7 +64,7 @@ class DeviceInfo:
     memory_total: int
     memory_free: int
     threads: int
-    formats: tuple[str, ...] = ()  # the weight formats its kernels read (engine/formats.py names)
+    formats: tuple[str, ...] = ()  # the weight formats its kernels read (engine/core/formats.py names)
     precisions: tuple[str, ...] = ()  # the activation precisions its kernels run (Context.PRECISIONS names)
 
     def reads(self, fmt: str) -> bool:
@@ -346,7 +346,7 @@ def _scaled_formats(checkpoint: Checkpoint, tensors) -> dict[str, int]:
 class Model(_Handle):
     """A checkpoint bound to an engine: weights mapped or copied into host memory (weights: see WEIGHTS_MODES),
     the primary device chosen. top_k: experts per token to decode with instead of the checkpoint's own
-    (num_experts_per_tok), a speed choice with a quality cost (engine.quality), and the most a context of it can
+    (num_experts_per_tok), a speed choice with a quality cost (engine.runs.quality), and the most a context of it can
     decode with: fewer is a context's setting (Context.top_k), more is another load of the checkpoint (native_top_k
     keeps the checkpoint's own). check_weights: every value of every weight is checked at load to be a number (no
     NaN or inf, as a damaged file or block scale makes) and the load refused naming the file, the tensor and the
@@ -774,7 +774,7 @@ class Context(_Handle):
     def top_k(self, top_k: int) -> None:
         """Experts per token of this context's steps: 1..the count its model was loaded with (model.config.top_k, the
         default; with grouped routing at most the kept groups' experts). Fewer is a speed choice with a quality cost
-        (engine.quality); more needs a model loaded with more (Engine.load(..., top_k=N)). The routing statistics
+        (engine.runs.quality); more needs a model loaded with more (Engine.load(..., top_k=N)). The routing statistics
         count the experts chosen."""
         check(lib.eb_context_set_top_k(self._live(), check_context_top_k(self.model.config, top_k)))
 

@@ -66,10 +66,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import families
-from .errors import ArgumentError, CheckpointError
-from .families.qwen3 import DemoSize
-from .families.synthetic import FORMAT_VERSION, INIT_STD, NORM_STD, SEED, DemoRecipe, RawTensor, Tensor
+from .. import families
+from ..core.errors import ArgumentError, CheckpointError
+from ..families.qwen3 import DemoSize
+from ..families.synthetic import FORMAT_VERSION, INIT_STD, NORM_STD, SEED, DemoRecipe, RawTensor, Tensor
 
 # of the GGUF files' recipe (their keys and tensor types), beside the weights' FORMAT_VERSION; 2: the draft's FFN of
 # a pair with coarser experts (mxfp4) is the mean of its target layer's quantized experts
@@ -433,11 +433,11 @@ class GGUFTensor:
 
 
 def gguf_tensors(spec: DemoSize, role: str, quant: str) -> list[GGUFTensor]:
-    """The tensors of model_tensors() under llama.cpp's names (engine/gguf_file.py's table read backwards), each MoE
-    layer's experts merged per projection, in file order; their formats as llama.cpp's quantizer picks them: 1-D
-    norms and the router F32, experts QUANTS[quant][1], every other matrix QUANTS[quant][2] (where the experts' format
-    is coarser, the draft's FFN is the mean of its target layer's experts as quantized: _quantized_mean)."""
-    from .families.base import LAYER_TENSORS, MOE_LAYER_TENSORS
+    """The tensors of model_tensors() under llama.cpp's names (engine/checkpoints/gguf_file.py's table read backwards),
+    each MoE layer's experts merged per projection, in file order; their formats as llama.cpp's quantizer picks them:
+    1-D norms and the router F32, experts QUANTS[quant][1], every other matrix QUANTS[quant][2] (where the experts'
+    format is coarser, the draft's FFN is the mean of its target layer's experts as quantized: _quantized_mean)."""
+    from ..families.base import LAYER_TENSORS, MOE_LAYER_TENSORS
     from .gguf_file import EXPERT_TENSORS, GLOBAL_TENSORS
 
     global_names = {hf: g for g, hf in GLOBAL_TENSORS.items()}
@@ -496,7 +496,7 @@ def _quantized_mean(spec, draft_layer: int, proj: str, fmt: str):
 def check_block_widths(spec: DemoSize, quant: str) -> None:
     """Q8_0 and MXFP4 store each row in blocks of 32 values: every matrix width of the size (its rows' lengths) must
     be a multiple of that, or the size has no GGUF form (ArgumentError naming the width)."""
-    from . import formats
+    from ..core import formats
 
     block = max(formats.get(f).block for f in QUANTS[quant][1:])
     widths = {"hidden_size": spec.hidden_size, "moe_intermediate_size": spec.moe_intermediate_size,
@@ -540,7 +540,7 @@ def write_gguf(path: Path, spec: DemoSize, role: str, quant: str, tokenizer_json
     first, from the shapes), so memory stays at one tensor whatever the size."""
     import gguf
 
-    from . import formats
+    from ..core import formats
 
     check_block_widths(spec, quant)
     cfg = model_config(spec, role, eos_id)

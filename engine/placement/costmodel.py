@@ -41,9 +41,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .checkpoint import Checkpoint, ModelConfig
-from .errors import ArgumentError
-from .greedy import greedy_choice
+from ..checkpoints.checkpoint import Checkpoint, ModelConfig
+from ..core.errors import ArgumentError
+from ..core.greedy import greedy_choice
 from .placement import Placement, expert_room, mib
 from .routing import RoutingStats
 
@@ -357,7 +357,7 @@ def measure_decode(model, placement: Placement | str, tokens: int = 32, repeats:
 
 
 def _default_prompt(model) -> list[int]:
-    from .demo import DEMO_PROMPTS
+    from ..checkpoints.demo import DEMO_PROMPTS
 
     if model.tokenizer is not None:
         return model.encode(DEMO_PROMPTS[0])
@@ -370,9 +370,9 @@ PLAUSIBLE_PRIMARY_BANDWIDTH = 2e12
 
 def _layers_that_fit(model, shape: ModelShape, device: str) -> int:
     """How many MoE layers' experts a peer can hold for a calibration run: all of them on a device that reads the
-    mapped checkpoint (a CPU device), else as many as its room for this model's experts allows (engine.placement's
-    ExpertRoom: its free memory plus what the model's experts hold there now, which the first measurement moves off,
-    less the staging reserve)."""
+    mapped checkpoint (a CPU device), else as many as its room for this model's experts allows
+    (engine.placement.placement's ExpertRoom: its free memory plus what the model's experts hold there now, which the
+    first measurement moves off, less the staging reserve)."""
     info = {d.name: d for d in model.engine.devices}.get(device)
     if info is None:
         raise ArgumentError(f"calibration: no device named {device!r}")

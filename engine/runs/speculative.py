@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import ArgumentError, RangeError
-from .greedy import greedy_choice
-from .model import Context, Model, _ids_array
+from ..core.errors import ArgumentError, RangeError
+from ..core.greedy import greedy_choice
+from ..core.model import Context, Model, _ids_array
 
 MAX_DRAFT_TOKENS = 8
 

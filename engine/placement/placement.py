@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .checkpoint import ModelConfig
-from .errors import ArgumentError, RangeError
+from ..checkpoints.checkpoint import ModelConfig
+from ..core.errors import ArgumentError, RangeError
 
 _RULE = re.compile(r"^\s*(\*|\d+(?:-\d+)?)(?:\.(\*|\d+(?:-\d+)?))?\s*=\s*([a-z0-9_]+:\d+)\s*$")
 

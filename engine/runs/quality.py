@@ -13,7 +13,7 @@ generated ids) in one pass each, so that they are compared on the same prefixes.
 * the KL divergence KL(reference || fast) of the next-token distributions (softmax of the logits), in nats; the
   figure reported is its mean over every position of every prompt (and the largest);
 * the first divergence: where the fast side's own greedy output (decoded freely, as a run in that mode decodes)
-  first parts from the reference's, per prompt, with the top-2 logits there (engine.diverge).
+  first parts from the reference's, per prompt, with the top-2 logits there (engine.runs.diverge).
 
 `expertbench run` reports it for a run in a fast mode, the window's history shows it beside the speed, and
 `quality_cost` is what a tuner calls to keep only settings under a maximum mean KL (within_max_kl).
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.errors import ArgumentError
 from .diverge import Diagnosis, Outputs, diagnose
-from .errors import ArgumentError
 
 
 @dataclass
@@ -134,7 +134,7 @@ def quality_cost(reference, fast=None, *, prompts=None, tokens: int = 32, mode: 
     `placement` (None: its current one; it stays in force, as a run's does). The routing statistics do not count
     these decodes. reference_result / fast_result: RunResults of these prompts and
     tokens already decoded in those settings (a run just made), reused instead of decoding again."""
-    from .model import check_context_top_k
+    from ..core.model import check_context_top_k
     from .run import DecodeRun, _top_k_override, check_mode, check_precision
 
     check_mode(mode)
@@ -200,10 +200,9 @@ def _check_pair(ref, fast, n_prompts: int, tokens: int, mode: str, precision: st
 
 def quality_key(mode: str, precision: str, top_k: int | None = None, placement: str = "", devices=()) -> tuple:
     """What a quality cost depends on: settings with equal keys cost the same. The placement counts only where the
-    outputs depend on it (engine.run.outputs_any_placement: owner_local always); the draft and q
+    outputs depend on it (engine.runs.run.outputs_any_placement: owner_local always); the draft and q
     never do."""
-    from .history import placement_devices
-    from .run import outputs_any_placement
+    from .run import outputs_any_placement, placement_devices
 
     key = (mode, precision, top_k)
     if not outputs_any_placement(mode, precision, [*placement_devices(placement), *devices]):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .errors import STATUS_ERRORS, EngineError
 
 try:
-    from ._native import ffi, lib
+    from .._native import ffi, lib
 except ImportError as exc:  # pragma: no cover - only on a broken install
     raise ImportError(
         "the native core (engine._native) is not built: install the project with `pip install -e .`"

@@ -17,8 +17,8 @@ every expert is equally hot and ties go to the lower layer and expert numbers.
 
 choose() is how the window and `expertbench plan` pick one: a fast device, its peer (the primary, or the first
 other device when the fast one is the primary), the others ordered by measured bandwidth, and budgets from each
-device's room for experts (engine.placement.ExpertRoom: free memory plus what this model's experts already hold
-there, less a reserve for staging), so a device full of the current placement is not taken for a full one.
+device's room for experts (engine.placement.placement.ExpertRoom: free memory plus what this model's experts already
+hold there, less a reserve for staging), so a device full of the current placement is not taken for a full one.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core.errors import ArgumentError
 from .costmodel import Calibration, ModelShape, expert_shares, layer_time, predict_tokens_per_second
-from .errors import ArgumentError
 from .placement import ExpertRoom, Placement, mib, reads_mapped_files
 from .routing import RoutingStats
 
@@ -153,7 +153,7 @@ def critical_path(shape: ModelShape, fast: str, peer: str, budgets=None, calibra
     time of its layer, max(fast, peer) in the cost model, and the fast device's budget still holds it; last, the
     experts the statistics never saw chosen to the fast device while it has room."""
     if calibration is None:
-        raise ArgumentError("critical-path balance needs a calibration (engine.costmodel.calibrate)")
+        raise ArgumentError("critical-path balance needs a calibration (engine.placement.costmodel.calibrate)")
     shares = expert_shares(shape, stats)
     n = tokens_per_step
     placement = shape.empty_placement(peer)

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .errors import ArgumentError
+from ..core.errors import ArgumentError
 
 # A choice whose top-2 logits are closer than this (in logits) is a near tie: the logit changes of a fast mode (q8
 # activations move the demo's logits by 0.05 on average) can flip it. Stated in the output wherever it is used.
@@ -175,7 +175,7 @@ class Outputs:
 
     @classmethod
     def of_result(cls, result, label: str = "this run", repeat: int | None = None) -> Outputs:
-        """An engine.run.RunResult: its first complete repeat (or the given one)."""
+        """An engine.runs.run.RunResult: its first complete repeat (or the given one)."""
         trails = (
             result.trails[repeat]
             if repeat is not None

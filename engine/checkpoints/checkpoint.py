@@ -1,5 +1,5 @@
 """Reading a Hugging Face model folder: config.json, safetensors (single or sharded), tokenizer.json (a GGUF file
-opens here too: engine/gguf_file.py reads it into the same Checkpoint).
+opens here too: engine/checkpoints/gguf_file.py reads it into the same Checkpoint).
 
 Everything is validated here before the core sees it; the core then memory-maps the files and checks every
 descriptor again. Nothing is copied: a tensor is a (file, offset, dtype, shape) descriptor.
@@ -18,10 +18,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from ..core.errors import CheckpointError, UnsupportedError
+from ..families import BY_HF_CLASS, family
+from ..families.base import ConfigKeys
 from . import gguf_file
-from .errors import CheckpointError, UnsupportedError
-from .families import BY_HF_CLASS, family
-from .families.base import ConfigKeys
 from .model_config import ModelConfig, TensorInfo
 
 # Every dtype the safetensors format defines, with its element size, to check byte counts of any tensor.

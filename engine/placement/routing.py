@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ArgumentError, CheckpointError
-from .files import atomic_write
+from ..core.errors import ArgumentError, CheckpointError
+from ..core.files import atomic_write
 
 _HEADER = re.compile(r"^#\s*hotness table:\s*n_layer=(\d+)\s+n_expert=(\d+)\s+n_expert_used=(\d+)\s*$", re.ASCII)
 _COUNT = re.compile(r"[0-9]+", re.ASCII)  # not str.isdigit: it takes '²' and other Unicode digits

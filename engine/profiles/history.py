@@ -22,14 +22,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
-from .errors import ArgumentError
+from ..core.errors import ArgumentError
+from ..runs.run import outputs_any_placement, placement_devices
 from .profile import Expectations, Profile
-from .run import outputs_any_placement
 
 
 @dataclass
 class RunSettings:
-    """What the window's run panel asks for (engine.run.DecodeRun's arguments)."""
+    """What the window's run panel asks for (engine.runs.run.DecodeRun's arguments)."""
 
     prompts: list[str]
     tokens: int = 64
@@ -37,7 +37,7 @@ class RunSettings:
     q: int = 2
     mode: str = "reference"
     use_draft: bool = True
-    precision: str = "f32"  # engine.run.PRECISIONS: f32 the reference, q8 int8 activations (other logits)
+    precision: str = "f32"  # engine.runs.run.PRECISIONS: f32 the reference, q8 int8 activations (other logits)
 
     @property
     def total_tokens(self) -> int:
@@ -81,16 +81,16 @@ class RunRecord:
     # None before the devices were measured
     predicted_tokens_per_second: float | None = None
     primary: str = ""  # the target's device
-    fingerprint: str | None = None  # the target's (engine.profile.fingerprint)
-    # device -> share of the run's step time it spent running kernels (engine.run.RunResult.device_busy_share)
+    fingerprint: str | None = None  # the target's (engine.profiles.profile.fingerprint)
+    # device -> share of the run's step time it spent running kernels (engine.runs.run.RunResult.device_busy_share)
     device_busy_share: dict[str, float] = field(default_factory=dict)
     kernels: str = ""  # the target runtime's kernels (RunResult.kernels)
     top_k: int | None = None  # experts per token where the target decoded with another count than its own
-    # per prompt the generated ids and top-2 logit gaps, compact (engine.diverge.Trail.compact), when complete
+    # per prompt the generated ids and top-2 logit gaps, compact (engine.runs.diverge.Trail.compact), when complete
     outputs: list[dict] | None = None
-    # why the output differs from the reference run's (engine.diverge.Diagnosis.to_dict), when it does
+    # why the output differs from the reference run's (engine.runs.diverge.Diagnosis.to_dict), when it does
     diagnosis: dict | None = None
-    # the quality cost of the run's fast mode against the reference mode (engine.quality.QualityCost.to_dict)
+    # the quality cost of the run's fast mode against the reference mode (engine.runs.quality.QualityCost.to_dict)
     quality: dict | None = None
 
     @property
@@ -108,7 +108,7 @@ class RunRecord:
     def of_run(cls, result, settings: RunSettings, target_path: str, draft_path: str | None = None,
                started: str | None = None, predicted: float | None = None, fingerprint: str | None = None,
                index: int = 0) -> RunRecord:  # fmt: skip
-        """The record of an engine.run.RunResult made with these settings (History.add numbers it and sets its
+        """The record of an engine.runs.run.RunResult made with these settings (History.add numbers it and sets its
         reference hash)."""
         complete = bool(result.output_sha256) and len(result.output_sha256) == len(settings.prompts)
         return cls(
@@ -148,14 +148,14 @@ class RunRecord:
         )
 
     def trails(self) -> list:
-        """The kept outputs as engine.diverge Trails (ids and gaps), one per prompt; empty when none were kept."""
-        from .diverge import read_compact
+        """The kept outputs as engine.runs.diverge Trails (ids and gaps), one per prompt; empty when none were kept."""
+        from ..runs.diverge import read_compact
 
         return [read_compact(o, f"outputs[{i}]") for i, o in enumerate(self.outputs or [])]
 
     def as_outputs(self, label: str | None = None):
-        """The run as a diagnosis compares it (engine.diverge.Outputs)."""
-        from .diverge import Outputs, settings_of
+        """The run as a diagnosis compares it (engine.runs.diverge.Outputs)."""
+        from ..runs.diverge import Outputs, settings_of
 
         return Outputs(label or f"run {self.index}", self.trails(), settings_of(self))
 
@@ -226,7 +226,7 @@ def _checked(name: str, value):
             return None
         if not isinstance(value, list):
             raise ArgumentError(f"'outputs' is {type(value).__name__}, expected a list (one entry per prompt)")
-        from .diverge import read_compact
+        from ..runs.diverge import read_compact
 
         for i, entry in enumerate(value):
             read_compact(entry, f"outputs[{i}]")
@@ -258,18 +258,13 @@ def now() -> str:
 # ---- which runs must give the same outputs ------------------------------------------------------------------
 
 
-def placement_devices(placement: str) -> list[str]:
-    """The devices a placement's text form names (engine.placement: RULE=DEVICE separated by ';')."""
-    return sorted({rule.rpartition("=")[2].strip() for rule in placement.split(";") if "=" in rule})
-
-
 def outputs_key(target: str, prompts: Sequence, tokens: int, precision: str, mode: str, placement: str = "",
                 devices: Iterable[str] = (), top_k: int | None = None) -> tuple:  # fmt: skip
     """What decides a run's output ids: runs with equal keys must give equal hashes.
 
     The target (its fingerprint, or its path), the prompts, the tokens per prompt and the precision (q8 gives other
     logits than f32 by design) always; the reduction mode when it is not 'reference' (owner_local sums in another
-    association); and the placement whenever the outputs depend on it (engine.run.outputs_any_placement over the
+    association); and the placement whenever the outputs depend on it (engine.runs.run.outputs_any_placement over the
     placement's devices and the others given: owner_local always). The
     draft and q never: speculative greedy decoding gives the target-only greedy output, byte for byte. An experts
     per token override (top_k, None: the model's own) is another model. The window's saved profiles pick the run
@@ -470,10 +465,10 @@ def expectations_for(profile: Profile, base: Profile | None, history: Sequence[R
 
 def diagnose_change(ref: RunRecord, run, model=None, prompt_ids=None):
     """Why a run's output (a RunResult, with its top-2 logits, or a RunRecord) differs from its reference run's
-    (engine.diverge.Diagnosis); None when they are the same. With the model the run decoded on and the prompts' ids,
-    the reference's logits are re-computed where it kept only ids and gaps and ran with the model's settings now
-    (engine.diverge.replay_missing)."""
-    from .diverge import Outputs, diagnose, replay_missing
+    (engine.runs.diverge.Diagnosis); None when they are the same. With the model the run decoded on and the prompts'
+    ids, the reference's logits are re-computed where it kept only ids and gaps and ran with the model's settings now
+    (engine.runs.diverge.replay_missing)."""
+    from ..runs.diverge import Outputs, diagnose, replay_missing
 
     record = run if isinstance(run, RunRecord) else None
     hashes = record.output_hash if record is not None else combined_hash(run.output_sha256)

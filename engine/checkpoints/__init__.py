@@ -1,0 +1,1 @@
+"""Reading what a model is made of: Hugging Face folders, GGUF files, their config, the demo pair."""

@@ -1,0 +1,1 @@
+"""Decode runs: greedy and speculative generation, their outputs, history, divergence and quality."""
