@@ -30,7 +30,9 @@ def cmd_devices(args) -> int:
         return 0
     gib = 1 << 30
     for r in runtimes:
-        print(f"runtime {r.name}: {r.n_devices} device(s), {r.kernel_variant} kernels, ABI {r.abi_version}, {r.path}")
+        ext = f", extensions {' '.join(r.extensions)}" if r.extensions else ""
+        kernels = f"{r.kernel_variant} kernels, ABI {r.abi_version}{ext}"
+        print(f"runtime {r.name}: {r.n_devices} device(s), {kernels}, {r.path}")
         for d in devices:
             if d.name.split(":")[0] == r.name:
                 threads = f"{d.threads} threads, " if d.threads else ""

@@ -53,6 +53,7 @@ class RuntimeInfo:
     kernel_variant: str
     abi_version: int
     n_devices: int
+    extensions: tuple[str, ...] = ()  # the family operations its devices run as the primary: "mla/1"
 
 
 @dataclass(frozen=True)
@@ -248,7 +249,12 @@ class Engine(_Handle):
             check(lib.eb_engine_runtime_info(self._ptr, i, info))
             out.append(
                 RuntimeInfo(
-                    text(info.name), text(info.path), text(info.kernel_variant), info.abi_version, info.n_devices
+                    text(info.name),
+                    text(info.path),
+                    text(info.kernel_variant),
+                    info.abi_version,
+                    info.n_devices,
+                    tuple(e for e in text(info.extensions).split(",") if e),
                 )
             )
         return out

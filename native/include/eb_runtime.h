@@ -13,10 +13,11 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "expertbench.h"
 
-#define EB_RUNTIME_ABI_VERSION 9u
+#define EB_RUNTIME_ABI_VERSION 10u
 #define EB_RUNTIME_ENTRY "eb_runtime_module"
 
 #if defined(__GNUC__)
@@ -256,9 +257,29 @@ typedef struct {
     int (*attention)(void *rt, int dev, const eb_rt_attention *a, char *err, size_t errlen);
     int (*route)(void *rt, int dev, const eb_rt_route *r, char *err, size_t errlen);
     int (*moe)(void *rt, int dev, const eb_rt_moe *b, char *err, size_t errlen);
-    /* Optional (NULL: a model with MLA attention cannot have this primary, said at load). */
-    int (*mla)(void *rt, int dev, const eb_rt_mla *a, char *err, size_t errlen);
 } eb_rt_forward_ops;
+
+/* Extensions: the operations only some families need, each a named table with its own version, beside the common
+ * ones above. A module lists those it has (eb_runtime_table.extensions); a family names those it needs (the core's
+ * eb_family.extensions), and a load on a primary whose module lacks one is refused, naming both. Adding a family's
+ * operation is a new extension in the modules that run it: the ABI version and the other modules stay as they are.
+ * A change of an extension's table is a new version of it. */
+typedef struct {
+    const char *name; /* "mla" */
+    uint32_t version; /* of its table's layout */
+} eb_rt_extension_id;
+
+typedef struct {
+    eb_rt_extension_id id;
+    const void *ops; /* the table: eb_rt_mla_ops for "mla" version 1 */
+} eb_rt_extension;
+
+/* "mla" 1: multi-head latent attention (DeepSeek-V3's), eb_rt_mla above. */
+#define EB_EXT_MLA "mla"
+#define EB_EXT_MLA_VERSION 1u
+typedef struct {
+    int (*mla)(void *rt, int dev, const eb_rt_mla *a, char *err, size_t errlen);
+} eb_rt_mla_ops;
 
 /* Graphs: between begin and end the calling thread's work queued on dev is recorded instead of run; other threads'
  * work is never recorded (a GPU module makes them wait, hostsim runs it); launch queues a recorded step. end with
@@ -316,7 +337,16 @@ typedef struct eb_runtime_table {
 
     const eb_rt_forward_ops *forward; /* NULL: the module's devices cannot be the primary */
     const eb_rt_graph_ops *graphs;    /* NULL: every step is queued anew */
+    const eb_rt_extension *extensions; /* the primary's extensions, ended by an entry whose name is NULL; NULL: none */
 } eb_runtime_table;
+
+/* The table of extension id (that name at that version) in a module, or NULL. */
+static inline const void *eb_rt_find_extension(const eb_runtime_table *t, eb_rt_extension_id id) {
+    for (const eb_rt_extension *e = t->extensions; e && e->id.name; e++)
+        if (strcmp(e->id.name, id.name) == 0 && e->id.version == id.version && e->ops)
+            return e->ops;
+    return NULL;
+}
 
 typedef const eb_runtime_table *(*eb_runtime_entry_fn)(void);
 

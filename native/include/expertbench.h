@@ -139,6 +139,8 @@ typedef struct {
     char kernel_variant[EB_MAX_NAME]; /* e.g. "avx2+fma+f16c", "avx2+fma+f16c+avx512vnni" or "portable" */
     uint32_t abi_version;
     int32_t n_devices;
+    char extensions[EB_MAX_NAME];   /* the family operations its devices run as the primary, "name/version" each,
+                                       comma-separated ("mla/1"); "" when none */
 } eb_runtime_info;
 
 typedef struct {

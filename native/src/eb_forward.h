@@ -16,6 +16,7 @@ typedef struct {
     eb_model *m;
     const eb_runtime *r;
     const eb_rt_forward_ops *ops;
+    const eb_rt_mla_ops *mla;      /* the primary's "mla" extension (NULL: it has none; the load checked) */
     const eb_rt_graph_ops *graphs; /* NULL: this step is queued anew */
     void *rt;
     int dev;        /* the primary's index in its runtime */
@@ -71,7 +72,9 @@ typedef struct eb_family {
     int32_t arch;      /* EB_ARCH_* */
     int routing;       /* EB_ROUTE_*: how its routers score */
     int clamped_swiglu; /* its experts' activation is gpt-oss's clamped SwiGLU (swiglu_limit set), else SiLU */
-    int needs_mla;     /* its attention is MLA: the primary's runtime must have eb_rt_forward_ops.mla */
+    /* the runtime extensions its forward pass calls (ended by a NULL name; NULL: none): a primary whose module
+     * lacks one is refused at load */
+    const eb_rt_extension_id *extensions;
     /* its own keys (rope: the rotated dimensions); NULL: none beyond the common ones */
     int (*check_config)(const eb_model_config *c, int rope);
     /* its activations' sizes where they are not grouped-query attention's; NULL: they are */

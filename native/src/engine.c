@@ -244,6 +244,16 @@ int eb_engine_runtime_info(const eb_engine *engine, int index, eb_runtime_info *
     snprintf(out->kernel_variant, sizeof out->kernel_variant, "%s", r->table->kernel_variant(r->rt));
     out->abi_version = r->table->abi_version;
     out->n_devices = r->n_devices;
+    size_t at = 0;
+    for (const eb_rt_extension *e = r->table->extensions; e && e->id.name; e++) {
+        int w = snprintf(out->extensions + at, sizeof out->extensions - at, "%s%s/%u", at ? "," : "", e->id.name,
+                         (unsigned)e->id.version);
+        if (w < 0 || (size_t)w >= sizeof out->extensions - at) { /* more than fits: the list ends with "..." */
+            memcpy(out->extensions + sizeof out->extensions - 4, "...", 4);
+            break;
+        }
+        at += (size_t)w;
+    }
     return EB_OK;
 }
 

@@ -168,7 +168,7 @@ int eb_block_mla_attention(eb_step *s, int l) {
                     dc->k_cache + s->c->cache_at[l] * (size_t)row, dc->ids, (int32_t)n, cf->num_heads,
                     cf->qk_nope_head_dim, cf->qk_rope_head_dim, cf->v_head_dim, cf->kv_lora_rank, s->c->n_ctx,
                     cf->rope_interleave, 1e-6f /* kv_a_layernorm's, as q_a_layernorm's */, scale, dc->att};
-    OP(s, s->ops->mla(s->rt, s->dev, &at, s->err, sizeof s->err));
+    OP(s, s->mla->mla(s->rt, s->dev, &at, s->err, sizeof s->err));
     eb_rt_matmul o = product(s, &D->o, dc->att, n, dc->x);
     OP(s, s->ops->matmul(s->rt, s->dev, NULL, &o, 1, 1, s->err, sizeof s->err));
     if (!s->replaying) span(s->c, s->m->primary, l, EB_SPAN_ATTENTION, n, t0, trace_now(s->c));
@@ -398,6 +398,7 @@ int eb_eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logits, i
     const eb_runtime *r = eb_device_runtime(eng, m->primary);
     eb_step s = {.c = c, .m = m, .r = r, .ops = r->table->forward, .rt = r->rt, .dev = eng->devices[m->primary].local,
                  .name = eng->devices[m->primary].name, .n = n};
+    s.mla = (const eb_rt_mla_ops *)eb_rt_find_extension(r->table, (eb_rt_extension_id){EB_EXT_MLA, EB_EXT_MLA_VERSION});
     int st;
     if (eng->n_devices > c->n_devices)
         return eb_fail(EB_ERR_STATE, "a runtime was loaded after this context was created: create a new context");

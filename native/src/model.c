@@ -790,10 +790,12 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
                                config->max_position_embeddings};
     if ((st = rt->table->forward->check_model(rt->rt, dev->local, &shape, err, sizeof err)) != 0)
         return eb_fail(st, "primary device %s: %s", dev->name, err);
-    if (family->needs_mla && !rt->table->forward->mla)
-        return eb_fail(EB_ERR_UNSUPPORTED, "primary device %s: the '%s' runtime has no MLA attention (%s); "
-                                           "choose a CPU device as the primary (its experts can still be placed on %s)",
-                       dev->name, rt->name, family->title, dev->name);
+    for (const eb_rt_extension_id *need = family->extensions; need && need->name; need++)
+        if (!eb_rt_find_extension(rt->table, *need))
+            return eb_fail(EB_ERR_UNSUPPORTED, "primary device %s: the '%s' runtime lacks the extension '%s' version %u "
+                                               "that %s's forward pass needs; choose a CPU device as the primary (its "
+                                               "experts can still be placed on %s)",
+                           dev->name, rt->name, need->name, (unsigned)need->version, family->title, dev->name);
     if (!rinfo.host_addressable) {
         /* experts start in host memory (the first CPU device); a placement moves them */
         for (home = 0; home < engine->n_devices && !engine->devices[home].host_addressable; home++) {

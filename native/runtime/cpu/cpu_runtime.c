@@ -1515,9 +1515,14 @@ static const eb_rt_forward_ops cpu_forward = {
     .attention = op_attention,
     .route = op_route,
     .moe = op_moe,
-    .mla = op_mla,
+};
+static const eb_rt_mla_ops cpu_mla = {.mla = op_mla};
+static const eb_rt_extension cpu_extensions[] = {
+    {{EB_EXT_MLA, EB_EXT_MLA_VERSION}, &cpu_mla},
+    {{NULL, 0}, NULL},
 };
 #define FORWARD_OPS (&cpu_forward)
+#define EXTENSIONS cpu_extensions
 #define GRAPH_OPS NULL
 #else
 /* Graphs (hostsim only, so that the core's recording and replaying of steps runs without a GPU): between begin
@@ -1695,7 +1700,11 @@ static const eb_rt_forward_ops sim_forward = {
     .attention = sim_attention,
     .route = sim_route,
     .moe = sim_moe,
-    .mla = sim_mla,
+};
+static const eb_rt_mla_ops sim_mla_ops = {.mla = sim_mla};
+static const eb_rt_extension sim_extensions[] = {
+    {{EB_EXT_MLA, EB_EXT_MLA_VERSION}, &sim_mla_ops},
+    {{NULL, 0}, NULL},
 };
 
 static const eb_rt_graph_ops sim_graphs = {
@@ -1706,6 +1715,7 @@ static const eb_rt_graph_ops sim_graphs = {
 };
 #define FORWARD_OPS (&sim_forward)
 #define GRAPH_OPS (&sim_graphs)
+#define EXTENSIONS sim_extensions
 #endif
 
 static const eb_runtime_table cpu_table = {
@@ -1733,6 +1743,7 @@ static const eb_runtime_table cpu_table = {
     .expert_ffn = cpu_expert_ffn,
     .forward = FORWARD_OPS,
     .graphs = GRAPH_OPS,
+    .extensions = EXTENSIONS,
 };
 
 EB_EXPORT const eb_runtime_table *eb_runtime_module(void) { return &cpu_table; }

@@ -3083,7 +3083,12 @@ static const eb_rt_forward_ops gpu_forward_ops = {
     .attention = gpu_attention,
     .route = gpu_route,
     .moe = gpu_moe,
-    .mla = gpu_mla,
+};
+
+static const eb_rt_mla_ops gpu_mla_ops = {.mla = gpu_mla};
+static const eb_rt_extension gpu_extensions[] = {
+    {{EB_EXT_MLA, EB_EXT_MLA_VERSION}, &gpu_mla_ops},
+    {{NULL, 0}, NULL},
 };
 
 static const eb_rt_graph_ops gpu_graph_ops = {
@@ -3120,6 +3125,7 @@ static const eb_runtime_table gpu_table = {
     .expert_ffn = gpu_expert_ffn,
     .forward = &gpu_forward_ops,
     .graphs = &gpu_graph_ops,
+    .extensions = gpu_extensions,
 };
 
 extern "C" EB_EXPORT const eb_runtime_table *eb_runtime_module(void) { return &gpu_table; }

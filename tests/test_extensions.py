@@ -1,0 +1,85 @@
+"""Runtime extensions: the operations only some families need (DeepSeek-V3's MLA attention) are named, versioned
+tables a module lists, not members of the table every module fills. A primary whose module lacks one, or has it at
+another version, is refused at load naming the runtime, the extension and the family; the other families load on
+it as before; `Engine.runtimes` says what each module has."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from fixture_paths import FIXTURES
+
+from engine.core.errors import UnsupportedError
+from engine.core.model import Engine
+from engine.core.native import core_location
+
+NATIVE_INCLUDE = Path(__file__).resolve().parent.parent / "native" / "include"
+
+# The bundled hostsim module's table as it is, with its extension list replaced: the same devices and kernels.
+WRAPPER = r"""
+#include <dlfcn.h>
+#include "eb_runtime.h"
+static eb_runtime_table table;
+static const eb_rt_extension extensions[] = {%s{{NULL, 0}, NULL}};
+EB_EXPORT const eb_runtime_table *eb_runtime_module(void) {
+    void *lib = dlopen("%s", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return NULL;
+    eb_runtime_entry_fn entry = (eb_runtime_entry_fn)dlsym(lib, EB_RUNTIME_ENTRY);
+    if (!entry || !entry()) return NULL;
+    table = *entry();
+    table.extensions = extensions;
+    return &table;
+}
+"""
+
+
+def hostsim_with(tmp_path: Path, extensions: str) -> str:
+    cc = shutil.which("cc")
+    if cc is None:
+        pytest.fail("no C compiler (cc) to build a test module (run tests/setup.sh)")
+    real = Path(core_location()) / "expertbench_rt_hostsim.so"
+    src = tmp_path / "wrapper.c"
+    src.write_text(WRAPPER % (extensions, real))
+    out = tmp_path / "hostsim_wrapper.so"
+    subprocess.run([cc, "-shared", "-fPIC", f"-I{NATIVE_INCLUDE}", "-o", str(out), str(src), "-ldl"], check=True)
+    return str(out)
+
+
+def test_the_bundled_modules_list_their_extensions():
+    with Engine(runtimes=("cpu", "hostsim")) as eng:
+        assert {r.name: r.extensions for r in eng.runtimes} == {"cpu": ("mla/1",), "hostsim": ("mla/1",)}
+
+
+@pytest.mark.parametrize(
+    "extensions, listed",
+    [("", ()), ('{{"mla", 2}, (const void *)1},', ("mla/2",)), ('{{"other", 1}, (const void *)1},', ("other/1",))],
+    ids=["none", "mla-version-2", "another"],
+)
+def test_a_primary_without_the_familys_extension_is_refused_naming_both(tmp_path, extensions, listed):
+    with Engine(runtimes=("cpu", "hostsim"), module_paths={"hostsim": hostsim_with(tmp_path, extensions)}) as eng:
+        assert {r.name: r.extensions for r in eng.runtimes}["hostsim"] == listed
+        with pytest.raises(UnsupportedError) as exc:
+            eng.load(FIXTURES / "deepseek-f32", device="hostsim:0")
+        message = str(exc.value)
+        assert "primary device hostsim:0" in message and "'hostsim' runtime" in message
+        assert "the extension 'mla' version 1" in message and "DeepSeek-V3" in message
+        assert "choose a CPU device as the primary" in message
+        # the family that needs nothing beyond the common operations loads and runs on the same primary
+        on_cpu = eng.load(FIXTURES / "qwen3moe-f32", device="cpu:0")
+        model = eng.load(FIXTURES / "qwen3moe-f32", device="hostsim:0")
+        assert greedy(model) == greedy(on_cpu)
+        # and the DeepSeek model on a primary whose module has it, with its experts on the one that lacks it: the
+        # experts need only the common contract, and the ids are those of every expert on the primary
+        ds = eng.load(FIXTURES / "deepseek-f32", device="cpu:0")
+        alone = greedy(ds)
+        ds.set_placement("*=hostsim:0")
+        assert greedy(ds) == alone
+        assert ds.counters()["devices"]["hostsim:0"]["experts_run"] > 0
+
+
+def greedy(model) -> list[int]:
+    with model.context(32) as ctx:
+        return ctx.greedy(1, 12)
