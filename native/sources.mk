@@ -6,9 +6,10 @@
 CORE_SRC = src/engine.c src/model.c src/mapping.c src/context.c src/forward.c src/primary.c src/scheduler.c src/weight_check.c \
 	src/models/qwen3_moe.c src/models/deepseek_v3.c src/models/gpt_oss.c
 
-# the cpu runtime module (and the hostsim module: the same sources with EB_CPU_HOSTSIM): the runtime, its portable
-# kernels (which bench/'s kernel programs link alone) and its vector kernels
-CPU_RUNTIME_SRC = runtime/cpu/cpu_runtime.c
+# the cpu runtime module (and the hostsim module: the same sources with EB_CPU_HOSTSIM): the runtime (devices and the
+# table; the worker pools; products and expert batches; the primary's operations), its portable kernels (which
+# bench/'s kernel programs link alone) and its vector kernels
+CPU_RUNTIME_SRC = runtime/cpu/cpu_runtime.c runtime/cpu/cpu_pool.c runtime/cpu/cpu_products.c runtime/cpu/cpu_forward.c
 CPU_KERNELS_SRC = runtime/cpu/cpu_kernels_portable.c
 # its vector kernels, each compiled with its own flags on x86-64 (called only where the CPU has them)
 CPU_AVX2_SRC = runtime/cpu/cpu_kernels_avx2.c
@@ -16,6 +17,7 @@ CPU_AVX512_SRC = runtime/cpu/cpu_kernels_avx512.c
 AVX2_FLAGS = -mavx2 -mfma -mf16c
 AVX512_FLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512vnni
 
-# the cuda and hip modules, one source
+# the cuda and hip modules, one translation unit: gpu_runtime.cu (devices, memory, events, launches, the table) and
+# the parts it includes (gpu_platform.h, gpu_formats.cuh, gpu_forward.cuh, gpu_mla.cuh, gpu_q8.cuh)
 GPU_SRC = runtime/gpu/gpu_runtime.cu
 
