@@ -17,6 +17,7 @@ from ..core.model import WEIGHTS_MODES
 from ..core.trace import write_chrome_trace
 from ..runs.run import PRECISIONS, REDUCTION_MODES, DecodeRun, RunResult, StepEvent
 from ..runs.speculative import MAX_DRAFT_TOKENS
+from ..runs.workload import read_prompt_file, synthetic_ids
 from ..session import open_pair
 from .common import (
     check_model_args,
@@ -71,8 +72,19 @@ def add_parser(sub) -> argparse.ArgumentParser:
                      help="where the target's experts live: rules LAYERS=DEVICE or LAYER.EXPERTS=DEVICE separated by "
                           "';', applied in order over --device, e.g. '0-7=cuda:0; 12.3=cuda:0' (default: all on "
                           "--device)")  # fmt: skip
-    run.add_argument("--prompt", action="append", metavar="TEXT",
-                     help="a prompt; repeat for several (default: 4 built-in prompts)")  # fmt: skip
+    sources = run.add_mutually_exclusive_group()
+    sources.add_argument("--prompt", action="append", metavar="TEXT",
+                         help="a prompt; repeat for several (default: 4 built-in prompts)")  # fmt: skip
+    sources.add_argument("--prompt-file", metavar="FILE", type=Path,
+                         help="the prompts of a file: UTF-8 text, one prompt per line, or JSON Lines (.jsonl, or a "
+                              "first line starting with '{'), one {\"prompt\": \"...\"} per line: your own "
+                              "workload, whose routing the run counts as any run's")  # fmt: skip
+    sources.add_argument("--prompt-tokens", type=int, metavar="N",
+                         help="one synthetic prompt of N tokens (ordinary text, as the model's tokenizer reads it): "
+                              "prefill measured as llama-bench's pp N")  # fmt: skip
+    run.add_argument("--depth", type=int, default=0, metavar="D",
+                     help="D tokens of context (synthetic text) before each prompt, prefilled and not measured: "
+                          "prefill and decode measured at that depth, as llama-bench's -d D (default 0)")  # fmt: skip
     run.add_argument("-n", type=int, default=64, help="tokens to generate per prompt (default 64)")
     run.add_argument("--repeats", type=int, default=3, help="passes over the prompts (default 3)")
     run.add_argument("--device", default="cpu:0", help="the target's primary device (default cpu:0)")
@@ -138,6 +150,12 @@ def _check_run_args(args) -> None:
         raise EngineError(f"--q {args.q}: expected a draft length of 1..{MAX_DRAFT_TOKENS} tokens")
     if args.top_k is not None and args.top_k < 1:
         raise EngineError(f"--top-k {args.top_k}: expected a positive number of experts per token")
+    if args.prompt_tokens is not None and args.prompt_tokens < 1:
+        raise EngineError(f"--prompt-tokens {args.prompt_tokens}: expected a positive number of tokens")
+    if args.depth < 0:
+        raise EngineError(f"--depth {args.depth}: expected a number of context tokens >= 0")
+    if args.prompt_file is not None:
+        args.prompts_read = read_prompt_file(args.prompt_file)  # (ArgumentError naming the file and line)
     for p in args.prompt or ():
         if not p:
             raise EngineError("--prompt '' is empty: give some text")
@@ -155,7 +173,7 @@ def _check_run_args(args) -> None:
 def cmd_run(args) -> int:
     _check_run_args(args)
     target_dir, draft_dir = model_paths(args, with_draft=not args.no_draft)
-    prompts = args.prompt or DEMO_PROMPTS
+    prompts = args.prompt or getattr(args, "prompts_read", None) or DEMO_PROMPTS
     with make_engine(args) as eng:
         # fewer experts per token than the checkpoint's are the run's context setting; more need a load with more
         pair = open_pair(eng, target_dir, draft_dir, device=args.device, draft_device=args.draft_device,
@@ -164,9 +182,13 @@ def cmd_run(args) -> int:
         placement = args.placement
         if placement is None and target.config.num_experts > 0:
             placement = f"*={args.device}"
+        if args.prompt_tokens is not None:  # the text on from the depth's context, as one text reads
+            prompts = [synthetic_ids(target, args.prompt_tokens, offset=args.depth)]
         run = DecodeRun(target, draft, prompts=prompts, tokens_per_prompt=args.n, repeats=args.repeats, q=args.q,
                         mode=args.mode, precision=args.precision, placement=placement,
-                        trace=args.trace is not None, top_k=pair.run_top_k)  # fmt: skip
+                        trace=args.trace is not None, top_k=pair.run_top_k, depth=args.depth)  # fmt: skip
+        # what decided the outputs: the depth's context and the prompt, as one sequence of ids
+        decided = [run.context_ids + ids for ids in run.prompt_ids] if args.depth else prompts
         progress = None
         if sys.stderr.isatty():
             progress = ProgressBar(args.n * len(prompts) * args.repeats, args.repeats, len(prompts))
@@ -183,10 +205,10 @@ def cmd_run(args) -> int:
         finally:
             if progress is not None:
                 progress.clear()
-        report = _report(result, target, draft, prompts, eng.runtimes[0].kernel_variant, run.prompt_ids)
+        report = _report(result, target, draft, prompts, eng.runtimes[0].kernel_variant, run.prompt_ids, decided)
         report["quality"] = None
         if not (args.no_quality or interrupted or result.cancelled):
-            cost = _quality(eng, args, target_dir, target, prompts, result)
+            cost = _quality(eng, args, target_dir, target, decided, result)
             report["quality"] = None if cost is None else cost.to_dict()
     if args.trace is not None:
         meta = {k: report.get(k) for k in ("target", "draft", "target_device", "mode", "precision", "placement", "q",
@@ -228,7 +250,7 @@ def _quality(eng, args, target_dir, target, prompts, result: RunResult):
             reference.close()
 
 
-def _report(result: RunResult, target, draft, prompts, kernels: str, prompt_ids=None) -> dict:
+def _report(result: RunResult, target, draft, prompts, kernels: str, prompt_ids=None, decided=None) -> dict:
     report = {
         "synthetic": is_synthetic(target.checkpoint),
         "draft_synthetic": None if draft is None else is_synthetic(draft.checkpoint),
@@ -241,11 +263,29 @@ def _report(result: RunResult, target, draft, prompts, kernels: str, prompt_ids=
     if draft is not None:
         report["draft_weights"] = {"formats": _formats(draft)}
     report["prompts"] = [
-        {"prompt": text, "text": target.decode_text(p.generated_ids), **entry}
+        {"prompt": text if isinstance(text, str) else f"<{len(text)} synthetic tokens>",
+         "text": target.decode_text(p.generated_ids), **entry}
         for text, p, entry in zip(prompts, result.prompts, report["prompts"], strict=False)
-    ]
-    report.update(_reference(result, target, prompts, prompt_ids))
+    ]  # fmt: skip
+    report["tests"] = _tests(result, [len(ids) for ids in prompt_ids or ()])
+    decided = prompts if decided is None else decided
+    report.update(_reference(result, target, decided, [list(p) for p in decided] if result.depth else prompt_ids))
     return report
+
+
+def _tests(result: RunResult, prompt_lengths: list[int]) -> list[dict]:
+    """The run's two figures named as llama-bench names its tests: 'pp N' (prefill of N-token prompts; 'pp ~N' for
+    prompts of mixed lengths, N their mean) and 'tg N' (decoding N tokens a prompt, its first from the prefill not
+    counted), each '@ d D' at a depth."""
+    at = f" @ d{result.depth}" if result.depth else ""
+    n = round(sum(prompt_lengths) / len(prompt_lengths)) if prompt_lengths else 0
+    pp = f"pp{n}" if len(set(prompt_lengths)) <= 1 else f"pp~{n}"
+    return [
+        {"test": pp + at, "tokens_per_second": result.prefill_tokens_per_second,
+         "min": result.prefill_tokens_per_second_min, "max": result.prefill_tokens_per_second_max},
+        {"test": f"tg{result.tokens_per_prompt - 1}{at}", "tokens_per_second": result.decode_tokens_per_second,
+         "min": result.decode_tokens_per_second_min, "max": result.decode_tokens_per_second_max},
+    ]  # fmt: skip
 
 
 def _reference(result: RunResult, target, prompts, prompt_ids=None) -> dict:
@@ -331,11 +371,12 @@ def _print_table(report: dict, result: RunResult, n_prompts: int) -> None:
     print(f"weights   {w['held']} ({_size(w['file_bytes'])}{huge}; {', '.join(w['formats'])})")
     if report["placement"] is not None:
         print(f"placement {report['placement']}")
-    print(f"run       {n_prompts} prompts x {report['tokens_per_prompt']} tokens x {report['repeats']} repeats"
+    depth = f" after {report['depth']} tokens of context" if report["depth"] else ""
+    print(f"run       {n_prompts} prompts x {report['tokens_per_prompt']} tokens x {report['repeats']} repeats{depth}"
           f"{'  (cancelled: partial)' if report['cancelled'] else ''}")  # fmt: skip
-    for what in ("prefill", "decode"):
-        key = f"{what}_tokens_per_second"
-        print(f"{what:9s} {_rate(report[key], report[key + '_min'], report[key + '_max'])}")
+    width = max(len(t["test"]) for t in report["tests"])
+    for what, test in zip(("prefill", "decode"), report["tests"], strict=True):
+        print(f"{what:9s} {test['test']:<{width}} {_rate(test['tokens_per_second'], test['min'], test['max'])}")
     if report.get("quality") is not None:
         q = report["quality"]
         experts = f", {q['native_top_k']} experts per token" if q["native_top_k"] else ""

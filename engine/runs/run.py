@@ -34,6 +34,7 @@ from ..core.model import Context, Model, _ids_array, check_context_top_k, check_
 from ..core.trace import Span
 from .diverge import Diagnosis, Outputs, Trail, diagnose
 from .speculative import GreedyDecoder, SpeculativeDecoder, check_draft_q, check_shared_vocabulary
+from .workload import synthetic_ids
 
 REDUCTION_MODES = tuple(Context.MODES)  # the context owns the mode names
 PRECISIONS = tuple(Context.PRECISIONS)  # and the activation precisions (f32: the reference; q8: llama.cpp's way)
@@ -160,6 +161,7 @@ class RunResult:
     trace_dropped: int = 0  # rest, trace_spans - trace_dropped of them)
     kernels: str = ""  # the kernels of the target's runtime (RuntimeInfo.kernel_variant)
     top_k: int | None = None  # experts per token where the target decoded with another count than its checkpoint's
+    depth: int = 0  # context tokens before each prompt, prefilled and not measured (decode at a depth)
     # per repeat, per finished prompt: each generated token's id, runner-up and top-2 logits (engine.runs.diverge)
     trails: list[list[Trail]] = field(default_factory=list, repr=False)
 
@@ -270,6 +272,7 @@ class DecodeRun:
         trace: bool = False,
         trace_keep: int = TRACE_KEPT_SPANS,
         top_k: int | None = None,
+        depth: int = 0,
     ):
         check_mode(mode)
         check_precision(precision)
@@ -288,15 +291,20 @@ class DecodeRun:
 
             prompts = DEMO_PROMPTS
         self.prompt_ids = self._encode_prompts(prompts)
-        # The target never holds more than prompt + n - 1 positions (a draft of q is cut to the tokens still due).
-        self.n_ctx = max(len(p) for p in self.prompt_ids) + self.tokens_per_prompt
+        if isinstance(depth, bool) or not isinstance(depth, (int, np.integer)) or depth < 0:
+            raise ArgumentError(f"depth {depth!r}: expected a number of context tokens >= 0")
+        self.depth = int(depth)
+        # The target never holds more than depth + prompt + n - 1 positions (a draft of q is cut to the tokens due).
+        self.n_ctx = depth + max(len(p) for p in self.prompt_ids) + self.tokens_per_prompt
+        at = f"a depth of {depth} tokens, " if depth else ""
         for role, model in (("target", target), ("draft", draft)):
             if model is not None and self.n_ctx > model.config.max_position_embeddings:
                 raise RangeError(
-                    f"the longest prompt plus {self.tokens_per_prompt} generated tokens needs {self.n_ctx} "
+                    f"{at}the longest prompt and {self.tokens_per_prompt} generated tokens need {self.n_ctx} "
                     f"positions, more than the {role}'s max_position_embeddings "
                     f"({model.config.max_position_embeddings})"
                 )
+        self.context_ids = synthetic_ids(target, self.depth) if self.depth else []  # (checked against the room first)
         if on_event is not None and not callable(on_event):
             raise ArgumentError(f"on_event {on_event!r:.80}: expected a function taking a StepEvent, or None")
         self.on_event = on_event
@@ -438,6 +446,8 @@ class DecodeRun:
             for p, prompt in enumerate(self.prompt_ids):
                 if self._cancel.is_set():
                     break
+                if self.depth:
+                    decoder.begin(self.context_ids)  # the context before the prompt: not part of what is measured
                 t0 = clock()
                 out = [decoder.start(prompt)]
                 t1 = clock()
@@ -539,6 +549,7 @@ class DecodeRun:
             cancelled=self._cancel.is_set(),
             seconds=seconds,
             top_k=_top_k_override(self.target, self.top_k),
+            depth=self.depth,
             trails=self._trails,
         )
 

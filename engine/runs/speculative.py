@@ -70,18 +70,30 @@ class GreedyDecoder:
         self.target = target
         self.ids: list[int] = []
         self.n_prompt = 0
+        self.n_context = 0  # the context begin() prefilled, which the next start() continues after
 
     @property
     def steps(self) -> int:
         """Tokens generated so far: the step of the next one (the first is step 0)."""
         return len(self.ids) - self.n_prompt
 
-    def start(self, prompt_ids) -> int:
-        """Prefill the prompt from position 0; returns the first generated token."""
-        prompt = _ids_array(prompt_ids)
+    def begin(self, context_ids) -> None:
+        """Prefill context_ids from position 0 and choose nothing: the next start() prefills its prompt after them
+        (a run at a depth: what it measures comes after this)."""
+        context = _ids_array(context_ids) if len(context_ids) else None
         self.target.truncate(0)
-        self.ids, self.n_prompt = prompt.tolist(), len(prompt)
-        first = greedy_choice(self.target.prefill(prompt, all_rows=False), 0, len(prompt) - 1)
+        self.ids, self.n_context = ([] if context is None else context.tolist()), len(context_ids)
+        if context is not None:
+            self.target.prefill(context, all_rows=False)
+
+    def start(self, prompt_ids) -> int:
+        """Prefill the prompt after the context begin() prefilled (from position 0 without one); returns the first
+        generated token. The context holds until the next begin()."""
+        prompt = _ids_array(prompt_ids)
+        self.target.truncate(self.n_context)
+        self.ids = self.ids[: self.n_context] + prompt.tolist()
+        self.n_prompt = len(self.ids)
+        first = greedy_choice(self.target.prefill(prompt, all_rows=False), 0, self.n_prompt - 1)
         self.ids.append(first)
         return first
 
@@ -101,10 +113,16 @@ class SpeculativeDecoder(GreedyDecoder):
         self.draft = draft
         self.q = check_draft_q(q)
 
+    def begin(self, context_ids) -> None:
+        super().begin(context_ids)
+        self.draft.truncate(0)
+        if self.n_context:
+            self.draft.prefill(self.ids, all_rows=False)
+
     def start(self, prompt_ids) -> int:
         first = super().start(prompt_ids)
-        self.draft.truncate(0)
-        self.draft.prefill(self.ids[:-1], all_rows=False)
+        self.draft.truncate(self.n_context)
+        self.draft.prefill(self.ids[self.n_context : -1], all_rows=False)
         return first
 
     def step(self, max_tokens: int) -> Step:
