@@ -161,3 +161,68 @@ def test_prompt_sources_are_one_at_a_time(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["run", "--model", str(QWEN), "--prompt", "x", "--prompt-tokens", "8"])
     assert exit_.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
+# ---- chat templates -----------------------------------------------------------------------------------------
+
+GGUF = FIXTURES / "qwen3moe-gguf" / "model-f32.gguf"
+
+
+def folder_with(tmp_path, **files):
+    """The f32 fixture's folder (its files linked) with the given files beside them."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for f in QWEN.iterdir():
+        (folder / f.name).symlink_to(f)
+    for name, text in files.items():
+        (folder / name.replace("__", ".")).write_text(text, encoding="utf-8")
+    return folder
+
+
+def test_chat_wraps_each_prompt_in_the_gguf_files_template(capsys):
+    assert main(["run", "--model", str(GGUF), "--chat", "--prompt", "Hello there", "-n", "6", "--repeats", "1",
+                 "--no-draft", "--json"]) == 0  # fmt: skip
+    (prompt,) = json.loads(capsys.readouterr().out)["prompts"]
+    assert prompt["prompt"] == "<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n"
+    with Engine() as eng:
+        model = eng.load(GGUF)
+        assert prompt["prompt_tokens"] == len(model.encode(prompt["prompt"]))
+        assert model.encode("<|im_start|>") == [model.tokenizer.token_to_id("<|im_start|>")]  # one special token
+
+
+ROLES = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<bot>"
+NAMED = [{"name": "tool_use", "template": "no"}, {"name": "default", "template": ROLES}]
+
+
+@pytest.mark.parametrize(
+    "files",
+    [{"chat_template__jinja": ROLES}, {"tokenizer_config__json": json.dumps({"chat_template": NAMED})}],
+    ids=["jinja-file", "named-list"],
+)
+def test_a_folders_template_is_its_jinja_file_or_its_tokenizer_configs(tmp_path, capsys, files):
+    folder = folder_with(tmp_path, **files)
+    assert main(["run", "--model", str(folder), "--chat", "--prompt", "hi", "-n", "4", "--repeats", "1",
+                 "--no-draft", "--json"]) == 0  # fmt: skip
+    assert json.loads(capsys.readouterr().out)["prompts"][0]["prompt"] == "<user>hi<bot>"
+
+
+@pytest.mark.parametrize(
+    "files, message",
+    [
+        ({}, "has no chat template"),
+        ({"chat_template__jinja": "{% for m in messages %}{{ m.content }"}, "its chat template fails (line 1)"),
+        ({"chat_template__jinja": "{{ raise_exception('system messages only') }}"}, "system messages only"),
+        ({"chat_template__jinja": "{{ ''.__class__.__mro__ }}"}, "its chat template fails"),  # the sandbox
+        ({"tokenizer_config__json": "{not json"}, "tokenizer_config.json"),
+    ],
+    ids=["none", "syntax", "raise", "sandboxed", "damaged-config"],
+)
+def test_a_missing_or_failing_chat_template_exits_2_naming_the_model(tmp_path, capsys, files, message):
+    folder = folder_with(tmp_path, **files)
+    assert main(["run", "--model", str(folder), "--chat", "-n", "4", "--repeats", "1", "--no-draft"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_chat_and_a_synthetic_prompt_are_refused_together(capsys):
+    assert main(["run", "--model", str(GGUF), "--chat", "--prompt-tokens", "8", "-n", "4"]) == 2
+    assert "--chat with --prompt-tokens" in capsys.readouterr().err

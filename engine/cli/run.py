@@ -17,7 +17,7 @@ from ..core.model import WEIGHTS_MODES
 from ..core.trace import write_chrome_trace
 from ..runs.run import PRECISIONS, REDUCTION_MODES, DecodeRun, RunResult, StepEvent
 from ..runs.speculative import MAX_DRAFT_TOKENS
-from ..runs.workload import read_prompt_file, synthetic_ids
+from ..runs.workload import apply_chat_template, read_prompt_file, synthetic_ids
 from ..session import open_pair
 from .common import (
     check_model_args,
@@ -82,6 +82,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     sources.add_argument("--prompt-tokens", type=int, metavar="N",
                          help="one synthetic prompt of N tokens (ordinary text, as the model's tokenizer reads it): "
                               "prefill measured as llama-bench's pp N")  # fmt: skip
+    run.add_argument("--chat", action="store_true",
+                     help="each prompt as a user message in the model's chat template (a GGUF file's "
+                          "tokenizer.chat_template, a folder's chat_template.jinja or tokenizer_config.json), the "
+                          "assistant's turn begun: what a chat server feeds the model")  # fmt: skip
     run.add_argument("--depth", type=int, default=0, metavar="D",
                      help="D tokens of context (synthetic text) before each prompt, prefilled and not measured: "
                           "prefill and decode measured at that depth, as llama-bench's -d D (default 0)")  # fmt: skip
@@ -154,6 +158,8 @@ def _check_run_args(args) -> None:
         raise EngineError(f"--prompt-tokens {args.prompt_tokens}: expected a positive number of tokens")
     if args.depth < 0:
         raise EngineError(f"--depth {args.depth}: expected a number of context tokens >= 0")
+    if args.chat and args.prompt_tokens is not None:
+        raise EngineError("--chat with --prompt-tokens: a synthetic prompt is tokens, not a message; use one of them")
     if args.prompt_file is not None:
         args.prompts_read = read_prompt_file(args.prompt_file)  # (ArgumentError naming the file and line)
     for p in args.prompt or ():
@@ -182,6 +188,8 @@ def cmd_run(args) -> int:
         placement = args.placement
         if placement is None and target.config.num_experts > 0:
             placement = f"*={args.device}"
+        if args.chat and args.prompt_tokens is None:
+            prompts = [apply_chat_template(target, p) for p in prompts]
         if args.prompt_tokens is not None:  # the text on from the depth's context, as one text reads
             prompts = [synthetic_ids(target, args.prompt_tokens, offset=args.depth)]
         run = DecodeRun(target, draft, prompts=prompts, tokens_per_prompt=args.n, repeats=args.repeats, q=args.q,

@@ -4,14 +4,18 @@ length, and a context of a stated depth before each prompt (as llama-bench's `-p
 A prompt file is UTF-8 text, one prompt per non-empty line, or JSON Lines (a `.jsonl` file, or one whose first
 non-empty line starts with '{'), one object per line with a string `prompt`. Synthetic tokens are the built-in
 prompts' text as the model's tokenizer reads it, repeated: ordinary text, so that the routing they give is a text's.
+A chat prompt is the model's own chat template (a folder's chat_template.jinja or tokenizer_config.json
+`chat_template`, a GGUF file's `tokenizer.chat_template`) applied to one user message, as transformers applies it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
+from ..checkpoints.checkpoint import parse_json
 from ..checkpoints.demo import DEMO_PROMPTS
 from ..core.errors import ArgumentError
 
@@ -77,3 +81,63 @@ def synthetic_ids(model, n: int, offset: int = 0) -> list[int]:
         cycle = [(i * 7919 + 13) % vocab for i in range(vocab)]
     cycle = [i for i in cycle if 0 <= i < vocab] or [0]
     return [cycle[(offset + i) % len(cycle)] for i in range(n)]
+
+
+def chat_template(checkpoint) -> str | None:
+    """A checkpoint's chat template (Jinja source), None when it has none: a GGUF file's `tokenizer.chat_template`;
+    a folder's chat_template.jinja, else its tokenizer_config.json `chat_template` (a text, or a list of named
+    templates of which 'default' is taken)."""
+    folder = Path(checkpoint.folder)
+    if folder.is_file():
+        text = checkpoint.raw_config.get("tokenizer.chat_template")
+        return text if isinstance(text, str) and text else None
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8") or None
+    config = folder / "tokenizer_config.json"
+    if not config.is_file():
+        return None
+    data = parse_json(config.read_bytes(), config, "a tokenizer config")
+    text = data.get("chat_template") if isinstance(data, dict) else None
+    if isinstance(text, list):
+        named = {t.get("name"): t.get("template") for t in text if isinstance(t, dict)}
+        text = named.get("default")
+    return text if isinstance(text, str) and text else None
+
+
+def apply_chat_template(model, prompt: str) -> str:
+    """The prompt as one user message in the model's chat template, with the generation prompt after it (the
+    assistant's turn begins); ArgumentError naming the model for one without a template or whose template fails."""
+    source = chat_template(model.checkpoint)
+    where = model.checkpoint.folder
+    if source is None:
+        raise ArgumentError(f"model '{where}' has no chat template (a GGUF file's tokenizer.chat_template, a "
+                            "folder's chat_template.jinja or tokenizer_config.json chat_template): run without "
+                            "--chat")  # fmt: skip
+    try:
+        from jinja2 import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError:
+        raise ArgumentError("--chat needs the jinja2 package (pip install jinja2): chat templates are Jinja") from None
+
+    def refuse(message):
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.globals.update(raise_exception=refuse, strftime_now=lambda fmt: time.strftime(fmt))
+    tokenizer = model.tokenizer
+
+    def token(i):
+        return tokenizer.id_to_token(i) if tokenizer is not None and i is not None else None
+
+    eos = model.config.eos_token_id  # (a tuple: the first is the one a template writes)
+    try:
+        return env.from_string(source).render(
+            messages=[{"role": "user", "content": prompt}],
+            add_generation_prompt=True,
+            bos_token=token(model.config.bos_token_id) or "",
+            eos_token=token(eos[0] if eos else None) or "",
+        )
+    except TemplateError as exc:
+        line = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
+        raise ArgumentError(f"model '{where}': its chat template fails{line}: {exc}") from None
