@@ -246,6 +246,54 @@ def test_critical_path_honours_the_peer_budget_too():
         S.critical_path(SHAPE, "cuda:0", "cpu:0")
 
 
+# two GPUs beside a CPU primary: 1000 MB/s each with a 0.5 ms join, the CPU at 100 MB/s
+CAL2 = Calibration("cpu:0", 0.002, {"cpu:0": DeviceRate(100 * MB), "cuda:0": DeviceRate(1000 * MB, 0.0, 0.0005),
+                                   "cuda:1": DeviceRate(1000 * MB, 0.0, 0.0005)})  # fmt: skip
+
+
+def test_critical_path_balances_across_two_fast_devices_and_the_peer():
+    stats = skewed_stats()
+    budgets = {"cuda:0": 12 * MB, "cuda:1": 12 * MB}
+    both = S.critical_path(SHAPE, ["cuda:0", "cuda:1"], "cpu:0", budgets, CAL2, stats)
+    assert both.device_bytes["cuda:0"] <= 12 * MB and both.device_bytes["cuda:1"] <= 12 * MB
+    assert both.device_bytes["cuda:0"] > 0 and both.device_bytes["cuda:1"] > 0
+    one = S.critical_path(SHAPE, "cuda:0", "cpu:0", budgets, CAL2, stats)
+    assert both.predicted_tokens_per_second > one.predicted_tokens_per_second  # the second GPU's room is used
+    # no single expert moved to another device that has room would be faster, under the same model
+    base = step_seconds(SHAPE, both.placement, CAL2, stats)
+    for layer in SHAPE.moe_layers:
+        for e, device in enumerate(list(both.placement.owners[layer])):
+            for other in ("cpu:0", "cuda:0", "cuda:1"):
+                if other == device or (other in budgets and both.device_bytes[other] + MB > budgets[other]):
+                    continue
+                both.placement.owners[layer][e] = other
+                assert step_seconds(SHAPE, both.placement, CAL2, stats) >= base - 1e-12, (layer, e, device, other)
+            both.placement.owners[layer][e] = device
+    # a fast device with no room takes nothing; the other takes what one device alone would
+    no_room = S.critical_path(SHAPE, ["cuda:0", "cuda:1"], "cpu:0", {"cuda:0": 0, "cuda:1": 12 * MB}, CAL2, stats)
+    assert "cuda:0" not in no_room.device_bytes or no_room.device_bytes["cuda:0"] == 0
+    alone = S.critical_path(SHAPE, "cuda:1", "cpu:0", {"cuda:1": 12 * MB}, CAL2, stats)
+    assert no_room.placement == alone.placement
+    assert any("moved" in note and "on cuda:1" in note for note in both.notes)
+    with pytest.raises(ArgumentError, match="must be others than the peer"):
+        S.critical_path(SHAPE, ["cuda:0", "cpu:0"], "cpu:0", budgets, CAL2, stats)
+
+
+def test_choose_balances_every_gpu_against_the_cpu_and_the_tuner_seeds_it():
+    from engine.placement.placement import ExpertRoom
+    from engine.tune.search import search_space
+
+    rooms = {"cpu:0": ExpertRoom("cpu:0", 0, 0, 0, unlimited=True),
+             "cuda:0": ExpertRoom("cuda:0", 12 * MB, 0, 0), "cuda:1": ExpertRoom("cuda:1", 12 * MB, 0, 0)}  # fmt: skip
+    names = ["cpu:0", "cuda:0", "cuda:1"]
+    plan = S.choose("critical-path", SHAPE, names, "cpu:0", "cuda:0", rooms, CAL2, skewed_stats())
+    assert plan.device_bytes.get("cuda:0", 0) > 0 and plan.device_bytes.get("cuda:1", 0) > 0
+    assert S.fast_devices("cuda:0", names, "cpu:0", S.budgets_for(rooms), CAL2) == ["cuda:0", "cuda:1"]
+    candidates, _notes = search_space(SHAPE, names, "cpu:0", "cuda:0", S.budgets_for(rooms), CAL2, skewed_stats())
+    balanced = [c for c in candidates if c.origin.startswith("critical path")]
+    assert any(c.device_bytes.get("cuda:0", 0) > 0 and c.device_bytes.get("cuda:1", 0) > 0 for c in balanced)
+
+
 # ---- on the fixture model ------------------------------------------------------------------------------------
 
 

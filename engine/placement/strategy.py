@@ -9,8 +9,9 @@ without a budget is unlimited. A plan that cannot fit raises ArgumentError namin
     cold_layers     whole layers only: the fast device takes as many layers as its budget holds, the hottest
                     first; the cold rest goes to the peer, so no layer step ever splits across two devices
     hot_first       experts from the most used down, filling the devices in order (fastest first)
-    critical_path   start with everything on the peer; move experts to the fast device, most used first, each
-                    only if it lowers the predicted max(fast, peer) time of its layer (and fits the budget)
+    critical_path   start with everything on the peer; move experts to the fast device (or, with several GPUs,
+                    to the one that helps most), most used first, each only if it lowers the predicted time of its
+                    layer, the max over the layer's devices (and fits the budget)
 
 "Hot" comes from routing statistics (RoutingStats): the share of tokens each expert served. Without them
 every expert is equally hot and ties go to the lower layer and expert numbers.
@@ -23,6 +24,7 @@ hold there, less a reserve for staging), so a device full of the current placeme
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -146,76 +148,104 @@ def hot_first(shape: ModelShape, devices: list[str], budgets=None, calibration: 
     return _plan("hot experts first", shape, placement, budgets, calibration, stats)
 
 
-def critical_path(shape: ModelShape, fast: str, peer: str, budgets=None, calibration: Calibration | None = None,
-                  stats: RoutingStats | None = None, tokens_per_step: int = 1) -> Plan:  # fmt: skip
-    """Start with every expert on the peer (moving the hottest to the fast device first while the peer's budget
-    is exceeded); then, most used first, move an expert to the fast device only if that lowers the predicted
-    time of its layer, max(fast, peer) in the cost model, and the fast device's budget still holds it; last, the
-    experts the statistics never saw chosen to the fast device while it has room."""
+def critical_path(shape: ModelShape, fast: str | Sequence[str], peer: str, budgets=None,
+                  calibration: Calibration | None = None, stats: RoutingStats | None = None,
+                  tokens_per_step: int = 1) -> Plan:  # fmt: skip
+    """Start with every expert on the peer (moving the hottest to a fast device first while the peer's budget is
+    exceeded); then, most used first, move an expert to the fast device that gives its layer the lowest predicted
+    time, max over the layer's devices in the cost model, when that is lower than where it is and the device's budget
+    still holds it; last, the experts the statistics never saw chosen to the fast devices while they have room.
+    fast: one device, or several (two GPUs: the balance is across them and the peer), the fastest first."""
     if calibration is None:
         raise ArgumentError("critical-path balance needs a calibration (engine.placement.costmodel.calibrate)")
+    fasts = [fast] if isinstance(fast, str) else list(dict.fromkeys(fast))
+    if not fasts or peer in fasts:
+        raise ArgumentError(f"critical-path balance: the fast devices {fasts} must be others than the peer {peer}")
     shares = expert_shares(shape, stats)
     n = tokens_per_step
     placement = shape.empty_placement(peer)
-    picks = {layer: {fast: 0.0, peer: float(shares[layer].sum())} for layer in shape.moe_layers}
-    distinct = {layer: {fast: 0.0, peer: float((1 - (1 - shares[layer]) ** n).sum())} for layer in shape.moe_layers}
-    room_fast, room_peer = _budget(budgets, fast), _budget(budgets, peer)
+    picks = {layer: {**dict.fromkeys(fasts, 0.0), peer: float(shares[layer].sum())} for layer in shape.moe_layers}
+    distinct = {layer: {**dict.fromkeys(fasts, 0.0), peer: float((1 - (1 - shares[layer]) ** n).sum())}
+                for layer in shape.moe_layers}  # fmt: skip
+    room = {f: _budget(budgets, f) for f in fasts}
+    room_peer = _budget(budgets, peer)
     need_peer = shape.total_bytes
-    moved = forced = 0
+    moved = dict.fromkeys(fasts, 0)
+    forced = 0
 
-    def move(layer, e):
+    def shift(layer, e, src, dst):
         p = shares[layer, e]
-        picks[layer][fast] += p
-        picks[layer][peer] -= p
         d = 1 - (1 - p) ** n
-        distinct[layer][fast] += d
-        distinct[layer][peer] -= d
-        placement.owners[layer][e] = fast
+        picks[layer][src] -= p
+        picks[layer][dst] += p
+        distinct[layer][src] -= d
+        distinct[layer][dst] += d
+        placement.owners[layer][e] = dst
+
+    def best_move(layer, e):
+        """(time, device): the fast device with room that gives the layer the lowest predicted time."""
+        best = None
+        for f in fasts:
+            if room[f] < shape.bytes_of(layer):
+                continue
+            shift(layer, e, peer, f)
+            t = layer_time(shape, picks[layer], distinct[layer], calibration, n, layer)
+            shift(layer, e, f, peer)
+            if best is None or t < best[0] - 1e-15:
+                best = (t, f)
+        return best
+
+    def take(layer, e, f):
+        shift(layer, e, peer, f)
+        room[f] -= shape.bytes_of(layer)
+        moved[f] += 1
 
     for layer, e in _hot_order(shape, stats):
+        best = best_move(layer, e)
         if need_peer > room_peer:  # forced: the peer cannot hold everything left
-            if room_fast < shape.bytes_of(layer):
-                raise ArgumentError(
-                    f"critical-path balance: {fast} ({mib(room_fast)} left) and {peer} "
-                    f"({mib(room_peer)}) cannot hold the {mib(shape.total_bytes)} of experts"
-                )
-            move(layer, e)
-            room_fast -= shape.bytes_of(layer)
+            if best is None:
+                rooms = ", ".join(f"{f} ({mib(room[f])} left)" for f in fasts)
+                raise ArgumentError(f"critical-path balance: {rooms} and {peer} ({mib(room_peer)}) cannot hold the "
+                                    f"{mib(shape.total_bytes)} of experts")  # fmt: skip
+            take(layer, e, best[1])
             need_peer -= shape.bytes_of(layer)
             forced += 1
             continue
-        if room_fast < shape.bytes_of(layer):
+        if best is None:
             continue  # a smaller expert of another layer may still fit
         before = layer_time(shape, picks[layer], distinct[layer], calibration, n, layer)
-        move(layer, e)
-        if layer_time(shape, picks[layer], distinct[layer], calibration, n, layer) < before - 1e-15:
-            room_fast -= shape.bytes_of(layer)
+        if best[0] < before - 1e-15:
+            take(layer, e, best[1])
             need_peer -= shape.bytes_of(layer)
-            moved += 1
-        else:  # undo
-            p = shares[layer, e]
-            picks[layer][fast] -= p
-            picks[layer][peer] += p
-            d = 1 - (1 - p) ** n
-            distinct[layer][fast] -= d
-            distinct[layer][peer] += d
-            placement.owners[layer][e] = peer
     # Experts the statistics never saw chosen cost nothing in the model wherever they are, but one chosen after
     # all makes its layer's step wait on the peer (measured on an H100: three such experts left on the CPU, all the
-    # rest on the GPU, decoded 13 % slower than all on the GPU): they go to the fast device while it has room. They
-    # come last in the hot order, so they take only room that nothing chosen could use.
+    # rest on the GPU, decoded 13 % slower than all on the GPU): they go to the fast devices while they have room
+    # (the fastest first). They come last in the hot order, so they take only room that nothing chosen could use.
     unseen = 0
     if stats is not None:
         for layer, e in _hot_order(shape, stats):
-            if shares[layer, e] == 0.0 and placement.owners[layer][e] == peer and room_fast >= shape.bytes_of(layer):
-                placement.owners[layer][e] = fast
-                room_fast -= shape.bytes_of(layer)
+            if shares[layer, e] != 0.0 or placement.owners[layer][e] != peer:
+                continue
+            f = next((f for f in fasts if room[f] >= shape.bytes_of(layer)), None)
+            if f is not None:
+                placement.owners[layer][e] = f
+                room[f] -= shape.bytes_of(layer)
                 unseen += 1
-    notes = [f"{moved + forced + unseen} experts on {fast}" + (f" ({forced} because {peer}'s budget required it)"
-                                                               if forced else "")]  # fmt: skip
+    total = sum(moved.values()) + unseen
+    on = fasts[0] if len(fasts) == 1 else ", ".join(f"{moved[f]} on {f}" for f in fasts)
+    notes = [(f"{total} experts on {on}" if len(fasts) == 1 else f"{total} experts moved: {on}")
+             + (f" ({forced} because {peer}'s budget required it)" if forced else "")]  # fmt: skip
     if unseen:
-        notes.append(f"{unseen} experts the routing statistics never saw chosen on {fast}, where there was room")
+        notes.append(f"{unseen} experts the routing statistics never saw chosen on "
+                     f"{' and '.join(fasts)}, where there was room")  # fmt: skip
     return _plan("critical-path balance", shape, placement, budgets, calibration, stats, n, notes)
+
+
+def fast_devices(fast: str, devices: list[str], peer: str, budgets: dict, calibration: Calibration | None) -> list[str]:
+    """The devices a critical-path balance moves experts to: the fast one, then every other device with a budget
+    (one holding copies: a GPU, a simulated one; not the peer), fastest measured first: two GPUs beside the CPU are
+    both balanced against it."""
+    return [d for d in fastest_first(fast, devices, calibration) if d != peer and (d == fast or d in budgets)]
 
 
 # ---- choosing: the window's strategy buttons and `expertbench plan` ------------------------------------------
@@ -239,7 +269,8 @@ STRATEGIES = {
     "hot-first": Strategy("Hot first", "the most used experts on the fast device until its budget is full, then on the "
                           "next device by measured bandwidth", True, False),
     "critical-path": Strategy("Critical path", "from the other device, the most used experts move to the fast device "
-                              "while that lowers the predicted layer time, max(fast, other)", True, True, True),
+                              "(and to every other GPU, where there are several) while that lowers the predicted "
+                              "layer time, the max over the layer's devices", True, True, True),
 }  # fmt: skip
 BUTTONS = ("cold-layers", "hot-first", "critical-path")  # the window's strategy buttons (both others have their own)
 
@@ -323,5 +354,6 @@ def choose(name: str, shape: ModelShape, devices: list[str], primary: str, fast:
     if name == "cold-layers":
         return cold_layers(shape, fast, peer_of(fast, devices, primary), **common)
     if name == "critical-path":
-        return critical_path(shape, fast, peer_of(fast, devices, primary), **common)
+        peer = peer_of(fast, devices, primary)
+        return critical_path(shape, fast_devices(fast, devices, peer, budgets, calibration), peer, **common)
     return hot_first(shape, fastest_first(fast, devices, calibration), **common)

@@ -157,7 +157,8 @@ def search_space(shape: ModelShape, names: list[str], primary: str, fast: str, b
             what = f"{int(share * 100)} % of {fast}'s budget"
             plan(f"hot first, {what}", lambda b=b: S.hot_first(shape, order, b, **common))
             if calibration is not None:
-                plan(f"critical path, {what}", lambda b=b: S.critical_path(shape, fast, peer, b, **common))
+                fasts = S.fast_devices(fast, names, peer, b, calibration)  # every GPU, balanced against the peer
+                plan(f"critical path, {what}", lambda b=b, f=fasts: S.critical_path(shape, f, peer, b, **common))
         seeds += _moves(shape, seeds, fast, peer, budgets, calibration, stats)
     placements: dict[str, tuple[str, Placement]] = {}
     for origin, placement in seeds:
