@@ -211,7 +211,7 @@ def fixtures_on_disk() -> tuple[set[Path], set[Path]]:
     """(checkpoints, references) under tests/fixtures/: every folder holding a config.json but no GGUF file is a
     checkpoint with its reference.npz; in a folder of GGUF files, each file is one, with its reference-<quant>.npz."""
     checkpoints, references = set(), set()
-    for sub in sorted(p for p in FIXTURES.iterdir() if p.is_dir() and p.name != "__pycache__"):
+    for sub in sorted(p for p in FIXTURES.iterdir() if p.is_dir() and p.name not in ("__pycache__", "recipes")):
         files = list(sub.glob("*.gguf"))
         checkpoints |= set(files) if files else {sub}
         references |= set(sub.glob("reference*.npz"))
