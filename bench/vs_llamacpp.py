@@ -32,7 +32,7 @@ included.
         --rounds 3 --threads 2 --json bench/results/vs_llamacpp_deepseek.json
 
 --llama-env PATH uses an existing environment with llama-cpp-python (and torch, transformers) instead of building
-one, e.g. the one tests/fixtures/generate_gguf.py uses.
+one, e.g. the one tests/fixtures/recipes/gguf_files.py uses.
 """
 
 from __future__ import annotations

@@ -163,15 +163,15 @@ REGISTRY: list[Fixture] = [
     folder("qwen3moe-bf16", "qwen3_moe", "bf16", {"BF16"}, QWEN3_MOE),  # sharded: model.safetensors.index.json
     folder("qwen3-f32", "qwen3", "f32", {"F32"}, None),
     folder("qwen3-bf16", "qwen3", "bf16", {"BF16"}, None),
-    # DeepSeek-V3: MLA, YaRN, grouped sigmoid routing, shared experts, a leading dense layer (generate_deepseek.py)
+    # DeepSeek-V3: MLA, YaRN, grouped sigmoid routing, shared experts, a leading dense layer (recipes/deepseek.py)
     folder("deepseek-f32", "deepseek_v3", "f32", {"F32"}, DEEPSEEK_V3, devices=True),
     folder("deepseek-bf16", "deepseek_v3", "bf16", {"BF16"}, DEEPSEEK_V3, devices=True),  # sharded
     folder("deepseek-noqlora-f32", "deepseek_v3", "f32", {"F32"}, DEEPSEEK_V3),  # q_lora_rank null: q_proj
-    # gpt-oss: sinks, sliding windows, YaRN, clamped SwiGLU (generate_gpt_oss.py); bf16 as transformers saves it, and
+    # gpt-oss: sinks, sliding windows, YaRN, clamped SwiGLU (recipes/gpt_oss.py); bf16 as transformers saves it, and
     # the released layout with MXFP4 experts (U8 blocks and scales)
     folder("gpt-oss-bf16", "gpt_oss", "bf16", {"BF16"}, GPT_OSS, n_batch=8, devices=True),
     folder("gpt-oss-mxfp4", "gpt_oss", "mxfp4", {"BF16", "U8"}, GPT_OSS, q8=Q8_GPT_OSS, n_batch=8, devices=True),
-    # llama.cpp's converter and quantizer (generate_gguf.py); references on the dequantized weights
+    # llama.cpp's converter and quantizer (recipes/qwen3moe_gguf.py); references on the dequantized weights
     gguf("qwen3moe-gguf", "f32", "qwen3_moe", {"F32"}, QWEN3_MOE_GGUF),
     gguf("qwen3moe-gguf", "q8_0", "qwen3_moe", {"F32", "Q8_0"}, QWEN3_MOE_GGUF, q8=Q8_LLAMA_CPP),
     gguf("qwen3moe-gguf", "q4_k_m", "qwen3_moe", K_QUANTS, QWEN3_MOE_GGUF, q8=Q8_LLAMA_CPP, devices=True),
@@ -211,7 +211,7 @@ def fixtures_on_disk() -> tuple[set[Path], set[Path]]:
     """(checkpoints, references) under tests/fixtures/: every folder holding a config.json but no GGUF file is a
     checkpoint with its reference.npz; in a folder of GGUF files, each file is one, with its reference-<quant>.npz."""
     checkpoints, references = set(), set()
-    for sub in sorted(p for p in FIXTURES.iterdir() if p.is_dir() and p.name != "__pycache__"):
+    for sub in sorted(p for p in FIXTURES.iterdir() if p.is_dir() and p.name not in ("__pycache__", "recipes")):
         files = list(sub.glob("*.gguf"))
         checkpoints |= set(files) if files else {sub}
         references |= set(sub.glob("reference*.npz"))

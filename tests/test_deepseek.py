@@ -1,5 +1,5 @@
 """DeepSeek-V3 beyond the conformance suite (tests/test_conformance.py holds every fixture's logits, greedy tokens,
-batches and placements against transformers' own DeepseekV3ForCausalLM, tests/fixtures/generate_deepseek.py): what
+batches and placements against transformers' own DeepseekV3ForCausalLM, tests/fixtures/recipes/deepseek.py): what
 the family changes elsewhere. MLA's latent cache, YaRN's reach, the leading dense layer with nothing to place, the
 shared experts on the primary beside the peers, speculative runs, llama.cpp's deepseek2 GGUF read as the folder it
 came from and its export, the cost model, and bad configs named by key."""

@@ -1,6 +1,6 @@
-"""Quantized GGUF files from llama.cpp's own converter and quantizer (tests/fixtures/generate_gguf.py): what the q8
-precision adds beyond the conformance suite (tests/test_conformance.py holds every file against transformers run on
-its dequantized weights, in both precisions: f32 within 1e-4, q8 within its stated tolerance, batches and placements
+"""Quantized GGUF files from llama.cpp's own converter and quantizer (tests/fixtures/recipes/qwen3moe_gguf.py): what
+the q8 precision adds beyond the conformance suite (tests/test_conformance.py holds every file against transformers run
+on its dequantized weights, in both precisions: f32 within 1e-4, q8 within its stated tolerance, batches and placements
 bit-identical).
 
 - q8 with the AVX-512 VNNI kernels gives the AVX2 kernels' bits (where the CPU has AVX-512 VNNI): the suite's best

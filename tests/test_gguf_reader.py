@@ -286,7 +286,7 @@ def test_a_profile_of_a_gguf_model_records_replays_and_exports(tmp_path, capsys,
     assert json.loads(capsys.readouterr().out)
 
 
-LLAMA_CPP = FIXTURES / "qwen3moe-gguf"  # files from llama.cpp's converter, with its outputs (generate_gguf.py)
+LLAMA_CPP = FIXTURES / "qwen3moe-gguf"  # files from llama.cpp's converter, with its outputs (recipes/qwen3moe_gguf.py)
 
 
 def test_a_file_from_llama_cpps_converter_tokenizes_and_runs_as_llama_cpp_does(engine):

@@ -1,5 +1,5 @@
 """gpt-oss beyond the conformance suite (tests/test_conformance.py holds every fixture's logits, greedy tokens,
-batches and placements against transformers' own GptOssForCausalLM, tests/fixtures/generate_gpt_oss.py): attention
+batches and placements against transformers' own GptOssForCausalLM, tests/fixtures/recipes/gpt_oss.py): attention
 with biases and sinks, sliding-window layers beside full ones (the prompt is longer than the window), YaRN, the MXFP4
 experts of the released layout packed as they are, llama.cpp's gpt-oss GGUF read as the folder it came from. Then what
 the family changes elsewhere: ring caches for the windows (any batch size, speculative rollback across the window's
