@@ -188,3 +188,44 @@ def test_deepseek_and_gpt_oss_on_a_gpu_primary_and_beside_a_cpu_one(runtime, nam
                     decoded[graphs] = rows
                 assert np.array_equal(decoded[True], decoded[False]), f"{primary} {text}: graph steps differ"
             model.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("primary", ["cuda:0", "hip:0"])
+def test_cuda_and_hip_own_experts_of_one_model_with_the_bits_of_one_device(primary):
+    """Two runtime modules in one process, each owning experts of one model (on the GPU machine, the hip module built
+    for the NVIDIA platform beside the cuda module on the same card: EXPERTBENCH_HIP_PLATFORM=nvidia): every layer
+    split between them, whole layers on each, and the CPU as a third owner give, in reference mode, the logits of
+    every expert on the primary bit for bit; a speculative run gives the greedy tokens."""
+    from engine.runs.run import DecodeRun
+
+    if not (built("cuda") and built("hip")):
+        pytest.skip("needs the cuda and hip modules (EXPERTBENCH_HIP_PLATFORM=nvidia builds hip with nvcc)")
+    with Engine(runtimes=("cpu", "cuda", "hip"), strict=False) as eng:
+        names = [d.name for d in eng.devices]
+        if not {"cuda:0", "hip:0"} <= set(names):
+            pytest.skip(f"needs a cuda and a hip device in one process (this machine has {', '.join(names)}): runs on "
+                        "the GPU machine with the hip module built for the NVIDIA platform")  # fmt: skip
+        other = "hip:0" if primary == "cuda:0" else "cuda:0"
+        ref = np.load(FIXTURES / "qwen3moe-f32" / "reference.npz")
+        prompt, generated = ref["prompt_ids"], ref["generated_ids"]
+        model = eng.load(FIXTURES / "qwen3moe-f32", device=primary)
+
+        def logits(text):
+            model.set_placement(text)
+            with model.context() as ctx:
+                return np.concatenate([ctx.prefill(prompt)] + [ctx.decode([t]) for t in generated])
+
+        alone = logits(f"*={primary}")
+        placements = [f"*={primary}; *.1={other}; *.3={other}; *.5-7={other}", f"*={primary}; 0={other}",
+                      f"*={other}", f"*={primary}; *.0-1={other}; *.6-7=cpu:0"]  # fmt: skip
+        for text in placements:
+            assert np.array_equal(logits(text), alone), text
+        assert model.counters()["devices"][other]["experts_run"] > 0
+        draft = eng.load(FIXTURES / "qwen3-f32", device=primary)
+        split = placements[0]
+        greedy = DecodeRun(model, None, prompts=["hello world"], tokens_per_prompt=24, placement=split).run()
+        spec = DecodeRun(model, draft, prompts=["hello world"], tokens_per_prompt=24, q=3, placement=split).run()
+        assert spec.output_sha256 == greedy.output_sha256
+        draft.close()
+        model.close()

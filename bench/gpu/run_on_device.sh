@@ -14,6 +14,8 @@ export PYTHONPATH=/tmp/site:$PWD
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 echo "cores: $(nproc)"
 export EXPERTBENCH_CUDA_ARCHS=${EXPERTBENCH_CUDA_ARCHS:-90}
+# the hip module for the NVIDIA platform beside the cuda module: two runtime modules owning experts on one card
+export EXPERTBENCH_HIP_PLATFORM=${EXPERTBENCH_HIP_PLATFORM:-nvidia}
 python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 for step in $steps; do
     case $step in

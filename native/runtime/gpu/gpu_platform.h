@@ -1,8 +1,16 @@
 // The cuda and hip modules' one vocabulary: the gpu* names as the CUDA runtime's or HIP's (-DEB_GPU_HIP), and the
 // few device intrinsics the two spell differently. Included by gpu_runtime.cu only.
+//
+// The hip module for the NVIDIA platform (-DEB_GPU_HIP_ON_CUDA, nvcc; setup.py with EXPERTBENCH_HIP_PLATFORM=nvidia)
+// is the CUDA vocabulary under the hip module's name: on NVIDIA, HIP's calls are the CUDA runtime's, and its AMD
+// intrinsics do not apply. ROCm 5.2's hip/nvidia_detail headers (Debian 12's libamdhip64-dev) do not compile
+// against CUDA 13 (cudaDeviceProp lost clockRate, memoryClockRate and computeMode; cudaBindTexture is gone), so the
+// mapping is this file's. It is a second runtime module with its own identity, streams, events and allocations:
+// two owners in one process on one GPU, as a CUDA card beside an AMD APU are.
 #ifndef EB_GPU_PLATFORM_H
 #define EB_GPU_PLATFORM_H
 
+#define PLATFORM "" /* the hip module for the NVIDIA platform says so in its kernel variant */
 #ifdef EB_GPU_HIP
 #include <hip/hip_fp16.h>
 #include <hip/hip_runtime.h>
@@ -54,8 +62,15 @@
 #else
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#ifdef EB_GPU_HIP_ON_CUDA
+#define RUNTIME_NAME "hip"
+#define API "HIP"
+#undef PLATFORM
+#define PLATFORM " (CUDA platform)"
+#else
 #define RUNTIME_NAME "cuda"
 #define API "CUDA"
+#endif
 #define gpuError_t cudaError_t
 #define gpuSuccess cudaSuccess
 #define gpuGetErrorString cudaGetErrorString

@@ -195,7 +195,7 @@ static int gpu_init(const eb_runtime_options *opt, void **out, char *err, size_t
 
 static const char *gpu_kernel_variant(void *rtp) {
     (void)rtp;
-    return RUNTIME_NAME " warp-per-row";
+    return RUNTIME_NAME " warp-per-row" PLATFORM;
 }
 
 static int gpu_device_count(void *rtp) { return ((gpu_runtime *)rtp)->n_devices; }
