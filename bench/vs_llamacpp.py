@@ -285,6 +285,9 @@ def main() -> int:
     ap.add_argument(
         "--family", default=None, help="the demo family (engine.checkpoints.demo's; default: its default one)"
     )
+    ap.add_argument("--depth", type=int, default=0,
+                    help="decode after this many tokens of context (llama-bench's -d): both engines' decode figures "
+                         "are then tg N @ d D")  # fmt: skip
     ap.add_argument("--llama-env", type=Path, help="an existing environment with llama-cpp-python")
     ap.add_argument("--llama-run-env", type=Path,
                     help="another environment whose llama-cpp-python runs the files (the converter and quantizer stay "
@@ -304,6 +307,8 @@ def main() -> int:
         model_dir = demo_target(args.size, dtype, args.family)
         checkpoint = Checkpoint.open(model_dir)  # the token ids both engines get (no model load for this)
         prompt_ids = checkpoint.tokenizer.encode(DEMO_PROMPTS[0], add_special_tokens=False).ids
+        if args.depth:  # decode at a depth (llama-bench's tg N @ d D): D tokens of context before the prompt
+            prompt_ids = prefill_ids(checkpoint.config.vocab_size, args.depth) + prompt_ids
         prefill_prompt = prefill_ids(checkpoint.config.vocab_size, args.prefill)
         gguf = to_gguf(model_dir, dtype)
         if quant:  # both engines read the one quantized file
@@ -369,7 +374,7 @@ def main() -> int:
               f"| {d['ratio']:.2f}x ({per_round(d)}) | {f['ours']:.0%} / {f['llama_cpp']:.0%} ({fractions}) "
               f"| {p['ours']:.1f} | {p['llama_cpp']:.1f} | {p['ratio']:.2f}x ({per_round(p)}) | {agree} |")  # fmt: skip
     report = {"command": " ".join(["python", *sys.argv]), "llama_cpp_python": LLAMA_CPP_PYTHON,
-              "llama_mmap": args.llama_mmap, "results": rows}  # fmt: skip
+              "llama_mmap": args.llama_mmap, "depth": args.depth, "results": rows}  # fmt: skip
     write_report(args.json, report)
     return 0
 
