@@ -78,6 +78,7 @@ def test_bad_model_folder_exits_2_with_one_line(tmp_path, capsys):
         (["--q", "0"], "--q 0: expected a draft length of 1..8 tokens"),
         (["--q", "9"], "--q 9: expected a draft length of 1..8 tokens"),
         (["--repeats", "0"], "--repeats 0: expected a positive number"),
+        (["--repeats", "10001"], "--repeats 10001: at most 10000 passes over the prompts in one run"),
         (["--prompt", ""], "--prompt '' is empty"),
         (["--demo-quant", "q8_0"], "--demo-quant q8_0: only the GGUF demo is quantized (add --demo-format gguf)"),
         (["--model", "m", "--demo-format", "gguf"], "--demo-format: choose the demo pair, which runs only without"),

@@ -151,6 +151,8 @@ def test_a_run_object_runs_once(fixture_pair):
     [
         ({"tokens_per_prompt": 0}, ArgumentError, r"tokens per prompt = 0: expected a positive integer"),
         ({"repeats": 0}, ArgumentError, r"repeats = 0: expected a positive integer"),
+        ({"repeats": 10_001}, RangeError, r"repeats = 10001: at most 10000 passes over the prompts in one run"),
+        ({"repeats": 2**70}, RangeError, r"repeats = 1180591620717411303424: at most 10000 passes"),
         ({"q": 0}, RangeError, r"q = 0 out of range: expected an integer 1\.\.8"),
         ({"q": 9}, RangeError, r"q = 9 out of range: expected an integer 1\.\.8"),
         ({"prompts": []}, ArgumentError, "the prompt list is empty"),

@@ -15,7 +15,7 @@ from ..core.files import check_output
 from ..core.formats import FORMATS
 from ..core.model import WEIGHTS_MODES
 from ..core.trace import write_chrome_trace
-from ..runs.run import PRECISIONS, REDUCTION_MODES, DecodeRun, RunResult, StepEvent
+from ..runs.run import MAX_REPEATS, PRECISIONS, REDUCTION_MODES, DecodeRun, RunResult, StepEvent
 from ..runs.speculative import MAX_DRAFT_TOKENS
 from ..runs.workload import apply_chat_template, read_prompt_file, synthetic_ids
 from ..session import open_pair
@@ -150,6 +150,8 @@ def _check_run_args(args) -> None:
         raise EngineError(f"-n {args.n}: expected a positive number of tokens")
     if args.repeats < 1:
         raise EngineError(f"--repeats {args.repeats}: expected a positive number")
+    if args.repeats > MAX_REPEATS:
+        raise EngineError(f"--repeats {args.repeats}: at most {MAX_REPEATS} passes over the prompts in one run")
     if not 1 <= args.q <= MAX_DRAFT_TOKENS:
         raise EngineError(f"--q {args.q}: expected a draft length of 1..{MAX_DRAFT_TOKENS} tokens")
     if args.top_k is not None and args.top_k < 1:

@@ -45,6 +45,7 @@ TRACE_ROOM_EXTRA = 64
 # A traced run keeps its newest spans, whole steps, up to this many (some 40 MB of Span objects; a few thousand
 # decode steps of a wide model): a run of any length stays bounded. Those dropped are counted (trace_dropped).
 TRACE_KEPT_SPANS = 200_000
+MAX_REPEATS = 10_000  # passes over the prompts in one run (each keeps its outputs and top-2 trails)
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,6 +284,8 @@ class DecodeRun:
         self.mode, self.precision, self.placement = mode, precision, placement
         self.tokens_per_prompt = _positive("tokens per prompt", tokens_per_prompt)
         self.repeats = _positive("repeats", repeats)
+        if self.repeats > MAX_REPEATS:  # a run keeps every repeat's outputs: an endless one would grow without bound
+            raise RangeError(f"repeats = {repeats}: at most {MAX_REPEATS} passes over the prompts in one run")
         self.q = check_draft_q(q) if draft is not None else None
         if draft is not None:
             check_shared_vocabulary(target, draft)
