@@ -29,11 +29,11 @@ from engine.placement.costmodel import Calibration, ModelShape, calibrate, predi
 from engine.placement.placement import ExpertRoom, Placement, expert_rooms, format_bytes, model_bytes
 from engine.placement.routing import RoutingStats, profile
 from engine.profiles.devices import differences, engine_for_profile
-from engine.profiles.history import History, RunRecord, RunSettings, diagnose_change, history_file, now, record_key
+from engine.profiles.history import History, RunRecord, RunSettings, history_file, now
 from engine.profiles.profile import Profile, fingerprint, load
 from engine.runs.quality import is_fast, quality_cost
 from engine.runs.run import DecodeRun, RunResult
-from engine.session import open_pair
+from engine.session import judge_run, open_pair
 
 from . import profiles
 from .live import LiveBuffer
@@ -647,10 +647,9 @@ class WorkbenchState(QObject):
                 with lock:
                     side.run = None
             # Why the output changed, if it did, while the model is at hand (the reference's logits re-computed where
-            # its settings are the model's now)
-            probe = RunRecord.of_run(result, settings, m.target_path, m.draft_path, fingerprint=m.fingerprint)
-            ref = runs.reference(record_key(probe))
-            diagnosis = None if ref is None else diagnose_change(ref, result, side.target, run.prompt_ids)
+            # its settings are the model's now): engine.session's judgement, as `expertbench run` reports it
+            judged = judge_run(runs, result, settings.prompts, m.fingerprint or m.target_path, side.target,
+                               run.prompt_ids)  # fmt: skip
             # The core counts every routed pair while decoding (since load or the last profiling pass); the quality
             # measurement below is not counted.
             routing = RoutingStats.from_model(side.target)
@@ -658,7 +657,7 @@ class WorkbenchState(QObject):
             if is_fast(settings.mode, settings.precision) and not result.cancelled and not stop.is_set():
                 cost = quality_cost(side.target, prompts=list(settings.prompts), tokens=settings.tokens,
                                     mode=settings.mode, precision=settings.precision, fast_result=result)  # fmt: skip
-            return result, routing, diagnosis, cost, (run.spans if trace else None)
+            return result, routing, judged.diagnosis, cost, (run.spans if trace else None)
 
         def done(result):
             self.running = False

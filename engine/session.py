@@ -1,15 +1,23 @@
-"""Opening a model pair (a target and its draft) on one engine, once for every front end: `run`, `tune`, `regress`
-and the window load through here, so each gets the same checks, the same draft placement and the same clean-up.
+"""What every front end does the same way, once: opening a model pair (a target and its draft) on one engine, and
+judging a run against its reference run.
+
+`run`, `tune`, `regress` and the window load through open_pair, so each gets the same checks, the same draft
+placement and the same clean-up; `run` and the window judge a run with judge_run, so the report's reference and the
+history's marks agree.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .checkpoints.checkpoint import Checkpoint
 from .core.errors import EngineError
 from .core.model import Engine, Model
+from .profiles.history import History, RunRecord, combined_hash, diagnose_change, outputs_key
+from .runs.diverge import Diagnosis
+from .runs.run import RunResult
 from .runs.speculative import check_shared_vocabulary
 
 ModelSource = str | os.PathLike | Checkpoint
@@ -61,3 +69,54 @@ def open_pair(engine: Engine, target: ModelSource, draft: ModelSource | None = N
         pair.close()
         raise
     return pair
+
+
+# ---- judging a run ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunJudgement:
+    """A run's outputs against the reference run of its outputs key (engine.profiles.history): its hash over every
+    prompt's output (None when a prompt has no complete output: nothing to judge), the reference run (None: none in
+    the history yet) and, where the outputs differ, why (engine.runs.diverge.Diagnosis)."""
+
+    output_hash: str | None
+    reference: RunRecord | None = None
+    diagnosis: Diagnosis | None = None
+
+    @property
+    def same(self) -> bool | None:
+        """True: the reference run's output; False: changed from it; None: no reference to compare with."""
+        return None if self.reference is None else self.reference.output_hash == self.output_hash
+
+    def to_dict(self) -> dict:
+        """As `expertbench run --json` reports it: output_hash, and reference (null without one): its run, started,
+        output_hash, whether this run gave the same, and the diagnosis (null when the same)."""
+        ref = self.reference
+        return {
+            "output_hash": self.output_hash,
+            "reference": None if ref is None else {
+                "run": ref.index, "started": ref.started, "output_hash": ref.output_hash, "same": self.same,
+                "diagnosis": None if self.diagnosis is None else self.diagnosis.to_dict(),
+            },
+        }  # fmt: skip
+
+
+def judge_run(history: History, result: RunResult, prompts: Sequence, target: str, model: Model | None = None,
+              prompt_ids=None) -> RunJudgement:  # fmt: skip
+    """Judge a finished run (engine.runs.run.RunResult over `prompts`) against its reference run in a history (read
+    only: the run is not added).
+
+    - target: what the history's records name the target by (record_key): its fingerprint
+      (engine.profiles.profile.fingerprint), or its path where it has none.
+    - With the model the run decoded on and the prompts' ids, a reference that kept only ids and gaps has its logits
+      re-computed where it ran with the model's settings now (engine.profiles.history.diagnose_change)."""
+    if not result.output_sha256 or len(result.output_sha256) != len(prompts):
+        return RunJudgement(None)
+    output_hash = combined_hash(result.output_sha256)
+    key = outputs_key(target, list(prompts), result.tokens_per_prompt, result.precision, result.mode,
+                      result.placement or "", [result.target_device], result.top_k)  # fmt: skip
+    ref = history.reference(key)
+    if ref is None:
+        return RunJudgement(output_hash)
+    return RunJudgement(output_hash, ref, diagnose_change(ref, result, model, prompt_ids))
