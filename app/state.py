@@ -25,7 +25,7 @@ from engine.core.errors import EngineError
 from engine.core.model import WEIGHTS_MODES, DeviceInfo, Engine, Model
 from engine.core.trace import Span, write_chrome_trace
 from engine.placement import strategy
-from engine.placement.costmodel import Calibration, ModelShape, calibrate, predict_tokens_per_second
+from engine.placement.costmodel import Calibration, ModelShape, predict_tokens_per_second
 from engine.placement.placement import ExpertRoom, Placement, expert_rooms, format_bytes, model_bytes
 from engine.placement.routing import RoutingStats, profile
 from engine.profiles.devices import differences, engine_for_profile
@@ -33,7 +33,7 @@ from engine.profiles.history import History, RunRecord, RunSettings, history_fil
 from engine.profiles.profile import Profile, fingerprint, load
 from engine.runs.quality import is_fast, quality_cost
 from engine.runs.run import DecodeRun, RunResult
-from engine.session import judge_run, open_pair
+from engine.session import calibrate_devices, judge_run, open_pair
 
 from . import profiles
 from .live import LiveBuffer
@@ -54,12 +54,6 @@ PROFILE_TOKENS = 32  # greedy tokens generated after each prompt when profiling 
 def profile_routing(model: Model, prompts: list[str]) -> RoutingStats:
     """engine.placement.routing's profiling pass over text prompts (runs on the engine thread)."""
     return profile(model, [model.encode(p) for p in prompts], tokens_per_prompt=PROFILE_TOKENS)
-
-
-def calibrate_devices(model: Model, devices: list[str]) -> Calibration:
-    """engine.placement.costmodel's measurement of every device (runs on the engine thread: a few short decodes with
-    every expert on each device in turn; the placement is restored after)."""
-    return calibrate(model, devices)
 
 
 @dataclass

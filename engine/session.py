@@ -1,26 +1,32 @@
-"""What every front end does the same way, once: opening a model pair (a target and its draft) on one engine, and
-judging a run against its reference run.
+"""What every front end does the same way, once: opening a model pair (a target and its draft) on one engine,
+judging a run against its reference run, and measuring the devices for the cost model.
 
 `run`, `tune`, `regress` and the window load through open_pair, so each gets the same checks, the same draft
 placement and the same clean-up; `run` and the window judge a run with judge_run, so the report's reference and the
-history's marks agree.
+history's marks agree; `plan`, `tune` and the window calibrate with calibrate_devices.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .checkpoints.checkpoint import Checkpoint
 from .core.errors import EngineError
 from .core.model import Engine, Model
+from .placement.costmodel import Calibration, calibrate
 from .profiles.history import History, RunRecord, combined_hash, diagnose_change, outputs_key
 from .runs.diverge import Diagnosis
 from .runs.run import RunResult
 from .runs.speculative import check_shared_vocabulary
 
 ModelSource = str | os.PathLike | Checkpoint
+
+# The quick calibration `plan` and `tune` make before choosing: decode steps per device and batch size, and passes
+# after a warm-up pass (the window's is costmodel.calibrate's own: longer, for figures it keeps per model)
+QUICK_CALIBRATION_TOKENS = 16
+QUICK_CALIBRATION_REPEATS = 1
 
 
 @dataclass
@@ -120,3 +126,20 @@ def judge_run(history: History, result: RunResult, prompts: Sequence, target: st
     if ref is None:
         return RunJudgement(output_hash)
     return RunJudgement(output_hash, ref, diagnose_change(ref, result, model, prompt_ids))
+
+
+# ---- calibrating --------------------------------------------------------------------------------------------
+
+
+def calibrate_devices(model: Model, devices: list[str] | None = None, *, quick: bool = False,
+                      calibrate_fn: Callable[..., Calibration] | None = None) -> Calibration:  # fmt: skip
+    """The cost model's figures for a loaded model on devices (engine.placement.costmodel.calibrate; every device of
+    the engine when None; the model's placement is restored after): the full measurement the window keeps per model,
+    or the quick one (QUICK_CALIBRATION_TOKENS steps, QUICK_CALIBRATION_REPEATS pass, no warm-up time) `plan` and
+    `tune` make before choosing. ArgumentError names a device that cannot be measured. calibrate_fn replaces
+    costmodel.calibrate (tests give made-up figures)."""
+    measure = calibrate_fn or calibrate
+    if quick:
+        return measure(model, devices, tokens=QUICK_CALIBRATION_TOKENS, repeats=QUICK_CALIBRATION_REPEATS,
+                       warmup_seconds=0.0)  # fmt: skip
+    return measure(model, devices)

@@ -128,3 +128,26 @@ def test_the_cli_and_the_window_judge_runs_with_the_sessions_function():
             if isinstance(node, ast.Call)
         }
         assert "judge_run" in calls and not calls & {"diagnose_change", "reference", "record_key"}, path
+
+
+# ---- calibrating (engine.session.calibrate_devices: `plan`, `tune` and the window) -----------------------------
+
+
+def test_plan_and_tune_calibrate_quickly_and_the_window_fully():
+    from engine.placement.plan import make_plan
+    from engine.session import QUICK_CALIBRATION_REPEATS, QUICK_CALIBRATION_TOKENS, calibrate_devices
+
+    asked = []
+
+    def made_up(model, devices, **measure):
+        asked.append((devices, measure))
+        raise ArgumentError("calibration: made up")
+
+    quick = {"tokens": QUICK_CALIBRATION_TOKENS, "repeats": QUICK_CALIBRATION_REPEATS, "warmup_seconds": 0.0}
+    for kind in (True, False):
+        with pytest.raises(ArgumentError, match="made up"):
+            calibrate_devices(None, ["cpu:0"], quick=kind, calibrate_fn=made_up)
+    assert asked == [(["cpu:0"], quick), (["cpu:0"], {})]  # the window's: costmodel.calibrate's own lengths
+    with Engine(runtimes=("cpu", "hostsim")) as eng:
+        report = make_plan(eng.load(TARGET), "cold-layers", calibrate_fn=made_up)
+    assert asked[-1] == (["cpu:0", "hostsim:0"], quick) and report["prediction"].endswith("(calibration: made up)")
