@@ -26,7 +26,7 @@ from engine.core.model import WEIGHTS_MODES, DeviceInfo, Engine, Model
 from engine.core.trace import Span, write_chrome_trace
 from engine.placement import strategy
 from engine.placement.costmodel import Calibration, ModelShape, predict_tokens_per_second
-from engine.placement.placement import ExpertRoom, Placement, expert_rooms, format_bytes, model_bytes
+from engine.placement.placement import ExpertRoom, Placement, format_bytes, model_bytes
 from engine.placement.routing import RoutingStats, profile
 from engine.profiles.devices import differences, engine_for_profile
 from engine.profiles.history import History, RunRecord, RunSettings, history_file, now
@@ -37,6 +37,7 @@ from engine.session import calibrate_devices, judge_run, open_pair
 
 from . import profiles
 from .live import LiveBuffer
+from .models.devices import Devices
 from .models.placement import PlacementEdits, Refusal
 from .models.routing import RoutingMap
 from .worker import EngineWorker
@@ -162,9 +163,21 @@ def _fingerprint(model: Model) -> str | None:
         return None
 
 
+def _held(model: str, name: str, doc: str, settable: bool = False) -> property:
+    """A field of one of the state's models (app/models), read (and set, where settable) as the state's own."""
+
+    def get(self):
+        return getattr(getattr(self, model), name)
+
+    def put(self, value):
+        setattr(getattr(self, model), name, value)
+
+    return property(get, put if settable else None, doc=doc)
+
+
 class WorkbenchState(QObject):
-    sigEngineChanged = Signal()  # devices, load errors (runtimes that did not load)
-    sigDevicesChanged = Signal()  # memory snapshot refreshed
+    sigEngineChanged = Signal()  # devices, load errors (runtimes that did not load): Devices' "engine"
+    sigDevicesChanged = Signal()  # memory snapshot refreshed: Devices' "memory"
     sigModelChanged = Signal()  # a target (and draft) loaded
     sigPlacementChanged = Signal()  # the placement being edited changed
     sigPreviewChanged = Signal()  # a drag hovers over a device: bytes it would give
@@ -183,6 +196,12 @@ class WorkbenchState(QObject):
     sigRoutingChanged = Signal()
     sigCalibrationChanged = Signal()  # measuring started or ended; the cost model's figures changed
 
+    # What the models hold, read as the state's own fields (the panels read these)
+    devices = _held("hardware", "devices", "The engine's devices (DeviceInfo), as it listed them last")
+    load_errors = _held("hardware", "load_errors", "The runtimes the engine could not load: runtime -> why")
+    device_names = _held("hardware", "names", "The engine's devices' names")
+    capacity = _held("hardware", "capacity", "Bytes of experts each device can hold for this model (free + held)")
+
     def __init__(self, parent: QObject | None = None):
         super().__init__(parent)
         self.worker = EngineWorker(self)
@@ -191,16 +210,16 @@ class WorkbenchState(QObject):
         self._side = _EngineSide()
         self._run_lock = threading.Lock()
         self._stop = threading.Event()
-        # snapshots
-        self.load_errors: dict[str, str] = {}
-        self.devices: list[DeviceInfo] = []
+        # snapshots: the engine's devices, their memory and rooms (Qt-free: app/models), the loaded pair
+        self.hardware = Devices()
+        self.hardware.on("engine", self.sigEngineChanged.emit)
+        self.hardware.on("memory", self._memory_refreshed)
         self.model: ModelSnapshot | None = None
         # the placement as edited, with undo, the drag's preview and the bytes per device (Qt-free: app/models)
         self.edits = PlacementEdits()
         self.edits.on("changed", self._placement_edited)
         self.edits.on("preview", self.sigPreviewChanged.emit)
         self.applied: Placement | None = None  # as the engine has it
-        self.capacity: dict[str, int] = {}  # bytes of experts each device can hold for this model (free + held)
         self._applies = 0  # apply tasks queued and not yet finished
         self._wanted: Placement | None = None
         self.profile_path: Path | None = None  # the profile file the placement was opened from or saved to
@@ -234,10 +253,6 @@ class WorkbenchState(QObject):
         self.sigError.emit(title, str(exc) or type(exc).__name__)
 
     @property
-    def device_names(self) -> list[str]:
-        return [d.name for d in self.devices]
-
-    @property
     def busy(self) -> bool:
         return self.worker.busy
 
@@ -253,10 +268,9 @@ class WorkbenchState(QObject):
             return side.engine.devices, dict(side.engine.load_errors)
 
         def done(result):
-            self.devices, self.load_errors = result
             self.model = self.applied = None
             self.edits.reset(None)
-            self.sigEngineChanged.emit()
+            self.hardware.opened(*result)  # sigEngineChanged
             self.sigModelChanged.emit()
             self.sigPlacementChanged.emit()
 
@@ -317,11 +331,12 @@ class WorkbenchState(QObject):
         self.sigCalibrationChanged.emit()
 
     def _set_devices(self, devices: list[DeviceInfo]) -> None:
-        self.devices = devices
+        """A memory snapshot: the rooms follow from the expert bytes the applied placement holds on each device."""
         names = [d.name for d in devices]
-        rooms = expert_rooms(devices, self.edits.bytes_on(self.applied, names) if self.applied is not None else {})
-        self.edits.set_rooms(names, rooms)
-        self.capacity = {name: room.capacity for name, room in rooms.items()}
+        self.hardware.refresh(devices, self.edits.bytes_on(self.applied, names) if self.applied is not None else {})
+
+    def _memory_refreshed(self) -> None:
+        self.edits.set_rooms(self.hardware.names, self.hardware.rooms)
         self.sigDevicesChanged.emit()
 
     # ---- bytes -------------------------------------------------------------------------------------------
@@ -567,8 +582,8 @@ class WorkbenchState(QObject):
             return engine.devices, dict(engine.load_errors), snapshot
 
         def done(result):
-            self.devices, self.load_errors, snapshot = result
-            self.sigEngineChanged.emit()
+            devices, load_errors, snapshot = result
+            self.hardware.opened(devices, load_errors)  # sigEngineChanged
             self._models_loaded(snapshot)
             self.sigMessage.emit(f"Opened the devices {path.name} asks for ({'; '.join(lacking)})")
             self._apply_profile(profile, path, placement, routing)

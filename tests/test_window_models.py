@@ -99,7 +99,8 @@ def test_an_unknown_event_is_named():
 
 def test_the_models_import_no_qt():
     qt = "('PySide6', 'pyqtgraph')"
-    code = f"import sys, app.models.placement; print(sorted(m for m in sys.modules if m.startswith({qt})))"
+    models = "app.models.placement, app.models.routing, app.models.devices"
+    code = f"import sys, {models}; print(sorted(m for m in sys.modules if m.startswith({qt})))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -130,3 +131,32 @@ def test_routing_statistics_of_another_shape_or_origin_are_refused_and_runs_are_
     assert routing.runs == (7, 8) and routing.counted_runs == (9, 9)
     routing.clear()
     assert routing.counts is None and routing.counted_runs is None and len(heard) == 3
+
+
+# ---- the devices ----------------------------------------------------------------------------------------------
+
+
+def device(index: int, name: str, kind: str, free: int):
+    from engine.core.model import DeviceInfo
+
+    return DeviceInfo(index, name, kind, name, 4 * free, free, 1)
+
+
+def test_a_new_engine_replaces_the_devices_and_a_snapshot_gives_each_its_room():
+    from app.models.devices import Devices
+
+    devices, heard = Devices(), []
+    devices.on("engine", lambda: heard.append(("engine", devices.names, dict(devices.load_errors))))
+    devices.on("memory", lambda: heard.append(("memory", dict(devices.capacity))))
+    cpu, sim = device(0, "cpu:0", "cpu", 1 << 30), device(1, "hostsim:0", "hostsim", 600)
+    devices.opened([cpu, sim], {"cuda": "libcudart.so: cannot open"})
+    assert heard == [("engine", ["cpu:0", "hostsim:0"], {"cuda": "libcudart.so: cannot open"})]
+    assert devices.rooms == {} and devices.capacity == {}  # no snapshot yet
+    devices.refresh([cpu, sim], {"hostsim:0": 200})  # the loaded model's experts hold 200 bytes there
+    room = devices.rooms["hostsim:0"]
+    assert (room.free, room.held, room.capacity) == (600, 200, 800) and devices.rooms["cpu:0"].unlimited
+    assert heard[-1] == ("memory", {"cpu:0": 1 << 30, "hostsim:0": 800})
+    devices.opened([cpu], {})  # another engine: its devices and errors alone
+    assert devices.names == ["cpu:0"] and devices.load_errors == {} and len(heard) == 3
+    with pytest.raises(ValueError, match="event 'changed': expected one of engine, memory"):
+        devices.on("changed", print)
