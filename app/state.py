@@ -9,7 +9,6 @@ a task learns comes back as plain data and is stored here on the GUI thread.
 from __future__ import annotations
 
 import gc
-import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,23 +22,23 @@ from engine.checkpoints.demo import check_format, is_synthetic
 from engine.core.devices import DeviceSettings
 from engine.core.errors import EngineError
 from engine.core.model import WEIGHTS_MODES, DeviceInfo, Engine, Model
-from engine.core.trace import Span, write_chrome_trace
 from engine.placement import strategy
 from engine.placement.costmodel import Calibration, ModelShape, predict_tokens_per_second
 from engine.placement.placement import ExpertRoom, Placement, format_bytes, model_bytes
 from engine.placement.routing import RoutingStats, profile
 from engine.profiles.devices import differences, engine_for_profile
-from engine.profiles.history import History, RunRecord, RunSettings, history_file, now
+from engine.profiles.history import RunRecord, RunSettings, now
 from engine.profiles.profile import Profile, fingerprint, load
 from engine.runs.quality import is_fast, quality_cost
 from engine.runs.run import DecodeRun, RunResult
 from engine.session import calibrate_devices, judge_run, open_pair
 
 from . import profiles
-from .live import LiveBuffer
 from .models.devices import Devices
-from .models.placement import PlacementEdits, Refusal
+from .models.events import Note, Refusal
+from .models.placement import PlacementEdits
 from .models.routing import RoutingMap
+from .models.run_session import RunSession, RunTrace
 from .worker import EngineWorker
 
 
@@ -80,21 +79,6 @@ class ModelSnapshot:
     weights: str = "map"  # how the engine holds the target's files (engine.core.model.WEIGHTS_MODES, never "auto")
     file_bytes: int = 0  # the target's files
     huge_page_bytes: int = 0  # of a copy, what the kernel put on huge pages
-
-
-@dataclass(frozen=True)
-class RunTrace:
-    """A traced run's spans (engine.core.trace) and what the Chrome trace's metadata says of the run."""
-
-    run: int  # the run's index in the history
-    spans: list[Span]
-    metadata: dict
-    lost: int = 0  # spans the core had no room for
-    dropped: int = 0  # the oldest steps' spans, not kept (engine.runs.run.TRACE_KEPT_SPANS)
-
-    def write(self, path) -> Path:
-        """The Chrome trace event JSON (engine.core.trace.write_chrome_trace; ArgumentError naming the file)."""
-        return write_chrome_trace(path, self.spans, metadata=self.metadata)
 
 
 @dataclass(frozen=True)
@@ -190,9 +174,9 @@ class WorkbenchState(QObject):
     sigRefused = Signal(str, str)  # an edit refused: its reason (app.models.placement.Refusal) and text
     sigError = Signal(str, str)  # title, text: an engine call failed; the window shows a dialog
     sigBusyChanged = Signal(str)  # what the engine thread is doing, "" when idle
-    sigRunStarted = Signal()
-    sigRunFinished = Signal(object)  # RunRecord
-    sigHistoryChanged = Signal()
+    sigRunStarted = Signal()  # RunSession's "started"
+    sigRunFinished = Signal(object)  # RunRecord (None: the run failed): RunSession's "finished"
+    sigHistoryChanged = Signal()  # RunSession's "history"
     sigRoutingChanged = Signal()
     sigCalibrationChanged = Signal()  # measuring started or ended; the cost model's figures changed
 
@@ -201,6 +185,15 @@ class WorkbenchState(QObject):
     load_errors = _held("hardware", "load_errors", "The runtimes the engine could not load: runtime -> why")
     device_names = _held("hardware", "names", "The engine's devices' names")
     capacity = _held("hardware", "capacity", "Bytes of experts each device can hold for this model (free + held)")
+    running = _held("session", "running", "Whether a run decodes", settable=True)
+    live = _held("session", "live", "What the live plots and the timeline read while a run decodes (app.live)")
+    trace_runs = _held("session", "trace_runs", "Whether runs record the per-token trace (engine.core.trace; the "
+                       "timeline turns it on while it is open)", settable=True)  # fmt: skip
+    last_trace = _held("session", "last_trace", "The last run's RunTrace, when it was traced")
+    runs = _held("session", "runs", "The loaded model's runs (engine.profiles.history.History)")
+    history = _held("session", "history", "The loaded model's runs, oldest first (those of earlier sessions too)")
+    keep_history = _held("session", "keep_history", "Whether runs are kept across restarts (a model with a "
+                         "fingerprint only)", settable=True)  # fmt: skip
 
     def __init__(self, parent: QObject | None = None):
         super().__init__(parent)
@@ -225,15 +218,12 @@ class WorkbenchState(QObject):
         self.profile_path: Path | None = None  # the profile file the placement was opened from or saved to
         self.profile: Profile | None = None  # that profile (what a save keeps from it: app.profiles)
         self.weights = "auto"  # how the next model opened is to be held (engine.core.model.WEIGHTS_MODES)
-        self.running = False
-        self.live = LiveBuffer()
-        # Whether runs record the per-token trace (engine.core.trace; the window's timeline turns it on while it is
-        # open), and the last run's trace when it was traced
-        self.trace_runs = False
-        self.last_trace: RunTrace | None = None
-        # the loaded model's runs (engine.profiles.history: references, kept in the user's data folder)
-        self.runs = History()
-        self.keep_history = True  # whether runs are kept across restarts (a model with a fingerprint only)
+        # the runs: running, the live buffer, the trace, the loaded model's history (Qt-free: app/models)
+        self.session = RunSession()
+        self.session.on("started", self.sigRunStarted.emit)
+        self.session.on("finished", self.sigRunFinished.emit)
+        self.session.on("history", self.sigHistoryChanged.emit)
+        self.session.on("note", self._noted)
         # the routing statistics the map shows, and what the engine's counters hold (Qt-free: app/models)
         self.routing_map = RoutingMap()
         self.routing_map.on_change(self.sigRoutingChanged.emit)
@@ -251,6 +241,9 @@ class WorkbenchState(QObject):
 
     def _fail(self, title: str, exc: BaseException) -> None:
         self.sigError.emit(title, str(exc) or type(exc).__name__)
+
+    def _noted(self, note: Note) -> None:
+        self.sigMessage.emit(note.text)
 
     @property
     def busy(self) -> bool:
@@ -314,11 +307,9 @@ class WorkbenchState(QObject):
         self.applied = snapshot.placement.copy()
         self._wanted = snapshot.placement.copy()
         self.profile_path = self.profile = None
-        if not self.running:  # the live plots and the timeline show the previous model's last run no more
-            self.live.reset(0)
-            self.last_trace = None
         self.routing_map.clear()  # the previous model's routing no more; a model's counters start at zero
         self._set_devices(snapshot.devices)
+        # its runs (sigHistoryChanged); the live plots and the timeline show the previous model's last run no more
         self._load_history()
         self.calibration = self._calibrations.get(self.calibration_key())
         self._after_calibration.clear()
@@ -630,22 +621,17 @@ class WorkbenchState(QObject):
 
     def start_run(self, settings: RunSettings) -> bool:
         """Start a decode run on the engine thread (after any pending placement); False if one is running."""
-        if self.running or self.model is None:
-            return False
-        self.running = True
-        self._stop.clear()
-        self.live.reset(settings.total_tokens)
         side, stop, lock = self._side, self._stop, self._run_lock
         use_draft = settings.use_draft and self.has_draft
         started = now()
         predicted = self.predicted_tokens_per_second()  # the edited placement is the one the run decodes with
-        m, runs, trace = self.model, self.runs, self.trace_runs
+        m, runs, trace, live = self.model, self.runs, self.trace_runs, self.live
 
         def task():
             run = DecodeRun(side.target, side.draft if use_draft else None, prompts=list(settings.prompts),
                             tokens_per_prompt=settings.tokens, repeats=settings.repeats, q=settings.q,
                             mode=settings.mode, precision=settings.precision,
-                            on_event=self.live.append, trace=trace)  # fmt: skip
+                            on_event=live.append, trace=trace)  # fmt: skip
             with lock:
                 side.run = run
             if stop.is_set():
@@ -669,32 +655,33 @@ class WorkbenchState(QObject):
             return result, routing, judged.diagnosis, cost, (run.spans if trace else None)
 
         def done(result):
-            self.running = False
             gc.unfreeze()
             result, routing, diagnosis, cost, spans = result
-            self.last_trace = None
+            run_trace = None
             if spans is not None:
                 meta = {"run": self.runs.next_index, "target": m.target_path, "draft": m.draft_path if use_draft
                         else None, "target_device": m.primary, "mode": settings.mode, "precision": settings.precision,
                         "placement": result.placement, "q": settings.q if use_draft else None}  # fmt: skip
                 meta.update(trace_lost=result.trace_lost, trace_dropped=result.trace_dropped)
-                self.last_trace = RunTrace(meta["run"], spans, meta, result.trace_lost, result.trace_dropped)
-            record = self._record(result, settings, started, predicted, diagnosis, cost)
+                run_trace = RunTrace(meta["run"], spans, meta, result.trace_lost, result.trace_dropped)
+            record = self._record(result, settings, started, predicted, diagnosis, cost, run_trace)
             self._after_run(record.index, routing)
 
         def failed(exc):
-            self.running = False
             gc.unfreeze()
-            self.sigRunFinished.emit(None)
+            self.session.failed()  # sigRunFinished(None)
             self._fail("The run failed", exc)
 
-        # While the run decodes, the collector's full passes walk only what the run makes: a pass over every object of
-        # the window (100 000 and more) holds the GIL for 50-100 ms, and the GUI thread would stall that long. Frozen
-        # here, after everything above that may raise; done or failed thaws them.
-        gc.freeze()
-        self.worker.submit(task, done, failed, "decoding")
-        self.sigRunStarted.emit()
-        return True
+        def launch():
+            # While the run decodes, the collector's full passes walk only what the run makes: a pass over every
+            # object of the window (100 000 and more) holds the GIL for 50-100 ms, and the GUI thread would stall that
+            # long. Frozen here, after everything before it that may raise; done or failed thaws them.
+            stop.clear()
+            gc.freeze()
+            self.worker.submit(task, done, failed, "decoding")
+
+        # refused (app.models.run_session.REFUSALS) while a run is under way or with no model; sigRunStarted
+        return self.session.start(settings.total_tokens, self.model is not None, launch) is None
 
     def stop_run(self) -> None:
         """Cancel the run at its next step (thread-safe: no engine call here)."""
@@ -704,48 +691,24 @@ class WorkbenchState(QObject):
                 self._side.run.cancel()
 
     def _record(self, result: RunResult, settings: RunSettings, started: str, predicted: float | None,
-                diagnosis=None, cost=None) -> RunRecord:  # fmt: skip
+                diagnosis=None, cost=None, trace: RunTrace | None = None) -> RunRecord:  # fmt: skip
         """The run in the history, with why its output changed (a Diagnosis) and its fast mode's quality cost (a
-        QualityCost) where there are."""
+        QualityCost) where there are (app.models.run_session.RunSession.finish: sigHistoryChanged, sigRunFinished,
+        the notes in the status bar)."""
         m = self.model
         record = RunRecord.of_run(result, settings, m.target_path, m.draft_path, started, predicted, m.fingerprint)
         record.diagnosis = None if diagnosis is None else diagnosis.to_dict()
         record.quality = None if cost is None else cost.to_dict()
-        try:
-            self.runs.add(record)
-        except EngineError as exc:  # the run is in the history; only the file did not take it
-            self.sigMessage.emit(f"The run history is not kept: {exc}")
-        self.sigHistoryChanged.emit()
-        self.sigRunFinished.emit(record)
-        rate = record.decode_tokens_per_second
-        note = "cancelled" if record.cancelled else (f"{rate:.1f} tokens/s" if math.isfinite(rate) else "done")
-        self.sigMessage.emit(f"Run {record.index}: {note}")
+        self.session.finish(record, trace)
         return record
-
-    @property
-    def history(self) -> list[RunRecord]:
-        """The loaded model's runs, oldest first (those of earlier sessions too)."""
-        return self.runs.records
 
     def clear_history(self) -> None:
         """Forget the loaded model's runs, in the user's data folder too."""
-        try:
-            self.runs.clear()
-        except EngineError as exc:
-            self.sigMessage.emit(f"The run history file stays: {exc}")
-        self.sigHistoryChanged.emit()
+        self.session.clear_history()
 
     def _load_history(self) -> None:
         """The loaded model's runs kept from earlier sessions (engine.profiles.history); a damaged one is skipped."""
-        fp = self.model.fingerprint if self.model is not None else None
-        if not self.keep_history or fp is None:
-            self.runs = History()
-        else:
-            self.runs = History.load(history_file(fp))
-            if self.runs.problems:
-                more = f" (and {len(self.runs.problems) - 1} more)" if len(self.runs.problems) > 1 else ""
-                self.sigMessage.emit(f"The run history was damaged; skipped {self.runs.problems[0]}{more}")
-        self.sigHistoryChanged.emit()
+        self.session.open(self.model.fingerprint if self.model is not None else None)
 
     # ---- routing -----------------------------------------------------------------------------------------
 

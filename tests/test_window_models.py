@@ -99,7 +99,7 @@ def test_an_unknown_event_is_named():
 
 def test_the_models_import_no_qt():
     qt = "('PySide6', 'pyqtgraph')"
-    models = "app.models.placement, app.models.routing, app.models.devices"
+    models = "app.models.placement, app.models.routing, app.models.devices, app.models.run_session"
     code = f"import sys, {models}; print(sorted(m for m in sys.modules if m.startswith({qt})))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -160,3 +160,108 @@ def test_a_new_engine_replaces_the_devices_and_a_snapshot_gives_each_its_room():
     assert devices.names == ["cpu:0"] and devices.load_errors == {} and len(heard) == 3
     with pytest.raises(ValueError, match="event 'changed': expected one of engine, memory"):
         devices.on("changed", print)
+
+
+# ---- the run session ------------------------------------------------------------------------------------------
+
+
+def run_record(output_hash: str = "ab" * 32, cancelled: bool = False, rate: float = 12.5, fingerprint=None):
+    from engine.profiles.history import RunRecord, RunSettings
+
+    return RunRecord(index=0, started="2026-12-02T10:00:00", target="target", draft=None, placement="*=cpu:0",
+                     mode="reference", precision="f32", q=None, tokens=8, repeats=1, prompts=1,
+                     decode_tokens_per_second=rate, prefill_tokens_per_second=rate, accept_rate=None,
+                     output_hash=output_hash, reference_hash="", cancelled=cancelled, seconds=1.0,
+                     settings=RunSettings(["Hello"], tokens=8), target_path="/models/target", primary="cpu:0",
+                     fingerprint=fingerprint)  # fmt: skip
+
+
+@pytest.fixture
+def session():
+    from app.models.run_session import RunSession
+
+    s = RunSession()
+    s.heard = []
+    s.on("started", lambda: s.heard.append("started"))
+    s.on("finished", lambda record: s.heard.append(("finished", None if record is None else record.index)))
+    s.on("history", lambda: s.heard.append("history"))
+    s.on("note", lambda note: s.heard.append((note.reason, note.text)))
+    return s
+
+
+def test_a_run_starts_once_is_kept_in_the_history_and_tells_its_listeners(session):
+    from app.models.events import Refusal
+    from app.models.run_session import REFUSALS
+
+    launched = []
+    assert session.start(40, False, lambda: launched.append(1)) == Refusal("no-model", "Open a model first")
+    assert session.start(40, True, lambda: launched.append(1)) is None
+    assert session.running and launched == [1] and session.live.progress == (0, 40) and session.heard == ["started"]
+    again = session.start(40, True, lambda: launched.append(2))  # refused while one runs: nothing queued
+    assert again == Refusal("running", "A run is under way") and launched == [1] and again.reason in REFUSALS
+    session.finish(run_record(), trace=None)
+    assert not session.running and [r.index for r in session.history] == [1] and session.last_record.index == 1
+    assert session.history[0].is_reference
+    assert session.heard[1:] == ["history", ("finished", 1), ("run-ended", "Run 1: 12.5 tokens/s")]
+    session.start(40, True, lambda: None)
+    session.finish(run_record(cancelled=True, output_hash=""))
+    assert session.history[1].stable is None and session.heard[-1] == ("run-ended", "Run 2: cancelled")
+    session.start(40, True, lambda: None)
+    session.failed()
+    assert not session.running and session.heard[-1] == ("finished", None) and len(session.history) == 2
+
+
+def test_a_history_the_file_does_not_take_keeps_the_run_with_a_note(session, tmp_path):
+    from engine.profiles.history import History
+
+    (tmp_path / "history").write_text("")
+    session.runs = History(tmp_path / "history" / "runs.jsonl")  # its folder is a file: not writable
+    session.start(8, True, lambda: None)
+    session.finish(run_record())
+    reason, text = session.heard[1]
+    assert reason == "not-kept" and text.startswith("The run history is not kept: cannot keep the run in")
+    assert [r.index for r in session.history] == [1] and session.heard[2:4] == ["history", ("finished", 1)]
+
+
+def test_another_model_opens_its_own_history_and_the_last_run_goes(session, xdg_data):
+    from app.models.run_session import RunTrace
+    from engine.profiles.history import History, history_file
+
+    fp = "sha256:" + "1" * 64
+    History(history_file(fp)).add(run_record(fingerprint=fp))  # a run of an earlier session
+    session.start(8, True, lambda: None)
+    session.finish(run_record(), RunTrace(1, [], {}))
+    assert session.last_trace is not None and session.last_record is not None
+    session.heard.clear()
+    session.open(fp)
+    assert [r.index for r in session.history] == [1] and session.history[0].fingerprint == fp
+    assert session.last_trace is None and session.last_record is None and session.live.progress == (0, 0)
+    assert session.heard == ["history"]
+    session.keep_history = False
+    session.open(fp)
+    assert session.history == []  # not kept across restarts: an empty history
+    history_file(fp).write_text("not json\n")
+    session.keep_history = True
+    session.open(fp)
+    reason, text = session.heard[-2]
+    assert reason == "damaged" and text.startswith(f"The run history was damaged; skipped {history_file(fp)}:1")
+    session.open(None)  # a model without a fingerprint: no history kept
+    assert session.history == [] and session.heard[-1] == "history"
+
+
+def test_a_model_opened_while_a_run_decodes_leaves_that_runs_live_curves(session):
+    session.start(8, True, lambda: None)
+    session.open(None)
+    assert session.running and session.live.progress == (0, 8)
+
+
+def test_clearing_the_history_forgets_its_runs(session, xdg_data):
+    from engine.profiles.history import history_file
+
+    fp = "sha256:" + "2" * 64
+    session.open(fp)
+    session.start(8, True, lambda: None)
+    session.finish(run_record(fingerprint=fp))
+    assert history_file(fp).exists()
+    session.clear_history()
+    assert session.history == [] and not history_file(fp).exists() and session.heard[-1] == "history"
