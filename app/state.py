@@ -34,6 +34,7 @@ from engine.runs.run import DecodeRun, RunResult
 from engine.session import calibrate_devices, judge_run, open_pair
 
 from . import profiles
+from .models.calibration import Calibrations
 from .models.devices import Devices
 from .models.events import Note, Refusal
 from .models.placement import PlacementEdits
@@ -178,7 +179,7 @@ class WorkbenchState(QObject):
     sigRunFinished = Signal(object)  # RunRecord (None: the run failed): RunSession's "finished"
     sigHistoryChanged = Signal()  # RunSession's "history"
     sigRoutingChanged = Signal()
-    sigCalibrationChanged = Signal()  # measuring started or ended; the cost model's figures changed
+    sigCalibrationChanged = Signal()  # measuring started or ended; the cost model's figures changed: Calibrations'
 
     # What the models hold, read as the state's own fields (the panels read these)
     devices = _held("hardware", "devices", "The engine's devices (DeviceInfo), as it listed them last")
@@ -194,6 +195,9 @@ class WorkbenchState(QObject):
     history = _held("session", "history", "The loaded model's runs, oldest first (those of earlier sessions too)")
     keep_history = _held("session", "keep_history", "Whether runs are kept across restarts (a model with a "
                          "fingerprint only)", settable=True)  # fmt: skip
+    calibration = _held("calibrations", "figures", "The cost model's figures for the loaded model and devices (None "
+                        "until measured)")  # fmt: skip
+    calibrating = _held("calibrations", "measuring", "Whether the devices are being measured")
 
     def __init__(self, parent: QObject | None = None):
         super().__init__(parent)
@@ -230,10 +234,9 @@ class WorkbenchState(QObject):
         # (model, prompts) -> RoutingStats or a hits array; replaceable (tests inject their own)
         self.routing_provider: Callable[[Model, list[str]], RoutingStats | np.ndarray] = profile_routing
         # the cost model's figures for the loaded model and devices (None until measured), and every set measured
-        self.calibration: Calibration | None = None
-        self.calibrating = False
-        self._calibrations: dict[tuple, Calibration] = {}
-        self._after_calibration: list[Callable[[], None]] = []
+        # (Qt-free: app/models)
+        self.calibrations = Calibrations()
+        self.calibrations.on("changed", self.sigCalibrationChanged.emit)
         # (model, device names) -> Calibration on the engine thread; replaceable (tests inject fixed figures)
         self.calibration_provider: Callable[[Model, list[str]], Calibration] = calibrate_devices
 
@@ -311,8 +314,7 @@ class WorkbenchState(QObject):
         self._set_devices(snapshot.devices)
         # its runs (sigHistoryChanged); the live plots and the timeline show the previous model's last run no more
         self._load_history()
-        self.calibration = self._calibrations.get(self.calibration_key())
-        self._after_calibration.clear()
+        self.calibrations.select(self.calibration_key())
         self.sigModelChanged.emit()
         self.sigPlacementChanged.emit()
         self.sigUndoChanged.emit()
@@ -801,43 +803,22 @@ class WorkbenchState(QObject):
         """Have the cost model's figures for this model and these devices: measured once on the engine thread
         (sigCalibrationChanged when it starts and ends), then kept. `then` runs once they are there (at once
         when they already are); False when there is no model."""
-        key = self.calibration_key()
-        if key is None:
-            return False
-        if self.calibration is not None:
-            if then is not None:
-                then()
-            return True
-        if then is not None:
-            self._after_calibration.append(then)
-        if self.calibrating:
-            return True
-        self.calibrating = True
+        return self.calibrations.ensure(self.calibration_key(), then, self._measure) is None
+
+    def _measure(self, key: tuple) -> None:
+        """Queue the measurement of the devices for the model loaded now (its calibration key: key)."""
         provider, side, devices = self.calibration_provider, self._side, list(self.device_names)
 
         def done(calibration: Calibration):
-            self._calibrations[key] = calibration
-            self.calibrating = False
-            if key != self.calibration_key():  # another model was loaded meanwhile: measure that one if asked
-                if not (self._after_calibration and self.calibrate()):
-                    self.sigCalibrationChanged.emit()
-                return
-            self.calibration = calibration
-            waiting, self._after_calibration = self._after_calibration, []
-            self.sigCalibrationChanged.emit()
-            for fn in waiting:
-                fn()
+            # another model may have been loaded meanwhile: the figures are kept for key, that one's measured if asked
+            self.calibrations.measured(key, calibration, self.calibration_key())
 
         def failed(exc):
-            self.calibrating = False
-            self._after_calibration.clear()
-            self.sigCalibrationChanged.emit()
+            self.calibrations.failed()
             self._fail("The devices could not be measured", exc)
 
         label = "measuring the devices for the cost model" + (" (after the run)" if self.running else "")
         self.worker.submit(lambda: provider(side.target, devices), done, failed, label)
-        self.sigCalibrationChanged.emit()
-        return True
 
     def predicted_tokens_per_second(self, placement: Placement | None = None) -> float | None:
         """The cost model's decode tokens/s for a placement (the edited one by default), weighted by the

@@ -99,7 +99,8 @@ def test_an_unknown_event_is_named():
 
 def test_the_models_import_no_qt():
     qt = "('PySide6', 'pyqtgraph')"
-    models = "app.models.placement, app.models.routing, app.models.devices, app.models.run_session"
+    models = "app.models.placement, app.models.routing, app.models.devices, app.models.run_session, " \
+             "app.models.calibration"  # fmt: skip
     code = f"import sys, {models}; print(sorted(m for m in sys.modules if m.startswith({qt})))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -265,3 +266,86 @@ def test_clearing_the_history_forgets_its_runs(session, xdg_data):
     assert history_file(fp).exists()
     session.clear_history()
     assert session.history == [] and not history_file(fp).exists() and session.heard[-1] == "history"
+
+
+# ---- the calibrations -----------------------------------------------------------------------------------------
+
+
+class Measurements:
+    """A made-up engine thread: start(key) queues a measurement; the test ends it."""
+
+    def __init__(self):
+        self.queued = []
+
+    def __call__(self, key):
+        self.queued.append(key)
+
+
+def figures(bandwidth: float):
+    from engine.placement.costmodel import Calibration, DeviceRate
+
+    return Calibration("cpu:0", 1e-3, {"cpu:0": DeviceRate(bandwidth)})
+
+
+def test_figures_are_measured_once_kept_per_model_and_what_waits_runs_when_they_come():
+    from app.models.calibration import Calibrations
+    from app.models.events import Refusal
+
+    cal, heard, ran, start = Calibrations(), [], [], Measurements()
+    cal.on("changed", lambda: heard.append((cal.measuring, cal.figures)))
+    assert cal.ensure(None, None, start) == Refusal("no-model", "Open a model first") and start.queued == []
+    a, b = ("model a", "cpu:0", ("cpu:0",)), ("model b", "cpu:0", ("cpu:0",))
+    cal.select(a)
+    assert cal.ensure(a, lambda: ran.append("first"), start) is None
+    assert cal.ensure(a, lambda: ran.append("second"), start) is None  # measured once however often asked
+    assert start.queued == [a] and cal.measuring and heard == [(True, None)]
+    cal.measured(a, figures(1e9), current=a)
+    assert cal.figures.devices["cpu:0"].bandwidth == 1e9 and not cal.measuring and ran == ["first", "second"]
+    assert heard[-1] == (False, cal.figures)
+    cal.ensure(a, lambda: ran.append("at once"), start)
+    assert ran[-1] == "at once" and start.queued == [a]  # kept: not measured again
+    cal.select(b)  # another model: no figures yet
+    assert cal.figures is None
+    cal.select(a)  # the first again: its figures kept
+    assert cal.figures.devices["cpu:0"].bandwidth == 1e9
+
+
+def test_a_model_opened_while_measuring_is_measured_next_when_something_waits_for_it():
+    from app.models.calibration import Calibrations
+
+    cal, heard, ran, start = Calibrations(), [], [], Measurements()
+    cal.on("changed", lambda: heard.append(cal.measuring))
+    a, b = ("model a",), ("model b",)
+    cal.select(a)
+    cal.ensure(a, lambda: ran.append("a"), start)
+    cal.select(b)  # what waited for a's figures waits no more
+    cal.ensure(b, lambda: ran.append("b"), start)  # a's measurement is under way: b's waits for it
+    assert start.queued == [a]
+    cal.measured(a, figures(1e9), current=b)  # a's figures kept, b's measured next
+    assert start.queued == [a, b] and cal.figures is None and cal.measuring and cal.kept[a] is not None
+    cal.measured(b, figures(2e9), current=b)
+    assert ran == ["b"] and cal.figures.devices["cpu:0"].bandwidth == 2e9 and heard == [True, True, False]
+    c = ("model c",)
+    cal.select(c)
+    cal.ensure(c, None, start)
+    cal.select(a)  # nothing waits for a's figures, kept: c's measurement ends with "changed" alone
+    cal.measured(c, figures(3e9), current=a)
+    assert start.queued == [a, b, c] and not cal.measuring and heard[-1] is False and cal.figures is cal.kept[a]
+
+
+def test_a_failed_measurement_drops_what_waited_and_is_asked_again_later():
+    from app.models.calibration import Calibrations
+
+    cal, heard, ran, start = Calibrations(), [], [], Measurements()
+    cal.on("changed", lambda: heard.append(cal.measuring))
+    key = ("model",)
+    cal.select(key)
+    cal.ensure(key, lambda: ran.append(1), start)
+    cal.failed()
+    assert not cal.measuring and cal.waiting == [] and heard == [True, False] and ran == []
+    cal.ensure(key, lambda: ran.append(2), start)
+    assert start.queued == [key, key]
+    cal.measured(key, figures(3e9), current=key)
+    assert ran == [2]
+    with pytest.raises(ValueError, match="event 'measured': expected one of changed"):
+        cal.on("measured", print)
