@@ -4,6 +4,10 @@ Widgets read its plain fields (snapshots: devices, the placement being edited, b
 and call its methods (intents: move these experts there, undo, start a run); it answers with signals. Engine
 objects live on the engine thread only (`_EngineSide`), touched by tasks submitted to the EngineWorker; what
 a task learns comes back as plain data and is stored here on the GUI thread.
+
+What it stores is held by the Qt-free models of app/models (the placement edits, the devices, the run session, the
+routing map, the calibrations); the state queues the engine's work for them and turns their events into its
+signals, so the widgets listen to one object.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from engine.core.errors import EngineError
 from engine.core.model import WEIGHTS_MODES, DeviceInfo, Engine, Model
 from engine.placement import strategy
 from engine.placement.costmodel import Calibration, ModelShape, predict_tokens_per_second
-from engine.placement.placement import ExpertRoom, Placement, format_bytes, model_bytes
+from engine.placement.placement import Placement, format_bytes, model_bytes
 from engine.placement.routing import RoutingStats, profile
 from engine.profiles.devices import differences, engine_for_profile
 from engine.profiles.history import RunRecord, RunSettings, now
@@ -186,6 +190,16 @@ class WorkbenchState(QObject):
     load_errors = _held("hardware", "load_errors", "The runtimes the engine could not load: runtime -> why")
     device_names = _held("hardware", "names", "The engine's devices' names")
     capacity = _held("hardware", "capacity", "Bytes of experts each device can hold for this model (free + held)")
+    rooms = _held("edits", "rooms", "engine.placement.placement's ExpertRoom per device: free, held, reserve")
+    saved_placement = _held("edits", "saved", "The placement as the profile file has it (dirty: the edited one "
+                            "differs)", settable=True)  # fmt: skip
+    used_bytes = _held("edits", "used_bytes", "Expert bytes on each device under the edited placement")
+    preview = _held("edits", "preview", "Expert bytes on each device under the move a drag hovers (None: no hover)")
+    preview_device = _held("edits", "preview_device", "The device a drag hovers")
+    preview_ok = _held("edits", "preview_ok", "Whether the hovered move fits")
+    undo_text = _held("edits", "undo_text", "The label of the edit undo undoes")
+    redo_text = _held("edits", "redo_text", "The label of the edit redo redoes")
+    dirty = _held("edits", "dirty", "Whether the edited placement differs from the saved one")
     running = _held("session", "running", "Whether a run decodes", settable=True)
     live = _held("session", "live", "What the live plots and the timeline read while a run decodes (app.live)")
     trace_runs = _held("session", "trace_runs", "Whether runs record the per-token trace (engine.core.trace; the "
@@ -195,6 +209,11 @@ class WorkbenchState(QObject):
     history = _held("session", "history", "The loaded model's runs, oldest first (those of earlier sessions too)")
     keep_history = _held("session", "keep_history", "Whether runs are kept across restarts (a model with a "
                          "fingerprint only)", settable=True)  # fmt: skip
+    routing = _held("routing_map", "counts", "Hits [layers, experts] the map shows (None: none yet)")
+    routing_stats = _held("routing_map", "stats", "The routing statistics (RoutingStats; None: none yet)")
+    routing_tokens = _held("routing_map", "tokens", "Tokens per MoE layer the statistics count")
+    routing_origin = _held("routing_map", "origin", "Where they come from (app.models.routing.ORIGINS)")
+    routing_runs = _held("routing_map", "runs", "Which runs of the history they count (first, last), when they do")
     calibration = _held("calibrations", "figures", "The cost model's figures for the loaded model and devices (None "
                         "until measured)")  # fmt: skip
     calibrating = _held("calibrations", "measuring", "Whether the devices are being measured")
@@ -343,38 +362,6 @@ class WorkbenchState(QObject):
     def placement(self, placement: Placement | None) -> None:
         self.edits.set(placement)
 
-    @property
-    def saved_placement(self) -> Placement | None:
-        """The placement as the profile file has it: `dirty` when the edited one differs."""
-        return self.edits.saved
-
-    @saved_placement.setter
-    def saved_placement(self, placement: Placement | None) -> None:
-        self.edits.saved = placement
-
-    @property
-    def rooms(self) -> dict[str, ExpertRoom]:
-        """engine.placement.placement's room per device: free, held, reserve."""
-        return self.edits.rooms
-
-    @property
-    def used_bytes(self) -> dict[str, int]:
-        """Expert bytes on each device under the edited placement."""
-        return self.edits.used_bytes
-
-    @property
-    def preview(self) -> dict[str, int] | None:
-        """Expert bytes on each device under the move a drag hovers (None: no hover)."""
-        return self.edits.preview
-
-    @property
-    def preview_device(self) -> str | None:
-        return self.edits.preview_device
-
-    @property
-    def preview_ok(self) -> bool:
-        return self.edits.preview_ok
-
     def bytes_on(self, placement: Placement | None) -> dict[str, int]:
         """Expert bytes each device holds under a placement (the engine's figures: engine.placement.strategy)."""
         return self.edits.bytes_on(placement)
@@ -424,23 +411,11 @@ class WorkbenchState(QObject):
         self.sigDirtyChanged.emit(self.dirty)
         self._request_apply()
 
-    @property
-    def undo_text(self) -> str:
-        return self.edits.undo_text
-
-    @property
-    def redo_text(self) -> str:
-        return self.edits.redo_text
-
     def undo(self) -> None:
         self.edits.undo()
 
     def redo(self) -> None:
         self.edits.redo()
-
-    @property
-    def dirty(self) -> bool:
-        return self.edits.dirty
 
     # ---- applying ----------------------------------------------------------------------------------------
 
@@ -713,30 +688,6 @@ class WorkbenchState(QObject):
         self.session.open(self.model.fingerprint if self.model is not None else None)
 
     # ---- routing -----------------------------------------------------------------------------------------
-
-    @property
-    def routing(self) -> np.ndarray | None:
-        """Hits [layers, experts] the map shows (None: none yet)."""
-        return self.routing_map.counts
-
-    @property
-    def routing_stats(self) -> RoutingStats | None:
-        return self.routing_map.stats
-
-    @property
-    def routing_tokens(self) -> int:
-        """Tokens per MoE layer the statistics count."""
-        return self.routing_map.tokens
-
-    @property
-    def routing_origin(self) -> str | None:
-        """Where they come from (app.models.routing.ORIGINS)."""
-        return self.routing_map.origin
-
-    @property
-    def routing_runs(self) -> tuple[int, int] | None:
-        """Which runs of the history they count (first, last), when they count runs."""
-        return self.routing_map.runs
 
     def _routing_shape(self) -> tuple[int, int] | None:
         cfg = self.model.config if self.model else None
