@@ -4,12 +4,15 @@ Widgets read its plain fields (snapshots: devices, the placement being edited, b
 and call its methods (intents: move these experts there, undo, start a run); it answers with signals. Engine
 objects live on the engine thread only (`_EngineSide`), touched by tasks submitted to the EngineWorker; what
 a task learns comes back as plain data and is stored here on the GUI thread.
+
+What it stores is held by the Qt-free models of app/models (the placement edits, the devices, the run session, the
+routing map, the calibrations); the state queues the engine's work for them and turns their events into its
+signals, so the widgets listen to one object.
 """
 
 from __future__ import annotations
 
 import gc
-import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,22 +26,24 @@ from engine.checkpoints.demo import check_format, is_synthetic
 from engine.core.devices import DeviceSettings
 from engine.core.errors import EngineError
 from engine.core.model import WEIGHTS_MODES, DeviceInfo, Engine, Model
-from engine.core.trace import Span, write_chrome_trace
 from engine.placement import strategy
-from engine.placement.costmodel import Calibration, ModelShape, calibrate, predict_tokens_per_second
-from engine.placement.placement import ExpertRoom, Placement, expert_rooms, format_bytes, model_bytes
+from engine.placement.costmodel import Calibration, ModelShape, predict_tokens_per_second
+from engine.placement.placement import Placement, format_bytes, model_bytes
 from engine.placement.routing import RoutingStats, profile
 from engine.profiles.devices import differences, engine_for_profile
-from engine.profiles.history import History, RunRecord, RunSettings, diagnose_change, history_file, now, record_key
+from engine.profiles.history import RunRecord, RunSettings, now
 from engine.profiles.profile import Profile, fingerprint, load
 from engine.runs.quality import is_fast, quality_cost
 from engine.runs.run import DecodeRun, RunResult
-from engine.session import open_pair
+from engine.session import calibrate_devices, judge_run, open_pair
 
 from . import profiles
-from .live import LiveBuffer
-from .models.placement import PlacementEdits, Refusal
+from .models.calibration import Calibrations
+from .models.devices import Devices
+from .models.events import Note, Refusal
+from .models.placement import PlacementEdits
 from .models.routing import RoutingMap
+from .models.run_session import RunSession, RunTrace
 from .worker import EngineWorker
 
 
@@ -54,12 +59,6 @@ PROFILE_TOKENS = 32  # greedy tokens generated after each prompt when profiling 
 def profile_routing(model: Model, prompts: list[str]) -> RoutingStats:
     """engine.placement.routing's profiling pass over text prompts (runs on the engine thread)."""
     return profile(model, [model.encode(p) for p in prompts], tokens_per_prompt=PROFILE_TOKENS)
-
-
-def calibrate_devices(model: Model, devices: list[str]) -> Calibration:
-    """engine.placement.costmodel's measurement of every device (runs on the engine thread: a few short decodes with
-    every expert on each device in turn; the placement is restored after)."""
-    return calibrate(model, devices)
 
 
 @dataclass
@@ -85,21 +84,6 @@ class ModelSnapshot:
     weights: str = "map"  # how the engine holds the target's files (engine.core.model.WEIGHTS_MODES, never "auto")
     file_bytes: int = 0  # the target's files
     huge_page_bytes: int = 0  # of a copy, what the kernel put on huge pages
-
-
-@dataclass(frozen=True)
-class RunTrace:
-    """A traced run's spans (engine.core.trace) and what the Chrome trace's metadata says of the run."""
-
-    run: int  # the run's index in the history
-    spans: list[Span]
-    metadata: dict
-    lost: int = 0  # spans the core had no room for
-    dropped: int = 0  # the oldest steps' spans, not kept (engine.runs.run.TRACE_KEPT_SPANS)
-
-    def write(self, path) -> Path:
-        """The Chrome trace event JSON (engine.core.trace.write_chrome_trace; ArgumentError naming the file)."""
-        return write_chrome_trace(path, self.spans, metadata=self.metadata)
 
 
 @dataclass(frozen=True)
@@ -168,9 +152,21 @@ def _fingerprint(model: Model) -> str | None:
         return None
 
 
+def _held(model: str, name: str, doc: str, settable: bool = False) -> property:
+    """A field of one of the state's models (app/models), read (and set, where settable) as the state's own."""
+
+    def get(self):
+        return getattr(getattr(self, model), name)
+
+    def put(self, value):
+        setattr(getattr(self, model), name, value)
+
+    return property(get, put if settable else None, doc=doc)
+
+
 class WorkbenchState(QObject):
-    sigEngineChanged = Signal()  # devices, load errors (runtimes that did not load)
-    sigDevicesChanged = Signal()  # memory snapshot refreshed
+    sigEngineChanged = Signal()  # devices, load errors (runtimes that did not load): Devices' "engine"
+    sigDevicesChanged = Signal()  # memory snapshot refreshed: Devices' "memory"
     sigModelChanged = Signal()  # a target (and draft) loaded
     sigPlacementChanged = Signal()  # the placement being edited changed
     sigPreviewChanged = Signal()  # a drag hovers over a device: bytes it would give
@@ -183,11 +179,44 @@ class WorkbenchState(QObject):
     sigRefused = Signal(str, str)  # an edit refused: its reason (app.models.placement.Refusal) and text
     sigError = Signal(str, str)  # title, text: an engine call failed; the window shows a dialog
     sigBusyChanged = Signal(str)  # what the engine thread is doing, "" when idle
-    sigRunStarted = Signal()
-    sigRunFinished = Signal(object)  # RunRecord
-    sigHistoryChanged = Signal()
+    sigRunStarted = Signal()  # RunSession's "started"
+    sigRunFinished = Signal(object)  # RunRecord (None: the run failed): RunSession's "finished"
+    sigHistoryChanged = Signal()  # RunSession's "history"
     sigRoutingChanged = Signal()
-    sigCalibrationChanged = Signal()  # measuring started or ended; the cost model's figures changed
+    sigCalibrationChanged = Signal()  # measuring started or ended; the cost model's figures changed: Calibrations'
+
+    # What the models hold, read as the state's own fields (the panels read these)
+    devices = _held("hardware", "devices", "The engine's devices (DeviceInfo), as it listed them last")
+    load_errors = _held("hardware", "load_errors", "The runtimes the engine could not load: runtime -> why")
+    device_names = _held("hardware", "names", "The engine's devices' names")
+    capacity = _held("hardware", "capacity", "Bytes of experts each device can hold for this model (free + held)")
+    rooms = _held("edits", "rooms", "engine.placement.placement's ExpertRoom per device: free, held, reserve")
+    saved_placement = _held("edits", "saved", "The placement as the profile file has it (dirty: the edited one "
+                            "differs)", settable=True)  # fmt: skip
+    used_bytes = _held("edits", "used_bytes", "Expert bytes on each device under the edited placement")
+    preview = _held("edits", "preview", "Expert bytes on each device under the move a drag hovers (None: no hover)")
+    preview_device = _held("edits", "preview_device", "The device a drag hovers")
+    preview_ok = _held("edits", "preview_ok", "Whether the hovered move fits")
+    undo_text = _held("edits", "undo_text", "The label of the edit undo undoes")
+    redo_text = _held("edits", "redo_text", "The label of the edit redo redoes")
+    dirty = _held("edits", "dirty", "Whether the edited placement differs from the saved one")
+    running = _held("session", "running", "Whether a run decodes", settable=True)
+    live = _held("session", "live", "What the live plots and the timeline read while a run decodes (app.live)")
+    trace_runs = _held("session", "trace_runs", "Whether runs record the per-token trace (engine.core.trace; the "
+                       "timeline turns it on while it is open)", settable=True)  # fmt: skip
+    last_trace = _held("session", "last_trace", "The last run's RunTrace, when it was traced")
+    runs = _held("session", "runs", "The loaded model's runs (engine.profiles.history.History)")
+    history = _held("session", "history", "The loaded model's runs, oldest first (those of earlier sessions too)")
+    keep_history = _held("session", "keep_history", "Whether runs are kept across restarts (a model with a "
+                         "fingerprint only)", settable=True)  # fmt: skip
+    routing = _held("routing_map", "counts", "Hits [layers, experts] the map shows (None: none yet)")
+    routing_stats = _held("routing_map", "stats", "The routing statistics (RoutingStats; None: none yet)")
+    routing_tokens = _held("routing_map", "tokens", "Tokens per MoE layer the statistics count")
+    routing_origin = _held("routing_map", "origin", "Where they come from (app.models.routing.ORIGINS)")
+    routing_runs = _held("routing_map", "runs", "Which runs of the history they count (first, last), when they do")
+    calibration = _held("calibrations", "figures", "The cost model's figures for the loaded model and devices (None "
+                        "until measured)")  # fmt: skip
+    calibrating = _held("calibrations", "measuring", "Whether the devices are being measured")
 
     def __init__(self, parent: QObject | None = None):
         super().__init__(parent)
@@ -197,40 +226,36 @@ class WorkbenchState(QObject):
         self._side = _EngineSide()
         self._run_lock = threading.Lock()
         self._stop = threading.Event()
-        # snapshots
-        self.load_errors: dict[str, str] = {}
-        self.devices: list[DeviceInfo] = []
+        # snapshots: the engine's devices, their memory and rooms (Qt-free: app/models), the loaded pair
+        self.hardware = Devices()
+        self.hardware.on("engine", self.sigEngineChanged.emit)
+        self.hardware.on("memory", self._memory_refreshed)
         self.model: ModelSnapshot | None = None
         # the placement as edited, with undo, the drag's preview and the bytes per device (Qt-free: app/models)
         self.edits = PlacementEdits()
         self.edits.on("changed", self._placement_edited)
         self.edits.on("preview", self.sigPreviewChanged.emit)
         self.applied: Placement | None = None  # as the engine has it
-        self.capacity: dict[str, int] = {}  # bytes of experts each device can hold for this model (free + held)
         self._applies = 0  # apply tasks queued and not yet finished
         self._wanted: Placement | None = None
         self.profile_path: Path | None = None  # the profile file the placement was opened from or saved to
         self.profile: Profile | None = None  # that profile (what a save keeps from it: app.profiles)
         self.weights = "auto"  # how the next model opened is to be held (engine.core.model.WEIGHTS_MODES)
-        self.running = False
-        self.live = LiveBuffer()
-        # Whether runs record the per-token trace (engine.core.trace; the window's timeline turns it on while it is
-        # open), and the last run's trace when it was traced
-        self.trace_runs = False
-        self.last_trace: RunTrace | None = None
-        # the loaded model's runs (engine.profiles.history: references, kept in the user's data folder)
-        self.runs = History()
-        self.keep_history = True  # whether runs are kept across restarts (a model with a fingerprint only)
+        # the runs: running, the live buffer, the trace, the loaded model's history (Qt-free: app/models)
+        self.session = RunSession()
+        self.session.on("started", self.sigRunStarted.emit)
+        self.session.on("finished", self.sigRunFinished.emit)
+        self.session.on("history", self.sigHistoryChanged.emit)
+        self.session.on("note", self._noted)
         # the routing statistics the map shows, and what the engine's counters hold (Qt-free: app/models)
         self.routing_map = RoutingMap()
         self.routing_map.on_change(self.sigRoutingChanged.emit)
         # (model, prompts) -> RoutingStats or a hits array; replaceable (tests inject their own)
         self.routing_provider: Callable[[Model, list[str]], RoutingStats | np.ndarray] = profile_routing
         # the cost model's figures for the loaded model and devices (None until measured), and every set measured
-        self.calibration: Calibration | None = None
-        self.calibrating = False
-        self._calibrations: dict[tuple, Calibration] = {}
-        self._after_calibration: list[Callable[[], None]] = []
+        # (Qt-free: app/models)
+        self.calibrations = Calibrations()
+        self.calibrations.on("changed", self.sigCalibrationChanged.emit)
         # (model, device names) -> Calibration on the engine thread; replaceable (tests inject fixed figures)
         self.calibration_provider: Callable[[Model, list[str]], Calibration] = calibrate_devices
 
@@ -239,9 +264,8 @@ class WorkbenchState(QObject):
     def _fail(self, title: str, exc: BaseException) -> None:
         self.sigError.emit(title, str(exc) or type(exc).__name__)
 
-    @property
-    def device_names(self) -> list[str]:
-        return [d.name for d in self.devices]
+    def _noted(self, note: Note) -> None:
+        self.sigMessage.emit(note.text)
 
     @property
     def busy(self) -> bool:
@@ -259,10 +283,9 @@ class WorkbenchState(QObject):
             return side.engine.devices, dict(side.engine.load_errors)
 
         def done(result):
-            self.devices, self.load_errors = result
             self.model = self.applied = None
             self.edits.reset(None)
-            self.sigEngineChanged.emit()
+            self.hardware.opened(*result)  # sigEngineChanged
             self.sigModelChanged.emit()
             self.sigPlacementChanged.emit()
 
@@ -306,14 +329,11 @@ class WorkbenchState(QObject):
         self.applied = snapshot.placement.copy()
         self._wanted = snapshot.placement.copy()
         self.profile_path = self.profile = None
-        if not self.running:  # the live plots and the timeline show the previous model's last run no more
-            self.live.reset(0)
-            self.last_trace = None
         self.routing_map.clear()  # the previous model's routing no more; a model's counters start at zero
         self._set_devices(snapshot.devices)
+        # its runs (sigHistoryChanged); the live plots and the timeline show the previous model's last run no more
         self._load_history()
-        self.calibration = self._calibrations.get(self.calibration_key())
-        self._after_calibration.clear()
+        self.calibrations.select(self.calibration_key())
         self.sigModelChanged.emit()
         self.sigPlacementChanged.emit()
         self.sigUndoChanged.emit()
@@ -323,11 +343,12 @@ class WorkbenchState(QObject):
         self.sigCalibrationChanged.emit()
 
     def _set_devices(self, devices: list[DeviceInfo]) -> None:
-        self.devices = devices
+        """A memory snapshot: the rooms follow from the expert bytes the applied placement holds on each device."""
         names = [d.name for d in devices]
-        rooms = expert_rooms(devices, self.edits.bytes_on(self.applied, names) if self.applied is not None else {})
-        self.edits.set_rooms(names, rooms)
-        self.capacity = {name: room.capacity for name, room in rooms.items()}
+        self.hardware.refresh(devices, self.edits.bytes_on(self.applied, names) if self.applied is not None else {})
+
+    def _memory_refreshed(self) -> None:
+        self.edits.set_rooms(self.hardware.names, self.hardware.rooms)
         self.sigDevicesChanged.emit()
 
     # ---- bytes -------------------------------------------------------------------------------------------
@@ -340,38 +361,6 @@ class WorkbenchState(QObject):
     @placement.setter
     def placement(self, placement: Placement | None) -> None:
         self.edits.set(placement)
-
-    @property
-    def saved_placement(self) -> Placement | None:
-        """The placement as the profile file has it: `dirty` when the edited one differs."""
-        return self.edits.saved
-
-    @saved_placement.setter
-    def saved_placement(self, placement: Placement | None) -> None:
-        self.edits.saved = placement
-
-    @property
-    def rooms(self) -> dict[str, ExpertRoom]:
-        """engine.placement.placement's room per device: free, held, reserve."""
-        return self.edits.rooms
-
-    @property
-    def used_bytes(self) -> dict[str, int]:
-        """Expert bytes on each device under the edited placement."""
-        return self.edits.used_bytes
-
-    @property
-    def preview(self) -> dict[str, int] | None:
-        """Expert bytes on each device under the move a drag hovers (None: no hover)."""
-        return self.edits.preview
-
-    @property
-    def preview_device(self) -> str | None:
-        return self.edits.preview_device
-
-    @property
-    def preview_ok(self) -> bool:
-        return self.edits.preview_ok
 
     def bytes_on(self, placement: Placement | None) -> dict[str, int]:
         """Expert bytes each device holds under a placement (the engine's figures: engine.placement.strategy)."""
@@ -422,23 +411,11 @@ class WorkbenchState(QObject):
         self.sigDirtyChanged.emit(self.dirty)
         self._request_apply()
 
-    @property
-    def undo_text(self) -> str:
-        return self.edits.undo_text
-
-    @property
-    def redo_text(self) -> str:
-        return self.edits.redo_text
-
     def undo(self) -> None:
         self.edits.undo()
 
     def redo(self) -> None:
         self.edits.redo()
-
-    @property
-    def dirty(self) -> bool:
-        return self.edits.dirty
 
     # ---- applying ----------------------------------------------------------------------------------------
 
@@ -573,8 +550,8 @@ class WorkbenchState(QObject):
             return engine.devices, dict(engine.load_errors), snapshot
 
         def done(result):
-            self.devices, self.load_errors, snapshot = result
-            self.sigEngineChanged.emit()
+            devices, load_errors, snapshot = result
+            self.hardware.opened(devices, load_errors)  # sigEngineChanged
             self._models_loaded(snapshot)
             self.sigMessage.emit(f"Opened the devices {path.name} asks for ({'; '.join(lacking)})")
             self._apply_profile(profile, path, placement, routing)
@@ -621,22 +598,17 @@ class WorkbenchState(QObject):
 
     def start_run(self, settings: RunSettings) -> bool:
         """Start a decode run on the engine thread (after any pending placement); False if one is running."""
-        if self.running or self.model is None:
-            return False
-        self.running = True
-        self._stop.clear()
-        self.live.reset(settings.total_tokens)
         side, stop, lock = self._side, self._stop, self._run_lock
         use_draft = settings.use_draft and self.has_draft
         started = now()
         predicted = self.predicted_tokens_per_second()  # the edited placement is the one the run decodes with
-        m, runs, trace = self.model, self.runs, self.trace_runs
+        m, runs, trace, live = self.model, self.runs, self.trace_runs, self.live
 
         def task():
             run = DecodeRun(side.target, side.draft if use_draft else None, prompts=list(settings.prompts),
                             tokens_per_prompt=settings.tokens, repeats=settings.repeats, q=settings.q,
                             mode=settings.mode, precision=settings.precision,
-                            on_event=self.live.append, trace=trace)  # fmt: skip
+                            on_event=live.append, trace=trace)  # fmt: skip
             with lock:
                 side.run = run
             if stop.is_set():
@@ -647,10 +619,9 @@ class WorkbenchState(QObject):
                 with lock:
                     side.run = None
             # Why the output changed, if it did, while the model is at hand (the reference's logits re-computed where
-            # its settings are the model's now)
-            probe = RunRecord.of_run(result, settings, m.target_path, m.draft_path, fingerprint=m.fingerprint)
-            ref = runs.reference(record_key(probe))
-            diagnosis = None if ref is None else diagnose_change(ref, result, side.target, run.prompt_ids)
+            # its settings are the model's now): engine.session's judgement, as `expertbench run` reports it
+            judged = judge_run(runs, result, settings.prompts, m.fingerprint or m.target_path, side.target,
+                               run.prompt_ids)  # fmt: skip
             # The core counts every routed pair while decoding (since load or the last profiling pass); the quality
             # measurement below is not counted.
             routing = RoutingStats.from_model(side.target)
@@ -658,35 +629,36 @@ class WorkbenchState(QObject):
             if is_fast(settings.mode, settings.precision) and not result.cancelled and not stop.is_set():
                 cost = quality_cost(side.target, prompts=list(settings.prompts), tokens=settings.tokens,
                                     mode=settings.mode, precision=settings.precision, fast_result=result)  # fmt: skip
-            return result, routing, diagnosis, cost, (run.spans if trace else None)
+            return result, routing, judged.diagnosis, cost, (run.spans if trace else None)
 
         def done(result):
-            self.running = False
             gc.unfreeze()
             result, routing, diagnosis, cost, spans = result
-            self.last_trace = None
+            run_trace = None
             if spans is not None:
                 meta = {"run": self.runs.next_index, "target": m.target_path, "draft": m.draft_path if use_draft
                         else None, "target_device": m.primary, "mode": settings.mode, "precision": settings.precision,
                         "placement": result.placement, "q": settings.q if use_draft else None}  # fmt: skip
                 meta.update(trace_lost=result.trace_lost, trace_dropped=result.trace_dropped)
-                self.last_trace = RunTrace(meta["run"], spans, meta, result.trace_lost, result.trace_dropped)
-            record = self._record(result, settings, started, predicted, diagnosis, cost)
+                run_trace = RunTrace(meta["run"], spans, meta, result.trace_lost, result.trace_dropped)
+            record = self._record(result, settings, started, predicted, diagnosis, cost, run_trace)
             self._after_run(record.index, routing)
 
         def failed(exc):
-            self.running = False
             gc.unfreeze()
-            self.sigRunFinished.emit(None)
+            self.session.failed()  # sigRunFinished(None)
             self._fail("The run failed", exc)
 
-        # While the run decodes, the collector's full passes walk only what the run makes: a pass over every object of
-        # the window (100 000 and more) holds the GIL for 50-100 ms, and the GUI thread would stall that long. Frozen
-        # here, after everything above that may raise; done or failed thaws them.
-        gc.freeze()
-        self.worker.submit(task, done, failed, "decoding")
-        self.sigRunStarted.emit()
-        return True
+        def launch():
+            # While the run decodes, the collector's full passes walk only what the run makes: a pass over every
+            # object of the window (100 000 and more) holds the GIL for 50-100 ms, and the GUI thread would stall that
+            # long. Frozen here, after everything before it that may raise; done or failed thaws them.
+            stop.clear()
+            gc.freeze()
+            self.worker.submit(task, done, failed, "decoding")
+
+        # refused (app.models.run_session.REFUSALS) while a run is under way or with no model; sigRunStarted
+        return self.session.start(settings.total_tokens, self.model is not None, launch) is None
 
     def stop_run(self) -> None:
         """Cancel the run at its next step (thread-safe: no engine call here)."""
@@ -696,74 +668,26 @@ class WorkbenchState(QObject):
                 self._side.run.cancel()
 
     def _record(self, result: RunResult, settings: RunSettings, started: str, predicted: float | None,
-                diagnosis=None, cost=None) -> RunRecord:  # fmt: skip
+                diagnosis=None, cost=None, trace: RunTrace | None = None) -> RunRecord:  # fmt: skip
         """The run in the history, with why its output changed (a Diagnosis) and its fast mode's quality cost (a
-        QualityCost) where there are."""
+        QualityCost) where there are (app.models.run_session.RunSession.finish: sigHistoryChanged, sigRunFinished,
+        the notes in the status bar)."""
         m = self.model
         record = RunRecord.of_run(result, settings, m.target_path, m.draft_path, started, predicted, m.fingerprint)
         record.diagnosis = None if diagnosis is None else diagnosis.to_dict()
         record.quality = None if cost is None else cost.to_dict()
-        try:
-            self.runs.add(record)
-        except EngineError as exc:  # the run is in the history; only the file did not take it
-            self.sigMessage.emit(f"The run history is not kept: {exc}")
-        self.sigHistoryChanged.emit()
-        self.sigRunFinished.emit(record)
-        rate = record.decode_tokens_per_second
-        note = "cancelled" if record.cancelled else (f"{rate:.1f} tokens/s" if math.isfinite(rate) else "done")
-        self.sigMessage.emit(f"Run {record.index}: {note}")
+        self.session.finish(record, trace)
         return record
-
-    @property
-    def history(self) -> list[RunRecord]:
-        """The loaded model's runs, oldest first (those of earlier sessions too)."""
-        return self.runs.records
 
     def clear_history(self) -> None:
         """Forget the loaded model's runs, in the user's data folder too."""
-        try:
-            self.runs.clear()
-        except EngineError as exc:
-            self.sigMessage.emit(f"The run history file stays: {exc}")
-        self.sigHistoryChanged.emit()
+        self.session.clear_history()
 
     def _load_history(self) -> None:
         """The loaded model's runs kept from earlier sessions (engine.profiles.history); a damaged one is skipped."""
-        fp = self.model.fingerprint if self.model is not None else None
-        if not self.keep_history or fp is None:
-            self.runs = History()
-        else:
-            self.runs = History.load(history_file(fp))
-            if self.runs.problems:
-                more = f" (and {len(self.runs.problems) - 1} more)" if len(self.runs.problems) > 1 else ""
-                self.sigMessage.emit(f"The run history was damaged; skipped {self.runs.problems[0]}{more}")
-        self.sigHistoryChanged.emit()
+        self.session.open(self.model.fingerprint if self.model is not None else None)
 
     # ---- routing -----------------------------------------------------------------------------------------
-
-    @property
-    def routing(self) -> np.ndarray | None:
-        """Hits [layers, experts] the map shows (None: none yet)."""
-        return self.routing_map.counts
-
-    @property
-    def routing_stats(self) -> RoutingStats | None:
-        return self.routing_map.stats
-
-    @property
-    def routing_tokens(self) -> int:
-        """Tokens per MoE layer the statistics count."""
-        return self.routing_map.tokens
-
-    @property
-    def routing_origin(self) -> str | None:
-        """Where they come from (app.models.routing.ORIGINS)."""
-        return self.routing_map.origin
-
-    @property
-    def routing_runs(self) -> tuple[int, int] | None:
-        """Which runs of the history they count (first, last), when they count runs."""
-        return self.routing_map.runs
 
     def _routing_shape(self) -> tuple[int, int] | None:
         cfg = self.model.config if self.model else None
@@ -830,43 +754,22 @@ class WorkbenchState(QObject):
         """Have the cost model's figures for this model and these devices: measured once on the engine thread
         (sigCalibrationChanged when it starts and ends), then kept. `then` runs once they are there (at once
         when they already are); False when there is no model."""
-        key = self.calibration_key()
-        if key is None:
-            return False
-        if self.calibration is not None:
-            if then is not None:
-                then()
-            return True
-        if then is not None:
-            self._after_calibration.append(then)
-        if self.calibrating:
-            return True
-        self.calibrating = True
+        return self.calibrations.ensure(self.calibration_key(), then, self._measure) is None
+
+    def _measure(self, key: tuple) -> None:
+        """Queue the measurement of the devices for the model loaded now (its calibration key: key)."""
         provider, side, devices = self.calibration_provider, self._side, list(self.device_names)
 
         def done(calibration: Calibration):
-            self._calibrations[key] = calibration
-            self.calibrating = False
-            if key != self.calibration_key():  # another model was loaded meanwhile: measure that one if asked
-                if not (self._after_calibration and self.calibrate()):
-                    self.sigCalibrationChanged.emit()
-                return
-            self.calibration = calibration
-            waiting, self._after_calibration = self._after_calibration, []
-            self.sigCalibrationChanged.emit()
-            for fn in waiting:
-                fn()
+            # another model may have been loaded meanwhile: the figures are kept for key, that one's measured if asked
+            self.calibrations.measured(key, calibration, self.calibration_key())
 
         def failed(exc):
-            self.calibrating = False
-            self._after_calibration.clear()
-            self.sigCalibrationChanged.emit()
+            self.calibrations.failed()
             self._fail("The devices could not be measured", exc)
 
         label = "measuring the devices for the cost model" + (" (after the run)" if self.running else "")
         self.worker.submit(lambda: provider(side.target, devices), done, failed, label)
-        self.sigCalibrationChanged.emit()
-        return True
 
     def predicted_tokens_per_second(self, placement: Placement | None = None) -> float | None:
         """The cost model's decode tokens/s for a placement (the edited one by default), weighted by the

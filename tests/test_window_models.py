@@ -99,7 +99,9 @@ def test_an_unknown_event_is_named():
 
 def test_the_models_import_no_qt():
     qt = "('PySide6', 'pyqtgraph')"
-    code = f"import sys, app.models.placement; print(sorted(m for m in sys.modules if m.startswith({qt})))"
+    models = "app.models.placement, app.models.routing, app.models.devices, app.models.run_session, " \
+             "app.models.calibration"  # fmt: skip
+    code = f"import sys, {models}; print(sorted(m for m in sys.modules if m.startswith({qt})))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -130,3 +132,220 @@ def test_routing_statistics_of_another_shape_or_origin_are_refused_and_runs_are_
     assert routing.runs == (7, 8) and routing.counted_runs == (9, 9)
     routing.clear()
     assert routing.counts is None and routing.counted_runs is None and len(heard) == 3
+
+
+# ---- the devices ----------------------------------------------------------------------------------------------
+
+
+def device(index: int, name: str, kind: str, free: int):
+    from engine.core.model import DeviceInfo
+
+    return DeviceInfo(index, name, kind, name, 4 * free, free, 1)
+
+
+def test_a_new_engine_replaces_the_devices_and_a_snapshot_gives_each_its_room():
+    from app.models.devices import Devices
+
+    devices, heard = Devices(), []
+    devices.on("engine", lambda: heard.append(("engine", devices.names, dict(devices.load_errors))))
+    devices.on("memory", lambda: heard.append(("memory", dict(devices.capacity))))
+    cpu, sim = device(0, "cpu:0", "cpu", 1 << 30), device(1, "hostsim:0", "hostsim", 600)
+    devices.opened([cpu, sim], {"cuda": "libcudart.so: cannot open"})
+    assert heard == [("engine", ["cpu:0", "hostsim:0"], {"cuda": "libcudart.so: cannot open"})]
+    assert devices.rooms == {} and devices.capacity == {}  # no snapshot yet
+    devices.refresh([cpu, sim], {"hostsim:0": 200})  # the loaded model's experts hold 200 bytes there
+    room = devices.rooms["hostsim:0"]
+    assert (room.free, room.held, room.capacity) == (600, 200, 800) and devices.rooms["cpu:0"].unlimited
+    assert heard[-1] == ("memory", {"cpu:0": 1 << 30, "hostsim:0": 800})
+    devices.opened([cpu], {})  # another engine: its devices and errors alone
+    assert devices.names == ["cpu:0"] and devices.load_errors == {} and len(heard) == 3
+    with pytest.raises(ValueError, match="event 'changed': expected one of engine, memory"):
+        devices.on("changed", print)
+
+
+# ---- the run session ------------------------------------------------------------------------------------------
+
+
+def run_record(output_hash: str = "ab" * 32, cancelled: bool = False, rate: float = 12.5, fingerprint=None):
+    from engine.profiles.history import RunRecord, RunSettings
+
+    return RunRecord(index=0, started="2026-12-02T10:00:00", target="target", draft=None, placement="*=cpu:0",
+                     mode="reference", precision="f32", q=None, tokens=8, repeats=1, prompts=1,
+                     decode_tokens_per_second=rate, prefill_tokens_per_second=rate, accept_rate=None,
+                     output_hash=output_hash, reference_hash="", cancelled=cancelled, seconds=1.0,
+                     settings=RunSettings(["Hello"], tokens=8), target_path="/models/target", primary="cpu:0",
+                     fingerprint=fingerprint)  # fmt: skip
+
+
+@pytest.fixture
+def session():
+    from app.models.run_session import RunSession
+
+    s = RunSession()
+    s.heard = []
+    s.on("started", lambda: s.heard.append("started"))
+    s.on("finished", lambda record: s.heard.append(("finished", None if record is None else record.index)))
+    s.on("history", lambda: s.heard.append("history"))
+    s.on("note", lambda note: s.heard.append((note.reason, note.text)))
+    return s
+
+
+def test_a_run_starts_once_is_kept_in_the_history_and_tells_its_listeners(session):
+    from app.models.events import Refusal
+    from app.models.run_session import REFUSALS
+
+    launched = []
+    assert session.start(40, False, lambda: launched.append(1)) == Refusal("no-model", "Open a model first")
+    assert session.start(40, True, lambda: launched.append(1)) is None
+    assert session.running and launched == [1] and session.live.progress == (0, 40) and session.heard == ["started"]
+    again = session.start(40, True, lambda: launched.append(2))  # refused while one runs: nothing queued
+    assert again == Refusal("running", "A run is under way") and launched == [1] and again.reason in REFUSALS
+    session.finish(run_record(), trace=None)
+    assert not session.running and [r.index for r in session.history] == [1] and session.last_record.index == 1
+    assert session.history[0].is_reference
+    assert session.heard[1:] == ["history", ("finished", 1), ("run-ended", "Run 1: 12.5 tokens/s")]
+    session.start(40, True, lambda: None)
+    session.finish(run_record(cancelled=True, output_hash=""))
+    assert session.history[1].stable is None and session.heard[-1] == ("run-ended", "Run 2: cancelled")
+    session.start(40, True, lambda: None)
+    session.failed()
+    assert not session.running and session.heard[-1] == ("finished", None) and len(session.history) == 2
+
+
+def test_a_history_the_file_does_not_take_keeps_the_run_with_a_note(session, tmp_path):
+    from engine.profiles.history import History
+
+    (tmp_path / "history").write_text("")
+    session.runs = History(tmp_path / "history" / "runs.jsonl")  # its folder is a file: not writable
+    session.start(8, True, lambda: None)
+    session.finish(run_record())
+    reason, text = session.heard[1]
+    assert reason == "not-kept" and text.startswith("The run history is not kept: cannot keep the run in")
+    assert [r.index for r in session.history] == [1] and session.heard[2:4] == ["history", ("finished", 1)]
+
+
+def test_another_model_opens_its_own_history_and_the_last_run_goes(session, xdg_data):
+    from app.models.run_session import RunTrace
+    from engine.profiles.history import History, history_file
+
+    fp = "sha256:" + "1" * 64
+    History(history_file(fp)).add(run_record(fingerprint=fp))  # a run of an earlier session
+    session.start(8, True, lambda: None)
+    session.finish(run_record(), RunTrace(1, [], {}))
+    assert session.last_trace is not None and session.last_record is not None
+    session.heard.clear()
+    session.open(fp)
+    assert [r.index for r in session.history] == [1] and session.history[0].fingerprint == fp
+    assert session.last_trace is None and session.last_record is None and session.live.progress == (0, 0)
+    assert session.heard == ["history"]
+    session.keep_history = False
+    session.open(fp)
+    assert session.history == []  # not kept across restarts: an empty history
+    history_file(fp).write_text("not json\n")
+    session.keep_history = True
+    session.open(fp)
+    reason, text = session.heard[-2]
+    assert reason == "damaged" and text.startswith(f"The run history was damaged; skipped {history_file(fp)}:1")
+    session.open(None)  # a model without a fingerprint: no history kept
+    assert session.history == [] and session.heard[-1] == "history"
+
+
+def test_a_model_opened_while_a_run_decodes_leaves_that_runs_live_curves(session):
+    session.start(8, True, lambda: None)
+    session.open(None)
+    assert session.running and session.live.progress == (0, 8)
+
+
+def test_clearing_the_history_forgets_its_runs(session, xdg_data):
+    from engine.profiles.history import history_file
+
+    fp = "sha256:" + "2" * 64
+    session.open(fp)
+    session.start(8, True, lambda: None)
+    session.finish(run_record(fingerprint=fp))
+    assert history_file(fp).exists()
+    session.clear_history()
+    assert session.history == [] and not history_file(fp).exists() and session.heard[-1] == "history"
+
+
+# ---- the calibrations -----------------------------------------------------------------------------------------
+
+
+class Measurements:
+    """A made-up engine thread: start(key) queues a measurement; the test ends it."""
+
+    def __init__(self):
+        self.queued = []
+
+    def __call__(self, key):
+        self.queued.append(key)
+
+
+def figures(bandwidth: float):
+    from engine.placement.costmodel import Calibration, DeviceRate
+
+    return Calibration("cpu:0", 1e-3, {"cpu:0": DeviceRate(bandwidth)})
+
+
+def test_figures_are_measured_once_kept_per_model_and_what_waits_runs_when_they_come():
+    from app.models.calibration import Calibrations
+    from app.models.events import Refusal
+
+    cal, heard, ran, start = Calibrations(), [], [], Measurements()
+    cal.on("changed", lambda: heard.append((cal.measuring, cal.figures)))
+    assert cal.ensure(None, None, start) == Refusal("no-model", "Open a model first") and start.queued == []
+    a, b = ("model a", "cpu:0", ("cpu:0",)), ("model b", "cpu:0", ("cpu:0",))
+    cal.select(a)
+    assert cal.ensure(a, lambda: ran.append("first"), start) is None
+    assert cal.ensure(a, lambda: ran.append("second"), start) is None  # measured once however often asked
+    assert start.queued == [a] and cal.measuring and heard == [(True, None)]
+    cal.measured(a, figures(1e9), current=a)
+    assert cal.figures.devices["cpu:0"].bandwidth == 1e9 and not cal.measuring and ran == ["first", "second"]
+    assert heard[-1] == (False, cal.figures)
+    cal.ensure(a, lambda: ran.append("at once"), start)
+    assert ran[-1] == "at once" and start.queued == [a]  # kept: not measured again
+    cal.select(b)  # another model: no figures yet
+    assert cal.figures is None
+    cal.select(a)  # the first again: its figures kept
+    assert cal.figures.devices["cpu:0"].bandwidth == 1e9
+
+
+def test_a_model_opened_while_measuring_is_measured_next_when_something_waits_for_it():
+    from app.models.calibration import Calibrations
+
+    cal, heard, ran, start = Calibrations(), [], [], Measurements()
+    cal.on("changed", lambda: heard.append(cal.measuring))
+    a, b = ("model a",), ("model b",)
+    cal.select(a)
+    cal.ensure(a, lambda: ran.append("a"), start)
+    cal.select(b)  # what waited for a's figures waits no more
+    cal.ensure(b, lambda: ran.append("b"), start)  # a's measurement is under way: b's waits for it
+    assert start.queued == [a]
+    cal.measured(a, figures(1e9), current=b)  # a's figures kept, b's measured next
+    assert start.queued == [a, b] and cal.figures is None and cal.measuring and cal.kept[a] is not None
+    cal.measured(b, figures(2e9), current=b)
+    assert ran == ["b"] and cal.figures.devices["cpu:0"].bandwidth == 2e9 and heard == [True, True, False]
+    c = ("model c",)
+    cal.select(c)
+    cal.ensure(c, None, start)
+    cal.select(a)  # nothing waits for a's figures, kept: c's measurement ends with "changed" alone
+    cal.measured(c, figures(3e9), current=a)
+    assert start.queued == [a, b, c] and not cal.measuring and heard[-1] is False and cal.figures is cal.kept[a]
+
+
+def test_a_failed_measurement_drops_what_waited_and_is_asked_again_later():
+    from app.models.calibration import Calibrations
+
+    cal, heard, ran, start = Calibrations(), [], [], Measurements()
+    cal.on("changed", lambda: heard.append(cal.measuring))
+    key = ("model",)
+    cal.select(key)
+    cal.ensure(key, lambda: ran.append(1), start)
+    cal.failed()
+    assert not cal.measuring and cal.waiting == [] and heard == [True, False] and ran == []
+    cal.ensure(key, lambda: ran.append(2), start)
+    assert start.queued == [key, key]
+    cal.measured(key, figures(3e9), current=key)
+    assert ran == [2]
+    with pytest.raises(ValueError, match="event 'measured': expected one of changed"):
+        cal.on("measured", print)

@@ -12,16 +12,12 @@ from dataclasses import dataclass, field
 
 from engine.placement.placement import Placement, PlacementRefused, check_fits, device_bytes, moved, overflow
 
+from .events import Listeners, Refusal
+
 EVENTS = ("changed", "preview")  # changed: the edited placement (and so undo, redo, dirty); preview: a hover's bytes
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """Why an edit did not happen. reason: 'no-model', 'unchanged', 'unknown-device', 'invalid-move' (the move
-    names no expert, a dense layer, an unknown device), 'overflow' (a device would hold more than its room)."""
-
-    reason: str
-    text: str
+# Why an edit is refused (Refusal.reason): 'invalid-move' when the move names no expert, a dense layer or an unknown
+# device; 'overflow' when a device would hold more than its room
+REFUSALS = ("no-model", "unchanged", "unknown-device", "invalid-move", "overflow")
 
 
 @dataclass
@@ -49,16 +45,13 @@ class PlacementEdits:
     undo_stack: list[Edit] = field(default_factory=list)
     redo_stack: list[Edit] = field(default_factory=list)
     _preview_key: tuple | None = None  # the hover the preview shows, and what preview_move answered
-    _listeners: dict[str, list[Callable[[], None]]] = field(default_factory=lambda: {e: [] for e in EVENTS})
+    _listeners: Listeners = field(default_factory=lambda: Listeners(EVENTS))
 
     def on(self, event: str, fn: Callable[[], None]) -> None:
-        if event not in self._listeners:
-            raise ValueError(f"event {event!r}: expected one of {', '.join(EVENTS)}")
-        self._listeners[event].append(fn)
+        self._listeners.on(event, fn)
 
     def _emit(self, event: str) -> None:
-        for fn in self._listeners[event]:
-            fn()
+        self._listeners.emit(event)
 
     # ---- the model and the devices ----------------------------------------------------------------------
 

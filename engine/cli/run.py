@@ -15,10 +15,12 @@ from ..core.files import check_output
 from ..core.formats import FORMATS
 from ..core.model import WEIGHTS_MODES
 from ..core.trace import write_chrome_trace
+from ..profiles.history import History, history_file
+from ..profiles.profile import fingerprint
 from ..runs.run import MAX_REPEATS, PRECISIONS, REDUCTION_MODES, DecodeRun, RunResult, StepEvent
 from ..runs.speculative import MAX_DRAFT_TOKENS
 from ..runs.workload import apply_chat_template, read_prompt_file, synthetic_ids
-from ..session import open_pair
+from ..session import judge_run, open_pair
 from .common import (
     check_model_args,
     check_prompt,
@@ -299,27 +301,14 @@ def _tests(result: RunResult, prompt_lengths: list[int]) -> list[dict]:
 
 
 def _reference(result: RunResult, target, prompts, prompt_ids=None) -> dict:
-    """The run's output hash as the window's history shows it (engine.profiles.history.combined_hash), and the reference
-    run of the same outputs key in that history (read only: `run` keeps nothing there), with whether they agree and,
-    where they do not, why (engine.runs.diverge)."""
-    from ..profiles.history import History, combined_hash, diagnose_change, history_file, outputs_key
-    from ..profiles.profile import fingerprint
-
-    complete = bool(result.output_sha256) and len(result.output_sha256) == len(prompts)
-    out = {"output_hash": combined_hash(result.output_sha256) if complete else None, "reference": None}
+    """The run judged against the window's history of its target (engine.session.judge_run; read only: `run` keeps
+    nothing there): its output hash as the history shows it, and the reference run of the same outputs key, with
+    whether they agree and, where they do not, why (engine.runs.diverge)."""
     try:
         fp = fingerprint(target.checkpoint.folder)
-    except EngineError:
-        return out
-    key = outputs_key(fp, list(prompts), result.tokens_per_prompt, result.precision, result.mode,
-                      result.placement or "", [result.target_device], result.top_k)  # fmt: skip
-    ref = History.load(history_file(fp)).reference(key)
-    if ref is not None and complete:
-        diagnosis = diagnose_change(ref, result, target, prompt_ids)
-        out["reference"] = {"run": ref.index, "started": ref.started, "output_hash": ref.output_hash,
-                            "same": ref.output_hash == out["output_hash"],
-                            "diagnosis": None if diagnosis is None else diagnosis.to_dict()}  # fmt: skip
-    return out
+    except EngineError:  # no fingerprint, no history: only the hash
+        return judge_run(History(), result, prompts, str(target.checkpoint.folder)).to_dict()
+    return judge_run(History.load(history_file(fp)), result, prompts, fp, target, prompt_ids).to_dict()
 
 
 def _formats(model) -> list[str]:

@@ -11,14 +11,11 @@ from __future__ import annotations
 import math
 
 from ..core.errors import ArgumentError
+from ..session import QUICK_CALIBRATION_REPEATS, QUICK_CALIBRATION_TOKENS, calibrate_devices
 from . import strategy as S
-from .costmodel import ModelShape, calibrate
+from .costmodel import ModelShape
 from .placement import expert_rooms, mib, parse_size
 from .routing import RoutingStats
-
-# the short calibration a plan makes: decode steps per device and batch, and passes after the warm-up pass
-CALIBRATION_TOKENS = 16
-CALIBRATION_REPEATS = 1
 
 
 def parse_budgets(items: list[str]) -> dict[str, int]:
@@ -65,11 +62,10 @@ def make_plan(target, name: str, fast: str | None = None, caps: dict[str, int] |
     calibration, how = None, "unavailable: --no-calibrate"
     if measure:
         try:
-            calibration = (calibrate_fn or calibrate)(target, names, tokens=CALIBRATION_TOKENS,
-                                                      repeats=CALIBRATION_REPEATS, warmup_seconds=0.0)  # fmt: skip
+            calibration = calibrate_devices(target, names, quick=True, calibrate_fn=calibrate_fn)
             how = (f"the cost model's, for target-only greedy decoding (one token per step), from the devices "
-                   f"measured here: {CALIBRATION_TOKENS} decode steps per device and batch size, "
-                   f"{CALIBRATION_REPEATS} pass after a warm-up")  # fmt: skip
+                   f"measured here: {QUICK_CALIBRATION_TOKENS} decode steps per device and batch size, "
+                   f"{QUICK_CALIBRATION_REPEATS} pass after a warm-up")  # fmt: skip
         except ArgumentError as exc:
             if info.measured:
                 raise

@@ -36,12 +36,12 @@ The command's options and its printing are engine/cli/tune.py; the window's Tune
 
 from __future__ import annotations
 
+from ..session import QUICK_CALIBRATION_TOKENS as CALIBRATION_TOKENS  # the calibration that seeds the candidates
 from .bench import EngineBench, KLConstraint, TuneResult, TuneSettings, Tuning
 from .report import point_dict, profile_for, report, text
 from .search import (
     AUTO_Q,
     BUDGET_FRACTIONS,
-    CALIBRATION_TOKENS,
     DEFAULT_RUNGS,
     DEFAULT_TIME_BUDGET,
     ETA,

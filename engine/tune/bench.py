@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 
 from ..core.errors import ArgumentError
 from ..placement import strategy as S
-from ..placement.costmodel import Calibration, ModelShape, calibrate
+from ..placement.costmodel import Calibration, ModelShape
 from ..placement.placement import Placement, expert_rooms
 from ..placement.routing import RoutingStats
+from ..session import QUICK_CALIBRATION_TOKENS, calibrate_devices
 from .search import (
     AUTO_Q,
-    CALIBRATION_TOKENS,
     DEFAULT_RUNGS,
     DEFAULT_TIME_BUDGET,
     Candidate,
@@ -134,7 +134,7 @@ class Tuning:
                  constraints: Sequence[Callable[[Point], str | None]] = (), calibrate_fn=None):  # fmt: skip
         self.target, self.draft, self.settings = target, draft, settings
         self.on_progress, self.constraints = on_progress, list(constraints)
-        self.calibrate_fn = calibrate_fn or calibrate
+        self.calibrate_fn = calibrate_fn  # None: engine.placement.costmodel.calibrate
         check_time_budget(settings.time_budget)
         if target.config.num_experts <= 0:
             raise ArgumentError(f"'{target.checkpoint.folder}' is a dense model: it has no experts to place")
@@ -196,9 +196,10 @@ class Tuning:
         if calibration is None and s.calibrate and not self._cancel.is_set():
             self._say("calibrating", "measuring the devices for the cost model")
             try:
-                calibration = self.calibrate_fn(self.target, self.names, tokens=CALIBRATION_TOKENS, repeats=1,
-                                                warmup_seconds=0.0)  # fmt: skip
-                how = f"the strategies and the cost model, from a calibration of {CALIBRATION_TOKENS} decode steps"
+                calibration = calibrate_devices(self.target, self.names, quick=True, calibrate_fn=self.calibrate_fn)
+                how = (
+                    f"the strategies and the cost model, from a calibration of {QUICK_CALIBRATION_TOKENS} decode steps"
+                )
             except ArgumentError as exc:
                 how = f"strategies without the cost model: the devices could not be measured ({exc})"
         routing, source = s.routing, "given"

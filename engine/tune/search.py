@@ -29,7 +29,6 @@ SLOWDOWN = 1.5  # a candidate's run is assumed this much slower than one device'
 HOT_SEEDS = 3  # single-expert moves start from this many placements the cost model likes best
 MOVE_STEPS = (1, 2, 4, 8)  # experts moved onto (or off) the fast device from each seed
 BUDGET_FRACTIONS = (0.25, 0.5, 0.75)  # hot-first and critical-path also at these shares of the fast budget
-CALIBRATION_TOKENS = 16  # the short calibration that seeds the candidates (as `expertbench plan` makes it)
 QUALITY_TOKENS = 16  # tokens per prompt of the quality cost --max-kl measures for a fast mode's setting
 
 
