@@ -8,9 +8,11 @@ from PySide6.QtCore import QTimer, Slot
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
+    QFileDialog,
     QFormLayout,
     QHBoxLayout,
     QLabel,
+    QMessageBox,
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
@@ -20,10 +22,12 @@ from PySide6.QtWidgets import (
 )
 
 from engine.checkpoints.demo import DEMO_PROMPTS, quant_formats
+from engine.core.errors import ArgumentError
 from engine.families import family
 from engine.profiles.profile import DEFAULT_REPEATS, Profile
 from engine.runs.run import PRECISIONS, REDUCTION_MODES
 from engine.runs.speculative import MAX_DRAFT_TOKENS
+from engine.runs.workload import read_prompt_file
 
 from . import actions, theme
 from .scrolling import FitsItsHeight, Scrolling
@@ -110,7 +114,16 @@ class RunPanel(QWidget):
         inner.addLayout(form)
         prompts_label = QLabel("Prompts (one per line)")
         prompts_label.setObjectName("muted")
-        inner.addWidget(prompts_label)
+        prompts_row = QHBoxLayout()
+        prompts_row.addWidget(prompts_label, 1)
+        self.load_prompts_button = QPushButton("Load…")
+        self.load_prompts_button.setToolTip(
+            'Prompts from a file: UTF-8 text, one prompt per line, or JSON Lines with a "prompt" field (as '
+            "`expertbench run --prompt-file` reads them)"
+        )
+        actions.connect(self.load_prompts_button.clicked, self.load_prompts, "Loading prompts", parent=self)
+        prompts_row.addWidget(self.load_prompts_button)
+        inner.addLayout(prompts_row)
         self.prompts = QPlainTextEdit("\n".join(DEMO_PROMPTS))
         self.prompts.setMinimumHeight(48)
         inner.addWidget(self.prompts, 1)
@@ -140,6 +153,28 @@ class RunPanel(QWidget):
         state.sigRunStarted.connect(self._run_started)
         state.sigRunFinished.connect(self._run_finished)
         self._model_changed()
+
+    def load_prompts(self, path: str | None = None) -> bool:
+        """Replace the prompts with a file's (a dialog asks which when no path is given): text, one a line, or JSON
+        Lines; a file that cannot be read, or a prompt holding a line break (one a line here), is said in a dialog
+        and the prompts stay as they were."""
+        if not path:
+            path, _ = QFileDialog.getOpenFileName(self, "Load prompts", "", "Prompts (*.txt *.jsonl);;All files (*)")
+            if not path:
+                return False
+        try:
+            prompts = read_prompt_file(path)
+        except ArgumentError as exc:
+            QMessageBox.warning(self, "Load prompts", str(exc))
+            return False
+        broken = next((i for i, p in enumerate(prompts) if "\n" in p or "\r" in p), None)
+        if broken is not None:
+            QMessageBox.warning(self, "Load prompts", f"{path}: prompt {broken + 1} holds a line break, and the list "
+                                "here is one prompt a line: run it with `expertbench run --prompt-file`")  # fmt: skip
+            return False
+        self.prompts.setPlainText("\n".join(prompts))
+        self.state.sigMessage.emit(f"{len(prompts)} prompts from {Path(path).name}")
+        return True
 
     def settings(self) -> RunSettings:
         prompts = [line.strip() for line in self.prompts.toPlainText().splitlines() if line.strip()]

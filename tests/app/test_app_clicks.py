@@ -154,7 +154,7 @@ def routing_counts(state):
     return counts
 
 
-def test_every_button_does_its_work_when_clicked(qtbot, make_window, monkeypatch):
+def test_every_button_does_its_work_when_clicked(qtbot, make_window, monkeypatch, tmp_path):
     shown = failures(monkeypatch)
     window = wide(qtbot, make_window())
     state, routing, run, editor = window.state, window.routing, window.run_panel, window.editor
@@ -191,7 +191,12 @@ def test_every_button_does_its_work_when_clicked(qtbot, make_window, monkeypatch
     assert state.placement.describe() == "0-2=hostsim:0" and state.redo_text == "uniform split"
     click(qtbot, editor.redo_button)
     assert state.placement.describe() == "0=cpu:0; 2=hostsim:0"
-    # A run to its end, then one stopped
+    # Prompts from a file, then a run to its end, then one stopped
+    prompts = tmp_path / "mine.jsonl"
+    prompts.write_text('{"prompt": "first of mine"}\n{"prompt": "second of mine"}\n', encoding="utf-8")
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (str(prompts), ""))
+    click(qtbot, run.load_prompts_button)
+    assert run.prompts.toPlainText() == "first of mine\nsecond of mine"
     run.tokens.setValue(4)
     run.repeats.setValue(1)
     with qtbot.waitSignal(state.sigRunFinished, timeout=TIMEOUT_MS) as finished:
@@ -367,3 +372,25 @@ def test_every_menu_action_does_its_work_when_triggered(qtbot, make_window, monk
     }
     trigger(window.act_quit)
     assert not window.isVisible()
+
+
+def test_prompts_from_a_file_that_cannot_be_listed_are_said_and_the_list_stays(
+    qtbot, make_window, monkeypatch, tmp_path
+):
+    """Run > Load… with a binary file, a prompt holding a line break (the list is one a line) and a cancelled
+    dialog: a warning naming the file for the first two, and the prompts as they were every time."""
+    warned = []
+    monkeypatch.setattr(QMessageBox, "warning", lambda parent, title, text, *a: warned.append(text))
+    run = wide(qtbot, make_window()).run_panel
+    before = run.prompts.toPlainText()
+    binary, multi = tmp_path / "b.txt", tmp_path / "m.jsonl"
+    binary.write_bytes(b"\x7fELF\x00\x01")
+    multi.write_text('{"prompt": "one"}\n{"prompt": "two\\nlines"}\n', encoding="utf-8")
+    for path, said in ((binary, "a binary file"), (multi, "prompt 2 holds a line break"), ("", None)):
+        monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, p=path, **k: (str(p), ""))
+        click(qtbot, run.load_prompts_button)
+        assert run.prompts.toPlainText() == before
+        if said is None:
+            assert len(warned) == 2  # the cancelled dialog says nothing
+        else:
+            assert said in warned[-1] and str(path) in warned[-1]
