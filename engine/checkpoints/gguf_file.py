@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 
 from ..core import formats
 from ..core.errors import CheckpointError, EngineError, UnsupportedError
-from ..families import BY_GGUF_ARCH, family
+from ..families import BY_GGUF_ARCH, family, gguf_family
 from ..families.base import ATTENTION_BIASES, GGUFShape
 from .model_config import ModelConfig, TensorInfo
 
@@ -480,10 +480,10 @@ def parse_config(parts: list[Part]) -> ModelConfig:
     the ranges parse_config (checkpoint.py) checks for a folder; the family (engine/families/) reads its own keys."""
     m = _Meta(parts[0])
     arch_name = m.get("general.architecture", "str")
-    if arch_name not in BY_GGUF_ARCH:
+    fam = gguf_family(arch_name)
+    if fam is None:
         m.fail(f"architecture '{arch_name}' (general.architecture) is not supported (expected one of "
                f"{', '.join(BY_GGUF_ARCH)})", UnsupportedError)  # fmt: skip
-    fam = BY_GGUF_ARCH[arch_name]
     a = f"{arch_name}."
     tensors = {t.name: t for part in parts for t in part.tensors}
     layers = m.count(a + "block_count")
@@ -503,6 +503,7 @@ def parse_config(parts: list[Part]) -> ModelConfig:
     intermediate = m.get(a + "feed_forward_length", "int", None)
     shape = GGUFShape(a, layers, hidden, heads, head_dim, intermediate, frozenset(moe_layers), frozenset(tensors))
     kw = fam.gguf_keys(m, shape)
+    fam.refuse_awaiting(f"'{m.path}'")
     kv_heads = kw.pop("num_kv_heads", kv_heads)
     head_dim = kw.pop("head_dim", head_dim)
     intermediate = kw.pop("intermediate_size", intermediate)
