@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import CheckpointError, UnsupportedError
-from ..families import BY_HF_CLASS, family
+from ..families import BY_HF_CLASS, family, hf_family
 from ..families.base import ConfigKeys
 from . import gguf_file
 from .model_config import ModelConfig, TensorInfo
@@ -118,12 +118,12 @@ def parse_config(raw: dict, path: Path) -> ModelConfig:
     archs = raw.get("architectures")
     if not isinstance(archs, list) or not archs or not all(isinstance(a, str) for a in archs):
         raise CheckpointError(f"'{path}': 'architectures' is missing or not a list of names")
-    known = [a for a in archs if a in BY_HF_CLASS]
+    known = [a for a in archs if hf_family(a) is not None]
     if not known:
         raise UnsupportedError(
             f"'{path}': architecture {', '.join(archs)} is not supported (expected one of {', '.join(BY_HF_CLASS)})"
         )
-    fam = BY_HF_CLASS[known[0]]
+    fam = hf_family(known[0])
     keys = ConfigKeys(raw, path)
     get, pos_int = keys.get, keys.count
     if not fam.rope_scaling and raw.get("rope_scaling") not in (None, {}):
@@ -147,7 +147,7 @@ def parse_config(raw: dict, path: Path) -> ModelConfig:
         architecture=fam.architecture,
         vocab_size=pos_int("vocab_size"),
         hidden_size=hidden,
-        intermediate_size=pos_int("intermediate_size"),
+        intermediate_size=kw.pop("intermediate_size", None) or pos_int("intermediate_size"),
         num_layers=layers,
         num_heads=heads,
         num_kv_heads=kw.pop("num_kv_heads", None) or pos_int("num_key_value_heads", heads),
@@ -168,6 +168,7 @@ def parse_config(raw: dict, path: Path) -> ModelConfig:
         raise CheckpointError(
             f"'{path}': num_attention_heads = {heads} is not a multiple of num_key_value_heads = {config.num_kv_heads}"
         )
+    fam.refuse_awaiting(f"'{path}'")  # every key checked, before any tensor is read
     return config
 
 

@@ -142,6 +142,8 @@ class Family:
         engine load (DeepSeek-V3's next-token-prediction module), left out when the folder is read.
     ktransformers_note(whole_layers) -> what an export to ktransformers must say of this family (None: the
         general note).
+    awaiting: what the core lacks to run the family (empty: it runs it). A family awaiting its forward pass
+        (engine.families.AWAITING) has its config.json or GGUF keys read and checked, then is refused with this.
     """
 
     architecture: str
@@ -159,6 +161,14 @@ class Family:
     extra_layers: Callable[[ConfigKeys], int] = lambda keys: 0
     ktransformers_note: Callable[[list[int]], str | None] = lambda whole: None
     demo: DemoRecipe | None = None  # its built-in synthetic pair (engine/checkpoints/demo.py), when it has one
+    awaiting: str = ""
+
+    def refuse_awaiting(self, where: str) -> None:
+        """Raise the one UnsupportedError of a family the core cannot run yet (awaiting), naming it and what it
+        lacks; nothing for a family it runs. where: the file, as the readers' errors name it."""
+        if self.awaiting:
+            raise UnsupportedError(f"{where}: {self.title} ({', '.join(self.hf_classes)}; GGUF '{self.gguf_arch}') is "
+                                   f"not run by the engine yet: {self.awaiting}")  # fmt: skip
 
 
 def gguf_yarn_keys(a: str) -> dict[str, str]:

@@ -1,0 +1,331 @@
+"""DeepSeek-V4 before its forward pass: the family (engine/families/deepseek_v4.py) reads and checks a V4
+config.json as transformers 5.25.0 reads it, names each bad key, and refuses a V4 checkpoint (folder or GGUF) with
+one UnsupportedError. The fixtures (tests/fixtures/deepseek-v4-*, recipes/deepseek_v4.py: transformers' own
+DeepseekV4ForCausalLM with seeded weights and its reference logits) wait in fixture_registry.AWAITING for the family's
+forward pass; here they are held to the refusal, and to what the recipe promises of them."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from fixture_paths import FIXTURES
+from fixture_registry import AWAITING
+
+from engine.checkpoints.checkpoint import Checkpoint, parse_config, read_config, read_weights
+from engine.cli import main
+from engine.core.errors import CheckpointError, UnsupportedError
+from engine.core.model import Engine
+from engine.families import AWAITING as AWAITING_FAMILIES
+from engine.families import deepseek_v4
+from engine.families.base import ConfigKeys
+from engine.families.deepseek_v4 import CSA, HASH, HCA, ROUTED, SLIDING
+
+F32 = FIXTURES / "deepseek-v4-f32"
+BF16 = FIXTURES / "deepseek-v4-bf16"
+REFUSAL = (r"DeepSeek-V4 \(DeepseekV4ForCausalLM; GGUF 'deepseek4'\) is not run by the engine yet: its forward pass "
+           r"\(the key/value compressors .*, the Lightning Indexer, the mHC residual streams, hash routing, the "
+           r"grouped output projection\) is not in the core yet")  # fmt: skip
+# transformers 5.25.0's DeepseekV4RotaryEmbedding buffers for the fixtures' config (main_inv_freq, compress_inv_freq)
+MAIN_INV_FREQ = (1.0, 0.3162277638912201, 0.10000000149011612, 0.03162277862429619, 0.009999999776482582,
+                 0.003162277862429619, 0.0010000000474974513, 0.0003162277862429619)  # fmt: skip
+COMPRESS_INV_FREQ = (1.0, 0.1397542506456375, 0.012500000186264515, 0.0027950850781053305, 0.0006249999860301614,
+                     0.00013975425099488348, 3.125000148429535e-05, 6.987712822592584e-06)  # fmt: skip
+
+
+def fixture_config() -> dict:
+    return json.loads((F32 / "config.json").read_text())
+
+
+def read(raw: dict, path: Path = Path("config.json")) -> deepseek_v4.V4Config:
+    return deepseek_v4.read_config(ConfigKeys(raw, path), raw["hidden_size"], raw["num_attention_heads"],
+                                   raw["num_hidden_layers"])  # fmt: skip
+
+
+# ---- the config reader -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("folder", [F32, BF16], ids=lambda p: p.name)
+def test_the_fixture_s_config_reads_as_transformers_built_the_model(folder):
+    raw = json.loads((folder / "config.json").read_text())
+    v4 = read(raw, folder / "config.json")
+    assert v4.layer_types == (SLIDING, CSA, HCA, CSA)
+    assert [v4.compress_rate(i) for i in range(4)] == [0, 4, 128, 4]
+    assert (v4.csa_rate, v4.hca_rate) == (4, 128)
+    assert v4.mlp_layer_types == (HASH, HASH, ROUTED, ROUTED) and v4.hash_layers == (0, 1)
+    assert (v4.head_dim, v4.q_lora_rank, v4.o_groups, v4.o_lora_rank, v4.sliding_window) == (32, 24, 2, 16, 8)
+    assert (v4.index_n_heads, v4.index_head_dim, v4.index_topk) == (8, 24, 4)
+    assert (v4.hc_mult, v4.hc_sinkhorn_iters, v4.hc_eps) == (4, 10, 1e-6)
+    assert (v4.num_experts, v4.top_k, v4.moe_intermediate_size) == (8, 2, 16)
+    assert (v4.routed_scaling_factor, v4.swiglu_limit, v4.next_token_layers) == (1.5, 1.0, 0)
+    main, compress = v4.main_rope, v4.compress_rope
+    assert (main.theta, main.dim, main.yarn, main.attention_factor) == (10000.0, 16, False, 1.0)
+    assert (compress.theta, compress.dim, compress.yarn, compress.attention_factor) == (160000.0, 16, True, 1.0)
+    assert main.inv_freq == MAIN_INV_FREQ
+    # base.yarn_rope in f32: transformers' frequencies to within two float32 ulps
+    np.testing.assert_allclose(compress.inv_freq, COMPRESS_INV_FREQ, rtol=3e-7, atol=0)
+
+
+def test_the_shared_fields_are_those_v4_has_the_meaning_of():
+    raw = fixture_config()
+    kw = deepseek_v4.config_keys(ConfigKeys(raw, Path("config.json")), 32, 4, 4)
+    assert kw == {"num_kv_heads": 1, "head_dim": 32, "intermediate_size": 16, "num_experts": 8, "top_k": 2,
+                  "moe_intermediate_size": 16, "n_shared_experts": 1, "norm_topk_prob": True,
+                  "routed_scaling_factor": 1.5, "q_lora_rank": 24, "rope_dim": 16, "rope_interleave": True,
+                  "attention_scale": 32**-0.5}  # fmt: skip
+
+
+def released_form(raw: dict, **extra) -> dict:
+    """The fixture's config in the released checkpoints' older keys, as DeepSeek-V4-Flash's config.json has them."""
+    out = {k: v for k, v in raw.items() if k not in ("layer_types", "mlp_layer_types", "compress_rates",
+                                                     "rope_parameters", "partial_rotary_factor")}  # fmt: skip
+    compress = raw["rope_parameters"]["compress"]
+    out |= {
+        "compress_ratios": [0, 4, 128, 4],
+        "num_hash_layers": 2,
+        "qk_rope_head_dim": 16,
+        "rope_scaling": {"type": "yarn", "factor": compress["factor"], "beta_fast": 32, "beta_slow": 1,
+                         "original_max_position_embeddings": compress["original_max_position_embeddings"]},
+        "scoring_func": "sqrtsoftplus",
+        "topk_method": "noaux_tc",
+    }  # fmt: skip
+    return out | extra
+
+
+def test_the_released_names_fold_in_as_transformers_folds_them():
+    """compress_ratios (a kind per layer), num_hash_layers, qk_rope_head_dim and a flat rope_scaling (YaRN on the
+    compressed branches' RoPE only, its attention factor 1.0) give the same model; compress_ratios may be longer (the
+    next-token-prediction layers' entries, as V4-Flash's 44 for 43 layers)."""
+    raw = fixture_config()
+    assert read(released_form(raw)) == read(raw)
+    longer = read(released_form(raw, compress_ratios=[0, 4, 128, 4, 0], num_nextn_predict_layers=1))
+    assert longer == dataclasses.replace(read(raw), next_token_layers=1)
+    rates = released_form(raw, compress_ratios=[0, 4, 128, 4], compress_rate_hca=64, compress_rate_csa=2)
+    assert (read(rates).csa_rate, read(rates).hca_rate) == (2, 64)  # the values name kinds; the rates are these
+
+
+def test_keys_transformers_does_not_read_for_v4_are_not_read():
+    """V3's routing keys and the counts transformers fixes for V4 (one key=value head, one shared expert) change
+    nothing: transformers runs such a config as the fixture's."""
+    raw = fixture_config()
+    other = raw | {"num_key_value_heads": 4, "n_shared_experts": 2, "norm_topk_prob": False, "attention_bias": True,
+                   "n_group": 8, "topk_group": 4, "first_k_dense_replace": 1, "topk_method": "greedy"}  # fmt: skip
+    assert read(other) == read(raw)
+
+
+def test_transformers_defaults_fill_what_a_config_leaves_out():
+    raw = {"architectures": ["DeepseekV4ForCausalLM"], "hidden_size": 64, "num_attention_heads": 8,
+           "num_hidden_layers": 5, "vocab_size": 100}  # fmt: skip
+    v4 = read(raw)
+    assert v4.layer_types == (HCA, HCA, HCA, CSA, HCA)  # two HCA layers, then CSA and HCA alternating from HCA
+    assert v4.mlp_layer_types == (HASH, HASH, HASH, ROUTED, ROUTED)
+    assert (v4.csa_rate, v4.hca_rate, v4.head_dim, v4.sliding_window) == (4, 128, 512, 128)
+    assert (v4.hc_mult, v4.hc_sinkhorn_iters, v4.swiglu_limit, v4.index_topk) == (4, 20, 10.0, 512)
+    assert (v4.main_rope.dim, v4.compress_rope.theta, v4.compress_rope.yarn) == (64, 160000.0, False)
+    assert read(raw | {"num_hidden_layers": 2}).mlp_layer_types == (HASH, HASH)  # the default 3, clamped
+
+
+# ---- bad input, each named by its key ----------------------------------------------------------------------------
+
+
+def without(*keys: str) -> dict:
+    return {k: v for k, v in fixture_config().items() if k not in keys}
+
+
+BAD = {
+    # compress_ratios (the released per-layer key) and layer_types
+    "compress_ratios too short": (without("layer_types") | {"compress_ratios": [0, 4, 128]}, CheckpointError,
+                                  r"'compress_ratios' = 3 entries, expected at least one per layer "
+                                  r"\(num_hidden_layers = 4"),
+    "compress_ratios not a list": (without("layer_types") | {"compress_ratios": 4}, CheckpointError,
+                                   r"'compress_ratios' = 4, expected at least one per layer"),
+    "compress_ratios value": (without("layer_types") | {"compress_ratios": [0, 4, 64, 4]}, CheckpointError,
+                              r"'compress_ratios'\[2\] = 64, expected 0 \(sliding window only\), 4 \(compressed sparse "
+                              r"attention\) or 128 \(heavily compressed attention\)"),
+    "compress_ratios value past the layers": (without("layer_types") | {"compress_ratios": [0, 4, 128, 4, 1]},
+                                              CheckpointError, r"'compress_ratios'\[4\] = 1, expected 0"),
+    "compress_ratios against layer_types": (fixture_config() | {"compress_ratios": [0, 4, 4, 4]}, CheckpointError,
+                                            r"'layer_types'\[2\] = 'heavily_compressed_attention' but "
+                                            r"'compress_ratios'\[2\] = 4 \(compressed_sparse_attention\)"),
+    "layer_types too short": (fixture_config() | {"layer_types": [SLIDING, CSA]}, CheckpointError,
+                              r"'layer_types' = 2 entries, expected a list of one entry per layer"),
+    "layer_types value": (fixture_config() | {"layer_types": [SLIDING, CSA, "full_attention", CSA]}, CheckpointError,
+                          r"'layer_types'\[2\] = 'full_attention', expected one of 'sliding_attention', "),
+    # compress_rates
+    "compress_rates without a kind a layer has": (fixture_config() | {"compress_rates": {CSA: 4}}, CheckpointError,
+                                                  r"'compress_rates' has no rate for 'heavily_compressed_attention', "
+                                                  r"which layer 2 is"),
+    "compress_rates zero": (fixture_config() | {"compress_rates": {CSA: 0, HCA: 128}}, CheckpointError,
+                            r"'compress_rates'\['compressed_sparse_attention'\] = 0, expected a positive integer"),
+    "compress_rates of another kind": (fixture_config() | {"compress_rates": {CSA: 4, HCA: 128, "full": 2}},
+                                       CheckpointError, r"'compress_rates' names 'full', expected"),
+    "compress_rate_hca": (fixture_config() | {"compress_rate_hca": -8}, CheckpointError,
+                          r"'compress_rate_hca' = -8, expected a positive integer below 65536"),
+    # mHC
+    "hc_mult zero": (fixture_config() | {"hc_mult": 0}, CheckpointError,
+                     r"'hc_mult' = 0, expected an integer in 1\.\.64"),
+    "hc_mult negative": (fixture_config() | {"hc_mult": -4}, CheckpointError, r"'hc_mult' = -4, expected an integer"),
+    "hc_mult a float": (fixture_config() | {"hc_mult": 4.0}, CheckpointError, r"'hc_mult' = 4\.0, expected int"),
+    "hc_sinkhorn_iters zero": (fixture_config() | {"hc_sinkhorn_iters": 0}, CheckpointError,
+                               r"'hc_sinkhorn_iters' = 0, expected an integer in 1\.\."),
+    "hc_eps": (fixture_config() | {"hc_eps": -1e-6}, CheckpointError,
+               r"'hc_eps' = -1e-06, expected a number in \[0, 1\)"),
+    # hash routing
+    "num_hash_layers past the layers": (without("mlp_layer_types") | {"num_hash_layers": 5}, CheckpointError,
+                                        r"'num_hash_layers' = 5, expected 0\.\.num_hidden_layers \(4\)"),
+    "num_hash_layers negative": (without("mlp_layer_types") | {"num_hash_layers": -1}, CheckpointError,
+                                 r"'num_hash_layers' = -1, expected 0\.\.num_hidden_layers"),
+    "num_hash_layers against mlp_layer_types": (fixture_config() | {"num_hash_layers": 3}, CheckpointError,
+                                                r"'mlp_layer_types' \(hash_moe, hash_moe, moe, moe\) is not "
+                                                r"'num_hash_layers' = 3 hash-routed layers"),
+    "mlp_layer_types value": (fixture_config() | {"mlp_layer_types": [HASH, "dense", ROUTED, ROUTED]},
+                              CheckpointError, r"'mlp_layer_types'\[1\] = 'dense', expected one of 'hash_moe', 'moe'"),
+    # attention and experts
+    "o_groups": (fixture_config() | {"o_groups": 3}, CheckpointError,
+                 r"'o_groups' = 3 does not divide num_attention_heads \* head_dim = 128"),
+    "num_experts_per_tok": (fixture_config() | {"num_experts_per_tok": 9}, CheckpointError,
+                            r"'num_experts_per_tok' = 9, expected 1\.\.n_routed_experts \(8\)"),
+    "index_head_dim below the RoPE": (fixture_config() | {"index_head_dim": 8}, CheckpointError,
+                                      r"'index_head_dim' = 8 is smaller than the compress RoPE's 16 rotated channels"),
+    "sliding_window": (fixture_config() | {"sliding_window": 0}, CheckpointError, r"'sliding_window' = 0, expected"),
+    "swiglu_limit": (fixture_config() | {"swiglu_limit": 0.0}, CheckpointError,
+                     r"'swiglu_limit' = 0\.0, expected a positive number"),
+    # RoPE
+    "qk_rope_head_dim against partial_rotary_factor": (fixture_config() | {"qk_rope_head_dim": 8}, CheckpointError,
+                                                       r"'qk_rope_head_dim' = 8 but 'partial_rotary_factor' = 0\.5 "
+                                                       r"of head_dim 32 rotates 16 channels"),
+    "an odd RoPE": (without("rope_parameters") | {"partial_rotary_factor": 0.25 + 1 / 32, "qk_rope_head_dim": None},
+                    CheckpointError, r"'partial_rotary_factor' makes the RoPE rotate 9 channels of head_dim 32, "
+                                     r"expected an even number"),
+    "a nested RoPE without its theta": (fixture_config() | {"rope_parameters": {
+        "main": {"rope_type": "default", "partial_rotary_factor": 0.5, "rope_theta": 10000.0},
+        "compress": {"rope_type": "default", "partial_rotary_factor": 0.5}}}, CheckpointError,
+        r"'rope_parameters\.compress\.rope_theta' = None, expected a number in 1\.\.1e12"),
+    "a YaRN factor": (without("rope_parameters") | {"rope_scaling": {"type": "yarn", "factor": 0.5}}, CheckpointError,
+                      r"'rope_scaling\.factor' = 0\.5, expected a number in 1\.\.1e6"),
+    # what transformers' DeepseekV4ForCausalLM does not have
+    "scoring_func": (fixture_config() | {"scoring_func": "sigmoid"}, UnsupportedError,
+                     r"scoring_func 'sigmoid' is not supported \(expected 'sqrtsoftplus', DeepSeek-V4's router\)"),
+    "shared-expert biases": (fixture_config() | {"mlp_bias": True}, UnsupportedError,
+                             r"mlp_bias = true is not supported for deepseek_v4"),
+    "num_key_value_heads of another type": (fixture_config() | {"num_key_value_heads": "1"}, CheckpointError,
+                                            r"'num_key_value_heads' = '1', expected int"),
+    "another RoPE": (without("rope_parameters") | {"rope_scaling": {"type": "linear", "factor": 2.0}}, UnsupportedError,
+                     r"'rope_scaling' rope_type 'linear' is not supported \(expected 'default' or 'yarn'\)"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", BAD)
+def test_a_bad_config_is_refused_with_its_key_named(name, tmp_path):
+    raw, cls, pattern = BAD[name]
+    raw = {k: v for k, v in raw.items() if v is not None}
+    path = tmp_path / "config.json"
+    with pytest.raises(cls, match=pattern) as info:
+        parse_config(raw, path)
+    assert type(info.value) is cls and str(path) in str(info.value)
+    # the folder's own reader, before any tensor is read: the same error, not the family's refusal
+    linked_copy(F32, tmp_path / "m", raw)
+    with pytest.raises(cls, match=pattern):
+        Checkpoint.open(tmp_path / "m")
+
+
+def linked_copy(src: Path, dst: Path, raw: dict) -> None:
+    """A copy of the fixture folder (its files linked, not copied) with another config.json."""
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.name != "config.json":
+            (dst / f.name).symlink_to(f)
+    (dst / "config.json").write_text(json.dumps(raw))
+
+
+def test_the_shared_keys_are_checked_before_the_refusal_too(tmp_path):
+    with pytest.raises(CheckpointError, match=r"'vocab_size' = 0, expected a positive integer"):
+        parse_config(fixture_config() | {"vocab_size": 0}, tmp_path / "config.json")
+
+
+# ---- the refusal -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fixture", AWAITING, ids=lambda f: f.name)
+def test_a_v4_fixture_is_refused_with_one_clear_error(fixture):
+    """Opening, reading the config, loading: each ends in the family's UnsupportedError, naming the file."""
+    assert fixture.family in {f.architecture for f in AWAITING_FAMILIES}
+    for call in (Checkpoint.open, read_config):
+        with pytest.raises(UnsupportedError, match=REFUSAL) as info:
+            call(fixture.path)
+        assert str(fixture.path / "config.json") in str(info.value)
+    with Engine() as eng, pytest.raises(UnsupportedError, match=REFUSAL):
+        eng.load(fixture.path)
+
+
+def test_the_command_line_reports_the_refusal(capsys):
+    assert main(["run", "--model", str(F32), "--no-draft", "-n", "4", "--repeats", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("expertbench: error: ") and "DeepSeek-V4" in err and "Traceback" not in err
+
+
+def write_deepseek4_gguf(path: Path, with_table: bool) -> Path:
+    """A deepseek4 GGUF header as llama.cpp writes one: the keys every family has, the embeddings, a router and, with
+    with_table, a hash layer's tid2eid table (I32, a format the engine does not run)."""
+    w = gguf.GGUFWriter(path, "deepseek4")
+    w.add_block_count(2)
+    w.add_embedding_length(32)
+    w.add_context_length(256)
+    w.add_head_count(4)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_tensor("token_embd.weight", np.zeros((512, 32), np.float32))
+    w.add_tensor("blk.0.ffn_gate_inp.weight", np.zeros((8, 32), np.float32))
+    if with_table:
+        w.add_tensor("blk.0.ffn_gate_tid2eid.weight", np.zeros((512, 2), np.int32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("with_table", [False, True], ids=["float tensors", "an I32 hash table"])
+def test_a_deepseek4_gguf_file_is_refused_by_its_family(tmp_path, with_table):
+    path = write_deepseek4_gguf(tmp_path / "v4.gguf", with_table)
+    with pytest.raises(UnsupportedError, match=REFUSAL) as info:
+        Checkpoint.open(path)
+    assert str(path) in str(info.value)
+
+
+# ---- the fixtures ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fixture", AWAITING, ids=lambda f: f.name)
+def test_the_fixture_holds_the_tensors_the_family_lists(fixture):
+    """Every tensor of the folder, by the name transformers saves it under, with the shape the config gives it and the
+    formats the registry names (tid2eid int64; in the bf16 folder the parameters transformers keeps in float32)."""
+    raw = json.loads((fixture.path / "config.json").read_text())
+    v4 = read(raw)
+    expected = deepseek_v4.expected_tensors(v4, raw["hidden_size"], raw["num_attention_heads"], raw["vocab_size"],
+                                            raw["tie_word_embeddings"])  # fmt: skip
+    tensors, _files = read_weights(fixture.path)
+    assert {n: t.shape for n, t in tensors.items()} == expected
+    assert {t.dtype for t in tensors.values()} == fixture.dtypes
+    assert {n for n, t in tensors.items() if t.dtype == "I64"} == {f"model.layers.{i}.ffn.gate.tid2eid" for i in (0, 1)}
+    # llama.cpp's names cover every tensor of a layer but the experts (merged in its files)
+    named = {f"model.layers.{i}.{name}" for i in range(4) for name in deepseek_v4.GGUF_LAYER_TENSORS.values()}
+    assert named & set(tensors) == {n for n in tensors if n.startswith("model.layers.") and ".experts." not in n}
+
+
+def test_the_references_cover_the_window_and_the_compressed_windows():
+    """Prompt and greedy tokens as the other folders' references; the prompt runs past the sliding window and a
+    whole window of the heavily compressed layers (128 tokens), so their entries are made in the prompt and read in
+    decoding."""
+    refs = [np.load(folder / "reference.npz") for folder in (F32, BF16)]
+    v4 = read(fixture_config())
+    for ref in refs:
+        prompt, generated, logits = ref["prompt_ids"], ref["generated_ids"], ref["logits"]
+        assert generated.shape == (64,) and logits.shape == (len(prompt) + 64, 512) and logits.dtype == np.float32
+        assert len(prompt) > max(v4.sliding_window, v4.hca_rate) and len(prompt) // v4.csa_rate >= 8
+        assert np.array_equal(np.argmax(logits[len(prompt) - 1 : -1], axis=-1), generated)
+    assert np.array_equal(refs[0]["prompt_ids"], refs[1]["prompt_ids"])
+    assert not np.array_equal(refs[0]["logits"], refs[1]["logits"])  # the bf16 folder's own weights
