@@ -78,6 +78,7 @@ def test_the_python_table_is_the_cores():
     assert {f.name: f.q8_block for f in formats.FORMATS.values() if f.q8_block} == {
         "Q8_0": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "MXFP4": 32,
         "Q4_0": 32, "Q4_1": 32, "IQ4_NL": 32, "IQ4_XS": 256, "Q2_K": 256, "Q3_K": 256,
+        "IQ2_XXS": 256,
     }  # fmt: skip
     desc = ffi.new("eb_format_desc *")
     for bad in (-1, lib.eb_format_count()):
@@ -102,6 +103,8 @@ def test_dequantize_matches_the_gguf_package_bit_for_bit(name):
 # how many quant values each format's codes name
 LEVELS = {"Q8_0": 256, "MXFP4": 16, "Q4_K": 16, "Q5_K": 32, "Q6_K": 64, "Q5_0": 32, "Q5_1": 32, "Q4_0": 16}
 LEVELS |= {"Q4_1": 16, "IQ4_NL": 16, "IQ4_XS": 16, "Q2_K": 4, "Q3_K": 8}
+# the i-quants: every codebook entry, and with it every sign index and chunk scale (v modulo their counts)
+LEVELS |= {"IQ2_XXS": 256}
 
 
 @pytest.mark.parametrize("name", QUANTIZED)
@@ -133,6 +136,10 @@ def test_every_quant_value_is_reached(name):
         elif name == "Q3_K":  # the third bits, then the 2-bit fields
             b[0:32] = 0xFF if v & 4 else 0
             b[32:96] = (v & 3) * 0x55
+        elif name == "IQ2_XXS":  # per chunk four grid indices, then four 7-bit sign indices and a 4-bit scale
+            word = sum((v % 128) << (7 * g) for g in range(4)) | (v % 16) << 28
+            chunk = np.array([v] * 4, dtype=np.uint8).tobytes() + np.array([word], dtype=np.uint32).tobytes()
+            b[2:] = np.frombuffer(chunk * 8, dtype=np.uint8)
         elif name in ("Q5_0", "Q5_1"):  # d (and m), the fifth bits, the nibbles
             qh = 2 if name == "Q5_0" else 4
             b[qh : qh + 4] = 0xFF if v & 16 else 0
@@ -146,6 +153,7 @@ def test_every_quant_value_is_reached(name):
 # where each format keeps its f16 scales (d, and a minimum's dmin or m): byte offsets in its block
 F16_SCALES = {"Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "Q5_0": [0], "Q5_1": [0, 2], "Q4_0": [0]}
 F16_SCALES |= {"Q4_1": [0, 2], "IQ4_NL": [0], "IQ4_XS": [0], "Q2_K": [80, 82], "Q3_K": [108]}
+F16_SCALES |= {"IQ2_XXS": [0]}
 # the largest, smallest normal and smallest subnormal f16 magnitudes, both signs, and both zeros
 EXTREME_F16 = [0x7BFF, 0xFBFF, 0x0400, 0x8400, 0x0001, 0x8001, 0x0000, 0x8000]
 
@@ -183,8 +191,8 @@ def test_float_formats_dequantize_to_their_values():
 
 
 def test_bad_arguments_are_named():
-    with pytest.raises(CheckpointError, match="'IQ2_XXS' is not supported"):
-        formats.get("IQ2_XXS")
+    with pytest.raises(CheckpointError, match="'TQ1_0' is not supported"):
+        formats.get("TQ1_0")
     with pytest.raises(CheckpointError, match="300 values is not a whole number of Q4_K blocks"):
         formats.row_bytes("Q4_K", 300)
     with pytest.raises(ArgumentError, match="not a whole number of Q8_0 blocks"):
@@ -196,3 +204,15 @@ def test_bad_arguments_are_named():
 
         out = np.empty(32, dtype=np.float32)
         check(lib.eb_dequantize(99, b"\0" * 64, 64, 32, ffi.from_buffer("float[]", out)))
+
+
+def test_the_codebook_header_is_what_its_script_writes():
+    """native/include/eb_iq_tables.h is generated from the gguf package's tables: committed as its script writes it."""
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "native" / "tools" / "gen_iq_tables.py"
+    spec = importlib.util.spec_from_file_location("gen_iq_tables", script)
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert gen.HEADER.read_text() == gen.render(), f"run {script.name}: the header is not what it writes"

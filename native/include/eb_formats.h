@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "eb_convert.h"
+#include "eb_iq_tables.h"
 #include "expertbench.h"
 
 #define EB_CHUNK 32
@@ -195,6 +196,51 @@ static inline int eb_k16_offset(int dtype) { return dtype == EB_DTYPE_Q6_K ? 32 
 /* Where the block's f16 scale d lies (Q2_K's dmin follows it). */
 static inline int eb_k16_d(int dtype) { return dtype == EB_DTYPE_Q2_K ? 80 : dtype == EB_DTYPE_Q3_K ? 108 : 208; }
 
+static inline uint32_t eb_load_u32(const unsigned char *p) {
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* The i-quants: 256-value blocks whose values come in groups of 8, each a codebook entry's magnitudes
+ * (eb_iq_tables.h) with signs from a 7-bit index into eb_iq_ksigns, times a per-chunk scale. IQ2_XXS: an f16 d, then
+ * per chunk j (32 values) eight bytes at 2 + 8j: four grid indices (group l's at byte l), then a 32-bit word of the
+ * four groups' sign indices (bits 7l .. 7l + 6) and the chunk's 4-bit scale s (bits 28..31). Its values are
+ * d (s + 1/2) / 4 times the signed grid values. */
+static inline int eb_dtype_iq(int dtype) { return dtype == EB_DTYPE_IQ2_XXS; }
+
+/* The 32 signed quants of chunk j (< 8) of an i-quant block: each group's grid values, negated where its sign bit is
+ * set (the gguf package's grid * signs). */
+static inline void eb_iq_quants(const unsigned char *b, int dtype, int j, int8_t *q) {
+    (void)dtype; /* IQ2_XXS */
+    const unsigned char *g = b + 2 + 8 * j;
+    uint32_t w = eb_load_u32(g + 4);
+    for (int l = 0; l < 4; l++) {
+        const uint8_t *grid = eb_iq2xxs_grid[g[l]];
+        unsigned s = eb_iq_ksigns[(w >> (7 * l)) & 127];
+        for (int i = 0; i < 8; i++) q[8 * l + i] = (int8_t)((s >> i) & 1 ? -grid[i] : grid[i]);
+    }
+}
+
+/* The 4-bit scale s of half h (values 16h .. 16h + 15) of chunk j. */
+static inline int eb_iq_scale(const unsigned char *b, int dtype, int j, int h) {
+    (void)dtype, (void)h; /* IQ2_XXS: one per chunk */
+    return (int)(eb_load_u32(b + 2 + 8 * j + 4) >> 28);
+}
+
+/* The f32 scale of half h of chunk j as the gguf package forms it, rounded where it rounds: (d (s + 1/2)) / 4. */
+static inline float eb_iq_half_d(const unsigned char *b, int dtype, int j, int h) {
+    float d = eb_f16_to_f32(eb_load_u16(b));
+    return d * (0.5f + (float)eb_iq_scale(b, dtype, j, h)) * 0.25f;
+}
+
+/* The q8 products sum each block's quants times 2 s + 1 in integers and scale the block once by d dx, as llama.cpp's
+ * vec_dot does; what is left of the values' scale (IQ2_XXS: 1/8) multiplies the row's sum once at its end. */
+static inline float eb_iq_row_scale(int dtype) {
+    (void)dtype;
+    return 0.125f;
+}
+
 /* Where chunk c (the values 32c .. 32c + 31) of a quantized row begins, and which of its block's chunks it is. */
 static inline const unsigned char *eb_chunk_block(const void *row, int dtype, int64_t c, int *sub) {
     const eb_format_traits *f = &eb_format_table[dtype];
@@ -252,6 +298,15 @@ static inline void eb_dequantize_chunk(const void *row, int dtype, int64_t c, fl
             int q = (qs[i] >> (4 * (j & 1))) & 0xF;
             if (q5) q |= ((qh[i] >> j) & 1) << 4;
             out[i] = dl * (float)q - ml;
+        }
+        return;
+    }
+    case EB_DTYPE_IQ2_XXS: { /* each half's scale times the signed grid values (negation is exact) */
+        int8_t q[32];
+        eb_iq_quants(b, dtype, j, q);
+        for (int h = 0; h < 2; h++) {
+            float dl = eb_iq_half_d(b, dtype, j, h);
+            for (int i = 16 * h; i < 16 * h + 16; i++) out[i] = dl * (float)q[i];
         }
         return;
     }

@@ -167,6 +167,27 @@ INLINE __m256i k16_quants(k16_half v, int dtype, int h, int s) {
     return _mm256_or_si256(q, _mm256_slli_epi16(third, 2));
 }
 
+/* Chunk j of an i-quant block (eb_iq_quants): its 32 grid magnitudes (unsigned bytes, four 8-byte codebook rows) and
+ * *signs their signs as bytes of +1 / -1 (four rows of eb_iq_sign_bytes). */
+INLINE __m256i iq_grid(const unsigned char *b, int dtype, int j, __m256i *signs) {
+    (void)dtype; /* IQ2_XXS */
+    const unsigned char *g = b + 2 + 8 * j;
+    uint32_t w = eb_load_u32(g + 4);
+    int64_t r[4], s[4];
+    for (int l = 0; l < 4; l++) {
+        memcpy(&r[l], eb_iq2xxs_grid[g[l]], 8);
+        memcpy(&s[l], eb_iq_sign_bytes[(w >> (7 * l)) & 127], 8);
+    }
+    *signs = _mm256_set_epi64x(s[3], s[2], s[1], s[0]);
+    return _mm256_set_epi64x(r[3], r[2], r[1], r[0]);
+}
+
+/* The odd integer scales 2 s + 1 of chunk j's halves as int16: half 0's in the low lane, half 1's in the high. */
+INLINE __m256i iq_scales16(const unsigned char *b, int dtype, int j) {
+    return _mm256_set_m128i(_mm_set1_epi16((short)(2 * eb_iq_scale(b, dtype, j, 1) + 1)),
+                            _mm_set1_epi16((short)(2 * eb_iq_scale(b, dtype, j, 0) + 1)));
+}
+
 /* A 32-value block of Q8_0, MXFP4, Q4_0, Q4_1 or IQ4_NL as its 32 signed quants; *d its scale (Q4_1: then plus its minimum). */
 INLINE __m256i block32_quants(const unsigned char *b, int dtype, float *d) {
     switch (dtype) {
@@ -178,7 +199,7 @@ INLINE __m256i block32_quants(const unsigned char *b, int dtype, float *d) {
     }
 }
 
-/* Chunk c of a Q8_0, MXFP4, Q4_0, Q4_1, IQ4_NL, IQ4_XS, Q6_K, Q2_K or Q3_K row (Q4_K and Q5_K: dequant32_k4, their scales unpacked once per block). */
+/* Chunk c of a Q8_0, MXFP4, Q4_0, Q4_1, IQ4_NL, IQ4_XS, Q6_K, Q2_K, Q3_K or i-quant row (Q4_K and Q5_K: dequant32_k4, their scales unpacked once per block). */
 INLINE void dequant32(const unsigned char *row, int dtype, int64_t c, __m256 *w) {
     int j;
     const unsigned char *b = eb_chunk_block(row, dtype, c, &j);
@@ -201,6 +222,11 @@ INLINE void dequant32(const unsigned char *row, int dtype, int64_t c, __m256 *w)
         __m256 m = _mm256_set1_ps(_cvtsh_ss(eb_load_u16(b + 2)));
         scale_i8x32(q, d, w);
         for (int i = 0; i < 4; i++) w[i] = _mm256_add_ps(w[i], m);
+        return;
+    }
+    case EB_DTYPE_IQ2_XXS: { /* eb_dequantize_chunk's: each half's scale times the signed grid values */
+        __m256i sg, g = iq_grid(b, dtype, j, &sg);
+        scale_i8x32_halves(_mm256_sign_epi8(g, sg), eb_iq_half_d(b, dtype, j, 0), eb_iq_half_d(b, dtype, j, 1), w);
         return;
     }
     case EB_DTYPE_Q6_K:
@@ -535,6 +561,19 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
             UNROLL for (int t = 0; t < T; t++) ksum[t] += _cvtsh_ss(eb_load_u16(b)) * xd[t][k] * (float)hsum_i32(iacc[t]);
             continue;
         }
+        if (eb_dtype_iq(dtype)) { /* per chunk: grid magnitudes times the signed activations, times 2 s + 1 per 16 */
+            for (int j = 0; j < 8; j++) {
+                __m256i sg, g = iq_grid(b, dtype, j, &sg), sc = iq_scales16(b, dtype, j);
+                UNROLL for (int t = 0; t < T; t++) {
+                    __m256i x = _mm256_loadu_si256((const __m256i *)(xq[t] + 256 * k + 32 * j));
+                    __m256i p16 = _mm256_maddubs_epi16(g, _mm256_sign_epi8(x, sg));
+                    iacc[t] = _mm256_add_epi32(iacc[t], _mm256_madd_epi16(p16, sc));
+                }
+            }
+            /* cpu_kernels_portable.c's block_k_q8 expression */
+            UNROLL for (int t = 0; t < T; t++) ksum[t] += _cvtsh_ss(eb_load_u16(b)) * xd[t][k] * (float)hsum_i32(iacc[t]);
+            continue;
+        }
         if (dtype == EB_DTYPE_Q6_K || dtype == EB_DTYPE_Q2_K || dtype == EB_DTYPE_Q3_K) { /* unsigned quants, per 16 */
             int q2 = dtype == EB_DTYPE_Q2_K;
             if (pf && !q2) _mm_prefetch((const char *)((uintptr_t)b + 128 + AHEAD_BYTES), _MM_HINT_T0);
@@ -593,7 +632,10 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
     }
     UNROLL for (int t = 0; t < T; t++) {
         float lanes = hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
-        out[t] = f->block == 256 ? ksum[t] : dtype == EB_DTYPE_Q4_1 ? lanes + ksum[t] : lanes;
+        out[t] = eb_dtype_iq(dtype)   ? eb_iq_row_scale(dtype) * ksum[t]
+                 : f->block == 256    ? ksum[t]
+                 : dtype == EB_DTYPE_Q4_1 ? lanes + ksum[t]
+                                          : lanes;
     }
 }
 
