@@ -202,21 +202,34 @@ static inline uint32_t eb_load_u32(const unsigned char *p) {
     return v;
 }
 
-/* The i-quants: 256-value blocks whose values come in groups of 8, each a codebook entry's magnitudes
- * (eb_iq_tables.h) with signs from a 7-bit index into eb_iq_ksigns, times a per-chunk scale. IQ2_XXS: an f16 d, then
- * per chunk j (32 values) eight bytes at 2 + 8j: four grid indices (group l's at byte l), then a 32-bit word of the
- * four groups' sign indices (bits 7l .. 7l + 6) and the chunk's 4-bit scale s (bits 28..31). Its values are
- * d (s + 1/2) / 4 times the signed grid values. */
-static inline int eb_dtype_iq(int dtype) { return dtype == EB_DTYPE_IQ2_XXS; }
+/* The i-quants: 256-value blocks whose values come in groups of 8, each the magnitudes of codebook entries
+ * (eb_iq_tables.h; IQ3_XXS's hold 4 values, two make a group) with signs from a 7-bit index into eb_iq_ksigns,
+ * times a per-chunk scale. After an f16 d:
+ * - IQ2_XXS: per chunk j (32 values) eight bytes at 2 + 8j: four grid indices (group l's at byte l), then a 32-bit
+ *   word of the four groups' sign indices (bits 7l .. 7l + 6) and the chunk's 4-bit scale s (bits 28..31); the
+ *   values are d (s + 1/2) / 4 times the signed grid values.
+ * - IQ3_XXS: 64 grid indices (chunk j's eight at 2 + 8j), then per chunk a 32-bit word at 66 + 4j as IQ2_XXS's; the
+ *   values are d (s + 1/2) / 2 times the signed grid values. */
+static inline int eb_dtype_iq(int dtype) { return dtype == EB_DTYPE_IQ2_XXS || dtype == EB_DTYPE_IQ3_XXS; }
+
+/* The word of chunk j's sign indices and scale (IQ2_XXS, IQ3_XXS). */
+static inline uint32_t eb_iq_word(const unsigned char *b, int dtype, int j) {
+    return eb_load_u32(b + (dtype == EB_DTYPE_IQ2_XXS ? 6 + 8 * j : 66 + 4 * j));
+}
 
 /* The 32 signed quants of chunk j (< 8) of an i-quant block: each group's grid values, negated where its sign bit is
  * set (the gguf package's grid * signs). */
 static inline void eb_iq_quants(const unsigned char *b, int dtype, int j, int8_t *q) {
-    (void)dtype; /* IQ2_XXS */
     const unsigned char *g = b + 2 + 8 * j;
-    uint32_t w = eb_load_u32(g + 4);
+    uint32_t w = eb_iq_word(b, dtype, j);
     for (int l = 0; l < 4; l++) {
-        const uint8_t *grid = eb_iq2xxs_grid[g[l]];
+        uint8_t grid[8];
+        if (dtype == EB_DTYPE_IQ2_XXS) {
+            memcpy(grid, eb_iq2xxs_grid[g[l]], 8);
+        } else {
+            memcpy(grid, eb_iq3xxs_grid[g[2 * l]], 4);
+            memcpy(grid + 4, eb_iq3xxs_grid[g[2 * l + 1]], 4);
+        }
         unsigned s = eb_iq_ksigns[(w >> (7 * l)) & 127];
         for (int i = 0; i < 8; i++) q[8 * l + i] = (int8_t)((s >> i) & 1 ? -grid[i] : grid[i]);
     }
@@ -224,22 +237,21 @@ static inline void eb_iq_quants(const unsigned char *b, int dtype, int j, int8_t
 
 /* The 4-bit scale s of half h (values 16h .. 16h + 15) of chunk j. */
 static inline int eb_iq_scale(const unsigned char *b, int dtype, int j, int h) {
-    (void)dtype, (void)h; /* IQ2_XXS: one per chunk */
-    return (int)(eb_load_u32(b + 2 + 8 * j + 4) >> 28);
+    (void)h; /* IQ2_XXS, IQ3_XXS: one per chunk */
+    return (int)(eb_iq_word(b, dtype, j) >> 28);
 }
 
-/* The f32 scale of half h of chunk j as the gguf package forms it, rounded where it rounds: (d (s + 1/2)) / 4. */
+/* The f32 scale of half h of chunk j as the gguf package forms it, rounded where it rounds: (d (s + 1/2)) / 4
+ * (IQ3_XXS: / 2). */
 static inline float eb_iq_half_d(const unsigned char *b, int dtype, int j, int h) {
     float d = eb_f16_to_f32(eb_load_u16(b));
-    return d * (0.5f + (float)eb_iq_scale(b, dtype, j, h)) * 0.25f;
+    return d * (0.5f + (float)eb_iq_scale(b, dtype, j, h)) * (dtype == EB_DTYPE_IQ3_XXS ? 0.5f : 0.25f);
 }
 
 /* The q8 products sum each block's quants times 2 s + 1 in integers and scale the block once by d dx, as llama.cpp's
- * vec_dot does; what is left of the values' scale (IQ2_XXS: 1/8) multiplies the row's sum once at its end. */
-static inline float eb_iq_row_scale(int dtype) {
-    (void)dtype;
-    return 0.125f;
-}
+ * vec_dot does; what is left of the values' scale (IQ2_XXS: 1/8, IQ3_XXS: 1/4) multiplies the row's sum once at its
+ * end. */
+static inline float eb_iq_row_scale(int dtype) { return dtype == EB_DTYPE_IQ3_XXS ? 0.25f : 0.125f; }
 
 /* Where chunk c (the values 32c .. 32c + 31) of a quantized row begins, and which of its block's chunks it is. */
 static inline const unsigned char *eb_chunk_block(const void *row, int dtype, int64_t c, int *sub) {
@@ -301,7 +313,8 @@ static inline void eb_dequantize_chunk(const void *row, int dtype, int64_t c, fl
         }
         return;
     }
-    case EB_DTYPE_IQ2_XXS: { /* each half's scale times the signed grid values (negation is exact) */
+    case EB_DTYPE_IQ2_XXS:
+    case EB_DTYPE_IQ3_XXS: { /* each half's scale times the signed grid values (negation is exact) */
         int8_t q[32];
         eb_iq_quants(b, dtype, j, q);
         for (int h = 0; h < 2; h++) {

@@ -41,8 +41,9 @@ extern "C" {
  * files), and Q3_K (256 values: 2-bit quants and a third bit, sixteen signed 6-bit sub-block scales, f16 scale;
  * llama.cpp's Q3_K presets), q8 blocks of 256 too. The i-quants look groups of 8 (or 4) values up in codebooks
  * (eb_iq_tables.h, from the gguf package's) with signs from a 7-bit index: IQ2_XXS (256 values: f16 scale, per 32 a
- * 4-bit scale, four 8-bit grid indices and four sign indices; the gate and up of DeepSeek V4's 2-bit files), q8
- * blocks of 256 as llama.cpp's Q8_K beside it.
+ * 4-bit scale, four 8-bit grid indices and four sign indices; the gate and up of DeepSeek V4's 2-bit files) and
+ * IQ3_XXS (256 values: f16 scale, 8-bit indices into a grid of 4 values, per 32 four sign indices and a 4-bit
+ * scale), q8 blocks of 256 as llama.cpp's Q8_K beside them.
  *
  * The last two columns, the scale block (rows x cols; 0 x 0: none), mark a format whose values are multiplied by a
  * scale companion: a separate f32 tensor of one scale per block of the weight, ceil(rows / scale_rows) x
@@ -70,7 +71,8 @@ extern "C" {
     X(IQ4_XS,       14, 256, 136, 23, 1, 256,   0,   0) \
     X(Q2_K,         15, 256,  84, 10, 1, 256,   0,   0) \
     X(Q3_K,         16, 256, 110, 11, 1, 256,   0,   0) \
-    X(IQ2_XXS,      17, 256,  66, 16, 1, 256,   0,   0)
+    X(IQ2_XXS,      17, 256,  66, 16, 1, 256,   0,   0) \
+    X(IQ3_XXS,      18, 256,  98, 18, 1, 256,   0,   0)
 
 /* Outside the cdef, which expands no macros: Python reads the codes through eb_format_info. */
 typedef enum {

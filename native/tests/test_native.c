@@ -905,7 +905,8 @@ static void fill_weights(unsigned char *w, int dt, int rows, int cols, unsigned 
         case EB_DTYPE_Q4_0:
         case EB_DTYPE_IQ4_NL:
         case EB_DTYPE_IQ4_XS:
-        case EB_DTYPE_IQ2_XXS: memcpy(b, &h, 2); break;
+        case EB_DTYPE_IQ2_XXS:
+        case EB_DTYPE_IQ3_XXS: memcpy(b, &h, 2); break;
         case EB_DTYPE_Q5_1:
         case EB_DTYPE_Q4_1: memcpy(b, &h, 2), memcpy(b + 2, &h2, 2); break;
         case EB_DTYPE_Q4_K:
@@ -1112,6 +1113,13 @@ static void extreme_block(unsigned char *b, int dt) {
             uint32_t word = (j & 1 ? 0x0FFFFFFFu : 0u) | 15u << 28;
             memset(b + 2 + 8 * j, 57, 4);
             memcpy(b + 6 + 8 * j, &word, 4);
+        }
+        return;
+    case EB_DTYPE_IQ3_XXS: /* scales 15, grid entry 135 (the largest magnitudes), all signs + then all - */
+        memset(b + 2, 135, 64);
+        for (int j = 0; j < 8; j++) {
+            uint32_t word = (j & 1 ? 0x0FFFFFFFu : 0u) | 15u << 28;
+            memcpy(b + 66 + 4 * j, &word, 4);
         }
         return;
     default: return;

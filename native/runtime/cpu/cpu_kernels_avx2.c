@@ -167,18 +167,21 @@ INLINE __m256i k16_quants(k16_half v, int dtype, int h, int s) {
     return _mm256_or_si256(q, _mm256_slli_epi16(third, 2));
 }
 
-/* Chunk j of an i-quant block (eb_iq_quants): its 32 grid magnitudes (unsigned bytes, four 8-byte codebook rows) and
- * *signs their signs as bytes of +1 / -1 (four rows of eb_iq_sign_bytes). */
+/* Chunk j of an i-quant block (eb_iq_quants): its 32 grid magnitudes (unsigned bytes: four 8-byte codebook rows, or
+ * eight 4-byte ones) and *signs their signs as bytes of +1 / -1 (four rows of eb_iq_sign_bytes). */
 INLINE __m256i iq_grid(const unsigned char *b, int dtype, int j, __m256i *signs) {
-    (void)dtype; /* IQ2_XXS */
     const unsigned char *g = b + 2 + 8 * j;
-    uint32_t w = eb_load_u32(g + 4);
-    int64_t r[4], s[4];
-    for (int l = 0; l < 4; l++) {
-        memcpy(&r[l], eb_iq2xxs_grid[g[l]], 8);
-        memcpy(&s[l], eb_iq_sign_bytes[(w >> (7 * l)) & 127], 8);
-    }
+    uint32_t w = eb_iq_word(b, dtype, j);
+    int64_t s[4];
+    for (int l = 0; l < 4; l++) memcpy(&s[l], eb_iq_sign_bytes[(w >> (7 * l)) & 127], 8);
     *signs = _mm256_set_epi64x(s[3], s[2], s[1], s[0]);
+    if (dtype == EB_DTYPE_IQ3_XXS) {
+        int32_t r[8];
+        for (int l = 0; l < 8; l++) memcpy(&r[l], eb_iq3xxs_grid[g[l]], 4);
+        return _mm256_set_epi32(r[7], r[6], r[5], r[4], r[3], r[2], r[1], r[0]);
+    }
+    int64_t r[4];
+    for (int l = 0; l < 4; l++) memcpy(&r[l], eb_iq2xxs_grid[g[l]], 8);
     return _mm256_set_epi64x(r[3], r[2], r[1], r[0]);
 }
 
@@ -224,7 +227,8 @@ INLINE void dequant32(const unsigned char *row, int dtype, int64_t c, __m256 *w)
         for (int i = 0; i < 4; i++) w[i] = _mm256_add_ps(w[i], m);
         return;
     }
-    case EB_DTYPE_IQ2_XXS: { /* eb_dequantize_chunk's: each half's scale times the signed grid values */
+    case EB_DTYPE_IQ2_XXS:
+    case EB_DTYPE_IQ3_XXS: { /* eb_dequantize_chunk's: each half's scale times the signed grid values */
         __m256i sg, g = iq_grid(b, dtype, j, &sg);
         scale_i8x32_halves(_mm256_sign_epi8(g, sg), eb_iq_half_d(b, dtype, j, 0), eb_iq_half_d(b, dtype, j, 1), w);
         return;
@@ -561,7 +565,8 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
             UNROLL for (int t = 0; t < T; t++) ksum[t] += _cvtsh_ss(eb_load_u16(b)) * xd[t][k] * (float)hsum_i32(iacc[t]);
             continue;
         }
-        if (eb_dtype_iq(dtype)) { /* per chunk: grid magnitudes times the signed activations, times 2 s + 1 per 16 */
+        if (eb_dtype_iq(dtype)) { /* per chunk: grid magnitudes (at most 62) times the signed activations, times
+                                   * 2 s + 1 per 16 */
             for (int j = 0; j < 8; j++) {
                 __m256i sg, g = iq_grid(b, dtype, j, &sg), sc = iq_scales16(b, dtype, j);
                 UNROLL for (int t = 0; t < T; t++) {
