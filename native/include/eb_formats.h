@@ -209,8 +209,13 @@ static inline uint32_t eb_load_u32(const unsigned char *p) {
  *   word of the four groups' sign indices (bits 7l .. 7l + 6) and the chunk's 4-bit scale s (bits 28..31); the
  *   values are d (s + 1/2) / 4 times the signed grid values.
  * - IQ3_XXS: 64 grid indices (chunk j's eight at 2 + 8j), then per chunk a 32-bit word at 66 + 4j as IQ2_XXS's; the
- *   values are d (s + 1/2) / 2 times the signed grid values. */
-static inline int eb_dtype_iq(int dtype) { return dtype == EB_DTYPE_IQ2_XXS || dtype == EB_DTYPE_IQ3_XXS; }
+ *   values are d (s + 1/2) / 2 times the signed grid values.
+ * - IQ2_XS: 32 16-bit words (chunk j's four at 2 + 8j), each a group's 9-bit grid index and 7-bit sign index above
+ *   it, then per chunk a byte at 66 + j of two 4-bit scales (the low one its first 16 values'); the values are
+ *   d (s + 1/2) / 4 times the signed grid values. */
+static inline int eb_dtype_iq(int dtype) {
+    return dtype == EB_DTYPE_IQ2_XXS || dtype == EB_DTYPE_IQ3_XXS || dtype == EB_DTYPE_IQ2_XS;
+}
 
 /* The word of chunk j's sign indices and scale (IQ2_XXS, IQ3_XXS). */
 static inline uint32_t eb_iq_word(const unsigned char *b, int dtype, int j) {
@@ -221,24 +226,29 @@ static inline uint32_t eb_iq_word(const unsigned char *b, int dtype, int j) {
  * set (the gguf package's grid * signs). */
 static inline void eb_iq_quants(const unsigned char *b, int dtype, int j, int8_t *q) {
     const unsigned char *g = b + 2 + 8 * j;
-    uint32_t w = eb_iq_word(b, dtype, j);
+    uint32_t w = dtype == EB_DTYPE_IQ2_XS ? 0 : eb_iq_word(b, dtype, j);
     for (int l = 0; l < 4; l++) {
         uint8_t grid[8];
-        if (dtype == EB_DTYPE_IQ2_XXS) {
+        unsigned si = (w >> (7 * l)) & 127; /* the group's sign index */
+        if (dtype == EB_DTYPE_IQ2_XS) {
+            unsigned word = eb_load_u16(g + 2 * l);
+            memcpy(grid, eb_iq2xs_grid[word & 511], 8);
+            si = word >> 9;
+        } else if (dtype == EB_DTYPE_IQ2_XXS) {
             memcpy(grid, eb_iq2xxs_grid[g[l]], 8);
         } else {
             memcpy(grid, eb_iq3xxs_grid[g[2 * l]], 4);
             memcpy(grid + 4, eb_iq3xxs_grid[g[2 * l + 1]], 4);
         }
-        unsigned s = eb_iq_ksigns[(w >> (7 * l)) & 127];
+        unsigned s = eb_iq_ksigns[si];
         for (int i = 0; i < 8; i++) q[8 * l + i] = (int8_t)((s >> i) & 1 ? -grid[i] : grid[i]);
     }
 }
 
 /* The 4-bit scale s of half h (values 16h .. 16h + 15) of chunk j. */
 static inline int eb_iq_scale(const unsigned char *b, int dtype, int j, int h) {
-    (void)h; /* IQ2_XXS, IQ3_XXS: one per chunk */
-    return (int)(eb_iq_word(b, dtype, j) >> 28);
+    if (dtype == EB_DTYPE_IQ2_XS) return (b[66 + j] >> (4 * h)) & 15;
+    return (int)(eb_iq_word(b, dtype, j) >> 28); /* IQ2_XXS, IQ3_XXS: one per chunk */
 }
 
 /* The f32 scale of half h of chunk j as the gguf package forms it, rounded where it rounds: (d (s + 1/2)) / 4
@@ -249,7 +259,7 @@ static inline float eb_iq_half_d(const unsigned char *b, int dtype, int j, int h
 }
 
 /* The q8 products sum each block's quants times 2 s + 1 in integers and scale the block once by d dx, as llama.cpp's
- * vec_dot does; what is left of the values' scale (IQ2_XXS: 1/8, IQ3_XXS: 1/4) multiplies the row's sum once at its
+ * vec_dot does; what is left of the values' scale (IQ2_XXS, IQ2_XS: 1/8, IQ3_XXS: 1/4) multiplies the row's sum once at its
  * end. */
 static inline float eb_iq_row_scale(int dtype) { return dtype == EB_DTYPE_IQ3_XXS ? 0.25f : 0.125f; }
 
@@ -314,7 +324,8 @@ static inline void eb_dequantize_chunk(const void *row, int dtype, int64_t c, fl
         return;
     }
     case EB_DTYPE_IQ2_XXS:
-    case EB_DTYPE_IQ3_XXS: { /* each half's scale times the signed grid values (negation is exact) */
+    case EB_DTYPE_IQ3_XXS:
+    case EB_DTYPE_IQ2_XS: { /* each half's scale times the signed grid values (negation is exact) */
         int8_t q[32];
         eb_iq_quants(b, dtype, j, q);
         for (int h = 0; h < 2; h++) {

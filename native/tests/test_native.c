@@ -906,7 +906,8 @@ static void fill_weights(unsigned char *w, int dt, int rows, int cols, unsigned 
         case EB_DTYPE_IQ4_NL:
         case EB_DTYPE_IQ4_XS:
         case EB_DTYPE_IQ2_XXS:
-        case EB_DTYPE_IQ3_XXS: memcpy(b, &h, 2); break;
+        case EB_DTYPE_IQ3_XXS:
+        case EB_DTYPE_IQ2_XS: memcpy(b, &h, 2); break;
         case EB_DTYPE_Q5_1:
         case EB_DTYPE_Q4_1: memcpy(b, &h, 2), memcpy(b + 2, &h2, 2); break;
         case EB_DTYPE_Q4_K:
@@ -1121,6 +1122,13 @@ static void extreme_block(unsigned char *b, int dt) {
             uint32_t word = (j & 1 ? 0x0FFFFFFFu : 0u) | 15u << 28;
             memcpy(b + 66 + 4 * j, &word, 4);
         }
+        return;
+    case EB_DTYPE_IQ2_XS: /* scales 15, grid entry 511 (all 43), all signs + then all - */
+        for (int k = 0; k < 32; k++) {
+            uint16_t q = (uint16_t)(511u | (k & 1 ? 127u : 0u) << 9);
+            memcpy(b + 2 + 2 * k, &q, 2);
+        }
+        memset(b + 66, 0xFF, 8);
         return;
     default: return;
     }

@@ -171,8 +171,18 @@ INLINE __m256i k16_quants(k16_half v, int dtype, int h, int s) {
  * eight 4-byte ones) and *signs their signs as bytes of +1 / -1 (four rows of eb_iq_sign_bytes). */
 INLINE __m256i iq_grid(const unsigned char *b, int dtype, int j, __m256i *signs) {
     const unsigned char *g = b + 2 + 8 * j;
-    uint32_t w = eb_iq_word(b, dtype, j);
     int64_t s[4];
+    if (dtype == EB_DTYPE_IQ2_XS) { /* a 16-bit word a group: grid index, then sign index */
+        int64_t r[4];
+        for (int l = 0; l < 4; l++) {
+            unsigned q = eb_load_u16(g + 2 * l);
+            memcpy(&r[l], eb_iq2xs_grid[q & 511], 8);
+            memcpy(&s[l], eb_iq_sign_bytes[q >> 9], 8);
+        }
+        *signs = _mm256_set_epi64x(s[3], s[2], s[1], s[0]);
+        return _mm256_set_epi64x(r[3], r[2], r[1], r[0]);
+    }
+    uint32_t w = eb_iq_word(b, dtype, j);
     for (int l = 0; l < 4; l++) memcpy(&s[l], eb_iq_sign_bytes[(w >> (7 * l)) & 127], 8);
     *signs = _mm256_set_epi64x(s[3], s[2], s[1], s[0]);
     if (dtype == EB_DTYPE_IQ3_XXS) {
@@ -228,7 +238,8 @@ INLINE void dequant32(const unsigned char *row, int dtype, int64_t c, __m256 *w)
         return;
     }
     case EB_DTYPE_IQ2_XXS:
-    case EB_DTYPE_IQ3_XXS: { /* eb_dequantize_chunk's: each half's scale times the signed grid values */
+    case EB_DTYPE_IQ3_XXS:
+    case EB_DTYPE_IQ2_XS: { /* eb_dequantize_chunk's: each half's scale times the signed grid values */
         __m256i sg, g = iq_grid(b, dtype, j, &sg);
         scale_i8x32_halves(_mm256_sign_epi8(g, sg), eb_iq_half_d(b, dtype, j, 0), eb_iq_half_d(b, dtype, j, 1), w);
         return;
