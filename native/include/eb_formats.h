@@ -212,9 +212,13 @@ static inline uint32_t eb_load_u32(const unsigned char *p) {
  *   values are d (s + 1/2) / 2 times the signed grid values.
  * - IQ2_XS: 32 16-bit words (chunk j's four at 2 + 8j), each a group's 9-bit grid index and 7-bit sign index above
  *   it, then per chunk a byte at 66 + j of two 4-bit scales (the low one its first 16 values'); the values are
- *   d (s + 1/2) / 4 times the signed grid values. */
+ *   d (s + 1/2) / 4 times the signed grid values.
+ * - IQ3_S: the low 8 bits of 64 indices into a 512-entry grid of 4 values (chunk j's eight at 2 + 8j), their ninth
+ *   bits (chunk j's in the byte at 66 + j, index k's bit k), the signs themselves (chunk j's 32 bits at 74 + 4j, one
+ *   a value), then per chunk a 4-bit scale s (bytes 106..109, the even chunk's low); the values are d (1 + 2 s)
+ *   times the signed grid values. */
 static inline int eb_dtype_iq(int dtype) {
-    return dtype == EB_DTYPE_IQ2_XXS || dtype == EB_DTYPE_IQ3_XXS || dtype == EB_DTYPE_IQ2_XS;
+    return dtype == EB_DTYPE_IQ2_XXS || dtype == EB_DTYPE_IQ3_XXS || dtype == EB_DTYPE_IQ2_XS || dtype == EB_DTYPE_IQ3_S;
 }
 
 /* The word of chunk j's sign indices and scale (IQ2_XXS, IQ3_XXS). */
@@ -226,7 +230,7 @@ static inline uint32_t eb_iq_word(const unsigned char *b, int dtype, int j) {
  * set (the gguf package's grid * signs). */
 static inline void eb_iq_quants(const unsigned char *b, int dtype, int j, int8_t *q) {
     const unsigned char *g = b + 2 + 8 * j;
-    uint32_t w = dtype == EB_DTYPE_IQ2_XS ? 0 : eb_iq_word(b, dtype, j);
+    uint32_t w = dtype == EB_DTYPE_IQ2_XS || dtype == EB_DTYPE_IQ3_S ? 0 : eb_iq_word(b, dtype, j);
     for (int l = 0; l < 4; l++) {
         uint8_t grid[8];
         unsigned si = (w >> (7 * l)) & 127; /* the group's sign index */
@@ -234,13 +238,17 @@ static inline void eb_iq_quants(const unsigned char *b, int dtype, int j, int8_t
             unsigned word = eb_load_u16(g + 2 * l);
             memcpy(grid, eb_iq2xs_grid[word & 511], 8);
             si = word >> 9;
+        } else if (dtype == EB_DTYPE_IQ3_S) {
+            int hi = b[66 + j];
+            memcpy(grid, eb_iq3s_grid[g[2 * l] | ((hi >> (2 * l)) & 1) << 8], 4);
+            memcpy(grid + 4, eb_iq3s_grid[g[2 * l + 1] | ((hi >> (2 * l + 1)) & 1) << 8], 4);
         } else if (dtype == EB_DTYPE_IQ2_XXS) {
             memcpy(grid, eb_iq2xxs_grid[g[l]], 8);
         } else {
             memcpy(grid, eb_iq3xxs_grid[g[2 * l]], 4);
             memcpy(grid + 4, eb_iq3xxs_grid[g[2 * l + 1]], 4);
         }
-        unsigned s = eb_iq_ksigns[si];
+        unsigned s = dtype == EB_DTYPE_IQ3_S ? b[74 + 4 * j + l] : eb_iq_ksigns[si];
         for (int i = 0; i < 8; i++) q[8 * l + i] = (int8_t)((s >> i) & 1 ? -grid[i] : grid[i]);
     }
 }
@@ -248,20 +256,24 @@ static inline void eb_iq_quants(const unsigned char *b, int dtype, int j, int8_t
 /* The 4-bit scale s of half h (values 16h .. 16h + 15) of chunk j. */
 static inline int eb_iq_scale(const unsigned char *b, int dtype, int j, int h) {
     if (dtype == EB_DTYPE_IQ2_XS) return (b[66 + j] >> (4 * h)) & 15;
+    if (dtype == EB_DTYPE_IQ3_S) return (b[106 + j / 2] >> (4 * (j & 1))) & 15;
     return (int)(eb_iq_word(b, dtype, j) >> 28); /* IQ2_XXS, IQ3_XXS: one per chunk */
 }
 
 /* The f32 scale of half h of chunk j as the gguf package forms it, rounded where it rounds: (d (s + 1/2)) / 4
- * (IQ3_XXS: / 2). */
+ * (IQ3_XXS: / 2; IQ3_S: d (1 + 2 s), one product). */
 static inline float eb_iq_half_d(const unsigned char *b, int dtype, int j, int h) {
     float d = eb_f16_to_f32(eb_load_u16(b));
+    if (dtype == EB_DTYPE_IQ3_S) return d * (float)(1 + 2 * eb_iq_scale(b, dtype, j, h));
     return d * (0.5f + (float)eb_iq_scale(b, dtype, j, h)) * (dtype == EB_DTYPE_IQ3_XXS ? 0.5f : 0.25f);
 }
 
 /* The q8 products sum each block's quants times 2 s + 1 in integers and scale the block once by d dx, as llama.cpp's
- * vec_dot does; what is left of the values' scale (IQ2_XXS, IQ2_XS: 1/8, IQ3_XXS: 1/4) multiplies the row's sum once at its
- * end. */
-static inline float eb_iq_row_scale(int dtype) { return dtype == EB_DTYPE_IQ3_XXS ? 0.25f : 0.125f; }
+ * vec_dot does; what is left of the values' scale (IQ2_XXS, IQ2_XS: 1/8, IQ3_XXS: 1/4, IQ3_S: none) multiplies the
+ * row's sum once at its end. */
+static inline float eb_iq_row_scale(int dtype) {
+    return dtype == EB_DTYPE_IQ3_S ? 1.0f : dtype == EB_DTYPE_IQ3_XXS ? 0.25f : 0.125f;
+}
 
 /* Where chunk c (the values 32c .. 32c + 31) of a quantized row begins, and which of its block's chunks it is. */
 static inline const unsigned char *eb_chunk_block(const void *row, int dtype, int64_t c, int *sub) {
@@ -325,7 +337,8 @@ static inline void eb_dequantize_chunk(const void *row, int dtype, int64_t c, fl
     }
     case EB_DTYPE_IQ2_XXS:
     case EB_DTYPE_IQ3_XXS:
-    case EB_DTYPE_IQ2_XS: { /* each half's scale times the signed grid values (negation is exact) */
+    case EB_DTYPE_IQ2_XS:
+    case EB_DTYPE_IQ3_S: { /* each half's scale times the signed grid values (negation is exact) */
         int8_t q[32];
         eb_iq_quants(b, dtype, j, q);
         for (int h = 0; h < 2; h++) {

@@ -907,7 +907,8 @@ static void fill_weights(unsigned char *w, int dt, int rows, int cols, unsigned 
         case EB_DTYPE_IQ4_XS:
         case EB_DTYPE_IQ2_XXS:
         case EB_DTYPE_IQ3_XXS:
-        case EB_DTYPE_IQ2_XS: memcpy(b, &h, 2); break;
+        case EB_DTYPE_IQ2_XS:
+        case EB_DTYPE_IQ3_S: memcpy(b, &h, 2); break;
         case EB_DTYPE_Q5_1:
         case EB_DTYPE_Q4_1: memcpy(b, &h, 2), memcpy(b + 2, &h2, 2); break;
         case EB_DTYPE_Q4_K:
@@ -1129,6 +1130,12 @@ static void extreme_block(unsigned char *b, int dt) {
             memcpy(b + 2 + 2 * k, &q, 2);
         }
         memset(b + 66, 0xFF, 8);
+        return;
+    case EB_DTYPE_IQ3_S: /* scales 15, grid entry 338 (the largest magnitudes), all signs + then all - */
+        memset(b + 2, 338 & 255, 64);
+        memset(b + 66, 0xFF, 8);
+        for (int j = 0; j < 8; j++) memset(b + 74 + 4 * j, j & 1 ? 0xFF : 0x00, 4);
+        memset(b + 106, 0xFF, 4);
         return;
     default: return;
     }

@@ -182,6 +182,16 @@ INLINE __m256i iq_grid(const unsigned char *b, int dtype, int j, __m256i *signs)
         *signs = _mm256_set_epi64x(s[3], s[2], s[1], s[0]);
         return _mm256_set_epi64x(r[3], r[2], r[1], r[0]);
     }
+    if (dtype == EB_DTYPE_IQ3_S) { /* 9-bit indices, and a sign bit a value: byte i of the 32 bits at 74 + 4j is
+                                    * bit i % 8 of byte i / 8, spread by a shuffle and compared with its bit */
+        int32_t r[8];
+        for (int k = 0; k < 8; k++) memcpy(&r[k], eb_iq3s_grid[g[k] | ((b[66 + j] >> k) & 1) << 8], 4);
+        __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)eb_load_u32(b + 74 + 4 * j)),
+                                        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+        const __m256i bit = _mm256_set1_epi64x((int64_t)0x8040201008040201u);
+        *signs = _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), _mm256_set1_epi8(1));
+        return _mm256_set_epi32(r[7], r[6], r[5], r[4], r[3], r[2], r[1], r[0]);
+    }
     uint32_t w = eb_iq_word(b, dtype, j);
     for (int l = 0; l < 4; l++) memcpy(&s[l], eb_iq_sign_bytes[(w >> (7 * l)) & 127], 8);
     *signs = _mm256_set_epi64x(s[3], s[2], s[1], s[0]);
@@ -239,7 +249,8 @@ INLINE void dequant32(const unsigned char *row, int dtype, int64_t c, __m256 *w)
     }
     case EB_DTYPE_IQ2_XXS:
     case EB_DTYPE_IQ3_XXS:
-    case EB_DTYPE_IQ2_XS: { /* eb_dequantize_chunk's: each half's scale times the signed grid values */
+    case EB_DTYPE_IQ2_XS:
+    case EB_DTYPE_IQ3_S: { /* eb_dequantize_chunk's: each half's scale times the signed grid values */
         __m256i sg, g = iq_grid(b, dtype, j, &sg);
         scale_i8x32_halves(_mm256_sign_epi8(g, sg), eb_iq_half_d(b, dtype, j, 0), eb_iq_half_d(b, dtype, j, 1), w);
         return;
