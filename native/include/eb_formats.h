@@ -275,6 +275,35 @@ static inline float eb_iq_row_scale(int dtype) {
     return dtype == EB_DTYPE_IQ3_S ? 1.0f : dtype == EB_DTYPE_IQ3_XXS ? 0.25f : 0.125f;
 }
 
+/* The 1-bit i-quants: per group of 8 values an 11-bit index into a 2048-entry grid of -1, 0 and +1 (eb_iq1s_grid)
+ * and the sign of a shift of 1/8 (delta); the values are d (2 s + 1) times (grid value + delta), s a 3-bit scale, the
+ * first product rounded, as the gguf package forms them.
+ * - IQ1_S: an f16 d, the low 8 bits of 32 indices (chunk j's four at 2 + 4j), then per chunk a 16-bit word at
+ *   34 + 2j: its groups' top 3 index bits (bits 3l ..), its scale s (bits 12..14) and its delta's sign (bit 15). */
+static inline int eb_dtype_iq1(int dtype) { return dtype == EB_DTYPE_IQ1_S; }
+
+/* The 32 grid values (-1, 0, +1) of chunk j (< 8) of a 1-bit block, and its four groups' delta signs (+1 or -1). */
+static inline void eb_iq1_quants(const unsigned char *b, int dtype, int j, int8_t *q, int *delta) {
+    (void)dtype; /* IQ1_S */
+    unsigned w = eb_load_u16(b + 34 + 2 * j);
+    for (int l = 0; l < 4; l++) {
+        memcpy(q + 8 * l, eb_iq1s_grid[b[2 + 4 * j + l] | ((w >> (3 * l)) & 7) << 8], 8);
+        delta[l] = w & 0x8000 ? -1 : 1;
+    }
+}
+
+/* The 3-bit scale s of half h (values 16h .. 16h + 15) of chunk j of a 1-bit block (IQ1_S: one per chunk). */
+static inline int eb_iq1_scale(const unsigned char *b, int dtype, int j, int h) {
+    (void)dtype, (void)h;
+    return (eb_load_u16(b + 34 + 2 * j) >> 12) & 7;
+}
+
+/* A 1-bit block's f16 d as f32. */
+static inline float eb_iq1_d(const unsigned char *b, int dtype) {
+    (void)dtype;
+    return eb_f16_to_f32(eb_load_u16(b));
+}
+
 /* Where chunk c (the values 32c .. 32c + 31) of a quantized row begins, and which of its block's chunks it is. */
 static inline const unsigned char *eb_chunk_block(const void *row, int dtype, int64_t c, int *sub) {
     const eb_format_traits *f = &eb_format_table[dtype];
@@ -344,6 +373,17 @@ static inline void eb_dequantize_chunk(const void *row, int dtype, int64_t c, fl
         for (int h = 0; h < 2; h++) {
             float dl = eb_iq_half_d(b, dtype, j, h);
             for (int i = 16 * h; i < 16 * h + 16; i++) out[i] = dl * (float)q[i];
+        }
+        return;
+    }
+    case EB_DTYPE_IQ1_S: { /* d (2 s + 1) rounded, times each grid value plus its group's delta (an exact sum) */
+        int8_t q[32];
+        int delta[4];
+        eb_iq1_quants(b, dtype, j, q, delta);
+        float d = eb_iq1_d(b, dtype);
+        for (int h = 0; h < 2; h++) {
+            float dl = d * (float)(2 * eb_iq1_scale(b, dtype, j, h) + 1);
+            for (int i = 16 * h; i < 16 * h + 16; i++) out[i] = dl * ((float)q[i] + 0.125f * (float)delta[i / 8]);
         }
         return;
     }

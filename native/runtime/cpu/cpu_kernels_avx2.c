@@ -211,6 +211,26 @@ INLINE __m256i iq_scales16(const unsigned char *b, int dtype, int j) {
                             _mm_set1_epi16((short)(2 * eb_iq_scale(b, dtype, j, 0) + 1)));
 }
 
+/* Chunk j of a 1-bit block (eb_iq1_quants): its 32 grid values (-1, 0, +1) from four 8-byte rows, *dsign its groups'
+ * delta signs as 8 bytes of +1 / -1 each, and dl its halves' scales d (2 s + 1). */
+INLINE __m256i iq1_grid(const unsigned char *b, int dtype, int j, __m256i *dsign, float *dl) {
+    int8_t q[32];
+    int delta[4];
+    eb_iq1_quants(b, dtype, j, q, delta);
+    const int64_t plus = 0x0101010101010101, minus = -1;
+    *dsign = _mm256_set_epi64x(delta[3] < 0 ? minus : plus, delta[2] < 0 ? minus : plus, delta[1] < 0 ? minus : plus,
+                               delta[0] < 0 ? minus : plus);
+    float d = eb_iq1_d(b, dtype);
+    for (int h = 0; h < 2; h++) dl[h] = d * (float)(2 * eb_iq1_scale(b, dtype, j, h) + 1);
+    return _mm256_loadu_si256((const __m256i *)q);
+}
+
+/* The odd integer scales 2 s + 1 of a 1-bit chunk's halves as int16: half 0's in the low lane, half 1's in the high. */
+INLINE __m256i iq1_scales16(const unsigned char *b, int dtype, int j) {
+    return _mm256_set_m128i(_mm_set1_epi16((short)(2 * eb_iq1_scale(b, dtype, j, 1) + 1)),
+                            _mm_set1_epi16((short)(2 * eb_iq1_scale(b, dtype, j, 0) + 1)));
+}
+
 /* A 32-value block of Q8_0, MXFP4, Q4_0, Q4_1 or IQ4_NL as its 32 signed quants; *d its scale (Q4_1: then plus its minimum). */
 INLINE __m256i block32_quants(const unsigned char *b, int dtype, float *d) {
     switch (dtype) {
@@ -253,6 +273,19 @@ INLINE void dequant32(const unsigned char *row, int dtype, int64_t c, __m256 *w)
     case EB_DTYPE_IQ3_S: { /* eb_dequantize_chunk's: each half's scale times the signed grid values */
         __m256i sg, g = iq_grid(b, dtype, j, &sg);
         scale_i8x32_halves(_mm256_sign_epi8(g, sg), eb_iq_half_d(b, dtype, j, 0), eb_iq_half_d(b, dtype, j, 1), w);
+        return;
+    }
+    case EB_DTYPE_IQ1_S: { /* eb_dequantize_chunk's dl (grid value + delta), per 8 values */
+        __m256i ds;
+        float dl[2];
+        __m256i q = iq1_grid(b, dtype, j, &ds, dl);
+        __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+        __m128i dlo = _mm256_castsi256_si128(ds), dhi = _mm256_extracti128_si256(ds, 1);
+        const __m256 eighth = _mm256_set1_ps(0.125f);
+        w[0] = _mm256_mul_ps(_mm256_set1_ps(dl[0]), _mm256_add_ps(cvt_i8(lo), _mm256_mul_ps(eighth, cvt_i8(dlo))));
+        w[1] = _mm256_mul_ps(_mm256_set1_ps(dl[0]), _mm256_add_ps(cvt_i8(_mm_srli_si128(lo, 8)), _mm256_mul_ps(eighth, cvt_i8(_mm_srli_si128(dlo, 8)))));
+        w[2] = _mm256_mul_ps(_mm256_set1_ps(dl[1]), _mm256_add_ps(cvt_i8(hi), _mm256_mul_ps(eighth, cvt_i8(dhi))));
+        w[3] = _mm256_mul_ps(_mm256_set1_ps(dl[1]), _mm256_add_ps(cvt_i8(_mm_srli_si128(hi, 8)), _mm256_mul_ps(eighth, cvt_i8(_mm_srli_si128(dhi, 8)))));
         return;
     }
     case EB_DTYPE_Q6_K:
@@ -585,6 +618,26 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
             }
             /* cpu_kernels_portable.c's block_k_q8 expression */
             UNROLL for (int t = 0; t < T; t++) ksum[t] += _cvtsh_ss(eb_load_u16(b)) * xd[t][k] * (float)hsum_i32(iacc[t]);
+            continue;
+        }
+        if (eb_dtype_iq1(dtype)) { /* per chunk: the grid values times the activations (the sign trick), and the
+                                    * deltas' signs times them, each times 2 s + 1 per 16 */
+            __m256i macc[4];
+            UNROLL for (int t = 0; t < T; t++) macc[t] = _mm256_setzero_si256();
+            const __m256i ones = _mm256_set1_epi8(1);
+            for (int j = 0; j < 8; j++) {
+                __m256i ds;
+                float dl[2];
+                __m256i g = iq1_grid(b, dtype, j, &ds, dl), ag = _mm256_sign_epi8(g, g), sc = iq1_scales16(b, dtype, j);
+                UNROLL for (int t = 0; t < T; t++) {
+                    __m256i x = _mm256_loadu_si256((const __m256i *)(xq[t] + 256 * k + 32 * j));
+                    iacc[t] = _mm256_add_epi32(iacc[t], _mm256_madd_epi16(_mm256_maddubs_epi16(ag, _mm256_sign_epi8(x, g)), sc));
+                    macc[t] = _mm256_add_epi32(macc[t], _mm256_madd_epi16(_mm256_maddubs_epi16(ones, _mm256_sign_epi8(x, ds)), sc));
+                }
+            }
+            /* cpu_kernels_portable.c's block_k_q8 expression */
+            UNROLL for (int t = 0; t < T; t++)
+                ksum[t] += eb_iq1_d(b, dtype) * xd[t][k] * ((float)hsum_i32(iacc[t]) + 0.125f * (float)hsum_i32(macc[t]));
             continue;
         }
         if (eb_dtype_iq(dtype)) { /* per chunk: grid magnitudes (at most 62) times the signed activations, times

@@ -152,7 +152,8 @@ static float min_block_value(const unsigned char *dm, float dx, int32_t isum, in
 }
 
 /* A K-format or i-quant block (256 values) against 256 activations of one scale (i-quants: eb_iq_quants' values
- * per 16 times their odd scales 2 s + 1, llama.cpp's vec_dot's integers): the eight sub-blocks' integer sums times
+ * per 16 times their odd scales 2 s + 1, llama.cpp's vec_dot's integers; the 1-bit ones' deltas apart, in msum, and
+ * added as 1/8 of it, as its vec_dot's one float expression): the eight sub-blocks' integer sums times
  * their 6-bit (Q4_K, Q5_K, IQ4_XS's signed ones; Q3_K's signed, per 16), int8 (Q6_K, per 16) or 4-bit (Q2_K, per
  * 16) scales, summed in integers, then scaled once; the minima (Q4_K, Q5_K, Q2_K) and the offsets of Q6_K (32) and
  * Q3_K (4) through the activations' sums of 16. The vector kernels compute the same integers and this same float expression. */
@@ -167,6 +168,20 @@ static float block_k_q8(const unsigned char *b, int dtype, const int8_t *x, floa
             isum += eb_iq4xs_scale(b, j) * part;
         }
         return eb_f16_to_f32(eb_load_u16(b)) * dx * (float)isum;
+    }
+    if (eb_dtype_iq1(dtype)) { /* per 16 values: the grid values times the activations, and the deltas' signs times
+                                * their 8 activations' sums, each times 2 s + 1 */
+        for (int j = 0; j < 8; j++) {
+            int8_t q[32];
+            int delta[4];
+            eb_iq1_quants(b, dtype, j, q, delta);
+            for (int h = 0; h < 2; h++) {
+                int32_t part = 0, dpart = 0, ls = 2 * eb_iq1_scale(b, dtype, j, h) + 1;
+                for (int i = 16 * h; i < 16 * h + 16; i++) part += q[i] * x[32 * j + i], dpart += delta[i / 8] * x[32 * j + i];
+                isum += ls * part, msum += ls * dpart;
+            }
+        }
+        return eb_iq1_d(b, dtype) * dx * ((float)isum + 0.125f * (float)msum);
     }
     if (eb_dtype_iq(dtype)) { /* each half chunk's signed grid values times its activations, times 2 s + 1 */
         for (int j = 0; j < 8; j++) {
