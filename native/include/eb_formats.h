@@ -279,13 +279,24 @@ static inline float eb_iq_row_scale(int dtype) {
  * and the sign of a shift of 1/8 (delta); the values are d (2 s + 1) times (grid value + delta), s a 3-bit scale, the
  * first product rounded, as the gguf package forms them.
  * - IQ1_S: an f16 d, the low 8 bits of 32 indices (chunk j's four at 2 + 4j), then per chunk a 16-bit word at
- *   34 + 2j: its groups' top 3 index bits (bits 3l ..), its scale s (bits 12..14) and its delta's sign (bit 15). */
-static inline int eb_dtype_iq1(int dtype) { return dtype == EB_DTYPE_IQ1_S; }
+ *   34 + 2j: its groups' top 3 index bits (bits 3l ..), its scale s (bits 12..14) and its delta's sign (bit 15).
+ * - IQ1_M: the low 8 bits of 32 indices (chunk j's four at 4j), then per group a nibble (chunk j's four in the bytes
+ *   at 32 + 2j, the even group's low) of its top 3 index bits and its delta's sign (bit 3), then four 16-bit words at
+ *   48: per 16 values a 3-bit scale (chunk j's two in word j / 2, bits 6 (j % 2) ..), and in the words' top nibbles
+ *   the f16 d (its low nibble in the first word's). */
+static inline int eb_dtype_iq1(int dtype) { return dtype == EB_DTYPE_IQ1_S || dtype == EB_DTYPE_IQ1_M; }
 
 /* The 32 grid values (-1, 0, +1) of chunk j (< 8) of a 1-bit block, and its four groups' delta signs (+1 or -1). */
 static inline void eb_iq1_quants(const unsigned char *b, int dtype, int j, int8_t *q, int *delta) {
-    (void)dtype; /* IQ1_S */
-    unsigned w = eb_load_u16(b + 34 + 2 * j);
+    if (dtype == EB_DTYPE_IQ1_M) {
+        for (int l = 0; l < 4; l++) {
+            unsigned nib = (b[32 + 2 * j + l / 2] >> (4 * (l % 2))) & 15;
+            memcpy(q + 8 * l, eb_iq1s_grid[b[4 * j + l] | (nib & 7) << 8], 8);
+            delta[l] = nib & 8 ? -1 : 1;
+        }
+        return;
+    }
+    unsigned w = eb_load_u16(b + 34 + 2 * j); /* IQ1_S */
     for (int l = 0; l < 4; l++) {
         memcpy(q + 8 * l, eb_iq1s_grid[b[2 + 4 * j + l] | ((w >> (3 * l)) & 7) << 8], 8);
         delta[l] = w & 0x8000 ? -1 : 1;
@@ -294,13 +305,15 @@ static inline void eb_iq1_quants(const unsigned char *b, int dtype, int j, int8_
 
 /* The 3-bit scale s of half h (values 16h .. 16h + 15) of chunk j of a 1-bit block (IQ1_S: one per chunk). */
 static inline int eb_iq1_scale(const unsigned char *b, int dtype, int j, int h) {
-    (void)dtype, (void)h;
+    if (dtype == EB_DTYPE_IQ1_M) return (eb_load_u16(b + 48 + 2 * (j / 2)) >> (6 * (j % 2) + 3 * h)) & 7;
     return (eb_load_u16(b + 34 + 2 * j) >> 12) & 7;
 }
 
-/* A 1-bit block's f16 d as f32. */
+/* A 1-bit block's f16 d (IQ1_M's from the top nibbles of its four scale words) as f32. */
 static inline float eb_iq1_d(const unsigned char *b, int dtype) {
-    (void)dtype;
+    if (dtype == EB_DTYPE_IQ1_M)
+        return eb_f16_to_f32((uint16_t)((eb_load_u16(b + 48) >> 12) | ((eb_load_u16(b + 50) >> 8) & 0x00F0) |
+                                        ((eb_load_u16(b + 52) >> 4) & 0x0F00) | (eb_load_u16(b + 54) & 0xF000)));
     return eb_f16_to_f32(eb_load_u16(b));
 }
 
@@ -376,7 +389,8 @@ static inline void eb_dequantize_chunk(const void *row, int dtype, int64_t c, fl
         }
         return;
     }
-    case EB_DTYPE_IQ1_S: { /* d (2 s + 1) rounded, times each grid value plus its group's delta (an exact sum) */
+    case EB_DTYPE_IQ1_S:
+    case EB_DTYPE_IQ1_M: { /* d (2 s + 1) rounded, times each grid value plus its group's delta (an exact sum) */
         int8_t q[32];
         int delta[4];
         eb_iq1_quants(b, dtype, j, q, delta);

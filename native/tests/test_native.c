@@ -917,6 +917,9 @@ static void fill_weights(unsigned char *w, int dt, int rows, int cols, unsigned 
         case EB_DTYPE_Q6_K: memcpy(b + 208, &h, 2); break;
         case EB_DTYPE_Q2_K: memcpy(b + 80, &h, 2), memcpy(b + 82, &h2, 2); break;
         case EB_DTYPE_Q3_K: memcpy(b + 108, &h, 2); break;
+        case EB_DTYPE_IQ1_M: /* d in the top nibbles of the scale words */
+            for (int k = 0; k < 4; k++) b[49 + 2 * k] = (unsigned char)((b[49 + 2 * k] & 0x0F) | ((h >> (4 * k)) & 0xF) << 4);
+            break;
         case EB_DTYPE_MXFP4: b[0] = (unsigned char)(100 + *seed % 51); break;
         case EB_DTYPE_F8_E4M3_B128: b[0] = (b[0] & 0x7F) == 0x7F ? b[0] ^ 1 : b[0]; break; /* no NaN */
         default: break;
@@ -1144,6 +1147,13 @@ static void extreme_block(unsigned char *b, int dt) {
             memset(b + 2 + 4 * j, j & 1 ? 0xFF : 0x00, 4);
             memcpy(b + 34 + 2 * j, &word, 2);
         }
+        return;
+    case EB_DTYPE_IQ1_M: /* scales 7, grid entries 0 (all -1) and 2047 (all +1), deltas of the same sign; d kept */
+        for (int j = 0; j < 8; j++) {
+            memset(b + 4 * j, j & 1 ? 0xFF : 0x00, 4);
+            memset(b + 32 + 2 * j, j & 1 ? 0x77 : 0x88, 2);
+        }
+        for (int k = 0; k < 4; k++) b[48 + 2 * k] = 0xFF, b[49 + 2 * k] |= 0x0F;
         return;
     default: return;
     }

@@ -275,7 +275,8 @@ INLINE void dequant32(const unsigned char *row, int dtype, int64_t c, __m256 *w)
         scale_i8x32_halves(_mm256_sign_epi8(g, sg), eb_iq_half_d(b, dtype, j, 0), eb_iq_half_d(b, dtype, j, 1), w);
         return;
     }
-    case EB_DTYPE_IQ1_S: { /* eb_dequantize_chunk's dl (grid value + delta), per 8 values */
+    case EB_DTYPE_IQ1_S:
+    case EB_DTYPE_IQ1_M: { /* eb_dequantize_chunk's dl (grid value + delta), per 8 values */
         __m256i ds;
         float dl[2];
         __m256i q = iq1_grid(b, dtype, j, &ds, dl);
