@@ -71,7 +71,7 @@ def test_decode_products_runs_through_the_cpu_module(tmp_path):
     assert row, out  # the bench demo target's 352 MB of weights per token
     assert all(float(v) > 0 for v in row.groups())
     for args in (
-        [module, "--dtype", "iq2_xxs"],  # a format the core does not have
+        [module, "--dtype", "tq1_0"],  # a format the core does not have
         [module, "--precision", "q4"],
         [module, "--tokens", "0"],
         [module, "--bogus"],

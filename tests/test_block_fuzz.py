@@ -15,7 +15,7 @@ import random
 import gguf
 import numpy as np
 import pytest
-from test_format_pairs import F32_TOLERANCE, PROMPT, f16_fields, reference_logits, relative_error, write_model
+from test_format_pairs import F32_TOLERANCE, PROMPT, f16_fields, f16_put, reference_logits, relative_error, write_model
 
 from engine.core import formats
 from engine.core.errors import CheckpointError
@@ -40,16 +40,18 @@ def damage(path, name: str, fmt: str, rng: random.Random) -> tuple[str, int]:
     t = next(t for t in reader.tensors if t.name == name)
     block_bytes = formats.get(fmt).block_bytes
     block = rng.randrange(t.n_bytes // block_bytes)
-    if fmt == "MXFP4":
-        value = rng.choice(E8M0_EXTREMES)
-        at, new = 0, bytes([value])
-    else:
-        at = rng.choice(f16_fields(fmt))
-        value = rng.choice(F16_EXTREMES)
-        new = value.tobytes()
     with open(path, "r+b") as f:
-        f.seek(t.data_offset + block * block_bytes + at)
-        f.write(new)
+        f.seek(t.data_offset + block * block_bytes)
+        raw = np.frombuffer(f.read(block_bytes), dtype=np.uint8).copy().reshape(1, -1)
+        if fmt == "MXFP4":
+            value = rng.choice(E8M0_EXTREMES)
+            at, raw[0, 0] = 0, value
+        else:
+            at = rng.choice(f16_fields(fmt))
+            value = rng.choice(F16_EXTREMES)
+            f16_put(fmt, raw, at, value.view(np.uint16))
+        f.seek(t.data_offset + block * block_bytes)
+        f.write(raw.tobytes())
     experts = int(t.shape[-1])  # GGUF order: [cols, rows, experts]
     return f"{name} block {block} byte {at} = {value!r}", block // (t.n_bytes // block_bytes // experts)
 

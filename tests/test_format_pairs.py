@@ -55,8 +55,29 @@ F16_MINIMUM = ("Q4_K", "Q5_K", "Q5_1", "Q4_1", "Q2_K")  # the formats whose bloc
 
 
 def f16_fields(name: str) -> list[int]:
-    """Where a block's f16 scale lies, then its f16 minimum where it has one: byte offsets."""
-    return {"Q6_K": [208], "Q2_K": [80, 82], "Q3_K": [108]}.get(name, [0, 2] if name in F16_MINIMUM else [0])
+    """Where a block's f16 scale lies, then its f16 minimum where it has one: byte offsets (IQ1_M's d lies in the top
+    nibbles of its four scale words at 48: f16_get and f16_put read and write it there)."""
+    return {"Q6_K": [208], "Q2_K": [80, 82], "Q3_K": [108], "IQ1_M": [48]}.get(
+        name, [0, 2] if name in F16_MINIMUM else [0]
+    )
+
+
+def f16_get(name: str, raw: np.ndarray, at: int) -> np.ndarray:
+    """The f16 field at byte `at` (f16_fields) of each block of raw (n x block_bytes), as uint16 bits."""
+    if name == "IQ1_M":  # nibble k of d: the high nibble of byte 49 + 2k
+        return sum((raw[:, 49 + 2 * k].astype(np.uint16) >> 4) << (4 * k) for k in range(4)).astype(np.uint16)
+    return np.ascontiguousarray(raw[:, at : at + 2]).view(np.uint16).reshape(-1)
+
+
+def f16_put(name: str, raw: np.ndarray, at: int, bits) -> None:
+    """Set the f16 field at byte `at` of each block of raw to bits (uint16, one or one per block)."""
+    bits = np.broadcast_to(np.asarray(bits, dtype=np.uint16), (raw.shape[0],))
+    if name == "IQ1_M":
+        for k in range(4):
+            nibble = ((bits >> (4 * k)) & 0xF).astype(np.uint8)
+            raw[:, 49 + 2 * k] = (raw[:, 49 + 2 * k] & 0x0F) | (nibble << 4)
+        return
+    raw[:, at : at + 2] = np.ascontiguousarray(bits).view(np.uint8).reshape(-1, 2)
 
 
 def _unit_scales(name: str, raw: np.ndarray) -> None:
@@ -67,7 +88,7 @@ def _unit_scales(name: str, raw: np.ndarray) -> None:
         raw[:, 0] = 127
     else:
         fields = f16_fields(name)
-        raw[:, fields[0] : fields[0] + 2] = np.array([one], dtype=np.uint16).view(np.uint8)
+        f16_put(name, raw, fields[0], one)
         if name in half:  # dmin: the minima scaled to about the mean of the quants times the scales
             raw[:, fields[1] : fields[1] + 2] = np.array([np.float16(half[name])], dtype=np.float16).view(np.uint8)
         elif name in ("Q5_1", "Q4_1"):  # m = -15.5 d (-7.5 d): quants 0..31 (0..15) about zero
@@ -80,10 +101,9 @@ def _rescale(name: str, raw: np.ndarray, factor: float) -> None:
     if name == "MXFP4":
         raw[:, 0] = np.clip(raw[:, 0].astype(int) + int(round(np.log2(factor))), 1, 254)
         return
-    for lo in f16_fields(name):
-        hi = lo + 2
-        v = np.ascontiguousarray(raw[:, lo:hi]).view(np.float16).astype(np.float32) * factor
-        raw[:, lo:hi] = v.astype(np.float16).view(np.uint8)
+    for at in f16_fields(name):
+        v = f16_get(name, raw, at).view(np.float16).astype(np.float32) * factor
+        f16_put(name, raw, at, v.astype(np.float16).view(np.uint16))
 
 
 def make_weights(name: str, shape: tuple[int, ...], std: float, rng) -> tuple[np.ndarray, np.ndarray]:

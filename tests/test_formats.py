@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
+from test_format_pairs import f16_put
 
 from engine.core import formats
 from engine.core.errors import ArgumentError, CheckpointError, UnsupportedError
@@ -36,6 +37,8 @@ def _blocks(name: str, n: int, seed: int) -> np.ndarray:
     elif name in ("Q6_K", "Q3_K"):  # d after the quants and scales
         at = 208 if name == "Q6_K" else 108
         raw[:, at : at + 2] = _f16_bits(rng, n).view(np.uint8).reshape(n, 2)
+    elif name == "IQ1_M":  # d in the top nibbles of the scale words
+        f16_put(name, raw, 48, _f16_bits(rng, n))
     elif name == "Q2_K":  # d and dmin after the scales and quants
         raw[:, 80:82] = _f16_bits(rng, n).view(np.uint8).reshape(n, 2)
         raw[:, 82:84] = _f16_bits(rng, n).view(np.uint8).reshape(n, 2)
@@ -78,6 +81,7 @@ def test_the_python_table_is_the_cores():
     assert {f.name: f.q8_block for f in formats.FORMATS.values() if f.q8_block} == {
         "Q8_0": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "MXFP4": 32,
         "Q4_0": 32, "Q4_1": 32, "IQ4_NL": 32, "IQ4_XS": 256, "Q2_K": 256, "Q3_K": 256,
+        "IQ2_XXS": 256, "IQ3_XXS": 256, "IQ2_XS": 256, "IQ3_S": 256, "IQ1_S": 256, "IQ1_M": 256,
     }  # fmt: skip
     desc = ffi.new("eb_format_desc *")
     for bad in (-1, lib.eb_format_count()):
@@ -102,6 +106,8 @@ def test_dequantize_matches_the_gguf_package_bit_for_bit(name):
 # how many quant values each format's codes name
 LEVELS = {"Q8_0": 256, "MXFP4": 16, "Q4_K": 16, "Q5_K": 32, "Q6_K": 64, "Q5_0": 32, "Q5_1": 32, "Q4_0": 16}
 LEVELS |= {"Q4_1": 16, "IQ4_NL": 16, "IQ4_XS": 16, "Q2_K": 4, "Q3_K": 8}
+# the i-quants: every codebook entry, and with it every sign index and chunk scale (v modulo their counts)
+LEVELS |= {"IQ2_XXS": 256, "IQ3_XXS": 256, "IQ2_XS": 512, "IQ3_S": 512, "IQ1_S": 2048, "IQ1_M": 2048}
 
 
 @pytest.mark.parametrize("name", QUANTIZED)
@@ -133,6 +139,30 @@ def test_every_quant_value_is_reached(name):
         elif name == "Q3_K":  # the third bits, then the 2-bit fields
             b[0:32] = 0xFF if v & 4 else 0
             b[32:96] = (v & 3) * 0x55
+        elif name == "IQ2_XXS":  # per chunk four grid indices, then four 7-bit sign indices and a 4-bit scale
+            word = sum((v % 128) << (7 * g) for g in range(4)) | (v % 16) << 28
+            chunk = np.array([v] * 4, dtype=np.uint8).tobytes() + np.array([word], dtype=np.uint32).tobytes()
+            b[2:] = np.frombuffer(chunk * 8, dtype=np.uint8)
+        elif name == "IQ3_XXS":  # 64 grid indices, then per chunk four 7-bit sign indices and a 4-bit scale
+            word = sum((v % 128) << (7 * g) for g in range(4)) | (v % 16) << 28
+            b[2:66] = v
+            b[66:98] = np.frombuffer(np.array([word] * 8, dtype=np.uint32).tobytes(), dtype=np.uint8)
+        elif name == "IQ2_XS":  # per group of 8 a 9-bit grid index and a 7-bit sign index, then the scales
+            b[2:66] = np.frombuffer(np.array([v | (v % 128) << 9] * 32, dtype=np.uint16).tobytes(), dtype=np.uint8)
+            b[66:74] = v % 256
+        elif name == "IQ3_S":  # the indices' low 8 bits, their ninth, the signs, the scales
+            b[2:66], b[66:74], b[74:106], b[106:110] = v & 255, 0xFF if v & 256 else 0, v % 256, (v % 16) * 0x11
+        elif name == "IQ1_S":  # the indices' low 8 bits, then per chunk their top 3, a scale and the delta's sign
+            top = v >> 8
+            word = top | top << 3 | top << 6 | top << 9 | (v % 8) << 12 | (v // 8 % 2) << 15
+            b[2:34] = v & 255
+            b[34:50] = np.frombuffer(np.array([word] * 8, dtype=np.uint16).tobytes(), dtype=np.uint8)
+        elif name == "IQ1_M":  # the indices' low 8 bits, per group their top 3 and the delta's sign, the scales
+            nibble = v >> 8 | (v // 8 % 2) << 3
+            scales = (v % 8) * 0o1111  # the four 3-bit scales of a word; its top nibble (d's) kept below
+            b[0:32], b[32:48] = v & 255, nibble | nibble << 4
+            b[48:56:2] = scales & 0xFF
+            b[49:56:2] = (b[49:56:2] & 0xF0) | scales >> 8
         elif name in ("Q5_0", "Q5_1"):  # d (and m), the fifth bits, the nibbles
             qh = 2 if name == "Q5_0" else 4
             b[qh : qh + 4] = 0xFF if v & 16 else 0
@@ -146,6 +176,7 @@ def test_every_quant_value_is_reached(name):
 # where each format keeps its f16 scales (d, and a minimum's dmin or m): byte offsets in its block
 F16_SCALES = {"Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "Q5_0": [0], "Q5_1": [0, 2], "Q4_0": [0]}
 F16_SCALES |= {"Q4_1": [0, 2], "IQ4_NL": [0], "IQ4_XS": [0], "Q2_K": [80, 82], "Q3_K": [108]}
+F16_SCALES |= {"IQ2_XXS": [0], "IQ3_XXS": [0], "IQ2_XS": [0], "IQ3_S": [0], "IQ1_S": [0], "IQ1_M": [48]}
 # the largest, smallest normal and smallest subnormal f16 magnitudes, both signs, and both zeros
 EXTREME_F16 = [0x7BFF, 0xFBFF, 0x0400, 0x8400, 0x0001, 0x8001, 0x0000, 0x8000]
 
@@ -165,7 +196,7 @@ def test_extreme_scales_with_every_code(name):
         if fill is not None:
             blocks[i, :] = fill
         for off, bits in zip(fields, scales, strict=True):
-            blocks[i, off : off + 2] = np.array([bits], dtype=np.uint16).view(np.uint8)
+            f16_put(name, blocks[i : i + 1], off, bits)
     ours = formats.dequantize(name, blocks.tobytes(), blocks.shape[0] * fmt.block)
     with np.errstate(over="ignore", invalid="ignore"):
         theirs = gguf_dequantize(blocks, GGMLQuantizationType(fmt.ggml_type)).reshape(-1)
@@ -183,8 +214,8 @@ def test_float_formats_dequantize_to_their_values():
 
 
 def test_bad_arguments_are_named():
-    with pytest.raises(CheckpointError, match="'IQ2_XXS' is not supported"):
-        formats.get("IQ2_XXS")
+    with pytest.raises(CheckpointError, match="'TQ1_0' is not supported"):
+        formats.get("TQ1_0")
     with pytest.raises(CheckpointError, match="300 values is not a whole number of Q4_K blocks"):
         formats.row_bytes("Q4_K", 300)
     with pytest.raises(ArgumentError, match="not a whole number of Q8_0 blocks"):
@@ -196,3 +227,15 @@ def test_bad_arguments_are_named():
 
         out = np.empty(32, dtype=np.float32)
         check(lib.eb_dequantize(99, b"\0" * 64, 64, 32, ffi.from_buffer("float[]", out)))
+
+
+def test_the_codebook_header_is_what_its_script_writes():
+    """native/include/eb_iq_tables.h is generated from the gguf package's tables: committed as its script writes it."""
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "native" / "tools" / "gen_iq_tables.py"
+    spec = importlib.util.spec_from_file_location("gen_iq_tables", script)
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert gen.HEADER.read_text() == gen.render(), f"run {script.name}: the header is not what it writes"

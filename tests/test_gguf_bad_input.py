@@ -186,8 +186,8 @@ def test_unknown_tensor_type_code(tmp_path, good, layout):
 
 
 def test_a_ggml_type_the_engine_does_not_run(tmp_path, good, layout):
-    path = patched(tmp_path, good, (layout.tensors["blk.0.attn_q.weight"]["type"], struct.pack("<I", 16)))
-    refused(path, UnsupportedError, r"tensor 'blk.0.attn_q.weight' is stored as IQ2_XXS, a format the engine does not "
+    path = patched(tmp_path, good, (layout.tensors["blk.0.attn_q.weight"]["type"], struct.pack("<I", 34)))
+    refused(path, UnsupportedError, r"tensor 'blk.0.attn_q.weight' is stored as TQ1_0, a format the engine does not "
                                     r"run \(expected one of F32")  # fmt: skip
 
 

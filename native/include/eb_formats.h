@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "eb_convert.h"
+#include "eb_iq_tables.h"
 #include "expertbench.h"
 
 #define EB_CHUNK 32
@@ -195,6 +196,127 @@ static inline int eb_k16_offset(int dtype) { return dtype == EB_DTYPE_Q6_K ? 32 
 /* Where the block's f16 scale d lies (Q2_K's dmin follows it). */
 static inline int eb_k16_d(int dtype) { return dtype == EB_DTYPE_Q2_K ? 80 : dtype == EB_DTYPE_Q3_K ? 108 : 208; }
 
+static inline uint32_t eb_load_u32(const unsigned char *p) {
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* The i-quants: 256-value blocks whose values come in groups of 8, each the magnitudes of codebook entries
+ * (eb_iq_tables.h; IQ3_XXS's hold 4 values, two make a group) with signs from a 7-bit index into eb_iq_ksigns,
+ * times a per-chunk scale. After an f16 d:
+ * - IQ2_XXS: per chunk j (32 values) eight bytes at 2 + 8j: four grid indices (group l's at byte l), then a 32-bit
+ *   word of the four groups' sign indices (bits 7l .. 7l + 6) and the chunk's 4-bit scale s (bits 28..31); the
+ *   values are d (s + 1/2) / 4 times the signed grid values.
+ * - IQ3_XXS: 64 grid indices (chunk j's eight at 2 + 8j), then per chunk a 32-bit word at 66 + 4j as IQ2_XXS's; the
+ *   values are d (s + 1/2) / 2 times the signed grid values.
+ * - IQ2_XS: 32 16-bit words (chunk j's four at 2 + 8j), each a group's 9-bit grid index and 7-bit sign index above
+ *   it, then per chunk a byte at 66 + j of two 4-bit scales (the low one its first 16 values'); the values are
+ *   d (s + 1/2) / 4 times the signed grid values.
+ * - IQ3_S: the low 8 bits of 64 indices into a 512-entry grid of 4 values (chunk j's eight at 2 + 8j), their ninth
+ *   bits (chunk j's in the byte at 66 + j, index k's bit k), the signs themselves (chunk j's 32 bits at 74 + 4j, one
+ *   a value), then per chunk a 4-bit scale s (bytes 106..109, the even chunk's low); the values are d (1 + 2 s)
+ *   times the signed grid values. */
+static inline int eb_dtype_iq(int dtype) {
+    return dtype == EB_DTYPE_IQ2_XXS || dtype == EB_DTYPE_IQ3_XXS || dtype == EB_DTYPE_IQ2_XS || dtype == EB_DTYPE_IQ3_S;
+}
+
+/* The word of chunk j's sign indices and scale (IQ2_XXS, IQ3_XXS). */
+static inline uint32_t eb_iq_word(const unsigned char *b, int dtype, int j) {
+    return eb_load_u32(b + (dtype == EB_DTYPE_IQ2_XXS ? 6 + 8 * j : 66 + 4 * j));
+}
+
+/* The 32 signed quants of chunk j (< 8) of an i-quant block: each group's grid values, negated where its sign bit is
+ * set (the gguf package's grid * signs). */
+static inline void eb_iq_quants(const unsigned char *b, int dtype, int j, int8_t *q) {
+    const unsigned char *g = b + 2 + 8 * j;
+    uint32_t w = dtype == EB_DTYPE_IQ2_XS || dtype == EB_DTYPE_IQ3_S ? 0 : eb_iq_word(b, dtype, j);
+    for (int l = 0; l < 4; l++) {
+        uint8_t grid[8];
+        unsigned si = (w >> (7 * l)) & 127; /* the group's sign index */
+        if (dtype == EB_DTYPE_IQ2_XS) {
+            unsigned word = eb_load_u16(g + 2 * l);
+            memcpy(grid, eb_iq2xs_grid[word & 511], 8);
+            si = word >> 9;
+        } else if (dtype == EB_DTYPE_IQ3_S) {
+            int hi = b[66 + j];
+            memcpy(grid, eb_iq3s_grid[g[2 * l] | ((hi >> (2 * l)) & 1) << 8], 4);
+            memcpy(grid + 4, eb_iq3s_grid[g[2 * l + 1] | ((hi >> (2 * l + 1)) & 1) << 8], 4);
+        } else if (dtype == EB_DTYPE_IQ2_XXS) {
+            memcpy(grid, eb_iq2xxs_grid[g[l]], 8);
+        } else {
+            memcpy(grid, eb_iq3xxs_grid[g[2 * l]], 4);
+            memcpy(grid + 4, eb_iq3xxs_grid[g[2 * l + 1]], 4);
+        }
+        unsigned s = dtype == EB_DTYPE_IQ3_S ? b[74 + 4 * j + l] : eb_iq_ksigns[si];
+        for (int i = 0; i < 8; i++) q[8 * l + i] = (int8_t)((s >> i) & 1 ? -grid[i] : grid[i]);
+    }
+}
+
+/* The 4-bit scale s of half h (values 16h .. 16h + 15) of chunk j. */
+static inline int eb_iq_scale(const unsigned char *b, int dtype, int j, int h) {
+    if (dtype == EB_DTYPE_IQ2_XS) return (b[66 + j] >> (4 * h)) & 15;
+    if (dtype == EB_DTYPE_IQ3_S) return (b[106 + j / 2] >> (4 * (j & 1))) & 15;
+    return (int)(eb_iq_word(b, dtype, j) >> 28); /* IQ2_XXS, IQ3_XXS: one per chunk */
+}
+
+/* The f32 scale of half h of chunk j as the gguf package forms it, rounded where it rounds: (d (s + 1/2)) / 4
+ * (IQ3_XXS: / 2; IQ3_S: d (1 + 2 s), one product). */
+static inline float eb_iq_half_d(const unsigned char *b, int dtype, int j, int h) {
+    float d = eb_f16_to_f32(eb_load_u16(b));
+    if (dtype == EB_DTYPE_IQ3_S) return d * (float)(1 + 2 * eb_iq_scale(b, dtype, j, h));
+    return d * (0.5f + (float)eb_iq_scale(b, dtype, j, h)) * (dtype == EB_DTYPE_IQ3_XXS ? 0.5f : 0.25f);
+}
+
+/* The q8 products sum each block's quants times 2 s + 1 in integers and scale the block once by d dx, as llama.cpp's
+ * vec_dot does; what is left of the values' scale (IQ2_XXS, IQ2_XS: 1/8, IQ3_XXS: 1/4, IQ3_S: none) multiplies the
+ * row's sum once at its end. */
+static inline float eb_iq_row_scale(int dtype) {
+    return dtype == EB_DTYPE_IQ3_S ? 1.0f : dtype == EB_DTYPE_IQ3_XXS ? 0.25f : 0.125f;
+}
+
+/* The 1-bit i-quants: per group of 8 values an 11-bit index into a 2048-entry grid of -1, 0 and +1 (eb_iq1s_grid)
+ * and the sign of a shift of 1/8 (delta); the values are d (2 s + 1) times (grid value + delta), s a 3-bit scale, the
+ * first product rounded, as the gguf package forms them.
+ * - IQ1_S: an f16 d, the low 8 bits of 32 indices (chunk j's four at 2 + 4j), then per chunk a 16-bit word at
+ *   34 + 2j: its groups' top 3 index bits (bits 3l ..), its scale s (bits 12..14) and its delta's sign (bit 15).
+ * - IQ1_M: the low 8 bits of 32 indices (chunk j's four at 4j), then per group a nibble (chunk j's four in the bytes
+ *   at 32 + 2j, the even group's low) of its top 3 index bits and its delta's sign (bit 3), then four 16-bit words at
+ *   48: per 16 values a 3-bit scale (chunk j's two in word j / 2, bits 6 (j % 2) ..), and in the words' top nibbles
+ *   the f16 d (its low nibble in the first word's). */
+static inline int eb_dtype_iq1(int dtype) { return dtype == EB_DTYPE_IQ1_S || dtype == EB_DTYPE_IQ1_M; }
+
+/* The 32 grid values (-1, 0, +1) of chunk j (< 8) of a 1-bit block, and its four groups' delta signs (+1 or -1). */
+static inline void eb_iq1_quants(const unsigned char *b, int dtype, int j, int8_t *q, int *delta) {
+    if (dtype == EB_DTYPE_IQ1_M) {
+        for (int l = 0; l < 4; l++) {
+            unsigned nib = (b[32 + 2 * j + l / 2] >> (4 * (l % 2))) & 15;
+            memcpy(q + 8 * l, eb_iq1s_grid[b[4 * j + l] | (nib & 7) << 8], 8);
+            delta[l] = nib & 8 ? -1 : 1;
+        }
+        return;
+    }
+    unsigned w = eb_load_u16(b + 34 + 2 * j); /* IQ1_S */
+    for (int l = 0; l < 4; l++) {
+        memcpy(q + 8 * l, eb_iq1s_grid[b[2 + 4 * j + l] | ((w >> (3 * l)) & 7) << 8], 8);
+        delta[l] = w & 0x8000 ? -1 : 1;
+    }
+}
+
+/* The 3-bit scale s of half h (values 16h .. 16h + 15) of chunk j of a 1-bit block (IQ1_S: one per chunk). */
+static inline int eb_iq1_scale(const unsigned char *b, int dtype, int j, int h) {
+    if (dtype == EB_DTYPE_IQ1_M) return (eb_load_u16(b + 48 + 2 * (j / 2)) >> (6 * (j % 2) + 3 * h)) & 7;
+    return (eb_load_u16(b + 34 + 2 * j) >> 12) & 7;
+}
+
+/* A 1-bit block's f16 d (IQ1_M's from the top nibbles of its four scale words) as f32. */
+static inline float eb_iq1_d(const unsigned char *b, int dtype) {
+    if (dtype == EB_DTYPE_IQ1_M)
+        return eb_f16_to_f32((uint16_t)((eb_load_u16(b + 48) >> 12) | ((eb_load_u16(b + 50) >> 8) & 0x00F0) |
+                                        ((eb_load_u16(b + 52) >> 4) & 0x0F00) | (eb_load_u16(b + 54) & 0xF000)));
+    return eb_f16_to_f32(eb_load_u16(b));
+}
+
 /* Where chunk c (the values 32c .. 32c + 31) of a quantized row begins, and which of its block's chunks it is. */
 static inline const unsigned char *eb_chunk_block(const void *row, int dtype, int64_t c, int *sub) {
     const eb_format_traits *f = &eb_format_table[dtype];
@@ -252,6 +374,30 @@ static inline void eb_dequantize_chunk(const void *row, int dtype, int64_t c, fl
             int q = (qs[i] >> (4 * (j & 1))) & 0xF;
             if (q5) q |= ((qh[i] >> j) & 1) << 4;
             out[i] = dl * (float)q - ml;
+        }
+        return;
+    }
+    case EB_DTYPE_IQ2_XXS:
+    case EB_DTYPE_IQ3_XXS:
+    case EB_DTYPE_IQ2_XS:
+    case EB_DTYPE_IQ3_S: { /* each half's scale times the signed grid values (negation is exact) */
+        int8_t q[32];
+        eb_iq_quants(b, dtype, j, q);
+        for (int h = 0; h < 2; h++) {
+            float dl = eb_iq_half_d(b, dtype, j, h);
+            for (int i = 16 * h; i < 16 * h + 16; i++) out[i] = dl * (float)q[i];
+        }
+        return;
+    }
+    case EB_DTYPE_IQ1_S:
+    case EB_DTYPE_IQ1_M: { /* d (2 s + 1) rounded, times each grid value plus its group's delta (an exact sum) */
+        int8_t q[32];
+        int delta[4];
+        eb_iq1_quants(b, dtype, j, q, delta);
+        float d = eb_iq1_d(b, dtype);
+        for (int h = 0; h < 2; h++) {
+            float dl = d * (float)(2 * eb_iq1_scale(b, dtype, j, h) + 1);
+            for (int i = 16 * h; i < 16 * h + 16; i++) out[i] = dl * ((float)q[i] + 0.125f * (float)delta[i / 8]);
         }
         return;
     }

@@ -39,7 +39,15 @@ extern "C" {
  * sub-block scales, IQ4_NL's codes), q8 blocks of 256 as llama.cpp's Q8_K beside it, and Q2_K (256 values: sixteen
  * 4-bit sub-block scales and minima, 2-bit quants, f16 scale and minimum; the down projections of llama.cpp's 2-bit
  * files), and Q3_K (256 values: 2-bit quants and a third bit, sixteen signed 6-bit sub-block scales, f16 scale;
- * llama.cpp's Q3_K presets), q8 blocks of 256 too.
+ * llama.cpp's Q3_K presets), q8 blocks of 256 too. The i-quants look groups of 8 (or 4) values up in codebooks
+ * (eb_iq_tables.h, from the gguf package's) with signs from a 7-bit index: IQ2_XXS (256 values: f16 scale, per 32 a
+ * 4-bit scale, four 8-bit grid indices and four sign indices; the gate and up of DeepSeek V4's 2-bit files) and
+ * IQ3_XXS (256 values: f16 scale, 8-bit indices into a grid of 4 values, per 32 four sign indices and a 4-bit
+ * scale) and IQ2_XS (256 values: f16 scale, per 8 a 9-bit index into a grid of 8 values and a sign index, per 16 a
+ * 4-bit scale), IQ3_S (256 values: f16 scale, 9-bit indices into a grid of 4 values, a sign bit a value, per 32 a
+ * 4-bit scale), and the 1-bit IQ1_S (256 values: f16 scale, per 8 an 11-bit index into a grid of -1, 0, +1, per 32 a
+ * 3-bit scale and the sign of a shift of 1/8) and IQ1_M (IQ1_S's grid, per 8 the shift's sign, per 16 a 3-bit
+ * scale, the f16 scale in the scales' top bits), q8 blocks of 256 as llama.cpp's Q8_K beside them.
  *
  * The last two columns, the scale block (rows x cols; 0 x 0: none), mark a format whose values are multiplied by a
  * scale companion: a separate f32 tensor of one scale per block of the weight, ceil(rows / scale_rows) x
@@ -66,7 +74,13 @@ extern "C" {
     X(IQ4_NL,       13, 32,  18,  20, 1,  32,   0,   0) \
     X(IQ4_XS,       14, 256, 136, 23, 1, 256,   0,   0) \
     X(Q2_K,         15, 256,  84, 10, 1, 256,   0,   0) \
-    X(Q3_K,         16, 256, 110, 11, 1, 256,   0,   0)
+    X(Q3_K,         16, 256, 110, 11, 1, 256,   0,   0) \
+    X(IQ2_XXS,      17, 256,  66, 16, 1, 256,   0,   0) \
+    X(IQ3_XXS,      18, 256,  98, 18, 1, 256,   0,   0) \
+    X(IQ2_XS,       19, 256,  74, 17, 1, 256,   0,   0) \
+    X(IQ3_S,        20, 256, 110, 21, 1, 256,   0,   0) \
+    X(IQ1_S,        21, 256,  50, 19, 1, 256,   0,   0) \
+    X(IQ1_M,        22, 256,  56, 29, 1, 256,   0,   0)
 
 /* Outside the cdef, which expands no macros: Python reads the codes through eb_format_info. */
 typedef enum {

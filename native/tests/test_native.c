@@ -904,7 +904,12 @@ static void fill_weights(unsigned char *w, int dt, int rows, int cols, unsigned 
         case EB_DTYPE_Q5_0:
         case EB_DTYPE_Q4_0:
         case EB_DTYPE_IQ4_NL:
-        case EB_DTYPE_IQ4_XS: memcpy(b, &h, 2); break;
+        case EB_DTYPE_IQ4_XS:
+        case EB_DTYPE_IQ2_XXS:
+        case EB_DTYPE_IQ3_XXS:
+        case EB_DTYPE_IQ2_XS:
+        case EB_DTYPE_IQ3_S:
+        case EB_DTYPE_IQ1_S: memcpy(b, &h, 2); break;
         case EB_DTYPE_Q5_1:
         case EB_DTYPE_Q4_1: memcpy(b, &h, 2), memcpy(b + 2, &h2, 2); break;
         case EB_DTYPE_Q4_K:
@@ -912,6 +917,9 @@ static void fill_weights(unsigned char *w, int dt, int rows, int cols, unsigned 
         case EB_DTYPE_Q6_K: memcpy(b + 208, &h, 2); break;
         case EB_DTYPE_Q2_K: memcpy(b + 80, &h, 2), memcpy(b + 82, &h2, 2); break;
         case EB_DTYPE_Q3_K: memcpy(b + 108, &h, 2); break;
+        case EB_DTYPE_IQ1_M: /* d in the top nibbles of the scale words */
+            for (int k = 0; k < 4; k++) b[49 + 2 * k] = (unsigned char)((b[49 + 2 * k] & 0x0F) | ((h >> (4 * k)) & 0xF) << 4);
+            break;
         case EB_DTYPE_MXFP4: b[0] = (unsigned char)(100 + *seed % 51); break;
         case EB_DTYPE_F8_E4M3_B128: b[0] = (b[0] & 0x7F) == 0x7F ? b[0] ^ 1 : b[0]; break; /* no NaN */
         default: break;
@@ -1105,6 +1113,47 @@ static void extreme_block(unsigned char *b, int dt) {
     case EB_DTYPE_Q3_K: /* quants -4 and 3, scales -32 */
         for (int i = 0; i < 96; i++) b[i] = i & 1 ? 0xFF : 0x00;
         memset(b + 96, 0, 12);
+        return;
+    case EB_DTYPE_IQ2_XXS: /* scales 15, grid entry 57 (the largest magnitudes), all signs + then all - */
+        for (int j = 0; j < 8; j++) {
+            uint32_t word = (j & 1 ? 0x0FFFFFFFu : 0u) | 15u << 28;
+            memset(b + 2 + 8 * j, 57, 4);
+            memcpy(b + 6 + 8 * j, &word, 4);
+        }
+        return;
+    case EB_DTYPE_IQ3_XXS: /* scales 15, grid entry 135 (the largest magnitudes), all signs + then all - */
+        memset(b + 2, 135, 64);
+        for (int j = 0; j < 8; j++) {
+            uint32_t word = (j & 1 ? 0x0FFFFFFFu : 0u) | 15u << 28;
+            memcpy(b + 66 + 4 * j, &word, 4);
+        }
+        return;
+    case EB_DTYPE_IQ2_XS: /* scales 15, grid entry 511 (all 43), all signs + then all - */
+        for (int k = 0; k < 32; k++) {
+            uint16_t q = (uint16_t)(511u | (k & 1 ? 127u : 0u) << 9);
+            memcpy(b + 2 + 2 * k, &q, 2);
+        }
+        memset(b + 66, 0xFF, 8);
+        return;
+    case EB_DTYPE_IQ3_S: /* scales 15, grid entry 338 (the largest magnitudes), all signs + then all - */
+        memset(b + 2, 338 & 255, 64);
+        memset(b + 66, 0xFF, 8);
+        for (int j = 0; j < 8; j++) memset(b + 74 + 4 * j, j & 1 ? 0xFF : 0x00, 4);
+        memset(b + 106, 0xFF, 4);
+        return;
+    case EB_DTYPE_IQ1_S: /* scales 7, grid entries 0 (all -1) and 2047 (all +1), deltas of the same sign */
+        for (int j = 0; j < 8; j++) {
+            uint16_t word = j & 1 ? 0x7FFFu : 0xF000u; /* top index bits 7 (2047) and +delta, or 0 (0) and -delta */
+            memset(b + 2 + 4 * j, j & 1 ? 0xFF : 0x00, 4);
+            memcpy(b + 34 + 2 * j, &word, 2);
+        }
+        return;
+    case EB_DTYPE_IQ1_M: /* scales 7, grid entries 0 (all -1) and 2047 (all +1), deltas of the same sign; d kept */
+        for (int j = 0; j < 8; j++) {
+            memset(b + 4 * j, j & 1 ? 0xFF : 0x00, 4);
+            memset(b + 32 + 2 * j, j & 1 ? 0x77 : 0x88, 2);
+        }
+        for (int k = 0; k < 4; k++) b[48 + 2 * k] = 0xFF, b[49 + 2 * k] |= 0x0F;
         return;
     default: return;
     }

@@ -167,6 +167,79 @@ INLINE __m256i k16_quants(k16_half v, int dtype, int h, int s) {
     return _mm256_or_si256(q, _mm256_slli_epi16(third, 2));
 }
 
+/* Four 8-byte rows (codebook entries, sign bytes) as one vector, loaded straight into its lanes. */
+INLINE __m256i rows8x4(const void *p0, const void *p1, const void *p2, const void *p3) {
+    __m128i lo = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)p0), _mm_loadl_epi64((const __m128i *)p1));
+    __m128i hi = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)p2), _mm_loadl_epi64((const __m128i *)p3));
+    return _mm256_set_m128i(hi, lo);
+}
+
+/* Eight 4-byte codebook entries (IQ3_XXS, IQ3_S) of one grid as one vector. */
+INLINE __m256i rows4x8(const uint8_t (*grid)[4], const unsigned *k) {
+    return _mm256_set_epi32((int)eb_load_u32(grid[k[7]]), (int)eb_load_u32(grid[k[6]]), (int)eb_load_u32(grid[k[5]]),
+                            (int)eb_load_u32(grid[k[4]]), (int)eb_load_u32(grid[k[3]]), (int)eb_load_u32(grid[k[2]]),
+                            (int)eb_load_u32(grid[k[1]]), (int)eb_load_u32(grid[k[0]]));
+}
+
+/* Chunk j of an i-quant block (eb_iq_quants): its 32 grid magnitudes (unsigned bytes: four 8-byte codebook rows, or
+ * eight 4-byte ones) and *signs their signs as bytes of +1 / -1 (four rows of eb_iq_sign_bytes). */
+INLINE __m256i iq_grid(const unsigned char *b, int dtype, int j, __m256i *signs) {
+    const unsigned char *g = b + 2 + 8 * j;
+    if (dtype == EB_DTYPE_IQ2_XS) { /* a 16-bit word a group: grid index, then sign index */
+        unsigned q0 = eb_load_u16(g), q1 = eb_load_u16(g + 2), q2 = eb_load_u16(g + 4), q3 = eb_load_u16(g + 6);
+        *signs = rows8x4(eb_iq_sign_bytes[q0 >> 9], eb_iq_sign_bytes[q1 >> 9], eb_iq_sign_bytes[q2 >> 9],
+                         eb_iq_sign_bytes[q3 >> 9]);
+        return rows8x4(eb_iq2xs_grid[q0 & 511], eb_iq2xs_grid[q1 & 511], eb_iq2xs_grid[q2 & 511], eb_iq2xs_grid[q3 & 511]);
+    }
+    if (dtype == EB_DTYPE_IQ3_S) { /* 9-bit indices, and a sign bit a value: byte i of the 32 bits at 74 + 4j is
+                                    * bit i % 8 of byte i / 8, spread by a shuffle and compared with its bit */
+        unsigned k[8], hi = b[66 + j];
+        UNROLL for (int i = 0; i < 8; i++) k[i] = g[i] | ((hi >> i) & 1) << 8;
+        __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)eb_load_u32(b + 74 + 4 * j)),
+                                        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+        const __m256i bit = _mm256_set1_epi64x((int64_t)0x8040201008040201u);
+        *signs = _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), _mm256_set1_epi8(1));
+        return rows4x8(eb_iq3s_grid, k);
+    }
+    uint32_t w = eb_iq_word(b, dtype, j);
+    *signs = rows8x4(eb_iq_sign_bytes[w & 127], eb_iq_sign_bytes[(w >> 7) & 127], eb_iq_sign_bytes[(w >> 14) & 127],
+                     eb_iq_sign_bytes[(w >> 21) & 127]);
+    if (dtype == EB_DTYPE_IQ3_XXS) {
+        unsigned k[8];
+        UNROLL for (int i = 0; i < 8; i++) k[i] = g[i];
+        return rows4x8(eb_iq3xxs_grid, k);
+    }
+    return rows8x4(eb_iq2xxs_grid[g[0]], eb_iq2xxs_grid[g[1]], eb_iq2xxs_grid[g[2]], eb_iq2xxs_grid[g[3]]);
+}
+
+/* The odd integer scales 2 s + 1 of chunk j's halves as int16: half 0's in the low lane, half 1's in the high. */
+INLINE __m256i iq_scales16(const unsigned char *b, int dtype, int j) {
+    return _mm256_set_m128i(_mm_set1_epi16((short)(2 * eb_iq_scale(b, dtype, j, 1) + 1)),
+                            _mm_set1_epi16((short)(2 * eb_iq_scale(b, dtype, j, 0) + 1)));
+}
+
+/* Chunk j of a 1-bit block (eb_iq1_quants): its 32 grid values (-1, 0, +1) from four 8-byte rows, *dsign its groups'
+ * delta signs as 8 bytes of +1 / -1 each. */
+INLINE __m256i iq1_grid(const unsigned char *b, int dtype, int j, __m256i *dsign) {
+    unsigned k[4], neg[4]; /* each group's grid index and whether its delta is negative */
+    if (dtype == EB_DTYPE_IQ1_M) {
+        unsigned h = eb_load_u16(b + 32 + 2 * j);
+        UNROLL for (int l = 0; l < 4; l++) k[l] = b[4 * j + l] | ((h >> (4 * l)) & 7) << 8, neg[l] = (h >> (4 * l + 3)) & 1;
+    } else {
+        unsigned w = eb_load_u16(b + 34 + 2 * j);
+        UNROLL for (int l = 0; l < 4; l++) k[l] = b[2 + 4 * j + l] | ((w >> (3 * l)) & 7) << 8, neg[l] = w >> 15;
+    }
+    const int64_t plus = 0x0101010101010101, minus = -1;
+    *dsign = _mm256_set_epi64x(neg[3] ? minus : plus, neg[2] ? minus : plus, neg[1] ? minus : plus, neg[0] ? minus : plus);
+    return rows8x4(eb_iq1s_grid[k[0]], eb_iq1s_grid[k[1]], eb_iq1s_grid[k[2]], eb_iq1s_grid[k[3]]);
+}
+
+/* The odd integer scales 2 s + 1 of a 1-bit chunk's halves as int16: half 0's in the low lane, half 1's in the high. */
+INLINE __m256i iq1_scales16(const unsigned char *b, int dtype, int j) {
+    return _mm256_set_m128i(_mm_set1_epi16((short)(2 * eb_iq1_scale(b, dtype, j, 1) + 1)),
+                            _mm_set1_epi16((short)(2 * eb_iq1_scale(b, dtype, j, 0) + 1)));
+}
+
 /* A 32-value block of Q8_0, MXFP4, Q4_0, Q4_1 or IQ4_NL as its 32 signed quants; *d its scale (Q4_1: then plus its minimum). */
 INLINE __m256i block32_quants(const unsigned char *b, int dtype, float *d) {
     switch (dtype) {
@@ -178,7 +251,7 @@ INLINE __m256i block32_quants(const unsigned char *b, int dtype, float *d) {
     }
 }
 
-/* Chunk c of a Q8_0, MXFP4, Q4_0, Q4_1, IQ4_NL, IQ4_XS, Q6_K, Q2_K or Q3_K row (Q4_K and Q5_K: dequant32_k4, their scales unpacked once per block). */
+/* Chunk c of a Q8_0, MXFP4, Q4_0, Q4_1, IQ4_NL, IQ4_XS, Q6_K, Q2_K, Q3_K or i-quant row (Q4_K and Q5_K: dequant32_k4, their scales unpacked once per block). */
 INLINE void dequant32(const unsigned char *row, int dtype, int64_t c, __m256 *w) {
     int j;
     const unsigned char *b = eb_chunk_block(row, dtype, c, &j);
@@ -201,6 +274,28 @@ INLINE void dequant32(const unsigned char *row, int dtype, int64_t c, __m256 *w)
         __m256 m = _mm256_set1_ps(_cvtsh_ss(eb_load_u16(b + 2)));
         scale_i8x32(q, d, w);
         for (int i = 0; i < 4; i++) w[i] = _mm256_add_ps(w[i], m);
+        return;
+    }
+    case EB_DTYPE_IQ2_XXS:
+    case EB_DTYPE_IQ3_XXS:
+    case EB_DTYPE_IQ2_XS:
+    case EB_DTYPE_IQ3_S: { /* eb_dequantize_chunk's: each half's scale times the signed grid values */
+        __m256i sg, g = iq_grid(b, dtype, j, &sg);
+        scale_i8x32_halves(_mm256_sign_epi8(g, sg), eb_iq_half_d(b, dtype, j, 0), eb_iq_half_d(b, dtype, j, 1), w);
+        return;
+    }
+    case EB_DTYPE_IQ1_S:
+    case EB_DTYPE_IQ1_M: { /* eb_dequantize_chunk's dl (grid value + delta), per 8 values */
+        __m256i ds, q = iq1_grid(b, dtype, j, &ds);
+        float d = eb_iq1_d(b, dtype), dl[2] = {d * (float)(2 * eb_iq1_scale(b, dtype, j, 0) + 1),
+                                               d * (float)(2 * eb_iq1_scale(b, dtype, j, 1) + 1)};
+        __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+        __m128i dlo = _mm256_castsi256_si128(ds), dhi = _mm256_extracti128_si256(ds, 1);
+        const __m256 eighth = _mm256_set1_ps(0.125f);
+        w[0] = _mm256_mul_ps(_mm256_set1_ps(dl[0]), _mm256_add_ps(cvt_i8(lo), _mm256_mul_ps(eighth, cvt_i8(dlo))));
+        w[1] = _mm256_mul_ps(_mm256_set1_ps(dl[0]), _mm256_add_ps(cvt_i8(_mm_srli_si128(lo, 8)), _mm256_mul_ps(eighth, cvt_i8(_mm_srli_si128(dlo, 8)))));
+        w[2] = _mm256_mul_ps(_mm256_set1_ps(dl[1]), _mm256_add_ps(cvt_i8(hi), _mm256_mul_ps(eighth, cvt_i8(dhi))));
+        w[3] = _mm256_mul_ps(_mm256_set1_ps(dl[1]), _mm256_add_ps(cvt_i8(_mm_srli_si128(hi, 8)), _mm256_mul_ps(eighth, cvt_i8(_mm_srli_si128(dhi, 8)))));
         return;
     }
     case EB_DTYPE_Q6_K:
@@ -535,6 +630,38 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
             UNROLL for (int t = 0; t < T; t++) ksum[t] += _cvtsh_ss(eb_load_u16(b)) * xd[t][k] * (float)hsum_i32(iacc[t]);
             continue;
         }
+        if (eb_dtype_iq1(dtype)) { /* per chunk: the grid values times the activations (the sign trick), and the
+                                    * deltas' signs times them, each times 2 s + 1 per 16 */
+            __m256i macc[4];
+            UNROLL for (int t = 0; t < T; t++) macc[t] = _mm256_setzero_si256();
+            const __m256i ones = _mm256_set1_epi8(1);
+            for (int j = 0; j < 8; j++) {
+                __m256i ds, g = iq1_grid(b, dtype, j, &ds), ag = _mm256_sign_epi8(g, g), sc = iq1_scales16(b, dtype, j);
+                UNROLL for (int t = 0; t < T; t++) {
+                    __m256i x = _mm256_loadu_si256((const __m256i *)(xq[t] + 256 * k + 32 * j));
+                    iacc[t] = _mm256_add_epi32(iacc[t], _mm256_madd_epi16(_mm256_maddubs_epi16(ag, _mm256_sign_epi8(x, g)), sc));
+                    macc[t] = _mm256_add_epi32(macc[t], _mm256_madd_epi16(_mm256_maddubs_epi16(ones, _mm256_sign_epi8(x, ds)), sc));
+                }
+            }
+            /* cpu_kernels_portable.c's block_k_q8 expression */
+            UNROLL for (int t = 0; t < T; t++)
+                ksum[t] += eb_iq1_d(b, dtype) * xd[t][k] * ((float)hsum_i32(iacc[t]) + 0.125f * (float)hsum_i32(macc[t]));
+            continue;
+        }
+        if (eb_dtype_iq(dtype)) { /* per chunk: grid magnitudes (at most 62) times the signed activations, times
+                                   * 2 s + 1 per 16 */
+            for (int j = 0; j < 8; j++) {
+                __m256i sg, g = iq_grid(b, dtype, j, &sg), sc = iq_scales16(b, dtype, j);
+                UNROLL for (int t = 0; t < T; t++) {
+                    __m256i x = _mm256_loadu_si256((const __m256i *)(xq[t] + 256 * k + 32 * j));
+                    __m256i p16 = _mm256_maddubs_epi16(g, _mm256_sign_epi8(x, sg));
+                    iacc[t] = _mm256_add_epi32(iacc[t], _mm256_madd_epi16(p16, sc));
+                }
+            }
+            /* cpu_kernels_portable.c's block_k_q8 expression */
+            UNROLL for (int t = 0; t < T; t++) ksum[t] += _cvtsh_ss(eb_load_u16(b)) * xd[t][k] * (float)hsum_i32(iacc[t]);
+            continue;
+        }
         if (dtype == EB_DTYPE_Q6_K || dtype == EB_DTYPE_Q2_K || dtype == EB_DTYPE_Q3_K) { /* unsigned quants, per 16 */
             int q2 = dtype == EB_DTYPE_Q2_K;
             if (pf && !q2) _mm_prefetch((const char *)((uintptr_t)b + 128 + AHEAD_BYTES), _MM_HINT_T0);
@@ -593,7 +720,10 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
     }
     UNROLL for (int t = 0; t < T; t++) {
         float lanes = hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
-        out[t] = f->block == 256 ? ksum[t] : dtype == EB_DTYPE_Q4_1 ? lanes + ksum[t] : lanes;
+        out[t] = eb_dtype_iq(dtype)   ? eb_iq_row_scale(dtype) * ksum[t]
+                 : f->block == 256    ? ksum[t]
+                 : dtype == EB_DTYPE_Q4_1 ? lanes + ksum[t]
+                                          : lanes;
     }
 }
 

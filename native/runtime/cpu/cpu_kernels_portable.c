@@ -151,7 +151,9 @@ static float min_block_value(const unsigned char *dm, float dx, int32_t isum, in
     return eb_f16_to_f32(eb_load_u16(dm)) * dx * (float)isum - eb_f16_to_f32(eb_load_u16(dm + 2)) * dx * (float)msum;
 }
 
-/* A K-format block (256 values) against 256 activations of one scale: the eight sub-blocks' integer sums times
+/* A K-format or i-quant block (256 values) against 256 activations of one scale (i-quants: eb_iq_quants' values
+ * per 16 times their odd scales 2 s + 1, llama.cpp's vec_dot's integers; the 1-bit ones' deltas apart, in msum, and
+ * added as 1/8 of it, as its vec_dot's one float expression): the eight sub-blocks' integer sums times
  * their 6-bit (Q4_K, Q5_K, IQ4_XS's signed ones; Q3_K's signed, per 16), int8 (Q6_K, per 16) or 4-bit (Q2_K, per
  * 16) scales, summed in integers, then scaled once; the minima (Q4_K, Q5_K, Q2_K) and the offsets of Q6_K (32) and
  * Q3_K (4) through the activations' sums of 16. The vector kernels compute the same integers and this same float expression. */
@@ -164,6 +166,32 @@ static float block_k_q8(const unsigned char *b, int dtype, const int8_t *x, floa
             nibble_quants(b + 8 + 16 * j, eb_iq4nl_values, q);
             for (int i = 0; i < 32; i++) part += q[i] * x[32 * j + i];
             isum += eb_iq4xs_scale(b, j) * part;
+        }
+        return eb_f16_to_f32(eb_load_u16(b)) * dx * (float)isum;
+    }
+    if (eb_dtype_iq1(dtype)) { /* per 16 values: the grid values times the activations, and the deltas' signs times
+                                * their 8 activations' sums, each times 2 s + 1 */
+        for (int j = 0; j < 8; j++) {
+            int8_t q[32];
+            int delta[4];
+            eb_iq1_quants(b, dtype, j, q, delta);
+            for (int h = 0; h < 2; h++) {
+                int32_t part = 0, dpart = 0, ls = 2 * eb_iq1_scale(b, dtype, j, h) + 1;
+                for (int i = 16 * h; i < 16 * h + 16; i++) part += q[i] * x[32 * j + i], dpart += delta[i / 8] * x[32 * j + i];
+                isum += ls * part, msum += ls * dpart;
+            }
+        }
+        return eb_iq1_d(b, dtype) * dx * ((float)isum + 0.125f * (float)msum);
+    }
+    if (eb_dtype_iq(dtype)) { /* each half chunk's signed grid values times its activations, times 2 s + 1 */
+        for (int j = 0; j < 8; j++) {
+            int8_t q[32];
+            eb_iq_quants(b, dtype, j, q);
+            for (int h = 0; h < 2; h++) {
+                int32_t part = 0;
+                for (int i = 16 * h; i < 16 * h + 16; i++) part += q[i] * x[32 * j + i];
+                isum += (2 * eb_iq_scale(b, dtype, j, h) + 1) * part;
+            }
         }
         return eb_f16_to_f32(eb_load_u16(b)) * dx * (float)isum;
     }
@@ -224,6 +252,7 @@ static float dot_q8(const unsigned char *row, int dtype, int64_t cols, const int
             acc += block_k_q8(b, dtype, xq + 256 * k, xd[k], xs + 16 * k);
         }
     }
+    if (eb_dtype_iq(dtype)) return eb_iq_row_scale(dtype) * acc;
     return dtype == EB_DTYPE_Q4_1 ? acc + macc : acc;
 }
 
