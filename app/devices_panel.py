@@ -8,7 +8,7 @@ from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt, Signal, Slot
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QAbstractItemView, QLabel, QTableView, QVBoxLayout, QWidget
 
-from engine.core.model import describe_load_error
+from engine.model import describe_load_error
 
 from . import theme
 from .state import WorkbenchState, format_bytes

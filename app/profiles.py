@@ -5,9 +5,10 @@ quantization) with its fingerprint, the draft when the run panel uses one, the d
 placement, the run panel's settings and the routing statistics the heat map shows, so `expertbench regress`
 replays it. How the engine holds the files (run.weights) is not set here: an opened profile's value is kept, and
 none is written otherwise (regress then loads with auto).
-Expectations come from what is known to hold (engine.profiles.history.expectations_for, the one place that infers them):
+Expectations come from what is known to hold (engine.profiles.expectations.expectations_for, the one place that
+infers them):
 output hashes and acceptance from a complete run in the history with the same outputs key
-(engine.profiles.history.outputs_key: the same model, prompts, length, precision, mode, and placement where the outputs
+(engine.runs.history.outputs_key: the same model, prompts, length, precision, mode, and placement where the outputs
 depend on it), or kept from the profile that was opened when its key is unchanged; a speed baseline is kept, its minimum
 ratio only while the placement and devices are those it was recorded for.
 
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING
 from engine.checkpoints.demo import DEMO_PROMPTS
 from engine.placement.placement import Placement
 from engine.placement.routing import RoutingStats
-from engine.profiles.history import expectations_for
+from engine.profiles.expectations import expectations_for
 from engine.profiles.profile import (
     DeviceSpec,
     ModelRef,
@@ -38,7 +39,7 @@ from engine.profiles.profile import (
 from engine.profiles.profile import RunSettings as ProfileRun
 
 if TYPE_CHECKING:  # the state imports this module
-    from engine.profiles.history import RunRecord, RunSettings
+    from engine.runs.history import RunRecord, RunSettings
 
     from .state import ModelSnapshot
 

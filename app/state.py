@@ -23,16 +23,16 @@ from PySide6.QtCore import QObject, Signal
 
 from engine.checkpoints.checkpoint import ModelConfig
 from engine.checkpoints.demo import check_format, is_synthetic
-from engine.core.devices import DeviceSettings
 from engine.core.errors import EngineError
-from engine.core.model import WEIGHTS_MODES, DeviceInfo, Engine, Model
+from engine.devices import DeviceSettings
+from engine.model import WEIGHTS_MODES, DeviceInfo, Engine, Model
 from engine.placement import strategy
 from engine.placement.costmodel import Calibration, ModelShape, predict_tokens_per_second
 from engine.placement.placement import Placement, format_bytes, model_bytes
 from engine.placement.routing import RoutingStats, profile
 from engine.profiles.devices import differences, engine_for_profile
-from engine.profiles.history import RunRecord, RunSettings, now
 from engine.profiles.profile import Profile, fingerprint, load
+from engine.runs.history import RunRecord, RunSettings, now
 from engine.runs.quality import is_fast, quality_cost
 from engine.runs.run import DecodeRun, RunResult
 from engine.session import calibrate_devices, judge_run, open_pair
@@ -48,7 +48,7 @@ from .worker import EngineWorker
 
 
 def default_engine(cpu_devices: int = 0, runtimes: tuple[str, ...] | None = None) -> Engine:
-    """The window's engine (engine.core.devices.DeviceSettings.window): cpu plus every GPU runtime that loads; with no
+    """The window's engine (engine.devices.DeviceSettings.window): cpu plus every GPU runtime that loads; with no
     accelerator at all, a simulated one (hostsim), so that there is a second device to place experts on."""
     return DeviceSettings.window(cpu_devices, runtimes).open()
 
@@ -81,7 +81,7 @@ class ModelSnapshot:
     demo_quant: str | None = None  # and, as GGUF, their quantization (engine.checkpoints.demo.QUANTS)
     fingerprint: str | None = None  # engine.profiles.profile.fingerprint of the target (None: unreadable)
     draft_fingerprint: str | None = None
-    weights: str = "map"  # how the engine holds the target's files (engine.core.model.WEIGHTS_MODES, never "auto")
+    weights: str = "map"  # how the engine holds the target's files (engine.model.WEIGHTS_MODES, never "auto")
     file_bytes: int = 0  # the target's files
     huge_page_bytes: int = 0  # of a copy, what the kernel put on huge pages
 
@@ -205,7 +205,7 @@ class WorkbenchState(QObject):
     trace_runs = _held("session", "trace_runs", "Whether runs record the per-token trace (engine.core.trace; the "
                        "timeline turns it on while it is open)", settable=True)  # fmt: skip
     last_trace = _held("session", "last_trace", "The last run's RunTrace, when it was traced")
-    runs = _held("session", "runs", "The loaded model's runs (engine.profiles.history.History)")
+    runs = _held("session", "runs", "The loaded model's runs (engine.runs.history.History)")
     history = _held("session", "history", "The loaded model's runs, oldest first (those of earlier sessions too)")
     keep_history = _held("session", "keep_history", "Whether runs are kept across restarts (a model with a "
                          "fingerprint only)", settable=True)  # fmt: skip
@@ -240,7 +240,7 @@ class WorkbenchState(QObject):
         self._wanted: Placement | None = None
         self.profile_path: Path | None = None  # the profile file the placement was opened from or saved to
         self.profile: Profile | None = None  # that profile (what a save keeps from it: app.profiles)
-        self.weights = "auto"  # how the next model opened is to be held (engine.core.model.WEIGHTS_MODES)
+        self.weights = "auto"  # how the next model opened is to be held (engine.model.WEIGHTS_MODES)
         # the runs: running, the live buffer, the trace, the loaded model's history (Qt-free: app/models)
         self.session = RunSession()
         self.session.on("started", self.sigRunStarted.emit)
@@ -494,7 +494,7 @@ class WorkbenchState(QObject):
         return True
 
     def set_weights(self, mode: str) -> None:
-        """How the next model opened is held (engine.core.model.WEIGHTS_MODES); the loaded pair stays as it is."""
+        """How the next model opened is held (engine.model.WEIGHTS_MODES); the loaded pair stays as it is."""
         if mode not in WEIGHTS_MODES:
             raise ValueError(f"weights mode {mode!r}: expected one of {', '.join(WEIGHTS_MODES)}")
         if mode == self.weights:
@@ -509,7 +509,7 @@ class WorkbenchState(QObject):
         Refused, with the engine's error in a dialog, when it was made for another model or does not fit it.
 
         When the open engine lacks what the profile's `devices:` section asks for (a device, a memory cap, a thread
-        count), the engine is made again with the profile's devices (engine.core.devices; the GPU runtimes loaded now
+        count), the engine is made again with the profile's devices (engine.devices; the GPU runtimes loaded now
         stay) and the pair reloaded on it, then the placement applied; a devices entry this machine cannot provide
         is refused at its file:line, with a hint, and the open engine stays."""
         if self.model is None:
@@ -684,7 +684,7 @@ class WorkbenchState(QObject):
         self.session.clear_history()
 
     def _load_history(self) -> None:
-        """The loaded model's runs kept from earlier sessions (engine.profiles.history); a damaged one is skipped."""
+        """The loaded model's runs kept from earlier sessions (engine.runs.history); a damaged one is skipped."""
         self.session.open(self.model.fingerprint if self.model is not None else None)
 
     # ---- routing -----------------------------------------------------------------------------------------

@@ -47,7 +47,8 @@ from engine.checkpoints.demo import DEMO_PROMPTS
 from engine.core.errors import EngineError
 from engine.placement.placement import MIB, Placement
 from engine.placement.strategy import default_fast
-from engine.profiles.history import RunSettings, min_accept_rate
+from engine.profiles.expectations import min_accept_rate
+from engine.runs.history import RunSettings
 from engine.runs.quality import KLLimit
 from engine.runs.speculative import MAX_DRAFT_TOKENS
 

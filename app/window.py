@@ -36,10 +36,10 @@ from engine.checkpoints.demo import (
 )
 from engine.core.errors import ArgumentError, EngineError
 from engine.core.files import atomic_write
-from engine.core.model import WEIGHTS_MODES
 from engine.export.engines import ENGINE_EXPORTS, EngineExport, export_to
 from engine.export.llama_cpp import LlamaCppExport, to_llama_cpp
 from engine.families import family as model_family
+from engine.model import WEIGHTS_MODES
 
 from . import actions, history, theme
 from .devices_panel import DevicesPanel

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from engine.checkpoints.demo import DEMO_PROMPTS, ensure_demo_pair
 from engine.core.errors import OutOfMemoryError
-from engine.core.model import Engine
+from engine.model import Engine
 from engine.placement import strategy as S
 from engine.placement.costmodel import ModelShape, calibrate, measure_decode, predict_tokens_per_second
 from engine.placement.routing import profile as profile_routing

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from engine.checkpoints.demo import DEMO_PROMPTS
-from engine.core.model import Engine
+from engine.model import Engine
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

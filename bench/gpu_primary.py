@@ -22,7 +22,7 @@ import numpy as np
 from measure import add_gpu_arguments, greedy_decode, write_report
 
 from engine.checkpoints.demo import DEMO_PROMPTS, ensure_demo_pair
-from engine.core.model import Engine
+from engine.model import Engine
 
 
 def decode(model, prompt_ids, n_tokens, graphs=True):

@@ -20,7 +20,7 @@ import numpy as np
 from measure import add_gpu_arguments, greedy_decode, write_report
 
 from engine.checkpoints.demo import DEMO_PROMPTS, ensure_demo_pair
-from engine.core.model import Engine
+from engine.model import Engine
 from engine.placement.costmodel import ModelShape
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.core.model import WEIGHTS_MODES
+from engine.model import WEIGHTS_MODES
 
 BENCH = Path(__file__).resolve().parent
 NATIVE = BENCH.parent / "native"

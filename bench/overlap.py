@@ -28,7 +28,7 @@ import sys
 from measure import add_model_arguments, at_least, prefill_ids, write_report
 
 from engine.checkpoints.demo import ensure_demo_pair
-from engine.core.model import Engine
+from engine.model import Engine
 from engine.runs.run import TRACE_ROOM_EXTRA, TRACE_ROOM_PER_LAYER
 
 

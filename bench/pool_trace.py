@@ -24,7 +24,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from engine.checkpoints.demo import DEMO_PROMPTS
-from engine.core.model import Engine
+from engine.model import Engine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoints import demo_target  # noqa: E402

@@ -19,7 +19,7 @@ import sys
 from measure import write_report
 
 from engine.checkpoints.demo import ensure_demo_pair
-from engine.core.model import Engine
+from engine.model import Engine
 from engine.runs.quality import quality_cost
 from engine.runs.run import DecodeRun
 

@@ -23,7 +23,7 @@ from measure import write_report
 
 from app.live import LiveBuffer
 from engine.checkpoints.demo import DEMO_PROMPTS, ensure_demo_pair
-from engine.core.model import Engine
+from engine.model import Engine
 from engine.runs.run import DecodeRun
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from engine import tune
 from engine.checkpoints.demo import DEMO_PROMPTS, ensure_demo_pair
-from engine.core.model import Engine
+from engine.model import Engine
 from engine.placement.costmodel import ModelShape
 from engine.placement.placement import device_bytes
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 from .checkpoints.checkpoint import Checkpoint
 from .core.errors import EngineError
-from .core.model import Engine, Model
+from .model import Engine, Model
 from .placement.costmodel import Calibration, calibrate
-from .profiles.history import History, RunRecord, combined_hash, diagnose_change, outputs_key
 from .runs.diverge import Diagnosis
+from .runs.history import History, RunRecord, combined_hash, diagnose_change, outputs_key
 from .runs.run import RunResult
 from .runs.speculative import check_shared_vocabulary
 
@@ -82,7 +82,7 @@ def open_pair(engine: Engine, target: ModelSource, draft: ModelSource | None = N
 
 @dataclass(frozen=True)
 class RunJudgement:
-    """A run's outputs against the reference run of its outputs key (engine.profiles.history): its hash over every
+    """A run's outputs against the reference run of its outputs key (engine.runs.history): its hash over every
     prompt's output (None when a prompt has no complete output: nothing to judge), the reference run (None: none in
     the history yet) and, where the outputs differ, why (engine.runs.diverge.Diagnosis)."""
 
@@ -116,7 +116,7 @@ def judge_run(history: History, result: RunResult, prompts: Sequence, target: st
     - target: what the history's records name the target by (record_key): its fingerprint
       (engine.profiles.profile.fingerprint), or its path where it has none.
     - With the model the run decoded on and the prompts' ids, a reference that kept only ids and gaps has its logits
-      re-computed where it ran with the model's settings now (engine.profiles.history.diagnose_change)."""
+      re-computed where it ran with the model's settings now (engine.runs.history.diagnose_change)."""
     if not result.output_sha256 or len(result.output_sha256) != len(prompts):
         return RunJudgement(None)
     output_hash = combined_hash(result.output_sha256)

@@ -6,10 +6,10 @@ import re
 import pytest
 from fixture_paths import FIXTURES
 
-import engine.core.model
+import engine.model
 from engine.core.errors import ArgumentError, EngineError, OutOfMemoryError, RangeError
-from engine.core.model import MAX_TRACE_SPANS, Engine
 from engine.core.native import ffi, lib
+from engine.model import MAX_TRACE_SPANS, Engine
 from engine.runs.run import DecodeRun
 
 
@@ -168,7 +168,7 @@ def test_a_trace_capacity_past_the_bound_is_refused_before_anything_is_allocated
 
 
 class _NoTraceBuffer:
-    """engine.core.model's ffi, but without memory for a trace read buffer."""
+    """engine.model's ffi, but without memory for a trace read buffer."""
 
     def __init__(self, real):
         self._real = real
@@ -187,7 +187,7 @@ def test_a_trace_without_memory_leaves_the_context_tracing_as_before(model, monk
     with model.context(16) as ctx:
         ctx.trace = before
         with monkeypatch.context() as patch:
-            patch.setattr(engine.core.model, "ffi", _NoTraceBuffer(ffi))
+            patch.setattr(engine.model, "ffi", _NoTraceBuffer(ffi))
             with pytest.raises(OutOfMemoryError, match=f"out of memory for a trace of 1000 spans: tracing left at "
                                                        f"{before or 'off'}"):  # fmt: skip
                 ctx.trace = 1000

@@ -29,7 +29,7 @@ from engine.core.errors import (
     RangeError,
     UnsupportedError,
 )
-from engine.core.model import Engine
+from engine.model import Engine
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"

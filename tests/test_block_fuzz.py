@@ -19,7 +19,7 @@ from test_format_pairs import F32_TOLERANCE, PROMPT, f16_fields, f16_put, refere
 
 from engine.core import formats
 from engine.core.errors import CheckpointError
-from engine.core.model import Engine
+from engine.model import Engine
 
 CASES = 48
 # q8 rounds each block of 32 activations to 8 bits; where one weight block's scale is hundreds of times its layer's,

@@ -9,7 +9,7 @@ import pytest
 from fixture_paths import FIXTURES
 
 from engine.core.errors import ArgumentError
-from engine.core.model import Engine
+from engine.model import Engine
 from engine.placement import costmodel
 
 FIXED, TP, TD, JOIN, DENSE = 2e-3, 4e-5, 1e-5, 3e-4, 1.5e-3  # seconds: fixed, per expert on P / on d, join, P's dense

@@ -266,10 +266,10 @@ def test_gui_help_lists_the_windows_options(capsys):
 
 
 def test_run_reports_its_output_hash_and_the_windows_reference_run_of_the_same_outputs(capsys):
-    """`run` hashes its outputs as the window's history does (engine.profiles.history) and names the reference run of
+    """`run` hashes its outputs as the window's history does (engine.runs.history) and names the reference run of
     the same outputs key kept there, saying whether it still gives the same output; it keeps nothing there itself."""
-    from engine.profiles import history as H
     from engine.profiles.profile import fingerprint
+    from engine.runs import history as H
 
     model = FIXTURES / "qwen3moe-f32"
     args = ["run", "--model", str(model), "--prompt", REF_PROMPT, "-n", "8", "--repeats", "1"]

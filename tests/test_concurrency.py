@@ -10,7 +10,7 @@ import pytest
 from fixture_paths import FIXTURES
 
 from engine.core.errors import StateError
-from engine.core.model import Engine
+from engine.model import Engine
 
 ROUNDS = 1000
 TOKENS = [3, 17, 42, 5, 9, 1, 30, 7]

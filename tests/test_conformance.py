@@ -34,7 +34,7 @@ from fixture_registry import (
 
 from engine import families
 from engine.checkpoints.checkpoint import Checkpoint
-from engine.core.model import Engine, Model
+from engine.model import Engine, Model
 from engine.placement.placement import Placement
 
 # A GGUF file that holds its folder's weights bit for bit (test_a_gguf_file_gives_the_bits_of_the_folder_it_came_from)

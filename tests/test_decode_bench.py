@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from engine.checkpoints.demo import DEMO_PROMPTS
-from engine.core.model import Engine
+from engine.model import Engine
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))

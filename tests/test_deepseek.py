@@ -14,8 +14,8 @@ from safetensors.numpy import load_file, save_file
 
 from engine.checkpoints.checkpoint import Checkpoint
 from engine.core.errors import CheckpointError, EngineError, UnsupportedError
-from engine.core.model import Engine
 from engine.export.llama_cpp import to_llama_cpp
+from engine.model import Engine
 from engine.placement.costmodel import Calibration, DeviceRate, ModelShape, predict_tokens_per_second
 from engine.placement.placement import Placement
 from engine.runs.speculative import generate

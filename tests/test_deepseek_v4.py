@@ -19,11 +19,11 @@ from fixture_registry import AWAITING
 from engine.checkpoints.checkpoint import Checkpoint, parse_config, read_config, read_weights
 from engine.cli import main
 from engine.core.errors import CheckpointError, UnsupportedError
-from engine.core.model import Engine
 from engine.families import AWAITING as AWAITING_FAMILIES
 from engine.families import deepseek_v4
 from engine.families.base import ConfigKeys
 from engine.families.deepseek_v4 import CSA, HASH, HCA, ROUTED, SLIDING
+from engine.model import Engine
 
 F32 = FIXTURES / "deepseek-v4-f32"
 BF16 = FIXTURES / "deepseek-v4-bf16"

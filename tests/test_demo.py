@@ -12,7 +12,7 @@ from engine.checkpoints.checkpoint import Checkpoint
 from engine.checkpoints.demo import DEMO_PROMPTS, SIZES, check_pair, ensure_demo_pair, model_tensors
 from engine.cli import main
 from engine.core.errors import ArgumentError
-from engine.core.model import Engine
+from engine.model import Engine
 from engine.runs.run import DecodeRun
 
 

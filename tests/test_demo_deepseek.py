@@ -25,8 +25,8 @@ from engine.checkpoints.demo import (
 )
 from engine.cli import main
 from engine.core.errors import ArgumentError
-from engine.core.model import Engine
 from engine.families.deepseek_v3 import DEMO_SIZES as DEEPSEEK_SIZES
+from engine.model import Engine
 from engine.profiles.profile import ModelRef, ProfileError
 from engine.profiles.profile import loads as load_profile
 from engine.runs.run import DecodeRun, output_sha256

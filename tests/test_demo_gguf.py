@@ -16,7 +16,7 @@ from engine.checkpoints.demo import DEMO_PROMPTS, SIZES, DemoSize, check_block_w
 from engine.cli import main
 from engine.core import formats
 from engine.core.errors import ArgumentError
-from engine.core.model import Engine
+from engine.model import Engine
 from engine.runs.run import DecodeRun
 
 QUANTS = ["q8_0", "mxfp4"]

@@ -30,11 +30,11 @@ from engine.checkpoints.demo import (
 )
 from engine.cli import main
 from engine.core.errors import ArgumentError
-from engine.core.model import Engine
 from engine.export.engines import to_ktransformers
 from engine.export.llama_cpp import to_llama_cpp
 from engine.families.gpt_oss import DEMO_SIZES as GPT_OSS_SIZES
 from engine.families.synthetic import normal
+from engine.model import Engine
 from engine.placement.costmodel import ModelShape
 from engine.placement.placement import Placement
 from engine.profiles.profile import ModelRef, ProfileError

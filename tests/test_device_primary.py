@@ -13,7 +13,7 @@ import pytest
 from fixture_paths import FIXTURES
 
 from engine.core.errors import ArgumentError, OutOfMemoryError, UnsupportedError
-from engine.core.model import Engine
+from engine.model import Engine
 from engine.runs.run import DecodeRun
 
 PLACEMENTS = {

@@ -1,9 +1,9 @@
-"""engine.core.devices: one way to open an engine from device settings, a profile's `devices:` section included."""
+"""engine.devices: one way to open an engine from device settings, a profile's `devices:` section included."""
 
 import pytest
 from fixture_paths import FIXTURES
 
-from engine.core.devices import DeviceSettings
+from engine.devices import DeviceSettings
 from engine.placement.placement import format_bytes
 from engine.profiles import profile as P
 from engine.profiles.devices import differences, engine_for_profile

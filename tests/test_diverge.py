@@ -6,7 +6,7 @@ from fixture_paths import FIXTURES
 from quantized_fixtures import q8_0_gguf
 
 from engine.core.errors import ArgumentError
-from engine.core.model import Engine
+from engine.model import Engine
 from engine.runs.diverge import (
     NEAR_TIE_GAP,
     Outputs,

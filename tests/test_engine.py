@@ -9,8 +9,8 @@ import pytest
 from fixture_paths import FIXTURES
 
 from engine.core.errors import ArgumentError, StateError
-from engine.core.model import Engine
 from engine.core.native import RUNTIME_ABI_VERSION, core_location
+from engine.model import Engine
 
 
 def test_cpu_module_found_next_to_the_core():

@@ -13,8 +13,8 @@ import pytest
 from fixture_paths import FIXTURES
 
 from engine.core.errors import UnsupportedError
-from engine.core.model import Engine
 from engine.core.native import core_location
+from engine.model import Engine
 
 NATIVE_INCLUDE = Path(__file__).resolve().parent.parent / "native" / "include"
 

@@ -24,7 +24,7 @@ from fixture_paths import FIXTURES
 from gguf_models import tokenizer_keys  # tests/gguf_models.py
 
 from engine.core import formats
-from engine.core.model import Engine
+from engine.model import Engine
 
 FOLDER = FIXTURES / "qwen3moe-f32"  # its tokenizer
 HIDDEN = INTER = 256  # the K formats' rows are whole 256-value blocks

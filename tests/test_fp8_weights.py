@@ -21,7 +21,7 @@ from test_bad_input import read_st, write_st
 
 from engine.core import formats
 from engine.core.errors import CheckpointError, EngineError, UnsupportedError
-from engine.core.model import Engine, Model
+from engine.model import Engine, Model
 
 SOURCE = FIXTURES / "deepseek-f32"
 FP8 = formats.get("F8_E4M3_B128")

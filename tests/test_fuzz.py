@@ -15,7 +15,7 @@ from fixture_paths import FIXTURES
 
 from engine.checkpoints.checkpoint import Checkpoint
 from engine.core.errors import EngineError
-from engine.core.model import Engine
+from engine.model import Engine
 from engine.profiles import profile as P
 
 PROMPT = [5, 17, 3, 44]

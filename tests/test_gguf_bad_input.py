@@ -19,7 +19,7 @@ from gguf_models import Layout, gguf_tensors, to_gguf
 
 from engine.checkpoints.checkpoint import Checkpoint
 from engine.core.errors import CheckpointError, UnsupportedError
-from engine.core.model import Engine
+from engine.model import Engine
 
 SOURCE = FIXTURES / "qwen3moe-f32"
 V = gguf.GGUFValueType

@@ -19,7 +19,7 @@ from gguf_models import Layout, to_gguf
 
 from engine.checkpoints.checkpoint import Checkpoint
 from engine.core.errors import CheckpointError, EngineError, UnsupportedError
-from engine.core.model import Engine
+from engine.model import Engine
 
 CASES = 2000
 PROMPT = [5, 17, 3, 44]

@@ -15,7 +15,7 @@ import pytest
 from fixture_paths import FIXTURES
 from fixture_registry import QUANTIZED
 
-from engine.core.model import Engine
+from engine.model import Engine
 
 GGUF = FIXTURES / "qwen3moe-gguf"
 

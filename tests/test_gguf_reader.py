@@ -22,7 +22,7 @@ from engine.checkpoints.checkpoint import Checkpoint, read_config
 from engine.checkpoints.gguf_file import QWEN2_PATTERN, read_parts
 from engine.cli import main
 from engine.core import formats
-from engine.core.model import Engine
+from engine.model import Engine
 from engine.profiles.profile import fingerprint
 from engine.profiles.profile import load as load_profile
 

@@ -15,7 +15,7 @@ from fixture_paths import FIXTURES
 
 from engine.checkpoints.checkpoint import Checkpoint
 from engine.core.errors import CheckpointError, EngineError
-from engine.core.model import Engine
+from engine.model import Engine
 from engine.runs.speculative import SpeculativeDecoder, generate
 
 TOLERANCE = 1e-4  # relative L2 error per position

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from fixture_paths import FIXTURES
 
-from engine.core.model import Engine
 from engine.core.native import core_location
+from engine.model import Engine
 
 MODULES = Path(core_location())
 

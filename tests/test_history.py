@@ -1,4 +1,4 @@
-"""engine.profiles.history: run records, which runs must give the same outputs, the reference of each, the history kept
+"""engine.runs.history: run records, which runs must give the same outputs, the reference of each, the history kept
 in the user's data folder, and what a profile may expect (the rounding rules regress and the window share)."""
 
 import json
@@ -10,7 +10,8 @@ import pytest
 
 from engine.core.errors import ArgumentError
 from engine.core.files import new_file_mode
-from engine.profiles import history as H
+from engine.profiles import expectations as X
+from engine.runs import history as H
 
 FP = "sha256:" + "ab" * 32
 
@@ -175,9 +176,9 @@ def test_the_data_folder_follows_xdg_data_home_when_absolute(tmp_path, monkeypat
 
 
 def test_expectations_are_rounded_in_one_place():
-    assert H.min_accept_rate(0.75149) == 0.751 and H.min_accept_rate(0.7) == 0.7
-    assert H.min_speed_ratio(1.0, 0.25) == 0.75 and H.min_speed_ratio(0.011, 0.5) == 0.01
-    assert H.min_speed_ratio(1.2345, 0.1) == 1.11
+    assert X.min_accept_rate(0.75149) == 0.751 and X.min_accept_rate(0.7) == 0.7
+    assert X.min_speed_ratio(1.0, 0.25) == 0.75 and X.min_speed_ratio(0.011, 0.5) == 0.01
+    assert X.min_speed_ratio(1.2345, 0.1) == 1.11
 
 
 def test_a_profile_expects_the_hashes_of_the_latest_run_with_its_outputs_key():
@@ -205,7 +206,7 @@ def test_a_profile_saved_from_the_history_keeps_the_runs_outputs_for_a_later_dia
     run.settings.tokens = 3
     profile = Profile(model=ModelRef(path="/models/target"), path=tmp_path / "p.yaml")
     profile.run.prompts, profile.run.tokens = ["a", "b"], 3
-    e = H.expectations_for(profile, None, [run], "/models/target", None, run.settings, "0-2=cpu:0", "cpu:0")
+    e = X.expectations_for(profile, None, [run], "/models/target", None, run.settings, "0-2=cpu:0", "cpu:0")
     assert e.output_sha256 == hashes and e.outputs == [t.stored() for t in trails]
     assert e.outputs_settings["kernels"] == "avx2" and e.outputs_settings["placement"] == "0-2=cpu:0"
     profile.expectations = e

@@ -9,7 +9,7 @@ import pytest
 from fixture_paths import FIXTURES
 
 from engine.core.errors import CheckpointError
-from engine.core.model import Engine
+from engine.model import Engine
 
 TOKENS = [3, 17, 42, 5]
 
@@ -85,7 +85,7 @@ def test_reading_past_the_new_end_of_a_mapped_file_is_survived(tmp_path):
 SCRIPT = """
 import resource, sys
 from engine.core.errors import EngineError
-from engine.core.model import Engine
+from engine.model import Engine
 
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8192), hard))  # each mapped file keeps its descriptor

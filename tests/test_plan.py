@@ -7,7 +7,8 @@ from fixture_paths import FIXTURES
 
 from engine.cli import main
 from engine.core.errors import ArgumentError
-from engine.placement import costmodel, plan
+from engine.placement import costmodel
+from engine.tune import plan
 
 DEMO_LAYER = 12 << 20  # the default demo target: 8 MoE layers of 12 MiB of experts
 
@@ -118,7 +119,7 @@ def test_a_strategy_that_needs_two_devices_or_a_calibration_says_so(demo, capsys
 
 
 def test_a_device_that_cannot_be_measured_leaves_the_plan_without_a_prediction(capsys):
-    from engine.core.model import Engine
+    from engine.model import Engine
 
     def refuse(model, devices, **kwargs):
         raise ArgumentError("calibration: hostsim:0 cannot hold one MoE layer's experts to be measured")

@@ -25,7 +25,7 @@ def test_the_traced_module_builds_without_warnings(tmp_path):
 
 
 def test_pool_trace_accounts_for_every_weight_byte_of_a_step(tmp_path, xdg_cache):
-    from engine.core.model import Engine
+    from engine.model import Engine
 
     report_path = tmp_path / "trace.json"
     env = {**os.environ, "XDG_CACHE_HOME": str(xdg_cache), "PYTHONPATH": str(ROOT)}

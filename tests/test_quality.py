@@ -11,7 +11,7 @@ from quantized_fixtures import q8_0_gguf
 
 from engine.cli import main
 from engine.core.errors import ArgumentError
-from engine.core.model import Engine
+from engine.model import Engine
 from engine.runs.diverge import first_difference
 from engine.runs.quality import agreement, is_fast, kl_divergence, quality_cost, within_max_kl
 from engine.runs.run import DecodeRun

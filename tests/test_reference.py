@@ -7,7 +7,7 @@ import pytest
 from fixture_paths import FIXTURES
 from fixture_registry import cpu_has_avx2, cpu_has_avx512_vnni
 
-from engine.core.model import Engine
+from engine.model import Engine
 
 TOLERANCE = 1e-4  # relative L2 error per position
 

@@ -77,7 +77,7 @@ def test_record_writes_expectations_then_replay_passes(recorded, speeds, capsys)
 
 def test_weights_setting_reaches_the_engine_and_keeps_the_hashes(recorded, speeds, monkeypatch, capsys):
     """run.weights: the profile's files held as it says; the recorded hashes hold for copied and mapped weights."""
-    from engine.core.model import Engine
+    from engine.model import Engine
 
     asked, real_load = [], Engine.load
 
@@ -100,7 +100,7 @@ def test_weights_setting_reaches_the_engine_and_keeps_the_hashes(recorded, speed
 def test_no_check_weights_reaches_every_load(recorded, speeds, monkeypatch, capsys):
     """`regress --no-check-weights`: every model of the profiles (targets, drafts, baselines) loaded unchecked; by
     default checked."""
-    from engine.core.model import Engine
+    from engine.model import Engine
 
     asked, real_load = [], Engine.load
 
@@ -266,7 +266,7 @@ def test_missing_profile_and_unavailable_devices_exit_2(recorded, capsys):
     junit = recorded / "gpu.xml"
     assert cli_main(["regress", str(recorded / "gpu.yaml"), "--junit", str(junit)]) == 2
     err = capsys.readouterr().err
-    # at the file:line of the cuda entry (engine.core.devices), with a hint
+    # at the file:line of the cuda entry (engine.devices), with a hint
     line = next(i for i, text in enumerate((recorded / "gpu.yaml").read_text().splitlines(), 1) if "cuda:" in text)
     where = f"{recorded / 'gpu.yaml'}:{line}: devices.cuda: this machine"
     assert f"{where} cannot provide it: " in err or f"{where} has no cuda:" in err, err
@@ -316,7 +316,7 @@ def test_exit_codes_through_the_command_line(recorded, tmp_path, capsys):
     assert main(["regress", str(recorded / "split.yaml"), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["exit_code"] == 0
-    from engine.profiles.history import combined_hash  # the one hash the window's history shows
+    from engine.runs.history import combined_hash  # the one hash the window's history shows
 
     (split,) = (o for o in report["profiles"] if o["name"] == "split")
     assert split["output_hash"] == split["expected_output_hash"] == combined_hash(split["output_sha256"])

@@ -5,7 +5,7 @@ import pytest
 from fixture_paths import FIXTURES
 
 from engine.core.errors import ArgumentError, CheckpointError
-from engine.core.model import Engine
+from engine.model import Engine
 from engine.placement.routing import RoutingStats, profile
 
 

@@ -7,7 +7,7 @@ import pytest
 from fixture_paths import FIXTURES
 
 from engine.core.errors import StateError
-from engine.core.model import Engine
+from engine.model import Engine
 from engine.placement import costmodel
 
 

@@ -11,7 +11,7 @@ from quantized_fixtures import q8_0_gguf
 
 from engine.checkpoints.demo import ensure_demo_pair
 from engine.core.errors import ArgumentError, RangeError, StateError
-from engine.core.model import Engine
+from engine.model import Engine
 from engine.runs.run import DecodeRun, StepEvent
 
 PROMPTS = ["The quick brown fox jumps over the lazy dog.", "Mixture of experts"]

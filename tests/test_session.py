@@ -10,7 +10,7 @@ import pytest
 from fixture_paths import FIXTURES
 
 from engine.core.errors import ArgumentError, EngineError
-from engine.core.model import Engine
+from engine.model import Engine
 from engine.session import open_pair
 
 TARGET, DRAFT = FIXTURES / "qwen3moe-f32", FIXTURES / "qwen3-f32"
@@ -73,8 +73,8 @@ def test_a_missing_draft_is_named_and_the_target_closed(tmp_path):
 
 
 def test_a_run_is_judged_against_the_reference_run_of_its_outputs_key():
-    from engine.profiles.history import History, RunRecord, RunSettings, combined_hash
     from engine.profiles.profile import fingerprint
+    from engine.runs.history import History, RunRecord, RunSettings, combined_hash
     from engine.runs.run import DecodeRun
     from engine.session import judge_run
 
@@ -134,8 +134,8 @@ def test_the_cli_and_the_window_judge_runs_with_the_sessions_function():
 
 
 def test_plan_and_tune_calibrate_quickly_and_the_window_fully():
-    from engine.placement.plan import make_plan
     from engine.session import QUICK_CALIBRATION_REPEATS, QUICK_CALIBRATION_TOKENS, calibrate_devices
+    from engine.tune.plan import make_plan
 
     asked = []
 

@@ -9,7 +9,7 @@ from fixture_paths import FIXTURES
 
 from engine.checkpoints.demo import DEMO_PROMPTS, ensure_demo_pair
 from engine.core.errors import ArgumentError, RangeError
-from engine.core.model import Engine
+from engine.model import Engine
 from engine.runs.run import output_sha256
 from engine.runs.speculative import GreedyDecoder, SpeculativeDecoder, check_draft_q, generate
 

@@ -6,7 +6,7 @@ from fixture_paths import FIXTURES
 
 from engine.checkpoints.checkpoint import Checkpoint
 from engine.core.errors import ArgumentError
-from engine.core.model import Engine
+from engine.model import Engine
 from engine.placement import strategy as S
 from engine.placement.costmodel import (
     Calibration,

@@ -69,6 +69,44 @@ def test_no_import_circle_in_engine():
     assert circles(imports(modules())) == []
 
 
+# engine's layers, lowest first: a package or top module imports only those before it (and itself). The core (the
+# binding, errors, the formats table) knows no family; a checkpoint reader no loaded model; a run no profile; the
+# session every front end opens models through sits under the profiles' replay, the tuner and the commands.
+LAYERS = ["core", "families", "checkpoints", "placement", "model", "devices", "runs", "session", "profiles", "export",
+          "tune", "cli", "__main__"]  # fmt: skip
+
+
+def unit(module: str) -> str:
+    """The package or top module a module of engine/ belongs to: engine.runs.run -> runs, engine.session -> session."""
+    return module.split(".")[1]
+
+
+def test_no_import_circle_between_engine_packages():
+    """Modules without a circle can still make packages import each other (core.model used checkpoints while
+    checkpoints used core's errors): then no package can be read, tested or replaced below the other."""
+    graph: dict[str, set[str]] = {}
+    for name, deps in imports(modules()).items():
+        if name != "engine":
+            graph.setdefault(unit(name), set()).update(unit(d) for d in deps if d != "engine" and unit(d) != unit(name))
+    for deps in list(graph.values()):
+        for d in deps:
+            graph.setdefault(d, set())
+    assert circles(graph) == []
+
+
+def test_engine_packages_import_only_their_lower_layers():
+    upward = []
+    for name, deps in imports(modules()).items():
+        if name in ("engine", "engine._build_native"):
+            continue
+        for d in deps:
+            if d != "engine" and LAYERS.index(unit(d)) > LAYERS.index(unit(name)):
+                upward.append(f"{name} imports {d}")
+    assert upward == []
+    units = {unit(n) for n in modules() if n not in ("engine", "engine._build_native")}
+    assert units == set(LAYERS)
+
+
 def test_the_checker_finds_a_circle_and_the_imports_inside_functions():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     graph = imports(modules())
@@ -106,11 +144,39 @@ def test_every_package_is_installed():
 def test_engine_modules_sit_in_packages():
     """engine/ is packages by job (core, checkpoints, families, placement, runs, profiles, export, tune, cli); at its
     top only the package file, `python -m engine`, the native build script and the session every front end opens
-    its models through."""
+    its models through, with the loaded engine it opens (model: Engine, Model, Context) and which devices an engine
+    opens (devices): the layer above the checkpoints and placements, under the runs."""
     top = sorted(p.name for p in ENGINE.glob("*.py"))
-    assert top == ["__init__.py", "__main__.py", "_build_native.py", "session.py"]
+    assert top == ["__init__.py", "__main__.py", "_build_native.py", "devices.py", "model.py", "session.py"]
     packages = sorted(p.parent.name for p in ENGINE.glob("*/__init__.py"))
     assert packages == ["checkpoints", "cli", "core", "export", "families", "placement", "profiles", "runs", "tune"]
+
+
+def bound_names(path: Path) -> set[str]:
+    """The names a module binds at its top (definitions, assignments, imports, also inside a try or an if there):
+    what `from it import name` finds."""
+    out: set[str] = set()
+    todo = list(ast.parse(path.read_text(encoding="utf-8")).body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            out.add(node.name)
+        elif isinstance(node, ast.Try | ast.If):
+            todo += node.body + node.orelse + [s for h in getattr(node, "handlers", []) for s in h.body]
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            out.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                out.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+    return out
+
+
+def missing(mods: dict[str, Path], module: str, names: list[str]) -> list[str]:
+    """Of `from module import names`, each name that is neither a module of engine/ nor bound at the module's top."""
+    if module not in mods:
+        return [] if module == "engine._native" else [module]
+    bound = bound_names(mods[module])
+    return [f"{module}.{n}" for n in names if n != "*" and f"{module}.{n}" not in mods and n not in bound]
 
 
 def test_every_relative_import_names_a_module_that_exists():
@@ -124,22 +190,23 @@ def test_every_relative_import_names_a_module_that_exists():
             if isinstance(node, ast.ImportFrom) and node.level:
                 base = package[: len(package) - node.level + 1]
                 target = ".".join(base + ([node.module] if node.module else []))
-                if target not in mods and target != "engine._native":
-                    dangling.append(f"{path.relative_to(ROOT)}:{node.lineno}: {target}")
+                names = [a.name for a in node.names]
+                dangling += [f"{path.relative_to(ROOT)}:{node.lineno}: {m}" for m in missing(mods, target, names)]
     assert dangling == []
 
 
 def test_every_import_of_engine_elsewhere_names_a_module_that_exists():
     """The same for the window, the tests, the benchmarks and the tools: `from engine.X import ...` anywhere in the
     repository names a module of engine/."""
-    mods = set(modules()) | {"engine._native"}
+    mods = modules()
     dangling = []
     for top in ("app", "tests", "bench", "assets", "tools"):
         for path in (ROOT / top).rglob("*.py") if (ROOT / top).is_dir() else ():
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
-                if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                    names = [node.module]
-                dangling += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names
-                             if n.split(".")[0] == "engine" and n not in mods]  # fmt: skip
+                found: list[str] = []
+                if isinstance(node, ast.Import):
+                    found = [a.name for a in node.names if a.name.split(".")[0] == "engine" and a.name not in mods]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("engine"):
+                    found = missing(mods, node.module, [a.name for a in node.names])
+                dangling += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in found]
     assert dangling == []

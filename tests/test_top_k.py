@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from fixture_paths import FIXTURES
 
-import engine.core.model as engine_model
+import engine.model as engine_model
 from engine.checkpoints.demo import DEMO_PROMPTS
 from engine.cli import main
 from engine.core.errors import ArgumentError, RangeError
-from engine.core.model import Engine
 from engine.core.native import check, lib
+from engine.model import Engine
 from engine.runs.quality import quality_cost
 from engine.runs.run import DecodeRun
 

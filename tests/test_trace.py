@@ -11,8 +11,8 @@ from fixture_paths import FIXTURES
 from engine.checkpoints.demo import ensure_demo_pair
 from engine.cli import main
 from engine.core.errors import ArgumentError, RangeError
-from engine.core.model import Engine
 from engine.core.trace import SPAN_KINDS, chrome_trace, overlap_ns
+from engine.model import Engine
 from engine.runs.run import DecodeRun
 
 

@@ -431,7 +431,7 @@ def test_the_table_names_the_front_and_the_chosen_point(capsys):
 
 
 def test_a_tuning_on_an_engine_can_be_cancelled_and_leaves_the_placement_as_it_was():
-    from engine.core.model import Engine
+    from engine.model import Engine
 
     with Engine(runtimes=("cpu", "hostsim")) as eng:
         target, draft = eng.load(TARGET), eng.load(DRAFT)

@@ -22,7 +22,7 @@ from engine.checkpoints.checkpoint import Checkpoint
 from engine.cli import main
 from engine.core.errors import CheckpointError, NumericError
 from engine.core.greedy import greedy_choice
-from engine.core.model import Engine
+from engine.model import Engine
 from engine.runs import speculative
 
 QWEN = FIXTURES / "qwen3moe-f32"

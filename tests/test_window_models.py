@@ -138,7 +138,7 @@ def test_routing_statistics_of_another_shape_or_origin_are_refused_and_runs_are_
 
 
 def device(index: int, name: str, kind: str, free: int):
-    from engine.core.model import DeviceInfo
+    from engine.model import DeviceInfo
 
     return DeviceInfo(index, name, kind, name, 4 * free, free, 1)
 
@@ -167,7 +167,7 @@ def test_a_new_engine_replaces_the_devices_and_a_snapshot_gives_each_its_room():
 
 
 def run_record(output_hash: str = "ab" * 32, cancelled: bool = False, rate: float = 12.5, fingerprint=None):
-    from engine.profiles.history import RunRecord, RunSettings
+    from engine.runs.history import RunRecord, RunSettings
 
     return RunRecord(index=0, started="2026-12-02T10:00:00", target="target", draft=None, placement="*=cpu:0",
                      mode="reference", precision="f32", q=None, tokens=8, repeats=1, prompts=1,
@@ -213,7 +213,7 @@ def test_a_run_starts_once_is_kept_in_the_history_and_tells_its_listeners(sessio
 
 
 def test_a_history_the_file_does_not_take_keeps_the_run_with_a_note(session, tmp_path):
-    from engine.profiles.history import History
+    from engine.runs.history import History
 
     (tmp_path / "history").write_text("")
     session.runs = History(tmp_path / "history" / "runs.jsonl")  # its folder is a file: not writable
@@ -226,7 +226,7 @@ def test_a_history_the_file_does_not_take_keeps_the_run_with_a_note(session, tmp
 
 def test_another_model_opens_its_own_history_and_the_last_run_goes(session, xdg_data):
     from app.models.run_session import RunTrace
-    from engine.profiles.history import History, history_file
+    from engine.runs.history import History, history_file
 
     fp = "sha256:" + "1" * 64
     History(history_file(fp)).add(run_record(fingerprint=fp))  # a run of an earlier session
@@ -257,7 +257,7 @@ def test_a_model_opened_while_a_run_decodes_leaves_that_runs_live_curves(session
 
 
 def test_clearing_the_history_forgets_its_runs(session, xdg_data):
-    from engine.profiles.history import history_file
+    from engine.runs.history import history_file
 
     fp = "sha256:" + "2" * 64
     session.open(fp)

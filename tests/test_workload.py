@@ -11,7 +11,7 @@ from fixture_paths import FIXTURES
 
 from engine.cli import main
 from engine.core.errors import ArgumentError, RangeError
-from engine.core.model import Engine
+from engine.model import Engine
 from engine.runs.run import DecodeRun
 from engine.runs.workload import read_prompt_file, synthetic_ids
 

@@ -16,7 +16,7 @@ from engine.placement.placement import ExpertRoom, expert_rooms
 from .events import Listeners
 
 if TYPE_CHECKING:
-    from engine.core.model import DeviceInfo
+    from engine.model import DeviceInfo
 
 # engine: another engine (its devices and the runtimes that did not load); memory: the memory snapshot refreshed
 EVENTS = ("engine", "memory")
@@ -24,7 +24,7 @@ EVENTS = ("engine", "memory")
 
 @dataclass
 class Devices:
-    """The open engine's devices (engine.core.model.DeviceInfo, as the engine listed them last), its runtimes that did
+    """The open engine's devices (engine.model.DeviceInfo, as the engine listed them last), its runtimes that did
     not load (runtime -> why), and per device the room for the loaded model's experts (engine.placement.placement's
     ExpertRoom: free, held, reserve) and the bytes of experts a single edit may fill there (capacity: free + held)."""
 

@@ -1,5 +1,5 @@
 """The window's decode runs: whether one is running, the live buffer the plots read while it does, its trace, the
-loaded model's run history (engine.profiles.history: kept in the user's data folder) and the last run's record.
+loaded model's run history (engine.runs.history: kept in the user's data folder) and the last run's record.
 
 Qt-free: a listener is a plain callable (`on("finished", fn)`); a refused start is a Refusal and what the history
 tells (a file it could not write, a damaged line) a Note, each with its reason, never a matched string. The decode
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from engine.core.errors import EngineError
 from engine.core.trace import Span, write_chrome_trace
-from engine.profiles.history import History, RunRecord, history_file
+from engine.runs.history import History, RunRecord, history_file
 
 from ..live import LiveBuffer
 from .events import Listeners, Note, Refusal

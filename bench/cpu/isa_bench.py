@@ -40,7 +40,7 @@ def ours(args) -> int:
     from measure import decode_speed, prefill_ids, prefill_speed
 
     from engine.checkpoints.demo import DEMO_PROMPTS
-    from engine.core.model import Engine
+    from engine.model import Engine
 
     with Engine(cpu_devices=1, cpu_threads=args.threads) as eng:
         model = eng.load(args.file)

@@ -20,7 +20,7 @@ from measure import decode_speed, greedy_decode, write_report  # noqa: E402
 
 from engine.checkpoints.checkpoint import Checkpoint  # noqa: E402
 from engine.checkpoints.demo import DEMO_PROMPTS  # noqa: E402
-from engine.core.model import Engine  # noqa: E402
+from engine.model import Engine  # noqa: E402
 
 
 def main() -> int:

@@ -26,7 +26,7 @@ sys.path.insert(0, "bench")
 from measure import decode_speed
 from engine.checkpoints.checkpoint import Checkpoint
 from engine.checkpoints.demo import DEMO_PROMPTS, ensure_demo_pair
-from engine.core.model import Engine
+from engine.model import Engine
 rows = []
 for q in sys.argv[1].split():
     pair = ensure_demo_pair("bench", format="gguf", quant=q)

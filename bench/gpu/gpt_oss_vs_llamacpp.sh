@@ -38,7 +38,7 @@ sys.path.insert(0, "bench")
 from measure import decode_speed
 from engine.checkpoints.checkpoint import Checkpoint
 from engine.checkpoints.demo import DEMO_PROMPTS
-from engine.core.model import Engine
+from engine.model import Engine
 path, threads = sys.argv[1], int(sys.argv[2])
 ck = Checkpoint.open(path)
 prompt = ck.tokenizer.encode(DEMO_PROMPTS[0], add_special_tokens=False).ids

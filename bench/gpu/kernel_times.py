@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from engine.checkpoints.demo import DEMO_PROMPTS, SIZES, ensure_demo_pair
-from engine.core.model import Engine
+from engine.model import Engine
 
 what = sys.argv[1] if len(sys.argv) > 1 else "bench"
 steps = int(sys.argv[2]) if len(sys.argv) > 2 else 4

@@ -102,7 +102,7 @@ from pathlib import Path
 sys.path.insert(0, "bench")
 from measure import decode_speed
 from engine.checkpoints.demo import DEMO_PROMPTS
-from engine.core.model import Engine
+from engine.model import Engine
 folder = Path("/tmp/wide2")
 with Engine(runtimes=("cpu", "cuda")) as eng, eng.load(folder / "target", device="cuda:0") as m:
     m.set_placement("*=cuda:0")
@@ -152,7 +152,7 @@ sys.path.insert(0, "bench")
 from measure import decode_speed
 from engine.checkpoints.checkpoint import Checkpoint
 from engine.checkpoints.demo import DEMO_PROMPTS
-from engine.core.model import Engine
+from engine.model import Engine
 ck = Checkpoint.open(sys.argv[1])
 prompt = ck.tokenizer.encode(DEMO_PROMPTS[0], add_special_tokens=False).ids
 with Engine(runtimes=("cpu", "cuda")) as eng, eng.load(ck, device="cuda:0") as m:

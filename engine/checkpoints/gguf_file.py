@@ -43,7 +43,7 @@ INTS, FLOATS, BOOL = {0, 1, 2, 3, 4, 5, 10, 11}, {6, 12}, 7
 TYPE_NAMES = {0: "uint8", 1: "int8", 2: "uint16", 3: "int16", 4: "uint32", 5: "int32", 6: "float32", 7: "bool",
               8: "string", 9: "array", 10: "uint64", 11: "int64", 12: "float64"}  # fmt: skip
 
-# llama.cpp's tensor names -> the Hugging Face names (engine/core/model.py binds those)
+# llama.cpp's tensor names -> the Hugging Face names (engine/model.py binds those)
 GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",

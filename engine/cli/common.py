@@ -7,9 +7,9 @@ import argparse
 import sys
 
 from ..checkpoints.demo import DEFAULT_FAMILY, DEMO_FORMATS, FAMILIES, QUANTS, SIZES, check_format, ensure_demo_pair
-from ..core.devices import DeviceSettings
 from ..core.errors import ArgumentError, EngineError
-from ..core.model import Engine
+from ..devices import DeviceSettings
+from ..model import Engine
 
 SYNTHETIC_NOTE = "synthetic: random weights, its text is noise by design"
 
@@ -50,7 +50,7 @@ def device_settings(args, strict: bool = True) -> DeviceSettings:
 
 
 def make_engine(args, strict: bool = True) -> Engine:
-    """The engine the command's device options ask for (engine.core.devices, as regress and the window make theirs)."""
+    """The engine the command's device options ask for (engine.devices, as regress and the window make theirs)."""
     return device_settings(args, strict).open()
 
 

@@ -8,7 +8,7 @@ import sys
 
 from ..checkpoints.demo import is_synthetic
 from ..core.errors import EngineError
-from ..core.model import WEIGHTS_MODES
+from ..model import WEIGHTS_MODES
 from ..placement.strategy import STRATEGIES as _STRATEGIES
 from ..placement.strategy import check_name
 from .common import check_model_args, demo_args, engine_args, make_engine, model_paths, synthetic_note, tell
@@ -52,8 +52,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def cmd_plan(args) -> int:
-    from ..placement import plan
     from ..placement.routing import RoutingStats
+    from ..tune import plan
 
     try:
         check_name(args.strategy)

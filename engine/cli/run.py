@@ -13,10 +13,10 @@ from ..checkpoints.demo import DEMO_PROMPTS, is_synthetic
 from ..core.errors import EngineError
 from ..core.files import check_output
 from ..core.formats import FORMATS
-from ..core.model import WEIGHTS_MODES
 from ..core.trace import write_chrome_trace
-from ..profiles.history import History, history_file
+from ..model import WEIGHTS_MODES
 from ..profiles.profile import fingerprint
+from ..runs.history import History, history_file
 from ..runs.run import MAX_REPEATS, PRECISIONS, REDUCTION_MODES, DecodeRun, RunResult, StepEvent
 from ..runs.speculative import MAX_DRAFT_TOKENS
 from ..runs.workload import apply_chat_template, read_prompt_file, synthetic_ids

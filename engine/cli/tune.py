@@ -13,7 +13,7 @@ from pathlib import Path
 from ..checkpoints.demo import DEFAULT_FAMILY, check_format, is_synthetic
 from ..core.errors import ArgumentError
 from ..core.files import check_output
-from ..core.model import WEIGHTS_MODES
+from ..model import WEIGHTS_MODES
 from ..placement.routing import RoutingStats
 from ..runs.speculative import MAX_DRAFT_TOKENS
 from ..session import open_pair
@@ -123,7 +123,7 @@ class _ProgressLine:
 
 
 def _check_args(args) -> tuple[tuple[int, ...], dict[str, int]]:
-    from ..placement.plan import parse_budgets
+    from ..tune.plan import parse_budgets
 
     qs = parse_q(args.q)
     args.modes = parse_modes(args.modes)

@@ -2,7 +2,7 @@
 
 The readers of a Hugging Face folder (engine/checkpoints/checkpoint.py) and of a GGUF file
 (engine/checkpoints/gguf_file.py), the model's configuration (engine/checkpoints/model_config.py), the loader
-(engine/core/model.py) and the exports (engine/export/engines.py) look a family up here and do what it says; none of
+(engine/model.py) and the exports (engine/export/engines.py) look a family up here and do what it says; none of
 them names a family. Adding a family is its module here, its file in native/src/models/ and its tests.
 """
 

@@ -20,7 +20,7 @@ from ..core.errors import CheckpointError, EngineError, UnsupportedError
 if TYPE_CHECKING:
     from .synthetic import DemoRecipe
 
-# llama.cpp's per-layer tensor names -> the Hugging Face names (engine/core/model.py binds those), as the llama-shaped
+# llama.cpp's per-layer tensor names -> the Hugging Face names (engine/model.py binds those), as the llama-shaped
 # families (Qwen3, and gpt-oss's attention) name them
 LAYER_TENSORS = {
     "attn_norm.weight": "input_layernorm.weight",

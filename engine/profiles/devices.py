@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..core.devices import HOST_RUNTIMES, DeviceSettings
 from ..core.errors import EngineError
-from ..core.model import Engine, describe_load_error
+from ..devices import HOST_RUNTIMES, DeviceSettings
+from ..model import Engine, describe_load_error
 from ..placement.placement import format_bytes
 from .profile import ProfileError
 

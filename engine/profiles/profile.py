@@ -28,7 +28,7 @@ import yaml
 from ..checkpoints.checkpoint import ModelConfig, read_config_json, read_weights
 from ..core.errors import ArgumentError, CheckpointError
 from ..core.files import atomic_write
-from ..core.model import WEIGHTS_MODES
+from ..model import WEIGHTS_MODES
 from ..placement.placement import Placement
 from ..placement.routing import MAX_COUNT, RoutingStats
 from ..runs.diverge import SETTINGS, Trail, read_compact
@@ -164,7 +164,7 @@ class RunSettings:
     repeats: int | None = None
     q: int | None = None
     mode: str | None = None
-    weights: str | None = None  # how the engine holds the files (engine.core.model.WEIGHTS_MODES)
+    weights: str | None = None  # how the engine holds the files (engine.model.WEIGHTS_MODES)
     precision: str | None = None  # how activations meet quantized weights (engine.runs.run.PRECISIONS)
 
     def resolved(self) -> dict:

@@ -28,8 +28,9 @@ from pathlib import Path
 from ..checkpoints.checkpoint import read_config
 from ..core.errors import EngineError
 from ..runs.diverge import Diagnosis, Outputs, diagnose
+from ..runs.history import combined_hash
 from ..session import open_pair
-from .history import combined_hash, min_accept_rate, min_speed_ratio
+from .expectations import min_accept_rate, min_speed_ratio
 from .profile import Profile, ProfileError, RoutingSpec, fingerprint, load
 
 DEFAULT_SPEED_SLACK = 0.25
@@ -104,7 +105,7 @@ class Report:
                 "min_speed_ratio": e.min_speed_ratio if e else None,
                 "accept_rate": m.accept_rate if m else None, "min_accept_rate": e.min_accept_rate if e else None,
                 "output_sha256": m.repeat_hashes[0] if m and m.repeat_hashes else None,
-                # the one hash over a run's prompts, as the window's history shows it (engine.profiles.history)
+                # the one hash over a run's prompts, as the window's history shows it (engine.runs.history)
                 "output_hash": combined_hash(m.repeat_hashes[0]) if m and m.repeat_hashes else None,
                 "expected_output_hash": combined_hash(e.output_sha256) if e and e.output_sha256 else None,
                 "repeat_output_sha256": m.repeat_hashes if m else None,
@@ -198,7 +199,7 @@ def _stable(m: Measurement) -> bool:
 
 
 def make_engine(profile: Profile, portable: bool = False):
-    """An Engine with the devices the profile asks for (engine.core.devices); ProfileError at the file:line of the entry
+    """An Engine with the devices the profile asks for (engine.devices); ProfileError at the file:line of the entry
     this machine cannot provide."""
     from .devices import engine_for_profile
 
@@ -273,7 +274,7 @@ def _check_models(profile: Profile, record: bool) -> None:
 def run(paths: list[str], record: bool = False, speed_slack: float = DEFAULT_SPEED_SLACK, portable: bool = False,
         measure=None, check_weights: bool = True) -> Report:  # fmt: skip
     """Load, check, measure and judge the profiles; measure(profile, portable=..., check_weights=...) -> Measurement
-    (check_weights: the models' weights checked at load, engine.core.model.Model)."""
+    (check_weights: the models' weights checked at load, engine.model.Model)."""
     measure = measure or measure_profile
     outcomes: dict[Path, Outcome] = {}
     order: list[Path] = []

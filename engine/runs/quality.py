@@ -134,7 +134,7 @@ def quality_cost(reference, fast=None, *, prompts=None, tokens: int = 32, mode: 
     `placement` (None: its current one; it stays in force, as a run's does). The routing statistics do not count
     these decodes. reference_result / fast_result: RunResults of these prompts and
     tokens already decoded in those settings (a run just made), reused instead of decoding again."""
-    from ..core.model import check_context_top_k
+    from ..model import check_context_top_k
     from .run import DecodeRun, _top_k_override, check_mode, check_precision
 
     check_mode(mode)

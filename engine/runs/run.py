@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..core.errors import ArgumentError, RangeError, StateError
-from ..core.model import Context, Model, _ids_array, check_context_top_k, check_text
 from ..core.trace import Span
+from ..model import Context, Model, _ids_array, check_context_top_k, check_text
 from .diverge import Diagnosis, Outputs, Trail, diagnose
 from .speculative import GreedyDecoder, SpeculativeDecoder, check_draft_q, check_shared_vocabulary
 from .workload import synthetic_ids

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..core.errors import ArgumentError, RangeError
 from ..core.greedy import greedy_choice
-from ..core.model import Context, Model, _ids_array
+from ..model import Context, Model, _ids_array
 
 MAX_DRAFT_TOKENS = 8
 

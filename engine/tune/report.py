@@ -152,7 +152,7 @@ def profile_for(point: Point, path, target_ref, draft_ref, primary: str, prompts
     it was measured with, the output hashes and acceptance it gave; the devices the placement names. target_ref and
     draft_ref: engine.profiles.profile.ModelRef (with fingerprints)."""
     from ..checkpoints.demo import DEMO_PROMPTS
-    from ..profiles.history import min_accept_rate
+    from ..profiles.expectations import min_accept_rate
     from ..profiles.profile import DeviceSpec, Expectations, PlacementSpec, Profile, RoutingSpec, RunSettings, loads
 
     counts: dict[str, int] = {}

@@ -24,7 +24,7 @@ def no_modal_dialogs(monkeypatch):
 def make_state(qtbot):
     """make_state(memory_limit=None, draft=True, runtimes=("cpu", "hostsim")) -> a loaded WorkbenchState."""
     from app.state import WorkbenchState
-    from engine.core.model import Engine
+    from engine.model import Engine
 
     made = []
 

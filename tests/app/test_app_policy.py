@@ -1,5 +1,5 @@
-"""The window's state asks the engine for its policy: the run history kept per model (engine.profiles.history),
-predictions beside results, routing statistics of runs only, and the devices a profile names (engine.core.devices)."""
+"""The window's state asks the engine for its policy: the run history kept per model (engine.runs.history),
+predictions beside results, routing statistics of runs only, and the devices a profile names (engine.devices)."""
 
 import os
 
@@ -11,7 +11,7 @@ from app_helpers import TIMEOUT_MS  # noqa: E402
 
 from app.state import RunRecord, RunSettings  # noqa: E402
 from engine.placement.costmodel import Calibration, DeviceRate  # noqa: E402
-from engine.profiles import history as engine_history  # noqa: E402
+from engine.runs import history as engine_history  # noqa: E402
 
 CAL = Calibration("cpu:0", 0.001, {"cpu:0": DeviceRate(bandwidth=2e9), "hostsim:0": DeviceRate(bandwidth=8e9)})
 SHORT = RunSettings(["The quick brown fox"], tokens=4, repeats=1)
@@ -86,7 +86,7 @@ def test_a_history_that_cannot_be_kept_is_said_and_the_run_is_still_shown(qtbot,
 
 
 def state_engine_factory():
-    from engine.core.model import Engine
+    from engine.model import Engine
 
     return lambda: Engine(runtimes=("cpu", "hostsim"), strict=False)
 

@@ -292,8 +292,8 @@ def test_a_changed_hash_is_explained_on_the_hash_plot(qtbot, make_window):
     """The reference run as an earlier session kept it, choosing another token at token 2: the next run of the same
     outputs is CHANGED, and its record, its mark's tooltip and the note under the mark say where, the choices on
     both sides (the reference replayed here, its settings being the model's) and what differs."""
-    from engine.profiles.history import combined_hash
     from engine.runs.diverge import Trail
+    from engine.runs.history import combined_hash
     from engine.runs.run import output_sha256
 
     window = make_window()

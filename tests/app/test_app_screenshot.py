@@ -11,8 +11,8 @@ import app.theme
 from app.launch import main
 from engine.checkpoints.demo import ensure_demo_pair
 from engine.placement.costmodel import Calibration, DeviceRate
-from engine.profiles.history import History, history_file
 from engine.profiles.profile import fingerprint
+from engine.runs.history import History, history_file
 
 
 def test_a_screenshot_leaves_the_users_history_and_settings_as_they_were(qtbot, tmp_path, monkeypatch, xdg_cache):

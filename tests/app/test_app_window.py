@@ -263,7 +263,7 @@ def test_hold_weights_as_applies_to_the_next_model_opened_and_is_remembered(qtbo
     from PySide6.QtCore import QSettings
 
     from app.window import WEIGHTS_TIPS
-    from engine.core.model import WEIGHTS_MODES
+    from engine.model import WEIGHTS_MODES
 
     window = make_window()
     state = window.state
@@ -319,7 +319,7 @@ def test_heat_map_has_a_colour_scale_a_value_on_hover_a_caption_and_a_reset(qtbo
 def test_devices_panel_says_why_a_gpu_runtime_is_missing_in_users_words(qtbot, make_window):
     """The loader's text ("file '.../expertbench_rt_hip.so' does not exist", "CUDA driver version is insufficient")
     becomes what it means for the user; the raw text stays in the tooltip."""
-    from engine.core.model import describe_load_error
+    from engine.model import describe_load_error
 
     raw = {
         "hip": "runtime module 'hip': file '/x/engine/expertbench_rt_hip.so' does not exist",

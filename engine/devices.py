@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .errors import EngineError
+from .core.errors import EngineError
 from .model import Engine
 
 GPU_RUNTIMES = ("cuda", "hip")

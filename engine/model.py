@@ -16,11 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..checkpoints.checkpoint import Checkpoint, ModelConfig
-from ..families import family
-from ..placement.placement import Placement
-from . import formats
-from .errors import (
+from .checkpoints.checkpoint import Checkpoint, ModelConfig
+from .core import formats
+from .core.errors import (
     ArgumentError,
     CheckpointError,
     EngineError,
@@ -29,9 +27,11 @@ from .errors import (
     StateError,
     UnsupportedError,
 )
-from .greedy import greedy_choice
-from .native import check, ffi, lib, text
-from .trace import SPAN_KINDS, Span
+from .core.greedy import greedy_choice
+from .core.native import check, ffi, lib, text
+from .core.trace import SPAN_KINDS, Span
+from .families import family
+from .placement.placement import Placement
 
 # eb_dtype's code for raw bytes: a Hugging Face MXFP4 checkpoint's *_blocks and *_scales, which the core packs at load
 RAW_U8 = 63

@@ -6,8 +6,7 @@ with it (stable or changed). A model's history is kept across restarts as JSON l
 $XDG_DATA_HOME/expertbench/history/<model fingerprint>.jsonl (~/.local/share without XDG_DATA_HOME), one record a
 line, appended as runs end; a damaged line is reported and skipped, never fatal.
 
-What a profile may expect of a replay is inferred here too (expectations_for, min_accept_rate, min_speed_ratio), so
-that the window's saved profiles and `regress --record` round the same way.
+What a profile may expect of a replay is inferred from this history by engine.profiles.expectations.
 """
 
 from __future__ import annotations
@@ -23,8 +22,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 from ..core.errors import ArgumentError
-from ..runs.run import outputs_any_placement, placement_devices
-from .profile import Expectations, Profile
+from .run import outputs_any_placement, placement_devices
 
 
 @dataclass
@@ -67,7 +65,7 @@ class RunRecord:
     cancelled: bool
     seconds: float
     is_reference: bool = False  # the first complete run of its outputs key
-    # what a profile saved later may expect (expectations_for): the settings, models and per-prompt hashes
+    # what a profile saved later may expect (engine.profiles.expectations): the settings, models and per-prompt hashes
     settings: RunSettings | None = None
     target_path: str = ""
     draft_path: str | None = None
@@ -149,13 +147,13 @@ class RunRecord:
 
     def trails(self) -> list:
         """The kept outputs as engine.runs.diverge Trails (ids and gaps), one per prompt; empty when none were kept."""
-        from ..runs.diverge import read_compact
+        from .diverge import read_compact
 
         return [read_compact(o, f"outputs[{i}]") for i, o in enumerate(self.outputs or [])]
 
     def as_outputs(self, label: str | None = None):
         """The run as a diagnosis compares it (engine.runs.diverge.Outputs)."""
-        from ..runs.diverge import Outputs, settings_of
+        from .diverge import Outputs, settings_of
 
         return Outputs(label or f"run {self.index}", self.trails(), settings_of(self))
 
@@ -226,7 +224,7 @@ def _checked(name: str, value):
             return None
         if not isinstance(value, list):
             raise ArgumentError(f"'outputs' is {type(value).__name__}, expected a list (one entry per prompt)")
-        from ..runs.diverge import read_compact
+        from .diverge import read_compact
 
         for i, entry in enumerate(value):
             read_compact(entry, f"outputs[{i}]")
@@ -268,7 +266,7 @@ def outputs_key(target: str, prompts: Sequence, tokens: int, precision: str, mod
     placement's devices and the others given: owner_local always). The
     draft and q never: speculative greedy decoding gives the target-only greedy output, byte for byte. An experts
     per token override (top_k, None: the model's own) is another model. The window's saved profiles pick the run
-    whose hashes they expect by this key too (expectations_for)."""
+    whose hashes they expect by this key too (engine.profiles.expectations)."""
     prompts = tuple(tuple(p) if isinstance(p, list) else p for p in prompts)
     key = (target, prompts, int(tokens), precision)
     if top_k is not None:
@@ -384,27 +382,6 @@ def history_file(fingerprint: str) -> Path:
 # ---- what a profile may expect ------------------------------------------------------------------------------
 
 
-def min_accept_rate(rate: float) -> float:
-    """The acceptance a replay must reach: the measured rate rounded down to 0.001."""
-    return math.floor(rate * 1000) / 1000
-
-
-def min_speed_ratio(ratio: float, slack: float) -> float:
-    """The speed ratio over the baseline a replay must reach: the measured one less the slack, rounded down to
-    0.01, at least 0.01."""
-    return max(0.01, math.floor(ratio * (1 - slack) * 100) / 100)
-
-
-def _profile_key(profile: Profile, devices: list[str]) -> tuple:
-    """A profile's outputs key: its model's fingerprint, its run settings, its placement as rules."""
-    r, spec = profile.run.resolved(), profile.placement
-    rules = [f"*={spec.default}"] if spec.default else []
-    rules += [f"{lo}-{hi}={device}" for lo, hi, device in spec.layers]
-    rules += [f"{layer}.{lo}-{hi}={device}" for layer, lo, hi, device in spec.experts]
-    return outputs_key(profile.model.fingerprint or "", r["prompts"], r["tokens_per_prompt"], r["precision"],
-                       r["mode"], "; ".join(rules), [profile.primary_device, *devices])  # fmt: skip
-
-
 def matching_run(history: Sequence[RunRecord], target_path: str, settings: RunSettings, placement: str,
                  primary: str) -> RunRecord | None:  # fmt: skip
     """The latest complete run of this target (every repeat agreed) whose outputs these settings on this placement
@@ -421,54 +398,12 @@ def matching_run(history: Sequence[RunRecord], target_path: str, settings: RunSe
     return None
 
 
-def expectations_for(profile: Profile, base: Profile | None, history: Sequence[RunRecord], target_path: str,
-                     draft_path: str | None, settings: RunSettings | None, placement: str,
-                     primary: str) -> Expectations:  # fmt: skip
-    """What a profile made from the window may expect of a replay:
-
-    * output hashes (and the outputs they were diagnosed with: ids and top-2 gaps) and acceptance from the latest
-      complete run in the history with the same outputs key (matching_run), the acceptance only when it used the
-      profile's draft and q;
-    * else those of the profile that was opened (base) when it was recorded on the same model and its outputs key
-      is the profile's (same prompts, length, mode, precision; the same placement where the outputs depend on it);
-    * a speed baseline is kept (its path made relative to the new folder); its minimum ratio only while the
-      placement and devices are those it was recorded for."""
-    e = Expectations()
-    use_draft = profile.draft is not None
-    record = matching_run(history, target_path, settings, placement, primary) if settings is not None else None
-    if record is not None:
-        e.output_sha256 = list(record.output_sha256)
-        if record.outputs and len(record.outputs) == len(e.output_sha256):  # what a changed hash is diagnosed with
-            outputs = record.as_outputs()
-            e.outputs, e.outputs_settings = outputs.trails, dict(outputs.settings)
-        same_draft = use_draft and record.draft_path == draft_path and record.q == profile.run.q
-        if same_draft and record.accept_rate is not None:
-            e.min_accept_rate = min_accept_rate(record.accept_rate)
-    elif base is not None and base.expectations.output_sha256 is not None:
-        same_model = base.model.fingerprint is not None and base.model.fingerprint == profile.model.fingerprint
-        devices = [*profile.device_names(), *base.device_names()]
-        same_outputs = same_model and _profile_key(base, devices) == _profile_key(profile, devices)
-        if same_outputs:
-            e.output_sha256 = list(base.expectations.output_sha256)
-            e.outputs, e.outputs_settings = base.expectations.outputs, dict(base.expectations.outputs_settings)
-            same_draft = base.draft is not None and use_draft and base.draft.fingerprint == profile.draft.fingerprint
-            if same_draft and base.run.resolved()["q"] == profile.run.resolved()["q"]:
-                e.min_accept_rate = base.expectations.min_accept_rate
-    if base is not None and base.expectations.baseline is not None:
-        baseline = base.resolve(base.expectations.baseline).resolve()
-        if baseline != profile.path:
-            e.baseline = os.path.relpath(baseline, profile.path.parent)
-            if base.placement == profile.placement and base.device_specs == profile.device_specs:
-                e.min_speed_ratio = base.expectations.min_speed_ratio
-    return e
-
-
 def diagnose_change(ref: RunRecord, run, model=None, prompt_ids=None):
     """Why a run's output (a RunResult, with its top-2 logits, or a RunRecord) differs from its reference run's
     (engine.runs.diverge.Diagnosis); None when they are the same. With the model the run decoded on and the prompts'
     ids, the reference's logits are re-computed where it kept only ids and gaps and ran with the model's settings now
     (engine.runs.diverge.replay_missing)."""
-    from ..runs.diverge import Outputs, diagnose, replay_missing
+    from .diverge import Outputs, diagnose, replay_missing
 
     record = run if isinstance(run, RunRecord) else None
     hashes = record.output_hash if record is not None else combined_hash(run.output_sha256)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import math
 
 from ..core.errors import ArgumentError
+from ..placement import strategy as S
+from ..placement.costmodel import ModelShape
+from ..placement.placement import expert_rooms, mib, parse_size
+from ..placement.routing import RoutingStats
 from ..session import QUICK_CALIBRATION_REPEATS, QUICK_CALIBRATION_TOKENS, calibrate_devices
-from . import strategy as S
-from .costmodel import ModelShape
-from .placement import expert_rooms, mib, parse_size
-from .routing import RoutingStats
 
 
 def parse_budgets(items: list[str]) -> dict[str, int]:
@@ -38,7 +38,7 @@ def parse_budgets(items: list[str]) -> dict[str, int]:
 def make_plan(target, name: str, fast: str | None = None, caps: dict[str, int] | None = None,
               measure: bool = True, routing: RoutingStats | None = None, routing_source: str | None = None,
               calibrate_fn=None) -> dict:  # fmt: skip
-    """The plan of strategy `name` for a loaded target (engine.core.model.Model) as one JSON-ready document."""
+    """The plan of strategy `name` for a loaded target (engine.model.Model) as one JSON-ready document."""
     info = S.check_name(name)
     engine = target.engine
     devices = engine.devices
