@@ -35,6 +35,9 @@ class Q8Tolerance:
 
 # llama.cpp's own quantized files: about 1 % relative L2 at the median position, as llama.cpp's CPU run of them gives
 Q8_LLAMA_CPP = Q8Tolerance(median=0.03, p90=0.06)
+# the IQ4_XS file: llama.cpp's own CPU run of it is as far from the reference (relative L2 median 0.021, 90th
+# percentile 0.074, worst 0.41: 8-bit activations flip a few positions' routing), and the q8 precision with it
+Q8_IQ4_XS = Q8Tolerance(median=0.03, p90=0.09)
 # gpt-oss's MXFP4 experts: int8 activations beside biased experts and the clamped SwiGLU, near ties in the routing
 Q8_GPT_OSS = Q8Tolerance(median=0.05, max=0.5)
 
@@ -167,6 +170,12 @@ def gguf(folder_name: str, quant: str, family: str, dtypes: set[str], routing: R
                    where / f"reference-{quant}.npz", frozenset(dtypes), routing, **kw)  # fmt: skip
 
 
+def lowbit(quant: str, dtypes: set[str], **kw) -> Fixture:
+    """A file of qwen3moe-gguf-lowbit/ (its norms and router F32, beside the types it holds)."""
+    kw.setdefault("q8", Q8_LLAMA_CPP)
+    return gguf("qwen3moe-gguf-lowbit", quant, "qwen3_moe", {"F32", *dtypes}, QWEN3_MOE_GGUF, **kw)
+
+
 K_QUANTS = {"F32", "Q4_K", "Q5_K", "Q6_K", "Q8_0"}  # Q4_K_M: Q4_K, with Q5_K, Q6_K and Q8_0 where llama.cpp keeps more
 MXFP4_MOE = {"F32", "Q8_0", "MXFP4"}  # MXFP4 experts, the other matrices Q8_0
 REGISTRY: list[Fixture] = [
@@ -188,6 +197,19 @@ REGISTRY: list[Fixture] = [
     gguf("qwen3moe-gguf", "q8_0", "qwen3_moe", {"F32", "Q8_0"}, QWEN3_MOE_GGUF, q8=Q8_LLAMA_CPP),
     gguf("qwen3moe-gguf", "q4_k_m", "qwen3_moe", K_QUANTS, QWEN3_MOE_GGUF, q8=Q8_LLAMA_CPP, devices=True),
     gguf("qwen3moe-gguf", "mxfp4_moe", "qwen3_moe", MXFP4_MOE, QWEN3_MOE_GGUF, q8=Q8_LLAMA_CPP, devices=True),
+    # the small types users download, by llama.cpp's llama-imatrix and llama-quantize (recipes/qwen3moe_lowbit.py):
+    # its presets as it picks their per-tensor types, IQ2_XXS with Q2_K down projections, an unsloth-style i-quant mix
+    # (an expert's gate, up and down in three types, others in the other layer)
+    lowbit("q4_0", {"Q4_0", "Q6_K", "Q8_0"}),
+    lowbit("q2_k", {"Q2_K", "Q3_K", "Q5_K", "Q6_K", "Q8_0"}),
+    lowbit("q3_k_m", {"Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0"}),
+    lowbit("iq4_xs", {"IQ4_XS", "Q5_K", "Q6_K", "Q8_0"}, q8=Q8_IQ4_XS),
+    lowbit("iq2_xxs", {"IQ2_XXS", "Q2_K", "Q4_K", "Q5_K"}, devices=True),
+    lowbit(
+        "ud_mix",
+        {"IQ1_M", "IQ1_S", "IQ2_XS", "IQ3_S", "IQ3_XXS", "IQ4_XS", "Q2_K", "Q4_K", "Q6_K", "Q8_0"},
+        devices=True,
+    ),  # fmt: skip
     # kv_b_proj split into attn_k_b and attn_v_b by llama.cpp's converter: the same f32 values
     gguf("deepseek-gguf", "f32", "deepseek_v3", {"F32"}, DEEPSEEK_V3, same_bits_as="deepseek-f32"),
     gguf("deepseek-gguf", "q8_0", "deepseek_v3", {"F32", "Q8_0"}, DEEPSEEK_V3, q8=Q8_LLAMA_CPP, devices=True),
@@ -233,7 +255,7 @@ def fixtures_on_disk() -> tuple[set[Path], set[Path]]:
     checkpoint with its reference.npz; in a folder of GGUF files, each file is one, with its reference-<quant>.npz."""
     checkpoints, references = set(), set()
     for sub in sorted(p for p in FIXTURES.iterdir() if p.is_dir() and p.name not in ("__pycache__", "recipes")):
-        files = list(sub.glob("*.gguf"))
+        files = list(sub.glob("model-*.gguf"))  # beside them: imatrix.gguf, the importance matrix they were made with
         checkpoints |= set(files) if files else {sub}
         references |= set(sub.glob("reference*.npz"))
     return checkpoints, references
