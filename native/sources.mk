@@ -18,6 +18,6 @@ AVX2_FLAGS = -mavx2 -mfma -mf16c
 AVX512_FLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512vnni
 
 # the cuda and hip modules, one translation unit: gpu_runtime.cu (devices, memory, events, launches, the table) and
-# the parts it includes (gpu_platform.h, gpu_formats.cuh, gpu_forward.cuh, gpu_mla.cuh, gpu_q8.cuh)
+# the parts it includes (gpu_platform.h, gpu_blocks.cuh, gpu_formats.cuh, gpu_forward.cuh, gpu_mla.cuh, gpu_q8.cuh)
 GPU_SRC = runtime/gpu/gpu_runtime.cu
 

@@ -1,4 +1,5 @@
-"""The native tests (native/tests/test_native.c), built with -Wall -Wextra -Werror: plain (the `build` lane),
+"""The native tests (native/tests/test_native.c, and test_gpu_formats.cpp: the GPU modules' block readers run on the
+host), built with -Wall -Wextra -Werror: plain (the `build` lane),
 ASan+UBSan and TSan, and the Python suites against a sanitized core (the `sanitize` lane)."""
 
 import os
@@ -30,20 +31,21 @@ def test_native_tests_pass_without_warnings(tmp_path):
     out = run_make("test", tmp_path / "build")
     assert "warning:" not in out
     assert ", 0 failed" in out
+    assert "formats, ok" in out  # test_gpu_formats: every GPU block reader gives the core's values
 
 
 @pytest.mark.sanitize
 def test_native_tests_clean_under_address_and_undefined_sanitizers(tmp_path):
     out = run_make("sanitize", tmp_path / "build-asan")
     assert "runtime error" not in out and "AddressSanitizer" not in out
-    assert ", 0 failed" in out
+    assert ", 0 failed" in out and "formats, ok" in out
 
 
 @pytest.mark.sanitize
 def test_native_tests_clean_under_thread_sanitizer(tmp_path):
     out = run_make("tsan", tmp_path / "build-tsan")
     assert "ThreadSanitizer" not in out
-    assert ", 0 failed" in out
+    assert ", 0 failed" in out and "formats, ok" in out
 
 
 ROOT = NATIVE.parent
