@@ -5,47 +5,20 @@ it as before; `Engine.runtimes` says what each module has."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 from fixture_paths import FIXTURES
+from runtime_wrappers import wrapped_module
 
 from engine.core.errors import UnsupportedError
-from engine.core.native import core_location
 from engine.model import Engine
-
-NATIVE_INCLUDE = Path(__file__).resolve().parent.parent / "native" / "include"
-
-# The bundled hostsim module's table as it is, with its extension list replaced: the same devices and kernels.
-WRAPPER = r"""
-#include <dlfcn.h>
-#include "eb_runtime.h"
-static eb_runtime_table table;
-static const eb_rt_extension extensions[] = {%s{{NULL, 0}, NULL}};
-EB_EXPORT const eb_runtime_table *eb_runtime_module(void) {
-    void *lib = dlopen("%s", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) return NULL;
-    eb_runtime_entry_fn entry = (eb_runtime_entry_fn)dlsym(lib, EB_RUNTIME_ENTRY);
-    if (!entry || !entry()) return NULL;
-    table = *entry();
-    table.extensions = extensions;
-    return &table;
-}
-"""
 
 
 def hostsim_with(tmp_path: Path, extensions: str) -> str:
-    cc = shutil.which("cc")
-    if cc is None:
-        pytest.fail("no C compiler (cc) to build a test module (run tests/setup.sh)")
-    real = Path(core_location()) / "expertbench_rt_hostsim.so"
-    src = tmp_path / "wrapper.c"
-    src.write_text(WRAPPER % (extensions, real))
-    out = tmp_path / "hostsim_wrapper.so"
-    subprocess.run([cc, "-shared", "-fPIC", f"-I{NATIVE_INCLUDE}", "-o", str(out), str(src), "-ldl"], check=True)
-    return str(out)
+    """The bundled hostsim module's table as it is, with its extension list replaced: the same devices and kernels."""
+    declarations = "static const eb_rt_extension extensions[] = {" + extensions + "{{NULL, 0}, NULL}};"
+    return wrapped_module(tmp_path, declarations, "table.extensions = extensions;")
 
 
 def test_the_bundled_modules_list_their_extensions():

@@ -1,12 +1,15 @@
-"""The GPU modules read every quantized weight format in f32 precision: each weight value dequantized exactly as
-eb_dequantize_chunk gives it (the cpu module's values), products and sums in f32. Against the cpu module:
+"""The GPU modules read the quantized weight formats (all but the scaled F8_E4M3_B128 and the i-quants, refused by name)
+in f32 precision: each weight value dequantized exactly as eb_dequantize_chunk gives it (the cpu module's values),
+products and sums in f32. Against the cpu module:
 
 - the module's operations directly (a C driver built here against the runtime ABI, run on both modules): matmul
   (every format, row counts and widths, 1-9 rows of x, a fused or separate norm, accumulation, several tasks of mixed
   formats, weights at every alignment), embed (the dequantized rows bit for bit), route, expert_ffn and moe (every
   phase, both reductions, owned and foreign experts, mixed formats per projection) within 1e-5 relative L2 (the GPU
   sums in another order: not the same bits), every product also within 1e-5 of the exact one;
-- device_info reports every format, so the core places quantized weights on the GPU;
+- device_info reports the formats it reads, so the core places quantized weights on the GPU, and those it runs in the
+  q8 precision (q8_formats: not Q4_0, Q4_1, IQ4_NL, IQ4_XS, Q2_K and Q3_K, read in f32 only so far, whose q8 steps
+  the core refuses: tests/test_q8_formats.py);
 - the quantized GGUF fixtures (Q8_0; Q4_K_M: Q4_K, Q5_K, Q6_K and Q8_0; MXFP4_MOE) with the GPU as the primary and as
   an expert owner: logits within 1e-4 of transformers on the dequantized weights, the 64 greedy tokens, recorded steps
   equal to steps queued anew.
@@ -32,6 +35,7 @@ from fixture_paths import FIXTURES
 from test_gpu_modules import gpu_engine  # the engine with a GPU runtime, or a skip saying why there is none
 
 from engine.core import formats
+from engine.core.errors import UnsupportedError
 from engine.core.native import core_location
 
 MODULES = Path(core_location())
@@ -47,8 +51,10 @@ pytestmark = pytest.mark.gpu
 def test_device_info_reports_every_format(runtime):
     with gpu_engine(runtime) as eng:
         gpu = next(d for d in eng.devices if d.name == f"{runtime}:0")
-        # every format but those with a scale companion (F8_E4M3_B128), which have no GPU kernels yet
-        assert set(gpu.formats) == {n for n, f in formats.FORMATS.items() if not f.needs_scale}, gpu.formats
+        # every format but those with a scale companion (F8_E4M3_B128) and the i-quants, which have no GPU kernels yet
+        iq = {"IQ2_XXS", "IQ3_XXS", "IQ2_XS", "IQ3_S", "IQ1_S", "IQ1_M"}
+        expected = {n for n, f in formats.FORMATS.items() if not f.needs_scale and n not in iq}
+        assert set(gpu.formats) == expected, gpu.formats
         assert gpu.precisions == ("f32", "q8"), gpu.precisions
 
 
@@ -76,8 +82,8 @@ def test_module_operations_match_the_cpu_module_on_every_format(runtime, tmp_pat
     assert proc.returncode == 0 and ", 0 failed" in proc.stdout, (proc.stdout + proc.stderr)[-6000:]
 
 
-def reference(quant):
-    ref = np.load(GGUF / f"reference-{quant}.npz")
+def reference(quant, folder=GGUF):
+    ref = np.load(folder / f"reference-{quant}.npz")
     return ref["prompt_ids"], ref["generated_ids"], ref["logits"]
 
 
@@ -139,6 +145,36 @@ def test_quantized_experts_on_a_gpu_owner_match_transformers_and_its_tokens(runt
                     err = relative_error(rows, ref)
                     assert err.max() < TOLERANCE, f"{text} {mode}: worst position {err.argmax()}: {err.max():.2e}"
             assert model.counters()["devices"][gpu]["rows"] > 0
+
+
+LOWBIT = FIXTURES / "qwen3moe-gguf-lowbit"  # llama.cpp's llama-quantize (tests/fixtures/recipes/qwen3moe_lowbit.py)
+
+
+@pytest.mark.parametrize("quant", ["q4_0", "q2_k", "q3_k_m", "iq4_xs"])
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_small_types_run_in_f32_on_the_gpu_and_their_q8_steps_are_refused(runtime, quant):
+    """Q4_0, Q2_K, Q3_K and IQ4_XS (with the Q4_K/Q5_K/Q6_K/Q8_0 tensors llama.cpp keeps beside them) on a GPU primary
+    and a GPU expert owner: transformers' logits within 1e-4 and the 64 tokens in f32; the q8 precision refused
+    naming the format (the GPU reads them with f32 activations only), never run in f32 under q8's name."""
+    prompt, generated, ref = reference(quant, LOWBIT)
+    with gpu_engine(runtime) as eng:
+        gpu = f"{runtime}:0"
+        for primary, text in ((gpu, f"*={gpu}"), ("cpu:0", f"*=cpu:0; 0={gpu}")):
+            with eng.load(LOWBIT / f"model-{quant}.gguf", device=primary) as model:
+                model.set_placement(text)
+                rows, ids = run_all(model, prompt, generated)
+                assert ids == generated.tolist(), text
+                err = relative_error(rows, ref)
+                assert err.max() < TOLERANCE, f"{text}: worst position {err.argmax()}: {err.max():.2e}"
+                with pytest.raises(UnsupportedError, match=f"precision q8: .* {gpu} reads with f32 activations only"):
+                    q8_run(model, prompt, generated[:2])
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_i_quant_files_are_refused_on_the_gpu_by_name(runtime):
+    refused = pytest.raises(UnsupportedError, match=f"stored as IQ2_XXS, which {runtime}:0's kernels do not read")
+    with gpu_engine(runtime) as eng, refused:
+        eng.load(LOWBIT / "model-iq2_xxs.gguf", device=f"{runtime}:0")
 
 
 # The q8 precision on the quantized files (the GGUF fixtures of three families: Q8_0, Q4_K_M's Q4_K/Q5_K/Q6_K/Q8_0,
@@ -335,11 +371,17 @@ static unsigned char *make_weights(int dt, int64_t rows, int64_t cols) {
         case EB_DTYPE_BF16: h = (uint16_t)(bits >> 16); memcpy(b, &h, 2); break;
         case EB_DTYPE_F16:
         case EB_DTYPE_Q8_0:
-        case EB_DTYPE_Q5_0: memcpy(b, &h, 2); break;
+        case EB_DTYPE_Q5_0:
+        case EB_DTYPE_Q4_0:
+        case EB_DTYPE_IQ4_NL:
+        case EB_DTYPE_IQ4_XS: memcpy(b, &h, 2); break; /* (finite f16 scales: random bytes may be inf or NaN) */
         case EB_DTYPE_Q4_K:
         case EB_DTYPE_Q5_K:
+        case EB_DTYPE_Q4_1:
         case EB_DTYPE_Q5_1: memcpy(b, &h, 2), memcpy(b + 2, &h2, 2); break;
         case EB_DTYPE_Q6_K: memcpy(b + 208, &h, 2); break;
+        case EB_DTYPE_Q2_K: memcpy(b + 80, &h, 2), memcpy(b + 82, &h2, 2); break;
+        case EB_DTYPE_Q3_K: memcpy(b + 108, &h, 2); break;
         case EB_DTYPE_MXFP4: b[0] = (unsigned char)(100 + s % 51); break;
         default: break;
         }
@@ -462,7 +504,7 @@ static void check_embed(mod *gpu, int dt, int64_t hidden) {
     int32_t *dids = up(gpu, ids, sizeof ids);
     float *dx = up(gpu, NULL, 5 * (size_t)hidden * sizeof(float));
     float *got = malloc(5 * (size_t)hidden * sizeof(float)), *want = malloc(5 * (size_t)hidden * sizeof(float));
-    if (gpu->T->forward->embed(gpu->rt, 0, dt_, dt, hidden, dids, 5, dx, err, sizeof err)) {
+    if (gpu->T->forward->embed(gpu->rt, 0, dt_, dt, NULL, hidden, dids, 5, dx, err, sizeof err)) {
         printf("FAIL embed: %s\n", err);
         exit(1);
     }
@@ -896,12 +938,25 @@ int main(int argc, char **argv) {
         return 1;
     }
     printf("device: %s, formats 0x%x\n", info.name, info.formats);
-    fail_if(info.formats != (1u << EB_DTYPE_COUNT) - 1, "device_info formats: every format");
+    /* every format but those with a scale companion and the i-quants (no GPU kernels yet); in q8 those with integer
+     * products and those read in f32 in either precision (no q8 block), not the ones with f32 products only */
+    uint32_t expected = 0, expected_q8 = 0;
+    for (int dt = 0; dt < EB_DTYPE_COUNT; dt++) {
+        if (eb_format(dt)->scale_rows || (dt >= EB_DTYPE_IQ2_XXS && dt <= EB_DTYPE_IQ1_M)) continue;
+        expected |= 1u << dt;
+        if (eb_format(dt)->q8_block == 0 || dt == EB_DTYPE_Q8_0 || dt == EB_DTYPE_MXFP4 || dt == EB_DTYPE_Q4_K ||
+            dt == EB_DTYPE_Q5_K || dt == EB_DTYPE_Q6_K)
+            expected_q8 |= 1u << dt;
+    }
+    printf("device: q8 formats 0x%x\n", info.q8_formats);
+    fail_if(info.formats != expected, "device_info formats: every format but the scaled ones and the i-quants");
+    fail_if(info.q8_formats != expected_q8, "device_info q8_formats: those with q8 products or no q8 block");
     fail_if(info.precisions != (1u << EB_PRECISION_F32 | 1u << EB_PRECISION_Q8), "device_info precisions: f32, q8");
 
     static const int64_t rows_list[] = {1, 7, 130};
     static const int64_t ns[] = {1, 2, 4, 5, 9};
     for (int dt = 0; dt < EB_DTYPE_COUNT; dt++) {
+        if (!(info.formats & (1u << dt))) continue;
         int quant = eb_dtype_quantized(dt), big = eb_format(dt)->block == 256;
         int64_t cols_list[4] = {256, 512, 2048, big ? 1280 : 96};
         for (int ci = 0; ci < 4; ci++)
@@ -964,8 +1019,9 @@ int main(int argc, char **argv) {
         free_experts(&x);
     }
 
-    /* the q8 precision: every format and shape above, random and extreme blocks and activations */
+    /* the q8 precision: every format it runs in q8 and shape above, random and extreme blocks and activations */
     for (int dt = 0; dt < EB_DTYPE_COUNT; dt++) {
+        if (!(info.q8_formats & (1u << dt))) continue;
         int big = eb_format(dt)->block == 256;
         int64_t cols_list[4] = {256, 512, 2048, big ? 1280 : 96};
         for (int ci = 0; ci < 4; ci++)

@@ -17,7 +17,7 @@
 
 #include "expertbench.h"
 
-#define EB_RUNTIME_ABI_VERSION 10u
+#define EB_RUNTIME_ABI_VERSION 11u
 #define EB_RUNTIME_ENTRY "eb_runtime_module"
 
 #if defined(__GNUC__)
@@ -40,6 +40,11 @@ typedef struct {
     uint32_t precisions;           /* the activation precisions its kernels run: bit (1 << precision) per
                                       eb_precision. The core runs no step in another precision on it (a clear error,
                                       never the operation reading the precision it has instead) */
+    uint32_t q8_formats;           /* of formats, those it runs in the q8 precision as the cpu module does: integer
+                                      products against activations quantized per the format's q8 block where the
+                                      format table gives one, f32 products where it gives none. The core runs no q8
+                                      step with a weight of another format there (a clear error naming the weight),
+                                      never the f32 products under the q8 precision's name */
 } eb_rt_device_info;
 
 /* A weight's scale companion (a format whose EB_FORMATS row has a scale block): f32 scales, one per block of rows x

@@ -27,6 +27,7 @@ typedef struct {
     int queued_ops; /* its forward operations return before they have run (a GPU) */
     uint32_t formats; /* the weight formats its kernels read (1 << dtype) */
     uint32_t precisions; /* the activation precisions its kernels run (1 << eb_precision) */
+    uint32_t q8_formats; /* of formats, those it runs in the q8 precision as the cpu module does */
     char name[EB_MAX_NAME];
 } eb_device;
 

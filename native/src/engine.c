@@ -224,6 +224,7 @@ int eb_engine_load_runtime(eb_engine *engine, const char *name, const char *path
         d->queued_ops = info.queued_ops;
         d->formats = info.formats;
         d->precisions = info.precisions;
+        d->q8_formats = info.q8_formats;
         snprintf(d->name, sizeof d->name, "%s:%d", name, i);
     }
     engine->n_devices += nd;

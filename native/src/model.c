@@ -655,53 +655,48 @@ void eb_model_release(eb_model *m) {
     if (engine && --engine->n_models == 0 && engine->destroy_requested) eb_engine_release(engine);
 }
 
+/* Where a weight is, for an error: "what", "what of layer l" or "what of expert e of layer l". */
+static void weight_where(char *out, size_t n, const char *what, int layer, int expert) {
+    if (expert >= 0)
+        snprintf(out, n, "%s of expert %d of layer %d", what, expert, layer);
+    else if (layer >= 0)
+        snprintf(out, n, "%s of layer %d", what, layer);
+    else
+        snprintf(out, n, "%s", what);
+}
+
 /* Whether device d's kernels read format dtype; otherwise an error naming the weight, the format and what they read. */
 int eb_check_format(const eb_model *m, int d, int dtype, const char *what, int layer, int expert) {
     const eb_device *dev = &m->engine->devices[d];
     if (dev->formats & (1u << dtype)) return EB_OK;
     char where[96], list[128];
-    if (expert >= 0)
-        snprintf(where, sizeof where, "%s of expert %d of layer %d", what, expert, layer);
-    else if (layer >= 0)
-        snprintf(where, sizeof where, "%s of layer %d", what, layer);
-    else
-        snprintf(where, sizeof where, "%s", what);
+    weight_where(where, sizeof where, what, layer, expert);
     return eb_fail(EB_ERR_UNSUPPORTED, "%s is stored as %s, which %s's kernels do not read (they read %s)", where,
                    eb_dtype_name(dtype), dev->name, eb_format_list(dev->formats, list, sizeof list));
 }
 
-/* Whether every device a step of this model uses runs the precision: a device that cannot is refused by name, never
- * left to read the activations in the precision it has instead (another result under the requested one's name). */
-int eb_check_precision(const eb_model *m, int precision) {
-    static const char *const names[] = {"f32", "q8"};
-    const eb_engine *eng = m->engine;
-    uint32_t bit = 1u << precision, every = bit;
-    for (int d = 0; d < eng->n_devices; d++) every &= eng->devices[d].precisions;
-    if (every) return EB_OK; /* the common case: no device lacks it */
-    int bad = eng->devices[m->primary].precisions & bit ? -1 : m->primary, layer = -1, expert = -1;
-    for (int l = 0; bad < 0 && l < m->cfg.num_layers; l++) {
-        const eb_layer *L = &m->layers[l];
-        for (int e = 0; L->is_moe && L->experts && bad < 0 && e < m->cfg.num_experts; e++)
-            if (!(eng->devices[L->experts[e].owner].precisions & bit)) bad = L->experts[e].owner, layer = l, expert = e;
-    }
-    if (bad < 0) return EB_OK;
-    char what[96], runs[32] = "";
-    if (expert < 0) snprintf(what, sizeof what, "the primary");
-    else snprintf(what, sizeof what, "the owner of expert %d of layer %d", expert, layer);
-    for (int p = 0; p < (int)(sizeof names / sizeof *names); p++)
-        if (eng->devices[bad].precisions & (1u << p))
-            snprintf(runs + strlen(runs), sizeof runs - strlen(runs), "%s%s", *runs ? ", " : "", names[p]);
-    return eb_fail(EB_ERR_UNSUPPORTED, "precision %s: %s, %s, does not run it (its kernels run %s); set another "
-                                       "precision or %s", names[precision], eng->devices[bad].name, what,
-                   *runs ? runs : "none",
-                   expert < 0 ? "load the model on another primary" : "place those experts elsewhere");
+/* Whether device d runs format dtype in the q8 precision as the cpu module does; otherwise an error naming the
+ * weight, the format and the device (whose kernels read it with f32 activations only: another result under q8's
+ * name). */
+static int check_q8_format(const eb_model *m, int d, int dtype, const char *what, int layer, int expert) {
+    const eb_device *dev = &m->engine->devices[d];
+    if (dev->q8_formats & (1u << dtype)) return EB_OK;
+    char where[96], list[128];
+    weight_where(where, sizeof where, what, layer, expert);
+    return eb_fail(EB_ERR_UNSUPPORTED, "precision q8: %s is stored as %s, which %s reads with f32 activations only "
+                                       "(its q8 kernels read %s); set precision f32, or %s", where,
+                   eb_dtype_name(dtype), dev->name, eb_format_list(dev->q8_formats, list, sizeof list),
+                   expert >= 0 ? "place that expert on another device" : "load the model on another primary");
 }
 
-/* Every weight the primary reads, in a format its kernels read (the experts are checked where they are placed). */
-static int check_primary_formats(const eb_model *m) {
+typedef int (*weight_check)(const eb_model *m, int d, int dtype, const char *what, int layer, int expert);
+
+/* check of every weight the primary's products read (the experts are checked where they are placed), the token
+ * embedding too where embed. */
+static int each_primary_weight(const eb_model *m, weight_check check, int embed) {
     int p = m->primary, st;
-    if ((st = eb_check_format(m, p, m->embed.dtype, "the token embedding", -1, -1)) ||
-        (st = eb_check_format(m, p, m->lm_head.dtype, "the output projection (lm_head)", -1, -1)))
+    if ((embed && (st = check(m, p, m->embed.dtype, "the token embedding", -1, -1))) ||
+        (st = check(m, p, m->lm_head.dtype, "the output projection (lm_head)", -1, -1)))
         return st;
     for (int l = 0; l < m->cfg.num_layers; l++) {
         const eb_layer *L = &m->layers[l];
@@ -715,10 +710,61 @@ static int check_primary_formats(const eb_model *m) {
                                "kv_b_proj (values)", "shared_experts.gate_proj", "shared_experts.up_proj",
                                "shared_experts.down_proj"};
         for (int i = 0; i < (int)(sizeof w / sizeof *w); i++)
-            if (w[i]->data && (st = eb_check_format(m, p, w[i]->dtype, names[i], l, -1))) return st;
+            if (w[i]->data && (st = check(m, p, w[i]->dtype, names[i], l, -1))) return st;
     }
     return EB_OK;
 }
+
+/* In the q8 precision, every weight a step reads in a format its device runs in q8 (the primary's, and each expert's
+ * on its owner). */
+static int check_q8_formats(const eb_model *m) {
+    const eb_engine *eng = m->engine;
+    int every = 1, st;
+    for (int d = 0; d < eng->n_devices; d++) every &= (eng->devices[d].formats & ~eng->devices[d].q8_formats) == 0;
+    if (every) return EB_OK; /* the common case: no device reads a format in f32 only */
+    if ((st = each_primary_weight(m, check_q8_format, 0))) return st;
+    for (int l = 0; l < m->cfg.num_layers; l++) {
+        const eb_layer *L = &m->layers[l];
+        for (int e = 0; L->is_moe && L->experts && e < m->cfg.num_experts; e++) {
+            const eb_expert *x = &L->experts[e];
+            if ((st = check_q8_format(m, x->owner, x->gate.dtype, "gate_proj", l, e)) ||
+                (st = check_q8_format(m, x->owner, x->up.dtype, "up_proj", l, e)) ||
+                (st = check_q8_format(m, x->owner, x->down.dtype, "down_proj", l, e)))
+                return st;
+        }
+    }
+    return EB_OK;
+}
+
+/* Whether every device a step of this model uses runs the precision: a device that cannot is refused by name, never
+ * left to read the activations in the precision it has instead (another result under the requested one's name). */
+int eb_check_precision(const eb_model *m, int precision) {
+    static const char *const names[] = {"f32", "q8"};
+    const eb_engine *eng = m->engine;
+    uint32_t bit = 1u << precision, every = bit;
+    for (int d = 0; d < eng->n_devices; d++) every &= eng->devices[d].precisions;
+    if (every) return precision == EB_PRECISION_Q8 ? check_q8_formats(m) : EB_OK; /* no device lacks it */
+    int bad = eng->devices[m->primary].precisions & bit ? -1 : m->primary, layer = -1, expert = -1;
+    for (int l = 0; bad < 0 && l < m->cfg.num_layers; l++) {
+        const eb_layer *L = &m->layers[l];
+        for (int e = 0; L->is_moe && L->experts && bad < 0 && e < m->cfg.num_experts; e++)
+            if (!(eng->devices[L->experts[e].owner].precisions & bit)) bad = L->experts[e].owner, layer = l, expert = e;
+    }
+    if (bad < 0) return precision == EB_PRECISION_Q8 ? check_q8_formats(m) : EB_OK;
+    char what[96], runs[32] = "";
+    if (expert < 0) snprintf(what, sizeof what, "the primary");
+    else snprintf(what, sizeof what, "the owner of expert %d of layer %d", expert, layer);
+    for (int p = 0; p < (int)(sizeof names / sizeof *names); p++)
+        if (eng->devices[bad].precisions & (1u << p))
+            snprintf(runs + strlen(runs), sizeof runs - strlen(runs), "%s%s", *runs ? ", " : "", names[p]);
+    return eb_fail(EB_ERR_UNSUPPORTED, "precision %s: %s, %s, does not run it (its kernels run %s); set another "
+                                       "precision or %s", names[precision], eng->devices[bad].name, what,
+                   *runs ? runs : "none",
+                   expert < 0 ? "load the model on another primary" : "place those experts elsewhere");
+}
+
+/* Every weight the primary reads, in a format its kernels read (the experts are checked where they are placed). */
+static int check_primary_formats(const eb_model *m) { return each_primary_weight(m, eb_check_format, 1); }
 
 /* A weight's bytes with its scale companion's: what a product reads. */
 static uint64_t read_bytes(const eb_weight *w) { return eb_weight_bytes(w) + eb_scale_bytes(w); }

@@ -46,6 +46,11 @@ inline unsigned __float_as_uint(float f) {
     memcpy(&u, &f, sizeof u);
     return u;
 }
+// the rounded operations device code writes where a product and a sum must not be fused (the host build of the test
+// has -ffp-contract=off, so a plain expression is rounded at each step too)
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
 struct __half {
     unsigned short bits;
 };

@@ -240,6 +240,141 @@ template <> struct qfmt<EB_DTYPE_Q6_K> {
     }
 };
 
+// Four 4-bit codes (one a byte, in its low nibble) looked up in a table of 16 signed bytes t0..t3 (entries 4k..4k+3
+// in word k), by byte permutes as MXFP4's values4: one signed byte each, XORed with 0x80808080 for sbyte_f.
+__device__ __forceinline__ unsigned table4(unsigned n, unsigned t0, unsigned t1, unsigned t2, unsigned t3) {
+    unsigned sel = (n | (n >> 4)) & 0xffu;
+    sel |= ((n >> 8) | (n >> 12)) & 0xff00u;
+    sel &= 0x7777u;
+    unsigned lo = __byte_perm(t0, t1, sel), hi = __byte_perm(t2, t3, sel);
+    unsigned mask = ((n >> 3) & 0x01010101u) * 0xffu;
+    return ((lo & ~mask) | (hi & mask)) ^ 0x80808080u;
+}
+// IQ4_NL's grid (eb_iq4nl_values), four signed bytes a word
+#define IQ4NL_T0 0xBFAD9881u // -127, -104, -83, -65
+#define IQ4NL_T1 0xF6EADDCFu // -49, -35, -22, -10
+#define IQ4NL_T2 0x26190D01u // 1, 13, 25, 38
+#define IQ4NL_T3 0x71594535u // 53, 69, 89, 113
+
+// 16 bytes of 4-bit codes (value i in byte i's low half, i + 16 in its high: eb_nibbles_times) as lo[0..3] and
+// hi[0..3], four nibbles a word, one a byte.
+__device__ __forceinline__ void nibbles16(uint2 a, uint2 b, unsigned *lo, unsigned *hi) {
+    unsigned w[4] = {a.x, a.y, b.x, b.y};
+#pragma unroll
+    for (int k = 0; k < 4; k++) lo[k] = w[k] & 0x0F0F0F0Fu, hi[k] = (w[k] >> 4) & 0x0F0F0F0Fu;
+}
+
+// Q4_0 (18 bytes: f16 d, 16 bytes of codes), Q4_1 (20: f16 d and m first) and IQ4_NL (18, codes into its grid): a
+// group is 8 bytes of codes, their low halves columns 8g..8g+7 and their high ones 16 + 8g.., two runs. Each value
+// d times its entry, Q4_1's plus m after (two roundings, as eb_dequantize_chunk).
+template <int DT> struct qfmt_nib32 {
+    static constexpr int VALS = 32, BYTES = DT == EB_DTYPE_Q4_1 ? 20 : 18, GROUPS = 2, RUNS = 2, RUN = 8;
+    // four codes (one a byte) as their values times d, into v[0..3]
+    __device__ static __forceinline__ void values4(unsigned n, float d, float *v) {
+        if (DT == EB_DTYPE_IQ4_NL) {
+            unsigned q = table4(n, IQ4NL_T0, IQ4NL_T1, IQ4NL_T2, IQ4NL_T3);
+#pragma unroll
+            for (int k = 0; k < 4; k++) v[k] = d * sbyte_f(q, k);
+        } else {
+#pragma unroll
+            for (int k = 0; k < 4; k++) v[k] = d * (ubyte_f(n, k) - (DT == EB_DTYPE_Q4_0 ? 8.0f : 0.0f)); // exact
+        }
+    }
+    __device__ static __forceinline__ void load(const unsigned char *b, int g, bool, float *v, int *col) {
+        constexpr int QS = DT == EB_DTYPE_Q4_1 ? 4 : 2;
+        float d = half_bits(ld_u16(b));
+        uint2 q = ld_u64(b + QS + 8 * g);
+        values4(q.x & 0x0F0F0F0Fu, d, v);
+        values4(q.y & 0x0F0F0F0Fu, d, v + 4);
+        values4((q.x >> 4) & 0x0F0F0F0Fu, d, v + 8);
+        values4((q.y >> 4) & 0x0F0F0F0Fu, d, v + 12);
+        if (DT == EB_DTYPE_Q4_1) {
+            float m = half_bits(ld_u16(b + 2));
+#pragma unroll
+            for (int i = 0; i < 16; i++) v[i] = __fadd_rn(v[i], m);
+        }
+        col[0] = 8 * g;
+        col[1] = 16 + 8 * g;
+    }
+};
+template <> struct qfmt<EB_DTYPE_Q4_0> : qfmt_nib32<EB_DTYPE_Q4_0> {};
+template <> struct qfmt<EB_DTYPE_Q4_1> : qfmt_nib32<EB_DTYPE_Q4_1> {};
+template <> struct qfmt<EB_DTYPE_IQ4_NL> : qfmt_nib32<EB_DTYPE_IQ4_NL> {};
+
+// IQ4_XS: 136 bytes (f16 d, 16 bits of the scales' top pairs, 4 bytes of their low nibbles, 128 bytes of codes into
+// IQ4_NL's grid); group g is sub-block g: its 16 bytes of codes, values 32g..32g+15 low and 32g+16.. high, two runs
+// of 16; its scale d * (s - 32) rounded once, then times each grid value (eb_iq4xs_scale).
+template <> struct qfmt<EB_DTYPE_IQ4_XS> {
+    static constexpr int VALS = 256, BYTES = 136, GROUPS = 8, RUNS = 2, RUN = 16;
+    __device__ static __forceinline__ void load(const unsigned char *b, int g, bool, float *v, int *col) {
+        float d = half_bits(ld_u16(b));
+        int lo = (int)(ld_u8(b + 4 + g / 2) >> (4 * (g & 1))) & 0xF, hi = (int)(ld_u16(b + 2) >> (2 * g)) & 3;
+        float dl = d * (float)((lo | hi << 4) - 32);
+        unsigned nl[4], nh[4];
+        nibbles16(ld_u64(b + 8 + 16 * g), ld_u64(b + 16 + 16 * g), nl, nh);
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            unsigned ql = table4(nl[w], IQ4NL_T0, IQ4NL_T1, IQ4NL_T2, IQ4NL_T3);
+            unsigned qh = table4(nh[w], IQ4NL_T0, IQ4NL_T1, IQ4NL_T2, IQ4NL_T3);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                v[4 * w + k] = dl * sbyte_f(ql, k);
+                v[16 + 4 * w + k] = dl * sbyte_f(qh, k);
+            }
+        }
+        col[0] = 32 * g;
+        col[1] = 32 * g + 16;
+    }
+};
+
+// Q2_K (84 bytes: 16 bytes of scale/minimum nibble pairs, 64 bytes of 2-bit quants, f16 d, f16 dmin) and Q3_K (110:
+// 32 bytes of third bits, 64 bytes of 2-bit quants, 12 bytes of 6-bit scales, f16 d): group g is chunk g, 32
+// consecutive values in one run, two 16-value sub-blocks of their own scales (eb_k16_quant, eb_k16_scale). Each value
+// d * scale rounded once, times the quant less its offset (Q3_K: 4 where its third bit is clear), Q2_K's scaled
+// minimum subtracted after (two roundings, as the reference's dl * q - ml).
+template <int DT> struct qfmt_k16 {
+    static constexpr bool Q2 = DT == EB_DTYPE_Q2_K;
+    static constexpr int VALS = 256, BYTES = Q2 ? 84 : 110, GROUPS = 8, RUNS = 1, RUN = 32;
+    __device__ static __forceinline__ int scale(const unsigned char *b, int sb) {
+        if (Q2) return (int)ld_u8(b + sb) & 0xF;
+        return (int)(((ld_u8(b + 96 + sb % 8) >> (4 * (sb / 8))) & 0xFu) | ((ld_u8(b + 104 + sb % 4) >> (2 * (sb / 4))) & 3u) << 4) - 32;
+    }
+    __device__ static __forceinline__ void load(const unsigned char *b, int g, bool, float *v, int *col) {
+        int h = g / 4, s = g % 4;
+        float d = half_bits(ld_u16(b + (Q2 ? 80 : 108)));
+        const unsigned char *qs = b + (Q2 ? 16 : 32) + 32 * h;
+        unsigned q[8], hm[8];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            uint2 a = ld_u64(qs + 8 * k);
+            q[2 * k] = a.x, q[2 * k + 1] = a.y;
+            if (!Q2) {
+                uint2 m = ld_u64(b + 8 * k);
+                hm[2 * k] = m.x, hm[2 * k + 1] = m.y;
+            }
+        }
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            int sb = 2 * g + half, sc = scale(b, sb);
+            float dl = d * (float)sc, ml = 0.0f;
+            if (Q2) ml = half_bits(ld_u16(b + 82)) * (float)(ld_u8(b + sb) >> 4);
+#pragma unroll
+            for (int w = 4 * half; w < 4 * half + 4; w++) {
+                unsigned quant = (q[w] >> (2 * s)) & 0x03030303u;
+                if (!Q2) quant |= ((hm[w] >> g) & 0x01010101u) << 2;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    float x = ubyte_f(quant, k) - (Q2 ? 0.0f : 4.0f); // exact
+                    v[4 * w + k] = Q2 ? __fsub_rn(__fmul_rn(dl, x), ml) : dl * x;
+                }
+            }
+        }
+        col[0] = 32 * g;
+    }
+};
+template <> struct qfmt<EB_DTYPE_Q2_K> : qfmt_k16<EB_DTYPE_Q2_K> {};
+template <> struct qfmt<EB_DTYPE_Q3_K> : qfmt_k16<EB_DTYPE_Q3_K> {};
+
 __host__ __device__ __forceinline__ bool quantized(int dtype) {
     return dtype != EB_DTYPE_F32 && dtype != EB_DTYPE_F16 && dtype != EB_DTYPE_BF16;
 }
@@ -313,7 +448,9 @@ __device__ __forceinline__ void qdot_rows(const void *const *ws, unsigned long l
 
 #define GPU_FORMATS                                                                                              \
     (1u << EB_DTYPE_F32 | 1u << EB_DTYPE_F16 | 1u << EB_DTYPE_BF16 | 1u << EB_DTYPE_Q8_0 | 1u << EB_DTYPE_Q4_K |     \
-     1u << EB_DTYPE_Q5_K | 1u << EB_DTYPE_Q6_K | 1u << EB_DTYPE_MXFP4 | 1u << EB_DTYPE_Q5_0 | 1u << EB_DTYPE_Q5_1)
+     1u << EB_DTYPE_Q5_K | 1u << EB_DTYPE_Q6_K | 1u << EB_DTYPE_MXFP4 | 1u << EB_DTYPE_Q5_0 | 1u << EB_DTYPE_Q5_1 |     \
+     1u << EB_DTYPE_Q4_0 | 1u << EB_DTYPE_Q4_1 | 1u << EB_DTYPE_IQ4_NL | 1u << EB_DTYPE_IQ4_XS | 1u << EB_DTYPE_Q2_K | \
+     1u << EB_DTYPE_Q3_K)
 #define QUANT_CASES(CALL)                                                                                        \
     case EB_DTYPE_Q8_0: CALL(qfmt<EB_DTYPE_Q8_0>); break;                                                         \
     case EB_DTYPE_Q4_K: CALL(qfmt<EB_DTYPE_Q4_K>); break;                                                         \
@@ -322,6 +459,12 @@ __device__ __forceinline__ void qdot_rows(const void *const *ws, unsigned long l
     case EB_DTYPE_MXFP4: CALL(qfmt<EB_DTYPE_MXFP4>); break;                                                       \
     case EB_DTYPE_Q5_0: CALL(qfmt<EB_DTYPE_Q5_0>); break;                                                         \
     case EB_DTYPE_Q5_1: CALL(qfmt<EB_DTYPE_Q5_1>); break;                                                         \
+    case EB_DTYPE_Q4_0: CALL(qfmt<EB_DTYPE_Q4_0>); break;                                                         \
+    case EB_DTYPE_Q4_1: CALL(qfmt<EB_DTYPE_Q4_1>); break;                                                         \
+    case EB_DTYPE_IQ4_NL: CALL(qfmt<EB_DTYPE_IQ4_NL>); break;                                                     \
+    case EB_DTYPE_IQ4_XS: CALL(qfmt<EB_DTYPE_IQ4_XS>); break;                                                     \
+    case EB_DTYPE_Q2_K: CALL(qfmt<EB_DTYPE_Q2_K>); break;                                                         \
+    case EB_DTYPE_Q3_K: CALL(qfmt<EB_DTYPE_Q3_K>); break;                                                         \
     default: break;
 
 __device__ __forceinline__ void qdot_tile_any(const void *w, int dtype, long long row, int cols,

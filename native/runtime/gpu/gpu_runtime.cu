@@ -200,6 +200,8 @@ static const char *gpu_kernel_variant(void *rtp) {
 
 static int gpu_device_count(void *rtp) { return ((gpu_runtime *)rtp)->n_devices; }
 
+static uint32_t gpu_q8_formats(void); // after gpu_q8.cuh, which says which formats have q8 products
+
 static int gpu_device_info(void *rtp, int dev, eb_rt_device_info *info, char *err, size_t errlen) {
     gpu_device *d = get_dev((gpu_runtime *)rtp, dev, err, errlen);
     if (!d) return EB_ERR_RANGE;
@@ -219,6 +221,10 @@ static int gpu_device_info(void *rtp, int dev, eb_rt_device_info *info, char *er
     // core refuses such a weight on this device by name.
     info->formats = GPU_FORMATS;
     info->precisions = 1u << EB_PRECISION_F32 | 1u << EB_PRECISION_Q8; // q8: the cpu module's bits (q8_* kernels)
+    // in q8: the formats with q8 kernels (q8_products), and those the table reads with f32 activations in either
+    // precision (no q8 block: the float ones, Q5_0, Q5_1); the others are read in f32 only, so the core refuses a
+    // q8 step with their weights here
+    info->q8_formats = gpu_q8_formats();
     return 0;
 }
 
@@ -586,6 +592,15 @@ static int gpu_event_time(void *rtp, int dev, void *event, uint64_t *ns, char *e
 #include "gpu_mla.cuh"
 
 #include "gpu_q8.cuh"
+
+// The formats this module runs in the q8 precision as the cpu module does (eb_rt_device_info.q8_formats): those
+// with q8 products, and those the format table reads with f32 activations in either precision.
+static uint32_t gpu_q8_formats(void) {
+    uint32_t out = 0;
+    for (int dt = 0; dt < EB_DTYPE_COUNT; dt++)
+        if ((GPU_FORMATS >> dt & 1u) && (q8_products(dt) || eb_format(dt)->q8_block == 0)) out |= 1u << dt;
+    return out;
+}
 
 // ---- the q8 precision's launches --------------------------------------------------------------------------
 
