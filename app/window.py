@@ -30,8 +30,10 @@ from engine.checkpoints.demo import (
     DEFAULT_QUANT,
     FAMILIES,
     FOLDER_FORMATS,
+    MOE_DRAFTS,
     QUANTS,
     demo_name,
+    draft_kind,
     quant_formats,
 )
 from engine.core.errors import ArgumentError, EngineError
@@ -84,9 +86,10 @@ def demo_choices(family: str = DEFAULT_FAMILY) -> list[tuple[str, str | None, st
     for quant in QUANTS:
         formats = quant_formats(quant)
         default = ", the default" if quant == DEFAULT_QUANT else ""
+        draft = f"; the draft a {draft_kind(DEFAULT_FAMILY, quant)}" if quant in MOE_DRAFTS else ""
         out.append(("gguf", quant, f"GGUF files, {formats} (quantized)",
-                    f"The same demo pair as GGUF files quantized as llama.cpp does ({quant}{default}: {formats}; "
-                    f"{SYNTHETIC})"))  # fmt: skip
+                    f"The same demo pair as GGUF files quantized as llama.cpp does ({quant}{default}: {formats}"
+                    f"{draft}; {SYNTHETIC})"))  # fmt: skip
     return out
 
 
