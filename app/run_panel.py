@@ -222,6 +222,10 @@ class RunPanel(QWidget):
         m = self.state.model
         has = m is not None
         self.start_button.setEnabled(has and not self.state.running)
+        if not self.state.running:  # the previous model's "done: N tokens" is no news about this one
+            self.progress.setRange(0, 100)
+            self.progress.setValue(0)
+            self.progress.setFormat("idle")
         if not has:
             self.target_label.setText("no model loaded")
             self.draft_check.setText("none")
