@@ -134,7 +134,8 @@ class DevicesPanel(QWidget):
         self.view.setWordWrap(True)
         self.view.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         header = self.view.horizontalHeader()
-        header.setStretchLastSection(True)
+        # columns their contents' width (a stretched last one would keep the default section's 100 pixels at least)
+        header.setMinimumSectionSize(32)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 4, 8, 8)
         layout.setSpacing(6)
@@ -144,6 +145,7 @@ class DevicesPanel(QWidget):
         self.reasons.setWordWrap(True)
         self.reasons.setTextFormat(Qt.TextFormat.RichText)
         layout.addWidget(self.reasons)
+        layout.addStretch(1)  # a tall panel (a tab of its own) keeps the reasons right below the table
         self.model.modelReset.connect(self._spans)
         self.model.dataChanged.connect(lambda *_: self._fit_columns())
         self._spans()

@@ -63,17 +63,17 @@ class RunPanel(QWidget):
         super().__init__(parent)
         self.state = state
         outer = QVBoxLayout(self)
-        outer.setContentsMargins(10, 6, 10, 10)
-        outer.setSpacing(8)
+        outer.setContentsMargins(10, 4, 10, 8)
+        outer.setSpacing(6)
         # The settings scroll where the panel is short (a 768-pixel screen); Start, Stop and the progress below them
         # stay in view whatever its height.
         settings = _Settings()
         inner = QVBoxLayout(settings)
         inner.setContentsMargins(0, 0, 0, 0)
-        inner.setSpacing(8)
+        inner.setSpacing(6)
         form = QFormLayout()
         form.setHorizontalSpacing(10)
-        form.setVerticalSpacing(6)
+        form.setVerticalSpacing(4)
         self.target_label = QLabel("-")
         self.target_label.setWordWrap(True)
         self.draft_check = QCheckBox("-")
@@ -105,12 +105,19 @@ class RunPanel(QWidget):
         self.repeats.setSuffix(" ×")
         self.repeats.setToolTip("Passes over the prompts: the history and the plots show the median tokens/s, with "
                                 "the slowest and the fastest pass")  # fmt: skip
-        # One setting a row: the panel stays narrow enough for the compact arrangement's left column.
-        form.addRow("q", self.q)
+        # One setting a row, but q and Repeats (two short numbers) side by side: the panel stays narrow enough for the
+        # compact arrangement's left column, and low enough for a 768-pixel screen's.
+        counts = QHBoxLayout()
+        counts.setSpacing(10)
+        counts.addWidget(self.q, 1)
+        repeats_label = QLabel("Repeats")
+        repeats_label.setBuddy(self.repeats)
+        counts.addWidget(repeats_label)
+        counts.addWidget(self.repeats, 1)
+        form.addRow("q", counts)
         form.addRow("Mode", self.mode)
         form.addRow("Precision", self.precision)
         form.addRow("Tokens", self.tokens)
-        form.addRow("Repeats", self.repeats)
         inner.addLayout(form)
         prompts_label = QLabel("Prompts (one per line)")
         prompts_label.setObjectName("muted")
@@ -125,7 +132,8 @@ class RunPanel(QWidget):
         prompts_row.addWidget(self.load_prompts_button)
         inner.addLayout(prompts_row)
         self.prompts = QPlainTextEdit("\n".join(DEMO_PROMPTS))
-        self.prompts.setMinimumHeight(48)
+        # a line at least: the list scrolls in itself before the settings do (a 720-pixel screen)
+        self.prompts.setMinimumHeight(self.prompts.fontMetrics().lineSpacing() + 8)
         inner.addWidget(self.prompts, 1)
         # as wide as the settings (never a sideways scroll), as short as a few of their rows
         self.settings_area = Scrolling(settings, sideways=False, min_height=SETTINGS_MIN_HEIGHT)
@@ -214,6 +222,10 @@ class RunPanel(QWidget):
         m = self.state.model
         has = m is not None
         self.start_button.setEnabled(has and not self.state.running)
+        if not self.state.running:  # the previous model's "done: N tokens" is no news about this one
+            self.progress.setRange(0, 100)
+            self.progress.setValue(0)
+            self.progress.setFormat("idle")
         if not has:
             self.target_label.setText("no model loaded")
             self.draft_check.setText("none")

@@ -30,8 +30,10 @@ from engine.checkpoints.demo import (
     DEFAULT_QUANT,
     FAMILIES,
     FOLDER_FORMATS,
+    MOE_DRAFTS,
     QUANTS,
     demo_name,
+    draft_kind,
     quant_formats,
 )
 from engine.core.errors import ArgumentError, EngineError
@@ -55,6 +57,9 @@ from .tune_panel import TunePanel
 MAX_RECENT = 8
 DOCK_MARGINS = 48  # a dock's frame, its panel's margins and a scroll bar's width beside what the panel shows
 DOCK_TITLE = 28  # a dock's title bar
+DOCK_SEPARATORS = 32  # what the separators between the docks of a column and the rows take, and a little room
+BOTTOM_LEAST = 290  # the wide arrangement's bottom row at its least: the plots whole
+EDITOR_ROOM = 500  # the placement editor's two device columns with their chips' names and sizes apart
 # 2: the compact and wide arrangements, 3: the device timeline, 4: Tune beside the history (the routing panel the
 # right column's whole height), 5: the timeline below the history and Tune (the plots the bottom row's whole height);
 # an older layout is not restored
@@ -84,9 +89,10 @@ def demo_choices(family: str = DEFAULT_FAMILY) -> list[tuple[str, str | None, st
     for quant in QUANTS:
         formats = quant_formats(quant)
         default = ", the default" if quant == DEFAULT_QUANT else ""
+        draft = f"; the draft a {draft_kind(DEFAULT_FAMILY, quant)}" if quant in MOE_DRAFTS else ""
         out.append(("gguf", quant, f"GGUF files, {formats} (quantized)",
-                    f"The same demo pair as GGUF files quantized as llama.cpp does ({quant}{default}: {formats}; "
-                    f"{SYNTHETIC})"))  # fmt: skip
+                    f"The same demo pair as GGUF files quantized as llama.cpp does ({quant}{default}: {formats}"
+                    f"{draft}; {SYNTHETIC})"))  # fmt: skip
     return out
 
 
@@ -195,6 +201,8 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(self.editor)
         self.devices = DevicesPanel(self.state)
         self.devices.sigTableWidthChanged.connect(self._devices_widened)
+        # (queued: the panel sizes its table to the new rows first)
+        self.devices.model.modelReset.connect(self._fit_left_column, Qt.ConnectionType.QueuedConnection)
         self.run_panel = RunPanel(self.state)
         self.routing = RoutingPanel(self.state, prompts_source=lambda: self.run_panel.settings().prompts)
         self.plots = LivePlots(self.state)
@@ -212,6 +220,8 @@ class MainWindow(QMainWindow):
         self._dock("tune", "Tune", Scrolling(self.tune, sideways=False))
         self._dock("timeline", "Device timeline", Scrolling(self.timeline))
         self.compact: bool | None = None  # which arrangement the docks are in (None: not arranged yet)
+        self.left_tabs = False  # the wide arrangement's Devices and Run as tabs (a low window: wants_left_tabs)
+        self._pending_size: QSize | None = None  # set_size's, until the window has it (default_sizes then)
         self.arrange(compact=False)
         self.wide_minimum = self.minimumSizeHint()  # the wide arrangement's, measured anew while it is shown
         self._build_actions()
@@ -728,11 +738,13 @@ class MainWindow(QMainWindow):
             if key in self.docks:
                 self.docks[key].hide()
 
-    def arrange(self, compact: bool) -> None:
+    def arrange(self, compact: bool, size: QSize | None = None) -> None:
         """Put the docks in the compact arrangement (narrow windows: the run panel down the left, the other panels
         as tabs below the editor) or the wide one (every panel at once: devices and run on the left, routing down
-        the right, plots and history below); closed panels stay closed."""
+        the right, plots and history below; in a window of `size` too low for both devices and run whole, those two
+        as tabs, run in front); closed panels stay closed."""
         d, area = self.docks, Qt.DockWidgetArea
+        left_tabs = not compact and self.wants_left_tabs(self.size() if size is None else size)
         hidden = {key for key, dock in d.items() if dock.isHidden() and self.compact is not None}
         for dock in d.values():
             dock.setFloating(False)
@@ -746,9 +758,15 @@ class MainWindow(QMainWindow):
             for key in ("timeline", "history", "routing", "devices", "tune"):
                 self.tabifyDockWidget(d["plots"], d[key])
         else:
+            if self.left_tabs:
+                for key in ("devices", "run"):
+                    self.removeDockWidget(d[key])  # out of their tabs
             self.addDockWidget(area.LeftDockWidgetArea, d["devices"])
             self.addDockWidget(area.LeftDockWidgetArea, d["run"])
-            self.splitDockWidget(d["devices"], d["run"], Qt.Orientation.Vertical)
+            if left_tabs:
+                self.tabifyDockWidget(d["run"], d["devices"])  # Run the first tab
+            else:
+                self.splitDockWidget(d["devices"], d["run"], Qt.Orientation.Vertical)
             self.addDockWidget(area.RightDockWidgetArea, d["routing"])
             # below: the plots, then the history and Tune side by side over the timeline (the plots their row's
             # whole height, so that a 768-pixel screen leaves them room)
@@ -760,7 +778,10 @@ class MainWindow(QMainWindow):
             dock.setVisible(key not in hidden)
         if compact:
             d["plots"].raise_()
-        self.compact = compact
+        if left_tabs:  # the run settings in front (again once shown: a window shown later brings up the first tab)
+            d["run"].raise_()
+            QTimer.singleShot(0, lambda: self.left_tabs and d["run"].raise_())
+        self.compact, self.left_tabs = compact, left_tabs
         self.default_sizes()
         QTimer.singleShot(0, self.default_sizes)  # again once the layout has the docks where they now are
 
@@ -772,10 +793,47 @@ class MainWindow(QMainWindow):
         return (size.width() < max(COMPACT_WIDTH, wide.width() + SWITCH_ROOM)
                 or size.height() < max(COMPACT_HEIGHT, wide.height() + SWITCH_ROOM))  # fmt: skip
 
+    def wants_left_tabs(self, size: QSize) -> bool:
+        """Whether a wide window of this size is too low for the devices (every row) above the run panel (every
+        setting, the prompts at their least height) over the bottom row at its least: then they are tabs of the left
+        column."""
+        return size.height() - self._bars() - BOTTOM_LEAST < self._left_need()
+
+    def _left_need(self) -> int:
+        """The height the left column needs for the devices' rows above every run setting (and their title bars)."""
+        run = self.run_panel
+        settings = run.settings_area.widget()
+        run_whole = (run.minimumSizeHint().height() - run.settings_area.minimumSizeHint().height()
+                     + settings.minimumSizeHint().height())  # fmt: skip
+        return self.devices.sizeHint().height() + run_whole + 2 * DOCK_TITLE + DOCK_SEPARATORS
+
+    def _bars(self) -> int:
+        return sum(bar.height() for bar in (self.menuBar(), self.statusBar(), *self.findChildren(QToolBar)))
+
+    def _bottom_height(self) -> int:
+        """The wide arrangement's bottom row (plots, history, Tune, timeline): less than half the height the docks
+        share (the run settings and the editor keep their room), less again where the devices and the run settings
+        above it want the room, but what the plots need (BOTTOM_LEAST): whole from a 768-pixel screen on."""
+        docks = self.height() - self._bars()
+        share = min(470, max(BOTTOM_LEAST, docks * 45 // 100))
+        return share if self.left_tabs else max(BOTTOM_LEAST, min(share, docks - self._left_need()))
+
+    @Slot()
+    def _fit_left_column(self) -> None:
+        """The devices' rows changed (another model, a runtime more or less): the left column as tabs or one above the
+        other, whichever the window's height has room for, at their default sizes."""
+        if self.compact is False:
+            if self.wants_left_tabs(self.size()) != self.left_tabs:
+                self.arrange(False)
+            else:
+                self.default_sizes()
+
     def set_size(self, size: QSize) -> None:
         """Resize the window to `size` (`--size WxH`, a first launch's size), in the arrangement for that size first:
-        the other one's minimum would keep it larger."""
-        self.arrange(self.wants_compact(size))
+        the other one's minimum would keep it larger; the docks take their default sizes for it once the window has
+        it (a window manager may give it later)."""
+        self.arrange(self.wants_compact(size), size)
+        self._pending_size = None if self.size() == size else size
         self.resize(size)
 
     def resizeEvent(self, event: QResizeEvent) -> None:
@@ -783,8 +841,12 @@ class MainWindow(QMainWindow):
         if self.compact is False:
             self.wide_minimum = self.minimumSizeHint()
         compact = self.wants_compact(event.size())
-        if compact != self.compact:
-            self.arrange(compact)
+        if compact != self.compact or (not compact and self.wants_left_tabs(event.size()) != self.left_tabs):
+            self.arrange(compact, event.size())
+        elif event.size() == self._pending_size:
+            QTimer.singleShot(0, self.default_sizes)  # arranged for this size while the window had another
+        if event.size() == self._pending_size:
+            self._pending_size = None
 
     def default_sizes(self) -> None:
         docks, H, V = self.docks, Qt.Orientation.Horizontal, Qt.Orientation.Vertical
@@ -797,10 +859,11 @@ class MainWindow(QMainWindow):
         # width where the window has room (_devices_width), and their rows' height (the table is as tall as they are);
         # the run settings whole below where there is room
         self.resizeDocks([docks["devices"], docks["routing"]], [self._devices_width(), 360], H)
-        devices = self.devices.sizeHint().height() + DOCK_TITLE
-        self.resizeDocks([docks["devices"], docks["run"]], [max(150, devices), 420], V)
-        bars = sum(bar.height() for bar in (self.menuBar(), self.statusBar(), *self.findChildren(QToolBar)))
-        bottom = min(470, max(290, (self.height() - bars) * 45 // 100))  # the plots whole from a 768-pixel screen on
+        if not self.left_tabs:  # the devices their rows' height, the run settings the rest of the column
+            devices = self.devices.sizeHint().height() + DOCK_TITLE
+            column = self.height() - self._bars() - self._bottom_height()
+            self.resizeDocks([docks["devices"], docks["run"]], [max(150, devices), max(150, column - devices)], V)
+        bottom = self._bottom_height()
         timeline = max(140, bottom * 170 // 470)  # its lanes and axis whole, however low the window
         self.resizeDocks([docks["history"], docks["timeline"]], [bottom - timeline, timeline], V)
         # the Tune panel its controls' width (about 340 px); the history what a wide window has beyond them (its
@@ -810,10 +873,12 @@ class MainWindow(QMainWindow):
         self.resizeDocks([docks["plots"], docks["history"], docks["tune"]], [plots, history, 380], H)
 
     def _devices_width(self) -> int:
-        """The devices' column: their table whole where the window has room for it (a third of it at most), and 28 %
-        of a wide window (the run settings below it)."""
-        return min(max(self.devices.table_width() + DOCK_MARGINS, min(560, self.width() * 28 // 100)),
-                   self.width() // 3)  # fmt: skip
+        """The devices' column: their table whole where the window has room for it (a third of it, or up to 40 % where
+        the editor keeps EDITOR_ROOM beside the routing column), and 28 % of a wide window (the run settings below
+        it)."""
+        width = self.width()
+        room = max(width // 3, min(width * 40 // 100, width - 360 - EDITOR_ROOM))
+        return min(max(self.devices.table_width() + DOCK_MARGINS, min(560, width * 28 // 100)), room)
 
     @Slot(int)
     def _devices_widened(self, _width: int) -> None:

@@ -23,7 +23,15 @@ way llama.cpp converts and quantizes the safetensors pair: the same bf16 weights
 package's gguf.quants (Q8_0 everywhere for `q8_0`; MXFP4 experts and Q8_0 elsewhere for `mxfp4`, llama.cpp's
 MXFP4_MOE), norms and the expert router kept in F32, each MoE layer's experts merged into one tensor per projection,
 the tokenizer as tokenizer.ggml.* keys. Q8_0 and MXFP4 store rows in blocks of 32 values: every matrix width of a
-size must be a multiple of 32 (every size here is).
+size must be a multiple of 32 (every size here is). The target file is the safetensors target quantized, whatever the
+quantization; so is the draft of `q8_0`. The draft of `mxfp4` is another model (MOE_DRAFTS): a small Qwen3-MoE of the
+target's carried layers, each with its router and its experts as the target file holds them (MXFP4), routing every
+token to its top 2 experts where the target takes 4. A dense draft cannot follow MXFP4 experts: each is quantized on
+its own, so a deviation flips some of the base MLP's 4-bit codes a whole step, and the quantized experts stray from
+the base MLP (and from their mean) several times further than the deviations the float pair's acceptance was tuned
+on (the base MLP's draft accepted 44 %, the mean of the quantized experts 57 %). The MoE draft reads about as many
+bytes per token as the dense one (its two MXFP4 experts against one Q8_0 FFN): 0.46 of the target's bytes, 0.40 of its
+multiply-adds at the default size.
 
 A second family, `deepseek` (`expertbench demo-model --family deepseek`), is a DeepSeek-V3-shaped pair built the
 same way: the target a DeepseekV3ForCausalLM (MLA attention with q_lora_rank, grouped sigmoid routing with a router
@@ -72,8 +80,9 @@ from ..families.qwen3 import DemoSize
 from ..families.synthetic import FORMAT_VERSION, INIT_STD, NORM_STD, SEED, DemoRecipe, RawTensor, Tensor
 
 # of the GGUF files' recipe (their keys and tensor types), beside the weights' FORMAT_VERSION; 2: the draft's FFN of
-# a pair with coarser experts (mxfp4) is the mean of its target layer's quantized experts
-GGUF_FORMAT_VERSION = 2
+# a pair with coarser experts (mxfp4) is the mean of its target layer's quantized experts; 3: that draft is a small
+# MoE (MOE_DRAFTS)
+GGUF_FORMAT_VERSION = 3
 EOS = "<|endoftext|>"
 
 DEMO_PROMPTS = [
@@ -160,6 +169,10 @@ QUANTS = {
     "mxfp4": (38, "MXFP4", "Q8_0"),  # LLAMA_FTYPE_MOSTLY_MXFP4_MOE: MXFP4 experts, Q8_0 elsewhere
 }
 DEFAULT_QUANT = "q8_0"
+# The quantizations whose draft is a small MoE, and its top-k: the target's carried layers with their routers and every
+# expert as the file holds them, each token through the router's top 2 (the dense draft's base MLP strays from MXFP4
+# experts by 4-bit rounding steps, far more than the deviations the float pair's acceptance was tuned on)
+MOE_DRAFTS = {"mxfp4": 2}
 SYNTHETIC_KEY = "expertbench.synthetic"  # the GGUF files' mark (config.json says expertbench_synthetic)
 
 
@@ -237,7 +250,15 @@ def quant_formats(quant: str | None, role: str = "target", family: str = DEFAULT
     if quant is None:
         return FOLDER_FORMATS.get(family, "BF16")
     _, experts, other = QUANTS[quant]
-    return other if experts == other or role == "draft" else f"{experts} experts, {other} elsewhere"
+    dense = role == "draft" and quant not in MOE_DRAFTS
+    return other if experts == other or dense else f"{experts} experts, {other} elsewhere"
+
+
+def draft_kind(family: str = DEFAULT_FAMILY, quant: str | None = None) -> str:
+    """The draft of a demo pair in words: its family's (FAMILIES), or a MoE draft's (MOE_DRAFTS)."""
+    if quant in MOE_DRAFTS:
+        return f"{FAMILIES[family][0]} of the target's layers, top-{MOE_DRAFTS[quant]}"
+    return FAMILIES[family][1]
 
 
 def demo_folder(size: str = "default", cache_dir: str | os.PathLike | None = None, format: str = "safetensors",
@@ -435,8 +456,8 @@ class GGUFTensor:
 def gguf_tensors(spec: DemoSize, role: str, quant: str) -> list[GGUFTensor]:
     """The tensors of model_tensors() under llama.cpp's names (engine/checkpoints/gguf_file.py's table read backwards),
     each MoE layer's experts merged per projection, in file order; their formats as llama.cpp's quantizer picks them:
-    1-D norms and the router F32, experts QUANTS[quant][1], every other matrix QUANTS[quant][2] (where the experts'
-    format is coarser, the draft's FFN is the mean of its target layer's experts as quantized: _quantized_mean)."""
+    1-D norms and the router F32, experts QUANTS[quant][1], every other matrix QUANTS[quant][2] (a MoE draft,
+    MOE_DRAFTS, holds the target's carried layers: moe_draft_tensors)."""
     from ..families.base import LAYER_TENSORS, MOE_LAYER_TENSORS
     from .gguf_file import EXPERT_TENSORS, GLOBAL_TENSORS
 
@@ -446,7 +467,8 @@ def gguf_tensors(spec: DemoSize, role: str, quant: str) -> list[GGUFTensor]:
     _, expert_fmt, matrix_fmt = QUANTS[quant]
     out: list[GGUFTensor] = []
     merged: dict[str, GGUFTensor] = {}
-    for name, shape, make in model_tensors(spec, role):
+    moe_draft = role == "draft" and quant in MOE_DRAFTS
+    for name, shape, make in moe_draft_tensors(spec) if moe_draft else model_tensors(spec, role):
         if name in global_names:
             out.append(GGUFTensor(global_names[name], shape, "F32" if len(shape) == 1 else matrix_fmt, [make]))
             continue
@@ -460,8 +482,6 @@ def gguf_tensors(spec: DemoSize, role: str, quant: str) -> list[GGUFTensor]:
             merged[gname].makers.append(make)
             continue
         router = rest == "mlp.gate.weight"
-        if role == "draft" and expert_fmt != matrix_fmt and rest.startswith("mlp.") and rest.endswith("_proj.weight"):
-            make = _quantized_mean(spec, int(layer), rest.removeprefix("mlp.").removesuffix(".weight"), expert_fmt)
         out.append(GGUFTensor(f"blk.{layer}.{layer_names[rest]}", shape,
                               "F32" if len(shape) == 1 or router else matrix_fmt, [make]))  # fmt: skip
     for t in merged.values():
@@ -469,28 +489,27 @@ def gguf_tensors(spec: DemoSize, role: str, quant: str) -> list[GGUFTensor]:
     return out
 
 
-def _quantized_mean(spec, draft_layer: int, proj: str, fmt: str):
-    """The maker of a draft FFN matrix standing for a target layer whose experts are stored in a coarse format (MXFP4):
-    the mean of that layer's experts as the file holds them (each quantized, then dequantized by the gguf package).
-    The base MLP alone strays from every quantized expert by the format's rounding, which flips 4-bit codes a whole
-    step where a deviation crosses a midpoint: averaged over the experts, those flips shrink as the routed mix of
-    experts does."""
-    import gguf
+def moe_draft_tensors(spec) -> Iterator[Tensor]:
+    """The tensors of a MoE draft (MOE_DRAFTS): the target's carried layers (draft_layer_map) renumbered, each with its
+    router and every expert, as the target has them; nothing of the layers the draft skips."""
+    carried = {t: j for j, t in enumerate(draft_layer_map(spec))}
+    for name, shape, make in model_tensors(spec, "target"):
+        if name.startswith("model.layers."):
+            _, _, layer, rest = name.split(".", 3)
+            if int(layer) not in carried:
+                continue
+            name = f"model.layers.{carried[int(layer)]}.{rest}"
+        yield name, shape, make
 
-    target_layer = draft_layer_map(spec)[draft_layer]
-    prefix = f"model.layers.{target_layer}.mlp.experts."
-    makers = [make for name, _shape, make in model_tensors(spec, "target")
-              if name.startswith(prefix) and name.endswith(f".{proj}.weight")]  # fmt: skip
-    qtype = gguf.GGMLQuantizationType[fmt]
 
-    def make() -> np.ndarray:
-        total = None
-        for m in makers:
-            values = gguf.quants.dequantize(gguf.quants.quantize(bf16_rounded(m()), qtype), qtype)
-            total = values.astype(np.float64) if total is None else total + values
-        return (total / len(makers)).astype(np.float32)
-
-    return make
+def gguf_config(spec, role: str, quant: str, eos_id: int) -> dict:
+    """config.json of the model a GGUF demo file holds: model_config(), except a MoE draft's (MOE_DRAFTS), which is the
+    target's with the draft's layers and top-k."""
+    if role == "draft" and quant in MOE_DRAFTS:
+        target = model_config(spec, "target", eos_id)
+        return {**target, "num_hidden_layers": spec.draft_layers, "max_window_layers": spec.draft_layers,
+                "num_experts_per_tok": MOE_DRAFTS[quant]}  # fmt: skip
+    return model_config(spec, role, eos_id)
 
 
 def check_block_widths(spec: DemoSize, quant: str) -> None:
@@ -543,8 +562,8 @@ def write_gguf(path: Path, spec: DemoSize, role: str, quant: str, tokenizer_json
     from ..core import formats
 
     check_block_widths(spec, quant)
-    cfg = model_config(spec, role, eos_id)
-    arch = "qwen3moe" if role == "target" else "qwen3"
+    cfg = gguf_config(spec, role, quant, eos_id)
+    arch = "qwen3moe" if "num_experts" in cfg else "qwen3"
     w = gguf.GGUFWriter(None, arch)
     w.add_type("model")
     w.add_name(f"expertbench demo {spec.name} {role}")
@@ -558,7 +577,7 @@ def write_gguf(path: Path, spec: DemoSize, role: str, quant: str, tokenizer_json
     w.add_value_length(cfg["head_dim"])
     w.add_rope_freq_base(cfg["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    if role == "target":
+    if "num_experts" in cfg:
         w.add_expert_count(cfg["num_experts"])
         w.add_expert_used_count(cfg["num_experts_per_tok"])
         w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])

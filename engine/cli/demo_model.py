@@ -13,6 +13,7 @@ from ..checkpoints.demo import (
     QUANTS,
     SIZES,
     check_format,
+    draft_kind,
     ensure_demo_pair,
     quant_formats,
 )
@@ -25,14 +26,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "demo-model",
         help="build (or check) the synthetic demo model pair in the cache folder",
         description="Writes a seeded synthetic Qwen3-MoE target and a dense Qwen3 draft built from it into "
-        "$XDG_CACHE_HOME/expertbench (or ~/.cache/expertbench). Random weights: the text they write is noise, "
-        "but the pair behaves like a real target and draft (acceptance about 75 % at q=2). --format gguf writes "
-        "the same weights as GGUF files, quantized as llama.cpp quantizes them (--quant q8_0: every matrix Q8_0; "
-        "mxfp4: MXFP4 experts and Q8_0 elsewhere, llama.cpp's MXFP4_MOE; norms and the router F32), a cache entry "
-        "of its own per quantization; run it with 'expertbench run --demo-format gguf --demo-quant Q'. The 4-bit "
-        "experts stray further from the Q8_0 draft: the mxfp4 pair accepts fewer draft tokens. --family deepseek "
-        "writes a DeepSeek-V3-shaped pair instead (MLA attention, grouped sigmoid routing, a shared expert, a dense "
-        "first layer, YaRN; its draft a DeepSeek-V3 of dense layers), as safetensors folders; --family gpt-oss a "
+        "$XDG_CACHE_HOME/expertbench (or ~/.cache/expertbench). Random weights: the text they write is noise, but the "
+        "pair behaves like a real target and draft (acceptance about 75 % at q=2). --format gguf writes the same "
+        "weights as GGUF files, quantized as llama.cpp quantizes them (--quant q8_0: every matrix Q8_0; mxfp4: MXFP4 "
+        "experts and Q8_0 elsewhere, llama.cpp's MXFP4_MOE; norms and the router F32), a cache entry of its own per "
+        "quantization; run it with 'expertbench run --demo-format gguf --demo-quant Q'. The mxfp4 pair's draft is a "
+        "small Qwen3-MoE (the target's carried layers with their routers and MXFP4 experts, top-2), since a dense "
+        "draft cannot follow 4-bit experts; its target is the safetensors target quantized. --family deepseek writes a"
+        " DeepSeek-V3-shaped pair instead (MLA attention, grouped sigmoid routing, a shared expert, a dense first "
+        "layer, YaRN; its draft a DeepSeek-V3 of dense layers), as safetensors folders; --family gpt-oss a "
         "gpt-oss-shaped pair in the released layout (MXFP4 experts, bf16 elsewhere; sliding and full attention "
         "alternating, attention sinks, biases, the clamped SwiGLU, YaRN; its draft a gpt-oss of fewer layers with one "
         "expert each).",
@@ -74,8 +76,8 @@ def cmd_demo_model(args) -> int:
         print(json.dumps(report, indent=2))
         return 0
     state = f"built in {seconds:.1f} s ({pair.reason})" if pair.built else f"intact ({report['checked']} checked)"
-    target_kind, draft_kind = FAMILIES[pair.family]
+    target_kind, drafted = FAMILIES[pair.family][0], draft_kind(pair.family, quant)
     print(f"demo model pair '{what}' ({SYNTHETIC_NOTE}): {state}")
     print(f"target    {pair.target}  ({target_kind}, {quant_formats(quant, 'target', pair.family)})")
-    print(f"draft     {pair.draft}  ({draft_kind}, {quant_formats(quant, 'draft', pair.family)})")
+    print(f"draft     {pair.draft}  ({drafted}, {quant_formats(quant, 'draft', pair.family)})")
     return 0

@@ -73,8 +73,13 @@ def test_no_panel_over_another_and_the_run_controls_shown(qtbot, make_window, si
         assert shown_inside(window, widget), widget
     if window.compact:  # the panels other than the run panel as tabs below the editor: one of them shown
         assert sum(f"dock {key}" in rects for key in ("plots", "history", "routing", "devices")) == 1
-    else:
-        assert {f"dock {key}" for key in window.docks} <= set(rects)
+    else:  # every panel, but the devices behind the run settings' tab where the window is too low for both
+        assert window.left_tabs == (size[1] < 1000) and ("dock devices" in rects) != window.left_tabs
+        assert {f"dock {key}" for key in window.docks if key != "devices" or not window.left_tabs} <= set(rects)
+    # every run setting whole, not scrolled away: the run panel has its column's height where the devices leave none
+    settings = [run.q, run.repeats, run.mode, run.precision, run.tokens, run.load_prompts_button, run.prompts]
+    for widget in settings:
+        assert wholly_shown(window, widget), (widget, widget.visibleRegion().boundingRect(), widget.rect())
     for key, controls in key_controls(window).items():
         if window.compact:  # its tab brought to the front, as a click on the tab does
             window.docks[key].raise_()
@@ -204,9 +209,8 @@ def test_the_screenshot_renders_at_the_size_asked_for(qtbot, make_window, tmp_pa
     assert (image.width(), image.height()) == (1100, 720) and window.compact
 
 
-# a desktop's screen and a larger one (at 1600 x 1000 the placement editor's two columns leave the devices' column
-# a few pixels short of the table: it scrolls there)
-@pytest.mark.parametrize("size", [(1920, 1080), (2560, 1440)])
+# the README's screenshot, a desktop's screen and a larger one
+@pytest.mark.parametrize("size", [(1600, 1000), (1920, 1080), (2560, 1440)])
 def test_a_wide_window_shows_every_device_and_a_runs_judgement_whole(qtbot, make_window, size):
     """Where there is room, nothing that says how a run went or where it ran needs scrolling: every row and column
     of the Devices table, and the run history's speed, acceptance and hash (its first columns after #)."""
@@ -233,3 +237,51 @@ def test_a_wide_window_shows_every_device_and_a_runs_judgement_whole(qtbot, make
         return left >= 0 and left + header.sectionSize(column(name)) <= history.viewport().width()
 
     qtbot.waitUntil(lambda: all(whole(name) for name in ("#", *FIRST_COLUMNS[:3])))
+
+
+@pytest.mark.parametrize("size", [(1280, 720), (1366, 768)])
+def test_a_low_wide_window_shows_the_devices_whole_in_a_tab_beside_the_run_settings(qtbot, make_window, size):
+    """Too low for the devices above every run setting: the two are tabs of the left column, the run settings in
+    front; a click on the Devices tab shows every device's row whole (and every column from 1366 pixels on), a click
+    on Run brings the settings back."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QTabBar
+
+    window = make_window()
+    window.set_size(QSize(*size))
+    qtbot.waitUntil(lambda: (window.width(), window.height()) == size)
+    QApplication.processEvents()
+    assert window.left_tabs and wholly_shown(window, window.run_panel.start_button)
+
+    def bars() -> list[QTabBar]:
+        """The tab bar a person sees (Qt keeps those of earlier arrangements a while, hidden or out of the window)."""
+        tabs = ["Run", "Devices"]
+        return [
+            b
+            for b in window.findChildren(QTabBar)
+            if [b.tabText(i) for i in range(b.count())] == tabs
+            and shown_inside(window, b)
+            and window.childAt(b.mapTo(window, b.tabRect(1).center())) is b
+        ]
+
+    qtbot.waitUntil(lambda: len(bars()) == 1)
+    bar = bars()[0]
+    assert bar.currentIndex() == 0
+    qtbot.mouseClick(bar, Qt.MouseButton.LeftButton, pos=bar.tabRect(1).center())
+    view = window.devices.view
+    qtbot.waitUntil(lambda: wholly_shown(window, view))
+    model = view.model()
+    assert model.rowCount() >= 2
+    columns = range(model.columnCount()) if size[0] >= 1366 else [0]
+    cells = [view.visualRect(model.index(r, c)) for r in range(model.rowCount()) for c in columns
+             if view.columnSpan(r, c) == 1 or c == 0]  # fmt: skip
+    qtbot.waitUntil(lambda: all(view.viewport().rect().contains(cell) for cell in cells))
+    assert not wholly_shown(window, window.run_panel.start_button)
+    qtbot.mouseClick(bar, Qt.MouseButton.LeftButton, pos=bar.tabRect(0).center())
+    qtbot.waitUntil(lambda: wholly_shown(window, window.run_panel.start_button))
+    # taller again: one above the other, both shown
+    window.set_size(QSize(1920, 1080))
+    qtbot.waitUntil(lambda: (window.width(), window.height()) == (1920, 1080))
+    QApplication.processEvents()
+    assert not window.left_tabs and set(panels(window)) >= {"dock devices", "dock run"}
+    assert wholly_shown(window, view) and wholly_shown(window, window.run_panel.prompts)

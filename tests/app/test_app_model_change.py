@@ -1,5 +1,5 @@
 """Opening another model (File > Open model folder…) leaves nothing of the previous one on screen: the rolling plots,
-the device timeline and its legend, the heat map's scale, the Tune panel's points."""
+the device timeline and its legend, the heat map's scale, the Tune panel's points, the run panel's progress."""
 
 from app_helpers import FIXTURES, TARGET, TIMEOUT_MS
 from PySide6.QtCore import Qt
@@ -41,6 +41,7 @@ def test_opening_another_model_clears_what_the_previous_one_showed(qtbot, make_w
     assert len(plots.rate_curve.getData()[0]) > 0 and len(timeline.shown) > 0 and state.last_trace is not None
     assert "shared" in timeline.legend_kinds and "shared&nbsp;experts" in timeline.legend.text()
     assert heatmap.counts is not None and heatmap.colorbar.levels()[1] > 1
+    assert window.run_panel.progress.text() == "done: 32 tokens"  # 8 tokens for each of the 4 prompts
     qtbot.mouseClick(tune.start_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: not tune.running, timeout=TIMEOUT_MS)
     assert tune.front and tune.front_list.count()
@@ -54,6 +55,7 @@ def test_opening_another_model_clears_what_the_previous_one_showed(qtbot, make_w
     assert heatmap.counts is None and tuple(heatmap.colorbar.levels()) == (0, 1)
     assert tune.front == [] and tune.measured == [] and tune.front_list.count() == 0
     assert tune.status.text() == "Not tuned yet" and tune.start_button.isEnabled()
+    assert window.run_panel.progress.text() == "idle"  # not the previous model's "done: 32 tokens"
     # the new model's own run draws as the first did
     with qtbot.waitSignal(state.sigRunFinished, timeout=TIMEOUT_MS):
         qtbot.mouseClick(window.run_panel.start_button, Qt.MouseButton.LeftButton)
