@@ -331,6 +331,27 @@ def test_a_roll_back_across_compressed_windows_gives_the_bits_of_a_new_context(f
             assert np.array_equal(ctx.decode(ids[at : at + 1]), expected[at : at + 1])
 
 
+@pytest.mark.parametrize("folder", [F32, BF16], ids=lambda p: p.name)
+def test_the_q8_precision_on_float_weights_gives_the_f32_bits(folder):
+    """Float formats are read in f32 in either precision (V4's own operations are f32 always): the q8 precision of a
+    float folder is the f32 one, bit for bit, experts on a peer included. No quantized V4 layout is read yet."""
+    ids = whole_sequence()[:150]
+    with Engine() as eng:
+        model = eng.load(folder)
+        out = {}
+        for precision in ("f32", "q8"):
+            with model.context(len(ids), n_batch=8) as ctx:
+                ctx.precision = precision
+                out[precision] = ctx.prefill(ids)
+    assert np.array_equal(out["q8"], out["f32"])
+
+
+def test_the_model_info_counts_the_per_position_state(f32_model):
+    """Each layer keeps per position its key=value row, its compressors' projections and a compressed entry's slot
+    (6 head_dim + 5 index_head_dim floats, eb_v4_cache_row): the KV bytes a position costs."""
+    assert f32_model.info["kv_bytes_per_token"] == 4 * (6 * 32 + 5 * 24) * 4 and f32_model.info["kv_window_bytes"] == 0
+
+
 # ---- bad tensors, each named -------------------------------------------------------------------------------------
 
 

@@ -496,8 +496,9 @@ def parse_config(parts: list[Part]) -> ModelConfig:
     arch_name = m.get("general.architecture", "str")
     fam = gguf_family(arch_name)
     if fam is None:
+        read = [a for a, f in BY_GGUF_ARCH.items() if not f.gguf_awaiting]  # deepseek4: known, its files refused
         m.fail(f"architecture '{arch_name}' (general.architecture) is not supported (expected one of "
-               f"{', '.join(BY_GGUF_ARCH)})", UnsupportedError)  # fmt: skip
+               f"{', '.join(read)})", UnsupportedError)  # fmt: skip
     a = f"{arch_name}."
     tensors = {t.name: t for part in parts for t in part.tensors}
     layers = m.count(a + "block_count")

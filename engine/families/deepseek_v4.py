@@ -4,9 +4,10 @@ attention), mHC residual streams, sqrt-softplus routing with a correction bias o
 hash table, one shared expert, a clamped SwiGLU. GGUF: llama.cpp's deepseek4.
 
 The engine reads and checks a V4 config.json here (read_config: every key transformers 5.25.0's DeepseekV4Config
-reads, with the released checkpoints' older names folded in as transformers folds them), but the core has no V4
-forward pass yet: the family is one of engine.families.AWAITING, and a V4 checkpoint is refused with one
-UnsupportedError once its keys are checked (Family.awaiting).
+reads, with the released checkpoints' older names folded in as transformers folds them) and hands it to the core
+(config_keys: the shared fields, and the V4 fields of eb_model_config as native_fields), whose forward pass is
+native/src/models/deepseek_v4.c over the cpu module's "deepseek_v4" extension. Its GGUF files (llama.cpp's deepseek4)
+are refused (Family.gguf_awaiting), and so are the released FP8/FP4 folders (their layer names are not these).
 
 What transformers computes (models/deepseek_v4/modeling_deepseek_v4.py), all of it in float32 on float32 weights:
 
@@ -50,7 +51,10 @@ A context keeps, per layer: the last sliding_window - 1 keys; per CSA / HCA laye
 and the partial window's projected kv and gate rows (fewer than m); per CSA layer, for the compressor and the
 indexer each, also the first halves of the last complete window (the next entry's overlap) and the indexer's
 entries. transformers' own cache of these cannot be cropped (no speculative rollback there); its cached runs, in
-any split of the sequence, give its one forward's logits to within 1e-6 (recipes/deepseek_v4.py checks it).
+any split of the sequence, give its one forward's logits to within 1e-6 (recipes/deepseek_v4.py checks it). The
+engine's context keeps instead, per layer and position, the key=value row and the compressors' projected rows, and
+per window its entry (computed when the window's last position arrives, from those rows alone): any split of the
+sequence, and a truncation, give the same bits.
 """
 
 from __future__ import annotations
@@ -72,9 +76,6 @@ RELEASED_RATIOS = {0: SLIDING, 4: CSA, 128: HCA}
 HASH, ROUTED = "hash_moe", "moe"
 MLP_TYPES = (HASH, ROUTED)
 SCORING = "sqrtsoftplus"
-AWAITING = ("its forward pass (the key/value compressors of the compressed-attention layers, the Lightning Indexer, "
-            "the mHC residual streams, hash routing, the grouped output projection) is not in the core yet; the "
-            "configuration was read and is valid")  # fmt: skip
 
 # DeepseekV4Config's defaults (transformers 5.25.0), for the keys a config.json may leave out
 DEFAULTS: dict[str, Any] = {
