@@ -352,6 +352,16 @@ def test_the_model_info_counts_the_per_position_state(f32_model):
     assert f32_model.info["kv_bytes_per_token"] == 4 * (6 * 32 + 5 * 24) * 4 and f32_model.info["kv_window_bytes"] == 0
 
 
+def test_the_cost_model_counts_the_experts_and_the_shared_expert():
+    """Placement sizes V4's experts (ffn.experts.M.*) and its shared expert (ffn.shared_experts.*) from the tensor
+    table as it sizes the others' (mlp.*): gate, up and down of 16 x 32 f32 values each."""
+    from engine.placement.costmodel import ModelShape
+
+    shape = ModelShape.from_checkpoint(Checkpoint.open(F32))
+    assert (shape.moe_layers, shape.num_experts, shape.top_k) == ((0, 1, 2, 3), 8, 2)
+    assert shape.expert_bytes == shape.shared_bytes == 3 * 16 * 32 * 4
+
+
 # ---- bad tensors, each named -------------------------------------------------------------------------------------
 
 
