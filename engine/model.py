@@ -377,10 +377,10 @@ class Model(_Handle):
         self._keep = []  # cffi buffers that must outlive the call
         files = [ffi.new("char[]", os.fsencode(f)) for f in self.checkpoint.files]
         file_index = {f: i for i, f in enumerate(self.checkpoint.files)}
-        usable = [t for t in self.checkpoint.tensors.values() if t.name.startswith(("model.", "lm_head."))]
+        usable = [t for t in self.checkpoint.tensors.values() if t.name.startswith(("model.", "lm_head.", "head."))]
 
-        def raw(t) -> bool:
-            return t.dtype == "U8" and t.name.endswith(("_blocks", "_scales"))
+        def raw(t) -> bool:  # packed blocks and scales, and integer tables (I64: 8 bytes a value, a last dimension)
+            return (t.dtype == "U8" and t.name.endswith(("_blocks", "_scales"))) or t.dtype == "I64"
 
         codes = _scaled_formats(self.checkpoint, usable)
         for t in usable:
@@ -399,8 +399,9 @@ class Model(_Handle):
             d.name = names[-1]
             d.file_index = file_index[t.file]
             d.dtype = RAW_U8 if raw(t) else codes[t.name] if t.name in codes else formats.FORMATS[t.dtype].code
-            d.ndim = len(t.shape)
-            for i, s in enumerate(t.shape):
+            shape = (*t.shape, 8) if t.dtype == "I64" else t.shape
+            d.ndim = len(shape)
+            for i, s in enumerate(shape):
                 d.shape[i] = s
             d.offset = t.offset
             d.nbytes = t.nbytes
@@ -430,6 +431,13 @@ class Model(_Handle):
         c.swiglu_alpha = cfg.swiglu_alpha
         inv_freq = ffi.new("float[]", list(cfg.rope_inv_freq) or [0.0])
         c.rope_inv_freq = inv_freq if cfg.rope_inv_freq else ffi.NULL
+        arrays = []  # a family's own fields (kept alive through the load)
+        for field, value in cfg.native_fields:
+            if isinstance(value, tuple):
+                arrays.append(ffi.new("float[]" if any(isinstance(v, float) for v in value) else "int32_t[]",
+                                      list(value) or [0]))  # fmt: skip
+                value = arrays[-1]
+            setattr(c, field, value)
         out = ffi.new("eb_model **")
         file_array = ffi.new("char *[]", files)
         checking = lib.EB_CHECK_WEIGHTS_ON if check_weights else lib.EB_CHECK_WEIGHTS_OFF

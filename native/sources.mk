@@ -4,7 +4,7 @@
 
 # the core (engine/_native through cffi, libexpertbench.so through the Makefile)
 CORE_SRC = src/engine.c src/model.c src/mapping.c src/context.c src/forward.c src/primary.c src/scheduler.c src/weight_check.c \
-	src/models/qwen3_moe.c src/models/deepseek_v3.c src/models/gpt_oss.c
+	src/models/qwen3_moe.c src/models/deepseek_v3.c src/models/gpt_oss.c src/models/deepseek_v4.c
 
 # the cpu runtime module (and the hostsim module: the same sources with EB_CPU_HOSTSIM): the runtime (devices and the
 # table; the worker pools; products and expert batches; the primary's operations), its portable kernels (which

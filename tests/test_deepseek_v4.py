@@ -1,8 +1,9 @@
-"""DeepSeek-V4 before its forward pass: the family (engine/families/deepseek_v4.py) reads and checks a V4
-config.json as transformers 5.25.0 reads it, names each bad key, and refuses a V4 checkpoint (folder or GGUF) with
-one UnsupportedError. The fixtures (tests/fixtures/deepseek-v4-*, recipes/deepseek_v4.py: transformers' own
-DeepseekV4ForCausalLM with seeded weights and its reference logits) wait in fixture_registry.AWAITING for the family's
-forward pass; here they are held to the refusal, and to what the recipe promises of them."""
+"""DeepSeek-V4: the family (engine/families/deepseek_v4.py) reads and checks a V4 config.json as transformers 5.25.0
+reads it and names each bad key; the core runs its forward pass (native/src/models/deepseek_v4.c, the cpu module's
+"deepseek_v4" extension); a deepseek4 GGUF file is refused. The fixtures (tests/fixtures/deepseek-v4-*,
+recipes/deepseek_v4.py: transformers' own DeepseekV4ForCausalLM with seeded weights and its reference logits) are in
+the conformance suite (fixture_registry.REGISTRY); here: what the recipe promises of them, the compressors' state
+across batches and roll backs, and bad tensors named."""
 
 from __future__ import annotations
 
@@ -14,22 +15,22 @@ import gguf
 import numpy as np
 import pytest
 from fixture_paths import FIXTURES
-from fixture_registry import AWAITING
+from fixture_registry import BY_NAME
 
-from engine.checkpoints.checkpoint import Checkpoint, parse_config, read_config, read_weights
+from engine.checkpoints.checkpoint import Checkpoint, parse_config, read_weights
 from engine.cli import main
 from engine.core.errors import CheckpointError, UnsupportedError
-from engine.families import AWAITING as AWAITING_FAMILIES
-from engine.families import deepseek_v4
+from engine.families import FAMILIES, deepseek_v4
 from engine.families.base import ConfigKeys
 from engine.families.deepseek_v4 import CSA, HASH, HCA, ROUTED, SLIDING
 from engine.model import Engine
 
 F32 = FIXTURES / "deepseek-v4-f32"
 BF16 = FIXTURES / "deepseek-v4-bf16"
-REFUSAL = (r"DeepSeek-V4 \(DeepseekV4ForCausalLM; GGUF 'deepseek4'\) is not run by the engine yet: its forward pass "
-           r"\(the key/value compressors .*, the Lightning Indexer, the mHC residual streams, hash routing, the "
-           r"grouped output projection\) is not in the core yet")  # fmt: skip
+GGUF_REFUSAL = (r"DeepSeek-V4: llama\.cpp's deepseek4 GGUF files are not read yet \(their deepseek4\.\* keys and "
+                r"tensor layout are not mapped to the engine's\); load the model from its transformers "
+                r"folder")  # fmt: skip
+V4_FIXTURES = [BY_NAME["deepseek-v4-f32"], BY_NAME["deepseek-v4-bf16"]]
 # transformers 5.25.0's DeepseekV4RotaryEmbedding buffers for the fixtures' config (main_inv_freq, compress_inv_freq)
 MAIN_INV_FREQ = (1.0, 0.3162277638912201, 0.10000000149011612, 0.03162277862429619, 0.009999999776482582,
                  0.003162277862429619, 0.0010000000474974513, 0.0003162277862429619)  # fmt: skip
@@ -73,10 +74,26 @@ def test_the_fixture_s_config_reads_as_transformers_built_the_model(folder):
 def test_the_shared_fields_are_those_v4_has_the_meaning_of():
     raw = fixture_config()
     kw = deepseek_v4.config_keys(ConfigKeys(raw, Path("config.json")), 32, 4, 4)
+    native = dict(kw.pop("native_fields"))
+    np.testing.assert_allclose(native.pop("compress_inv_freq"), COMPRESS_INV_FREQ, rtol=3e-7, atol=0)
     assert kw == {"num_kv_heads": 1, "head_dim": 32, "intermediate_size": 16, "num_experts": 8, "top_k": 2,
                   "moe_intermediate_size": 16, "n_shared_experts": 1, "norm_topk_prob": True,
                   "routed_scaling_factor": 1.5, "q_lora_rank": 24, "rope_dim": 16, "rope_interleave": True,
-                  "attention_scale": 32**-0.5}  # fmt: skip
+                  "rope_inv_freq": MAIN_INV_FREQ, "attention_scale": 32**-0.5, "swiglu_limit": 1.0}  # fmt: skip
+    # the core's own V4 fields: kinds 0 sliding, 1 CSA, 2 HCA (EB_V4_*), hash layers 1
+    assert native == {"hc_mult": 4, "hc_sinkhorn_iters": 10, "hc_eps": 1e-6, "o_groups": 2, "o_lora_rank": 16,
+                      "sliding_window": 8, "layer_kind": (0, 1, 2, 1), "layer_hash": (1, 1, 0, 0), "n_layer_kind": 4,
+                      "csa_rate": 4, "hca_rate": 128, "index_n_heads": 8,
+                      "index_head_dim": 24, "index_topk": 4}  # fmt: skip
+
+
+def test_ropes_of_two_widths_are_refused_by_name():
+    """The engine rotates one slice of a head with either RoPE: a nested rope_parameters whose two RoPEs rotate
+    different widths is refused, naming both."""
+    raw = fixture_config()
+    raw["rope_parameters"]["compress"]["partial_rotary_factor"] = 0.25
+    with pytest.raises(UnsupportedError, match=r"the main RoPE rotates 16 channels and the compress RoPE 8"):
+        deepseek_v4.config_keys(ConfigKeys(raw, Path("config.json")), 32, 4, 4)
 
 
 def released_form(raw: dict, **extra) -> dict:
@@ -247,25 +264,162 @@ def test_the_shared_keys_are_checked_before_the_refusal_too(tmp_path):
         parse_config(fixture_config() | {"vocab_size": 0}, tmp_path / "config.json")
 
 
-# ---- the refusal -------------------------------------------------------------------------------------------------
+# ---- the forward pass --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fixture", AWAITING, ids=lambda f: f.name)
-def test_a_v4_fixture_is_refused_with_one_clear_error(fixture):
-    """Opening, reading the config, loading: each ends in the family's UnsupportedError, naming the file."""
-    assert fixture.family in {f.architecture for f in AWAITING_FAMILIES}
-    for call in (Checkpoint.open, read_config):
-        with pytest.raises(UnsupportedError, match=REFUSAL) as info:
-            call(fixture.path)
-        assert str(fixture.path / "config.json") in str(info.value)
-    with Engine() as eng, pytest.raises(UnsupportedError, match=REFUSAL):
-        eng.load(fixture.path)
+def test_the_family_runs_in_the_core():
+    assert deepseek_v4.DEEPSEEK_V4 in FAMILIES and deepseek_v4.DEEPSEEK_V4.native_code == 5  # EB_ARCH_DEEPSEEK_V4
+    assert not deepseek_v4.DEEPSEEK_V4.awaiting
 
 
-def test_the_command_line_reports_the_refusal(capsys):
-    assert main(["run", "--model", str(F32), "--no-draft", "-n", "4", "--repeats", "1"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("expertbench: error: ") and "DeepSeek-V4" in err and "Traceback" not in err
+def test_the_command_line_runs_a_v4_folder(capsys):
+    assert main(["run", "--model", str(F32), "--no-draft", "-n", "4", "--repeats", "1"]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def f32_model():
+    with Engine() as eng:
+        yield eng.load(F32)
+
+
+def whole_sequence() -> np.ndarray:
+    ref = np.load(F32 / "reference.npz")
+    return np.concatenate([ref["prompt_ids"], ref["generated_ids"]])
+
+
+def test_transformers_logits_at_every_position(f32_model):
+    """The one forward's logits of transformers at all 203 positions, the sequence in one prefill: within 1e-5
+    (f32 arithmetic in another order; the conformance suite holds both folders to its 1e-4)."""
+    ids = whole_sequence()
+    with f32_model.context(len(ids)) as ctx:
+        ours = ctx.prefill(ids)
+    assert np.abs(ours - np.load(F32 / "reference.npz")["logits"]).max() < 1e-5
+
+
+@pytest.mark.parametrize("n_batch", [1, 3, 4, 5, 8, 128, 512])
+def test_a_sequence_in_any_batches_gives_the_bits_of_single_steps(f32_model, n_batch):
+    """The compressors' windows (4 and 128 positions, CSA's overlapping halves) and the sliding window (8) cut by
+    batches of every size: the bits of one position at a time."""
+    ids = whole_sequence()
+    with f32_model.context(len(ids), n_batch=1) as ctx:
+        single = np.concatenate([ctx.decode([t]) for t in ids])
+    with f32_model.context(len(ids), n_batch=n_batch) as ctx:
+        assert np.array_equal(ctx.prefill(ids), single)
+
+
+@pytest.mark.parametrize("back_to", [0, 3, 100, 126, 127, 128, 131, 150])
+def test_a_roll_back_across_compressed_windows_gives_the_bits_of_a_new_context(f32_model, back_to):
+    """A context that ran other tokens past back_to (through CSA windows and the HCA window that ends at position
+    127), truncated to back_to and fed the sequence's own tokens: the logits of a context that never saw the others,
+    bit for bit; so are speculative steps of q + 1 tokens rolled back and decoded again."""
+    ids = whole_sequence()
+    with f32_model.context(len(ids), n_batch=512) as ctx:
+        expected = ctx.prefill(ids)
+    other = (ids[back_to:] * 7 + 3) % 512
+    with f32_model.context(len(ids), n_batch=16) as ctx:
+        if back_to:
+            ctx.prefill(ids[:back_to])
+        ctx.prefill(other)
+        ctx.truncate(back_to)
+        assert np.array_equal(ctx.prefill(ids[back_to:]), expected[back_to:])
+        for q in (1, 3, 5):  # verify q drafts, reject them all, decode the true token
+            at = len(ids) - 20
+            ctx.truncate(at)
+            ctx.decode(other[: q + 1])
+            ctx.truncate(at)
+            assert np.array_equal(ctx.decode(ids[at : at + 1]), expected[at : at + 1])
+
+
+@pytest.mark.parametrize("folder", [F32, BF16], ids=lambda p: p.name)
+def test_the_q8_precision_on_float_weights_gives_the_f32_bits(folder):
+    """Float formats are read in f32 in either precision (V4's own operations are f32 always): the q8 precision of a
+    float folder is the f32 one, bit for bit, experts on a peer included. No quantized V4 layout is read yet."""
+    ids = whole_sequence()[:150]
+    with Engine() as eng:
+        model = eng.load(folder)
+        out = {}
+        for precision in ("f32", "q8"):
+            with model.context(len(ids), n_batch=8) as ctx:
+                ctx.precision = precision
+                out[precision] = ctx.prefill(ids)
+    assert np.array_equal(out["q8"], out["f32"])
+
+
+def test_the_model_info_counts_the_per_position_state(f32_model):
+    """Each layer keeps per position its key=value row, its compressors' projections and a compressed entry's slot
+    (6 head_dim + 5 index_head_dim floats, eb_v4_cache_row): the KV bytes a position costs."""
+    assert f32_model.info["kv_bytes_per_token"] == 4 * (6 * 32 + 5 * 24) * 4 and f32_model.info["kv_window_bytes"] == 0
+
+
+def test_the_cost_model_counts_the_experts_and_the_shared_expert():
+    """Placement sizes V4's experts (ffn.experts.M.*) and its shared expert (ffn.shared_experts.*) from the tensor
+    table as it sizes the others' (mlp.*): gate, up and down of 16 x 32 f32 values each."""
+    from engine.placement.costmodel import ModelShape
+
+    shape = ModelShape.from_checkpoint(Checkpoint.open(F32))
+    assert (shape.moe_layers, shape.num_experts, shape.top_k) == ((0, 1, 2, 3), 8, 2)
+    assert shape.expert_bytes == shape.shared_bytes == 3 * 16 * 32 * 4
+
+
+# ---- bad tensors, each named -------------------------------------------------------------------------------------
+
+
+def edited_copy(tmp_path: Path, edit) -> Path:
+    """The f32 fixture with its tensors edited (edit(tensors) changes the dict in place)."""
+    from safetensors.numpy import load_file, save_file
+
+    dst = tmp_path / "m"
+    dst.mkdir()
+    for f in F32.iterdir():
+        if f.name != "model.safetensors":
+            (dst / f.name).symlink_to(f)
+    tensors = load_file(F32 / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, dst / "model.safetensors")
+    return dst
+
+
+def out_of_range(t):
+    t["model.layers.1.ffn.gate.tid2eid"][7, 1] = 8
+
+
+def repeated(t):
+    t["model.layers.0.ffn.gate.tid2eid"][9] = 5
+
+
+def table_shape(t):
+    t["model.layers.0.ffn.gate.tid2eid"] = t["model.layers.0.ffn.gate.tid2eid"][:, :1].copy()
+
+
+def no_compressor_bias(t):
+    del t["model.layers.2.attn.compressor.ape"]
+
+
+def indexer_shape(t):
+    t["model.layers.3.attn.indexer.weights_proj.weight"] = np.zeros((4, 32), np.float32)
+
+
+BAD_TENSORS = {
+    "tid2eid expert out of range": (out_of_range, r"tensor 'model\.layers\.1\.ffn\.gate\.tid2eid': token id 7's "
+                                                  r"expert 8 \(entry 1\) is out of range, expected 0\.\.7"),
+    "tid2eid expert twice": (repeated, r"tensor 'model\.layers\.0\.ffn\.gate\.tid2eid': token id 9 chooses expert "
+                                       r"5 twice, expected 2 distinct experts"),
+    "tid2eid of the wrong shape": (table_shape, r"'model\.layers\.0\.ffn\.gate\.tid2eid'.*shape"),
+    "a compressor's position bias missing": (no_compressor_bias, r"tensor 'model\.layers\.2\.attn\.compressor\.ape' "
+                                                                r"is missing from the checkpoint"),
+    "an indexer weight of the wrong shape": (indexer_shape, r"tensor 'model\.layers\.3\.attn\.indexer\."
+                                                            r"weights_proj\.weight' in '.*' has shape \[4, 32\], "
+                                                            r"expected \[8, 32\]"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", BAD_TENSORS)
+def test_a_bad_tensor_is_refused_at_load_with_its_name(tmp_path, name):
+    edit, pattern = BAD_TENSORS[name]
+    folder = edited_copy(tmp_path, edit)
+    with Engine() as eng, pytest.raises(CheckpointError, match=pattern):
+        eng.load(folder)
 
 
 def write_deepseek4_gguf(path: Path, with_table: bool) -> Path:
@@ -291,7 +445,7 @@ def write_deepseek4_gguf(path: Path, with_table: bool) -> Path:
 @pytest.mark.parametrize("with_table", [False, True], ids=["float tensors", "an I32 hash table"])
 def test_a_deepseek4_gguf_file_is_refused_by_its_family(tmp_path, with_table):
     path = write_deepseek4_gguf(tmp_path / "v4.gguf", with_table)
-    with pytest.raises(UnsupportedError, match=REFUSAL) as info:
+    with pytest.raises(UnsupportedError, match=GGUF_REFUSAL) as info:
         Checkpoint.open(path)
     assert str(path) in str(info.value)
 
@@ -299,7 +453,7 @@ def test_a_deepseek4_gguf_file_is_refused_by_its_family(tmp_path, with_table):
 # ---- the fixtures ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fixture", AWAITING, ids=lambda f: f.name)
+@pytest.mark.parametrize("fixture", V4_FIXTURES, ids=lambda f: f.name)
 def test_the_fixture_holds_the_tensors_the_family_lists(fixture):
     """Every tensor of the folder, by the name transformers saves it under, with the shape the config gives it and the
     formats the registry names (tid2eid int64; in the bf16 folder the parameters transformers keeps in float32)."""

@@ -1,4 +1,5 @@
-"""Runtime extensions: the operations only some families need (DeepSeek-V3's MLA attention) are named, versioned
+"""Runtime extensions: the operations only some families need (DeepSeek-V3's MLA attention, DeepSeek-V4's mHC,
+compressors, indexer, grouped projection and routing) are named, versioned
 tables a module lists, not members of the table every module fills. A primary whose module lacks one, or has it at
 another version, is refused at load naming the runtime, the extension and the family; the other families load on
 it as before; `Engine.runtimes` says what each module has."""
@@ -23,7 +24,8 @@ def hostsim_with(tmp_path: Path, extensions: str) -> str:
 
 def test_the_bundled_modules_list_their_extensions():
     with Engine(runtimes=("cpu", "hostsim")) as eng:
-        assert {r.name: r.extensions for r in eng.runtimes} == {"cpu": ("mla/1",), "hostsim": ("mla/1",)}
+        both = ("mla/1", "deepseek_v4/1")
+        assert {r.name: r.extensions for r in eng.runtimes} == {"cpu": both, "hostsim": both}
 
 
 @pytest.mark.parametrize(
@@ -56,3 +58,27 @@ def test_a_primary_without_the_familys_extension_is_refused_naming_both(tmp_path
 def greedy(model) -> list[int]:
     with model.context(32) as ctx:
         return ctx.greedy(1, 12)
+
+
+@pytest.mark.parametrize(
+    "extensions, listed",
+    [('{{"mla", 1}, (const void *)1},', ("mla/1",)), ('{{"deepseek_v4", 2}, (const void *)1},', ("deepseek_v4/2",))],
+    ids=["mla only", "deepseek_v4-version-2"],
+)
+def test_a_v4_model_on_a_primary_without_its_extension_is_refused_naming_both(tmp_path, extensions, listed):
+    """A module without the "deepseek_v4" extension (as the cuda and hip modules are) cannot be a V4 model's primary;
+    its devices still run the model's experts, which need only the common contract."""
+    with Engine(runtimes=("cpu", "hostsim"), module_paths={"hostsim": hostsim_with(tmp_path, extensions)}) as eng:
+        assert {r.name: r.extensions for r in eng.runtimes}["hostsim"] == listed
+        with pytest.raises(UnsupportedError) as exc:
+            eng.load(FIXTURES / "deepseek-v4-f32", device="hostsim:0")
+        message = str(exc.value)
+        assert (
+            "primary device hostsim:0: the 'hostsim' runtime lacks the extension 'deepseek_v4' version 1 that "
+            "DeepSeek-V4's forward pass needs; choose a CPU device as the primary"
+        ) in message
+        v4 = eng.load(FIXTURES / "deepseek-v4-f32", device="cpu:0")
+        alone = greedy(v4)
+        v4.set_placement("*=hostsim:0")
+        assert greedy(v4) == alone
+        assert v4.counters()["devices"]["hostsim:0"]["experts_run"] > 0

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from fixture_paths import FIXTURES
 
+from engine.core.errors import UnsupportedError
 from engine.core.native import core_location
 from engine.model import Engine
 
@@ -245,3 +246,30 @@ def test_cuda_and_hip_own_experts_of_one_model_with_the_bits_of_one_device(prima
                 draft.close()
             model.close()
         model.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["deepseek-v4-f32", "deepseek-v4-bf16"])
+@pytest.mark.parametrize("runtime", ["cuda", "hip"])
+def test_deepseek_v4_experts_on_the_gpu_and_its_primary_refused_by_name(runtime, name):
+    """The GPU modules have no "deepseek_v4" extension: a V4 model on a GPU primary is refused naming it; on a CPU
+    primary its routed experts (the clamped SwiGLU, hash-routed layers too) run on the GPU with transformers' logits
+    within 1e-4 and the fixture's 64 greedy tokens."""
+    with gpu_engine(runtime) as eng:
+        gpu = f"{runtime}:0"
+        with pytest.raises(UnsupportedError, match=rf"primary device {gpu}: the '{runtime}' runtime lacks the "
+                                                   r"extension 'deepseek_v4' version 1 that DeepSeek-V4's forward "
+                                                   r"pass needs"):  # fmt: skip
+            eng.load(FIXTURES / name, device=gpu)
+        ref = np.load(FIXTURES / name / "reference.npz")
+        prompt, generated, logits = ref["prompt_ids"], ref["generated_ids"], ref["logits"]
+        model = eng.load(FIXTURES / name, device="cpu:0")
+        for text in (f"*={gpu}", f"*=cpu:0; 0={gpu}; 2.1-5={gpu}"):
+            model.set_placement(text)
+            with model.context(n_batch=8) as ctx:
+                rows = np.concatenate([ctx.prefill(prompt)] + [ctx.decode([t]) for t in generated])
+                ctx.truncate(0)
+                assert ctx.generate(prompt, 64).ids == generated.tolist(), text
+            rel = np.linalg.norm(rows - logits, axis=1) / np.linalg.norm(logits, axis=1)
+            assert rel.max() < 1e-4, f"{text}: {rel.max():.2e}"
+        assert model.counters()["devices"][gpu]["rows"] > 0

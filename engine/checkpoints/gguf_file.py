@@ -237,11 +237,11 @@ def _walk_header(path: Path, buf, size: int) -> tuple[list[RawTensor], int]:
         # a tensor format the engine does not run, in a file of a family it cannot run yet: the family is the
         # reason to give (its files hold formats that come with its forward pass, such as deepseek4's I32 tables)
         fam = gguf_family(arch)
-        if fam is None or not fam.awaiting:
+        if fam is None or not (fam.awaiting or fam.gguf_awaiting):
             raise
         checked = None
     if checked is None:
-        fam.refuse_awaiting(f"'{path}'")
+        fam.refuse_gguf(f"'{path}'")
     spans = sorted(checked, key=lambda t: t.offset)
     for a, b in zip(spans, spans[1:], strict=False):
         if b.offset < a.offset + a.nbytes:
@@ -496,8 +496,9 @@ def parse_config(parts: list[Part]) -> ModelConfig:
     arch_name = m.get("general.architecture", "str")
     fam = gguf_family(arch_name)
     if fam is None:
+        read = [a for a, f in BY_GGUF_ARCH.items() if not f.gguf_awaiting]  # deepseek4: known, its files refused
         m.fail(f"architecture '{arch_name}' (general.architecture) is not supported (expected one of "
-               f"{', '.join(BY_GGUF_ARCH)})", UnsupportedError)  # fmt: skip
+               f"{', '.join(read)})", UnsupportedError)  # fmt: skip
     a = f"{arch_name}."
     tensors = {t.name: t for part in parts for t in part.tensors}
     layers = m.count(a + "block_count")
@@ -516,8 +517,8 @@ def parse_config(parts: list[Part]) -> ModelConfig:
     moe_layers, bias = _layer_kinds(tensors, layers, f"'{a}block_count'", m.path)
     intermediate = m.get(a + "feed_forward_length", "int", None)
     shape = GGUFShape(a, layers, hidden, heads, head_dim, intermediate, frozenset(moe_layers), frozenset(tensors))
+    fam.refuse_gguf(f"'{m.path}'")
     kw = fam.gguf_keys(m, shape)
-    fam.refuse_awaiting(f"'{m.path}'")
     kv_heads = kw.pop("num_kv_heads", kv_heads)
     head_dim = kw.pop("head_dim", head_dim)
     intermediate = kw.pop("intermediate_size", intermediate)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..families import family
 
@@ -68,6 +69,8 @@ class ModelConfig:
     layer_windows: tuple[int, ...] = ()
     swiglu_limit: float = 0.0
     swiglu_alpha: float = 0.0
+    # a family's own fields of the core's config (eb_model_config), by name: numbers, or tuples of them (arrays)
+    native_fields: tuple[tuple[str, Any], ...] = ()
     # block-scaled FP8 weights (quantization_config's quant_method 'fp8'): the scale block (rows, cols); empty: none
     weight_block: tuple[int, ...] = ()
 

@@ -15,14 +15,14 @@ from .deepseek_v4 import DEEPSEEK_V4
 from .gpt_oss import GPT_OSS
 from .qwen3 import QWEN3, QWEN3_MOE
 
-FAMILIES: tuple[Family, ...] = (QWEN3_MOE, QWEN3, DEEPSEEK_V3, GPT_OSS)  # the families the core runs
+FAMILIES: tuple[Family, ...] = (QWEN3_MOE, QWEN3, DEEPSEEK_V3, GPT_OSS, DEEPSEEK_V4)  # the families the core runs
 BY_ARCHITECTURE = {f.architecture: f for f in FAMILIES}
 BY_HF_CLASS = {c: f for f in FAMILIES for c in f.hf_classes}
 BY_GGUF_ARCH = {f.gguf_arch: f for f in FAMILIES}
 # Families awaiting their forward pass in the core: the readers know them, read and check their keys and then refuse
 # them (Family.awaiting); they have no code in the core, no demo and no place in the placement, the exports or the
 # window until they move to FAMILIES
-AWAITING: tuple[Family, ...] = (DEEPSEEK_V4,)
+AWAITING: tuple[Family, ...] = ()
 AWAITING_BY_HF_CLASS = {c: f for f in AWAITING for c in f.hf_classes}
 AWAITING_BY_GGUF_ARCH = {f.gguf_arch: f for f in AWAITING}
 

@@ -144,6 +144,7 @@ class Family:
         general note).
     awaiting: what the core lacks to run the family (empty: it runs it). A family awaiting its forward pass
         (engine.families.AWAITING) has its config.json or GGUF keys read and checked, then is refused with this.
+    gguf_awaiting: why its GGUF files are refused where the core runs it from a folder (empty: they are read).
     """
 
     architecture: str
@@ -162,6 +163,14 @@ class Family:
     ktransformers_note: Callable[[list[int]], str | None] = lambda whole: None
     demo: DemoRecipe | None = None  # its built-in synthetic pair (engine/checkpoints/demo.py), when it has one
     awaiting: str = ""
+    gguf_awaiting: str = ""  # what keeps its GGUF files from being read, where the core runs it from folders
+
+    def refuse_gguf(self, where: str) -> None:
+        """Raise the UnsupportedError of a GGUF file of a family whose files are not read (awaiting, or
+        gguf_awaiting); nothing for one whose files are."""
+        self.refuse_awaiting(where)
+        if self.gguf_awaiting:
+            raise UnsupportedError(f"{where}: {self.title}: {self.gguf_awaiting}")
 
     def refuse_awaiting(self, where: str) -> None:
         """Raise the one UnsupportedError of a family the core cannot run yet (awaiting), naming it and what it

@@ -4,9 +4,10 @@ attention), mHC residual streams, sqrt-softplus routing with a correction bias o
 hash table, one shared expert, a clamped SwiGLU. GGUF: llama.cpp's deepseek4.
 
 The engine reads and checks a V4 config.json here (read_config: every key transformers 5.25.0's DeepseekV4Config
-reads, with the released checkpoints' older names folded in as transformers folds them), but the core has no V4
-forward pass yet: the family is one of engine.families.AWAITING, and a V4 checkpoint is refused with one
-UnsupportedError once its keys are checked (Family.awaiting).
+reads, with the released checkpoints' older names folded in as transformers folds them) and hands it to the core
+(config_keys: the shared fields, and the V4 fields of eb_model_config as native_fields), whose forward pass is
+native/src/models/deepseek_v4.c over the cpu module's "deepseek_v4" extension. Its GGUF files (llama.cpp's deepseek4)
+are refused (Family.gguf_awaiting), and so are the released FP8/FP4 folders (their layer names are not these).
 
 What transformers computes (models/deepseek_v4/modeling_deepseek_v4.py), all of it in float32 on float32 weights:
 
@@ -50,7 +51,10 @@ A context keeps, per layer: the last sliding_window - 1 keys; per CSA / HCA laye
 and the partial window's projected kv and gate rows (fewer than m); per CSA layer, for the compressor and the
 indexer each, also the first halves of the last complete window (the next entry's overlap) and the indexer's
 entries. transformers' own cache of these cannot be cropped (no speculative rollback there); its cached runs, in
-any split of the sequence, give its one forward's logits to within 1e-6 (recipes/deepseek_v4.py checks it).
+any split of the sequence, give its one forward's logits to within 1e-6 (recipes/deepseek_v4.py checks it). The
+engine's context keeps instead, per layer and position, the key=value row and the compressors' projected rows, and
+per window its entry (computed when the window's last position arrives, from those rows alone): any split of the
+sequence, and a truncation, give the same bits.
 """
 
 from __future__ import annotations
@@ -72,9 +76,6 @@ RELEASED_RATIOS = {0: SLIDING, 4: CSA, 128: HCA}
 HASH, ROUTED = "hash_moe", "moe"
 MLP_TYPES = (HASH, ROUTED)
 SCORING = "sqrtsoftplus"
-AWAITING = ("its forward pass (the key/value compressors of the compressed-attention layers, the Lightning Indexer, "
-            "the mHC residual streams, hash routing, the grouped output projection) is not in the core yet; the "
-            "configuration was read and is valid")  # fmt: skip
 
 # DeepseekV4Config's defaults (transformers 5.25.0), for the keys a config.json may leave out
 DEFAULTS: dict[str, Any] = {
@@ -415,9 +416,35 @@ def _rope(params: dict, dim: int, theta: float, max_pos: int, keys: ConfigKeys, 
 def config_keys(keys: ConfigKeys, hidden: int, heads: int, layers: int) -> dict[str, Any]:
     """The shared ModelConfig fields V4 has the meaning of (read_config checks every V4 key): one key=value head of
     head_dim, the experts (each layer routes; one shared expert, whose width is also intermediate_size), the
-    chosen weights renormalised, the main RoPE's rotated channels (interleaved) and the softmax scale. The clamped
-    SwiGLU, the windows and the compressed branches have no ModelConfig field yet."""
+    chosen weights renormalised, the main RoPE's rotated channels (interleaved) and frequencies, the softmax scale,
+    the clamped SwiGLU's limit; the rest (native_fields) goes to the core's DeepSeek-V4 fields as it stands."""
     v4 = read_config(keys, hidden, heads, layers)
+    if v4.main_rope.dim != v4.compress_rope.dim:
+        keys.fail(f"rope_parameters: the main RoPE rotates {v4.main_rope.dim} channels and the compress RoPE "
+                  f"{v4.compress_rope.dim}: expected the same number (the engine's V4 rotates one slice of a head)",
+                  UnsupportedError)  # fmt: skip
+    for rope, kind in ((v4.main_rope, "main"), (v4.compress_rope, "compress")):
+        if rope.attention_factor != 1.0:
+            keys.fail(f"rope_parameters: the {kind} RoPE's attention factor is {rope.attention_factor}, expected 1.0 "
+                      "(V4 does not scale cos and sin)", UnsupportedError)  # fmt: skip
+    kinds = {SLIDING: 0, CSA: 1, HCA: 2}
+    native = {
+        "hc_mult": v4.hc_mult,
+        "hc_sinkhorn_iters": v4.hc_sinkhorn_iters,
+        "hc_eps": v4.hc_eps,
+        "o_groups": v4.o_groups,
+        "o_lora_rank": v4.o_lora_rank,
+        "sliding_window": v4.sliding_window,
+        "layer_kind": tuple(kinds[k] for k in v4.layer_types),
+        "layer_hash": tuple(int(k == HASH) for k in v4.mlp_layer_types),
+        "n_layer_kind": layers,
+        "csa_rate": v4.csa_rate,
+        "hca_rate": v4.hca_rate,
+        "compress_inv_freq": tuple(float(f) for f in v4.compress_rope.inv_freq),
+        "index_n_heads": v4.index_n_heads,
+        "index_head_dim": v4.index_head_dim,
+        "index_topk": v4.index_topk,
+    }
     return {
         "num_kv_heads": 1,
         "head_dim": v4.head_dim,
@@ -431,14 +458,20 @@ def config_keys(keys: ConfigKeys, hidden: int, heads: int, layers: int) -> dict[
         "q_lora_rank": v4.q_lora_rank,
         "rope_dim": v4.main_rope.dim,
         "rope_interleave": True,
+        "rope_inv_freq": tuple(float(f) for f in v4.main_rope.inv_freq),
         "attention_scale": v4.head_dim**-0.5,
+        "swiglu_limit": v4.swiglu_limit,
+        "native_fields": tuple(native.items()),
     }
 
 
+GGUF_REFUSAL = ("llama.cpp's deepseek4 GGUF files are not read yet (their deepseek4.* keys and tensor layout are not "
+                "mapped to the engine's); load the model from its transformers folder")  # fmt: skip
+
+
 def gguf_keys(m: Metadata, s: GGUFShape) -> dict[str, Any]:
-    """A deepseek4 file's own keys are not read yet: the file is refused (Family.awaiting) right after the keys every
-    family has."""
-    return {}
+    """A deepseek4 file's own keys are not read yet: the file is refused before this (Family.gguf_awaiting)."""
+    raise UnsupportedError(f"'{m.path}': DeepSeek-V4: {GGUF_REFUSAL}")
 
 
 # ---- tensors -----------------------------------------------------------------------------------------------------
@@ -549,11 +582,11 @@ DEEPSEEK_V4 = Family(
     title="DeepSeek-V4",
     hf_classes=("DeepseekV4ForCausalLM",),
     gguf_arch="deepseek4",
-    native_code=0,  # none: native/include/expertbench.h has no EB_ARCH_ for it yet
+    native_code=5,  # EB_ARCH_DEEPSEEK_V4
     config_keys=config_keys,
     gguf_keys=gguf_keys,
     gguf_layer_tensors=GGUF_LAYER_TENSORS,
     moe_layer=lambda config, layer: True,
     rope_scaling=True,
-    awaiting=AWAITING,
+    gguf_awaiting=GGUF_REFUSAL,
 )

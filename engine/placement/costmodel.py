@@ -111,7 +111,8 @@ class ModelShape:
         _require_moe(cfg)
         per_layer, shared = [0] * cfg.num_layers, 0
         for name, t in checkpoint.tensors.items():
-            for part, kind in ((".mlp.experts.", "routed"), (".mlp.shared_experts.", "shared")):
+            for part, kind in ((".mlp.experts.", "routed"), (".mlp.shared_experts.", "shared"),
+                               (".ffn.experts.", "routed"), (".ffn.shared_experts.", "shared")):  # fmt: skip
                 head, sep, rest = name.partition(part)
                 if sep and head.startswith("model.layers."):
                     layer = int(head.rsplit(".", 1)[1])

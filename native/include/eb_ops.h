@@ -205,9 +205,10 @@ static inline void eb_route_topk_softmax_row(float *p, const float *bias, int64_
 
 /* The experts' activation of one gate and up value (eb_rt_act). */
 static inline float eb_act(int kind, float alpha, float limit, float g, float u) {
-    if (kind != EB_ACT_SWIGLU_OAI) return eb_silu(g) * u;
+    if (kind == EB_ACT_SILU) return eb_silu(g) * u;
     g = g < limit ? g : limit;
     u = u < -limit ? -limit : u > limit ? limit : u;
+    if (kind == EB_ACT_SILU_CLAMP) return eb_silu(g) * u;
     return (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
 }
 

@@ -88,9 +88,10 @@ EB_Q8_FN float eb_q8_exp(float x) {
  * eb_q8_exp: silu(g) * u = g / (1 + e^-g) * u, or gpt-oss's clamped SwiGLU (u' + 1) * (g' / (1 + e^(-alpha g'))). */
 EB_Q8_FN float eb_q8_act(int kind, float alpha, float limit, float g, float u) {
     EB_Q8_EXACT
-    if (kind != EB_ACT_SWIGLU_OAI) return EB_Q8_FMUL(EB_Q8_FDIV(g, EB_Q8_FADD(1.0f, eb_q8_exp(-g))), u);
+    if (kind == EB_ACT_SILU) return EB_Q8_FMUL(EB_Q8_FDIV(g, EB_Q8_FADD(1.0f, eb_q8_exp(-g))), u);
     g = g < limit ? g : limit;
     u = u < -limit ? -limit : u > limit ? limit : u;
+    if (kind == EB_ACT_SILU_CLAMP) return EB_Q8_FMUL(EB_Q8_FDIV(g, EB_Q8_FADD(1.0f, eb_q8_exp(-g))), u);
     return EB_Q8_FMUL(EB_Q8_FADD(u, 1.0f), EB_Q8_FDIV(g, EB_Q8_FADD(1.0f, eb_q8_exp(-EB_Q8_FMUL(alpha, g)))));
 }
 

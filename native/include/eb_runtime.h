@@ -72,8 +72,9 @@ typedef struct {
 /* The experts' activation between the gate/up products and down:
  *   EB_ACT_SILU:        silu(g) * u
  *   EB_ACT_SWIGLU_OAI:  gpt-oss's clamped SwiGLU: g' = min(g, limit), u' = clamp(u, -limit, limit),
- *                       (u' + 1) * g' * sigmoid(alpha * g') */
-enum { EB_ACT_SILU = 0, EB_ACT_SWIGLU_OAI = 1 };
+ *                       (u' + 1) * g' * sigmoid(alpha * g')
+ *   EB_ACT_SILU_CLAMP:  DeepSeek-V4's: silu(g') * u' with g' and u' clamped as above */
+enum { EB_ACT_SILU = 0, EB_ACT_SWIGLU_OAI = 1, EB_ACT_SILU_CLAMP = 2 };
 typedef struct {
     int32_t kind;
     float alpha, limit;
@@ -285,6 +286,103 @@ typedef struct {
 typedef struct {
     int (*mla)(void *rt, int dev, const eb_rt_mla *a, char *err, size_t errlen);
 } eb_rt_mla_ops;
+
+/* "deepseek_v4" 1: DeepSeek-V4's own operations. Every pointer is memory of the device; positions and token ids are
+ * read from it (pos: the position of the first of the n rows) so that one recorded step serves every position.
+ *
+ * hc, the mHC residual streams (streams: n rows of hc values of hidden each; mix: n rows of (2 + hc) * hc):
+ *   EB_HC_EXPAND: every stream of row t is x[t].
+ *   EB_HC_PRE:    f = fn . rmsnorm(streams[t]) (no weight, norm_eps), split into pre [hc], post [hc], comb [hc][hc];
+ *                 pre = sigmoid(scale[0] f_pre + base_pre) + eps, post = 2 sigmoid(scale[1] f_post + base_post),
+ *                 comb = softmax over each row of (scale[2] f_comb + base_comb) + eps, then its columns divided by
+ *                 their sums (+ eps), then sinkhorn_iters - 1 times its rows then its columns; x[t] = sum_j pre_j
+ *                 streams[t][j]; post and comb into mix[t].
+ *   EB_HC_POST:   streams[t][k] = post_k x[t] + sum_j comb[j][k] streams[t][j] (x: the sublayer's output).
+ *   EB_HC_HEAD:   pre = sigmoid(scale[0] (fn . rmsnorm(streams[t])) + base) + eps (hc values), x[t] = sum_j pre_j
+ *                 streams[t][j]. */
+enum { EB_HC_EXPAND = 0, EB_HC_PRE = 1, EB_HC_POST = 2, EB_HC_HEAD = 3 };
+typedef struct {
+    int32_t kind, n, hc, hidden, sinkhorn_iters;
+    float *streams, *x, *mix;
+    const float *fn, *base, *scale;
+    float eps, norm_eps;
+} eb_rt_hc;
+
+/* One V4 layer's attention of n new rows at positions *pos .. *pos + n - 1, between its products and its output
+ * projection. The layer's state (cache: n_ctx rows of eb_v4_cache_row floats, row p the position's) holds per
+ * position its key=value row and its compressors' projections, and per compressed entry w (in row w) the entry: every
+ * entry is a function of the rows of its window, so a context truncated and evaluated again computes the same bits.
+ * q heads get an RMSNorm without weight (eps), kv the norm kv_norm; both the RoPE of interleaved pairs on their last
+ * rope_dim channels (inv_freq: the layer's RoPE). A compressed layer (kind EB_V4_CSA / EB_V4_HCA, rate positions per
+ * entry) makes entry w when position (w + 1) rate - 1 arrives: per channel the softmax over its slots of gate + ape
+ * weighs kv, then cmp_norm and the compress RoPE at w rate (CSA: 2 rate slots, the first halves of window w - 1's rows
+ * and the second halves of window w's; the indexer's compressor alike at idx_dim). Row t at position p attends to
+ * the window's keys (p - window < s <= p), then HCA: every entry w < (p + 1) / rate; CSA: the idx_topk of those with
+ * the best index score sum_h idx_w[t][h] / sqrt(idx_heads) relu(idx_q[t][h] . entry) / sqrt(idx_dim) (idx_q rotated by
+ * the compress RoPE at p); each head's softmax scale * q.k with its sink; the output's last rope_dim channels rotated
+ * back (the inverse rotation at p). */
+typedef struct {
+    float *q;                       /* n rows of n_heads * head_dim: q_b's output, scratch afterwards */
+    float *kv;                      /* n rows of head_dim: kv_proj's output, scratch afterwards */
+    const float *kv_norm, *sinks;   /* head_dim, n_heads */
+    const float *inv_freq;          /* rope_dim / 2: the layer's RoPE */
+    const float *compress_inv_freq; /* rope_dim / 2: the compressed entries' and the indexer's */
+    int32_t kind, rate;
+    const float *cmp_kv, *cmp_gate; /* n rows of (CSA 2, HCA 1) * head_dim */
+    const float *cmp_ape, *cmp_norm;/* rate rows of that width, head_dim */
+    const float *idx_kv, *idx_gate; /* CSA: n rows of 2 * idx_dim */
+    const float *idx_ape, *idx_norm;/* rate rows of 2 * idx_dim, idx_dim */
+    float *idx_q;                   /* n rows of idx_heads * idx_dim, scratch afterwards */
+    const float *idx_w;             /* n rows of idx_heads */
+    float *cache;
+    const int32_t *pos;
+    int32_t n, n_heads, head_dim, rope_dim, window, n_ctx, idx_heads, idx_dim, idx_topk;
+    float eps, scale;
+    float *out;                     /* n rows of n_heads * head_dim */
+} eb_rt_v4_attention;
+
+/* The floats of one position's row of a V4 layer's state (eb_rt_v4_attention.cache). */
+static inline int64_t eb_v4_cache_row(int64_t head_dim, int64_t idx_dim) { return 6 * head_dim + 5 * idx_dim; }
+
+/* The grouped output projection: y[t][g * rank + r] = w[g * rank + r] . x[t][g * in .. (g + 1) * in), w groups * rank
+ * rows of in values (a format without a scale companion). */
+typedef struct {
+    const void *w;
+    int32_t dtype, groups, in, rank;
+    int64_t n;
+    const float *x;
+    float *y;
+} eb_rt_grouped;
+
+/* A V4 MoE layer's routing: xn = RMSNorm(x) (written; then x is set to 0, where the shared and routed experts' outputs
+ * are added), logits = router . xn, scores sqrt(softplus(logits)); the choice: tid2eid's row of the token id
+ * (ids[t]; hash layers: vocab rows of top_k expert ids, as floats) or the top_k of scores + bias (ties to the lower
+ * id); weights the chosen scores over their sum (+ 1e-20) times scale; hits (nullable) += one per selection. */
+typedef struct {
+    eb_rt_norm norm;
+    const void *router;
+    int32_t router_dtype, n_experts, top_k;
+    eb_rt_scale router_scale;
+    float *logits;
+    int32_t *topk_id;
+    float *topk_w;
+    unsigned long long *hits;
+    const float *bias, *tid2eid;
+    const int32_t *ids;
+    float scale;
+    int32_t hash_k; /* tid2eid's ids per token id (top_k may be fewer: the first top_k of them) */
+} eb_rt_v4_route;
+
+#define EB_EXT_DEEPSEEK_V4 "deepseek_v4"
+#define EB_EXT_DEEPSEEK_V4_VERSION 1u
+typedef struct {
+    int (*hc)(void *rt, int dev, const eb_rt_hc *a, char *err, size_t errlen);
+    int (*attention)(void *rt, int dev, const eb_rt_v4_attention *a, char *err, size_t errlen);
+    int (*grouped)(void *rt, int dev, const eb_rt_grouped *a, char *err, size_t errlen);
+    int (*route)(void *rt, int dev, const eb_rt_v4_route *r, char *err, size_t errlen);
+    /* g = silu(min(g, limit)) * clamp(u, -limit, limit), n elements (the shared expert's activation) */
+    int (*swiglu)(void *rt, int dev, float *g, const float *u, int64_t n, float limit, char *err, size_t errlen);
+} eb_rt_v4_ops;
 
 /* Graphs: between begin and end the calling thread's work queued on dev is recorded instead of run; other threads'
  * work is never recorded (a GPU module makes them wait, hostsim runs it); launch queues a recorded step. end with

@@ -122,8 +122,11 @@ typedef enum {
     EB_ARCH_QWEN3 = 1,    /* Qwen3ForCausalLM (dense) */
     EB_ARCH_QWEN3_MOE = 2, /* Qwen3MoeForCausalLM */
     EB_ARCH_DEEPSEEK_V3 = 3, /* DeepseekV3ForCausalLM: MLA attention, grouped sigmoid routing, shared experts */
-    EB_ARCH_GPT_OSS = 4      /* GptOssForCausalLM: attention sinks, sliding-window layers, biased experts with a
+    EB_ARCH_GPT_OSS = 4,     /* GptOssForCausalLM: attention sinks, sliding-window layers, biased experts with a
                                 clamped SwiGLU, top-k routing with the softmax over the chosen */
+    EB_ARCH_DEEPSEEK_V4 = 5  /* DeepseekV4ForCausalLM: one shared key=value head with a sliding window, compressed
+                                entries (CSA with the Lightning Indexer, HCA), mHC residual streams, sqrt-softplus or
+                                token-id hash routing, a grouped low-rank output projection */
 } eb_arch;
 
 typedef struct eb_engine eb_engine;
@@ -222,7 +225,33 @@ typedef struct {
     int32_t n_layer_window;
     double swiglu_limit;
     double swiglu_alpha;
+    /* DeepSeek-V4 (0 / NULL elsewhere; swiglu_limit then clamps gate above and up to +-limit before silu(gate) * up,
+     * q_lora_rank is q's bottleneck, rope_inv_freq the main RoPE's): hc_mult residual streams mixed by mHC with
+     * hc_sinkhorn_iters Sinkhorn iterations and hc_eps; the grouped output projection (o_groups groups of
+     * o_lora_rank); a window of sliding_window positions in every layer; per layer its kind (layer_kind:
+     * num_layers entries of EB_V4_*) and whether it routes by token id (layer_hash: num_layers entries of 0 or 1);
+     * the compressed entries of csa_rate (CSA) or hca_rate (HCA) positions each, rotated by the compress RoPE
+     * (compress_inv_freq: rope_dim / 2 frequencies; CSA and HCA layers' queries and keys too); the Lightning Indexer
+     * of index_n_heads heads of index_head_dim keeping index_topk entries per query */
+    int32_t hc_mult;
+    int32_t hc_sinkhorn_iters;
+    double hc_eps;
+    int32_t o_groups;
+    int32_t o_lora_rank;
+    int32_t sliding_window;
+    const int32_t *layer_kind;
+    const int32_t *layer_hash;
+    int32_t n_layer_kind; /* entries of layer_kind and of layer_hash */
+    int32_t csa_rate;
+    int32_t hca_rate;
+    const float *compress_inv_freq;
+    int32_t index_n_heads;
+    int32_t index_head_dim;
+    int32_t index_topk;
 } eb_model_config;
+
+/* A DeepSeek-V4 layer's attention (eb_model_config.layer_kind). */
+enum { EB_V4_SLIDING = 0, EB_V4_CSA = 1, EB_V4_HCA = 2 };
 
 /* One tensor of a checkpoint: where its bytes are in which file. */
 typedef struct {

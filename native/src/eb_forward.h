@@ -17,6 +17,7 @@ typedef struct {
     const eb_runtime *r;
     const eb_rt_forward_ops *ops;
     const eb_rt_mla_ops *mla;      /* the primary's "mla" extension (NULL: it has none; the load checked) */
+    const eb_rt_v4_ops *v4;        /* its "deepseek_v4" extension (NULL: it has none) */
     const eb_rt_graph_ops *graphs; /* NULL: this step is queued anew */
     void *rt;
     int dev;        /* the primary's index in its runtime */
@@ -71,7 +72,11 @@ typedef struct eb_family {
     const char *title; /* "DeepSeek-V3", for messages */
     int32_t arch;      /* EB_ARCH_* */
     int routing;       /* EB_ROUTE_*: how its routers score */
-    int clamped_swiglu; /* its experts' activation is gpt-oss's clamped SwiGLU (swiglu_limit set), else SiLU */
+    int clamped_swiglu; /* its experts' activation is clamped (swiglu_limit set: eb_model_act), else SiLU */
+    int clamped_shared; /* its shared experts' too (the "deepseek_v4" extension's swiglu) */
+    /* its MoE layers' routing where it is not the common route operation's (NULL: that one): writes c->dc's xn,
+     * topk_id and topk_w from x (post: the norm) */
+    int (*route)(eb_step *s, int layer, const eb_rt_norm *post);
     /* the runtime extensions its forward pass calls (ended by a NULL name; NULL: none): a primary whose module
      * lacks one is refused at load */
     const eb_rt_extension_id *extensions;
@@ -89,6 +94,7 @@ extern const eb_family eb_family_qwen3;
 extern const eb_family eb_family_qwen3_moe;
 extern const eb_family eb_family_deepseek_v3;
 extern const eb_family eb_family_gpt_oss;
+extern const eb_family eb_family_deepseek_v4;
 extern const eb_family *const eb_families[];
 extern const int eb_n_families;
 const eb_family *eb_family_for(int32_t arch);
@@ -105,6 +111,14 @@ int eb_block_dense_ffn(eb_step *s, int layer);
  * shared experts (x += them) and own experts meanwhile, join on the owners' events; x += the routed outputs
  * combined in canonical order. */
 int eb_block_moe(eb_step *s, int layer);
+/* DeepSeek-V4's (its "deepseek_v4" extension): the mHC streams (kind EB_HC_*; layer -1 with EXPAND and HEAD, ffn:
+ * the layer's ffn_hc, else its attn_hc) between x and c->dc->hc; the attention of layer l from the collapsed rows in x
+ * (its input norm, q through q_a, its norm and q_b, the key=value head, the compressors and the indexer, the grouped
+ * output projection) into x; its routing (eb_family.route: sqrt-softplus scores, the choice by score + bias or by the
+ * token id's row of tid2eid), which leaves x at 0 for the experts' sums. */
+int eb_block_hc(eb_step *s, int kind, int layer, int ffn);
+int eb_block_v4_attention(eb_step *s, int layer);
+int eb_v4_route(eb_step *s, int layer, const eb_rt_norm *post);
 /* Final norm and lm_head of rows first.. into the logits buffer. */
 int eb_block_logits(eb_step *s, int64_t first);
 

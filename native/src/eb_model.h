@@ -49,6 +49,8 @@ typedef struct {
 
 /* The experts' activation a config asks for. */
 static inline eb_rt_act eb_model_act(const eb_model_config *c) {
+    if (c->swiglu_limit > 0.0 && c->arch == EB_ARCH_DEEPSEEK_V4)
+        return (eb_rt_act){EB_ACT_SILU_CLAMP, 0.0f, (float)c->swiglu_limit};
     if (c->swiglu_limit > 0.0) return (eb_rt_act){EB_ACT_SWIGLU_OAI, (float)c->swiglu_alpha, (float)c->swiglu_limit};
     return (eb_rt_act){EB_ACT_SILU, 0.0f, 0.0f};
 }
@@ -76,7 +78,10 @@ static inline eb_rt_expert eb_rt_expert_of(const eb_expert *x, int e, int own) {
     X(gate) X(up) X(down)        /* a dense layer's MLP */                                                     \
     X(router)                    /* num_experts x hidden (MoE layers) */                                       \
     X(sh_gate) X(sh_up) X(sh_down) /* the shared experts, as one FFN (MoE layers) */                           \
-    X(q_a) X(q_b) X(kv_a) X(k_b) X(v_b) /* MLA (DeepSeek-V3): q_a then q_b, or q alone; kv_a; k_b, v_b */
+    X(q_a) X(q_b) X(kv_a) X(k_b) X(v_b) /* MLA (DeepSeek-V3): q_a then q_b, or q alone; kv_a; k_b, v_b */       \
+    X(kv) X(o_a)                 /* DeepSeek-V4 (also q_a, q_b; o is o_b): the key=value head, the grouped o_a */ \
+    X(cmp_kv) X(cmp_gate)        /* a compressed layer's compressor */                                          \
+    X(idx_kv) X(idx_gate) X(idx_q) X(idx_w) /* a CSA layer's indexer: its compressor, q_b, weights_proj */
 #define EB_LAYER_VECTORS(X, c)                                                                                 \
     X(input_norm, (c)->hidden_size)                                                                            \
     X(post_norm, (c)->hidden_size)                                                                             \
@@ -89,7 +94,24 @@ static inline eb_rt_expert eb_rt_expert_of(const eb_expert *x, int e, int own) {
     X(router_bias, (c)->num_experts) /* the router's bias: gpt-oss's, or grouped sigmoid routing's correction */ \
     X(q_a_norm, (c)->q_lora_rank)    /* MLA */                                                                 \
     X(kv_a_norm, (c)->kv_lora_rank)                                                                            \
-    X(sinks, (c)->num_heads)         /* gpt-oss: one attention-sink logit per head */
+    X(sinks, (c)->num_heads)         /* gpt-oss, DeepSeek-V4: one attention-sink logit per head */              \
+    X(kv_norm, (c)->head_dim)        /* DeepSeek-V4 */                                                           \
+    X(hc_attn_fn, eb_v4_hc_fn(c)) X(hc_attn_base, eb_v4_hc_mix(c)) X(hc_attn_scale, 3)                          \
+    X(hc_ffn_fn, eb_v4_hc_fn(c)) X(hc_ffn_base, eb_v4_hc_mix(c)) X(hc_ffn_scale, 3)                             \
+    X(cmp_ape, eb_v4_ape(c, (c)->head_dim)) X(cmp_norm, (c)->head_dim)                                         \
+    X(idx_ape, eb_v4_ape(c, (c)->index_head_dim)) X(idx_norm, (c)->index_head_dim)                             \
+    X(tid2eid, (int64_t)(c)->vocab_size * (c)->top_k) /* a hash layer's expert ids per token id, as floats */
+
+/* DeepSeek-V4's vectors' lengths: mHC's mixes ((2 + hc) hc) and their projection (of hc * hidden values); a
+ * compressor's position biases of the widest layer (a CSA layer's 2 dim for rate rows, an HCA layer's dim). */
+static inline int64_t eb_v4_hc_mix(const eb_model_config *c) { return (int64_t)(2 + c->hc_mult) * c->hc_mult; }
+static inline int64_t eb_v4_hc_fn(const eb_model_config *c) {
+    return eb_v4_hc_mix(c) * c->hc_mult * c->hidden_size;
+}
+static inline int64_t eb_v4_ape(const eb_model_config *c, int64_t dim) {
+    int64_t csa = (int64_t)c->csa_rate * 2 * dim, hca = (int64_t)c->hca_rate * dim;
+    return csa > hca ? csa : hca;
+}
 
 #define EB_LAYER_WEIGHT_FIELD(f) eb_weight f;
 #define EB_LAYER_VECTOR_FIELD(f, n) float *f;
@@ -160,6 +182,9 @@ struct eb_model {
     int n_files;
     eb_weight embed, lm_head;
     float *final_norm;
+    float *hc_head[3]; /* DeepSeek-V4: the mHC head's fn, base and scale (host memory: its extension's primaries) */
+    float *compress_inv_freq; /* DeepSeek-V4: the config's, copied */
+    int32_t *layer_kind, *layer_hash;
     eb_layer *layers;
     eb_model_info info;
     eb_counters counters;
@@ -196,6 +221,7 @@ typedef struct {
     size_t bytes;
     float *k_cache, *v_cache, *rope_cos, *rope_sin;
     float *x, *xn, *q, *k, *v, *att, *proj, *gate, *up, *router, *topk_w, *pair_out, *h, *foreign, *logits;
+    float *hc; /* DeepSeek-V4: n_batch rows of the mHC streams, then n_batch rows of their mixes; NULL elsewhere */
     int32_t *topk_id, *ids; /* ids: the position of the first row, then n_batch token ids */
     void *host;             /* pinned host staging, one allocation holding the five below */
     int32_t *host_ids;      /* the position of the first row, then up to n_batch ids */
@@ -283,6 +309,7 @@ int eb_model_file_faulted(const eb_model *m);
  * cache per position (MLA: the latent and rope key, no values). */
 typedef struct {
     int64_t q, k, v, att, cache_k, cache_v, ffn;
+    int64_t hc; /* DeepSeek-V4: the mHC streams and mixes (0 elsewhere) */
 } eb_dims;
 eb_dims eb_model_dims(const eb_model_config *c);
 /* Rows of layer l's KV cache in a context of n_ctx positions and batches of up to n_batch: n_ctx, or for a layer with

@@ -13,7 +13,7 @@
 
 /* Every family the core runs: adding one is its file in models/ and its line here. */
 const eb_family *const eb_families[] = {&eb_family_qwen3, &eb_family_qwen3_moe, &eb_family_deepseek_v3,
-                                        &eb_family_gpt_oss};
+                                        &eb_family_gpt_oss, &eb_family_deepseek_v4};
 const int eb_n_families = (int)(sizeof eb_families / sizeof eb_families[0]);
 
 const eb_family *eb_family_for(int32_t arch) {
@@ -183,7 +183,11 @@ static int swiglu(eb_step *s, const eb_rt_norm *norm, const eb_weight *gate, con
     int64_t n = s->n;
     eb_rt_matmul gu[2] = {product(s, gate, dc->xn, n, dc->gate), product(s, up, dc->xn, n, dc->up)};
     OP(s, s->ops->matmul(s->rt, s->dev, norm, gu, 2, 0, s->err, sizeof s->err));
-    OP(s, s->ops->silu_mul(s->rt, s->dev, dc->gate, dc->up, n * gate->rows, s->err, sizeof s->err));
+    if (s->m->family->clamped_shared)
+        OP(s, s->v4->swiglu(s->rt, s->dev, dc->gate, dc->up, n * gate->rows, (float)s->m->cfg.swiglu_limit, s->err,
+                            sizeof s->err));
+    else
+        OP(s, s->ops->silu_mul(s->rt, s->dev, dc->gate, dc->up, n * gate->rows, s->err, sizeof s->err));
     eb_rt_matmul d = product(s, down, dc->gate, n, dc->x);
     OP(s, s->ops->matmul(s->rt, s->dev, NULL, &d, 1, 1, s->err, sizeof s->err));
     return EB_OK;
@@ -300,7 +304,11 @@ int eb_block_moe(eb_step *s, int l) {
                      scoring,    cf->norm_topk_prob, dc->router,
                      dc->topk_id, dc->topk_w, m->routing_off ? NULL : dp->hits + (size_t)l * (size_t)E,
                      D->router_bias, cf->n_group, cf->topk_group, (float)cf->routed_scaling_factor, D->router.scale};
-    OP(s, s->ops->route(s->rt, s->dev, &r, s->err, sizeof s->err));
+    if (m->family->route) {
+        if ((st = m->family->route(s, l, &post))) return st;
+    } else {
+        OP(s, s->ops->route(s->rt, s->dev, &r, s->err, sizeof s->err));
+    }
     /* the tokens routed, with the hits the operation adds: a step that fails further on keeps both (one step
      * recorded or replayed counts them when it has run, eb_eval_batch) */
     if (!s->graphs && !m->routing_off) m->route_tokens[l] += (uint64_t)n;
@@ -374,6 +382,93 @@ int eb_block_moe(eb_step *s, int l) {
     return EB_OK;
 }
 
+/* ---- DeepSeek-V4's blocks --------------------------------------------------------------------------------- */
+
+int eb_block_hc(eb_step *s, int kind, int l, int ffn) {
+    const eb_model_config *cf = &s->m->cfg;
+    eb_dev_context *dc = s->c->dc;
+    int64_t H = cf->hidden_size, hc = cf->hc_mult;
+    eb_rt_hc a = {kind, (int32_t)s->n, (int32_t)hc, (int32_t)H, cf->hc_sinkhorn_iters, dc->hc, dc->x,
+                  dc->hc + (size_t)s->c->n_batch * (size_t)(hc * H), NULL, NULL, NULL, (float)cf->hc_eps,
+                  (float)cf->rms_norm_eps};
+    if (kind == EB_HC_HEAD) {
+        a.fn = s->m->hc_head[0], a.base = s->m->hc_head[1], a.scale = s->m->hc_head[2];
+    } else if (l >= 0) {
+        const eb_dev_layer *D = &s->m->dp->layers[l];
+        a.fn = ffn ? D->hc_ffn_fn : D->hc_attn_fn;
+        a.base = ffn ? D->hc_ffn_base : D->hc_attn_base;
+        a.scale = ffn ? D->hc_ffn_scale : D->hc_attn_scale;
+    }
+    OP(s, s->v4->hc(s->rt, s->dev, &a, s->err, sizeof s->err));
+    return EB_OK;
+}
+
+int eb_block_v4_attention(eb_step *s, int l) {
+    const eb_model_config *cf = &s->m->cfg;
+    const eb_dev_layer *D = &s->m->dp->layers[l];
+    eb_dev_context *dc = s->c->dc;
+    int64_t n = s->n, H = cf->hidden_size, hd = cf->head_dim, qlr = cf->q_lora_rank;
+    int64_t ihd = cf->index_head_dim, nih = cf->index_n_heads;
+    int kind = cf->layer_kind[l];
+    int32_t rate = kind == EB_V4_CSA ? cf->csa_rate : kind == EB_V4_HCA ? cf->hca_rate : 0;
+    int64_t width = (kind == EB_V4_CSA ? 2 : 1) * hd;
+    float eps = (float)cf->rms_norm_eps;
+    uint64_t t0 = trace_now(s->c);
+    /* the step's products, n rows each, one after the other in k (the key=value head, the compressors', the
+     * indexer's) and v (q_a's output and its norm, the grouped projection's output) */
+    float *kv = dc->k, *ckv = kv + n * hd, *cg = ckv + n * width, *ikv = cg + n * width, *ig = ikv + n * 2 * ihd;
+    float *iq = ig + n * 2 * ihd, *iw = iq + n * nih * ihd;
+    float *qa = dc->v, *qr = qa + n * qlr, *oa = qr + n * qlr;
+    eb_rt_norm input = {dc->x, D->input_norm, dc->xn, n, H, eps};
+    eb_rt_matmul first[7];
+    int nt = 0;
+    first[nt++] = product(s, &D->q_a, dc->xn, n, qa);
+    first[nt++] = product(s, &D->kv, dc->xn, n, kv);
+    if (kind != EB_V4_SLIDING) {
+        first[nt++] = product(s, &D->cmp_kv, dc->xn, n, ckv);
+        first[nt++] = product(s, &D->cmp_gate, dc->xn, n, cg);
+    }
+    if (kind == EB_V4_CSA) {
+        first[nt++] = product(s, &D->idx_kv, dc->xn, n, ikv);
+        first[nt++] = product(s, &D->idx_gate, dc->xn, n, ig);
+        first[nt++] = product(s, &D->idx_w, dc->xn, n, iw);
+    }
+    OP(s, s->ops->matmul(s->rt, s->dev, &input, first, nt, 0, s->err, sizeof s->err));
+    eb_rt_norm q_norm = {qa, D->q_a_norm, qr, n, qlr, eps};
+    eb_rt_matmul second[2] = {product(s, &D->q_b, qr, n, dc->q), product(s, &D->idx_q, qr, n, iq)};
+    OP(s, s->ops->matmul(s->rt, s->dev, &q_norm, second, kind == EB_V4_CSA ? 2 : 1, 0, s->err, sizeof s->err));
+    size_t row = (size_t)eb_v4_cache_row(hd, ihd);
+    eb_rt_v4_attention at = {
+        dc->q, kv, D->kv_norm, D->sinks, kind == EB_V4_SLIDING ? s->m->rope_inv_freq : s->m->compress_inv_freq,
+        s->m->compress_inv_freq, kind, rate, ckv, cg, D->cmp_ape, D->cmp_norm, ikv, ig, D->idx_ape, D->idx_norm, iq, iw,
+        dc->k_cache + s->c->cache_at[l] * row, dc->ids, (int32_t)n, cf->num_heads, (int32_t)hd, cf->rope_dim,
+        cf->sliding_window, s->c->n_ctx, (int32_t)nih, (int32_t)ihd, cf->index_topk, eps, (float)cf->attention_scale,
+        dc->att};
+    OP(s, s->v4->attention(s->rt, s->dev, &at, s->err, sizeof s->err));
+    int64_t groups = cf->o_groups;
+    eb_rt_grouped g = {D->o_a.data, D->o_a.dtype, (int32_t)groups, (int32_t)(cf->num_heads * hd / groups),
+                       cf->o_lora_rank, n, dc->att, oa};
+    OP(s, s->v4->grouped(s->rt, s->dev, &g, s->err, sizeof s->err));
+    eb_rt_matmul o = product(s, &D->o, oa, n, dc->x);
+    OP(s, s->ops->matmul(s->rt, s->dev, NULL, &o, 1, 0, s->err, sizeof s->err));
+    if (!s->replaying) span(s->c, s->m->primary, l, EB_SPAN_ATTENTION, n, t0, trace_now(s->c));
+    return EB_OK;
+}
+
+int eb_v4_route(eb_step *s, int l, const eb_rt_norm *post) {
+    const eb_model_config *cf = &s->m->cfg;
+    const eb_dev_primary *dp = s->m->dp;
+    const eb_dev_layer *D = &dp->layers[l];
+    eb_dev_context *dc = s->c->dc;
+    int64_t E = cf->num_experts;
+    eb_rt_v4_route r = {*post, D->router.data, D->router.dtype, (int32_t)E, s->c->top_k, D->router.scale, dc->router,
+                        dc->topk_id, dc->topk_w, s->m->routing_off ? NULL : dp->hits + (size_t)l * (size_t)E,
+                        cf->layer_hash[l] ? NULL : D->router_bias, cf->layer_hash[l] ? D->tid2eid : NULL, dc->ids + 1,
+                        (float)cf->routed_scaling_factor, cf->top_k};
+    OP(s, s->v4->route(s->rt, s->dev, &r, s->err, sizeof s->err));
+    return EB_OK;
+}
+
 int eb_block_logits(eb_step *s, int64_t first) {
     const eb_model_config *cf = &s->m->cfg;
     const eb_dev_primary *dp = s->m->dp;
@@ -399,6 +494,8 @@ int eb_eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logits, i
     eb_step s = {.c = c, .m = m, .r = r, .ops = r->table->forward, .rt = r->rt, .dev = eng->devices[m->primary].local,
                  .name = eng->devices[m->primary].name, .n = n};
     s.mla = (const eb_rt_mla_ops *)eb_rt_find_extension(r->table, (eb_rt_extension_id){EB_EXT_MLA, EB_EXT_MLA_VERSION});
+    s.v4 = (const eb_rt_v4_ops *)eb_rt_find_extension(
+        r->table, (eb_rt_extension_id){EB_EXT_DEEPSEEK_V4, EB_EXT_DEEPSEEK_V4_VERSION});
     int st;
     if (eng->n_devices > c->n_devices)
         return eb_fail(EB_ERR_STATE, "a runtime was loaded after this context was created: create a new context");

@@ -79,8 +79,9 @@ static int check_config(const eb_model_config *c) {
                            c->max_position_embeddings);
     if (!(c->swiglu_limit >= 0.0 && c->swiglu_limit < 1e30) || !(c->swiglu_alpha >= 0.0 && c->swiglu_alpha < 1e30) ||
         (c->swiglu_limit > 0.0) != (family->clamped_swiglu != 0))
-        return eb_fail(EB_ERR_FORMAT, "config: swiglu_limit = %g, swiglu_alpha = %g: expected positive finite numbers "
-                                      "for gpt-oss and 0 for the other families", c->swiglu_limit, c->swiglu_alpha);
+        return eb_fail(EB_ERR_FORMAT, "config: swiglu_limit = %g, swiglu_alpha = %g: expected a positive finite "
+                                      "swiglu_limit for gpt-oss and DeepSeek-V4 (swiglu_alpha: gpt-oss's), 0 for the "
+                                      "other families", c->swiglu_limit, c->swiglu_alpha);
     if (family->check_config && (st = family->check_config(c, rope))) return st;
     if (c->n_mlp_only_layers < 0 || (c->n_mlp_only_layers > 0 && !c->mlp_only_layers))
         return eb_fail(EB_ERR_ARGUMENT, "config: mlp_only_layers is inconsistent");
@@ -603,6 +604,7 @@ eb_dims eb_model_dims(const eb_model_config *c) {
     int64_t shared = (int64_t)c->moe_intermediate_size * c->n_shared_experts;
     d.ffn = c->intermediate_size > c->moe_intermediate_size ? c->intermediate_size : c->moe_intermediate_size;
     if (shared > d.ffn) d.ffn = shared;
+    d.hc = 0;
     d.q = d.att = (int64_t)c->num_heads * c->head_dim;
     d.k = d.v = d.cache_k = d.cache_v = (int64_t)c->num_kv_heads * c->head_dim;
     const eb_family *family = eb_family_for(c->arch);
@@ -637,6 +639,10 @@ void eb_model_release(eb_model *m) {
         free(m->layers);
     }
     free(m->final_norm);
+    for (int i = 0; i < 3; i++) free(m->hc_head[i]);
+    free(m->compress_inv_freq);
+    free(m->layer_kind);
+    free(m->layer_hash);
     free(m->route_tokens);
     for (int i = 0; i < m->n_scale_copies; i++) free(m->scale_copies[i]);
     free(m->scale_copies);
@@ -702,13 +708,16 @@ static int each_primary_weight(const eb_model *m, weight_check check, int embed)
         const eb_layer *L = &m->layers[l];
         const eb_weight *w[] = {&L->q,   &L->k,    &L->v,       &L->o,       &L->router,  &L->gate,  &L->up,
                                 &L->down, &L->q_a, &L->q_b,     &L->kv_a,    &L->k_b,     &L->v_b,   &L->sh_gate,
-                                &L->sh_up, &L->sh_down};
+                                &L->sh_up, &L->sh_down, &L->kv, &L->o_a, &L->cmp_kv, &L->cmp_gate, &L->idx_kv,
+                                &L->idx_gate, &L->idx_q, &L->idx_w};
         const char *names[] = {"q_proj",         "k_proj",        "v_proj",
                                "o_proj",         "the router",    "gate_proj",
                                "up_proj",        "down_proj",     "q_a_proj",
                                "q_b_proj",       "kv_a_proj_with_mqa", "kv_b_proj (keys)",
                                "kv_b_proj (values)", "shared_experts.gate_proj", "shared_experts.up_proj",
-                               "shared_experts.down_proj"};
+                               "shared_experts.down_proj", "attn.wkv", "attn.wo_a", "attn.compressor.wkv",
+                               "attn.compressor.wgate", "attn.indexer.compressor.wkv", "attn.indexer.compressor.wgate",
+                               "attn.indexer.wq_b", "attn.indexer.weights_proj"};
         for (int i = 0; i < (int)(sizeof w / sizeof *w); i++)
             if (w[i]->data && (st = check(m, p, w[i]->dtype, names[i], l, -1))) return st;
     }
@@ -775,7 +784,9 @@ static void compute_bytes_per_token(eb_model *m) {
     eb_dims d = eb_model_dims(c);
     for (int l = 0; l < c->num_layers; l++) {
         const eb_layer *L = &m->layers[l];
-        const eb_weight *attn[] = {&L->q, &L->k, &L->v, &L->o, &L->q_a, &L->q_b, &L->kv_a, &L->k_b};
+        const eb_weight *attn[] = {&L->q,      &L->k,        &L->v,      &L->o,        &L->q_a,  &L->q_b,
+                                   &L->kv_a,   &L->k_b,      &L->kv,     &L->o_a,      &L->cmp_kv, &L->cmp_gate,
+                                   &L->idx_kv, &L->idx_gate, &L->idx_q,  &L->idx_w};
         for (size_t i = 0; i < sizeof attn / sizeof *attn; i++) total += read_bytes(attn[i]);
         if (L->v_b.data) /* each head's value rows (in kv_b_proj they alternate with the key rows) */
             total += (uint64_t)c->num_heads * (uint64_t)c->v_head_dim * eb_row_bytes(L->v_b.dtype, c->kv_lora_rank);
@@ -886,6 +897,23 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
         memcpy(m->rope_inv_freq, config->rope_inv_freq, half * sizeof *m->rope_inv_freq);
     }
     m->cfg.rope_inv_freq = m->rope_inv_freq;
+    if (config->arch == EB_ARCH_DEEPSEEK_V4) { /* its per-layer kinds and its second RoPE (checked: the family's) */
+        size_t L = (size_t)config->n_layer_kind, half = (size_t)(config->rope_dim ? config->rope_dim
+                                                                                     : config->head_dim) / 2;
+        m->layer_kind = malloc(L * sizeof *m->layer_kind);
+        m->layer_hash = malloc(L * sizeof *m->layer_hash);
+        m->compress_inv_freq = malloc(half * sizeof *m->compress_inv_freq);
+        if (!m->layer_kind || !m->layer_hash || !m->compress_inv_freq) {
+            eb_model_free(m);
+            return eb_fail(EB_ERR_MEMORY, "out of memory");
+        }
+        memcpy(m->layer_kind, config->layer_kind, L * sizeof *m->layer_kind);
+        memcpy(m->layer_hash, config->layer_hash, L * sizeof *m->layer_hash);
+        memcpy(m->compress_inv_freq, config->compress_inv_freq, half * sizeof *m->compress_inv_freq);
+    }
+    m->cfg.layer_kind = m->layer_kind;
+    m->cfg.layer_hash = m->layer_hash;
+    m->cfg.compress_inv_freq = m->compress_inv_freq;
     eb_weight_checks checks = {NULL, 0, 0};
     eb_binder b = {NULL, n_tensors, m, check ? &checks : NULL};
     if ((st = load_files(m, files, n_files, weights)) || (st = check_descriptors(m, tensors, n_tensors))) {

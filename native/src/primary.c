@@ -179,6 +179,7 @@ static void lay_out_context(eb_context *c, layout *a) {
     dc->h = place(a, NULL, B * K * I * F);
     dc->foreign = place(a, NULL, B * K * H * F);
     dc->logits = place(a, NULL, B * (size_t)cf->vocab_size * F);
+    dc->hc = d.hc ? place(a, NULL, B * (size_t)d.hc * F) : NULL;
     dc->ids = place(a, NULL, (B + 1) * sizeof(int32_t));
 }
 

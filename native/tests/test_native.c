@@ -559,6 +559,45 @@ static void test_weight_check(const char *module, const char *file, eb_model_con
     unlink(path);
 }
 
+/* DeepSeek-V4's own config fields, each bad one named before a tensor is read (the file is Qwen3-MoE's: a valid V4
+ * config would then miss its tensors, named). */
+static void test_v4_config(const char *module, const char *file, const eb_model_config *base, builder *b) {
+    static const int32_t kinds[4] = {EB_V4_SLIDING, EB_V4_CSA, EB_V4_HCA, EB_V4_CSA}, hash[4] = {1, 1, 0, 0};
+    static const int32_t bad_kind[4] = {EB_V4_SLIDING, 7, EB_V4_HCA, EB_V4_CSA};
+    static const float inv[8] = {1.0f, 0.5f, 0.25f, 0.125f, 0.0625f, 0.03125f, 0.015625f, 0.0078125f};
+    static const float bad_inv[8] = {1.0f, 0.5f, -0.25f, 0.125f, 0.0625f, 0.03125f, 0.015625f, 0.0078125f};
+    eb_model_config v4 = *base;
+    v4.arch = EB_ARCH_DEEPSEEK_V4, v4.num_kv_heads = 1, v4.num_layers = 4, v4.n_mlp_only_layers = 0;
+    v4.mlp_only_layers = NULL, v4.n_shared_experts = 1, v4.q_lora_rank = 8, v4.routed_scaling_factor = 1.5;
+    v4.swiglu_limit = 10.0, v4.rope_dim = 16, v4.rope_interleave = 1, v4.rope_inv_freq = inv;
+    v4.compress_inv_freq = inv, v4.hc_mult = 4, v4.hc_sinkhorn_iters = 20, v4.hc_eps = 1e-6, v4.o_groups = 2;
+    v4.o_lora_rank = 8, v4.sliding_window = 8, v4.layer_kind = kinds, v4.layer_hash = hash, v4.n_layer_kind = 4;
+    v4.csa_rate = 4, v4.hca_rate = 128, v4.index_n_heads = 2, v4.index_head_dim = 16, v4.index_topk = 4;
+    expect_load_error(module, file, &v4, b, EB_ERR_FORMAT, "tensor 'model.hc_head.hc_fn' is missing",
+                      "a valid V4 config");
+    eb_model_config c = v4;
+    c.hc_mult = 0;
+    expect_load_error(module, file, &c, b, EB_ERR_FORMAT, "config: hc_mult = 0, expected 1..64", "hc_mult 0");
+    c = v4, c.o_groups = 3;
+    expect_load_error(module, file, &c, b, EB_ERR_FORMAT, "o_groups = 3 does not divide", "o_groups");
+    c = v4, c.layer_kind = bad_kind;
+    expect_load_error(module, file, &c, b, EB_ERR_FORMAT, "layer 1's kind is 7, expected 0 (sliding window), 1 (CSA)",
+                      "layer kind");
+    c = v4, c.n_layer_kind = 3;
+    expect_load_error(module, file, &c, b, EB_ERR_FORMAT, "3 layer kinds, expected one per layer (4)", "kinds");
+    c = v4, c.csa_rate = 0;
+    expect_load_error(module, file, &c, b, EB_ERR_FORMAT, "layer 1 is compressed sparse attention with a compress "
+                      "rate of 0", "csa rate");
+    c = v4, c.compress_inv_freq = bad_inv;
+    expect_load_error(module, file, &c, b, EB_ERR_FORMAT, "compress RoPE frequency 2 = -0.25", "compress RoPE");
+    c = v4, c.compress_inv_freq = NULL;
+    expect_load_error(module, file, &c, b, EB_ERR_FORMAT, "its two RoPEs' frequencies", "no compress RoPE");
+    c = v4, c.index_head_dim = 8;
+    expect_load_error(module, file, &c, b, EB_ERR_FORMAT, "index_head_dim = 8", "indexer narrower than the RoPE");
+    c = v4, c.swiglu_limit = 0.0;
+    expect_load_error(module, file, &c, b, EB_ERR_FORMAT, "swiglu_limit for gpt-oss and DeepSeek-V4", "no clamp");
+}
+
 static void test_bad_checkpoints(const char *module, const char *file, eb_model_config *cfg, builder *b) {
     builder saved = *b;
     int i = find(b, "model.layers.0.mlp.experts.2.up_proj.weight");
@@ -1479,6 +1518,7 @@ int main(int argc, char **argv) {
     test_attention_items(module, file, &cfg, &b);
     test_greedy(module, file, &cfg, &b);
     test_bad_checkpoints(module, file, &cfg, &b);
+    test_v4_config(module, file, &cfg, &b);
     test_descriptor_fuzz(module, file, &cfg, &b);
     test_weights_modes(module, file, &cfg, &b);
     test_weight_check(module, file, &cfg, &b);

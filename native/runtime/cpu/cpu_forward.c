@@ -326,6 +326,294 @@ static int op_moe(void *rtp, int dev, const eb_rt_moe *b, char *err, size_t errl
     return op_end(d, t0, st);
 }
 
+/* ---- the "deepseek_v4" extension (DeepSeek-V4's operations, eb_runtime.h) -------------------------------------
+ *
+ * Each row's arithmetic depends on that row alone, in one order, whatever the step's rows: a batch gives its rows'
+ * bits one by one, and so does a context truncated and evaluated again. */
+
+static float v4_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* x / sqrt(mean(x^2) + eps), n values (transformers' RMSNorm without weight) */
+static void v4_unit_norm(float *y, const float *x, int64_t n, float eps) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * (double)x[i];
+    float inv = 1.0f / sqrtf((float)(ss / (double)n) + eps);
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] * inv;
+}
+
+/* RoPE of interleaved pairs on the last rd channels of a head of hd (sign -1: the inverse rotation), in place: the
+ * pairs stay where they are, as transformers' V4 keeps them (its values are rotated too, so the layout matters). */
+static void v4_rope(float *v, int64_t hd, int64_t rd, const float *inv_freq, int64_t p, float sign) {
+    float *r = v + hd - rd;
+    for (int64_t i = 0; i < rd / 2; i++) {
+        float angle = (float)p * inv_freq[i], cs = cosf(angle), sn = sign * sinf(angle);
+        float a = r[2 * i], b = r[2 * i + 1];
+        r[2 * i] = a * cs - b * sn;
+        r[2 * i + 1] = b * cs + a * sn;
+    }
+}
+
+static float v4_dot(const float *a, const float *b, int64_t n) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* mHC's pre, post and comb of one row of streams (st: hc rows of H) into mix (post, comb; pre into pre) */
+static void hc_mixes(const eb_rt_hc *a, const float *st, float *flat, float *pre, float *mix, int head) {
+    int64_t hc = a->hc, HH = hc * (int64_t)a->hidden, M = head ? hc : (2 + hc) * hc;
+    float f[64 * 66];
+    v4_unit_norm(flat, st, HH, a->norm_eps);
+    for (int64_t k = 0; k < M; k++) f[k] = v4_dot(a->fn + k * HH, flat, HH);
+    for (int64_t j = 0; j < hc; j++) pre[j] = v4_sigmoid(f[j] * a->scale[0] + a->base[j]) + a->eps;
+    if (head) return;
+    float *post = mix, *comb = mix + hc;
+    for (int64_t j = 0; j < hc; j++) post[j] = 2.0f * v4_sigmoid(f[hc + j] * a->scale[1] + a->base[hc + j]);
+    for (int64_t j = 0; j < hc; j++) { /* each row's softmax, + eps */
+        float *row = comb + j * hc, mx = -INFINITY, sum = 0.0f;
+        for (int64_t k = 0; k < hc; k++) {
+            row[k] = f[2 * hc + j * hc + k] * a->scale[2] + a->base[2 * hc + j * hc + k];
+            mx = row[k] > mx ? row[k] : mx;
+        }
+        for (int64_t k = 0; k < hc; k++) sum += row[k] = expf(row[k] - mx);
+        for (int64_t k = 0; k < hc; k++) row[k] = row[k] / sum + a->eps;
+    }
+    for (int it = 0; it < a->sinkhorn_iters; it++) { /* columns first; then rows, columns */
+        for (int pass = it == 0 ? 1 : 0; pass < 2; pass++)
+            for (int64_t i = 0; i < hc; i++) {
+                float sum = 0.0f;
+                for (int64_t k = 0; k < hc; k++) sum += pass ? comb[k * hc + i] : comb[i * hc + k];
+                for (int64_t k = 0; k < hc; k++) {
+                    float *v = pass ? &comb[k * hc + i] : &comb[i * hc + k];
+                    *v = *v / (sum + a->eps);
+                }
+            }
+    }
+}
+
+static int op_v4_hc(void *rtp, int dev, const eb_rt_hc *a, char *err, size_t errlen) {
+    if (a->kind < EB_HC_EXPAND || a->kind > EB_HC_HEAD || a->hc < 1 || a->hc > 64)
+        return eb_rt_fail(err, errlen, EB_ERR_ARGUMENT, RUNTIME_NAME " runtime: mHC kind %d of %d streams: expected "
+                          "kind %d..%d of 1..64 streams", a->kind, a->hc, EB_HC_EXPAND, EB_HC_HEAD);
+    uint64_t t0;
+    cpu_device *d = op_begin(rtp, dev, &t0, err, errlen);
+    if (!d) return EB_ERR_RANGE;
+    int64_t hc = a->hc, H = a->hidden, HH = hc * H, M = (2 + hc) * hc;
+    float *flat = scratch(d, (size_t)(HH + 64) * sizeof(float));
+    if (!flat) return op_end(d, t0, eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory"));
+    for (int64_t t = 0; t < a->n; t++) {
+        float *st = a->streams + t * HH, *x = a->x + t * H, *mix = a->mix + t * M, *pre = flat + HH;
+        if (a->kind == EB_HC_EXPAND) {
+            for (int64_t j = 0; j < hc; j++) memcpy(st + j * H, x, (size_t)H * sizeof *x);
+        } else if (a->kind == EB_HC_POST) {
+            const float *post = mix, *comb = mix + hc;
+            memcpy(flat, st, (size_t)HH * sizeof *flat);
+            for (int64_t k = 0; k < hc; k++)
+                for (int64_t h = 0; h < H; h++) {
+                    float sum = 0.0f;
+                    for (int64_t j = 0; j < hc; j++) sum += comb[j * hc + k] * flat[j * H + h];
+                    st[k * H + h] = post[k] * x[h] + sum;
+                }
+        } else {
+            hc_mixes(a, st, flat, pre, mix, a->kind == EB_HC_HEAD);
+            for (int64_t h = 0; h < H; h++) {
+                float sum = 0.0f;
+                for (int64_t j = 0; j < hc; j++) sum += pre[j] * st[j * H + h];
+                x[h] = sum;
+            }
+        }
+    }
+    return op_end(d, t0, 0);
+}
+
+/* Where a V4 layer's state row keeps what (eb_v4_cache_row): the key=value row, the compressor's kv and gate
+ * projections (up to 2 hd each), its entry, the indexer's kv and gate (2 idx each) and its entry. */
+typedef struct {
+    int64_t row, kv, ckv, cg, ce, ikv, ig, ie;
+} v4_layout;
+
+static v4_layout v4_layout_of(int64_t hd, int64_t ihd) {
+    return (v4_layout){eb_v4_cache_row(hd, ihd), 0, hd, 3 * hd, 5 * hd, 6 * hd, 6 * hd + 2 * ihd, 6 * hd + 4 * ihd};
+}
+
+/* Compressed entry w of one compressor (dim channels; overlap: CSA's 2 rate slots, the first halves of window w - 1's
+ * rows and the second halves of window w's) from the state rows: per channel the softmax over the slots of gate + ape
+ * weighs kv, then the norm and the compress RoPE at w * rate. */
+static void v4_compress(const eb_rt_v4_attention *a, const v4_layout *L, int64_t w, int64_t dim, int overlap,
+                        int64_t kv_at, int64_t gate_at, const float *ape, const float *norm, float *entry, float *tmp) {
+    int64_t rate = a->rate, width = overlap ? 2 * dim : dim, slots = 0;
+    float *g = tmp, *v = tmp + 2 * rate, *pool = v + 2 * rate;
+    for (int64_t c = 0; c < dim; c++) {
+        slots = 0;
+        if (overlap && w > 0)
+            for (int64_t i = 0; i < rate; i++) {
+                const float *row = a->cache + ((w - 1) * rate + i) * L->row;
+                v[slots] = row[kv_at + c];
+                g[slots++] = row[gate_at + c] + ape[i * width + c];
+            }
+        int64_t half = overlap ? dim : 0;
+        for (int64_t i = 0; i < rate; i++) {
+            const float *row = a->cache + (w * rate + i) * L->row;
+            v[slots] = row[kv_at + half + c];
+            g[slots++] = row[gate_at + half + c] + ape[i * width + half + c];
+        }
+        float mx = -INFINITY, sum = 0.0f, acc = 0.0f;
+        for (int64_t i = 0; i < slots; i++) mx = g[i] > mx ? g[i] : mx;
+        for (int64_t i = 0; i < slots; i++) sum += g[i] = expf(g[i] - mx);
+        for (int64_t i = 0; i < slots; i++) acc += v[i] * (g[i] / sum);
+        pool[c] = acc;
+    }
+    eb_rmsnorm(entry, pool, norm, dim, a->eps);
+    v4_rope(entry, dim, a->rope_dim, a->compress_inv_freq, w * rate, 1.0f);
+}
+
+static int op_v4_attention(void *rtp, int dev, const eb_rt_v4_attention *a, char *err, size_t errlen) {
+    if (a->kind != EB_V4_SLIDING && a->kind != EB_V4_CSA && a->kind != EB_V4_HCA)
+        return eb_rt_fail(err, errlen, EB_ERR_ARGUMENT, RUNTIME_NAME " runtime: V4 attention kind %d: expected %d, %d "
+                          "or %d", a->kind, EB_V4_SLIDING, EB_V4_CSA, EB_V4_HCA);
+    uint64_t t0;
+    cpu_device *d = op_begin(rtp, dev, &t0, err, errlen);
+    if (!d) return EB_ERR_RANGE;
+    int64_t hd = a->head_dim, ihd = a->idx_dim, nih = a->idx_heads, rd = a->rope_dim, pos = *a->pos;
+    int64_t rate = a->rate, W = a->kind == EB_V4_CSA ? 2 * hd : hd, big = hd > ihd ? hd : ihd;
+    v4_layout L = v4_layout_of(hd, ihd);
+    int64_t n_scores = a->window + a->n_ctx + 1;
+    size_t floats = (size_t)(2 * n_scores + 6 * rate + big + 64);
+    float *mem = scratch(d, floats * sizeof(float) + (size_t)(a->n_ctx + 1) * sizeof(int32_t));
+    if (!mem) return op_end(d, t0, eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory"));
+    float *sc = mem, *iscore = sc + n_scores, *tmp = iscore + n_scores;
+    int32_t *sel = (int32_t *)(mem + floats);
+    /* the new rows into the state: q normed and rotated, the key=value row, the compressors' projections */
+    for (int64_t t = 0; t < a->n; t++) {
+        int64_t p = pos + t;
+        float *row = a->cache + p * L.row;
+        for (int64_t h = 0; h < a->n_heads; h++) {
+            float *q = a->q + (t * a->n_heads + h) * hd;
+            v4_unit_norm(q, q, hd, a->eps);
+            v4_rope(q, hd, rd, a->inv_freq, p, 1.0f);
+        }
+        eb_rmsnorm(row + L.kv, a->kv + t * hd, a->kv_norm, hd, a->eps);
+        v4_rope(row + L.kv, hd, rd, a->inv_freq, p, 1.0f);
+        if (a->kind != EB_V4_SLIDING) {
+            memcpy(row + L.ckv, a->cmp_kv + t * W, (size_t)W * sizeof(float));
+            memcpy(row + L.cg, a->cmp_gate + t * W, (size_t)W * sizeof(float));
+        }
+        if (a->kind == EB_V4_CSA) {
+            memcpy(row + L.ikv, a->idx_kv + t * 2 * ihd, (size_t)(2 * ihd) * sizeof(float));
+            memcpy(row + L.ig, a->idx_gate + t * 2 * ihd, (size_t)(2 * ihd) * sizeof(float));
+        }
+    }
+    /* the entries whose windows these rows complete */
+    for (int64_t t = 0; a->kind != EB_V4_SLIDING && t < a->n; t++) {
+        int64_t p = pos + t, w = (p + 1) / rate - 1;
+        if ((p + 1) % rate) continue;
+        int csa = a->kind == EB_V4_CSA;
+        v4_compress(a, &L, w, hd, csa, L.ckv, L.cg, a->cmp_ape, a->cmp_norm, a->cache + w * L.row + L.ce, tmp);
+        if (csa)
+            v4_compress(a, &L, w, ihd, 1, L.ikv, L.ig, a->idx_ape, a->idx_norm, a->cache + w * L.row + L.ie, tmp);
+    }
+    for (int64_t t = 0; t < a->n; t++) {
+        int64_t p = pos + t, lo = p - a->window + 1 > 0 ? p - a->window + 1 : 0;
+        int64_t visible = a->kind == EB_V4_SLIDING ? 0 : (p + 1) / rate, n_sel = visible;
+        if (a->kind == EB_V4_HCA)
+            for (int64_t w = 0; w < visible; w++) sel[w] = (int32_t)w;
+        if (a->kind == EB_V4_CSA && visible > 0) { /* the Lightning Indexer's choice */
+            float qs = 1.0f / sqrtf((float)ihd), ws = 1.0f / sqrtf((float)nih);
+            float *iq = a->idx_q + t * nih * ihd;
+            for (int64_t h = 0; h < nih; h++) v4_rope(iq + h * ihd, ihd, rd, a->compress_inv_freq, p, 1.0f);
+            for (int64_t w = 0; w < visible; w++) {
+                const float *k = a->cache + w * L.row + L.ie;
+                float score = 0.0f;
+                for (int64_t h = 0; h < nih; h++) {
+                    float dot = v4_dot(iq + h * ihd, k, ihd);
+                    score += (dot > 0.0f ? dot : 0.0f) * qs * (a->idx_w[t * nih + h] * ws);
+                }
+                iscore[w] = score;
+            }
+            n_sel = visible < a->idx_topk ? visible : a->idx_topk;
+            eb_topk(iscore, visible, n_sel, sel);
+        }
+        for (int64_t h = 0; h < a->n_heads; h++) {
+            const float *q = a->q + (t * a->n_heads + h) * hd;
+            float *out = a->out + (t * a->n_heads + h) * hd, mx = a->sinks[h], sum = 0.0f;
+            int64_t ns = 0;
+            for (int64_t s = lo; s <= p; s++) sc[ns++] = v4_dot(q, a->cache + s * L.row + L.kv, hd) * a->scale;
+            for (int64_t i = 0; i < n_sel; i++)
+                sc[ns++] = v4_dot(q, a->cache + (int64_t)sel[i] * L.row + L.ce, hd) * a->scale;
+            for (int64_t i = 0; i < ns; i++) mx = sc[i] > mx ? sc[i] : mx;
+            for (int64_t i = 0; i < ns; i++) sum += sc[i] = expf(sc[i] - mx);
+            sum += expf(a->sinks[h] - mx);
+            memset(out, 0, (size_t)hd * sizeof *out);
+            for (int64_t i = 0; i < ns; i++) {
+                int64_t at = i < p - lo + 1 ? (lo + i) * L.row + L.kv : (int64_t)sel[i - (p - lo + 1)] * L.row + L.ce;
+                const float *v = a->cache + at;
+                float pr = sc[i] / sum;
+                for (int64_t c = 0; c < hd; c++) out[c] += pr * v[c];
+            }
+            v4_rope(out, hd, rd, a->inv_freq, p, -1.0f);
+        }
+    }
+    return op_end(d, t0, 0);
+}
+
+static int op_v4_grouped(void *rtp, int dev, const eb_rt_grouped *a, char *err, size_t errlen) {
+    uint64_t t0;
+    cpu_device *d = op_begin(rtp, dev, &t0, err, errlen);
+    if (!d) return EB_ERR_RANGE;
+    cpu_runtime *rt = (cpu_runtime *)rtp;
+    int64_t in = a->in, G = a->groups, R = a->rank;
+    float *x = scratch(d, (size_t)(a->n * in) * sizeof(float));
+    if (!x) return op_end(d, t0, eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory"));
+    size_t group_bytes = (size_t)R * eb_row_bytes(a->dtype, in);
+    for (int64_t g = 0; g < G; g++) {
+        for (int64_t t = 0; t < a->n; t++)
+            memcpy(x + t * in, a->x + (t * G + g) * in, (size_t)in * sizeof *x);
+        product(&rt->kernels, (const unsigned char *)a->w + (size_t)g * group_bytes, a->dtype, NULL, 0, R, in, x, NULL,
+                a->n, a->y + g * R, G * R);
+    }
+    return op_end(d, t0, 0);
+}
+
+static int op_v4_route(void *rtp, int dev, const eb_rt_v4_route *r, char *err, size_t errlen) {
+    uint64_t t0;
+    cpu_device *d = op_begin(rtp, dev, &t0, err, errlen);
+    if (!d) return EB_ERR_RANGE;
+    int64_t n = r->norm.n, E = r->n_experts, K = r->top_k;
+    float *choice = scratch(d, (size_t)E * sizeof *choice);
+    if (!choice) return op_end(d, t0, eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory"));
+    norm_rows(&r->norm);
+    memset((float *)r->norm.x, 0, (size_t)(n * r->norm.dim) * sizeof(float)); /* where the experts' sums go */
+    eb_rt_matmul logits = {r->router, r->router_dtype, E,   r->norm.dim,    r->norm.xn,
+                           n,         r->logits,       EB_PRECISION_F32, r->router_scale};
+    (void)run_multi((cpu_runtime *)rtp, d, &logits, 1); /* f32 needs no quantized activations: it cannot fail */
+    for (int64_t t = 0; t < n; t++) {
+        float *sc = r->logits + t * E, sum = 0.0f;
+        int32_t *ids = r->topk_id + t * K;
+        float *w = r->topk_w + t * K;
+        for (int64_t e = 0; e < E; e++) sc[e] = sqrtf(sc[e] > 20.0f ? sc[e] : log1pf(expf(sc[e])));
+        if (r->tid2eid) {
+            for (int64_t k = 0; k < K; k++) ids[k] = (int32_t)r->tid2eid[(int64_t)r->ids[t] * r->hash_k + k];
+        } else {
+            for (int64_t e = 0; e < E; e++) choice[e] = sc[e] + r->bias[e];
+            eb_topk(choice, E, K, ids);
+        }
+        for (int64_t k = 0; k < K; k++) sum += w[k] = sc[ids[k]];
+        for (int64_t k = 0; k < K; k++) w[k] = w[k] / (sum + 1e-20f) * r->scale;
+        if (r->hits)
+            for (int64_t k = 0; k < K; k++) r->hits[ids[k]]++;
+    }
+    return op_end(d, t0, 0);
+}
+
+static int op_v4_swiglu(void *rtp, int dev, float *g, const float *u, int64_t n, float limit, char *err,
+                        size_t errlen) {
+    uint64_t t0;
+    cpu_device *d = op_begin(rtp, dev, &t0, err, errlen);
+    if (!d) return EB_ERR_RANGE;
+    for (int64_t i = 0; i < n; i++) g[i] = eb_act(EB_ACT_SILU_CLAMP, 0.0f, limit, g[i], u[i]);
+    return op_end(d, t0, 0);
+}
+
 #ifndef EB_CPU_HOSTSIM
 const eb_rt_forward_ops eb_cpu_forward = {
     .check_model = op_check_model,
@@ -338,15 +626,19 @@ const eb_rt_forward_ops eb_cpu_forward = {
     .moe = op_moe,
 };
 static const eb_rt_mla_ops cpu_mla = {.mla = op_mla};
+static const eb_rt_v4_ops cpu_v4 = {.hc = op_v4_hc, .attention = op_v4_attention, .grouped = op_v4_grouped,
+                                    .route = op_v4_route, .swiglu = op_v4_swiglu};
 const eb_rt_extension eb_cpu_extensions[] = {
     {{EB_EXT_MLA, EB_EXT_MLA_VERSION}, &cpu_mla},
+    {{EB_EXT_DEEPSEEK_V4, EB_EXT_DEEPSEEK_V4_VERSION}, &cpu_v4},
     {{NULL, 0}, NULL},
 };
 #else
 /* Graphs (hostsim only, so that the core's recording and replaying of steps runs without a GPU): between begin
  * and end the recording thread's operations are stored (their arguments copied) instead of run; launch runs them
  * again in order. Other threads' operations run as usual. */
-enum { OP_EMBED, OP_MATMUL, OP_ADD, OP_SILU_MUL, OP_ATTENTION, OP_ROUTE, OP_MOE, OP_MLA };
+enum { OP_EMBED, OP_MATMUL, OP_ADD, OP_SILU_MUL, OP_ATTENTION, OP_ROUTE, OP_MOE, OP_MLA, OP_V4_HC, OP_V4_ATTENTION,
+       OP_V4_GROUPED, OP_V4_ROUTE, OP_V4_SWIGLU };
 #define SIM_MAX_TASKS 8
 
 typedef struct {
@@ -363,6 +655,11 @@ typedef struct {
     eb_rt_moe moe;
     eb_rt_mla mla;
     eb_rt_scale scale; /* embed: the table's scale companion */
+    eb_rt_hc hc;
+    eb_rt_v4_attention v4_attention;
+    eb_rt_grouped grouped;
+    eb_rt_v4_route v4_route;
+    float limit; /* the V4 swiglu's */
 } sim_op;
 
 typedef struct {
@@ -390,6 +687,16 @@ static int run_op(void *rtp, int dev, const sim_op *o, char *err, size_t errlen)
         return op_route(rtp, dev, &o->route, err, errlen);
     case OP_MLA:
         return op_mla(rtp, dev, &o->mla, err, errlen);
+    case OP_V4_HC:
+        return op_v4_hc(rtp, dev, &o->hc, err, errlen);
+    case OP_V4_ATTENTION:
+        return op_v4_attention(rtp, dev, &o->v4_attention, err, errlen);
+    case OP_V4_GROUPED:
+        return op_v4_grouped(rtp, dev, &o->grouped, err, errlen);
+    case OP_V4_ROUTE:
+        return op_v4_route(rtp, dev, &o->v4_route, err, errlen);
+    case OP_V4_SWIGLU:
+        return op_v4_swiglu(rtp, dev, o->out, o->in0, o->n, o->limit, err, errlen);
     default:
         return op_moe(rtp, dev, &o->moe, err, errlen);
     }
@@ -468,6 +775,32 @@ static int sim_mla(void *rtp, int dev, const eb_rt_mla *a, char *err, size_t err
     return submit(rtp, dev, &o, err, errlen);
 }
 
+static int sim_v4_hc(void *rtp, int dev, const eb_rt_hc *a, char *err, size_t errlen) {
+    sim_op o = {.kind = OP_V4_HC, .hc = *a};
+    return submit(rtp, dev, &o, err, errlen);
+}
+
+static int sim_v4_attention(void *rtp, int dev, const eb_rt_v4_attention *a, char *err, size_t errlen) {
+    sim_op o = {.kind = OP_V4_ATTENTION, .v4_attention = *a};
+    return submit(rtp, dev, &o, err, errlen);
+}
+
+static int sim_v4_grouped(void *rtp, int dev, const eb_rt_grouped *a, char *err, size_t errlen) {
+    sim_op o = {.kind = OP_V4_GROUPED, .grouped = *a};
+    return submit(rtp, dev, &o, err, errlen);
+}
+
+static int sim_v4_route(void *rtp, int dev, const eb_rt_v4_route *r, char *err, size_t errlen) {
+    sim_op o = {.kind = OP_V4_ROUTE, .v4_route = *r};
+    return submit(rtp, dev, &o, err, errlen);
+}
+
+static int sim_v4_swiglu(void *rtp, int dev, float *g, const float *u, int64_t n, float limit, char *err,
+                         size_t errlen) {
+    sim_op o = {.kind = OP_V4_SWIGLU, .in0 = u, .out = g, .n = n, .limit = limit};
+    return submit(rtp, dev, &o, err, errlen);
+}
+
 static int sim_graph_begin(void *rtp, int dev, char *err, size_t errlen) {
     cpu_device *d = get_dev((cpu_runtime *)rtp, dev, err, errlen);
     if (!d) return EB_ERR_RANGE;
@@ -520,8 +853,11 @@ const eb_rt_forward_ops eb_cpu_forward = {
     .moe = sim_moe,
 };
 static const eb_rt_mla_ops sim_mla_ops = {.mla = sim_mla};
+static const eb_rt_v4_ops sim_v4_ops = {.hc = sim_v4_hc, .attention = sim_v4_attention, .grouped = sim_v4_grouped,
+                                        .route = sim_v4_route, .swiglu = sim_v4_swiglu};
 const eb_rt_extension eb_cpu_extensions[] = {
     {{EB_EXT_MLA, EB_EXT_MLA_VERSION}, &sim_mla_ops},
+    {{EB_EXT_DEEPSEEK_V4, EB_EXT_DEEPSEEK_V4_VERSION}, &sim_v4_ops},
     {{NULL, 0}, NULL},
 };
 

@@ -49,13 +49,14 @@ __device__ __forceinline__ float warp_dot(const void *w, int dtype, long long ro
 }
 
 // The experts' activation of one gate value and one up value (eb_rt_act), in f32 with the CPU's expressions:
-// silu(g) * u, or gpt-oss's clamped SwiGLU (u' + 1) * g' * sigmoid(alpha * g'), g' = min(g, limit),
+// silu(g) * u (DeepSeek-V4: g and u clamped first), or gpt-oss's clamped SwiGLU (u' + 1) * g' * sigmoid(alpha * g'), g' = min(g, limit),
 // u' = clamp(u, -limit, limit). Every expert kernel (expert_ffn's and the forward moe's) applies it here.
 __device__ __forceinline__ float expert_act(const eb_rt_act &act, float g, float u) {
-    if (act.kind != EB_ACT_SWIGLU_OAI) return g / (1.0f + expf(-g)) * u;
+    if (act.kind == EB_ACT_SILU) return g / (1.0f + expf(-g)) * u;
     float lim = act.limit;
     g = g < lim ? g : lim;
     u = u < -lim ? -lim : u > lim ? lim : u;
+    if (act.kind == EB_ACT_SILU_CLAMP) return g / (1.0f + expf(-g)) * u;
     return (u + 1.0f) * (g / (1.0f + expf(-act.alpha * g)));
 }
 
