@@ -6,7 +6,7 @@ import os
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import pytest  # noqa: E402
-from PySide6.QtCore import QRect, QSize  # noqa: E402
+from PySide6.QtCore import QRect, QSize, Qt  # noqa: E402
 from PySide6.QtWidgets import QAbstractScrollArea, QApplication, QScrollArea  # noqa: E402
 
 from app.window import COMPACT_WIDTH, MainWindow, default_size, layout_fits, parse_rect  # noqa: E402
@@ -285,3 +285,26 @@ def test_a_low_wide_window_shows_the_devices_whole_in_a_tab_beside_the_run_setti
     QApplication.processEvents()
     assert not window.left_tabs and set(panels(window)) >= {"dock devices", "dock run"}
     assert wholly_shown(window, view) and wholly_shown(window, window.run_panel.prompts)
+
+
+@pytest.mark.parametrize("size", [(1280, 720), (1366, 768), (1600, 1000), (1920, 1080)])
+def test_every_tune_setting_shown_and_its_front_reached_without_hiding_them(qtbot, make_window, size):
+    """The Tune panel below Tune and Cancel: every setting whole ("also owner_local" and its KL limit too, not
+    scrolled away), and a scroll of its results brings the front plot into view while the settings stay."""
+    window = make_window()
+    window.set_size(QSize(*size))
+    qtbot.waitUntil(lambda: (window.width(), window.height()) == size)
+    QApplication.processEvents()
+    tune = window.tune
+    controls = [tune.start_button, tune.cancel_button, tune.time_budget, tune.q, tune.fast_device, tune.budget,
+                tune.owner_local, tune.max_kl]  # fmt: skip
+    qtbot.waitUntil(lambda: all(wholly_shown(window, w) for w in controls))
+    tune.results_area.ensureWidgetVisible(tune.plot, 0, 0)  # as a turn of the wheel over the results does
+    QApplication.processEvents()
+    viewport = tune.plot.viewport()
+    assert not viewport.visibleRegion().isEmpty() and shown_inside(window, tune.results_area)
+    # (the docks take their default shares once the resized layout has settled)
+    qtbot.waitUntil(lambda: all(wholly_shown(window, w) for w in controls) and not viewport.visibleRegion().isEmpty())
+    # the owner_local box turns the KL limit on, in view
+    qtbot.mouseClick(tune.owner_local, Qt.MouseButton.LeftButton)
+    assert tune.owner_local.isChecked() and tune.max_kl.isEnabled() and wholly_shown(window, tune.max_kl)
