@@ -61,7 +61,6 @@ from .state import WorkbenchState, format_bytes
 MEASURED_BRUSH, FRONT_BRUSH, DIFFERS_BRUSH = (150, 150, 150, 120), (40, 120, 220), (220, 50, 50)
 FAST_MODE = "owner_local"  # the mode "also owner_local" adds to the reference mode
 NO_KL_LIMIT = -1.0  # the KL box's "no limit" (below any limit it takes)
-RESULTS_LEAST = 24  # the results' least height below the settings (a line of the status; they scroll)
 KL_STEPS = (NO_KL_LIMIT, 0.0, *(10.0**e for e in range(-9, 3)))  # its arrows go a decade at a time
 
 
@@ -245,7 +244,7 @@ class TunePanel(FitsItsHeight, QWidget):
             box.setSizePolicy(QSizePolicy.Policy.Preferred, box.sizePolicy().verticalPolicy())
         for box in (self.q, self.fast_device):  # their text elided before the panel pushes the run history aside
             box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-            box.setMinimumContentsLength(6)
+            box.setMinimumContentsLength(3)
         for row, pairs in enumerate(((("Time", self.time_budget), ("q", self.q)),
                                      (("Fast", self.fast_device), ("budget", self.budget)))):  # fmt: skip
             for col, (label, widget) in enumerate(pairs):
@@ -257,7 +256,7 @@ class TunePanel(FitsItsHeight, QWidget):
         form.addWidget(self.max_kl, 2, 3)
         form.setColumnStretch(1, 1)
         form.setColumnStretch(3, 1)
-        form.setVerticalSpacing(4)
+        form.setVerticalSpacing(3)
 
         self.start_button = QPushButton("Tune")
         self.start_button.setToolTip("Measure placements and draft lengths by successive halving (engine.tune)")
@@ -317,11 +316,11 @@ class TunePanel(FitsItsHeight, QWidget):
         self.results_area.setWidgetResizable(True)
         self.results_area.setFrameShape(QFrame.Shape.NoFrame)
         self.results_area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.results_area.setMinimumHeight(RESULTS_LEAST)
+        self.results_area.setMinimumHeight(self.status.fontMetrics().lineSpacing() + 4)  # the status's first line
 
         layout = QVBoxLayout(self)
-        layout.setContentsMargins(8, 4, 8, 4)
-        layout.setSpacing(4)
+        layout.setContentsMargins(8, 2, 8, 2)
+        layout.setSpacing(3)
         layout.addLayout(buttons)  # first: Tune and Cancel in view however low the panel
         layout.addLayout(form)
         layout.addWidget(self.results_area, 1)
