@@ -108,8 +108,10 @@ class DevicesModel(QAbstractTableModel):
             return theme.kind_text(r["kind"])
         if col == 2:
             return "-" if r["model"] is None else format_bytes(r["model"])
-        if col == 3:
-            return f"{format_bytes(r['free'])} / {format_bytes(r['total'])}"
+        if col == 3:  # "21.6 / 23.5 GiB": the unit once where both have it (a 1280-pixel window shows GB/s too)
+            free, total = format_bytes(r["free"]), format_bytes(r["total"])
+            number, _, unit = free.rpartition(" ")
+            return f"{number} / {total}" if number and total.endswith(f" {unit}") else f"{free} / {total}"
         return "-" if r["gbs"] is None else f"{r['gbs']:.1f}"
 
     def flags(self, index: QModelIndex) -> Qt.ItemFlag:

@@ -140,6 +140,7 @@ PRECISION_TIPS = {
     "f32": "activations meet exactly dequantized weights in f32: the reference",
     "q8": "activations quantized to int8 per block, as llama.cpp: not the reference (other logits)",
 }
+HASH_SHOWN = 8  # a hash's characters in the view (the output-hash plot's labels show as many)
 SortRole = Qt.ItemDataRole.UserRole + 1  # a cell's value for sorting: numbers as numbers, unknown lowest
 
 
@@ -258,6 +259,24 @@ def write_csv(path: str | os.PathLike, history: list[RunRecord]) -> None:
     atomic_write(path, out.getvalue())
 
 
+class _ViewTexts(QSortFilterProxyModel):
+    """What the view shows narrower than the model's texts, so that "#", the decode speed, the acceptance and the
+    hash fit a 1280-pixel window's history whole: a rate's unit on a second line of its heading ("Decode" over
+    "tok/s"), and a hash's first HASH_SHOWN characters, as the output-hash plot labels it (its tooltip has all)."""
+
+    def data(self, index: QModelIndex, role: int = Qt.ItemDataRole.DisplayRole):
+        value = super().data(index, role)
+        if role == Qt.ItemDataRole.DisplayRole and index.column() == column("Hash") and isinstance(value, str):
+            return value[:HASH_SHOWN]
+        return value
+
+    def headerData(self, section: int, orientation, role=Qt.ItemDataRole.DisplayRole):
+        value = super().headerData(section, orientation, role)
+        if role == Qt.ItemDataRole.DisplayRole and isinstance(value, str) and value.endswith(" tok/s"):
+            return value.replace(" tok/s", "\ntok/s")
+        return value
+
+
 class HistoryPanel(QWidget):
     """The history table, sortable by any column (runs in order by default); a double-click on a run puts its
     placement back in the editor, as one undoable edit."""
@@ -266,7 +285,7 @@ class HistoryPanel(QWidget):
         super().__init__(parent)
         self.state = state
         self.model = HistoryModel(state, self)
-        self.proxy = QSortFilterProxyModel(self)
+        self.proxy = _ViewTexts(self)
         self.proxy.setSourceModel(self.model)
         self.proxy.setSortRole(SortRole)
         self.view = QTableView()
@@ -283,7 +302,7 @@ class HistoryPanel(QWidget):
         header = self.view.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
         header.setSectionResizeMode(column("Placement"), QHeaderView.ResizeMode.Stretch)
-        header.setMinimumSectionSize(40)
+        header.setMinimumSectionSize(28)  # "#" as narrow as its numbers once another column has the sort arrow
         # what a run is judged by first (its speed, acceptance and output), then its settings; the model keeps FIELDS'
         # order (the CSV's), only the view shows them so
         for visual, name in enumerate(FIRST_COLUMNS, start=1):
@@ -291,16 +310,35 @@ class HistoryPanel(QWidget):
         self.view.verticalHeader().setDefaultSectionSize(24)
         self.setMinimumSize(180, 104)  # a few rows and columns; the table scrolls
         layout = QVBoxLayout(self)
-        layout.setContentsMargins(8, 4, 8, 8)
+        layout.setContentsMargins(0, 4, 0, 8)  # the table's frame is its edge: the columns the room
         layout.addWidget(self.view)
         self.model.rowsInserted.connect(self._inserted)
         self.view.doubleClicked.connect(self.restore)
+        self.model.modelReset.connect(self._fit)
+        header.sortIndicatorChanged.connect(self._fit)  # the arrow's room moves to the column sorted by
         self._fit()
 
+    @Slot()
     def _fit(self) -> None:
+        """Columns their text's width; the sort arrow's room only in the column sorted by (Qt gives every heading
+        that room, which pushed the hash out of a 1280-pixel window's history)."""
+        header = self.view.horizontalHeader()
+        sorted_by = header.sortIndicatorSection()
+        header.setSortIndicatorShown(False)
+        plain = {col: header.sectionSizeHint(col) for col in range(self.model.columnCount())}
+        header.setSortIndicatorShown(True)
         for col in range(self.model.columnCount()):
             if col != column("Placement"):
-                self.view.resizeColumnToContents(col)
+                head = header.sectionSizeHint(col) if col == sorted_by else plain[col]
+                header.resizeSection(col, max(self.view.sizeHintForColumn(col), head))
+
+    def judging_width(self) -> int:
+        """What the panel needs to show "#" and the columns a run is judged by (speed, acceptance, hash) whole."""
+        header = self.view.horizontalHeader()
+        columns = sum(header.sectionSize(column(name)) for name in ("#", *FIRST_COLUMNS[:3]))
+        margins = self.layout().contentsMargins()
+        return (columns + 2 * self.view.frameWidth() + self.view.verticalScrollBar().sizeHint().width()
+                + margins.left() + margins.right())  # fmt: skip
 
     def _inserted(self, *_args) -> None:
         self._fit()

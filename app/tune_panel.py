@@ -30,12 +30,14 @@ from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
     QFileDialog,
+    QFrame,
     QGridLayout,
     QHBoxLayout,
     QLabel,
     QListWidget,
     QProgressBar,
     QPushButton,
+    QScrollArea,
     QSizePolicy,
     QSpinBox,
     QVBoxLayout,
@@ -171,6 +173,10 @@ class TunedPoint:
                 f"{self.placement.describe()}{excluded}")  # fmt: skip
 
 
+class FitsItsHeightWidget(FitsItsHeight, QWidget):
+    """The results below the settings: their least height for their width in their scroll area (FitsItsHeight)."""
+
+
 class _Relay(QObject):
     """Lives on the GUI thread: the engine thread emits, the panel's slots run here (queued)."""
 
@@ -218,13 +224,13 @@ class TunePanel(FitsItsHeight, QWidget):
         self.budget.setSpecialValueText("its room")
         self.budget.setToolTip("The most experts the fast device may hold (0: its room: free memory plus this model's "
                                "experts there, less a tenth for staging)")  # fmt: skip
-        self.owner_local = QCheckBox(f"also {FAST_MODE} (fast, not bit-exact)")
-        self.owner_local.setToolTip(f"Measure every placement in the {FAST_MODE} reduction mode too (tune --modes "
-                                    f"reference,{FAST_MODE}): each device pre-sums its own experts' outputs, so fewer "
-                                    "bytes come back from a peer per token, but the sums are added in another order "
-                                    f"and the output changes with the placement. {FAST_MODE} points are therefore "
-                                    "judged by their mean KL divergence against the reference mode, not by output "
-                                    "hashes")  # fmt: skip
+        self.owner_local = QCheckBox(f"also {FAST_MODE}")
+        self.owner_local.setToolTip(f"Fast, not bit-exact. Measure every placement in the {FAST_MODE} reduction "
+                                    f"mode too (tune --modes reference,{FAST_MODE}): each device pre-sums its own "
+                                    "experts' outputs, so fewer bytes come back from a peer per token, but the sums "
+                                    "are added in another order and the output changes with the placement. "
+                                    f"{FAST_MODE} points are therefore judged by their mean KL divergence against the "
+                                    "reference mode, not by output hashes")  # fmt: skip
         self.max_kl = KLLimitBox()
         self.max_kl.setEnabled(False)
         self.max_kl.setToolTip(f"The most mean KL divergence, in nats, of an {FAST_MODE} point's next-token "
@@ -236,16 +242,21 @@ class TunePanel(FitsItsHeight, QWidget):
         # as narrow as their text, not their widest value: the panel fits beside the plots on a 1280-pixel screen
         for box in (self.time_budget, self.budget, self.max_kl):
             box.setSizePolicy(QSizePolicy.Policy.Preferred, box.sizePolicy().verticalPolicy())
+        for box in (self.q, self.fast_device):  # their text elided before the panel pushes the run history aside
+            box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+            box.setMinimumContentsLength(3)
         for row, pairs in enumerate(((("Time", self.time_budget), ("q", self.q)),
                                      (("Fast", self.fast_device), ("budget", self.budget)))):  # fmt: skip
             for col, (label, widget) in enumerate(pairs):
                 form.addWidget(QLabel(label), row, 2 * col)
                 form.addWidget(widget, row, 2 * col + 1)
-        form.addWidget(self.owner_local, 2, 0, 1, 4)  # a row of its own: the panel stays as narrow as before
-        form.addWidget(QLabel("max KL"), 3, 0)
-        form.addWidget(self.max_kl, 3, 1)
+        # the mode and its limit on one row: every setting in view below Tune and Cancel in a 720-pixel window
+        form.addWidget(self.owner_local, 2, 0, 1, 2)
+        form.addWidget(QLabel("KL ≤"), 2, 2)
+        form.addWidget(self.max_kl, 2, 3)
         form.setColumnStretch(1, 1)
         form.setColumnStretch(3, 1)
+        form.setVerticalSpacing(3)
 
         self.start_button = QPushButton("Tune")
         self.start_button.setToolTip("Measure placements and draft lengths by successive halving (engine.tune)")
@@ -290,14 +301,29 @@ class TunePanel(FitsItsHeight, QWidget):
         keep.addWidget(self.apply_button)
         keep.addWidget(self.save_button)
 
+        # What it found (status, front, keep) scrolls on its own below the controls: a low panel shows Tune, Cancel
+        # and every setting, and a scroll of the results brings the front into view without hiding them.
+        results = FitsItsHeightWidget()
+        shown = QVBoxLayout(results)
+        shown.setContentsMargins(0, 0, 0, 0)
+        shown.addWidget(self.status)
+        shown.addWidget(self.why)
+        shown.addWidget(self.plot, 1)
+        shown.addWidget(self.front_list)
+        shown.addLayout(keep)
+        self.results_area = QScrollArea()
+        self.results_area.setWidget(results)
+        self.results_area.setWidgetResizable(True)
+        self.results_area.setFrameShape(QFrame.Shape.NoFrame)
+        self.results_area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.results_area.setMinimumHeight(self.status.fontMetrics().lineSpacing() + 4)  # the status's first line
+
         layout = QVBoxLayout(self)
-        layout.addLayout(buttons)  # first: Tune and Cancel in view however low the panel (its settings scroll)
-        layout.addWidget(self.status)
-        layout.addWidget(self.why)
+        layout.setContentsMargins(8, 2, 8, 2)
+        layout.setSpacing(3)
+        layout.addLayout(buttons)  # first: Tune and Cancel in view however low the panel
         layout.addLayout(form)
-        layout.addWidget(self.plot, 1)
-        layout.addWidget(self.front_list)
-        layout.addLayout(keep)
+        layout.addWidget(self.results_area, 1)
 
         actions.connect(self.start_button.clicked, self.start, "Tuning", recover=self._update_buttons, parent=self)
         actions.connect(self.cancel_button.clicked, self.cancel, "Cancel", recover=self._update_buttons, parent=self)

@@ -59,6 +59,8 @@ DOCK_MARGINS = 48  # a dock's frame, its panel's margins and a scroll bar's widt
 DOCK_TITLE = 28  # a dock's title bar
 DOCK_SEPARATORS = 32  # what the separators between the docks of a column and the rows take, and a little room
 BOTTOM_LEAST = 290  # the wide arrangement's bottom row at its least: the plots whole
+PLOTS_LEAST = 300  # the live plots' least width in the wide arrangement: two plots side by side
+DOCK_FRAME = 8  # a dock's frame beside its panel
 EDITOR_ROOM = 500  # the placement editor's two device columns with their chips' names and sizes apart
 # 2: the compact and wide arrangements, 3: the device timeline, 4: Tune beside the history (the routing panel the
 # right column's whole height), 5: the timeline below the history and Tune (the plots the bottom row's whole height);
@@ -858,7 +860,8 @@ class MainWindow(QMainWindow):
         # run settings and the editor keep their room), but what the plots need. The devices' column their table's
         # width where the window has room (_devices_width), and their rows' height (the table is as tall as they are);
         # the run settings whole below where there is room
-        self.resizeDocks([docks["devices"], docks["routing"]], [self._devices_width(), 360], H)
+        routing = 360 if self.width() >= 1366 else 340  # a narrower window: the run history's columns the room
+        self.resizeDocks([docks["devices"], docks["routing"]], [self._devices_width(), routing], H)
         if not self.left_tabs:  # the devices their rows' height, the run settings the rest of the column
             devices = self.devices.sizeHint().height() + DOCK_TITLE
             column = self.height() - self._bars() - self._bottom_height()
@@ -869,8 +872,14 @@ class MainWindow(QMainWindow):
         # the Tune panel its controls' width (about 340 px); the history what a wide window has beyond them (its
         # placements are elided first)
         plots = 480 if self.width() < 1800 else 600  # a wide window: room for more runs' hashes
-        history = max(320, self.width() - docks["routing"].width() - plots - 380 - 24)
-        self.resizeDocks([docks["plots"], docks["history"], docks["tune"]], [plots, history, 380], H)
+        row = self.width() - docks["routing"].width() - 24
+        judging = self.history.judging_width() + DOCK_FRAME  # a run's speed, acceptance and hash whole
+        history = max(320, judging, row - plots - 380)
+        tune = 380
+        if plots + history + tune > row:  # a narrow window: Tune its least width, the plots what is left
+            tune = max(self.docks["tune"].minimumSizeHint().width(), min(tune, row - history - PLOTS_LEAST))
+            plots = max(PLOTS_LEAST, row - history - tune)
+        self.resizeDocks([docks["plots"], docks["history"], docks["tune"]], [plots, history, tune], H)
 
     def _devices_width(self) -> int:
         """The devices' column: their table whole where the window has room for it (a third of it, or up to 40 % where

@@ -6,7 +6,7 @@ import os
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import pytest  # noqa: E402
-from PySide6.QtCore import QRect, QSize  # noqa: E402
+from PySide6.QtCore import QPoint, QRect, QSize, Qt  # noqa: E402
 from PySide6.QtWidgets import QAbstractScrollArea, QApplication, QScrollArea  # noqa: E402
 
 from app.window import COMPACT_WIDTH, MainWindow, default_size, layout_fits, parse_rect  # noqa: E402
@@ -40,6 +40,27 @@ def wholly_shown(window: MainWindow, widget) -> bool:
     if isinstance(widget, QAbstractScrollArea):
         widget = widget.viewport()
     return shown_inside(window, widget) and widget.visibleRegion().boundingRect() == widget.rect()
+
+
+@pytest.fixture
+def themed():
+    """The look a user gets (app.theme: Fusion, the palette and the style sheet's paddings), taken back after."""
+    from app import theme
+
+    app = QApplication.instance()
+    before = (app.style().name(), app.palette(), app.styleSheet())
+    theme.apply_theme(app, False)
+    yield
+    app.setStyle(before[0])
+    app.setPalette(before[1])
+    app.setStyleSheet(before[2])
+
+
+def show_at(qtbot, window: MainWindow, size: tuple[int, int]) -> None:
+    """--size WxH: the window at that size, its layout settled."""
+    window.set_size(QSize(*size))
+    qtbot.waitUntil(lambda: (window.width(), window.height()) == size)
+    QApplication.processEvents()
 
 
 def key_controls(window: MainWindow) -> dict[str, list]:
@@ -240,10 +261,11 @@ def test_a_wide_window_shows_every_device_and_a_runs_judgement_whole(qtbot, make
 
 
 @pytest.mark.parametrize("size", [(1280, 720), (1366, 768)])
-def test_a_low_wide_window_shows_the_devices_whole_in_a_tab_beside_the_run_settings(qtbot, make_window, size):
+def test_a_low_wide_window_shows_the_devices_whole_in_a_tab_beside_the_run_settings(qtbot, make_window, themed,
+                                                                                     size):  # fmt: skip
     """Too low for the devices above every run setting: the two are tabs of the left column, the run settings in
-    front; a click on the Devices tab shows every device's row whole (and every column from 1366 pixels on), a click
-    on Run brings the settings back."""
+    front; a click on the Devices tab shows every device's row and column whole (GB/s too), a click on Run brings the
+    settings back."""
     from PySide6.QtCore import Qt
     from PySide6.QtWidgets import QTabBar
 
@@ -272,7 +294,7 @@ def test_a_low_wide_window_shows_the_devices_whole_in_a_tab_beside_the_run_setti
     qtbot.waitUntil(lambda: wholly_shown(window, view))
     model = view.model()
     assert model.rowCount() >= 2
-    columns = range(model.columnCount()) if size[0] >= 1366 else [0]
+    columns = range(model.columnCount())
     cells = [view.visualRect(model.index(r, c)) for r in range(model.rowCount()) for c in columns
              if view.columnSpan(r, c) == 1 or c == 0]  # fmt: skip
     qtbot.waitUntil(lambda: all(view.viewport().rect().contains(cell) for cell in cells))
@@ -285,3 +307,64 @@ def test_a_low_wide_window_shows_the_devices_whole_in_a_tab_beside_the_run_setti
     QApplication.processEvents()
     assert not window.left_tabs and set(panels(window)) >= {"dock devices", "dock run"}
     assert wholly_shown(window, view) and wholly_shown(window, window.run_panel.prompts)
+
+
+@pytest.mark.parametrize("size", [(1280, 720), (1366, 768), (1600, 1000), (1920, 1080)])
+def test_every_tune_setting_shown_and_its_front_reached_without_hiding_them(qtbot, make_window, themed, size):
+    """The Tune panel below Tune and Cancel: every setting whole ("also owner_local" and its KL limit too, not
+    scrolled away), and a scroll of its results brings the front plot into view while the settings stay."""
+    window = make_window()
+    show_at(qtbot, window, size)
+    tune = window.tune
+    controls = [tune.start_button, tune.cancel_button, tune.time_budget, tune.q, tune.fast_device, tune.budget,
+                tune.owner_local, tune.max_kl]  # fmt: skip
+    qtbot.waitUntil(lambda: all(wholly_shown(window, w) for w in controls))
+    viewport = tune.plot.viewport()
+
+    def front_in_view() -> bool:
+        tune.results_area.ensureWidgetVisible(tune.plot, 0, 0)  # as a turn of the wheel over the results does
+        return not viewport.visibleRegion().isEmpty() and shown_inside(window, tune.results_area)
+
+    qtbot.waitUntil(front_in_view)
+    # (the docks take their default shares once the resized layout has settled)
+    qtbot.waitUntil(lambda: all(wholly_shown(window, w) for w in controls) and not viewport.visibleRegion().isEmpty())
+    # the owner_local box turns the KL limit on, in view
+    qtbot.mouseClick(tune.owner_local, Qt.MouseButton.LeftButton)
+    assert tune.owner_local.isChecked() and tune.max_kl.isEnabled() and wholly_shown(window, tune.max_kl)
+
+
+@pytest.mark.parametrize("size", [(1280, 720), (1366, 768), (1600, 1000), (1920, 1080)])
+def test_the_run_history_shows_a_runs_number_speed_acceptance_and_hash_without_scrolling(qtbot, make_window,
+                                                                                          themed, size):  # fmt: skip
+    """From the smallest wide window on, the run history's "#", Decode tok/s, Accept and Hash are whole without a
+    sideways scroll, with runs in it, and still after a click on a heading sorts by that column (its arrow's room)."""
+    from app_helpers import record, set_history
+
+    from app.history import FIRST_COLUMNS, column
+
+    window = make_window()
+    runs = [record(i, decode_tokens_per_second=1234.56 / i, accept_rate=0.753, output_hash=f"{i}c32ebef560" * 6)
+            for i in range(1, 13)]  # fmt: skip
+    set_history(window.state, runs)
+    show_at(qtbot, window, size)
+    view = window.history.view
+    header = view.horizontalHeader()
+    names = ("#", *FIRST_COLUMNS[:3])
+
+    def whole() -> bool:
+        for name in names:
+            left = header.sectionViewportPosition(column(name))
+            if left < 0 or left + header.sectionSize(column(name)) > view.viewport().width():
+                return False
+        return wholly_shown(window, view) and view.horizontalScrollBar().value() == 0
+
+    qtbot.waitUntil(whole)
+    # the texts are whole in their columns: no cell of them elided
+    for name in names:
+        col = column(name)
+        assert header.sectionSize(col) >= view.sizeHintForColumn(col), name
+    for name in ("Accept", "Hash"):  # a click on the heading: sorted by it, its arrow beside its text
+        at = header.sectionViewportPosition(column(name)) + header.sectionSize(column(name)) // 2
+        qtbot.mouseClick(header.viewport(), Qt.MouseButton.LeftButton, pos=QPoint(at, header.height() // 2))
+        qtbot.waitUntil(lambda name=name: header.sortIndicatorSection() == column(name))
+        qtbot.waitUntil(whole)
