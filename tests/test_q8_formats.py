@@ -62,6 +62,21 @@ def test_q8_is_refused_where_an_expert_s_format_has_no_q8_products_on_its_device
     assert np.array_equal(logits(model, "q8"), q8_alone)
 
 
+def test_a_context_kept_across_placements_checks_its_q8_formats_after_each(engine):
+    """A step checks the formats against the owners' q8 kernels once per placement (not every step): the placement
+    that moves a Q4_K expert onto the device refuses the next step of a context that ran q8 before it."""
+    model = engine.load(Q4_K_M, device="cpu:0")
+    with model.context(32) as ctx:
+        ctx.precision = "q8"
+        ctx.prefill([5, 17, 42, 9])
+        ctx.decode([3])
+        model.set_placement("*=cpu:0; 1.3=hostsim:0")
+        with pytest.raises(UnsupportedError, match="expert 3 of layer 1 is stored as Q4_K, which hostsim:0"):
+            ctx.decode([11])
+        model.set_placement("*=cpu:0")
+        assert np.all(np.isfinite(ctx.decode([11])))
+
+
 def test_q8_is_refused_on_a_primary_that_reads_its_weights_in_f32_only(engine):
     model = engine.load(Q4_K_M, device="hostsim:0")
     with pytest.raises(UnsupportedError, match=r"precision q8: \S+ of layer \d+ is stored as Q4_K, which hostsim:0"):

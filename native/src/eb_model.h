@@ -231,6 +231,8 @@ typedef struct {
     void **graphs;          /* per part of a one-token step (between host round trips): its recording, or NULL */
     uint64_t graph_generation; /* the expert tables' generation, the mode, the routing counting and the experts per */
     int graph_mode, graph_precision, graph_routing_off, graph_top_k; /* token the graphs were recorded with */
+    uint64_t checked_generation; /* the expert tables' generation and the precision eb_check_precision last passed, */
+    int checked_precision;       /* -1 before: a step re-checks only after a placement or a precision change */
 } eb_dev_context;
 
 /* One span of the per-token trace: what ran where, when (host CLOCK_MONOTONIC nanoseconds). */

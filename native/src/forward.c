@@ -502,7 +502,12 @@ int eb_eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logits, i
     if (m->dp->stale)
         return eb_fail(EB_ERR_STATE, "the expert tables on %s are out of date after a placement that failed to "
                                      "finish: set the placement again", s.name);
-    if ((st = eb_check_precision(m, c->precision))) return st;
+    if (dc->checked_precision != c->precision || dc->checked_generation != m->dp->generation) {
+        /* each weight's format against its owner's q8 kernels walks every expert: once per placement and precision */
+        if ((st = eb_check_precision(m, c->precision))) return st;
+        dc->checked_generation = m->dp->generation;
+        dc->checked_precision = c->precision;
+    }
     if (n == 1 && c->use_graphs && r->table->graphs) {
         s.graphs = r->table->graphs;
         if (dc->graph_generation != m->dp->generation || dc->graph_mode != c->mode ||

@@ -189,6 +189,7 @@ int eb_context_buffers_init(eb_context *c) {
     const eb_model_config *cf = &m->cfg;
     if (!(c->dc = calloc(1, sizeof *c->dc))) return eb_fail(EB_ERR_MEMORY, "out of memory");
     eb_dev_context *dc = c->dc;
+    dc->checked_precision = -1; /* the first step checks the precision against the placement */
     dc->graphs = calloc((size_t)cf->num_layers + 1, sizeof *dc->graphs);
     if (!dc->graphs) return eb_fail(EB_ERR_MEMORY, "out of memory");
     layout a = {m, p, NULL, 0, EB_OK, NULL, 0};
