@@ -25,6 +25,7 @@ products and sums in f32. Against the cpu module:
 Every test skips on a machine without the GPU (runs on the GPU machine: bench/gpu/run_on_device.sh).
 """
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -73,9 +74,11 @@ def test_module_operations_match_the_cpu_module_on_every_format(runtime, tmp_pat
         capture_output=True, text=True,
     )  # fmt: skip
     assert build.returncode == 0, build.stdout + build.stderr
+    # each launch finished before the next call returns, so that an error names the call that made it
+    env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1", HIP_LAUNCH_BLOCKING="1")
     proc = subprocess.run(
         [str(exe), str(MODULES / "expertbench_rt_cpu.so"), str(MODULES / f"expertbench_rt_{runtime}.so")],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True, text=True, timeout=600, env=env,
     )  # fmt: skip
     if proc.returncode == 77:
         pytest.skip(f"no {runtime} GPU: {proc.stdout.strip()}")
@@ -435,7 +438,9 @@ static float *run_matmul(mod *m, int n_tasks, const mm_case *c, unsigned char *c
     }
     eb_rt_norm norm = {dx, dnw, dxn, n, cols, 1e-6f};
     if (m->T->forward->matmul(m->rt, 0, norm_w ? &norm : NULL, t, n_tasks, accumulate, err, sizeof err)) {
-        printf("FAIL %s matmul: %s\n", m->name, err);
+        printf("FAIL %s matmul (%s, %d tasks, the first %s %lld x %lld at offset %zu, n %lld, norm %d): %s\n",
+               m->name, precision == EB_PRECISION_Q8 ? "q8" : "f32", n_tasks, eb_dtype_name(c[0].dt),
+               (long long)c[0].rows, (long long)cols, c[0].off, (long long)n, norm_w != NULL, err);
         exit(1);
     }
     at = 0;

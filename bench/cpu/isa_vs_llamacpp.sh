@@ -18,7 +18,8 @@
 # BF16 and Q4_K_M. FAMILY=gpt-oss: the gpt-oss-shaped bench demo (its experts in the released MXFP4 layout), converted
 # the same way (the converter keeps the MXFP4 experts: "BF16" is MXFP4 experts with BF16 elsewhere), the F32 one
 # quantized to MXFP4_MOE (MXFP4 experts, Q8_0 elsewhere: what llama.cpp's gpt-oss GGUFs hold); QUANT overrides the
-# quantization (default Q4_K_M, MXFP4_MOE for gpt-oss).
+# quantization (default Q4_K_M, MXFP4_MOE for gpt-oss), or several: QUANT="Q2_K Q3_K_M IQ4_XS IQ2_XXS" (the i-quants
+# that llama-quantize refuses without an importance matrix get one from llama-imatrix over README.md).
 # Writes under $OUT: isa_vs_llamacpp.json, the table (isa_vs_llamacpp.md), build and run logs. A failed step is
 # reported and the others go on. CORES (default 0,1) and THREADS (default 2) choose the CPUs; JOBS (default nproc)
 # and NICE (default 0) the builds' parallelism and priority; WHEELS (default .whl) the wheels' folder; LLAMA_WAIT
@@ -77,7 +78,7 @@ llama_label+=", no AMX"
 build_llama() {
     cd "$LL/llama.cpp" &&
         nice -n "$NICE" cmake -S . -B build "${llama_flags[@]}" > "$OUT/llama-cmake.log" 2>&1 &&
-        nice -n "$NICE" cmake --build build -j "$JOBS" --target llama-bench llama-quantize > "$OUT/llama-build.log" 2>&1
+        nice -n "$NICE" cmake --build build -j "$JOBS" --target llama-bench llama-quantize llama-imatrix > "$OUT/llama-build.log" 2>&1
     echo $? > "$LL/done"
 }
 step "llama.cpp: unpack, then configure and build in the background ($llama_label)"
@@ -156,21 +157,34 @@ else
     f=$(tail -1 "$OUT/convert-bf16.log" 2>/dev/null) && [ -f "$f" ] && files+=("BF16=$f")
 fi
 f32=$(tail -1 "$OUT/convert.log" 2>/dev/null)
-if [ -x "$B/llama-quantize" ] && [ -f "$f32" ]; then
-    step "llama-quantize $f32 -> $QUANT"
-    q4=${f32%-f32.gguf}-${QUANT,,}.gguf
-    if [ -f "$q4" ] || nice -n "$NICE" "$B/llama-quantize" "$f32" "$q4.partial" "$QUANT" "$(nproc)" \
-        > "$OUT/quantize.log" 2>&1; then
-        [ -f "$q4.partial" ] && mv "$q4.partial" "$q4"
-        files+=("$QUANT=$q4")
-        grep -E "model size|quant size" "$OUT/quantize.log" 2>/dev/null
-    else
-        fail "llama-quantize (the end of $OUT/quantize.log:)"
-        tail -5 "$OUT/quantize.log"
+needs_imatrix() { case $1 in IQ1_* | IQ2_XXS | IQ2_XS | IQ2_S | IQ2_M) return 0 ;; *) return 1 ;; esac; }
+for quant in $QUANT; do
+    if [ ! -x "$B/llama-quantize" ] || [ ! -f "$f32" ]; then
+        fail "no $quant file: llama-quantize or the F32 GGUF is missing ($f32)"
+        continue
     fi
-else
-    fail "no $QUANT file: llama-quantize or the F32 GGUF is missing ($f32)"
-fi
+    step "llama-quantize $f32 -> $quant"
+    qf=${f32%-f32.gguf}-${quant,,}.gguf
+    imatrix=()
+    if needs_imatrix "$quant"; then # llama-quantize refuses these types without one
+        im=${f32%-f32.gguf}-imatrix.gguf
+        if [ ! -f "$im" ]; then
+            step "llama-imatrix of $f32 over README.md (the importance matrix $quant needs)"
+            nice -n "$NICE" "$B/llama-imatrix" -m "$f32" -f README.md -o "$im" -c 128 -t "$(nproc)" --no-ppl \
+                > "$OUT/imatrix.log" 2>&1 || { fail "llama-imatrix (the end of $OUT/imatrix.log:)"; tail -5 "$OUT/imatrix.log"; }
+        fi
+        imatrix=(--imatrix "$im")
+    fi
+    if [ -f "$qf" ] || nice -n "$NICE" "$B/llama-quantize" "${imatrix[@]}" "$f32" "$qf.partial" "$quant" "$(nproc)" \
+        > "$OUT/quantize-$quant.log" 2>&1; then
+        [ -f "$qf.partial" ] && mv "$qf.partial" "$qf"
+        files+=("$quant=$qf")
+        grep -E "model size|quant size" "$OUT/quantize-$quant.log" 2>/dev/null
+    else
+        fail "llama-quantize to $quant (the end of $OUT/quantize-$quant.log:)"
+        tail -5 "$OUT/quantize-$quant.log"
+    fi
+done
 [ "$FAMILY" = qwen3 ] && f=$(gguf mxfp4) && [ -f "$f" ] && files+=("MXFP4=$f")
 
 step "measuring on CPUs $CORES, $THREADS threads: ${files[*]}"

@@ -1,10 +1,10 @@
 """A tarball of llama.cpp's source small enough to travel with the repository (.llama/llama-src.tgz).
 
 From the llama-cpp-python source package (the version bench/vs_llamacpp.py names), its vendor/llama.cpp folder
-trimmed to what the CPU and CUDA builds of llama-bench and llama-quantize need, plus convert_hf_to_gguf.py with its
-conversion/ package and gguf-py: ggml's other backends, the other tools, examples, tests, docs and vocabulary files
-are left out, and the two CMakeLists.txt that name what was left out (tools/, vendor/) are rewritten to add only
-what is kept. The tarball unpacks to llama.cpp/.
+trimmed to what the CPU and CUDA builds of llama-bench, llama-quantize and llama-imatrix need, plus
+convert_hf_to_gguf.py with its conversion/ package and gguf-py: ggml's other backends, the other tools, examples,
+tests, docs and vocabulary files are left out, and the two CMakeLists.txt that name what was left out (tools/,
+vendor/) are rewritten to add only what is kept. The tarball unpacks to llama.cpp/.
 
     python bench/cpu/pack_llama_src.py [--sdist llama_cpp_python-0.3.36.tar.gz] [--out .llama/llama-src.tgz]
 
@@ -40,17 +40,18 @@ LLAMA_CPP_PYTHON = _version()
 KEEP = [
     "CMakeLists.txt", "LICENSE", "cmake", "include", "src", "common", "ggml/CMakeLists.txt", "ggml/cmake",
     "ggml/include", "ggml/src", "vendor/nlohmann", "vendor/sheredom", "vendor/cpp-httplib", "tools/llama-bench",
-    "tools/quantize", "convert_hf_to_gguf.py", "conversion", "gguf-py",
+    "tools/quantize", "tools/imatrix", "convert_hf_to_gguf.py", "conversion", "gguf-py",
 ]  # fmt: skip
 GGML_BACKENDS_KEPT = ("ggml-cpu", "ggml-cuda")
 DROP_PARTS = {"tests", "docs", "examples", ".github", "__pycache__"}
 
 # The rewritten CMakeLists.txt: only the tools and vendored libraries kept.
-TOOLS_CMAKE = """# trimmed: only llama-bench and llama-quantize
+TOOLS_CMAKE = """# trimmed: only llama-bench, llama-quantize and llama-imatrix (the importance matrix i-quants need)
 find_package(Threads REQUIRED)
 llama_add_compile_flags()
 add_subdirectory(llama-bench)
 add_subdirectory(quantize)
+add_subdirectory(imatrix)
 """
 VENDOR_CMAKE = """# trimmed: only what llama-common needs
 add_subdirectory(nlohmann)
