@@ -352,6 +352,16 @@ def test_the_model_info_counts_the_per_position_state(f32_model):
     assert f32_model.info["kv_bytes_per_token"] == 4 * (6 * 32 + 5 * 24) * 4 and f32_model.info["kv_window_bytes"] == 0
 
 
+def test_the_cost_model_counts_the_per_position_state_as_the_core_does(f32_model):
+    """The placement's memory figures (ModelShape's KV bytes a position adds) are the core's, not the 2 x head_dim
+    of one key=value head that the general rule would give."""
+    from engine.placement.costmodel import ModelShape
+
+    shape = ModelShape.from_checkpoint(Checkpoint.open(F32))
+    assert shape.kv_bytes_per_token == f32_model.info["kv_bytes_per_token"] == 4 * 4 * (6 * 32 + 5 * 24)
+    assert shape.kv_window_bytes == f32_model.info["kv_window_bytes"] == 0
+
+
 def test_the_cost_model_counts_the_experts_and_the_shared_expert():
     """Placement sizes V4's experts (ffn.experts.M.*) and its shared expert (ffn.shared_experts.*) from the tensor
     table as it sizes the others' (mlp.*): gate, up and down of 16 x 32 f32 values each."""

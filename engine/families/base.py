@@ -142,6 +142,8 @@ class Family:
         engine load (DeepSeek-V3's next-token-prediction module), left out when the folder is read.
     ktransformers_note(whole_layers) -> what an export to ktransformers must say of this family (None: the
         general note).
+    kv_row_bytes(config) -> the bytes one position adds to one layer's state where the family keeps more than its
+        KV heads' keys and values or MLA's latent (None: those, as the cost model counts them).
     awaiting: what the core lacks to run the family (empty: it runs it). A family awaiting its forward pass
         (engine.families.AWAITING) has its config.json or GGUF keys read and checked, then is refused with this.
     gguf_awaiting: why its GGUF files are refused where the core runs it from a folder (empty: they are read).
@@ -161,6 +163,7 @@ class Family:
     gguf_expert_biases: Mapping[str, str] = field(default_factory=dict)
     extra_layers: Callable[[ConfigKeys], int] = lambda keys: 0
     ktransformers_note: Callable[[list[int]], str | None] = lambda whole: None
+    kv_row_bytes: Callable[[Any], int] | None = None  # (a ModelConfig)
     demo: DemoRecipe | None = None  # its built-in synthetic pair (engine/checkpoints/demo.py), when it has one
     awaiting: str = ""
     gguf_awaiting: str = ""  # what keeps its GGUF files from being read, where the core runs it from folders

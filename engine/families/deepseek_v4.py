@@ -577,6 +577,13 @@ def expected_tensors(v4: V4Config, hidden: int, heads: int, vocab: int, tied: bo
     return out
 
 
+def kv_row_bytes(config) -> int:
+    """One position of one layer's state as the core keeps it (eb_v4_cache_row, f32): the key=value row, the
+    compressors' and the indexer's per-position projections and a compressed entry's slot, 6 head_dim + 5
+    index_head_dim floats, in every layer (none is a ring)."""
+    return 4 * (6 * config.head_dim + 5 * dict(config.native_fields)["index_head_dim"])
+
+
 DEEPSEEK_V4 = Family(
     architecture="deepseek_v4",
     title="DeepSeek-V4",
@@ -589,4 +596,5 @@ DEEPSEEK_V4 = Family(
     moe_layer=lambda config, layer: True,
     rope_scaling=True,
     gguf_awaiting=GGUF_REFUSAL,
+    kv_row_bytes=kv_row_bytes,
 )

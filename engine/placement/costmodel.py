@@ -44,6 +44,7 @@ import numpy as np
 from ..checkpoints.checkpoint import Checkpoint, ModelConfig
 from ..core.errors import ArgumentError
 from ..core.greedy import greedy_choice
+from ..families import family
 from .placement import Placement, expert_room, mib
 from .routing import RoutingStats
 
@@ -145,7 +146,11 @@ class ModelShape:
 
 def kv_row_bytes(cfg: ModelConfig) -> int:
     """Bytes of one position of one layer's KV cache as the core holds it (f32): the keys and values of the KV
-    heads, or under MLA (DeepSeek-V3) the compressed latent and the rope key."""
+    heads, or under MLA (DeepSeek-V3) the compressed latent and the rope key, or the family's own per-position
+    state (DeepSeek-V4's, Family.kv_row_bytes)."""
+    own = family(cfg.architecture).kv_row_bytes
+    if own is not None:
+        return own(cfg)
     if cfg.kv_lora_rank:
         return 4 * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
     return 4 * 2 * cfg.num_kv_heads * cfg.head_dim
