@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from fixture_paths import FIXTURES
 
 from engine.cli import main
 from engine.core.errors import ArgumentError, RangeError
-from engine.model import Engine
+from engine.model import Engine, Model
 from engine.runs.run import DecodeRun
+from engine.runs.speculative import GreedyDecoder
 from engine.runs.workload import read_prompt_file, synthetic_ids
 
 QWEN, DRAFT = FIXTURES / "qwen3moe-f32", FIXTURES / "qwen3-f32"
@@ -96,6 +98,66 @@ def test_a_run_at_a_depth_gives_the_outputs_of_its_context_and_prompt_as_one_pro
     spec = DecodeRun(target, draft, prompts=[prompt], tokens_per_prompt=10, depth=40, q=3, repeats=2).run()
     assert spec.prompts[0].generated_ids == at_depth.prompts[0].generated_ids and spec.repeats_agree
     assert spec.drafted_tokens > 0
+
+
+def begins_counted(monkeypatch) -> list[int]:
+    """GreedyDecoder.begin (the context's prefill before a prompt, SpeculativeDecoder's too) counted."""
+    calls = []
+    real = GreedyDecoder.begin
+
+    def begin(self, context_ids):
+        calls.append(len(context_ids))
+        real(self, context_ids)
+
+    monkeypatch.setattr(GreedyDecoder, "begin", begin)
+    return calls
+
+
+def same_logits(run, whole) -> bool:
+    """Whether every repeat of run gave each prompt the tokens and top-2 logits (the bits) of whole's one repeat."""
+    one = whole.trails[0]
+    return all(
+        len(rep) == len(one) and all(np.array_equal(a.logits, b.logits) and np.array_equal(a.ids, b.ids)
+                                     for a, b in zip(rep, one, strict=True))
+        for rep in run.trails
+    )  # fmt: skip
+
+
+def test_a_depth_s_context_is_prefilled_once_and_kept_for_every_prompt(pair, monkeypatch):
+    """Without sliding-window layers each prompt truncates back to the context prefilled before the first: the same
+    tokens as the context and the prompt given as one prompt, for every prompt and repeat, speculative or not."""
+    target, draft = pair
+    prompts = [synthetic_ids(target, 9, offset=40), synthetic_ids(target, 14, offset=90)]
+    context = synthetic_ids(target, 40)
+    whole = DecodeRun(target, prompts=[context + p for p in prompts], tokens_per_prompt=10).run()
+    calls = begins_counted(monkeypatch)
+    for d in (None, draft):
+        run = DecodeRun(target, d, prompts=prompts, tokens_per_prompt=10, depth=40, q=3, repeats=2).run()
+        assert same_logits(run, whole)
+    assert calls == [40, 40]  # once a run
+
+
+def test_a_depth_s_context_is_prefilled_again_where_a_prompt_overwrites_a_ring(monkeypatch):
+    """gpt-oss's sliding-window layers keep window + n_batch - 1 rows: with contexts of 8-token batches a prompt and
+    its tokens overwrite the context's last rows, so each prompt starts from the context prefilled anew, and gives
+    the tokens of the context and the prompt as one prompt; with 512-token batches nothing is overwritten and the
+    context is prefilled once."""
+    with Engine() as eng:
+        model = eng.load(FIXTURES / "gpt-oss-bf16")
+        assert max(model.config.layer_windows) == 8
+        prompts = [synthetic_ids(model, 9, offset=30), synthetic_ids(model, 12, offset=60)]
+        context = synthetic_ids(model, 30)
+        whole = DecodeRun(model, prompts=[context + p for p in prompts], tokens_per_prompt=12).run()
+        calls = begins_counted(monkeypatch)
+        run = DecodeRun(model, prompts=prompts, tokens_per_prompt=12, depth=30, repeats=2).run()
+        assert same_logits(run, whole)
+        assert calls == [30]
+        real = Model.context
+        monkeypatch.setattr(Model, "context", lambda self, n_ctx=None, n_batch=8: real(self, n_ctx, n_batch))
+        calls.clear()
+        run = DecodeRun(model, prompts=prompts, tokens_per_prompt=12, depth=30, repeats=2).run()
+        assert same_logits(run, whole)
+        assert calls == [30] * 4
 
 
 @pytest.mark.parametrize("depth", [-1, 1.5, True, "8", None])

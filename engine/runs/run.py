@@ -239,6 +239,14 @@ def _positive(name: str, value) -> int:
     return int(value)
 
 
+def context_survives(contexts, reach: int) -> bool:
+    """Whether each context, truncated back to a position after at most `reach` positions past it, holds that
+    position's rows as they were. A sliding-window layer's cache is a ring of window + n_batch - 1 rows, which the
+    positions past it overwrite from the oldest: the window's rows before a position survive up to n_batch of them.
+    Every other cache keeps a row per position."""
+    return all(reach <= ctx.n_batch or not any(ctx.model.config.layer_windows) for ctx in contexts)
+
+
 class DecodeRun:
     """A decode run over prompts (texts or token id lists), tokens_per_prompt tokens each, `repeats` times.
 
@@ -319,6 +327,7 @@ class DecodeRun:
         self._kept_spans = self.trace_dropped = 0
         self._trace_lost = 0
         self._contexts: list[tuple[Context, str]] = []
+        self._run_contexts: list[Context] = []  # the target's and the draft's, while a run goes
         self._cancel = threading.Event()
         self._thread: threading.Thread | None = None
         self._result: RunResult | None = None
@@ -421,6 +430,7 @@ class DecodeRun:
                 passes = 1 + (self.q or 0)  # the draft proposes q tokens a step, one pass each
                 for ctx, _ in self._contexts:
                     ctx.trace = (TRACE_ROOM_PER_LAYER * ctx.model.config.num_layers + TRACE_ROOM_EXTRA) * passes
+            self._run_contexts = [target_ctx] + ([draft_ctx] if draft_ctx is not None else [])
             models = [m for m in (self.target, self.draft) if m is not None]
             before = [m.counters() for m in models]
             result = self._loop(decoder)
@@ -441,6 +451,10 @@ class DecodeRun:
         outputs: list[list[list[int]]] = []  # per repeat, per finished prompt
         self._trails: list[list[Trail]] = []  # the same, each token's top-2 logits
         tap = self._tap
+        # The context before the prompts is prefilled once and kept (start() truncates back to it), unless a prompt
+        # can overwrite its rows in a sliding-window layer's ring: then it is prefilled again before each prompt.
+        keep = context_survives(self._run_contexts, max(len(p) for p in self.prompt_ids) + n + (self.q or 0))
+        context_ready = False
         for r in range(self.repeats):
             rep = RepeatResult(r)
             reps.append(rep)
@@ -449,8 +463,9 @@ class DecodeRun:
             for p, prompt in enumerate(self.prompt_ids):
                 if self._cancel.is_set():
                     break
-                if self.depth:
+                if self.depth and not context_ready:
                     decoder.begin(self.context_ids)  # the context before the prompt: not part of what is measured
+                    context_ready = keep
                 t0 = clock()
                 out = [decoder.start(prompt)]
                 t1 = clock()
