@@ -81,7 +81,7 @@ def test_the_python_table_is_the_cores():
     assert {f.name: f.q8_block for f in formats.FORMATS.values() if f.q8_block} == {
         "Q8_0": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "MXFP4": 32,
         "Q4_0": 32, "Q4_1": 32, "IQ4_NL": 32, "IQ4_XS": 256, "Q2_K": 256, "Q3_K": 256,
-        "IQ2_XXS": 256, "IQ3_XXS": 256, "IQ2_XS": 256, "IQ3_S": 256, "IQ1_S": 256, "IQ1_M": 256,
+        "IQ2_XXS": 256, "IQ3_XXS": 256, "IQ2_XS": 256, "IQ3_S": 256, "IQ1_S": 256, "IQ1_M": 256, "IQ2_S": 256,
     }  # fmt: skip
     desc = ffi.new("eb_format_desc *")
     for bad in (-1, lib.eb_format_count()):
@@ -107,7 +107,7 @@ def test_dequantize_matches_the_gguf_package_bit_for_bit(name):
 LEVELS = {"Q8_0": 256, "MXFP4": 16, "Q4_K": 16, "Q5_K": 32, "Q6_K": 64, "Q5_0": 32, "Q5_1": 32, "Q4_0": 16}
 LEVELS |= {"Q4_1": 16, "IQ4_NL": 16, "IQ4_XS": 16, "Q2_K": 4, "Q3_K": 8}
 # the i-quants: every codebook entry, and with it every sign index and chunk scale (v modulo their counts)
-LEVELS |= {"IQ2_XXS": 256, "IQ3_XXS": 256, "IQ2_XS": 512, "IQ3_S": 512, "IQ1_S": 2048, "IQ1_M": 2048}
+LEVELS |= {"IQ2_XXS": 256, "IQ3_XXS": 256, "IQ2_XS": 512, "IQ3_S": 512, "IQ1_S": 2048, "IQ1_M": 2048, "IQ2_S": 1024}
 
 
 @pytest.mark.parametrize("name", QUANTIZED)
@@ -150,6 +150,8 @@ def test_every_quant_value_is_reached(name):
         elif name == "IQ2_XS":  # per group of 8 a 9-bit grid index and a 7-bit sign index, then the scales
             b[2:66] = np.frombuffer(np.array([v | (v % 128) << 9] * 32, dtype=np.uint16).tobytes(), dtype=np.uint8)
             b[66:74] = v % 256
+        elif name == "IQ2_S":  # the indices' low 8 bits, the signs, their top 2 bits, the scales
+            b[2:34], b[34:66], b[66:74], b[74:82] = v & 255, v % 256, (v >> 8) * 0x55, (v % 16) * 0x11
         elif name == "IQ3_S":  # the indices' low 8 bits, their ninth, the signs, the scales
             b[2:66], b[66:74], b[74:106], b[106:110] = v & 255, 0xFF if v & 256 else 0, v % 256, (v % 16) * 0x11
         elif name == "IQ1_S":  # the indices' low 8 bits, then per chunk their top 3, a scale and the delta's sign
@@ -176,7 +178,7 @@ def test_every_quant_value_is_reached(name):
 # where each format keeps its f16 scales (d, and a minimum's dmin or m): byte offsets in its block
 F16_SCALES = {"Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "Q5_0": [0], "Q5_1": [0, 2], "Q4_0": [0]}
 F16_SCALES |= {"Q4_1": [0, 2], "IQ4_NL": [0], "IQ4_XS": [0], "Q2_K": [80, 82], "Q3_K": [108]}
-F16_SCALES |= {"IQ2_XXS": [0], "IQ3_XXS": [0], "IQ2_XS": [0], "IQ3_S": [0], "IQ1_S": [0], "IQ1_M": [48]}
+F16_SCALES |= {"IQ2_XXS": [0], "IQ3_XXS": [0], "IQ2_XS": [0], "IQ3_S": [0], "IQ1_S": [0], "IQ1_M": [48], "IQ2_S": [0]}
 # the largest, smallest normal and smallest subnormal f16 magnitudes, both signs, and both zeros
 EXTREME_F16 = [0x7BFF, 0xFBFF, 0x0400, 0x8400, 0x0001, 0x8001, 0x0000, 0x8000]
 

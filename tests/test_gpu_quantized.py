@@ -53,7 +53,7 @@ def test_device_info_reports_every_format(runtime):
     with gpu_engine(runtime) as eng:
         gpu = next(d for d in eng.devices if d.name == f"{runtime}:0")
         # every format but those with a scale companion (F8_E4M3_B128) and the i-quants, which have no GPU kernels yet
-        iq = {"IQ2_XXS", "IQ3_XXS", "IQ2_XS", "IQ3_S", "IQ1_S", "IQ1_M"}
+        iq = {"IQ2_XXS", "IQ3_XXS", "IQ2_XS", "IQ3_S", "IQ1_S", "IQ1_M", "IQ2_S"}
         expected = {n for n, f in formats.FORMATS.items() if not f.needs_scale and n not in iq}
         assert set(gpu.formats) == expected, gpu.formats
         assert gpu.precisions == ("f32", "q8"), gpu.precisions

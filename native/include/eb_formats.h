@@ -216,9 +216,14 @@ static inline uint32_t eb_load_u32(const unsigned char *p) {
  * - IQ3_S: the low 8 bits of 64 indices into a 512-entry grid of 4 values (chunk j's eight at 2 + 8j), their ninth
  *   bits (chunk j's in the byte at 66 + j, index k's bit k), the signs themselves (chunk j's 32 bits at 74 + 4j, one
  *   a value), then per chunk a 4-bit scale s (bytes 106..109, the even chunk's low); the values are d (1 + 2 s)
- *   times the signed grid values. */
+ *   times the signed grid values.
+ * - IQ2_S: the low 8 bits of 32 indices into a 1024-entry grid of 8 values (chunk j's four at 2 + 4j), the signs
+ *   themselves (a byte a group, chunk j's four at 34 + 4j, bit i value i's), the indices' top 2 bits (chunk j's in
+ *   the byte at 66 + j, group l's at bit 2l), then per chunk a byte at 74 + j of two 4-bit scales as IQ2_XS's; the
+ *   values are d (s + 1/2) / 4 times the signed grid values. */
 static inline int eb_dtype_iq(int dtype) {
-    return dtype == EB_DTYPE_IQ2_XXS || dtype == EB_DTYPE_IQ3_XXS || dtype == EB_DTYPE_IQ2_XS || dtype == EB_DTYPE_IQ3_S;
+    return dtype == EB_DTYPE_IQ2_XXS || dtype == EB_DTYPE_IQ3_XXS || dtype == EB_DTYPE_IQ2_XS || dtype == EB_DTYPE_IQ3_S ||
+           dtype == EB_DTYPE_IQ2_S;
 }
 
 /* The word of chunk j's sign indices and scale (IQ2_XXS, IQ3_XXS). */
@@ -230,7 +235,8 @@ static inline uint32_t eb_iq_word(const unsigned char *b, int dtype, int j) {
  * set (the gguf package's grid * signs). */
 static inline void eb_iq_quants(const unsigned char *b, int dtype, int j, int8_t *q) {
     const unsigned char *g = b + 2 + 8 * j;
-    uint32_t w = dtype == EB_DTYPE_IQ2_XS || dtype == EB_DTYPE_IQ3_S ? 0 : eb_iq_word(b, dtype, j);
+    uint32_t w = dtype == EB_DTYPE_IQ2_XS || dtype == EB_DTYPE_IQ3_S || dtype == EB_DTYPE_IQ2_S ? 0
+                                                                                              : eb_iq_word(b, dtype, j);
     for (int l = 0; l < 4; l++) {
         uint8_t grid[8];
         unsigned si = (w >> (7 * l)) & 127; /* the group's sign index */
@@ -242,13 +248,16 @@ static inline void eb_iq_quants(const unsigned char *b, int dtype, int j, int8_t
             int hi = b[66 + j];
             memcpy(grid, eb_iq3s_grid[g[2 * l] | ((hi >> (2 * l)) & 1) << 8], 4);
             memcpy(grid + 4, eb_iq3s_grid[g[2 * l + 1] | ((hi >> (2 * l + 1)) & 1) << 8], 4);
+        } else if (dtype == EB_DTYPE_IQ2_S) {
+            memcpy(grid, eb_iq2s_grid[b[2 + 4 * j + l] | ((b[66 + j] >> (2 * l)) & 3) << 8], 8);
         } else if (dtype == EB_DTYPE_IQ2_XXS) {
             memcpy(grid, eb_iq2xxs_grid[g[l]], 8);
         } else {
             memcpy(grid, eb_iq3xxs_grid[g[2 * l]], 4);
             memcpy(grid + 4, eb_iq3xxs_grid[g[2 * l + 1]], 4);
         }
-        unsigned s = dtype == EB_DTYPE_IQ3_S ? b[74 + 4 * j + l] : eb_iq_ksigns[si];
+        unsigned s = dtype == EB_DTYPE_IQ3_S ? b[74 + 4 * j + l] : dtype == EB_DTYPE_IQ2_S ? b[34 + 4 * j + l]
+                                                                                        : eb_iq_ksigns[si];
         for (int i = 0; i < 8; i++) q[8 * l + i] = (int8_t)((s >> i) & 1 ? -grid[i] : grid[i]);
     }
 }
@@ -256,6 +265,7 @@ static inline void eb_iq_quants(const unsigned char *b, int dtype, int j, int8_t
 /* The 4-bit scale s of half h (values 16h .. 16h + 15) of chunk j. */
 static inline int eb_iq_scale(const unsigned char *b, int dtype, int j, int h) {
     if (dtype == EB_DTYPE_IQ2_XS) return (b[66 + j] >> (4 * h)) & 15;
+    if (dtype == EB_DTYPE_IQ2_S) return (b[74 + j] >> (4 * h)) & 15;
     if (dtype == EB_DTYPE_IQ3_S) return (b[106 + j / 2] >> (4 * (j & 1))) & 15;
     return (int)(eb_iq_word(b, dtype, j) >> 28); /* IQ2_XXS, IQ3_XXS: one per chunk */
 }
@@ -269,8 +279,8 @@ static inline float eb_iq_half_d(const unsigned char *b, int dtype, int j, int h
 }
 
 /* The q8 products sum each block's quants times 2 s + 1 in integers and scale the block once by d dx, as llama.cpp's
- * vec_dot does; what is left of the values' scale (IQ2_XXS, IQ2_XS: 1/8, IQ3_XXS: 1/4, IQ3_S: none) multiplies the
- * row's sum once at its end. */
+ * vec_dot does; what is left of the values' scale (IQ2_XXS, IQ2_XS, IQ2_S: 1/8, IQ3_XXS: 1/4, IQ3_S: none)
+ * multiplies the row's sum once at its end. */
 static inline float eb_iq_row_scale(int dtype) {
     return dtype == EB_DTYPE_IQ3_S ? 1.0f : dtype == EB_DTYPE_IQ3_XXS ? 0.25f : 0.125f;
 }
@@ -380,7 +390,8 @@ static inline void eb_dequantize_chunk(const void *row, int dtype, int64_t c, fl
     case EB_DTYPE_IQ2_XXS:
     case EB_DTYPE_IQ3_XXS:
     case EB_DTYPE_IQ2_XS:
-    case EB_DTYPE_IQ3_S: { /* each half's scale times the signed grid values (negation is exact) */
+    case EB_DTYPE_IQ3_S:
+    case EB_DTYPE_IQ2_S: { /* each half's scale times the signed grid values (negation is exact) */
         int8_t q[32];
         eb_iq_quants(b, dtype, j, q);
         for (int h = 0; h < 2; h++) {

@@ -47,7 +47,9 @@ extern "C" {
  * 4-bit scale), IQ3_S (256 values: f16 scale, 9-bit indices into a grid of 4 values, a sign bit a value, per 32 a
  * 4-bit scale), and the 1-bit IQ1_S (256 values: f16 scale, per 8 an 11-bit index into a grid of -1, 0, +1, per 32 a
  * 3-bit scale and the sign of a shift of 1/8) and IQ1_M (IQ1_S's grid, per 8 the shift's sign, per 16 a 3-bit
- * scale, the f16 scale in the scales' top bits), q8 blocks of 256 as llama.cpp's Q8_K beside them.
+ * scale, the f16 scale in the scales' top bits), and IQ2_S (256 values: f16 scale, per 8 a 10-bit index into a grid
+ * of 8 values and 8 sign bits, per 16 a 4-bit scale; the IQ2_M presets and unsloth's UD-IQ2 mixes), q8 blocks of 256
+ * as llama.cpp's Q8_K beside them.
  *
  * The last two columns, the scale block (rows x cols; 0 x 0: none), mark a format whose values are multiplied by a
  * scale companion: a separate f32 tensor of one scale per block of the weight, ceil(rows / scale_rows) x
@@ -80,7 +82,8 @@ extern "C" {
     X(IQ2_XS,       19, 256,  74, 17, 1, 256,   0,   0) \
     X(IQ3_S,        20, 256, 110, 21, 1, 256,   0,   0) \
     X(IQ1_S,        21, 256,  50, 19, 1, 256,   0,   0) \
-    X(IQ1_M,        22, 256,  56, 29, 1, 256,   0,   0)
+    X(IQ1_M,        22, 256,  56, 29, 1, 256,   0,   0) \
+    X(IQ2_S,        23, 256,  82, 22, 1, 256,   0,   0)
 
 /* Outside the cdef, which expands no macros: Python reads the codes through eb_format_info. */
 typedef enum {

@@ -948,7 +948,8 @@ static void fill_weights(unsigned char *w, int dt, int rows, int cols, unsigned 
         case EB_DTYPE_IQ3_XXS:
         case EB_DTYPE_IQ2_XS:
         case EB_DTYPE_IQ3_S:
-        case EB_DTYPE_IQ1_S: memcpy(b, &h, 2); break;
+        case EB_DTYPE_IQ1_S:
+        case EB_DTYPE_IQ2_S: memcpy(b, &h, 2); break;
         case EB_DTYPE_Q5_1:
         case EB_DTYPE_Q4_1: memcpy(b, &h, 2), memcpy(b + 2, &h2, 2); break;
         case EB_DTYPE_Q4_K:
@@ -1179,6 +1180,11 @@ static void extreme_block(unsigned char *b, int dt) {
         memset(b + 66, 0xFF, 8);
         for (int j = 0; j < 8; j++) memset(b + 74 + 4 * j, j & 1 ? 0xFF : 0x00, 4);
         memset(b + 106, 0xFF, 4);
+        return;
+    case EB_DTYPE_IQ2_S: /* scales 15, grid entry 1023 (all 43), all signs + then all - */
+        memset(b + 2, 0xFF, 32);
+        for (int j = 0; j < 8; j++) memset(b + 34 + 4 * j, j & 1 ? 0xFF : 0x00, 4);
+        memset(b + 66, 0xFF, 16);
         return;
     case EB_DTYPE_IQ1_S: /* scales 7, grid entries 0 (all -1) and 2047 (all +1), deltas of the same sign */
         for (int j = 0; j < 8; j++) {

@@ -26,6 +26,7 @@ GRIDS = [
     ("eb_iq2xs_grid", quants.IQ2_XS, "uint8_t", "IQ2_XS: 512 entries of 8 magnitudes (8, 25, 43)"),
     ("eb_iq3s_grid", quants.IQ3_S, "uint8_t", "IQ3_S: 512 entries of 4 magnitudes (1 .. 15, odd)"),
     ("eb_iq1s_grid", quants.IQ1_S, "int8_t", "IQ1_S and IQ1_M: 2048 entries of 8 values (-1, 0, +1)"),
+    ("eb_iq2s_grid", quants.IQ2_S, "uint8_t", "IQ2_S: 1024 entries of 8 magnitudes (8, 25, 43)"),
 ]
 
 

@@ -181,6 +181,15 @@ INLINE __m256i rows4x8(const uint8_t (*grid)[4], const unsigned *k) {
                             (int)eb_load_u32(grid[k[1]]), (int)eb_load_u32(grid[k[0]]));
 }
 
+/* 32 sign bits (bit i value i's: 1 negative) as 32 bytes of +1 / -1: byte i of the word is bit i % 8 of byte i / 8,
+ * spread by a shuffle and compared with its bit. */
+INLINE __m256i sign_bits32(uint32_t bits) {
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits),
+                                    _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+    const __m256i bit = _mm256_set1_epi64x((int64_t)0x8040201008040201u);
+    return _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), _mm256_set1_epi8(1));
+}
+
 /* Chunk j of an i-quant block (eb_iq_quants): its 32 grid magnitudes (unsigned bytes: four 8-byte codebook rows, or
  * eight 4-byte ones) and *signs their signs as bytes of +1 / -1 (four rows of eb_iq_sign_bytes). */
 INLINE __m256i iq_grid(const unsigned char *b, int dtype, int j, __m256i *signs) {
@@ -191,14 +200,19 @@ INLINE __m256i iq_grid(const unsigned char *b, int dtype, int j, __m256i *signs)
                          eb_iq_sign_bytes[q3 >> 9]);
         return rows8x4(eb_iq2xs_grid[q0 & 511], eb_iq2xs_grid[q1 & 511], eb_iq2xs_grid[q2 & 511], eb_iq2xs_grid[q3 & 511]);
     }
+    if (dtype == EB_DTYPE_IQ2_S) { /* 10-bit indices (the top 2 bits at 66 + j), and a sign bit a value: the 32 bits
+                                    * at 34 + 4j, spread as IQ3_S's */
+        unsigned hi = b[66 + j];
+        const unsigned char *lo = b + 2 + 4 * j;
+        *signs = sign_bits32(eb_load_u32(b + 34 + 4 * j));
+        return rows8x4(eb_iq2s_grid[lo[0] | (hi & 3) << 8], eb_iq2s_grid[lo[1] | ((hi >> 2) & 3) << 8],
+                       eb_iq2s_grid[lo[2] | ((hi >> 4) & 3) << 8], eb_iq2s_grid[lo[3] | ((hi >> 6) & 3) << 8]);
+    }
     if (dtype == EB_DTYPE_IQ3_S) { /* 9-bit indices, and a sign bit a value: byte i of the 32 bits at 74 + 4j is
                                     * bit i % 8 of byte i / 8, spread by a shuffle and compared with its bit */
         unsigned k[8], hi = b[66 + j];
         UNROLL for (int i = 0; i < 8; i++) k[i] = g[i] | ((hi >> i) & 1) << 8;
-        __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)eb_load_u32(b + 74 + 4 * j)),
-                                        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
-        const __m256i bit = _mm256_set1_epi64x((int64_t)0x8040201008040201u);
-        *signs = _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), _mm256_set1_epi8(1));
+        *signs = sign_bits32(eb_load_u32(b + 74 + 4 * j));
         return rows4x8(eb_iq3s_grid, k);
     }
     uint32_t w = eb_iq_word(b, dtype, j);
@@ -279,7 +293,8 @@ INLINE void dequant32(const unsigned char *row, int dtype, int64_t c, __m256 *w)
     case EB_DTYPE_IQ2_XXS:
     case EB_DTYPE_IQ3_XXS:
     case EB_DTYPE_IQ2_XS:
-    case EB_DTYPE_IQ3_S: { /* eb_dequantize_chunk's: each half's scale times the signed grid values */
+    case EB_DTYPE_IQ3_S:
+    case EB_DTYPE_IQ2_S: { /* eb_dequantize_chunk's: each half's scale times the signed grid values */
         __m256i sg, g = iq_grid(b, dtype, j, &sg);
         scale_i8x32_halves(_mm256_sign_epi8(g, sg), eb_iq_half_d(b, dtype, j, 0), eb_iq_half_d(b, dtype, j, 1), w);
         return;
