@@ -711,7 +711,7 @@ class Context(_Handle):
         self.trace_lost = 0
         self.model = model
         self.vocab_size = model.config.vocab_size
-        self.n_ctx, self.n_batch = int(n_ctx), int(n_batch)  # positions, and the most a step evaluates at once
+        self.n_batch = int(n_batch)  # the most positions a step evaluates at once
         # the trace's device indexes, named once (a runtime loaded later makes the core refuse this context)
         self._device_names = [d.name for d in model.engine.devices]
         self._lock = model._lock

@@ -116,6 +116,7 @@ def begins_counted(monkeypatch) -> list[int]:
 def same_logits(run, whole) -> bool:
     """Whether every repeat of run gave each prompt the tokens and top-2 logits (the bits) of whole's one repeat."""
     one = whole.trails[0]
+    assert all(t.logits is not None for rep in (one, *run.trails) for t in rep)  # what is compared is there
     return all(
         len(rep) == len(one) and all(np.array_equal(a.logits, b.logits) and np.array_equal(a.ids, b.ids)
                                      for a, b in zip(rep, one, strict=True))

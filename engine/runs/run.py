@@ -327,7 +327,6 @@ class DecodeRun:
         self._kept_spans = self.trace_dropped = 0
         self._trace_lost = 0
         self._contexts: list[tuple[Context, str]] = []
-        self._run_contexts: list[Context] = []  # the target's and the draft's, while a run goes
         self._cancel = threading.Event()
         self._thread: threading.Thread | None = None
         self._result: RunResult | None = None
@@ -430,10 +429,15 @@ class DecodeRun:
                 passes = 1 + (self.q or 0)  # the draft proposes q tokens a step, one pass each
                 for ctx, _ in self._contexts:
                     ctx.trace = (TRACE_ROOM_PER_LAYER * ctx.model.config.num_layers + TRACE_ROOM_EXTRA) * passes
-            self._run_contexts = [target_ctx] + ([draft_ctx] if draft_ctx is not None else [])
+            # The context before the prompts is prefilled once and kept (start() truncates back to it), unless a
+            # prompt, its tokens and a draft's verified tail can overwrite its rows in a sliding-window layer's ring.
+            reach = (
+                max(len(p) for p in self.prompt_ids) + self.tokens_per_prompt + (self.q if draft_ctx is not None else 0)
+            )
+            keep = context_survives([c for c in (target_ctx, draft_ctx) if c is not None], reach)
             models = [m for m in (self.target, self.draft) if m is not None]
             before = [m.counters() for m in models]
-            result = self._loop(decoder)
+            result = self._loop(decoder, keep)
             _add_counters(result, models, before, [m.counters() for m in models])
             result.kernels = _kernels(self.target)
             result.trace_spans = self._kept_spans + self.trace_dropped
@@ -444,17 +448,14 @@ class DecodeRun:
                 draft_ctx.close()
             target_ctx.close()
 
-    def _loop(self, decoder: GreedyDecoder) -> RunResult:
+    def _loop(self, decoder: GreedyDecoder, keep_context: bool) -> RunResult:
         n, emit, clock = self.tokens_per_prompt, self.on_event, time.perf_counter
         t_run = clock()
         reps: list[RepeatResult] = []
         outputs: list[list[list[int]]] = []  # per repeat, per finished prompt
         self._trails: list[list[Trail]] = []  # the same, each token's top-2 logits
         tap = self._tap
-        # The context before the prompts is prefilled once and kept (start() truncates back to it), unless a prompt
-        # can overwrite its rows in a sliding-window layer's ring: then it is prefilled again before each prompt.
-        keep = context_survives(self._run_contexts, max(len(p) for p in self.prompt_ids) + n + (self.q or 0))
-        context_ready = False
+        context_ready = False  # the depth's context prefilled and kept (keep_context) for the prompts after
         for r in range(self.repeats):
             rep = RepeatResult(r)
             reps.append(rep)
@@ -465,7 +466,7 @@ class DecodeRun:
                     break
                 if self.depth and not context_ready:
                     decoder.begin(self.context_ids)  # the context before the prompt: not part of what is measured
-                    context_ready = keep
+                    context_ready = keep_context
                 t0 = clock()
                 out = [decoder.start(prompt)]
                 t1 = clock()
