@@ -35,7 +35,7 @@ from .state import WorkbenchState
 KIND_STYLE = {
     "attention": ("#2f6fdf", "attention"),
     "route": ("#e0a93a", "routing"),
-    "stage": ("#d2463c", "stage to peers"),
+    "stage": ("#d2463c", "staging"),
     "experts": ("#2e9d5b", "experts"),
     "join": ("#c3c8d0", "wait for peers (join)"),
     "combine": ("#8e5bd6", "stage back, sum"),
@@ -46,7 +46,8 @@ KIND_STYLE = {
     "graph": ("#7aa5f0", "graph replay"),
 }
 KIND_TIPS = {
-    "stage": "the routing read back from the primary and the rows staged to the peers",
+    "stage": "on the primary, the routing and rows read back; on a staged peer, its rows' upload and its outputs' "
+    "download",
     "combine": "the peers' outputs sent back to the primary and summed in canonical order",
     "join": "the primary waiting for the peers' completion events",
     "graph": "a recorded part of a step, replayed",

@@ -2,37 +2,16 @@
 finds its handle closed (StateError), a placement waits for the step in flight and, in reference mode, changes no
 bit of any step; nothing crashes. 1,000 rounds of each race, on the tiny fixtures."""
 
-import random
-import threading
-
 import numpy as np
 import pytest
 from fixture_paths import FIXTURES
+from races import race
 
 from engine.core.errors import StateError
 from engine.model import Engine
 
 ROUNDS = 1000
 TOKENS = [3, 17, 42, 5, 9, 1, 30, 7]
-
-
-def race(first, second, seed: int):
-    """Run first() on a thread and second() here after a seeded number of yields; returns first's error, if any."""
-    errors: list[BaseException] = []
-
-    def run():
-        try:
-            first()
-        except BaseException as exc:  # handed to the caller
-            errors.append(exc)
-
-    t = threading.Thread(target=run)
-    t.start()
-    for _ in range(random.Random(seed).randrange(4)):
-        threading.Event().wait(0)  # give the other thread a chance to be anywhere in its call
-    second()
-    t.join()
-    return errors[0] if errors else None
 
 
 def test_closing_a_context_while_another_thread_decodes():

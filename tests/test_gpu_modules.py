@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fixture_paths import FIXTURES
+from races import race
 
-from engine.core.errors import UnsupportedError
+from engine.core.errors import OutOfMemoryError, StateError, UnsupportedError
 from engine.core.native import core_location
 from engine.model import Engine
 
@@ -201,6 +202,19 @@ def rows_and_ids(model, placement, precision, prompt, generated):
         return rows, ctx.generate(prompt, len(generated)).ids
 
 
+def cuda_and_hip(**options) -> Engine:
+    """An engine with a cuda and a hip device in one process (runtime_options: options), or a skip saying why not."""
+    if not (built("cuda") and built("hip")):
+        pytest.skip("needs the cuda and hip modules (EXPERTBENCH_HIP_PLATFORM=nvidia builds hip with nvcc)")
+    eng = Engine(runtimes=("cpu", "cuda", "hip"), strict=False, runtime_options=options)
+    names = [d.name for d in eng.devices]
+    if not {"cuda:0", "hip:0"} <= set(names):
+        eng.close()
+        pytest.skip(f"needs a cuda and a hip device in one process (this machine has {', '.join(names)}): runs on "
+                    "the GPU machine with the hip module built for the NVIDIA platform")  # fmt: skip
+    return eng
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("primary", ["cuda:0", "hip:0"])
 def test_cuda_and_hip_own_experts_of_one_model_with_the_bits_of_one_device(primary):
@@ -212,13 +226,7 @@ def test_cuda_and_hip_own_experts_of_one_model_with_the_bits_of_one_device(prima
     within 1e-5 and the same greedy tokens; a speculative run gives the greedy tokens."""
     from engine.runs.run import DecodeRun
 
-    if not (built("cuda") and built("hip")):
-        pytest.skip("needs the cuda and hip modules (EXPERTBENCH_HIP_PLATFORM=nvidia builds hip with nvcc)")
-    with Engine(runtimes=("cpu", "cuda", "hip"), strict=False) as eng:
-        names = [d.name for d in eng.devices]
-        if not {"cuda:0", "hip:0"} <= set(names):
-            pytest.skip(f"needs a cuda and a hip device in one process (this machine has {', '.join(names)}): runs on "
-                        "the GPU machine with the hip module built for the NVIDIA platform")  # fmt: skip
+    with cuda_and_hip() as eng:
         other = "hip:0" if primary == "cuda:0" else "cuda:0"
         placements = [f"*={primary}; *.1={other}; *.3={other}; *.5-7={other}", f"*={primary}; 0={other}",
                       f"*={other}", f"*={primary}; *.0-1={other}; *.6-7=cpu:0"]  # fmt: skip
@@ -246,6 +254,113 @@ def test_cuda_and_hip_own_experts_of_one_model_with_the_bits_of_one_device(prima
                 draft.close()
             model.close()
         model.close()
+
+
+Q4_K_M = FIXTURES / "qwen3moe-gguf" / "model-q4_k_m.gguf"
+SPLIT = "*=cuda:0; *.1=hip:0; *.3=hip:0; *.5-7=hip:0"
+TOKENS = [3, 17, 42, 5, 9, 1, 30, 7]
+GPU_ROUNDS = 60
+
+
+@pytest.mark.gpu
+def test_closing_a_context_model_or_engine_while_a_cuda_and_hip_step_is_in_flight():
+    """The lifecycle of the two-owner bridge: a context, its model or the engine closed from this thread while
+    another decodes with every layer split between cuda:0 and hip:0 (branches queued on both runtimes' streams,
+    staging arenas in use). The close waits for the step in flight; the decoding thread finishes or finds its handle
+    closed (StateError); nothing crashes, and a new engine then runs the split with the bits of one device."""
+    with cuda_and_hip() as eng:
+        model = eng.load(Q4_K_M, device="cuda:0")
+        with model.context(len(TOKENS)) as ctx:
+            ctx.precision = "q8"
+            want = np.concatenate([ctx.decode([t]) for t in TOKENS])
+        model.set_placement(SPLIT)
+        for r in range(GPU_ROUNDS):
+            ctx = model.context(16)
+            ctx.precision = "q8"
+
+            def decode(ctx=ctx):
+                for t in TOKENS:
+                    ctx.decode([t])
+
+            err = race(decode, ctx.close, r)
+            assert err is None or (isinstance(err, StateError) and "this Context is closed" in str(err)), repr(err)
+            assert ctx.closed
+        with model.context(len(TOKENS)) as ctx:
+            ctx.precision = "q8"
+            assert np.array_equal(np.concatenate([ctx.decode([t]) for t in TOKENS]), want)
+    for r in range(GPU_ROUNDS // 4):
+        eng = cuda_and_hip()
+        model = eng.load(Q4_K_M, device="cuda:0")
+        model.set_placement(SPLIT)
+        ctx = model.context(16)
+
+        def decode(ctx=ctx):
+            for t in TOKENS:
+                ctx.decode([t])
+
+        err = race(decode, model.close if r % 2 else eng.close, r)
+        assert err is None or isinstance(err, StateError), repr(err)
+        assert ctx.closed and model.closed
+        eng.close()
+
+
+@pytest.mark.gpu
+def test_placing_experts_between_cuda_and_hip_while_another_thread_decodes_changes_no_bit():
+    """Placements moved between cuda:0, hip:0 and the CPU while another thread decodes in q8 (every device's
+    products the cpu module's bits): each step waits for a placement in flight, no step sees half of one, and every
+    round's logits are those of every expert on cuda:0."""
+    with cuda_and_hip() as eng:
+        model = eng.load(Q4_K_M, device="cuda:0")
+        placements = [SPLIT, "*=hip:0", "*=cuda:0; 0=hip:0; 2.3-5=cpu:0", "*=cuda:0"]
+        with model.context(len(TOKENS)) as ctx:
+            ctx.precision = "q8"
+            expected = np.concatenate([ctx.decode([t]) for t in TOKENS])
+            for r in range(GPU_ROUNDS // 4):
+                got = []
+
+                def decode(got=got):
+                    ctx.truncate(0)
+                    for t in TOKENS:
+                        got.append(ctx.decode([t]))
+
+                def place(r=r):
+                    for k in range(4):
+                        model.set_placement(placements[(r + k) % len(placements)])
+
+                assert race(decode, place, r) is None
+                assert np.array_equal(np.concatenate(got), expected), f"round {r}"
+
+
+@pytest.mark.gpu
+def test_a_staging_that_does_not_fit_on_hip_is_an_error_and_the_context_still_works():
+    """The bridge's staging failure on a real card: hip:0 under a memory limit (runtime_options memory_limit, the
+    GPU modules' cap on what they allocate) with room for its experts and a short batch's staging, not a long one's.
+    The long prefill raises an error naming hip:0, what it needed and what it had; the cuda:0 branch queued beside it
+    is waited for; the context then runs short prefills and decodes with the unlimited engine's bits, and its staging
+    goes with it."""
+    prompt = list(range(1, 41))
+    with cuda_and_hip() as eng, eng.load(Q4_K_M, device="cuda:0") as model:
+        model.set_placement(SPLIT)
+        weights = model.counters()["devices"]["hip:0"]["weight_bytes"]
+        with model.context(64) as ctx:
+            ctx.precision = "q8"
+            want_short, want_next = ctx.prefill(prompt[:3]), ctx.decode([4])
+    with cuda_and_hip(hip={"memory_limit": weights + 48_000}) as eng, eng.load(Q4_K_M, device="cuda:0") as model:
+        hip = next(d for d in eng.devices if d.name == "hip:0")
+        model.set_placement(SPLIT)
+        with model.context(64) as ctx:
+            ctx.precision = "q8"
+            free = next(d for d in eng.devices if d.name == "hip:0").memory_free
+            assert free <= 48_000 and hip.memory_total == weights + 48_000
+            for _ in range(2):
+                with pytest.raises(OutOfMemoryError, match=r"hip:0: out of device memory: the staging of a batch of "
+                                                           r"40 tokens \(\d+ expert rows\) needs \d+ bytes, \d+ "
+                                                           r"free \(of \d+\)"):  # fmt: skip
+                    ctx.prefill(prompt)
+                assert ctx.position == 0
+            assert np.array_equal(ctx.prefill(prompt[:3]), want_short)
+            assert np.array_equal(ctx.decode([4]), want_next)
+        assert next(d for d in eng.devices if d.name == "hip:0").memory_free == free
 
 
 @pytest.mark.gpu

@@ -58,6 +58,36 @@ def test_spans_cover_every_layer_of_a_step_on_the_devices_that_ran_them(engine):
         model.close()
 
 
+def test_a_staged_peers_branch_is_traced_as_its_upload_its_experts_and_its_download(engine):
+    """A peer that is not host-addressable (hostsim:0 beside a cpu:0 primary; a GPU beside a CPU or another runtime)
+    receives its rows through host staging: while tracing, its branch is three spans on its lane, in order and
+    touching: the rows' upload (a stage span over the tokens staged), its experts (the pairs) and the outputs'
+    download (a stage span over the pairs), with the bits of an untraced step."""
+    model = engine.load(FIXTURES / "qwen3moe-f32", device="cpu:0")
+    try:
+        model.set_placement("*=cpu:0; *.0-3=hostsim:0")
+        with model.context(32) as ctx:
+            want = ctx.prefill([5, 6, 7, 8])
+            ctx.truncate(0)
+            ctx.trace = 1000
+            got = ctx.prefill([5, 6, 7, 8])
+            spans = ctx.trace_spans()
+        assert np.array_equal(got, want)
+        hits = model.routing_counts()[0]
+        layers = [layer for layer in range(model.config.num_layers) if hits[layer, 0:4].sum() > 0]
+        assert layers, "the fixture's routing chose hostsim:0's experts somewhere"
+        for layer in layers:
+            lane = sorted((s for s in spans if s.device == "hostsim:0" and s.layer == layer), key=lambda s: s.start_ns)
+            assert [s.kind for s in lane] == ["stage", "experts", "stage"], (layer, lane)
+            up, experts, down = lane
+            assert up.end_ns == experts.start_ns and experts.end_ns == down.start_ns
+            assert 1 <= up.rows <= 4 and experts.rows == down.rows > 0
+            join = next(s for s in spans if s.kind == "join" and s.layer == layer and s.device == "cpu:0")
+            assert down.end_ns <= join.end_ns
+    finally:
+        model.close()
+
+
 def test_tracing_changes_no_bits_and_a_full_trace_counts_what_it_lost(engine):
     model = engine.load(FIXTURES / "qwen3moe-f32", device="hostsim:0")
     try:

@@ -2,7 +2,7 @@
 # Build, test and time on the NVIDIA machine (run from the repository root there). Needs cffi and pycparser
 # wheels in .whl/ (the machine has no package registry). Writes reports to $OUT.
 #   bash bench/gpu/run_on_device.sh [tests] [hbm] [primary] [kernels] [split] [cpu] [weights] [costmodel]
-#       [costmodel-primary] [overlap]
+#       [costmodel-primary] [overlap] [bridge]
 #   (default: tests hbm primary split costmodel-primary)
 set -euo pipefail
 OUT=${OUT:-/tmp/out}
@@ -17,8 +17,16 @@ export EXPERTBENCH_CUDA_ARCHS=${EXPERTBENCH_CUDA_ARCHS:-90}
 # the hip module for the NVIDIA platform beside the cuda module: two runtime modules owning experts on one card
 export EXPERTBENCH_HIP_PLATFORM=${EXPERTBENCH_HIP_PLATFORM:-nvidia}
 # EB_SKIP_BUILD=1: the modules an earlier call of this script built in this tree (a second call in one command)
+# EB_GPU_MODULES=DIR: the cuda and hip modules built elsewhere for this card (nvcc compiles them anywhere; carried in
+# DIR), copied beside the core built here without them: minutes of the lease saved
 if [ -z "${EB_SKIP_BUILD:-}" ]; then
-    python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+    if [ -n "${EB_GPU_MODULES:-}" ]; then
+        EXPERTBENCH_NO_GPU=1 python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 ||
+            { tail -30 "$OUT/build.log"; exit 1; }
+        cp "$EB_GPU_MODULES"/expertbench_rt_*.so engine/
+    else
+        python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+    fi
 fi
 for step in $steps; do
     case $step in
@@ -57,6 +65,14 @@ for step in $steps; do
     overlap) # every MoE layer split between the GPU primary and cpu:0: the owners' spans against max and sum
         python3 bench/overlap.py --primary cuda:0 --peer cpu:0 --size bench --tokens 64 --rounds 3 \
             --json "$OUT/overlap_cuda_bench.json" ;;
+    bridge) # the cross-runtime bridge: every MoE layer split between cuda:0 and hip:0 (hip built for the NVIDIA
+        # platform), each way round, and the CPU as the second owner for comparison, in one call
+        for pair in "cuda:0 hip:0" "hip:0 cuda:0" "cuda:0 cpu:0"; do
+            set -- $pair
+            echo "== bridge: primary $1, peer $2"
+            python3 bench/overlap.py --primary "$1" --peer "$2" --size bench --tokens 64 --rounds 3 \
+                --json "$OUT/bridge_${1%%:*}_${2%%:*}.json" || echo "bridge $1 $2: ids differ or it failed"
+        done ;;
     costmodel-primary)
         python3 bench/costmodel.py --size bench --primary cuda:0 --peer cpu:0 --repeats 3 \
             --json "$OUT/costmodel_cuda_primary.json" ;;

@@ -456,7 +456,8 @@ typedef enum {
     EB_SPAN_ATTENTION = 1, /* norm, q/k/v, attention and the output projection of one layer */
     EB_SPAN_ROUTE = 2,     /* norm and router of a MoE layer */
     EB_SPAN_EXPERTS = 3,   /* one owner's routed experts of one layer */
-    EB_SPAN_STAGE = 4,     /* routing and rows read back from the primary, or staged to a peer */
+    EB_SPAN_STAGE = 4,     /* on the primary: routing and rows read back; on a staged peer: its rows' upload, and
+                            * its outputs' download, each its own span (the experts' span between them) */
     EB_SPAN_JOIN = 5,      /* the primary waiting for the peers' completion events */
     EB_SPAN_COMBINE = 6,   /* the other owners' outputs sent to the primary and the sum in canonical order */
     EB_SPAN_DENSE = 7,     /* a dense FFN */

@@ -22,8 +22,8 @@ void eb_context_free(eb_context *c) {
     eb_scheduler_release(c);
     eb_context_buffers_release(c);
     for (int d = 0; d < EB_MAX_DEVICES; d++)
-        for (int k = 0; k < 2; k++) {
-            void *ev = k ? c->done[d] : c->begun[d];
+        for (int k = 0; k < 4; k++) {
+            void *ev = k == 0 ? c->begun[d] : k == 1 ? c->done[d] : k == 2 ? c->up[d] : c->down[d];
             const eb_runtime *r = eb_device_runtime(eng, d);
             if (ev) r->table->event_destroy(r->rt, eng->devices[d].local, ev);
         }

@@ -212,6 +212,7 @@ typedef struct {
     float *y;            /* host: where this owner's outputs are read by the reduction */
     int staged;          /* inputs went through host staging */
     int inline_run;      /* run on the calling thread (done when dispatch returns), between host times t0, t1 */
+    int parts_timed;     /* staged while tracing: its upload and its experts end at events (up, down) */
     uint64_t t0, t1;
 } eb_owner_step;
 
@@ -257,6 +258,8 @@ struct eb_context {
     eb_owner_step step[EB_MAX_DEVICES];
     void *begun[EB_MAX_DEVICES]; /* a peer's branch: events before and after it, created when first needed */
     void *done[EB_MAX_DEVICES];
+    void *up[EB_MAX_DEVICES];   /* a staged branch while tracing: after its rows' upload, after its experts */
+    void *down[EB_MAX_DEVICES];
     eb_rt_expert *plan_experts;  /* n_batch * top_k */
     int32_t *plan_start;         /* n_batch * top_k + 1 */
     int32_t *pair_slot;          /* per (token, k): the row of its owner's y */

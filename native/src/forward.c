@@ -272,7 +272,8 @@ static int send_foreign(eb_step *s, int l) {
     return st ? eb_fail(st, "sending layer %d's expert outputs to %s: %s", l, s->name, s->err) : EB_OK;
 }
 
-/* Each peer's branch of layer l as a span, from its completion events (this thread's clock for one run inline). */
+/* Each peer's branch of layer l as spans, from its events (this thread's clock for one run inline): its experts, and
+ * for a staged branch its rows' upload before them and its outputs' download after (stage spans on the peer). */
 static void trace_peers(eb_step *s, int l) {
     eb_context *c = s->c;
     const eb_engine *eng = s->m->engine;
@@ -280,11 +281,20 @@ static void trace_peers(eb_step *s, int l) {
         const eb_runtime *r = eb_device_runtime(eng, d);
         const eb_owner_step *o = &c->step[d];
         int local = eng->devices[d].local;
-        uint64_t b0 = o->t0, b1 = o->t1;
+        uint64_t b0 = o->t0, b1 = o->t1, u = 0, w = 0;
         if (d == s->m->primary || o->n_pairs == 0) continue;
-        if (o->inline_run || (r->table->event_time(r->rt, local, c->begun[d], &b0, s->err, sizeof s->err) == EB_OK &&
-                              r->table->event_time(r->rt, local, c->done[d], &b1, s->err, sizeof s->err) == EB_OK))
+        if (!o->inline_run && (r->table->event_time(r->rt, local, c->begun[d], &b0, s->err, sizeof s->err) != EB_OK ||
+                               r->table->event_time(r->rt, local, c->done[d], &b1, s->err, sizeof s->err) != EB_OK))
+            continue;
+        if (o->parts_timed && r->table->event_time(r->rt, local, c->up[d], &u, s->err, sizeof s->err) == EB_OK &&
+            r->table->event_time(r->rt, local, c->down[d], &w, s->err, sizeof s->err) == EB_OK && b0 <= u && u <= w &&
+            w <= b1) {
+            span(c, d, l, EB_SPAN_STAGE, o->n_tokens, b0, u);
+            span(c, d, l, EB_SPAN_EXPERTS, o->n_pairs, u, w);
+            span(c, d, l, EB_SPAN_STAGE, o->n_pairs, w, b1);
+        } else {
             span(c, d, l, EB_SPAN_EXPERTS, o->n_pairs, b0, b1);
+        }
     }
 }
 

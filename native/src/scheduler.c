@@ -448,6 +448,7 @@ static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int 
     s->n_pairs = 0;
     s->staged = staged;
     s->inline_run = inline_run && !staged;
+    s->parts_timed = staged && c->trace_cap > 0;
     if (n_pairs == 0) return EB_OK;
     int64_t x_rows = staged ? n_tokens : n; /* rows of x the owner indexes */
     int64_t y_rows = owner_local ? x_rows : n_pairs;
@@ -504,7 +505,9 @@ static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int 
     if (s->inline_run) {
         s->t0 = eb_now_ns();
     } else {
-        if ((st = eb_context_event(c, d, &c->begun[d])) || (st = eb_context_event(c, d, &c->done[d]))) return st;
+        if ((st = eb_context_event(c, d, &c->begun[d])) || (st = eb_context_event(c, d, &c->done[d])) ||
+            (s->parts_timed && ((st = eb_context_event(c, d, &c->up[d])) || (st = eb_context_event(c, d, &c->down[d])))))
+            return st;
         if ((st = r->table->event_record(r->rt, local, c->begun[d], err, sizeof err)))
             return eb_fail(st, "layer experts on %s: %s", eng->devices[d].name, err);
     }
@@ -526,8 +529,12 @@ static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int 
         b.scratch = db + in_bytes + y_bytes;
         b.scratch_bytes = scratch;
         y_used = (size_t)(y_rows * H) * sizeof(float);
+        /* while tracing, the upload and the experts end at events of their own: the trace splits the branch into
+         * its staging each way and its experts */
         if (!(st = r->table->copy_to_device(r->rt, local, db, hb, in_bytes, 1, err, sizeof err)) &&
-            !(st = r->table->expert_ffn(r->rt, local, &b, 1, err, sizeof err)))
+            !(st = s->parts_timed ? r->table->event_record(r->rt, local, c->up[d], err, sizeof err) : EB_OK) &&
+            !(st = r->table->expert_ffn(r->rt, local, &b, 1, err, sizeof err)) &&
+            !(st = s->parts_timed ? r->table->event_record(r->rt, local, c->down[d], err, sizeof err) : EB_OK))
             st = r->table->copy_to_host(r->rt, local, s->y, b.y, y_used, 1, err, sizeof err);
     }
     if (s->inline_run) s->t1 = eb_now_ns();

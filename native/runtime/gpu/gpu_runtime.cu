@@ -68,11 +68,27 @@ struct gpu_device {
     unsigned long long clock_host_ns;
     int clock_ready;
     char name[EB_MAX_NAME];
+    // Under a memory limit: the bytes of each live allocation of mem_alloc (what mem_free gives back) and their sum.
+    // Guarded by lock.
+    struct gpu_alloc *allocs;
+    int n_allocs, allocs_capacity;
+    unsigned long long allocated;
+};
+
+// One allocation of mem_alloc, kept while a memory limit is set.
+struct gpu_alloc {
+    void *ptr;
+    size_t bytes;
 };
 
 struct gpu_runtime {
     int n_devices;
     gpu_device *devices;
+    // eb_runtime_options.memory_limit: the bytes mem_alloc may hand out per device (0: what the card has). A card
+    // lent whole can then stand in for a smaller one (a 24 GiB card on an H100), and a staging that does not fit is
+    // the error it is on that card. The module's own small tables (the expert table, the router's counters) are
+    // outside it.
+    unsigned long long memory_limit;
 };
 
 
@@ -132,6 +148,7 @@ static void gpu_shutdown(void *rtp) {
         if (d->slots_host) (void)gpuFreeHost(d->slots_host);
         if (d->slots_dev) (void)gpuFree(d->slots_dev);
         if (d->route_arrivals) (void)gpuFree(d->route_arrivals);
+        free(d->allocs);
         if (d->slots_copied) (void)gpuEventDestroy(d->slots_copied);
         if (d->start) (void)gpuEventDestroy(d->start);
         if (d->stop) (void)gpuEventDestroy(d->stop);
@@ -148,7 +165,6 @@ static void gpu_shutdown(void *rtp) {
 static int q8_allow_shared(const gpuDeviceProp &prop);
 
 static int gpu_init(const eb_runtime_options *opt, void **out, char *err, size_t errlen) {
-    (void)opt;
     *out = NULL;
     int count = 0;
     gpuError_t e = gpuGetDeviceCount(&count);
@@ -163,6 +179,7 @@ static int gpu_init(const eb_runtime_options *opt, void **out, char *err, size_t
         free(rt);
         return eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory");
     }
+    rt->memory_limit = opt ? opt->memory_limit : 0;
     for (int i = 0; i < count; i++) {
         gpu_device *d = &rt->devices[i];
         pthread_mutexattr_t attr;
@@ -213,6 +230,14 @@ static int gpu_device_info(void *rtp, int dev, eb_rt_device_info *info, char *er
     snprintf(info->kind, sizeof info->kind, "gpu");
     info->memory_total = total_b;
     info->memory_free = free_b;
+    unsigned long long limit = ((gpu_runtime *)rtp)->memory_limit;
+    if (limit) {
+        pthread_mutex_lock(&d->lock);
+        unsigned long long left = d->allocated < limit ? limit - d->allocated : 0;
+        pthread_mutex_unlock(&d->lock);
+        if (limit < info->memory_total) info->memory_total = limit;
+        if (left < info->memory_free) info->memory_free = left;
+    }
     info->threads = 0;
     info->host_addressable = 0;
     info->queued_ops = 1;
@@ -229,9 +254,39 @@ static int gpu_device_info(void *rtp, int dev, eb_rt_device_info *info, char *er
 }
 
 static int gpu_mem_alloc(void *rtp, int dev, size_t bytes, void **ptr, char *err, size_t errlen) {
+    gpu_runtime *rt = (gpu_runtime *)rtp;
     *ptr = NULL;
-    if (!get_dev((gpu_runtime *)rtp, dev, err, errlen)) return EB_ERR_RANGE;
+    gpu_device *d = get_dev(rt, dev, err, errlen);
+    if (!d) return EB_ERR_RANGE;
     GPU_TRY(gpuSetDevice(dev), "set device");
+    if (rt->memory_limit) {
+        pthread_mutex_lock(&d->lock);
+        int st = 0;
+        if (bytes > rt->memory_limit || d->allocated > rt->memory_limit - bytes)
+            st = eb_rt_fail(err, errlen, EB_ERR_MEMORY,
+                            RUNTIME_NAME ":%d: cannot allocate %zu bytes: %llu of the limit %llu in use", dev, bytes,
+                            d->allocated, rt->memory_limit);
+        if (!st && d->n_allocs == d->allocs_capacity) {
+            int cap = d->allocs_capacity ? 2 * d->allocs_capacity : 64;
+            gpu_alloc *grown = (gpu_alloc *)realloc(d->allocs, (size_t)cap * sizeof *grown);
+            if (grown) d->allocs = grown, d->allocs_capacity = cap;
+            else st = eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of host memory");
+        }
+        if (!st) {
+            gpuError_t e = gpuMalloc(ptr, bytes ? bytes : 1);
+            if (e == gpuSuccess) {
+                d->allocs[d->n_allocs++] = {*ptr, bytes};
+                d->allocated += bytes;
+            } else {
+                (void)gpuGetLastError();
+                *ptr = NULL;
+                st = eb_rt_fail(err, errlen, EB_ERR_MEMORY, API " could not allocate %zu bytes on device %d: %s", bytes,
+                                dev, gpuGetErrorString(e));
+            }
+        }
+        pthread_mutex_unlock(&d->lock);
+        return st;
+    }
     gpuError_t e = gpuMalloc(ptr, bytes ? bytes : 1);
     if (e != gpuSuccess) {
         (void)gpuGetLastError();
@@ -243,10 +298,20 @@ static int gpu_mem_alloc(void *rtp, int dev, size_t bytes, void **ptr, char *err
 }
 
 static void gpu_mem_free(void *rtp, int dev, void *ptr) {
-    (void)rtp;
-    if (!ptr) return;
+    gpu_runtime *rt = (gpu_runtime *)rtp;
+    if (!ptr || dev < 0 || dev >= rt->n_devices) return;
     (void)gpuSetDevice(dev);
     (void)gpuFree(ptr);
+    if (!rt->memory_limit) return;
+    gpu_device *d = &rt->devices[dev];
+    pthread_mutex_lock(&d->lock);
+    for (int i = d->n_allocs - 1; i >= 0; i--)
+        if (d->allocs[i].ptr == ptr) {
+            d->allocated -= d->allocs[i].bytes;
+            d->allocs[i] = d->allocs[--d->n_allocs];
+            break;
+        }
+    pthread_mutex_unlock(&d->lock);
 }
 
 static int gpu_host_alloc(void *rtp, size_t bytes, void **ptr, char *err, size_t errlen) {
