@@ -362,6 +362,22 @@ def test_the_cost_model_counts_the_per_position_state_as_the_core_does(f32_model
     assert shape.kv_window_bytes == f32_model.info["kv_window_bytes"] == 0
 
 
+def test_the_cost_model_counts_the_state_a_step_reads_at_a_context_as_the_core_reads_it():
+    """A V4 step does not read every position's state: each layer its window's key=value rows, an HCA layer its
+    compressed entries (one per 128 positions), a CSA layer the indexer's key of every entry (one per 4 positions)
+    and the index_topk entries it keeps. The fixture: window 8, layers sliding / CSA / HCA / CSA, head_dim 32,
+    index_head_dim 24, index_topk 4."""
+    from engine.placement.costmodel import ModelShape
+
+    shape = ModelShape.from_checkpoint(Checkpoint.open(F32))
+    window = 4 * 32 * 8  # floats of the four layers' windows
+    assert shape.kv_read_bytes(0) == 0
+    assert shape.kv_read_bytes(100) == 4 * (window + 2 * (24 * 25 + 32 * 4))  # 25 CSA entries, no HCA entry yet
+    assert shape.kv_read_bytes(1000) == 4 * (window + 2 * (24 * 250 + 32 * 4) + 32 * 7)
+    # the general rule (every position of every layer) would count the whole state, some 90 times more
+    assert shape.kv_row_bytes * 4 * 1000 > 90 * shape.kv_read_bytes(1000)
+
+
 def test_the_cost_model_counts_the_experts_and_the_shared_expert():
     """Placement sizes V4's experts (ffn.experts.M.*) and its shared expert (ffn.shared_experts.*) from the tensor
     table as it sizes the others' (mlp.*): gate, up and down of 16 x 32 f32 values each."""

@@ -144,6 +144,8 @@ class Family:
         general note).
     kv_row_bytes(config) -> the bytes one position adds to one layer's state where the family keeps more than its
         KV heads' keys and values or MLA's latent (None: those, as the cost model counts them).
+    kv_read_bytes(config, context) -> the state's bytes one decode step reads at a context of this many positions,
+        every layer together, where a step reads other than every row (full attention) or its window's (None: those).
     awaiting: what the core lacks to run the family (empty: it runs it). A family awaiting its forward pass
         (engine.families.AWAITING) has its config.json or GGUF keys read and checked, then is refused with this.
     gguf_awaiting: why its GGUF files are refused where the core runs it from a folder (empty: they are read).
@@ -164,6 +166,7 @@ class Family:
     extra_layers: Callable[[ConfigKeys], int] = lambda keys: 0
     ktransformers_note: Callable[[list[int]], str | None] = lambda whole: None
     kv_row_bytes: Callable[[Any], int] | None = None  # (a ModelConfig)
+    kv_read_bytes: Callable[[Any, float], float] | None = None  # (a ModelConfig, a context)
     demo: DemoRecipe | None = None  # its built-in synthetic pair (engine/checkpoints/demo.py), when it has one
     awaiting: str = ""
     gguf_awaiting: str = ""  # what keeps its GGUF files from being read, where the core runs it from folders

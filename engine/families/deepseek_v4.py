@@ -584,6 +584,26 @@ def kv_row_bytes(config) -> int:
     return 4 * (6 * config.head_dim + 5 * dict(config.native_fields)["index_head_dim"])
 
 
+def kv_read_bytes(config, context: float) -> float:
+    """The state one decode step reads at a context of this many positions, as the core's V4 attention reads it
+    (f32): in every layer its window's key=value rows (min(sliding_window, context)); in an HCA layer every compressed
+    entry (one per hca_rate positions); in a CSA layer the indexer's key of every entry (one per csa_rate positions,
+    index_head_dim floats) and the index_topk entries it keeps. (A compressor reads its window's projections once per
+    entry it closes: under a row per step, left out.)"""
+    f = dict(config.native_fields)
+    hd, ihd, topk = config.head_dim, f["index_head_dim"], f["index_topk"]
+    context = max(float(context), 0.0)
+    floats = 0.0
+    for kind in f["layer_kind"]:
+        floats += hd * min(float(f["sliding_window"]), context)
+        if kind == 1:  # CSA
+            entries = math.floor(context / f["csa_rate"])
+            floats += ihd * entries + hd * min(topk, entries)
+        elif kind == 2:  # HCA
+            floats += hd * math.floor(context / f["hca_rate"])
+    return 4 * floats
+
+
 DEEPSEEK_V4 = Family(
     architecture="deepseek_v4",
     title="DeepSeek-V4",
@@ -597,4 +617,5 @@ DEEPSEEK_V4 = Family(
     rope_scaling=True,
     gguf_awaiting=GGUF_REFUSAL,
     kv_row_bytes=kv_row_bytes,
+    kv_read_bytes=kv_read_bytes,
 )

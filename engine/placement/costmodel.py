@@ -34,9 +34,11 @@ everything else here is a pure function of fixed figures, so tests check the log
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -68,6 +70,9 @@ class ModelShape:
     # key; 0: unknown), and per layer its attention window (0: full attention; empty: every layer full)
     kv_row_bytes: int = 0
     layer_windows: tuple[int, ...] = ()
+    # a family's own count of the state a step reads at a context (Family.kv_read_bytes, bound to the config; None:
+    # every row of a full-attention layer, its window's of a sliding one)
+    kv_reader: Callable[[float], float] | None = field(default=None, compare=False, repr=False)
 
     def bytes_of(self, layer: int) -> int:
         """The weights of one expert of this layer."""
@@ -100,7 +105,9 @@ class ModelShape:
 
     def kv_read_bytes(self, context: float) -> float:
         """KV cache bytes one decode step reads at a context of this many positions: every position in a
-        full-attention layer, min(window, context) in a sliding-window layer."""
+        full-attention layer, min(window, context) in a sliding-window layer (or the family's own count)."""
+        if self.kv_reader is not None:
+            return self.kv_reader(context)
         context = max(float(context), 0.0)
         return self.kv_row_bytes * sum(min(float(w), context) if (w := self.window_of(layer)) else context
                                        for layer in range(self.num_layers))  # fmt: skip
@@ -127,13 +134,14 @@ class ModelShape:
         uniform = len({per_expert[layer] for layer in cfg.moe_layers}) == 1
         return cls(cfg.num_layers, tuple(cfg.moe_layers), cfg.num_experts, cfg.top_k, mean,
                    () if uniform else tuple(per_expert), shared // len(cfg.moe_layers), kv_row_bytes(cfg),
-                   tuple(cfg.layer_windows))  # fmt: skip
+                   tuple(cfg.layer_windows), kv_reader(cfg))  # fmt: skip
 
     @classmethod
     def from_config(cls, config: ModelConfig, expert_bytes: int) -> ModelShape:
         _require_moe(config)
         return cls(config.num_layers, tuple(config.moe_layers), config.num_experts, config.top_k, int(expert_bytes),
-                   kv_row_bytes=kv_row_bytes(config), layer_windows=tuple(config.layer_windows))  # fmt: skip
+                   kv_row_bytes=kv_row_bytes(config), layer_windows=tuple(config.layer_windows),
+                   kv_reader=kv_reader(config))  # fmt: skip
 
     @classmethod
     def from_model(cls, model) -> ModelShape:
@@ -154,6 +162,12 @@ def kv_row_bytes(cfg: ModelConfig) -> int:
     if cfg.kv_lora_rank:
         return 4 * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
     return 4 * 2 * cfg.num_kv_heads * cfg.head_dim
+
+
+def kv_reader(cfg: ModelConfig) -> Callable[[float], float] | None:
+    """The family's count of the state a step reads at a context, bound to this config (None: the general rule)."""
+    own = family(cfg.architecture).kv_read_bytes
+    return None if own is None else functools.partial(own, cfg)
 
 
 def _require_moe(cfg: ModelConfig) -> None:
