@@ -112,7 +112,10 @@ def test_a_run_fills_a_lane_per_device_with_spans_by_kind_and_the_gui_keeps_answ
     shown = timeline.kinds_shown()
     assert timeline.lanes[:2] == ["cpu:0", "hostsim:0"]
     assert {"attention", "route", "stage", "join", "combine", "logits"} <= set(shown["cpu:0"])
-    assert set(shown["hostsim:0"]) == {"experts"}  # layer 0's experts, all of them there
+    # layer 0's experts, all of them there, between their rows' upload and their outputs' download (hostsim:0 is
+    # staged: a stage span each way, as many as its experts spans)
+    assert set(shown["hostsim:0"]) == {"experts", "stage"}
+    assert shown["hostsim:0"]["stage"] == 2 * shown["hostsim:0"]["experts"]
     # the drawn rectangles: the experts' item has one bar per experts span, hostsim:0's in its lane
     cols = timeline.shown
     x0, width = timeline.bars.getData("experts")
@@ -129,7 +132,7 @@ def test_a_run_fills_a_lane_per_device_with_spans_by_kind_and_the_gui_keeps_answ
     ticks = dict(timeline.plot.getAxis("left")._tickLevels[0])
     assert ticks[0.5].startswith("cpu:0") and ticks[1.5].startswith("hostsim:0") and ticks[1.5].endswith("%")
     assert timeline.legend_kinds[:6] == ["attention", "route", "stage", "experts", "join", "combine"]
-    assert "stage&nbsp;to&nbsp;peers" in timeline.legend.text()
+    assert "staging" in timeline.legend.text()
     # hover: the span under a point in words
     on_hostsim = cols.device == cols.devices.index("hostsim:0")
     i = int(np.flatnonzero(on_hostsim & (cols.kind == SPAN_KINDS.index("experts")))[-1])
