@@ -67,6 +67,7 @@ class DeviceInfo:
     threads: int
     formats: tuple[str, ...] = ()  # the weight formats its kernels read (engine/core/formats.py names)
     precisions: tuple[str, ...] = ()  # the activation precisions its kernels run (Context.PRECISIONS names)
+    kv_caches: tuple[str, ...] = ("f32",)  # the KV cache formats a context may keep there (Context.KV_CACHES names)
 
     def reads(self, fmt: str) -> bool:
         return fmt in self.formats
@@ -268,9 +269,10 @@ class Engine(_Handle):
             check(lib.eb_engine_device_info(self._ptr, i, info))
             reads = tuple(f.name for f in formats.FORMATS.values() if info.formats >> f.code & 1)
             runs = tuple(p for p, code in Context.PRECISIONS.items() if info.precisions >> code & 1)
+            caches = tuple(k for k, code in Context.KV_CACHES.items() if info.kv_caches >> code & 1)
             out.append(
                 DeviceInfo(i, text(info.name), text(info.kind), text(info.description), info.memory_total,
-                           info.memory_free, info.threads, reads, runs)
+                           info.memory_free, info.threads, reads, runs, caches)
             )  # fmt: skip
         return out
 
@@ -591,9 +593,9 @@ class Model(_Handle):
     def reset_routing(self) -> None:
         lib.eb_model_reset_routing(self._live())
 
-    def context(self, n_ctx: int | None = None, n_batch: int = 512) -> Context:
-        """A KV cache of n_ctx positions (default: max_position_embeddings)."""
-        return Context(self, self.config.max_position_embeddings if n_ctx is None else n_ctx, n_batch)
+    def context(self, n_ctx: int | None = None, n_batch: int = 512, kv: str = "f32") -> Context:
+        """A KV cache of n_ctx positions (default: max_position_embeddings), kept in kv (Context.KV_CACHES)."""
+        return Context(self, self.config.max_position_embeddings if n_ctx is None else n_ctx, n_batch, kv)
 
     def encode(self, text_: str) -> list[int]:
         if self.tokenizer is None:
@@ -696,13 +698,22 @@ class GenerateResult:
 class Context(_Handle):
     """A KV cache over one sequence: prefill, decode (one logits row per input position), truncate."""
 
-    def __init__(self, model: Model, n_ctx: int, n_batch: int = 512):
+    # The KV cache's formats: f32 (the reference) or half the bytes, each key and value rounded to the nearest when
+    # stored (f16: 10 mantissa bits, a range to 65504; bf16: 7 bits, f32's range): a fast mode, not the reference's
+    # output, whose quality cost runs report (engine.runs.quality). The formats' codes in the core.
+    KV_CACHES = {"f32": formats.FORMATS["F32"].code, "f16": formats.FORMATS["F16"].code,
+                 "bf16": formats.FORMATS["BF16"].code}  # fmt: skip
+
+    def __init__(self, model: Model, n_ctx: int, n_batch: int = 512, kv: str = "f32"):
         out = ffi.new("eb_context **")
         limit = model.config.max_position_embeddings
         if not _is_int(n_ctx) or not 1 <= n_ctx <= limit:
             raise RangeError(f"context length {n_ctx!r} out of range: expected 1..{limit} (max_position_embeddings)")
         if not _is_int(n_batch) or not 1 <= n_batch <= 65536:
             raise RangeError(f"batch size {n_batch!r} out of range: expected 1..65536")
+        if not isinstance(kv, str) or kv not in self.KV_CACHES:
+            raise ArgumentError(f"KV cache {kv!r}: expected one of {', '.join(self.KV_CACHES)}")
+        self.kv = kv  # the KV cache's format, fixed for the context's life
         self._mode = "reference"
         self._precision = "f32"
         self._graphs = True
@@ -716,7 +727,7 @@ class Context(_Handle):
         self._device_names = [d.name for d in model.engine.devices]
         self._lock = model._lock
         with self._lock:
-            check(lib.eb_context_create(model._live(), n_ctx, n_batch, out))
+            check(lib.eb_context_create_kv(model._live(), n_ctx, n_batch, self.KV_CACHES[kv], out))
             self._ptr = out[0]
             model._contexts.append(self)
 

@@ -388,3 +388,21 @@ def test_deepseek_v4_experts_on_the_gpu_and_its_primary_refused_by_name(runtime,
             rel = np.linalg.norm(rows - logits, axis=1) / np.linalg.norm(logits, axis=1)
             assert rel.max() < 1e-4, f"{text}: {rel.max():.2e}"
         assert model.counters()["devices"][gpu]["rows"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("runtime", ["cuda", "hip"])
+def test_a_gpu_primary_keeps_its_kv_cache_in_f32_and_refuses_a_half_one_by_name(runtime):
+    """The GPU modules' attention reads an f32 cache only (no kv_formats): a half cache on a GPU primary is refused
+    naming the device; on a CPU primary whose experts are on the GPU it runs (the cache is the primary's)."""
+    with gpu_engine(runtime) as eng:
+        gpu = f"{runtime}:0"
+        assert next(d for d in eng.devices if d.name == gpu).kv_caches == ("f32",)
+        refused = pytest.raises(UnsupportedError, match=f"a f16 KV cache: the primary device {gpu} keeps its cache "
+                                                        "in f32 only")  # fmt: skip
+        with eng.load(FIXTURES / "qwen3moe-f32", device=gpu) as model, refused:
+            model.context(16, kv="f16")
+        with eng.load(FIXTURES / "qwen3moe-f32", device="cpu:0") as model:
+            model.set_placement(f"*={gpu}")
+            with model.context(16, kv="f16") as ctx:
+                assert np.isfinite(ctx.prefill([1, 2, 3])).all()

@@ -17,7 +17,7 @@ from ..core.trace import write_chrome_trace
 from ..model import WEIGHTS_MODES
 from ..profiles.profile import fingerprint
 from ..runs.history import History, history_file
-from ..runs.run import MAX_REPEATS, PRECISIONS, REDUCTION_MODES, DecodeRun, RunResult, StepEvent
+from ..runs.run import KV_CACHES, MAX_REPEATS, PRECISIONS, REDUCTION_MODES, DecodeRun, RunResult, StepEvent
 from ..runs.speculative import MAX_DRAFT_TOKENS
 from ..runs.workload import apply_chat_template, read_prompt_file, synthetic_ids
 from ..session import judge_run, open_pair
@@ -61,13 +61,19 @@ def add_parser(sub) -> argparse.ArgumentParser:
                           "kernels, with the same bits on a GPU: faster and deterministic, but NOT the reference: "
                           "other logits, and its tokens and output hashes may differ from f32's). Float weights are "
                           "read in f32 either way")  # fmt: skip
+    run.add_argument("--kv", default="f32", choices=KV_CACHES,
+                     help="the KV caches' format: f32 (the reference; default), f16 or bf16 (half the cache's bytes: "
+                          "each key and value rounded when stored, so other logits than f32, and its tokens and "
+                          "hashes may differ; its quality cost is measured and reported). Models whose cache is other "
+                          "state (DeepSeek-V3's latent, DeepSeek-V4) and GPU primaries keep f32 only: refused by "
+                          "name")  # fmt: skip
     run.add_argument("--top-k", type=int, metavar="N",
                      help="decode with N experts per token instead of the model's own num_experts_per_tok (a speed "
                           "choice: its quality cost is measured and reported). Fewer than its own are a setting of "
                           "the run, with no second load; more than its own load the checkpoint with N, and a second "
                           "time at its own count for the quality measurement")  # fmt: skip
     run.add_argument("--no-quality", action="store_true",
-                     help="skip measuring the quality cost of a fast mode (owner_local, q8, --top-k): greedy "
+                     help="skip measuring the quality cost of a fast mode (owner_local, q8, --kv, --top-k): greedy "
                           "agreement, mean KL divergence of the next-token distributions and the first divergence "
                           "against the reference mode, on the same prompts")  # fmt: skip
     run.add_argument("--placement", metavar="TEXT",
@@ -198,7 +204,7 @@ def cmd_run(args) -> int:
             prompts = [synthetic_ids(target, args.prompt_tokens, offset=args.depth)]
         run = DecodeRun(target, draft, prompts=prompts, tokens_per_prompt=args.n, repeats=args.repeats, q=args.q,
                         mode=args.mode, precision=args.precision, placement=placement,
-                        trace=args.trace is not None, top_k=pair.run_top_k, depth=args.depth)  # fmt: skip
+                        trace=args.trace is not None, top_k=pair.run_top_k, depth=args.depth, kv=args.kv)  # fmt: skip
         # what decided the outputs: the depth's context and the prompt, as one sequence of ids
         decided = [run.context_ids + ids for ids in run.prompt_ids] if args.depth else prompts
         progress = None
@@ -238,14 +244,14 @@ def cmd_run(args) -> int:
 
 
 def _quality(eng, args, target_dir, target, prompts, result: RunResult):
-    """The quality cost of the run's fast settings (owner_local, q8, --top-k) against the reference mode on its prompts
-    (engine.runs.quality), the run itself as the fast side; None for a run in the reference settings. With --top-k below
-    the checkpoint's own the target is its own reference (the fast side's contexts decode with fewer); above it the
-    reference is the checkpoint loaded again with its own experts per token."""
+    """The quality cost of the run's fast settings (owner_local, q8, --kv, --top-k) against the reference mode on its
+    prompts (engine.runs.quality), the run itself as the fast side; None for a run in the reference settings. With
+    --top-k below the checkpoint's own the target is its own reference (the fast side's contexts decode with fewer);
+    above it the reference is the checkpoint loaded again with its own experts per token."""
     from ..runs.quality import is_fast, quality_cost
 
     native = getattr(target, "native_top_k", target.config.top_k)
-    if not is_fast(result.mode, result.precision, args.top_k, native):
+    if not is_fast(result.mode, result.precision, args.top_k, native, result.kv):
         return None
     tell("measuring the quality cost against the reference mode...")
     reference, top_k = target, None
@@ -256,7 +262,7 @@ def _quality(eng, args, target_dir, target, prompts, result: RunResult):
             reference = eng.load(target_dir, device=args.device, weights=args.weights, check_weights=args.check_weights)
     try:
         return quality_cost(reference, target, prompts=prompts, tokens=args.n, mode=result.mode,
-                            precision=result.precision, fast_result=result, top_k=top_k)  # fmt: skip
+                            precision=result.precision, fast_result=result, top_k=top_k, kv=result.kv)  # fmt: skip
     finally:
         if reference is not target:
             reference.close()
@@ -365,6 +371,9 @@ def _print_table(report: dict, result: RunResult, n_prompts: int) -> None:
     print(f"devices   {devices} ({report['kernels']} kernels)")
     print(f"mode      {report['mode']}")
     print(_precision_line(report))
+    if report["kv"] != "f32":
+        print(f"kv cache  {report['kv']} (half the cache's bytes, each key and value rounded when stored: not the "
+              "reference, its tokens and hashes may differ from f32's)")  # fmt: skip
     w = report["weights"]
     huge = f", {_size(w['huge_page_bytes'])} on huge pages" if w["held"] == "copy" else ""
     print(f"weights   {w['held']} ({_size(w['file_bytes'])}{huge}; {', '.join(w['formats'])})")

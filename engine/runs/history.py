@@ -36,6 +36,7 @@ class RunSettings:
     mode: str = "reference"
     use_draft: bool = True
     precision: str = "f32"  # engine.runs.run.PRECISIONS: f32 the reference, q8 int8 activations (other logits)
+    kv: str = "f32"  # engine.runs.run.KV_CACHES: f32 the reference, f16 / bf16 half the cache (other logits)
 
     @property
     def total_tokens(self) -> int:
@@ -84,6 +85,7 @@ class RunRecord:
     device_busy_share: dict[str, float] = field(default_factory=dict)
     kernels: str = ""  # the target runtime's kernels (RunResult.kernels)
     top_k: int | None = None  # experts per token where the target decoded with another count than its own
+    kv: str = "f32"  # the KV caches' format (engine.runs.run.KV_CACHES)
     # per prompt the generated ids and top-2 logit gaps, compact (engine.runs.diverge.Trail.compact), when complete
     outputs: list[dict] | None = None
     # why the output differs from the reference run's (engine.runs.diverge.Diagnosis.to_dict), when it does
@@ -142,6 +144,7 @@ class RunRecord:
             device_busy_share=dict(getattr(result, "device_busy_share", {}) or {}),
             kernels=getattr(result, "kernels", ""),
             top_k=getattr(result, "top_k", None),
+            kv=getattr(result, "kv", "f32"),
             outputs=_compact_outputs(result) if complete else None,
         )
 
@@ -257,7 +260,7 @@ def now() -> str:
 
 
 def outputs_key(target: str, prompts: Sequence, tokens: int, precision: str, mode: str, placement: str = "",
-                devices: Iterable[str] = (), top_k: int | None = None) -> tuple:  # fmt: skip
+                devices: Iterable[str] = (), top_k: int | None = None, kv: str = "f32") -> tuple:  # fmt: skip
     """What decides a run's output ids: runs with equal keys must give equal hashes.
 
     The target (its fingerprint, or its path), the prompts, the tokens per prompt and the precision (q8 gives other
@@ -265,12 +268,15 @@ def outputs_key(target: str, prompts: Sequence, tokens: int, precision: str, mod
     association); and the placement whenever the outputs depend on it (engine.runs.run.outputs_any_placement over the
     placement's devices and the others given: owner_local always). The
     draft and q never: speculative greedy decoding gives the target-only greedy output, byte for byte. An experts
-    per token override (top_k, None: the model's own) is another model. The window's saved profiles pick the run
+    per token override (top_k, None: the model's own) is another model, a half KV cache (kv) other logits. The
+    window's saved profiles pick the run
     whose hashes they expect by this key too (engine.profiles.expectations)."""
     prompts = tuple(tuple(p) if isinstance(p, list) else p for p in prompts)
     key = (target, prompts, int(tokens), precision)
     if top_k is not None:
         key += (("top_k", top_k),)
+    if kv != "f32":
+        key += (("kv", kv),)
     if mode != "reference":
         key += (mode,)
     if not outputs_any_placement(mode, precision, [*placement_devices(placement), *devices]):
@@ -284,7 +290,7 @@ def record_key(record: RunRecord) -> tuple:
     target = record.fingerprint or record.target_path or record.target
     devices = [record.primary] if record.primary else []
     return outputs_key(target, prompts, record.tokens, record.precision, record.mode, record.placement, devices,
-                       record.top_k)  # fmt: skip
+                       record.top_k, record.kv)  # fmt: skip
 
 
 class History:
@@ -387,13 +393,14 @@ def matching_run(history: Sequence[RunRecord], target_path: str, settings: RunSe
     """The latest complete run of this target (every repeat agreed) whose outputs these settings on this placement
     must give (the same outputs key)."""
     key = outputs_key(target_path, settings.prompts, settings.tokens, settings.precision, settings.mode, placement,
-                      [primary])  # fmt: skip
+                      [primary], kv=settings.kv)  # fmt: skip
     for record in reversed(history):
         if record.settings is None or not record.output_sha256 or record.target_path != target_path or record.top_k:
             continue
         s = record.settings
         devices = [primary, record.primary] if record.primary else [primary]
-        if outputs_key(target_path, s.prompts, s.tokens, s.precision, s.mode, record.placement, devices) == key:
+        if outputs_key(target_path, s.prompts, s.tokens, s.precision, s.mode, record.placement, devices,
+                       kv=s.kv) == key:  # fmt: skip
             return record
     return None
 

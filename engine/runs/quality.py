@@ -1,7 +1,8 @@
 """The quality cost of a fast mode: how far its next-token distributions and greedy choices are from the reference's.
 
 The fast modes trade exactness for speed: `owner_local` sums (each owner pre-sums its experts: another float
-association), the `q8` activation precision (int8 activations against quantized weights) and an experts-per-token
+association), the `q8` activation precision (int8 activations against quantized weights), a half KV cache (`f16` or
+`bf16`: each key and value rounded when stored) and an experts-per-token
 override (decoding with fewer experts than the model's own num_experts_per_tok: a context's top_k, or a Model loaded
 with top_k for more than its own). The reference is the reference mode in f32 with the model's own experts per token.
 
@@ -49,12 +50,14 @@ class QualityCost:
     max_kl: float
     first_divergence: int | None
     diagnosis: Diagnosis | None
+    kv: str = "f32"  # the fast side's KV cache format (engine.runs.run.KV_CACHES)
 
     @property
     def fast_mode(self) -> str:
         """The fast settings in words: 'owner_local, q8, top-2 experts' ('reference' when none)."""
         parts = [] if self.mode == "reference" else [self.mode]
         parts += [] if self.precision == "f32" else [self.precision]
+        parts += [] if self.kv == "f32" else [f"{self.kv} KV cache"]
         if self.top_k is not None and self.top_k != self.native_top_k:
             parts.append(f"top-{self.top_k} experts (of {self.native_top_k})")
         return ", ".join(parts) or "reference"
@@ -71,7 +74,8 @@ class QualityCost:
 
     def to_dict(self) -> dict:
         return {
-            "fast_mode": self.fast_mode, "mode": self.mode, "precision": self.precision, "top_k": self.top_k,
+            "fast_mode": self.fast_mode, "mode": self.mode, "precision": self.precision, "kv": self.kv,
+            "top_k": self.top_k,
             "native_top_k": self.native_top_k, "prompts": self.prompts, "tokens_per_prompt": self.tokens,
             "positions": self.positions, "agreement": self.agreement, "mean_kl": self.mean_kl, "max_kl": self.max_kl,
             "first_divergence": self.first_divergence, "summary": self.summary(),
@@ -97,9 +101,10 @@ def agreement(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
     return np.argmax(p_logits, axis=-1) == np.argmax(q_logits, axis=-1)
 
 
-def is_fast(mode: str, precision: str, top_k: int | None = None, native_top_k: int | None = None) -> bool:
+def is_fast(mode: str, precision: str, top_k: int | None = None, native_top_k: int | None = None,
+            kv: str = "f32") -> bool:  # fmt: skip
     """Whether these settings are not the reference's (so that they have a quality cost to measure)."""
-    return mode != "reference" or precision != "f32" or (top_k is not None and top_k != native_top_k)
+    return mode != "reference" or precision != "f32" or kv != "f32" or (top_k is not None and top_k != native_top_k)
 
 
 def within_max_kl(cost: QualityCost, max_kl: float) -> bool:
@@ -109,10 +114,11 @@ def within_max_kl(cost: QualityCost, max_kl: float) -> bool:
     return cost.mean_kl <= max_kl
 
 
-def _rows(model, sequence: Sequence[int], first: int, mode: str, precision: str, top_k=None) -> np.ndarray:
+def _rows(model, sequence: Sequence[int], first: int, mode: str, precision: str, top_k=None,
+          kv: str = "f32") -> np.ndarray:  # fmt: skip
     """The logits of every position of `sequence` from `first` on, in one prefill, in this mode and precision (and
-    experts per token: None, the model's loaded count)."""
-    ctx = model.context(len(sequence))
+    experts per token: None, the model's loaded count; KV cache format)."""
+    ctx = model.context(len(sequence), kv=kv)
     try:
         ctx.mode, ctx.precision = mode, precision
         if top_k is not None:
@@ -124,21 +130,23 @@ def _rows(model, sequence: Sequence[int], first: int, mode: str, precision: str,
 
 def quality_cost(reference, fast=None, *, prompts=None, tokens: int = 32, mode: str = "reference",
                  precision: str = "f32", placement=None, reference_result=None, fast_result=None,
-                 top_k: int | None = None) -> QualityCost:  # fmt: skip
+                 top_k: int | None = None, kv: str = "f32") -> QualityCost:  # fmt: skip
     """Measure a fast mode against the reference mode on the prompts (texts or id lists; default the demo prompts),
     `tokens` generated per prompt.
 
     reference: the Model at its own experts per token (run in reference mode, f32); fast: the Model the fast side
     decodes with (None: the reference model itself; one loaded with top_k for more experts per token than its own),
-    in `mode` and `precision`, with `top_k` experts per token (its contexts' Context.top_k; None: as loaded), on
+    in `mode` and `precision` with its KV caches in `kv`, with `top_k` experts per token (its contexts' Context.top_k;
+    None: as loaded), on
     `placement` (None: its current one; it stays in force, as a run's does). The routing statistics do not count
     these decodes. reference_result / fast_result: RunResults of these prompts and
     tokens already decoded in those settings (a run just made), reused instead of decoding again."""
     from ..model import check_context_top_k
-    from .run import DecodeRun, _top_k_override, check_mode, check_precision
+    from .run import DecodeRun, _top_k_override, check_kv, check_mode, check_precision
 
     check_mode(mode)
     check_precision(precision)
+    check_kv(kv)
     fast = reference if fast is None else fast
     if fast.config.vocab_size != reference.config.vocab_size:
         raise ArgumentError("the fast model's vocabulary is not the reference's: load the same checkpoint")
@@ -149,9 +157,9 @@ def quality_cost(reference, fast=None, *, prompts=None, tokens: int = 32, mode: 
             reference_result = DecodeRun(reference, prompts=prompts, tokens_per_prompt=tokens).run()
         if fast_result is None:
             fast_result = DecodeRun(fast, prompts=prompts, tokens_per_prompt=tokens, mode=mode, precision=precision,
-                                    placement=placement, top_k=top_k).run()  # fmt: skip
+                                    placement=placement, top_k=top_k, kv=kv).run()  # fmt: skip
         prompt_ids = DecodeRun(reference, prompts=prompts, tokens_per_prompt=tokens).prompt_ids
-        _check_pair(reference_result, fast_result, len(prompt_ids), tokens, mode, precision)
+        _check_pair(reference_result, fast_result, len(prompt_ids), tokens, mode, precision, kv)
         override = _top_k_override(fast, top_k)
         if reference_result.top_k is not None:
             raise ArgumentError(f"the reference run decoded with top_k {reference_result.top_k}: expected the "
@@ -163,7 +171,7 @@ def quality_cost(reference, fast=None, *, prompts=None, tokens: int = 32, mode: 
         for ids, p in zip(prompt_ids, reference_result.prompts, strict=True):
             sequence = ids + p.generated_ids[:-1]  # each generated token is predicted from the ones before it
             ref_rows = _rows(reference, sequence, len(ids) - 1, "reference", "f32")
-            fast_rows = _rows(fast, sequence, len(ids) - 1, mode, precision, top_k)
+            fast_rows = _rows(fast, sequence, len(ids) - 1, mode, precision, top_k, kv)
             kls.append(kl_divergence(ref_rows, fast_rows))
             agree.append(agreement(ref_rows, fast_rows))
     kl, same = np.concatenate(kls), np.concatenate(agree)
@@ -186,14 +194,20 @@ def quality_cost(reference, fast=None, *, prompts=None, tokens: int = 32, mode: 
         max_kl=float(kl.max()),
         first_divergence=min(found) if found else None,
         diagnosis=diagnosis if diagnosis.divergences else None,
+        kv=kv,
     )
 
 
-def _check_pair(ref, fast, n_prompts: int, tokens: int, mode: str, precision: str) -> None:
+def _check_pair(ref, fast, n_prompts: int, tokens: int, mode: str, precision: str, kv: str = "f32") -> None:
     """Results handed in must be complete runs of these prompts and tokens in the settings they stand for."""
-    for what, result, want in (("reference", ref, ("reference", "f32")), ("fast", fast, (mode, precision))):
-        if (result.mode, result.precision) != want:
-            raise ArgumentError(f"the {what} run ran in {result.mode}, {result.precision}: expected {', '.join(want)}")
+    for what, result, want in (("reference", ref, ("reference", "f32", "f32")), ("fast", fast, (mode, precision, kv))):
+        got = (result.mode, result.precision, result.kv)
+        if got != want:
+
+            def said(s):
+                return f"{s[0]}, {s[1]}" + ("" if s[2] == "f32" else f", a {s[2]} KV cache")
+
+            raise ArgumentError(f"the {what} run ran in {said(got)}: expected {said(want)}")
         if len(result.prompts) != n_prompts or result.tokens_per_prompt != tokens or result.cancelled:
             raise ArgumentError(f"the {what} run is not a complete run of {n_prompts} prompts x {tokens} tokens")
 

@@ -38,6 +38,7 @@ from .workload import synthetic_ids
 
 REDUCTION_MODES = tuple(Context.MODES)  # the context owns the mode names
 PRECISIONS = tuple(Context.PRECISIONS)  # and the activation precisions (f32: the reference; q8: llama.cpp's way)
+KV_CACHES = tuple(Context.KV_CACHES)  # and the KV cache formats (f32: the reference; f16, bf16: half the bytes)
 # A step records at most a few spans per layer and device (attention, route, stage, experts per owner, join,
 # combine), whatever its rows: room per layer, plus embed, logits and recorded parts.
 TRACE_ROOM_PER_LAYER = 16
@@ -163,6 +164,7 @@ class RunResult:
     kernels: str = ""  # the kernels of the target's runtime (RuntimeInfo.kernel_variant)
     top_k: int | None = None  # experts per token where the target decoded with another count than its checkpoint's
     depth: int = 0  # context tokens before each prompt, prefilled and not measured (decode at a depth)
+    kv: str = "f32"  # the KV caches' format (KV_CACHES): f16 and bf16 give other logits than f32, so other hashes
     # per repeat, per finished prompt: each generated token's id, runner-up and top-2 logits (engine.runs.diverge)
     trails: list[list[Trail]] = field(default_factory=list, repr=False)
 
@@ -233,6 +235,12 @@ def check_precision(precision: str) -> str:
     return precision
 
 
+def check_kv(kv: str) -> str:
+    if kv not in KV_CACHES:
+        raise ArgumentError(f"KV cache {kv!r} is unknown: expected one of {', '.join(KV_CACHES)}")
+    return kv
+
+
 def _positive(name: str, value) -> int:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
         raise ArgumentError(f"{name} = {value!r}: expected a positive integer")
@@ -258,7 +266,8 @@ class DecodeRun:
     other logits than f32; float weights are read in f32 either way). placement: a Placement or its text form
     ("0-7=cuda:0; 8-15=cpu:0"), applied to the target when the run starts; None keeps the target's current one.
     top_k: experts per token the target decodes with (its context's Context.top_k: 1..the count it was loaded with);
-    None: that count.
+    None: that count. kv: the format of both models' KV caches (Context.KV_CACHES): "f32" (the reference), "f16" or
+    "bf16" (half the cache's bytes, each key and value rounded when stored: other logits than f32).
     on_event(StepEvent) is called after every step, on the run's thread. trace: record the per-token trace of both
     models (engine.core.trace): each StepEvent carries its step's spans, and DecodeRun.spans keeps the newest steps'
     spans, at most trace_keep of them (TRACE_KEPT_SPANS; the older steps' are counted in trace_dropped).
@@ -282,9 +291,11 @@ class DecodeRun:
         trace_keep: int = TRACE_KEPT_SPANS,
         top_k: int | None = None,
         depth: int = 0,
+        kv: str = "f32",
     ):
         check_mode(mode)
         check_precision(precision)
+        self.kv = check_kv(kv)
         self.top_k = None if top_k is None else check_context_top_k(target.config, top_k)
         if placement is not None:
             target.placement_bytes(placement)  # checks devices, layers and experts now; moves nothing yet
@@ -409,7 +420,7 @@ class DecodeRun:
     def _execute(self) -> RunResult:
         if self.placement is not None:
             self.target.set_placement(self.placement)
-        target_ctx = self.target.context(self.n_ctx)
+        target_ctx = self.target.context(self.n_ctx, kv=self.kv)
         draft_ctx = None
         try:
             target_ctx.mode = self.mode
@@ -418,7 +429,7 @@ class DecodeRun:
                 target_ctx.top_k = self.top_k
             self._tap = _LogitsTap(target_ctx)
             if self.draft is not None:
-                draft_ctx = self.draft.context(self.n_ctx)
+                draft_ctx = self.draft.context(self.n_ctx, kv=self.kv)
                 draft_ctx.mode = self.mode
                 draft_ctx.precision = self.precision
                 decoder = SpeculativeDecoder(self._tap, draft_ctx, self.q)
@@ -569,6 +580,7 @@ class DecodeRun:
             seconds=seconds,
             top_k=_top_k_override(self.target, self.top_k),
             depth=self.depth,
+            kv=self.kv,
             trails=self._trails,
         )
 

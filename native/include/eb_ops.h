@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "eb_convert.h"
 #include "eb_runtime.h"
 
 /* out = w * x / rms(x), accumulated in double; out may be x. */
@@ -49,8 +50,45 @@ static inline float eb_dot_qk(const float *q, const float *k, int64_t hd) {
 #if defined(__GNUC__)
 __attribute__((always_inline))
 #endif
-static inline void eb_prefetch_row(const float *row, int64_t hd) {
-    for (int64_t i = 0; i < hd; i += 16) __builtin_prefetch(row + i, 0, 3);
+static inline void eb_prefetch_row(const void *row, int64_t bytes) {
+    for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch((const char *)row + i, 0, 3);
+}
+
+/* The KV cache's formats (eb_rt_attention.kv_dtype): f32 (the reference), or f16 / bf16, half the bytes: each key and
+ * value rounded to the nearest when stored, read back exactly as f32, so the arithmetic after is the f32 cache's.
+ * EB_KV_MAX_HEAD_DIM bounds a head's row in a half cache (the core refuses wider heads there). */
+enum { EB_KV_MAX_HEAD_DIM = 512 };
+static inline size_t eb_kv_elem(int32_t kv_dtype) { return kv_dtype == EB_DTYPE_F32 ? sizeof(float) : 2; }
+
+/* hd values of a cache row at element `at` as f32: the row itself in an f32 cache, else converted into buf. Always
+ * inlined, so that the conversion is built for the attention's instruction set (eb_attend_span). */
+#if defined(__GNUC__)
+__attribute__((always_inline))
+#endif
+static inline const float *eb_kv_row(const void *cache, int32_t kv_dtype, int64_t at, int64_t hd, float *buf) {
+    if (kv_dtype == EB_DTYPE_F32) return (const float *)cache + at;
+    const uint16_t *h = (const uint16_t *)cache + at;
+    int64_t i = 0; /* blocks of eight independent lanes: a shape the compiler makes SIMD */
+    if (kv_dtype == EB_DTYPE_BF16) {
+        for (; i + 8 <= hd; i += 8)
+            for (int l = 0; l < 8; l++) buf[i + l] = eb_bf16_to_f32(h[i + l]);
+        for (; i < hd; i++) buf[i] = eb_bf16_to_f32(h[i]);
+    } else {
+        for (; i + 8 <= hd; i += 8)
+            for (int l = 0; l < 8; l++) buf[i + l] = eb_f16_to_f32_lanes(h[i + l]);
+        for (; i < hd; i++) buf[i] = eb_f16_to_f32_lanes(h[i]);
+    }
+    return buf;
+}
+
+/* n values into a cache row at element `at`, rounded to the cache's format. */
+static inline void eb_kv_store(void *cache, int32_t kv_dtype, int64_t at, const float *x, int64_t n) {
+    if (kv_dtype == EB_DTYPE_F32) {
+        memcpy((float *)cache + at, x, (size_t)n * sizeof(float));
+        return;
+    }
+    uint16_t *h = (uint16_t *)cache + at;
+    for (int64_t i = 0; i < n; i++) h[i] = kv_dtype == EB_DTYPE_BF16 ? eb_f32_to_bf16(x[i]) : eb_f32_to_f16(x[i]);
 }
 
 /* g query heads of one row (at q, hd floats apart; outputs at o likewise) attending to cache positions lo..p of the
@@ -65,11 +103,14 @@ enum { EB_ATTEND_HEADS = 8, EB_ATTEND_AHEAD = 16 };
 #if defined(__GNUC__)
 __attribute__((always_inline))
 #endif
-static inline void eb_attend_span(const float *q, int64_t g, const float *kc, const float *restrict vc, int64_t lo,
-                                  int64_t p, int64_t ring, const float *sinks, int64_t kvd, int64_t hd, float *scores,
-                                  int64_t sstride, float *restrict o) {
+static inline void eb_attend_span(const float *q, int64_t g, const void *kc, const void *vc, int32_t kv_dtype,
+                                  int64_t lo, int64_t p, int64_t ring, const float *sinks, int64_t kvd, int64_t hd,
+                                  float *scores, int64_t sstride, float *restrict o) {
     float scale = 1.0f / sqrtf((float)hd);
     int64_t span = p - lo, first = lo % ring; /* scores[s] is position lo + s, at cache row (lo + s) % ring */
+    size_t es = eb_kv_elem(kv_dtype);
+    const char *kb = (const char *)kc, *vb = (const char *)vc;
+    float kbuf[EB_KV_MAX_HEAD_DIM], vbuf[EB_KV_MAX_HEAD_DIM]; /* a half cache's row as f32 */
 #define EB_NEXT(r) ((r) + 1 == ring ? 0 : (r) + 1)
     for (int64_t j0 = 0; j0 < g; j0 += EB_ATTEND_HEADS) {
         int64_t gb = g - j0 < EB_ATTEND_HEADS ? g - j0 : EB_ATTEND_HEADS;
@@ -79,16 +120,16 @@ static inline void eb_attend_span(const float *q, int64_t g, const float *kc, co
         for (int64_t j = 0; j < gb; j++) mx[j] = sinks ? sinks[j0 + j] : -INFINITY;
         int64_t row = first, ahead = first;
         for (int64_t s = 0; s < EB_ATTEND_AHEAD && s <= span; s++, ahead = EB_NEXT(ahead)) {
-            eb_prefetch_row(kc + ahead * kvd, hd);
-            eb_prefetch_row(vc + ahead * kvd, hd);
+            eb_prefetch_row(kb + (size_t)(ahead * kvd) * es, hd * (int64_t)es);
+            eb_prefetch_row(vb + (size_t)(ahead * kvd) * es, hd * (int64_t)es);
         }
         for (int64_t s = 0; s <= span; s++, row = EB_NEXT(row)) {
             if (s + EB_ATTEND_AHEAD <= span) {
-                eb_prefetch_row(kc + ahead * kvd, hd);
-                eb_prefetch_row(vc + ahead * kvd, hd);
+                eb_prefetch_row(kb + (size_t)(ahead * kvd) * es, hd * (int64_t)es);
+                eb_prefetch_row(vb + (size_t)(ahead * kvd) * es, hd * (int64_t)es);
                 ahead = EB_NEXT(ahead);
             }
-            const float *kr = kc + row * kvd;
+            const float *kr = eb_kv_row(kc, kv_dtype, row * kvd, hd, kbuf);
             for (int64_t j = 0; j < gb; j++) {
                 float v = eb_dot_qk(qb + j * hd, kr, hd) * scale;
                 sb[j * sstride + s] = v;
@@ -107,7 +148,7 @@ static inline void eb_attend_span(const float *q, int64_t g, const float *kc, co
         memset(ob, 0, (size_t)(gb * hd) * sizeof *ob);
         row = first;
         for (int64_t s = 0; s <= span; s++, row = EB_NEXT(row)) {
-            const float *restrict v = vc + row * kvd;
+            const float *restrict v = eb_kv_row(vc, kv_dtype, row * kvd, hd, vbuf);
             for (int64_t j = 0; j < gb; j++) {
                 float ps = sb[j * sstride + s] * inv[j], *restrict oj = ob + j * hd;
                 int64_t i = 0;
@@ -126,7 +167,7 @@ __attribute__((always_inline))
 #endif
 static inline void eb_attend_group(const float *q, int64_t g, const float *kc, const float *restrict vc, int64_t p,
                                    int64_t kvd, int64_t hd, float *scores, int64_t sstride, float *restrict o) {
-    eb_attend_span(q, g, kc, vc, 0, p, p + 1, NULL, kvd, hd, scores, sstride, o);
+    eb_attend_span(q, g, kc, vc, EB_DTYPE_F32, 0, p, p + 1, NULL, kvd, hd, scores, sstride, o);
 }
 
 /* One head of one row attending to cache positions 0..p (eb_attend_group of one head). */
@@ -140,10 +181,11 @@ static inline void eb_attend(const float *q, const float *kc, const float *restr
 
 /* One row at position p before attention: the per-head RMSNorm (Qwen3's; none when q_norm and k_norm are NULL) and
  * rotation of its nh query heads (q) and nkv key heads (k) in place, then its key and value rows into the caches
- * (rows of kvd = nkv * hd floats). */
+ * (rows of kvd = nkv * hd values of kv_dtype: eb_kv_store). */
 static inline void eb_qk_rope_store(float *q, float *k, const float *v, const float *q_norm, const float *k_norm,
-                                    const float *rope_cos, const float *rope_sin, float *k_cache, float *v_cache,
-                                    int64_t p, int64_t row, int64_t nh, int64_t nkv, int64_t hd, float eps) {
+                                    const float *rope_cos, const float *rope_sin, void *k_cache, void *v_cache,
+                                    int32_t kv_dtype, int64_t p, int64_t row, int64_t nh, int64_t nkv, int64_t hd,
+                                    float eps) {
     const float *cs = rope_cos + p * (hd / 2), *sn = rope_sin + p * (hd / 2);
     for (int64_t h = 0; h < nh; h++) {
         if (q_norm) eb_rmsnorm(q + h * hd, q + h * hd, q_norm, hd, eps);
@@ -153,8 +195,8 @@ static inline void eb_qk_rope_store(float *q, float *k, const float *v, const fl
         if (k_norm) eb_rmsnorm(k + h * hd, k + h * hd, k_norm, hd, eps);
         eb_rope(k + h * hd, cs, sn, hd);
     }
-    memcpy(k_cache + row * nkv * hd, k, (size_t)(nkv * hd) * sizeof(float));
-    memcpy(v_cache + row * nkv * hd, v, (size_t)(nkv * hd) * sizeof(float));
+    eb_kv_store(k_cache, kv_dtype, row * nkv * hd, k, nkv * hd);
+    eb_kv_store(v_cache, kv_dtype, row * nkv * hd, v, nkv * hd);
 }
 
 /* The K largest of E values, largest first (ties to the lower index), into ids: every router's choice. */

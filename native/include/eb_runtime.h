@@ -17,7 +17,7 @@
 
 #include "expertbench.h"
 
-#define EB_RUNTIME_ABI_VERSION 11u
+#define EB_RUNTIME_ABI_VERSION 12u
 #define EB_RUNTIME_ENTRY "eb_runtime_module"
 
 #if defined(__GNUC__)
@@ -45,6 +45,9 @@ typedef struct {
                                       format table gives one, f32 products where it gives none. The core runs no q8
                                       step with a weight of another format there (a clear error naming the weight),
                                       never the f32 products under the q8 precision's name */
+    uint32_t kv_formats;           /* the KV cache formats its attention keeps besides f32: bit (1 << dtype) of
+                                      EB_DTYPE_F16 / EB_DTYPE_BF16 (0: f32 only). The core refuses a context with
+                                      another cache format on a primary without it */
 } eb_rt_device_info;
 
 /* A weight's scale companion (a format whose EB_FORMATS row has a scale block): f32 scales, one per block of rows x
@@ -145,7 +148,7 @@ typedef struct {
     const float *v;                   /* n rows of n_kv_heads * head_dim */
     const float *q_norm, *k_norm;     /* head_dim each, or both NULL: no per-head norm */
     const float *rope_cos, *rope_sin; /* n_ctx rows of head_dim / 2 */
-    float *k_cache, *v_cache;         /* this layer's: n_ctx rows of n_kv_heads * head_dim */
+    void *k_cache, *v_cache;          /* this layer's: n_cache rows of n_kv_heads * head_dim values of kv_dtype */
     const int32_t *pos;
     int32_t n, n_heads, n_kv_heads, head_dim, n_ctx;
     float eps;
@@ -153,6 +156,7 @@ typedef struct {
     const float *sinks; /* n_heads, or NULL */
     int32_t window;     /* 0: every position */
     int32_t n_cache;    /* rows of this layer's k_cache and v_cache */
+    int32_t kv_dtype;   /* the caches' format: EB_DTYPE_F32, or F16 / BF16 where the module's kv_formats has it */
 } eb_rt_attention;
 
 /* The routed experts of one MoE layer that the primary owns, and the combination of every selected expert's

@@ -174,6 +174,8 @@ typedef struct {
     int32_t threads;
     uint32_t formats;               /* the weight formats its kernels read: bit (1 << eb_dtype) each */
     uint32_t precisions;            /* the activation precisions its kernels run: bit (1 << eb_precision) each */
+    uint32_t kv_caches;             /* the KV cache formats a context may keep there as the primary: bit (1 << eb_dtype)
+                                       each, f32 always */
 } eb_device_info;
 
 typedef struct {
@@ -420,6 +422,11 @@ int eb_model_set_routing_counting(eb_model *model, int32_t enabled);
 /* A decoding context: a KV cache of n_ctx positions and scratch for batches of up to n_batch positions.
  * Everything it needs is allocated here; eval allocates nothing. */
 int eb_context_create(eb_model *model, int32_t n_ctx, int32_t n_batch, eb_context **out);
+/* The same with the KV cache kept in kv_dtype: EB_DTYPE_F32 (eb_context_create's, the reference), EB_DTYPE_F16 or
+ * EB_DTYPE_BF16 (half the bytes: each key and value rounded to the nearest when stored, read back exactly; a fast
+ * mode, not the reference's output). Refused (EB_ERR_UNSUPPORTED, naming why) for a family whose cache is other state
+ * (DeepSeek-V3's latent, DeepSeek-V4's), heads wider than 512, and a primary device whose module keeps f32 only. */
+int eb_context_create_kv(eb_model *model, int32_t n_ctx, int32_t n_batch, int32_t kv_dtype, eb_context **out);
 void eb_context_free(eb_context *ctx);
 /* Append n positions. logits: NULL, or room for n rows of vocab_size floats (all_rows = 1) or one row (the
  * last position, all_rows = 0). On error nothing is appended. */

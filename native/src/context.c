@@ -7,7 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "eb_forward.h"
 #include "eb_model.h"
+#include "eb_ops.h"
 
 static void *zalloc(size_t n, size_t size, int *failed) {
     void *p = calloc(n ? n : 1, size);
@@ -50,9 +52,36 @@ void eb_context_free(eb_context *c) {
 }
 
 int eb_context_create(eb_model *m, int32_t n_ctx, int32_t n_batch, eb_context **out) {
+    return eb_context_create_kv(m, n_ctx, n_batch, EB_DTYPE_F32, out);
+}
+
+/* Whether this model's primary keeps its KV cache in kv_dtype; an error saying why not. */
+static int check_kv_dtype(const eb_model *m, int32_t kv_dtype) {
+    const eb_model_config *cf = &m->cfg;
+    if (kv_dtype == EB_DTYPE_F32) return EB_OK;
+    if (kv_dtype != EB_DTYPE_F16 && kv_dtype != EB_DTYPE_BF16)
+        return eb_fail(EB_ERR_ARGUMENT, "KV cache format %d: expected %d (F32), %d (F16) or %d (BF16)", kv_dtype,
+                       EB_DTYPE_F32, EB_DTYPE_F16, EB_DTYPE_BF16);
+    const char *name = kv_dtype == EB_DTYPE_F16 ? "f16" : "bf16";
+    if (cf->kv_lora_rank > 0 || cf->arch == EB_ARCH_DEEPSEEK_V4)
+        return eb_fail(EB_ERR_UNSUPPORTED, "a %s KV cache: %s keeps its attention state (%s) in f32 only", name,
+                       m->family->title, cf->kv_lora_rank > 0 ? "MLA's compressed latent" : "its compressed entries");
+    if (cf->head_dim > EB_KV_MAX_HEAD_DIM)
+        return eb_fail(EB_ERR_UNSUPPORTED, "a %s KV cache: heads of %d values, expected at most %d", name,
+                       cf->head_dim, EB_KV_MAX_HEAD_DIM);
+    const eb_device *p = &m->engine->devices[m->primary];
+    if (!(p->kv_formats & (1u << kv_dtype)))
+        return eb_fail(EB_ERR_UNSUPPORTED, "a %s KV cache: the primary device %s keeps its cache in f32 only", name,
+                       p->name);
+    return EB_OK;
+}
+
+int eb_context_create_kv(eb_model *m, int32_t n_ctx, int32_t n_batch, int32_t kv_dtype, eb_context **out) {
     if (!m || !out) return eb_fail(EB_ERR_ARGUMENT, "context: NULL argument");
     *out = NULL;
     const eb_model_config *cf = &m->cfg;
+    int kst = check_kv_dtype(m, kv_dtype);
+    if (kst) return kst;
     if (n_ctx <= 0 || n_ctx > cf->max_position_embeddings)
         return eb_fail(EB_ERR_RANGE, "context length %d out of range: expected 1..%d (max_position_embeddings)", n_ctx,
                        cf->max_position_embeddings);
@@ -65,6 +94,7 @@ int eb_context_create(eb_model *m, int32_t n_ctx, int32_t n_batch, eb_context **
     m->n_contexts++; /* eb_context_free gives it back, on the failure paths below too */
     c->n_ctx = n_ctx;
     c->n_batch = n_batch;
+    c->kv_dtype = kv_dtype;
     eb_dims d = eb_model_dims(cf);
     size_t B = (size_t)n_batch, H = (size_t)cf->hidden_size, hd = (size_t)(cf->rope_dim ? cf->rope_dim : cf->head_dim);
     size_t qd = (size_t)(d.q > d.att ? d.q : d.att), kvd = (size_t)(d.cache_k + d.cache_v), I = (size_t)d.ffn;

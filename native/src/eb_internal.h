@@ -28,6 +28,7 @@ typedef struct {
     uint32_t formats; /* the weight formats its kernels read (1 << dtype) */
     uint32_t precisions; /* the activation precisions its kernels run (1 << eb_precision) */
     uint32_t q8_formats; /* of formats, those it runs in the q8 precision as the cpu module does */
+    uint32_t kv_formats; /* the KV cache formats its attention keeps besides f32 (eb_rt_device_info) */
     char name[EB_MAX_NAME];
 } eb_device;
 

@@ -220,7 +220,8 @@ typedef struct {
 typedef struct {
     void *mem;
     size_t bytes;
-    float *k_cache, *v_cache, *rope_cos, *rope_sin;
+    void *k_cache, *v_cache; /* kv_dtype values (the context's); MLA's and DeepSeek-V4's state: f32 */
+    float *rope_cos, *rope_sin;
     float *x, *xn, *q, *k, *v, *att, *proj, *gate, *up, *router, *topk_w, *pair_out, *h, *foreign, *logits;
     float *hc; /* DeepSeek-V4: n_batch rows of the mHC streams, then n_batch rows of their mixes; NULL elsewhere */
     int32_t *topk_id, *ids; /* ids: the position of the first row, then n_batch token ids */
@@ -245,6 +246,7 @@ typedef struct {
 struct eb_context {
     eb_model *model;
     int32_t n_ctx, n_batch, pos, mode, precision, n_devices;
+    int32_t kv_dtype;    /* the KV cache's format (eb_context_create_kv): EB_DTYPE_F32, F16 or BF16 */
     int32_t top_k;       /* experts per token of its steps: 1..the model's cfg.top_k, which sizes its buffers */
     int32_t *cache_rows; /* per layer, the rows of its KV cache: n_ctx, or a window's ring (eb_cache_rows) */
     size_t *cache_at;    /* per layer, its first row in the caches */

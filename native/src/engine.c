@@ -225,6 +225,7 @@ int eb_engine_load_runtime(eb_engine *engine, const char *name, const char *path
         d->formats = info.formats;
         d->precisions = info.precisions;
         d->q8_formats = info.q8_formats;
+        d->kv_formats = info.kv_formats & (1u << EB_DTYPE_F16 | 1u << EB_DTYPE_BF16);
         snprintf(d->name, sizeof d->name, "%s:%d", name, i);
     }
     engine->n_devices += nd;
@@ -281,6 +282,7 @@ int eb_engine_device_info(const eb_engine *engine, int index, eb_device_info *ou
     out->threads = info.threads;
     out->formats = info.formats;
     out->precisions = info.precisions;
+    out->kv_caches = 1u << EB_DTYPE_F32 | d->kv_formats;
     return EB_OK;
 }
 

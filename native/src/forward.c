@@ -123,11 +123,11 @@ int eb_block_attention(eb_step *s, int l) {
         OP(s, s->ops->add(s->rt, s->dev, dc->k, D->k_bias, n, kvd, 1, s->err, sizeof s->err));
         OP(s, s->ops->add(s->rt, s->dev, dc->v, D->v_bias, n, kvd, 1, s->err, sizeof s->err));
     }
-    size_t layer_kv = s->c->cache_at[l] * (size_t)kvd;
+    size_t layer_kv = s->c->cache_at[l] * (size_t)kvd * (s->c->kv_dtype == EB_DTYPE_F32 ? sizeof(float) : 2);
     eb_rt_attention at = {dc->q,        dc->k,         dc->v,        D->q_norm,    D->k_norm,    dc->rope_cos,
-                          dc->rope_sin, dc->k_cache + layer_kv, dc->v_cache + layer_kv, dc->ids, (int32_t)n,
-                          cf->num_heads, cf->num_kv_heads, cf->head_dim, s->c->n_ctx, eps, dc->att, D->sinks,
-                          s->m->layers[l].window, s->c->cache_rows[l]};
+                          dc->rope_sin, (char *)dc->k_cache + layer_kv, (char *)dc->v_cache + layer_kv, dc->ids,
+                          (int32_t)n, cf->num_heads, cf->num_kv_heads, cf->head_dim, s->c->n_ctx, eps, dc->att,
+                          D->sinks, s->m->layers[l].window, s->c->cache_rows[l], s->c->kv_dtype};
     OP(s, s->ops->attention(s->rt, s->dev, &at, s->err, sizeof s->err));
     if (D->o_bias) { /* x += (o . att + bias) */
         eb_rt_matmul o = product(s, &D->o, dc->att, n, dc->proj);
@@ -165,7 +165,7 @@ int eb_block_mla_attention(eb_step *s, int l) {
                                             : 1.0f / sqrtf((float)(cf->qk_nope_head_dim + cf->qk_rope_head_dim));
     eb_rt_mla at = {dc->q, dc->k, D->kv_a_norm, D->k_b.data, D->v_b.data, D->k_b.dtype, D->v_b.dtype,
                     s->m->layers[l].v_b_head_rows, dc->rope_cos, dc->rope_sin,
-                    dc->k_cache + s->c->cache_at[l] * (size_t)row, dc->ids, (int32_t)n, cf->num_heads,
+                    (float *)dc->k_cache + s->c->cache_at[l] * (size_t)row, dc->ids, (int32_t)n, cf->num_heads,
                     cf->qk_nope_head_dim, cf->qk_rope_head_dim, cf->v_head_dim, cf->kv_lora_rank, s->c->n_ctx,
                     cf->rope_interleave, 1e-6f /* kv_a_layernorm's, as q_a_layernorm's */, scale, dc->att};
     OP(s, s->mla->mla(s->rt, s->dev, &at, s->err, sizeof s->err));
@@ -451,7 +451,7 @@ int eb_block_v4_attention(eb_step *s, int l) {
     eb_rt_v4_attention at = {
         dc->q, kv, D->kv_norm, D->sinks, kind == EB_V4_SLIDING ? s->m->rope_inv_freq : s->m->compress_inv_freq,
         s->m->compress_inv_freq, kind, rate, ckv, cg, D->cmp_ape, D->cmp_norm, ikv, ig, D->idx_ape, D->idx_norm, iq, iw,
-        dc->k_cache + s->c->cache_at[l] * row, dc->ids, (int32_t)n, cf->num_heads, (int32_t)hd, cf->rope_dim,
+        (float *)dc->k_cache + s->c->cache_at[l] * row, dc->ids, (int32_t)n, cf->num_heads, (int32_t)hd, cf->rope_dim,
         cf->sliding_window, s->c->n_ctx, (int32_t)nih, (int32_t)ihd, cf->index_topk, eps, (float)cf->attention_scale,
         dc->att};
     OP(s, s->v4->attention(s->rt, s->dev, &at, s->err, sizeof s->err));

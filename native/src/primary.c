@@ -159,8 +159,9 @@ static void lay_out_context(eb_context *c, layout *a) {
     size_t E = cf->num_experts > 0 ? (size_t)cf->num_experts : 1, K = cf->top_k > 0 ? (size_t)cf->top_k : 1;
     size_t rope_dim = (size_t)(cf->rope_dim ? cf->rope_dim : cf->head_dim);
     size_t positions = c->cache_at[cf->num_layers], rope = (size_t)c->n_ctx * (rope_dim / 2) * F;
-    dc->k_cache = place(a, NULL, positions * (size_t)d.cache_k * F);
-    dc->v_cache = d.cache_v ? place(a, NULL, positions * (size_t)d.cache_v * F) : NULL;
+    size_t kv = c->kv_dtype == EB_DTYPE_F32 ? F : 2; /* a half cache: refused where the cache is other state */
+    dc->k_cache = place(a, NULL, positions * (size_t)d.cache_k * kv);
+    dc->v_cache = d.cache_v ? place(a, NULL, positions * (size_t)d.cache_v * kv) : NULL;
     dc->rope_cos = place(a, c->rope_cos, rope);
     dc->rope_sin = place(a, c->rope_sin, rope);
     dc->x = place(a, NULL, B * H * F);

@@ -1305,6 +1305,50 @@ static void test_q8_exp(void) {
     CHECK(act_far == 0, "eb_q8_act: %d activations more than two ulps from eb_act's", act_far);
 }
 
+/* ---- the half KV caches' roundings ---------------------------------------------------------------------------- */
+
+/* eb_f32_to_f16 and eb_f32_to_bf16 against their definition: every half value (but NaN) converts back to itself; the
+ * midpoint of two neighbours rounds to the one with the even code, a hair either side of it to the nearer; f16's
+ * overflow (65520 up) and its subnormals and underflow; NaN stays NaN. */
+static void test_half_roundings(void) {
+    int bad = 0;
+    for (uint32_t h = 0; h < 0x10000u; h++) {
+        float v = eb_f16_to_f32((uint16_t)h), b = eb_bf16_to_f32((uint16_t)h);
+        if (!isnan(v)) bad += eb_f32_to_f16(v) != h;
+        if (!isnan(b)) bad += eb_f32_to_bf16(b) != h;
+        uint32_t mag = h & 0x7fffu;
+        if (mag < 0x7bffu) { /* f16: h and h + 1 both finite, same sign */
+            double lo = eb_f16_to_f32((uint16_t)h), hi = eb_f16_to_f32((uint16_t)(h + 1)), mid = (lo + hi) / 2;
+            uint16_t even = (h & 1u) ? (uint16_t)(h + 1) : (uint16_t)h;
+            bad += eb_f32_to_f16((float)mid) != even; /* every midpoint is exact in f32 */
+            bad += eb_f32_to_f16(nextafterf((float)mid, (float)lo)) != h;
+            bad += eb_f32_to_f16(nextafterf((float)mid, (float)hi)) != (uint16_t)(h + 1);
+        }
+        if (mag < 0x7f7fu) { /* bf16 likewise */
+            /* the f32 halfway to the next code up in magnitude: 0x8000 more in the bits (the same sign) */
+            uint32_t mid = eb_f32_to_bits(eb_bf16_to_f32((uint16_t)h)) + 0x8000u;
+            uint16_t even = (h & 1u) ? (uint16_t)(h + 1) : (uint16_t)h;
+            bad += eb_f32_to_bf16(eb_bits_to_f32(mid)) != even;
+            bad += eb_f32_to_bf16(eb_bits_to_f32(mid - 1)) != h;
+            bad += eb_f32_to_bf16(eb_bits_to_f32(mid + 1)) != (uint16_t)(h + 1);
+        }
+    }
+    CHECK(bad == 0, "half roundings: %d cases off", bad);
+    int lanes = 0;
+    for (uint32_t h = 0; h < 0x10000u; h++)
+        lanes += eb_f32_to_bits(eb_f16_to_f32_lanes((uint16_t)h)) != eb_f32_to_bits(eb_f16_to_f32((uint16_t)h));
+    CHECK(lanes == 0, "eb_f16_to_f32_lanes: %d of the 65536 halves other bits than eb_f16_to_f32's", lanes);
+    CHECK(eb_f32_to_f16(65519.99f) == 0x7bffu && eb_f32_to_f16(65520.0f) == 0x7c00u &&
+              eb_f32_to_f16(-1e30f) == 0xfc00u && eb_f32_to_f16(INFINITY) == 0x7c00u,
+          "f16 overflow");
+    CHECK(eb_f32_to_f16(0x1p-25f) == 0 && eb_f32_to_f16(nextafterf(0x1p-25f, 1.0f)) == 1 &&
+              eb_f32_to_f16(-0x1p-24f) == 0x8001u && eb_f32_to_f16(1e-40f) == 0 && eb_f32_to_f16(-0.0f) == 0x8000u,
+          "f16 subnormals and underflow");
+    CHECK((eb_f32_to_f16(NAN) & 0x7fffu) > 0x7c00u && (eb_f32_to_bf16(NAN) & 0x7fffu) > 0x7f80u &&
+              eb_f32_to_bf16(INFINITY) == 0x7f80u && eb_f32_to_bf16(3.0e38f * 10.0f) == 0x7f80u,
+          "NaN and infinity");
+}
+
 /* ---- the scaled format F8_E4M3_B128 ---------------------------------------------------------------------------- */
 
 /* Every one of the 256 codes: the core's decode (eb_dequantize) and each kernel variant's products (one row per code,
@@ -1516,6 +1560,7 @@ int main(int argc, char **argv) {
     test_kernels(module);
     test_kernel_variants_agree(module);
     test_q8_exp();
+    test_half_roundings();
     test_e4m3_decode(module);
     test_scaled_matvec(module);
     test_scaled_model(argv[1]);

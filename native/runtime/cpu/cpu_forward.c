@@ -125,9 +125,10 @@ static inline void attend_items(void *arg, int64_t i0, int64_t i1) {
         int64_t h = i * g, kvh = h / group;
         for (int64_t t = 0; t < a->n; t++) {
             int64_t p = j->pos + t, lo = a->window && p >= a->window ? p - a->window + 1 : 0;
-            eb_attend_span(a->q + t * qd + h * hd, g, a->k_cache + kvh * hd, a->v_cache + kvh * hd, lo, p, a->n_cache,
-                           a->sinks ? a->sinks + h : NULL, kvd, hd, j->scores + h * j->stride, j->stride,
-                           a->out + t * qd + h * hd);
+            size_t at = (size_t)(kvh * hd) * eb_kv_elem(a->kv_dtype);
+            eb_attend_span(a->q + t * qd + h * hd, g, (const char *)a->k_cache + at, (const char *)a->v_cache + at,
+                           a->kv_dtype, lo, p, a->n_cache, a->sinks ? a->sinks + h : NULL, kvd, hd,
+                           j->scores + h * j->stride, j->stride, a->out + t * qd + h * hd);
         }
     }
 }
@@ -154,7 +155,7 @@ static int op_attention(void *rtp, int dev, const eb_rt_attention *a, char *err,
     if (!scores) return op_end(d, t0, eb_rt_fail(err, errlen, EB_ERR_MEMORY, RUNTIME_NAME " runtime: out of memory"));
     for (int64_t t = 0; t < a->n; t++)
         eb_qk_rope_store(a->q + t * qd, a->k + t * kvd, a->v + t * kvd, a->q_norm, a->k_norm, a->rope_cos, a->rope_sin,
-                         a->k_cache, a->v_cache, pos + t, (pos + t) % a->n_cache, nh, nkv, hd, a->eps);
+                         a->k_cache, a->v_cache, a->kv_dtype, pos + t, (pos + t) % a->n_cache, nh, nkv, hd, a->eps);
     /* a whole GQA group per work item where there are at least as many groups as threads, else one head (more
      * items than threads): the bits are the same either way */
     attention_job job = {a, pos, d->pool.n_threads <= nkv ? nh / nkv : 1, stride, scores};

@@ -329,6 +329,7 @@ static int cpu_device_info(void *rtp, int dev, eb_rt_device_info *info, char *er
         if (rt->kernels.format[dt].dequantize && rt->kernels.format[dt].rows) info->formats |= 1u << dt;
     info->precisions = 1u << EB_PRECISION_F32 | 1u << EB_PRECISION_Q8;
     info->q8_formats = info->formats; /* the q8 precision is this module's own: every format it reads */
+    info->kv_formats = 1u << EB_DTYPE_F16 | 1u << EB_DTYPE_BF16; /* eb_kv_store, eb_kv_row */
     return 0;
 }
 

@@ -388,7 +388,7 @@ __global__ void qk_rope_store_kernel(eb_rt_attention a, int warp) {
     long long p = *a.pos + t, row = cache_row(p, a.n_cache);
     if (h >= a.n_heads + a.n_kv_heads) { // v: into the cache as it is
         int vh = h - a.n_heads - a.n_kv_heads;
-        if (i < hd) a.v_cache[row * kvd + vh * hd + i] = a.v[(long long)t * kvd + vh * hd + i];
+        if (i < hd) ((float *)a.v_cache)[row * kvd + vh * hd + i] = a.v[(long long)t * kvd + vh * hd + i];
         return;
     }
     int is_q = h < a.n_heads;
@@ -397,7 +397,7 @@ __global__ void qk_rope_store_kernel(eb_rt_attention a, int warp) {
               warp);
     if (i < hd) {
         v[i] = out[i];
-        if (!is_q) a.k_cache[row * kvd + (h - a.n_heads) * hd + i] = out[i];
+        if (!is_q) ((float *)a.k_cache)[row * kvd + (h - a.n_heads) * hd + i] = out[i];
     }
 }
 
@@ -441,7 +441,7 @@ __device__ void attend(const eb_rt_attention &a, int h, int t, const float *q, c
     long long last = *a.pos + t, cached = kl ? last - 1 : last; // positions read from the cache: first..cached
     long long first = a.window > 0 && last - a.window + 1 > 0 ? last - a.window + 1 : 0;
     float scale = rsqrtf((float)hd);
-    const float *kc = a.k_cache + kvh * hd, *vc = a.v_cache + kvh * hd;
+    const float *kc = (const float *)a.k_cache + kvh * hd, *vc = (const float *)a.v_cache + kvh * hd;
     float qv[MAX_HEAD_DIM / 32], acc[MAX_HEAD_DIM / 32];
 #pragma unroll
     for (int i = 0; i < MAX_HEAD_DIM / 32; i++) {
@@ -503,8 +503,8 @@ __global__ void attention_one_row_kernel(eb_rt_attention a, int warp) {
     norm_rope(a.k + kvh * hd, a.k_norm, cs, sn, hd, a.eps, vec, kn, sh, warp);
     if (i < hd) vn[i] = a.v[kvh * hd + i];
     if (h % group == 0 && i < hd) {
-        a.k_cache[row * kvd + kvh * hd + i] = kn[i];
-        a.v_cache[row * kvd + kvh * hd + i] = vn[i];
+        ((float *)a.k_cache)[row * kvd + kvh * hd + i] = kn[i]; // f32 only: the module has no kv_formats
+        ((float *)a.v_cache)[row * kvd + kvh * hd + i] = vn[i];
     }
     __syncthreads();
     attend(a, h, 0, qn, kn, vn);
