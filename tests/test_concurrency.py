@@ -5,7 +5,7 @@ bit of any step; nothing crashes. 1,000 rounds of each race, on the tiny fixture
 import numpy as np
 import pytest
 from fixture_paths import FIXTURES
-from races import race
+from races import close_while_decoding, place_while_decoding, race
 
 from engine.core.errors import StateError
 from engine.model import Engine
@@ -44,36 +44,15 @@ def test_placing_experts_while_another_thread_decodes_changes_no_bit():
             expected = np.concatenate([ctx.decode([t]) for t in TOKENS])
         placements = ["*=cpu:0", "*=cpu:1", "*=cpu:0; 0=cpu:1; 2.3-5=cpu:1"]
         with model.context(len(TOKENS)) as ctx:
-            for r in range(ROUNDS // 10):
-                got = []
-
-                def decode(got=got):
-                    ctx.truncate(0)
-                    for t in TOKENS:
-                        got.append(ctx.decode([t]))
-
-                def place(r=r):
-                    for k in range(10):
-                        model.set_placement(placements[(r + k) % len(placements)])
-
-                assert race(decode, place, r) is None
-                assert np.array_equal(np.concatenate(got), expected), f"round {r}"
+            place_while_decoding(model, ctx, TOKENS, placements, expected, ROUNDS // 10, 10)
 
 
 def test_closing_a_model_or_its_engine_while_another_thread_decodes():
-    for r in range(ROUNDS // 10):
+    def open_model():
         eng = Engine(cpu_devices=1, cpu_threads=1)
-        model = eng.load(FIXTURES / "qwen3-f32")
-        ctx = model.context(16)
+        return eng, eng.load(FIXTURES / "qwen3-f32")
 
-        def decode(ctx=ctx):
-            for t in TOKENS:
-                ctx.decode([t])
-
-        err = race(decode, model.close if r % 2 else eng.close, r)
-        assert err is None or isinstance(err, StateError), repr(err)
-        assert ctx.closed and model.closed
-        eng.close()
+    close_while_decoding(open_model, TOKENS, ROUNDS // 10)
 
 
 def test_closing_the_engine_while_another_thread_loads():

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fixture_paths import FIXTURES
-from races import race
+from races import close_while_decoding, place_while_decoding, race
 
 from engine.core.errors import OutOfMemoryError, StateError, UnsupportedError
 from engine.core.native import core_location
@@ -288,20 +288,14 @@ def test_closing_a_context_model_or_engine_while_a_cuda_and_hip_step_is_in_fligh
         with model.context(len(TOKENS)) as ctx:
             ctx.precision = "q8"
             assert np.array_equal(np.concatenate([ctx.decode([t]) for t in TOKENS]), want)
-    for r in range(GPU_ROUNDS // 4):
+
+    def open_split():
         eng = cuda_and_hip()
         model = eng.load(Q4_K_M, device="cuda:0")
         model.set_placement(SPLIT)
-        ctx = model.context(16)
+        return eng, model
 
-        def decode(ctx=ctx):
-            for t in TOKENS:
-                ctx.decode([t])
-
-        err = race(decode, model.close if r % 2 else eng.close, r)
-        assert err is None or isinstance(err, StateError), repr(err)
-        assert ctx.closed and model.closed
-        eng.close()
+    close_while_decoding(open_split, TOKENS, GPU_ROUNDS // 4)
 
 
 @pytest.mark.gpu
@@ -315,20 +309,7 @@ def test_placing_experts_between_cuda_and_hip_while_another_thread_decodes_chang
         with model.context(len(TOKENS)) as ctx:
             ctx.precision = "q8"
             expected = np.concatenate([ctx.decode([t]) for t in TOKENS])
-            for r in range(GPU_ROUNDS // 4):
-                got = []
-
-                def decode(got=got):
-                    ctx.truncate(0)
-                    for t in TOKENS:
-                        got.append(ctx.decode([t]))
-
-                def place(r=r):
-                    for k in range(4):
-                        model.set_placement(placements[(r + k) % len(placements)])
-
-                assert race(decode, place, r) is None
-                assert np.array_equal(np.concatenate(got), expected), f"round {r}"
+            place_while_decoding(model, ctx, TOKENS, placements, expected, GPU_ROUNDS // 4, 4)
 
 
 @pytest.mark.gpu
