@@ -154,7 +154,9 @@ def test_a_depth_s_context_is_prefilled_again_where_a_prompt_overwrites_a_ring(m
         assert same_logits(run, whole)
         assert calls == [30]
         real = Model.context
-        monkeypatch.setattr(Model, "context", lambda self, n_ctx=None, n_batch=8: real(self, n_ctx, n_batch))
+        monkeypatch.setattr(
+            Model, "context", lambda self, n_ctx=None, n_batch=8, kv="f32": real(self, n_ctx, n_batch, kv)
+        )
         calls.clear()
         run = DecodeRun(model, prompts=prompts, tokens_per_prompt=12, depth=30, repeats=2).run()
         assert same_logits(run, whole)

@@ -60,14 +60,24 @@ static inline void eb_prefetch_row(const void *row, int64_t bytes) {
 enum { EB_KV_MAX_HEAD_DIM = 512 };
 static inline size_t eb_kv_elem(int32_t kv_dtype) { return kv_dtype == EB_DTYPE_F32 ? sizeof(float) : 2; }
 
-/* hd values of a cache row at element `at` as f32: the row itself in an f32 cache, else converted into buf. Always
- * inlined, so that the conversion is built for the attention's instruction set (eb_attend_span). */
+/* n f16 values as f32, eb_f16_to_f32's bits: a module's faster conversion of a half cache's rows (its F16C one), or
+ * NULL for eb_kv_row's own. */
+typedef void (*eb_f16_rows_fn)(const uint16_t *h, float *out, int64_t n);
+
+/* hd values of a cache row at element `at` as f32: the row itself in an f32 cache, else converted into buf (an f16
+ * row by f16_rows where given). Always inlined, so that the conversion is built for the attention's instruction set
+ * (eb_attend_span). */
 #if defined(__GNUC__)
 __attribute__((always_inline))
 #endif
-static inline const float *eb_kv_row(const void *cache, int32_t kv_dtype, int64_t at, int64_t hd, float *buf) {
+static inline const float *eb_kv_row(const void *cache, int32_t kv_dtype, int64_t at, int64_t hd, float *buf,
+                                     eb_f16_rows_fn f16_rows) {
     if (kv_dtype == EB_DTYPE_F32) return (const float *)cache + at;
     const uint16_t *h = (const uint16_t *)cache + at;
+    if (kv_dtype == EB_DTYPE_F16 && f16_rows) {
+        f16_rows(h, buf, hd);
+        return buf;
+    }
     int64_t i = 0; /* blocks of eight independent lanes: a shape the compiler makes SIMD */
     if (kv_dtype == EB_DTYPE_BF16) {
         for (; i + 8 <= hd; i += 8)
@@ -104,8 +114,8 @@ enum { EB_ATTEND_HEADS = 8, EB_ATTEND_AHEAD = 16 };
 __attribute__((always_inline))
 #endif
 static inline void eb_attend_span(const float *q, int64_t g, const void *kc, const void *vc, int32_t kv_dtype,
-                                  int64_t lo, int64_t p, int64_t ring, const float *sinks, int64_t kvd, int64_t hd,
-                                  float *scores, int64_t sstride, float *restrict o) {
+                                  eb_f16_rows_fn f16_rows, int64_t lo, int64_t p, int64_t ring, const float *sinks,
+                                  int64_t kvd, int64_t hd, float *scores, int64_t sstride, float *restrict o) {
     float scale = 1.0f / sqrtf((float)hd);
     int64_t span = p - lo, first = lo % ring; /* scores[s] is position lo + s, at cache row (lo + s) % ring */
     size_t es = eb_kv_elem(kv_dtype);
@@ -129,7 +139,7 @@ static inline void eb_attend_span(const float *q, int64_t g, const void *kc, con
                 eb_prefetch_row(vb + (size_t)(ahead * kvd) * es, hd * (int64_t)es);
                 ahead = EB_NEXT(ahead);
             }
-            const float *kr = eb_kv_row(kc, kv_dtype, row * kvd, hd, kbuf);
+            const float *kr = eb_kv_row(kc, kv_dtype, row * kvd, hd, kbuf, f16_rows);
             for (int64_t j = 0; j < gb; j++) {
                 float v = eb_dot_qk(qb + j * hd, kr, hd) * scale;
                 sb[j * sstride + s] = v;
@@ -148,7 +158,7 @@ static inline void eb_attend_span(const float *q, int64_t g, const void *kc, con
         memset(ob, 0, (size_t)(gb * hd) * sizeof *ob);
         row = first;
         for (int64_t s = 0; s <= span; s++, row = EB_NEXT(row)) {
-            const float *restrict v = eb_kv_row(vc, kv_dtype, row * kvd, hd, vbuf);
+            const float *restrict v = eb_kv_row(vc, kv_dtype, row * kvd, hd, vbuf, f16_rows);
             for (int64_t j = 0; j < gb; j++) {
                 float ps = sb[j * sstride + s] * inv[j], *restrict oj = ob + j * hd;
                 int64_t i = 0;
@@ -167,7 +177,7 @@ __attribute__((always_inline))
 #endif
 static inline void eb_attend_group(const float *q, int64_t g, const float *kc, const float *restrict vc, int64_t p,
                                    int64_t kvd, int64_t hd, float *scores, int64_t sstride, float *restrict o) {
-    eb_attend_span(q, g, kc, vc, EB_DTYPE_F32, 0, p, p + 1, NULL, kvd, hd, scores, sstride, o);
+    eb_attend_span(q, g, kc, vc, EB_DTYPE_F32, NULL, 0, p, p + 1, NULL, kvd, hd, scores, sstride, o);
 }
 
 /* One head of one row attending to cache positions 0..p (eb_attend_group of one head). */

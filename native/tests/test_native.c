@@ -1349,6 +1349,45 @@ static void test_half_roundings(void) {
           "NaN and infinity");
 }
 
+/* The attention over a half cache with the portable kernels (each value converted in C) and the best ones (an f16
+ * row by F16C's instruction): the same bits, for f16 and bf16 caches with random finite halves, subnormal ones among
+ * them, a head size with a tail past the blocks of eight, and keys and values stored by the operation itself. */
+static void test_half_cache_attention(const char *module) {
+    void *h;
+    const eb_runtime_table *T = open_module(module, &h);
+    if (!T) return;
+    enum { NH = 4, NKV = 2, HD = 76, NCTX = 48, POS = 40, N = 3 };
+    void *rts[2] = {init_kernels(T, EB_CPU_KERNELS_PORTABLE, 1), init_kernels(T, EB_CPU_KERNELS_BEST, 1)};
+    static float q[2][N * NH * HD], k[2][N * NKV * HD], v[N * NKV * HD], out[2][N * NH * HD];
+    static float cs[NCTX * HD / 2], sn[NCTX * HD / 2];
+    static uint16_t kc[2][NCTX * NKV * HD], vc[2][NCTX * NKV * HD];
+    for (int i = 0; i < NCTX * HD / 2; i++) cs[i] = cosf(0.01f * (float)i), sn[i] = sinf(0.01f * (float)i);
+    for (int dt = EB_DTYPE_F16; dt <= EB_DTYPE_BF16 && rts[0] && rts[1]; dt++) {
+        unsigned seed = 5;
+        for (int i = 0; i < NCTX * NKV * HD; i++) { /* finite halves of both signs, every 37th a subnormal f16 */
+            seed = seed * 1103515245u + 12345u;
+            uint16_t r = (uint16_t)(seed >> 8);
+            uint16_t half = dt == EB_DTYPE_F16 ? (uint16_t)(i % 37 ? (r & 0xbbffu) : (r & 0x83ffu)) : (uint16_t)(r & 0xbeffu);
+            kc[0][i] = kc[1][i] = half;
+            vc[0][i] = vc[1][i] = (uint16_t)(half ^ 0x8001u);
+        }
+        for (int i = 0; i < N * NH * HD; i++) q[0][i] = q[1][i] = sinf(0.37f * (float)i);
+        for (int i = 0; i < N * NKV * HD; i++) k[0][i] = k[1][i] = cosf(0.23f * (float)i), v[i] = sinf(0.11f * (float)i);
+        int32_t pos = POS;
+        char err[256] = "";
+        for (int r = 0; r < 2; r++) {
+            eb_rt_attention a = {q[r], k[r], v, NULL, NULL, cs, sn, kc[r], vc[r], &pos, N, NH, NKV, HD, NCTX, 1e-6f,
+                                 out[r], NULL, 0, NCTX, dt};
+            CHECK(T->forward->attention(rts[r], 0, &a, err, sizeof err) == 0, "attention: %s", err);
+        }
+        CHECK(memcmp(out[0], out[1], sizeof out[0]) == 0 && memcmp(kc[0], kc[1], sizeof kc[0]) == 0,
+              "%s cache: the portable and the best kernels' attention differ", eb_dtype_name(dt));
+    }
+    for (int r = 0; r < 2; r++)
+        if (rts[r]) T->shutdown(rts[r]);
+    dlclose(h);
+}
+
 /* ---- the scaled format F8_E4M3_B128 ---------------------------------------------------------------------------- */
 
 /* Every one of the 256 codes: the core's decode (eb_dequantize) and each kernel variant's products (one row per code,
@@ -1561,6 +1600,7 @@ int main(int argc, char **argv) {
     test_kernel_variants_agree(module);
     test_q8_exp();
     test_half_roundings();
+    test_half_cache_attention(module);
     test_e4m3_decode(module);
     test_scaled_matvec(module);
     test_scaled_model(argv[1]);
