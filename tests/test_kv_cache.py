@@ -200,3 +200,18 @@ def test_run_kv_prints_the_cache_and_its_quality_cost(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["run", "--model", str(MOE), "--kv", "f8"])
     assert "invalid choice: 'f8'" in capsys.readouterr().err
+
+
+def test_a_profile_keeps_the_cache_format_and_refuses_a_typo_by_name(tmp_path):
+    """run.kv is read and written back (a replay decodes with it: its hashes are those of runs with that cache,
+    another outputs key); a format it does not know is an error naming the line and what is expected."""
+    from engine.profiles import profile as P
+
+    text = "expertbench_profile: 1\nmodel: {{demo: default}}\nrun:\n  tokens: 4\n  kv: {}\n"
+    profile = P.loads(text.format("bf16"))
+    assert profile.run.kv == "bf16" and profile.run.resolved()["kv"] == "bf16"
+    assert "kv: bf16" in profile.to_yaml() and P.loads(profile.to_yaml()) == profile
+    assert P.loads(text.format("f32").replace("  kv: f32\n", "")).run.resolved()["kv"] == "f32"
+    with pytest.raises(P.ProfileError, match=r"<profile>:5.*run\.kv: expected one of f32, f16, bf16 \(the KV "
+                                             r"cache's format; f32: the reference\), got 'f8'"):  # fmt: skip
+        P.loads(text.format("f8"))

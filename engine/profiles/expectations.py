@@ -29,7 +29,7 @@ def _profile_key(profile: Profile, devices: list[str]) -> tuple:
     rules += [f"{lo}-{hi}={device}" for lo, hi, device in spec.layers]
     rules += [f"{layer}.{lo}-{hi}={device}" for layer, lo, hi, device in spec.experts]
     return outputs_key(profile.model.fingerprint or "", r["prompts"], r["tokens_per_prompt"], r["precision"],
-                       r["mode"], "; ".join(rules), [profile.primary_device, *devices])  # fmt: skip
+                       r["mode"], "; ".join(rules), [profile.primary_device, *devices], kv=r["kv"])  # fmt: skip
 
 
 def expectations_for(profile: Profile, base: Profile | None, history: Sequence[RunRecord], target_path: str,

@@ -32,7 +32,7 @@ from ..model import WEIGHTS_MODES
 from ..placement.placement import Placement
 from ..placement.routing import MAX_COUNT, RoutingStats
 from ..runs.diverge import SETTINGS, Trail, read_compact
-from ..runs.run import PRECISIONS, REDUCTION_MODES, output_sha256
+from ..runs.run import KV_CACHES, PRECISIONS, REDUCTION_MODES, output_sha256
 from ..runs.speculative import MAX_DRAFT_TOKENS
 from .strict_yaml import Reader, Text, compose, dump, flow
 
@@ -157,7 +157,7 @@ class PlacementSpec:
 @dataclass
 class RunSettings:
     """None means the default (prompts: the demo prompts; tokens 32; repeats 3; q 2; mode reference; weights
-    auto; precision f32)."""
+    auto; precision f32; kv f32)."""
 
     prompts: list[str | list[int]] | None = None
     tokens: int | None = None
@@ -166,6 +166,7 @@ class RunSettings:
     mode: str | None = None
     weights: str | None = None  # how the engine holds the files (engine.model.WEIGHTS_MODES)
     precision: str | None = None  # how activations meet quantized weights (engine.runs.run.PRECISIONS)
+    kv: str | None = None  # the KV caches' format (engine.runs.run.KV_CACHES)
 
     def resolved(self) -> dict:
         from ..checkpoints.demo import DEMO_PROMPTS
@@ -177,6 +178,7 @@ class RunSettings:
             "q": self.q or DEFAULT_Q,
             "mode": self.mode or "reference",
             "precision": self.precision or "f32",
+            "kv": self.kv or "f32",
             "weights": self.weights or "auto",
         }
 
@@ -351,7 +353,7 @@ class Profile:
         run = {k: v for k, v in (("prompts", None if self.run.prompts is None else
                                   [flow(p) if isinstance(p, list) else p for p in self.run.prompts]),
                                  ("tokens", self.run.tokens), ("repeats", self.run.repeats), ("q", self.run.q),
-                                 ("mode", self.run.mode), ("precision", self.run.precision),
+                                 ("mode", self.run.mode), ("precision", self.run.precision), ("kv", self.run.kv),
                                  ("weights", self.run.weights)) if v is not None}  # fmt: skip
         if run:
             out["run"] = run
@@ -692,7 +694,7 @@ def _read_placement(r: _Reader, node, need_device) -> PlacementSpec:
 
 
 def _read_run(r: _Reader, node, has_draft: bool) -> RunSettings:
-    m = r.mapping(node, "run", ("prompts", "tokens", "repeats", "q", "mode", "precision", "weights"))
+    m = r.mapping(node, "run", ("prompts", "tokens", "repeats", "q", "mode", "precision", "kv", "weights"))
     run = RunSettings()
     if "prompts" in m:
         items = r.sequence(m["prompts"][1], "run.prompts")
@@ -727,6 +729,11 @@ def _read_run(r: _Reader, node, has_draft: bool) -> RunSettings:
         if run.precision not in PRECISIONS:
             r.fail(m["precision"][1], f"run.precision: expected one of {', '.join(PRECISIONS)} (f32: the reference; "
                                       f"q8: int8 activations as llama.cpp), got {run.precision!r}")  # fmt: skip
+    if "kv" in m:
+        run.kv = r.string(m["kv"][1], "run.kv")
+        if run.kv not in KV_CACHES:
+            r.fail(m["kv"][1], f"run.kv: expected one of {', '.join(KV_CACHES)} (the KV cache's format; f32: the "
+                               f"reference), got {run.kv!r}")  # fmt: skip
     if "weights" in m:
         run.weights = r.string(m["weights"][1], "run.weights")
         if run.weights not in WEIGHTS_MODES:

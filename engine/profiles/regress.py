@@ -221,7 +221,7 @@ def measure_profile(profile: Profile, portable: bool = False, check_weights: boo
         target, draft = pair.target, pair.draft
         placement = profile.placement_for(target.config) if target.config.num_experts > 0 else None
         common = {"q": settings["q"], "mode": settings["mode"], "precision": settings["precision"],
-                  "placement": placement}  # fmt: skip
+                  "kv": settings["kv"], "placement": placement}  # fmt: skip
         DecodeRun(
             target,
             draft,
@@ -374,7 +374,8 @@ def _judge(o: Outcome, outcomes: dict[Path, Outcome], record: bool, slack: float
             o.diagnosis = recorded_diagnosis(p, m, [i for i, _a, _b in differ])
         o.checks.append(Check("output hash", "fail", "; ".join(f"prompt {i} gave {a[:16]}, recorded {b[:16]}"
                                                                for i, a, b in differ)
-                              + f" (mode {run['mode']}, precision {run['precision']})"
+                              + f" (mode {run['mode']}, precision {run['precision']}"
+                              + ("" if run["kv"] == "f32" else f", {run['kv']} KV cache") + ")"
                               + (f"\n{o.diagnosis.summary()}" if o.diagnosis else "")))  # fmt: skip
     else:
         o.checks.append(Check("output hash", "pass", f"{len(got)} prompts as recorded"))
