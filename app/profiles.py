@@ -78,7 +78,7 @@ def build(path: str | os.PathLike, model: ModelSnapshot, placement: Placement, s
         prompts = None if list(settings.prompts) == list(DEMO_PROMPTS) else list(settings.prompts)
         run = ProfileRun(prompts=prompts, tokens=settings.tokens, repeats=settings.repeats,
                          q=settings.q if use_draft else None, mode=settings.mode, weights=weights,
-                         precision=settings.precision)  # fmt: skip
+                         precision=settings.precision, kv=None if settings.kv == "f32" else settings.kv)  # fmt: skip
     spec = PlacementSpec.from_placement(placement)
     devices = device_specs(placement, model.primary)
     profile = Profile(model=target, draft=draft, devices=devices, primary=model.primary, placement=spec, run=run,

@@ -1,4 +1,5 @@
-"""The run panel: target and draft, q, reduction mode, precision, tokens, repeats, prompts; Start and Stop."""
+"""The run panel: target and draft, q, reduction mode, KV cache, precision, tokens, repeats, prompts; Start and
+Stop."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from engine.checkpoints.demo import DEMO_PROMPTS, quant_formats
 from engine.core.errors import ArgumentError
 from engine.families import family
 from engine.profiles.profile import DEFAULT_REPEATS, Profile
-from engine.runs.run import PRECISIONS, REDUCTION_MODES
+from engine.runs.run import KV_CACHES, PRECISIONS, REDUCTION_MODES
 from engine.runs.speculative import MAX_DRAFT_TOKENS
 from engine.runs.workload import read_prompt_file
 
@@ -43,6 +44,13 @@ PRECISION_TIP = (
     "deterministic, but not the reference: other logits, so its outputs may differ (its runs are compared "
     "with q8 runs only).\n"
     "Float weights are read in f32 either way."
+)
+KV_TIP = (
+    "The KV cache's format.\n"
+    "f32: the reference.\n"
+    "f16, bf16: half the cache's bytes, each key and value rounded when stored: not the reference, its outputs may "
+    "differ (its runs are compared with runs of the same cache; its quality cost is measured). DeepSeek-V3 and V4 "
+    "and GPU primaries keep f32."
 )
 
 
@@ -92,6 +100,10 @@ class RunPanel(QWidget):
         for precision in PRECISIONS:
             self.precision.addItem(PRECISION_TEXT.get(precision, precision), precision)
         self.precision.setToolTip(PRECISION_TIP)
+        self.kv = QComboBox()
+        for kv in KV_CACHES:
+            self.kv.addItem(kv, kv)
+        self.kv.setToolTip(KV_TIP)
         for combo in (self.mode, self.precision):  # they may show less than their longest text in a narrow panel
             combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
             combo.setMinimumContentsLength(10)
@@ -115,7 +127,15 @@ class RunPanel(QWidget):
         counts.addWidget(repeats_label)
         counts.addWidget(self.repeats, 1)
         form.addRow("q", counts)
-        form.addRow("Mode", self.mode)
+        mode_row = QHBoxLayout()  # the mode and the cache's format (three short words) side by side
+        mode_row.setSpacing(10)
+        mode_row.addWidget(self.mode, 1)
+        kv_label = QLabel("KV")
+        kv_label.setBuddy(self.kv)
+        kv_label.setToolTip(KV_TIP)
+        mode_row.addWidget(kv_label)
+        mode_row.addWidget(self.kv)
+        form.addRow("Mode", mode_row)
         form.addRow("Precision", self.precision)
         form.addRow("Tokens", self.tokens)
         inner.addLayout(form)
@@ -189,7 +209,7 @@ class RunPanel(QWidget):
         return RunSettings(prompts=prompts, tokens=self.tokens.value(), repeats=self.repeats.value(),
                            q=self.q.value(), mode=self.mode.currentData(),
                            use_draft=self.draft_check.isChecked(),
-                           precision=self.precision.currentData())  # fmt: skip
+                           precision=self.precision.currentData(), kv=self.kv.currentData())  # fmt: skip
 
     def apply_profile(self, profile: Profile) -> None:
         """Take a profile's run settings (engine.profiles.profile's defaults where it gives none)."""
@@ -202,7 +222,7 @@ class RunPanel(QWidget):
         self.tokens.setValue(run["tokens_per_prompt"])
         self.repeats.setValue(run["repeats"])
         self.q.setValue(run["q"])
-        for combo, value in ((self.mode, run["mode"]), (self.precision, run["precision"])):
+        for combo, value in ((self.mode, run["mode"]), (self.precision, run["precision"]), (self.kv, run["kv"])):
             index = combo.findData(value)
             if index >= 0:
                 combo.setCurrentIndex(index)

@@ -607,7 +607,7 @@ class WorkbenchState(QObject):
         def task():
             run = DecodeRun(side.target, side.draft if use_draft else None, prompts=list(settings.prompts),
                             tokens_per_prompt=settings.tokens, repeats=settings.repeats, q=settings.q,
-                            mode=settings.mode, precision=settings.precision,
+                            mode=settings.mode, precision=settings.precision, kv=settings.kv,
                             on_event=live.append, trace=trace)  # fmt: skip
             with lock:
                 side.run = run
@@ -626,9 +626,11 @@ class WorkbenchState(QObject):
             # measurement below is not counted.
             routing = RoutingStats.from_model(side.target)
             cost = None
-            if is_fast(settings.mode, settings.precision) and not result.cancelled and not stop.is_set():
+            fast = is_fast(settings.mode, settings.precision, kv=settings.kv)
+            if fast and not result.cancelled and not stop.is_set():
                 cost = quality_cost(side.target, prompts=list(settings.prompts), tokens=settings.tokens,
-                                    mode=settings.mode, precision=settings.precision, fast_result=result)  # fmt: skip
+                                    mode=settings.mode, precision=settings.precision, fast_result=result,
+                                    kv=settings.kv)  # fmt: skip
             return result, routing, judged.diagnosis, cost, (run.spans if trace else None)
 
         def done(result):

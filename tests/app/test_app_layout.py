@@ -98,7 +98,7 @@ def test_no_panel_over_another_and_the_run_controls_shown(qtbot, make_window, si
         assert window.left_tabs == (size[1] < 1000) and ("dock devices" in rects) != window.left_tabs
         assert {f"dock {key}" for key in window.docks if key != "devices" or not window.left_tabs} <= set(rects)
     # every run setting whole, not scrolled away: the run panel has its column's height where the devices leave none
-    settings = [run.q, run.repeats, run.mode, run.precision, run.tokens, run.load_prompts_button, run.prompts]
+    settings = [run.q, run.repeats, run.mode, run.kv, run.precision, run.tokens, run.load_prompts_button, run.prompts]
     for widget in settings:
         assert wholly_shown(window, widget), (widget, widget.visibleRegion().boundingRect(), widget.rect())
     for key, controls in key_controls(window).items():

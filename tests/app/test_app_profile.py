@@ -204,6 +204,28 @@ def test_a_q8_run_gives_a_q8_profile_that_replays(qtbot, make_window, tmp_path):
     qtbot.waitUntil(lambda: panel.settings().precision == "q8", timeout=TIMEOUT_MS)
 
 
+def test_a_half_cache_run_gives_a_profile_with_its_cache_that_replays(qtbot, make_window, tmp_path):
+    """The run panel's KV cache: a run with an f16 cache is recorded with it and its quality cost against the
+    reference, saved as run.kv with that run's hashes, replays with regress, and comes back into the panel on open."""
+    window = make_window()
+    state = window.state
+    panel = small_run(window)
+    panel.kv.setCurrentIndex(panel.kv.findData("f16"))
+    with qtbot.waitSignal(state.sigRunFinished, timeout=TIMEOUT_MS) as finished:
+        panel.start()
+    record = finished.args[0]
+    assert record.kv == "f16" and record.quality["fast_mode"] == "f16 KV cache", record.quality
+    path = tmp_path / "kv.yaml"
+    assert state.save_profile(path, panel.settings())
+    written = engine_profile.load(path)
+    assert written.run.kv == "f16" and written.expectations.output_sha256 == record.output_sha256
+    report = regress.run([str(path)])
+    assert report.exit_code == 0, report.table()
+    panel.kv.setCurrentIndex(panel.kv.findData("f32"))
+    window.open_profile(str(path))
+    qtbot.waitUntil(lambda: panel.settings().kv == "f16", timeout=TIMEOUT_MS)
+
+
 def test_which_runs_give_a_profiles_outputs_on_another_placement():
     from engine.runs.run import outputs_any_placement
 
