@@ -947,7 +947,7 @@ int main(int argc, char **argv) {
      * products and those read in f32 in either precision (no q8 block), not the ones with f32 products only */
     uint32_t expected = 0, expected_q8 = 0;
     for (int dt = 0; dt < EB_DTYPE_COUNT; dt++) {
-        if (eb_format(dt)->scale_rows || (dt >= EB_DTYPE_IQ2_XXS && dt <= EB_DTYPE_IQ1_M)) continue;
+        if (eb_format(dt)->scale_rows || eb_dtype_iq(dt) || eb_dtype_iq1(dt)) continue;
         expected |= 1u << dt;
         if (eb_format(dt)->q8_block == 0 || dt == EB_DTYPE_Q8_0 || dt == EB_DTYPE_MXFP4 || dt == EB_DTYPE_Q4_K ||
             dt == EB_DTYPE_Q5_K || dt == EB_DTYPE_Q6_K)
