@@ -176,6 +176,20 @@ def test_a_profiles_weights_mode_is_kept_on_save_and_named_on_open(qtbot, make_w
     assert engine_profile.load(tmp_path / "again.yaml").run.weights == other  # an opened profile's value stays
 
 
+def run_save_replay(qtbot, state, panel, path):
+    """A run of the panel's settings, saved as a profile at path and replayed by regress: (its record, the profile
+    read back)."""
+    with qtbot.waitSignal(state.sigRunFinished, timeout=TIMEOUT_MS) as finished:
+        panel.start()
+    record = finished.args[0]
+    assert state.save_profile(path, panel.settings())
+    written = engine_profile.load(path)
+    assert written.expectations.output_sha256 == record.output_sha256
+    report = regress.run([str(path)])
+    assert report.exit_code == 0, report.table()
+    return record, written
+
+
 def test_a_q8_run_gives_a_q8_profile_that_replays(qtbot, make_window, tmp_path):
     """The run panel's precision is saved as run.precision with the hashes of a run in that precision (never an f32
     run's), replays with regress, and comes back into the panel on open."""
@@ -186,15 +200,9 @@ def test_a_q8_run_gives_a_q8_profile_that_replays(qtbot, make_window, tmp_path):
     qtbot.waitUntil(lambda: state.model.target_path == str(quantized) and not state.busy, timeout=TIMEOUT_MS)
     panel = small_run(window)
     panel.precision.setCurrentIndex(panel.precision.findData("q8"))
-    with qtbot.waitSignal(state.sigRunFinished, timeout=TIMEOUT_MS) as finished:
-        panel.start()
-    q8 = finished.args[0]
     path = tmp_path / "q8.yaml"
-    assert state.save_profile(path, panel.settings())
-    written = engine_profile.load(path)
-    assert written.run.precision == "q8" and written.expectations.output_sha256 == q8.output_sha256
-    report = regress.run([str(path)])
-    assert report.exit_code == 0, report.table()
+    _, written = run_save_replay(qtbot, state, panel, path)
+    assert written.run.precision == "q8"
     # The same settings in f32: the q8 run's hashes are not what an f32 profile may expect.
     panel.precision.setCurrentIndex(panel.precision.findData("f32"))
     assert state.save_profile(tmp_path / "f32.yaml", panel.settings())
@@ -211,16 +219,10 @@ def test_a_half_cache_run_gives_a_profile_with_its_cache_that_replays(qtbot, mak
     state = window.state
     panel = small_run(window)
     panel.kv.setCurrentIndex(panel.kv.findData("f16"))
-    with qtbot.waitSignal(state.sigRunFinished, timeout=TIMEOUT_MS) as finished:
-        panel.start()
-    record = finished.args[0]
-    assert record.kv == "f16" and record.quality["fast_mode"] == "f16 KV cache", record.quality
     path = tmp_path / "kv.yaml"
-    assert state.save_profile(path, panel.settings())
-    written = engine_profile.load(path)
-    assert written.run.kv == "f16" and written.expectations.output_sha256 == record.output_sha256
-    report = regress.run([str(path)])
-    assert report.exit_code == 0, report.table()
+    record, written = run_save_replay(qtbot, state, panel, path)
+    assert record.kv == "f16" and record.quality["fast_mode"] == "f16 KV cache", record.quality
+    assert written.run.kv == "f16"
     panel.kv.setCurrentIndex(panel.kv.findData("f32"))
     window.open_profile(str(path))
     qtbot.waitUntil(lambda: panel.settings().kv == "f16", timeout=TIMEOUT_MS)
