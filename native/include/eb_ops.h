@@ -58,7 +58,8 @@ static inline void eb_prefetch_row(const void *row, int64_t bytes) {
  * value rounded to the nearest when stored, read back exactly as f32, so the arithmetic after is the f32 cache's.
  * EB_KV_MAX_HEAD_DIM bounds a head's row in a half cache (the core refuses wider heads there). */
 enum { EB_KV_MAX_HEAD_DIM = 512 };
-static inline size_t eb_kv_elem(int32_t kv_dtype) { return kv_dtype == EB_DTYPE_F32 ? sizeof(float) : 2; }
+/* A value's bytes in the cache, from the format table. */
+static inline size_t eb_kv_elem(int32_t kv_dtype) { return (size_t)eb_row_bytes(kv_dtype, 1); }
 
 /* n f16 values as f32, eb_f16_to_f32's bits: a module's faster conversion of a half cache's rows (its F16C one), or
  * NULL for eb_kv_row's own. */

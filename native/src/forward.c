@@ -123,7 +123,7 @@ int eb_block_attention(eb_step *s, int l) {
         OP(s, s->ops->add(s->rt, s->dev, dc->k, D->k_bias, n, kvd, 1, s->err, sizeof s->err));
         OP(s, s->ops->add(s->rt, s->dev, dc->v, D->v_bias, n, kvd, 1, s->err, sizeof s->err));
     }
-    size_t layer_kv = s->c->cache_at[l] * (size_t)kvd * (s->c->kv_dtype == EB_DTYPE_F32 ? sizeof(float) : 2);
+    size_t layer_kv = s->c->cache_at[l] * (size_t)eb_row_bytes(s->c->kv_dtype, kvd);
     eb_rt_attention at = {dc->q,        dc->k,         dc->v,        D->q_norm,    D->k_norm,    dc->rope_cos,
                           dc->rope_sin, (char *)dc->k_cache + layer_kv, (char *)dc->v_cache + layer_kv, dc->ids,
                           (int32_t)n, cf->num_heads, cf->num_kv_heads, cf->head_dim, s->c->n_ctx, eps, dc->att,

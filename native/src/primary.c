@@ -159,7 +159,8 @@ static void lay_out_context(eb_context *c, layout *a) {
     size_t E = cf->num_experts > 0 ? (size_t)cf->num_experts : 1, K = cf->top_k > 0 ? (size_t)cf->top_k : 1;
     size_t rope_dim = (size_t)(cf->rope_dim ? cf->rope_dim : cf->head_dim);
     size_t positions = c->cache_at[cf->num_layers], rope = (size_t)c->n_ctx * (rope_dim / 2) * F;
-    size_t kv = c->kv_dtype == EB_DTYPE_F32 ? F : 2; /* a half cache: refused where the cache is other state */
+    /* a value of the cache's format, from the format table (a half cache: refused where the cache is other state) */
+    size_t kv = (size_t)eb_row_bytes(c->kv_dtype, 1);
     dc->k_cache = place(a, NULL, positions * (size_t)d.cache_k * kv);
     dc->v_cache = d.cache_v ? place(a, NULL, positions * (size_t)d.cache_v * kv) : NULL;
     dc->rope_cos = place(a, c->rope_cos, rope);
