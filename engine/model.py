@@ -35,6 +35,7 @@ from .placement.placement import Placement
 
 # eb_dtype's code for raw bytes: a Hugging Face MXFP4 checkpoint's *_blocks and *_scales, which the core packs at load
 RAW_U8 = 63
+INT_BYTES = {"I64": 8, "I32": 4}  # integer tables (DeepSeek-V4's tid2eid: a folder's I64, a GGUF file's I32)
 # How the core holds a model's files in host memory (eb_weights_mode): "copy" reads them into private memory
 # advised for transparent huge pages (faster to stream), "map" memory-maps them, "auto" copies where huge pages
 # are enabled and the files take at most half of the memory available.
@@ -381,8 +382,8 @@ class Model(_Handle):
         file_index = {f: i for i, f in enumerate(self.checkpoint.files)}
         usable = [t for t in self.checkpoint.tensors.values() if t.name.startswith(("model.", "lm_head.", "head."))]
 
-        def raw(t) -> bool:  # packed blocks and scales, and integer tables (I64: 8 bytes a value, a last dimension)
-            return (t.dtype == "U8" and t.name.endswith(("_blocks", "_scales"))) or t.dtype == "I64"
+        def raw(t) -> bool:  # packed blocks and scales, and integer tables (I64 / I32: their bytes a last dimension)
+            return (t.dtype == "U8" and t.name.endswith(("_blocks", "_scales"))) or t.dtype in INT_BYTES
 
         codes = _scaled_formats(self.checkpoint, usable)
         for t in usable:
@@ -401,7 +402,7 @@ class Model(_Handle):
             d.name = names[-1]
             d.file_index = file_index[t.file]
             d.dtype = RAW_U8 if raw(t) else codes[t.name] if t.name in codes else formats.FORMATS[t.dtype].code
-            shape = (*t.shape, 8) if t.dtype == "I64" else t.shape
+            shape = (*t.shape, INT_BYTES[t.dtype]) if t.dtype in INT_BYTES else t.shape
             d.ndim = len(shape)
             for i, s in enumerate(shape):
                 d.shape[i] = s

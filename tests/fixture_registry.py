@@ -20,7 +20,7 @@ from fixture_paths import FIXTURES
 
 TOLERANCE = 1e-4  # relative L2 error of the logits per position, in the f32 precision (the reference mode's)
 FLOAT_DTYPES = frozenset({"F32", "F16", "BF16"})  # read in f32 whatever the precision
-TABLE_DTYPES = frozenset({"I64"})  # integer tables (DeepSeek-V4's tid2eid): no weight format, no precision
+TABLE_DTYPES = frozenset({"I64", "I32"})  # integer tables (DeepSeek-V4's tid2eid): no weight format, no precision
 # Routed families with no quantized fixture yet, and why: the device checks run on their float folders only
 FLOAT_ONLY = {"deepseek_v4": "its released FP8/FP4 layout and llama.cpp's deepseek4 GGUF files are not read yet"}
 
@@ -234,6 +234,18 @@ REGISTRY: list[Fixture] = [
     folder("deepseek-v4-f32", "deepseek_v4", "f32", {"F32", "I64"}, DEEPSEEK_V4, n_batch=8, devices=True),
     # sharded
     folder("deepseek-v4-bf16", "deepseek_v4", "bf16", {"BF16", "F32", "I64"}, DEEPSEEK_V4, n_batch=8, devices=True),
+    # the released layout (FP8 matrices in 128 x 128 blocks, FP4 experts) through llama.cpp's converter
+    # (recipes/deepseek_v4_gguf.py): its deepseek4 file, the FP8 matrices Q8_0, the experts MXFP4, tid2eid I32
+    gguf(
+        "deepseek-v4-gguf",
+        "mxfp4_moe",
+        "deepseek_v4",
+        {"F32", "Q8_0", "MXFP4", "I32"},
+        DEEPSEEK_V4,
+        q8=Q8_LLAMA_CPP,
+        n_batch=8,
+        devices=True,
+    ),
 ]
 # Fixtures of a family the engine reads but cannot run yet (engine.families.AWAITING): named here so that the registry
 # still names every fixture on disk, held to the family's refusal by its test file, and moved into REGISTRY, and so

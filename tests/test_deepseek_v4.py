@@ -1,9 +1,9 @@
 """DeepSeek-V4: the family (engine/families/deepseek_v4.py) reads and checks a V4 config.json as transformers 5.25.0
 reads it and names each bad key; the core runs its forward pass (native/src/models/deepseek_v4.c, the cpu module's
-"deepseek_v4" extension); a deepseek4 GGUF file is refused. The fixtures (tests/fixtures/deepseek-v4-*,
-recipes/deepseek_v4.py: transformers' own DeepseekV4ForCausalLM with seeded weights and its reference logits) are in
-the conformance suite (fixture_registry.REGISTRY); here: what the recipe promises of them, the compressors' state
-across batches and roll backs, and bad tensors named."""
+"deepseek_v4" extension); llama.cpp's deepseek4 GGUF files are read, each bad key named. The fixtures
+(tests/fixtures/deepseek-v4-*, recipes/deepseek_v4.py: transformers' own DeepseekV4ForCausalLM with seeded weights
+and its reference logits) are in the conformance suite (fixture_registry.REGISTRY); here: what the recipe promises of
+them, the compressors' state across batches and roll backs, and bad tensors named."""
 
 from __future__ import annotations
 
@@ -27,9 +27,6 @@ from engine.model import Engine
 
 F32 = FIXTURES / "deepseek-v4-f32"
 BF16 = FIXTURES / "deepseek-v4-bf16"
-GGUF_REFUSAL = (r"DeepSeek-V4: llama\.cpp's deepseek4 GGUF files are not read yet \(their deepseek4\.\* keys and "
-                r"tensor layout are not mapped to the engine's\); load the model from its transformers "
-                r"folder")  # fmt: skip
 V4_FIXTURES = [BY_NAME["deepseek-v4-f32"], BY_NAME["deepseek-v4-bf16"]]
 # transformers 5.25.0's DeepseekV4RotaryEmbedding buffers for the fixtures' config (main_inv_freq, compress_inv_freq)
 MAIN_INV_FREQ = (1.0, 0.3162277638912201, 0.10000000149011612, 0.03162277862429619, 0.009999999776482582,
@@ -448,19 +445,27 @@ def test_a_bad_tensor_is_refused_at_load_with_its_name(tmp_path, name):
         eng.load(folder)
 
 
-def write_deepseek4_gguf(path: Path, with_table: bool) -> Path:
-    """A deepseek4 GGUF header as llama.cpp writes one: the keys every family has, the embeddings, a router and, with
-    with_table, a hash layer's tid2eid table (I32, a format the engine does not run)."""
+V4_GGUF = FIXTURES / "deepseek-v4-gguf" / "model-mxfp4_moe.gguf"
+
+
+def edited_gguf(path: Path, keys: dict | None = None, tensors: dict | None = None) -> Path:
+    """The deepseek4 fixture rewritten by the gguf package with metadata keys replaced ({key: (value, type)}, or None
+    to leave the key out) and tensors replaced ({name: array}, the same type)."""
+    keys, tensors = keys or {}, tensors or {}
+    r = gguf.GGUFReader(V4_GGUF)
     w = gguf.GGUFWriter(path, "deepseek4")
-    w.add_block_count(2)
-    w.add_embedding_length(32)
-    w.add_context_length(256)
-    w.add_head_count(4)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_tensor("token_embd.weight", np.zeros((512, 32), np.float32))
-    w.add_tensor("blk.0.ffn_gate_inp.weight", np.zeros((8, 32), np.float32))
-    if with_table:
-        w.add_tensor("blk.0.ffn_gate_tid2eid.weight", np.zeros((512, 2), np.int32))
+    for key, field in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or key in keys:
+            continue
+        vtype = field.types[0]
+        sub = field.types[1] if vtype == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(key, field.contents(), vtype, sub)
+    for key, edit in keys.items():
+        if edit is not None:
+            w.add_key_value(key, edit[0], edit[1], edit[2] if len(edit) > 2 else None)
+    for t in r.tensors:
+        data = tensors.get(t.name, t.data)
+        w.add_tensor(t.name, np.asarray(data), raw_shape=np.asarray(t.data).shape, raw_dtype=t.tensor_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -468,12 +473,76 @@ def write_deepseek4_gguf(path: Path, with_table: bool) -> Path:
     return path
 
 
-@pytest.mark.parametrize("with_table", [False, True], ids=["float tensors", "an I32 hash table"])
-def test_a_deepseek4_gguf_file_is_refused_by_its_family(tmp_path, with_table):
-    path = write_deepseek4_gguf(tmp_path / "v4.gguf", with_table)
-    with pytest.raises(UnsupportedError, match=GGUF_REFUSAL) as info:
+def test_an_unedited_rewrite_gives_the_fixture_s_logits(tmp_path):
+    """The rewriting the bad-key cases below use changes nothing by itself (their errors are the edit's)."""
+    ref = np.load(V4_GGUF.parent / "reference-mxfp4_moe.npz")
+    ids = np.concatenate([ref["prompt_ids"], ref["generated_ids"]]).tolist()
+    with Engine() as eng:
+        logits = [eng.load(p).context().decode(ids) for p in (V4_GGUF, edited_gguf(tmp_path / "same.gguf"))]
+    assert np.array_equal(logits[0], logits[1])
+    assert np.max(np.abs(logits[0] - ref["logits"])) < 1e-4
+
+
+V = gguf.GGUFValueType
+U32, FLOAT, BOOL, STR, ARR, I32 = V.UINT32, V.FLOAT32, V.BOOL, V.STRING, V.ARRAY, V.INT32
+BAD_GGUF_KEYS = {
+    "a key missing": ({"deepseek4.attention.output_group_count": None}, CheckpointError,
+                      r"metadata key 'deepseek4\.attention\.output_group_count' is missing"),
+    "another router": ({"deepseek4.expert_gating_func": (2, U32)}, UnsupportedError,
+                       r"'deepseek4\.expert_gating_func' = 2, expected 4 \(sqrt-softplus"),
+    "two shared experts": ({"deepseek4.expert_shared_count": (2, U32)}, UnsupportedError,
+                           r"'deepseek4\.expert_shared_count' = 2, expected 1"),
+    "weights not renormalised": ({"deepseek4.expert_weights_norm": (False, BOOL)}, UnsupportedError,
+                                 r"'deepseek4\.expert_weights_norm' is false, expected true"),
+    "a limit per layer": ({"deepseek4.swiglu_clamp_exp": ([1.0, 2.0, 1.0, 1.0], ARR, FLOAT)}, UnsupportedError,
+                          r"'deepseek4\.swiglu_clamp_exp' = \[1\.0, 2\.0, 1\.0, 1\.0\], expected one SwiGLU limit"),
+    "the shared expert's limit apart": ({"deepseek4.swiglu_clamp_shexp": ([7.0] * 4, ARR, FLOAT)}, UnsupportedError,
+                                        r"'deepseek4\.swiglu_clamp_exp' \(1\.0\) and 'deepseek4\.swiglu_clamp_shexp' "
+                                        r"\(7\.0\) differ"),
+    "a compress ratio llama.cpp has not": ({"deepseek4.attention.compress_ratios": ([0, 4, 64, 4], ARR, I32)},
+                                           CheckpointError, r"'deepseek4\.attention\.compress_ratios'\[2\] = 64, "
+                                           r"expected 0 \(sliding window only\), 4"),
+    "ratios short of the layers": ({"deepseek4.attention.compress_ratios": ([0, 4], ARR, I32)}, CheckpointError,
+                                   r"'deepseek4\.attention\.compress_ratios' = 2 entries, expected at least one per "
+                                   r"layer"),
+    "more hash layers than layers": ({"deepseek4.hash_layer_count": (9, U32)}, CheckpointError,
+                                     r"'deepseek4\.hash_layer_count' = 9, expected 0\.\.num_hidden_layers \(4\)"),
+    "groups that split no heads": ({"deepseek4.attention.output_group_count": (3, U32)}, CheckpointError,
+                                   r"'deepseek4\.attention\.output_group_count' = 3 does not divide"),
+    "a second key/value head": ({"deepseek4.attention.head_count_kv": (2, U32)}, CheckpointError,
+                                r"'deepseek4\.attention\.head_count_kv' = 2, expected 1"),
+    "other residual streams": ({"deepseek4.embedding_length_out": (96, U32)}, CheckpointError,
+                               r"'deepseek4\.embedding_length_out' = 96, expected embedding_length x "
+                               r"hyper_connection\.count = 128"),
+    "another rope scaling": ({"deepseek4.rope.scaling.type": ("linear", STR)}, UnsupportedError,
+                             r"'deepseek4\.rope\.scaling\.type' = 'linear', expected 'yarn' or none"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", BAD_GGUF_KEYS)
+def test_a_deepseek4_file_s_bad_key_is_named(tmp_path, case):
+    keys, cls, pattern = BAD_GGUF_KEYS[case]
+    path = edited_gguf(tmp_path / "bad.gguf", keys)
+    with pytest.raises(cls, match=pattern) as info:
         Checkpoint.open(path)
     assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "table, pattern",
+    [
+        (lambda t: np.where(np.arange(t.size).reshape(t.shape) == 5, 8, t),
+         r"token id 2's expert 8 \(entry 1\) is out of range, expected 0\.\.7"),
+        (lambda t: np.repeat(t[:, :1], 2, axis=1), r"token id 0 chooses expert \d+ twice, expected 2 distinct experts"),
+    ],
+    ids=["an expert past the last", "an expert twice"],
+)  # fmt: skip
+def test_a_bad_i32_hash_table_is_refused_at_load_with_its_name(tmp_path, table, pattern):
+    name = "blk.1.ffn_gate_tid2eid.weight"
+    t = next(t for t in gguf.GGUFReader(V4_GGUF).tensors if t.name == name)
+    path = edited_gguf(tmp_path / "bad.gguf", tensors={name: table(np.asarray(t.data).copy())})
+    with Engine() as eng, pytest.raises(CheckpointError, match=r"model\.layers\.1\.ffn\.gate\.tid2eid': " + pattern):
+        eng.load(path)
 
 
 # ---- the fixtures ------------------------------------------------------------------------------------------------

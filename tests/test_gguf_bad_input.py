@@ -285,7 +285,7 @@ def test_a_missing_tensor_is_named_by_the_core_with_the_file(tmp_path):
 def test_an_unsupported_architecture(tmp_path):
     path = write(tmp_path, extra={"general.architecture": ("llama", V.STRING)})
     refused(path, UnsupportedError, r"architecture 'llama' \(general.architecture\) is not supported \(expected one "
-                                    r"of qwen3moe, qwen3, deepseek2, gpt-oss\)")  # fmt: skip
+                                    r"of qwen3moe, qwen3, deepseek2, gpt-oss, deepseek4\)")  # fmt: skip
 
 
 def test_a_missing_config_key(tmp_path):

@@ -56,6 +56,20 @@ EXPERT_TENSORS = {  # [cols, rows, experts] in GGUF order; expert E's slice is m
 }
 LAYER_NAME = re.compile(r"blk\.(0|[1-9][0-9]*)\.(.+)")
 
+
+@dataclass(frozen=True)
+class IntTable:
+    """A tensor of integers (llama.cpp's I32: DeepSeek-V4's tid2eid), no format the products run: handed to the core
+    as raw bytes, which the family that binds it reads (a float weight of this type is refused at bind)."""
+
+    name: str
+    ggml_type: int
+    size: int  # bytes of one value
+    block: int = 1
+
+
+INT_TABLES = {26: IntTable("I32", 26, 4)}  # ggml's GGML_TYPE_I32
+
 # tokenizer.ggml.pre -> how text is split before BPE, as the original tokenizer.json does it
 QWEN2_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -92,7 +106,7 @@ class RawTensor:
 
     name: str
     ne: tuple[int, ...]
-    fmt: formats.Format
+    fmt: formats.Format | IntTable
     offset: int  # absolute, in the file
     nbytes: int
 
@@ -252,7 +266,7 @@ def _walk_header(path: Path, buf, size: int) -> tuple[list[RawTensor], int]:
 
 def _check_tensor(w: _Walk, data_start: int, alignment: int, name: str, ne: tuple[int, ...], ttype: int,
                   offset: int) -> RawTensor:  # fmt: skip
-    fmt = formats.BY_GGML_TYPE.get(ttype)
+    fmt = formats.BY_GGML_TYPE.get(ttype) or INT_TABLES.get(ttype)
     if fmt is None:
         from gguf import GGMLQuantizationType
 
@@ -272,7 +286,10 @@ def _check_tensor(w: _Walk, data_start: int, alignment: int, name: str, ne: tupl
     if ne[0] % fmt.block:
         w.fail(f"tensor '{name}' has rows of {ne[0]} values, not a whole number of {fmt.name} blocks ({fmt.block} "
                "values each)")  # fmt: skip
-    nbytes = formats.tensor_bytes(fmt.name, tuple(reversed(ne)))
+    if isinstance(fmt, IntTable):
+        nbytes = math.prod(ne) * fmt.size
+    else:
+        nbytes = formats.tensor_bytes(fmt.name, tuple(reversed(ne)))
     if offset % alignment:
         w.fail(f"tensor '{name}' starts at data offset {offset}, not a multiple of the alignment ({alignment}, "
                "general.alignment): expected aligned tensor data")  # fmt: skip
@@ -496,7 +513,7 @@ def parse_config(parts: list[Part]) -> ModelConfig:
     arch_name = m.get("general.architecture", "str")
     fam = gguf_family(arch_name)
     if fam is None:
-        read = [a for a, f in BY_GGUF_ARCH.items() if not f.gguf_awaiting]  # deepseek4: known, its files refused
+        read = [a for a, f in BY_GGUF_ARCH.items() if not f.gguf_awaiting]  # a family's files refused: not named
         m.fail(f"architecture '{arch_name}' (general.architecture) is not supported (expected one of "
                f"{', '.join(read)})", UnsupportedError)  # fmt: skip
     a = f"{arch_name}."
@@ -562,27 +579,29 @@ def map_tensors(parts: list[Part], config: ModelConfig) -> dict[str, TensorInfo]
     arch, routed = fam.gguf_arch, fam.routed
     layer_names = fam.gguf_layer_tensors
     biases = fam.gguf_expert_biases
+    global_names = {**GLOBAL_TENSORS, **fam.gguf_global_tensors}
+    expert_names = fam.gguf_expert_tensors or {k: f"mlp.experts.{{e}}.{v}" for k, v in EXPERT_TENSORS.items()}
     out: dict[str, TensorInfo] = {}
     for part in parts:
         for t in part.tensors:
             hf_shape = tuple(reversed(t.ne))
             layer = LAYER_NAME.fullmatch(t.name)
-            if t.name in GLOBAL_TENSORS:
-                out[GLOBAL_TENSORS[t.name]] = TensorInfo(GLOBAL_TENSORS[t.name], part.path, t.fmt.name, hf_shape,
-                                                         t.offset, t.nbytes)  # fmt: skip
+            if t.name in global_names:
+                out[global_names[t.name]] = TensorInfo(global_names[t.name], part.path, t.fmt.name, hf_shape,
+                                                       t.offset, t.nbytes)  # fmt: skip
             elif layer and layer[2] in layer_names:
                 name = f"model.layers.{layer[1]}.{layer_names[layer[2]]}"
                 if layer[2] in ("attn_k_b.weight", "attn_v_b.weight") and len(t.ne) == 3:
                     hf_shape = (t.ne[2] * t.ne[1], t.ne[0])  # the heads' matrices stacked: rows of one head follow
                 out[name] = TensorInfo(name, part.path, t.fmt.name, hf_shape, t.offset, t.nbytes)
-            elif layer and routed and layer[2] in EXPERT_TENSORS:
+            elif layer and routed and layer[2] in expert_names:
                 if len(t.ne) != 3 or t.ne[2] != config.num_experts:
                     raise CheckpointError(f"'{part.path}': tensor '{t.name}' has dimensions {list(t.ne)}, expected "
                                           f"[cols, rows, {config.num_experts}] (expert_count experts)")  # fmt: skip
                 rows, cols = t.ne[1], t.ne[0]
                 step = formats.tensor_bytes(t.fmt.name, (rows, cols))
                 for e in range(config.num_experts):
-                    name = f"model.layers.{layer[1]}.mlp.experts.{e}.{EXPERT_TENSORS[layer[2]]}"
+                    name = f"model.layers.{layer[1]}." + expert_names[layer[2]].format(e=e)
                     out[name] = TensorInfo(name, part.path, t.fmt.name, (rows, cols), t.offset + e * step, step)
             elif layer and layer[2] in biases:
                 if len(t.ne) != 2 or t.ne[1] != config.num_experts:
@@ -594,8 +613,8 @@ def map_tensors(parts: list[Part], config: ModelConfig) -> dict[str, TensorInfo]
                     out[name] = TensorInfo(name, part.path, t.fmt.name, (t.ne[0],), t.offset + e * step, step)
             else:
                 known = ", ".join(
-                    [*GLOBAL_TENSORS, *(f"blk.N.{n}" for n in layer_names)]
-                    + ([f"blk.N.{n}" for n in [*EXPERT_TENSORS, *biases]] if routed else [])
+                    [*global_names, *(f"blk.N.{n}" for n in layer_names)]
+                    + ([f"blk.N.{n}" for n in [*expert_names, *biases]] if routed else [])
                 )
                 raise UnsupportedError(f"'{part.path}': tensor '{t.name}' is not part of a {arch} model the engine "
                                        f"runs (expected {known})")  # fmt: skip

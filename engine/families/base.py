@@ -149,6 +149,10 @@ class Family:
     awaiting: what the core lacks to run the family (empty: it runs it). A family awaiting its forward pass
         (engine.families.AWAITING) has its config.json or GGUF keys read and checked, then is refused with this.
     gguf_awaiting: why its GGUF files are refused where the core runs it from a folder (empty: they are read).
+    gguf_global_tensors: the family's names for llama.cpp's tensors outside the layers, over the shared ones
+        (token_embd, output_norm, output).
+    gguf_expert_tensors: llama.cpp's merged expert tensors -> the name of expert {e}'s slice under
+        model.layers.N. (empty: mlp.experts.{e}.gate_proj.weight and so on).
     """
 
     architecture: str
@@ -170,6 +174,8 @@ class Family:
     demo: DemoRecipe | None = None  # its built-in synthetic pair (engine/checkpoints/demo.py), when it has one
     awaiting: str = ""
     gguf_awaiting: str = ""  # what keeps its GGUF files from being read, where the core runs it from folders
+    gguf_global_tensors: Mapping[str, str] = field(default_factory=dict)
+    gguf_expert_tensors: Mapping[str, str] = field(default_factory=dict)
 
     def refuse_gguf(self, where: str) -> None:
         """Raise the UnsupportedError of a GGUF file of a family whose files are not read (awaiting, or

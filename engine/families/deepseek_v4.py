@@ -6,8 +6,12 @@ hash table, one shared expert, a clamped SwiGLU. GGUF: llama.cpp's deepseek4.
 The engine reads and checks a V4 config.json here (read_config: every key transformers 5.25.0's DeepseekV4Config
 reads, with the released checkpoints' older names folded in as transformers folds them) and hands it to the core
 (config_keys: the shared fields, and the V4 fields of eb_model_config as native_fields), whose forward pass is
-native/src/models/deepseek_v4.c over the cpu module's "deepseek_v4" extension. Its GGUF files (llama.cpp's deepseek4)
-are refused (Family.gguf_awaiting), and so are the released FP8/FP4 folders (their layer names are not these).
+native/src/models/deepseek_v4.c over the cpu module's "deepseek_v4" extension. Its GGUF files (llama.cpp's deepseek4,
+which its converter writes from the released FP8/FP4 checkpoints: the FP8 matrices dequantized then Q8_0, the FP4
+experts repacked to MXFP4, tid2eid I32) are read: gguf_keys hands their keys to read_config under the released
+config.json's names (the file's YaRN keys scale the compress RoPE alone, as transformers folds the released
+rope_scaling), GGUF_*_TENSORS name their tensors. The released folders themselves are refused (their layer names are
+not these: no model. prefix, attn.kv_norm, FP8 weights with E8M0 scales).
 
 What transformers computes (models/deepseek_v4/modeling_deepseek_v4.py), all of it in float32 on float32 weights:
 
@@ -61,12 +65,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
 import numpy as np
 
-from ..core.errors import UnsupportedError
-from .base import ConfigKeys, Family, GGUFShape, Metadata, yarn_rope
+from ..core.errors import CheckpointError, EngineError, UnsupportedError
+from .base import ConfigKeys, Family, GGUFShape, Metadata, gguf_yarn, yarn_rope
 
 SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
 ATTENTION_TYPES = (SLIDING, CSA, HCA)
@@ -465,13 +470,106 @@ def config_keys(keys: ConfigKeys, hidden: int, heads: int, layers: int) -> dict[
     }
 
 
-GGUF_REFUSAL = ("llama.cpp's deepseek4 GGUF files are not read yet (their deepseek4.* keys and tensor layout are not "
-                "mapped to the engine's); load the model from its transformers folder")  # fmt: skip
+# config.json's key -> the deepseek4 file's key (after 'deepseek4.'), as llama.cpp's converter writes them
+GGUF_KEYS = {
+    "max_position_embeddings": "context_length",
+    "head_dim": "attention.key_length",
+    "qk_rope_head_dim": "rope.dimension_count",
+    "q_lora_rank": "attention.q_lora_rank",
+    "sliding_window": "attention.sliding_window",
+    "moe_intermediate_size": "expert_feed_forward_length",
+    "routed_scaling_factor": "expert_weights_scale",
+    "index_n_heads": "attention.indexer.head_count",
+    "index_head_dim": "attention.indexer.key_length",
+    "index_topk": "attention.indexer.top_k",
+    "o_groups": "attention.output_group_count",
+    "o_lora_rank": "attention.output_lora_rank",
+    "compress_ratios": "attention.compress_ratios",
+    "compress_rope_theta": "attention.compress_rope_freq_base",
+    "hc_mult": "hyper_connection.count",
+    "hc_sinkhorn_iters": "hyper_connection.sinkhorn_iterations",
+    "hc_eps": "hyper_connection.epsilon",
+    "num_hash_layers": "hash_layer_count",
+    "n_routed_experts": "expert_count",
+    "num_experts_per_tok": "expert_used_count",
+    "rope_theta": "rope.freq_base",
+    "num_nextn_predict_layers": "nextn_predict_layers",
+    "swiglu_limit": "swiglu_clamp_exp",
+}
+GGUF_OPTIONAL = ("num_nextn_predict_layers", "compress_rope_theta", "rope_theta")
+GATING_SQRTSOFTPLUS = 4  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SQRTSOFTPLUS
+
+
+class _GGUFKeys(ConfigKeys):
+    """A deepseek4 file's metadata under config.json's keys (the released configs' spelling), so that read_config
+    checks a file as it checks a folder; each error names the file's key."""
+
+    def __init__(self, raw: dict, path: Path, names: dict[str, str]):
+        super().__init__(raw, path)
+        self.names = names
+
+    def fail(self, message: str, cls: type[EngineError] = CheckpointError) -> NoReturn:
+        for key, gguf_key in self.names.items():
+            message = message.replace(f"'{key}'", f"'{gguf_key}'")
+        super().fail(message, cls)
 
 
 def gguf_keys(m: Metadata, s: GGUFShape) -> dict[str, Any]:
-    """A deepseek4 file's own keys are not read yet: the file is refused before this (Family.gguf_awaiting)."""
-    raise UnsupportedError(f"'{m.path}': DeepSeek-V4: {GGUF_REFUSAL}")
+    """A deepseek4 file's keys (llama.cpp's converter writes them from the released config.json: its
+    compress_ratios, num_hash_layers, qk_rope_head_dim, one flat YaRN rope_scaling) as the config.json they were
+    written from, read by read_config as a folder's. What llama.cpp can state but transformers' V4 does not run is
+    refused by its key: a router other than sqrt-softplus, a shared-expert count other than one, weights not
+    renormalised, a SwiGLU limit per layer or apart for the shared expert, key/value heads other than one."""
+    a = s.prefix
+    names = {k: a + v for k, v in GGUF_KEYS.items()} | {"rope_scaling": a + "rope.scaling.*"}
+    raw: dict[str, Any] = {}
+    for key, gkey in names.items():
+        value = m.md.get(gkey)
+        if value is None:
+            if key not in GGUF_OPTIONAL and key != "rope_scaling":
+                m.fail(f"metadata key '{gkey}' is missing")
+            continue
+        raw[key] = value.value
+    raw.setdefault("num_nextn_predict_layers", 0)  # llama.cpp writes it only for a file that holds the MTP layers
+    limits = raw.pop("swiglu_limit", None)
+    shared = m.md.get(a + "swiglu_clamp_shexp")
+    for key, value in ((a + "swiglu_clamp_exp", limits), (a + "swiglu_clamp_shexp", shared and shared.value)):
+        if not isinstance(value, list) or len(value) != s.layers or len(set(value)) != 1:
+            m.fail(f"'{key}' = {value!r:.80}, expected one SwiGLU limit per layer, the same for every layer (the "
+                   "engine's V4 clamps every layer's experts at one limit)", UnsupportedError)  # fmt: skip
+    if limits[0] != shared.value[0]:
+        m.fail(
+            f"'{a}swiglu_clamp_exp' ({limits[0]}) and '{a}swiglu_clamp_shexp' ({shared.value[0]}) differ: expected "
+            "the routed and shared experts clamped at one limit, as DeepSeek-V4's swiglu_limit",
+            UnsupportedError,
+        )
+    raw["swiglu_limit"] = float(limits[0])
+    gating = m.get(a + "expert_gating_func", "int")
+    if gating != GATING_SQRTSOFTPLUS:
+        m.fail(f"'{a}expert_gating_func' = {gating}, expected {GATING_SQRTSOFTPLUS} (sqrt-softplus, DeepSeek-V4's "
+               "router)", UnsupportedError)  # fmt: skip
+    if m.count(a + "expert_shared_count") != 1:
+        m.fail(f"'{a}expert_shared_count' = {m.count(a + 'expert_shared_count')}, expected 1 (DeepSeek-V4's one "
+               "shared expert)", UnsupportedError)  # fmt: skip
+    if not m.get(a + "expert_weights_norm", "bool"):
+        m.fail(f"'{a}expert_weights_norm' is false, expected true (DeepSeek-V4 renormalises the chosen experts' "
+               "weights)", UnsupportedError)  # fmt: skip
+    if m.count(a + "attention.head_count_kv", 1) != 1:
+        m.fail(f"'{a}attention.head_count_kv' = {m.count(a + 'attention.head_count_kv')}, expected 1 (one key=value "
+               "head)")  # fmt: skip
+    if m.get(a + "rope.scaling.type", "str", "none") == "yarn":
+        raw["rope_scaling"] = gguf_yarn(m, a, m.count(a + "context_length"))
+    elif m.get(a + "rope.scaling.type", "str", "none") != "none":
+        m.fail(f"'{a}rope.scaling.type' = {m.get(a + 'rope.scaling.type', 'str')!r}, expected 'yarn' or none",
+               UnsupportedError)  # fmt: skip
+    out_width = m.get(a + "embedding_length_out", "int", s.hidden * raw.get("hc_mult", 1))
+    keys = _GGUFKeys(raw, m.path, names)
+    kw = config_keys(keys, s.hidden, s.heads, s.layers)
+    hc = dict(kw["native_fields"])["hc_mult"]
+    if out_width != s.hidden * hc:
+        m.fail(f"'{a}embedding_length_out' = {out_width}, expected embedding_length x hyper_connection.count = "
+               f"{s.hidden * hc} (the residual streams)")  # fmt: skip
+    return kw
 
 
 # ---- tensors -----------------------------------------------------------------------------------------------------
@@ -483,8 +581,9 @@ GLOBAL_TENSORS = ("model.embed_tokens.weight", "model.norm.weight", "head.weight
                   "model.hc_head.hc_base", "model.hc_head.hc_scale")  # fmt: skip
 
 # llama.cpp's deepseek4 tensor names (blk.N.<name>, as its converter writes the released checkpoints) -> the names
-# above without model.layers.N.; its merged experts (ffn_*_exps) are ffn.experts.M.w1 / w3 / w2. Not yet checked
-# against a converted file: no deepseek4 GGUF is read by the engine.
+# above without model.layers.N.; its merged experts (ffn_*_exps) are ffn.experts.M.w1 / w3 / w2 (GGUF_EXPERT_TENSORS),
+# its head and mHC head GGUF_GLOBAL_TENSORS. Checked against a file of llama.cpp's converter
+# (tests/fixtures/deepseek-v4-gguf).
 GGUF_LAYER_TENSORS = {
     "attn_norm.weight": "attn_norm.weight",
     "attn_q_a.weight": "attn.wq_a.weight",
@@ -518,6 +617,19 @@ GGUF_LAYER_TENSORS = {
     "ffn_gate_shexp.weight": "ffn.shared_experts.w1.weight",
     "ffn_up_shexp.weight": "ffn.shared_experts.w3.weight",
     "ffn_down_shexp.weight": "ffn.shared_experts.w2.weight",
+}
+
+
+GGUF_GLOBAL_TENSORS = {
+    "output.weight": "head.weight",
+    "output_hc_fn.weight": "model.hc_head.hc_fn",
+    "output_hc_base.weight": "model.hc_head.hc_base",
+    "output_hc_scale.weight": "model.hc_head.hc_scale",
+}
+GGUF_EXPERT_TENSORS = {
+    "ffn_gate_exps.weight": "ffn.experts.{e}.w1.weight",
+    "ffn_up_exps.weight": "ffn.experts.{e}.w3.weight",
+    "ffn_down_exps.weight": "ffn.experts.{e}.w2.weight",
 }
 
 
@@ -615,7 +727,8 @@ DEEPSEEK_V4 = Family(
     gguf_layer_tensors=GGUF_LAYER_TENSORS,
     moe_layer=lambda config, layer: True,
     rope_scaling=True,
-    gguf_awaiting=GGUF_REFUSAL,
+    gguf_global_tensors=GGUF_GLOBAL_TENSORS,
+    gguf_expert_tensors=GGUF_EXPERT_TENSORS,
     kv_row_bytes=kv_row_bytes,
     kv_read_bytes=kv_read_bytes,
 )

@@ -50,6 +50,9 @@ int eb_check_owned(const eb_binder *b, const char *tensor, const eb_weight *w, i
                    int64_t col_div);
 /* Whether the checkpoint holds a tensor of this name. */
 int eb_has_tensor(const eb_binder *b, const char *name);
+/* The last dimension of a tensor as the checkpoint describes it (-1: no such tensor): the bytes of one value of a
+ * raw integer table (8 for a folder's I64, 4 for a GGUF file's I32). */
+int64_t eb_tensor_last_dim(const eb_binder *b, const char *name);
 /* What every family names alike: the embeddings, the final norm and lm_head (the embeddings when tied); a MoE
  * layer's routed experts, one tensor each (mlp.experts.E.{gate,up,down}_proj), into layer->experts. */
 int eb_bind_embeddings(const eb_binder *b);

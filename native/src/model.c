@@ -228,6 +228,11 @@ int eb_bind(const eb_binder *b, const char *name, int64_t d0, int64_t d1, eb_wei
 
 int eb_has_tensor(const eb_binder *b, const char *name) { return find_tensor(b, name) != NULL; }
 
+int64_t eb_tensor_last_dim(const eb_binder *b, const char *name) {
+    const eb_tensor_desc *t = find_tensor(b, name);
+    return t && t->ndim > 0 ? t->shape[t->ndim - 1] : -1;
+}
+
 int eb_bind_tensor(const eb_binder *b, const char *name, int ndim, const int64_t *shape, int raw, const void **data,
                    int *dtype_out) {
     const eb_tensor_desc *t = find_tensor(b, name);

@@ -120,10 +120,12 @@ static int bind_model(const eb_binder *b) {
     return eb_bind(b, "head.weight", c->vocab_size, H, &m->lm_head);
 }
 
-/* tid2eid (int64 [vocab, top_k], handed over as raw bytes [vocab, top_k, 8]) as floats, each id checked. */
+/* tid2eid ([vocab, top_k] token id -> experts: a folder's int64, a GGUF file's int32, handed over as raw bytes
+ * [vocab, top_k, 8 or 4]) as floats, each id checked. */
 static int bind_tid2eid(const eb_binder *b, const char *name, eb_layer *L) {
     const eb_model_config *c = &b->m->cfg;
-    int64_t V = c->vocab_size, K = c->top_k, shape[3] = {V, K, 8};
+    int64_t width = eb_tensor_last_dim(b, name) == 4 ? 4 : 8;
+    int64_t V = c->vocab_size, K = c->top_k, shape[3] = {V, K, width};
     const void *data;
     int dt, st;
     if ((st = eb_bind_tensor(b, name, 3, shape, 1, &data, &dt))) return st;
@@ -132,7 +134,13 @@ static int bind_tid2eid(const eb_binder *b, const char *name, eb_layer *L) {
     L->tid2eid = ids;
     for (int64_t i = 0; i < V * K; i++) {
         int64_t e;
-        memcpy(&e, (const unsigned char *)data + (size_t)i * 8, 8);
+        if (width == 4) {
+            int32_t e32;
+            memcpy(&e32, (const unsigned char *)data + (size_t)i * 4, 4);
+            e = e32;
+        } else {
+            memcpy(&e, (const unsigned char *)data + (size_t)i * 8, 8);
+        }
         if (e < 0 || e >= c->num_experts)
             return eb_fail(EB_ERR_FORMAT, "tensor '%s': token id %lld's expert %lld (entry %lld) is out of range, "
                                           "expected 0..%d (n_routed_experts - 1)", name, (long long)(i / K),
