@@ -382,8 +382,11 @@ class Model(_Handle):
         file_index = {f: i for i, f in enumerate(self.checkpoint.files)}
         usable = [t for t in self.checkpoint.tensors.values() if t.name.startswith(("model.", "lm_head.", "head."))]
 
-        def raw(t) -> bool:  # packed blocks and scales, and integer tables (I64 / I32: their bytes a last dimension)
-            return (t.dtype == "U8" and t.name.endswith(("_blocks", "_scales"))) or t.dtype in INT_BYTES
+        tables = family(cfg.architecture).int_tables
+
+        def raw(t) -> bool:  # packed blocks and scales, and the family's integer tables (their bytes a last dimension)
+            packed = t.dtype == "U8" and t.name.endswith(("_blocks", "_scales"))
+            return packed or (t.dtype in INT_BYTES and t.name.endswith(tables))
 
         codes = _scaled_formats(self.checkpoint, usable)
         for t in usable:
@@ -402,7 +405,7 @@ class Model(_Handle):
             d.name = names[-1]
             d.file_index = file_index[t.file]
             d.dtype = RAW_U8 if raw(t) else codes[t.name] if t.name in codes else formats.FORMATS[t.dtype].code
-            shape = (*t.shape, INT_BYTES[t.dtype]) if t.dtype in INT_BYTES else t.shape
+            shape = (*t.shape, INT_BYTES[t.dtype]) if raw(t) and t.dtype in INT_BYTES else t.shape
             d.ndim = len(shape)
             for i, s in enumerate(shape):
                 d.shape[i] = s

@@ -381,7 +381,7 @@ def test_config_disagrees_with_tensor_shapes(tmp_path):
         load(folder)
 
 
-@pytest.mark.parametrize(("dtype", "shape"), [("F64", [32]), ("I8", [256]), ("I32", [64])])
+@pytest.mark.parametrize(("dtype", "shape"), [("F64", [32]), ("I8", [256]), ("I32", [64]), ("I64", [32])])
 def test_unsupported_dtype(tmp_path, dtype, shape):
     """A dtype the format knows but the engine does not run; byte count consistent with the shape."""
     folder = copy_fixture(tmp_path, "qwen3-f32")

@@ -153,6 +153,8 @@ class Family:
         (token_embd, output_norm, output).
     gguf_expert_tensors: llama.cpp's merged expert tensors -> the name of expert {e}'s slice under
         model.layers.N. (empty: mlp.experts.{e}.gate_proj.weight and so on).
+    int_tables: the ends of the names of tensors of integers the family binds (their bytes handed over as they are);
+        an integer tensor by any other name is refused as a dtype the engine does not run.
     """
 
     architecture: str
@@ -176,6 +178,7 @@ class Family:
     gguf_awaiting: str = ""  # what keeps its GGUF files from being read, where the core runs it from folders
     gguf_global_tensors: Mapping[str, str] = field(default_factory=dict)
     gguf_expert_tensors: Mapping[str, str] = field(default_factory=dict)
+    int_tables: tuple[str, ...] = ()  # ends of the names of its integer tables (I64 / I32), handed over as raw bytes
 
     def refuse_gguf(self, where: str) -> None:
         """Raise the UnsupportedError of a GGUF file of a family whose files are not read (awaiting, or

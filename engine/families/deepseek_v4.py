@@ -729,6 +729,7 @@ DEEPSEEK_V4 = Family(
     rope_scaling=True,
     gguf_global_tensors=GGUF_GLOBAL_TENSORS,
     gguf_expert_tensors=GGUF_EXPERT_TENSORS,
+    int_tables=(".ffn.gate.tid2eid",),
     kv_row_bytes=kv_row_bytes,
     kv_read_bytes=kv_read_bytes,
 )
