@@ -340,11 +340,13 @@ def _scaled_formats(checkpoint: Checkpoint, tensors) -> dict[str, int]:
         if want is None:
             raise CheckpointError(f"tensor '{t.name}' in '{t.file}' is {t.dtype} of shape {list(t.shape)}, expected a "
                                   "matrix [rows, cols] (a scaled format is for matrices)")  # fmt: skip
-        expected = f"F32 of shape {list(want)}: one scale per block of {block[0]} x {block[1]} of {list(t.shape)}"
+        expected = (
+            f"F32 or F8_E8M0 of shape {list(want)}: one scale per block of {block[0]} x {block[1]} of {list(t.shape)}"
+        )
         if companion is None:
             raise CheckpointError(f"tensor '{t.name}' in '{t.file}' is {t.dtype}, which needs its scale companion "
                                   f"'{name}' ({expected}); the checkpoint has none")  # fmt: skip
-        if companion.dtype != "F32" or tuple(companion.shape) != want:
+        if companion.dtype not in ("F32", "F8_E8M0") or tuple(companion.shape) != want:
             got = f"{companion.dtype} of shape {list(companion.shape)}"
             raise CheckpointError(f"tensor '{name}' in '{companion.file}' (the scale companion of '{t.name}') is "
                                   f"{got}, expected {expected}")  # fmt: skip
@@ -384,16 +386,20 @@ class Model(_Handle):
 
         tables = family(cfg.architecture).int_tables
 
-        def raw(t) -> bool:  # packed blocks and scales, and the family's integer tables (their bytes a last dimension)
+        def raw(t) -> bool:
+            """Bytes the core packs or reads as they are: MXFP4 blocks and scales in transformers' layout, E8M0 scales,
+            FP4 codes packed two a byte (I8 beside their '.scale'), the family's integer tables (their bytes a last
+            dimension)."""
             packed = t.dtype == "U8" and t.name.endswith(("_blocks", "_scales"))
-            return packed or (t.dtype in INT_BYTES and t.name.endswith(tables))
+            fp4 = t.dtype == "I8" and t.name.endswith(".weight") and t.name[:-7] + ".scale" in self.checkpoint.tensors
+            return packed or fp4 or t.dtype == "F8_E8M0" or (t.dtype in INT_BYTES and t.name.endswith(tables))
 
         codes = _scaled_formats(self.checkpoint, usable)
         for t in usable:
             if t.dtype not in formats.FORMATS and not raw(t) and t.name not in codes:
-                raise UnsupportedError(
-                    f"tensor '{t.name}' in '{t.file}' has dtype {t.dtype}, expected one of {', '.join(formats.FORMATS)}"
-                )
+                fp4 = f" (or I8 FP4 codes beside their E8M0 scales '{t.name[:-7]}.scale')" if t.dtype == "I8" else ""
+                raise UnsupportedError(f"tensor '{t.name}' in '{t.file}' has dtype {t.dtype}, expected one of "
+                                       f"{', '.join(formats.FORMATS)}{fp4}")  # fmt: skip
             if not 1 <= len(t.shape) <= 4:
                 raise UnsupportedError(
                     f"tensor '{t.name}' in '{t.file}' has {len(t.shape)} dimensions, expected 1 to 4"

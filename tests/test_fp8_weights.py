@@ -177,7 +177,7 @@ def in_bf16(h):
     h[f"{NAME}_scale_inv"].update(dtype="BF16", shape=[1, 2], data_offsets=[begin, begin + 4])
 
 
-EXPECTED = r"F32 of shape \[1, 1\]: one scale per block of 128 x 128 of \[64, 32\]"
+EXPECTED = r"F32 or F8_E8M0 of shape \[1, 1\]: one scale per block of 128 x 128 of \[64, 32\]"
 BAD_COMPANIONS = {
     "missing": (missing, rf"tensor '{NAME}' in '.*' is F8_E4M3, which needs its scale companion '{NAME}_scale_inv' "
                          rf"\({EXPECTED}\); the checkpoint has none"),

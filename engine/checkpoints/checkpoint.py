@@ -26,7 +26,7 @@ from .model_config import ModelConfig, TensorInfo
 
 # Every dtype the safetensors format defines, with its element size, to check byte counts of any tensor.
 ALL_DTYPE_SIZES = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
     "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
 }  # fmt: skip
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -65,6 +65,7 @@ class Checkpoint:
         raw = read_config_json(folder / "config.json")
         config = parse_config(raw, folder / "config.json")
         tensors, files = read_weights(folder)
+        tensors = family(config.architecture).folder_tensors(tensors)
         tensors = drop_next_token_layers(config, raw, tensors, folder / "config.json")
         check_layer_count(config, tensors, folder / "config.json")
         tokenizer = read_tokenizer(folder / "tokenizer.json", config)

@@ -155,6 +155,8 @@ class Family:
         model.layers.N. (empty: mlp.experts.{e}.gate_proj.weight and so on).
     int_tables: the ends of the names of tensors of integers the family binds (their bytes handed over as they are);
         an integer tensor by any other name is refused as a dtype the engine does not run.
+    folder_tensors(tensors) -> a folder's tensors under the names the family binds, where a layout names them
+        otherwise (DeepSeek-V4's released checkpoints); as they are by default.
     """
 
     architecture: str
@@ -179,6 +181,7 @@ class Family:
     gguf_global_tensors: Mapping[str, str] = field(default_factory=dict)
     gguf_expert_tensors: Mapping[str, str] = field(default_factory=dict)
     int_tables: tuple[str, ...] = ()  # ends of the names of its integer tables (I64 / I32), handed over as raw bytes
+    folder_tensors: Callable[[dict], dict] = lambda tensors: tensors  # {name: TensorInfo}, under the names it binds
 
     def refuse_gguf(self, where: str) -> None:
         """Raise the UnsupportedError of a GGUF file of a family whose files are not read (awaiting, or

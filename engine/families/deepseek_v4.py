@@ -10,8 +10,9 @@ native/src/models/deepseek_v4.c over the cpu module's "deepseek_v4" extension. I
 which its converter writes from the released FP8/FP4 checkpoints: the FP8 matrices dequantized then Q8_0, the FP4
 experts repacked to MXFP4, tid2eid I32) are read: gguf_keys hands their keys to read_config under the released
 config.json's names (the file's YaRN keys scale the compress RoPE alone, as transformers folds the released
-rope_scaling), GGUF_*_TENSORS name their tensors. The released folders themselves are refused (their layer names are
-not these: no model. prefix, attn.kv_norm, FP8 weights with E8M0 scales).
+rope_scaling), GGUF_*_TENSORS name their tensors. The released folders themselves are read too (folder_tensors: their
+names without the model. prefix, attn.kv_norm, each FP8 matrix's E8M0 '.scale' as the core's scale companion, the
+FP4 experts' I8 codes and E8M0 '.scale', which the core packs into MXFP4 rows at load; the MTP module left out).
 
 What transformers computes (models/deepseek_v4/modeling_deepseek_v4.py), all of it in float32 on float32 weights:
 
@@ -63,6 +64,7 @@ sequence, and a truncation, give the same bits.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -620,6 +622,39 @@ GGUF_LAYER_TENSORS = {
 }
 
 
+# The released checkpoints' names (deepseek-ai/DeepSeek-V4-*: no 'model.' prefix, the attention's key/value norm
+# attn.kv_norm, each FP8 matrix's E8M0 scales '<name>.scale', the MTP module under mtp.*) -> transformers' saved names
+# above, the FP8 scales as the core's scale companions ('<name>.weight_scale_inv'); the FP4 experts' '.scale' stays
+# beside its codes (the core packs the two into MXFP4 rows).
+RELEASED_GLOBAL_TENSORS = {
+    "embed.weight": "model.embed_tokens.weight",
+    "norm.weight": "model.norm.weight",
+    "head.weight": "head.weight",
+    "hc_head_fn": "model.hc_head.hc_fn",
+    "hc_head_base": "model.hc_head.hc_base",
+    "hc_head_scale": "model.hc_head.hc_scale",
+}
+
+
+def folder_tensors(tensors: dict) -> dict:
+    """A folder in the released layout under transformers' names (see RELEASED_GLOBAL_TENSORS); a transformers folder
+    as it is. The MTP module (mtp.*) is left out: nothing here loads it yet."""
+    if not any(n.startswith("layers.") or n in RELEASED_GLOBAL_TENSORS for n in tensors):
+        return tensors
+    out = {}
+    for name, t in tensors.items():
+        if name.startswith("mtp."):
+            continue
+        new = RELEASED_GLOBAL_TENSORS.get(name)
+        if new is None:
+            new = "model." + name.replace(".attn.kv_norm.", ".attn.norm.") if name.startswith("layers.") else name
+        weight = tensors.get(name.removesuffix(".scale") + ".weight")
+        if name.endswith(".scale") and weight is not None and weight.dtype == "F8_E4M3":
+            new = new.removesuffix(".scale") + ".weight_scale_inv"
+        out[new] = dataclasses.replace(t, name=new)
+    return out
+
+
 GGUF_GLOBAL_TENSORS = {
     "output.weight": "head.weight",
     "output_hc_fn.weight": "model.hc_head.hc_fn",
@@ -730,6 +765,7 @@ DEEPSEEK_V4 = Family(
     gguf_global_tensors=GGUF_GLOBAL_TENSORS,
     gguf_expert_tensors=GGUF_EXPERT_TENSORS,
     int_tables=(".ffn.gate.tid2eid",),
+    folder_tensors=folder_tensors,
     kv_row_bytes=kv_row_bytes,
     kv_read_bytes=kv_read_bytes,
 )

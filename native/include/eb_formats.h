@@ -137,6 +137,12 @@ static inline float eb_e8m0_half(uint8_t e) {
     return eb_bits_to_f32(bits);
 }
 
+/* An E8M0 exponent's own value, 2^(e - 127) (255: NaN), as DeepSeek-V4's released scales mean it. */
+static inline float eb_e8m0_to_f32(uint8_t e) {
+    uint32_t bits = e == 255 ? 0x7FC00000u : e == 0 ? 0x00400000u : (uint32_t)e << 23;
+    return eb_bits_to_f32(bits);
+}
+
 /* The values of a 4-bit code in the formats that look their quants up in 16 entries: MXFP4's E2M1 values (doubled), and
  * Q4_0's code less 8, Q4_1's code, and IQ4_NL's (and IQ4_XS's) grid, ggml's kvalues_iq4nl. */
 static const int8_t eb_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};

@@ -53,6 +53,13 @@ int eb_has_tensor(const eb_binder *b, const char *name);
 /* The last dimension of a tensor as the checkpoint describes it (-1: no such tensor): the bytes of one value of a
  * raw integer table (8 for a folder's I64, 4 for a GGUF file's I32). */
 int64_t eb_tensor_last_dim(const eb_binder *b, const char *name);
+/* A layer's experts as one owned copy in `dtype` (advised for huge pages; freed with the model): each expert's gate and
+ * up (I rows of H) and down (H rows of I) pointed into it; *at: its first byte. For layouts the kernels do not read,
+ * packed at load (gpt-oss's transposed and MXFP4 tensors, DeepSeek-V4's released FP4 experts). */
+int eb_point_experts(eb_layer *L, int64_t E, int64_t H, int64_t I, int dtype, unsigned char **at);
+/* One MXFP4 row of n values from a Hugging Face / compressed-tensors row: per block of 32 its exponent (scales) and
+ * 16 bytes in which byte j holds values 2j (low nibble) and 2j + 1 (high), into ggml's block. */
+void eb_pack_mxfp4_row(const unsigned char *blocks, const unsigned char *scales, int64_t n, unsigned char *out);
 /* What every family names alike: the embeddings, the final norm and lm_head (the embeddings when tied); a MoE
  * layer's routed experts, one tensor each (mlp.experts.E.{gate,up,down}_proj), into layer->experts. */
 int eb_bind_embeddings(const eb_binder *b);

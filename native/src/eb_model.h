@@ -125,6 +125,7 @@ typedef struct {
     int64_t v_b_head_rows;
     void *k_b_owned;          /* k_b transposed from kv_b_proj at load, or NULL (a file's split k_b is read in place) */
     void *v_b_owned;          /* v_b from a kv_b_proj in a scaled format, dequantized at load, or NULL */
+    void *o_a_owned;          /* DeepSeek-V4's o_a in a scaled format, dequantized at load, or NULL */
     int32_t window;           /* attention window (0: every position) */
     void *experts_owned;      /* the experts packed at load from a layout the kernels do not read, or NULL */
     float *expert_bias;       /* the experts' biases, (2 inter + hidden) per expert, or NULL */

@@ -147,31 +147,35 @@ static int bind_scale(const eb_binder *b, const eb_tensor_desc *t, eb_weight *w)
                                       "of shape [%lld, %lld]: one scale per block of %d x %d values); the checkpoint "
                                       "has none", t->name, file, f->name, name, (long long)gr, (long long)gc,
                        f->scale_rows, f->scale_cols);
-    if (s->dtype != EB_DTYPE_F32 || s->ndim != 2 || s->shape[0] != gr || s->shape[1] != gc) {
+    int e8m0 = s->dtype == EB_DTYPE_U8; /* DeepSeek-V4's released '.scale': one E8M0 exponent byte a block */
+    if ((s->dtype != EB_DTYPE_F32 && !e8m0) || s->ndim != 2 || s->shape[0] != gr || s->shape[1] != gc) {
         char got[96] = "";
         int off = 0;
         for (int i = 0; i < s->ndim && i < 4; i++)
             off += snprintf(got + off, sizeof got - (size_t)off, "%s%lld", i ? ", " : "", (long long)s->shape[i]);
         return eb_fail(EB_ERR_FORMAT, "tensor '%s' in '%s' (the scale companion of '%s', [%lld, %lld] in %s) is %s of "
-                                      "shape [%s], expected F32 of shape [%lld, %lld] (one scale per block of %d x %d "
-                                      "values)", name, b->m->files[s->file_index].path, t->name, (long long)w->rows,
+                                      "shape [%s], expected F32 or E8M0 of shape [%lld, %lld] (one scale per block of "
+                                      "%d x %d values)", name, b->m->files[s->file_index].path, t->name, (long long)w->rows,
                        (long long)w->cols, f->name, s->dtype == EB_DTYPE_U8 ? "U8" : eb_dtype_name(s->dtype), got,
                        (long long)gr, (long long)gc, f->scale_rows, f->scale_cols);
     }
     const unsigned char *at = (const unsigned char *)b->m->files[s->file_index].addr + s->offset;
     const float *grid = NULL;
-    if ((uintptr_t)at % _Alignof(float) == 0) {
+    if (!e8m0 && (uintptr_t)at % _Alignof(float) == 0) {
         grid = (const float *)(const void *)at;
     } else { /* a file may hold it at any offset: the kernels read it as floats, so an aligned copy */
         eb_model *m = b->m;
         float **list = realloc(m->scale_copies, (size_t)(m->n_scale_copies + 1) * sizeof *list);
-        float *copy = malloc((size_t)s->nbytes);
+        float *copy = malloc((size_t)(gr * gc) * sizeof *copy);
         if (list) m->scale_copies = list;
         if (!list || !copy) {
             free(copy);
             return eb_fail(EB_ERR_MEMORY, "out of memory for tensor '%s'", name);
         }
-        memcpy(copy, at, (size_t)s->nbytes);
+        if (e8m0) /* 2^(e - 127), exactly; 255 is NaN (the weight's check then names the block) */
+            for (int64_t i = 0; i < gr * gc; i++) copy[i] = eb_e8m0_to_f32(at[i]);
+        else
+            memcpy(copy, at, (size_t)s->nbytes);
         m->scale_copies[m->n_scale_copies++] = copy;
         grid = copy;
     }
@@ -227,6 +231,47 @@ int eb_bind(const eb_binder *b, const char *name, int64_t d0, int64_t d1, eb_wei
 }
 
 int eb_has_tensor(const eb_binder *b, const char *name) { return find_tensor(b, name) != NULL; }
+
+/* The owned copy of a layer's experts: bytes, advised for huge pages (it is read like the mapped files). */
+static void *owned(size_t bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, (size_t)2 << 20, bytes ? bytes : 1)) return NULL;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
+/* Points each expert's weights into the owned copy: per expert gate (I rows of H), up, down (H rows of I). */
+int eb_point_experts(eb_layer *L, int64_t E, int64_t H, int64_t I, int dtype, unsigned char **at) {
+    L->experts = calloc((size_t)E, sizeof *L->experts);
+    if (!L->experts) return eb_fail(EB_ERR_MEMORY, "out of memory");
+    uint64_t gb = (uint64_t)I * eb_row_bytes(dtype, H), db = (uint64_t)H * eb_row_bytes(dtype, I);
+    unsigned char *mem = owned((size_t)E * (2 * gb + db));
+    if (!mem) return eb_fail(EB_ERR_MEMORY, "out of memory for the experts (%.1f MiB)", E * (2 * gb + db) / 1048576.0);
+    L->experts_owned = mem;
+    for (int64_t e = 0; e < E; e++) {
+        unsigned char *p = mem + (size_t)e * (2 * gb + db);
+        L->experts[e].gate = (eb_weight){p, dtype, I, H, {NULL, 0, 0}};
+        L->experts[e].up = (eb_weight){p + gb, dtype, I, H, {NULL, 0, 0}};
+        L->experts[e].down = (eb_weight){p + 2 * gb, dtype, H, I, {NULL, 0, 0}};
+    }
+    *at = mem;
+    return EB_OK;
+}
+
+/* One MXFP4 row of n values from a Hugging Face row: per block of 32 its exponent (scales) and 16 bytes in which
+ * byte j holds values 2j (low nibble) and 2j + 1 (high), into ggml's block: the exponent, then 16 bytes in which byte
+ * j holds values j (low) and j + 16 (high). */
+void eb_pack_mxfp4_row(const unsigned char *blocks, const unsigned char *scales, int64_t n, unsigned char *out) {
+    for (int64_t k = 0; k < n / 32; k++, out += 17) {
+        const unsigned char *in = blocks + k * 16;
+        unsigned char v[32];
+        for (int i = 0; i < 16; i++) v[2 * i] = in[i] & 0xF, v[2 * i + 1] = in[i] >> 4;
+        out[0] = scales[k];
+        for (int j = 0; j < 16; j++) out[1 + j] = (unsigned char)(v[j] | v[j + 16] << 4);
+    }
+}
 
 int64_t eb_tensor_last_dim(const eb_binder *b, const char *name) {
     const eb_tensor_desc *t = find_tensor(b, name);
@@ -637,6 +682,7 @@ void eb_model_release(eb_model *m) {
 #undef FREE_VECTOR
             free(L->k_b_owned);
             free(L->v_b_owned);
+            free(L->o_a_owned);
             free(L->experts_owned);
             free(L->expert_bias);
             free(L->experts);

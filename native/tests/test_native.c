@@ -1552,10 +1552,10 @@ static void test_scaled_model(const char *build) {
          "'model.layers.1.mlp.up_proj.weight_scale_inv' (F32 of shape [1, 1]"},
         {"model.layers.1.mlp.up_proj.weight_scale_inv", NULL, EB_DTYPE_F32, 1, 2, 8, -4,
          "tensor 'model.layers.1.mlp.up_proj.weight_scale_inv", "(the scale companion of "
-         "'model.layers.1.mlp.up_proj.weight', [40, 32] in F8_E4M3_B128) is F32 of shape [1, 2], expected F32 of shape "
-         "[1, 1] (one scale per block of 128 x 128 values)"},
+         "'model.layers.1.mlp.up_proj.weight', [40, 32] in F8_E4M3_B128) is F32 of shape [1, 2], expected F32 or E8M0 "
+         "of shape [1, 1] (one scale per block of 128 x 128 values)"},
         {"model.layers.1.mlp.up_proj.weight_scale_inv", NULL, EB_DTYPE_BF16, 1, 2, 4, 0,
-         "tensor 'model.layers.1.mlp.up_proj.weight_scale_inv", "is BF16 of shape [1, 2], expected F32 of shape [1, 1]"},
+         "tensor 'model.layers.1.mlp.up_proj.weight_scale_inv", "is BF16 of shape [1, 2], expected F32 or E8M0 of shape [1, 1]"},
         {"model.layers.1.mlp.up_proj.weight_scale_inv", "model.layers.1.self_attn.v_proj.weight_scale_inv", 0, 0, 0, 0,
          0, "tensor 'model.layers.1.self_attn.v_proj.weight_scale_inv", "is a scale companion of "
          "'model.layers.1.self_attn.v_proj.weight', which is stored as F32 and takes none"},

@@ -154,6 +154,50 @@ static int bind_tid2eid(const eb_binder *b, const char *name, eb_layer *L) {
     return EB_OK;
 }
 
+/* o_a in a scaled format (the released FP8): an owned f32 copy, since the grouped output projection reads each group's
+ * rows at offsets where a scale block's rows do not begin. */
+static int dequantize_o_a(eb_layer *L) {
+    float *out = malloc((size_t)(L->o_a.rows * L->o_a.cols) * sizeof *out);
+    if (!out) return eb_fail(EB_ERR_MEMORY, "out of memory for o_a's values");
+    for (int64_t r = 0; r < L->o_a.rows; r++) eb_weight_row_f32(&L->o_a, r, out + r * L->o_a.cols);
+    L->o_a_owned = out;
+    L->o_a = (eb_weight){out, EB_DTYPE_F32, L->o_a.rows, L->o_a.cols, {NULL, 0, 0}};
+    return EB_OK;
+}
+
+/* The released layout's routed experts: FP4 E2M1 codes packed two a byte ('.weight', I8 [rows, cols / 2], element 2i
+ * in the low nibble) with one E8M0 exponent per 32 values ('.scale', [rows, cols / 32]), packed once at load into
+ * MXFP4 rows (the same codes and exponents: no value changes). */
+static int bind_fp4_experts(const eb_binder *b, int l, int64_t E, int64_t H, int64_t I) {
+    eb_layer *L = &b->m->layers[l];
+    static const char *const proj[3] = {"w1", "w3", "w2"}; /* gate, up, down */
+    unsigned char *mem;
+    char name[256];
+    int st = eb_point_experts(L, E, H, I, EB_DTYPE_MXFP4, &mem);
+    if (st) return st;
+    if (I % 32) return eb_fail(EB_ERR_FORMAT, "layer %d: the FP4 experts' down projection has rows of %lld values, "
+                                              "expected a multiple of 32 (one E8M0 scale per 32)", l, (long long)I);
+    for (int64_t e = 0; e < E; e++)
+        for (int p = 0; p < 3; p++) {
+            eb_weight *w = p == 0 ? &L->experts[e].gate : p == 1 ? &L->experts[e].up : &L->experts[e].down;
+            int64_t rows = w->rows, cols = w->cols, ws[2] = {rows, cols / 2}, ss[2] = {rows, cols / 32};
+            const void *codes, *scales;
+            int dt;
+            snprintf(name, sizeof name, "model.layers.%d.ffn.experts.%lld.%s.weight", l, (long long)e, proj[p]);
+            if ((st = eb_bind_tensor(b, name, 2, ws, 1, &codes, &dt))) return st;
+            snprintf(name, sizeof name, "model.layers.%d.ffn.experts.%lld.%s.scale", l, (long long)e, proj[p]);
+            if ((st = eb_bind_tensor(b, name, 2, ss, 1, &scales, &dt))) return st;
+            uint64_t row = eb_row_bytes(EB_DTYPE_MXFP4, cols);
+            for (int64_t r = 0; r < rows; r++)
+                eb_pack_mxfp4_row((const unsigned char *)codes + (size_t)(r * (cols / 2)),
+                                  (const unsigned char *)scales + (size_t)(r * (cols / 32)), cols,
+                                  (unsigned char *)w->data + (size_t)r * row);
+            /* a bad value's exponent is an element of the scale tensor */
+            if ((st = eb_check_owned(b, name, w, 0, cols / 32, 32))) return st;
+        }
+    return EB_OK;
+}
+
 static int bind_layer(const eb_binder *b, int l) {
     eb_model *m = b->m;
     const eb_model_config *c = &m->cfg;
@@ -176,10 +220,7 @@ static int bind_layer(const eb_binder *b, int l) {
     TRY(eb_bind(b, NAME("attn.wkv.weight"), hd, H, &L->kv))
     TRY(eb_bind_vector(b, NAME("attn.norm.weight"), hd, &L->kv_norm))
     TRY(eb_bind(b, NAME("attn.wo_a.weight"), og * olr, heads * hd / og, &L->o_a))
-    if (eb_dtype_scaled(L->o_a.dtype))
-        return eb_fail(EB_ERR_UNSUPPORTED, "tensor '%s' is stored as %s, expected a format without a scale companion "
-                                           "(the grouped output projection reads its groups' rows in place)", name,
-                       eb_dtype_name(L->o_a.dtype));
+    if (eb_dtype_scaled(L->o_a.dtype)) TRY(dequantize_o_a(L))
     TRY(eb_bind(b, NAME("attn.wo_b.weight"), H, og * olr, &L->o))
     TRY(bind_f32(b, NAME("hc_attn_fn"), mix, hc * H, 0, &L->hc_attn_fn))
     TRY(bind_f32(b, NAME("hc_attn_base"), mix, 0, 0, &L->hc_attn_base))
@@ -212,6 +253,8 @@ static int bind_layer(const eb_binder *b, int l) {
     TRY(eb_bind(b, NAME("ffn.shared_experts.w1.weight"), I, H, &L->sh_gate))
     TRY(eb_bind(b, NAME("ffn.shared_experts.w3.weight"), I, H, &L->sh_up))
     TRY(eb_bind(b, NAME("ffn.shared_experts.w2.weight"), H, I, &L->sh_down))
+    if (eb_tensor_last_dim(b, NAME("ffn.experts.0.w1.weight")) == H / 2 && H % 32 == 0)
+        return bind_fp4_experts(b, l, E, H, I);
     if (!(L->experts = calloc((size_t)E, sizeof *L->experts))) return eb_fail(EB_ERR_MEMORY, "out of memory");
     for (int64_t e = 0; e < E; e++) {
         eb_expert *x = &L->experts[e];

@@ -31,47 +31,6 @@ static int check_config(const eb_model_config *c, int rope) {
     return EB_OK;
 }
 
-/* The owned copy of a layer's experts: bytes, advised for huge pages (it is read like the mapped files). */
-static void *owned(size_t bytes) {
-    void *p = NULL;
-    if (posix_memalign(&p, (size_t)2 << 20, bytes ? bytes : 1)) return NULL;
-#ifdef MADV_HUGEPAGE
-    (void)madvise(p, bytes, MADV_HUGEPAGE);
-#endif
-    return p;
-}
-
-/* Points each expert's weights into the owned copy: per expert gate (I rows of H), up, down (H rows of I). */
-static int point_experts(eb_layer *L, int64_t E, int64_t H, int64_t I, int dtype, unsigned char **at) {
-    L->experts = calloc((size_t)E, sizeof *L->experts);
-    if (!L->experts) return eb_fail(EB_ERR_MEMORY, "out of memory");
-    uint64_t gb = (uint64_t)I * eb_row_bytes(dtype, H), db = (uint64_t)H * eb_row_bytes(dtype, I);
-    unsigned char *mem = owned((size_t)E * (2 * gb + db));
-    if (!mem) return eb_fail(EB_ERR_MEMORY, "out of memory for the experts (%.1f MiB)", E * (2 * gb + db) / 1048576.0);
-    L->experts_owned = mem;
-    for (int64_t e = 0; e < E; e++) {
-        unsigned char *p = mem + (size_t)e * (2 * gb + db);
-        L->experts[e].gate = (eb_weight){p, dtype, I, H, {NULL, 0, 0}};
-        L->experts[e].up = (eb_weight){p + gb, dtype, I, H, {NULL, 0, 0}};
-        L->experts[e].down = (eb_weight){p + 2 * gb, dtype, H, I, {NULL, 0, 0}};
-    }
-    *at = mem;
-    return EB_OK;
-}
-
-/* One MXFP4 row of n values from a Hugging Face row: per block of 32 its exponent (scales) and 16 bytes in which
- * byte j holds values 2j (low nibble) and 2j + 1 (high), into ggml's block: the exponent, then 16 bytes in which byte
- * j holds values j (low) and j + 16 (high). */
-static void pack_mxfp4_row(const unsigned char *blocks, const unsigned char *scales, int64_t n, unsigned char *out) {
-    for (int64_t k = 0; k < n / 32; k++, out += 17) {
-        const unsigned char *in = blocks + k * 16;
-        unsigned char v[32];
-        for (int i = 0; i < 16; i++) v[2 * i] = in[i] & 0xF, v[2 * i + 1] = in[i] >> 4;
-        out[0] = scales[k];
-        for (int j = 0; j < 16; j++) out[1 + j] = (unsigned char)(v[j] | v[j + 16] << 4);
-    }
-}
-
 /* A projection's MXFP4 blocks and scales ([E, rows, cols / 32, 16] and [E, rows, cols / 32]) into the experts' rows:
  * interleave 2 splits the rows between gate (even) and up (odd), else they are down's. */
 static int pack_mxfp4(const eb_binder *b, int l, const char *proj, int64_t E, int64_t rows, int64_t cols,
@@ -89,7 +48,7 @@ static int pack_mxfp4(const eb_binder *b, int l, const char *proj, int64_t E, in
         for (int64_t r = 0; r < rows; r++) {
             const eb_weight *w = interleave ? (r % 2 ? &L->experts[e].up : &L->experts[e].gate) : &L->experts[e].down;
             int64_t to = interleave ? r / 2 : r;
-            pack_mxfp4_row((const unsigned char *)blocks + (size_t)((e * rows + r) * (cols / 32) * 16),
+            eb_pack_mxfp4_row((const unsigned char *)blocks + (size_t)((e * rows + r) * (cols / 32) * 16),
                            (const unsigned char *)scales + (size_t)((e * rows + r) * (cols / 32)), cols,
                            (unsigned char *)w->data + (size_t)to * row);
         }
@@ -175,7 +134,7 @@ static int bind_experts(const eb_binder *b, int l, eb_layer *L) {
         if (H % 32 || I % 32)
             return eb_fail(EB_ERR_FORMAT, "layer %d: MXFP4 experts need hidden_size (%lld) and intermediate_size "
                                           "(%lld) to be multiples of 32", l, (long long)H, (long long)I);
-        if ((st = point_experts(L, E, H, I, EB_DTYPE_MXFP4, &mem)) || (st = pack_mxfp4(b, l, "gate_up_proj", E, 2 * I, H,
+        if ((st = eb_point_experts(L, E, H, I, EB_DTYPE_MXFP4, &mem)) || (st = pack_mxfp4(b, l, "gate_up_proj", E, 2 * I, H,
                                                                                         L, 1)) ||
             (st = pack_mxfp4(b, l, "down_proj", E, H, I, L, 0)))
             return st;
@@ -191,7 +150,7 @@ static int bind_experts(const eb_binder *b, int l, eb_layer *L) {
     if (gdt != ddt)
         return eb_fail(EB_ERR_FORMAT, "layer %d: gate_up_proj is %s and down_proj %s, expected one format", l,
                        eb_dtype_name(gdt), eb_dtype_name(ddt));
-    if ((st = point_experts(L, E, H, I, gdt, &mem))) return st;
+    if ((st = eb_point_experts(L, E, H, I, gdt, &mem))) return st;
     size_t es = eb_row_bytes(gdt, 1);
     transpose_float(gu, es, E, H, 2 * I, L, 1);
     transpose_float(dn, es, E, I, H, L, 0);
