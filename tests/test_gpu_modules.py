@@ -305,7 +305,7 @@ def test_placing_experts_between_cuda_and_hip_while_another_thread_decodes_chang
     round's logits are those of every expert on cuda:0."""
     with cuda_and_hip() as eng:
         model = eng.load(Q4_K_M, device="cuda:0")
-        placements = [SPLIT, "*=hip:0", "*=cuda:0; 0=hip:0; 2.3-5=cpu:0", "*=cuda:0"]
+        placements = [SPLIT, "*=hip:0", "*=cuda:0; 0=hip:0; 1.3-5=cpu:0", "*=cuda:0"]
         with model.context(len(TOKENS)) as ctx:
             ctx.precision = "q8"
             expected = np.concatenate([ctx.decode([t]) for t in TOKENS])

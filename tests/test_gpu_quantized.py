@@ -8,19 +8,20 @@ products and sums in f32. Against the cpu module:
   phase, both reductions, owned and foreign experts, mixed formats per projection) within 1e-5 relative L2 (the GPU
   sums in another order: not the same bits), every product also within 1e-5 of the exact one;
 - device_info reports the formats it reads, so the core places quantized weights on the GPU, and those it runs in the
-  q8 precision (q8_formats: not Q4_0, Q4_1, IQ4_NL, IQ4_XS, Q2_K and Q3_K, read in f32 only so far, whose q8 steps
-  the core refuses: tests/test_q8_formats.py);
+  q8 precision (q8_formats: every format it reads; the core refuses a q8 step whose weight a device reads with f32
+  activations only: tests/test_q8_formats.py);
 - the quantized GGUF fixtures (Q8_0; Q4_K_M: Q4_K, Q5_K, Q6_K and Q8_0; MXFP4_MOE) with the GPU as the primary and as
   an expert owner: logits within 1e-4 of transformers on the dequantized weights, the 64 greedy tokens, recorded steps
   equal to steps queued anew.
 - the q8 precision (the cpu module's x86 q8 kernels' arithmetic, eb_q8.h's expert activation): in the driver, every
-  product of a format with q8 kernels (Q8_0, Q4_K, Q5_K, Q6_K, MXFP4) memcmp-equal to the cpu module's for every shape
+  product of a format with q8 kernels (Q8_0, Q4_0, Q4_1, IQ4_NL, MXFP4; Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_XS)
+  memcmp-equal to the cpu module's for every shape
   above, on random and extreme blocks (largest quants, f16 scales 65504 and subnormal, E8M0 at both halving cases)
   and activations (+-1, spikes, far into exp's tails); Q5_0, Q5_1 and the float formats (f32 products in either
   precision) within 1e-5; expert_ffn's rows and moe's pair rows the cpu module's bits for experts of such formats
   (both reductions, gpt-oss's biases and clamped SwiGLU, widths not a multiple of 256), ALL the bits of EXPERTS then
-  COMBINE; on the GGUF fixtures of three families, the same logits bits on every placement of a primary, and the
-  CPU primary's greedy tokens on the GPU primary.
+  COMBINE; on the GGUF fixtures of three families and llama.cpp's Q4_0, Q2_K, Q3_K_M and IQ4_XS files, the same
+  logits bits on every placement of a primary, and the CPU primary's greedy tokens on the GPU primary.
 
 Every test skips on a machine without the GPU (runs on the GPU machine: bench/gpu/run_on_device.sh).
 """
@@ -155,10 +156,10 @@ LOWBIT = FIXTURES / "qwen3moe-gguf-lowbit"  # llama.cpp's llama-quantize (tests/
 
 @pytest.mark.parametrize("quant", ["q4_0", "q2_k", "q3_k_m", "iq4_xs"])
 @pytest.mark.parametrize("runtime", RUNTIMES)
-def test_small_types_run_in_f32_on_the_gpu_and_their_q8_steps_are_refused(runtime, quant):
+def test_small_types_run_in_f32_on_the_gpu(runtime, quant):
     """Q4_0, Q2_K, Q3_K and IQ4_XS (with the Q4_K/Q5_K/Q6_K/Q8_0 tensors llama.cpp keeps beside them) on a GPU primary
-    and a GPU expert owner: transformers' logits within 1e-4 and the 64 tokens in f32; the q8 precision refused
-    naming the format (the GPU reads them with f32 activations only), never run in f32 under q8's name."""
+    and a GPU expert owner: transformers' logits within 1e-4 and the 64 tokens in f32 (their q8 precision:
+    test_q8_logits_are_the_same_bits_on_every_placement)."""
     prompt, generated, ref = reference(quant, LOWBIT)
     with gpu_engine(runtime) as eng:
         gpu = f"{runtime}:0"
@@ -169,8 +170,6 @@ def test_small_types_run_in_f32_on_the_gpu_and_their_q8_steps_are_refused(runtim
                 assert ids == generated.tolist(), text
                 err = relative_error(rows, ref)
                 assert err.max() < TOLERANCE, f"{text}: worst position {err.argmax()}: {err.max():.2e}"
-                with pytest.raises(UnsupportedError, match=f"precision q8: .* {gpu} reads with f32 activations only"):
-                    q8_run(model, prompt, generated[:2])
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
@@ -181,14 +180,16 @@ def test_i_quant_files_are_refused_on_the_gpu_by_name(runtime):
 
 
 # The q8 precision on the quantized files (the GGUF fixtures of three families: Q8_0, Q4_K_M's Q4_K/Q5_K/Q6_K/Q8_0,
-# MXFP4 experts; gpt-oss's biased experts with the clamped SwiGLU): placements of each primary and the experts to try.
+# MXFP4 experts; gpt-oss's biased experts with the clamped SwiGLU; llama.cpp's own Q4_0, Q2_K, Q3_K_M and IQ4_XS
+# files): placements of each primary and the experts to try.
 Q8_FILES = [("qwen3moe-gguf", "q8_0"), ("qwen3moe-gguf", "q4_k_m"), ("qwen3moe-gguf", "mxfp4_moe"),
-            ("gpt-oss-gguf", "mxfp4_moe"), ("deepseek-gguf", "q8_0")]  # fmt: skip
+            ("gpt-oss-gguf", "mxfp4_moe"), ("deepseek-gguf", "q8_0"), (LOWBIT.name, "q4_0"), (LOWBIT.name, "q2_k"),
+            (LOWBIT.name, "q3_k_m"), (LOWBIT.name, "iq4_xs")]  # fmt: skip
 
 
 def q8_placements(folder: str, gpu: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(placements with a CPU primary, placements with the GPU primary): all experts on the other device, and mixed."""
-    if folder == "qwen3moe-gguf":  # 2 layers of 8 experts
+    if folder.startswith("qwen3moe-gguf"):  # 2 layers of 8 experts
         cpu_primary = (f"*={gpu}", f"0={gpu}", f"*=cpu:0; 0.1-3={gpu}; 1.6={gpu}")
         return cpu_primary, (f"*={gpu}", "*=cpu:0", f"*={gpu}; 0=cpu:0; 1.2-5=cpu:0")
     return (f"*={gpu}", f"*=cpu:0; 2={gpu}; 1.0-5={gpu}"), (f"*={gpu}", "*=cpu:0", f"*={gpu}; 1=cpu:0; 3.2-5=cpu:0")
@@ -749,9 +750,8 @@ static void check_moe(mod *cpu, mod *gpu, const experts *x, int n, int foreign_e
 
 #define Q8_TOL 1e-2 /* where one module's f32 rows feed q8 products (a norm, an f32 gate or up): a few quants differ */
 
-static int q8_format(int dt) {
-    return dt == EB_DTYPE_Q8_0 || dt == EB_DTYPE_MXFP4 || dt == EB_DTYPE_Q4_K || dt == EB_DTYPE_Q5_K ||
-           dt == EB_DTYPE_Q6_K;
+static int q8_format(int dt) { /* the formats with q8 integer products (the others: f32 products in either precision) */
+    return eb_format(dt)->q8_block != 0;
 }
 
 static int q8_expert(const experts *x, int e) {
@@ -943,16 +943,14 @@ int main(int argc, char **argv) {
         return 1;
     }
     printf("device: %s, formats 0x%x\n", info.name, info.formats);
-    /* every format but those with a scale companion and the i-quants (no GPU kernels yet); in q8 those with integer
-     * products and those read in f32 in either precision (no q8 block), not the ones with f32 products only */
-    uint32_t expected = 0, expected_q8 = 0;
+    /* every format but those with a scale companion and the i-quants (no GPU kernels yet); in q8 every one of them:
+     * those with integer products and those read in f32 in either precision (no q8 block) */
+    uint32_t expected = 0;
     for (int dt = 0; dt < EB_DTYPE_COUNT; dt++) {
         if (eb_format(dt)->scale_rows || eb_dtype_iq(dt) || eb_dtype_iq1(dt)) continue;
         expected |= 1u << dt;
-        if (eb_format(dt)->q8_block == 0 || dt == EB_DTYPE_Q8_0 || dt == EB_DTYPE_MXFP4 || dt == EB_DTYPE_Q4_K ||
-            dt == EB_DTYPE_Q5_K || dt == EB_DTYPE_Q6_K)
-            expected_q8 |= 1u << dt;
     }
+    uint32_t expected_q8 = expected;
     printf("device: q8 formats 0x%x\n", info.q8_formats);
     fail_if(info.formats != expected, "device_info formats: every format but the scaled ones and the i-quants");
     fail_if(info.q8_formats != expected_q8, "device_info q8_formats: those with q8 products or no q8 block");
@@ -1002,6 +1000,10 @@ int main(int argc, char **argv) {
                                      {EB_DTYPE_Q8_0, EB_DTYPE_Q8_0, EB_DTYPE_Q8_0},
                                      {EB_DTYPE_MXFP4, EB_DTYPE_MXFP4, EB_DTYPE_Q5_K},
                                      {EB_DTYPE_Q6_K, EB_DTYPE_BF16, EB_DTYPE_MXFP4}};
+    static const int small[NE][3] = {{EB_DTYPE_Q4_0, EB_DTYPE_Q4_1, EB_DTYPE_Q2_K},
+                                     {EB_DTYPE_IQ4_XS, EB_DTYPE_IQ4_NL, EB_DTYPE_Q3_K},
+                                     {EB_DTYPE_Q2_K, EB_DTYPE_Q2_K, EB_DTYPE_Q3_K},
+                                     {EB_DTYPE_IQ4_NL, EB_DTYPE_Q4_0, EB_DTYPE_IQ4_XS}};
     static const int mx[NE][3] = {{EB_DTYPE_MXFP4, EB_DTYPE_MXFP4, EB_DTYPE_MXFP4},
                                   {EB_DTYPE_MXFP4, EB_DTYPE_MXFP4, EB_DTYPE_MXFP4},
                                   {EB_DTYPE_Q8_0, EB_DTYPE_Q8_0, EB_DTYPE_Q8_0},
@@ -1068,12 +1070,13 @@ int main(int argc, char **argv) {
         const char *label;
         int64_t H, I;
         int oai;
-    } q8_sets[5] = {{same, "Q4_K/Q4_K/Q6_K", 512, 256, 0},
+    } q8_sets[6] = {{same, "Q4_K/Q4_K/Q6_K", 512, 256, 0},
                     {mixed, "mixed formats", 512, 256, 0},
                     {mx, "MXFP4 and Q8_0", 512, 256, 0},
                     {mx, "MXFP4 and Q8_0", 544, 288, 1},
-                    {same, "Q4_K/Q4_K/Q6_K wide", 2048, 768, 0}};
-    for (int si = 0; si < 5; si++) {
+                    {same, "Q4_K/Q4_K/Q6_K wide", 2048, 768, 0},
+                    {small, "Q4_0, Q4_1, IQ4_NL, IQ4_XS, Q2_K, Q3_K", 512, 256, 0}};
+    for (int si = 0; si < 6; si++) {
         experts x;
         make_experts(&x, q8_sets[si].dts, q8_sets[si].H, q8_sets[si].I);
         oai = q8_sets[si].oai;

@@ -60,47 +60,50 @@ __device__ __forceinline__ int mxfp4_x4(unsigned n) {
     return (int)((pos & ~mask) | (neg & mask));
 }
 
+// The formats whose integer products read x in blocks of 32 (the others with integer products: blocks of 256).
+__host__ __device__ __forceinline__ bool q8_block32(int dtype) {
+    return dtype == EB_DTYPE_Q8_0 || dtype == EB_DTYPE_MXFP4 || dtype == EB_DTYPE_Q4_0 || dtype == EB_DTYPE_Q4_1 ||
+           dtype == EB_DTYPE_IQ4_NL;
+}
+
 __host__ __device__ __forceinline__ bool q8_products(int dtype) { // the formats with integer products (the CPU's)
-    return dtype == EB_DTYPE_Q8_0 || dtype == EB_DTYPE_MXFP4 || dtype == EB_DTYPE_Q4_K || dtype == EB_DTYPE_Q5_K ||
-           dtype == EB_DTYPE_Q6_K;
+    return q8_block32(dtype) || dtype == EB_DTYPE_Q4_K || dtype == EB_DTYPE_Q5_K || dtype == EB_DTYPE_Q6_K ||
+           dtype == EB_DTYPE_IQ4_XS || dtype == EB_DTYPE_Q2_K || dtype == EB_DTYPE_Q3_K;
 }
 
 // The layouts of quantized x a format's products read (bits: 1 blocks of 32, 2 blocks of 256; 0: f32 products).
 enum { Q8_L32 = 1, Q8_L256 = 2 };
 __host__ __device__ __forceinline__ int q8_layout(int dtype) {
     if (!q8_products(dtype)) return 0;
-    return dtype == EB_DTYPE_Q8_0 || dtype == EB_DTYPE_MXFP4 ? Q8_L32 : Q8_L256;
+    return q8_block32(dtype) ? Q8_L32 : Q8_L256;
 }
 // Lanes per weight row of its products.
-__host__ __device__ __forceinline__ int q8_lanes(int dtype) {
-    return dtype == EB_DTYPE_Q8_0 || dtype == EB_DTYPE_MXFP4 ? 16 : 32;
-}
+__host__ __device__ __forceinline__ int q8_lanes(int dtype) { return q8_block32(dtype) ? 16 : 32; }
 __host__ __device__ __forceinline__ bool q8_uses(int precision, int dtype) {
     return precision == EB_PRECISION_Q8 && q8_products(dtype);
 }
 
 // Up to DOT_TILE rows of x quantized (eb_cpu_q8_rows' layout, per block size): layout l's row j has its quants at
-// q[l] + j * cols, its scales at d[l] + j * cols / B and (256 only) its sums of 16 quants at s16 + j * cols / 16.
+// q[l] + j * cols, its scales at d[l] + j * cols / B and its sums of 16 quants at s16[l] + j * cols / 16 (the K
+// formats' minima and Q4_1's read them).
 struct q8_tile {
     signed char *q[2];
     float *d[2];
-    short *s16;
+    short *s16[2];
 };
 
 // Carve a tile of nt rows of cols values in the layouts `need` out of base (NULL: only measure); its bytes.
 __host__ __device__ __forceinline__ size_t q8_carve(unsigned char *base, int nt, int cols, int need, q8_tile *t) {
     size_t off = 0, n = (size_t)nt * (size_t)cols;
     for (int l = 0; l < 2; l++) {
-        if (t) t->q[l] = NULL, t->d[l] = NULL;
+        if (t) t->q[l] = NULL, t->d[l] = NULL, t->s16[l] = NULL;
         if (!(need & (1 << l))) continue;
         if (t) t->q[l] = (signed char *)(base + off);
         off += n;
         if (t) t->d[l] = (float *)(base + off);
         off += (n / (l ? 256 : 32) * sizeof(float) + 15) / 16 * 16;
-        if (l) {
-            if (t) t->s16 = (short *)(base + off);
-            off += (n / 16 * sizeof(short) + 15) / 16 * 16;
-        }
+        if (t) t->s16[l] = (short *)(base + off);
+        off += (n / 16 * sizeof(short) + 15) / 16 * 16;
     }
     return off;
 }
@@ -144,25 +147,27 @@ __device__ void q8_quantize(const float *const *xs, int nt, int cols, int need, 
             }
             long long at = (long long)row * cols + c;
             if (live) *(uint2 *)(t.q[l] + at) = make_uint2(w[0], w[1]);
-            if (l) {
-                sum += SHFL_XOR32(sum, 1);
-                if (live && !(it & 1)) t.s16[at / 16] = (short)sum;
-            }
+            sum += SHFL_XOR32(sum, 1); // the two threads of each 16 values (a block has an even count of threads)
+            if (live && !(it & 1)) t.s16[l][at / 16] = (short)sum;
             if (live && it % lanes == 0) t.d[l][at / B] = d;
         }
     }
 }
 
-// Q8_0 and MXFP4 against blocks of 32: the x86 kernels' arithmetic (cpu_kernels_avx2.c dot_q8; the AVX-512 one gives
-// its bits). Lane 8p + l of a row's 16 is their accumulator lane l for the blocks of parity p: per block, the exact sum
-// of the products of values 4l .. 4l + 3, converted to f32 and added times the block's scale dw * xd in one fma, block
-// after block; at the end the lanes are added as hsum adds them, v_l (lane l's two accumulators added) in
-// ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)) (each add commutes: the butterfly of shuffles gives it). Each half
-// of a group of 32 lanes runs its own row (or both the same); every lane of the half receives the sums.
+// The 32-value formats against blocks of 32 (Q8_0, MXFP4, Q4_0, Q4_1, IQ4_NL): the x86 kernels' arithmetic
+// (cpu_kernels_avx2.c dot_q8; the AVX-512 one gives its bits). Lane 8p + l of a row's 16 is their accumulator lane l
+// for the blocks of parity p: per block, the exact sum of the products of values 4l .. 4l + 3 (each block's 32 signed
+// quants, block32_quants: Q4_0's codes less 8, IQ4_NL's grid entries, Q4_1's codes), converted to f32 and added times
+// the block's scale dw * xd in one fma, block after block; at the end the lanes are added as hsum adds them, v_l (lane
+// l's two accumulators added) in ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)) (each add commutes: the butterfly
+// of shuffles gives it). Q4_1 adds its minima's terms (eb_q4_1_min_term, m * xd * the block's two sums of 16 quants)
+// into one sum in block order, and that sum to the lanes'. Each half of a group of 32 lanes runs its own row (or both
+// the same); every lane of the half receives the sums.
 template <int DT>
 __device__ __forceinline__ void q8_dot32(const unsigned char *row, int cols, const q8_tile &x, int nt, int lane,
                                          float *out) {
-    constexpr int BYTES = DT == EB_DTYPE_Q8_0 ? 34 : 17;
+    constexpr int BYTES = DT == EB_DTYPE_Q8_0 ? 34 : DT == EB_DTYPE_MXFP4 ? 17 : DT == EB_DTYPE_Q4_1 ? 20 : 18;
+    constexpr int QS = DT == EB_DTYPE_MXFP4 ? 1 : DT == EB_DTYPE_Q4_1 ? 4 : 2; // where the codes begin
     int p = (lane >> 3) & 1, l = lane & 7, nb = cols / 32;
     float acc[DOT_TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
     const signed char *xq = x.q[0] + 4 * l;
@@ -175,9 +180,19 @@ __device__ __forceinline__ void q8_dot32(const unsigned char *row, int cols, con
             dw = half_bits(ld_u16(b));
             w = (int)ld_u32(b + 2 + 4 * l);
         } else {
-            dw = e8m0_half(ld_u8(b));
-            unsigned n = ld_u32(b + 1 + 4 * (l & 3)); // values 4l..: low nibbles (l < 4), else high ones
-            w = mxfp4_x4(((l & 4) ? n >> 4 : n) & 0x0F0F0F0Fu);
+            dw = DT == EB_DTYPE_MXFP4 ? e8m0_half(ld_u8(b)) : half_bits(ld_u16(b));
+            unsigned n = ld_u32(b + QS + 4 * (l & 3)); // values 4l..: low nibbles (l < 4), else high ones
+            n = ((l & 4) ? n >> 4 : n) & 0x0F0F0F0Fu;
+            if (DT == EB_DTYPE_MXFP4) {
+                w = mxfp4_x4(n);
+            } else if (DT == EB_DTYPE_IQ4_NL) {
+                w = (int)(table4(n, IQ4NL_T0, IQ4NL_T1, IQ4NL_T2, IQ4NL_T3) ^ 0x80808080u);
+            } else if (DT == EB_DTYPE_Q4_0) { // code - 8 a byte: the code's top bit flipped is the 4-bit two's
+                unsigned c = n ^ 0x08080808u; // complement of it, sign-extended (bit 3 into bits 4..7)
+                w = (int)(c | ((c & 0x08080808u) * 0x1Eu));
+            } else {
+                w = (int)n;
+            }
         }
 #pragma unroll
         for (int j = 0; j < DOT_TILE; j++)
@@ -186,26 +201,64 @@ __device__ __forceinline__ void q8_dot32(const unsigned char *row, int cols, con
                 acc[j] = q8_fma((float)dot4(w, xv, 0), q8_mul(dw, xd[j * nb + k]), acc[j]);
             }
     }
+    float mins[DOT_TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (DT == EB_DTYPE_Q4_1) { // each lane of the half a block's term, then added in block order by shuffles
+        int h = lane & 15, base = lane & 16;
+        for (int k0 = 0; k0 < nb; k0 += 16) {
+            int k = k0 + h < nb ? k0 + h : k0;
+            float m = half_bits(ld_u16(row + (long long)k * BYTES + 2)), term[DOT_TILE];
+#pragma unroll
+            for (int j = 0; j < DOT_TILE; j++) {
+                int jj = j < nt ? j : 0;
+                const short *sp = x.s16[0] + (long long)jj * (cols / 16) + 2 * k;
+                term[j] = q8_mul(q8_mul(m, xd[jj * nb + k]), (float)(sp[0] + sp[1]));
+            }
+            for (int s = 0; s < 16 && k0 + s < nb; s++)
+#pragma unroll
+                for (int j = 0; j < DOT_TILE; j++) mins[j] = q8_add(mins[j], SHFL_FROM32(term[j], base + s));
+        }
+    }
 #pragma unroll
     for (int j = 0; j < DOT_TILE; j++) {
         float v = q8_add(acc[j], SHFL_XOR32(acc[j], 8));
         v = q8_add(v, SHFL_XOR32(v, 4));
         v = q8_add(v, SHFL_XOR32(v, 2));
         out[j] = q8_add(v, SHFL_XOR32(v, 1));
+        if (DT == EB_DTYPE_Q4_1) out[j] = q8_add(out[j], mins[j]);
     }
 }
 
-// Q4_K, Q5_K and Q6_K against blocks of 256: the x86 kernels' arithmetic (cpu_kernels_avx2.c dot_q8 and
-// cpu_kernels_x86.h). Per weight block two exact int32 sums: isum, every quant times its sub-block's scale times its
-// activation, and msum, the minima (Q4_K, Q5_K) or the scales (Q6_K, whose quants are offset by 32) times the
-// activations' sums of 16; the block's f32 value from them by the CPU's expression (k4_block_value, k16_block_value);
-// the values added into one sum in block order. 32 lanes a row, four blocks at a time: lane 8i + g takes group g of
-// block k0 + i (qfmt's groups), the block's 8 lanes add their partial sums by shuffles, then every lane adds the four
-// values in order. Every lane receives the sums.
+// Sub-block j's chunk of 32 values of a Q2_K or Q3_K block (j < 8; sub-blocks 2j and 2j + 1 of 16 each) as eight
+// words of four unsigned quants (eb_k16_quant): Q2_K's 2-bit fields, Q3_K's with their third bit from the 32 bytes of
+// high bits (bit j of each).
+template <int DT> __device__ __forceinline__ void k16_chunk(const unsigned char *b, int j, unsigned *q) {
+    int h = j >> 2, s = j & 3;
+    const unsigned char *f = b + (DT == EB_DTYPE_Q2_K ? 16 : 32) + 32 * h;
+#pragma unroll
+    for (int w = 0; w < 8; w++) {
+        q[w] = (ld_u32(f + 4 * w) >> (2 * s)) & 0x03030303u;
+        if (DT == EB_DTYPE_Q3_K) q[w] |= ((ld_u32(b + 4 * w) >> j) & 0x01010101u) << 2;
+    }
+}
+
+// Q4_K, Q5_K, Q6_K, Q2_K, Q3_K and IQ4_XS against blocks of 256: the x86 kernels' arithmetic (cpu_kernels_avx2.c
+// dot_q8 and cpu_kernels_x86.h). Per weight block two exact int32 sums: isum, every quant times its sub-block's scale
+// times its activation, and msum, the minima (Q4_K, Q5_K, Q2_K) or the scales (Q6_K and Q3_K, whose quants are offset
+// by 32 and 4) times the activations' sums of 16 (IQ4_XS: none; its quants are its grid's signed entries); the block's
+// f32 value from them by the CPU's expression (k4_block_value, k16_block_value, IQ4_XS's d * xd * isum); the values
+// added into one sum in block order. 32 lanes a row, four blocks at a time: lane 8i + g takes group g of block k0 + i
+// (qfmt's groups; Q2_K, Q3_K and IQ4_XS: chunk g, values 32g ..), the block's 8 lanes add their partial sums by
+// shuffles, then every lane adds the four values in order. Every lane receives the sums.
 template <int DT>
 __device__ __forceinline__ void q8_dotk(const unsigned char *row, int cols, const q8_tile &x, int nt, int lane,
                                         float *out) {
-    constexpr int Q5 = DT == EB_DTYPE_Q5_K, BYTES = DT == EB_DTYPE_Q4_K ? 144 : DT == EB_DTYPE_Q5_K ? 176 : 210;
+    constexpr int Q5 = DT == EB_DTYPE_Q5_K;
+    constexpr int BYTES = DT == EB_DTYPE_Q4_K    ? 144
+                          : DT == EB_DTYPE_Q5_K  ? 176
+                          : DT == EB_DTYPE_Q6_K  ? 210
+                          : DT == EB_DTYPE_Q2_K  ? 84
+                          : DT == EB_DTYPE_Q3_K  ? 110
+                                                 : 136; // IQ4_XS
     int gi = (lane >> 3) & 3, g = lane & 7, nb = cols / 256;
     bool a16 = ((uintptr_t)row & 15) == 0;
     float sum[DOT_TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -214,7 +267,54 @@ __device__ __forceinline__ void q8_dotk(const unsigned char *row, int cols, cons
         const unsigned char *b = row + (long long)k * BYTES;
         int isum[DOT_TILE] = {0, 0, 0, 0}, msum[DOT_TILE] = {0, 0, 0, 0};
         float dd, dm = 0.0f;
-        if (DT == EB_DTYPE_Q6_K) {
+        if (DT == EB_DTYPE_Q2_K || DT == EB_DTYPE_Q3_K) {
+            unsigned q[8];
+            k16_chunk<DT>(b, g, q);
+            int s0, s1, m0 = 0, m1 = 0; // sub-blocks 2g and 2g + 1: their scales (Q2_K: and minima)
+            if (DT == EB_DTYPE_Q2_K) {
+                unsigned sm = ld_u16(b + 2 * g);
+                s0 = (int)(sm & 0xFu), m0 = (int)((sm >> 4) & 0xFu), s1 = (int)((sm >> 8) & 0xFu), m1 = (int)(sm >> 12);
+                dd = half_bits(ld_u16(b + 80)), dm = half_bits(ld_u16(b + 82));
+            } else { // eb_k16_scale: a nibble of bytes 96..103 and two bits of bytes 104..107, less 32
+                int sub[2] = {2 * g, 2 * g + 1}, sc[2];
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+                    sc[i] = (int)(((ld_u8(b + 96 + sub[i] % 8) >> (4 * (sub[i] / 8))) & 0xFu) |
+                                  ((ld_u8(b + 104 + sub[i] % 4) >> (2 * (sub[i] / 4))) & 3u) << 4) - 32;
+                s0 = sc[0], s1 = sc[1], m0 = s0, m1 = s1;
+                dd = half_bits(ld_u16(b + 108));
+            }
+#pragma unroll
+            for (int j = 0; j < DOT_TILE; j++)
+                if (j < nt) {
+                    const int *xi = (const int *)(x.q[1] + (long long)j * cols + 256 * k + 32 * g);
+                    int p0 = 0, p1 = 0;
+#pragma unroll
+                    for (int w = 0; w < 4; w++) p0 = dot4((int)q[w], xi[w], p0), p1 = dot4((int)q[4 + w], xi[4 + w], p1);
+                    const short *sp = x.s16[1] + (long long)j * (cols / 16) + 16 * k + 2 * g;
+                    isum[j] = s0 * p0 + s1 * p1;
+                    msum[j] = m0 * sp[0] + m1 * sp[1];
+                }
+        } else if (DT == EB_DTYPE_IQ4_XS) { // chunk g: 16 bytes of codes into IQ4_NL's grid, its 6-bit scale less 32
+            unsigned lo[4], hi[4];
+            nibbles16(ld_u64(b + 8 + 16 * g), ld_u64(b + 16 + 16 * g), lo, hi);
+            int sc = (int)(((ld_u8(b + 4 + g / 2) >> (4 * (g & 1))) & 0xFu) | ((ld_u16(b + 2) >> (2 * g)) & 3u) << 4) - 32;
+            dd = half_bits(ld_u16(b));
+#pragma unroll
+            for (int w = 0; w < 4; w++) {
+                lo[w] = table4(lo[w], IQ4NL_T0, IQ4NL_T1, IQ4NL_T2, IQ4NL_T3) ^ 0x80808080u;
+                hi[w] = table4(hi[w], IQ4NL_T0, IQ4NL_T1, IQ4NL_T2, IQ4NL_T3) ^ 0x80808080u;
+            }
+#pragma unroll
+            for (int j = 0; j < DOT_TILE; j++)
+                if (j < nt) {
+                    const int *xi = (const int *)(x.q[1] + (long long)j * cols + 256 * k + 32 * g);
+                    int p = 0;
+#pragma unroll
+                    for (int w = 0; w < 4; w++) p = dot4((int)lo[w], xi[w], p), p = dot4((int)hi[w], xi[4 + w], p);
+                    isum[j] = sc * p;
+                }
+        } else if (DT == EB_DTYPE_Q6_K) {
             int hh = g >> 2, tt = g & 3;
             uint2 qa = ld_u64(b + 64 * hh + 8 * tt), qb = ld_u64(b + 64 * hh + 32 + 8 * tt);
             uint2 qh = ld_u64(b + 128 + 32 * hh + 8 * tt), scw = ld_u64(b + 192 + 8 * hh);
@@ -243,7 +343,7 @@ __device__ __forceinline__ void q8_dotk(const unsigned char *row, int cols, cons
                         int at = (32 * (4 * hh + s) + 8 * tt) / 4;
                         is += sc[s] * dot4((int)qv[s][1], xi[at + 1], dot4((int)qv[s][0], xi[at], 0));
                     }
-                    const short *sp = x.s16 + (long long)j * (cols / 16) + 16 * k + 2 * g;
+                    const short *sp = x.s16[1] + (long long)j * (cols / 16) + 16 * k + 2 * g;
                     isum[j] = is;
                     msum[j] = (int)(signed char)(s2 & 0xffu) * sp[0] + (int)(signed char)(s2 >> 8) * sp[1];
                 }
@@ -275,7 +375,7 @@ __device__ __forceinline__ void q8_dotk(const unsigned char *row, int cols, cons
                         plo = dot4((int)lo[w], xi[(64 * pp + 16 * h) / 4 + w], plo);
                         phi = dot4((int)hi[w], xi[(64 * pp + 32 + 16 * h) / 4 + w], phi);
                     }
-                    const short *sp = x.s16 + (long long)j * (cols / 16) + 16 * k + 2 * g;
+                    const short *sp = x.s16[1] + (long long)j * (cols / 16) + 16 * k + 2 * g;
                     isum[j] = sc0 * plo + sc1 * phi;
                     msum[j] = mg * (sp[0] + sp[1]);
                 }
@@ -288,9 +388,12 @@ __device__ __forceinline__ void q8_dotk(const unsigned char *row, int cols, cons
 #pragma unroll
         for (int j = 0; j < DOT_TILE; j++) {
             float dx = x.d[1][j < nt ? j * nb + k : k];
-            v[j] = DT == EB_DTYPE_Q6_K ? q8_mul(q8_mul(dd, dx), (float)(isum[j] - 32 * msum[j]))
-                                       : q8_sub(q8_mul(q8_mul(dd, dx), (float)isum[j]),
-                                                q8_mul(q8_mul(dm, dx), (float)msum[j]));
+            if (DT == EB_DTYPE_Q6_K || DT == EB_DTYPE_Q3_K)
+                v[j] = q8_mul(q8_mul(dd, dx), (float)(isum[j] - (DT == EB_DTYPE_Q6_K ? 32 : 4) * msum[j]));
+            else if (DT == EB_DTYPE_IQ4_XS)
+                v[j] = q8_mul(q8_mul(dd, dx), (float)isum[j]);
+            else
+                v[j] = q8_sub(q8_mul(q8_mul(dd, dx), (float)isum[j]), q8_mul(q8_mul(dm, dx), (float)msum[j]));
         }
         for (int s = 0; s < 4 && k0 + s < nb; s++)
 #pragma unroll
@@ -311,6 +414,12 @@ __device__ __forceinline__ void q8_product(const void *w, int dtype, long long r
     case EB_DTYPE_Q4_K: q8_dotk<EB_DTYPE_Q4_K>(rp, cols, t, nt, lane, out); return;
     case EB_DTYPE_Q5_K: q8_dotk<EB_DTYPE_Q5_K>(rp, cols, t, nt, lane, out); return;
     case EB_DTYPE_Q6_K: q8_dotk<EB_DTYPE_Q6_K>(rp, cols, t, nt, lane, out); return;
+    case EB_DTYPE_Q2_K: q8_dotk<EB_DTYPE_Q2_K>(rp, cols, t, nt, lane, out); return;
+    case EB_DTYPE_Q3_K: q8_dotk<EB_DTYPE_Q3_K>(rp, cols, t, nt, lane, out); return;
+    case EB_DTYPE_IQ4_XS: q8_dotk<EB_DTYPE_IQ4_XS>(rp, cols, t, nt, lane, out); return;
+    case EB_DTYPE_Q4_0: q8_dot32<EB_DTYPE_Q4_0>(rp, cols, t, nt, lane, out); return;
+    case EB_DTYPE_Q4_1: q8_dot32<EB_DTYPE_Q4_1>(rp, cols, t, nt, lane, out); return;
+    case EB_DTYPE_IQ4_NL: q8_dot32<EB_DTYPE_IQ4_NL>(rp, cols, t, nt, lane, out); return;
     default: {
         float s[DOT_TILE];
         warp_dot_tile(w, dtype, row, cols, xs, nt, lane, 32, s);
