@@ -69,6 +69,7 @@ class DeviceInfo:
     formats: tuple[str, ...] = ()  # the weight formats its kernels read (engine/core/formats.py names)
     precisions: tuple[str, ...] = ()  # the activation precisions its kernels run (Context.PRECISIONS names)
     kv_caches: tuple[str, ...] = ("f32",)  # the KV cache formats a context may keep there (Context.KV_CACHES names)
+    queued: bool = False  # its forward operations return before they have run (a GPU's stream), as the primary
 
     def reads(self, fmt: str) -> bool:
         return fmt in self.formats
@@ -273,7 +274,7 @@ class Engine(_Handle):
             caches = tuple(k for k, code in Context.KV_CACHES.items() if info.kv_caches >> code & 1)
             out.append(
                 DeviceInfo(i, text(info.name), text(info.kind), text(info.description), info.memory_total,
-                           info.memory_free, info.threads, reads, runs, caches)
+                           info.memory_free, info.threads, reads, runs, caches, bool(info.queued_ops))
             )  # fmt: skip
         return out
 

@@ -176,6 +176,7 @@ typedef struct {
     uint32_t precisions;            /* the activation precisions its kernels run: bit (1 << eb_precision) each */
     uint32_t kv_caches;             /* the KV cache formats a context may keep there as the primary: bit (1 << eb_dtype)
                                        each, f32 always */
+    int32_t queued_ops;             /* 1: its forward operations return before they have run (a GPU's stream) */
 } eb_device_info;
 
 typedef struct {

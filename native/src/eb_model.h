@@ -334,8 +334,11 @@ void eb_model_release(eb_model *m);
  * c->xn (host memory): dispatch queues every owner but the primary on its own threads or stream (staging what it
  * cannot read) and records its completion event, but inline_dev (-1: none), which it runs on the calling thread
  * after the others are queued; join waits on the events. c->step[d] then says how many pairs each owner ran and
- * where its outputs are. */
-int eb_dispatch_peers(eb_context *c, const eb_layer *L, int64_t n, int inline_dev);
+ * where its outputs are. eb_run_inline_peer runs inline_dev alone, after an eb_dispatch_peers(..., inline_dev,
+ * 0) that queued the others: a primary whose operations are queued (a GPU) queues the peers' branches, then its own
+ * experts, then runs the CPU's on this thread. */
+int eb_dispatch_peers(eb_context *c, const eb_layer *L, int64_t n, int inline_dev, int run_inline);
+int eb_run_inline_peer(eb_context *c, const eb_layer *L, int64_t n, int inline_dev);
 int eb_join_peers(eb_context *c);
 /* The same join on a failure's path: what was queued is waited for, and the error being reported is kept. */
 void eb_drain_peers(eb_context *c);

@@ -283,6 +283,7 @@ int eb_engine_device_info(const eb_engine *engine, int index, eb_device_info *ou
     out->formats = info.formats;
     out->precisions = info.precisions;
     out->kv_caches = 1u << EB_DTYPE_F32 | d->kv_formats;
+    out->queued_ops = d->queued_ops;
     return EB_OK;
 }
 

@@ -337,7 +337,8 @@ int eb_block_moe(eb_step *s, int l) {
     /* the host round trip: the part so far runs and the routing comes back; then the primary's own experts run
      * while the peers run theirs (queued live, outside any recording), and the join. A primary whose operations run
      * on this thread (a CPU device, hostsim) runs its experts after queuing every peer; one whose operations are
-     * queued (a GPU) queues its experts first, and this thread runs the last CPU peer's meanwhile. */
+     * queued (a GPU) queues the peers' branches first (a staged peer's is the longest: its upload, experts and
+     * download), then its own experts, and this thread runs the last CPU peer's meanwhile. */
     if ((st = part_end(s))) return st;
     t0 = trace_now(c);
     if ((st = read_routing(s, l))) return st;
@@ -350,16 +351,25 @@ int eb_block_moe(eb_step *s, int l) {
     void **ev = c->own_events + 2 * l;
     const eb_runtime_table *t = s->r->table;
     if (queued) { /* timed by events around it when tracing, read once the step is done */
-        if ((st = shared_experts(s, l))) return st;
-        if (c->trace_cap && ((st = eb_context_event(c, prim, &ev[0])) || (st = eb_context_event(c, prim, &ev[1]))))
+        if ((st = eb_dispatch_peers(c, &m->layers[l], n, inline_dev, 0))) return st;
+        if ((st = shared_experts(s, l))) {
+            eb_drain_peers(c);
             return st;
+        }
+        if (c->trace_cap && ((st = eb_context_event(c, prim, &ev[0])) || (st = eb_context_event(c, prim, &ev[1])))) {
+            eb_drain_peers(c);
+            return st;
+        }
         if ((c->trace_cap && (st = t->event_record(s->rt, s->dev, ev[0], s->err, sizeof s->err))) ||
             (st = s->ops->moe(s->rt, s->dev, &b, s->err, sizeof s->err)) ||
-            (c->trace_cap && (st = t->event_record(s->rt, s->dev, ev[1], s->err, sizeof s->err))))
-            return eb_fail(st, "%s: %s", s->name, s->err);
-        if ((st = eb_dispatch_peers(c, &m->layers[l], n, inline_dev))) return st;
+            (c->trace_cap && (st = t->event_record(s->rt, s->dev, ev[1], s->err, sizeof s->err)))) {
+            st = eb_fail(st, "%s: %s", s->name, s->err);
+            eb_drain_peers(c);
+            return st;
+        }
+        if ((st = eb_run_inline_peer(c, &m->layers[l], n, inline_dev))) return st;
     } else {
-        if ((st = eb_dispatch_peers(c, &m->layers[l], n, -1))) return st;
+        if ((st = eb_dispatch_peers(c, &m->layers[l], n, -1, 1))) return st;
         if ((st = shared_experts(s, l))) {
             eb_drain_peers(c);
             return st;

@@ -555,15 +555,21 @@ static int submit_owner(eb_context *c, const eb_layer *L, int d, int64_t n, int 
     return EB_OK;
 }
 
-int eb_dispatch_peers(eb_context *c, const eb_layer *L, int64_t n, int inline_dev) {
+int eb_dispatch_peers(eb_context *c, const eb_layer *L, int64_t n, int inline_dev, int run_inline) {
     eb_model *m = c->model;
     eb_engine *eng = m->engine;
     int st = EB_OK;
     for (int d = 0; d < eng->n_devices; d++) c->step[d].n_pairs = 0;
     for (int d = 0; d < eng->n_devices && st == EB_OK; d++)
         if (d != m->primary && d != inline_dev) st = submit_owner(c, L, d, n, 0);
-    if (st == EB_OK && inline_dev >= 0) st = submit_owner(c, L, inline_dev, n, 1);
+    if (st == EB_OK && inline_dev >= 0 && run_inline) st = submit_owner(c, L, inline_dev, n, 1);
     if (st) eb_drain_peers(c); /* what was queued reads this context's buffers: let it finish */
+    return st;
+}
+
+int eb_run_inline_peer(eb_context *c, const eb_layer *L, int64_t n, int inline_dev) {
+    int st = inline_dev >= 0 ? submit_owner(c, L, inline_dev, n, 1) : EB_OK;
+    if (st) eb_drain_peers(c);
     return st;
 }
 
