@@ -355,6 +355,16 @@ def _scaled_formats(checkpoint: Checkpoint, tensors) -> dict[str, int]:
     return codes
 
 
+def _as_stored(checkpoint: Checkpoint, exc: EngineError) -> EngineError:
+    """exc with each tensor the family reads under another name (TensorInfo.stored_as) called by its name in the file
+    too: a user of a released DeepSeek-V4 folder looks for 'layers.1.attn.wq_b.scale', not the name it is bound by."""
+    text = str(exc)
+    renamed = [t for t in checkpoint.tensors.values() if t.stored_as and f"'{t.name}'" in text]
+    for t in renamed:
+        text = text.replace(f"'{t.name}'", f"'{t.stored_as}' (read as '{t.name}')")
+    return type(exc)(text) if renamed else exc
+
+
 class Model(_Handle):
     """A checkpoint bound to an engine: weights mapped or copied into host memory (weights: see WEIGHTS_MODES),
     the primary device chosen. top_k: experts per token to decode with instead of the checkpoint's own
@@ -395,12 +405,16 @@ class Model(_Handle):
             fp4 = t.dtype == "I8" and t.name.endswith(".weight") and t.name[:-7] + ".scale" in self.checkpoint.tensors
             return packed or fp4 or t.dtype == "F8_E8M0" or (t.dtype in INT_BYTES and t.name.endswith(tables))
 
-        codes = _scaled_formats(self.checkpoint, usable)
+        try:
+            codes = _scaled_formats(self.checkpoint, usable)
+        except EngineError as exc:
+            raise _as_stored(self.checkpoint, exc) from None
         for t in usable:
             if t.dtype not in formats.FORMATS and not raw(t) and t.name not in codes:
                 fp4 = f" (or I8 FP4 codes beside their E8M0 scales '{t.name[:-7]}.scale')" if t.dtype == "I8" else ""
-                raise UnsupportedError(f"tensor '{t.name}' in '{t.file}' has dtype {t.dtype}, expected one of "
-                                       f"{', '.join(formats.FORMATS)}{fp4}")  # fmt: skip
+                raise _as_stored(self.checkpoint, UnsupportedError(
+                    f"tensor '{t.name}' in '{t.file}' has dtype {t.dtype}, expected one of "
+                    f"{', '.join(formats.FORMATS)}{fp4}"))  # fmt: skip
             if not 1 <= len(t.shape) <= 4:
                 raise UnsupportedError(
                     f"tensor '{t.name}' in '{t.file}' has {len(t.shape)} dimensions, expected 1 to 4"
@@ -462,8 +476,11 @@ class Model(_Handle):
                                         out))  # fmt: skip
             except EngineError as exc:  # the core names tensors; the user needs to know which checkpoint too
                 folder = str(self.checkpoint.folder)
-                if folder not in str(exc):
-                    raise type(exc)(f"'{folder}': {exc}") from None
+                named = _as_stored(self.checkpoint, exc)
+                if folder not in str(named):
+                    raise type(exc)(f"'{folder}': {named}") from None
+                if named is not exc:
+                    raise named from None
                 raise
             self._ptr = out[0]
             self.device = device

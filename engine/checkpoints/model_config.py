@@ -20,6 +20,7 @@ class TensorInfo:
     shape: tuple[int, ...]
     offset: int  # absolute byte offset in the file
     nbytes: int
+    stored_as: str = ""  # its name in the file, where the family reads it under another (Family.folder_tensors)
 
 
 @dataclass(frozen=True)

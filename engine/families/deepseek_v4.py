@@ -651,7 +651,7 @@ def folder_tensors(tensors: dict) -> dict:
         weight = tensors.get(name.removesuffix(".scale") + ".weight")
         if name.endswith(".scale") and weight is not None and weight.dtype == "F8_E4M3":
             new = new.removesuffix(".scale") + ".weight_scale_inv"
-        out[new] = dataclasses.replace(t, name=new)
+        out[new] = dataclasses.replace(t, name=new, stored_as=name if new != name else "")
     return out
 
 
