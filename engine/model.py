@@ -359,9 +359,13 @@ def _as_stored(checkpoint: Checkpoint, exc: EngineError) -> EngineError:
     """exc with each tensor the family reads under another name (TensorInfo.stored_as) called by its name in the file
     too: a user of a released DeepSeek-V4 folder looks for 'layers.1.attn.wq_b.scale', not the name it is bound by."""
     text = str(exc)
-    renamed = [t for t in checkpoint.tensors.values() if t.stored_as and f"'{t.name}'" in text]
-    for t in renamed:
-        text = text.replace(f"'{t.name}'", f"'{t.stored_as}' (read as '{t.name}')")
+    names = {t.name: t.stored_as for t in checkpoint.tensors.values() if t.stored_as}
+    # a missing companion: named by the '.scale' the file would hold beside the weight
+    names |= {f"{t.name}_scale_inv": t.stored_as.removesuffix(".weight") + ".scale"
+              for t in checkpoint.tensors.values() if t.stored_as.endswith(".weight")}  # fmt: skip
+    renamed = [(bound, stored) for bound, stored in names.items() if f"'{bound}'" in text]
+    for bound, stored in renamed:
+        text = text.replace(f"'{bound}'", f"'{stored}' (read as '{bound}')")
     return type(exc)(text) if renamed else exc
 
 
@@ -411,7 +415,8 @@ class Model(_Handle):
             raise _as_stored(self.checkpoint, exc) from None
         for t in usable:
             if t.dtype not in formats.FORMATS and not raw(t) and t.name not in codes:
-                fp4 = f" (or I8 FP4 codes beside their E8M0 scales '{t.name[:-7]}.scale')" if t.dtype == "I8" else ""
+                stem = t.name.removesuffix(".weight")
+                fp4 = f" (or I8 FP4 codes beside their E8M0 scales '{stem}.scale')" if t.dtype == "I8" else ""
                 raise _as_stored(self.checkpoint, UnsupportedError(
                     f"tensor '{t.name}' in '{t.file}' has dtype {t.dtype}, expected one of "
                     f"{', '.join(formats.FORMATS)}{fp4}"))  # fmt: skip

@@ -222,11 +222,41 @@ def test_an_fp4_scale_of_the_wrong_shape_is_named(folders, tmp_path):
         eng.load(edited(folders, tmp_path, edit))
 
 
-def test_a_nan_exponent_is_refused_naming_the_scale(folders, tmp_path):
+def test_a_nan_exponent_of_an_fp4_expert_is_refused_naming_the_scale(folders, tmp_path):
     def edit(h, data):
         begin = h["layers.2.ffn.experts.4.w1.scale"]["data_offsets"][0]
-        data[begin + 3] = 255  # E8M0's NaN
+        data[begin + 3] = 255  # E8M0's NaN, which MXFP4 would read as 2^127
         return data
 
-    with Engine() as eng, pytest.raises(CheckpointError, match=r"'layers\.2\.ffn\.experts\.4\.w1\.scale' \(read as"):
+    pattern = r"'layers\.2\.ffn\.experts\.4\.w1\.scale' \(read as .*\): scale \[3, 0\] is E8M0's NaN \(255\)"
+    with Engine() as eng, pytest.raises(CheckpointError, match=pattern):
+        eng.load(edited(folders, tmp_path, edit))
+
+
+def test_a_nan_exponent_of_an_fp8_matrix_is_refused(folders, tmp_path):
+    def edit(h, data):
+        data[h["layers.0.attn.wkv.scale"]["data_offsets"][0]] = 255
+        return data
+
+    pattern = (
+        r"'layers\.0\.attn\.wkv\.weight' \(read as .*\) holds NaN .*its scale companion 'layers\.0\.attn\.wkv\.scale'"
+    )
+    with Engine() as eng, pytest.raises(CheckpointError, match=pattern):
+        eng.load(edited(folders, tmp_path, edit))
+
+
+def test_a_scale_beside_a_weight_that_takes_none_is_named(folders, tmp_path):
+    """A '.scale' is the companion of its weight whatever the weight's format: beside an F32 weight the core refuses it
+    (never a scale left unread)."""
+
+    def edit(h, data):
+        h["layers.1.attn.indexer.weights_proj.scale"] = {"dtype": "F8_E8M0", "shape": [1, 1],
+                                                         "data_offsets": [len(data), len(data) + 1]}  # fmt: skip
+        return data + bytes([127])
+
+    pattern = (
+        r"'layers\.1\.attn\.indexer\.weights_proj\.scale' \(read as .*\) .*is a scale companion of "
+        r"'layers\.1\.attn\.indexer\.weights_proj\.weight' \(read as .*\), which is stored as F32 and takes none"
+    )
+    with Engine() as eng, pytest.raises(CheckpointError, match=pattern):
         eng.load(edited(folders, tmp_path, edit))

@@ -191,6 +191,14 @@ def test_a_ggml_type_the_engine_does_not_run(tmp_path, good, layout):
                                     r"run \(expected one of F32")  # fmt: skip
 
 
+def test_an_integer_table_where_weights_belong(tmp_path, good, layout):
+    """I32 is read as a family's integer table (DeepSeek-V4's tid2eid); as an expert tensor (the same bytes as F32)
+    it is refused naming the tensor, never bound as weights."""
+    path = patched(tmp_path, good, (layout.tensors["blk.0.ffn_up_exps.weight"]["type"], struct.pack("<I", 26)))
+    refused(path, UnsupportedError, r"tensor 'blk\.0\.ffn_up_exps\.weight' is stored as I32, which the engine reads "
+                                    r"only as a family's integer table")  # fmt: skip
+
+
 def test_more_than_four_dimensions(tmp_path, good, layout):
     path = patched(tmp_path, good, (layout.tensors["blk.0.ffn_up_exps.weight"]["n_dims"], struct.pack("<I", 5)))
     refused(path, CheckpointError, r"tensor 'blk.0.ffn_up_exps.weight' has 5 dimensions, expected 1 to 4")

@@ -594,6 +594,10 @@ def map_tensors(parts: list[Part], config: ModelConfig) -> dict[str, TensorInfo]
                 if layer[2] in ("attn_k_b.weight", "attn_v_b.weight") and len(t.ne) == 3:
                     hf_shape = (t.ne[2] * t.ne[1], t.ne[0])  # the heads' matrices stacked: rows of one head follow
                 out[name] = TensorInfo(name, part.path, t.fmt.name, hf_shape, t.offset, t.nbytes)
+            elif isinstance(t.fmt, IntTable) and not (layer and layer[2] in layer_names):
+                raise UnsupportedError(f"'{part.path}': tensor '{t.name}' is stored as {t.fmt.name}, which the engine "
+                                       "reads only as a family's integer table (DeepSeek-V4's ffn_gate_tid2eid), not "
+                                       "as weights")  # fmt: skip
             elif layer and routed and layer[2] in expert_names:
                 if len(t.ne) != 3 or t.ne[2] != config.num_experts:
                     raise CheckpointError(f"'{part.path}': tensor '{t.name}' has dimensions {list(t.ne)}, expected "

@@ -636,21 +636,29 @@ RELEASED_GLOBAL_TENSORS = {
 }
 
 
+def _released_name(name: str) -> str:
+    """A released tensor name as the family binds it (the names of transformers' saved folders)."""
+    new = RELEASED_GLOBAL_TENSORS.get(name)
+    if new is not None:
+        return new
+    return "model." + name.replace(".attn.kv_norm.", ".attn.norm.") if name.startswith("layers.") else name
+
+
 def folder_tensors(tensors: dict) -> dict:
     """A folder in the released layout under transformers' names (see RELEASED_GLOBAL_TENSORS); a transformers folder
-    as it is. The MTP module (mtp.*) is left out: nothing here loads it yet."""
-    if not any(n.startswith("layers.") or n in RELEASED_GLOBAL_TENSORS for n in tensors):
+    (its names begin with model.) as it is. The MTP module (mtp.*) is left out: nothing here loads it yet. A weight's
+    '.scale' becomes its scale companion, '<its bound name>_scale_inv', whatever the weight's format (the core refuses
+    a companion beside a format that takes none), except the FP4 experts' (I8 codes), which the core packs with it."""
+    if "embed.weight" not in tensors and not any(n.startswith("layers.") for n in tensors):
         return tensors
     out = {}
     for name, t in tensors.items():
         if name.startswith("mtp."):
             continue
-        new = RELEASED_GLOBAL_TENSORS.get(name)
-        if new is None:
-            new = "model." + name.replace(".attn.kv_norm.", ".attn.norm.") if name.startswith("layers.") else name
+        new = _released_name(name)
         weight = tensors.get(name.removesuffix(".scale") + ".weight")
-        if name.endswith(".scale") and weight is not None and weight.dtype == "F8_E4M3":
-            new = new.removesuffix(".scale") + ".weight_scale_inv"
+        if name.endswith(".scale") and weight is not None and weight.dtype != "I8":
+            new = _released_name(name.removesuffix(".scale") + ".weight") + "_scale_inv"
         out[new] = dataclasses.replace(t, name=new, stored_as=name if new != name else "")
     return out
 

@@ -156,7 +156,7 @@ static int bind_scale(const eb_binder *b, const eb_tensor_desc *t, eb_weight *w)
         return eb_fail(EB_ERR_FORMAT, "tensor '%s' in '%s' (the scale companion of '%s', [%lld, %lld] in %s) is %s of "
                                       "shape [%s], expected F32 or E8M0 of shape [%lld, %lld] (one scale per block of "
                                       "%d x %d values)", name, b->m->files[s->file_index].path, t->name, (long long)w->rows,
-                       (long long)w->cols, f->name, s->dtype == EB_DTYPE_U8 ? "U8" : eb_dtype_name(s->dtype), got,
+                       (long long)w->cols, f->name, s->dtype == EB_DTYPE_U8 ? "E8M0" : eb_dtype_name(s->dtype), got,
                        (long long)gr, (long long)gc, f->scale_rows, f->scale_cols);
     }
     const unsigned char *at = (const unsigned char *)b->m->files[s->file_index].addr + s->offset;

@@ -154,14 +154,32 @@ static int bind_tid2eid(const eb_binder *b, const char *name, eb_layer *L) {
     return EB_OK;
 }
 
-/* o_a in a scaled format (the released FP8): an owned f32 copy, since the grouped output projection reads each group's
- * rows at offsets where a scale block's rows do not begin. */
-static int dequantize_o_a(eb_layer *L) {
-    float *out = malloc((size_t)(L->o_a.rows * L->o_a.cols) * sizeof *out);
-    if (!out) return eb_fail(EB_ERR_MEMORY, "out of memory for o_a's values");
-    for (int64_t r = 0; r < L->o_a.rows; r++) eb_weight_row_f32(&L->o_a, r, out + r * L->o_a.cols);
-    L->o_a_owned = out;
-    L->o_a = (eb_weight){out, EB_DTYPE_F32, L->o_a.rows, L->o_a.cols, {NULL, 0, 0}};
+/* o_a in a scaled format (the released FP8): an owned copy, since the grouped output projection reads each group's
+ * rows at offsets where a scale block's rows do not begin. BF16 where every value is one exactly (E4M3 times a power
+ * of two, as the released E8M0 scales make it: half f32's bytes), else f32; the weight bytes count the copy. */
+static int dequantize_o_a(const eb_binder *b, eb_layer *L) {
+    int64_t rows = L->o_a.rows, cols = L->o_a.cols, n = rows * cols;
+    float *f = malloc((size_t)n * sizeof *f);
+    if (!f) return eb_fail(EB_ERR_MEMORY, "out of memory for o_a's values");
+    for (int64_t r = 0; r < rows; r++) eb_weight_row_f32(&L->o_a, r, f + r * cols);
+    int exact = 1;
+    for (int64_t i = 0; i < n && exact; i++) exact = eb_bf16_to_f32(eb_f32_to_bf16(f[i])) == f[i] || f[i] != f[i];
+    uint64_t before = eb_row_bytes(L->o_a.dtype, cols) * (uint64_t)rows;
+    if (exact) {
+        uint16_t *h = malloc((size_t)n * sizeof *h);
+        if (!h) {
+            free(f);
+            return eb_fail(EB_ERR_MEMORY, "out of memory for o_a's values");
+        }
+        for (int64_t i = 0; i < n; i++) h[i] = eb_f32_to_bf16(f[i]);
+        free(f);
+        L->o_a_owned = h;
+        L->o_a = (eb_weight){h, EB_DTYPE_BF16, rows, cols, {NULL, 0, 0}};
+    } else {
+        L->o_a_owned = f;
+        L->o_a = (eb_weight){f, EB_DTYPE_F32, rows, cols, {NULL, 0, 0}};
+    }
+    b->m->info.weight_bytes += eb_row_bytes(L->o_a.dtype, cols) * (uint64_t)rows - before;
     return EB_OK;
 }
 
@@ -187,6 +205,11 @@ static int bind_fp4_experts(const eb_binder *b, int l, int64_t E, int64_t H, int
             if ((st = eb_bind_tensor(b, name, 2, ws, 1, &codes, &dt))) return st;
             snprintf(name, sizeof name, "model.layers.%d.ffn.experts.%lld.%s.scale", l, (long long)e, proj[p]);
             if ((st = eb_bind_tensor(b, name, 2, ss, 1, &scales, &dt))) return st;
+            for (int64_t i = 0; i < rows * (cols / 32); i++) /* E8M0's NaN: MXFP4 would read it as 2^127 */
+                if (((const unsigned char *)scales)[i] == 255)
+                    return eb_fail(EB_ERR_FORMAT, "tensor '%s': scale [%lld, %lld] is E8M0's NaN (255), expected an "
+                                                  "exponent 0..254", name, (long long)(i / (cols / 32)),
+                                   (long long)(i % (cols / 32)));
             uint64_t row = eb_row_bytes(EB_DTYPE_MXFP4, cols);
             for (int64_t r = 0; r < rows; r++)
                 eb_pack_mxfp4_row((const unsigned char *)codes + (size_t)(r * (cols / 2)),
@@ -220,7 +243,7 @@ static int bind_layer(const eb_binder *b, int l) {
     TRY(eb_bind(b, NAME("attn.wkv.weight"), hd, H, &L->kv))
     TRY(eb_bind_vector(b, NAME("attn.norm.weight"), hd, &L->kv_norm))
     TRY(eb_bind(b, NAME("attn.wo_a.weight"), og * olr, heads * hd / og, &L->o_a))
-    if (eb_dtype_scaled(L->o_a.dtype)) TRY(dequantize_o_a(L))
+    if (eb_dtype_scaled(L->o_a.dtype)) TRY(dequantize_o_a(b, L))
     TRY(eb_bind(b, NAME("attn.wo_b.weight"), H, og * olr, &L->o))
     TRY(bind_f32(b, NAME("hc_attn_fn"), mix, hc * H, 0, &L->hc_attn_fn))
     TRY(bind_f32(b, NAME("hc_attn_base"), mix, 0, 0, &L->hc_attn_base))
