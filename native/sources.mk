@@ -15,7 +15,7 @@ CPU_KERNELS_SRC = runtime/cpu/cpu_kernels_portable.c
 CPU_AVX2_SRC = runtime/cpu/cpu_kernels_avx2.c
 CPU_AVX512_SRC = runtime/cpu/cpu_kernels_avx512.c
 AVX2_FLAGS = -mavx2 -mfma -mf16c
-AVX512_FLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512vnni
+AVX512_FLAGS = -mavx2 -mfma -mf16c -mbmi2 -mavx512f -mavx512bw -mavx512vl -mavx512vnni
 
 # the cuda and hip modules, one translation unit: gpu_runtime.cu (devices, memory, events, launches, the table) and
 # the parts it includes (gpu_platform.h, gpu_blocks.cuh, gpu_formats.cuh, gpu_forward.cuh, gpu_mla.cuh, gpu_q8.cuh)

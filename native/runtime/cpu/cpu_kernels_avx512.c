@@ -1,6 +1,6 @@
-/* The q8 precision's products with AVX-512 VNNI (F, BW, VL and VNNI) for Q8_0, Q6_K and MXFP4, the formats where
- * they beat the AVX2 kernels (its table lies over the AVX2 one, which keeps the others). Compiled with those
- * instruction sets and only called after a run-time check.
+/* The q8 precision's products with AVX-512 VNNI (F, BW, VL and VNNI; BMI2's pdep) for Q8_0, Q6_K, MXFP4, Q2_K, Q3_K,
+ * IQ4_XS and IQ2_XXS, the formats where they beat the AVX2 kernels (its table lies over the AVX2 one, which keeps the
+ * others). Compiled with those instruction sets and only called after a run-time check.
  *
  * The same bits as cpu_kernels_avx2.c's q8 kernels, on every input: the integer sums are exact in both, and the
  * float steps are the same operations in the same order.
@@ -11,7 +11,11 @@
  *   activations negated where the weight is negative (a mask), the products the sign trick gives.
  * - Q6_K (blocks of 256): 64 quants a register, their products in int16 pairs (vpmaddubsw, as AVX2), each times its
  *   16 values' scale and summed into int32 lanes by vpdpwssd; a block's integer sums are exact, so any order of them
- *   is the AVX2 kernel's sum, and one shared expression (k16_block_value) makes the block's float.
+ *   is the AVX2 kernel's sum, and one shared expression (k16_block_value) makes the block's float. Q2_K and Q3_K
+ *   alike (their 2-bit fields and Q3_K's third bits unpacked as k16_quants does, two chunks a register).
+ * - IQ4_XS and IQ2_XXS: two chunks a register, the signed values' magnitudes times the activations negated under a
+ *   mask (IQ2_XXS: the stored sign bits and their parity, expanded by pdep), int16 pairs times the chunk's integer
+ *   scale summed by vpdpwssd: the block's exact integer sum, then the AVX2 kernel's float expression.
  * So a run's tokens and hashes do not depend on whether the machine has AVX-512, and the batch == single steps and
  * thread-count identities carry over unchanged. */
 #include "cpu_kernels.h"
@@ -51,6 +55,16 @@ INLINE __m512i two_q8_0_blocks(const unsigned char *b, const unsigned char *c, f
 INLINE __m512i dot_i8(__m512i w, __m512i x) {
     __m512i sx = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
     return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(w), sx);
+}
+
+/* The 64 sign bits of two IQ2_XXS chunks (their words a0, a1): per group of 8 values its 7 stored bits and, as bit 7,
+ * their parity (eb_iq_ksigns), bit i of byte g for value i of group g. */
+INLINE uint64_t iq2_sign_bits(uint32_t a0, uint32_t a1) {
+    uint64_t s = _pdep_u64(a0, 0x7F7F7F7Full) | _pdep_u64(a1, 0x7F7F7F7Full) << 32;
+    uint64_t p = s ^ (s >> 4);
+    p ^= p >> 2;
+    p ^= p >> 1;
+    return s | (p & 0x0101010101010101ull) << 7;
 }
 
 /* MXFP4's codes as their values (eb_mxfp4_values) plus 12: unsigned, for vpdpbusd. */
@@ -172,8 +186,91 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
         }
         __m512i iacc[4];
         UNROLL for (int t = 0; t < T; t++) iacc[t] = _mm512_setzero_si512();
-        /* Q6_K, the one K format here */
+        if (dtype == EB_DTYPE_IQ2_XXS) {
+            /* two chunks a register: their eight grid rows, their 64 sign bits (seven stored per group of 8, the
+             * eighth the group's parity) as a byte mask that negates the activations, the magnitudes (at most 43)
+             * times those in int16 pairs (vpmaddubsw), each times its chunk's 2 s + 1 and summed by vpdpwssd; then
+             * the AVX2 kernel's float expression (a gather of the grid rows ran slower than these loads) */
+            const long long *grid = (const long long *)(const void *)eb_iq2xxs_grid;
+            UNROLL for (int j = 0; j < 8; j += 2) {
+                const unsigned char *c = b + 2 + 8 * j;
+                uint32_t a0 = eb_load_u32(c + 4), a1 = eb_load_u32(c + 12);
+                __m512i g = _mm512_set_epi64(grid[c[11]], grid[c[10]], grid[c[9]], grid[c[8]], grid[c[3]], grid[c[2]],
+                                             grid[c[1]], grid[c[0]]);
+                __mmask64 neg = _cvtu64_mask64(iq2_sign_bits(a0, a1));
+                __m512i sc = _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16((short)(2 * (a0 >> 28) + 1)),
+                                                     _mm512_set1_epi16((short)(2 * (a1 >> 28) + 1)));
+                UNROLL for (int t = 0; t < T; t++) {
+                    __m512i x = _mm512_loadu_si512((const void *)(xq[t] + 256 * k + 32 * j));
+                    __m512i xs = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
+                    iacc[t] = _mm512_dpwssd_epi32(iacc[t], _mm512_maddubs_epi16(g, xs), sc);
+                }
+            }
+            UNROLL for (int t = 0; t < T; t++)
+                ksum[t] += _cvtsh_ss(eb_load_u16(b)) * xd[t][k] * (float)_mm512_reduce_add_epi32(iacc[t]);
+            continue;
+        }
         if (pf) _mm_prefetch((const char *)((uintptr_t)b + 128 + AHEAD_BYTES), _MM_HINT_T0);
+        if (dtype == EB_DTYPE_IQ4_XS) {
+            /* two chunks a register (their nibbles looked up in pshufb as MXFP4's), the AVX2 kernel's sign trick with
+             * a mask (the magnitudes times the activations negated where the value is negative), int16 pairs times
+             * the chunk's scale summed by vpdpwssd; then the AVX2 kernel's float expression */
+            const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)eb_iq4nl_values));
+            const __m512i shift = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
+            UNROLL for (int j = 0; j < 8; j += 2) {
+                __m512i q = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b + 8 + 16 * j)));
+                q = _mm512_shuffle_i64x2(q, q, _MM_SHUFFLE(1, 1, 0, 0));
+                __m512i w = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srlv_epi64(q, shift), low4));
+                __m512i aw = _mm512_abs_epi8(w);
+                __mmask64 neg = _mm512_movepi8_mask(w);
+                __m512i sc = _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16((short)eb_iq4xs_scale(b, j)),
+                                                     _mm512_set1_epi16((short)eb_iq4xs_scale(b, j + 1)));
+                UNROLL for (int t = 0; t < T; t++) {
+                    __m512i x = _mm512_loadu_si512((const void *)(xq[t] + 256 * k + 32 * j));
+                    __m512i xs = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
+                    iacc[t] = _mm512_dpwssd_epi32(iacc[t], _mm512_maddubs_epi16(aw, xs), sc);
+                }
+            }
+            UNROLL for (int t = 0; t < T; t++)
+                ksum[t] += _cvtsh_ss(eb_load_u16(b)) * xd[t][k] * (float)_mm512_reduce_add_epi32(iacc[t]);
+            continue;
+        }
+        if (dtype == EB_DTYPE_Q2_K || dtype == EB_DTYPE_Q3_K) {
+            /* 2-bit fields (Q3_K: and a third bit) of two chunks a register, unsigned, as the AVX2 kernel's
+             * k16_quants; int16 pairs times each 16 values' scale summed by vpdpwssd; then its offset or minima
+             * terms and float expression */
+            int q2 = dtype == EB_DTYPE_Q2_K;
+            __m256i sc16 = k16_scales(b, dtype);
+            const __m512i three = _mm512_set1_epi8(3), one = _mm512_set1_epi8(1);
+            __m256i hm = q2 ? _mm256_setzero_si256() : _mm256_loadu_si256((const __m256i *)b);
+            for (int h = 0; h < 2; h++) {
+                __m256i qs = _mm256_loadu_si256((const __m256i *)(b + (q2 ? 16 : 32) + 32 * h));
+                for (int p = 0; p < 2; p++) { /* chunks 4h + 2p and 4h + 2p + 1 */
+                    __m512i q = _mm512_and_si512(halves_shifted(qs, 4 * p, 4 * p + 2), three);
+                    if (!q2) {
+                        __m512i third = _mm512_and_si512(halves_shifted(hm, 4 * h + 2 * p, 4 * h + 2 * p + 1), one);
+                        q = _mm512_or_si512(q, _mm512_slli_epi16(third, 2));
+                    }
+                    int e = 8 * h + 4 * p;
+                    __m512i sc = pick16(sc16, SIXTEENS(e, e + 1, e + 2, e + 3));
+                    UNROLL for (int t = 0; t < T; t++) {
+                        __m512i x = _mm512_loadu_si512((const void *)(xq[t] + 256 * k + 32 * (4 * h + 2 * p)));
+                        iacc[t] = _mm512_dpwssd_epi32(iacc[t], _mm512_maddubs_epi16(q, x), sc);
+                    }
+                }
+            }
+            if (q2) {
+                __m128i nib = _mm_loadu_si128((const __m128i *)b);
+                __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(nib, 4), _mm_set1_epi8(0x0F)));
+                UNROLL for (int t = 0; t < T; t++)
+                    ksum[t] += k4_block_value(b + 80, xd[t][k], _mm512_reduce_add_epi32(iacc[t]), per16_sum(m16, xs[t] + 16 * k));
+            } else {
+                UNROLL for (int t = 0; t < T; t++)
+                    ksum[t] += k16_block_value(b, dtype, xd[t][k], _mm512_reduce_add_epi32(iacc[t]), per16_sum(sc16, xs[t] + 16 * k));
+            }
+            continue;
+        }
+        /* Q6_K */
         __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
         for (int h = 0; h < 2; h++) {
             /* ql: chunks 4h and 4h + 1's low bits in its low nibbles, 4h + 2 and 4h + 3's in its high ones */
@@ -194,14 +291,16 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
         UNROLL for (int t = 0; t < T; t++)
             ksum[t] += k16_block_value(b, EB_DTYPE_Q6_K, xd[t][k], _mm512_reduce_add_epi32(iacc[t]), per16_sum(sc16, xs[t] + 16 * k));
     }
-    UNROLL for (int t = 0; t < T; t++) out[t] = ksum[t];
+    UNROLL for (int t = 0; t < T; t++) out[t] = dtype == EB_DTYPE_IQ2_XXS ? eb_iq_row_scale(dtype) * ksum[t] : ksum[t];
 }
 
-/* Q8_0, Q6_K and MXFP4 here; the other formats keep the AVX2 kernels (the same bits either way). On 2 cores of a Xeon
- * with AMX (bench/RESULTS.md) Q8_0 and Q6_K ran faster than their AVX2 kernels (Q6_K 1.5-2x, Q8_0 1.0-1.2x of the
- * decode step's products), MXFP4 at 75 % of a plain read where AVX2 reached 39 % (bench/membw/decode_products.c, one
- * thread); 512-bit versions of Q4_K and Q5_K (the same vpdpwssd scheme) ran 0.7-1.15x of AVX2 there, mostly below 1,
- * so they are not kept. */
+/* Q8_0, Q6_K, MXFP4, Q2_K, Q3_K, IQ4_XS and IQ2_XXS here; the other formats keep the AVX2 kernels (the same bits
+ * either way). On 2 cores of a Xeon with AMX (bench/RESULTS.md) Q8_0 and Q6_K ran faster than their AVX2 kernels (Q6_K
+ * 1.5-2x, Q8_0 1.0-1.2x of the decode step's products), MXFP4 at 75 % of a plain read where AVX2 reached 39 %
+ * (bench/membw/decode_products.c, one thread). On a Zen 4 EPYC, one thread, 256 x 1024 weights in the caches, one
+ * token: Q2_K 1.3x, Q3_K 1.5x, IQ4_XS 1.4x, IQ2_XXS 1.2x the AVX2 kernels (its grid rows loaded one by one: a gather
+ * of them ran 0.8x). 512-bit versions of Q4_K and Q5_K (the same vpdpwssd scheme, or AVX2's steps with 256-bit
+ * vpdpwssd) ran 0.7-1.15x of AVX2 on the Xeon and 0.8-0.95x on the EPYC, so they are not kept. */
 static void q8_Q8_0(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x, int64_t n,
                     float *y, int64_t ldy) {
     (void)dtype;
@@ -213,6 +312,18 @@ static void q8_Q6_K(const void *w, int dtype, int64_t r0, int64_t r1, int64_t co
     (void)dtype;
     matmul_q8(w, EB_DTYPE_Q6_K, r0, r1, cols, x, n, y, ldy);
 }
+
+#define Q8_AVX512(name)                                                                                               \
+    static void q8_##name(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,    \
+                          int64_t n, float *y, int64_t ldy) {                                                         \
+        (void)dtype;                                                                                                  \
+        matmul_q8(w, EB_DTYPE_##name, r0, r1, cols, x, n, y, ldy);                                                    \
+    }
+Q8_AVX512(Q2_K)
+Q8_AVX512(Q3_K)
+Q8_AVX512(IQ4_XS)
+Q8_AVX512(IQ2_XXS)
+#undef Q8_AVX512
 
 static void q8_MXFP4(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,
                      int64_t n, float *y, int64_t ldy) {
@@ -245,6 +356,10 @@ const eb_cpu_kernel_set eb_cpu_kernels_avx512 = {
             [EB_DTYPE_Q8_0] = {NULL, NULL, q8_Q8_0},
             [EB_DTYPE_Q6_K] = {NULL, NULL, q8_Q6_K},
             [EB_DTYPE_MXFP4] = {NULL, NULL, q8_MXFP4},
+            [EB_DTYPE_Q2_K] = {NULL, NULL, q8_Q2_K},
+            [EB_DTYPE_Q3_K] = {NULL, NULL, q8_Q3_K},
+            [EB_DTYPE_IQ4_XS] = {NULL, NULL, q8_IQ4_XS},
+            [EB_DTYPE_IQ2_XXS] = {NULL, NULL, q8_IQ2_XXS},
         },
 };
 #endif

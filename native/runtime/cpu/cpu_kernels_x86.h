@@ -63,6 +63,44 @@ INLINE float k16_block_value(const unsigned char *b, int dtype, float dx, int32_
     return _cvtsh_ss(eb_load_u16(b + eb_k16_d(dtype))) * dx * (float)(isum - eb_k16_offset(dtype) * msum);
 }
 
+/* The eight 6-bit scales and minima of a Q4_K / Q5_K block as int16 (eb_k4_scale_min, four bytes at a time). */
+INLINE void k4_scales(const unsigned char *p, __m128i *sc, __m128i *m) {
+    uint32_t u[3];
+    memcpy(u, p, sizeof u);
+    uint32_t sc_lo = u[0] & 0x3f3f3f3fu, m_lo = u[1] & 0x3f3f3f3fu;
+    uint32_t sc_hi = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4;
+    uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4;
+    *sc = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo));
+    *m = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)m_hi, (int)m_lo));
+}
+
+/* Q4_K / Q5_K: the eight minima (int16) times the sums of their 32 activations (s: the block's sixteen sums of 16). */
+INLINE int32_t k4_min_sum(__m128i m8, const int16_t *s) {
+    __m128i s32 = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)s), _mm_loadu_si128((const __m128i *)(s + 8)));
+    __m128i mm = _mm_madd_epi16(m8, s32);
+    mm = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0x4e));
+    return _mm_cvtsi128_si32(_mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0xb1)));
+}
+
+/* The sixteen scales of a Q6_K, Q2_K or Q3_K block as int16 (eb_k16_scale). */
+INLINE __m256i k16_scales(const unsigned char *b, int dtype) {
+    if (dtype == EB_DTYPE_Q6_K) return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
+    if (dtype == EB_DTYPE_Q2_K) return _mm256_cvtepu8_epi16(_mm_and_si128(_mm_loadu_si128((const __m128i *)b), _mm_set1_epi8(0x0F)));
+    uint32_t u[3]; /* Q3_K: eb_k16_scale four at a time */
+    memcpy(u, b + 96, sizeof u);
+    const uint32_t m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
+    __m128i s = _mm_set_epi32((int)(((u[1] >> 4) & m4) | ((u[2] >> 6) & m2) << 4), (int)(((u[0] >> 4) & m4) | ((u[2] >> 4) & m2) << 4),
+                              (int)((u[1] & m4) | ((u[2] >> 2) & m2) << 4), (int)((u[0] & m4) | (u[2] & m2) << 4));
+    return _mm256_cvtepi8_epi16(_mm_sub_epi8(s, _mm_set1_epi8(32)));
+}
+
+/* A Q4_K / Q5_K / Q2_K block's value in the q8 precision (dm: its f16 d and dmin), from its exact integer sums:
+ * cpu_kernels_portable.c's min_block_value expression, the same float operations in the same order. */
+INLINE float k4_block_value(const unsigned char *dm, float dx, int32_t isum, int32_t msum) {
+    float d = _cvtsh_ss(eb_load_u16(dm)), dmin = _cvtsh_ss(eb_load_u16(dm + 2));
+    return d * dx * (float)isum - dmin * dx * (float)msum;
+}
+
 /* The tokens of one row in groups of up to four (the row's blocks read once per group; from L1 after the first). */
 INLINE void row_q8(const unsigned char *row, int dtype, int64_t cols, const eb_cpu_q8_rows *x, int64_t n, float *y,
                    int64_t ldy, int64_t r) {
