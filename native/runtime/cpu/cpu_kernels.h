@@ -99,7 +99,8 @@ extern const eb_cpu_kernel_set eb_cpu_kernels_portable;
 #define EB_CPU_HAVE_AVX2_BUILD 1
 #define EB_CPU_HAVE_AVX512_BUILD 1
 extern const eb_cpu_kernel_set eb_cpu_kernels_avx2;   /* AVX2 + FMA + F16C */
-extern const eb_cpu_kernel_set eb_cpu_kernels_avx512; /* AVX-512 F, BW, VL and VNNI: the AVX2 q8 products' bits */
+extern const eb_cpu_kernel_set eb_cpu_kernels_avx512; /* AVX-512 F, BW, VL, VNNI, BMI2: the AVX2 q8 products' bits */
+extern const eb_cpu_kernel_set eb_cpu_kernels_avx512_vbmi; /* and VBMI: IQ2_XXS's, the same bits */
 /* The AVX2 products of any format through its table (for the benchmarks). */
 void eb_cpu_matmul_rows_avx2(const void *w, int dtype, const float *scale, int64_t r0, int64_t r1, int64_t cols,
                              const float *x, int64_t n, float *y, int64_t ldy);

@@ -15,13 +15,17 @@
  *   alike (their 2-bit fields and Q3_K's third bits unpacked as k16_quants does, two chunks a register).
  * - IQ4_XS and IQ2_XXS: two chunks a register, the signed values' magnitudes times the activations negated under a
  *   mask (IQ2_XXS: the stored sign bits and their parity, expanded by pdep), int16 pairs times the chunk's integer
- *   scale summed by vpdpwssd: the block's exact integer sum, then the AVX2 kernel's float expression.
+ *   scale summed by vpdpwssd: the block's exact integer sum, then the AVX2 kernel's float expression. IQ2_XXS's grid
+ *   rows come from a table of 2-bit levels in registers (vpermi2w, vpmultishiftqb: AVX-512 VBMI, asked of it alone)
+ *   instead of 32 loads a block.
  * So a run's tokens and hashes do not depend on whether the machine has AVX-512, and the batch == single steps and
  * thread-count identities carry over unchanged. */
 #include "cpu_kernels.h"
 
 #ifdef EB_CPU_HAVE_AVX512_BUILD
 #include "cpu_kernels_x86.h"
+#include <pthread.h>
+
 #include "expertbench.h"
 
 /* 16 f32 lanes: the first 8 hold a, the last 8 b. */
@@ -57,14 +61,104 @@ INLINE __m512i dot_i8(__m512i w, __m512i x) {
     return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(w), sx);
 }
 
+/* What only IQ2_XXS's product uses: AVX-512 VBMI (vpermb, vpmultishiftqb), which the run-time check asks of it alone. */
+#define VBMI __attribute__((target("avx512vbmi")))
+
+/* IQ2_XXS's grid as data for vpermi2w: entry e's eight magnitudes (8, 25, 43) as 2-bit levels (0, 1, 2), value i's
+ * at bits 2i, made once from eb_iq2xxs_grid. */
+static uint16_t iq2xxs_levels[256];
+static pthread_once_t iq2xxs_levels_once = PTHREAD_ONCE_INIT;
+static void iq2xxs_levels_init(void) {
+    for (int e = 0; e < 256; e++) {
+        unsigned v = 0;
+        for (int i = 0; i < 8; i++) v |= (unsigned)((eb_iq2xxs_grid[e][i] > 8) + (eb_iq2xxs_grid[e][i] > 25)) << (2 * i);
+        iq2xxs_levels[e] = (uint16_t)v;
+    }
+}
+
+/* The 32 grid entries of an IQ2_XXS block (raw: its 64 bytes after d, chunk j's four indices at 8j) as 32 words of
+ * levels, word 4j + l group l of chunk j's: the indices as words (vpermb), their levels looked up 64 at a time
+ * (vpermi2w over two registers of the table) and chosen by the indices' top two bits. */
+VBMI static inline __m512i iq2xxs_codes(__m512i raw) {
+    static const uint8_t at[64] = {0,  0, 1,  0, 2,  0, 3,  0, 8,  0, 9,  0, 10, 0, 11, 0, 16, 0, 17, 0, 18, 0,
+                                   19, 0, 24, 0, 25, 0, 26, 0, 27, 0, 32, 0, 33, 0, 34, 0, 35, 0, 40, 0, 41, 0,
+                                   42, 0, 43, 0, 48, 0, 49, 0, 50, 0, 51, 0, 56, 0, 57, 0, 58, 0, 59, 0};
+    const __m512i *t = (const __m512i *)(const void *)iq2xxs_levels;
+    __m512i idx = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_loadu_si512((const void *)at), raw);
+    __m512i r0 = _mm512_permutex2var_epi16(_mm512_loadu_si512(t + 0), idx, _mm512_loadu_si512(t + 1));
+    __m512i r1 = _mm512_permutex2var_epi16(_mm512_loadu_si512(t + 2), idx, _mm512_loadu_si512(t + 3));
+    __m512i r2 = _mm512_permutex2var_epi16(_mm512_loadu_si512(t + 4), idx, _mm512_loadu_si512(t + 5));
+    __m512i r3 = _mm512_permutex2var_epi16(_mm512_loadu_si512(t + 6), idx, _mm512_loadu_si512(t + 7));
+    __mmask32 b6 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(64)), b7 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(128));
+    return _mm512_mask_blend_epi16(b7, _mm512_mask_blend_epi16(b6, r0, r1), _mm512_mask_blend_epi16(b6, r2, r3));
+}
+
 /* The 64 sign bits of two IQ2_XXS chunks (their words a0, a1): per group of 8 values its 7 stored bits and, as bit 7,
- * their parity (eb_iq_ksigns), bit i of byte g for value i of group g. */
-INLINE uint64_t iq2_sign_bits(uint32_t a0, uint32_t a1) {
+ * their parity (eb_iq_ksigns), bit i of byte g for value i of group g. In scalar registers (pdep), beside the vector
+ * work: the same bits made with vpmultishiftqb and vpopcntb ran slower. */
+INLINE uint64_t iq2xxs_sign_bits(uint32_t a0, uint32_t a1) {
     uint64_t s = _pdep_u64(a0, 0x7F7F7F7Full) | _pdep_u64(a1, 0x7F7F7F7Full) << 32;
     uint64_t p = s ^ (s >> 4);
     p ^= p >> 2;
     p ^= p >> 1;
     return s | (p & 0x0101010101010101ull) << 7;
+}
+
+/* The 64 magnitudes of chunks 2p and 2p + 1 from their eight words of levels: each word alone in a 64-bit lane, its
+ * eight 2-bit fields picked into bytes (vpmultishiftqb), then the levels as magnitudes (pshufb). */
+VBMI static inline __m512i iq2xxs_rows(__m512i codes, int p) {
+    const __m512i lanes = _mm512_set_epi16(0, 0, 0, 8 * p + 7, 0, 0, 0, 8 * p + 6, 0, 0, 0, 8 * p + 5, 0, 0, 0, 8 * p + 4,
+                                           0, 0, 0, 8 * p + 3, 0, 0, 0, 8 * p + 2, 0, 0, 0, 8 * p + 1, 0, 0, 0, 8 * p);
+    __m512i w = _mm512_maskz_permutexvar_epi16(0x11111111u, lanes, codes);
+    __m512i f = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x0E0C0A0806040200ll), w);
+    const __m512i mag = _mm512_broadcast_i32x4(_mm_setr_epi8(8, 25, 43, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0));
+    return _mm512_shuffle_epi8(mag, _mm512_and_si512(f, _mm512_set1_epi8(3)));
+}
+
+/* IQ2_XXS's q8 dot products of one row (nb blocks) with T tokens (dot_q8's): two chunks a register, their eight grid
+ * rows from the levels (iq2xxs_codes, iq2xxs_rows), their 64 sign bits as a byte mask that negates the activations,
+ * the magnitudes (at most 43) times those in int16 pairs (vpmaddubsw), each times its chunk's 2 s + 1 and summed by
+ * vpdpwssd; then the AVX2 kernel's float expression per block and its row scale. Reached through a call
+ * (iq2xxs_dot_q8), so that only it is built for VBMI. */
+VBMI INLINE void iq2xxs_dot_tokens(const unsigned char *row, int64_t nb, const int8_t *const *xq,
+                                   const float *const *xd, const int T, float *out, int pf) {
+    float ksum[4] = {0};
+    for (int64_t k = 0; k < nb; k++) {
+        const unsigned char *b = row + (size_t)k * 66;
+        if (pf) {
+            _mm_prefetch((const char *)((uintptr_t)b + AHEAD_BYTES), _MM_HINT_T0);
+            _mm_prefetch((const char *)((uintptr_t)b + 64 + AHEAD_BYTES), _MM_HINT_T0);
+        }
+        __m512i iacc[4];
+        UNROLL for (int t = 0; t < T; t++) iacc[t] = _mm512_setzero_si512();
+        __m512i codes = iq2xxs_codes(_mm512_loadu_si512((const void *)(b + 2)));
+        UNROLL for (int j = 0; j < 8; j += 2) {
+            uint32_t a0 = eb_load_u32(b + 6 + 8 * j), a1 = eb_load_u32(b + 14 + 8 * j);
+            __m512i g = iq2xxs_rows(codes, j / 2);
+            __mmask64 neg = _cvtu64_mask64(iq2xxs_sign_bits(a0, a1));
+            __m512i sc = _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16((short)(2 * (a0 >> 28) + 1)),
+                                                 _mm512_set1_epi16((short)(2 * (a1 >> 28) + 1)));
+            UNROLL for (int t = 0; t < T; t++) {
+                __m512i x = _mm512_loadu_si512((const void *)(xq[t] + 256 * k + 32 * j));
+                __m512i xs = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
+                iacc[t] = _mm512_dpwssd_epi32(iacc[t], _mm512_maddubs_epi16(g, xs), sc);
+            }
+        }
+        UNROLL for (int t = 0; t < T; t++)
+            ksum[t] += _cvtsh_ss(eb_load_u16(b)) * xd[t][k] * (float)_mm512_reduce_add_epi32(iacc[t]);
+    }
+    UNROLL for (int t = 0; t < T; t++) out[t] = eb_iq_row_scale(EB_DTYPE_IQ2_XXS) * ksum[t];
+}
+
+/* One copy a token count, so that each keeps its accumulators in registers. */
+VBMI static void iq2xxs_dot_q8(const unsigned char *row, int64_t nb, const int8_t *const *xq, const float *const *xd,
+                               int T, float *out, int pf) {
+    switch (T) {
+    case 1: iq2xxs_dot_tokens(row, nb, xq, xd, 1, out, pf); return;
+    case 2: iq2xxs_dot_tokens(row, nb, xq, xd, 2, out, pf); return;
+    case 3: iq2xxs_dot_tokens(row, nb, xq, xd, 3, out, pf); return;
+    default: iq2xxs_dot_tokens(row, nb, xq, xd, 4, out, pf); return;
+    }
 }
 
 /* MXFP4's codes as their values (eb_mxfp4_values) plus 12: unsigned, for vpdpbusd. */
@@ -178,6 +272,10 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
         UNROLL for (int t = 0; t < T; t++) out[t] = hsum(_mm256_add_ps(a[t][0], a[t][1]));
         return;
     }
+    if (dtype == EB_DTYPE_IQ2_XXS) {
+        iq2xxs_dot_q8(row, nb, xq, xd, T, out, pf);
+        return;
+    }
     for (int64_t k = 0; k < nb; k++) {
         const unsigned char *b = row + (size_t)k * (size_t)f->block_bytes;
         if (pf) {
@@ -186,30 +284,6 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
         }
         __m512i iacc[4];
         UNROLL for (int t = 0; t < T; t++) iacc[t] = _mm512_setzero_si512();
-        if (dtype == EB_DTYPE_IQ2_XXS) {
-            /* two chunks a register: their eight grid rows, their 64 sign bits (seven stored per group of 8, the
-             * eighth the group's parity) as a byte mask that negates the activations, the magnitudes (at most 43)
-             * times those in int16 pairs (vpmaddubsw), each times its chunk's 2 s + 1 and summed by vpdpwssd; then
-             * the AVX2 kernel's float expression (a gather of the grid rows ran slower than these loads) */
-            const long long *grid = (const long long *)(const void *)eb_iq2xxs_grid;
-            UNROLL for (int j = 0; j < 8; j += 2) {
-                const unsigned char *c = b + 2 + 8 * j;
-                uint32_t a0 = eb_load_u32(c + 4), a1 = eb_load_u32(c + 12);
-                __m512i g = _mm512_set_epi64(grid[c[11]], grid[c[10]], grid[c[9]], grid[c[8]], grid[c[3]], grid[c[2]],
-                                             grid[c[1]], grid[c[0]]);
-                __mmask64 neg = _cvtu64_mask64(iq2_sign_bits(a0, a1));
-                __m512i sc = _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16((short)(2 * (a0 >> 28) + 1)),
-                                                     _mm512_set1_epi16((short)(2 * (a1 >> 28) + 1)));
-                UNROLL for (int t = 0; t < T; t++) {
-                    __m512i x = _mm512_loadu_si512((const void *)(xq[t] + 256 * k + 32 * j));
-                    __m512i xs = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
-                    iacc[t] = _mm512_dpwssd_epi32(iacc[t], _mm512_maddubs_epi16(g, xs), sc);
-                }
-            }
-            UNROLL for (int t = 0; t < T; t++)
-                ksum[t] += _cvtsh_ss(eb_load_u16(b)) * xd[t][k] * (float)_mm512_reduce_add_epi32(iacc[t]);
-            continue;
-        }
         if (pf) _mm_prefetch((const char *)((uintptr_t)b + 128 + AHEAD_BYTES), _MM_HINT_T0);
         if (dtype == EB_DTYPE_IQ4_XS) {
             /* two chunks a register (their nibbles looked up in pshufb as MXFP4's), the AVX2 kernel's sign trick with
@@ -291,15 +365,15 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
         UNROLL for (int t = 0; t < T; t++)
             ksum[t] += k16_block_value(b, EB_DTYPE_Q6_K, xd[t][k], _mm512_reduce_add_epi32(iacc[t]), per16_sum(sc16, xs[t] + 16 * k));
     }
-    UNROLL for (int t = 0; t < T; t++) out[t] = dtype == EB_DTYPE_IQ2_XXS ? eb_iq_row_scale(dtype) * ksum[t] : ksum[t];
+    UNROLL for (int t = 0; t < T; t++) out[t] = ksum[t];
 }
 
 /* Q8_0, Q6_K, MXFP4, Q2_K, Q3_K, IQ4_XS and IQ2_XXS here; the other formats keep the AVX2 kernels (the same bits
  * either way). On 2 cores of a Xeon with AMX (bench/RESULTS.md) Q8_0 and Q6_K ran faster than their AVX2 kernels (Q6_K
  * 1.5-2x, Q8_0 1.0-1.2x of the decode step's products), MXFP4 at 75 % of a plain read where AVX2 reached 39 %
  * (bench/membw/decode_products.c, one thread). On a Zen 4 EPYC, one thread, 256 x 1024 weights in the caches, one
- * token: Q2_K 1.3x, Q3_K 1.5x, IQ4_XS 1.4x, IQ2_XXS 1.2x the AVX2 kernels (its grid rows loaded one by one: a gather
- * of them ran 0.8x). 512-bit versions of Q4_K and Q5_K (the same vpdpwssd scheme, or AVX2's steps with 256-bit
+ * token: Q2_K 1.3x, Q3_K 1.5x, IQ4_XS 1.4x, IQ2_XXS 1.35x the AVX2 kernels (IQ2_XXS: its grid rows gathered ran
+ * 0.8x, loaded one by one 1.2x; its signs and scales made in vectors too, 1.2x). 512-bit versions of Q4_K and Q5_K (the same vpdpwssd scheme, or AVX2's steps with 256-bit
  * vpdpwssd) ran 0.7-1.15x of AVX2 on the Xeon and 0.8-0.95x on the EPYC, so they are not kept. */
 static void q8_Q8_0(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x, int64_t n,
                     float *y, int64_t ldy) {
@@ -322,8 +396,14 @@ static void q8_Q6_K(const void *w, int dtype, int64_t r0, int64_t r1, int64_t co
 Q8_AVX512(Q2_K)
 Q8_AVX512(Q3_K)
 Q8_AVX512(IQ4_XS)
-Q8_AVX512(IQ2_XXS)
 #undef Q8_AVX512
+
+VBMI static void q8_IQ2_XXS(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,
+                       int64_t n, float *y, int64_t ldy) {
+    (void)dtype;
+    pthread_once(&iq2xxs_levels_once, iq2xxs_levels_init);
+    matmul_q8(w, EB_DTYPE_IQ2_XXS, r0, r1, cols, x, n, y, ldy);
+}
 
 static void q8_MXFP4(const void *w, int dtype, int64_t r0, int64_t r1, int64_t cols, const eb_cpu_q8_rows *x,
                      int64_t n, float *y, int64_t ldy) {
@@ -359,7 +439,12 @@ const eb_cpu_kernel_set eb_cpu_kernels_avx512 = {
             [EB_DTYPE_Q2_K] = {NULL, NULL, q8_Q2_K},
             [EB_DTYPE_Q3_K] = {NULL, NULL, q8_Q3_K},
             [EB_DTYPE_IQ4_XS] = {NULL, NULL, q8_IQ4_XS},
-            [EB_DTYPE_IQ2_XXS] = {NULL, NULL, q8_IQ2_XXS},
         },
+};
+
+/* Over that one where the CPU also has AVX-512 VBMI. */
+const eb_cpu_kernel_set eb_cpu_kernels_avx512_vbmi = {
+    .variant = "avx2+fma+f16c+avx512vnni",
+    .format = {[EB_DTYPE_IQ2_XXS] = {NULL, NULL, q8_IQ2_XXS}},
 };
 #endif

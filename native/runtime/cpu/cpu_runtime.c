@@ -248,8 +248,10 @@ static int cpu_init(const eb_runtime_options *opt, void **out, char *err, size_t
         /* the q8 products in AVX-512 VNNI (the same bits); the float products keep AVX2's 8-lane order */
         if (kernels == EB_CPU_KERNELS_BEST && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
-            __builtin_cpu_supports("bmi2"))
+            __builtin_cpu_supports("bmi2")) {
             over(&rt->kernels, &eb_cpu_kernels_avx512);
+            if (__builtin_cpu_supports("avx512vbmi")) over(&rt->kernels, &eb_cpu_kernels_avx512_vbmi);
+        }
     }
 #endif
     for (int dt = 0; dt < EB_DTYPE_COUNT; dt++) {
