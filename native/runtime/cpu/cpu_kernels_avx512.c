@@ -315,15 +315,19 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
              * terms and float expression */
             int q2 = dtype == EB_DTYPE_Q2_K;
             __m256i sc16 = k16_scales(b, dtype);
-            const __m512i three = _mm512_set1_epi8(3), one = _mm512_set1_epi8(1);
-            __m256i hm = q2 ? _mm256_setzero_si256() : _mm256_loadu_si256((const __m256i *)b);
+            const __m512i three = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
+            /* Q3_K's third bits: every byte's bit c of the hmask, for chunk c, brought to bit 2 by a rotation of each
+             * 64-bit lane (bit 8 i + c goes to 8 i + 2 in every byte at once) */
+            __m512i hm = q2 ? _mm512_setzero_si512() : _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b));
             for (int h = 0; h < 2; h++) {
                 __m256i qs = _mm256_loadu_si256((const __m256i *)(b + (q2 ? 16 : 32) + 32 * h));
                 for (int p = 0; p < 2; p++) { /* chunks 4h + 2p and 4h + 2p + 1 */
                     __m512i q = _mm512_and_si512(halves_shifted(qs, 4 * p, 4 * p + 2), three);
                     if (!q2) {
-                        __m512i third = _mm512_and_si512(halves_shifted(hm, 4 * h + 2 * p, 4 * h + 2 * p + 1), one);
-                        q = _mm512_or_si512(q, _mm512_slli_epi16(third, 2));
+                        int c = 4 * h + 2 * p;
+                        __m512i third = _mm512_rorv_epi64(hm, _mm512_set_epi64(c - 1, c - 1, c - 1, c - 1, c - 2, c - 2,
+                                                                               c - 2, c - 2));
+                        q = _mm512_ternarylogic_epi32(q, third, four, 0xF8); /* q | (third & four) */
                     }
                     int e = 8 * h + 4 * p;
                     __m512i sc = pick16(sc16, SIXTEENS(e, e + 1, e + 2, e + 3));
