@@ -319,9 +319,9 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
             /* Q3_K's third bits: every byte's bit c of the hmask, for chunk c, brought to bit 2 by a rotation of each
              * 64-bit lane (bit 8 i + c goes to 8 i + 2 in every byte at once) */
             __m512i hm = q2 ? _mm512_setzero_si512() : _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b));
-            for (int h = 0; h < 2; h++) {
+            UNROLL for (int h = 0; h < 2; h++) {
                 __m256i qs = _mm256_loadu_si256((const __m256i *)(b + (q2 ? 16 : 32) + 32 * h));
-                for (int p = 0; p < 2; p++) { /* chunks 4h + 2p and 4h + 2p + 1 */
+                UNROLL for (int p = 0; p < 2; p++) { /* chunks 4h + 2p and 4h + 2p + 1 */
                     __m512i q = _mm512_and_si512(halves_shifted(qs, 4 * p, 4 * p + 2), three);
                     if (!q2) {
                         int c = 4 * h + 2 * p;
@@ -350,11 +350,11 @@ INLINE void dot_q8(const unsigned char *row, int dtype, int64_t cols, const eb_c
         }
         /* Q6_K */
         __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
-        for (int h = 0; h < 2; h++) {
+        UNROLL for (int h = 0; h < 2; h++) {
             /* ql: chunks 4h and 4h + 1's low bits in its low nibbles, 4h + 2 and 4h + 3's in its high ones */
             __m512i ql = _mm512_loadu_si512((const void *)(b + 64 * h));
             __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
-            for (int p = 0; p < 2; p++) { /* chunks 4h + 2p and 4h + 2p + 1 */
+            UNROLL for (int p = 0; p < 2; p++) { /* chunks 4h + 2p and 4h + 2p + 1 */
                 __m512i lo = _mm512_and_si512(p ? _mm512_srli_epi16(ql, 4) : ql, low4);
                 __m512i hb = _mm512_and_si512(halves_shifted(qh, 4 * p, 4 * p + 2), _mm512_set1_epi8(3));
                 __m512i q = _mm512_or_si512(lo, _mm512_slli_epi16(hb, 4));
