@@ -98,8 +98,8 @@ int main(int argc, char **argv) {
         else bad = 1;
     }
     if (!module || bad || prec < 0 || kernels < 0 || dtype < 0 || tokens < 1 || threads < 0 || threads > 256) {
-        fprintf(stderr, "usage: %s MODULE.so [--dtype f32|bf16|f16|q8_0|q4_k|q5_k|q6_k|mxfp4] [--precision f32|q8] "
-                "[--kernels best|avx2|portable] [--tokens N] [--threads T]\n", argv[0]);
+        fprintf(stderr, "usage: %s MODULE.so [--dtype FORMAT (a name of the format table: bf16, q4_k, iq2_xxs, ...)] "
+                "[--precision f32|q8] [--kernels best|avx2|portable] [--tokens N] [--threads T]\n", argv[0]);
         return 2;
     }
     void *lib = dlopen(module, RTLD_NOW | RTLD_LOCAL);
