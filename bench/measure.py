@@ -41,6 +41,7 @@ C_PROGRAMS = {
         ["-mavx2", f"-I{NATIVE / 'include'}", f"-I{NATIVE / 'runtime/cpu'}"],
         ["-ldl"],
     ),
+    "q8_products": ([BENCH / "membw/q8_products.c"], [f"-I{NATIVE / 'include'}"], ["-ldl"]),
 }  # fmt: skip
 
 

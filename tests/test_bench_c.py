@@ -117,3 +117,15 @@ def test_sustained_read_talks_to_readpass(tmp_path):
         assert sample["round_trip_ns"] > 0 or len(os.sched_getaffinity(0)) == 1, sample
         assert reader.read(1)["read"] > 0
     assert reader.proc.returncode == 0  # closed at the end of its input
+
+
+def test_q8_products_times_both_kernel_sets(tmp_path):
+    with Engine() as eng:
+        module = eng.runtimes[0].path
+    exe = build("q8_products", tmp_path)
+    out = run(exe, module, "q4_k,iq2_xxs", "2").stdout
+    rows = re.findall(r"^(\S+)\s+(\S+)\s+2 tokens\s+([0-9.]+) us\s+([0-9.]+) ns per 256 values per token$", out, re.M)
+    assert [r[0] for r in rows] == ["Q4_K", "Q4_K", "IQ2_XXS", "IQ2_XXS"], out
+    assert rows[0][1] == "avx2+fma+f16c" and all(float(r[2]) > 0 and float(r[3]) > 0 for r in rows), out
+    for args in ([module, "tq1_0"], [module, "f32"], [module, "q4_k", "0"], [module]):
+        assert run(exe, *args, code=2).stderr, args

@@ -124,7 +124,7 @@ VBMI INLINE void iq2xxs_dot_tokens(const unsigned char *row, int64_t nb, const i
                                    const float *const *xd, const int T, float *out, int pf) {
     float ksum[4] = {0};
     for (int64_t k = 0; k < nb; k++) {
-        const unsigned char *b = row + (size_t)k * 66;
+        const unsigned char *b = row + (size_t)k * (size_t)eb_format_table[EB_DTYPE_IQ2_XXS].block_bytes;
         if (pf) {
             _mm_prefetch((const char *)((uintptr_t)b + AHEAD_BYTES), _MM_HINT_T0);
             _mm_prefetch((const char *)((uintptr_t)b + 64 + AHEAD_BYTES), _MM_HINT_T0);
