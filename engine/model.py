@@ -456,6 +456,7 @@ class Model(_Handle):
                       "rope_attention_factor", "attention_scale"):  # fmt: skip
             setattr(c, field, getattr(cfg, field))
         c.rope_interleave = int(cfg.rope_interleave)
+        c.next_token_module = int(cfg.next_token_module)
         windows = ffi.new("int32_t[]", list(cfg.layer_windows) or [0])
         c.layer_window = windows if cfg.layer_windows else ffi.NULL
         c.n_layer_window = len(cfg.layer_windows)
@@ -879,20 +880,44 @@ class Context(_Handle):
         ]
 
     @_locked
-    def _eval(self, ids, all_rows: bool) -> np.ndarray:
+    def _eval(self, ids, all_rows: bool, hidden_in=None, hidden_out: bool = False):
         arr = _ids_array(ids)
         rows = len(arr) if all_rows else 1
         logits = np.empty((rows, self.vocab_size), dtype=np.float32)
+        H = self.model.config.hidden_size
+        if self.model.config.next_token_module and hidden_in is None:
+            raise ArgumentError(f"'{self.model.checkpoint.folder}' is a multi-token-prediction module: each position "
+                                "reads the target's hidden state beside its token (hidden_in)")  # fmt: skip
+        if hidden_in is not None:
+            if not self.model.config.next_token_module:
+                raise ArgumentError(
+                    "hidden_in is for a multi-token-prediction module; this model reads token ids alone"
+                )
+            hidden_in = np.ascontiguousarray(hidden_in, dtype=np.float32)
+            if hidden_in.shape != (len(arr), H):
+                raise ArgumentError(f"hidden_in has shape {hidden_in.shape}, expected ({len(arr)}, {H}): one hidden "
+                                    "state of hidden_size per token")  # fmt: skip
+        hidden = np.empty((len(arr), H), dtype=np.float32) if hidden_out else None
         check(
-            lib.eb_context_eval(
+            lib.eb_context_eval_hidden(
                 self._live(),
                 ffi.from_buffer("int32_t[]", arr),
                 len(arr),
                 ffi.from_buffer("float[]", logits, require_writable=True),
                 int(all_rows),
+                ffi.NULL if hidden_in is None else ffi.from_buffer("float[]", hidden_in),
+                ffi.NULL if hidden is None else ffi.from_buffer("float[]", hidden, require_writable=True),
             )
         )
-        return logits
+        return (logits, hidden) if hidden_out else logits
+
+    def eval_hidden(self, ids, all_rows: bool = True, hidden_in=None) -> tuple[np.ndarray, np.ndarray]:
+        """Append positions and return (logits, hidden): logits as prefill gives them ([len(ids), vocab], or [vocab]
+        for the last position alone), hidden [len(ids), hidden_size] each position's last hidden state after the
+        final norm (what the head reads). hidden_in: for a multi-token-prediction module (Checkpoint.
+        next_token_module), the target's hidden state at the position before each token's, [len(ids), hidden_size]."""
+        logits, hidden = self._eval(ids, all_rows, hidden_in, True)
+        return (logits if all_rows else logits[0]), hidden
 
     def prefill(self, ids, all_rows: bool = True) -> np.ndarray:
         """Append a prompt. Returns logits [len(ids), vocab] (or [vocab] for the last position only)."""

@@ -44,6 +44,13 @@ class ModelPair:
                 model.close()
 
 
+SELF_DRAFT = "self"  # a draft named so: the target's own multi-token-prediction module (a folder: "./self")
+
+
+def is_self_draft(draft) -> bool:
+    return isinstance(draft, str) and draft == SELF_DRAFT
+
+
 def open_pair(engine: Engine, target: ModelSource, draft: ModelSource | None = None, *, device: str = "cpu:0",
               draft_device: str | None = None, weights: str = "auto", top_k: int | None = None,
               experts_needed: bool = False, check_weights: bool = True) -> ModelPair:  # fmt: skip
@@ -54,6 +61,8 @@ def open_pair(engine: Engine, target: ModelSource, draft: ModelSource | None = N
     - experts_needed: a dense target (no experts to place) is refused, naming it (the window places experts).
     - The draft's routed experts are placed on the draft's own device (a GPU primary's experts start in host
       memory), and its vocabulary must be the target's (speculative.check_shared_vocabulary).
+    - draft "self" (SELF_DRAFT): the target checkpoint's own multi-token-prediction module
+      (Checkpoint.next_token_module), loaded as a model of its own: its experts placed like any draft's.
     Nothing stays loaded when this fails."""
     checkpoint = target if isinstance(target, Checkpoint) else Checkpoint.open(target)
     reload = top_k is not None and top_k > checkpoint.config.top_k
@@ -67,7 +76,9 @@ def open_pair(engine: Engine, target: ModelSource, draft: ModelSource | None = N
             raise EngineError(f"'{checkpoint.folder}' is a dense model: it has no experts to place (open an MoE "
                               "model)")  # fmt: skip
         if draft is not None:
-            pair.draft = engine.load(draft, device=draft_device or device, weights=weights, check_weights=check_weights)
+            source = checkpoint.next_token_module() if is_self_draft(draft) else draft
+            pair.draft = engine.load(source, device=draft_device or device, weights=weights,
+                                     check_weights=check_weights)  # fmt: skip
             if pair.draft.config.moe_layers:  # (the DeepSeek demo's draft has experts, but no MoE layer)
                 pair.draft.set_placement(f"*={pair.draft.device}")
             check_shared_vocabulary(pair.target, pair.draft)

@@ -13,7 +13,7 @@ import math
 import re
 import struct
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,9 @@ class Checkpoint:
     files: list[Path]
     tokenizer: Any = None  # tokenizers.Tokenizer, or None when the folder has no tokenizer.json
     raw_config: dict = field(default_factory=dict)
+    # the multi-token-prediction module's tensors (DeepSeek-V3's model.layers.<num_hidden_layers>.*), which the model
+    # itself does not read: next_token_module() makes a draft of them
+    next_token_tensors: dict[str, TensorInfo] = field(default_factory=dict)
 
     @cached_property
     def vocabulary(self) -> dict[str, int] | None:
@@ -66,10 +69,22 @@ class Checkpoint:
         config = parse_config(raw, folder / "config.json")
         tensors, files = read_weights(folder)
         tensors = family(config.architecture).folder_tensors(tensors)
-        tensors = drop_next_token_layers(config, raw, tensors, folder / "config.json")
+        tensors, mtp = split_next_token_layers(config, raw, tensors, folder / "config.json")
         check_layer_count(config, tensors, folder / "config.json")
         tokenizer = read_tokenizer(folder / "tokenizer.json", config)
-        return cls(folder, config, tensors, files, tokenizer, raw)
+        return cls(folder, config, tensors, files, tokenizer, raw, mtp)
+
+    @property
+    def has_next_token_module(self) -> bool:
+        return bool(self.next_token_tensors)
+
+    def next_token_module(self) -> Checkpoint:
+        """The checkpoint's multi-token-prediction module as a checkpoint of its own, a draft for speculative decoding
+        that ships inside the target (DeepSeek-V3's one MTP layer): its decoder layer as layer 0 of a one-layer model
+        of the family, its input norms and projection as model.mtp.{enorm,hnorm,eh_proj}, its shared head's norm as
+        the final norm; the embeddings and the head are the model's own (the module's copies of them are the same
+        values, as every reader of these folders takes them). Each tensor keeps its name in the file (stored_as)."""
+        return next_token_checkpoint(self)
 
 
 def parse_json(text: str | bytes, path: Path, what: str = "") -> Any:
@@ -178,15 +193,56 @@ MAX_DIM = 1 << 40  # a dimension past this (a shape like [0, 2**63]) fits no mem
 LAYER_TENSOR = re.compile(r"model\.layers\.(\d+)\.")
 
 
-def drop_next_token_layers(config: ModelConfig, raw: dict, tensors: dict[str, TensorInfo],
-                           path: Path) -> dict[str, TensorInfo]:  # fmt: skip
-    """Layers a released folder holds past num_hidden_layers that transformers does not load, nor this engine (nor
-    llama.cpp's converter): DeepSeek-V3's multi-token-prediction module (the family's extra_layers), left out here."""
+def split_next_token_layers(config: ModelConfig, raw: dict, tensors: dict[str, TensorInfo],
+                            path: Path) -> tuple[dict[str, TensorInfo], dict[str, TensorInfo]]:  # fmt: skip
+    """Layers a released folder holds past num_hidden_layers that the model does not read (transformers does not
+    load them with it, nor does llama.cpp's converter keep them): DeepSeek-V3's multi-token-prediction module (the
+    family's extra_layers). Returns the model's tensors and the module's."""
     extra = family(config.architecture).extra_layers(ConfigKeys(raw, path))
     if not extra:
-        return tensors
+        return tensors, {}
     mtp = range(config.num_layers, config.num_layers + extra)
-    return {n: t for n, t in tensors.items() if not ((m := LAYER_TENSOR.match(n)) and int(m.group(1)) in mtp)}
+    module = {n: t for n, t in tensors.items() if (m := LAYER_TENSOR.match(n)) and int(m.group(1)) in mtp}
+    return {n: t for n, t in tensors.items() if n not in module}, module
+
+
+def next_token_checkpoint(ck: Checkpoint) -> Checkpoint:
+    cfg = ck.config
+    where = f"'{ck.folder}'"
+    if not ck.next_token_tensors:
+        raise CheckpointError(
+            f"{where} holds no multi-token-prediction module (num_nextn_predict_layers = 0 or absent in its config, "
+            f"no model.layers.{cfg.num_layers}.* tensors): a draft of the model's own needs one, as DeepSeek-V3's "
+            f"released folders hold; give a draft model instead"
+        )
+    fam = family(cfg.architecture)
+    if not fam.next_token_names:
+        raise UnsupportedError(f"{where}: the multi-token-prediction module of a {fam.title} model is not supported "
+                               "yet (DeepSeek-V3's is)")  # fmt: skip
+    layers = {int(LAYER_TENSOR.match(n).group(1)) for n in ck.next_token_tensors}
+    if len(layers) != 1:
+        raise UnsupportedError(f"{where} holds {len(layers)} multi-token-prediction layers ({sorted(layers)}): "
+                               "one is supported (DeepSeek-V3's)")  # fmt: skip
+    (layer,) = layers
+    prefix = f"model.layers.{layer}."
+    tensors: dict[str, TensorInfo] = {}
+    for name, t in ck.next_token_tensors.items():
+        rest = name.removeprefix(prefix)
+        own = [to + rest[len(frm) :] if to else None for frm, to in fam.next_token_names if rest.startswith(frm)]
+        bound = own[0] if own else "model.layers.0." + rest
+        if bound is not None:
+            tensors[bound] = replace(t, name=bound, stored_as=t.stored_as or name)
+    shared_names = ("model.embed_tokens.", "lm_head.")
+    tensors |= {n: t for n, t in ck.tensors.items() if n.startswith(shared_names)}
+    for own in ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight"):
+        if prefix + own not in ck.next_token_tensors:
+            raise CheckpointError(
+                f"{where}: the multi-token-prediction layer {layer} has no tensor '{prefix + own}': expected enorm, "
+                "hnorm, eh_proj and shared_head.norm beside its decoder layer"
+            )
+    module_cfg = replace(cfg, num_layers=1, first_k_dense_replace=0, next_token_module=True)
+    files = sorted({t.file for t in tensors.values()}, key=ck.files.index)
+    return Checkpoint(ck.folder, module_cfg, tensors, files, ck.tokenizer, ck.raw_config)
 
 
 def check_layer_count(config: ModelConfig, tensors: dict[str, TensorInfo], path: Path) -> None:

@@ -74,6 +74,9 @@ class ModelConfig:
     native_fields: tuple[tuple[str, Any], ...] = ()
     # block-scaled FP8 weights (quantization_config's quant_method 'fp8'): the scale block (rows, cols); empty: none
     weight_block: tuple[int, ...] = ()
+    # the checkpoint's multi-token-prediction module as a model of its own (Checkpoint.next_token_module): one layer
+    # that reads a token and the target's hidden state beside it
+    next_token_module: bool = False
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether the layer routes to experts, as its family says (engine/families/)."""

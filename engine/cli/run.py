@@ -47,7 +47,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     drafts.add_argument(
         "--draft",
         metavar="PATH",
-        help="draft model folder or GGUF file (default: the demo draft when --model is not given, else none)",
+        help="draft model folder or GGUF file, or 'self': the target's own multi-token-prediction module (a "
+        "DeepSeek-V3 folder's MTP layer; a folder named self: ./self) (default: the demo draft when --model is not "
+        "given, else none)",
     )
     drafts.add_argument("--no-draft", action="store_true", help="target-only greedy decoding")
     run.add_argument("--q", type=int, default=2, help=f"draft tokens per step, 1..{MAX_DRAFT_TOKENS} (default 2)")

@@ -157,6 +157,9 @@ class Family:
         an integer tensor by any other name is refused as a dtype the engine does not run.
     folder_tensors(tensors) -> a folder's tensors under the names the family binds, where a layout names them
         otherwise (DeepSeek-V4's released checkpoints); as they are by default.
+    next_token_names: the multi-token-prediction layer's own tensors (extra_layers), by their names after
+        model.layers.<L>., and what its module binds them as (None: the model's own is read instead); empty: the
+        core runs no module of this family (Checkpoint.next_token_module).
     """
 
     architecture: str
@@ -182,6 +185,7 @@ class Family:
     gguf_expert_tensors: Mapping[str, str] = field(default_factory=dict)
     int_tables: tuple[str, ...] = ()  # ends of the names of its integer tables (I64 / I32), handed over as raw bytes
     folder_tensors: Callable[[dict], dict] = lambda tensors: tensors  # {name: TensorInfo}, under the names it binds
+    next_token_names: tuple[tuple[str, str | None], ...] = ()
 
     def refuse_gguf(self, where: str) -> None:
         """Raise the UnsupportedError of a GGUF file of a family whose files are not read (awaiting, or

@@ -190,6 +190,18 @@ def next_token_layers(keys: ConfigKeys) -> int:
     return keys.get("num_nextn_predict_layers", int, 0, lambda v: 0 <= v <= 64, "0..64")
 
 
+# The MTP layer's own tensors beside its decoder layer: its input norms and projection, its shared head's norm (the
+# module's final norm), and its copies of the embeddings and the head (the model's are read: the same values)
+NEXT_TOKEN_NAMES = (
+    ("enorm.", "model.mtp.enorm."),
+    ("hnorm.", "model.mtp.hnorm."),
+    ("eh_proj.", "model.mtp.eh_proj."),
+    ("shared_head.norm.", "model.norm."),
+    ("shared_head.head.", None),
+    ("embed_tokens.", None),
+)
+
+
 def _ktransformers(whole: list[int]) -> str | None:
     if not whole:
         return None
@@ -412,6 +424,7 @@ DEEPSEEK_V3 = Family(
     moe_layer=lambda config, layer: config.num_experts > 0 and layer >= config.first_k_dense_replace,
     rope_scaling=True,
     extra_layers=next_token_layers,
+    next_token_names=NEXT_TOKEN_NAMES,
     ktransformers_note=_ktransformers,
     demo=DEMO,
 )

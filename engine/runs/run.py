@@ -33,7 +33,7 @@ from ..core.errors import ArgumentError, RangeError, StateError
 from ..core.trace import Span
 from ..model import Context, Model, _ids_array, check_context_top_k, check_text
 from .diverge import Diagnosis, Outputs, Trail, diagnose
-from .speculative import GreedyDecoder, SpeculativeDecoder, check_draft_q, check_shared_vocabulary
+from .speculative import GreedyDecoder, check_draft_q, check_shared_vocabulary, decoder_for
 from .workload import synthetic_ids
 
 REDUCTION_MODES = tuple(Context.MODES)  # the context owns the mode names
@@ -308,6 +308,11 @@ class DecodeRun:
         self.q = check_draft_q(q) if draft is not None else None
         if draft is not None:
             check_shared_vocabulary(target, draft)
+            if draft.config.next_token_module and draft.checkpoint.folder != target.checkpoint.folder:
+                raise ArgumentError(
+                    f"the draft is the multi-token-prediction module of '{draft.checkpoint.folder}', the target is "
+                    f"'{target.checkpoint.folder}': a module drafts from its own model's hidden states"
+                )
         if prompts is None:
             from ..checkpoints.demo import DEMO_PROMPTS
 
@@ -432,9 +437,7 @@ class DecodeRun:
                 draft_ctx = self.draft.context(self.n_ctx, kv=self.kv)
                 draft_ctx.mode = self.mode
                 draft_ctx.precision = self.precision
-                decoder = SpeculativeDecoder(self._tap, draft_ctx, self.q)
-            else:
-                decoder = GreedyDecoder(self._tap)
+            decoder = decoder_for(self._tap, draft_ctx, self.q)
             if self.trace:
                 self._contexts = [(target_ctx, "target")] + ([(draft_ctx, "draft")] if draft_ctx else [])
                 passes = 1 + (self.q or 0)  # the draft proposes q tokens a step, one pass each
@@ -553,7 +556,7 @@ class DecodeRun:
         prefill = _spread([r.prefill_tokens_per_second for r in measured])
         return RunResult(
             target=str(self.target.checkpoint.folder),
-            draft=None if self.draft is None else str(self.draft.checkpoint.folder),
+            draft=None if self.draft is None else draft_label(self.draft),
             target_device=self.target.device,
             draft_device=None if self.draft is None else self.draft.device,
             mode=self.mode,
@@ -585,6 +588,13 @@ class DecodeRun:
         )
 
 
+def draft_label(draft: Model) -> str:
+    """How a run names its draft: the folder, or the module inside the target's folder."""
+    if draft.config.next_token_module:
+        return f"{draft.checkpoint.folder} (its multi-token-prediction module)"
+    return str(draft.checkpoint.folder)
+
+
 class _LogitsTap:
     """The target's cache as a decoder sees it, keeping the logits rows of its latest evaluation: a step's emitted
     tokens are its first rows (a prefill's last position; a verification's accepted positions and the next)."""
@@ -604,6 +614,11 @@ class _LogitsTap:
     def decode(self, ids) -> np.ndarray:
         self._rows = self._ctx.decode(ids)
         return self._rows
+
+    def eval_hidden(self, ids, all_rows: bool = True, hidden_in=None) -> tuple[np.ndarray, np.ndarray]:
+        logits, hidden = self._ctx.eval_hidden(ids, all_rows, hidden_in)
+        self._rows = logits if all_rows else logits[None, :]
+        return logits, hidden
 
     def choices(self, n: int) -> Trail:
         """The top-2 of the n tokens the decoder just emitted."""

@@ -84,7 +84,7 @@ class GreedyDecoder:
         self.target.truncate(0)
         self.ids, self.n_context = ([] if context is None else context.tolist()), len(context_ids)
         if context is not None:
-            self.target.prefill(context, all_rows=False)
+            self._target_prefill(context)
 
     def start(self, prompt_ids) -> int:
         """Prefill the prompt after the context begin() prefilled (from position 0 without one); returns the first
@@ -93,9 +93,13 @@ class GreedyDecoder:
         self.target.truncate(self.n_context)
         self.ids = self.ids[: self.n_context] + prompt.tolist()
         self.n_prompt = len(self.ids)
-        first = greedy_choice(self.target.prefill(prompt, all_rows=False), 0, self.n_prompt - 1)
+        first = greedy_choice(self._target_prefill(prompt), 0, self.n_prompt - 1)
         self.ids.append(first)
         return first
+
+    def _target_prefill(self, ids) -> np.ndarray:
+        """Append ids to the target; the last position's logits."""
+        return self.target.prefill(ids, all_rows=False)
 
     def step(self, max_tokens: int) -> Step:
         row = self.target.decode(self.ids[-1:])[0]
@@ -156,11 +160,115 @@ class SpeculativeDecoder(GreedyDecoder):
         return Step(emitted, q, accepted)
 
 
+class NextTokenDecoder(GreedyDecoder):
+    """Greedy speculative decoding with the target's own multi-token-prediction module as the draft (Checkpoint.
+    next_token_module): the module's position j reads token ids[j + 1] and the target's hidden state at j (after its
+    final norm) and predicts ids[j + 2]; a chained proposal reads the module's own state instead of the target's.
+
+    Bookkeeping: the target's verification gives the hidden states of the positions it keeps (no second pass); they
+    wait in `_hidden` until the module has read them. The module's cache holds the positions whose inputs were the
+    target's states; the chained positions of a step are cut after verification and read again from the target's
+    states in the next step's one call, together with that step's first proposal."""
+
+    def __init__(self, target: Context, module: Context, q: int):
+        super().__init__(target)
+        if not module.model.config.next_token_module:
+            raise ArgumentError(f"'{module.model.checkpoint.folder}' is a model, not a multi-token-prediction module: "
+                                "use SpeculativeDecoder for a draft model")  # fmt: skip
+        check_shared_vocabulary(target.model, module.model)
+        width, target_width = module.model.config.hidden_size, target.model.config.hidden_size
+        if width != target_width:
+            raise ArgumentError(f"the module's hidden_size {width} is not the target's {target_width}: a module reads "
+                                "its own target's states")  # fmt: skip
+        self.draft = module
+        self.q = check_draft_q(q)
+        self._hidden = np.zeros((0, target.model.config.hidden_size), dtype=np.float32)
+        self._hidden_at = 0  # the position of _hidden's first row
+        self._context_last = self._hidden  # the target's state at the context's last position (begin)
+
+    def _keep(self, at: int, rows: np.ndarray) -> None:
+        """The target's states of positions at.. (replacing any kept from at on); those the module has read go."""
+        keep_from = min(self.draft.position, at)
+        if keep_from < self._hidden_at:
+            self._hidden, self._hidden_at = rows, at
+            return
+        old = self._hidden[keep_from - self._hidden_at : max(0, at - self._hidden_at)]
+        self._hidden, self._hidden_at = np.concatenate([old, rows]), keep_from
+
+    def _target_prefill(self, ids) -> np.ndarray:
+        at = self.target.position
+        logits, hidden = self.target.eval_hidden(ids, all_rows=False)
+        self._keep(at, hidden)
+        return logits
+
+    def _catch_up(self) -> np.ndarray:
+        """Feed the module every position it has not read, up to the newest token's (ids[-1] with the target's state
+        before it); the last position's logits and the module's state there."""
+        lo, hi = self.draft.position, len(self.ids) - 1
+        rows = self._hidden[lo - self._hidden_at : hi - self._hidden_at]
+        logits, state = self.draft.eval_hidden(self.ids[lo + 1 : hi + 1], all_rows=False, hidden_in=rows)
+        return logits, state[-1:]
+
+    def begin(self, context_ids) -> None:
+        self.draft.truncate(0)
+        self._hidden, self._hidden_at = self._hidden[:0], 0
+        super().begin(context_ids)
+        if self.n_context > 1:  # the module reads the context's pairs now; its last state waits for each prompt
+            self.draft.eval_hidden(self.ids[1 : self.n_context], all_rows=False,
+                                   hidden_in=self._hidden[: self.n_context - 1])  # fmt: skip
+        self._context_last = self._hidden[self.n_context - 1 :]
+
+    def start(self, prompt_ids) -> int:
+        self.draft.truncate(max(0, self.n_context - 1))
+        self._hidden, self._hidden_at = self._context_last, max(0, self.n_context - 1)
+        return super().start(prompt_ids)
+
+    def step(self, max_tokens: int) -> Step:
+        """One draft-and-verify round; emits 1..min(q + 1, max_tokens) tokens."""
+        ids, target, draft = self.ids, self.target, self.draft
+        q = min(self.q, max_tokens - 1)
+        proposals: list[int] = []
+        if q > 0:
+            row, state = self._catch_up()
+            while True:
+                step = self.steps + len(proposals)
+                proposals.append(greedy_choice(row, step, draft.position - 1, "the draft's logits"))
+                if len(proposals) == q:
+                    break
+                rows, state = draft.eval_hidden(proposals[-1:], all_rows=True, hidden_in=state)
+                row = rows[0]
+        base = target.position
+        rows, hidden = target.eval_hidden(ids[-1:] + proposals, all_rows=True)
+        predicted = np.argmax(rows, axis=1)
+        accepted = 0
+        while accepted < q and int(predicted[accepted]) == proposals[accepted]:
+            accepted += 1
+        greedy_choice(rows[: accepted + 1], self.steps, base)
+        emitted = proposals[:accepted] + [int(predicted[accepted])]
+        if accepted < q:
+            target.truncate(base + 1 + accepted)
+        ids.extend(emitted)
+        if draft.position > base:  # the chained positions read the module's own states: read again next step
+            draft.truncate(base)
+        self._keep(base, hidden[: accepted + 1])
+        return Step(emitted, q, accepted)
+
+
+def decoder_for(target: Context, draft: Context | None, q: int) -> GreedyDecoder:
+    """The decoder of a target and its draft: target-only greedy (None), a draft model, or a multi-token-prediction
+    module of the target's checkpoint."""
+    if draft is None:
+        return GreedyDecoder(target)
+    if draft.model.config.next_token_module:
+        return NextTokenDecoder(target, draft, q)
+    return SpeculativeDecoder(target, draft, q)
+
+
 def generate(target: Context, draft: Context | None, prompt_ids, n: int, q: int = 2) -> list[int]:
     """Generate n tokens greedily after prompt_ids (both caches restart at position 0); draft None: target only."""
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ArgumentError(f"number of tokens to generate must be a positive integer, got {n!r}")
-    decoder = GreedyDecoder(target) if draft is None else SpeculativeDecoder(target, draft, q)
+    decoder = decoder_for(target, draft, q)
     out = [decoder.start(prompt_ids)]
     while len(out) < n:
         out.extend(decoder.step(n - len(out)).tokens)

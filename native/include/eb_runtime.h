@@ -256,7 +256,8 @@ typedef struct {
     int (*embed)(void *rt, int dev, const void *table, int dtype, const eb_rt_scale *scale, int64_t hidden,
                  const int32_t *ids, int64_t n, float *x, char *err, size_t errlen);
     /* The products of tasks (y = w x per task); accumulate = 1: y += w x (the product first, then one addition per
-     * element). norm (nullable): first xn = RMSNorm(x), and every task's x is norm->xn (a module may fuse them). */
+     * element). norm (nullable): first xn = RMSNorm(x), and every task's x is norm->xn (a module may fuse them);
+     * n_tasks 0 (tasks NULL): the norm alone. */
     int (*matmul)(void *rt, int dev, const eb_rt_norm *norm, const eb_rt_matmul *tasks, int n_tasks, int accumulate,
                   char *err, size_t errlen);
     /* y[r][i] += b[i] (broadcast = 1) or b[r][i] (broadcast = 0), rows r < n of dim */

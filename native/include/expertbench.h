@@ -254,6 +254,12 @@ typedef struct {
     int32_t index_n_heads;
     int32_t index_head_dim;
     int32_t index_topk;
+    /* 1: the checkpoint's multi-token-prediction module (DeepSeek-V3's model.layers.<num_hidden_layers>.*, a
+     * draft that ships inside the target) as a model of its own, of the family of arch: num_layers 1, its decoder
+     * layer named model.layers.0.*, its input norms and projection model.mtp.{enorm,hnorm,eh_proj}.weight, its
+     * shared head's norm and head as model.norm and lm_head. Each position reads a token and the target's hidden
+     * state beside it (eb_context_eval_hidden) and predicts the token after that token. 0: the model itself. */
+    int32_t next_token_module;
 } eb_model_config;
 
 /* A DeepSeek-V4 layer's attention (eb_model_config.layer_kind). */
@@ -432,6 +438,13 @@ void eb_context_free(eb_context *ctx);
 /* Append n positions. logits: NULL, or room for n rows of vocab_size floats (all_rows = 1) or one row (the
  * last position, all_rows = 0). On error nothing is appended. */
 int eb_context_eval(eb_context *ctx, const int32_t *ids, int32_t n, float *logits, int32_t all_rows);
+/* eb_context_eval with the hidden states a multi-token-prediction module reads. hidden_in: n rows of hidden_size
+ * floats, required for a next_token_module model (row t: the target's hidden state at the position before ids[t]'s),
+ * NULL for any other. hidden_out: NULL, or room for n rows of hidden_size: each position's last hidden state after
+ * the final norm, what the model's head reads (a target's: the next token module's hidden_in; a module's own:
+ * the hidden_in of its next chained step). */
+int eb_context_eval_hidden(eb_context *ctx, const int32_t *ids, int32_t n, float *logits, int32_t all_rows,
+                           const float *hidden_in, float *hidden_out);
 /* Greedy decoding: out[0] = first (chosen by the caller, from the logits of the positions so far); then, until n
  * tokens are chosen or the last one chosen is one of stop_ids, append the last one chosen and choose the argmax of
  * its logits (the first of equal values; numpy's argmax). Every chosen token but the last is appended. *n_out: the

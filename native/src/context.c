@@ -216,9 +216,20 @@ int eb_context_truncate(eb_context *c, int32_t pos) {
 }
 
 int eb_context_eval(eb_context *c, const int32_t *ids, int32_t n, float *logits, int32_t all_rows) {
+    return eb_context_eval_hidden(c, ids, n, logits, all_rows, NULL, NULL);
+}
+
+int eb_context_eval_hidden(eb_context *c, const int32_t *ids, int32_t n, float *logits, int32_t all_rows,
+                           const float *hidden_in, float *hidden_out) {
     if (!c || !ids) return eb_fail(EB_ERR_ARGUMENT, "eval: NULL argument");
     if (n <= 0) return eb_fail(EB_ERR_ARGUMENT, "eval: %d tokens, expected at least one", n);
     const eb_model_config *cf = &c->model->cfg;
+    if (cf->next_token_module && !hidden_in)
+        return eb_fail(EB_ERR_ARGUMENT, "eval: a multi-token-prediction module reads the target's hidden state at "
+                                        "each position: hidden_in is NULL");
+    if (!cf->next_token_module && hidden_in)
+        return eb_fail(EB_ERR_ARGUMENT, "eval: hidden_in is for a multi-token-prediction module; this %s model "
+                                        "reads token ids alone", c->model->family->title);
     for (int32_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= cf->vocab_size)
             return eb_fail(EB_ERR_RANGE, "token id %d (at index %d) out of range: the vocabulary has %d tokens "
@@ -235,7 +246,9 @@ int eb_context_eval(eb_context *c, const int32_t *ids, int32_t n, float *logits,
         float *out = NULL;
         if (logits && all_rows) out = logits + (int64_t)done * V;
         else if (logits && last_chunk) out = logits;
-        st = eb_eval_batch(c, ids + done, chunk, out, all_rows);
+        int64_t at = (int64_t)done * cf->hidden_size;
+        st = eb_eval_batch(c, ids + done, chunk, out, all_rows, hidden_in ? hidden_in + at : NULL,
+                           hidden_out ? hidden_out + at : NULL);
         if (!st) st = eb_model_file_faulted(c->model); /* this step may have read zeros in place of the file */
         if (st) {
             if (done == 0) return st; /* nothing of this eval is in the cache: the position is where it was */
@@ -290,7 +303,7 @@ int eb_context_greedy(eb_context *c, int32_t first, int32_t n, const int32_t *st
         for (int32_t i = 0; i < n_stop; i++)
             if (stop_ids[i] == last) return EB_OK;
         if (*n_out == n) return EB_OK;
-        int st = eb_context_eval(c, &last, 1, c->logits, 0);
+        int st = eb_context_eval_hidden(c, &last, 1, c->logits, 0, NULL, NULL);
         if (st) return st;
         int32_t bad = first_nonfinite(c->logits, V);
         if (bad >= 0)

@@ -26,6 +26,7 @@ typedef struct {
     int part;       /* the part between host round trips being queued */
     int replaying;  /* the current part's recording was launched: its operations are skipped */
     int recording;
+    int hidden_out; /* every row's state after the final norm is read back (eb_context_eval_hidden) */
     char err[512];
 } eb_step;
 
@@ -48,6 +49,10 @@ int eb_bind_tensor(const eb_binder *b, const char *name, int ndim, const int64_t
  * copy made from a bound float or format tensor needs none: its source is checked. */
 int eb_check_owned(const eb_binder *b, const char *tensor, const eb_weight *w, int64_t base, int64_t row_stride,
                    int64_t col_div);
+/* A weight's columns 0..at-1 and at.. as two weights of one owned copy (*owned, freed with the model), with their
+ * scales: refused unless at is a whole number of the format's blocks (and of its scale blocks). name: for the error. */
+int eb_split_columns(const eb_weight *w, const char *name, int64_t at, eb_weight *left, eb_weight *right,
+                     void **owned);
 /* Whether the checkpoint holds a tensor of this name. */
 int eb_has_tensor(const eb_binder *b, const char *name);
 /* The last dimension of a tensor as the checkpoint describes it (-1: no such tensor): the bytes of one value of a
@@ -98,6 +103,7 @@ typedef struct eb_family {
     int (*bind_model)(const eb_binder *b);
     int (*bind_layer)(const eb_binder *b, int layer);
     int (*forward)(eb_step *s, int64_t first, int logits);
+    int next_token; /* a multi-token-prediction module of arch's checkpoints (eb_model_config.next_token_module) */
 } eb_family;
 
 extern const eb_family eb_family_qwen3;
@@ -105,9 +111,11 @@ extern const eb_family eb_family_qwen3_moe;
 extern const eb_family eb_family_deepseek_v3;
 extern const eb_family eb_family_gpt_oss;
 extern const eb_family eb_family_deepseek_v4;
+extern const eb_family eb_family_deepseek_v3_mtp;
 extern const eb_family *const eb_families[];
 extern const int eb_n_families;
-const eb_family *eb_family_for(int32_t arch);
+/* The family of a config: its arch, the model or its next-token module (NULL: none such). */
+const eb_family *eb_family_of(const eb_model_config *c);
 
 int eb_block_embed(eb_step *s);
 /* Pre-norm grouped-query attention with its residual: x += o(attention(rope(norm(q)), rope(norm(k)), v)). */
@@ -129,7 +137,11 @@ int eb_block_moe(eb_step *s, int layer);
 int eb_block_hc(eb_step *s, int kind, int layer, int ffn);
 int eb_block_v4_attention(eb_step *s, int layer);
 int eb_v4_route(eb_step *s, int layer, const eb_rt_norm *post);
-/* Final norm and lm_head of rows first.. into the logits buffer. */
+/* A multi-token-prediction module's input: x = eh_proj [enorm(embedding of the token); hnorm(the target's hidden
+ * state)], the projection as its two halves' products summed. */
+int eb_block_next_token_input(eb_step *s);
+/* Final norm and lm_head of rows first.. into the logits buffer (every row's norm where the step reads back the
+ * hidden states). */
 int eb_block_logits(eb_step *s, int64_t first);
 
 #endif

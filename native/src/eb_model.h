@@ -81,7 +81,8 @@ static inline eb_rt_expert eb_rt_expert_of(const eb_expert *x, int e, int own) {
     X(q_a) X(q_b) X(kv_a) X(k_b) X(v_b) /* MLA (DeepSeek-V3): q_a then q_b, or q alone; kv_a; k_b, v_b */       \
     X(kv) X(o_a)                 /* DeepSeek-V4 (also q_a, q_b; o is o_b): the key=value head, the grouped o_a */ \
     X(cmp_kv) X(cmp_gate)        /* a compressed layer's compressor */                                          \
-    X(idx_kv) X(idx_gate) X(idx_q) X(idx_w) /* a CSA layer's indexer: its compressor, q_b, weights_proj */
+    X(idx_kv) X(idx_gate) X(idx_q) X(idx_w) /* a CSA layer's indexer: its compressor, q_b, weights_proj */ \
+    X(eh_embed) X(eh_hidden) /* a next-token module's input projection: eh_proj's embedding and hidden columns */
 #define EB_LAYER_VECTORS(X, c)                                                                                 \
     X(input_norm, (c)->hidden_size)                                                                            \
     X(post_norm, (c)->hidden_size)                                                                             \
@@ -100,7 +101,8 @@ static inline eb_rt_expert eb_rt_expert_of(const eb_expert *x, int e, int own) {
     X(hc_ffn_fn, eb_v4_hc_fn(c)) X(hc_ffn_base, eb_v4_hc_mix(c)) X(hc_ffn_scale, 3)                             \
     X(cmp_ape, eb_v4_ape(c, (c)->head_dim)) X(cmp_norm, (c)->head_dim)                                         \
     X(idx_ape, eb_v4_ape(c, (c)->index_head_dim)) X(idx_norm, (c)->index_head_dim)                             \
-    X(tid2eid, (int64_t)(c)->vocab_size * (c)->top_k) /* a hash layer's expert ids per token id, as floats */
+    X(tid2eid, (int64_t)(c)->vocab_size * (c)->top_k) /* a hash layer's expert ids per token id, as floats */ \
+    X(enorm, (c)->hidden_size) X(hnorm, (c)->hidden_size) /* a next-token module's norms of its two inputs */
 
 /* DeepSeek-V4's vectors' lengths: mHC's mixes ((2 + hc) hc) and their projection (of hc * hidden values); a
  * compressor's position biases of the widest layer (a CSA layer's 2 dim for rate rows, an HCA layer's dim). */
@@ -126,6 +128,7 @@ typedef struct {
     void *k_b_owned;          /* k_b transposed from kv_b_proj at load, or NULL (a file's split k_b is read in place) */
     void *v_b_owned;          /* v_b from a kv_b_proj in a scaled format, dequantized at load, or NULL */
     void *o_a_owned;          /* DeepSeek-V4's o_a in a scaled format, dequantized at load, or NULL */
+    void *eh_owned;           /* a next-token module's eh_proj split into its two halves at load, or NULL */
     int32_t window;           /* attention window (0: every position) */
     void *experts_owned;      /* the experts packed at load from a layout the kernels do not read, or NULL */
     float *expert_bias;       /* the experts' biases, (2 inter + hidden) per expert, or NULL */
@@ -225,6 +228,7 @@ typedef struct {
     float *rope_cos, *rope_sin;
     float *x, *xn, *q, *k, *v, *att, *proj, *gate, *up, *router, *topk_w, *pair_out, *h, *foreign, *logits;
     float *hc; /* DeepSeek-V4: n_batch rows of the mHC streams, then n_batch rows of their mixes; NULL elsewhere */
+    float *hin; /* a next-token module: n_batch rows of the target's hidden states it reads; NULL elsewhere */
     int32_t *topk_id, *ids; /* ids: the position of the first row, then n_batch token ids */
     void *host;             /* pinned host staging, one allocation holding the five below */
     int32_t *host_ids;      /* the position of the first row, then up to n_batch ids */
@@ -357,7 +361,9 @@ void eb_primary_release(eb_model *m);
 /* A context's buffers on the primary, and one batch of the forward pass. */
 int eb_context_buffers_init(eb_context *c);
 void eb_context_buffers_release(eb_context *c);
-int eb_eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logits, int all_rows);
+/* hidden_in / hidden_out: eb_context_eval_hidden's n rows (NULL: none) */
+int eb_eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logits, int all_rows, const float *hidden_in,
+                  float *hidden_out);
 
 /* Free staging arenas of a context. */
 void eb_scheduler_release(eb_context *c);

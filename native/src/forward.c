@@ -12,13 +12,14 @@
 #include "eb_forward.h"
 
 /* Every family the core runs: adding one is its file in models/ and its line here. */
-const eb_family *const eb_families[] = {&eb_family_qwen3, &eb_family_qwen3_moe, &eb_family_deepseek_v3,
-                                        &eb_family_gpt_oss, &eb_family_deepseek_v4};
+const eb_family *const eb_families[] = {&eb_family_qwen3,     &eb_family_qwen3_moe,    &eb_family_deepseek_v3,
+                                        &eb_family_gpt_oss,   &eb_family_deepseek_v4, &eb_family_deepseek_v3_mtp};
 const int eb_n_families = (int)(sizeof eb_families / sizeof eb_families[0]);
 
-const eb_family *eb_family_for(int32_t arch) {
+const eb_family *eb_family_of(const eb_model_config *c) {
     for (int i = 0; i < eb_n_families; i++)
-        if (eb_families[i]->arch == arch) return eb_families[i];
+        if (eb_families[i]->arch == c->arch && eb_families[i]->next_token == (c->next_token_module != 0))
+            return eb_families[i];
     return NULL;
 }
 
@@ -104,6 +105,23 @@ int eb_block_embed(eb_step *s) {
 
 static eb_rt_matmul product(const eb_step *s, const eb_weight *w, const float *x, int64_t n, float *y) {
     return (eb_rt_matmul){w->data, w->dtype, w->rows, w->cols, x, n, y, s->c->precision, w->scale};
+}
+
+int eb_block_next_token_input(eb_step *s) {
+    const eb_dev_primary *dp = s->m->dp;
+    const eb_dev_layer *D = &dp->layers[0];
+    eb_dev_context *dc = s->c->dc;
+    int64_t n = s->n, H = s->m->cfg.hidden_size;
+    float eps = (float)s->m->cfg.rms_norm_eps;
+    uint64_t t0 = trace_now(s->c);
+    OP(s, s->ops->embed(s->rt, s->dev, dp->embed.data, dp->embed.dtype, &dp->embed.scale, H, dc->ids + 1, n, dc->proj,
+                        s->err, sizeof s->err));
+    eb_rt_norm e = {dc->proj, D->enorm, dc->xn, n, H, eps}, h = {dc->hin, D->hnorm, dc->xn, n, H, eps};
+    eb_rt_matmul from_e = product(s, &D->eh_embed, dc->xn, n, dc->x), from_h = product(s, &D->eh_hidden, dc->xn, n, dc->x);
+    OP(s, s->ops->matmul(s->rt, s->dev, &e, &from_e, 1, 0, s->err, sizeof s->err));
+    OP(s, s->ops->matmul(s->rt, s->dev, &h, &from_h, 1, 1, s->err, sizeof s->err));
+    if (!s->replaying) span(s->c, s->m->primary, -1, EB_SPAN_EMBED, s->n, t0, trace_now(s->c));
+    return EB_OK;
 }
 
 int eb_block_attention(eb_step *s, int l) {
@@ -495,24 +513,31 @@ int eb_block_logits(eb_step *s, int64_t first) {
     eb_dev_context *dc = s->c->dc;
     int64_t H = cf->hidden_size;
     uint64_t t0 = trace_now(s->c);
-    eb_rt_norm final = {dc->x + first * H, dp->final_norm, dc->xn + first * H, s->n - first, H,
-                        (float)cf->rms_norm_eps};
     eb_rt_matmul lm = product(s, &dp->lm_head, dc->xn + first * H, s->n - first, dc->logits);
-    OP(s, s->ops->matmul(s->rt, s->dev, &final, &lm, 1, 0, s->err, sizeof s->err));
+    if (s->hidden_out && first > 0) { /* every row's normed state is read back: the norm alone, then the head */
+        eb_rt_norm all = {dc->x, dp->final_norm, dc->xn, s->n, H, (float)cf->rms_norm_eps};
+        OP(s, s->ops->matmul(s->rt, s->dev, &all, NULL, 0, 0, s->err, sizeof s->err));
+        OP(s, s->ops->matmul(s->rt, s->dev, NULL, &lm, 1, 0, s->err, sizeof s->err));
+    } else {
+        eb_rt_norm final = {dc->x + first * H, dp->final_norm, dc->xn + first * H, s->n - first, H,
+                            (float)cf->rms_norm_eps};
+        OP(s, s->ops->matmul(s->rt, s->dev, &final, &lm, 1, 0, s->err, sizeof s->err));
+    }
     if (!s->replaying) span(s->c, s->m->primary, -1, EB_SPAN_LOGITS, s->n - first, t0, trace_now(s->c));
     return EB_OK;
 }
 
 /* ---- one batch ------------------------------------------------------------------------------------------ */
 
-int eb_eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logits, int all_rows) {
+int eb_eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logits, int all_rows, const float *hidden_in,
+                  float *hidden_out) {
     eb_model *m = c->model;
     eb_engine *eng = m->engine;
     eb_dev_context *dc = c->dc;
     const eb_model_config *cf = &m->cfg;
     const eb_runtime *r = eb_device_runtime(eng, m->primary);
     eb_step s = {.c = c, .m = m, .r = r, .ops = r->table->forward, .rt = r->rt, .dev = eng->devices[m->primary].local,
-                 .name = eng->devices[m->primary].name, .n = n};
+                 .name = eng->devices[m->primary].name, .n = n, .hidden_out = hidden_out != NULL};
     s.mla = (const eb_rt_mla_ops *)eb_rt_find_extension(r->table, (eb_rt_extension_id){EB_EXT_MLA, EB_EXT_MLA_VERSION});
     s.v4 = (const eb_rt_v4_ops *)eb_rt_find_extension(
         r->table, (eb_rt_extension_id){EB_EXT_DEEPSEEK_V4, EB_EXT_DEEPSEEK_V4_VERSION});
@@ -550,10 +575,14 @@ int eb_eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logits, i
     if ((st = r->table->copy_to_device(s.rt, s.dev, dc->ids, dc->host_ids, ((size_t)n + 1) * sizeof(int32_t), 1, s.err,
                                        sizeof s.err)))
         return eb_fail(st, "sending token ids to %s: %s", s.name, s.err);
+    if (hidden_in && (st = r->table->copy_to_device(s.rt, s.dev, dc->hin, hidden_in,
+                                                     (size_t)n * (size_t)cf->hidden_size * sizeof(float), 0, s.err,
+                                                     sizeof s.err)))
+        return eb_fail(st, "sending the target's hidden states to %s: %s", s.name, s.err);
     int64_t first = all_rows ? 0 : n - 1;
     c->n_own_pending = 0;
     st = part_begin(&s);
-    if (!st) st = m->family->forward(&s, first, logits != NULL);
+    if (!st) st = m->family->forward(&s, first, logits != NULL || hidden_out != NULL);
     if (!st) st = part_end(&s);
     if (st) { /* let what was queued finish before the staging memory is written again (its error is st's) */
         char err[512] = "";
@@ -566,6 +595,10 @@ int eb_eval_batch(eb_context *c, const int32_t *ids, int64_t n, float *logits, i
             if (s.graphs && !m->routing_off) m->route_tokens[l] += (uint64_t)n; /* the others as they routed */
             m->counters.model.layer_steps++;
         }
+    if (hidden_out &&
+        (st = r->table->copy_to_host(s.rt, s.dev, hidden_out, dc->xn, (size_t)n * (size_t)cf->hidden_size * sizeof(float),
+                                     0, s.err, sizeof s.err)))
+        return eb_fail(st, "%s: %s", s.name, s.err);
     if (logits)
         st = r->table->copy_to_host(s.rt, s.dev, logits, dc->logits,
                                     (size_t)(n - first) * (size_t)cf->vocab_size * sizeof(float), 0, s.err,

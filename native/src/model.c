@@ -21,8 +21,10 @@
 static int unknown_arch(int32_t arch) {
     char known[256] = "";
     size_t used = 0;
-    for (int i = 0; i < eb_n_families && used < sizeof known; i++) {
-        const char *sep = i == 0 ? "" : i + 1 < eb_n_families ? ", " : " or ";
+    int n = 0; /* the models' families (a next-token module's is its model's arch) */
+    while (n < eb_n_families && !eb_families[n]->next_token) n++;
+    for (int i = 0; i < n && used < sizeof known; i++) {
+        const char *sep = i == 0 ? "" : i + 1 < n ? ", " : " or ";
         used += (size_t)snprintf(known + used, sizeof known - used, "%s%d %s", sep, eb_families[i]->arch,
                                  eb_families[i]->title);
     }
@@ -30,8 +32,18 @@ static int unknown_arch(int32_t arch) {
 }
 
 static int check_config(const eb_model_config *c) {
-    const eb_family *family = eb_family_for(c->arch);
+    const eb_family *family = eb_family_of(c);
     int st;
+    if (c->next_token_module != 0 && c->next_token_module != 1)
+        return eb_fail(EB_ERR_FORMAT, "config: next_token_module = %d, expected 0 or 1", c->next_token_module);
+    if (!family && c->next_token_module) {
+        eb_model_config model = *c;
+        model.next_token_module = 0;
+        const eb_family *of = eb_family_of(&model);
+        if (of)
+            return eb_fail(EB_ERR_UNSUPPORTED, "config: next_token_module: the %s family has no multi-token-"
+                                               "prediction module here (DeepSeek-V3's is)", of->title);
+    }
     if (!family) return unknown_arch(c->arch);
 #define POSITIVE(field)                                                                                          \
     if (c->field <= 0 || c->field > EB_MAX_DIM)                                                                  \
@@ -380,6 +392,44 @@ int eb_bind_experts(const eb_binder *b, int l, int64_t inter) {
 }
 
 /* A 1-D tensor converted to an owned f32 array (norm weights and biases are small and read often). */
+int eb_split_columns(const eb_weight *w, const char *name, int64_t at, eb_weight *left, eb_weight *right,
+                     void **owned) {
+    const eb_format_traits *f = eb_format(w->dtype);
+    int64_t sc = f ? f->scale_cols : 0;
+    if (!f || at <= 0 || at >= w->cols || at % f->block || (sc && at % sc))
+        return eb_fail(EB_ERR_UNSUPPORTED, "tensor '%s' (%s, %lld columns) cannot be split after column %lld: expected "
+                                           "a split at a whole %s block (%d values%s)", name, eb_dtype_name(w->dtype),
+                       (long long)w->cols, (long long)at, eb_dtype_name(w->dtype), f ? f->block : 0,
+                       sc ? " and whole scale blocks" : "");
+    uint64_t whole = eb_row_bytes(w->dtype, w->cols), lb = eb_row_bytes(w->dtype, at);
+    uint64_t rb = eb_row_bytes(w->dtype, w->cols - at), rows = (uint64_t)w->rows;
+    int64_t grid_rows = eb_scale_grid_rows(w->dtype, w->rows), grid_cols = eb_scale_grid_cols(w->dtype, w->cols);
+    int64_t lcols = sc ? at / sc : 0;
+    size_t scales = w->scale.data ? (size_t)(grid_rows * grid_cols) * sizeof(float) : 0;
+    unsigned char *mem = malloc((size_t)(rows * (lb + rb)) + scales + 1);
+    if (!mem) return eb_fail(EB_ERR_MEMORY, "out of memory splitting '%s'", name);
+    unsigned char *l = mem, *r = mem + rows * lb;
+    for (uint64_t i = 0; i < rows; i++) {
+        const unsigned char *src = (const unsigned char *)w->data + i * whole;
+        memcpy(l + i * lb, src, lb);
+        memcpy(r + i * rb, src + lb, rb);
+    }
+    *left = (eb_weight){l, w->dtype, w->rows, at, {NULL, 0, 0}};
+    *right = (eb_weight){r, w->dtype, w->rows, w->cols - at, {NULL, 0, 0}};
+    if (scales) { /* each half's grid: the scale columns of its blocks */
+        float *ls = (float *)(void *)(mem + rows * (lb + rb)), *rs = ls + grid_rows * lcols;
+        for (int64_t i = 0; i < grid_rows; i++) {
+            memcpy(ls + i * lcols, w->scale.data + i * grid_cols, (size_t)lcols * sizeof(float));
+            memcpy(rs + i * (grid_cols - lcols), w->scale.data + i * grid_cols + lcols,
+                   (size_t)(grid_cols - lcols) * sizeof(float));
+        }
+        left->scale = (eb_rt_scale){ls, w->scale.rows, w->scale.cols};
+        right->scale = (eb_rt_scale){rs, w->scale.rows, w->scale.cols};
+    }
+    *owned = mem;
+    return EB_OK;
+}
+
 int eb_bind_vector(const eb_binder *b, const char *name, int64_t d0, float **out) {
     eb_weight w;
     int st = eb_bind(b, name, d0, 0, &w);
@@ -657,7 +707,7 @@ eb_dims eb_model_dims(const eb_model_config *c) {
     d.hc = 0;
     d.q = d.att = (int64_t)c->num_heads * c->head_dim;
     d.k = d.v = d.cache_k = d.cache_v = (int64_t)c->num_kv_heads * c->head_dim;
-    const eb_family *family = eb_family_for(c->arch);
+    const eb_family *family = eb_family_of(c);
     if (family && family->dims) family->dims(c, &d);
     return d;
 }
@@ -683,6 +733,7 @@ void eb_model_release(eb_model *m) {
             free(L->k_b_owned);
             free(L->v_b_owned);
             free(L->o_a_owned);
+            free(L->eh_owned);
             free(L->experts_owned);
             free(L->expert_bias);
             free(L->experts);
@@ -886,7 +937,7 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
     if ((st = rt->table->device_info(rt->rt, dev->local, &rinfo, err, sizeof err)) != 0)
         return eb_fail(st, "device %s: %s", dev->name, err);
     int home = primary_device;
-    const eb_family *family = eb_family_for(config->arch);
+    const eb_family *family = eb_family_of(config);
     if (!rt->table->forward)
         return eb_fail(EB_ERR_UNSUPPORTED, "primary device %s: the '%s' runtime cannot run the forward pass "
                                            "(attention, router, norms); choose a CPU device or a GPU runtime",

@@ -182,6 +182,7 @@ static void lay_out_context(eb_context *c, layout *a) {
     dc->foreign = place(a, NULL, B * K * H * F);
     dc->logits = place(a, NULL, B * (size_t)cf->vocab_size * F);
     dc->hc = d.hc ? place(a, NULL, B * (size_t)d.hc * F) : NULL;
+    dc->hin = cf->next_token_module ? place(a, NULL, B * H * F) : NULL;
     dc->ids = place(a, NULL, (B + 1) * sizeof(int32_t));
 }
 

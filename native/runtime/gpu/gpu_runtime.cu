@@ -779,7 +779,7 @@ static int gpu_matmul(void *rtp, int dev, const eb_rt_norm *norm, const eb_rt_ma
         for (int i = 0; i < n_tasks; i++) q8 |= q8_uses(tasks[i].precision, tasks[i].dtype);
         // more rows, or q8 products (which quantize the normalised rows): a norm launch first (each block of a fused
         // norm would redo them all)
-        int fuse = norm && norm->n <= DOT_TILE && !q8;
+        int fuse = norm && n_tasks > 0 && norm->n <= DOT_TILE && !q8; // none: the norm alone
         if (norm && !fuse)
             rmsnorm_kernel<<<(unsigned)norm->n, BLOCK, 0, d->stream>>>(norm->x, norm->w, (int)norm->dim, norm->eps,
                                                                       norm->xn, d->warp);

@@ -174,6 +174,54 @@ static int forward(eb_step *s, int64_t first, int logits) {
     return st;
 }
 
+/* ---- the multi-token-prediction module ------------------------------------------------------------------ */
+
+/* DeepSeek-V3's MTP module as a model of its own (a draft inside the target's checkpoint): one decoder layer of the
+ * model's kind (model.layers.0.*, its mtp.* projection beside it), the shared head's norm and head as the model's. */
+static int mtp_check_config(const eb_model_config *c, int rope) {
+    if (c->num_layers != 1)
+        return eb_fail(EB_ERR_FORMAT, "config: a multi-token-prediction module is one layer, got num_layers = %d",
+                       c->num_layers);
+    return check_config(c, rope);
+}
+
+static int mtp_bind_layer(const eb_binder *b, int l) {
+    eb_layer *L = &b->m->layers[l];
+    int64_t H = b->m->cfg.hidden_size;
+    eb_weight eh;
+    int st = bind_layer(b, l);
+    if (!st) st = eb_bind_vector(b, "model.mtp.enorm.weight", H, &L->enorm);
+    if (!st) st = eb_bind_vector(b, "model.mtp.hnorm.weight", H, &L->hnorm);
+    if (!st) st = eb_bind(b, "model.mtp.eh_proj.weight", H, 2 * H, &eh);
+    if (!st) st = eb_split_columns(&eh, "model.mtp.eh_proj.weight", H, &L->eh_embed, &L->eh_hidden, &L->eh_owned);
+    return st;
+}
+
+/* A position's input: its token's embedding and the target's hidden state beside it, each normed, projected
+ * together (eh_proj over the two side by side); then the layer and the shared head. */
+static int mtp_forward(eb_step *s, int64_t first, int logits) {
+    int st = eb_block_next_token_input(s);
+    if (!st) st = eb_block_mla_attention(s, 0);
+    if (!st) st = s->m->layers[0].is_moe ? eb_block_moe(s, 0) : eb_block_dense_ffn(s, 0);
+    if (!st && logits) st = eb_block_logits(s, first);
+    return st;
+}
+
+const eb_family eb_family_deepseek_v3_mtp = {
+    .name = "deepseek_v3",
+    .title = "DeepSeek-V3 MTP module",
+    .arch = EB_ARCH_DEEPSEEK_V3,
+    .routing = EB_ROUTE_SIGMOID_GROUP,
+    .extensions = (const eb_rt_extension_id[]){{EB_EXT_MLA, EB_EXT_MLA_VERSION}, {NULL, 0}},
+    .check_config = mtp_check_config,
+    .dims = dims,
+    .is_moe_layer = is_moe_layer,
+    .bind_model = eb_bind_embeddings,
+    .bind_layer = mtp_bind_layer,
+    .forward = mtp_forward,
+    .next_token = 1,
+};
+
 const eb_family eb_family_deepseek_v3 = {
     .name = "deepseek_v3",
     .title = "DeepSeek-V3",
