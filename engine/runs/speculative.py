@@ -26,11 +26,12 @@ MAX_DRAFT_TOKENS = 8
 
 @dataclass(slots=True)
 class Step:
-    """What one decode step produced: the emitted ids, how many were proposed and how many of those held."""
+    """What one decode step produced: the emitted ids, how many were proposed and how many of those held, and what."""
 
     tokens: list[int]
     drafted: int
     accepted: int
+    proposals: tuple[int, ...] = ()  # the draft's proposed tokens, in order
 
 
 def check_draft_q(q) -> int:
@@ -157,7 +158,7 @@ class SpeculativeDecoder(GreedyDecoder):
         ids.extend(emitted)
         if draft.position > len(ids) - 1:
             draft.truncate(len(ids) - 1)
-        return Step(emitted, q, accepted)
+        return Step(emitted, q, accepted, tuple(proposals))
 
 
 class NextTokenDecoder(GreedyDecoder):
@@ -251,7 +252,7 @@ class NextTokenDecoder(GreedyDecoder):
         if draft.position > base:  # the chained positions read the module's own states: read again next step
             draft.truncate(base)
         self._keep(base, hidden[: accepted + 1])
-        return Step(emitted, q, accepted)
+        return Step(emitted, q, accepted, tuple(proposals))
 
 
 def decoder_for(target: Context, draft: Context | None, q: int) -> GreedyDecoder:
