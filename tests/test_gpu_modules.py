@@ -192,6 +192,45 @@ def test_deepseek_and_gpt_oss_on_a_gpu_primary_and_beside_a_cpu_one(runtime, nam
             model.close()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("runtime", ["cuda", "hip"])
+def test_the_multi_token_prediction_module_on_a_gpu(runtime):
+    """DeepSeek-V3's MTP layer with the GPU as the target's and the module's primary: the target's hidden states (the
+    final norm of every row, read back beside the logits, with the last row's logits alone too: the norm then the
+    head as two operations) and the module's logits are transformers' within 1e-4 (graphs and queued steps the same
+    bits), and speculative decoding with it gives the greedy tokens, its experts on the GPU or the CPU."""
+    from engine.checkpoints.checkpoint import Checkpoint
+    from engine.runs.speculative import generate
+
+    folder = FIXTURES / "deepseek-bf16"
+    ref = np.load(folder / "reference-mtp.npz")
+    ids = ref["ids"]
+    ck = Checkpoint.open(folder)
+    with gpu_engine(runtime) as eng:
+        gpu = f"{runtime}:0"
+        target, module = eng.load(ck, device=gpu), eng.load(ck.next_token_module(), device=gpu)
+        with target.context(len(ids), n_batch=16) as tc:
+            last, hidden = tc.eval_hidden(ids, all_rows=False)
+            tc.truncate(0)
+            _, every = tc.eval_hidden(ids, all_rows=True)
+        assert np.array_equal(hidden, every)
+        np.testing.assert_allclose(hidden, ref["hidden"], atol=1e-4, rtol=0)
+        for placement in (f"*={gpu}", "*=cpu:0", f"0.0-7=cpu:0; 0.8-15={gpu}"):
+            module.set_placement(placement)
+            rows = {}
+            for graphs in (True, False):
+                with module.context(len(ids)) as mc:
+                    mc.graphs = graphs
+                    first, _ = mc.eval_hidden(ids[1:40], hidden_in=hidden[:39])
+                    steps = [mc.eval_hidden(ids[j + 1 : j + 2], hidden_in=hidden[j : j + 1])[0] for j in range(39, 90)]
+                    rows[graphs] = np.concatenate([first, *steps])
+            assert np.array_equal(rows[True], rows[False]), placement
+            np.testing.assert_allclose(rows[True], ref["mtp_logits"], atol=1e-4, rtol=0)
+            with target.context(80) as tc, module.context(80) as mc:
+                prompt = ids[:27].tolist()
+                assert generate(tc, mc, prompt, 40, 3) == ids[27:67].tolist(), placement
+
+
 def rows_and_ids(model, placement, precision, prompt, generated):
     """Every position's logits (the prompt in one prefill, then one token at a time) and the greedy tokens."""
     model.set_placement(placement)
