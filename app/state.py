@@ -84,6 +84,7 @@ class ModelSnapshot:
     weights: str = "map"  # how the engine holds the target's files (engine.model.WEIGHTS_MODES, never "auto")
     file_bytes: int = 0  # the target's files
     huge_page_bytes: int = 0  # of a copy, what the kernel put on huge pages
+    has_next_token_module: bool = False  # the target's checkpoint holds an MTP layer (a draft of its own: "self")
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,7 @@ def _load_pair(engine: Engine, target, draft, primary: str, weights: str, demo: 
             weights=info["weights"],
             file_bytes=info["file_bytes"],
             huge_page_bytes=info["huge_page_bytes"],
+            has_next_token_module=new_target.checkpoint.has_next_token_module,
         )
     except BaseException:
         pair.close()

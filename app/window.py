@@ -42,6 +42,7 @@ from engine.export.engines import ENGINE_EXPORTS, EngineExport, export_to
 from engine.export.llama_cpp import LlamaCppExport, to_llama_cpp
 from engine.families import family as model_family
 from engine.model import WEIGHTS_MODES
+from engine.session import SELF_DRAFT
 
 from . import actions, history, theme
 from .devices_panel import DevicesPanel
@@ -267,6 +268,9 @@ class MainWindow(QMainWindow):
         self.act_open_draft = a("Open draft folder…", self.open_draft, None, None, "Open a draft model folder")
         self.act_open_draft_gguf = a("Open draft GGUF file…", self.open_draft_file, None, None,
                                      "Open a draft model in GGUF format")  # fmt: skip
+        self.act_self_draft = a("Draft with the model's own MTP layer", self.use_self_draft, None, None,
+                                "The target checkpoint's multi-token-prediction layer as the draft (DeepSeek-V3's "
+                                "released folders hold one)")  # fmt: skip
         self.act_open_demos = {}  # (format, quant) -> the action that opens that demo pair
         for fmt, quant, text, tip in demo_choices():
             self.act_open_demos[fmt, quant] = a(text, lambda f=fmt, q=quant: self.open_demo(f, q), None, None,
@@ -314,7 +318,8 @@ class MainWindow(QMainWindow):
 
     def _build_menus(self) -> None:
         m = self.menuBar().addMenu("&File")
-        for act in (self.act_open_model, self.act_open_gguf, self.act_open_draft, self.act_open_draft_gguf):
+        for act in (self.act_open_model, self.act_open_gguf, self.act_open_draft, self.act_open_draft_gguf,
+                    self.act_self_draft):  # fmt: skip
             m.addAction(act)
         self.demo_menu = m.addMenu("Open demo model pair (synthetic)")
         self.demo_menu.setToolTipsVisible(True)
@@ -456,6 +461,7 @@ class MainWindow(QMainWindow):
         for act in (self.act_save, self.act_save_as, self.act_open_profile, self.act_export_llama,
                     *self.act_export_engines.values(), self.act_open_draft, self.act_open_draft_gguf):  # fmt: skip
             act.setEnabled(has)
+        self.act_self_draft.setEnabled(has and s.model.has_next_token_module and s.model.draft_path != SELF_DRAFT)
         self.act_export_hotness.setEnabled(has and s.routing is not None)
         self.act_export_history.setEnabled(bool(s.history))
         self.act_start.setEnabled(has and not s.running)
@@ -507,6 +513,13 @@ class MainWindow(QMainWindow):
             self._remember_directory(folder)
             if self.confirm_discard():
                 self.state.load_models(self.state.model.target_path, folder)
+
+    @Slot()
+    def use_self_draft(self) -> None:
+        if self.state.model is None or not self.state.model.has_next_token_module:
+            return
+        if self.confirm_discard():
+            self.state.load_models(self.state.model.target_path, SELF_DRAFT)
 
     def _gguf_file(self, title: str) -> str:
         path, _ = QFileDialog.getOpenFileName(self, title, self._directory(), "GGUF model (*.gguf);;All files (*)")

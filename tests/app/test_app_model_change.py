@@ -90,3 +90,29 @@ def test_the_heat_map_labels_a_dense_layer_instead_of_a_row_of_zero_hits(qtbot, 
     assert [item.toPlainText() for item in heatmap._dense_items if hasattr(item, "toPlainText")] == ["dense layer"]
     window.state.set_routing(None)  # no counts: no band either
     qtbot.waitUntil(lambda: heatmap.dense == set())
+
+
+def test_the_models_own_mtp_layer_as_the_draft(qtbot, make_window, monkeypatch):
+    """File > Draft with the model's own MTP layer: offered for a folder that holds one (DeepSeek-V3's released
+    layout), not for one without; the run then drafts with it and its output is the target-only run's."""
+    window = make_window()
+    state = window.state
+    open_model(qtbot, window, monkeypatch, DEEPSEEK)
+    assert not window.act_self_draft.isEnabled()  # deepseek-f32 holds no MTP layer
+    with_module = FIXTURES / "deepseek-bf16"
+    open_model(qtbot, window, monkeypatch, with_module)
+    assert window.act_self_draft.isEnabled() and state.model.draft_path is None
+    window.run_panel.tokens.setValue(8)
+    window.run_panel.repeats.setValue(1)
+    with qtbot.waitSignal(state.sigRunFinished, timeout=TIMEOUT_MS):
+        qtbot.mouseClick(window.run_panel.start_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not state.busy, timeout=TIMEOUT_MS)
+    plain = state.history[-1].output_hash
+    window.act_self_draft.trigger()
+    qtbot.waitUntil(lambda: not state.busy and state.model.draft_path == "self", timeout=TIMEOUT_MS)
+    assert not window.act_self_draft.isEnabled() and state.model.draft_weight_bytes > 0
+    with qtbot.waitSignal(state.sigRunFinished, timeout=TIMEOUT_MS):
+        qtbot.mouseClick(window.run_panel.start_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not state.busy, timeout=TIMEOUT_MS)
+    run = state.history[-1]
+    assert run.accept_rate is not None and run.draft_path == "self" and run.output_hash == plain
