@@ -1,6 +1,6 @@
-"""The GPU modules read the quantized weight formats (all but the scaled F8_E4M3_B128 and the i-quants, refused by name)
-in f32 precision: each weight value dequantized exactly as eb_dequantize_chunk gives it (the cpu module's values),
-products and sums in f32. Against the cpu module:
+"""The GPU modules read the quantized weight formats (all but the scaled F8_E4M3_B128, refused by name; the i-quants
+IQ2_XXS, IQ3_XXS, IQ2_XS, IQ3_S, IQ2_S, IQ1_S and IQ1_M too) in f32 precision: each weight value dequantized exactly
+as eb_dequantize_chunk gives it (the cpu module's values), products and sums in f32. Against the cpu module:
 
 - the module's operations directly (a C driver built here against the runtime ABI, run on both modules): matmul
   (every format, row counts and widths, 1-9 rows of x, a fused or separate norm, accumulation, several tasks of mixed
@@ -12,16 +12,17 @@ products and sums in f32. Against the cpu module:
   activations only: tests/test_q8_formats.py);
 - the quantized GGUF fixtures (Q8_0; Q4_K_M: Q4_K, Q5_K, Q6_K and Q8_0; MXFP4_MOE) with the GPU as the primary and as
   an expert owner: logits within 1e-4 of transformers on the dequantized weights, the 64 greedy tokens, recorded steps
-  equal to steps queued anew.
+  equal to steps queued anew; llama.cpp's Q4_0, Q2_K, Q3_K_M, IQ4_XS, IQ2_XXS and i-quant mix files the same way.
 - the q8 precision (the cpu module's x86 q8 kernels' arithmetic, eb_q8.h's expert activation): in the driver, every
-  product of a format with q8 kernels (Q8_0, Q4_0, Q4_1, IQ4_NL, MXFP4; Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_XS)
-  memcmp-equal to the cpu module's for every shape
+  product of a format with q8 kernels (Q8_0, Q4_0, Q4_1, IQ4_NL, MXFP4; Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_XS and the
+  i-quants) memcmp-equal to the cpu module's for every shape
   above, on random and extreme blocks (largest quants, f16 scales 65504 and subnormal, E8M0 at both halving cases)
   and activations (+-1, spikes, far into exp's tails); Q5_0, Q5_1 and the float formats (f32 products in either
   precision) within 1e-5; expert_ffn's rows and moe's pair rows the cpu module's bits for experts of such formats
   (both reductions, gpt-oss's biases and clamped SwiGLU, widths not a multiple of 256), ALL the bits of EXPERTS then
-  COMBINE; on the GGUF fixtures of three families and llama.cpp's Q4_0, Q2_K, Q3_K_M and IQ4_XS files, the same
-  logits bits on every placement of a primary, and the CPU primary's greedy tokens on the GPU primary.
+  COMBINE; on the GGUF fixtures of three families and llama.cpp's Q4_0, Q2_K, Q3_K_M, IQ4_XS, IQ2_XXS and i-quant mix
+  files, the same logits bits on every placement of a primary, and the CPU primary's greedy tokens on the GPU
+  primary.
 
 Every test skips on a machine without the GPU (runs on the GPU machine: bench/gpu/run_on_device.sh).
 """
@@ -37,7 +38,6 @@ from fixture_paths import FIXTURES
 from test_gpu_modules import gpu_engine  # the engine with a GPU runtime, or a skip saying why there is none
 
 from engine.core import formats
-from engine.core.errors import UnsupportedError
 from engine.core.native import core_location
 
 MODULES = Path(core_location())
@@ -53,9 +53,8 @@ pytestmark = pytest.mark.gpu
 def test_device_info_reports_every_format(runtime):
     with gpu_engine(runtime) as eng:
         gpu = next(d for d in eng.devices if d.name == f"{runtime}:0")
-        # every format but those with a scale companion (F8_E4M3_B128) and the i-quants, which have no GPU kernels yet
-        iq = {"IQ2_XXS", "IQ3_XXS", "IQ2_XS", "IQ3_S", "IQ1_S", "IQ1_M", "IQ2_S"}
-        expected = {n for n, f in formats.FORMATS.items() if not f.needs_scale and n not in iq}
+        # every format but those with a scale companion (F8_E4M3_B128), which have no GPU kernels yet
+        expected = {n for n, f in formats.FORMATS.items() if not f.needs_scale}
         assert set(gpu.formats) == expected, gpu.formats
         assert gpu.precisions == ("f32", "q8"), gpu.precisions
 
@@ -172,19 +171,33 @@ def test_small_types_run_in_f32_on_the_gpu(runtime, quant):
                 assert err.max() < TOLERANCE, f"{text}: worst position {err.argmax()}: {err.max():.2e}"
 
 
+@pytest.mark.parametrize("quant", ["iq2_xxs", "ud_mix"])
 @pytest.mark.parametrize("runtime", RUNTIMES)
-def test_i_quant_files_are_refused_on_the_gpu_by_name(runtime):
-    refused = pytest.raises(UnsupportedError, match=f"stored as IQ2_XXS, which {runtime}:0's kernels do not read")
-    with gpu_engine(runtime) as eng, refused:
-        eng.load(LOWBIT / "model-iq2_xxs.gguf", device=f"{runtime}:0")
+def test_i_quant_files_run_in_f32_on_the_gpu(runtime, quant):
+    """llama.cpp's IQ2_XXS file (Q2_K, Q4_K and Q5_K beside it) and the unsloth-style mix (IQ1_S, IQ1_M, IQ2_XS,
+    IQ3_XXS and IQ3_S with IQ4_XS and K formats, an expert's three projections in three types) on a GPU primary and a
+    GPU expert owner: the GPU reads every one of their tensors (none refused), transformers' logits within 1e-4 and
+    the 64 tokens in f32 (their q8 precision: test_q8_logits_are_the_same_bits_on_every_placement)."""
+    prompt, generated, ref = reference(quant, LOWBIT)
+    with gpu_engine(runtime) as eng:
+        gpu = f"{runtime}:0"
+        for primary, text in ((gpu, f"*={gpu}"), ("cpu:0", f"*=cpu:0; 0={gpu}")):
+            with eng.load(LOWBIT / f"model-{quant}.gguf", device=primary) as model:
+                model.set_placement(text)
+                rows, ids = run_all(model, prompt, generated)
+                assert ids == generated.tolist(), text
+                err = relative_error(rows, ref)
+                assert err.max() < TOLERANCE, f"{text}: worst position {err.argmax()}: {err.max():.2e}"
+                assert model.counters()["devices"][gpu]["weight_bytes"] > 0, f"{text}: no weights on the GPU"
 
 
 # The q8 precision on the quantized files (the GGUF fixtures of three families: Q8_0, Q4_K_M's Q4_K/Q5_K/Q6_K/Q8_0,
-# MXFP4 experts; gpt-oss's biased experts with the clamped SwiGLU; llama.cpp's own Q4_0, Q2_K, Q3_K_M and IQ4_XS
-# files): placements of each primary and the experts to try.
+# MXFP4 experts; gpt-oss's biased experts with the clamped SwiGLU; llama.cpp's own Q4_0, Q2_K, Q3_K_M, IQ4_XS and
+# IQ2_XXS files and the i-quant mix): placements of each primary and the experts to try.
 Q8_FILES = [("qwen3moe-gguf", "q8_0"), ("qwen3moe-gguf", "q4_k_m"), ("qwen3moe-gguf", "mxfp4_moe"),
             ("gpt-oss-gguf", "mxfp4_moe"), ("deepseek-gguf", "q8_0"), (LOWBIT.name, "q4_0"), (LOWBIT.name, "q2_k"),
-            (LOWBIT.name, "q3_k_m"), (LOWBIT.name, "iq4_xs")]  # fmt: skip
+            (LOWBIT.name, "q3_k_m"), (LOWBIT.name, "iq4_xs"), (LOWBIT.name, "iq2_xxs"),
+            (LOWBIT.name, "ud_mix")]  # fmt: skip
 
 
 def q8_placements(folder: str, gpu: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -247,7 +260,8 @@ def test_q8_logits_are_the_same_bits_on_every_placement(runtime, folder, quant):
 DRIVER = r"""
 /* The GPU module's reads of quantized weights against the cpu module's (f32 precision), op by op: matmul (alone,
  * accumulating, with a fused or separate norm, several tasks, unaligned weights), embed (bit for bit the
- * dequantized row), route, expert_ffn and moe (every phase, both reductions, owned and foreign experts).
+ * dequantized row), route, expert_ffn and moe (every phase, both reductions, owned and foreign experts), for every
+ * format the GPU module reports (the i-quants among them).
  * usage: driver CPU_MODULE GPU_MODULE; prints one line per check, exits 1 on any failure, 77 if the GPU module
  * has no device. */
 #include <dlfcn.h>
@@ -357,7 +371,8 @@ static double rel_l2(const float *a, const float *b, size_t n) {
 /* A finite half below 1 in magnitude, either sign. */
 static uint16_t test_half(unsigned s) { return (uint16_t)(((s >> 16) & 0x3bffu) | ((s & 1u) << 15)); }
 
-/* rows of dt: random bytes, every block's scales finite (MXFP4's exponent 100..150), float values in [-0.5, 0.5) */
+/* rows of dt: random bytes, every block's scales finite (MXFP4's exponent 100..150; IQ1_M's d in the top nibbles of
+ * its scale words), float values in [-0.5, 0.5) */
 static unsigned char *make_weights(int dt, int64_t rows, int64_t cols) {
     size_t bytes = (size_t)rows * eb_row_bytes(dt, cols);
     unsigned char *w = malloc(bytes + 1);
@@ -378,7 +393,17 @@ static unsigned char *make_weights(int dt, int64_t rows, int64_t cols) {
         case EB_DTYPE_Q5_0:
         case EB_DTYPE_Q4_0:
         case EB_DTYPE_IQ4_NL:
-        case EB_DTYPE_IQ4_XS: memcpy(b, &h, 2); break; /* (finite f16 scales: random bytes may be inf or NaN) */
+        case EB_DTYPE_IQ4_XS:
+        case EB_DTYPE_IQ2_XXS:
+        case EB_DTYPE_IQ3_XXS:
+        case EB_DTYPE_IQ2_XS:
+        case EB_DTYPE_IQ3_S:
+        case EB_DTYPE_IQ1_S:
+        case EB_DTYPE_IQ2_S: memcpy(b, &h, 2); break; /* (finite f16 scales: random bytes may be inf or NaN) */
+        case EB_DTYPE_IQ1_M:
+            for (int i = 0; i < 4; i++)
+                b[49 + 2 * i] = (unsigned char)((b[49 + 2 * i] & 0x0F) | ((h >> (4 * i)) & 0xF) << 4);
+            break;
         case EB_DTYPE_Q4_K:
         case EB_DTYPE_Q5_K:
         case EB_DTYPE_Q4_1:
@@ -773,6 +798,65 @@ static float *q8_x(size_t n, int kind) {
     return x;
 }
 
+/* An i-quant block's quants at their largest magnitudes (test_native.c's extreme_block: the grid entries of the
+ * largest magnitudes, scales at their largest, signs all + in even chunks and all - in odd ones; IQ1_S and IQ1_M: the
+ * entries of all -1 and all +1, deltas of the same sign), its f16 d h. */
+static void iq_extreme(unsigned char *b, int dt, uint16_t h) {
+    switch (dt) {
+    case EB_DTYPE_IQ2_XXS: /* grid entry 57 */
+        for (int j = 0; j < 8; j++) {
+            uint32_t word = (j & 1 ? 0x0FFFFFFFu : 0u) | 15u << 28;
+            memset(b + 2 + 8 * j, 57, 4);
+            memcpy(b + 6 + 8 * j, &word, 4);
+        }
+        break;
+    case EB_DTYPE_IQ3_XXS: /* grid entry 135 */
+        memset(b + 2, 135, 64);
+        for (int j = 0; j < 8; j++) {
+            uint32_t word = (j & 1 ? 0x0FFFFFFFu : 0u) | 15u << 28;
+            memcpy(b + 66 + 4 * j, &word, 4);
+        }
+        break;
+    case EB_DTYPE_IQ2_XS: /* grid entry 511 */
+        for (int i = 0; i < 32; i++) {
+            uint16_t q = (uint16_t)(511u | ((i / 4) & 1 ? 127u : 0u) << 9);
+            memcpy(b + 2 + 2 * i, &q, 2);
+        }
+        memset(b + 66, 0xFF, 8);
+        break;
+    case EB_DTYPE_IQ3_S: /* grid entry 338 */
+        memset(b + 2, 338 & 255, 64);
+        memset(b + 66, 0xFF, 8);
+        for (int j = 0; j < 8; j++) memset(b + 74 + 4 * j, j & 1 ? 0xFF : 0x00, 4);
+        memset(b + 106, 0xFF, 4);
+        break;
+    case EB_DTYPE_IQ2_S: /* grid entry 1023 */
+        memset(b + 2, 0xFF, 32);
+        for (int j = 0; j < 8; j++) memset(b + 34 + 4 * j, j & 1 ? 0xFF : 0x00, 4);
+        memset(b + 66, 0xFF, 16);
+        break;
+    case EB_DTYPE_IQ1_S: /* grid entries 0 and 2047, scales 7 */
+        for (int j = 0; j < 8; j++) {
+            uint16_t word = j & 1 ? 0x7FFFu : 0xF000u;
+            memset(b + 2 + 4 * j, j & 1 ? 0xFF : 0x00, 4);
+            memcpy(b + 34 + 2 * j, &word, 2);
+        }
+        break;
+    case EB_DTYPE_IQ1_M: /* grid entries 0 and 2047, scales 7; d in the scale words' top nibbles */
+        for (int j = 0; j < 8; j++) {
+            memset(b + 4 * j, j & 1 ? 0xFF : 0x00, 4);
+            memset(b + 32 + 2 * j, j & 1 ? 0x77 : 0x88, 2);
+        }
+        for (int i = 0; i < 4; i++) {
+            uint16_t word = (uint16_t)(0x0FFFu | (unsigned)((h >> (4 * i)) & 0xF) << 12);
+            memcpy(b + 48 + 2 * i, &word, 2);
+        }
+        return;
+    default: return;
+    }
+    memcpy(b, &h, 2);
+}
+
 /* weights for the q8 checks: random blocks, or every block's quants at their largest magnitudes (both signs) with
  * its f16 scales random, the largest (65504) or the smallest subnormal, and MXFP4's exponents at both cases of the
  * E8M0 halving and far from them */
@@ -804,6 +888,13 @@ static unsigned char *q8_weights(int dt, int64_t rows, int64_t cols, int extreme
             for (int i = 192; i < 208; i++) b[i] = i & 1 ? 0x80 : 0x7F; /* scales -128, 127 */
             if (k % 3) memcpy(b + 208, &h, 2);
             break;
+        case EB_DTYPE_IQ2_XXS:
+        case EB_DTYPE_IQ3_XXS:
+        case EB_DTYPE_IQ2_XS:
+        case EB_DTYPE_IQ3_S:
+        case EB_DTYPE_IQ2_S:
+        case EB_DTYPE_IQ1_S:
+        case EB_DTYPE_IQ1_M: iq_extreme(b, dt, k % 3 ? h : test_half((unsigned)k * 2654435761u)); break;
         default: break; /* Q5_0, Q5_1: f32 products either way */
         }
     }
@@ -943,16 +1034,16 @@ int main(int argc, char **argv) {
         return 1;
     }
     printf("device: %s, formats 0x%x\n", info.name, info.formats);
-    /* every format but those with a scale companion and the i-quants (no GPU kernels yet); in q8 every one of them:
-     * those with integer products and those read in f32 in either precision (no q8 block) */
+    /* every format but those with a scale companion (no GPU kernels yet), the i-quants among them; in q8 every one of
+     * them: those with integer products and those read in f32 in either precision (no q8 block) */
     uint32_t expected = 0;
     for (int dt = 0; dt < EB_DTYPE_COUNT; dt++) {
-        if (eb_format(dt)->scale_rows || eb_dtype_iq(dt) || eb_dtype_iq1(dt)) continue;
+        if (eb_format(dt)->scale_rows) continue;
         expected |= 1u << dt;
     }
     uint32_t expected_q8 = expected;
     printf("device: q8 formats 0x%x\n", info.q8_formats);
-    fail_if(info.formats != expected, "device_info formats: every format but the scaled ones and the i-quants");
+    fail_if(info.formats != expected, "device_info formats: every format but the scaled ones");
     fail_if(info.q8_formats != expected_q8, "device_info q8_formats: those with q8 products or no q8 block");
     fail_if(info.precisions != (1u << EB_PRECISION_F32 | 1u << EB_PRECISION_Q8), "device_info precisions: f32, q8");
 
@@ -1008,11 +1099,15 @@ int main(int argc, char **argv) {
                                   {EB_DTYPE_MXFP4, EB_DTYPE_MXFP4, EB_DTYPE_MXFP4},
                                   {EB_DTYPE_Q8_0, EB_DTYPE_Q8_0, EB_DTYPE_Q8_0},
                                   {EB_DTYPE_Q8_0, EB_DTYPE_Q8_0, EB_DTYPE_Q8_0}};
+    static const int iq[NE][3] = {{EB_DTYPE_IQ2_XXS, EB_DTYPE_IQ2_XXS, EB_DTYPE_Q2_K},
+                                  {EB_DTYPE_IQ3_XXS, EB_DTYPE_IQ2_XS, EB_DTYPE_IQ3_S},
+                                  {EB_DTYPE_IQ1_S, EB_DTYPE_IQ1_M, EB_DTYPE_IQ2_S},
+                                  {EB_DTYPE_IQ2_S, EB_DTYPE_IQ3_S, EB_DTYPE_IQ1_M}};
     struct {
         const int (*dts)[3];
         const char *label;
-    } sets[3] = {{same, "Q4_K/Q4_K/Q6_K"}, {mixed, "mixed formats"}, {mx, "MXFP4 and Q8_0"}};
-    for (int si = 0; si < 3; si++) {
+    } sets[4] = {{same, "Q4_K/Q4_K/Q6_K"}, {mixed, "mixed formats"}, {mx, "MXFP4 and Q8_0"}, {iq, "i-quants"}};
+    for (int si = 0; si < 4; si++) {
         experts x;
         make_experts(&x, sets[si].dts, 512, 256);
         for (int mode = 0; mode <= 1; mode++) {
@@ -1070,13 +1165,14 @@ int main(int argc, char **argv) {
         const char *label;
         int64_t H, I;
         int oai;
-    } q8_sets[6] = {{same, "Q4_K/Q4_K/Q6_K", 512, 256, 0},
+    } q8_sets[7] = {{same, "Q4_K/Q4_K/Q6_K", 512, 256, 0},
                     {mixed, "mixed formats", 512, 256, 0},
                     {mx, "MXFP4 and Q8_0", 512, 256, 0},
                     {mx, "MXFP4 and Q8_0", 544, 288, 1},
                     {same, "Q4_K/Q4_K/Q6_K wide", 2048, 768, 0},
-                    {small, "Q4_0, Q4_1, IQ4_NL, IQ4_XS, Q2_K, Q3_K", 512, 256, 0}};
-    for (int si = 0; si < 6; si++) {
+                    {small, "Q4_0, Q4_1, IQ4_NL, IQ4_XS, Q2_K, Q3_K", 512, 256, 0},
+                    {iq, "IQ2_XXS, IQ3_XXS, IQ2_XS, IQ3_S, IQ2_S, IQ1_S, IQ1_M", 512, 256, 0}};
+    for (int si = 0; si < 7; si++) {
         experts x;
         make_experts(&x, q8_sets[si].dts, q8_sets[si].H, q8_sets[si].I);
         oai = q8_sets[si].oai;

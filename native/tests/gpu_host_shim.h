@@ -41,6 +41,7 @@ inline float __uint_as_float(unsigned u) {
     memcpy(&f, &u, sizeof f);
     return f;
 }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline unsigned __float_as_uint(float f) {
     unsigned u;
     memcpy(&u, &f, sizeof u);

@@ -3,6 +3,9 @@
 // lane's group gives is eb_dequantize_chunk's value at the column the group names, bit for bit, every column of a
 // block given exactly once, for blocks at every alignment a row places them at (a 16-byte-aligned row, as device
 // allocations are, and rows at odd addresses). No GPU is needed: the readers are plain arithmetic on loaded words.
+// The i-quants' blocks are random and extreme (their largest magnitudes, both signs, f16 d at 65504 and subnormal),
+// and the chunks their q8 products read (iq_q8_chunk: signed quants, scales, deltas, d) are held to eb_iq_quants /
+// eb_iq1_quants, their scales and d too.
 //
 //   test_gpu_formats        exit status 0 when every format's reader agrees
 #include <cstdio>
@@ -34,7 +37,95 @@ static bool all_finite(const float *v, int n) {
     return true;
 }
 
-// Blocks of format DT: random bytes (and all-zero, all-one bytes), redrawn where a scale decodes to inf or NaN.
+// An i-quant block's quants at their largest magnitudes, both signs (as test_native.c's extreme_block: grid entries of
+// the largest magnitudes, largest scales, all signs + in even chunks and - in odd ones; IQ1_S / IQ1_M: entries of all
+// -1 and all +1, deltas of the same sign), its f16 d by k: 65504, the smallest subnormal, or the random one it has.
+template <int DT> static void extreme_block(unsigned char *b, int k) {
+    uint16_t d = k % 3 == 0 ? 0x7bff : k % 3 == 1 ? 0x0001 : eb_load_u16(b);
+    switch (DT) {
+    case EB_DTYPE_IQ2_XXS: /* grid entry 57 */
+        for (int j = 0; j < 8; j++) {
+            uint32_t word = (j & 1 ? 0x0FFFFFFFu : 0u) | 15u << 28;
+            memset(b + 2 + 8 * j, 57, 4);
+            memcpy(b + 6 + 8 * j, &word, 4);
+        }
+        break;
+    case EB_DTYPE_IQ3_XXS: /* grid entry 135 */
+        memset(b + 2, 135, 64);
+        for (int j = 0; j < 8; j++) {
+            uint32_t word = (j & 1 ? 0x0FFFFFFFu : 0u) | 15u << 28;
+            memcpy(b + 66 + 4 * j, &word, 4);
+        }
+        break;
+    case EB_DTYPE_IQ2_XS: /* grid entry 511 */
+        for (int i = 0; i < 32; i++) {
+            uint16_t q = (uint16_t)(511u | ((i / 4) & 1 ? 127u : 0u) << 9);
+            memcpy(b + 2 + 2 * i, &q, 2);
+        }
+        memset(b + 66, 0xFF, 8);
+        break;
+    case EB_DTYPE_IQ3_S: /* grid entry 338 */
+        memset(b + 2, 338 & 255, 64);
+        memset(b + 66, 0xFF, 8);
+        for (int j = 0; j < 8; j++) memset(b + 74 + 4 * j, j & 1 ? 0xFF : 0x00, 4);
+        memset(b + 106, 0xFF, 4);
+        break;
+    case EB_DTYPE_IQ2_S: /* grid entry 1023 */
+        memset(b + 2, 0xFF, 32);
+        for (int j = 0; j < 8; j++) memset(b + 34 + 4 * j, j & 1 ? 0xFF : 0x00, 4);
+        memset(b + 66, 0xFF, 16);
+        break;
+    case EB_DTYPE_IQ1_S: /* grid entries 0 and 2047, scales 7 */
+        for (int j = 0; j < 8; j++) {
+            uint16_t word = j & 1 ? 0x7FFFu : 0xF000u;
+            memset(b + 2 + 4 * j, j & 1 ? 0xFF : 0x00, 4);
+            memcpy(b + 34 + 2 * j, &word, 2);
+        }
+        break;
+    case EB_DTYPE_IQ1_M: /* grid entries 0 and 2047, scales 7; d in the scale words' top nibbles */
+        for (int j = 0; j < 8; j++) {
+            memset(b + 4 * j, j & 1 ? 0xFF : 0x00, 4);
+            memset(b + 32 + 2 * j, j & 1 ? 0x77 : 0x88, 2);
+        }
+        for (int i = 0; i < 4; i++) {
+            uint16_t word = (uint16_t)(0x0FFFu | (unsigned)(d >> (4 * i) & 0xF) << 12);
+            memcpy(b + 48 + 2 * i, &word, 2);
+        }
+        return;
+    default: return;
+    }
+    memcpy(b, &d, 2);
+}
+
+// The chunks an i-quant's q8 products read (iq_q8_chunk: iq_chunk's or iq1_chunk's, and d) against the core's
+// eb_iq_quants, eb_iq_scale, eb_iq1_quants, eb_iq1_scale and eb_iq1_d, for every chunk of a block.
+template <int DT> static void check_chunks(const unsigned char *b, const char *name) {
+    for (int j = 0; j < 8; j++) {
+        int8_t want[32];
+        int delta[4] = {1, 1, 1, 1}, ws[2], s[2];
+        unsigned q[8], neg;
+        float d = iq_q8_chunk(b, DT, j, q, &neg, s), wd;
+        if (gpu_iq1(DT)) {
+            eb_iq1_quants(b, DT, j, want, delta);
+            for (int h = 0; h < 2; h++) ws[h] = eb_iq1_scale(b, DT, j, h);
+            wd = eb_iq1_d(b, DT);
+        } else {
+            eb_iq_quants(b, DT, j, want);
+            for (int h = 0; h < 2; h++) ws[h] = eb_iq_scale(b, DT, j, h);
+            wd = eb_f16_to_f32(eb_load_u16(b));
+        }
+        bool same = s[0] == ws[0] && s[1] == ws[1] && __float_as_uint(d) == __float_as_uint(wd);
+        for (int i = 0; i < 32; i++) same = same && (int8_t)(q[i / 4] >> (8 * (i % 4))) == want[i];
+        for (int l = 0; l < 4; l++) same = same && ((neg >> l) & 1 ? -1 : 1) == delta[l];
+        if (!same && failures < 20) {
+            printf("FAIL %s: chunk %d's quants, scales, deltas or d are not the core's\n", name, j);
+            failures++;
+        }
+    }
+}
+
+// Blocks of format DT: random bytes (and all-zero, all-one bytes; the i-quants' also extreme blocks), redrawn where a
+// scale decodes to inf or NaN.
 template <int DT> static void check(const char *name) {
     using F = qfmt<DT>;
     const int blocks = 6, cols = blocks * F::VALS;
@@ -55,9 +146,14 @@ template <int DT> static void check(const char *name) {
             do {
                 for (size_t i = 0; i < (size_t)blocks * F::BYTES; i++)
                     row[i] = trial == 0 ? 0 : trial == 1 ? 0xff : (unsigned char)next_u32();
+                if (gpu_iq(DT) || gpu_iq1(DT))
+                    for (int blk = 0; trial >= 2 && trial < 8 && blk < blocks; blk++) // every other block extreme
+                        if ((blk + trial) & 1) extreme_block<DT>(row + (size_t)blk * F::BYTES, blk / 2 + trial);
                 for (int c = 0; c < cols / EB_CHUNK; c++) eb_dequantize_chunk(row, DT, c, ref + EB_CHUNK * c);
                 if (trial < 2 && !all_finite(ref, cols)) trial = 2; // all-one bytes: an inf scale in most formats
             } while (!all_finite(ref, cols));
+            if constexpr (gpu_iq(DT) || gpu_iq1(DT))
+                for (int blk = 0; blk < blocks; blk++) check_chunks<DT>(row + (size_t)blk * F::BYTES, name);
             memset(seen, 0, sizeof(int) * cols);
             for (int blk = 0; blk < blocks; blk++)
                 for (int g = 0; g < F::GROUPS; g++) {

@@ -50,6 +50,11 @@ __device__ __forceinline__ unsigned ld_u16(const unsigned char *p) {
     unsigned r = (unsigned)((uintptr_t)p & 3);
     return funnel(word_at(a), word_at(a + (r == 3 ? 4 : 0)), 8u * r) & 0xffffu;
 }
+__device__ __forceinline__ unsigned ld_u32(const unsigned char *p) {
+    const unsigned char *a = word_of(p);
+    unsigned r = (unsigned)((uintptr_t)p & 3);
+    return funnel(word_at(a), word_at(a + (r ? 4 : 0)), 8u * r);
+}
 __device__ __forceinline__ uint2 ld_u64(const unsigned char *p) {
     const unsigned char *a = word_of(p);
     unsigned r = (unsigned)((uintptr_t)p & 3);
@@ -375,6 +380,210 @@ template <int DT> struct qfmt_k16 {
 template <> struct qfmt<EB_DTYPE_Q2_K> : qfmt_k16<EB_DTYPE_Q2_K> {};
 template <> struct qfmt<EB_DTYPE_Q3_K> : qfmt_k16<EB_DTYPE_Q3_K> {};
 
+// The i-quants (eb_dtype_iq, eb_dtype_iq1): 256-value blocks whose values come in groups of 8 from rows of a
+// codebook, signed (or shifted by 1/8), times a scale per half chunk. A group of qfmt is chunk g, 32 consecutive
+// values in one run, as Q2_K's; the q8 products (gpu_q8.cuh) read the same chunks as signed bytes.
+__host__ __device__ constexpr bool gpu_iq(int dt) {
+    return dt == EB_DTYPE_IQ2_XXS || dt == EB_DTYPE_IQ3_XXS || dt == EB_DTYPE_IQ2_XS || dt == EB_DTYPE_IQ3_S ||
+           dt == EB_DTYPE_IQ2_S;
+}
+__host__ __device__ constexpr bool gpu_iq1(int dt) { return dt == EB_DTYPE_IQ1_S || dt == EB_DTYPE_IQ1_M; }
+
+// The codebooks in device memory, made from eb_iq_tables.h's data (its host arrays are made from the same macros).
+// The lanes of a warp read the rows their own indices name, so they are global memory read through the cache: a
+// __constant__ array serialises a warp's reads of distinct entries. A row is one aligned load of 8 (IQ3's: 4) bytes.
+alignas(8) static __device__ const uint8_t gpu_iq2xxs_grid[256][8] = {EB_IQ2XXS_GRID_DATA};
+alignas(4) static __device__ const uint8_t gpu_iq3xxs_grid[256][4] = {EB_IQ3XXS_GRID_DATA};
+alignas(8) static __device__ const uint8_t gpu_iq2xs_grid[512][8] = {EB_IQ2XS_GRID_DATA};
+alignas(4) static __device__ const uint8_t gpu_iq3s_grid[512][4] = {EB_IQ3S_GRID_DATA};
+alignas(8) static __device__ const int8_t gpu_iq1s_grid[2048][8] = {EB_IQ1S_GRID_DATA};
+alignas(8) static __device__ const uint8_t gpu_iq2s_grid[1024][8] = {EB_IQ2S_GRID_DATA};
+
+template <class T> __device__ __forceinline__ uint2 grid_row8(const T (*grid)[8], unsigned i) {
+    return *(const uint2 *)grid[i];
+}
+__device__ __forceinline__ unsigned grid_row4(const uint8_t (*grid)[4], unsigned i) {
+    return *(const unsigned *)grid[i];
+}
+
+// eb_iq_ksigns: a 7-bit sign index, the parity of its bits as the eighth
+__device__ __forceinline__ unsigned iq_ksigns(unsigned si) { return si | ((unsigned)__popc(si) & 1u) << 7; }
+
+// A group's 8 magnitudes (two words of bytes, none 0: every i-quant grid's entries are 1 .. 62) with the signs of s
+// (bit i set: value i negative), as signed bytes into q[0], q[1]: a byte to negate is XORed with 0xff and 1 added,
+// which never carries out of it (the complement of a magnitude is at most 0xfe).
+__device__ __forceinline__ void iq_signed(uint2 g, unsigned s, unsigned *q) {
+    unsigned n0 = ((s & 15u) * 0x00204081u) & 0x01010101u, n1 = (((s >> 4) & 15u) * 0x00204081u) & 0x01010101u;
+    q[0] = (g.x ^ (n0 * 0xffu)) + n0;
+    q[1] = (g.y ^ (n1 * 0xffu)) + n1;
+}
+
+// Chunk j (< 8) of an IQ2_XXS, IQ3_XXS, IQ2_XS, IQ3_S or IQ2_S block: its 32 signed quants (eb_iq_quants) as q[0..7],
+// value 4w + k in byte k of q[w], and the 4-bit scales s[0], s[1] of its halves (eb_iq_scale; IQ2_XXS, IQ3_XXS and
+// IQ3_S have one a chunk, given twice).
+template <int DT> __device__ __forceinline__ void iq_chunk(const unsigned char *b, int j, unsigned *q, int *s) {
+    if (DT == EB_DTYPE_IQ2_XXS || DT == EB_DTYPE_IQ3_XXS) { // grid indices, then a word of 4 sign indices and s
+        uint2 a = ld_u64(b + 2 + 8 * j);
+        unsigned w = DT == EB_DTYPE_IQ2_XXS ? a.y : ld_u32(b + 66 + 4 * j);
+#pragma unroll
+        for (int l = 0; l < 4; l++) {
+            uint2 g;
+            if (DT == EB_DTYPE_IQ2_XXS) {
+                g = grid_row8(gpu_iq2xxs_grid, (a.x >> (8 * l)) & 0xffu);
+            } else { // two rows of 4 a group
+                unsigned two = (l < 2 ? a.x : a.y) >> (16 * (l & 1));
+                g = make_uint2(grid_row4(gpu_iq3xxs_grid, two & 0xffu), grid_row4(gpu_iq3xxs_grid, (two >> 8) & 0xffu));
+            }
+            iq_signed(g, iq_ksigns((w >> (7 * l)) & 127u), q + 2 * l);
+        }
+        s[0] = s[1] = (int)(w >> 28);
+    } else if (DT == EB_DTYPE_IQ2_XS) { // a 16-bit word a group: a 9-bit grid index, its sign index above
+        uint2 a = ld_u64(b + 2 + 8 * j);
+#pragma unroll
+        for (int l = 0; l < 4; l++) {
+            unsigned word = ((l < 2 ? a.x : a.y) >> (16 * (l & 1))) & 0xffffu;
+            iq_signed(grid_row8(gpu_iq2xs_grid, word & 511u), iq_ksigns(word >> 9), q + 2 * l);
+        }
+        unsigned sc = ld_u8(b + 66 + j);
+        s[0] = (int)(sc & 15u), s[1] = (int)(sc >> 4);
+    } else if (DT == EB_DTYPE_IQ3_S) { // 9-bit indices of rows of 4 (two a group), a sign bit a value
+        uint2 a = ld_u64(b + 2 + 8 * j);
+        unsigned hi = ld_u8(b + 66 + j), sg = ld_u32(b + 74 + 4 * j);
+#pragma unroll
+        for (int l = 0; l < 4; l++) {
+            unsigned two = (l < 2 ? a.x : a.y) >> (16 * (l & 1));
+            unsigned i0 = (two & 0xffu) | ((hi >> (2 * l)) & 1u) << 8;
+            unsigned i1 = ((two >> 8) & 0xffu) | ((hi >> (2 * l + 1)) & 1u) << 8;
+            iq_signed(make_uint2(grid_row4(gpu_iq3s_grid, i0), grid_row4(gpu_iq3s_grid, i1)), (sg >> (8 * l)) & 0xffu,
+                      q + 2 * l);
+        }
+        s[0] = s[1] = (int)((ld_u8(b + 106 + j / 2) >> (4 * (j & 1))) & 15u);
+    } else { // IQ2_S: 10-bit indices of rows of 8, a sign bit a value
+        unsigned lo = ld_u32(b + 2 + 4 * j), sg = ld_u32(b + 34 + 4 * j);
+        unsigned hi = ld_u8(b + 66 + j), sc = ld_u8(b + 74 + j);
+#pragma unroll
+        for (int l = 0; l < 4; l++)
+            iq_signed(grid_row8(gpu_iq2s_grid, ((lo >> (8 * l)) & 0xffu) | ((hi >> (2 * l)) & 3u) << 8),
+                      (sg >> (8 * l)) & 0xffu, q + 2 * l);
+        s[0] = (int)(sc & 15u), s[1] = (int)(sc >> 4);
+    }
+}
+
+// eb_iq_half_d: the f32 scale of a half chunk of 4-bit scale s, d the block's, rounded where the gguf package rounds:
+// (d (s + 1/2)) / 4 (IQ3_XXS: / 2), IQ3_S's d (1 + 2 s) one product.
+template <int DT> __device__ __forceinline__ float iq_half_d(float d, int s) {
+    if (DT == EB_DTYPE_IQ3_S) return d * (float)(1 + 2 * s);
+    return d * (0.5f + (float)s) * (DT == EB_DTYPE_IQ3_XXS ? 0.5f : 0.25f);
+}
+
+// IQ2_XXS (66 bytes), IQ3_XXS (98), IQ2_XS (74), IQ3_S (110) and IQ2_S (82), each an f16 d first: group g is chunk g,
+// each half's scale rounded as eb_iq_half_d, then times the signed grid values (eb_dequantize_chunk's one product).
+template <int DT> struct qfmt_iq {
+    static constexpr int VALS = 256, GROUPS = 8, RUNS = 1, RUN = 32;
+    static constexpr int BYTES = DT == EB_DTYPE_IQ2_XXS  ? 66
+                                 : DT == EB_DTYPE_IQ3_XXS ? 98
+                                 : DT == EB_DTYPE_IQ2_XS  ? 74
+                                 : DT == EB_DTYPE_IQ3_S   ? 110
+                                                          : 82; // IQ2_S
+    __device__ static __forceinline__ void load(const unsigned char *b, int g, bool, float *v, int *col) {
+        unsigned q[8];
+        int s[2];
+        iq_chunk<DT>(b, g, q, s);
+        float d = half_bits(ld_u16(b)), dl[2] = {iq_half_d<DT>(d, s[0]), iq_half_d<DT>(d, s[1])};
+#pragma unroll
+        for (int w = 0; w < 8; w++) {
+            unsigned x = q[w] ^ 0x80808080u;
+#pragma unroll
+            for (int k = 0; k < 4; k++) v[4 * w + k] = dl[w / 4] * sbyte_f(x, k);
+        }
+        col[0] = 32 * g;
+    }
+};
+template <> struct qfmt<EB_DTYPE_IQ2_XXS> : qfmt_iq<EB_DTYPE_IQ2_XXS> {};
+template <> struct qfmt<EB_DTYPE_IQ3_XXS> : qfmt_iq<EB_DTYPE_IQ3_XXS> {};
+template <> struct qfmt<EB_DTYPE_IQ2_XS> : qfmt_iq<EB_DTYPE_IQ2_XS> {};
+template <> struct qfmt<EB_DTYPE_IQ3_S> : qfmt_iq<EB_DTYPE_IQ3_S> {};
+template <> struct qfmt<EB_DTYPE_IQ2_S> : qfmt_iq<EB_DTYPE_IQ2_S> {};
+
+// Chunk j (< 8) of an IQ1_S or IQ1_M block: its 32 grid values (-1, 0, +1; eb_iq1_quants) as signed bytes q[0..7],
+// value 4w + k in byte k of q[w]; *neg bit l set where group l's delta is -1/8 (else +1/8); the 3-bit scales s[0],
+// s[1] of its halves (eb_iq1_scale; IQ1_S has one a chunk, given twice).
+template <int DT>
+__device__ __forceinline__ void iq1_chunk(const unsigned char *b, int j, unsigned *q, unsigned *neg, int *s) {
+    if (DT == EB_DTYPE_IQ1_M) { // a nibble a group: its top 3 index bits and its delta's sign
+        unsigned lo = ld_u32(b + 4 * j), nib = ld_u16(b + 32 + 2 * j);
+        unsigned sw = ld_u16(b + 48 + 2 * (j / 2)) >> (6 * (j & 1)); // chunk j's two scales
+        *neg = 0u;
+#pragma unroll
+        for (int l = 0; l < 4; l++) {
+            unsigned n = (nib >> (4 * l)) & 15u;
+            uint2 g = grid_row8(gpu_iq1s_grid, ((lo >> (8 * l)) & 0xffu) | (n & 7u) << 8);
+            q[2 * l] = g.x, q[2 * l + 1] = g.y;
+            *neg |= (n >> 3) << l;
+        }
+        s[0] = (int)(sw & 7u), s[1] = (int)((sw >> 3) & 7u);
+    } else { // IQ1_S: a 16-bit word a chunk: the groups' top 3 index bits, s, the delta's sign
+        unsigned lo = ld_u32(b + 2 + 4 * j), w = ld_u16(b + 34 + 2 * j);
+#pragma unroll
+        for (int l = 0; l < 4; l++) {
+            uint2 g = grid_row8(gpu_iq1s_grid, ((lo >> (8 * l)) & 0xffu) | ((w >> (3 * l)) & 7u) << 8);
+            q[2 * l] = g.x, q[2 * l + 1] = g.y;
+        }
+        *neg = w >> 15 ? 15u : 0u;
+        s[0] = s[1] = (int)((w >> 12) & 7u);
+    }
+}
+
+// eb_iq1_d: the block's f16 d (IQ1_M's from the top nibbles of its four scale words) as f32
+template <int DT> __device__ __forceinline__ float iq1_d(const unsigned char *b) {
+    if (DT == EB_DTYPE_IQ1_M) {
+        uint2 w = ld_u64(b + 48);
+        return half_bits(((w.x >> 12) & 0xFu) | ((w.x >> 24) & 0xF0u) | ((w.y >> 4) & 0xF00u) |
+                         ((w.y >> 16) & 0xF000u));
+    }
+    return half_bits(ld_u16(b));
+}
+
+// IQ1_S (50 bytes: f16 d first) and IQ1_M (56, d in its scale words): group g is chunk g; each half's d (2 s + 1)
+// rounded once, then times the grid value plus its group's delta (an exact sum), as eb_dequantize_chunk.
+template <int DT> struct qfmt_iq1 {
+    static constexpr int VALS = 256, BYTES = DT == EB_DTYPE_IQ1_M ? 56 : 50, GROUPS = 8, RUNS = 1, RUN = 32;
+    __device__ static __forceinline__ void load(const unsigned char *b, int g, bool, float *v, int *col) {
+        unsigned q[8], neg;
+        int s[2];
+        iq1_chunk<DT>(b, g, q, &neg, s);
+        float d = iq1_d<DT>(b), dl[2] = {d * (float)(2 * s[0] + 1), d * (float)(2 * s[1] + 1)};
+#pragma unroll
+        for (int w = 0; w < 8; w++) {
+            unsigned x = q[w] ^ 0x80808080u;
+            float delta = (neg >> (w / 2)) & 1u ? -0.125f : 0.125f;
+#pragma unroll
+            for (int k = 0; k < 4; k++) v[4 * w + k] = dl[w / 4] * (sbyte_f(x, k) + delta);
+        }
+        col[0] = 32 * g;
+    }
+};
+template <> struct qfmt<EB_DTYPE_IQ1_S> : qfmt_iq1<EB_DTYPE_IQ1_S> {};
+template <> struct qfmt<EB_DTYPE_IQ1_M> : qfmt_iq1<EB_DTYPE_IQ1_M> {};
+
+// Chunk j of a block of any of the seven as the q8 products read it (gpu_q8.cuh q8_dot_iq: one loop for all of them):
+// iq_chunk's or iq1_chunk's quants and scales, *neg the 1-bit formats' deltas (0: +1/8 each; the others: 0); returns
+// the block's d.
+__device__ __forceinline__ float iq_q8_chunk(const unsigned char *b, int dtype, int j, unsigned *q, unsigned *neg,
+                                             int *s) {
+    *neg = 0u;
+    switch (dtype) {
+    case EB_DTYPE_IQ2_XXS: iq_chunk<EB_DTYPE_IQ2_XXS>(b, j, q, s); break;
+    case EB_DTYPE_IQ3_XXS: iq_chunk<EB_DTYPE_IQ3_XXS>(b, j, q, s); break;
+    case EB_DTYPE_IQ2_XS: iq_chunk<EB_DTYPE_IQ2_XS>(b, j, q, s); break;
+    case EB_DTYPE_IQ3_S: iq_chunk<EB_DTYPE_IQ3_S>(b, j, q, s); break;
+    case EB_DTYPE_IQ2_S: iq_chunk<EB_DTYPE_IQ2_S>(b, j, q, s); break;
+    case EB_DTYPE_IQ1_S: iq1_chunk<EB_DTYPE_IQ1_S>(b, j, q, neg, s); return iq1_d<EB_DTYPE_IQ1_S>(b);
+    default: iq1_chunk<EB_DTYPE_IQ1_M>(b, j, q, neg, s); return iq1_d<EB_DTYPE_IQ1_M>(b);
+    }
+    return half_bits(ld_u16(b));
+}
+
 __host__ __device__ __forceinline__ bool quantized(int dtype) {
     return dtype != EB_DTYPE_F32 && dtype != EB_DTYPE_F16 && dtype != EB_DTYPE_BF16;
 }
@@ -450,7 +659,8 @@ __device__ __forceinline__ void qdot_rows(const void *const *ws, unsigned long l
     (1u << EB_DTYPE_F32 | 1u << EB_DTYPE_F16 | 1u << EB_DTYPE_BF16 | 1u << EB_DTYPE_Q8_0 | 1u << EB_DTYPE_Q4_K |     \
      1u << EB_DTYPE_Q5_K | 1u << EB_DTYPE_Q6_K | 1u << EB_DTYPE_MXFP4 | 1u << EB_DTYPE_Q5_0 | 1u << EB_DTYPE_Q5_1 |     \
      1u << EB_DTYPE_Q4_0 | 1u << EB_DTYPE_Q4_1 | 1u << EB_DTYPE_IQ4_NL | 1u << EB_DTYPE_IQ4_XS | 1u << EB_DTYPE_Q2_K | \
-     1u << EB_DTYPE_Q3_K)
+     1u << EB_DTYPE_Q3_K | 1u << EB_DTYPE_IQ2_XXS | 1u << EB_DTYPE_IQ3_XXS | 1u << EB_DTYPE_IQ2_XS |                 \
+     1u << EB_DTYPE_IQ3_S | 1u << EB_DTYPE_IQ1_S | 1u << EB_DTYPE_IQ1_M | 1u << EB_DTYPE_IQ2_S)
 #define QUANT_CASES(CALL)                                                                                        \
     case EB_DTYPE_Q8_0: CALL(qfmt<EB_DTYPE_Q8_0>); break;                                                         \
     case EB_DTYPE_Q4_K: CALL(qfmt<EB_DTYPE_Q4_K>); break;                                                         \
@@ -465,6 +675,13 @@ __device__ __forceinline__ void qdot_rows(const void *const *ws, unsigned long l
     case EB_DTYPE_IQ4_XS: CALL(qfmt<EB_DTYPE_IQ4_XS>); break;                                                     \
     case EB_DTYPE_Q2_K: CALL(qfmt<EB_DTYPE_Q2_K>); break;                                                         \
     case EB_DTYPE_Q3_K: CALL(qfmt<EB_DTYPE_Q3_K>); break;                                                         \
+    case EB_DTYPE_IQ2_XXS: CALL(qfmt<EB_DTYPE_IQ2_XXS>); break;                                                   \
+    case EB_DTYPE_IQ3_XXS: CALL(qfmt<EB_DTYPE_IQ3_XXS>); break;                                                   \
+    case EB_DTYPE_IQ2_XS: CALL(qfmt<EB_DTYPE_IQ2_XS>); break;                                                     \
+    case EB_DTYPE_IQ3_S: CALL(qfmt<EB_DTYPE_IQ3_S>); break;                                                       \
+    case EB_DTYPE_IQ1_S: CALL(qfmt<EB_DTYPE_IQ1_S>); break;                                                       \
+    case EB_DTYPE_IQ1_M: CALL(qfmt<EB_DTYPE_IQ1_M>); break;                                                       \
+    case EB_DTYPE_IQ2_S: CALL(qfmt<EB_DTYPE_IQ2_S>); break;                                                       \
     default: break;
 
 __device__ __forceinline__ void qdot_tile_any(const void *w, int dtype, long long row, int cols,

@@ -4,11 +4,11 @@
 //
 // As the CPU module runs them (its x86 kernels, cpu_kernels_avx2.c and cpu_kernels_avx512.c, which give the same
 // bits; the portable C kernels sum Q8_0 and MXFP4 blocks in another order): each row of x quantized per block of 32
-// values (against Q8_0 and MXFP4 weights) or 256 (the K formats) exactly as eb_cpu_quantize_q8 does it, the integer
-// sums of the products per block (exact, so in any order: dp4a here), the same float expression around each
-// block's integer sum and the same order of the float sums (below, per format), and the experts' activation of
-// eb_q8.h. Every float operation is an explicit one of the q8_* helpers (or eb_q8.h's), so that no compiler contracts
-// a multiply and an add into a fused one where the CPU has two roundings (or the reverse).
+// values (against Q8_0 and MXFP4 weights) or 256 (the K formats and the i-quants) exactly as eb_cpu_quantize_q8 does
+// it, the integer sums of the products per block (exact, so in any order: dp4a here), the same float expression
+// around each block's integer sum and the same order of the float sums (below, per format), and the experts'
+// activation of eb_q8.h. Every float operation is an explicit one of the q8_* helpers (or eb_q8.h's), so that no
+// compiler contracts a multiply and an add into a fused one where the CPU has two roundings (or the reverse).
 //
 // The quantized rows live in a block's shared memory: each block quantizes the rows of x its products read (up to
 // DOT_TILE at a time, as many as the shared memory holds) and then takes its weight rows, 32 lanes a row (the K
@@ -44,13 +44,6 @@ __device__ __forceinline__ int dot4(int a, int b, int c) {
 #endif
 }
 
-// Four bytes at any alignment, from the aligned words that hold them (never a word none of whose bytes is wanted).
-__device__ __forceinline__ unsigned ld_u32(const unsigned char *p) {
-    const unsigned char *a = word_of(p);
-    unsigned r = (unsigned)((uintptr_t)p & 3);
-    return funnel(word_at(a), word_at(a + (r ? 4 : 0)), 8u * r);
-}
-
 // Four MXFP4 codes (one a byte, in its low nibble) as their values (eb_mxfp4_values), one signed byte each.
 __device__ __forceinline__ int mxfp4_x4(unsigned n) {
     unsigned t = n | (n >> 4);
@@ -68,7 +61,8 @@ __host__ __device__ __forceinline__ bool q8_block32(int dtype) {
 
 __host__ __device__ __forceinline__ bool q8_products(int dtype) { // the formats with integer products (the CPU's)
     return q8_block32(dtype) || dtype == EB_DTYPE_Q4_K || dtype == EB_DTYPE_Q5_K || dtype == EB_DTYPE_Q6_K ||
-           dtype == EB_DTYPE_IQ4_XS || dtype == EB_DTYPE_Q2_K || dtype == EB_DTYPE_Q3_K;
+           dtype == EB_DTYPE_IQ4_XS || dtype == EB_DTYPE_Q2_K || dtype == EB_DTYPE_Q3_K || gpu_iq(dtype) ||
+           gpu_iq1(dtype);
 }
 
 // The layouts of quantized x a format's products read (bits: 1 blocks of 32, 2 blocks of 256; 0: f32 products).
@@ -403,6 +397,65 @@ __device__ __forceinline__ void q8_dotk(const unsigned char *row, int cols, cons
     for (int j = 0; j < DOT_TILE; j++) out[j] = sum[j];
 }
 
+// IQ2_XXS, IQ3_XXS, IQ2_XS, IQ3_S, IQ2_S, IQ1_S and IQ1_M against blocks of 256: the x86 kernels' arithmetic
+// (cpu_kernels_avx2.c dot_q8, block_k_q8's expression), one loop for the seven that reads each chunk by its format
+// (iq_q8_chunk), where seven copies of it would only be more code in every kernel. Per weight block two exact int32
+// sums: isum, each half chunk's signed grid values times their activations times 2 s + 1, and for IQ1_S and IQ1_M
+// msum, their groups' delta signs times the activations times the same 2 s + 1; the block's f32 value d * xd * isum
+// (the 1-bit ones' d * xd * (isum + msum / 8)); the values added into one sum in block order, then (all but the 1-bit
+// ones) times eb_iq_row_scale once, as dot_q8 applies it. The lanes as q8_dotk's: lane 8i + g takes chunk g of block
+// k0 + i, the block's 8 lanes add their sums by shuffles, every lane adds the four values in order, and every lane
+// receives the sums.
+__device__ __forceinline__ void q8_dot_iq(const unsigned char *row, int dtype, int cols, const q8_tile &x, int nt,
+                                          int lane, float *out) {
+    int gi = (lane >> 3) & 3, g = lane & 7, nb = cols / 256, bytes = (int)gpu_row_bytes(dtype, 256);
+    bool one = gpu_iq1(dtype);
+    float sum[DOT_TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int k0 = 0; k0 < nb; k0 += 4) {
+        int k = k0 + gi < nb ? k0 + gi : k0; // a lane past the last block reads the first of these (not added)
+        unsigned q[8], neg;
+        int s[2];
+        float dd = iq_q8_chunk(row + (long long)k * bytes, dtype, g, q, &neg, s);
+        int ls0 = 2 * s[0] + 1, ls1 = 2 * s[1] + 1, dw[4]; // dw: group l's delta sign in each of 4 bytes
+#pragma unroll
+        for (int l = 0; l < 4; l++) dw[l] = (neg >> l) & 1u ? -1 : 0x01010101;
+        int isum[DOT_TILE] = {0, 0, 0, 0}, msum[DOT_TILE] = {0, 0, 0, 0};
+#pragma unroll
+        for (int j = 0; j < DOT_TILE; j++)
+            if (j < nt) {
+                const int *xi = (const int *)(x.q[1] + (long long)j * cols + 256 * k + 32 * g);
+                int p0 = 0, p1 = 0, m0 = 0, m1 = 0;
+#pragma unroll
+                for (int w = 0; w < 4; w++) {
+                    p0 = dot4((int)q[w], xi[w], p0);
+                    p1 = dot4((int)q[4 + w], xi[4 + w], p1);
+                    if (one) m0 = dot4(dw[w / 2], xi[w], m0), m1 = dot4(dw[2 + w / 2], xi[4 + w], m1);
+                }
+                isum[j] = ls0 * p0 + ls1 * p1;
+                msum[j] = ls0 * m0 + ls1 * m1;
+            }
+#pragma unroll
+        for (int j = 0; j < DOT_TILE; j++)
+            for (int o = 1; o < 8; o *= 2) {
+                isum[j] += SHFL_XOR32(isum[j], o);
+                if (one) msum[j] += SHFL_XOR32(msum[j], o); // (one is the same on every lane)
+            }
+        float v[DOT_TILE];
+#pragma unroll
+        for (int j = 0; j < DOT_TILE; j++) {
+            float dx = x.d[1][j < nt ? j * nb + k : k];
+            v[j] = one ? q8_mul(q8_mul(dd, dx), q8_add((float)isum[j], q8_mul(0.125f, (float)msum[j])))
+                       : q8_mul(q8_mul(dd, dx), (float)isum[j]);
+        }
+        for (int i = 0; i < 4 && k0 + i < nb; i++)
+#pragma unroll
+            for (int j = 0; j < DOT_TILE; j++) sum[j] = q8_add(sum[j], SHFL_FROM32(v[j], 8 * i));
+    }
+    float scale = dtype == EB_DTYPE_IQ3_S ? 1.0f : dtype == EB_DTYPE_IQ3_XXS ? 0.25f : 0.125f; // eb_iq_row_scale
+#pragma unroll
+    for (int j = 0; j < DOT_TILE; j++) out[j] = one ? sum[j] : q8_mul(scale, sum[j]);
+}
+
 // out[j] (j < nt) = weight row `row` . x row j in the q8 precision, on every lane of the row's lanes: the integer
 // products where the format has them (x quantized in t), else the f32 product of x (xs) that warp_dot_tile computes.
 __device__ __forceinline__ void q8_product(const void *w, int dtype, long long row, int cols, const q8_tile &t,
@@ -417,6 +470,13 @@ __device__ __forceinline__ void q8_product(const void *w, int dtype, long long r
     case EB_DTYPE_Q2_K: q8_dotk<EB_DTYPE_Q2_K>(rp, cols, t, nt, lane, out); return;
     case EB_DTYPE_Q3_K: q8_dotk<EB_DTYPE_Q3_K>(rp, cols, t, nt, lane, out); return;
     case EB_DTYPE_IQ4_XS: q8_dotk<EB_DTYPE_IQ4_XS>(rp, cols, t, nt, lane, out); return;
+    case EB_DTYPE_IQ2_XXS:
+    case EB_DTYPE_IQ3_XXS:
+    case EB_DTYPE_IQ2_XS:
+    case EB_DTYPE_IQ3_S:
+    case EB_DTYPE_IQ2_S:
+    case EB_DTYPE_IQ1_S:
+    case EB_DTYPE_IQ1_M: q8_dot_iq(rp, dtype, cols, t, nt, lane, out); return;
     case EB_DTYPE_Q4_0: q8_dot32<EB_DTYPE_Q4_0>(rp, cols, t, nt, lane, out); return;
     case EB_DTYPE_Q4_1: q8_dot32<EB_DTYPE_Q4_1>(rp, cols, t, nt, lane, out); return;
     case EB_DTYPE_IQ4_NL: q8_dot32<EB_DTYPE_IQ4_NL>(rp, cols, t, nt, lane, out); return;
@@ -487,25 +547,53 @@ __global__ void __launch_bounds__(Q8_THREADS) q8_matmul_kernel(q8_mm a) {
 }
 
 // An expert's gate and up products for rows [r0, r1) and the rows of x of nt pairs (xs), the activation into
-// h_rows[j] + i: eb_q8_act where both products are q8 ones (the CPU module's choice), else expert_act.
-__device__ __forceinline__ void q8_gate_up_rows(const void *gate, const void *up, int gdt, int udt, const float *bias,
-                                                const eb_rt_act &act, int hidden, int inter, int r0, int r1,
-                                                const q8_tile &t, const float *const *xs, int nt, float *const *h_rows) {
-    int lanes = q8_lanes(gdt) == 16 && q8_lanes(udt) == 16 ? 16 : 32; // else a 16-lane product runs twice a row
-    bool q8act = q8_products(gdt) && q8_products(udt);
-    q8_rows(r0, r1, lanes, [&](int i, bool live, int lane) {
+// h_rows[j] + i: eb_q8_act where both products are q8 ones (the CPU module's choice), else expert_act. q8_gate_up_rows
+// is q8_pass's body and q8_gate_up_row q8_rows' row: functors, whose calls are forced inline, where the other kernels
+// pass lambdas. Two products with the cases of every format are more code than the compiler inlines a lambda with,
+// and a call holds the kernel to 128 registers (spills in every format's products).
+struct q8_gate_up_row {
+    const void *gate, *up;
+    int gdt, udt;
+    const float *bias;
+    const eb_rt_act *act;
+    int hidden, inter;
+    const q8_tile *t;
+    const float *const *xs;
+    int nt;
+    float *const *h_rows;
+    int lanes;
+    bool q8act;
+    __device__ __forceinline__ void operator()(int i, bool live, int lane) const {
         float gs[DOT_TILE], us[DOT_TILE];
-        q8_product(gate, gdt, i, hidden, t, xs, nt, lane, gs);
-        q8_product(up, udt, i, hidden, t, xs, nt, lane, us);
+        q8_product(gate, gdt, i, hidden, *t, xs, nt, lane, gs);
+        q8_product(up, udt, i, hidden, *t, xs, nt, lane, us);
         if (live && (lane & (lanes - 1)) == 0)
 #pragma unroll
             for (int j = 0; j < DOT_TILE; j++)
                 if (j < nt) {
                     float g = biased(gs[j], bias, i), u = biased(us[j], bias, (long long)inter + i);
-                    h_rows[j][i] = q8act ? eb_q8_act(act.kind, act.alpha, act.limit, g, u) : expert_act(act, g, u);
+                    h_rows[j][i] =
+                        q8act ? eb_q8_act(act->kind, act->alpha, act->limit, g, u) : expert_act(*act, g, u);
                 }
-    });
-}
+    }
+};
+
+struct q8_gate_up_rows {
+    const void *gate, *up;
+    int gdt, udt;
+    const float *bias;
+    const eb_rt_act *act;
+    int hidden, inter, r0, r1;
+    const q8_tile *t;
+    const float *const *xs;
+    float *const *h_rows;
+    __device__ __forceinline__ void operator()(int nt) const {
+        int lanes = q8_lanes(gdt) == 16 && q8_lanes(udt) == 16 ? 16 : 32; // else a 16-lane product runs twice a row
+        bool q8act = q8_products(gdt) && q8_products(udt);
+        q8_rows(r0, r1, lanes,
+                q8_gate_up_row{gate, up, gdt, udt, bias, act, hidden, inter, t, xs, nt, h_rows, lanes, q8act});
+    }
+};
 
 // An expert's down products for rows [r0, r1) and the rows of h of nt pairs (hs), its down biases added, into
 // out_rows[j] + r.
@@ -545,9 +633,9 @@ __global__ void __launch_bounds__(Q8_THREADS) q8_gate_up_grouped(const gpu_exper
             xs[j] = x + (long long)pair_token[pair] * hidden;
             hr[j] = h + (long long)pair * inter;
         }
-        q8_pass(xs, nt, hidden, need, t, [&](int n) {
-            q8_gate_up_rows(s.gate, s.up, s.gate_dtype, s.up_dtype, s.bias, act, hidden, inter, r0, r1, t, xs, n, hr);
-        });
+        q8_pass(xs, nt, hidden, need, t,
+                q8_gate_up_rows{s.gate, s.up, s.gate_dtype, s.up_dtype, s.bias, &act, hidden, inter, r0, r1, &t, xs,
+                                hr});
     }
 }
 
@@ -642,10 +730,9 @@ __global__ void __launch_bounds__(Q8_THREADS) q8_moe_gate_up_kernel(eb_rt_moe b,
             xs[j] = b.xn + (long long)(pair / b.top_k) * b.hidden;
             hr[j] = b.h + (long long)pair * b.inter;
         }
-        q8_pass(xs, nt, b.hidden, need, t, [&](int n) {
-            q8_gate_up_rows(ex.gate, ex.up, ex.gate_dtype, ex.up_dtype, ex.bias, b.act, b.hidden, b.inter, r0, r1, t,
-                            xs, n, hr);
-        });
+        q8_pass(xs, nt, b.hidden, need, t,
+                q8_gate_up_rows{ex.gate, ex.up, ex.gate_dtype, ex.up_dtype, ex.bias, &b.act, b.hidden, b.inter, r0, r1,
+                                &t, xs, hr});
     }
 }
 

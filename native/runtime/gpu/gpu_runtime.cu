@@ -241,9 +241,9 @@ static int gpu_device_info(void *rtp, int dev, eb_rt_device_info *info, char *er
     info->threads = 0;
     info->host_addressable = 0;
     info->queued_ops = 1;
-    // the formats with kernels here: the float ones and the quantized ones of QUANT_CASES (dequantized in f32, qfmt).
-    // The others (F8_E4M3_B128 with its scale companion, the formats after it in EB_FORMATS) have none yet, so the
-    // core refuses such a weight on this device by name.
+    // the formats with kernels here: the float ones and the quantized ones of QUANT_CASES (dequantized in f32, qfmt),
+    // the i-quants among them. The other (F8_E4M3_B128, with its scale companion) has none yet, so the core refuses
+    // such a weight on this device by name.
     info->formats = GPU_FORMATS;
     info->precisions = 1u << EB_PRECISION_F32 | 1u << EB_PRECISION_Q8; // q8: the cpu module's bits (q8_* kernels)
     // in q8: the formats with q8 kernels (q8_products), and those the table reads with f32 activations in either
