@@ -147,6 +147,9 @@ class Fixture:
     same_bits_as: str | None = None
     n_batch: int = 512
     devices: bool = False
+    # the reference of the checkpoint's multi-token-prediction module (tests/test_next_token_module.py), where it
+    # holds one
+    next_token_reference: Path | None = None
 
     @property
     def is_gguf(self) -> bool:
@@ -189,7 +192,15 @@ REGISTRY: list[Fixture] = [
     folder("qwen3-bf16", "qwen3", "bf16", {"BF16"}, None),
     # DeepSeek-V3: MLA, YaRN, grouped sigmoid routing, shared experts, a leading dense layer (recipes/deepseek.py)
     folder("deepseek-f32", "deepseek_v3", "f32", {"F32"}, DEEPSEEK_V3, devices=True),
-    folder("deepseek-bf16", "deepseek_v3", "bf16", {"BF16"}, DEEPSEEK_V3, devices=True),  # sharded
+    folder(
+        "deepseek-bf16",
+        "deepseek_v3",
+        "bf16",
+        {"BF16"},
+        DEEPSEEK_V3,
+        devices=True,  # sharded, an MTP layer
+        next_token_reference=FIXTURES / "deepseek-bf16" / "reference-mtp.npz",
+    ),  # fmt: skip
     folder("deepseek-noqlora-f32", "deepseek_v3", "f32", {"F32"}, DEEPSEEK_V3),  # q_lora_rank null: q_proj
     # gpt-oss: sinks, sliding windows, YaRN, clamped SwiGLU (recipes/gpt_oss.py); bf16 as transformers saves it, and
     # the released layout with MXFP4 experts (U8 blocks and scales)
@@ -267,7 +278,8 @@ PORTABLE_QUANTIZED_COVER = [f for f in REGISTRY if f.format == "q4_k_m"]
 
 def fixtures_on_disk() -> tuple[set[Path], set[Path]]:
     """(checkpoints, references) under tests/fixtures/: every folder holding a config.json but no GGUF file is a
-    checkpoint with its reference.npz; in a folder of GGUF files, each file is one, with its reference-<quant>.npz."""
+    checkpoint with its reference.npz (and reference-mtp.npz for its multi-token-prediction module); in a folder of GGUF
+    files, each file is one, with its reference-<quant>.npz."""
     checkpoints, references = set(), set()
     for sub in sorted(p for p in FIXTURES.iterdir() if p.is_dir() and p.name not in ("__pycache__", "recipes")):
         files = list(sub.glob("model-*.gguf"))  # beside them: imatrix.gguf, the importance matrix they were made with

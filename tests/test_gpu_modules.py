@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fixture_paths import FIXTURES
+from fixture_registry import BY_NAME
 from races import close_while_decoding, place_while_decoding, race
 
 from engine.core.errors import OutOfMemoryError, StateError, UnsupportedError
@@ -203,7 +204,7 @@ def test_the_multi_token_prediction_module_on_a_gpu(runtime):
     from engine.runs.speculative import generate
 
     folder = FIXTURES / "deepseek-bf16"
-    ref = np.load(folder / "reference-mtp.npz")
+    ref = np.load(BY_NAME["deepseek-bf16"].next_token_reference)
     ids = ref["ids"]
     ck = Checkpoint.open(folder)
     with gpu_engine(runtime) as eng:

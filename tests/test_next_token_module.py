@@ -10,6 +10,7 @@ import shutil
 import numpy as np
 import pytest
 from fixture_paths import FIXTURES
+from fixture_registry import BY_NAME
 
 from engine.checkpoints.checkpoint import Checkpoint
 from engine.core.errors import ArgumentError, CheckpointError, EngineError, UnsupportedError
@@ -25,7 +26,7 @@ PROMPT_LEN = 27  # the reference's prompt; its ids then the reference's greedy t
 
 @pytest.fixture(scope="module")
 def ref():
-    return np.load(FOLDER / "reference-mtp.npz")
+    return np.load(BY_NAME["deepseek-bf16"].next_token_reference)
 
 
 def test_module_matches_transformers(ref):
