@@ -37,6 +37,7 @@ from engine.profiles.profile import (
     loads,
 )
 from engine.profiles.profile import RunSettings as ProfileRun
+from engine.session import SELF_DRAFT
 
 if TYPE_CHECKING:  # the state imports this module
     from engine.runs.history import RunRecord, RunSettings
@@ -71,7 +72,10 @@ def build(path: str | os.PathLike, model: ModelSnapshot, placement: Placement, s
     path = Path(path).expanduser().resolve()
     use_draft = model.draft_path is not None and (settings is None or settings.use_draft)
     target = _ref(model, model.target_path, model.fingerprint)
-    draft = _ref(model, model.draft_path, model.draft_fingerprint) if use_draft else None
+    draft = None
+    if use_draft:  # the model's own MTP layer: `self: true`, its files the model's
+        own = model.draft_path == SELF_DRAFT
+        draft = ModelRef(own=True) if own else _ref(model, model.draft_path, model.draft_fingerprint)
     weights = None if base is None else base.run.weights  # the window cannot set it: an opened profile's stays
     run = ProfileRun(weights=weights)
     if settings is not None:

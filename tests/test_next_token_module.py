@@ -249,3 +249,55 @@ def test_a_module_of_another_checkpoint_is_refused(tmp_path):
         module = eng.load(Checkpoint.open(other).next_token_module())
         with pytest.raises(ArgumentError, match="a module drafts from its own model's hidden states"):
             DecodeRun(target, module, prompts=[[1, 2, 3]], tokens_per_prompt=4)
+
+
+# ---- profiles: `draft: {self: true}` ------------------------------------------------------------------------
+
+
+def _profile(tmp_path, draft: str, version: int = 5) -> str:
+    path = tmp_path / "mtp.yaml"
+    path.write_text(f"expertbench_profile: {version}\nmodel: {{path: {FOLDER}}}\ndraft: {draft}\n"
+                    "devices: {cpu: {devices: 2, threads: 1}}\nplacement: {layers: {3: cpu:1}}\n"
+                    "run: {prompts: [[1, 2, 3, 4], [5, 6, 7]], tokens: 6, repeats: 1, q: 2}\n")  # fmt: skip
+    return str(path)
+
+
+def test_a_profile_with_the_models_own_draft_records_and_replays(tmp_path, capsys):
+    from engine.cli import main
+    from engine.profiles import profile as P
+
+    path = _profile(tmp_path, "{self: true, device: cpu:1}")
+    assert main(["regress", "--record", path]) == 0
+    loaded = P.load(path)
+    assert loaded.draft.own and loaded.draft.device == "cpu:1" and loaded.draft.path is None
+    assert loaded.expectations.output_sha256 and loaded.expectations.min_accept_rate is not None
+    assert "self: true" in (tmp_path / "mtp.yaml").read_text()
+    capsys.readouterr()
+    assert main(["regress", path]) == 0
+    assert "mtp      ok" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("draft", "version", "message"),
+    [
+        ("{self: false}", 5, r"mtp.yaml:3: draft.self: expected true .* leave 'draft' out for none"),
+        ("{self: yes please}", 5, r"draft.self: expected true"),
+        (f"{{self: true, path: {FOLDER}}}", 5, r"draft.path: a draft of the model's own \('self: true'\) is its"),
+        ("{self: true}", 4, r"draft.self: the model's own draft needs format version 5"),
+        ("{}", 5, r"give exactly one of 'path' .* or 'demo' .* or 'self: true'"),
+    ],
+)
+def test_a_bad_self_draft_in_a_profile_is_refused_at_its_line(tmp_path, draft, version, message):
+    from engine.profiles import profile as P
+
+    with pytest.raises(P.ProfileError, match=message):
+        P.load(_profile(tmp_path, draft, version))
+
+
+def test_the_target_takes_no_self_key(tmp_path):
+    from engine.profiles import profile as P
+
+    path = tmp_path / "bad.yaml"
+    path.write_text(f"expertbench_profile: 5\nmodel: {{path: {FOLDER}, self: true}}\n")
+    with pytest.raises(P.ProfileError, match="self"):
+        P.load(path)

@@ -162,8 +162,9 @@ def test_minimal_profile_defaults(tmp_path):
 BAD = [
     ("expertbench_profile: 1\nmodel: {demo: default}\ncolour: red\n", 3, "unknown key 'colour'"),
     ("model: {demo: default}\n", 1, "'expertbench_profile' is missing"),
-    ("expertbench_profile: 5\nmodel: {demo: default}\n", 1, "format 5 is newer than this expertbench reads (4)"),
-    ("expertbench_profile: 0\nmodel: {demo: default}\n", 1, "expected a format version 1..4, got 0"),
+    (f"expertbench_profile: {P.FORMAT_VERSION + 1}\nmodel: {{demo: default}}\n", 1,
+     f"format {P.FORMAT_VERSION + 1} is newer than this expertbench reads ({P.FORMAT_VERSION})"),
+    ("expertbench_profile: 0\nmodel: {demo: default}\n", 1, f"expected a format version 1..{P.FORMAT_VERSION}, got 0"),
     ("expertbench_profile: 1\n", 1, "'model' is missing"),
     ("expertbench_profile: 1\nmodel: {demo: default, path: x}\n", 2, "exactly one of 'path'"),
     ("expertbench_profile: 1\nmodel: {demo: huge}\n", 2, "unknown demo size 'huge'"),

@@ -38,10 +38,11 @@ from .strict_yaml import Reader, Text, compose, dump, flow
 
 # A profile is written in the oldest format version that says all it holds, so an older expertbench still reads
 # it; a version newer than the reader's is refused, never read as something else.
-FORMAT_VERSION = 4  # the newest format this reads and writes
+FORMAT_VERSION = 5  # the newest format this reads and writes
 DEMO_FORMAT_VERSION = 2  # added the demo's `format` and `quant` (model, draft): the demo pair as GGUF files
 FAMILY_FORMAT_VERSION = 3  # added the demo's `family` (model, draft): the DeepSeek-V3 demo pair
 OUTPUTS_FORMAT_VERSION = 4  # added expectations.outputs: the recorded ids and top-2 gaps (engine.runs.diverge)
+SELF_DRAFT_FORMAT_VERSION = 5  # added `draft: {self: true}`: the target's own multi-token-prediction module
 VERSION_KEY = "expertbench_profile"
 RUNTIMES = ("cpu", "hostsim", "cuda", "hip")
 DEFAULT_TOKENS = 32
@@ -78,6 +79,7 @@ class ModelRef:
     format: str | None = None  # demos only: the demo pair's file format
     quant: str | None = None  # GGUF demos only: its quantization
     family: str | None = None  # demos only: the demo pair's family
+    own: bool = False  # drafts only: the target checkpoint's own multi-token-prediction module (`self: true`)
 
     def __post_init__(self):
         if isinstance(self.demo, str) and "/" in self.demo and self.family is None:
@@ -243,6 +245,8 @@ class Profile:
     def needed_version(self) -> int:
         """The oldest format version that can say everything this profile holds."""
         refs = [r for r in (self.model, self.draft) if r is not None]
+        if self.draft is not None and self.draft.own:
+            return SELF_DRAFT_FORMAT_VERSION
         if self.expectations.outputs is not None:
             return OUTPUTS_FORMAT_VERSION
         if any(r.family is not None for r in refs):
@@ -269,8 +273,11 @@ class Profile:
         return p if p.is_absolute() or self.path is None else self.path.parent / p
 
     def model_folder(self, ref: ModelRef | None = None, role: str = "target") -> Path:
-        """The folder (or GGUF file) of the target (or of `ref`); a demo size is built into the cache when missing."""
+        """The folder (or GGUF file) of the target (or of `ref`: the target's for its own module); a demo size is built
+        into the cache when missing."""
         ref = ref or self.model
+        if ref.own:
+            ref = self.model
         if ref.demo is not None:
             from ..checkpoints.demo import ensure_demo_pair
 
@@ -400,6 +407,8 @@ class Profile:
 
 def _ref_data(ref: ModelRef) -> dict:
     out: dict[str, Any] = {}
+    if ref.own:
+        out["self"] = True
     if ref.demo is not None:
         out["demo"] = ref.demo
     if ref.family is not None:
@@ -570,11 +579,31 @@ def _find(r: _Reader, node, key: str):
 
 
 def _read_ref(r: _Reader, node, what: str, version: int, allow_device: bool) -> ModelRef:
-    allowed = ("path", "demo", "family", "format", "quant", "fingerprint") + (("device",) if allow_device else ())
+    drafts = ("device", "self") if allow_device else ()
+    allowed = ("path", "demo", "family", "format", "quant", "fingerprint", *drafts)
     m = r.mapping(node, what, allowed)
     ref = ModelRef()
+    if "self" in m:
+        knode, vnode = m["self"]
+        if version < SELF_DRAFT_FORMAT_VERSION:
+            r.fail(knode, f"{what}.self: the model's own draft needs format version {SELF_DRAFT_FORMAT_VERSION} "
+                          f"('{VERSION_KEY}: {SELF_DRAFT_FORMAT_VERSION}'; this file says {version})")  # fmt: skip
+        if r.scalar(vnode, f"{what}.self") is not True:
+            r.fail(vnode, f"{what}.self: expected true (the model's own multi-token-prediction layer as the draft), "
+                          f"got {vnode.value!r:.40}; leave 'draft' out for none")  # fmt: skip
+        others = sorted(set(m) - {"self", "device"})
+        if others:
+            r.fail(m[others[0]][0], f"{what}.{others[0]}: a draft of the model's own ('self: true') is its "
+                                    "checkpoint's module: it takes a 'device' only")  # fmt: skip
+        ref.own = True
+        if "device" in m:
+            ref.device = r.device(m["device"][1], f"{what}.device")
+        r.mark((what,), node)
+        return ref
     if ("path" in m) == ("demo" in m):
-        r.fail(node, f"{what}: give exactly one of 'path' (a model folder or .gguf file) or 'demo' (a demo model size)")
+        self_too = " or 'self: true' (the model's own MTP layer)" if allow_device else ""
+        r.fail(node, f"{what}: give exactly one of 'path' (a model folder or .gguf file) or 'demo' (a demo model "
+                     f"size){self_too}")  # fmt: skip
     if "path" in m:
         ref.path = r.string(m["path"][1], f"{what}.path")
     if "family" in m:

@@ -29,7 +29,7 @@ from ..checkpoints.checkpoint import read_config
 from ..core.errors import EngineError
 from ..runs.diverge import Diagnosis, Outputs, diagnose
 from ..runs.history import combined_hash
-from ..session import open_pair
+from ..session import SELF_DRAFT, open_pair
 from .expectations import min_accept_rate, min_speed_ratio
 from .profile import Profile, ProfileError, RoutingSpec, fingerprint, load
 
@@ -214,8 +214,8 @@ def measure_profile(profile: Profile, portable: bool = False, check_weights: boo
     settings = profile.run.resolved()
     with make_engine(profile, portable) as engine:
         draft_ref = profile.draft
-        pair = open_pair(engine, profile.model_folder(),
-                         None if draft_ref is None else profile.model_folder(draft_ref, "draft"),
+        draft = None if draft_ref is None else SELF_DRAFT if draft_ref.own else profile.model_folder(draft_ref, "draft")
+        pair = open_pair(engine, profile.model_folder(), draft,
                          device=profile.primary_device, draft_device=None if draft_ref is None else draft_ref.device,
                          weights=settings["weights"], check_weights=check_weights)  # fmt: skip
         target, draft = pair.target, pair.draft
@@ -252,7 +252,7 @@ def _tell(message: str) -> None:
 def _check_models(profile: Profile, record: bool) -> None:
     """Folders exist, fingerprints match (or are missing and about to be recorded), ranges fit the model."""
     for role, ref in (("model", profile.model), ("draft", profile.draft)):
-        if ref is None:
+        if ref is None or ref.own:  # the model's own module: its files and fingerprint are the model's
             continue
         folder = profile.model_folder(ref, "target" if role == "model" else "draft")
         try:
@@ -417,7 +417,7 @@ def _record(o: Outcome, slack: float) -> None:
     if o.baseline is not None and o.speed_ratio is not None:
         e.min_speed_ratio = min_speed_ratio(o.speed_ratio, slack)
     for role, ref in (("model", p.model), ("draft", p.draft)):
-        if ref is not None and ref.fingerprint is None:
+        if ref is not None and ref.fingerprint is None and not ref.own:  # (the model's own module: the model's)
             ref.fingerprint = fingerprint(p.model_folder(ref, "target" if role == "model" else "draft"))
     if m.routing is not None and (p.routing is None or p.routing.hotness_csv is None):
         p.routing = RoutingSpec.inline(m.routing)

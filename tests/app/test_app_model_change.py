@@ -92,9 +92,10 @@ def test_the_heat_map_labels_a_dense_layer_instead_of_a_row_of_zero_hits(qtbot, 
     qtbot.waitUntil(lambda: heatmap.dense == set())
 
 
-def test_the_models_own_mtp_layer_as_the_draft(qtbot, make_window, monkeypatch):
+def test_the_models_own_mtp_layer_as_the_draft(qtbot, make_window, monkeypatch, tmp_path):
     """File > Draft with the model's own MTP layer: offered for a folder that holds one (DeepSeek-V3's released
-    layout), not for one without; the run then drafts with it and its output is the target-only run's."""
+    layout), not for one without; the run then drafts with it and its output is the target-only run's; a profile
+    saved from it names the draft `self: true`."""
     window = make_window()
     state = window.state
     open_model(qtbot, window, monkeypatch, DEEPSEEK)
@@ -116,3 +117,7 @@ def test_the_models_own_mtp_layer_as_the_draft(qtbot, make_window, monkeypatch):
     qtbot.waitUntil(lambda: not state.busy, timeout=TIMEOUT_MS)
     run = state.history[-1]
     assert run.accept_rate is not None and run.draft_path == "self" and run.output_hash == plain
+    from app import profiles
+
+    saved = profiles.build(tmp_path / "mtp.yaml", state.model, state.placement, None)
+    assert saved.draft.own and saved.draft.path is None and "self: true" in saved.to_yaml()
