@@ -4,7 +4,7 @@ a handler reaches the user as a dialog with the panel left usable."""
 
 import sys
 
-from app_helpers import DRAFT, TARGET, TIMEOUT_MS
+from app_helpers import DRAFT, FIXTURES, TARGET, TIMEOUT_MS
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QAbstractButton, QFileDialog, QInputDialog, QMessageBox, QTabBar, QToolBar
 from test_app_tune import MadeUpTuning, made_up
@@ -264,6 +264,12 @@ def test_every_menu_action_does_its_work_when_triggered(qtbot, make_window, monk
     answer("getExistingDirectory", str(DRAFT))
     trigger(window.act_open_draft)
     opened(folder, DRAFT)
+    # Draft with the model's own MTP layer: a DeepSeek-V3 folder holding one
+    with_module = FIXTURES / "deepseek-bf16"
+    state.load_models(with_module)
+    opened(with_module)
+    trigger(window.act_self_draft)
+    opened(with_module, "self")
     # Open recent: the model folder opened above (File > Open model folder… listed it once it loaded)
     recent = window.recent_menu.actions()
     assert recent and str(folder) in recent[0].text()
