@@ -42,6 +42,7 @@ from engine.core.native import core_location
 
 MODULES = Path(core_location())
 INCLUDE = Path(__file__).resolve().parent.parent / "native" / "include"
+TEST_BLOCKS = INCLUDE.parent / "tests"  # eb_test_blocks.h, shared with the native tests
 GGUF = FIXTURES / "qwen3moe-gguf"
 QUANTS = ["q8_0", "q4_k_m", "mxfp4_moe"]
 TOLERANCE = 1e-4  # against transformers, as tests/test_gguf_quantized.py
@@ -69,8 +70,8 @@ def test_module_operations_match_the_cpu_module_on_every_format(runtime, tmp_pat
     source.write_text(DRIVER)
     exe = tmp_path / "driver"
     build = subprocess.run(
-        [cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", f"-I{INCLUDE}", "-o", str(exe), str(source),
-         "-ldl", "-lm"],
+        [cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", f"-I{INCLUDE}", f"-I{TEST_BLOCKS}", "-o", str(exe),
+         str(source), "-ldl", "-lm"],
         capture_output=True, text=True,
     )  # fmt: skip
     assert build.returncode == 0, build.stdout + build.stderr
@@ -153,31 +154,14 @@ def test_quantized_experts_on_a_gpu_owner_match_transformers_and_its_tokens(runt
 LOWBIT = FIXTURES / "qwen3moe-gguf-lowbit"  # llama.cpp's llama-quantize (tests/fixtures/recipes/qwen3moe_lowbit.py)
 
 
-@pytest.mark.parametrize("quant", ["q4_0", "q2_k", "q3_k_m", "iq4_xs"])
+@pytest.mark.parametrize("quant", ["q4_0", "q2_k", "q3_k_m", "iq4_xs", "iq2_xxs", "ud_mix"])
 @pytest.mark.parametrize("runtime", RUNTIMES)
-def test_small_types_run_in_f32_on_the_gpu(runtime, quant):
-    """Q4_0, Q2_K, Q3_K and IQ4_XS (with the Q4_K/Q5_K/Q6_K/Q8_0 tensors llama.cpp keeps beside them) on a GPU primary
-    and a GPU expert owner: transformers' logits within 1e-4 and the 64 tokens in f32 (their q8 precision:
-    test_q8_logits_are_the_same_bits_on_every_placement)."""
-    prompt, generated, ref = reference(quant, LOWBIT)
-    with gpu_engine(runtime) as eng:
-        gpu = f"{runtime}:0"
-        for primary, text in ((gpu, f"*={gpu}"), ("cpu:0", f"*=cpu:0; 0={gpu}")):
-            with eng.load(LOWBIT / f"model-{quant}.gguf", device=primary) as model:
-                model.set_placement(text)
-                rows, ids = run_all(model, prompt, generated)
-                assert ids == generated.tolist(), text
-                err = relative_error(rows, ref)
-                assert err.max() < TOLERANCE, f"{text}: worst position {err.argmax()}: {err.max():.2e}"
-
-
-@pytest.mark.parametrize("quant", ["iq2_xxs", "ud_mix"])
-@pytest.mark.parametrize("runtime", RUNTIMES)
-def test_i_quant_files_run_in_f32_on_the_gpu(runtime, quant):
-    """llama.cpp's IQ2_XXS file (Q2_K, Q4_K and Q5_K beside it) and the unsloth-style mix (IQ1_S, IQ1_M, IQ2_XS,
-    IQ3_XXS and IQ3_S with IQ4_XS and K formats, an expert's three projections in three types) on a GPU primary and a
-    GPU expert owner: the GPU reads every one of their tensors (none refused), transformers' logits within 1e-4 and
-    the 64 tokens in f32 (their q8 precision: test_q8_logits_are_the_same_bits_on_every_placement)."""
+def test_small_types_and_i_quants_run_in_f32_on_the_gpu(runtime, quant):
+    """llama.cpp's Q4_0, Q2_K, Q3_K and IQ4_XS files (with the Q4_K/Q5_K/Q6_K/Q8_0 tensors it keeps beside them), its
+    IQ2_XXS file (Q2_K, Q4_K and Q5_K beside it) and the unsloth-style mix (IQ1_S, IQ1_M, IQ2_XS, IQ3_XXS and IQ3_S
+    with IQ4_XS and K formats, an expert's three projections in three types) on a GPU primary and a GPU expert owner:
+    the GPU reads every one of their tensors (none refused), transformers' logits within 1e-4 and the 64 tokens in
+    f32 (their q8 precision: test_q8_logits_are_the_same_bits_on_every_placement)."""
     prompt, generated, ref = reference(quant, LOWBIT)
     with gpu_engine(runtime) as eng:
         gpu = f"{runtime}:0"
@@ -272,6 +256,7 @@ DRIVER = r"""
 
 #include "eb_formats.h"
 #include "eb_runtime.h"
+#include "eb_test_blocks.h"
 
 #define TOL 1e-5
 
@@ -798,63 +783,10 @@ static float *q8_x(size_t n, int kind) {
     return x;
 }
 
-/* An i-quant block's quants at their largest magnitudes (test_native.c's extreme_block: the grid entries of the
- * largest magnitudes, scales at their largest, signs all + in even chunks and all - in odd ones; IQ1_S and IQ1_M: the
- * entries of all -1 and all +1, deltas of the same sign), its f16 d h. */
+/* An i-quant block at its extreme quants (eb_test_blocks.h), its f16 d h. */
 static void iq_extreme(unsigned char *b, int dt, uint16_t h) {
-    switch (dt) {
-    case EB_DTYPE_IQ2_XXS: /* grid entry 57 */
-        for (int j = 0; j < 8; j++) {
-            uint32_t word = (j & 1 ? 0x0FFFFFFFu : 0u) | 15u << 28;
-            memset(b + 2 + 8 * j, 57, 4);
-            memcpy(b + 6 + 8 * j, &word, 4);
-        }
-        break;
-    case EB_DTYPE_IQ3_XXS: /* grid entry 135 */
-        memset(b + 2, 135, 64);
-        for (int j = 0; j < 8; j++) {
-            uint32_t word = (j & 1 ? 0x0FFFFFFFu : 0u) | 15u << 28;
-            memcpy(b + 66 + 4 * j, &word, 4);
-        }
-        break;
-    case EB_DTYPE_IQ2_XS: /* grid entry 511 */
-        for (int i = 0; i < 32; i++) {
-            uint16_t q = (uint16_t)(511u | ((i / 4) & 1 ? 127u : 0u) << 9);
-            memcpy(b + 2 + 2 * i, &q, 2);
-        }
-        memset(b + 66, 0xFF, 8);
-        break;
-    case EB_DTYPE_IQ3_S: /* grid entry 338 */
-        memset(b + 2, 338 & 255, 64);
-        memset(b + 66, 0xFF, 8);
-        for (int j = 0; j < 8; j++) memset(b + 74 + 4 * j, j & 1 ? 0xFF : 0x00, 4);
-        memset(b + 106, 0xFF, 4);
-        break;
-    case EB_DTYPE_IQ2_S: /* grid entry 1023 */
-        memset(b + 2, 0xFF, 32);
-        for (int j = 0; j < 8; j++) memset(b + 34 + 4 * j, j & 1 ? 0xFF : 0x00, 4);
-        memset(b + 66, 0xFF, 16);
-        break;
-    case EB_DTYPE_IQ1_S: /* grid entries 0 and 2047, scales 7 */
-        for (int j = 0; j < 8; j++) {
-            uint16_t word = j & 1 ? 0x7FFFu : 0xF000u;
-            memset(b + 2 + 4 * j, j & 1 ? 0xFF : 0x00, 4);
-            memcpy(b + 34 + 2 * j, &word, 2);
-        }
-        break;
-    case EB_DTYPE_IQ1_M: /* grid entries 0 and 2047, scales 7; d in the scale words' top nibbles */
-        for (int j = 0; j < 8; j++) {
-            memset(b + 4 * j, j & 1 ? 0xFF : 0x00, 4);
-            memset(b + 32 + 2 * j, j & 1 ? 0x77 : 0x88, 2);
-        }
-        for (int i = 0; i < 4; i++) {
-            uint16_t word = (uint16_t)(0x0FFFu | (unsigned)((h >> (4 * i)) & 0xF) << 12);
-            memcpy(b + 48 + 2 * i, &word, 2);
-        }
-        return;
-    default: return;
-    }
-    memcpy(b, &h, 2);
+    (void)eb_test_extreme_iq(b, dt);
+    eb_test_iq_set_d(b, dt, h);
 }
 
 /* weights for the q8 checks: random blocks, or every block's quants at their largest magnitudes (both signs) with

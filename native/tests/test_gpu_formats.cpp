@@ -16,6 +16,7 @@
 
 extern "C" {
 #include "eb_formats.h"
+#include "eb_test_blocks.h"
 }
 
 #define DOT_TILE 4
@@ -37,64 +38,10 @@ static bool all_finite(const float *v, int n) {
     return true;
 }
 
-// An i-quant block's quants at their largest magnitudes, both signs (as test_native.c's extreme_block: grid entries of
-// the largest magnitudes, largest scales, all signs + in even chunks and - in odd ones; IQ1_S / IQ1_M: entries of all
-// -1 and all +1, deltas of the same sign), its f16 d by k: 65504, the smallest subnormal, or the random one it has.
+// An i-quant block at its extreme quants (eb_test_blocks.h), its f16 d by k: 65504, the smallest subnormal, or its own.
 template <int DT> static void extreme_block(unsigned char *b, int k) {
-    uint16_t d = k % 3 == 0 ? 0x7bff : k % 3 == 1 ? 0x0001 : eb_load_u16(b);
-    switch (DT) {
-    case EB_DTYPE_IQ2_XXS: /* grid entry 57 */
-        for (int j = 0; j < 8; j++) {
-            uint32_t word = (j & 1 ? 0x0FFFFFFFu : 0u) | 15u << 28;
-            memset(b + 2 + 8 * j, 57, 4);
-            memcpy(b + 6 + 8 * j, &word, 4);
-        }
-        break;
-    case EB_DTYPE_IQ3_XXS: /* grid entry 135 */
-        memset(b + 2, 135, 64);
-        for (int j = 0; j < 8; j++) {
-            uint32_t word = (j & 1 ? 0x0FFFFFFFu : 0u) | 15u << 28;
-            memcpy(b + 66 + 4 * j, &word, 4);
-        }
-        break;
-    case EB_DTYPE_IQ2_XS: /* grid entry 511 */
-        for (int i = 0; i < 32; i++) {
-            uint16_t q = (uint16_t)(511u | ((i / 4) & 1 ? 127u : 0u) << 9);
-            memcpy(b + 2 + 2 * i, &q, 2);
-        }
-        memset(b + 66, 0xFF, 8);
-        break;
-    case EB_DTYPE_IQ3_S: /* grid entry 338 */
-        memset(b + 2, 338 & 255, 64);
-        memset(b + 66, 0xFF, 8);
-        for (int j = 0; j < 8; j++) memset(b + 74 + 4 * j, j & 1 ? 0xFF : 0x00, 4);
-        memset(b + 106, 0xFF, 4);
-        break;
-    case EB_DTYPE_IQ2_S: /* grid entry 1023 */
-        memset(b + 2, 0xFF, 32);
-        for (int j = 0; j < 8; j++) memset(b + 34 + 4 * j, j & 1 ? 0xFF : 0x00, 4);
-        memset(b + 66, 0xFF, 16);
-        break;
-    case EB_DTYPE_IQ1_S: /* grid entries 0 and 2047, scales 7 */
-        for (int j = 0; j < 8; j++) {
-            uint16_t word = j & 1 ? 0x7FFFu : 0xF000u;
-            memset(b + 2 + 4 * j, j & 1 ? 0xFF : 0x00, 4);
-            memcpy(b + 34 + 2 * j, &word, 2);
-        }
-        break;
-    case EB_DTYPE_IQ1_M: /* grid entries 0 and 2047, scales 7; d in the scale words' top nibbles */
-        for (int j = 0; j < 8; j++) {
-            memset(b + 4 * j, j & 1 ? 0xFF : 0x00, 4);
-            memset(b + 32 + 2 * j, j & 1 ? 0x77 : 0x88, 2);
-        }
-        for (int i = 0; i < 4; i++) {
-            uint16_t word = (uint16_t)(0x0FFFu | (unsigned)(d >> (4 * i) & 0xF) << 12);
-            memcpy(b + 48 + 2 * i, &word, 2);
-        }
-        return;
-    default: return;
-    }
-    memcpy(b, &d, 2);
+    (void)eb_test_extreme_iq(b, DT);
+    if (k % 3 != 2) eb_test_iq_set_d(b, DT, k % 3 == 0 ? 0x7bff : 0x0001);
 }
 
 // The chunks an i-quant's q8 products read (iq_q8_chunk: iq_chunk's or iq1_chunk's, and d) against the core's

@@ -17,6 +17,7 @@
 #include "eb_ops.h"
 #include "eb_q8.h"
 #include "eb_runtime.h"
+#include "eb_test_blocks.h"
 #include "expertbench.h"
 
 static int failures = 0, checks = 0;
@@ -1154,53 +1155,9 @@ static void extreme_block(unsigned char *b, int dt) {
         for (int i = 0; i < 96; i++) b[i] = i & 1 ? 0xFF : 0x00;
         memset(b + 96, 0, 12);
         return;
-    case EB_DTYPE_IQ2_XXS: /* scales 15, grid entry 57 (the largest magnitudes), all signs + then all - */
-        for (int j = 0; j < 8; j++) {
-            uint32_t word = (j & 1 ? 0x0FFFFFFFu : 0u) | 15u << 28;
-            memset(b + 2 + 8 * j, 57, 4);
-            memcpy(b + 6 + 8 * j, &word, 4);
-        }
+    default:
+        (void)eb_test_extreme_iq(b, dt);
         return;
-    case EB_DTYPE_IQ3_XXS: /* scales 15, grid entry 135 (the largest magnitudes), all signs + then all - */
-        memset(b + 2, 135, 64);
-        for (int j = 0; j < 8; j++) {
-            uint32_t word = (j & 1 ? 0x0FFFFFFFu : 0u) | 15u << 28;
-            memcpy(b + 66 + 4 * j, &word, 4);
-        }
-        return;
-    case EB_DTYPE_IQ2_XS: /* scales 15, grid entry 511 (all 43), all signs + then all - */
-        for (int k = 0; k < 32; k++) {
-            uint16_t q = (uint16_t)(511u | (k & 1 ? 127u : 0u) << 9);
-            memcpy(b + 2 + 2 * k, &q, 2);
-        }
-        memset(b + 66, 0xFF, 8);
-        return;
-    case EB_DTYPE_IQ3_S: /* scales 15, grid entry 338 (the largest magnitudes), all signs + then all - */
-        memset(b + 2, 338 & 255, 64);
-        memset(b + 66, 0xFF, 8);
-        for (int j = 0; j < 8; j++) memset(b + 74 + 4 * j, j & 1 ? 0xFF : 0x00, 4);
-        memset(b + 106, 0xFF, 4);
-        return;
-    case EB_DTYPE_IQ2_S: /* scales 15, grid entry 1023 (all 43), all signs + then all - */
-        memset(b + 2, 0xFF, 32);
-        for (int j = 0; j < 8; j++) memset(b + 34 + 4 * j, j & 1 ? 0xFF : 0x00, 4);
-        memset(b + 66, 0xFF, 16);
-        return;
-    case EB_DTYPE_IQ1_S: /* scales 7, grid entries 0 (all -1) and 2047 (all +1), deltas of the same sign */
-        for (int j = 0; j < 8; j++) {
-            uint16_t word = j & 1 ? 0x7FFFu : 0xF000u; /* top index bits 7 (2047) and +delta, or 0 (0) and -delta */
-            memset(b + 2 + 4 * j, j & 1 ? 0xFF : 0x00, 4);
-            memcpy(b + 34 + 2 * j, &word, 2);
-        }
-        return;
-    case EB_DTYPE_IQ1_M: /* scales 7, grid entries 0 (all -1) and 2047 (all +1), deltas of the same sign; d kept */
-        for (int j = 0; j < 8; j++) {
-            memset(b + 4 * j, j & 1 ? 0xFF : 0x00, 4);
-            memset(b + 32 + 2 * j, j & 1 ? 0x77 : 0x88, 2);
-        }
-        for (int k = 0; k < 4; k++) b[48 + 2 * k] = 0xFF, b[49 + 2 * k] |= 0x0F;
-        return;
-    default: return;
     }
 }
 
