@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -360,13 +361,24 @@ def _as_stored(checkpoint: Checkpoint, exc: EngineError) -> EngineError:
     too: a user of a released DeepSeek-V4 folder looks for 'layers.1.attn.wq_b.scale', not the name it is bound by."""
     text = str(exc)
     names = {t.name: t.stored_as for t in checkpoint.tensors.values() if t.stored_as}
-    # a missing companion: named by the '.scale' the file would hold beside the weight
-    names |= {f"{t.name}_scale_inv": t.stored_as.removesuffix(".weight") + ".scale"
-              for t in checkpoint.tensors.values() if t.stored_as.endswith(".weight")}  # fmt: skip
+    # a missing companion: named as the file would hold it beside the weight (a released DeepSeek-V4 folder's
+    # '.scale'; a module of the checkpoint's own under the name its weight has there, its companion's suffix kept)
+    module = checkpoint.config.next_token_module
+    companions = {f"{t.name}_scale_inv": (t.stored_as + "_scale_inv" if module else
+                                          t.stored_as.removesuffix(".weight") + ".scale")
+                  for t in checkpoint.tensors.values() if t.stored_as.endswith(".weight")}  # fmt: skip
+    names = companions | names  # (a tensor of the file keeps its own name)
     renamed = [(bound, stored) for bound, stored in names.items() if f"'{bound}'" in text]
     for bound, stored in renamed:
         text = text.replace(f"'{bound}'", f"'{stored}' (read as '{bound}')")
-    return type(exc)(text) if renamed else exc
+    # a tensor the module's layer lacks: named under the file's layer (model.layers.0. is the module's one layer)
+    missing = []
+    if module and checkpoint.module_layer is not None:
+        for name in set(re.findall(r"'(model\.layers\.0\.[^']*)'", text)) - set(names):
+            stored = f"model.layers.{checkpoint.module_layer}." + name.removeprefix("model.layers.0.")
+            missing.append(name)
+            text = text.replace(f"'{name}'", f"'{stored}' (read as '{name}')")
+    return type(exc)(text) if renamed or missing else exc
 
 
 class Model(_Handle):
@@ -911,12 +923,14 @@ class Context(_Handle):
         )
         return (logits, hidden) if hidden_out else logits
 
-    def eval_hidden(self, ids, all_rows: bool = True, hidden_in=None) -> tuple[np.ndarray, np.ndarray]:
+    def eval_hidden(self, ids, all_rows: bool = True, hidden_in=None, hidden_out: bool = True):
         """Append positions and return (logits, hidden): logits as prefill gives them ([len(ids), vocab], or [vocab]
         for the last position alone), hidden [len(ids), hidden_size] each position's last hidden state after the
-        final norm (what the head reads). hidden_in: for a multi-token-prediction module (Checkpoint.
-        next_token_module), the target's hidden state at the position before each token's, [len(ids), hidden_size]."""
-        logits, hidden = self._eval(ids, all_rows, hidden_in, True)
+        final norm (what the head reads; None with hidden_out False). hidden_in: for a multi-token-prediction module
+        (Checkpoint.next_token_module), the target's hidden state at the position before each token's,
+        [len(ids), hidden_size]."""
+        out = self._eval(ids, all_rows, hidden_in, hidden_out)
+        logits, hidden = out if hidden_out else (out, None)
         return (logits if all_rows else logits[0]), hidden
 
     def prefill(self, ids, all_rows: bool = True) -> np.ndarray:

@@ -214,8 +214,11 @@ def test_the_multi_token_prediction_module_on_a_gpu(runtime):
             last, hidden = tc.eval_hidden(ids, all_rows=False)
             tc.truncate(0)
             _, every = tc.eval_hidden(ids, all_rows=True)
+            tc.truncate(0)
+            _, few = tc.eval_hidden(ids[:3], all_rows=False)  # rows few enough for the fused norm: the norm alone
         assert np.array_equal(hidden, every)
         np.testing.assert_allclose(hidden, ref["hidden"], atol=1e-4, rtol=0)
+        np.testing.assert_allclose(few, ref["hidden"][:3], atol=1e-4, rtol=0)
         for placement in (f"*={gpu}", "*=cpu:0", f"0.0-7=cpu:0; 0.8-15={gpu}"):
             module.set_placement(placement)
             rows = {}

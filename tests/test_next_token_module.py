@@ -93,6 +93,63 @@ def test_self_draft_equals_greedy_and_proposes_the_modules_tokens(q, ref):
             assert out == plain and steps > 5 and chained == (4 if q > 1 else 0)
 
 
+class OracleModule:
+    """The module's context as the decoder drives it, its logits replaced: its position j proposes the greedy token at
+    j + 2 (the sequence's), wrong at every `wrong`-th position, so that steps accept all, some or none of their
+    proposals; each call's positions and hidden_in are recorded."""
+
+    def __init__(self, ctx, sequence, wrong: int):
+        self.ctx, self.sequence, self.wrong = ctx, sequence, wrong
+        self.calls = []
+
+    def __getattr__(self, name):
+        return getattr(self.ctx, name)
+
+    def eval_hidden(self, ids, all_rows=True, hidden_in=None, hidden_out=True):
+        at = self.ctx.position
+        logits, state = self.ctx.eval_hidden(ids, all_rows, hidden_in, hidden_out)
+        self.calls.append((at, list(ids), None if hidden_in is None else np.array(hidden_in), all_rows))
+        rows = []
+        for j in range(at, at + len(ids)):
+            row = np.zeros(logits.shape[-1], dtype=np.float32)
+            good = self.sequence[j + 2] if j + 2 < len(self.sequence) else 0
+            row[good if j % self.wrong else (good + 1) % len(row)] = 1.0
+            rows.append(row)
+        return (np.stack(rows) if all_rows else rows[-1]), state
+
+
+@pytest.mark.parametrize("context", [0, 1, 9])
+def test_accepted_proposals_and_the_states_the_module_reads(context, ref):
+    """With proposals that the target accepts (all, some, none of a step's), the output is greedy's and every
+    position the module reads from the target carries the target's state there (transformers' hidden states of the
+    reference sequence): after a context, across acceptances and rejections, and the chained positions read again."""
+    ck = Checkpoint.open(FOLDER)
+    ids, hidden = ref["ids"], ref["hidden"]
+    n = 40
+    with Engine() as eng:
+        target, module = eng.load(ck), eng.load(ck.next_token_module())
+        with target.context(PROMPT_LEN + n + 4) as tc, module.context(PROMPT_LEN + n + 4) as mc:
+            oracle = OracleModule(mc, ids, wrong=7)
+            decoder = NextTokenDecoder(tc, oracle, 3)
+            decoder.begin(ids[:context].tolist())
+            out = [decoder.start(ids[context:PROMPT_LEN].tolist())]
+            accepted = []
+            while len(out) < n:
+                step = decoder.step(n - len(out))
+                accepted.append(step.accepted)
+                out.extend(step.tokens)
+            assert out == ids[PROMPT_LEN : PROMPT_LEN + n].tolist()
+    assert 3 in accepted and 0 in accepted and ({1, 2} & set(accepted)), accepted
+    read = 0  # the positions read from the target's states: each once, in order, from position 0
+    for at, toks, rows, all_rows in oracle.calls:
+        if all_rows:  # a chained proposal: the module's own state
+            continue
+        assert at == read and toks == ids[at + 1 : at + 1 + len(toks)].tolist(), at  # position j reads token j + 1
+        np.testing.assert_allclose(rows, hidden[at : at + len(toks)], atol=1e-4, rtol=0)  # ... and the state at j
+        read += len(toks)
+    assert read >= PROMPT_LEN + n - 6  # up to the newest token of the last step
+
+
 def test_self_draft_after_a_context_and_on_repeated_prompts(ref):
     """A context prefilled once (a run at a depth), then several prompts after it: each output is greedy's."""
     ck = Checkpoint.open(FOLDER)
@@ -112,6 +169,31 @@ def test_self_draft_after_a_context_and_on_repeated_prompts(ref):
             for prompt, out in zip(prompts, outs, strict=True):
                 tc.truncate(0)
                 assert out == generate(tc, None, context + prompt, 20)
+
+
+def test_the_module_on_a_host_staged_primary_records_its_steps(ref):
+    """Target and module with hostsim:0 (a primary that records one-token steps as graphs) as the primary: the
+    module's logits are the CPU primary's bits, the last-row prefill's states too, and speculative output is
+    greedy's."""
+    ck = Checkpoint.open(FOLDER)
+    ids = ref["ids"]
+    rows = {}
+    with Engine(runtimes=("cpu", "hostsim"), cpu_threads=1) as eng:
+        for primary in ("cpu:0", "hostsim:0"):
+            target, module = eng.load(ck, device=primary), eng.load(ck.next_token_module(), device=primary)
+            with target.context(len(ids), n_batch=4) as tc, module.context(len(ids)) as mc:
+                _, hidden = tc.eval_hidden(ids[:3], all_rows=False)  # the norm alone, then the last row's head
+                tc.truncate(0)
+                _, every = tc.eval_hidden(ids, all_rows=True)
+                assert np.array_equal(hidden, every[:3])
+                first, _ = mc.eval_hidden(ids[1:30], hidden_in=every[:29])
+                steps = [mc.eval_hidden(ids[j + 1 : j + 2], hidden_in=every[j : j + 1])[0] for j in range(29, 60)]
+                rows[primary] = np.concatenate([first, *steps])
+            with target.context(80) as tc, module.context(80) as mc:
+                assert generate(tc, mc, ids[:PROMPT_LEN].tolist(), 30, 3) == ids[PROMPT_LEN : PROMPT_LEN + 30].tolist()
+            target.close()
+            module.close()
+    assert np.array_equal(rows["cpu:0"], rows["hostsim:0"])
 
 
 @pytest.mark.parametrize("placement", ["*=cpu:1", "0.0-7=hostsim:0", "0.0-5=cpu:1; 0.6-11=hostsim:0"])
@@ -211,6 +293,16 @@ def test_a_module_missing_its_projection_names_the_tensor(tmp_path):
         Checkpoint.open(dst).next_token_module()
 
 
+def test_a_decoder_tensor_missing_from_the_module_is_named_as_the_file_would_hold_it(tmp_path):
+    dst = _copy_with(tmp_path, lambda t: t.pop("model.layers.4.self_attn.o_proj.weight"))
+    ck = Checkpoint.open(dst)
+    with Engine() as eng, pytest.raises(EngineError) as err:
+        eng.load(ck.next_token_module())
+    assert "'model.layers.4.self_attn.o_proj.weight' (read as 'model.layers.0.self_attn.o_proj.weight')" in str(
+        err.value
+    )
+
+
 def test_a_projection_of_the_wrong_shape_names_the_tensor_in_the_file(tmp_path):
     def edit(t):
         dtype, arr = t["model.layers.4.eh_proj.weight"]
@@ -299,5 +391,21 @@ def test_the_target_takes_no_self_key(tmp_path):
 
     path = tmp_path / "bad.yaml"
     path.write_text(f"expertbench_profile: 5\nmodel: {{path: {FOLDER}, self: true}}\n")
-    with pytest.raises(P.ProfileError, match="self"):
+    with pytest.raises(P.ProfileError, match=r"bad.yaml:2: model: unknown key 'self'"):
         P.load(path)
+
+
+def test_tune_with_the_models_own_draft_writes_a_profile_regress_replays(tmp_path, capsys):
+    from engine.cli import main
+    from engine.profiles import profile as P
+    from engine.profiles import regress
+
+    out = tmp_path / "tuned.yaml"
+    args = ["tune", "--model", str(FOLDER), "--draft", "self", "--runtime", "hostsim", "--no-calibrate", "--q", "2",
+            "--time-budget", "20", "--json", "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert "multi-token-prediction module" in doc["draft"] and doc["out"] == str(out)
+    profile = P.load(out)
+    assert profile.draft.own and profile.draft.path is None and profile.run.q == 2
+    assert regress.run([str(out)]).exit_code == 0

@@ -43,6 +43,7 @@ class Checkpoint:
     # the multi-token-prediction module's tensors (DeepSeek-V3's model.layers.<num_hidden_layers>.*), which the model
     # itself does not read: next_token_module() makes a draft of them
     next_token_tensors: dict[str, TensorInfo] = field(default_factory=dict)
+    module_layer: int | None = None  # a next-token module's checkpoint: the file's layer its layer 0 is
 
     @cached_property
     def vocabulary(self) -> dict[str, int] | None:
@@ -242,7 +243,7 @@ def next_token_checkpoint(ck: Checkpoint) -> Checkpoint:
             )
     module_cfg = replace(cfg, num_layers=1, first_k_dense_replace=0, next_token_module=True)
     files = sorted({t.file for t in tensors.values()}, key=ck.files.index)
-    return Checkpoint(ck.folder, module_cfg, tensors, files, ck.tokenizer, ck.raw_config)
+    return Checkpoint(ck.folder, module_cfg, tensors, files, ck.tokenizer, ck.raw_config, module_layer=layer)
 
 
 def check_layer_count(config: ModelConfig, tensors: dict[str, TensorInfo], path: Path) -> None:

@@ -15,8 +15,9 @@ from ..core.errors import ArgumentError
 from ..core.files import check_output
 from ..model import WEIGHTS_MODES
 from ..placement.routing import RoutingStats
+from ..runs.run import draft_label
 from ..runs.speculative import MAX_DRAFT_TOKENS
-from ..session import open_pair
+from ..session import is_self_draft, open_pair
 from ..tune import (
     AUTO_Q,
     DEFAULT_TIME_BUDGET,
@@ -56,8 +57,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="Hugging Face model folder or GGUF file (default: the synthetic demo target)")  # fmt: skip
     drafts = p.add_mutually_exclusive_group()
     drafts.add_argument("--draft", metavar="PATH",
-                        help="draft model folder or GGUF file (default: the demo draft when --model is not given, "
-                             "else none)")  # fmt: skip
+                        help="draft model folder or GGUF file, or 'self': the model's own multi-token-prediction "
+                             "layer (default: the demo draft when --model is not given, else none)")  # fmt: skip
     drafts.add_argument("--no-draft", action="store_true", help="target-only greedy decoding (no q to search)")
     p.add_argument("--budget", action="append", default=[], metavar="DEVICE=SIZE",
                    help="the most experts DEVICE may hold, e.g. cuda:0=20GiB or hostsim:0=40MB; repeat for "
@@ -150,6 +151,8 @@ def _check_args(args) -> tuple[tuple[int, ...], dict[str, int]]:
 def _model_ref(args, folder):
     from ..profiles.profile import ModelRef, fingerprint
 
+    if is_self_draft(folder):  # the model's own MTP layer: its files and fingerprint are the model's
+        return ModelRef(own=True)
     fp = fingerprint(folder)
     if args.model is None:  # the demo pair, by its name (never a path into the cache)
         fmt = args.demo_format or "safetensors"
@@ -195,7 +198,7 @@ def cmd_tune(args) -> int:
         if args.routing:
             doc["routing"] = args.routing
         doc["model"] = str(target.checkpoint.folder)
-        doc["draft"] = None if draft is None else str(draft.checkpoint.folder)
+        doc["draft"] = None if draft is None else draft_label(draft)
         doc["synthetic"] = is_synthetic(target.checkpoint)
         chosen = result.search.chosen()
         if args.out is not None and chosen is not None:

@@ -26,6 +26,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -308,7 +309,8 @@ class DecodeRun:
         self.q = check_draft_q(q) if draft is not None else None
         if draft is not None:
             check_shared_vocabulary(target, draft)
-            if draft.config.next_token_module and draft.checkpoint.folder != target.checkpoint.folder:
+            own = Path(draft.checkpoint.folder).resolve() == Path(target.checkpoint.folder).resolve()
+            if draft.config.next_token_module and not own:
                 raise ArgumentError(
                     f"the draft is the multi-token-prediction module of '{draft.checkpoint.folder}', the target is "
                     f"'{target.checkpoint.folder}': a module drafts from its own model's hidden states"
@@ -615,8 +617,8 @@ class _LogitsTap:
         self._rows = self._ctx.decode(ids)
         return self._rows
 
-    def eval_hidden(self, ids, all_rows: bool = True, hidden_in=None) -> tuple[np.ndarray, np.ndarray]:
-        logits, hidden = self._ctx.eval_hidden(ids, all_rows, hidden_in)
+    def eval_hidden(self, ids, all_rows: bool = True, hidden_in=None, hidden_out: bool = True):
+        logits, hidden = self._ctx.eval_hidden(ids, all_rows, hidden_in, hidden_out)
         self._rows = logits if all_rows else logits[None, :]
         return logits, hidden
 

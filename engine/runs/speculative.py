@@ -202,7 +202,7 @@ class NextTokenDecoder(GreedyDecoder):
         self._keep(at, hidden)
         return logits
 
-    def _catch_up(self) -> np.ndarray:
+    def _catch_up(self) -> tuple[np.ndarray, np.ndarray]:
         """Feed the module every position it has not read, up to the newest token's (ids[-1] with the target's state
         before it); the last position's logits and the module's state there."""
         lo, hi = self.draft.position, len(self.ids) - 1
@@ -216,8 +216,9 @@ class NextTokenDecoder(GreedyDecoder):
         super().begin(context_ids)
         if self.n_context > 1:  # the module reads the context's pairs now; its last state waits for each prompt
             self.draft.eval_hidden(self.ids[1 : self.n_context], all_rows=False,
-                                   hidden_in=self._hidden[: self.n_context - 1])  # fmt: skip
-        self._context_last = self._hidden[self.n_context - 1 :]
+                                   hidden_in=self._hidden[: self.n_context - 1], hidden_out=False)  # fmt: skip
+        self._context_last = self._hidden[self.n_context - 1 :].copy()  # (not a view keeping the context's states)
+        self._hidden, self._hidden_at = self._context_last, max(0, self.n_context - 1)
 
     def start(self, prompt_ids) -> int:
         self.draft.truncate(max(0, self.n_context - 1))

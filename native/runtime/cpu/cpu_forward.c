@@ -754,7 +754,7 @@ static int sim_matmul(void *rtp, int dev, const eb_rt_norm *norm, const eb_rt_ma
                           n_tasks, SIM_MAX_TASKS);
     sim_op o = {.kind = OP_MATMUL, .has_norm = norm != NULL, .n_tasks = n_tasks, .flag = accumulate};
     if (norm) o.norm = *norm;
-    memcpy(o.tasks, tasks, (size_t)n_tasks * sizeof *tasks);
+    if (n_tasks) memcpy(o.tasks, tasks, (size_t)n_tasks * sizeof *tasks); /* (none: the norm alone, tasks NULL) */
     return submit(rtp, dev, &o, err, errlen);
 }
 
