@@ -248,6 +248,17 @@ def test_a_folder_without_a_module_is_refused_by_name():
         open_pair(eng, FIXTURES / "deepseek-f32", "self")
 
 
+def test_a_folder_whose_config_names_a_module_it_does_not_hold(tmp_path):
+    dst = tmp_path / "stripped"
+    shutil.copytree(FIXTURES / "deepseek-f32", dst)
+    config = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
+    with pytest.raises(
+        CheckpointError, match=r"num_nextn_predict_layers = 1, but it holds no model.layers.4.\* tensors"
+    ):
+        Checkpoint.open(dst).next_token_module()
+
+
 def test_another_family_with_extra_layers_is_refused(tmp_path):
     ck = Checkpoint.open(FIXTURES / "qwen3moe-f32")
     with pytest.raises(CheckpointError, match="holds no multi-token-prediction module"):

@@ -210,6 +210,13 @@ def split_next_token_layers(config: ModelConfig, raw: dict, tensors: dict[str, T
 def next_token_checkpoint(ck: Checkpoint) -> Checkpoint:
     cfg = ck.config
     where = f"'{ck.folder}'"
+    said = ck.raw_config.get("num_nextn_predict_layers")
+    if not ck.next_token_tensors and isinstance(said, int) and said > 0:
+        raise CheckpointError(
+            f"{where}: its config says num_nextn_predict_layers = {said}, but it holds no model.layers."
+            f"{cfg.num_layers}.* tensors (a folder saved without its multi-token-prediction layer, as transformers "
+            "saves one): a draft of the model's own needs them; give a draft model instead"
+        )
     if not ck.next_token_tensors:
         raise CheckpointError(
             f"{where} holds no multi-token-prediction module (num_nextn_predict_layers = 0 or absent in its config, "

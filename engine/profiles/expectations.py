@@ -62,7 +62,8 @@ def expectations_for(profile: Profile, base: Profile | None, history: Sequence[R
         if same_outputs:
             e.output_sha256 = list(base.expectations.output_sha256)
             e.outputs, e.outputs_settings = base.expectations.outputs, dict(base.expectations.outputs_settings)
-            same_draft = base.draft is not None and use_draft and base.draft.fingerprint == profile.draft.fingerprint
+            same_draft = (base.draft is not None and use_draft and base.draft.own == profile.draft.own
+                          and base.draft.fingerprint == profile.draft.fingerprint)  # fmt: skip
             if same_draft and base.run.resolved()["q"] == profile.run.resolved()["q"]:
                 e.min_accept_rate = base.expectations.min_accept_rate
     if base is not None and base.expectations.baseline is not None:

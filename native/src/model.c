@@ -21,10 +21,12 @@
 static int unknown_arch(int32_t arch) {
     char known[256] = "";
     size_t used = 0;
-    int n = 0; /* the models' families (a next-token module's is its model's arch) */
-    while (n < eb_n_families && !eb_families[n]->next_token) n++;
-    for (int i = 0; i < n && used < sizeof known; i++) {
-        const char *sep = i == 0 ? "" : i + 1 < n ? ", " : " or ";
+    int n = 0, shown = 0; /* the models' families (a next-token module's arch is its model's) */
+    for (int i = 0; i < eb_n_families; i++) n += !eb_families[i]->next_token;
+    for (int i = 0; i < eb_n_families && used < sizeof known; i++) {
+        if (eb_families[i]->next_token) continue;
+        const char *sep = shown == 0 ? "" : shown + 1 < n ? ", " : " or ";
+        shown++;
         used += (size_t)snprintf(known + used, sizeof known - used, "%s%d %s", sep, eb_families[i]->arch,
                                  eb_families[i]->title);
     }
@@ -391,7 +393,6 @@ int eb_bind_experts(const eb_binder *b, int l, int64_t inter) {
     return st;
 }
 
-/* A 1-D tensor converted to an owned f32 array (norm weights and biases are small and read often). */
 int eb_split_columns(const eb_weight *w, const char *name, int64_t at, eb_weight *left, eb_weight *right,
                      void **owned) {
     const eb_format_traits *f = eb_format(w->dtype);
@@ -430,6 +431,7 @@ int eb_split_columns(const eb_weight *w, const char *name, int64_t at, eb_weight
     return EB_OK;
 }
 
+/* A 1-D tensor converted to an owned f32 array (norm weights and biases are small and read often). */
 int eb_bind_vector(const eb_binder *b, const char *name, int64_t d0, float **out) {
     eb_weight w;
     int st = eb_bind(b, name, d0, 0, &w);
