@@ -76,8 +76,12 @@ def open_pair(engine: Engine, target: ModelSource, draft: ModelSource | None = N
             raise EngineError(f"'{checkpoint.folder}' is a dense model: it has no experts to place (open an MoE "
                               "model)")  # fmt: skip
         if draft is not None:
-            source = checkpoint.next_token_module() if is_self_draft(draft) else draft
-            pair.draft = engine.load(source, device=draft_device or device, weights=weights,
+            own = is_self_draft(draft)
+            source = checkpoint.next_token_module() if own else draft
+            # the module's files are the model's: held as the model's are (auto would copy the shards it shares with
+            # a model too large to copy, its embeddings' and head's among them)
+            held = pair.target.info["weights"] if own and weights == "auto" else weights
+            pair.draft = engine.load(source, device=draft_device or device, weights=held,
                                      check_weights=check_weights)  # fmt: skip
             if pair.draft.config.moe_layers:  # (the DeepSeek demo's draft has experts, but no MoE layer)
                 pair.draft.set_placement(f"*={pair.draft.device}")

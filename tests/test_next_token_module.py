@@ -225,9 +225,16 @@ def test_open_pair_self_draft_and_the_command_line(capsys):
     from engine.cli import main
 
     with Engine() as eng:
-        pair = open_pair(eng, FOLDER, "self")
+        for weights in ("map", "copy"):
+            pair = open_pair(eng, FOLDER, "self", weights=weights)
+            try:
+                assert pair.draft.config.next_token_module and pair.draft.checkpoint.folder == FOLDER
+                assert pair.draft.info["weights"] == pair.target.info["weights"] == weights
+            finally:
+                pair.close()
+        pair = open_pair(eng, FOLDER, "self")  # auto: the module's files held as the model's are
         try:
-            assert pair.draft.config.next_token_module and pair.draft.checkpoint.folder == FOLDER
+            assert pair.draft.info["weights"] == pair.target.info["weights"]
         finally:
             pair.close()
     run = ["run", "--model", str(FOLDER), "-n", "12", "--repeats", "1", "--json"]
