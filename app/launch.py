@@ -20,7 +20,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="target model: a folder or a .gguf file (default: the synthetic demo pair)")
     drafts = p.add_mutually_exclusive_group()
     drafts.add_argument(
-        "--draft", metavar="PATH", help="draft model: a folder or a .gguf file (default: the demo draft with the demo)"
+        "--draft",
+        metavar="PATH",
+        help="draft model: a folder or a .gguf file, or 'self': the model's own MTP layer (default: the demo draft "
+        "with the demo)",
     )
     drafts.add_argument("--no-draft", action="store_true", help="no draft model")
     p.add_argument("--profile", "--placement", metavar="FILE", dest="profile",

@@ -29,6 +29,7 @@ from engine.profiles.profile import DEFAULT_REPEATS, Profile
 from engine.runs.run import KV_CACHES, PRECISIONS, REDUCTION_MODES
 from engine.runs.speculative import MAX_DRAFT_TOKENS
 from engine.runs.workload import read_prompt_file
+from engine.session import SELF_DRAFT
 
 from . import actions, theme
 from .scrolling import FitsItsHeight, Scrolling
@@ -259,8 +260,11 @@ class RunPanel(QWidget):
         self.target_label.setText(_name(m.target_path) + kind + (synthetic if m.synthetic else ""))
         self.target_label.setToolTip(m.target_path)
         self.draft_check.setEnabled(m.draft_path is not None)
-        self.draft_check.setText("none (target only)" if m.draft_path is None else _name(m.draft_path))
-        self.draft_check.setToolTip(m.draft_path or "Open a draft folder from the File menu")
+        own = m.draft_path == SELF_DRAFT
+        name = "its own MTP layer" if own else None if m.draft_path is None else _name(m.draft_path)
+        self.draft_check.setText("none (target only)" if name is None else name)
+        self.draft_check.setToolTip("The target checkpoint's multi-token-prediction layer" if own else
+                                    m.draft_path or "Open a draft folder from the File menu")  # fmt: skip
         self.tokens.setMaximum(max(1, m.config.max_position_embeddings - 64))
 
     @Slot()

@@ -112,6 +112,7 @@ def test_the_models_own_mtp_layer_as_the_draft(qtbot, make_window, monkeypatch, 
     window.act_self_draft.trigger()
     qtbot.waitUntil(lambda: not state.busy and state.model.draft_path == "self", timeout=TIMEOUT_MS)
     assert not window.act_self_draft.isEnabled() and state.model.draft_weight_bytes > 0
+    assert window.run_panel.draft_check.text() == "its own MTP layer"
     with qtbot.waitSignal(state.sigRunFinished, timeout=TIMEOUT_MS):
         qtbot.mouseClick(window.run_panel.start_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: not state.busy, timeout=TIMEOUT_MS)
