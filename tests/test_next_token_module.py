@@ -255,6 +255,11 @@ def test_a_folder_without_a_module_is_refused_by_name():
         open_pair(eng, FIXTURES / "deepseek-f32", "self")
 
 
+def test_a_gguf_file_says_it_holds_no_module():
+    with pytest.raises(CheckpointError, match=r"model-q8_0.gguf' holds no .* llama.cpp's converter leaves"):
+        Checkpoint.open(FIXTURES / "deepseek-gguf" / "model-q8_0.gguf").next_token_module()
+
+
 def test_a_folder_whose_config_names_a_module_it_does_not_hold(tmp_path):
     dst = tmp_path / "stripped"
     shutil.copytree(FIXTURES / "deepseek-f32", dst)

@@ -217,6 +217,11 @@ def next_token_checkpoint(ck: Checkpoint) -> Checkpoint:
             f"{cfg.num_layers}.* tensors (a folder saved without its multi-token-prediction layer, as transformers "
             "saves one): a draft of the model's own needs them; give a draft model instead"
         )
+    if not ck.next_token_tensors and Path(ck.folder).is_file():
+        raise CheckpointError(
+            f"{where} holds no multi-token-prediction module: a GGUF file is read without one (llama.cpp's converter "
+            "leaves DeepSeek-V3's MTP layer out); give a draft model, or use the model's Hugging Face folder"
+        )
     if not ck.next_token_tensors:
         raise CheckpointError(
             f"{where} holds no multi-token-prediction module (num_nextn_predict_layers = 0 or absent in its config, "
