@@ -256,7 +256,7 @@ def test_a_folder_without_a_module_is_refused_by_name():
 
 
 def test_a_gguf_file_says_it_holds_no_module():
-    with pytest.raises(CheckpointError, match=r"model-q8_0.gguf' holds no .* llama.cpp's converter leaves"):
+    with pytest.raises(CheckpointError, match=r"model-q8_0.gguf' holds no .*\(llama.cpp's converter leaves"):
         Checkpoint.open(FIXTURES / "deepseek-gguf" / "model-q8_0.gguf").next_token_module()
 
 
