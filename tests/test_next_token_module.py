@@ -245,6 +245,22 @@ def test_open_pair_self_draft_and_the_command_line(capsys):
     assert report["output_sha256"] == json.loads(capsys.readouterr().out)["output_sha256"]
 
 
+def test_the_modules_experts_placed_from_the_command_line(capsys):
+    """run --draft-placement puts the module's experts where it says (the lucebox layout: the draft's experts on
+    the second device), counted in the report; its output is greedy's; a draft without experts is refused."""
+    from engine.cli import main
+
+    run = ["run", "--model", str(FOLDER), "-n", "12", "--repeats", "1", "--json", "--cpu-devices", "2"]
+    assert main([*run, "--draft", "self", "--draft-placement", "0.0-9=cpu:1"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["draft_placement"] == "0.0-9=cpu:1; 0.10-15=cpu:0" and report["drafted_tokens"] > 0
+    assert main([*run, "--no-draft"]) == 0
+    assert report["output_sha256"] == json.loads(capsys.readouterr().out)["output_sha256"]
+    dense = ["run", "--model", str(FIXTURES / "qwen3moe-f32"), "--draft", str(FIXTURES / "qwen3-f32"), "-n", "4"]
+    assert main([*dense, "--draft-placement", "*=cpu:0"]) == 2
+    assert "--draft-placement '*=cpu:0': the draft" in capsys.readouterr().err
+
+
 # ---- what is refused, and how ------------------------------------------------------------------------------
 
 

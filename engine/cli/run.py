@@ -107,6 +107,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                      "auto: copied where huge pages are enabled and the files take at most half of the memory "
                      "available (default)")  # fmt: skip
     run.add_argument("--draft-device", help="the draft's device (default: --device)")
+    run.add_argument("--draft-placement", metavar="TEXT",
+                     help="where the draft's experts live (a MoE draft, the model's own MTP layer among them), as "
+                          "--placement over --draft-device, e.g. '*=cuda:0' for a CPU draft's experts on the GPU "
+                          "(default: all on --draft-device)")  # fmt: skip
     demo_args(run)
     run.add_argument("--json", action="store_true", help="print one JSON document")
     run.add_argument("--trace", metavar="FILE", type=Path,
@@ -197,6 +201,11 @@ def cmd_run(args) -> int:
         pair = open_pair(eng, target_dir, draft_dir, device=args.device, draft_device=args.draft_device,
                          weights=args.weights, check_weights=args.check_weights, top_k=args.top_k)  # fmt: skip
         target, draft = pair.target, pair.draft
+        if args.draft_placement is not None:
+            if draft is None or not draft.config.moe_layers:
+                which = "no draft" if draft is None else f"the draft '{draft.checkpoint.folder}' routes to no experts"
+                raise EngineError(f"--draft-placement {args.draft_placement!r}: {which} to place")
+            draft.set_placement(args.draft_placement)
         placement = args.placement
         if placement is None and target.config.num_experts > 0:
             placement = f"*={args.device}"
@@ -282,6 +291,7 @@ def _report(result: RunResult, target, draft, prompts, kernels: str, prompt_ids=
                          "huge_page_bytes": info["huge_page_bytes"], "formats": _formats(target)}  # fmt: skip
     if draft is not None:
         report["draft_weights"] = {"formats": _formats(draft)}
+    report["draft_placement"] = draft.placement.describe() if draft is not None and draft.config.moe_layers else None
     report["prompts"] = [
         {"prompt": text if isinstance(text, str) else f"<{len(text)} synthetic tokens>",
          "text": target.decode_text(p.generated_ids), **entry}
@@ -381,6 +391,8 @@ def _print_table(report: dict, result: RunResult, n_prompts: int) -> None:
     print(f"weights   {w['held']} ({_size(w['file_bytes'])}{huge}; {', '.join(w['formats'])})")
     if report["placement"] is not None:
         print(f"placement {report['placement']}")
+    if report.get("draft_placement") is not None:
+        print(f"draft's   {report['draft_placement']}")
     depth = f" after {report['depth']} tokens of context" if report["depth"] else ""
     print(f"run       {n_prompts} prompts x {report['tokens_per_prompt']} tokens x {report['repeats']} repeats{depth}"
           f"{'  (cancelled: partial)' if report['cancelled'] else ''}")  # fmt: skip
