@@ -441,7 +441,7 @@ def test_tune_with_the_models_own_draft_writes_a_profile_regress_replays(tmp_pat
 
     out = tmp_path / "tuned.yaml"
     args = ["tune", "--model", str(FOLDER), "--draft", "self", "--runtime", "hostsim", "--no-calibrate", "--q", "2",
-            "--time-budget", "20", "--json", "--out", str(out)]  # fmt: skip
+            "--time-budget", "5", "--json", "--out", str(out)]  # fmt: skip
     assert main(args) == 0
     doc = json.loads(capsys.readouterr().out)
     assert "multi-token-prediction module" in doc["draft"] and doc["out"] == str(out)
