@@ -296,8 +296,8 @@ class Engine(_Handle):
         return idx[0]
 
     def load(self, model: str | os.PathLike | Checkpoint, device: str = "cpu:0", weights: str = "auto",
-             top_k: int | None = None, check_weights: bool = True) -> Model:  # fmt: skip
-        return Model(self, model, device, weights, top_k, check_weights)
+             top_k: int | None = None, check_weights: bool = True, head_of: Model | None = None) -> Model:  # fmt: skip
+        return Model(self, model, device, weights, top_k, check_weights, head_of)
 
     @_locked
     def close(self) -> None:
@@ -391,11 +391,15 @@ class Model(_Handle):
     index; False loads them unchecked (a bad value then fails the first greedy choice from its NaN logits)."""
 
     def __init__(self, engine: Engine, source: str | os.PathLike | Checkpoint, device: str = "cpu:0",
-                 weights: str = "auto", top_k: int | None = None, check_weights: bool = True):  # fmt: skip
+                 weights: str = "auto", top_k: int | None = None, check_weights: bool = True,
+                 head_of: Model | None = None):  # fmt: skip
         if not isinstance(weights, str) or weights not in WEIGHTS_MODES:
             raise ArgumentError(f"weights {weights!r}: expected one of {', '.join(WEIGHTS_MODES)}")
         if not isinstance(check_weights, bool):
             raise ArgumentError(f"check_weights {check_weights!r:.80}: expected True or False")
+        if head_of is not None and (not isinstance(head_of, Model) or head_of.engine is not engine):
+            raise ArgumentError(f"head_of {head_of!r:.80}: expected a model of the same engine (its embeddings and "
+                                "head read where both models have the same primary)")  # fmt: skip
         if not isinstance(source, (str, os.PathLike, Checkpoint)):
             raise ArgumentError(f"model must be the path of a model folder or GGUF file (str or os.PathLike) or a "
                                 f"Checkpoint, got {type(source).__name__} {source!r:.80}")  # fmt: skip
@@ -486,7 +490,10 @@ class Model(_Handle):
         out = ffi.new("eb_model **")
         file_array = ffi.new("char *[]", files)
         checking = lib.EB_CHECK_WEIGHTS_ON if check_weights else lib.EB_CHECK_WEIGHTS_OFF
-        options = ffi.new("eb_load_options *", {"weights": WEIGHTS_MODES[weights], "check_weights": checking})
+        lender = ffi.NULL if head_of is None else head_of._live()
+        options = ffi.new(
+            "eb_load_options *", {"weights": WEIGHTS_MODES[weights], "check_weights": checking, "head_of": lender}
+        )
         with self._lock:  # a close of the engine meanwhile waits for the load, then closes this model too
             dev = engine.device_index(device)
             try:

@@ -81,8 +81,8 @@ def open_pair(engine: Engine, target: ModelSource, draft: ModelSource | None = N
             # the module's files are the model's: held as the model's are (auto would copy the shards it shares with
             # a model too large to copy, its embeddings' and head's among them)
             held = pair.target.info["weights"] if own and weights == "auto" else weights
-            pair.draft = engine.load(source, device=draft_device or device, weights=held,
-                                     check_weights=check_weights)  # fmt: skip
+            pair.draft = engine.load(source, device=draft_device or device, weights=held, check_weights=check_weights,
+                                     head_of=pair.target if own else None)  # fmt: skip
             if pair.draft.config.moe_layers:  # (the DeepSeek demo's draft has experts, but no MoE layer)
                 pair.draft.set_placement(f"*={pair.draft.device}")
             check_shared_vocabulary(pair.target, pair.draft)

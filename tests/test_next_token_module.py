@@ -196,6 +196,37 @@ def test_the_module_on_a_host_staged_primary_records_its_steps(ref):
     assert np.array_equal(rows["cpu:0"], rows["hostsim:0"])
 
 
+def test_the_module_reads_the_models_embeddings_and_head_on_its_primary(ref):
+    """On a primary that holds copies of the weights (hostsim:0, as a GPU), the module loaded with head_of reads the
+    model's embeddings and head: its copy is smaller by their bytes, its logits the same bits; the model closed
+    first stays until the module goes (the module still decodes)."""
+    ck = Checkpoint.open(FOLDER)
+    ids = ref["ids"]
+    H, V = ck.config.hidden_size, ck.config.vocab_size
+    with Engine(runtimes=("cpu", "hostsim"), cpu_threads=1) as eng:
+        target = eng.load(ck, device="hostsim:0")
+        with target.context(len(ids)) as tc:
+            _, hidden = tc.eval_hidden(ids, all_rows=True)
+        alone = eng.load(ck.next_token_module(), device="hostsim:0")
+        shared = eng.load(ck.next_token_module(), device="hostsim:0", head_of=target)
+        rows = {}
+        for name, module in (("alone", alone), ("shared", shared)):
+            with module.context(len(ids)) as mc:
+                rows[name], _ = mc.eval_hidden(ids[1:], hidden_in=hidden[:-1])
+        assert np.array_equal(rows["alone"], rows["shared"])
+        held = {n: m.counters()["devices"]["hostsim:0"]["allocated_bytes"] for n, m in (("a", alone), ("s", shared))}
+        assert held["a"] - held["s"] == 2 * V * H * 2, held  # two bf16 tables of vocab x hidden
+        target.close()  # the module still reads its head: kept until the module goes
+        with shared.context(len(ids)) as mc:
+            again, _ = mc.eval_hidden(ids[1:], hidden_in=hidden[:-1])
+        assert np.array_equal(again, rows["shared"])
+        shared.close()
+        with pytest.raises(ArgumentError, match="expected a model of the same engine"):
+            eng.load(ck.next_token_module(), head_of="not a model")
+    with Engine() as other, pytest.raises(ArgumentError, match="same engine"):
+        other.load(ck.next_token_module(), head_of=alone)
+
+
 @pytest.mark.parametrize("placement", ["*=cpu:1", "0.0-7=hostsim:0", "0.0-5=cpu:1; 0.6-11=hostsim:0"])
 def test_modules_experts_placed_like_any_experts(placement, ref):
     """The module's 16 experts anywhere (another CPU device, the hostsim runtime): its logits are the same bits (the

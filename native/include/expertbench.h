@@ -336,6 +336,10 @@ typedef enum {
 typedef struct {
     int32_t weights;       /* eb_weights_mode */
     int32_t check_weights; /* eb_check_weights_mode */
+    /* NULL, or a model of the same engine whose embeddings and head this one reads where both have the same primary
+     * and the same tables (a multi-token-prediction module beside its model: a GPU holds them once). The model freed
+     * first waits for the other. */
+    const struct eb_model *head_of;
 } eb_load_options;
 
 /* One weight format of the core's table (EB_FORMATS in this header): what engine/formats.py is made from. */

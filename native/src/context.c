@@ -48,7 +48,7 @@ void eb_context_free(eb_context *c) {
     free(c->token_local);
     free(c->trace);
     free(c);
-    if (m && --m->n_contexts == 0 && m->free_requested) eb_model_release(m);
+    if (m && --m->n_contexts == 0 && m->free_requested && m->n_borrowers == 0) eb_model_release(m);
 }
 
 int eb_context_create(eb_model *m, int32_t n_ctx, int32_t n_batch, eb_context **out) {

@@ -193,7 +193,9 @@ struct eb_model {
     eb_model_info info;
     eb_counters counters;
     int n_contexts;     /* contexts alive; the model outlives them */
-    int free_requested; /* eb_model_free was called while contexts were alive: done when the last goes */
+    int free_requested; /* eb_model_free was called while contexts or borrowers were alive: done when the last goes */
+    struct eb_model *head_of; /* the model whose primary copies of the embeddings and head this one reads, or NULL */
+    int n_borrowers;          /* models reading this one's (head_of); the model outlives them */
     uint64_t *route_tokens; /* [layer] */
     uint64_t arena_bytes[EB_MAX_DEVICES]; /* device memory held by contexts' staging arenas */
     const struct eb_family *family;       /* the model family's forward pass */

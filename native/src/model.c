@@ -716,7 +716,8 @@ eb_dims eb_model_dims(const eb_model_config *c) {
 
 void eb_model_free(eb_model *m) {
     if (!m) return;
-    if (m->n_contexts > 0) { /* contexts still read its weights: the last one to go frees the model */
+    if (m->n_contexts > 0 || m->n_borrowers > 0) { /* contexts or models still read its weights: the last one to go
+                                                      * frees the model */
         m->free_requested = 1;
         return;
     }
@@ -761,7 +762,10 @@ void eb_model_release(eb_model *m) {
     free(m->layer_window);
     free(m->rope_inv_freq);
     eb_engine *engine = m->engine;
+    eb_model *lender = m->head_of;
     free(m);
+    if (lender && --lender->n_borrowers == 0 && lender->free_requested && lender->n_contexts == 0)
+        eb_model_release(lender);
     if (engine && --engine->n_models == 0 && engine->destroy_requested) eb_engine_release(engine);
 }
 
@@ -910,6 +914,25 @@ static void compute_bytes_per_token(eb_model *m) {
         if (w) m->info.kv_window_bytes += (uint64_t)w * row;
         else m->info.kv_bytes_per_token += row;
     }
+}
+
+/* The embeddings and head of `of` read by m on their common primary: the same tables (formats, shapes) of the same
+ * engine, or refused; a primary that reads them in place (a CPU device) holds no copy to share: nothing to do. */
+static int borrow_head(eb_model *m, eb_model *of) {
+    if (of->engine != m->engine)
+        return eb_fail(EB_ERR_ARGUMENT, "head_of: a model of another engine");
+    if (of->primary != m->primary || m->primary_host) return EB_OK;
+    const eb_weight *w[2][2] = {{&m->embed, &m->lm_head}, {&of->embed, &of->lm_head}};
+    for (int i = 0; i < 2; i++)
+        if (w[0][i]->dtype != w[1][i]->dtype || w[0][i]->rows != w[1][i]->rows || w[0][i]->cols != w[1][i]->cols ||
+            (m->embed.data == m->lm_head.data) != (of->embed.data == of->lm_head.data))
+            return eb_fail(EB_ERR_ARGUMENT, "head_of: its %s (%s, %lld x %lld) is not this model's (%s, %lld x %lld)",
+                           i ? "lm_head" : "embeddings", eb_dtype_name(w[1][i]->dtype), (long long)w[1][i]->rows,
+                           (long long)w[1][i]->cols, eb_dtype_name(w[0][i]->dtype), (long long)w[0][i]->rows,
+                           (long long)w[0][i]->cols);
+    m->head_of = of;
+    of->n_borrowers++;
+    return EB_OK;
 }
 
 int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *const *files, int32_t n_files,
@@ -1072,6 +1095,7 @@ int eb_model_load(eb_engine *engine, const eb_model_config *config, const char *
     m->info.primary_device = primary_device;
     compute_bytes_per_token(m);
     m->counters.dev[home].weight_bytes += m->info.expert_bytes; /* every expert starts at its home */
+    if (options && options->head_of && (st = borrow_head(m, (eb_model *)options->head_of))) goto fail;
     if ((st = eb_primary_init(m))) {
         eb_model_free(m);
         return st;

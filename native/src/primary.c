@@ -66,8 +66,13 @@ static void lay_out(layout *a) {
     eb_dev_primary *dp = m->dp;
     const eb_model_config *cf = &m->cfg;
     int64_t H = cf->hidden_size;
-    dp->embed = place_weight(a, &m->embed);
-    dp->lm_head = m->lm_head.data == m->embed.data ? dp->embed : place_weight(a, &m->lm_head);
+    if (m->head_of) { /* (the same primary, not in place: model.c's borrow_head) */
+        dp->embed = m->head_of->dp->embed;
+        dp->lm_head = m->head_of->dp->lm_head;
+    } else {
+        dp->embed = place_weight(a, &m->embed);
+        dp->lm_head = m->lm_head.data == m->embed.data ? dp->embed : place_weight(a, &m->lm_head);
+    }
     dp->final_norm = place_vector(a, m->final_norm, H);
     for (int l = 0; l < cf->num_layers; l++) {
         const eb_layer *L = &m->layers[l];

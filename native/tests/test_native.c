@@ -371,7 +371,7 @@ static void test_weights_modes(const char *module, const char *file, eb_model_co
     for (int k = 0; k < 2; k++) {
         eb_engine *e = new_engine(module, 0, 2);
         eb_model *m = NULL;
-        eb_load_options o = {modes[k], EB_CHECK_WEIGHTS_ON};
+        eb_load_options o = {modes[k], EB_CHECK_WEIGHTS_ON, NULL};
         CHECK(eb_model_load(e, cfg, files, 1, b->d, b->n, 0, &o, &m) == EB_OK, "load, weights mode %d", modes[k]);
         eb_model_info info;
         CHECK(eb_model_get_info(m, &info) == EB_OK && info.weights == modes[k], "weights held as %d, asked %d",
@@ -393,7 +393,7 @@ static void test_weights_modes(const char *module, const char *file, eb_model_co
         eb_set_copy_min_part(4096);
         eb_engine *e = new_engine(module, 0, 2);
         eb_model *m = NULL;
-        eb_load_options o = {EB_WEIGHTS_COPY, EB_CHECK_WEIGHTS_ON};
+        eb_load_options o = {EB_WEIGHTS_COPY, EB_CHECK_WEIGHTS_ON, NULL};
         static float parted[4 * V];
         CHECK(eb_model_load(e, cfg, files, 1, b->d, b->n, 0, &o, &m) == EB_OK, "load, copy in parts");
         cpu_set_t set;
@@ -412,7 +412,7 @@ static void test_weights_modes(const char *module, const char *file, eb_model_co
     }
     eb_engine *e = new_engine(module, 0, 1);
     eb_model *m = NULL;
-    eb_load_options bad = {7, EB_CHECK_WEIGHTS_ON};
+    eb_load_options bad = {7, EB_CHECK_WEIGHTS_ON, NULL};
     CHECK_ERR(eb_model_load(e, cfg, files, 1, b->d, b->n, 0, &bad, &m), EB_ERR_ARGUMENT, "weights mode 7");
     CHECK(m == NULL, "no model from a bad weights mode");
     eb_engine_destroy(e);
@@ -480,7 +480,7 @@ static int load_checked(const char *module, const char *file, const eb_model_con
     const char *files[] = {file};
     *e = new_engine(module, 0, 1);
     *m = NULL;
-    eb_load_options o = {EB_WEIGHTS_MAP, check};
+    eb_load_options o = {EB_WEIGHTS_MAP, check, NULL};
     return eb_model_load(*e, cfg, files, 1, b->d, b->n, 0, &o, m);
 }
 
