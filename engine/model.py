@@ -928,7 +928,7 @@ class Context(_Handle):
                 ffi.NULL if hidden is None else ffi.from_buffer("float[]", hidden, require_writable=True),
             )
         )
-        return (logits, hidden) if hidden_out else logits
+        return logits, hidden
 
     def eval_hidden(self, ids, all_rows: bool = True, hidden_in=None, hidden_out: bool = True):
         """Append positions and return (logits, hidden): logits as prefill gives them ([len(ids), vocab], or [vocab]
@@ -936,18 +936,17 @@ class Context(_Handle):
         final norm (what the head reads; None with hidden_out False). hidden_in: for a multi-token-prediction module
         (Checkpoint.next_token_module), the target's hidden state at the position before each token's,
         [len(ids), hidden_size]."""
-        out = self._eval(ids, all_rows, hidden_in, hidden_out)
-        logits, hidden = out if hidden_out else (out, None)
+        logits, hidden = self._eval(ids, all_rows, hidden_in, hidden_out)
         return (logits if all_rows else logits[0]), hidden
 
     def prefill(self, ids, all_rows: bool = True) -> np.ndarray:
         """Append a prompt. Returns logits [len(ids), vocab] (or [vocab] for the last position only)."""
-        logits = self._eval(ids, all_rows)
+        logits, _ = self._eval(ids, all_rows)
         return logits if all_rows else logits[0]
 
     def decode(self, ids) -> np.ndarray:
         """Append positions (one, or q+1 to verify a draft); returns one logits row per position."""
-        return self._eval(ids, True)
+        return self._eval(ids, True)[0]
 
     @_locked
     def truncate(self, pos: int) -> None:

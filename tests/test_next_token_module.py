@@ -263,11 +263,15 @@ def test_open_pair_self_draft_and_the_command_line(capsys):
                 assert pair.draft.info["weights"] == pair.target.info["weights"] == weights
             finally:
                 pair.close()
-        pair = open_pair(eng, FOLDER, "self")  # auto: the module's files held as the model's are
+        asked = []  # auto: the module is loaded with the mode the model got, not left to choose for itself
+        load = eng.load
+        eng.load = lambda source, **kw: asked.append(kw["weights"]) or load(source, **kw)
+        pair = open_pair(eng, FOLDER, "self")
         try:
-            assert pair.draft.info["weights"] == pair.target.info["weights"]
+            assert asked == ["auto", pair.target.info["weights"]] and asked[1] != "auto"
         finally:
             pair.close()
+            del eng.load
     run = ["run", "--model", str(FOLDER), "-n", "12", "--repeats", "1", "--json"]
     assert main([*run, "--draft", "self"]) == 0
     report = json.loads(capsys.readouterr().out)

@@ -210,24 +210,20 @@ def split_next_token_layers(config: ModelConfig, raw: dict, tensors: dict[str, T
 def next_token_checkpoint(ck: Checkpoint) -> Checkpoint:
     cfg = ck.config
     where = f"'{ck.folder}'"
-    said = ck.raw_config.get("num_nextn_predict_layers")
-    if not ck.next_token_tensors and isinstance(said, int) and said > 0:
-        raise CheckpointError(
-            f"{where}: its config says num_nextn_predict_layers = {said}, but it holds no model.layers."
-            f"{cfg.num_layers}.* tensors (a folder saved without its multi-token-prediction layer, as transformers "
-            "saves one): a draft of the model's own needs them; give a draft model instead"
-        )
-    if not ck.next_token_tensors and Path(ck.folder).is_file():
-        raise CheckpointError(
-            f"{where} holds no multi-token-prediction module: a GGUF file is read without one (llama.cpp's converter "
-            "leaves DeepSeek-V3's MTP layer out); give a draft model, or use the model's Hugging Face folder"
-        )
     if not ck.next_token_tensors:
-        raise CheckpointError(
-            f"{where} holds no multi-token-prediction module (num_nextn_predict_layers = 0 or absent in its config, "
-            f"no model.layers.{cfg.num_layers}.* tensors): a draft of the model's own needs one, as DeepSeek-V3's "
-            f"released folders hold; give a draft model instead"
-        )
+        said = ck.raw_config.get("num_nextn_predict_layers")
+        if Path(ck.folder).is_file():
+            why = ("a GGUF file is read without one (llama.cpp's converter leaves DeepSeek-V3's MTP layer out); give a "
+                   "draft model, or use the model's Hugging Face folder")  # fmt: skip
+        elif isinstance(said, int) and said > 0:
+            why = (f"its config says num_nextn_predict_layers = {said}, but it holds no model.layers."
+                   f"{cfg.num_layers}.* tensors (a folder saved without its multi-token-prediction layer, as "
+                   "transformers saves one); give a draft model instead")  # fmt: skip
+        else:
+            why = (f"num_nextn_predict_layers = 0 or absent in its config, no model.layers.{cfg.num_layers}.* "
+                   "tensors; a draft of the model's own needs one, as DeepSeek-V3's released folders hold: give a "
+                   "draft model instead")  # fmt: skip
+        raise CheckpointError(f"{where} holds no multi-token-prediction module: {why}")
     fam = family(cfg.architecture)
     if not fam.next_token_names:
         raise UnsupportedError(f"{where}: the multi-token-prediction module of a {fam.title} model is not supported "

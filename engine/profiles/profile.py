@@ -273,11 +273,8 @@ class Profile:
         return p if p.is_absolute() or self.path is None else self.path.parent / p
 
     def model_folder(self, ref: ModelRef | None = None, role: str = "target") -> Path:
-        """The folder (or GGUF file) of the target (or of `ref`: the target's for its own module); a demo size is built
-        into the cache when missing."""
+        """The folder (or GGUF file) of the target (or of `ref`); a demo size is built into the cache when missing."""
         ref = ref or self.model
-        if ref.own:
-            ref = self.model
         if ref.demo is not None:
             from ..checkpoints.demo import ensure_demo_pair
 

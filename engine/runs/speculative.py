@@ -102,6 +102,21 @@ class GreedyDecoder:
         """Append ids to the target; the last position's logits."""
         return self.target.prefill(ids, all_rows=False)
 
+    def _verify(self, proposals: list[int], rows: np.ndarray, base: int) -> int:
+        """The target's rows of the newest token and the proposals (from position base): the proposals that equal its
+        argmax are kept, then its own choice after them; the target's cache cut after the last kept position, the
+        emitted tokens appended to ids. Returns how many proposals held."""
+        q = len(proposals)
+        predicted = np.argmax(rows, axis=1)
+        accepted = 0
+        while accepted < q and int(predicted[accepted]) == proposals[accepted]:
+            accepted += 1
+        greedy_choice(rows[: accepted + 1], self.steps, base)  # the rows the emitted tokens come from hold numbers
+        if accepted < q:
+            self.target.truncate(base + 1 + accepted)
+        self.ids.extend(proposals[:accepted] + [int(predicted[accepted])])
+        return accepted
+
     def step(self, max_tokens: int) -> Step:
         row = self.target.decode(self.ids[-1:])[0]
         token = greedy_choice(row, self.steps, self.target.position - 1)
@@ -145,20 +160,11 @@ class SpeculativeDecoder(GreedyDecoder):
                 if len(proposals) == q:
                     break
                 row = draft.decode(proposals[-1:])[0]
-        base = target.position
-        rows = target.decode(ids[-1:] + proposals)
-        predicted = np.argmax(rows, axis=1)
-        accepted = 0
-        while accepted < q and int(predicted[accepted]) == proposals[accepted]:
-            accepted += 1
-        greedy_choice(rows[: accepted + 1], self.steps, base)  # the rows the emitted tokens come from hold numbers
-        emitted = proposals[:accepted] + [int(predicted[accepted])]
-        if accepted < q:
-            target.truncate(base + 1 + accepted)
-        ids.extend(emitted)
+        base, before = target.position, len(ids)
+        accepted = self._verify(proposals, target.decode(ids[-1:] + proposals), base)
         if draft.position > len(ids) - 1:
             draft.truncate(len(ids) - 1)
-        return Step(emitted, q, accepted, tuple(proposals))
+        return Step(ids[before:], q, accepted, tuple(proposals))
 
 
 class NextTokenDecoder(GreedyDecoder):
@@ -218,7 +224,6 @@ class NextTokenDecoder(GreedyDecoder):
             self.draft.eval_hidden(self.ids[1 : self.n_context], all_rows=False,
                                    hidden_in=self._hidden[: self.n_context - 1], hidden_out=False)  # fmt: skip
         self._context_last = self._hidden[self.n_context - 1 :].copy()  # (not a view keeping the context's states)
-        self._hidden, self._hidden_at = self._context_last, max(0, self.n_context - 1)
 
     def start(self, prompt_ids) -> int:
         self.draft.truncate(max(0, self.n_context - 1))
@@ -239,21 +244,13 @@ class NextTokenDecoder(GreedyDecoder):
                     break
                 rows, state = draft.eval_hidden(proposals[-1:], all_rows=True, hidden_in=state)
                 row = rows[0]
-        base = target.position
+        base, before = target.position, len(ids)
         rows, hidden = target.eval_hidden(ids[-1:] + proposals, all_rows=True)
-        predicted = np.argmax(rows, axis=1)
-        accepted = 0
-        while accepted < q and int(predicted[accepted]) == proposals[accepted]:
-            accepted += 1
-        greedy_choice(rows[: accepted + 1], self.steps, base)
-        emitted = proposals[:accepted] + [int(predicted[accepted])]
-        if accepted < q:
-            target.truncate(base + 1 + accepted)
-        ids.extend(emitted)
+        accepted = self._verify(proposals, rows, base)
         if draft.position > base:  # the chained positions read the module's own states: read again next step
             draft.truncate(base)
         self._keep(base, hidden[: accepted + 1])
-        return Step(emitted, q, accepted, tuple(proposals))
+        return Step(ids[before:], q, accepted, tuple(proposals))
 
 
 def decoder_for(target: Context, draft: Context | None, q: int) -> GreedyDecoder:

@@ -93,12 +93,18 @@ static int part_end(eb_step *s) {
 
 /* ---- blocks --------------------------------------------------------------------------------------------- */
 
-int eb_block_embed(eb_step *s) {
+/* The step's tokens' rows of the embedding table into x. */
+static int embed_into(eb_step *s, float *x) {
     const eb_dev_primary *dp = s->m->dp;
-    eb_dev_context *dc = s->c->dc;
-    uint64_t t0 = trace_now(s->c);
     OP(s, s->ops->embed(s->rt, s->dev, dp->embed.data, dp->embed.dtype, &dp->embed.scale, s->m->cfg.hidden_size,
-                        dc->ids + 1, s->n, dc->x, s->err, sizeof s->err));
+                        s->c->dc->ids + 1, s->n, x, s->err, sizeof s->err));
+    return EB_OK;
+}
+
+int eb_block_embed(eb_step *s) {
+    uint64_t t0 = trace_now(s->c);
+    int st = embed_into(s, s->c->dc->x);
+    if (st) return st;
     if (!s->replaying) span(s->c, s->m->primary, -1, EB_SPAN_EMBED, s->n, t0, trace_now(s->c));
     return EB_OK;
 }
@@ -114,8 +120,8 @@ int eb_block_next_token_input(eb_step *s) {
     int64_t n = s->n, H = s->m->cfg.hidden_size;
     float eps = (float)s->m->cfg.rms_norm_eps;
     uint64_t t0 = trace_now(s->c);
-    OP(s, s->ops->embed(s->rt, s->dev, dp->embed.data, dp->embed.dtype, &dp->embed.scale, H, dc->ids + 1, n, dc->proj,
-                        s->err, sizeof s->err));
+    int st = embed_into(s, dc->proj);
+    if (st) return st;
     eb_rt_norm e = {dc->proj, D->enorm, dc->xn, n, H, eps}, h = {dc->hin, D->hnorm, dc->xn, n, H, eps};
     eb_rt_matmul from_e = product(s, &D->eh_embed, dc->xn, n, dc->x), from_h = product(s, &D->eh_hidden, dc->xn, n, dc->x);
     OP(s, s->ops->matmul(s->rt, s->dev, &e, &from_e, 1, 0, s->err, sizeof s->err));
